@@ -35,12 +35,14 @@ from gpt.moe.experts import Experts
 from gpt.moe.layer import SharedExperts
 from parallel.fp8 import grouped
 from parallel.fp8.delayed_updates import DelayedScalingPasses
+from parallel.fp8.fused import resolve_fused_casts
 from parallel.fp8.guard import DENSE, EXPERT, GuardMonitor, LayerGuard
 from parallel.fp8.kernel import kernel_name
 from parallel.fp8.linear import Fp8LinearState, fp8_linear, shape_rule_broken
 from parallel.fp8.param_gather import GATHERED_RECIPES
 from parallel.fp8.recipes import Fp8Recipe
 from parallel.fp8.recompute import delayed_scalings_in
+from parallel.fp8.weight_cache import WeightCache
 from parallel.layers import ColumnParallelLinear, RowParallelLinear
 from parallel.state import ParallelState
 
@@ -210,7 +212,23 @@ def delayed_scaling_passes(model: nn.Module, model_config,
         return None
     groups = {chunk: delayed_scalings_in(blocks) for chunk, blocks in enumerate(model.chunk_blocks)}
     groups[MTP_PASS] = delayed_scalings_in(model.mtp_layers)
-    return DelayedScalingPasses(groups, amax_reduction(parallel))
+    device = parallel.device if parallel is not None else torch.device("cpu")
+    fused, _ = resolve_fused_casts(model_config.fp8_fused_casts, device)
+    return DelayedScalingPasses(groups, amax_reduction(parallel), fused)
+
+
+def fp8_weight_caches(model: nn.Module) -> list[WeightCache]:
+    """The weight caches of the linears apply_fp8 put in FP8 (parallel/fp8/weight_cache.py)."""
+    return [module.fp8_state.weight_cache for module in model.modules()
+            if getattr(module, "fp8_state", None) is not None]
+
+
+def begin_fp8_micro_batches(model: nn.Module) -> None:
+    """An iteration's micro-batches start (a re-run of them too): every FP8 weight is cast again in the first, as
+    Megatron-Core's forward_step calls set_is_first_microbatch (TE's is_first_microbatch). The caches are found
+    once (`model.fp8_weight_caches`, training/build.py)."""
+    for cache in getattr(model, "fp8_weight_caches", ()):
+        cache.forget()
 
 
 def guard_log(parallel: Optional[ParallelState]):
@@ -245,12 +263,16 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         monitor = guard_monitor(model_config, parallel, device)
     threshold = model_config.fp8_guard_saturation_threshold
 
+    fused, fusion = resolve_fused_casts(model_config.fp8_fused_casts, device)
+
     def state_for(name: str, expert: bool = False) -> Fp8LinearState:
         guard = None
         if guarded:
             guard = LayerGuard(name, EXPERT if expert else DENSE, guard_log(parallel), device)
             monitor.layers.append(guard)
-        return Fp8LinearState(recipe, device, guard)
+        # the weight cast once an iteration, as Megatron-Core's TE linears (is_first_microbatch); compiled blocks
+        # cast it in their graphs (the cache's key is read on the host), and the planner's dry run holds no cache
+        return Fp8LinearState(recipe, device, guard, fused=fused, cache_weight=not compiled)
 
     in_fp8, experts_in_fp8, high_precision_layers, off_shape, replicated = [], [], [], [], set()
     modules = [(f"blocks.{name}", block, int(name)) for name, block in blocks.named_children()]
@@ -288,13 +310,15 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             experts_in_fp8.append(f"{prefix}.{name}")
     return startup_line(recipe, device, parallel, in_fp8, experts_in_fp8, high_precision_layers, off_shape,
                         reduced, guarded, threshold, bool(mtp_layers), sorted(replicated),
-                        model_config.fp8_param_gather, compiled)
+                        model_config.fp8_param_gather, compiled, (fused, fusion))
 
 
 def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[ParallelState], in_fp8: list,
                  experts_in_fp8: list, high_precision_layers: list, off_shape: list, reduced: bool, guarded: bool,
-                 threshold: float, mtp: bool, replicated: list, param_gather: bool, compiled: bool = False) -> str:
-    """apply_fp8's one line: format, recipe, the layers in FP8, the kernel, and every difference from Megatron."""
+                 threshold: float, mtp: bool, replicated: list, param_gather: bool, compiled: bool = False,
+                 fusion: tuple[bool, str] = (False, "")) -> str:
+    """apply_fp8's one line: format, recipe, the layers in FP8, the kernel, the casts' path (`fusion`: fused or
+    not, and the clause saying so: parallel/fp8/fused.py), and every difference from Megatron."""
     names = sorted(set(in_fp8))
     words = [f"> FP8: --fp8-format {recipe.fp8_format} --fp8-recipe {recipe.recipe}: {len(in_fp8)} linears in FP8 "
              f"({', '.join(names) or 'none'})"]
@@ -308,15 +332,22 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
     words[-1] += f", kernel {kernel_name(device, recipe.recipe)}"
     if mtp:
         words.append("the MTP layers' linears in FP8 (Megatron's global FP8 context for MTP)")
+    fused, fusion_words = fusion
     if compiled:
         words.append("compiled (--compile): each FP8 linear traced into its block's graph, forward and backward, its "
-                     "casts, amaxes and guard counts left to inductor to fuse"
+                     "casts, amaxes and guard counts left to inductor to fuse, the weight cast in every micro-batch "
+                     "inside the graph (its once-an-iteration cache is read on the host)"
                      + ("; delayed scaling's amax reduction and scale update outside the blocks, once a pass"
                         if recipe.recipe == "delayed" else ""))
-    if device.type == "cuda":
-        words.append("eager FP8 slower than bf16 on a GPU: measured on one H100, gpt2-1.5b's step 3.3x bf16's with "
-                     "--no-fp8-guard (tensorwise; the casts, amaxes and scales are unfused eager kernels, bound by "
-                     "their launches; docs/fp8.md)" + ("; compiled, not measured on a GPU yet" if compiled else ""))
+    if fusion_words:
+        words.append(fusion_words + ("" if compiled else "; each weight cast once an iteration, in its first "
+                                                        "micro-batch (TE's is_first_microbatch)"))
+    if device.type == "cuda" and not fused and not compiled:
+        words.append("unfused eager FP8 slower than bf16 on a GPU: measured on one H100, gpt2-1.5b's step 3.3x "
+                     "bf16's with --no-fp8-guard (tensorwise; the casts, amaxes and scales are unfused eager kernels, "
+                     "bound by their launches; docs/fp8.md)")
+    elif device.type == "cuda":
+        words.append("not measured on a GPU yet")
     if recipe.recipe == "delayed":
         words.append(f"amax history {recipe.amax_history_len} ({recipe.amax_compute_algo}), margin {recipe.margin}"
                      + ("" if recipe.wgrad else ", weight gradients in high precision (--no-fp8-wgrad)"))
@@ -370,7 +401,7 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
                      + ("; the weight is cast once per step, not once per micro-batch (TransformerEngine's FP8 "
                         "parameters)" if recipe.recipe == "delayed" else ""))
     words.append("the planner's dry run keeps the FP8 copies these linears save for the backward and counts the "
-                 "amax histories")
+                 "amax histories" + ("" if compiled else " and the weights' cached casts"))
     return "; ".join(words)
 
 

@@ -328,6 +328,12 @@ class ModelConfig:
         help="--fp8-guard: the fraction of one cast's values saturated above which its layer falls back to high "
              "precision (default 0.05: a well scaled cast clips at most the values above its last amax; a scale "
              "2x too large clips about 8%% of a normal tensor)")
+    # Not Megatron-LM's: issue 87's fused casts (parallel/fp8/fused.py, docs/fp8.md "Fused casts")
+    fp8_fused_casts: str = option(
+        "auto", choices=("auto", "on", "off"), group="zero",
+        help="with --fp8-format, each FP8 cast (amax, scale, quantize, its transpose, the guard's counts) and each "
+             "GEMM's epilogue as one torch.compile'd region: auto fuses on CUDA and not on a CPU (compiling costs "
+             "seconds a region), on fuses wherever inductor compiles, off never")
     first_last_layers_bf16: bool = option(
         False, action="store_true", group="zero",
         help="with --fp8-format, keep the first and last blocks' linears in high precision")

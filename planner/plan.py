@@ -120,6 +120,8 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
             ("constant buffers (C_B: reduce buckets, scatter outputs)", plan.buffer_bytes)]
     if plan.fp8_state_bytes:
         rows.append(("FP8 amax histories and scales, --fp8-param-gather's bytes", plan.fp8_state_bytes))
+    if plan.fp8_weight_cache_bytes:
+        rows.append(("FP8 weights cast once an iteration (data and transpose)", plan.fp8_weight_cache_bytes))
     if plan.offload_copy_bytes:
         rows.append(("offloaded shards' device copies in flight at the peak", plan.offload_copy_bytes))
     if plan.stage == 3:

@@ -17,7 +17,7 @@ from typing import Optional
 
 from arguments.config import PretrainConfig
 from base.eager_under_compile import keep_marked_methods_eager
-from gpt.fp8 import apply_fp8, delayed_scaling_passes, fp8_gathered_weights, guard_monitor
+from gpt.fp8 import apply_fp8, delayed_scaling_passes, fp8_gathered_weights, fp8_weight_caches, guard_monitor
 from gpt.model import GPTModel, compile_blocks
 from gpt.parallel_plan import tensor_parallel_plan
 from gpt.pipeline_layout import pipeline_layout_counts
@@ -112,6 +112,7 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
         config.training.micro_batch_size * config.model.seq_length // state.context_parallel_size, state.device,
         state, model.fp8_guard, mtp_layers=model.mtp_layers, compiled=torch_compile)
     model.fp8_passes = delayed_scaling_passes(model, config.model, state)  # delayed scaling's update, once a pass
+    model.fp8_weight_caches = fp8_weight_caches(model)  # forgotten as each iteration's micro-batches start
     activations = ActivationMonitor(state.device)
     checkpointing = None
     if config.activations.checkpoint_activations:                                          # 3. recompute

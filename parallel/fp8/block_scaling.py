@@ -2,11 +2,11 @@
 gradients, 128x128 for weights, power-of-two fp32 scales) and MXFP8BlockScaling (1x32 blocks, E8M0 scales,
 i.e. powers of two), and their GEMM.
 
-The GEMM multiplies one K block at a time through the one kernel path (kernel.scaled_matmul, unit scales,
-fp32 out) and applies the blocks' scales to each fp32 partial before adding it: the promotion DeepSeek-V3
-describes and TE's blockwise GEMM performs (split accumulation, which Float8BlockScaling requires). It is
-an emulation of the hardware's block-scaled GEMMs (cuBLAS's 1x128/128x128 on Hopper, MX on Blackwell) and
-is named so in the start-up line: the products and sums are the same, but a device kernel may order the
+The GEMM (block_gemm.py) is torch's native block-scaled GEMM where the device has one (blockwise on Hopper), else
+one K block at a time through the one kernel path (kernel.scaled_matmul, unit scales, fp32 out), the blocks' scales
+applied to each fp32 partial before adding it: the promotion DeepSeek-V3 describes and TE's blockwise GEMM performs
+(split accumulation, which Float8BlockScaling requires). The loop is an emulation of the hardware's block-scaled
+GEMMs and is named so in the start-up line: the products and sums are the same, but a device kernel may order the
 fp32 additions inside a block differently.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from parallel.fp8.kernel import scaled_matmul
 from parallel.fp8.recipes import FP8_MAX, current_scale, input_type_max, saturating_cast
 
 BLOCK = 128  # Float8BlockScaling's block length
@@ -111,19 +110,3 @@ def quantize_mx(tensor: torch.Tensor, dtype: torch.dtype, counts=None):
     exponent = e8m0_exponent(blocks.abs().amax(dim=-1) * max_norm_reciprocal)
     data = saturating_cast(blocks * e8m0_to_reciprocal(exponent).unsqueeze(-1), dtype, counts).reshape(rows, cols)
     return data, e8m0_to_scale(exponent)
-
-
-def block_scaled_matmul(a: torch.Tensor, a_scale_inv: torch.Tensor, b_t: torch.Tensor, b_scale_inv: torch.Tensor,
-                        block: int, out_dtype: torch.dtype) -> torch.Tensor:
-    """a [M, K] @ b_t [N, K]^T with per-(row, K block) dequantizing scales a_scale_inv [M, blocks] and
-    b_scale_inv [N, blocks]: for each K block in order, one _scaled_mm of the block (unit scales, fp32 out)
-    times the outer product of the two blocks' scales, summed in fp32; cast to out_dtype at the end."""
-    unit = torch.ones((), dtype=torch.float32, device=a.device)
-    out = None
-    for index, start in enumerate(range(0, a.size(1), block)):
-        stop = min(start + block, a.size(1))
-        partial = scaled_matmul(a[:, start:stop].contiguous(), b_t[:, start:stop].contiguous().t(), unit, unit,
-                                torch.float32)
-        partial = partial * (a_scale_inv[:, index:index + 1] * b_scale_inv[:, index].unsqueeze(0))
-        out = partial if out is None else out + partial
-    return out.to(out_dtype)

@@ -14,7 +14,8 @@ CP) ranks of a stage (fp8_utils.py get_fp8_context): `reduce_amax` here (a max a
 After it a weight shard's amax is the whole weight's and every rank of the group holds the same histories and
 scales. The buffer holds each rank's linears in one order (its modules, then each expert by local index), so under
 EP an expert's amax is reduced with the experts at the same local index on the other EP ranks, as TE's buffer is
-reduced by position. Nothing here runs inside a compiled block (docs/fp8.md, "Under --compile")."""
+reduced by position. Nothing here runs inside a compiled block (docs/fp8.md, "Under --compile"); with
+--fp8-fused-casts the work around the collective is two compiled regions (TE's fused amax and scale update)."""
 
 from __future__ import annotations
 
@@ -22,43 +23,65 @@ from typing import Callable, Hashable, Iterable, Optional, Sequence
 
 import torch
 
+from parallel.fp8.fused import fused_region
 from parallel.fp8.recipes import FP8_MAX, DelayedScaling, delayed_scale
 
 FORWARD, BACKWARD = "forward", "backward"
 
 
+@fused_region
+def _newest_amaxes(histories: list) -> torch.Tensor:
+    """Every linear's newest history row, [linears, roles]: the buffer the collective reduces."""
+    return torch.stack([history[0] for history in histories])
+
+
+@fused_region
+def _update_from_amaxes(histories: list, scales: list, newest: Optional[torch.Tensor], dtype: torch.dtype, margin: int,
+                        most_recent: bool, replace_scales: bool) -> Optional[torch.Tensor]:
+    """TE's amax and scale update after the reduction (fused_amax_and_scale_update_after_reduction), every linear
+    at once: `newest` (the reduced row 0s; None: the histories' own) into row 0, the amax, the roll, row 0 zeroed,
+    the scales; the histories written in place, the scales too unless `replace_scales` (then returned)."""
+    history = torch.stack(histories)  # [linears, history_len, roles]
+    if newest is None:
+        newest = history[:, 0].clone()  # kept apart from the row zeroed below
+    history[:, 0] = newest
+    amax = newest if most_recent else history.amax(dim=1)
+    if history.size(1) > 1:
+        history = torch.roll(history, -1, 1)
+    history[:, 0] = 0.0
+    updated = delayed_scale(amax, torch.stack(scales), FP8_MAX[dtype], margin)
+    torch._foreach_copy_(histories, list(history.unbind(0)))
+    if replace_scales:
+        return updated
+    torch._foreach_copy_(scales, list(updated.unbind(0)))
+    return None
+
+
 def update_delayed_scales(scalings: Sequence[DelayedScaling], which: str,
-                          reduce_amax: Optional[Callable[[torch.Tensor], None]] = None) -> None:
+                          reduce_amax: Optional[Callable[[torch.Tensor], None]] = None, fused: bool = False) -> None:
     """Reduce the amaxes `scalings` recorded in this pass (`which`: FORWARD for the input and weight roles,
-    BACKWARD for the output gradient's) and update their histories and scales: one collective and a handful of
-    operations over all of them."""
+    BACKWARD for the output gradient's) and update their histories and scales: one collective between at most two
+    regions (parallel/fp8/fused.py; `fused`: compiled), whatever the number of linears."""
     if not scalings:
         return
     recipe = scalings[0].recipe
     if which == FORWARD:
         histories = [scaling.forward_history for scaling in scalings]
         scales = [scaling.forward_scale for scaling in scalings]
-        fp8_max = FP8_MAX[recipe.forward_dtype]
+        dtype = recipe.forward_dtype
     else:
         histories = [scaling.backward_history for scaling in scalings]
         scales = [scaling.backward_scale for scaling in scalings]
-        fp8_max = FP8_MAX[recipe.backward_dtype]
-    history = torch.stack(histories)  # [linears, history_len, roles]
-    newest = history[:, 0].clone()  # contiguous for the collective; kept apart from the row zeroed below
-    if reduce_amax is not None:
+        dtype = recipe.backward_dtype
+    newest = None
+    if reduce_amax is not None:  # the collective stays outside the compiled regions
+        newest = _newest_amaxes(histories, fused=fused)
         reduce_amax(newest)
-    history[:, 0] = newest
-    amax = history.amax(dim=1) if recipe.amax_compute_algo == "max" else newest
-    if history.size(1) > 1:
-        history = torch.roll(history, -1, 1)
-    history[:, 0] = 0.0
-    updated = delayed_scale(amax, torch.stack(scales), fp8_max, recipe.margin)
-    torch._foreach_copy_(histories, list(history.unbind(0)))
+    updated = _update_from_amaxes(histories, scales, newest, dtype, recipe.margin,
+                                  recipe.amax_compute_algo != "max", which == FORWARD, fused=fused)
     if which == FORWARD:  # replaced, not written: a compiled backward may still read the old (recipes.py says why)
         for scaling, scale in zip(scalings, updated.unbind(0)):
             scaling.forward_scale = scale
-    else:  # written in place: a backward reads it when it runs
-        torch._foreach_copy_(scales, list(updated.unbind(0)))
 
 
 class _AfterBackward(torch.autograd.Function):
@@ -82,15 +105,15 @@ class DelayedScalingPasses:
     for the backward, `mark_backward` on the input of the first of them. None of it without delayed scaling."""
 
     def __init__(self, groups: dict[Hashable, list[DelayedScaling]],
-                 reduce_amax: Optional[Callable[[torch.Tensor], None]] = None) -> None:
-        self.groups, self.reduce_amax = groups, reduce_amax
+                 reduce_amax: Optional[Callable[[torch.Tensor], None]] = None, fused: bool = False) -> None:
+        self.groups, self.reduce_amax, self.fused = groups, reduce_amax, fused
 
     def _scalings(self, parts: Iterable[Hashable]) -> list[DelayedScaling]:
         return [scaling for part in parts for scaling in self.groups.get(part, [])]
 
     def forward_done(self, parts: Iterable[Hashable]) -> None:
         """A forward over `parts` ended (training or evaluation): their input and weight scales move."""
-        update_delayed_scales(self._scalings(parts), FORWARD, self.reduce_amax)
+        update_delayed_scales(self._scalings(parts), FORWARD, self.reduce_amax, self.fused)
 
     def mark_backward(self, hidden: torch.Tensor, parts: Iterable[Hashable]) -> torch.Tensor:
         """`hidden`, the input of the first of `parts` in the forward now starting; once its gradient is complete
@@ -101,4 +124,5 @@ class DelayedScalingPasses:
         scalings = self._scalings(parts)
         if not scalings:
             return hidden
-        return _AfterBackward.apply(hidden, lambda: update_delayed_scales(scalings, BACKWARD, self.reduce_amax))
+        return _AfterBackward.apply(hidden, lambda: update_delayed_scales(scalings, BACKWARD, self.reduce_amax,
+                                                                                 self.fused))

@@ -38,47 +38,56 @@ DENSE, EXPERT = "tp", "etp"  # the group a layer's verdict is reduced over
 
 
 class CastCounts:
-    """The counts of the casts of one GEMM pass (forward, or backward), as device tensors: values cast,
-    saturated and flushed to zero, and the worst single cast's saturated fraction (the threshold's test)."""
+    """The counts of the casts of one GEMM pass (forward, or backward): values cast, saturated and flushed to zero,
+    and the worst single cast's saturated fraction, added in place into `figures` (float64 [VALUES .. WORST], a
+    layer's forward_figures or backward_figures; None: a tensor of its own, made at the first cast). The cast
+    regions (parallel/fp8/casts.py) count inside the region: fused, the counts cost no launch of their own."""
 
-    def __init__(self) -> None:
-        self.values = 0
-        self.saturated: Optional[torch.Tensor] = None
-        self.flushed: Optional[torch.Tensor] = None
-        self.worst_fraction: Optional[torch.Tensor] = None
+    def __init__(self, figures: Optional[torch.Tensor] = None) -> None:
+        self.figures = figures
+        self.values = 0  # the values counted by this object (no device read)
 
     def add(self, scaled: torch.Tensor, clamped: torch.Tensor, data: torch.Tensor) -> None:
         """`scaled`: the values before the cast (fp32, scale applied); `clamped`: them clamped to +-fp8_max;
         `data`: the FP8 cast of `clamped`. Saturated: |scaled| > fp8_max, i.e. scaled - clamped non-zero (NaN
         is not clipped: nan_to_num makes its difference 0; the output's finiteness catches it). Flushed: the
         cast's zeros (every FP8 format here codes zero as a sign bit alone) less the zeros the values had.
-        count_nonzero, not bool.sum(): on the CPU the latter costs several times the cast itself."""
+        count_nonzero, not bool.sum(): on the CPU the latter costs several times the cast itself. The counts are
+        integers held exactly in float64; the fraction is fp32's, widened exactly."""
         count = scaled.numel()
         saturated = torch.count_nonzero(torch.nan_to_num_(scaled - clamped))
         cast_zeros = count - torch.count_nonzero(data.view(torch.uint8) & 0x7F)
         flushed = cast_zeros - (count - torch.count_nonzero(scaled))
         fraction = saturated.float() / max(count, 1)
         self.values += count
-        if self.saturated is None:
-            self.saturated, self.flushed, self.worst_fraction = saturated, flushed, fraction
-        else:
-            self.saturated = self.saturated + saturated
-            self.flushed = self.flushed + flushed
-            self.worst_fraction = torch.maximum(self.worst_fraction, fraction)
+        if self.figures is None:
+            self.figures = torch.zeros(WORST + 1, dtype=torch.float64, device=scaled.device)
+        counted = torch.stack([torch.full_like(saturated, count), saturated, flushed]).double()
+        self.figures[VALUES:WORST] += counted
+        self.figures[WORST] = torch.maximum(self.figures[WORST], fraction.double())
 
-    def figures(self, outputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The pass's five figures (VALUES .. NON_FINITE), float64, on the outputs' device."""
-        non_finite = torch.stack([torch.isfinite(out).all().logical_not() for out in outputs]).any()
-        return torch.stack([torch.full_like(self.saturated, self.values, dtype=torch.float64),
-                            self.saturated.double(), self.flushed.double(), self.worst_fraction.double(),
-                            non_finite.double()])
+    @property
+    def saturated(self) -> torch.Tensor:
+        return self.figures[SATURATED]
+
+    @property
+    def flushed(self) -> torch.Tensor:
+        return self.figures[FLUSHED]
+
+    @property
+    def worst_fraction(self) -> torch.Tensor:
+        return self.figures[WORST]
 
 
-def _accumulate(total: torch.Tensor, figures: torch.Tensor) -> None:
-    """Counts summed, the worst fraction and the non-finite flag as maxima, in place (a compiled pass mutates
-    its own accumulator: the forward's and the backward's are separate tensors)."""
-    total[:WORST] += figures[:WORST]
-    total[WORST:NON_FINITE + 1] = torch.maximum(total[WORST:NON_FINITE + 1], figures[WORST:NON_FINITE + 1])
+def record_outputs(figures: torch.Tensor, outputs: tuple[torch.Tensor, ...]) -> None:
+    """A pass's check of its outputs, in place: NON_FINITE becomes 1 where one of them is not finite."""
+    non_finite = torch.stack([torch.isfinite(out).all().logical_not() for out in outputs]).any()
+    figures[NON_FINITE] = torch.maximum(figures[NON_FINITE], non_finite.double())
+
+
+def record_input_amax(figures: torch.Tensor, amax: torch.Tensor) -> None:
+    """The forward's input amax, in place (its largest over the iteration's passes)."""
+    figures[INPUT_AMAX] = torch.maximum(figures[INPUT_AMAX], amax.double())
 
 
 @dataclass
@@ -97,13 +106,6 @@ class LayerGuard:
     def __post_init__(self) -> None:
         self.forward_figures = torch.zeros(INPUT_AMAX + 1, dtype=torch.float64, device=self.device)
         self.backward_figures = torch.zeros(NON_FINITE + 1, dtype=torch.float64, device=self.device)
-
-    def record_forward(self, counts: CastCounts, output: torch.Tensor, input_amax: torch.Tensor) -> None:
-        _accumulate(self.forward_figures, counts.figures((output,)))
-        self.forward_figures[INPUT_AMAX] = torch.maximum(self.forward_figures[INPUT_AMAX], input_amax.double())
-
-    def record_backward(self, counts: CastCounts, outputs: tuple[torch.Tensor, ...]) -> None:
-        _accumulate(self.backward_figures, counts.figures(outputs))
 
 
 def _failure(worst: float, non_finite: float, threshold: float, what: str) -> Optional[str]:

@@ -100,9 +100,20 @@ def _cpu_emulated_scaled_mm_shape(a, b, scale_a, scale_b, out_dtype):
 
 
 def kernel_name(device: torch.device, recipe: str) -> str:
-    """How a recipe's GEMMs run on a device, for the start-up line."""
+    """How a recipe's GEMMs run on a device, for the start-up line (block_gemm.py for the block recipes)."""
     gemm = "CUDA _scaled_mm" if device.type == "cuda" else "CPU _scaled_mm (torch's fp32 emulation)"
     if recipe in ("delayed", "tensorwise"):
         return gemm
     block = 128 if recipe == "blockwise" else 32
-    return f"emulated: one {gemm} per {block}-wide K block, block scales applied in fp32"
+    loop = f"one {gemm} per {block}-wide K block, block scales applied in fp32"
+    if device.type != "cuda":
+        return (f"emulated: {loop}, the loop inside one operator per GEMM (fp8_kernel::cpu_emulated_block_scaled_mm: "
+                f"one call where a GPU launches one block-scaled GEMM)")
+    from parallel.fp8.block_gemm import native_block_gemm_missing  # it imports this module
+
+    missing = native_block_gemm_missing(device) if recipe == "blockwise" else \
+        "MXFP8's native GEMM is Blackwell's, with swizzled E8M0 scales: not built"
+    if missing is None:
+        return ("CUDA scaled_mm with native 1x128 / 128x128 block scaling, one GEMM each (untested on a GPU here), "
+                f"where K and a 128x128 operand's N are multiples of 128; else {loop}")
+    return f"emulated: {loop} ({missing})"

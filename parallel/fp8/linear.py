@@ -8,8 +8,10 @@ TransformerEngine's Linear runs it (transformer_engine/pytorch/module/linear.py)
   precision tensor, "to avoid double quantization errors"); in high precision under --no-fp8-wgrad
   (delayed scaling only, as Megatron passes it to TE).
 Every GEMM accumulates in fp32 and the result is cast to the tensor's own dtype once (bias added in fp32
-first, TE's GEMM epilogue). The block recipes keep x (and, for mxfp8, W) in high precision for the backward
-and cast it there: the same bits TE casts in the forward, at the memory of the high-precision copy.
+first, TE's GEMM epilogue). Each tensor is cast once, in one region (casts.py: fused, TE's few kernels), for every
+GEMM that takes it: x for the forward and, as its transposed or column-wise copy, the one saved for the weight
+gradient (TE saves x's columnwise FP8 data, not x); the weight once per iteration (weight_cache.py, TE's
+is_first_microbatch), its transpose with it; the output gradient for both backward GEMMs.
 """
 
 from __future__ import annotations
@@ -19,46 +21,64 @@ from typing import Optional
 import torch
 
 from parallel.fp8 import block_scaling as blocks
-from parallel.fp8.guard import CastCounts, LayerGuard
+from parallel.fp8 import casts
+from parallel.fp8.block_gemm import block_scaled_matmul, square_block_scale
+from parallel.fp8.guard import LayerGuard
 from parallel.fp8.kernel import ALIGNMENT, scaled_matmul
-from parallel.fp8.recipes import (
-    FP8_MAX,
-    GRAD_OUTPUT,
-    INPUT,
-    WEIGHT,
-    DelayedScaling,
-    Fp8Recipe,
-    amax_of,
-    current_scale,
-    input_type_max,
-    quantize_tensorwise,
-)
+from parallel.fp8.recipes import GRAD_OUTPUT, INPUT, WEIGHT, DelayedScaling, Fp8Recipe
+from parallel.fp8.weight_cache import WeightCache
 
 
 class Fp8LinearState:
     """What one FP8 linear keeps between steps: its recipe and, for delayed scaling, the amax histories and
     scales (state_dict / load_state_dict for the checkpoint), reduced and updated once per pass
-    (parallel/fp8/delayed_updates.py). The stateless recipes reduce nothing: TE's current-scaling and block
-    quantizers cast each rank's own tensor (a weight shard with its own amax), except the input of a
-    column-parallel linear and the output gradient of a row-parallel one under sequence parallelism, whose amax TE
-    reduces over the TP group before an FP8 all-gather (module/linear.py, set_quantizer_amax_reduction_group). The
-    TP layers here gather those in high precision before the linear, so casting the gathered tensor is that same
-    cast."""
+    (parallel/fp8/delayed_updates.py); and its weight's FP8 copies, cast once per iteration (weight_cache.py). The
+    stateless recipes reduce nothing: TE's current-scaling and block quantizers cast each rank's own tensor (a weight
+    shard with its own amax), except the input of a column-parallel linear and the output gradient of a row-parallel
+    one under sequence parallelism, whose amax TE reduces over the TP group before an FP8 all-gather
+    (module/linear.py, set_quantizer_amax_reduction_group). The TP layers here gather those in high precision before
+    the linear, so casting the gathered tensor is that same cast."""
 
-    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu", guard: Optional[LayerGuard] = None):
+    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu", guard: Optional[LayerGuard] = None,
+                 fused: bool = False, cache_weight: bool = False):
         self.recipe = recipe
         self.delayed = DelayedScaling(recipe, device) if recipe.recipe == "delayed" else None
         self.guard = guard  # --fp8-guard (parallel/fp8/guard.py); None: no counts, no fallback
         # --fp8-param-gather (parallel/fp8/param_gather.py): the weight as ZeRO gathered it, already in e4m3 with
         # its scale; None: the forward casts the weight.
         self.fp8_weight = None
+        # --fp8-fused-casts, resolved for the device (parallel/fp8/fused.py): the casts as compiled regions
+        self.fused = fused
+        # TE's is_first_microbatch (weight_cache.py): a model's linears (gpt/fp8.py apply_fp8) keep the weight's
+        # casts for the iteration's later micro-batches, as Megatron-Core's TE linears do; without it (TE's
+        # is_first_microbatch=None) every call casts the weight.
+        self.cache_weight = cache_weight
+        self.weight_cache = WeightCache()
 
-    def quantize_per_tensor(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, counts=None):
+    def cast_per_tensor(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, transpose: bool,
+                        figures: Optional[torch.Tensor]):
+        """One per-tensor role's cast region (casts.py): (data, transposed copy or None, dequantizing scale)."""
+        fused = self.fused
         if self.delayed is not None:
-            return self.delayed.quantize(tensor, role, dtype, counts)
+            history, scale, column = self.delayed.role_tensors(role)
+            return casts.cast_delayed(tensor, scale, history, column, dtype, transpose, figures, role == INPUT,
+                                      fused=fused)
         # Float8CurrentScaling: the scale from this tensor's own amax (TE's default: no power-of-two scales).
-        scale = current_scale(amax_of(tensor), FP8_MAX[dtype], False, input_type_max(tensor))
-        return quantize_tensorwise(tensor, scale, dtype, counts)
+        return casts.cast_current(tensor, dtype, transpose, figures, role == INPUT, fused=fused)
+
+    def cached_weight(self, weight: torch.Tensor, cast):
+        """The weight's FP8 copies: cast (`cast()`, counted by the guard and, delayed, recorded in the history) in
+        the iteration's first micro-batch, reused by the others (weight_cache.py); every call without
+        `cache_weight`. Under dynamo (whole-block --compile) the block's graph casts it in every micro-batch: the
+        cache's key is read on the host."""
+        if not self.cache_weight or torch.compiler.is_compiling():
+            return cast()
+        copies = self.weight_cache.get(weight)
+        if copies is None:
+            self.weight_cache.forget()  # the old copies go before the new ones are made
+            copies = cast()
+            self.weight_cache.put(weight, copies)
+        return copies
 
 
 def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: str) -> str | None:
@@ -70,91 +90,89 @@ def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: 
     return f"{', '.join(odd)} not a multiple of {multiple}" if odd else None
 
 
-# Each recipe's forward: (x2, the weight parameter, state, counts, the GEMM's output dtype) -> (output, the tensors the
-# backward needs, ZeRO's gathered FP8 weight or None); its backward: (those tensors, the gathered weight, the output
-# gradient, state, counts, the input's and the weight's dtypes) -> (data gradient, weight gradient). Plain functions
-# of tensors and the state's tensors, so that torch.compile traces them into the block's graph.
+# Each recipe's forward: (x2, the weight parameter, state, figures, the GEMM's output dtype) -> (output, the tensors the
+# backward needs through autograd, the weight operands kept beside them); its backward: (those tensors, the weight
+# operands, the output gradient, state, figures, the input's and the weight's dtypes) -> (data gradient, weight
+# gradient). The weight operands are the cached copies (or ZeRO's gathered weight), model-state-like working sets
+# the planner counts as such (weight_cache.py), not activations. Plain functions of tensors and the state's tensors,
+# so that torch.compile traces them into the block's graph.
 
-def _per_tensor_forward(x2, weight, state, counts, out_dtype):
+def _per_tensor_forward(x2, weight, state, figures, out_dtype):
     recipe = state.recipe
-    x_q, x_scale = state.quantize_per_tensor(x2, INPUT, recipe.forward_dtype, counts)
-    gathered = None
+    x_q, x_t, x_scale = state.cast_per_tensor(x2, INPUT, recipe.forward_dtype, recipe.wgrad_in_fp8, figures)
     if state.fp8_weight is None:
-        w_q, w_scale = state.quantize_per_tensor(weight.detach(), WEIGHT, recipe.forward_dtype, counts)
-        saved_w_q = w_q
+        w_q, w_t, w_scale = state.cached_weight(weight, lambda: state.cast_per_tensor(
+            weight.detach(), WEIGHT, recipe.forward_dtype, True, figures))
     else:  # cast after the optimizer step and gathered as bytes: no second cast (the guard does not count that one)
-        w_q, w_scale = state.fp8_weight.data, state.fp8_weight.scale_inv.clone()
-        # ZeRO's gathered weight (gathered again for the backward), not an activation: kept beside the saved tensors
-        gathered, saved_w_q = w_q, None
-    saved = (x_q, x_scale) + ((saved_w_q,) if saved_w_q is not None else ()) + (w_scale,)
-    if not recipe.wgrad_in_fp8:
-        saved += (x2,)
-    return scaled_matmul(x_q, w_q.t(), x_scale, w_scale, out_dtype), saved, gathered
+        w_q, w_t, w_scale = state.fp8_weight.data, None, state.fp8_weight.scale_inv.clone()
+    # wgrad takes x's transposed copy (TE saves its columnwise data), or x itself in high precision (--no-fp8-wgrad)
+    saved = (x_t, x_scale) if recipe.wgrad_in_fp8 else (x2,)
+    return scaled_matmul(x_q, w_q.t(), x_scale, w_scale, out_dtype), saved, (w_q, w_t, w_scale)
 
 
-def _per_tensor_backward(saved, gathered, g2, state, counts, x_dtype, weight_dtype):
+def _per_tensor_backward(saved, weight_operands, g2, state, figures, x_dtype, weight_dtype):
     recipe = state.recipe
-    if gathered is None:
-        x_q, x_scale, w_q, w_scale, *x_high = saved
-    else:
-        (x_q, x_scale, w_scale, *x_high), w_q = saved, gathered
-    g_q, g_scale = state.quantize_per_tensor(g2, GRAD_OUTPUT, recipe.backward_dtype, counts)
+    w_q, w_t, w_scale = weight_operands
+    if w_t is None:  # ZeRO's gathered weight: transposed here, as it is gathered again for the backward
+        w_t = w_q.t().contiguous()
+    g_q, g_t, g_scale = state.cast_per_tensor(g2, GRAD_OUTPUT, recipe.backward_dtype, recipe.wgrad_in_fp8, figures)
     # Each GEMM's fp32 sum rounded once, in the cuBLASLt epilogue, to the dtype the caller casts it to (the same bits
     # as an fp32 output cast afterwards, without writing and reading the fp32 matrix: measured on an H100, docs/fp8.md)
-    grad_x = scaled_matmul(g_q, w_q.t().contiguous().t(), g_scale, w_scale, x_dtype)
-    if not x_high:
-        grad_w = scaled_matmul(g_q.t().contiguous(), x_q.t().contiguous().t(), g_scale, x_scale, weight_dtype)
+    grad_x = scaled_matmul(g_q, w_t.t(), g_scale, w_scale, x_dtype)
+    if recipe.wgrad_in_fp8:
+        x_t, x_scale = saved
+        grad_w = scaled_matmul(g_t, x_t.t(), g_scale, x_scale, weight_dtype)
     else:
-        grad_w = g2.t().to(x_high[0].dtype) @ x_high[0]
+        (x_high,) = saved
+        grad_w = g2.t().to(x_high.dtype) @ x_high
     return grad_x, grad_w
 
 
-def _blockwise_forward(x2, weight, state, counts, out_dtype):
-    x_q, x_scale = blocks.quantize_blocks_1d(x2, state.recipe.forward_dtype, counts=counts)
-    gathered = None
+def _blockwise_forward(x2, weight, state, figures, out_dtype):
+    fused, dtype = state.fused, state.recipe.forward_dtype
+    x_rows, x_rows_scale, x_cols, x_cols_scale = casts.cast_blocks_both_ways(x2, dtype, figures, True, fused=fused)
     if state.fp8_weight is None:
-        w_q, w_scale = blocks.quantize_blocks_2d(weight.detach(), state.recipe.forward_dtype, counts=counts)
-        saved = (x2, w_q, w_scale)
-    else:  # --fp8-param-gather: the 128x128 blocks cast from the master and gathered as bytes, with their scales
-        w_q, w_scale = state.fp8_weight.data, state.fp8_weight.scale_inv.clone()
-        gathered, saved = w_q, (x2, w_scale)  # ZeRO's gathered weight, gathered again for the backward
-    out = blocks.block_scaled_matmul(x_q, x_scale, w_q, blocks.expand_2d_scales(w_scale, weight.size(0)),
-                                     blocks.BLOCK, torch.float32)
-    return out, saved, gathered
+        w_q, w_t, w_scale, w_t_scale = state.cached_weight(weight, lambda: casts.cast_block_weight(
+            weight.detach(), dtype, figures, fused=fused))
+    else:  # --fp8-param-gather: the 128x128 blocks cast from the master and gathered as bytes, with their scales;
+        # their transposes made in the backward, as the weight is gathered again for it
+        w_q, w_t, w_t_scale = state.fp8_weight.data, None, None
+        w_scale = square_block_scale(state.fp8_weight.scale_inv)
+    out = block_scaled_matmul(x_rows, x_rows_scale, w_q.t(), w_scale, blocks.BLOCK, True, out_dtype)
+    return out, (x_cols, x_cols_scale), (w_q, w_t, w_t_scale)
 
 
-def _blockwise_backward(saved, gathered, g2, state, counts, x_dtype, weight_dtype):
+def _blockwise_backward(saved, weight_operands, g2, state, figures, x_dtype, weight_dtype):
     recipe = state.recipe
-    if gathered is None:
-        x2, w_q, w_scale = saved
-    else:
-        (x2, w_scale), w_q = saved, gathered
-    g_rows, g_rows_scale = blocks.quantize_blocks_1d(g2, recipe.backward_dtype, counts=counts)
-    grad_x = blocks.block_scaled_matmul(g_rows, g_rows_scale, w_q.t().contiguous(),
-                                        blocks.expand_2d_scales(w_scale.t(), w_q.size(1)), blocks.BLOCK,
-                                        torch.float32)
-    g_cols, g_cols_scale = blocks.quantize_blocks_1d(g2.t(), recipe.backward_dtype, counts=counts)
-    x_cols, x_cols_scale = blocks.quantize_blocks_1d(x2.t(), recipe.forward_dtype, counts=counts)
-    grad_w = blocks.block_scaled_matmul(g_cols, g_cols_scale, x_cols, x_cols_scale, blocks.BLOCK, torch.float32)
+    x_cols, x_cols_scale = saved
+    w_q, w_t, w_t_scale = weight_operands
+    if w_t is None:  # ZeRO's gathered weight (--fp8-param-gather)
+        w_t, w_t_scale = w_q.t().contiguous(), square_block_scale(state.fp8_weight.scale_inv.t())
+    g_rows, g_rows_scale, g_cols, g_cols_scale = casts.cast_blocks_both_ways(g2, recipe.backward_dtype, figures,
+                                                                              False, fused=state.fused)
+    grad_x = block_scaled_matmul(g_rows, g_rows_scale, w_t.t(), w_t_scale, blocks.BLOCK, True, x_dtype)
+    grad_w = block_scaled_matmul(g_cols, g_cols_scale, x_cols.t(), x_cols_scale, blocks.BLOCK, False, weight_dtype)
     return grad_x, grad_w
 
 
-def _mx_forward(x2, weight, state, counts, out_dtype):
-    x_q, x_scale = blocks.quantize_mx(x2, state.recipe.forward_dtype, counts)
-    w_q, w_scale = blocks.quantize_mx(weight.detach(), state.recipe.forward_dtype, counts)
-    # the parameter itself (a model state, not an activation) for the backward's casts along the other dimension
-    return blocks.block_scaled_matmul(x_q, x_scale, w_q, w_scale, blocks.MX_BLOCK, torch.float32), (x2, weight), None
+def _mx_forward(x2, weight, state, figures, out_dtype):
+    fused, dtype = state.fused, state.recipe.forward_dtype
+    x_rows, x_rows_scale, x_cols, x_cols_scale = casts.cast_mx_both_ways(x2, dtype, figures, True, fused=fused)
+    # the weight along both dimensions: its rows for the forward GEMM, its columns for the data gradient's
+    w_rows, w_rows_scale, w_cols, w_cols_scale = state.cached_weight(weight, lambda: casts.cast_mx_both_ways(
+        weight.detach(), dtype, figures, False, fused=fused))
+    out = block_scaled_matmul(x_rows, x_rows_scale, w_rows.t(), w_rows_scale, blocks.MX_BLOCK, False, out_dtype)
+    return out, (x_cols, x_cols_scale), (w_cols, w_cols_scale)
 
 
-def _mx_backward(saved, gathered, g2, state, counts, x_dtype, weight_dtype):
+def _mx_backward(saved, weight_operands, g2, state, figures, x_dtype, weight_dtype):
     recipe = state.recipe
-    x2, weight = saved
-    g_rows, g_rows_scale = blocks.quantize_mx(g2, recipe.backward_dtype, counts)
-    w_cols, w_cols_scale = blocks.quantize_mx(weight.detach().t(), recipe.forward_dtype, counts)
-    grad_x = blocks.block_scaled_matmul(g_rows, g_rows_scale, w_cols, w_cols_scale, blocks.MX_BLOCK, torch.float32)
-    g_cols, g_cols_scale = blocks.quantize_mx(g2.t(), recipe.backward_dtype, counts)
-    x_cols, x_cols_scale = blocks.quantize_mx(x2.t(), recipe.forward_dtype, counts)
-    grad_w = blocks.block_scaled_matmul(g_cols, g_cols_scale, x_cols, x_cols_scale, blocks.MX_BLOCK, torch.float32)
+    (x_cols, x_cols_scale), (w_cols, w_cols_scale) = saved, weight_operands
+    g_rows, g_rows_scale, g_cols, g_cols_scale = casts.cast_mx_both_ways(g2, recipe.backward_dtype, figures, False,
+                                                                          fused=state.fused)
+    grad_x = block_scaled_matmul(g_rows, g_rows_scale, w_cols.t(), w_cols_scale, blocks.MX_BLOCK, False, x_dtype)
+    grad_w = block_scaled_matmul(g_cols, g_cols_scale, x_cols.t(), x_cols_scale, blocks.MX_BLOCK, False,
+                                 weight_dtype)
     return grad_x, grad_w
 
 
@@ -173,28 +191,27 @@ class _Fp8LinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, state):
         x2 = x.detach().reshape(-1, x.size(-1))
         guard = state.guard
-        counts = None if guard is None else CastCounts()
-        # The per-tensor recipes' forward GEMM writes x's dtype at once where no bias is added in fp32 after it
+        figures = None if guard is None else guard.forward_figures
+        # The GEMM writes x's dtype at once where no bias is added in fp32 after it
         out_dtype = torch.float32 if bias is not None else x.dtype
-        out, saved, gathered = _FORWARD[state.recipe.recipe](x2, weight, state, counts, out_dtype)
-        if bias is not None:
-            out = out + bias.detach().float()
-        result = out.to(x.dtype)
+        out, saved, weight_operands = _FORWARD[state.recipe.recipe](x2, weight, state, figures, out_dtype)
+        result = out
+        if bias is not None or figures is not None or out.dtype != x.dtype:
+            # The epilogue and the check of this forward (parallel/fp8/guard.py): the output as the model sees it.
+            result = casts.finish_forward(out, None if bias is None else bias.detach(), x.dtype, figures,
+                                          fused=state.fused)
         high_precision = guard is not None and guard.in_high_precision
         kept = ()
-        if guard is not None:
-            # The check of this forward (parallel/fp8/guard.py): the output as the model sees it, and the casts.
-            guard.record_forward(counts, result, x2.abs().amax())
-            if high_precision:
-                # The layer runs in high precision this iteration: x and a copy of W (a ZeRO-3 parameter may be
-                # released before the backward) kept for the backward's GEMMs.
-                kept = (x2, weight.detach().clone())
-                result = torch.nn.functional.linear(x2, weight.detach().to(x2.dtype),
-                                                    None if bias is None else bias.detach().to(x2.dtype))
-        # Through autograd's saved tensors, so what a step keeps for the backward (the FP8 copies of x and W) is
-        # what the saved-tensor meter measures, live and in the planner's dry run.
+        if high_precision:
+            # The layer runs in high precision this iteration: x and a copy of W (a ZeRO-3 parameter may be
+            # released before the backward) kept for the backward's GEMMs.
+            kept = (x2, weight.detach().clone())
+            result = torch.nn.functional.linear(x2, weight.detach().to(x2.dtype),
+                                                None if bias is None else bias.detach().to(x2.dtype))
+        # Through autograd's saved tensors, so what a step keeps for the backward (the FP8 copies of x) is what the
+        # saved-tensor meter measures, live and in the planner's dry run; the weight's copies are the cache's.
         ctx.save_for_backward(*saved, *kept)
-        ctx.fp8_saved, ctx.high_precision, ctx.gathered_weight = len(saved), high_precision, gathered
+        ctx.fp8_saved, ctx.high_precision, ctx.weight_operands = len(saved), high_precision, weight_operands
         ctx.state, ctx.x_shape, ctx.has_bias = state, x.shape, bias is not None
         ctx.x_dtype, ctx.weight_dtype = x.dtype, weight.dtype
         return result.reshape(*x.shape[:-1], weight.size(0))
@@ -204,19 +221,20 @@ class _Fp8LinearFunction(torch.autograd.Function):
         g2 = grad_out.reshape(-1, grad_out.size(-1))
         state, guard = ctx.state, ctx.state.guard
         saved = ctx.saved_tensors
-        counts = None if guard is None else CastCounts()
+        figures = None if guard is None else guard.backward_figures
         # Under the guard the FP8 backward runs even in high precision: it is the check, and delayed scaling's
         # gradient history and amax reduction see every cast as without the guard.
-        grad_x, grad_w = _BACKWARD[state.recipe.recipe](saved[:ctx.fp8_saved], ctx.gathered_weight, g2, state,
-                                                        counts, ctx.x_dtype, ctx.weight_dtype)
-        if guard is not None:
-            guard.record_backward(counts, (grad_x.to(ctx.x_dtype), grad_w.to(ctx.weight_dtype)))
-            if ctx.high_precision:
-                x2, weight = saved[ctx.fp8_saved:]
-                g = g2.float()
-                grad_x, grad_w = g @ weight.float(), g.t() @ x2.float()
+        grad_x, grad_w = _BACKWARD[state.recipe.recipe](saved[:ctx.fp8_saved], ctx.weight_operands, g2, state,
+                                                        figures, ctx.x_dtype, ctx.weight_dtype)
+        if figures is not None or grad_x.dtype != ctx.x_dtype or grad_w.dtype != ctx.weight_dtype:
+            grad_x, grad_w = casts.finish_backward(grad_x, grad_w, ctx.x_dtype, ctx.weight_dtype, figures,
+                                                   fused=state.fused)
+        if ctx.high_precision:
+            x2, weight = saved[ctx.fp8_saved:]
+            g = g2.float()
+            grad_x, grad_w = (g @ weight.float()).to(ctx.x_dtype), (g.t() @ x2.float()).to(ctx.weight_dtype)
         grad_bias = g2.sum(0) if ctx.has_bias else None
-        return grad_x.to(ctx.x_dtype).reshape(ctx.x_shape), grad_w.to(ctx.weight_dtype), grad_bias, None
+        return grad_x.reshape(ctx.x_shape), grad_w, grad_bias, None
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -98,6 +98,16 @@ def quantize_tensorwise(tensor: torch.Tensor, scale: torch.Tensor, dtype: torch.
     return data, torch.reciprocal(scale).reshape(())
 
 
+def quantize_delayed(tensor: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, column: int,
+                     dtype: torch.dtype, counts=None):
+    """One delayed-scaling role's cast: `tensor` cast with scale[column], and its amax recorded (a max) in
+    history[0, column], in place. Returns the FP8 data, the dequantizing scale and the amax."""
+    data, scale_inv = quantize_tensorwise(tensor, scale[column], dtype, counts)
+    amax = amax_of(tensor)
+    history[0, column] = torch.maximum(history[0, column], amax)
+    return data, scale_inv, amax
+
+
 def amax_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().abs().amax().float()
 
@@ -139,7 +149,7 @@ class DelayedScaling:
         # checkpointed forward cast with, oldest first.
         self._recompute_stash: deque = deque()
 
-    def _role(self, role: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def role_tensors(self, role: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The history and scale tensors holding `role`, and its column in them."""
         if role == GRAD_OUTPUT:
             return self.backward_history, self.backward_scale, 0
@@ -148,19 +158,18 @@ class DelayedScaling:
     def quantize(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, counts=None):
         """Cast with this role's current scale and record the tensor's amax; returns (fp8 data, dequantizing
         scale). The scale changes only at the pass's update (delayed_updates.py)."""
-        history, scale, column = self._role(role)
-        data, scale_inv = quantize_tensorwise(tensor, scale[column], dtype, counts)
-        self.record_amax(role, amax_of(tensor))
+        history, scale, column = self.role_tensors(role)
+        data, scale_inv, _ = quantize_delayed(tensor, scale, history, column, dtype, counts)
         return data, scale_inv
 
     def record_amax(self, role: int, amax: torch.Tensor) -> None:
         """Row 0 of the role's history takes the max with `amax`: a cast here, or a weight cast elsewhere
         (--fp8-param-gather, parallel/fp8/param_gather.py), updated at the end of the forward that uses it."""
-        history, _, column = self._role(role)
+        history, _, column = self.role_tensors(role)
         history[0, column] = torch.maximum(history[0, column], amax)
 
     def scale_of(self, role: int) -> torch.Tensor:
-        history, scale, column = self._role(role)
+        history, scale, column = self.role_tensors(role)
         return scale[column].clone()
 
     @property

@@ -1,0 +1,172 @@
+"""The block recipes' GEMM, one call per GEMM as the hardware runs it (issue 87 item 1): a [M, K] row-major @ b [K, N]
+column-major, float8, with per-(row, K block) dequantizing scales for a and, for b, per (column, K block) or per
+(128 x 128 block).
+
+Where it runs:
+- CUDA, blockwise, where torch has the native block-scaled GEMM: one `torch.nn.functional.scaled_mm` with
+  ScalingType.BlockWise1x128 / BlockWise128x128 (DeepSeek-V3's scaling; torch's _scaled_mm_v2 on cuBLASLt 12.9+,
+  Hopper only: aten/src/ATen/native/cuda/ScaledBlas.cpp, _check_deepseek_support) when K, and N for a 128x128 b,
+  are multiples of 128 (torch's meta kernel, _check_scaled_mm_sizes_v2, takes K // 128 blocks). NOT RUN ON A GPU
+  HERE: its arguments are checked against torch's meta kernel only (tests/parallel/test_fp8_block_gemm.py).
+- CUDA otherwise (another device, MXFP8, whose native MX GEMM is Blackwell's and takes swizzled E8M0 scales, or a
+  shape off those multiples): the per-K-block loop below, one _scaled_mm per K block, named at start-up.
+- CPU: the same loop inside one custom operator, `fp8_kernel::cpu_emulated_block_scaled_mm`, so a CPU run counts one
+  call where the GPU launches one GEMM, and torch.compile keeps it opaque; its bits are the loop's.
+
+The loop (block_scaling.py's docstring): each K block's _scaled_mm with unit scales and fp32 out, times the outer
+product of the two blocks' scales, summed in fp32 in K order (split accumulation, DeepSeek-V3's promotion), cast to
+out_dtype once. The scales come in cuBLASLt's layouts (torch's checks, mirrored in check_block_operands): a 1 x block
+scale [rows, K blocks] with strides (1, rows); a 128 x 128 scale of b [round_up(K blocks, 4), N blocks] with strides
+(1, round_up(K blocks, 4)), the rows past K's blocks padding."""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from parallel.fp8.block_scaling import BLOCK, expand_2d_scales
+from parallel.fp8.kernel import ALIGNMENT, E5M2, FP8_DTYPES, Fp8OperandError, scaled_matmul
+
+PADDED_K_BLOCKS = 4  # cuBLASLt pads a 128x128 scale's K blocks to a multiple of 4
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def padded_k_blocks(k_blocks: int) -> int:
+    return ceil_div(k_blocks, PADDED_K_BLOCKS) * PADDED_K_BLOCKS
+
+
+def outer_major(scale: torch.Tensor) -> torch.Tensor:
+    """A [rows, K blocks] scale in cuBLASLt's 1 x block layout: strides (1, rows)."""
+    return scale.t().contiguous().t()
+
+
+def square_block_scale(scale: torch.Tensor) -> torch.Tensor:
+    """The 128 x 128 scale of b = W^T for the GEMM, from W's [row blocks, col blocks] scale (TE's weight scale):
+    [round_up(K blocks, 4), N blocks] with strides (1, round_up(K blocks, 4)), the padding zeros."""
+    k_blocks = scale.size(1)
+    return torch.nn.functional.pad(scale, (0, padded_k_blocks(k_blocks) - k_blocks)).t()
+
+
+def _size_stride(scale: torch.Tensor, dim: int, size: int, stride: int) -> bool:
+    """torch's check_size_stride: a dimension of one element has no meaningful stride."""
+    return scale.size(dim) == size and (size <= 1 or scale.stride(dim) == stride)
+
+
+def check_block_operands(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                         block: int, b_square: bool) -> None:
+    """Raise Fp8OperandError naming the first of CUDA's rules (kernel.py's, and the scales' layouts above) that the
+    operands break; `b_square`: b's scale is per 128 x 128 block."""
+    if a.dim() != 2 or b.dim() != 2 or a.size(1) != b.size(0):
+        raise Fp8OperandError(f"block GEMM needs (m x k) @ (k x n), got {tuple(a.shape)} @ {tuple(b.shape)}")
+    if a.dtype not in FP8_DTYPES or b.dtype not in FP8_DTYPES or (a.dtype == E5M2 and b.dtype == E5M2):
+        raise Fp8OperandError(f"block GEMM needs float8 operands, not both e5m2: got {a.dtype} and {b.dtype}")
+    if not (a.stride(1) == 1 and a.stride(0) == a.size(1)) or not (b.stride(0) == 1 and b.stride(1) == b.size(0)):
+        raise Fp8OperandError(f"block GEMM needs A row-major and B column-major, got strides {a.stride()} and "
+                              f"{b.stride()}")
+    m, k = a.shape
+    n = b.size(1)
+    if m % ALIGNMENT or k % ALIGNMENT or n % ALIGNMENT:
+        raise Fp8OperandError(f"block GEMM on CUDA: M={m}, K={k}, N={n} must be multiples of {ALIGNMENT}")
+    k_blocks = ceil_div(k, block)
+    if a_scale.dtype != torch.float32 or not (_size_stride(a_scale, 0, m, 1) and _size_stride(a_scale, 1, k_blocks, m)):
+        raise Fp8OperandError(f"scale_a must be fp32 [{m}, {k_blocks}] with strides (1, {m}), got {a_scale.dtype} "
+                              f"{tuple(a_scale.shape)} strides {a_scale.stride()}")
+    if b_square:
+        rows = padded_k_blocks(k_blocks)
+        want = (rows, ceil_div(n, block)), rows
+    else:
+        want = (n, k_blocks), n
+    (size0, size1), stride1 = want
+    if b_scale.dtype != torch.float32 or not (_size_stride(b_scale, 0, size0, 1)
+                                              and _size_stride(b_scale, 1, size1, stride1)):
+        raise Fp8OperandError(f"scale_b must be fp32 [{size0}, {size1}] with strides (1, {stride1}), got "
+                              f"{b_scale.dtype} {tuple(b_scale.shape)} strides {b_scale.stride()}")
+
+
+@functools.lru_cache(maxsize=None)
+def native_block_gemm_missing(device: torch.device) -> Optional[str]:
+    """Why this device runs the blockwise GEMM as the per-K-block loop, or None where torch's native 1x128 /
+    128x128 GEMM runs (Hopper, sm90, with cuBLASLt 12.9+: torch's _check_deepseek_support)."""
+    if device.type != "cuda":
+        return f"no native block-scaled GEMM on {device.type}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        return f"torch's 1x128/128x128 scaled_mm runs on sm90 only; this device is sm{major}{minor}"
+    version = tuple(int(part) for part in (torch.version.cuda or "0.0").split(".")[:2])
+    if version < (12, 9):
+        return f"torch's 1x128/128x128 scaled_mm needs cuBLASLt 12.9+; this torch is built with CUDA {torch.version.cuda}"
+    return None
+
+
+def _runs_natively(a: torch.Tensor, b: torch.Tensor, block: int, b_square: bool) -> bool:
+    if block != BLOCK or native_block_gemm_missing(a.device) is not None:
+        return False
+    return a.size(1) % BLOCK == 0 and (not b_square or b.size(1) % BLOCK == 0)
+
+
+def _rows_scale(b_scale: torch.Tensor, k_blocks: int, n: int, block: int, b_square: bool) -> torch.Tensor:
+    """b's scale per (column of b, K block): [N, K blocks]; a 128x128 scale's K blocks are its rows (the padding
+    dropped), each N block's repeated over its columns (block_scaling.expand_2d_scales)."""
+    if not b_square:
+        return b_scale
+    return expand_2d_scales(b_scale[:k_blocks].t(), n, block)
+
+
+def per_block_loop(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, block: int,
+                   b_square: bool, out_dtype: torch.dtype, gemm=scaled_matmul) -> torch.Tensor:
+    """The K-block loop (module docstring); `gemm` runs one block's unit-scaled _scaled_mm."""
+    k = a.size(1)
+    k_blocks = ceil_div(k, block)
+    rows_scale = _rows_scale(b_scale, k_blocks, b.size(1), block, b_square)
+    b_t = b.t()
+    unit = torch.ones((), dtype=torch.float32, device=a.device)
+    out = None
+    for index, start in enumerate(range(0, k, block)):
+        stop = min(start + block, k)
+        partial = gemm(a[:, start:stop].contiguous(), b_t[:, start:stop].contiguous().t(), unit, unit, torch.float32)
+        partial = partial * (a_scale[:, index:index + 1] * rows_scale[:, index].unsqueeze(0))
+        out = partial if out is None else out + partial
+    return out.to(out_dtype)
+
+
+def block_scaled_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, block: int,
+                        b_square: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    """(a, scaled per 1 x block) @ (b, scaled per 1 x block or, `b_square`, per 128 x 128) in out_dtype: one native
+    GEMM, the CPU's one emulated call, or the loop (module docstring)."""
+    check_block_operands(a, a_scale, b, b_scale, block, b_square)
+    if a.device.type == "cpu":
+        return cpu_emulated_block_scaled_mm(a, a_scale, b, b_scale, block, b_square, out_dtype)
+    if _runs_natively(a, b, block, b_square):
+        from torch.nn.functional import ScalingType, scaled_mm
+
+        return scaled_mm(a, b, a_scale, ScalingType.BlockWise1x128, b_scale,
+                         ScalingType.BlockWise128x128 if b_square else ScalingType.BlockWise1x128,
+                         output_dtype=out_dtype)
+    return per_block_loop(a, a_scale, b, b_scale, block, b_square, out_dtype)
+
+
+def _cpu_block(a, b, scale_a, scale_b, out_dtype):
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+
+
+@torch.library.custom_op("fp8_kernel::cpu_emulated_block_scaled_mm", mutates_args=(), device_types="cpu")
+def cpu_emulated_block_scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                                 block: int, b_square: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    """The K-block loop on the CPU through torch's emulated _scaled_mm (kernel.py says why: oneDNN off for the call
+    only), as one operator: one call where the GPU launches one GEMM, eager or compiled."""
+    previous = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        return per_block_loop(a, a_scale, b, b_scale, block, b_square, out_dtype, gemm=_cpu_block)
+    finally:
+        torch.backends.mkldnn.enabled = previous
+
+
+@cpu_emulated_block_scaled_mm.register_fake
+def _cpu_emulated_block_scaled_mm_shape(a, a_scale, b, b_scale, block, b_square, out_dtype):
+    return a.new_empty((a.size(0), b.size(1)), dtype=out_dtype)
