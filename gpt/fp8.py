@@ -223,10 +223,12 @@ def fp8_weight_caches(model: nn.Module) -> list[WeightCache]:
             if getattr(module, "fp8_state", None) is not None]
 
 
-def begin_fp8_micro_batches(model: nn.Module) -> None:
-    """An iteration's micro-batches start (a re-run of them too): every FP8 weight is cast again in the first, as
-    Megatron-Core's forward_step calls set_is_first_microbatch (TE's is_first_microbatch). The caches are found
-    once (`model.fp8_weight_caches`, training/build.py)."""
+def forget_fp8_weight_casts(model: nn.Module) -> None:
+    """Where an iteration's micro-batches start (a re-run of them too) and where they end: every FP8 weight's cast
+    forgotten, so that the first micro-batch casts it again, as Megatron-Core's forward_step calls
+    set_is_first_microbatch (TE's is_first_microbatch), and nothing after them (the optimizer step writes the weights
+    through ZeRO's flat buffers, which their version counters do not see: parallel/fp8/weight_cache.py) reads a cast
+    of the weights before the step. The caches are found once (`model.fp8_weight_caches`, training/build.py)."""
     for cache in getattr(model, "fp8_weight_caches", ()):
         cache.forget()
 
@@ -271,8 +273,8 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             guard = LayerGuard(name, EXPERT if expert else DENSE, guard_log(parallel), device)
             monitor.layers.append(guard)
         # the weight cast once an iteration, as Megatron-Core's TE linears (is_first_microbatch); compiled blocks
-        # cast it in their graphs (the cache's key is read on the host), and the planner's dry run holds no cache
-        return Fp8LinearState(recipe, device, guard, fused=fused, cache_weight=not compiled)
+        # keep its semantics in their graphs (parallel/fp8/weight_cache.py)
+        return Fp8LinearState(recipe, device, guard, fused=fused, cache_weight=True, compiled=compiled)
 
     in_fp8, experts_in_fp8, high_precision_layers, off_shape, replicated = [], [], [], [], set()
     modules = [(f"blocks.{name}", block, int(name)) for name, block in blocks.named_children()]
@@ -336,7 +338,8 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
     if compiled:
         words.append("compiled (--compile): each FP8 linear traced into its block's graph, forward and backward, its "
                      "casts, amaxes and guard counts left to inductor to fuse, the weight cast in every micro-batch "
-                     "inside the graph (its once-an-iteration cache is read on the host)"
+                     "inside the graph with its iteration's first cast's scale, amax and counts (the cache of an eager "
+                     "run is read on the host)"
                      + ("; delayed scaling's amax reduction and scale update outside the blocks, once a pass"
                         if recipe.recipe == "delayed" else ""))
     if fusion_words:

@@ -133,7 +133,8 @@ class RankPlan:
     # between steps (zero/fp8_params.py: each rank's shards, and under ZeRO 1-2 the gathered weights)
     fp8_state_bytes: int = 0
     # each FP8 weight's cast kept for the iteration's later micro-batches (parallel/fp8/weight_cache.py: its data and
-    # transpose, ~2 bytes an element, and the block recipes' scales), from its first forward on
+    # transpose, ~2 bytes an element, and the block recipes' scales), alive from its first forward to the end of the
+    # iteration's micro-batches: part of the passes' working set
     fp8_weight_cache_bytes: int = 0
     # --cuda-graph-impl local/transformer_engine on CUDA (training/cuda_graphs.py): the captured regions' static input
     # and incoming-gradient buffers and the gradient arena, held the whole run; and the graphs' pool, which keeps the
@@ -514,8 +515,11 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # Under activation checkpointing a block's recompute in backward saves its tensors beside the checkpoints not
     # yet freed: the probe reads both meters at the end of each recompute, where that block's are all saved. By then
     # the output layer's backward has run, so the logits and their gradient are freed (`in_backward`).
+    # The FP8 weights' casts, from each one's first forward to the end of the micro-batches (the most the dry run's
+    # caches held: meta tensors of the live ones' shapes)
+    result.fp8_weight_cache_bytes = sum(cache.peak_bytes for cache in fp8_weight_caches(model))
     transients = (result.stage3_live_chunk_bytes + logits + result.gradient_working_bytes
-                  + result.parameter_gradient_bytes + result.offload_copy_bytes)
+                  + result.parameter_gradient_bytes + result.offload_copy_bytes + result.fp8_weight_cache_bytes)
     in_backward = transients - 2 * logits
     copied = bool(copies["passes"])
     if pipeline is not None:
@@ -528,9 +532,6 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         passes = max(transients + max(meter.peak["device"], observer.copy_peak_bytes if copied else 0),
                      in_backward + probe.samples["recompute"]["any"])
     result.fp8_state_bytes = fp8_state_bytes(model, optimizer.parameters)
-    # what the dry run's own forward left in the caches (meta tensors of the live ones' shapes)
-    result.fp8_weight_cache_bytes = sum(cache.nbytes() for cache in fp8_weight_caches(model))
-    fp8_held = result.fp8_state_bytes + result.fp8_weight_cache_bytes
     graphs = cuda_graph_plan(config, cluster.device_type)
     if graphs is not None and graphs.captures:
         result.cuda_graph_static_bytes = static_buffer_bytes(model, graphs, hidden_bytes)
@@ -540,7 +541,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
                             f"counted")
     # M_D's buffer, allocated at iteration 1's first checkpoint and held
     device_contiguous = result.contiguous_checkpoint_buffer_bytes["device"]
-    result.total_bytes = held["total"] + fp8_held + result.buffer_bytes + device_contiguous \
+    result.total_bytes = held["total"] + result.fp8_state_bytes + result.buffer_bytes + device_contiguous \
         + result.cuda_graph_static_bytes + max(passes, result.step_working_bytes + result.cuda_graph_pool_bytes)
     # Iteration 1 holds less than the later ones: the constant buffers appear at its first reduction (late in the
     # last micro-batch's backward, after the forward's peak), and are held from then on. Its peak, what a live run's
@@ -550,7 +551,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         first_passes = max(transients + max(probe.first_iteration_forward(meter.peak["device"]),
                                             probe.first_iteration("copy") if copied else 0),
                            in_backward + max(probe.first_iteration("recompute"), probe.first_iteration("saved")))
-        result.first_iteration_bytes = held["total"] + fp8_held + device_contiguous \
+        result.first_iteration_bytes = held["total"] + result.fp8_state_bytes + device_contiguous \
             + max(first_passes, result.buffer_bytes + result.step_working_bytes)
     if config.checkpoint.saves_in_background:  # the partition: the fp32 master and the moments, wherever they live
         partition = sum(held[key] + host_held[key] for key in ("master_weights", "optimizer_states"))

@@ -120,8 +120,6 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
             ("constant buffers (C_B: reduce buckets, scatter outputs)", plan.buffer_bytes)]
     if plan.fp8_state_bytes:
         rows.append(("FP8 amax histories and scales, --fp8-param-gather's bytes", plan.fp8_state_bytes))
-    if plan.fp8_weight_cache_bytes:
-        rows.append(("FP8 weights cast once an iteration (data and transpose)", plan.fp8_weight_cache_bytes))
     if plan.offload_copy_bytes:
         rows.append(("offloaded shards' device copies in flight at the peak", plan.offload_copy_bytes))
     if plan.stage == 3:
@@ -144,7 +142,9 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                 ("  peak of saved activations, held sends and gloo's copy over the schedule",
                  stages.pass_peak_bytes)] if stages is not None else []),
              ("gradients in flight: logits, block boundaries and the MLP's", plan.gradient_working_bytes),
-             ("largest parameter gradient before the reducer takes it (tied: both)", plan.parameter_gradient_bytes)]
+             ("largest parameter gradient before the reducer takes it (tied: both)", plan.parameter_gradient_bytes),
+             *([("FP8 weights cast once an iteration, kept through its micro-batches (data and transpose)",
+                 plan.fp8_weight_cache_bytes)] if plan.fp8_weight_cache_bytes else [])]
     if any(plan.transport_copy_bytes.values()):
         # counted with the activations still saved as its collective starts, not on top of their peak (dry_run.py)
         rows.append(("gloo's copy of the passes' largest collective (beside what is saved then)",

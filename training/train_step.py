@@ -24,7 +24,7 @@ from torch import nn
 
 from arguments.schedule import tokens_seen_by_schedule
 from data.documents import DocumentMasking
-from gpt.fp8 import begin_fp8_micro_batches, delayed_states
+from gpt.fp8 import delayed_states, forget_fp8_weight_casts
 from gpt.mtp import begin_mtp_iteration, finish_mtp_iteration
 from parallel.state import ParallelState
 from resilience.run.loss_checks import LossChecks
@@ -237,9 +237,10 @@ class DataParallelTrainStep:
         begin_moe_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps,
                             self.state.context_parallel_size)
         begin_mtp_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps)
-        begin_fp8_micro_batches(self.model)  # each FP8 weight cast again in the first (TE's is_first_microbatch)
+        forget_fp8_weight_casts(self.model)  # each FP8 weight cast again in the first (TE's is_first_microbatch)
         self.loss_checks.start()
         iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
+        forget_fp8_weight_casts(self.model)  # the step writes the weights: their casts go with the micro-batches
         self.loss_checks.validate()  # the micro-batches' losses read back once, outside them (resilience/run/loss_checks.py)
         return iteration_loss
 

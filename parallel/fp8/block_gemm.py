@@ -21,11 +21,9 @@ scale [rows, K blocks] with strides (1, rows); a 128 x 128 scale of b [round_up(
 
 from __future__ import annotations
 
-import functools
-from typing import Optional
-
 import torch
 
+from parallel.fp8 import kernel
 from parallel.fp8.block_scaling import BLOCK, expand_2d_scales
 from parallel.fp8.kernel import ALIGNMENT, E5M2, FP8_DTYPES, Fp8OperandError, scaled_matmul
 
@@ -49,7 +47,8 @@ def square_block_scale(scale: torch.Tensor) -> torch.Tensor:
     """The 128 x 128 scale of b = W^T for the GEMM, from W's [row blocks, col blocks] scale (TE's weight scale):
     [round_up(K blocks, 4), N blocks] with strides (1, round_up(K blocks, 4)), the padding zeros."""
     k_blocks = scale.size(1)
-    return torch.nn.functional.pad(scale, (0, padded_k_blocks(k_blocks) - k_blocks)).t()
+    # contiguous: a pad of nothing may keep a transposed input's layout
+    return torch.nn.functional.pad(scale, (0, padded_k_blocks(k_blocks) - k_blocks)).contiguous().t()
 
 
 def _size_stride(scale: torch.Tensor, dim: int, size: int, stride: int) -> bool:
@@ -88,23 +87,8 @@ def check_block_operands(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor
                               f"{b_scale.dtype} {tuple(b_scale.shape)} strides {b_scale.stride()}")
 
 
-@functools.lru_cache(maxsize=None)
-def native_block_gemm_missing(device: torch.device) -> Optional[str]:
-    """Why this device runs the blockwise GEMM as the per-K-block loop, or None where torch's native 1x128 /
-    128x128 GEMM runs (Hopper, sm90, with cuBLASLt 12.9+: torch's _check_deepseek_support)."""
-    if device.type != "cuda":
-        return f"no native block-scaled GEMM on {device.type}"
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) != (9, 0):
-        return f"torch's 1x128/128x128 scaled_mm runs on sm90 only; this device is sm{major}{minor}"
-    version = tuple(int(part) for part in (torch.version.cuda or "0.0").split(".")[:2])
-    if version < (12, 9):
-        return f"torch's 1x128/128x128 scaled_mm needs cuBLASLt 12.9+; this torch is built with CUDA {torch.version.cuda}"
-    return None
-
-
 def _runs_natively(a: torch.Tensor, b: torch.Tensor, block: int, b_square: bool) -> bool:
-    if block != BLOCK or native_block_gemm_missing(a.device) is not None:
+    if block != BLOCK or kernel.native_block_gemm_missing(a.device) is not None:
         return False
     return a.size(1) % BLOCK == 0 and (not b_square or b.size(1) % BLOCK == 0)
 

@@ -22,36 +22,60 @@ E8M0_BIAS = 127
 
 
 def _blocks(tensor: torch.Tensor, block: int) -> torch.Tensor:
-    """[rows, cols] -> [rows, ceil(cols / block), block] in fp32, the last block padded with zeros."""
+    """[rows, cols] -> [rows, cols / block, block] in fp32 (cols a multiple of block: MXFP8's)."""
     rows, cols = tensor.shape
-    padded = -cols % block
-    values = tensor.float()
-    if padded:
-        values = torch.nn.functional.pad(values, (0, padded))
-    return values.reshape(rows, -1, block)
+    return tensor.float().reshape(rows, -1, block)
+
+
+def _block_amax(values: torch.Tensor, block: int) -> torch.Tensor:
+    """Each 1 x block block's amax along the last dimension, [rows, blocks]: the whole blocks', then the last partial
+    one's over its values (the zeros of a padding would add nothing)."""
+    rows, cols = values.shape
+    whole = cols - cols % block
+    amaxes = [values[:, :whole].reshape(rows, -1, block).abs().amax(dim=-1)] if whole else []
+    if whole < cols:
+        amaxes.append(values[:, whole:].abs().amax(dim=-1, keepdim=True))
+    return torch.cat(amaxes, dim=1)
+
+
+def _times_block_scales(values: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
+    """`values` [rows, cols] times their 1 x block block's scale ([rows, blocks]), each scale expanded over its block.
+    Not the values padded to whole blocks, scaled and sliced back, nor scaled block piece by piece and concatenated:
+    torch 2.13's inductor miscompiles both on the CPU with static shapes (a read past the slice's padding; a
+    transposed bf16 input's 32-wide last piece), garbage FP8 data under --compile (tests/parallel/test_fp8_fused.py)."""
+    rows, cols = values.shape
+    whole = cols - cols % block
+    per_value = [scale[:, :whole // block].unsqueeze(-1).expand(rows, whole // block, block).reshape(rows, whole)] \
+        if whole else []
+    if whole < cols:
+        per_value.append(scale[:, -1:].expand(rows, cols - whole))
+    return values * torch.cat(per_value, dim=1)
 
 
 def quantize_blocks_1d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BLOCK, counts=None):
     """1 x block scaling along the last dimension: per block, TE's compute_scale_from_amax with power-of-two
     scales (Float8BlockScaling's default, QParams(power_2_scale=True, amax_epsilon=0)). Returns the FP8 data
     [rows, cols] and the dequantizing scales [rows, blocks]."""
-    rows, cols = tensor.shape
-    blocks = _blocks(tensor, block)
-    scale = current_scale(blocks.abs().amax(dim=-1), FP8_MAX[dtype], True, input_type_max(tensor))
-    scaled = (blocks * scale.unsqueeze(-1)).reshape(rows, -1)[:, :cols]
-    data = saturating_cast(scaled, dtype, counts).contiguous()  # counted over the values, not the padding
+    values = tensor.float()
+    scale = current_scale(_block_amax(values, block), FP8_MAX[dtype], True, input_type_max(tensor))
+    data = saturating_cast(_times_block_scales(values, scale, block), dtype, counts).contiguous()
     return data, torch.reciprocal(scale)
 
 
 def quantize_blocks_2d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BLOCK, counts=None):
     """block x block scaling (the weights' 128x128): FP8 data [rows, cols] and dequantizing scales
     [ceil(rows / block), ceil(cols / block)]. A square block quantizes a matrix and its transpose alike, so
-    one copy serves the forward and the data-gradient GEMMs."""
-    rows, cols = tensor.shape
-    padded = torch.nn.functional.pad(tensor.float(), (0, -cols % block, 0, -rows % block))
-    tiles = padded.reshape(padded.size(0) // block, block, padded.size(1) // block, block)
-    scale = current_scale(tiles.abs().amax(dim=(1, 3)), FP8_MAX[dtype], True, input_type_max(tensor))
-    scaled = (tiles * scale[:, None, :, None]).reshape(padded.shape)[:rows, :cols]
+    one copy serves the forward and the data-gradient GEMMs. Each tile's amax is the max of its rows' 1 x block
+    amaxes (a max in any order is exact)."""
+    rows = tensor.size(0)
+    values = tensor.float()
+    row_amax = _block_amax(values, block)  # [rows, col blocks]
+    whole = rows - rows % block
+    tiles = [row_amax[:whole].reshape(-1, block, row_amax.size(1)).amax(dim=1)] if whole else []
+    if whole < rows:
+        tiles.append(row_amax[whole:].amax(dim=0, keepdim=True))
+    scale = current_scale(torch.cat(tiles), FP8_MAX[dtype], True, input_type_max(tensor))
+    scaled = _times_block_scales(values, expand_2d_scales(scale, rows, block), block)
     data = saturating_cast(scaled, dtype, counts).contiguous()  # counted over the values, not the padding
     return data, torch.reciprocal(scale)
 

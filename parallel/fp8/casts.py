@@ -25,32 +25,47 @@ from parallel.fp8.guard import CastCounts, record_input_amax, record_outputs
 from parallel.fp8.recipes import FP8_MAX, amax_of, current_scale, input_type_max, quantize_delayed, quantize_tensorwise
 
 
-def _counts(figures: Optional[torch.Tensor]) -> Optional[CastCounts]:
-    return None if figures is None else CastCounts(figures)
+def _counts(figures: Optional[torch.Tensor], iteration: Optional[tuple] = None) -> Optional[CastCounts]:
+    """The guard's counter of a cast into `figures`; a compiled block's weight cast (`iteration`: (first, ...),
+    weight_cache.py) counted in the iteration's first micro-batch only, as the cached cast is."""
+    if figures is None:
+        return None
+    return CastCounts(figures, None if iteration is None else iteration[0])
+
+
+def _first_done(iteration: Optional[tuple]) -> None:
+    """A compiled block's weight cast done: the iteration's later micro-batches are not its first."""
+    if iteration is not None:
+        iteration[0].zero_()
 
 
 @fused_region
 def cast_current(tensor: torch.Tensor, dtype: torch.dtype, transpose: bool, figures: Optional[torch.Tensor],
-                 input_amax: bool):
+                 input_amax: bool, iteration: Optional[tuple] = None):
     """Float8CurrentScaling (TE's default: no power-of-two scales): the scale from this tensor's own amax
     (recipes.current_scale), the cast, and (`transpose`) its transposed contiguous copy. Returns (data, transposed
-    or None, dequantizing scale); `input_amax`: the amax is the forward's input amax the guard tracks."""
+    or None, dequantizing scale); `input_amax`: the amax is the forward's input amax the guard tracks; `iteration`:
+    a compiled block's weight (weight_cache.py)."""
     amax = amax_of(tensor)
     scale = current_scale(amax, FP8_MAX[dtype], False, input_type_max(tensor))
-    data, scale_inv = quantize_tensorwise(tensor, scale, dtype, _counts(figures))
+    data, scale_inv = quantize_tensorwise(tensor, scale, dtype, _counts(figures, iteration))
     if input_amax and figures is not None:
         record_input_amax(figures, amax)
+    _first_done(iteration)
     return data, data.t().contiguous() if transpose else None, scale_inv
 
 
 @fused_region
 def cast_delayed(tensor: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, column: int, dtype: torch.dtype,
-                 transpose: bool, figures: Optional[torch.Tensor], input_amax: bool):
+                 transpose: bool, figures: Optional[torch.Tensor], input_amax: bool,
+                 iteration: Optional[tuple] = None):
     """DelayedScaling's cast of one role: with scale[column], its amax recorded in history[0, column] in place
-    (recipes.quantize_delayed); otherwise as cast_current."""
-    data, scale_inv, amax = quantize_delayed(tensor, scale, history, column, dtype, _counts(figures))
+    (recipes.quantize_delayed, which takes `iteration`); otherwise as cast_current."""
+    data, scale_inv, amax = quantize_delayed(tensor, scale, history, column, dtype, _counts(figures, iteration),
+                                             iteration)
     if input_amax and figures is not None:
         record_input_amax(figures, amax)
+    _first_done(iteration)
     return data, data.t().contiguous() if transpose else None, scale_inv
 
 
@@ -69,22 +84,26 @@ def cast_blocks_both_ways(tensor: torch.Tensor, dtype: torch.dtype, figures: Opt
 
 
 @fused_region
-def cast_block_weight(weight: torch.Tensor, dtype: torch.dtype, figures: Optional[torch.Tensor]):
+def cast_block_weight(weight: torch.Tensor, dtype: torch.dtype, figures: Optional[torch.Tensor],
+                      iteration: Optional[tuple] = None):
     """Float8BlockScaling's 128x128 cast of a weight [out, in]: a square block quantizes W and W^T alike, so one
     cast serves both GEMMs. Returns (data, its transpose [in, out], the forward GEMM's scale, the data gradient's
     scale), the scales in cuBLASLt's 128x128 layout for b = W^T and b = W."""
-    data, scale_inv = blocks.quantize_blocks_2d(weight, dtype, counts=_counts(figures))
+    data, scale_inv = blocks.quantize_blocks_2d(weight, dtype, counts=_counts(figures, iteration))
+    _first_done(iteration)
     return data, data.t().contiguous(), square_block_scale(scale_inv), square_block_scale(scale_inv.t())
 
 
 @fused_region
-def cast_mx_both_ways(tensor: torch.Tensor, dtype: torch.dtype, figures: Optional[torch.Tensor], input_amax: bool):
+def cast_mx_both_ways(tensor: torch.Tensor, dtype: torch.dtype, figures: Optional[torch.Tensor], input_amax: bool,
+                      iteration: Optional[tuple] = None):
     """MXFP8's 1x32 casts along both dimensions (TE's MXFP8 quantizer makes rowwise and columnwise data): rows and
     columns (the transposed tensor's rows), each with its E8M0 scales (fp32 here), in cast_blocks_both_ways' order."""
-    rows, rows_scale = blocks.quantize_mx(tensor, dtype, _counts(figures))
-    cols, cols_scale = blocks.quantize_mx(tensor.t(), dtype, _counts(figures))
+    rows, rows_scale = blocks.quantize_mx(tensor, dtype, _counts(figures, iteration))
+    cols, cols_scale = blocks.quantize_mx(tensor.t(), dtype, _counts(figures, iteration))
     if input_amax and figures is not None:
         record_input_amax(figures, amax_of(tensor))
+    _first_done(iteration)
     # row-major for the GEMMs (a transposed input's blocks keep its layout through the cast)
     return rows.contiguous(), outer_major(rows_scale), cols.contiguous(), outer_major(cols_scale)
 

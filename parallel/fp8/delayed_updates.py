@@ -37,10 +37,12 @@ def _newest_amaxes(histories: list) -> torch.Tensor:
 
 @fused_region
 def _update_from_amaxes(histories: list, scales: list, newest: Optional[torch.Tensor], dtype: torch.dtype, margin: int,
-                        most_recent: bool, replace_scales: bool) -> Optional[torch.Tensor]:
+                        most_recent: bool, replace_scales: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """TE's amax and scale update after the reduction (fused_amax_and_scale_update_after_reduction), every linear
     at once: `newest` (the reduced row 0s; None: the histories' own) into row 0, the amax, the roll, row 0 zeroed,
-    the scales; the histories written in place, the scales too unless `replace_scales` (then returned)."""
+    the scales. Returns the new histories [linears, history_len, roles], for the caller to write back (inductor 2.13
+    mis-compiles a rolled tensor written into the inputs it was rolled from: zeros), and the new scales where
+    `replace_scales`, else writes them in place (each scale from its own old value: no such hazard)."""
     history = torch.stack(histories)  # [linears, history_len, roles]
     if newest is None:
         newest = history[:, 0].clone()  # kept apart from the row zeroed below
@@ -50,18 +52,18 @@ def _update_from_amaxes(histories: list, scales: list, newest: Optional[torch.Te
         history = torch.roll(history, -1, 1)
     history[:, 0] = 0.0
     updated = delayed_scale(amax, torch.stack(scales), FP8_MAX[dtype], margin)
-    torch._foreach_copy_(histories, list(history.unbind(0)))
     if replace_scales:
-        return updated
+        return history, updated
     torch._foreach_copy_(scales, list(updated.unbind(0)))
-    return None
+    return history, None
 
 
 def update_delayed_scales(scalings: Sequence[DelayedScaling], which: str,
                           reduce_amax: Optional[Callable[[torch.Tensor], None]] = None, fused: bool = False) -> None:
     """Reduce the amaxes `scalings` recorded in this pass (`which`: FORWARD for the input and weight roles,
     BACKWARD for the output gradient's) and update their histories and scales: one collective between at most two
-    regions (parallel/fp8/fused.py; `fused`: compiled), whatever the number of linears."""
+    regions (parallel/fp8/fused.py; `fused`: compiled) and the histories' write-back, whatever the number of
+    linears."""
     if not scalings:
         return
     recipe = scalings[0].recipe
@@ -77,8 +79,9 @@ def update_delayed_scales(scalings: Sequence[DelayedScaling], which: str,
     if reduce_amax is not None:  # the collective stays outside the compiled regions
         newest = _newest_amaxes(histories, fused=fused)
         reduce_amax(newest)
-    updated = _update_from_amaxes(histories, scales, newest, dtype, recipe.margin,
-                                  recipe.amax_compute_algo != "max", which == FORWARD, fused=fused)
+    history, updated = _update_from_amaxes(histories, scales, newest, dtype, recipe.margin,
+                                           recipe.amax_compute_algo != "max", which == FORWARD, fused=fused)
+    torch._foreach_copy_(histories, list(history.unbind(0)))
     if which == FORWARD:  # replaced, not written: a compiled backward may still read the old (recipes.py says why)
         for scaling, scale in zip(scalings, updated.unbind(0)):
             scaling.forward_scale = scale

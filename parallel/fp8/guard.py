@@ -43,8 +43,11 @@ class CastCounts:
     layer's forward_figures or backward_figures; None: a tensor of its own, made at the first cast). The cast
     regions (parallel/fp8/casts.py) count inside the region: fused, the counts cost no launch of their own."""
 
-    def __init__(self, figures: Optional[torch.Tensor] = None) -> None:
+    def __init__(self, figures: Optional[torch.Tensor] = None, counted: Optional[torch.Tensor] = None) -> None:
         self.figures = figures
+        # a compiled block's weight cast counts in the iteration's first micro-batch only: 1.0 there, 0.0 after
+        # (parallel/fp8/weight_cache.py); None: every cast counts
+        self.counted = counted
         self.values = 0  # the values counted by this object (no device read)
 
     def add(self, scaled: torch.Tensor, clamped: torch.Tensor, data: torch.Tensor) -> None:
@@ -63,8 +66,11 @@ class CastCounts:
         if self.figures is None:
             self.figures = torch.zeros(WORST + 1, dtype=torch.float64, device=scaled.device)
         counted = torch.stack([torch.full_like(saturated, count), saturated, flushed]).double()
+        fraction = fraction.double()
+        if self.counted is not None:
+            counted, fraction = counted * self.counted, fraction * self.counted
         self.figures[VALUES:WORST] += counted
-        self.figures[WORST] = torch.maximum(self.figures[WORST], fraction.double())
+        self.figures[WORST] = torch.maximum(self.figures[WORST], fraction)
 
     @property
     def saturated(self) -> torch.Tensor:

@@ -18,6 +18,9 @@ fp32 rounding of the sums (CUDA applies the scales to the fp32 sum): 5.7e-6 abso
 
 from __future__ import annotations
 
+import functools
+from typing import Optional
+
 import torch
 
 E4M3 = torch.float8_e4m3fn
@@ -99,8 +102,23 @@ def _cpu_emulated_scaled_mm_shape(a, b, scale_a, scale_b, out_dtype):
     return a.new_empty((a.size(0), b.size(1)), dtype=out_dtype)
 
 
+@functools.lru_cache(maxsize=None)
+def native_block_gemm_missing(device: torch.device) -> Optional[str]:
+    """Why this device runs the blockwise GEMM as the per-K-block loop, or None where torch's native 1x128 /
+    128x128 GEMM runs (Hopper, sm90, with cuBLASLt 12.9+: torch's _check_deepseek_support)."""
+    if device.type != "cuda":
+        return f"no native block-scaled GEMM on {device.type}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        return f"torch's 1x128/128x128 scaled_mm runs on sm90 only; this device is sm{major}{minor}"
+    version = tuple(int(part) for part in (torch.version.cuda or "0.0").split(".")[:2])
+    if version < (12, 9):
+        return f"torch's 1x128/128x128 scaled_mm needs cuBLASLt 12.9+; this torch is built with CUDA {torch.version.cuda}"
+    return None
+
+
 def kernel_name(device: torch.device, recipe: str) -> str:
-    """How a recipe's GEMMs run on a device, for the start-up line (block_gemm.py for the block recipes)."""
+    """How a recipe's GEMMs run on a device, for the start-up line (block_gemm.py runs the block recipes')."""
     gemm = "CUDA _scaled_mm" if device.type == "cuda" else "CPU _scaled_mm (torch's fp32 emulation)"
     if recipe in ("delayed", "tensorwise"):
         return gemm
@@ -109,8 +127,6 @@ def kernel_name(device: torch.device, recipe: str) -> str:
     if device.type != "cuda":
         return (f"emulated: {loop}, the loop inside one operator per GEMM (fp8_kernel::cpu_emulated_block_scaled_mm: "
                 f"one call where a GPU launches one block-scaled GEMM)")
-    from parallel.fp8.block_gemm import native_block_gemm_missing  # it imports this module
-
     missing = native_block_gemm_missing(device) if recipe == "blockwise" else \
         "MXFP8's native GEMM is Blackwell's, with swizzled E8M0 scales: not built"
     if missing is None:

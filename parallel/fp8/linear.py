@@ -40,7 +40,7 @@ class Fp8LinearState:
     the linear, so casting the gathered tensor is that same cast."""
 
     def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu", guard: Optional[LayerGuard] = None,
-                 fused: bool = False, cache_weight: bool = False):
+                 fused: bool = False, cache_weight: bool = False, compiled: bool = False):
         self.recipe = recipe
         self.delayed = DelayedScaling(recipe, device) if recipe.recipe == "delayed" else None
         self.guard = guard  # --fp8-guard (parallel/fp8/guard.py); None: no counts, no fallback
@@ -51,32 +51,36 @@ class Fp8LinearState:
         self.fused = fused
         # TE's is_first_microbatch (weight_cache.py): a model's linears (gpt/fp8.py apply_fp8) keep the weight's
         # casts for the iteration's later micro-batches, as Megatron-Core's TE linears do; without it (TE's
-        # is_first_microbatch=None) every call casts the weight.
+        # is_first_microbatch=None) every call casts the weight. `compiled`: in compiled blocks (--compile), where
+        # the cache's semantics are kept in the graph (weight_cache.py).
         self.cache_weight = cache_weight
-        self.weight_cache = WeightCache()
+        self.weight_cache = WeightCache(in_graph=cache_weight and compiled, device=device)
 
     def cast_per_tensor(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, transpose: bool,
-                        figures: Optional[torch.Tensor]):
-        """One per-tensor role's cast region (casts.py): (data, transposed copy or None, dequantizing scale)."""
+                        figures: Optional[torch.Tensor], iteration: Optional[tuple] = None):
+        """One per-tensor role's cast region (casts.py): (data, transposed copy or None, dequantizing scale);
+        `iteration`: a compiled block's weight (weight_cache.py)."""
         fused = self.fused
         if self.delayed is not None:
             history, scale, column = self.delayed.role_tensors(role)
             return casts.cast_delayed(tensor, scale, history, column, dtype, transpose, figures, role == INPUT,
-                                      fused=fused)
+                                      iteration, fused=fused)
         # Float8CurrentScaling: the scale from this tensor's own amax (TE's default: no power-of-two scales).
-        return casts.cast_current(tensor, dtype, transpose, figures, role == INPUT, fused=fused)
+        return casts.cast_current(tensor, dtype, transpose, figures, role == INPUT, iteration, fused=fused)
 
     def cached_weight(self, weight: torch.Tensor, cast):
-        """The weight's FP8 copies: cast (`cast()`, counted by the guard and, delayed, recorded in the history) in
-        the iteration's first micro-batch, reused by the others (weight_cache.py); every call without
-        `cache_weight`. Under dynamo (whole-block --compile) the block's graph casts it in every micro-batch: the
+        """The weight's FP8 copies: cast (`cast(iteration)`, counted by the guard and, delayed, recorded in the
+        history) in the iteration's first micro-batch, reused by the others (weight_cache.py); every call without
+        `cache_weight`. In compiled blocks, cast in every call with the iteration's flags (`iteration`), as the
         cache's key is read on the host."""
-        if not self.cache_weight or torch.compiler.is_compiling():
-            return cast()
+        if self.weight_cache.iteration is not None:
+            return cast(self.weight_cache.iteration)
+        if not self.cache_weight or torch.compiler.is_compiling():  # a host-side cache is not dynamo's to read
+            return cast(None)
         copies = self.weight_cache.get(weight)
         if copies is None:
             self.weight_cache.forget()  # the old copies go before the new ones are made
-            copies = cast()
+            copies = cast(None)
             self.weight_cache.put(weight, copies)
         return copies
 
@@ -101,8 +105,8 @@ def _per_tensor_forward(x2, weight, state, figures, out_dtype):
     recipe = state.recipe
     x_q, x_t, x_scale = state.cast_per_tensor(x2, INPUT, recipe.forward_dtype, recipe.wgrad_in_fp8, figures)
     if state.fp8_weight is None:
-        w_q, w_t, w_scale = state.cached_weight(weight, lambda: state.cast_per_tensor(
-            weight.detach(), WEIGHT, recipe.forward_dtype, True, figures))
+        w_q, w_t, w_scale = state.cached_weight(weight, lambda iteration: state.cast_per_tensor(
+            weight.detach(), WEIGHT, recipe.forward_dtype, True, figures, iteration))
     else:  # cast after the optimizer step and gathered as bytes: no second cast (the guard does not count that one)
         w_q, w_t, w_scale = state.fp8_weight.data, None, state.fp8_weight.scale_inv.clone()
     # wgrad takes x's transposed copy (TE saves its columnwise data), or x itself in high precision (--no-fp8-wgrad)
@@ -117,14 +121,17 @@ def _per_tensor_backward(saved, weight_operands, g2, state, figures, x_dtype, we
         w_t = w_q.t().contiguous()
     g_q, g_t, g_scale = state.cast_per_tensor(g2, GRAD_OUTPUT, recipe.backward_dtype, recipe.wgrad_in_fp8, figures)
     # Each GEMM's fp32 sum rounded once, in the cuBLASLt epilogue, to the dtype the caller casts it to (the same bits
-    # as an fp32 output cast afterwards, without writing and reading the fp32 matrix: measured on an H100, docs/fp8.md)
-    grad_x = scaled_matmul(g_q, w_t.t(), g_scale, w_scale, x_dtype)
+    # as an fp32 output cast afterwards, without writing and reading the fp32 matrix: measured on an H100, docs/fp8.md).
+    # The weight gradient's GEMM first: compiled whole (--compile), inductor then makes dy's cast and its transposed
+    # copy one kernel (with the data gradient's first it left the copy to a kernel of its own between the GEMMs: 8
+    # launches for the linear without the guard, 7 this way; tests/parallel/test_fp8_launch_counts.py).
     if recipe.wgrad_in_fp8:
         x_t, x_scale = saved
         grad_w = scaled_matmul(g_t, x_t.t(), g_scale, x_scale, weight_dtype)
     else:
         (x_high,) = saved
         grad_w = g2.t().to(x_high.dtype) @ x_high
+    grad_x = scaled_matmul(g_q, w_t.t(), g_scale, w_scale, x_dtype)
     return grad_x, grad_w
 
 
@@ -132,8 +139,8 @@ def _blockwise_forward(x2, weight, state, figures, out_dtype):
     fused, dtype = state.fused, state.recipe.forward_dtype
     x_rows, x_rows_scale, x_cols, x_cols_scale = casts.cast_blocks_both_ways(x2, dtype, figures, True, fused=fused)
     if state.fp8_weight is None:
-        w_q, w_t, w_scale, w_t_scale = state.cached_weight(weight, lambda: casts.cast_block_weight(
-            weight.detach(), dtype, figures, fused=fused))
+        w_q, w_t, w_scale, w_t_scale = state.cached_weight(weight, lambda iteration: casts.cast_block_weight(
+            weight.detach(), dtype, figures, iteration, fused=fused))
     else:  # --fp8-param-gather: the 128x128 blocks cast from the master and gathered as bytes, with their scales;
         # their transposes made in the backward, as the weight is gathered again for it
         w_q, w_t, w_t_scale = state.fp8_weight.data, None, None
@@ -150,8 +157,8 @@ def _blockwise_backward(saved, weight_operands, g2, state, figures, x_dtype, wei
         w_t, w_t_scale = w_q.t().contiguous(), square_block_scale(state.fp8_weight.scale_inv.t())
     g_rows, g_rows_scale, g_cols, g_cols_scale = casts.cast_blocks_both_ways(g2, recipe.backward_dtype, figures,
                                                                               False, fused=state.fused)
-    grad_x = block_scaled_matmul(g_rows, g_rows_scale, w_t.t(), w_t_scale, blocks.BLOCK, True, x_dtype)
     grad_w = block_scaled_matmul(g_cols, g_cols_scale, x_cols.t(), x_cols_scale, blocks.BLOCK, False, weight_dtype)
+    grad_x = block_scaled_matmul(g_rows, g_rows_scale, w_t.t(), w_t_scale, blocks.BLOCK, True, x_dtype)
     return grad_x, grad_w
 
 
@@ -159,8 +166,8 @@ def _mx_forward(x2, weight, state, figures, out_dtype):
     fused, dtype = state.fused, state.recipe.forward_dtype
     x_rows, x_rows_scale, x_cols, x_cols_scale = casts.cast_mx_both_ways(x2, dtype, figures, True, fused=fused)
     # the weight along both dimensions: its rows for the forward GEMM, its columns for the data gradient's
-    w_rows, w_rows_scale, w_cols, w_cols_scale = state.cached_weight(weight, lambda: casts.cast_mx_both_ways(
-        weight.detach(), dtype, figures, False, fused=fused))
+    w_rows, w_rows_scale, w_cols, w_cols_scale = state.cached_weight(weight, lambda iteration: casts.cast_mx_both_ways(
+        weight.detach(), dtype, figures, False, iteration, fused=fused))
     out = block_scaled_matmul(x_rows, x_rows_scale, w_rows.t(), w_rows_scale, blocks.MX_BLOCK, False, out_dtype)
     return out, (x_cols, x_cols_scale), (w_cols, w_cols_scale)
 
@@ -170,9 +177,9 @@ def _mx_backward(saved, weight_operands, g2, state, figures, x_dtype, weight_dty
     (x_cols, x_cols_scale), (w_cols, w_cols_scale) = saved, weight_operands
     g_rows, g_rows_scale, g_cols, g_cols_scale = casts.cast_mx_both_ways(g2, recipe.backward_dtype, figures, False,
                                                                           fused=state.fused)
-    grad_x = block_scaled_matmul(g_rows, g_rows_scale, w_cols.t(), w_cols_scale, blocks.MX_BLOCK, False, x_dtype)
     grad_w = block_scaled_matmul(g_cols, g_cols_scale, x_cols.t(), x_cols_scale, blocks.MX_BLOCK, False,
                                  weight_dtype)
+    grad_x = block_scaled_matmul(g_rows, g_rows_scale, w_cols.t(), w_cols_scale, blocks.MX_BLOCK, False, x_dtype)
     return grad_x, grad_w
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -99,12 +100,23 @@ def quantize_tensorwise(tensor: torch.Tensor, scale: torch.Tensor, dtype: torch.
 
 
 def quantize_delayed(tensor: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, column: int,
-                     dtype: torch.dtype, counts=None):
+                     dtype: torch.dtype, counts=None, iteration: Optional[tuple] = None):
     """One delayed-scaling role's cast: `tensor` cast with scale[column], and its amax recorded (a max) in
-    history[0, column], in place. Returns the FP8 data, the dequantizing scale and the amax."""
-    data, scale_inv = quantize_tensorwise(tensor, scale[column], dtype, counts)
+    history[0, column], in place. Returns the FP8 data, the dequantizing scale and the amax. `iteration` (a compiled
+    block's weight, parallel/fp8/weight_cache.py): (first, the iteration's scale) tensors; in the iteration's first
+    micro-batch (first 1.0) as above, the scale kept; in the others the kept scale and no amax recorded, as
+    TransformerEngine's cached weight is."""
+    used = scale[column]
+    if iteration is not None:
+        first, kept = iteration
+        used = torch.where(first > 0, used, kept)
+        kept.copy_(used)
+    data, scale_inv = quantize_tensorwise(tensor, used, dtype, counts)
     amax = amax_of(tensor)
-    history[0, column] = torch.maximum(history[0, column], amax)
+    recorded = torch.maximum(history[0, column], amax)
+    if iteration is not None:
+        recorded = torch.where(first > 0, recorded, history[0, column])
+    history[0, column] = recorded
     return data, scale_inv, amax
 
 

@@ -10,13 +10,17 @@ micro-batch of every forward_backward call (pipeline_parallel/schedules.py, forw
 
 Here the copies (what the GEMMs take: the data and its transpose for the per-tensor recipes, both directions or the
 128x128 blocks' data, transpose and scales for the block recipes) are kept keyed on the weight itself: its identity,
-data pointer, version counter and dtype. The optimizer step and ZeRO's parameter writes change the version (in-place
-writes through a parameter or through the flat buffer it views share one version counter), so a changed weight is
-cast again by itself; the train step also forgets every cache when an iteration's micro-batches start (Megatron's
-is_first_microbatch), so each iteration casts its weights once, a re-run of the iteration (--fp8-guard) included.
+data pointer, version counter, dtype and shape, so that a write through the parameter (an optimizer over plain
+parameters, `weight.add_`) casts it again by itself. ZeRO's writes do not reach that version counter: its parameters'
+data is *set* to views of its flat buffers (parallel/init.py replace_parameters, so that a parameter does not share its
+buffer's counter), and the step and the gathers write the buffers. So the train step forgets every cache where an
+iteration's micro-batches start and where they end (gpt/fp8.py forget_fp8_weight_casts; Megatron's
+is_first_microbatch at the start): each iteration casts its weights once, a re-run of it (--fp8-guard) included, and
+nothing after its micro-batches (the step, an evaluation) sees a cast of the weights before the step.
 
-A working set: about 2 bytes per weight element (data and transpose, e4m3), held from the weight's first cast until
-the next one (planner/dry_run.py's fp8_weight_cache_bytes: the meta dry run holds the same tensors, on meta)."""
+A working set: about 2 bytes per weight element (data and transpose, FP8), from the weight's first cast in an
+iteration to the end of its micro-batches; `peak_bytes` is what the planner adds to the passes' working set
+(planner/dry_run.py: the meta dry run's caches hold the same tensors, on meta)."""
 
 from __future__ import annotations
 
@@ -28,13 +32,21 @@ import torch
 
 class WeightCache:
     """One FP8 linear's cast weight: `get(weight)` gives what `put` stored for the same, unchanged weight, else
-    None."""
+    None. `in_graph` (the linear runs inside compiled blocks, --compile): a compiled graph cannot read the key on the
+    host, so the weight is cast in every micro-batch instead, with the iteration's first cast's semantics kept in two
+    device scalars the graph reads and writes: `first` (1.0 until the iteration's first cast) and `scale` (the scale
+    that cast used, for delayed scaling); the later casts use that scale, record no amax and count nothing, so they
+    give the cached cast's bits (casts.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_graph: bool = False, device: torch.device | str = "cpu") -> None:
         self._key: Optional[tuple] = None
         self._weight: Optional[weakref.ref] = None
         self.value: Optional[tuple] = None
         self.casts = 0  # how many times the weight was cast (tests count them)
+        self.peak_bytes = 0  # the most bytes the copies held at once
+        self.iteration = None
+        if in_graph:
+            self.iteration = (torch.ones((), device=device), torch.ones((), device=device))
 
     @staticmethod
     def _key_of(weight: torch.Tensor) -> tuple:
@@ -48,10 +60,14 @@ class WeightCache:
     def put(self, weight: torch.Tensor, value: tuple) -> None:
         self._key, self._weight, self.value = self._key_of(weight), weakref.ref(weight), value
         self.casts += 1
+        self.peak_bytes = max(self.peak_bytes, self.nbytes())
 
     def forget(self) -> None:
-        """Drop the copies (a new iteration, or before casting a changed weight: the old copies go first)."""
+        """Drop the copies (an iteration's micro-batches start or end, or a changed weight is cast: the old copies go
+        first)."""
         self._key = self._weight = self.value = None
+        if self.iteration is not None:
+            self.iteration[0].fill_(1.0)
 
     def nbytes(self) -> int:
         """The bytes the copies hold (meta tensors included: the planner's dry run)."""
