@@ -42,3 +42,47 @@ def test_fp8_param_gathers_bytes_are_in_the_plan():
     # the whole gathered weights and this rank's half, plus each FP8 bucket's alignment padding (under 2 ranks x 64
     # elements a bucket; at most one bucket per weight, 8)
     assert 0 <= plan.fp8_state_bytes - histories - weights - weights // 2 < 8 * 2 * 64 * 3 // 2
+
+
+def _live_weight_cache_bytes(argv, vocab) -> int:
+    """One live iteration (2 micro-batches) on the CPU: the most bytes each FP8 weight's cast held, summed."""
+    import torch
+
+    from parallel.state import destroy, initialize
+    from training.build import build
+    from training.run_settings import resolve_run_settings
+    from training.train_step import DataParallelTrainStep
+
+    def batches():
+        generator = torch.Generator().manual_seed(0)
+        while True:
+            yield {"tokens": torch.randint(0, vocab, (1, 33), generator=generator)}
+
+    state = initialize("cpu", 1)
+    try:
+        settings = resolve_run_settings(parse_config(argv), vocab, 1, 1, "cpu")
+        built = build(settings, state, dropout_rng=True, torch_compile=False)
+        step = DataParallelTrainStep(built.model, built.zero, batches(), settings, state, built.activations,
+                                     rng=built.rng)
+        step(1, 0, measure_activations=False)
+        return sum(cache.peak_bytes for cache in built.model.fp8_weight_caches)
+    finally:
+        destroy(state)
+
+
+def test_the_weights_casts_kept_for_the_iteration_are_the_live_ones():
+    """Each FP8 weight's cast, kept from the first micro-batch to the end of the iteration's micro-batches
+    (parallel/fp8/weight_cache.py): the dry run's caches (meta tensors) hold what the live ones held, ~2 bytes a
+    weight element (e4m3 data and transpose) and the scales, in the passes' working set."""
+    argv = [*COMMON, "--fp8-format", "hybrid", "--train-iters", "1", "--global-batch-size", "2",
+            "--micro-batch-size", "1", "--num-attention-heads", "2", "--seq-length", "32"]
+    weights = 2 * 12 * 64 * 64  # per block: QKV 3h x h, projection h x h, the MLP's two 4h x h
+    for recipe, scale_bytes in (("delayed", 2 * 4 * 4), ("blockwise", None)):
+        flags = [*argv, "--fp8-recipe", recipe]
+        plan = dry_run(parse_config(flags), Cluster(1, 1, device_type="cpu"), 512, rank=0)
+        assert plan.fp8_weight_cache_bytes == _live_weight_cache_bytes(flags, 512) > 2 * weights
+        if scale_bytes is not None:  # one fp32 dequantizing scale a weight
+            assert plan.fp8_weight_cache_bytes == 2 * weights + scale_bytes
+    plain = dry_run(parse_config(argv[:argv.index("--fp8-format")] + argv[argv.index("--fp8-format") + 2:]),
+                    Cluster(1, 1, device_type="cpu"), 512, rank=0)
+    assert plain.fp8_weight_cache_bytes == 0
