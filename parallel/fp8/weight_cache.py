@@ -1,26 +1,22 @@
 """The weight's FP8 copies, cast once per iteration and reused by its later micro-batches, as TransformerEngine does
 when Megatron-Core says which micro-batch is the first (is_first_microbatch).
 
-TE (transformer_engine/pytorch/module/linear.py, Linear.forward): with is_first_microbatch set, the FP8 weight
-("weight" in the module's _fp8_workspaces) is cast in the first micro-batch (`update_workspace = is_first_microbatch
-is None or is_first_microbatch`) and returned as it is in the others (module/base.py, quantize_weight: a cache hit with
-update_workspace False casts nothing). Its delayed-scaling weight amax is therefore recorded once per iteration, and
-the later micro-batches use the weight cast with the first one's scale. Megatron-Core sets the flag for the first
-micro-batch of every forward_backward call (pipeline_parallel/schedules.py, forward_step -> set_is_first_microbatch).
+TE (transformer_engine/pytorch/module/linear.py, Linear.forward) casts the FP8 weight ("weight" in _fp8_workspaces)
+where `update_workspace = is_first_microbatch is None or is_first_microbatch`, and module/base.py's quantize_weight
+returns the cached copy otherwise: the later micro-batches use the first one's cast (delayed scaling: its scale) and
+record no weight amax. Megatron-Core sets the flag for the first micro-batch of every forward_backward call
+(pipeline_parallel/schedules.py, forward_step -> set_is_first_microbatch).
 
-Here the copies (what the GEMMs take: the data and its transpose for the per-tensor recipes, both directions or the
-128x128 blocks' data, transpose and scales for the block recipes) are kept keyed on the weight itself: its identity,
-data pointer, version counter, dtype and shape, so that a write through the parameter (an optimizer over plain
-parameters, `weight.add_`) casts it again by itself. ZeRO's writes do not reach that version counter: its parameters'
-data is *set* to views of its flat buffers (parallel/init.py replace_parameters, so that a parameter does not share its
-buffer's counter), and the step and the gathers write the buffers. So the train step forgets every cache where an
-iteration's micro-batches start and where they end (gpt/fp8.py forget_fp8_weight_casts; Megatron's
-is_first_microbatch at the start): each iteration casts its weights once, a re-run of it (--fp8-guard) included, and
-nothing after its micro-batches (the step, an evaluation) sees a cast of the weights before the step.
+Here the copies (the GEMMs' operands: data and transpose, or both directions, and the block recipes' scales) are keyed
+on the weight: identity, data pointer, version counter, dtype, shape; a write through the parameter (`weight.add_`, an
+optimizer over plain parameters) casts it again. ZeRO's writes do not reach that counter: its parameters' data is
+*set* to views of its flat buffers (parallel/init.py replace_parameters), which the step and the gathers write. So the
+train step forgets every cache where an iteration's micro-batches start and end (gpt/fp8.py forget_fp8_weight_casts):
+each iteration casts its weights once, a re-run of it (--fp8-guard) included, and nothing after (the step, an
+evaluation) reads a cast of the weights before the step.
 
-A working set: about 2 bytes per weight element (data and transpose, FP8), from the weight's first cast in an
-iteration to the end of its micro-batches; `peak_bytes` is what the planner adds to the passes' working set
-(planner/dry_run.py: the meta dry run's caches hold the same tensors, on meta)."""
+A working set: about 2 bytes per weight element, from the first cast to the end of the micro-batches; `peak_bytes` is
+what the planner adds to the passes' working set (planner/dry_run.py; its meta caches hold the same tensors)."""
 
 from __future__ import annotations
 
