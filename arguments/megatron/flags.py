@@ -138,9 +138,12 @@ NO_EFFECT_FLAGS: dict[str, str] = {
 }
 
 SELECTIVE_RECOMPUTE = ("Megatron's selective recompute keeps the s x s attention scores out of memory by "
-                       "recomputing the core attention; here SDPA's fused kernels never store them (flash and "
-                       "memory-efficient on CUDA, flash on a CPU without attention dropout), so nothing is "
-                       "checkpointed (--recompute-granularity full checkpoints whole blocks for more memory savings)")
+                       "recomputing the core attention (its default --recompute-modules core_attn); here SDPA's fused "
+                       "kernels never store them (flash and memory-efficient on CUDA, flash on a CPU without "
+                       "attention dropout), so nothing is checkpointed for it; --recompute-modules layernorm makes the "
+                       "blocks' RMSNorms keep only their input (the next linear still keeps their output, which "
+                       "Megatron recomputes too); its other modules have no effect here (--recompute-granularity full "
+                       "checkpoints whole blocks for more memory savings)")
 # Megatron-LM's --calculate-per-token-loss sums every micro-batch's masked losses and divides the gradients by the
 # iteration's token count summed over DP x CP (schedules.py forward_step_calc_loss; finalize_model_grads); here each
 # micro-batch is its own masked mean (data/documents.py masked_token_mean). Without a loss mask the two are equal.
@@ -317,6 +320,11 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     elif granularity == "selective":
         resolved.notes.append(f"{option_used('recompute_granularity') or '--recompute-activations'} selective: "
                               f"{SELECTIVE_RECOMPUTE}")
+    if settings.get("recompute_modules") and granularity != "selective":
+        # TransformerConfig reads recompute_modules under selective granularity only (transformer_layer.py's
+        # `if self.config.recompute_granularity == 'selective'`)
+        change("recompute_modules", (), "recompute_granularity",
+               "Megatron-Core reads --recompute-modules only under --recompute-granularity selective")
     if settings.get("sequence_parallel") and settings.get("tensor_model_parallel_size") == 1:
         resolved.notes.append("--sequence-parallel with --tensor-model-parallel-size 1: accepted, no effect (one "
                               "tensor-parallel rank holds the whole sequence)")
