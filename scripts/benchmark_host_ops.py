@@ -39,7 +39,7 @@ from scripts.op_counter import (  # noqa: E402
     LaunchCounter,
     LaunchCounts,
     count_calls,
-    enable_inductor_kernel_events,
+    inductor_kernel_events,
 )
 from training.step_observer import NoObserver  # noqa: E402
 
@@ -250,9 +250,9 @@ def main(argv=None) -> int:
     parser.add_argument("--output", type=Path, help="write every row as JSON here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    enable_inductor_kernel_events()
-    result = {"linear": fp8_linear_rows([None]),
-              "ours": our_rows(args.layers, args.precisions, not args.no_compile)}
+    with inductor_kernel_events():
+        result = {"linear": fp8_linear_rows([None]),
+                  "ours": our_rows(args.layers, args.precisions, not args.no_compile)}
     if args.megatron_lm is not None:
         result["megatron"] = megatron_rows(args.megatron_lm, args.layers,
                                            [p for p in args.precisions if not p.startswith("fp8")])

@@ -11,7 +11,7 @@ Compiled code (whole blocks under --compile, or a fused region called from eager
 declares itself an infra mode, which dynamo does not refuse (it skips frames under any other mode). A compiled
 graph's extern calls (`mm`, `_scaled_mm`, a custom op) reach the mode like eager ops; its inductor kernels do not
 pass the dispatcher, and come from torch.profiler's events instead (inductor's `cpp.enable_kernel_profile` names
-each C++ kernel an event; set before anything compiles, `enable_inductor_kernel_events`). On the CPU one such kernel
+each C++ kernel an event where the kernel was compiled inside `inductor_kernel_events()`). On the CPU one such kernel
 may hold several loop nests that a GPU runs as separate kernels (a whole-tensor reduction and the pointwise op
 reading it), so a compiled region's CPU count is a floor of its GPU launches.
 
@@ -40,16 +40,17 @@ _WINDOW_EVENT = "launch-window|"
 
 def launches_a_kernel(func) -> bool:
     """Whether an ATen op launches a kernel (module docstring: not a view, alias, detach or allocation)."""
-    if func.is_view:
+    if func.is_view or func.namespace == "profiler":  # the counter's own window markers are profiler ops
         return False
     return f"{func.namespace}.{func._opname}" not in _NO_LAUNCH
 
 
-def enable_inductor_kernel_events() -> None:
-    """Name every inductor C++ kernel in the profiler's events; only kernels compiled after this call are named."""
+def inductor_kernel_events():
+    """A context inside which inductor names every C++ kernel it compiles in the profiler's events (the kernels
+    compiled there keep their events after it)."""
     import torch._inductor.config as inductor_config
 
-    inductor_config.cpp.enable_kernel_profile = True
+    return inductor_config.patch({"cpp.enable_kernel_profile": True})
 
 
 @dataclass
