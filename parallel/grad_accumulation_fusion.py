@@ -35,10 +35,18 @@ class MainGradients(Protocol):
         """Where `param`'s gradient of this micro-batch is to be added: a tensor of its shape."""
 
 
+# The emulation's upcast factors, at most this many elements at once (16 MiB in fp32): CUDA's kernel reads the 16-bit
+# factors as they are, and the planner counts no copies of them.
+EMULATION_CHUNK_ELEMENTS = 1 << 22
+
+
 @torch.library.custom_op("grad_accumulation::addmm_fp32_", mutates_args=("main_grad",))
 def addmm_fp32_(main_grad: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> None:
-    """main_grad += mat1 @ mat2 in main_grad's dtype: both factors upcast, one GEMM (see the module docstring)."""
-    main_grad.addmm_(mat1.to(main_grad.dtype), mat2.to(main_grad.dtype))
+    """main_grad += mat1 @ mat2 in main_grad's dtype: the factors upcast and multiplied in fp32 (module docstring), a
+    slice of the inner (token) dimension at a time so that the upcast copies stay within EMULATION_CHUNK_ELEMENTS."""
+    step = max(1, EMULATION_CHUNK_ELEMENTS // (mat1.shape[0] + mat2.shape[1]))
+    for start in range(0, mat1.shape[1], step):
+        main_grad.addmm_(mat1[:, start:start + step].to(main_grad.dtype), mat2[start:start + step].to(main_grad.dtype))
 
 
 @addmm_fp32_.register_fake

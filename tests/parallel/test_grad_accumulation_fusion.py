@@ -116,6 +116,24 @@ def test_the_cpu_emulation_is_the_fp32_gemm_of_the_16_bit_values():
     assert accumulation_path(torch.float32, torch.device("cpu")) == "addmm_ into the fp32 main gradient"
 
 
+def test_the_emulation_upcasts_a_bounded_slice_at_a_time(monkeypatch):
+    """Its fp32 copies of the factors are a slice of the token dimension at a time (EMULATION_CHUNK_ELEMENTS): the
+    same sum in fp32, in another order."""
+    import parallel.grad_accumulation_fusion as fusion
+
+    generator = torch.Generator().manual_seed(1)
+    a, b = torch.randn(16, 64, generator=generator).bfloat16(), torch.randn(64, 8, generator=generator).bfloat16()
+    whole, sliced = torch.zeros(16, 8), torch.zeros(16, 8)
+    addmm_fp32_(whole, a, b)
+    monkeypatch.setattr(fusion, "EMULATION_CHUNK_ELEMENTS", 5 * (16 + 8))  # 5 tokens a slice: 13 slices
+    converted = []
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: converted.append(self.numel()) or
+                        torch.Tensor.float(self))
+    addmm_fp32_(sliced, a, b)
+    assert max(converted) == 16 * 5 and len(converted) == 2 * 13
+    torch.testing.assert_close(sliced, whole, rtol=1e-6, atol=1e-6)
+
+
 def test_on_the_meta_device_the_emulation_is_shapes_only():
     main_grad = torch.zeros(6, 5, device="meta")
     addmm_fp32_(main_grad, torch.empty(6, 4, device="meta", dtype=torch.bfloat16),
