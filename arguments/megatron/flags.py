@@ -129,7 +129,6 @@ NO_EFFECT_FLAGS: dict[str, str] = {
     "no_masked_softmax_fusion": "SDPA computes the causal softmax; there is no separate masked-softmax kernel",
     "no_bias_gelu_fusion": "a kernel fusion switch: the bias and GeLU compute the same values either way",
     "no_bias_dropout_fusion": "a kernel fusion switch: the bias, dropout and residual add compute the same values",
-    "no_gradient_accumulation_fusion": "a kernel fusion switch: gradients accumulate to the same values",
     # GENIAC's fork: megatron/training.py calls wandb.init(entity, project, group) under --use-wandb; --wandb-tag is
     # parsed and never read
     "use_wandb": "W&B logging is on here whenever --wandb-project names a project",
@@ -170,8 +169,6 @@ MEANINGS: list[Meaning] = [
             NO_EFFECT_FLAGS["no_bias_gelu_fusion"]),
     Meaning(("--no-bias-dropout-fusion",), "no_bias_dropout_fusion", "Megatron-LM", {"action": "store_true"},
             NO_EFFECT_FLAGS["no_bias_dropout_fusion"]),
-    Meaning(("--no-gradient-accumulation-fusion",), "no_gradient_accumulation_fusion", "Megatron-LM",
-            {"action": "store_true"}, NO_EFFECT_FLAGS["no_gradient_accumulation_fusion"]),
     Meaning(("--use-wandb", "--use_wandb"), "use_wandb", GENIAC_FORK, {"action": "store_true"},
             NO_EFFECT_FLAGS["use_wandb"]),
     Meaning(("--wandb-group", "--wandb_group"), "wandb_group", GENIAC_FORK, {}, NO_EFFECT_FLAGS["wandb_group"]),

@@ -26,6 +26,7 @@ import functools
 import pytest
 import torch
 
+import gpt.gate_up_gemm
 import gpt.norms
 from gpt.glu import GatedActivation
 from gpt.model import activation_function, build_gpt_model
@@ -44,10 +45,12 @@ BATCH = 2
 
 @pytest.fixture
 def plain(monkeypatch):
-    """The plain formulation: autograd through the whole norm and activation, keeping what their ops keep."""
+    """The plain formulation: autograd through the whole norm and activation, keeping what their ops keep (gate and up
+    as one GEMM, gpt/gate_up_gemm.py, the same GEMM and GatedActivation.math under autograd: one_gemm_math)."""
     def put_back():
         monkeypatch.setattr(gpt.norms, "rms_norm", gpt.norms.rms_norm_math)
         monkeypatch.setattr(GatedActivation, "__call__", GatedActivation.math)
+        monkeypatch.setattr(gpt.gate_up_gemm, "one_gemm", gpt.gate_up_gemm.one_gemm_math)
     return put_back
 
 
