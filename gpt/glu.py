@@ -55,7 +55,8 @@ class GatedActivation:
         gate and linear: the gradient at the activation, the linear half's and the activation made again (3), with
         quick_gelu its sigmoid (1 more), under the clamp the clamped gate (1 more); the clamp's bool masks are not
         counted (a quarter of a width in fp32, half in 16 bits). What the planner counts beside a block's saved
-        tensors (gpt/shape.py mlp_gradient_features), held to a CPU profile by tests/planner/test_plan_block_gradients.py."""
+        tensors (gpt/shape.py mlp_gradient_features), held to a CPU profile by tests/planner/test_plan_block_gradients.py.
+        Gate and up as one GEMM (gpt/gate_up_gemm.py) hold as many: the two gradients' buffer and the same factors."""
         return 3 + (1 if self.quick and self.activation is None else 0) + (1 if self.clamp is not None else 0)
 
     def activate(self, gate: torch.Tensor) -> torch.Tensor:

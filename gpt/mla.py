@@ -35,7 +35,7 @@ from gpt.cp_attention import context_parallel_attention
 from gpt.model_config import ModelConfig
 from gpt.norms import _summed_over_sequence_slices, normalization
 from gpt.parallel_plan import TensorParallelPlan
-from gpt.rotary import apply_rotary, inverse_frequencies, yarn_angles, yarn_get_mscale
+from gpt.rotary import RotaryCache, apply_rotary, inverse_frequencies, yarn_angles, yarn_get_mscale
 from parallel.context_parallel import positions_on_this_rank
 from parallel.init import InitMethod
 from parallel.layers import meta_parameter
@@ -92,9 +92,11 @@ class MLASelfAttention(nn.Module):
     """Megatron-Core's MLASelfAttention (see the module's docstring); tensors [batch, seq, hidden]."""
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
-                 output_init_std: float):
+                 output_init_std: float, rotary_cache: Optional[RotaryCache] = None):
+        """`rotary_cache`: the model's cos and sin, shared by its layers (gpt/rotary.py; None: this layer's own)."""
         super().__init__()
         self.rng, self.state, self.config = rng, plan.state, config
+        self.rotary_cache = rotary_cache if rotary_cache is not None else RotaryCache()
         tp = plan.state.tensor_parallel_size
         self.heads_per_rank = config.num_attention_heads // tp
         self.q_head_dim = config.qk_head_dim + config.qk_pos_emb_head_dim
@@ -161,7 +163,8 @@ class MLASelfAttention(nn.Module):
         kv = kv.view(batch, seq, self.heads_per_rank, config.qk_head_dim + config.v_head_dim).transpose(1, 2)
         q_nope, q_pos = query.split([config.qk_head_dim, config.qk_pos_emb_head_dim], dim=-1)
         k_nope, value = kv.split([config.qk_head_dim, config.v_head_dim], dim=-1)
-        cos, sin = self._rotary_angles(seq, hidden.device)
+        cos, sin = self.rotary_cache.angles(self._rotary_key(seq, hidden.device), q_pos.dtype,
+                                            lambda: self._rotary_angles(seq, hidden.device))
         q_pos = apply_rotary(_deinterleaved(q_pos), cos, sin)
         k_pos = apply_rotary(_deinterleaved(k_pos.unsqueeze(1)), cos, sin)
         query = torch.cat((q_nope, q_pos), dim=-1)
@@ -181,6 +184,14 @@ class MLASelfAttention(nn.Module):
                                              pad_value)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * config.v_head_dim)
         return self.linear_proj(context)
+
+    def _rotary_key(self, seq: int, device: torch.device) -> tuple:
+        """What decides this layer's cos and sin besides their dtype (RotaryCache's key): MLA's rotary settings (those
+        mla_rotary_angles reads), the length, this rank's place in the sequence and the device."""
+        cp, config = self.context_parallel, self.config
+        return ("mla", config.qk_pos_emb_head_dim, config.rope_type, config.rotary_base, config.rotary_scaling_factor,
+                config.mscale, config.mscale_all_dim, seq, str(device),
+                None if cp is None else (cp.context_parallel_size, cp.context_parallel_rank))
 
     def _rotary_angles(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of this rank's tokens: under context parallelism the whole sequence's at their global

@@ -45,7 +45,7 @@ from gpt.moe.layer import MoELayer
 from gpt.mtp import MTPLossTracker, MultiTokenPredictionLayer, attach_mtp_loss
 from gpt.norms import HeadNorm, L2HeadNorm, ProjectionNorm, normalization
 from gpt.parallel_plan import TensorParallelPlan
-from gpt.rotary import apply_rotary, rotary_angles, yarn_angles
+from gpt.rotary import RotaryCache, apply_rotary, rotary_angles, yarn_angles
 from gpt.stage_layers import StageLayers, whole_model
 from gpt.xielu import XIELU
 from parallel.context_parallel import positions_on_this_rank
@@ -99,10 +99,13 @@ class SelfAttention(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
-                 architecture: Architecture = GPT2, window: Optional[int] = None, rotary: bool = True):
+                 architecture: Architecture = GPT2, window: Optional[int] = None, rotary: bool = True,
+                 rotary_cache: Optional[RotaryCache] = None):
         """`window`: this layer's sliding window, the keys before each query it sees (gpt/attention_window.py), or
-        None for the whole causal context; `rotary`: False on a --no-rope-freq layer."""
+        None for the whole causal context; `rotary`: False on a --no-rope-freq layer; `rotary_cache`: the model's
+        cos and sin, shared by its layers (gpt/rotary.py; None: this layer's own)."""
         super().__init__()
+        self.rotary_cache = rotary_cache if rotary_cache is not None else RotaryCache()
         self.rng = rng
         self.window = window
         state = plan.state
@@ -227,25 +230,24 @@ class SelfAttention(nn.Module):
         if per_group == 1 and not self.output_gate:  # multi-head: GPT-2's exact operations
             query, key, value = qkv.permute(3, 0, 2, 1, 4).unbind(0)
         else:
-            query = qkv[:, :, :, :per_group].reshape(batch, seq, self.heads_per_rank, self.head_dim).transpose(1, 2)
-            if self.output_gate:  # head g * per_group + j's gate, in the order the context's heads have
-                gate = qkv[:, :, :, per_group:query_heads].reshape(batch, seq, self.heads_per_rank * self.head_dim)
-            key, value = (qkv[:, :, :, index].transpose(1, 2) for index in (query_heads, query_heads + 1))
+            # one split (views; its backward one cat, as Megatron-Core's get_query_key_value_tensors' torch.split),
+            # where slicing and selecting each part made a zero-filled gradient of the whole per part to sum
+            gated = [per_group] if self.output_gate else []
+            query, *gate_part, key, value = qkv.split([per_group, *gated, 1, 1], dim=3)
+            query = query.reshape(batch, seq, self.heads_per_rank, self.head_dim).transpose(1, 2)
+            if gate_part:  # head g * per_group + j's gate, in the order the context's heads have
+                gate = gate_part[0].reshape(batch, seq, self.heads_per_rank * self.head_dim)
+            key, value = (part.squeeze(3).transpose(1, 2) for part in (key, value))
         if self.norm_over_projection:  # each [batch, heads, seq, d] as [batch, seq, heads x d], in head order
             query, key = (_heads_as_features(norm, heads)
                           for norm, heads in ((self.q_layernorm, query), (self.k_layernorm, key)))
         elif self.q_layernorm is not None:  # before rotary, as Megatron-Core's get_query_key_value_tensors
             query, key = self.q_layernorm(query), self.k_layernorm(key)
         if self.rotary:
-            positions = positions_on_this_rank(seq, self.context_parallel, hidden.device) \
-                if self.context_parallel is not None else None
-            whole = seq if positions is None else seq * self.context_parallel.context_parallel_size
-            cos, sin = self._rotary_angles(whole, hidden.device)
-            if positions is not None:  # each token's angles at its global position
-                cos, sin = cos[positions], sin[positions]
-            # cast once for both: apply_rotary's own cast (then a no-op) made a copy for q and one for k, and the
-            # products' backward kept all four
-            cos, sin = cos.to(query.dtype), sin.to(query.dtype)
+            # in the queries' dtype, so that apply_rotary's own cast is a no-op; one pair for every layer (and for
+            # q and k), so the products' backward keeps one copy
+            cos, sin = self.rotary_cache.angles(self._rotary_key(seq, hidden.device), query.dtype,
+                                                lambda: self._angles_on_this_rank(seq, hidden.device))
             query = apply_rotary(query, cos, sin, self.rotary_interleaved)
             key = apply_rotary(key, cos, sin, self.rotary_interleaved)
         if per_group > 1 and not self.native_gqa:
@@ -253,6 +255,25 @@ class SelfAttention(nn.Module):
             key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
         return query, key, value, gate
 
+
+    def _rotary_key(self, seq: int, device: torch.device) -> tuple:
+        """What decides this layer's cos and sin besides their dtype (RotaryCache's key): its settings, the length
+        and, with context parallelism, this rank's place in the sequence, and the device. (YaRN's settings are the
+        architecture's, the same for every layer of the model that shares the cache.)"""
+        cp = self.context_parallel
+        arch = self.architecture
+        return ("rope", self.rotary_dim, self.head_dim, self.rotary_base, self.rope_scaling, self.rotary_interleaved,
+                self.rotary_interpolation, id(self.longrope) if self.longrope is not None else None,
+                arch.position_embedding_type, seq, str(device),
+                None if cp is None else (cp.context_parallel_size, cp.context_parallel_rank))
+
+    def _angles_on_this_rank(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of this rank's `seq` tokens: with context parallelism, each token's at its global position."""
+        positions = positions_on_this_rank(seq, self.context_parallel, device) \
+            if self.context_parallel is not None else None
+        whole = seq if positions is None else seq * self.context_parallel.context_parallel_size
+        cos, sin = self._rotary_angles(whole, device)
+        return (cos, sin) if positions is None else (cos[positions], sin[positions])
 
     def _rotary_angles(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of positions 0..length-1: rope's (gpt/rotary.py rotary_angles), YaRN's (yarn_angles) or
@@ -313,16 +334,23 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
                  architecture: Architecture = GPT2, layer_number: int = 0,
-                 moe_tracker: Optional[MoELossTracker] = None, kind_of: Optional[int] = None):
+                 moe_tracker: Optional[MoELossTracker] = None, kind_of: Optional[int] = None,
+                 rotary_cache: Optional[RotaryCache] = None):
         """`kind_of`: the decoder layer whose kind (dense or MoE, its experts) this block takes, where it is not
-        `layer_number` itself (an MTP layer's block takes the last decoder layer's, gpt/mtp.py)."""
+        `layer_number` itself (an MTP layer's block takes the last decoder layer's, gpt/mtp.py); `rotary_cache`: the
+        model's cos and sin, shared by its layers (gpt/rotary.py)."""
         super().__init__()
         kind_of = layer_number if kind_of is None else kind_of
         h, eps = config.hidden_size, config.layernorm_epsilon
 
+        # --recompute-modules layernorm: the input and pre-MLP norms (Megatron-Core's recompute_input_layernorm and
+        # recompute_pre_mlp_layernorm, transformer_layer.py) keep only their input and run again in backward
+        recomputed_norms = ("input_layernorm", "post_attention_layernorm") \
+            if "layernorm" in config.recompute_modules else ()
+
         def norm(region: str) -> nn.Module:
             return normalization(architecture.normalization, h, eps, plan.norm_state(region),
-                                 architecture.apply_layernorm_1p)
+                                 architecture.apply_layernorm_1p, recompute=region in recomputed_norms)
 
         # --sublayer-norms: the norms on each sublayer's input (GPT-2, Llama), on its output inside the residual
         # branch (OLMo 2: transformers' Olmo2DecoderLayer, residual + norm(attn(x))), or both (Gemma 2/3)
@@ -331,10 +359,11 @@ class TransformerBlock(nn.Module):
         # Megatron-LM's --multi-latent-attention: DeepSeek's MLA in the attention's place (gpt/mla.py)
         # the sliding window of this layer's kind (--window-size, --window-attn-skip-freq), or None
         window = architecture.attention_windows(config.num_layers)[kind_of]
-        self.attention = MLASelfAttention(config, plan, rng, _output_layer_std(config)) \
+        self.attention = MLASelfAttention(config, plan, rng, _output_layer_std(config), rotary_cache=rotary_cache) \
             if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture, window=window,
                                                                  rotary=architecture.rotary_layers(
-                                                                     config.num_layers)[kind_of])
+                                                                     config.num_layers)[kind_of],
+                                                                 rotary_cache=rotary_cache)
         self.post_attention_layernorm = norm("post_attention_layernorm") if places != "output" else None
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
         if config.moe_layers()[kind_of]:
@@ -459,9 +488,11 @@ class GPTModel(nn.Module):
         self.blocks = nn.ModuleList()
         # The MoE layers' balancing-loss scale and logged values (gpt/moe/balancing.py); None for a dense model
         self.moe_tracker = MoELossTracker() if config.moe is not None else None
+        # cos and sin made once and read by every layer (gpt/rotary.py): a plain object, no module state
+        self.rotary_cache = RotaryCache()
         for layer in stage.layer_ids:
             self.blocks.add_module(str(layer), TransformerBlock(config, plan, rng, architecture, layer,
-                                                                self.moe_tracker))
+                                                                self.moe_tracker, rotary_cache=self.rotary_cache))
         by_layer = dict(zip(stage.layer_ids, self.blocks))
         self.chunk_blocks = [nn.ModuleList(by_layer[layer] for layer in chunk) for chunk in stage.chunks]
         self.final_layernorm = normalization(architecture.normalization, config.hidden_size,
@@ -485,7 +516,7 @@ class GPTModel(nn.Module):
         if self.mtp_tracker is not None:
             for k in range(config.mtp_num_layers):
                 block = TransformerBlock(config, plan, rng, architecture, config.num_layers + k, self.moe_tracker,
-                                         kind_of=config.num_layers - 1)
+                                         kind_of=config.num_layers - 1, rotary_cache=self.rotary_cache)
                 self.mtp_layers.append(MultiTokenPredictionLayer(block, config, plan, architecture))
         # How the blocks run: in a plain loop, or under activation checkpointing once
         # zero.activations.apply_activation_checkpointing has replaced it.

@@ -7,6 +7,7 @@ arguments/config.py, which holds one of these as `PretrainConfig.model`.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -36,6 +37,15 @@ FP8_RECIPE_CHOICES = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")  
 # squared_relu is Megatron-LM's --squared-relu (megatron/core/activations.py: relu(x)^2); xielu swiss-ai's
 # Megatron-LM fork's --xielu (gpt/xielu.py).
 ACTIVATIONS = ("gelu", "gelu_tanh", "squared_relu", "xielu")
+# Megatron-Core's TransformerConfig.recompute_modules choices (transformer_config.py __post_init__'s allowed_modules)
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+class TupleOfValues(argparse.Action):
+    """nargs' values as a tuple: a ModelConfig stays hashable (gpt/shape.py keys its shapes by the config's values)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, tuple(values))
 
 
 def _normalization_name(text: str) -> str:
@@ -268,6 +278,15 @@ class ModelConfig:
         True, help="on CUDA, zero-pad a head dim that is not a multiple of 8 (the paper's 1.5B: 100 -> 104) so "
                    "SDPA's fused kernels take it; the attention is the same (scale 1/sqrt(original head dim)); "
                    "no effect on a CPU or with --attention-backend unfused/local")
+    # Megatron-LM's --recompute-modules (TransformerConfig.recompute_modules), read under --recompute-granularity
+    # selective only, as Megatron-Core (arguments/megatron/flags.py empties it otherwise, said): "layernorm" makes each
+    # block's input and pre-MLP RMSNorm keep only its input and run again in backward (gpt/norms.py rms_norm)
+    recompute_modules: tuple[str, ...] = option(
+        (), nargs="+", choices=RECOMPUTE_MODULES, action=TupleOfValues,
+        help="with --recompute-granularity selective, what of each layer is recomputed in backward (Megatron-LM's "
+             "names): layernorm keeps only each block's RMSNorms' input (2 bytes a value in 16 bits where autograd "
+             "keeps 6: its fp32 copy and the normed values) and runs their forward again in backward; core_attn is "
+             "SDPA's own (it stores no scores); the others are accepted with no effect")
     # Megatron-LM's --cross-entropy-loss-fusion (there: a fused cross-entropy kernel); here the output
     # layer and the loss fused over token chunks (parallel/fused_linear_cross_entropy.py).
     cross_entropy_loss_fusion: bool = option(

@@ -29,11 +29,12 @@ from parallel.state import ParallelState
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
     """RMSNorm keeping only its input (and the gain) for backward, the fp32 work done again there
-    (gpt/recomputed.py). Autograd through `rms_norm_math` keeps the input's fp32 copy and the normed values: of a
-    16-bit input 4 + 2 bytes a value (4 + 4 with `zero_centered`, whose normed values stay fp32), where this keeps
-    the input's 2; of an fp32 input, the input and the normed values (4 + 4), where this keeps the input. The output
-    and every gradient are bit-identical to autograd's through `rms_norm_math` (tests/gpt/test_saved_activations.py).
-    """
+    (gpt/recomputed.py): --recompute-modules layernorm's (RMSNorm(recompute=True)). Autograd through `rms_norm_math`
+    keeps the input's fp32 copy and the normed values: of a 16-bit input 4 + 2 bytes a value (4 + 4 with
+    `zero_centered`, whose normed values stay fp32), where this keeps the input's 2; of an fp32 input, the input and
+    the normed values (4 + 4), where this keeps the input; for the price of the forward's 8 ops again in backward.
+    The output and every gradient are bit-identical to autograd's through `rms_norm_math`
+    (tests/gpt/test_saved_activations.py)."""
     if hidden.dtype == torch.float32:
         # `.float()` is then the input itself, which the product and the mean of squares read: autograd sends their
         # two gradients to the input's node one after the other (the product's first, after what reached it before,
@@ -69,18 +70,22 @@ class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * gain, computed in fp32 and cast back before the gain, as
     transformers' LlamaRMSNorm and Megatron-LM's legacy RMSNorm (`self._norm(x.float()).type_as(x) *
     self.weight`) do, so 16-bit runs round where theirs do. With `zero_centered` (--apply-layernorm-1p) the
-    gain is 1 + weight, applied in fp32 before the cast, as Gemma's RMSNorm."""
+    gain is 1 + weight, applied in fp32 before the cast, as Gemma's RMSNorm. With `recompute` (a block's input and
+    pre-MLP norms under --recompute-modules layernorm) it keeps only its input for backward (rms_norm); otherwise
+    autograd keeps what its ops need, the same values either way."""
 
     def __init__(self, hidden_size: int, eps: float, sequence_parallel_state: Optional[ParallelState] = None,
-                 zero_centered: bool = False):
+                 zero_centered: bool = False, recompute: bool = False):
         super().__init__()
         self.eps, self.sequence_parallel_state, self.zero_centered = eps, sequence_parallel_state, zero_centered
+        self.recompute = recompute
         self.weight = meta_parameter((hidden_size,), _gain_init(zero_centered))
         self.weight.sequence_parallel = sequence_parallel_state is not None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return rms_norm(hidden, _summed_over_sequence_slices(self.weight, self.sequence_parallel_state), self.eps,
-                        self.zero_centered)
+        norm = rms_norm if self.recompute else rms_norm_math
+        return norm(hidden, _summed_over_sequence_slices(self.weight, self.sequence_parallel_state), self.eps,
+                    self.zero_centered)
 
 
 def zero_centered_layer_norm(hidden: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor,
@@ -125,11 +130,14 @@ def layer_norm(hidden_size: int, eps: float, sequence_parallel_state: Optional[P
 
 
 def normalization(kind: str, hidden_size: int, eps: float,
-                  sequence_parallel_state: Optional[ParallelState] = None, zero_centered: bool = False) -> nn.Module:
+                  sequence_parallel_state: Optional[ParallelState] = None, zero_centered: bool = False,
+                  recompute: bool = False) -> nn.Module:
     """`sequence_parallel_state`: the state whose TP group sums the gradients, when the norm runs on a
-    slice of the sequence (None otherwise). `zero_centered`: --apply-layernorm-1p's gain 1 + weight."""
+    slice of the sequence (None otherwise). `zero_centered`: --apply-layernorm-1p's gain 1 + weight. `recompute`: an
+    RMSNorm keeps only its input and runs again in backward (--recompute-modules layernorm; a LayerNorm's aten kernel
+    keeps its input and per-token statistics already)."""
     if kind == "RMSNorm":
-        return RMSNorm(hidden_size, eps, sequence_parallel_state, zero_centered)
+        return RMSNorm(hidden_size, eps, sequence_parallel_state, zero_centered, recompute)
     return layer_norm(hidden_size, eps, sequence_parallel_state, zero_centered)
 
 
@@ -152,8 +160,8 @@ class HeadNorm(nn.Module):
 
     def forward(self, heads: torch.Tensor) -> torch.Tensor:
         weight = copy_to_tensor_parallel_region(self.weight, self.state)
-        if self.bias is None:
-            return rms_norm(heads, weight, self.eps, self.zero_centered)
+        if self.bias is None:  # autograd's saved tensors: Megatron-Core's selective recompute never takes these norms
+            return rms_norm_math(heads, weight, self.eps, self.zero_centered)
         bias = copy_to_tensor_parallel_region(self.bias, self.state)
         if self.zero_centered:
             return zero_centered_layer_norm(heads, (self.head_dim,), weight, bias, self.eps)

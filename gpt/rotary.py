@@ -3,15 +3,16 @@ without interleaving) and transformers' Llama (rotate_half), or with --rotary-in
 interleaved one: dims (2i, 2i + 1) form the pair that frequency i rotates (RotaryEmbedding.get_emb repeats
 each frequency twice in a row, and _rotate_half maps each pair (a, b) to (-b, a)).
 
-Nothing is stored: the model is built on the meta device and materialized parameter by parameter, so
-the angles are computed where they are used, from positions and fp32 inverse frequencies (seq x
-rotary_dim / 2 values, negligible beside attention itself).
+The angles are no parameters (the model is built on the meta device and materialized parameter by parameter): they
+are computed from positions and fp32 inverse frequencies at the first forward that needs them and kept by the model's
+RotaryCache, which every layer reads (Megatron-Core computes them once per forward in GPTModel._preprocess and hands
+them to every layer, its RotaryEmbedding.forward lru_cached on the sequence length).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Hashable, Optional
 
 import torch
 
@@ -124,3 +125,29 @@ def yarn_angles(seq_length: int, head_dim: int, base: float, device: torch.devic
     angles = torch.cat((angles, angles), dim=-1)
     concentration = yarn_concentration(scaling_factor, mscale, mscale_all_dim)
     return angles.cos() * concentration, angles.sin() * concentration
+
+
+class RotaryCache:
+    """cos and sin by what decides them (the layer's rotary settings, the sequence's length and this rank's positions
+    in it, device, dtype), computed once, cast to the layer's dtype once, and shared by every layer of a model that
+    asks the same: a layer's forward then issues none of the ~11 ops of making them (each layer made them in every
+    micro-batch before). What it holds: per distinct key two [positions, rotary dims] tensors in the model's dtype (a
+    model has one key, or two with --local-rotary-base or MLA beside a rope layer), a few MB at most.
+
+    Nothing is kept while torch.compile traces: a tensor made in a traced graph is not the graph's to store (and
+    inductor fuses the angles into the rotation's kernel there anyway)."""
+
+    def __init__(self) -> None:
+        self._tables: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def angles(self, key: Hashable, dtype: torch.dtype,
+               compute: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`compute()`'s cos and sin cast to `dtype`, made the first time `(key, dtype)` is asked."""
+        if torch.compiler.is_compiling():
+            cos, sin = compute()
+            return cos.to(dtype), sin.to(dtype)
+        table = self._tables.get((key, dtype))
+        if table is None:
+            cos, sin = compute()
+            table = self._tables[(key, dtype)] = (cos.to(dtype), sin.to(dtype))
+        return table

@@ -1,53 +1,144 @@
-"""A linear whose weight gradient is added straight into an fp32 `weight.main_grad` (issue 40's lever
-"weight-gradient GEMMs accumulating straight into the fp32 main gradient"; Megatron-Core's
-gradient_accumulation_fusion).
+"""Gradient accumulation fusion (Megatron-LM's --gradient-accumulation-fusion, on by default there and here): a
+linear's weight gradient is added straight into the fp32 main gradient inside the GEMM, main_grad += grad_output^T @
+input, with no 16-bit weight gradient materialised and no separate add.
 
-Megatron-Core's LinearWithGradAccumulationAndAsyncCommunication.backward
-(megatron/core/tensor_parallel/layers.py) calls fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32(
-total_input, grad_output, weight.main_grad): main_grad += grad_output^T @ input, with no 16-bit
-weight gradient materialised and no separate add; autograd then gets no weight gradient. This is that
-contract in plain PyTorch: the GEMM runs in main_grad's dtype (fp32) and adds in place (addmm_), so a
-micro-batch's contribution is never rounded to 16 bits before it is accumulated.
+Megatron-Core's LinearWithGradAccumulationAndAsyncCommunication.backward (megatron/core/tensor_parallel/layers.py)
+calls fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32(total_input, grad_output, weight.main_grad) and hands
+autograd a dummy weight gradient with `weight.grad_added_to_main_grad = True`, so that its DDP hook still fires and
+skips the add. Here autograd gets no weight gradient at all, not even a dummy: the weight's AccumulateGrad node still
+runs, with none, and so does its post-accumulate-grad hook (torch calls it with `.grad` as it was), where ZeRO's
+reducer counts the gradient as arrived and finds it in place (zero/grad_reducer.py `_take_gradient`).
 
-Status: a layer option (ColumnParallelLinear / RowParallelLinear `gradient_accumulation_fusion=True`),
-off by default and not yet wired into ZeRO's reducer (zero/grad_reducer.py reduces `param.grad` from
-hooks; reducing from main_grad buffers instead is the GPU session's work). No speed is claimed: on CUDA
-the fp32 GEMM here upcasts its 16-bit inputs, which Megatron's fused kernel does not.
+One op per weight and micro-batch, whatever the dtypes (`accumulate_weight_gradient`): fp32 inputs are `addmm_`;
+16-bit inputs into an fp32 main gradient are torch's bf16 x bf16 -> fp32 GEMM where the device has it (CUDA's
+aten::addmm.dtype_out, probed once per device: `native_16_bit_accumulation`), else one custom op
+(`grad_accumulation::addmm_fp32_`) that upcasts and runs the fp32 GEMM: on the CPU, where aten's addmm.dtype is not
+implemented, it keeps the GPU path's structure (one call where the GPU launches one GEMM), as
+parallel/fp8/kernel.py's cpu_emulated_scaled_mm does for FP8. The products of two bf16 (or fp16) values are exact in
+fp32, so both compute the fp32 sum of the exact products, in their own order.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
 
 
-class _LinearWithMainGradAccumulation(torch.autograd.Function):
+class MainGradients(Protocol):
+    """Who holds the fp32 main gradients (zero/grad_reducer.py's reducers)."""
+
+    def main_grad(self, param: nn.Parameter) -> torch.Tensor:
+        """Where `param`'s gradient of this micro-batch is to be added: a tensor of its shape."""
+
+
+# The emulation's upcast factors, at most this many elements at once (16 MiB in fp32): CUDA's kernel reads the 16-bit
+# factors as they are, and the planner counts no copies of them.
+EMULATION_CHUNK_ELEMENTS = 1 << 22
+
+
+@torch.library.custom_op("grad_accumulation::addmm_fp32_", mutates_args=("main_grad",))
+def addmm_fp32_(main_grad: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> None:
+    """main_grad += mat1 @ mat2 in main_grad's dtype: the factors upcast and multiplied in fp32 (module docstring), a
+    slice of the inner (token) dimension at a time so that the upcast copies stay within EMULATION_CHUNK_ELEMENTS."""
+    step = max(1, EMULATION_CHUNK_ELEMENTS // (mat1.shape[0] + mat2.shape[1]))
+    for start in range(0, mat1.shape[1], step):
+        main_grad.addmm_(mat1[:, start:start + step].to(main_grad.dtype), mat2[start:start + step].to(main_grad.dtype))
+
+
+@addmm_fp32_.register_fake
+def _addmm_fp32_on_meta(main_grad, mat1, mat2) -> None:
+    return None
+
+
+_NATIVE: dict[torch.device, Optional[str]] = {}  # device -> why its native bf16 x bf16 -> fp32 GEMM is not used
+
+
+def native_16_bit_accumulation(device: torch.device) -> Optional[str]:
+    """None when `device` adds a 16-bit GEMM into an fp32 tensor natively (aten::addmm.dtype_out, CUDA), else why
+    not. Probed once per device on small matrices against the fp32 GEMM of the same values: a torch whose CUDA
+    kernel refuses an fp32 `self` (older ones asked for the inputs' dtype) falls back to the custom op."""
+    if device not in _NATIVE:
+        if device.type != "cuda":
+            _NATIVE[device] = f"aten::addmm.dtype has no {device.type} kernel in torch {torch.__version__}"
+        else:
+            generator = torch.Generator(device=device).manual_seed(0)
+            a, b = (torch.randn(shape, device=device, generator=generator).bfloat16() for shape in ((16, 32), (32, 8)))
+            into = torch.ones(16, 8, device=device)
+            try:
+                torch.ops.aten.addmm.dtype_out(into, a, b, torch.float32, out=into)
+                expected = torch.ones(16, 8, device=device).addmm_(a.float(), b.float())
+                ok = torch.allclose(into, expected, rtol=1e-5, atol=1e-5)
+                _NATIVE[device] = None if ok else "aten::addmm.dtype_out gave another sum than the fp32 GEMM"
+            except RuntimeError as error:
+                _NATIVE[device] = f"aten::addmm.dtype_out refused an fp32 main gradient: {str(error).splitlines()[0]}"
+    return _NATIVE[device]
+
+
+def accumulate_weight_gradient(main_grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
+    """main_grad += grad_output^T @ input in one op: grad_output [tokens, out], input [tokens, in], main_grad
+    [out, in] (module docstring)."""
+    mat1 = grad_output.t()
+    if mat1.dtype == main_grad.dtype:
+        main_grad.addmm_(mat1, input)
+    elif native_16_bit_accumulation(main_grad.device) is None:
+        torch.ops.aten.addmm.dtype_out(main_grad, mat1, input, main_grad.dtype, out=main_grad)
+    else:
+        addmm_fp32_(main_grad, mat1, input)
+
+
+def accumulation_path(dtype: torch.dtype, device: torch.device) -> str:
+    """How `accumulate_weight_gradient` runs for weights of `dtype` on `device`, for the start-up line."""
+    if dtype == torch.float32:
+        return "addmm_ into the fp32 main gradient"
+    why_not = native_16_bit_accumulation(device)
+    if why_not is None:
+        return "torch's native bf16 x bf16 -> fp32 GEMM (aten::addmm.dtype_out)"
+    emulation = "CPU emulation" if device.type == "cpu" else "emulation"
+    return f"{emulation}: one custom op upcasting to the fp32 GEMM (grad_accumulation::addmm_fp32_; {why_not})"
+
+
+class _LinearIntoMainGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                main_grads: MainGradients) -> torch.Tensor:
         ctx.save_for_backward(input, weight)
-        ctx.has_bias = bias is not None
+        ctx.main_grads, ctx.has_bias = main_grads, bias is not None
+        ctx.param = weight  # the parameter itself (a leaf): the key its main gradient is held under
         return F.linear(input, weight, bias)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
         input, weight = ctx.saved_tensors
-        grad_input = grad_output @ weight if ctx.needs_input_grad[0] else None
         flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
-        flat_input = input.reshape(-1, input.shape[-1])
-        main_grad = weight.main_grad
-        main_grad.addmm_(flat_grad.t().to(main_grad.dtype), flat_input.to(main_grad.dtype))
+        # an mm on the flattened gradient, as autograd's AddmmBackward0 (a 3-d matmul would add an _unsafe_view)
+        grad_input = flat_grad.mm(weight).view(input.shape) if ctx.needs_input_grad[0] else None
         grad_bias = flat_grad.sum(dim=0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        # As in Megatron, autograd receives no weight gradient: main_grad already holds it.
-        return grad_input, None, grad_bias
+        if ctx.needs_input_grad[1]:
+            accumulate_weight_gradient(ctx.main_grads.main_grad(ctx.param), flat_grad,
+                                       input.reshape(-1, input.shape[-1]))
+        return grad_input, None, grad_bias, None
 
 
-def linear_with_main_grad_accumulation(input: torch.Tensor, weight: torch.Tensor,
-                                       bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """F.linear whose weight gradient is added into `weight.main_grad` (which the caller allocates,
-    usually fp32, and zeroes between optimizer steps) instead of `weight.grad`."""
-    if getattr(weight, "main_grad", None) is None:
-        raise ValueError("gradient accumulation fusion needs weight.main_grad (an fp32 buffer of the weight's "
-                         "shape) to accumulate into")
-    return _LinearWithMainGradAccumulation.apply(input, weight, bias)
+class LinearIntoMainGrad:
+    """F.linear whose weight gradient `main_grads` takes (module docstring): what a TP linear's `linear` becomes
+    under gradient accumulation fusion. Outside autograd (no grad mode, evaluation) and under torch.compile (whose
+    graph would break at the main gradient's owner) it is F.linear, and the gradient reaches the owner through
+    autograd's hook as without fusion."""
+
+    def __init__(self, main_grads: MainGradients) -> None:
+        self.main_grads = main_grads
+
+    def __call__(self, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None
+                 ) -> torch.Tensor:
+        if not self.fuses(weight):
+            return F.linear(input, weight, bias)
+        return _LinearIntoMainGrad.apply(input, weight, bias, self.main_grads)
+
+    @staticmethod
+    def fuses(weight: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and weight.requires_grad and not torch.compiler.is_compiling()

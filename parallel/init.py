@@ -177,13 +177,25 @@ def replace_parameters(module: nn.Module, replacements: dict[int, tuple[nn.Param
 def materialize(module: nn.Module, seed: int, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32) -> nn.Module:
     """Give every meta parameter of `module` memory on `device` in `dtype`, filled with its initial
-    values (the slice its sharding record names). Parameters already materialized are left as they are."""
+    values (the slice its sharding record names). Parameters already materialized are left as they are.
+    The pairs a submodule names in `adjacent_parameters()` get one allocation, the second's elements right after
+    the first's (gpt/mlp.py: SwiGLU's gate and up, then one GEMM), as ZeRO's flat buffers lay them out."""
     initializer = ParameterInitializer(seed)
     device = torch.device(device)
+    names = {id(param): name for name, param in module.named_parameters()}
+    together = {id(first): second for owner in module.modules() if hasattr(owner, "adjacent_parameters")
+                for first, second in owner.adjacent_parameters()}
     replacements = {}
     for name, param in module.named_parameters():
-        if param.device.type == "meta":
+        if param.device.type != "meta" or id(param) in replacements:
+            continue
+        second = together.get(id(param))
+        if second is None or second.device.type != "meta" or id(second) in replacements:
             data = torch.empty(param.shape, dtype=dtype, device=device)
             replacements[id(param)] = (param, initializer.fill(name, param, data))
+            continue
+        flat = torch.empty(param.numel() + second.numel(), dtype=dtype, device=device)
+        for tensor, data in ((param, flat[:param.numel()]), (second, flat[param.numel():])):
+            replacements[id(tensor)] = (tensor, initializer.fill(names[id(tensor)], tensor, data.view(tensor.shape)))
     replace_parameters(module, replacements)
     return module

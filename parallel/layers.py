@@ -13,7 +13,11 @@ argument) the tensors outside the TP regions hold this rank's slice of the seque
 all-gathers the sequence (backward: reduce-scatter), a row-parallel linear reduce-scatters its partial sums (backward:
 all-gather), and the embedding reduce-scatters its partial lookups (Megatron's `reduce_scatter_embeddings`).
 Megatron's linear keeps its input split and gathers it again in backward; here autograd keeps the gathered input,
-no extra bytes sent but the linear's input held whole (gpt/shape.py counts it so)."""
+no extra bytes sent but the linear's input held whole (gpt/shape.py counts it so).
+
+A linear's GEMM is its `linear` attribute, a function of (input, weight, bias): F.linear as built; gradient accumulation
+fusion's LinearIntoMainGrad (parallel/grad_accumulation_fusion.py, set by zero/fused_accumulation.py once ZeRO holds
+the main gradients) or the FP8 linear (gpt/fp8.py) replace it."""
 
 from __future__ import annotations
 
@@ -23,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parallel.grad_accumulation_fusion import linear_with_main_grad_accumulation
 from parallel.init import InitMethod, set_init_method
 from parallel.mappings import (
     copy_to_tensor_parallel_region,
@@ -63,7 +66,7 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, input_size: int, output_size: int, *, state: ParallelState, init_std: float,
-                 bias: bool = True, gather_output: bool = False, gradient_accumulation_fusion: bool = False,
+                 bias: bool = True, gather_output: bool = False,
                  sequence_parallel: bool = False, real_rows: Optional[int] = None):
         """`real_rows`: of the output features, how many are real where the rest pad the vocabulary (the untied
         output layer's; its sharding record says so)."""
@@ -71,8 +74,7 @@ class ColumnParallelLinear(nn.Module):
         _check_divisible(output_size, state, "column-parallel output size")
         self.input_size, self.output_size = input_size, output_size
         self.state, self.gather_output, self.sequence_parallel = state, gather_output, sequence_parallel
-        # Off by default and not wired into ZeRO (parallel/grad_accumulation_fusion.py says why).
-        self.linear = linear_with_main_grad_accumulation if gradient_accumulation_fusion else F.linear
+        self.linear = F.linear  # the GEMM (module docstring)
         local = output_size // state.tensor_parallel_size
         self.weight = meta_parameter((local, input_size), InitMethod.normal(init_std), state, split_dim=0,
                                      real_rows=real_rows)
@@ -103,7 +105,7 @@ class RowParallelLinear(nn.Module):
     """
 
     def __init__(self, input_size: int, output_size: int, *, state: ParallelState, init_std: float,
-                 bias: bool = True, input_is_parallel: bool = True, gradient_accumulation_fusion: bool = False,
+                 bias: bool = True, input_is_parallel: bool = True,
                  sequence_parallel: bool = False):
         super().__init__()
         _check_divisible(input_size, state, "row-parallel input size")
@@ -112,7 +114,7 @@ class RowParallelLinear(nn.Module):
                              "(input_is_parallel=True), as Megatron-Core's RowParallelLinear asserts")
         self.input_size, self.output_size = input_size, output_size
         self.state, self.input_is_parallel, self.sequence_parallel = state, input_is_parallel, sequence_parallel
-        self.linear = linear_with_main_grad_accumulation if gradient_accumulation_fusion else F.linear
+        self.linear = F.linear  # the GEMM (module docstring)
         local = input_size // state.tensor_parallel_size
         self.weight = meta_parameter((output_size, local), InitMethod.normal(init_std), state, split_dim=1)
         if bias:

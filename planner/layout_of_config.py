@@ -9,7 +9,8 @@ stage and overlaps, the MoE dispatcher.
 
 Which trainer runs the flags decides what a few are worth (`trainer`):
   pretrain_gpt.py  this repository's (the default). Megatron-LM flags it accepts with no effect price as nothing:
-                   --tp-comm-overlap (no userbuffers here), --overlap-moe-expert-parallel-comm, --recompute-modules;
+                   --tp-comm-overlap (no userbuffers here), --overlap-moe-expert-parallel-comm, --recompute-modules
+                   (its layernorm recomputes no GEMM);
                    the flex dispatcher runs the alltoall one here (arguments/megatron/flag_classes.py says why).
   megatron-lm      Megatron-LM with Transformer Engine, what Megatron-Bridge's published rows ran
                    (configs/benchmarks/bridge_h100.yaml): those flags are priced as Megatron runs them.
@@ -45,8 +46,7 @@ def precision_of(config: PretrainConfig) -> Optional[str]:
     return None if config.training.precision == "fp32" else "bf16"
 
 
-def _recompute_fraction(config: PretrainConfig, counts: ModelCounts, stage_counts, megatron: bool,
-                        megatron_flags: Mapping[str, Any]) -> float:
+def _recompute_fraction(config: PretrainConfig, counts: ModelCounts, stage_counts, megatron: bool) -> float:
     """Of the blocks' forward GEMMs, the share recomputed in backward."""
     activations = config.activations
     if activations.checkpoint_activations and activations.recompute_method == "block":
@@ -60,7 +60,7 @@ def _recompute_fraction(config: PretrainConfig, counts: ModelCounts, stage_count
     # Megatron's selective modules that recompute GEMMs: "mlp" (the dense layers' MLPs: Megatron-Core's
     # TransformerLayer leaves an MoE layer's out) and "mla_up_proj"; the elementwise ones recompute no GEMM
     recomputed = {"mlp": counts.dense_mlp_flops_per_token, "mla_up_proj": counts.mla_up_flops_per_token}
-    modules = megatron_flags.get("--recompute-modules") or ()
+    modules = config.model.recompute_modules  # empty unless --recompute-granularity selective, as Megatron reads it
     return sum(recomputed.get(name, 0.0) for name in modules) / \
         (counts.blocks_flops_per_token - counts.attention_flops_per_token)
 
@@ -104,7 +104,7 @@ def layout_of_config(config: PretrainConfig, gpus: int, counts: ModelCounts, tra
         vp=len(stage_counts[0]) if stage_counts else 1, cp=parallel.context_parallel_size,
         ep=parallel.expert_model_parallel_size, micro_batch_size=config.training.micro_batch_size,
         global_batch_size=config.training.global_batch_size, precision=precision,
-        recompute_fraction=_recompute_fraction(config, counts, stage_counts, megatron, flags),
+        recompute_fraction=_recompute_fraction(config, counts, stage_counts, megatron),
         distributed_optimizer=stage >= 1, zero_stage=stage if stage >= 2 else None,
         tp_comm_overlap=megatron and tp > 1 and "--tp-comm-overlap" in flags,
         moe_dispatcher=_dispatcher(config, megatron),

@@ -114,10 +114,12 @@ def layout_memory_bytes(counts: ModelCounts, layout: Layout) -> float:
     # (Transformer Engine's LayerNormLinear), q, k, v and the context (4h + the K and V widths, q ~ h); the MLP its
     # norm's input and output and gate, up and activation (3 x width: the fused SwiGLU keeps fc1's output, fc2 its
     # input); an MoE layer k permuted copies of the token besides. Full recompute keeps each layer's input only.
-    # This repository's blocks keep the same (gpt/norms.py keeps RMSNorm's input, gpt/glu.py gate and up; its dry
-    # run's Llama 3 8B block at TP 1 reads 1.005x this), and beyond it two things not counted here, which the dry
-    # run's check sees: under sequence parallelism the column-parallel linears' gathered inputs (parallel/layers.py),
-    # and the CP p2p ring's fp32 output (gpt/cp_attention.py) (docs/planning.md).
+    # This repository's blocks keep the same under --recompute-modules layernorm (gpt/norms.py keeps RMSNorm's input,
+    # gpt/glu.py gate and up; its dry run's Llama 3 8B block at TP 1 reads 1.005x this), and beyond it three things
+    # not counted here, which the dry run's check sees: without that flag each RMSNorm's fp32 input copy and normed
+    # values (autograd's, 4 + 2 bytes a value for the input's 2), under sequence parallelism the column-parallel
+    # linears' gathered inputs (parallel/layers.py), and the CP p2p ring's fp32 output (gpt/cp_attention.py)
+    # (docs/planning.md).
     # Under FP8, Transformer Engine saves the GEMMs' inputs it quantized (the norms' outputs, the context,
     # the activation's output) as FP8 for the weight gradient: 1 byte, not 2, for those.
     per_layer = [BF16_BYTES * (4 * h + counts.kv_width + 2 * h + 3 * counts.gated_width_dense),

@@ -1,4 +1,4 @@
-"""The losses and gradient norms of six small runs, exactly (repr of the floats), to compare two commits.
+"""The losses and gradient norms of eleven small runs, exactly (repr of the floats), to compare two commits.
 
 A refactor that must not change the math (issue 50: the parallel section, the dry run driving the real step,
 the frozen config) is checked by running this at the commit before and the commit after and comparing the two
@@ -11,6 +11,11 @@ iterations through scripts/launch.py, one torch thread per process:
     pp2            --pipeline-model-parallel-size 2
     tp2_sp         --tensor-model-parallel-size 2 --sequence-parallel
     zero3_offload  --zero-stage 3 --offload-param --offload-optimizer on 2 processes
+    bf16           --bf16 (fp32 main gradients)
+    llama          the Llama-shaped block (RMSNorm, SwiGLU, rotary, no biases)
+    llama_bf16     and --bf16
+    llama_zero2_bf16  and --zero-stage 2 on 2 processes
+    llama_tp2_sp   --tensor-model-parallel-size 2 --sequence-parallel
 
     python scripts/loss_fingerprint.py OUT.json [RUN ...]
 """
@@ -25,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--disable-bias-linear"]
 RUNS = {
     "default": (1, []),
     "zero3_dp2": (2, ["--zero-stage", "3"]),
@@ -32,6 +38,11 @@ RUNS = {
     "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
     "tp2_sp": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
     "zero3_offload": (2, ["--zero-stage", "3", "--offload-param", "--offload-optimizer"]),
+    "bf16": (1, ["--bf16"]),
+    "llama": (1, LLAMA),
+    "llama_bf16": (1, [*LLAMA, "--bf16"]),
+    "llama_zero2_bf16": (2, [*LLAMA, "--bf16", "--zero-stage", "2"]),
+    "llama_tp2_sp": (2, [*LLAMA, "--tensor-model-parallel-size", "2", "--sequence-parallel"]),
 }
 
 

@@ -2,13 +2,15 @@
 """Megatron-LM's own pretrain_gpt.py on a CPU over gloo: its training loop and command line, its device plumbing
 patched at run time (its files are never edited).
 
-    torchrun --nproc-per-node N scripts/megatron_lm_cpu.py --megatron-lm TREE [--record FILE] [--logits FILE] -- FLAGS...
+    torchrun --nproc-per-node N scripts/megatron_lm_cpu.py --megatron-lm TREE [--record FILE] [--logits FILE]
+        [--count-launches FILE] -- FLAGS...
 
 TREE is Megatron-LM's tree at core_v0.16.1 beyond megatron.core (the extracted megatron-lm-core_v0.16.1-min.tar.xz);
 megatron.core is the benchmark venv's megatron-core 0.16.1 wheel. FLAGS go to its parse_args untouched
 (`--distributed-backend gloo` added when none is named). --record: the last rank appends one JSON line per logged
 iteration (the loss dict at full precision, grad norm, learning rate, loss scale). --logits: the first step's
-inputs and fp32 output-layer logits.
+inputs and fp32 output-layer logits. --count-launches: the second iteration's kernel launches by micro-batch
+(scripts/op_counter.py, as scripts/benchmark_host_ops.py counts this project's).
 
 The patches (`apply_cpu_patches`; each _patch_* says why), each for a CUDA call with no CPU meaning or for what
 Megatron-Core computes otherwise without the GPU libraries: device queries answer one H100; tensors asked on
@@ -33,6 +35,7 @@ from types import SimpleNamespace
 import torch
 
 from megatron_lm_torch_adamw import patch_torch_adamw_resume
+from op_counter import OUTSIDE, LaunchCounter
 
 CPU = torch.device("cpu")
 
@@ -262,6 +265,62 @@ def _capturing_logits(train_step, path: str):
     return step
 
 
+def _patch_launch_counting(path: str) -> None:
+    """--count-launches: the second train_step's launches (scripts/op_counter.py's rule) by window, as
+    scripts/benchmark_host_ops.py counts this project's: each micro-batch's forward_step and backward_step (the
+    schedule's, megatron/core/pipeline_parallel/schedules.py, looked up there at each call) and the rest of the
+    step outside them; written to `path` as {"micro_batch_<i>": {"forward", "backward", "total"}, "outside"}."""
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.training import training
+
+    counter = LaunchCounter()
+    forward_step, backward_step, train_step = schedules.forward_step, schedules.backward_step, training.train_step
+    where = {"micro_batch": -1}
+
+    def counted_forward(*args, **kwargs):
+        where["micro_batch"] += 1
+        counter.enter_window(f"micro_batch {where['micro_batch']}", "forward")
+        try:
+            return forward_step(*args, **kwargs)
+        finally:
+            counter.enter_window(f"micro_batch {where['micro_batch']}")
+
+    def counted_backward(*args, **kwargs):
+        counter.enter_window(f"micro_batch {where['micro_batch']}", "backward")
+        try:
+            return backward_step(*args, **kwargs)
+        finally:
+            counter.enter_window(OUTSIDE)
+
+    def step(*args, **kwargs):
+        step.calls += 1
+        if step.calls != 2:
+            return train_step(*args, **kwargs)
+        where["micro_batch"] = -1
+        with counter.counting():
+            counter.active = True
+            counter.enter_window(OUTSIDE)
+            try:
+                return train_step(*args, **kwargs)
+            finally:
+                counter.active = False
+                counter.enter_window(OUTSIDE)
+                _write_counts(counter, path, where["micro_batch"] + 1)
+
+    step.calls = 0
+    schedules.forward_step, schedules.backward_step, training.train_step = counted_forward, counted_backward, step
+
+
+def _write_counts(counter: LaunchCounter, path: str, micro_batches: int) -> None:
+    counts = counter.counts
+    figures = {f"micro_batch_{index + 1}": {"forward": counts.total(f"micro_batch {index}", "forward"),
+                                            "backward": counts.total(f"micro_batch {index}", "backward"),
+                                            "total": counts.total(f"micro_batch {index}")}
+               for index in range(micro_batches)}
+    figures["outside"] = counts.total(OUTSIDE)
+    Path(path).write_text(json.dumps(figures) + "\n", encoding="utf-8")
+
+
 def _eager(model=None, **options):
     """torch.compile standing aside: the function itself, as a decorator with or without options."""
     return model if model is not None else (lambda function: function)
@@ -274,8 +333,8 @@ def _patch_compile() -> None:
     torch.compile = _eager  # before megatron.core.jit binds jit_fuser to it
 
 
-def apply_cpu_patches(record: str | None = None, logits: str | None = None) -> None:
-    """Every patch of the module docstring; call before pretrain_gpt.py runs."""
+def apply_cpu_patches(record: str | None = None, logits: str | None = None, count_launches: str | None = None) -> None:
+    """Every patch of the module docstring (and --count-launches'); call before pretrain_gpt.py runs."""
     _patch_compile()
     _patch_device_queries()
     _patch_placement()
@@ -283,6 +342,8 @@ def apply_cpu_patches(record: str | None = None, logits: str | None = None) -> N
     _patch_rng_tracker()
     _patch_megatron_core()
     _patch_megatron_training(record, logits)
+    if count_launches:
+        _patch_launch_counting(count_launches)
 
 
 def main(argv=None) -> None:
@@ -290,6 +351,8 @@ def main(argv=None) -> None:
     parser.add_argument("--megatron-lm", required=True, type=Path, help="Megatron-LM's tree (core_v0.16.1)")
     parser.add_argument("--record", help="append each logged iteration's losses here (the last rank)")
     parser.add_argument("--logits", help="write the first training step's tokens and logits here (the last rank)")
+    parser.add_argument("--count-launches", help="write the second iteration's kernel launches here, by micro-batch "
+                                                 "and phase (scripts/op_counter.py; one rank)")
     parser.add_argument("flags", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     flags = [flag for flag in ns.flags if flag != "--"] if ns.flags[:1] == ["--"] else ns.flags
@@ -299,7 +362,7 @@ def main(argv=None) -> None:
     tree = str(ns.megatron_lm.resolve())
     sys.path.insert(0, tree)
     torch.set_num_threads(1)
-    apply_cpu_patches(ns.record, ns.logits)
+    apply_cpu_patches(ns.record, ns.logits, ns.count_launches)
     script = os.path.join(tree, "pretrain_gpt.py")
     sys.argv = [script, *flags]
     runpy.run_path(script, run_name="__main__")

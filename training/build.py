@@ -26,12 +26,13 @@ from parallel.graph_backends import CudaGraphBackend, GraphBackend
 from parallel.pipeline_schedules import peak_held_by_forwards, schedule
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
-from training.cuda_graphs import CudaGraphPlan, CudaGraphs, apply_cuda_graphs, cuda_graph_plan
+from training.cuda_graphs import CudaGraphPlan, CudaGraphs, apply_cuda_graphs, cuda_graph_plan, graph_regions
 from training.run_settings import RunSettings
 from zero.activations import ActivationCheckpointing, ActivationMonitor, apply_activation_checkpointing
 from zero.apply import ZeroParts, apply_zero
 from zero.experts import build_zero_with_experts, holds_expert_parameters
 from zero.flat_buffer import mark_weight_decay
+from zero.fused_accumulation import apply_gradient_accumulation_fusion
 
 
 @dataclass
@@ -43,6 +44,8 @@ class Built:
     checkpointing: Optional[ActivationCheckpointing]  # None without --checkpoint-activations
     rng: Optional[TensorParallelRNG]                  # the dropout streams; None when not asked for (dry run)
     fp8: Optional[str] = None                         # --fp8-format's start-up line (gpt/fp8.py); None without
+    # gradient accumulation fusion's start-up line (zero/fused_accumulation.py)
+    gradient_accumulation_fusion: Optional[str] = None
     cuda_graphs: Optional[CudaGraphs] = None          # --cuda-graph-impl's (training/cuda_graphs.py); None without
 
 
@@ -89,6 +92,8 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
        shards, the master weights and the optimizer states live: --offload-param/-optimizer): the flat
        layout from the meta parameters, then each rank allocates and fills only what it owns, the
        parameters become views of that storage, and the gradient hooks (and stage 3's gather hooks) go on.
+       Then gradient accumulation fusion: the TP linears whose main gradient ZeRO holds in fp32 add their weight
+       gradient into it inside the GEMM (zero/fused_accumulation.py), but in blocks steps 5 and 6 take over.
     5. torch.compile of each block: compile_blocks wants parallelism applied, so that the compiled
        blocks are the ones ZeRO left (parameters that are views of its storage, its hooks in place).
        Compilation itself happens at the first forward.
@@ -132,11 +137,27 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
                       muon_excluded_params=embedding_and_output_weights(model),
                       build=build_zero_with_experts if own_experts else None,
                       fp8_gathered=fp8_gathered_weights(model) if config.model.fp8_param_gather else None)
+    fusion = apply_gradient_accumulation_fusion(model, zero.reducer, config.zero.gradient_accumulation_fusion,
+                                                state.device, left_out=unfused_linears(model, graphs, torch_compile))
     if torch_compile:                                                                      # 5. compile
         compile_blocks(model)
     cuda_graphs = apply_cuda_graphs(model, graphs, state, graph_backend)                   # 6. CUDA graphs
     return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng, fp8=fp8,
-                 cuda_graphs=cuda_graphs)
+                 gradient_accumulation_fusion=fusion, cuda_graphs=cuda_graphs)
+
+
+def unfused_linears(model: GPTModel, graphs: Optional[CudaGraphPlan], torch_compile: bool) -> list:
+    """The modules whose linears keep autograd's weight gradient under gradient accumulation fusion, and why: the
+    output layer (the loss reads its weight and makes its gradient), compiled blocks (a compiled graph would break at
+    the main gradient's owner) and CUDA-graphed regions (a captured backward hands autograd the gradients)."""
+    left_out = [(model.output_layer, "the loss's gradient (the output layer)")] if model.output_layer is not None \
+        else []
+    if torch_compile:
+        left_out += [(block, "autograd's gradient in the compiled blocks (--compile)") for block in model.blocks]
+    if graphs is not None and graphs.captures:
+        left_out += [(module, "autograd's gradient in the CUDA-graphed regions") for spec in graph_regions(model, graphs)
+                     for module in spec.modules]
+    return left_out
 
 
 def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[StageLayers]:

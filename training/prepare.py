@@ -112,6 +112,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         built = build(settings, state, dropout_rng=True, torch_compile=config.training.compile)
         if built.fp8:
             log(built.fp8)
+        if built.gradient_accumulation_fusion:
+            log(built.gradient_accumulation_fusion)
         if built.cuda_graphs is not None:  # what is captured and when, or why nothing is (training/cuda_graphs.py)
             log(built.cuda_graphs.line)
         # the rerun state machine before the load, as Megatron-LM's initialize makes it: the load restores the random

@@ -62,6 +62,12 @@ class ZeroConfig:
                             "is 1e5; 0 partitions everything, as in the paper)")
     stage3_max_live_parameters: int = option(1_000_000_000, type=count,
                                              help="stage 3: most parameter elements gathered at once")
+    # Megatron-LM's --no-gradient-accumulation-fusion (megatron/training/arguments.py: action store_false, dest
+    # gradient_accumulation_fusion, so on by default); zero/fused_accumulation.py applies it.
+    gradient_accumulation_fusion: bool = option(
+        True, help="add each tensor-parallel linear's weight gradient into its fp32 main gradient inside the GEMM "
+                   "(Megatron-LM's gradient accumulation fusion; the start-up line names the path); "
+                   "--no-gradient-accumulation-fusion: autograd's weight gradient, then an add")
 
     # ZeRO-Offload's optimizer half (zero/offload.py); DeepSpeed's offload_optimizer block and the
     # v0.3-era cpu_offload keys become these in arguments/deepspeed/keys.py.

@@ -89,6 +89,9 @@ class BothReducers:
         for part in self.parts:
             part.zero_grad()
 
+    def gradient_reducers(self) -> tuple:
+        return self.parts
+
 
 class CheckpointableChain:
     """What checkpoint/ asks of an optimizer (zero/optimizer_state.py's CheckpointableOptimizer), over both parts.

@@ -129,7 +129,23 @@ class GradientReducer(ABC):
 
     @abstractmethod
     def _take_gradient(self, unit: Unit, slot, param: nn.Parameter) -> bool:
-        """Store the gradient autograd just produced; True when it counts toward reducing the unit."""
+        """Store the gradient autograd just produced; True when it counts toward reducing the unit. Under gradient
+        accumulation fusion (parallel/grad_accumulation_fusion.py) the linear's backward has added it into
+        `main_grad(param)` already and autograd brings none (`param.grad` None, or the same-dtype `.grad` view the
+        backward added into): the hook still fires, and counts it."""
+
+    @abstractmethod
+    def main_grad(self, param: nn.Parameter) -> torch.Tensor:
+        """Where gradient accumulation fusion adds `param`'s gradient of this micro-batch: a view of `grad_dtype`
+        and `param`'s shape into the storage `_take_gradient` would have put autograd's gradient in."""
+
+    def holds(self, param: nn.Parameter) -> bool:
+        """Whether `param`'s gradients come to this reducer."""
+        return id(param) in self.layout.slot_of
+
+    def gradient_reducers(self) -> tuple["GradientReducer", ...]:
+        """The reducers the loop drives through this one (zero/experts.py's BothReducers has two)."""
+        return (self,)
 
     def _reduce(self, unit: Unit) -> None:
         self._ready[unit.index] = -1  # issued; a late hook (none expected) cannot issue it again
@@ -267,10 +283,14 @@ class FullGradients(GradientReducer):
         return unit.in_buffer(self.buffer)[slot.start:slot.end].view(slot.shape)
 
     def _take_gradient(self, unit: Unit, slot, param: nn.Parameter) -> bool:
-        if not self.grads_are_views:
+        if not self.grads_are_views and param.grad is not None:  # None: fused into the main gradient
             self._main_grad(unit, slot).add_(param.grad)
             param.grad = None
         return self._backward_syncs  # under no_sync the gradient just accumulates here
+
+    def main_grad(self, param: nn.Parameter) -> torch.Tensor:
+        # with same-dtype gradients this is `param.grad` itself (zero_grad set it so)
+        return self._main_grad(self.layout.unit_of[id(param)], self.layout.slot_of[id(param)])
 
     def _issue_reduction(self, unit: Unit) -> _PendingReduction:
         bucket = unit.in_buffer(self.buffer)
@@ -338,10 +358,18 @@ class PartitionedGradients(GradientReducer):
                 slot.param.grad = None
 
     def _take_gradient(self, unit: Unit, slot, param: nn.Parameter) -> bool:
-        # Copy into the bucket and free the gradient: a full gradient never exists.
-        self._bucket_for(unit)[slot.start:slot.end].copy_(param.grad.reshape(-1))
-        param.grad = None
+        # Into the bucket and free the gradient: a full gradient never exists. Added, not copied, into the slot
+        # (zeroed when the bucket was taken: the same values): gradient accumulation fusion may have added into it.
+        bucket = self._bucket_for(unit)
+        if param.grad is not None:
+            bucket[slot.start:slot.end].add_(param.grad.reshape(-1))
+            param.grad = None
         return True
+
+    def main_grad(self, param: nn.Parameter) -> torch.Tensor:
+        # the parameter's slot in its unit's bucket, zeroed when the bucket was taken: adding into it is the copy
+        unit, slot = self.layout.unit_of[id(param)], self.layout.slot_of[id(param)]
+        return self._bucket_for(unit)[slot.start:slot.end].view(slot.shape)
 
     def _bucket_for(self, unit: Unit) -> torch.Tensor:
         buffer = self._filling.get(unit.index)

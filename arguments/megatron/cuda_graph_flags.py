@@ -102,7 +102,7 @@ def _check_selective_recompute(given: dict[str, Any], settings: dict[str, Any], 
     granularity = given.get("recompute_granularity") or ("selective" if given.get("recompute_activations") else None)
     if impl == "none" or granularity != "selective":
         return
-    recomputed = set(harvested.get("--recompute-modules") or DEFAULT_RECOMPUTE_MODULES)
+    recomputed = set(settings.get("recompute_modules") or DEFAULT_RECOMPUTE_MODULES)
     whole = impl == "full_iteration" or not modules  # Megatron's full_cudagraph
     if impl == "transformer_engine" and "moe" in recomputed and "moe_router" in modules:
         resolved.refused.append("--recompute-modules moe with --cuda-graph-modules moe_router under --cuda-graph-impl "

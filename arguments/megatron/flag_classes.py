@@ -63,7 +63,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --use-transformer-engine-op-fuser --use-te-activation-func --te-rng-tracker --inference-rng-tracker
         --flash-attention-version --ds_fused_adam --no-create-attention-mask-in-dataloader --mlp-chunks-for-training
         --manual-gc --manual-gc-interval --no-manual-gc-eval --disable-manual-gc-eval --empty-unused-memory-level
-        --train-sync-interval --recompute-modules --enable-experimental
+        --train-sync-interval --enable-experimental
         --export-te-mcore-model --export-default-te-spec --export-force-local-attention
         --export-legacy-megatron""")),
     ("Megatron-LM's layer and activation offloading (Transformer Engine's CPU offload context, "

@@ -129,7 +129,6 @@ NO_EFFECT_FLAGS: dict[str, str] = {
     "no_masked_softmax_fusion": "SDPA computes the causal softmax; there is no separate masked-softmax kernel",
     "no_bias_gelu_fusion": "a kernel fusion switch: the bias and GeLU compute the same values either way",
     "no_bias_dropout_fusion": "a kernel fusion switch: the bias, dropout and residual add compute the same values",
-    "no_gradient_accumulation_fusion": "a kernel fusion switch: gradients accumulate to the same values",
     # GENIAC's fork: megatron/training.py calls wandb.init(entity, project, group) under --use-wandb; --wandb-tag is
     # parsed and never read
     "use_wandb": "W&B logging is on here whenever --wandb-project names a project",
@@ -138,9 +137,12 @@ NO_EFFECT_FLAGS: dict[str, str] = {
 }
 
 SELECTIVE_RECOMPUTE = ("Megatron's selective recompute keeps the s x s attention scores out of memory by "
-                       "recomputing the core attention; here SDPA's fused kernels never store them (flash and "
-                       "memory-efficient on CUDA, flash on a CPU without attention dropout), so nothing is "
-                       "checkpointed (--recompute-granularity full checkpoints whole blocks for more memory savings)")
+                       "recomputing the core attention (its default --recompute-modules core_attn); here SDPA's fused "
+                       "kernels never store them (flash and memory-efficient on CUDA, flash on a CPU without "
+                       "attention dropout), so nothing is checkpointed for it; --recompute-modules layernorm makes the "
+                       "blocks' RMSNorms keep only their input (the next linear still keeps their output, which "
+                       "Megatron recomputes too); its other modules have no effect here (--recompute-granularity full "
+                       "checkpoints whole blocks for more memory savings)")
 # Megatron-LM's --calculate-per-token-loss sums every micro-batch's masked losses and divides the gradients by the
 # iteration's token count summed over DP x CP (schedules.py forward_step_calc_loss; finalize_model_grads); here each
 # micro-batch is its own masked mean (data/documents.py masked_token_mean). Without a loss mask the two are equal.
@@ -167,8 +169,6 @@ MEANINGS: list[Meaning] = [
             NO_EFFECT_FLAGS["no_bias_gelu_fusion"]),
     Meaning(("--no-bias-dropout-fusion",), "no_bias_dropout_fusion", "Megatron-LM", {"action": "store_true"},
             NO_EFFECT_FLAGS["no_bias_dropout_fusion"]),
-    Meaning(("--no-gradient-accumulation-fusion",), "no_gradient_accumulation_fusion", "Megatron-LM",
-            {"action": "store_true"}, NO_EFFECT_FLAGS["no_gradient_accumulation_fusion"]),
     Meaning(("--use-wandb", "--use_wandb"), "use_wandb", GENIAC_FORK, {"action": "store_true"},
             NO_EFFECT_FLAGS["use_wandb"]),
     Meaning(("--wandb-group", "--wandb_group"), "wandb_group", GENIAC_FORK, {}, NO_EFFECT_FLAGS["wandb_group"]),
@@ -317,6 +317,11 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     elif granularity == "selective":
         resolved.notes.append(f"{option_used('recompute_granularity') or '--recompute-activations'} selective: "
                               f"{SELECTIVE_RECOMPUTE}")
+    if settings.get("recompute_modules") and granularity != "selective":
+        # TransformerConfig reads recompute_modules under selective granularity only (transformer_layer.py's
+        # `if self.config.recompute_granularity == 'selective'`)
+        change("recompute_modules", (), "recompute_granularity",
+               "Megatron-Core reads --recompute-modules only under --recompute-granularity selective")
     if settings.get("sequence_parallel") and settings.get("tensor_model_parallel_size") == 1:
         resolved.notes.append("--sequence-parallel with --tensor-model-parallel-size 1: accepted, no effect (one "
                               "tensor-parallel rank holds the whole sequence)")

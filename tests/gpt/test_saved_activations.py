@@ -1,19 +1,21 @@
 """What a block keeps for backward, and that keeping less changed no bit.
 
-RMSNorm keeps only its input (gpt/norms.py rms_norm, its fp32 work run again in backward: gpt/recomputed.py), the gated
-MLP only its gate and up projections (gpt/glu.py GatedActivation, whose own backward makes the activation again);
-rotary casts its angles once for q and k (gpt/model.py). The plain formulation, autograd through gpt/norms.py rms_norm_math and GatedActivation.math, is
-put back here by monkeypatching those two, and outputs and every gradient are compared with torch.equal.
+Under --recompute-modules layernorm a block's RMSNorms keep only their input (gpt/norms.py rms_norm, their fp32 work
+run again in backward: gpt/recomputed.py); the gated MLP keeps only its gate and up projections (gpt/glu.py
+GatedActivation, whose own backward makes the activation again); rotary casts its angles once for q and k, for every
+layer (gpt/rotary.py RotaryCache). The plain formulation, autograd through gpt/norms.py rms_norm_math and
+GatedActivation.math, is put back here by monkeypatching those two, and outputs and every gradient are compared with
+torch.equal.
 
 The figure is computed from the shapes, by what each op keeps (SavedTensorMeter, zero/activations.py: a storage
 counted once, parameters not at all). Per token of a Llama-shaped block in bf16, hidden h, K and V together kv wide,
 MLP width f: each norm's input (h) and output (h, which the next linear keeps), q and the attention's output (h
 each, the output projection keeping a view of the latter), K and V (kv), the gate and up projections and their
 product (f each): 2 x (6h + kv + 3f) bytes, what planner/layout_search.py counts for Megatron-Core's blocks, plus
-SDPA's fp32 log-sum-exp per head and one bf16 cos and sin [seq, head dim]. The plain formulation kept, besides,
-each norm's fp32 copy of its input and its cast normed values in place of the input (4h + 2h - 2h bytes) and its
-fp32 per-token rsqrt (4), and the activation of the gate (2f); and, before the rotary cast (not put back here), a
-cos and a sin for k apart from q's.
+SDPA's fp32 log-sum-exp per head and one bf16 cos and sin [seq, head dim]. Without the norms' recompute (the
+default, as Megatron-Core's) each norm keeps, besides, its fp32 copy of its input and its cast normed values in place
+of the input (4h + 2h - 2h bytes) and its fp32 per-token rsqrt (4); the plain activation the gate's activation (2f);
+and, before the rotary cast (not put back here), a cos and a sin for k apart from q's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import functools
 import pytest
 import torch
 
+import gpt.gate_up_gemm
 import gpt.norms
 from gpt.glu import GatedActivation
 from gpt.model import activation_function, build_gpt_model
@@ -42,15 +45,17 @@ BATCH = 2
 
 @pytest.fixture
 def plain(monkeypatch):
-    """The plain formulation: autograd through the whole norm and activation, keeping what their ops keep."""
+    """The plain formulation: autograd through the whole norm and activation, keeping what their ops keep (gate and up
+    as one GEMM, gpt/gate_up_gemm.py, the same GEMM and GatedActivation.math under autograd: one_gemm_math)."""
     def put_back():
         monkeypatch.setattr(gpt.norms, "rms_norm", gpt.norms.rms_norm_math)
         monkeypatch.setattr(GatedActivation, "__call__", GatedActivation.math)
+        monkeypatch.setattr(gpt.gate_up_gemm, "one_gemm", gpt.gate_up_gemm.one_gemm_math)
     return put_back
 
 
-def _block_saved_bytes(dtype: torch.dtype) -> int:
-    model = build_gpt_model(LLAMA, CPU, seed=3, dtype=dtype)
+def _block_saved_bytes(dtype: torch.dtype, config: ModelConfig = LLAMA) -> int:
+    model = build_gpt_model(config, CPU, seed=3, dtype=dtype)
     hidden = torch.randn(BATCH, LLAMA.seq_length, LLAMA.hidden_size, generator=torch.Generator().manual_seed(0)
                          ).to(dtype).requires_grad_()
     meter = SavedTensorMeter(torch.device("cpu"))
@@ -74,11 +79,13 @@ def test_a_llama_block_keeps_what_megatrons_blocks_keep(plain):
     lse = BATCH * heads * seq * 4
     rotary = 2 * seq * head_dim * bf16
     expected = tokens * bf16 * (6 * h + kv + 3 * f) + lse + rotary
-    saved = _block_saved_bytes(torch.bfloat16)
-    assert saved == expected == 2_252_800
+    recomputed = dataclasses.replace(LLAMA, recompute_modules=("layernorm",))
+    assert _block_saved_bytes(torch.bfloat16, recomputed) == expected == 2_252_800
+    norms_kept = expected + tokens * 2 * (4 * h + 4)
+    assert _block_saved_bytes(torch.bfloat16) == norms_kept == 2_779_136
     plain()
-    before = expected + tokens * (2 * (4 * h + 4) + bf16 * f)
-    assert _block_saved_bytes(torch.bfloat16) == before == 3_237_888
+    before = norms_kept + tokens * bf16 * f
+    assert _block_saved_bytes(torch.bfloat16, recomputed) == before == 3_237_888
     # and the parent commit's (2e60db1) rotary copies for k besides: 3,254,272, 1.44x
 
 
@@ -91,7 +98,7 @@ def _logits_and_gradients(config: ModelConfig, dtype: torch.dtype):
 
 
 SMALL = dataclasses.replace(LLAMA, num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=160,
-                            seq_length=32, max_position_embeddings=32)
+                            seq_length=32, max_position_embeddings=32, recompute_modules=("layernorm",))
 VARIANTS = {
     "llama": SMALL,
     # Gemma's zero-centered gains on every norm, the per-head query and key norms

@@ -13,8 +13,9 @@ lower end.
 Held there, in hidden-wide tensors: GPT-2's block (ffn 4 x hidden) 6.25, the arriving gradient, the recomputed output
 and the MLP's activation gradient (one ffn-wide for GeLU); the Llama-style block (RMSNorm, SwiGLU at ffn 2.5 x
 hidden, rotary, GQA) 9.5, three ffn-wide (the gated activation keeps only gate and up and makes the activation again
-in backward, gpt/glu.py: its gradient, up's and the activation made again); GPT-OSS's clamped quick_gelu 23 (five
-ffn-wide at ffn 4 x hidden and the clamp's bool mask), Gemma's GeGLU 14 (three): GatedActivation.backward_widths."""
+in backward, gpt/glu.py: its gradient, up's and the activation made again); GPT-OSS's clamped quick_gelu 22 (five
+ffn-wide at ffn 4 x hidden; 23 with the clamp's bool mask, alive at the peak before gate and up ran as one GEMM, whose
+backward clamps in place, gpt/gate_up_gemm.py), Gemma's GeGLU 14 (three): GatedActivation.backward_widths."""
 
 from __future__ import annotations
 

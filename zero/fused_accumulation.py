@@ -1,0 +1,64 @@
+"""Gradient accumulation fusion applied to a model whose gradients ZeRO holds (--gradient-accumulation-fusion,
+Megatron-LM's default; parallel/grad_accumulation_fusion.py is the GEMM): which tensor-parallel linears add their
+weight gradient into the fp32 main gradient inside the GEMM, and the start-up line naming the path taken.
+
+A linear fuses when its GEMM is F.linear (an FP8 linear, gpt/fp8.py, keeps its own), its weight's gradients come to a
+reducer of this model, and that reducer holds them in fp32: stages 0-1 (FullGradients) in the main-gradient buffer,
+the slice the hook would add autograd's gradient into (16-bit parameters) or the parameter's `.grad` itself (fp32
+parameters, whose AccumulateGrad would add into it); stages 2-3 (PartitionedGradients) in the parameter's slot of its
+unit's reduce bucket, zeroed when the bucket is taken each micro-batch, where the hook would copy autograd's gradient.
+With 16-bit gradients (--main-grads-dtype bf16, or 16-bit parameters without --accumulate-allreduce-grads-in-fp32)
+there is no fp32 main gradient: nothing fuses, as the line says."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parallel.grad_accumulation_fusion import LinearIntoMainGrad, accumulation_path
+from parallel.layers import ColumnParallelLinear, RowParallelLinear
+from zero.grad_reducer import PartitionedGradients
+
+FLAG = "--gradient-accumulation-fusion"
+
+
+def apply_gradient_accumulation_fusion(model: nn.Module, reducer, enabled: bool, device: torch.device, *,
+                                       left_out: Sequence[tuple[nn.Module, str]] = ()) -> str:
+    """Make each fusing tensor-parallel linear of `model` add its weight gradient into `reducer`'s main gradient
+    (module docstring) and return the start-up line. `left_out`: (module, why) pairs whose linears keep autograd's
+    weight gradient, said in the line (training/build.py: compiled blocks, where LinearIntoMainGrad would be F.linear
+    anyway; CUDA-graphed blocks, whose captured backward hands autograd the gradients; the output layer, whose
+    weight the loss reads itself)."""
+    if not enabled:
+        return ("> gradient accumulation fusion off (--no-gradient-accumulation-fusion): each weight gradient is "
+                "autograd's, in the parameters' dtype, then added into the main gradient")
+    kept: dict[str, int] = {}
+    skipped = {id(inner): why for module, why in left_out for inner in module.modules()}
+    fused: list[nn.Module] = []
+    for layer in model.modules():
+        if not isinstance(layer, (ColumnParallelLinear, RowParallelLinear)) or not layer.weight.requires_grad:
+            continue
+        holder = next((part for part in reducer.gradient_reducers() if part.holds(layer.weight)), None)
+        if holder is None:  # another model part's (a pipeline stage's other chunk holds its own reducer)
+            continue
+        why = skipped.get(id(layer))
+        if why is None and layer.linear is not F.linear:
+            why = "their own GEMM (FP8)"
+        if why is None and holder.grad_dtype != torch.float32:
+            why = "autograd's gradient: their main gradient is 16-bit"
+        if why is not None:
+            kept[why] = kept.get(why, 0) + 1
+            continue
+        layer.linear = LinearIntoMainGrad(holder)
+        fused.append(layer)
+    others = "".join(f"; {count} keep {why}" for why, count in kept.items())
+    if not fused:
+        return f"> gradient accumulation fusion ({FLAG}): no linear fuses{others or ': the model has none'}"
+    partitioned = all(isinstance(part, PartitionedGradients) for part in reducer.gradient_reducers())
+    into = "their slot of the fp32 reduce bucket (ZeRO 2-3)" if partitioned else "the fp32 main gradient"
+    return (f"> gradient accumulation fusion ({FLAG}, Megatron-LM's default): {len(fused)} tensor-parallel linears add "
+            f"their weight gradient into {into} inside the GEMM, {accumulation_path(fused[0].weight.dtype, device)}"
+            f"{others}")
