@@ -225,8 +225,11 @@ def fp8_linear_rows(fused_modes: list[Optional[str]]) -> list[dict]:
                 x = torch.randn(tokens, inputs, dtype=torch.bfloat16, requires_grad=True)
                 weight = (torch.randn(outputs, inputs, dtype=torch.bfloat16) * 0.02).requires_grad_()
                 grad = torch.randn(tokens, outputs, dtype=torch.bfloat16)
+                # cache_weight: as a model's linears (gpt/fp8.py), the weight cast once an iteration and the second
+                # call reusing it (parallel/fp8/weight_cache.py); a bare state casts it in every call (TE's
+                # is_first_microbatch=None)
                 state = Fp8LinearState(Fp8Recipe(fp8_format="hybrid" if recipe != "blockwise" else "e4m3",
-                                                 recipe=recipe))
+                                                 recipe=recipe), cache_weight=True)
                 if guarded:
                     state.guard = LayerGuard("linear")
                 if fused is not None:
