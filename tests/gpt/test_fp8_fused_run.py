@@ -48,3 +48,27 @@ def test_fused_casts_train_to_the_unfused_runs_bits(tmp_path, corpus_cache, caps
 def test_auto_runs_the_unfused_path_on_a_cpu_and_says_why(tmp_path, corpus_cache, capsys):
     _records(tmp_path, corpus_cache, "auto", "--fp8-recipe", "tensorwise", "--train-iters", "1")
     assert "casts unfused (--fp8-fused-casts auto on cpu" in capsys.readouterr().out
+
+
+def test_the_path_taken_is_named_with_its_reason(monkeypatch):
+    """resolve_fused_casts (parallel/fp8/fused.py) per device and mode, inductor compiling or not; the start-up line's
+    GPU clause about eager FP8's speed stays with the unfused path only."""
+    import torch
+
+    from gpt.fp8 import startup_line
+    from parallel.fp8 import fused
+    from parallel.fp8.recipes import Fp8Recipe
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(fused, "compile_unavailable", lambda device_type: None)
+    assert fused.resolve_fused_casts("auto", cuda)[0] and fused.resolve_fused_casts("on", cpu)[0]
+    assert not fused.resolve_fused_casts("auto", cpu)[0] and not fused.resolve_fused_casts("off", cuda)[0]
+    monkeypatch.setattr(fused, "compile_unavailable", lambda device_type: "no Triton for inductor's CUDA kernels")
+    assert fused.resolve_fused_casts("auto", cuda) == \
+        (False, "casts unfused: no Triton for inductor's CUDA kernels (--fp8-fused-casts auto)")
+
+    def line(fusion):
+        return startup_line(Fp8Recipe(recipe="tensorwise"), cuda, None, ["x"], [], [], [], False, False, 0.05, False,
+                            [], False, fusion=fusion)
+    assert "unfused eager FP8 slower than bf16 on a GPU" in line(fused.resolve_fused_casts("auto", cuda))
+    assert "slower than bf16" not in line((True, "casts fused: ..."))
