@@ -1,5 +1,5 @@
 """Fused cast regions (issue 87 item 1, parallel/fp8/fused.py and casts.py): the fused FP8 linear gives the unfused
-one's bits, for every recipe, the guard on and off: outputs, data, weight and bias gradients, the guard's figures,
+one's bits, for every recipe with the guard and the per-tensor recipes without it (CASES): outputs, data, weight and bias gradients, the guard's figures,
 delayed scaling's histories and scales, over two micro-batches of one iteration (the weight cast in the first and
 reused by the second, parallel/fp8/weight_cache.py), each pass followed by delayed scaling's update (itself fused in
 the fused run). And where a region runs its plain function instead: fusion off, meta tensors, a non-infra dispatch
@@ -17,6 +17,7 @@ from parallel.fp8.fused import compile_unavailable, fused_region
 from parallel.fp8.guard import LayerGuard
 from parallel.fp8.linear import Fp8LinearState, fp8_linear
 from parallel.fp8.recipes import Fp8Recipe
+from scripts.op_counter import inductor_kernel_events
 
 # 160 in: a partial second 128-wide K block (blockwise); every size a multiple of 32 (MXFP8)
 TOKENS, IN, OUT = 64, 160, 96
@@ -53,8 +54,22 @@ def _run(recipe: str, guarded: bool, fused: bool):
     return results, kept, state.weight_cache.casts
 
 
-@pytest.mark.parametrize("guarded", [True, False], ids=["guard", "no-guard"])
-@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise", "mxfp8"])
+# Every recipe with the guard (the default); without it the per-tensor recipes, whose regions a guard-off run
+# compiles apart (the block recipes' guard-off regions differ from their guarded ones by the counts alone, and each
+# costs a minute of compiling on a cold 2-core machine)
+CASES = [(recipe, True) for recipe in ("delayed", "tensorwise", "blockwise", "mxfp8")] + \
+    [("delayed", False), ("tensorwise", False)]
+
+
+@pytest.fixture(autouse=True)
+def kernel_events():
+    """Compiled as tests/parallel/test_fp8_launch_counts.py compiles them (inductor's kernel events on), so the two
+    modules share inductor's cached graphs."""
+    with inductor_kernel_events():
+        yield
+
+
+@pytest.mark.parametrize("recipe, guarded", CASES, ids=[f"{r}-{'guard' if g else 'no-guard'}" for r, g in CASES])
 def test_the_fused_linear_gives_the_unfused_bits(recipe, guarded):
     fused, fused_kept, fused_casts = _run(recipe, guarded, fused=True)
     plain, plain_kept, plain_casts = _run(recipe, guarded, fused=False)
