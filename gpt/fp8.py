@@ -341,7 +341,10 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
                      "inside the graph with its iteration's first cast's scale, amax and counts (the cache of an eager "
                      "run is read on the host)"
                      + ("; delayed scaling's amax reduction and scale update outside the blocks, once a pass"
-                        if recipe.recipe == "delayed" else ""))
+                        if recipe.recipe == "delayed" else "")
+                     + ("; on a CPU the blocks compile without vectorization (CPU_FP8_COMPILE_OPTIONS: torch 2.13's "
+                        "inductor miscompiles the vectorized FP8 backward there, non-finite gradients the guard "
+                        "caught every iteration)" if device.type == "cpu" else ""))
     if fusion_words:
         words.append(fusion_words + ("" if compiled else "; each weight cast once an iteration, in its first "
                                                         "micro-batch (TE's is_first_microbatch)"))
@@ -406,6 +409,17 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
     words.append("the planner's dry run keeps the FP8 copies these linears save for the backward and counts the "
                  "amax histories" + ("" if compiled else " and the weights' cached casts"))
     return "; ".join(words)
+
+
+# inductor's options for blocks holding FP8 linears compiled for a CPU: torch 2.13's vectorized C++ kernels give
+# non-finite data and weight gradients in the compiled FP8 backward (tensorwise, blockwise, MXFP8, bias-free linears:
+# tests/gpt/test_fp8_compile.py); scalar kernels give eager's bits. A CPU run is for correctness, not speed.
+CPU_FP8_COMPILE_OPTIONS = {"cpp.simdlen": 1}
+
+
+def compile_options(model_config, device: torch.device) -> Optional[dict]:
+    """inductor's options for compiling the blocks (gpt/model.py compile_blocks), or None for its defaults."""
+    return dict(CPU_FP8_COMPILE_OPTIONS) if model_config.fp8 is not None and device.type == "cpu" else None
 
 
 def delayed_states(model: nn.Module) -> dict:

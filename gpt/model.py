@@ -644,16 +644,17 @@ def dropout_stream(rng: Optional[TensorParallelRNG]):
     return rng.fork() if rng is not None else contextlib.nullcontext()
 
 
-def compile_blocks(model: GPTModel) -> None:
+def compile_blocks(model: GPTModel, options: Optional[dict] = None) -> None:
     """torch.compile each transformer block in place (nn.Module.compile: names, parameters and hooks
     stay as they are). Call it after parallelism is applied. What must stay eager is marked so where
     it is defined: the communicator's collectives (byte accounting) and ZeRO stage 3's gather hooks
     (Python bookkeeping that would otherwise be traced and recompiled every step). With
     --overlap-param-gather a block waits for its parameters' gathers as it is entered
-    (zero/gated_parameters.py), so the compiled forward never sees a gather in flight."""
+    (zero/gated_parameters.py), so the compiled forward never sees a gather in flight. `options`: inductor's
+    (gpt/fp8.py compile_options), None for its defaults."""
     for block in model.blocks:
         wait_at_region_entry(block)
-        block.compile()
+        block.compile(options=options)
 
 
 def run_in_order(blocks: nn.ModuleList, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None

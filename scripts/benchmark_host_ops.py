@@ -114,6 +114,9 @@ def count_our_step(argv: list[str], compiled: bool = False) -> LaunchCounts:
     from training.run_settings import resolve_run_settings
     from training.train_step import DataParallelTrainStep
 
+    # each model's blocks compiled afresh: dynamo's caches, kept across the models of one process, would reach its
+    # recompile limit after 8 models and run the later ones' blocks eagerly
+    torch._dynamo.reset()
     config = parse_config(argv)
     state = initialize_grid("cpu", config.parallel, 1)
     try:
@@ -211,8 +214,9 @@ def _launch_megatron(tree: Path, flags: list[str], out: Path) -> None:
 
 
 def fp8_linear_rows(fused_modes: list[Optional[str]]) -> list[dict]:
-    """One FP8 linear (x [4096, 1600] -> 6400, bf16, guard on and off) per recipe: the second call of an iteration
-    (its weight unchanged since the first), forward and backward."""
+    """One FP8 linear (x [256, 256] -> 384, bf16, no bias, guard on and off, each --fp8-fused-casts mode of
+    `fused_modes`) per recipe: the second micro-batch of an iteration (its weight unchanged since the first), forward
+    and backward, a fresh activation each, as tests/parallel/test_fp8_launch_counts.py counts it."""
     from parallel.fp8.guard import LayerGuard
     from parallel.fp8.linear import Fp8LinearState, fp8_linear
     from parallel.fp8.recipes import Fp8Recipe
@@ -222,9 +226,7 @@ def fp8_linear_rows(fused_modes: list[Optional[str]]) -> list[dict]:
     for recipe in ("delayed", "tensorwise", "blockwise", "mxfp8"):
         for guarded in (True, False):
             for fused in fused_modes:
-                x = torch.randn(tokens, inputs, dtype=torch.bfloat16, requires_grad=True)
                 weight = (torch.randn(outputs, inputs, dtype=torch.bfloat16) * 0.02).requires_grad_()
-                grad = torch.randn(tokens, outputs, dtype=torch.bfloat16)
                 # cache_weight: as a model's linears (gpt/fp8.py), the weight cast once an iteration and the second
                 # call reusing it (parallel/fp8/weight_cache.py); a bare state casts it in every call (TE's
                 # is_first_microbatch=None)
@@ -236,7 +238,8 @@ def fp8_linear_rows(fused_modes: list[Optional[str]]) -> list[dict]:
                     state.fused = fused == "on"
 
                 def call():
-                    fp8_linear(x, weight, None, state).backward(grad)
+                    x = torch.randn(tokens, inputs, dtype=torch.bfloat16, requires_grad=True)
+                    fp8_linear(x, weight, None, state).backward(torch.randn(tokens, outputs, dtype=torch.bfloat16))
                 second, = count_calls([call, call])  # the first casts the weight (and compiles); counted: the second
                 rows.append({"recipe": recipe, "guard": guarded, "fused": fused, "launches": second.total(),
                              "ops": dict(second.ops())})
@@ -254,7 +257,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     with inductor_kernel_events():
-        result = {"linear": fp8_linear_rows([None]),
+        result = {"linear": fp8_linear_rows(["on", "off"]),
                   "ours": our_rows(args.layers, args.precisions, not args.no_compile)}
     if args.megatron_lm is not None:
         result["megatron"] = megatron_rows(args.megatron_lm, args.layers,

@@ -17,7 +17,14 @@ from typing import Optional
 
 from arguments.config import PretrainConfig
 from base.eager_under_compile import keep_marked_methods_eager
-from gpt.fp8 import apply_fp8, delayed_scaling_passes, fp8_gathered_weights, fp8_weight_caches, guard_monitor
+from gpt.fp8 import (
+    apply_fp8,
+    compile_options,
+    delayed_scaling_passes,
+    fp8_gathered_weights,
+    fp8_weight_caches,
+    guard_monitor,
+)
 from gpt.model import GPTModel, compile_blocks
 from gpt.parallel_plan import tensor_parallel_plan
 from gpt.pipeline_layout import pipeline_layout_counts
@@ -140,7 +147,7 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     fusion = apply_gradient_accumulation_fusion(model, zero.reducer, config.zero.gradient_accumulation_fusion,
                                                 state.device, left_out=unfused_linears(model, graphs, torch_compile))
     if torch_compile:                                                                      # 5. compile
-        compile_blocks(model)
+        compile_blocks(model, compile_options(config.model, state.device))
     cuda_graphs = apply_cuda_graphs(model, graphs, state, graph_backend)                   # 6. CUDA graphs
     return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng, fp8=fp8,
                  gradient_accumulation_fusion=fusion, cuda_graphs=cuda_graphs)
