@@ -2,16 +2,16 @@
 Megatron-LM's default; parallel/grad_accumulation_fusion.py is the GEMM): which tensor-parallel linears add their
 weight gradient into the fp32 main gradient inside the GEMM, and the start-up line naming the path taken.
 
-A linear fuses when its weight's gradients come to a reducer of this model and that reducer holds them in fp32: stages 0-1 (FullGradients) in the main-gradient buffer,
-the slice the hook would add autograd's gradient into (16-bit parameters) or the parameter's `.grad` itself (fp32
-parameters, whose AccumulateGrad would add into it); stages 2-3 (PartitionedGradients) in the parameter's slot of its
-unit's reduce bucket, zeroed when the bucket is taken each micro-batch, where the hook would copy autograd's gradient.
-With 16-bit gradients (--main-grads-dtype bf16, or 16-bit parameters without --accumulate-allreduce-grads-in-fp32)
-there is no fp32 main gradient: nothing fuses, as the line says. A linear whose GEMM is F.linear becomes
-LinearIntoMainGrad; an FP8 linear (gpt/fp8.py: its `fp8_state`) keeps its FP8 GEMMs and is given the holder
-(`fp8_state.main_grads`): its weight gradient's GEMM writes fp32 and its backward's epilogue region, where the guard
-checks the gradients, adds it into the main gradient, as TransformerEngine's fuse_wgrad_accumulation does under
-Megatron's gradient_accumulation_fusion (parallel/fp8/linear.py)."""
+A linear fuses when its weight's gradients come to a reducer of this model and that reducer holds them in fp32: stages
+0-1 (FullGradients) in the main-gradient buffer, the slice the hook would add autograd's gradient into (16-bit
+parameters) or the parameter's `.grad` itself (fp32 parameters, whose AccumulateGrad would add into it); stages 2-3
+(PartitionedGradients) in the parameter's slot of its unit's reduce bucket, zeroed when the bucket is taken each
+micro-batch, where the hook would copy autograd's gradient. With 16-bit gradients (--main-grads-dtype bf16, or 16-bit
+parameters without --accumulate-allreduce-grads-in-fp32) there is no fp32 main gradient: nothing fuses, as the line
+says. A linear whose GEMM is F.linear becomes LinearIntoMainGrad; an FP8 linear (gpt/fp8.py: its `fp8_state`) keeps its
+FP8 GEMMs and is given the holder (`fp8_state.main_grads`): its weight gradient's GEMM writes fp32 and its backward's
+epilogue region, where the guard checks the gradients, adds it into the main gradient, as TransformerEngine's
+fuse_wgrad_accumulation does under Megatron's gradient_accumulation_fusion (parallel/fp8/linear.py)."""
 
 from __future__ import annotations
 

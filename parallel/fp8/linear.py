@@ -104,9 +104,9 @@ def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: 
 # Each recipe's forward: (x2, the weight parameter, state, figures, the GEMM's output dtype) -> (output, the tensors the
 # backward needs through autograd, the weight operands kept beside them); its backward: (those tensors, the weight
 # operands, the output gradient, state, figures, the input's dtype and the weight gradient's GEMM's output dtype) ->
-# (data gradient, weight gradient). The weight operands are the cached copies (or ZeRO's gathered weight), model-state-like working sets
-# the planner counts as such (weight_cache.py), not activations. Plain functions of tensors and the state's tensors,
-# so that torch.compile traces them into the block's graph.
+# (data gradient, weight gradient). The weight operands are the cached copies (or ZeRO's gathered weight),
+# model-state-like working sets the planner counts as such (weight_cache.py), not activations. Plain functions of
+# tensors and the state's tensors, so that torch.compile traces them into the block's graph.
 
 def _per_tensor_forward(x2, weight, state, figures, out_dtype):
     recipe = state.recipe

@@ -160,5 +160,5 @@ def test_fp8_linears_add_their_fp32_weight_gradient_into_the_main_gradient(stage
 def test_the_line_counts_fp8_and_high_precision_linears_apart():
     line, _, _ = train(*FP8, "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "1",
                        "--num-layers-at-end-in-bf16", "0", iterations=0)
-    assert "10 tensor-parallel linears add their weight gradient into the fp32 main gradient inside the GEMM, 5 by CPU " \
-        "emulation" in line and "; 5 FP8: their GEMM FP8" in line
+    assert "10 tensor-parallel linears add their weight gradient into the fp32 main gradient inside the GEMM, 5 by " \
+        "CPU emulation" in line and "; 5 FP8: their GEMM FP8" in line
