@@ -15,7 +15,8 @@ aten::addmm.dtype_out, probed once per device: `native_16_bit_accumulation`), el
 (`grad_accumulation::addmm_fp32_`) that upcasts and runs the fp32 GEMM: on the CPU, where aten's addmm.dtype is not
 implemented, it keeps the GPU path's structure (one call where the GPU launches one GEMM), as
 parallel/fp8/kernel.py's cpu_emulated_scaled_mm does for FP8. The products of two bf16 (or fp16) values are exact in
-fp32, so both compute the fp32 sum of the exact products, in their own order.
+fp32, so both compute the fp32 sum of the exact products, in their own order. An FP8 linear takes the same holders
+and hands autograd no weight gradient either (parallel/fp8/linear.py: TE's fuse_wgrad_accumulation).
 """
 
 from __future__ import annotations

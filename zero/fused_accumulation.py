@@ -2,13 +2,16 @@
 Megatron-LM's default; parallel/grad_accumulation_fusion.py is the GEMM): which tensor-parallel linears add their
 weight gradient into the fp32 main gradient inside the GEMM, and the start-up line naming the path taken.
 
-A linear fuses when its GEMM is F.linear (an FP8 linear, gpt/fp8.py, keeps its own), its weight's gradients come to a
-reducer of this model, and that reducer holds them in fp32: stages 0-1 (FullGradients) in the main-gradient buffer,
-the slice the hook would add autograd's gradient into (16-bit parameters) or the parameter's `.grad` itself (fp32
-parameters, whose AccumulateGrad would add into it); stages 2-3 (PartitionedGradients) in the parameter's slot of its
-unit's reduce bucket, zeroed when the bucket is taken each micro-batch, where the hook would copy autograd's gradient.
-With 16-bit gradients (--main-grads-dtype bf16, or 16-bit parameters without --accumulate-allreduce-grads-in-fp32)
-there is no fp32 main gradient: nothing fuses, as the line says."""
+A linear fuses when its weight's gradients come to a reducer of this model and that reducer holds them in fp32: stages
+0-1 (FullGradients) in the main-gradient buffer, the slice the hook would add autograd's gradient into (16-bit
+parameters) or the parameter's `.grad` itself (fp32 parameters, whose AccumulateGrad would add into it); stages 2-3
+(PartitionedGradients) in the parameter's slot of its unit's reduce bucket, zeroed when the bucket is taken each
+micro-batch, where the hook would copy autograd's gradient. With 16-bit gradients (--main-grads-dtype bf16, or 16-bit
+parameters without --accumulate-allreduce-grads-in-fp32) there is no fp32 main gradient: nothing fuses, as the line
+says. A linear whose GEMM is F.linear becomes LinearIntoMainGrad; an FP8 linear (gpt/fp8.py: its `fp8_state`) keeps its
+FP8 GEMMs and is given the holder (`fp8_state.main_grads`): its weight gradient's GEMM writes fp32 and its backward's
+epilogue region, where the guard checks the gradients, adds it into the main gradient, as TransformerEngine's
+fuse_wgrad_accumulation does under Megatron's gradient_accumulation_fusion (parallel/fp8/linear.py)."""
 
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ def apply_gradient_accumulation_fusion(model: nn.Module, reducer, enabled: bool,
     kept: dict[str, int] = {}
     skipped = {id(inner): why for module, why in left_out for inner in module.modules()}
     fused: list[nn.Module] = []
+    fused_fp8: list[nn.Module] = []
     for layer in model.modules():
         if not isinstance(layer, (ColumnParallelLinear, RowParallelLinear)) or not layer.weight.requires_grad:
             continue
@@ -45,20 +49,33 @@ def apply_gradient_accumulation_fusion(model: nn.Module, reducer, enabled: bool,
         if holder is None:  # another model part's (a pipeline stage's other chunk holds its own reducer)
             continue
         why = skipped.get(id(layer))
-        if why is None and layer.linear is not F.linear:
-            why = "their own GEMM (FP8)"
+        fp8_state = getattr(layer, "fp8_state", None)
+        if why is None and fp8_state is None and layer.linear is not F.linear:
+            why = "their own GEMM"
         if why is None and holder.grad_dtype != torch.float32:
             why = "autograd's gradient: their main gradient is 16-bit"
         if why is not None:
             kept[why] = kept.get(why, 0) + 1
             continue
-        layer.linear = LinearIntoMainGrad(holder)
-        fused.append(layer)
+        if fp8_state is not None:
+            fp8_state.main_grads = holder
+            fused_fp8.append(layer)
+        else:
+            layer.linear = LinearIntoMainGrad(holder)
+            fused.append(layer)
     others = "".join(f"; {count} keep {why}" for why, count in kept.items())
-    if not fused:
+    if not fused and not fused_fp8:
         return f"> gradient accumulation fusion ({FLAG}): no linear fuses{others or ': the model has none'}"
     partitioned = all(isinstance(part, PartitionedGradients) for part in reducer.gradient_reducers())
     into = "their slot of the fp32 reduce bucket (ZeRO 2-3)" if partitioned else "the fp32 main gradient"
-    return (f"> gradient accumulation fusion ({FLAG}, Megatron-LM's default): {len(fused)} tensor-parallel linears add "
-            f"their weight gradient into {into} inside the GEMM, {accumulation_path(fused[0].weight.dtype, device)}"
+    paths = []
+    if fused:
+        path = accumulation_path(fused[0].weight.dtype, device)
+        paths.append(f"{len(fused)} by {path}" if fused_fp8 else path)
+    if fused_fp8:
+        paths.append(f"{len(fused_fp8)} FP8: their GEMM FP8, the weight gradient's written in fp32 and added in the "
+                     f"backward's epilogue region, where the guard checks it (TransformerEngine's "
+                     f"fuse_wgrad_accumulation)")
+    return (f"> gradient accumulation fusion ({FLAG}, Megatron-LM's default): {len(fused) + len(fused_fp8)} "
+            f"tensor-parallel linears add their weight gradient into {into} inside the GEMM, {'; '.join(paths)}"
             f"{others}")

@@ -7,8 +7,9 @@ the GEMMs take, so that fused it is the few kernels TransformerEngine launches f
   role's scale and records the amax in its history's row 0 instead of computing a scale;
 - a block cast: both directions the GEMMs need (rows for one GEMM, columns along the tokens for the weight
   gradient's; the weight's 128x128 blocks and their transpose), each block's scale in the GEMM's layout;
-- an epilogue: the bias added in fp32 and the cast to the activations' dtype (forward), and the guard's check of the
-  pass's outputs (finite or not).
+- an epilogue: the bias added in fp32 and the cast to the activations' dtype (forward), the guard's check of the
+  pass's outputs (finite or not), and under gradient accumulation fusion the weight gradient's add into its fp32 main
+  gradient (backward).
 
 `figures` is the layer's forward_figures or backward_figures (parallel/fp8/guard.py), None with the guard off."""
 
@@ -123,9 +124,17 @@ def finish_forward(out: torch.Tensor, bias: Optional[torch.Tensor], dtype: torch
 
 @fused_region
 def finish_backward(grad_x: torch.Tensor, grad_w: torch.Tensor, x_dtype: torch.dtype, weight_dtype: torch.dtype,
-                    figures: Optional[torch.Tensor]):
-    """The backward's epilogue: the gradients in their tensors' dtypes, and the guard's check of them."""
-    grad_x, grad_w = grad_x.to(x_dtype), grad_w.to(weight_dtype)
+                    figures: Optional[torch.Tensor], main_grad: Optional[torch.Tensor] = None):
+    """The backward's epilogue: the gradients in their tensors' dtypes, and the guard's check of them. With
+    `main_grad` (gradient accumulation fusion, parallel/grad_accumulation_fusion.py) the weight gradient, fp32 from its
+    GEMM, is checked as it is and added into `main_grad` in place, and None comes back in its place: no 16-bit copy
+    of it is made, as TE's fuse_wgrad_accumulation adds its GEMM's fp32 result into main_grad."""
+    grad_x = grad_x.to(x_dtype)
+    if main_grad is None:
+        grad_w = grad_w.to(weight_dtype)
     if figures is not None:
         record_outputs(figures, (grad_x, grad_w))
-    return grad_x, grad_w
+    if main_grad is None:
+        return grad_x, grad_w
+    main_grad.add_(grad_w)
+    return grad_x, None

@@ -6,7 +6,10 @@ TransformerEngine's Linear runs it (transformer_engine/pytorch/module/linear.py)
 - wgrad: dW = dy^T x, from the same casts (per-tensor recipes: a tensor and its transpose share one scale)
   or from casts along the token dimension (block recipes: TE quantizes each direction from the high
   precision tensor, "to avoid double quantization errors"); in high precision under --no-fp8-wgrad
-  (delayed scaling only, as Megatron passes it to TE).
+  (delayed scaling only, as Megatron passes it to TE); under gradient accumulation fusion (a main-gradient holder,
+  `Fp8LinearState.main_grads`) written in fp32 and added into the weight's fp32 main gradient in the backward's
+  epilogue region, autograd handed no weight gradient (TE's fuse_wgrad_accumulation, as Megatron passes its
+  gradient_accumulation_fusion).
 Every GEMM accumulates in fp32 and the result is cast to the tensor's own dtype once (bias added in fp32
 first, TE's GEMM epilogue). Each tensor is cast once, in one region (casts.py: fused, TE's few kernels), for every
 GEMM that takes it: x for the forward and, as its transposed or column-wise copy, the one saved for the weight
@@ -27,6 +30,7 @@ from parallel.fp8.guard import LayerGuard
 from parallel.fp8.kernel import ALIGNMENT, scaled_matmul
 from parallel.fp8.recipes import GRAD_OUTPUT, INPUT, WEIGHT, DelayedScaling, Fp8Recipe
 from parallel.fp8.weight_cache import WeightCache
+from parallel.grad_accumulation_fusion import LinearIntoMainGrad, MainGradients, accumulate_weight_gradient
 
 
 class Fp8LinearState:
@@ -55,6 +59,9 @@ class Fp8LinearState:
         # the cache's semantics are kept in the graph (weight_cache.py).
         self.cache_weight = cache_weight
         self.weight_cache = WeightCache(in_graph=cache_weight and compiled, device=device)
+        # --gradient-accumulation-fusion (zero/fused_accumulation.py): who holds the weight's fp32 main gradient, which
+        # the backward adds the weight gradient into; None: autograd gets the weight gradient
+        self.main_grads: Optional[MainGradients] = None
 
     def cast_per_tensor(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, transpose: bool,
                         figures: Optional[torch.Tensor], iteration: Optional[tuple] = None):
@@ -96,10 +103,10 @@ def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: 
 
 # Each recipe's forward: (x2, the weight parameter, state, figures, the GEMM's output dtype) -> (output, the tensors the
 # backward needs through autograd, the weight operands kept beside them); its backward: (those tensors, the weight
-# operands, the output gradient, state, figures, the input's and the weight's dtypes) -> (data gradient, weight
-# gradient). The weight operands are the cached copies (or ZeRO's gathered weight), model-state-like working sets
-# the planner counts as such (weight_cache.py), not activations. Plain functions of tensors and the state's tensors,
-# so that torch.compile traces them into the block's graph.
+# operands, the output gradient, state, figures, the input's dtype and the weight gradient's GEMM's output dtype) ->
+# (data gradient, weight gradient). The weight operands are the cached copies (or ZeRO's gathered weight),
+# model-state-like working sets the planner counts as such (weight_cache.py), not activations. Plain functions of
+# tensors and the state's tensors, so that torch.compile traces them into the block's graph.
 
 def _per_tensor_forward(x2, weight, state, figures, out_dtype):
     recipe = state.recipe
@@ -112,6 +119,16 @@ def _per_tensor_forward(x2, weight, state, figures, out_dtype):
     # wgrad takes x's transposed copy (TE saves its columnwise data), or x itself in high precision (--no-fp8-wgrad)
     saved = (x_t, x_scale) if recipe.wgrad_in_fp8 else (x2,)
     return scaled_matmul(x_q, w_q.t(), x_scale, w_scale, out_dtype), saved, (w_q, w_t, w_scale)
+
+
+def _high_precision_wgrad(g2: torch.Tensor, x_high: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """--no-fp8-wgrad's dW = dy^T x in x's dtype; in fp32 for a main gradient (out_dtype fp32 and x 16-bit), the fp32
+    sum of the exact 16-bit products without a 16-bit rounding, by LinearIntoMainGrad's one op into a zeroed tensor."""
+    if out_dtype == x_high.dtype:
+        return g2.t().to(x_high.dtype) @ x_high
+    grad_w = torch.zeros(g2.shape[1], x_high.shape[1], dtype=out_dtype, device=x_high.device)
+    accumulate_weight_gradient(grad_w, g2.to(x_high.dtype), x_high)
+    return grad_w
 
 
 def _per_tensor_backward(saved, weight_operands, g2, state, figures, x_dtype, weight_dtype):
@@ -130,7 +147,7 @@ def _per_tensor_backward(saved, weight_operands, g2, state, figures, x_dtype, we
         grad_w = scaled_matmul(g_t, x_t.t(), g_scale, x_scale, weight_dtype)
     else:
         (x_high,) = saved
-        grad_w = g2.t().to(x_high.dtype) @ x_high
+        grad_w = _high_precision_wgrad(g2, x_high, weight_dtype)
     grad_x = scaled_matmul(g_q, w_t.t(), g_scale, w_scale, x_dtype)
     return grad_x, grad_w
 
@@ -195,7 +212,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
     path, fixed for an iteration): no value is read back, and torch.compile traces it whole (docs/fp8.md)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, state):
+    def forward(ctx, x, weight, bias, state, main_grads):
         x2 = x.detach().reshape(-1, x.size(-1))
         guard = state.guard
         figures = None if guard is None else guard.forward_figures
@@ -221,6 +238,8 @@ class _Fp8LinearFunction(torch.autograd.Function):
         ctx.fp8_saved, ctx.high_precision, ctx.weight_operands = len(saved), high_precision, weight_operands
         ctx.state, ctx.x_shape, ctx.has_bias = state, x.shape, bias is not None
         ctx.x_dtype, ctx.weight_dtype = x.dtype, weight.dtype
+        # the parameter itself (a leaf): the key its main gradient is held under, as LinearIntoMainGrad keeps it
+        ctx.main_grads, ctx.param = main_grads, weight
         return result.reshape(*x.shape[:-1], weight.size(0))
 
     @staticmethod
@@ -229,22 +248,37 @@ class _Fp8LinearFunction(torch.autograd.Function):
         state, guard = ctx.state, ctx.state.guard
         saved = ctx.saved_tensors
         figures = None if guard is None else guard.backward_figures
+        # Gradient accumulation fusion: the weight gradient's GEMM writes fp32 and the epilogue adds it into the main
+        # gradient (fetched here, in the backward, as LinearIntoMainGrad does: a ZeRO 2-3 bucket is taken then); in
+        # high precision the FP8 pass is the check only, and the high-precision gradient is the one added.
+        main_grad = None if ctx.main_grads is None else ctx.main_grads.main_grad(ctx.param)
+        into = None if ctx.high_precision else main_grad
+        wgrad_dtype = ctx.weight_dtype if main_grad is None else torch.float32
         # Under the guard the FP8 backward runs even in high precision: it is the check, and delayed scaling's
         # gradient history and amax reduction see every cast as without the guard.
         grad_x, grad_w = _BACKWARD[state.recipe.recipe](saved[:ctx.fp8_saved], ctx.weight_operands, g2, state,
-                                                        figures, ctx.x_dtype, ctx.weight_dtype)
-        if figures is not None or grad_x.dtype != ctx.x_dtype or grad_w.dtype != ctx.weight_dtype:
-            grad_x, grad_w = casts.finish_backward(grad_x, grad_w, ctx.x_dtype, ctx.weight_dtype, figures,
+                                                        figures, ctx.x_dtype, wgrad_dtype)
+        if figures is not None or grad_x.dtype != ctx.x_dtype or grad_w.dtype != ctx.weight_dtype or into is not None:
+            grad_x, grad_w = casts.finish_backward(grad_x, grad_w, ctx.x_dtype, ctx.weight_dtype, figures, into,
                                                    fused=state.fused)
         if ctx.high_precision:
             x2, weight = saved[ctx.fp8_saved:]
             g = g2.float()
-            grad_x, grad_w = (g @ weight.float()).to(ctx.x_dtype), (g.t() @ x2.float()).to(ctx.weight_dtype)
+            grad_x, grad_w = (g @ weight.float()).to(ctx.x_dtype), g.t() @ x2.float()
+            if main_grad is None:
+                grad_w = grad_w.to(ctx.weight_dtype)
+            else:
+                main_grad.add_(grad_w)
+                grad_w = None
         grad_bias = g2.sum(0) if ctx.has_bias else None
-        return grad_x.reshape(ctx.x_shape), grad_w, grad_bias, None
+        # no weight gradient where it went into the main gradient: the weight's AccumulateGrad node and ZeRO's hook
+        # still run, and the hook counts it as arrived (parallel/grad_accumulation_fusion.py)
+        return grad_x.reshape(ctx.x_shape), grad_w, grad_bias, None, None
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                state: Fp8LinearState) -> torch.Tensor:
-    """F.linear(x, weight, bias) with its three GEMMs in FP8 as state's recipe says."""
-    return _Fp8LinearFunction.apply(x, weight, bias, state)
+    """F.linear(x, weight, bias) with its three GEMMs in FP8 as state's recipe says; with `state.main_grads` the
+    weight gradient goes into its main gradient where LinearIntoMainGrad would fuse (in autograd, not compiling)."""
+    main_grads = state.main_grads if state.main_grads is not None and LinearIntoMainGrad.fuses(weight) else None
+    return _Fp8LinearFunction.apply(x, weight, bias, state, main_grads)

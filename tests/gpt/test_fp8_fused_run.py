@@ -1,6 +1,8 @@
 """--fp8-fused-casts in a training run (issue 87 item 1): a tiny GPT (bf16, 2 micro-batches an iteration, so that the
-second reuses each weight's cast, the guard on) trains 3 iterations with the casts fused (compiled regions, `on`) to
-the unfused run's losses and guard counts bit for bit, delayed and tensorwise; the start-up line says which path ran.
+second reuses each weight's cast, the guard on, each FP8 weight gradient added into its fp32 main gradient in the
+backward's epilogue: --gradient-accumulation-fusion, the default) trains 3 iterations with the casts fused (compiled
+regions, `on`) to the unfused run's losses and guard counts bit for bit, delayed and tensorwise; the start-up line says
+which path ran.
 The default on a CPU (auto) is the unfused path."""
 
 import json
@@ -33,10 +35,14 @@ def test_the_switch_and_its_default():
 @pytest.mark.skipif(compile_unavailable("cpu") is not None, reason="inductor cannot compile here")
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
 def test_fused_casts_train_to_the_unfused_runs_bits(tmp_path, corpus_cache, capsys, recipe):
+    into_main_gradient = "4 tensor-parallel linears add their weight gradient into the fp32 main gradient inside the " \
+        "GEMM, 4 FP8"
     unfused = _records(tmp_path, corpus_cache, "off", "--fp8-recipe", recipe, "--fp8-fused-casts", "off")
-    assert "casts unfused (--fp8-fused-casts off)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "casts unfused (--fp8-fused-casts off)" in out and into_main_gradient in out
     fused = _records(tmp_path, corpus_cache, "on", "--fp8-recipe", recipe, "--fp8-fused-casts", "on")
-    assert "casts fused: each cast" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "casts fused: each cast" in out and into_main_gradient in out
     assert len(fused) == len(unfused) == 3
     for mine, theirs in zip(fused, unfused):
         assert mine["loss"] == theirs["loss"]

@@ -2,7 +2,8 @@
 one's bits, for every recipe with the guard and the per-tensor recipes without it (CASES): outputs, data, weight and bias gradients, the guard's figures,
 delayed scaling's histories and scales, over two micro-batches of one iteration (the weight cast in the first and
 reused by the second, parallel/fp8/weight_cache.py), each pass followed by delayed scaling's update (itself fused in
-the fused run). And where a region runs its plain function instead: fusion off, meta tensors, a non-infra dispatch
+the fused run); and with the weight gradient added into an fp32 main gradient in the backward's epilogue (gradient
+accumulation fusion). And where a region runs its plain function instead: fusion off, meta tensors, a non-infra dispatch
 mode, inside dynamo.
 
 These tests compile (inductor, on the CPU): the first run of a region costs seconds, later ones hit inductor's
@@ -18,6 +19,7 @@ from parallel.fp8.guard import LayerGuard
 from parallel.fp8.linear import Fp8LinearState, fp8_linear
 from parallel.fp8.recipes import Fp8Recipe
 from scripts.op_counter import inductor_kernel_events
+from tests.parallel.test_fp8_launch_counts import MainGradient
 
 # 160 in: a partial second 128-wide K block (blockwise); every size a multiple of 32 (MXFP8)
 TOKENS, IN, OUT = 64, 160, 96
@@ -25,15 +27,17 @@ TOKENS, IN, OUT = 64, 160, 96
 pytestmark = pytest.mark.skipif(compile_unavailable("cpu") is not None, reason="inductor cannot compile here")
 
 
-def _run(recipe: str, guarded: bool, fused: bool):
+def _run(recipe: str, guarded: bool, fused: bool, main_grad: bool = False):
     """Two micro-batches of one iteration (forward, forward update, backward, backward update each) on one linear:
-    what each gave, and the state's tensors after."""
+    what each gave, and the state's tensors after. `main_grad`: the weight gradient goes into a MainGradient (gradient
+    accumulation fusion), which stands for the weight's gradient in what is returned."""
     state = Fp8LinearState(Fp8Recipe(fp8_format="hybrid", recipe=recipe, margin=1, amax_history_len=2,
                                      amax_compute_algo="max"),
                            guard=LayerGuard(recipe) if guarded else None, fused=fused, cache_weight=True)
     generator = torch.Generator().manual_seed(0)
     weight = (torch.randn(OUT, IN, generator=generator) * 0.05).bfloat16().requires_grad_()
     bias = (torch.randn(OUT, generator=generator) * 0.1).bfloat16().requires_grad_()
+    holder = state.main_grads = MainGradient(weight) if main_grad else None
     results = []
     for micro_batch in range(2):
         x = (torch.randn(TOKENS, IN, generator=generator) * (1 + micro_batch)).bfloat16().requires_grad_()
@@ -45,7 +49,9 @@ def _run(recipe: str, guarded: bool, fused: bool):
         if state.delayed is not None:
             update_delayed_scales([state.delayed], BACKWARD, fused=fused)
         results.append((y.detach(), x.grad))
-    results.append((weight.grad, bias.grad))
+    if holder is not None:
+        assert weight.grad is None  # autograd got no weight gradient: it went into the main gradient
+    results.append((weight.grad if holder is None else holder.grad, bias.grad))
     kept = []
     if state.guard is not None:
         kept += [state.guard.forward_figures, state.guard.backward_figures]
@@ -82,6 +88,21 @@ def test_the_fused_linear_gives_the_unfused_bits(recipe, guarded):
     assert fused_casts == plain_casts == 1  # the weight cast in the first micro-batch only
     if guarded:  # the counts are real: every value of every cast counted, forward and backward
         assert fused_kept[0][0] > 0 and fused_kept[1][0] > 0
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise", "mxfp8"])
+def test_the_weight_gradient_added_into_the_main_gradient_fused_gives_the_unfused_bits(recipe):
+    """The backward's epilogue adding the weight gradient's fp32 GEMM result into the main gradient, the guard on:
+    the same bits fused and unfused, everything else as without the holder; against autograd's bf16 gradients (each
+    micro-batch's rounded to bf16, then added in bf16) it differs by that rounding only."""
+    fused, fused_kept, _ = _run(recipe, True, fused=True, main_grad=True)
+    plain, plain_kept, _ = _run(recipe, True, fused=False, main_grad=True)
+    for mine, theirs in zip([*fused, fused_kept], [*plain, plain_kept]):
+        assert all(got.dtype == want.dtype and torch.equal(got, want) for got, want in zip(mine, theirs))
+    main, bf16 = plain[-1][0], _run(recipe, True, fused=False)[0][-1][0]
+    assert main.dtype == torch.float32 and bf16.dtype == torch.bfloat16 and not torch.equal(main, bf16.float())
+    # bf16 keeps 8 significant bits: three roundings (two gradients and their sum) within 2^-7 of the largest value
+    assert (main - bf16.float()).abs().max() <= 2 ** -7 * main.abs().max()
 
 
 def test_the_delayed_update_around_its_collective_gives_the_unfused_bits():

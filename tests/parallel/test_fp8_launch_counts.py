@@ -5,11 +5,13 @@ What is counted: x [256, 256] -> 384 (bf16, x and the weight requiring grad, no 
 second micro-batch of an iteration (its weight's version unchanged since the first, whose cast it reuses, as a
 model's linears do: parallel/fp8/weight_cache.py), guard on and off. x is a fresh activation each micro-batch; the
 weight's gradient accumulates (one add_). Delayed scaling's per-pass update is not the linear's (one update for all a
-pass's linears).
+pass's linears). With a main-gradient holder (gradient accumulation fusion, zero/fused_accumulation.py) the weight
+gradient's GEMM writes fp32 and the backward's epilogue adds it into the fp32 main gradient: no add of its own.
 
 Measured (docs/fp8.md, "Launches"): fused (--fp8-fused-casts on), eager: 8 for every recipe with the guard, 6 without
-it (TransformerEngine: 5-9); unfused: 115 / 95 / 212 / 300 with the guard; the whole linear compiled (--compile): 9
-with the guard, 7 without it. The weight's cast once an iteration: one kernel fused."""
+it (TransformerEngine: 5-9), with a main-gradient holder 7 with the guard, 6 without it; unfused: 115 / 95 / 212 / 300
+with the guard; the whole linear compiled (--compile): 9 with the guard, 7 without it. The weight's cast once an
+iteration: one kernel fused."""
 
 import pytest
 import torch
@@ -38,12 +40,28 @@ def _kernels(counts) -> int:
     return sum(count for op, count in counts.ops().items() if op.startswith("inductor."))
 
 
-def _micro_batches(recipe: str, guarded: bool, fused: bool, compiled: bool = False, count: int = 2):
-    """`count` micro-batches of one iteration on a new linear; each a call() that runs one forward and backward."""
+class MainGradient:
+    """A main-gradient holder (parallel/grad_accumulation_fusion.py's MainGradients) shaped as ZeRO 0-1's: the weight's
+    fp32 main gradient a view into a flat buffer, after another parameter's slice."""
+
+    def __init__(self, weight: torch.Tensor, offset: int = 64) -> None:
+        self.buffer = torch.zeros(offset + weight.numel())
+        self.grad = self.buffer[offset:].view(weight.shape)
+
+    def main_grad(self, param: torch.nn.Parameter) -> torch.Tensor:
+        return self.grad
+
+
+def _micro_batches(recipe: str, guarded: bool, fused: bool, compiled: bool = False, count: int = 2,
+                   main_grad: bool = False):
+    """`count` micro-batches of one iteration on a new linear; each a call() that runs one forward and backward.
+    `main_grad`: the weight's gradient goes into a MainGradient (gradient accumulation fusion)."""
     state = Fp8LinearState(Fp8Recipe(fp8_format="hybrid", recipe=recipe), guard=LayerGuard(recipe) if guarded else None,
                            fused=fused, cache_weight=True, compiled=compiled)
     generator = torch.Generator().manual_seed(0)
     weight = (torch.randn(OUT, IN, generator=generator) * 0.05).bfloat16().requires_grad_()
+    if main_grad:
+        state.main_grads = MainGradient(weight)
 
     def linear(x, w):
         return fp8_linear(x, w, None, state)
@@ -74,6 +92,12 @@ FUSED = [(recipe, True, 8) for recipe in ("tensorwise", "delayed", "blockwise", 
 COMPILED = [("tensorwise", True, 9), ("tensorwise", False, 7), ("delayed", True, 9), ("blockwise", True, 9)]
 
 
+# With a main-gradient holder: the weight gradient's accumulation is the backward epilogue's (with the guard) or that
+# epilogue alone (without it)
+INTO_MAIN_GRAD = [(recipe, True, 7) for recipe in ("tensorwise", "delayed", "blockwise", "mxfp8")] + \
+    [("tensorwise", False, 6), ("delayed", False, 6)]
+
+
 def _ids(cases):
     return [f"{recipe}-{'guard' if guarded else 'no-guard'}" for recipe, guarded, _ in cases]
 
@@ -99,3 +123,27 @@ def test_the_compiled_linear_launches(recipe, guarded, launches):
     micro-batch inside the graph, with its iteration's flags (weight_cache.py), as in a compiled model."""
     second, = count_calls(_micro_batches(recipe, guarded, fused=True, compiled=True))
     assert second.total() == launches, dict(second.ops())
+
+
+@compiles
+@pytest.mark.parametrize("recipe, guarded, launches", INTO_MAIN_GRAD, ids=_ids(INTO_MAIN_GRAD))
+def test_the_fused_linear_adds_its_weight_gradient_into_the_main_gradient_in_its_epilogue(recipe, guarded, launches):
+    """Gradient accumulation fusion (TE's fuse_wgrad_accumulation): the weight gradient's GEMM writes fp32 and the
+    backward's epilogue region adds it into the main gradient, where the guard checks it: the accumulation's add is
+    gone (with the guard 8 -> 7 launches); without the guard the epilogue is that add alone (6, as before). Autograd
+    gets no weight gradient."""
+    calls = _micro_batches(recipe, guarded, fused=True, main_grad=True)
+    second, = count_calls(calls)
+    assert second.total() == launches, dict(second.ops())
+    assert _kernels(second) == launches - 3  # the 3 GEMMs; the rest, the main gradient's add included, fused
+    assert not any("add" in op for op in second.ops() if not op.startswith("inductor.")), dict(second.ops())
+    first, = count_calls(_micro_batches(recipe, guarded, fused=True, main_grad=True)[:1], warm_up=0)
+    assert _kernels(first) == launches - 3 + 1  # the weight's cast
+
+
+def test_the_unfused_linear_adds_into_the_main_gradient_in_its_epilogue():
+    """The same region run eagerly: the same ops as without a holder (115 with the guard), autograd's add of the
+    weight gradient replaced by the epilogue's add into the main gradient (the GEMM writing fp32 costs no cast)."""
+    plain, = count_calls(_micro_batches("tensorwise", True, fused=False))
+    into, = count_calls(_micro_batches("tensorwise", True, fused=False, main_grad=True))
+    assert into.total() == 115 and dict(into.ops()) == dict(plain.ops()), dict(into.ops())
