@@ -14,9 +14,10 @@ RUN = ["--device", "cpu", "--num-layers", "2", "--hidden-size", "64", "--num-att
        "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
        "--train-iters", "4", "--lr", "3e-3", "--log-interval", "1", "--eval-iters", "0", "--seed", "1",
        "--attention-dropout", "0", "--hidden-dropout", "0", "--fp8-format", "hybrid"]
-# Measured (docs/fp8.md, "Under --compile"): delayed bit for bit over 4 iterations; tensorwise 1.2e-7 at iteration 4
-# (the bias gradient's fp32 sum, which inductor orders otherwise, moves an FP8 rounding)
-TOLERANCE = 1e-6
+# Measured (docs/fp8.md, "Under --compile"): delayed bit for bit over 4 iterations; tensorwise 5.2e-6 at iteration 3
+# (fp32 sums, the bias gradient's, which inductor's scalar CPU kernels order otherwise, move an FP8 rounding; 1.2e-7
+# with its vectorized kernels, which gpt/fp8.py leaves off on a CPU)
+TOLERANCE = 1e-5
 
 
 def _losses(records):
