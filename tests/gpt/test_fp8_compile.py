@@ -15,9 +15,9 @@ RUN = ["--device", "cpu", "--num-layers", "2", "--hidden-size", "64", "--num-att
        "--train-iters", "4", "--lr", "3e-3", "--log-interval", "1", "--eval-iters", "0", "--seed", "1",
        "--attention-dropout", "0", "--hidden-dropout", "0", "--fp8-format", "hybrid"]
 # Measured (docs/fp8.md, "Under --compile"): delayed bit for bit over 4 iterations; tensorwise 5.2e-6 at iteration 3
-# (fp32 sums, the bias gradient's, which inductor's scalar CPU kernels order otherwise, move an FP8 rounding; 1.2e-7
-# with its vectorized kernels, which gpt/fp8.py leaves off on a CPU)
-TOLERANCE = 1e-5
+# and 2.6e-5 at 4 (fp32 sums, the bias gradient's, which inductor's scalar CPU kernels order otherwise, move an FP8
+# rounding, and the next casts carry it on; 1.2e-7 with its vectorized kernels, which gpt/fp8.py leaves off on a CPU)
+TOLERANCE = 1e-4
 
 
 def _losses(records):
