@@ -4,6 +4,7 @@ Megatron-LM's own pretrain_gpt.py on the same command line, and one FP8 linear p
 "Launches per micro-batch, counted").
 
     python scripts/benchmark_host_ops.py [--megatron-lm KIT] [--layers 6] [--output counts.json]
+    python scripts/benchmark_host_ops.py --table counts.json      # the markdown table of docs/performance.md
 
 A launch is an ATen op below autograd that launches a kernel, or an inductor kernel of compiled code
 (scripts/op_counter.py). The model is 2L and L layers of hidden 128, 4 heads, sequence 128, micro-batch 1, two
@@ -247,6 +248,28 @@ def fp8_linear_rows(fused_modes: list[Optional[str]]) -> list[dict]:
     return rows
 
 
+def markdown_table(result: dict) -> str:
+    """docs/performance.md's table from a --output file: per layer (forward + backward) and per micro-batch at 2L
+    layers, each micro-batch the second of its iteration, and what runs once an iteration outside them."""
+    lines = ["| program | precision | mode | GPT-2 shape: a layer | a micro-batch | once an iteration | "
+             "Llama shape: a layer | a micro-batch | once an iteration |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    rows = result["ours"] + result.get("megatron", [])
+    keys = list(dict.fromkeys((row["program"], row["precision"], row["mode"]) for row in rows))
+    for program, precision, mode in keys:
+        cells = []
+        for shape in SHAPES:
+            row = next((row for row in rows if (row["program"], row["precision"], row["mode"], row["shape"]) ==
+                        (program, precision, mode, shape)), None)
+            if row is None:
+                cells += ["-"] * 3
+                continue
+            layer = row["per_layer"]["micro_batch_2"]
+            cells += [f"{layer['total']:g} ({layer['forward']:g} + {layer['backward']:g})",
+                      f"{row['per_micro_batch']['micro_batch_2']['total']:,}", f"{row['per_micro_batch']['outside']:,}"]
+        lines.append(f"| {program} | {precision} | {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--megatron-lm", type=Path, help="Megatron-LM's kit (core_v0.16.1 tarball or its folder)")
@@ -254,7 +277,11 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
     parser.add_argument("--no-compile", action="store_true", help="eager rows only")
     parser.add_argument("--output", type=Path, help="write every row as JSON here")
+    parser.add_argument("--table", type=Path, help="print the markdown table of a --output file and exit")
     args = parser.parse_args(argv)
+    if args.table is not None:
+        print(markdown_table(json.loads(args.table.read_text(encoding="utf-8"))))
+        return 0
     torch.set_num_threads(1)
     with inductor_kernel_events():
         result = {"linear": fp8_linear_rows(["on", "off"]),
