@@ -54,6 +54,7 @@ from training.run_settings import resolve_run_settings
 from training.train_step import DataParallelTrainStep
 from zero.activations import ActivationMonitor, SavedTensorMeter
 from zero.flat_buffer import BufferPool
+from zero.fused_accumulation import fused_weights
 from zero.memory import MODEL_STATE_CATEGORIES, format_bytes, host_resident_tensors, measure_by_placement
 
 META = torch.device("meta")
@@ -545,12 +546,16 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         + result.cuda_graph_static_bytes + max(passes, result.step_working_bytes + result.cuda_graph_pool_bytes)
     # Iteration 1 holds less than the later ones: the constant buffers appear at its first reduction (late in the
     # last micro-batch's backward, after the forward's peak), and are held from then on. Its peak, what a live run's
-    # line after iteration 1 measures, takes each figure with the buffers that exist when it is reached.
+    # line after iteration 1 measures, takes each figure with the buffers that exist when it is reached. With
+    # pipeline stages the schedule's peak is the same in every iteration (its slots come before the last backward's
+    # reduction): measured on a PP 2 x DP 2 CPU run, each rank's peak RSS grew by the buffers' 6 MiB in iteration 2
+    # (tests/planner/test_plan_pipeline_live.py).
     result.first_iteration_bytes = result.total_bytes
-    if pipeline is None and not (graphs is not None and graphs.captures and graphs.capture_iteration == 1):
-        first_passes = max(transients + max(probe.first_iteration_forward(meter.peak["device"]),
-                                            probe.first_iteration("copy") if copied else 0),
-                           in_backward + max(probe.first_iteration("recompute"), probe.first_iteration("saved")))
+    if not (graphs is not None and graphs.captures and graphs.capture_iteration == 1):
+        first_passes = passes if pipeline is not None else max(
+            transients + max(probe.first_iteration_forward(meter.peak["device"]),
+                             probe.first_iteration("copy") if copied else 0),
+            in_backward + max(probe.first_iteration("recompute"), probe.first_iteration("saved")))
         result.first_iteration_bytes = held["total"] + result.fp8_state_bytes + device_contiguous \
             + max(first_passes, result.buffer_bytes + result.step_working_bytes)
     if config.checkpoint.saves_in_background:  # the partition: the fp32 master and the moments, wherever they live
@@ -610,8 +615,10 @@ def _offload_copy_bytes(config: PretrainConfig, gatherer, param_bytes: int) -> i
 def _parameter_gradient_bytes(model, param_bytes: int) -> int:
     """The largest gradient autograd materializes for one parameter before the reducer's hook takes
     it, in the parameter's dtype: the token embedding's, which arrives twice (the embedding lookup and
-    the tied output layer) and is summed while both are alive."""
-    largest = max((p.numel() for p in model.parameters()), default=0)
+    the tied output layer) and is summed while both are alive. A weight whose linear fuses its gradient's
+    accumulation (zero/fused_accumulation.py) has none: its GEMM adds into the main gradient."""
+    fused = fused_weights(model)
+    largest = max((p.numel() for p in model.parameters() if id(p) not in fused), default=0)
     tied = getattr(getattr(model, "word_embeddings", None), "weight", None)
     # both uses on one stage only: with pipeline stages the first holds the lookup, the last the output layer
     if tied is not None and tied.numel() == largest and model.stage.first and model.stage.last:

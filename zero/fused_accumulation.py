@@ -79,3 +79,13 @@ def apply_gradient_accumulation_fusion(model: nn.Module, reducer, enabled: bool,
     return (f"> gradient accumulation fusion ({FLAG}, Megatron-LM's default): {len(fused) + len(fused_fp8)} "
             f"tensor-parallel linears add their weight gradient into {into} inside the GEMM, {'; '.join(paths)}"
             f"{others}")
+
+
+def fused_weights(model: nn.Module) -> set[int]:
+    """The ids of `model`'s weights whose gradient autograd never materialises: their linear adds it into the main
+    gradient inside the GEMM (apply_gradient_accumulation_fusion). The planner counts the largest gradient of the
+    others (planner/dry_run.py)."""
+    return {id(layer.weight) for layer in model.modules()
+            if isinstance(layer, (ColumnParallelLinear, RowParallelLinear))
+            and (isinstance(layer.linear, LinearIntoMainGrad)
+                 or getattr(getattr(layer, "fp8_state", None), "main_grads", None) is not None)}

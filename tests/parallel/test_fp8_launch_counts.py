@@ -85,16 +85,17 @@ def test_the_unfused_linear_launches(recipe, launches):
     assert second.ops()[gemm] == 3  # one call per GEMM, the block recipes' K-block loop inside it
 
 
-# Every recipe with the guard (the default, the issue's ceilings); without it the per-tensor recipes (each case compiles
-# its regions: a minute on a cold 2-core machine for a block recipe's)
-FUSED = [(recipe, True, 8) for recipe in ("tensorwise", "delayed", "blockwise", "mxfp8")] + \
+# The issue's recipes with the guard (the default, its ceilings); without it the per-tensor ones. Each case compiles its
+# regions: a minute on a cold 2-core machine for a block recipe's, so MXFP8 (8 as well, measured by
+# scripts/benchmark_host_ops.py) is left to the bits test (test_fp8_fused.py), whose regions are the same.
+FUSED = [(recipe, True, 8) for recipe in ("tensorwise", "delayed", "blockwise")] + \
     [("tensorwise", False, 6), ("delayed", False, 6)]
 COMPILED = [("tensorwise", True, 9), ("tensorwise", False, 7), ("delayed", True, 9), ("blockwise", True, 9)]
 
 
 # With a main-gradient holder: the weight gradient's accumulation is the backward epilogue's (with the guard) or that
-# epilogue alone (without it)
-INTO_MAIN_GRAD = [(recipe, True, 7) for recipe in ("tensorwise", "delayed", "blockwise", "mxfp8")] + \
+# epilogue alone (without it). The epilogue is every recipe's; a block recipe's case (a minute's compile) adds nothing.
+INTO_MAIN_GRAD = [(recipe, True, 7) for recipe in ("tensorwise", "delayed")] + \
     [("tensorwise", False, 6), ("delayed", False, 6)]
 
 

@@ -13,8 +13,11 @@ is live. With smaller blocks glibc's heap keeps them: measured on 8 x 384 at seq
 after its forward and backward stayed 30 MiB above its model states until malloc_trim(0) returned them, and its
 ratio read 1.05-1.11 (the planner lists the allocator's slack as unknown to it). The measurement covers a whole
 iteration of four micro-batches through the 1F1B schedule and the optimizer step, not only the build. Measured
-here: stage 0 0.95-0.96 (97 of 101.5 MiB), stage 1 0.92 (72 of 78 MiB), the same from CI's fresh virtualenv and an
-old one. CI failed this test at 1.24-1.32 while the file pages were counted (35 MiB of them a rank there, 11 here).
+here: stage 0 0.99 (94 of 95 MiB), stage 1 0.96 (69 of 72 MiB). CI failed this test at 1.24-1.32 while the file
+pages were counted (35 MiB of them a rank there, 11 here), and at 0.89 (stage 1) while the plan of iteration 1
+counted the constant buffers (6 MiB: reduce buckets, scatter outputs), which appear at its last backward's reduction,
+after the schedule's peak: each rank's peak RSS grew by 9 MiB in iteration 2. Gradient accumulation fusion took a
+weight gradient (1 MiB) off the measured peak and the plan's (planner/dry_run.py's largest unfused gradient).
 """
 
 from __future__ import annotations
