@@ -314,6 +314,11 @@ class TrainingConfig:
     train_tokens: Optional[int] = option(None, type=count, help="also stop once this many tokens are consumed "
                                                                 "(Megatron-DeepSpeed)")
     seed: int = 1234
+    # Megatron-LM's _set_random_seed (megatron/training/initialize.py): `seed = seed + 10 * dp_rank` under it, after
+    # the pipeline rank's 100 x; the weights stay --seed's (Megatron broadcasts DP rank 0's), as here always.
+    data_parallel_random_init: bool = option(
+        False, help="each data-parallel rank's random streams (dropout, the experts' random routing) from --seed + 10 "
+                    "x its DP rank, as Megatron-LM; the weights stay --seed's")
     # Mixed precision: bf16 or fp16 parameters and gradients, fp32 master weights and Adam states.
     bf16: bool = option(False, group="zero",
                         help="bf16 mixed precision: bf16 parameters and gradients, fp32 master weights and Adam "

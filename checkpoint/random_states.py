@@ -2,10 +2,11 @@
 tensor-parallel stream) and what a load restores where the layout allows.
 
 The streams do not depend on the data-parallel rank (parallel/random.py), so a run at another DP size takes DP
-rank 0's of its TP rank; with pipeline stages a rank takes its own stage's, or at another pipeline size the first
-stage's (each stage drew its own dropout masks; with dropout a resume at another size continues a stream, not
-the same masks). At another TP size the TP-private streams belong to other ranks: none is restored, and the load
-says so in one line.
+rank 0's of its TP rank; with pipeline stages a rank takes its own stage's. At another TP or pipeline size the streams
+belong to other ranks (each stage draws from its own, seeded --seed + 100 x its pipeline rank: one stage's restored on
+every stage would repeat its masks there): none is restored, the streams start from the seed, and the load says so in
+one line, as Megatron-LM's load_checkpoint ignores the RNG state at a (TP, PP) mismatch (megatron/training/
+checkpointing.py: "RNG state will be ignored").
 """
 
 from __future__ import annotations
@@ -82,17 +83,21 @@ def restore_random_states(iteration_dir: Path, metadata: dict, rng: Optional[Ten
                           log=print) -> None:
     """This rank's RNG states, where the layout allows (module docstring)."""
     saved_tp = metadata["tensor_parallel_size"]
-    if saved_tp != state.tensor_parallel_size:
-        if state.is_first_rank:
-            log(f" note: {iteration_dir} was saved at --tensor-model-parallel-size {saved_tp}, this run has "
-                f"{state.tensor_parallel_size}: its random states belong to other tensor-parallel ranks and are not "
-                f"restored; the random streams start from --seed", flush=True)
-        return
-    entries = metadata.get("rng_files", [])
     stages = metadata.get("pipeline_stages")
+    saved_pp = len(stages) if stages else 1
+    for flag, saved, run, ranks in (("--tensor-model-parallel-size", saved_tp, state.tensor_parallel_size,
+                                     "tensor-parallel ranks"),
+                                    ("--pipeline-model-parallel-size", saved_pp, state.pipeline_parallel_size,
+                                     "pipeline stages")):
+        if saved != run:
+            if state.is_first_rank:
+                log(f" note: {iteration_dir} was saved at {flag} {saved}, this run has {run}: its random states "
+                    f"belong to other {ranks} and are not restored; the random streams start from --seed (+ 100 x "
+                    f"the pipeline rank), as Megatron-LM ignores them at a (TP, PP) mismatch", flush=True)
+            return
+    entries = metadata.get("rng_files", [])
     if stages:
-        stage = state.pipeline_parallel_rank if len(stages) == state.pipeline_parallel_size else 0
-        entries = [entry for entry in entries if entry[2] in set(stages[stage]["files"])]
+        entries = [entry for entry in entries if entry[2] in set(stages[state.pipeline_parallel_rank]["files"])]
     files = {(tp, dp): name for tp, dp, name in entries}
     tp, dp = state.tensor_parallel_rank, state.data_parallel_rank
     name = files.get((tp, dp)) or files.get((tp, 0))

@@ -7,8 +7,15 @@ region each rank holds its own slice (its heads), and identical masks would corr
 parallelism the residual stream is split too, so its dropout (and the embedding's) runs under `fork()` as well
 (gpt/model.py), as Megatron-Core's TransformerBlock and LanguageModelEmbedding do.
 
+Each pipeline stage draws from its own streams: both seeds start from `seed + 100 x pipeline_rank`, as Megatron-LM's
+_set_random_seed (megatron/training/initialize.py) offsets them before model_parallel_cuda_manual_seed adds 2718 + the
+TP rank. Stage 1 seeded as stage 0 would draw the masks stage 0 drew (its first layers' dropout the same as stage 0's
+first layers'), correlations no one-stage run has. A rank's virtual chunks continue its one stream. So dropout differs
+between layouts of different pipeline sizes, by Megatron's definition.
+
 The DP rank is deliberately in neither seed: DP ranks see different samples, and keeping it out means dropout does
-not change when the TP group is replicated more or fewer times. The tracker swaps the CPU generator and, on CUDA,
+not change when the TP group is replicated more or fewer times. Under --data-parallel-random-init both seeds add 10 x
+the DP rank, as Megatron-LM's do. The tracker swaps the CPU generator and, on CUDA,
 the device's; `get_states()`/`set_states()` capture all four states, for checkpoints and for recompute.
 
 Under CUDA graphs (training/cuda_graphs.py) a capture may not read or write a CUDA generator's state as a tensor:
@@ -27,6 +34,8 @@ import torch
 from parallel.state import ParallelState
 
 TENSOR_PARALLEL_SEED_OFFSET = 2718
+PIPELINE_SEED_OFFSET = 100  # a stage's seed: --seed + 100 x its pipeline rank (Megatron-LM's _set_random_seed)
+DATA_PARALLEL_SEED_OFFSET = 10  # and + 10 x the DP rank under --data-parallel-random-init (the same function)
 _STATE_KEYS = ("default_cpu", "default_cuda", "tensor_parallel_cpu", "tensor_parallel_cuda")
 
 
@@ -34,16 +43,21 @@ class TensorParallelRNG:
     """Owns the TP-private RNG state and seeds the shared (default) one.
 
     Creating it reseeds torch's default generators (CPU, and CUDA when the state's device is a GPU)
-    with `seed`: build it once, at the start of a run, before any randomness that must agree.
+    with `seed` + 100 x the pipeline rank (`stage_seed`): build it once, at the start of a run, before any randomness
+    that must agree.
     """
 
-    def __init__(self, seed: int, state: ParallelState, graph_safe: bool = False):
+    def __init__(self, seed: int, state: ParallelState, graph_safe: bool = False,
+                 data_parallel_random_init: bool = False):
         """`graph_safe`: the private CUDA stream as a state object a CUDA graph can register (see the module);
-        nothing changes on a CPU."""
+        nothing changes on a CPU. `data_parallel_random_init`: the seed + 10 x the DP rank too (Megatron-LM's
+        --data-parallel-random-init)."""
         self.device = state.device
         self.on_cuda = state.device.type == "cuda"
         self.graph_safe = graph_safe and self.on_cuda
-        self.tensor_parallel_seed = seed + TENSOR_PARALLEL_SEED_OFFSET + state.tensor_parallel_rank
+        self.stage_seed = seed + PIPELINE_SEED_OFFSET * state.pipeline_parallel_rank \
+            + (DATA_PARALLEL_SEED_OFFSET * state.data_parallel_rank if data_parallel_random_init else 0)
+        self.tensor_parallel_seed = self.stage_seed + TENSOR_PARALLEL_SEED_OFFSET + state.tensor_parallel_rank
         self._forked = False
         # Draw the private states by seeding the real generators, then set the shared seed last.
         torch.manual_seed(self.tensor_parallel_seed)
@@ -53,7 +67,7 @@ class TensorParallelRNG:
             self._tp_cuda = self._cuda_generator().clone_state()
         elif self.on_cuda:
             self._tp_cuda = torch.cuda.get_rng_state(self.device)
-        torch.manual_seed(seed)
+        torch.manual_seed(self.stage_seed)
 
     def _cuda_generator(self) -> torch.Generator:
         """The default CUDA generator of this state's device."""

@@ -79,7 +79,9 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
     graphs = cuda_graph_plan(settings.config, state.device.type, stand_in=graph_backend is not None)
     # A fork of the dropout streams inside a CUDA capture swaps generator states by reference (parallel/random.py)
     graph_safe = graphs is not None and graphs.captures and state.device.type == "cuda"
-    rng = TensorParallelRNG(settings.config.training.seed, state, graph_safe=graph_safe) if dropout_rng else None
+    training = settings.config.training
+    rng = TensorParallelRNG(training.seed, state, graph_safe=graph_safe,
+                            data_parallel_random_init=training.data_parallel_random_init) if dropout_rng else None
     if graph_safe and graph_backend is None:
         graph_backend = CudaGraphBackend(state.device, rng.graph_generators() if rng is not None else [])
     return parallelize(settings, state, rng, torch_compile=torch_compile, graphs=graphs, graph_backend=graph_backend)

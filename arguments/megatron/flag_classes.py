@@ -520,15 +520,6 @@ def _fp32_run(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
     return settings is None or not (settings.get("bf16") or settings.get("fp16"))
 
 
-def _no_random_draws(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
-    """--data-parallel-random-init seeds each data-parallel rank's streams with --seed + 10 x its rank and then
-    broadcasts DP rank 0's weights (megatron/training/initialize.py _set_random_seed, models/dist_utils.py
-    broadcast_params @ d98e8a64): the weights are --seed's, as here; only what a step draws (dropout, the experts'
-    random routing) differs, so it is a no-op without dropout on a dense model."""
-    return settings is None or (not settings.get("hidden_dropout") and not settings.get("attention_dropout")
-                                and largest_expert_count(settings.get("num_experts")) is None)
-
-
 def _null_tokenizer_eod(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
     """Megatron-LM reads --null-tokenizer-eod-id only for NullTokenizer (megatron/core/tokenizers/utils/
     build_tokenizer.py @ d98e8a64), whose end-of-document id here is --vocab-size (data/tokenizer.py)."""
@@ -589,11 +580,6 @@ AT_VALUE: dict[str, AtValue] = {
         _fp32_run, "the residual stream is fp32 already in an fp32 run (no --bf16 or --fp16)",
         "not implemented: the residual stream follows --bf16 or --fp16 (Megatron-LM keeps it, and the embedding's "
         "output, in fp32); run without it"),
-    "--data-parallel-random-init": AtValue(
-        _no_random_draws, "every data-parallel rank starts from DP rank 0's weights, drawn from --seed as here, "
-                          "and no step draws random numbers (dropout 0, no experts)",
-        "not implemented: the dropout and routing streams here are the same on every data-parallel rank (Megatron "
-        "offsets them by 10 x the DP rank); drop the flag"),
     "--null-tokenizer-eod-id": AtValue(
         _null_tokenizer_eod, "read only by --tokenizer-type NullTokenizer, whose end-of-document id here is "
                              "--vocab-size",

@@ -114,7 +114,8 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
         ckpt_format=TORCH_DIST_BACKEND, use_dist_ckpt=True, ckpt_fully_parallel_save=True,
         dist_ckpt_optim_fully_reshardable=config.zero.stage >= 1,
         iteration=iteration, consumed_train_samples=consumed_samples, skipped_train_samples=0,
-        consumed_valid_samples=0, no_save_optim=None, no_save_rng=True, data_parallel_random_init=False,
+        consumed_valid_samples=0, no_save_optim=None, no_save_rng=True,
+        data_parallel_random_init=training.data_parallel_random_init,
         transformer_impl="local")
     return argparse.Namespace(**values)
 

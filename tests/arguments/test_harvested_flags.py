@@ -178,8 +178,6 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
 # the settings where it is one and where it is not.
 NO_OP_WITH_SETTINGS = {
     "--fp32-residual-connection": ([], ["--bf16"]),
-    "--data-parallel-random-init": (["--hidden-dropout", "0", "--attention-dropout", "0"],
-                                    ["--hidden-dropout", "0", "--attention-dropout", "0", "--num-experts", "4"]),
     "--null-tokenizer-eod-id": (["--tokenizer-type", "NullTokenizer", "--mock-data", "--vocab-size", "500"],
                                 ["--tokenizer-type", "NullTokenizer", "--mock-data", "--vocab-size", "400"]),
 }
@@ -193,10 +191,6 @@ def test_flags_that_are_no_ops_under_some_settings_are_accepted_there_and_refuse
     assert option in line and AT_VALUE[option].no_effect in line
     if option == "--null-tokenizer-eod-id":  # only NullTokenizer reads it
         assert option in next(note for note in parse_arguments([option, "7"]).notes if note.startswith(NO_EFFECT_LINE))
-    if option == "--data-parallel-random-init":  # Megatron-LM's default dropout, 0.1, is drawn per DP rank
-        with pytest.raises(ConfigError) as error:
-            parse_arguments([option])
-        assert f"{option}: {AT_VALUE[option].refused}" in str(error.value)
     with pytest.raises(ConfigError) as error:
         parse_arguments([*changes, option, *value])
     assert f"{show(option, value)}: {AT_VALUE[option].refused}" in str(error.value)
