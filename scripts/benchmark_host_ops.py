@@ -238,10 +238,12 @@ def fp8_linear_rows(fused_modes: list[Optional[str]]) -> list[dict]:
                 if fused is not None:
                     state.fused = fused == "on"
 
-                def call():
-                    x = torch.randn(tokens, inputs, dtype=torch.bfloat16, requires_grad=True)
-                    fp8_linear(x, weight, None, state).backward(torch.randn(tokens, outputs, dtype=torch.bfloat16))
-                second, = count_calls([call, call])  # the first casts the weight (and compiles); counted: the second
+                def call(x, grad):
+                    return lambda: fp8_linear(x, weight, None, state).backward(grad)
+                # a fresh activation and gradient each micro-batch, made before the count
+                calls = [call(torch.randn(tokens, inputs, dtype=torch.bfloat16, requires_grad=True),
+                              torch.randn(tokens, outputs, dtype=torch.bfloat16)) for _ in range(2)]
+                second, = count_calls(calls)  # the first casts the weight (and compiles); counted: the second
                 rows.append({"recipe": recipe, "guard": guarded, "fused": fused, "launches": second.total(),
                              "ops": dict(second.ops())})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "ops"}), flush=True)
