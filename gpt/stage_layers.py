@@ -4,7 +4,8 @@ Without virtual stages, stage s of pp holds the contiguous layers [s * L / pp, (
 refuses a split that is not even unless the first/last stage sizes are given (megatron/training/arguments.py:
 "number of layers should be divisible by the pipeline parallel size"); with --decoder-first-pipeline-num-layers F
 and/or --decoder-last-pipeline-num-layers E the first (last) stage holds F (E) layers and the rest split evenly
-over the middle stages, still contiguous in order. With
+over the middle stages, still contiguous in order (with --num-virtual-stages-per-pipeline-rank V each stage's layers
+split evenly over its V chunks, in the ring's order). With
 --num-layers-per-virtual-pipeline-stage L_v, each stage holds vp = L / (pp x L_v) model chunks, and chunk c of
 stage s holds layers (c x pp + s) x L_v ... + L_v (Megatron-Core's get_transformer_layer_offset:
 vp_rank x (L / vp) + pp_rank x L_v), so a micro-batch visits the stages vp times round the ring.
@@ -109,7 +110,6 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual
     if layers_per_virtual_stage is not None and virtual_stages is not None:
         raise ConfigError(f"{VIRTUAL_LAYERS_FLAG} with {VIRTUAL_STAGES_FLAG}: Megatron takes one of them; drop one",
                           flags=(VIRTUAL_LAYERS_FLAG, VIRTUAL_STAGES_FLAG))
-    interleaved = layers_per_virtual_stage is not None or virtual_stages is not None
     uneven = first_stage_layers is not None or last_stage_layers is not None
     if uneven and (account_for_embedding or account_for_loss):
         # get_num_layers_to_build: "Does not support standalone embedding stage and standalone loss stage with
@@ -119,11 +119,23 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual
                           flags=(FIRST_STAGE_FLAG, LAST_STAGE_FLAG, EMBEDDING_FLAG, LOSS_FLAG))
     if uneven:
         sizes = stage_sizes(num_layers, pp_size, first_stage_layers, last_stage_layers)
-        if interleaved:
-            raise ConfigError("--decoder-first/last-pipeline-num-layers with interleaving (--num-layers-per-"
-                              "virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank): uneven stages are "
-                              "not implemented with interleaving here; drop one of them",
+        if layers_per_virtual_stage is not None:
+            # megatron/training/arguments.py: "please use --num-virtual-stages-per-pipeline-rank to specify virtual
+            # pipeline parallel degree when enable uneven pipeline parallelism"
+            raise ConfigError(f"--decoder-first/last-pipeline-num-layers with {VIRTUAL_LAYERS_FLAG}: Megatron takes "
+                              f"uneven stages' interleaving as {VIRTUAL_STAGES_FLAG} (chunks a stage); use it",
                               flags=(FIRST_STAGE_FLAG, LAST_STAGE_FLAG, VIRTUAL_LAYERS_FLAG, VIRTUAL_STAGES_FLAG))
+        if virtual_stages is not None and virtual_stages > 1:
+            # Megatron-Core: each stage's layers split evenly over its chunks (get_num_layers_to_build asserts it),
+            # chunk c of rank r after every chunk before it round the ring (get_transformer_layer_offset), the
+            # layout's order
+            if any(size % virtual_stages for size in sizes):
+                raise ConfigError(f"{VIRTUAL_STAGES_FLAG} {virtual_stages} does not divide every stage's layers "
+                                  f"({', '.join(map(str, sizes))} with --decoder-first/last-pipeline-num-layers): "
+                                  f"Megatron splits each stage's layers evenly over its chunks; pick sizes it divides",
+                                  flags=(VIRTUAL_STAGES_FLAG, FIRST_STAGE_FLAG, LAST_STAGE_FLAG))
+            return stage_layers(num_layers, pp_size, pp_rank, layout_counts=tuple(
+                (size // virtual_stages,) * virtual_stages for size in sizes))
         start = sum(sizes[:pp_rank])
         return StageLayers((tuple(range(start, start + sizes[pp_rank])),),
                            first=pp_rank == 0, last=pp_rank == pp_size - 1)

@@ -56,8 +56,50 @@ def test_uneven_first_and_last_stages():
         stage_layers(4, 2, 0, None, 1, 2)  # the layers must all be placed
     with pytest.raises(ConfigError, match="--decoder-first-pipeline-num-layers 0: a stage holds 1 to"):
         stage_layers(4, 2, 0, None, 0, None)
-    with pytest.raises(ConfigError, match="uneven stages are not implemented with interleaving"):
+    # megatron/training/arguments.py: "please use --num-virtual-stages-per-pipeline-rank ... when enable uneven
+    # pipeline parallelism"
+    with pytest.raises(ConfigError, match="Megatron takes uneven stages' interleaving as --num-virtual-stages"):
         stage_layers(8, 2, 0, 1, 2, None)
+
+
+# (layers, stages, first, last, chunks a stage): Megatron-Core's uneven interleaving
+UNEVEN_INTERLEAVED = [(12, 4, 2, 2, 2), (8, 2, 2, None, 2), (6, 2, 2, None, 2), (15, 3, None, 3, 3), (20, 4, 4, 4, 2)]
+
+
+def test_uneven_stages_interleaved_as_megatron_core_builds_them():
+    """--num-virtual-stages-per-pipeline-rank V with uneven first/last stages: each stage's layers split evenly over
+    its V chunks (get_num_layers_to_build: "num_layers_per_pipeline_rank ... should be divisible by vp_size"), chunk v
+    of stage r after every chunk before it round the ring (get_transformer_layer_offset: vp_stage x
+    total_virtual_chunks + the first stage's chunk + middle_pipeline_rank x the middle stages' chunk)."""
+    assert [stage_layers(12, 4, s, None, 2, 2, virtual_stages=2).chunks for s in range(4)] == [
+        ((0,), (6,)), ((1, 2), (7, 8)), ((3, 4), (9, 10)), ((5,), (11,))]
+    assert [stage_layers(6, 2, s, None, 2, None, virtual_stages=2).chunks for s in range(2)] == [
+        ((0,), (3,)), ((1, 2), (4, 5))]
+    assert stage_layers(6, 2, 0, None, 2, None, virtual_stages=1).chunks == ((0, 1),)  # V 1: no interleaving
+    with pytest.raises(ConfigError, match="--num-virtual-stages-per-pipeline-rank 2 does not divide every stage's "
+                                          "layers \\(1, 3 with"):
+        stage_layers(4, 2, 0, None, 1, None, virtual_stages=2)
+
+
+@pytest.mark.parametrize("layers, stages, first, last, chunks", UNEVEN_INTERLEAVED)
+def test_uneven_interleaved_split_is_megatron_cores_own(layers, stages, first, last, chunks):
+    """The same split from megatron-core's functions themselves (requirements-bench.txt; skipped without it)."""
+    block = pytest.importorskip("megatron.core.transformer.transformer_block")
+    layer = pytest.importorskip("megatron.core.transformer.transformer_layer")
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(num_layers=layers, pipeline_model_parallel_size=stages,
+                             virtual_pipeline_model_parallel_size=chunks, num_layers_in_first_pipeline_stage=first,
+                             num_layers_in_last_pipeline_stage=last, pipeline_model_parallel_layout=None,
+                             account_for_embedding_in_pipeline_split=False, account_for_loss_in_pipeline_split=False)
+    for rank in range(stages):
+        theirs = []
+        for vp_stage in range(chunks):
+            count = block.get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=rank)
+            offset = layer.get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=rank)
+            theirs.append(tuple(range(offset, offset + count)))
+        ours = stage_layers(layers, stages, rank, None, first, last, virtual_stages=chunks).chunks
+        assert ours == tuple(theirs), (rank, ours, theirs)
 
 
 @pytest.mark.parametrize("untied", [False, True])

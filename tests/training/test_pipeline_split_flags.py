@@ -8,7 +8,10 @@ gloo, PP 2, one 2-rank launch running two grids in turn):
   [0] and [3, 4], stage 1 [1, 2] and [5]) and --microbatch-group-size-per-virtual-pipeline-stage 3 over the 8
   micro-batches (groups 0-2, 3-5, 6-7 run through each chunk in turn: Megatron-Core's get_schedule_table,
   megatron/core/pipeline_parallel/schedules.py). The group size changes only the order of the chunk-forwards
-  and backwards, so the losses are the default group's, the one-stage run's.
+  and backwards, so the losses are the default group's, the one-stage run's;
+- an uneven first stage interleaved: 6 layers, --decoder-first-pipeline-num-layers 2 with
+  --num-virtual-stages-per-pipeline-rank 2 (stage 0 [0] and [3], stage 1 [1, 2] and [4, 5]: each stage's layers
+  split over its chunks, Megatron-Core's get_transformer_layer_offset).
 
 Not bitwise, as tests/training/test_pipeline_training.py explains: 1e-6 relative.
 """
@@ -25,13 +28,17 @@ BOTH_INTERLEAVED_GROUPED = ["--num-layers", "6", "--pipeline-model-parallel-size
                             "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                             "--num-virtual-stages-per-pipeline-rank", "2",
                             "--microbatch-group-size-per-virtual-pipeline-stage", "3"]
-CONFIGS = {"embedding-counted": (EMBEDDING, 1), "both-counted-interleaved-group-3": (BOTH_INTERLEAVED_GROUPED, 1)}
+UNEVEN_INTERLEAVED = ["--num-layers", "6", "--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers",
+                      "2", "--num-virtual-stages-per-pipeline-rank", "2"]
+CONFIGS = {"embedding-counted": (EMBEDDING, 1), "both-counted-interleaved-group-3": (BOTH_INTERLEAVED_GROUPED, 1),
+           "uneven-first-interleaved": (UNEVEN_INTERLEAVED, 1)}
 
 
 @pytest.mark.slow
 def test_split_and_group_flags_train_with_the_one_stage_losses_and_norms():
+    six_layers = one_stage_reference(("--num-layers", "6"))
     references = {"embedding-counted": one_stage_reference(("--num-layers", "5")),
-                  "both-counted-interleaved-group-3": one_stage_reference(("--num-layers", "6"))}
+                  "both-counted-interleaved-group-3": six_layers, "uneven-first-interleaved": six_layers}
     per_rank = run_distributed(train_configurations, 2, CONFIGS, [free_port() for _ in CONFIGS], timeout=300)
     for name in CONFIGS:
         assert per_rank[0][name].outcomes == per_rank[1][name].outcomes, name
