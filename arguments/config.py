@@ -316,6 +316,10 @@ class TrainingConfig:
     seed: int = 1234
     # Megatron-LM's _set_random_seed (megatron/training/initialize.py): `seed = seed + 10 * dp_rank` under it, after
     # the pipeline rank's 100 x; the weights stay --seed's (Megatron broadcasts DP rank 0's), as here always.
+    # Megatron-LM's --calculate-per-token-loss (training/per_token_loss.py)
+    calculate_per_token_loss: bool = option(
+        False, help="the iteration's loss is its (masked) per-token losses' sum over their count across DP x CP, "
+                    "as Megatron-LM; without it each micro-batch's (masked) mean, averaged")
     data_parallel_random_init: bool = option(
         False, help="each data-parallel rank's random streams (dropout, the experts' random routing) from --seed + 10 "
                     "x its DP rank, as Megatron-LM; the weights stay --seed's")

@@ -41,11 +41,13 @@ class MTPLossTracker:
 
     def __init__(self, num_layers: int) -> None:
         self.backward_scale = 1.0
+        self.per_token = False  # --calculate-per-token-loss: the attached losses are sums (attach_mtp_loss)
         self.num_layers = num_layers
         self._pending: list[tuple[int, torch.Tensor]] = []
 
-    def begin_iteration(self, backward_scale: float) -> None:
+    def begin_iteration(self, backward_scale, per_token: bool = False) -> None:
         self.backward_scale = backward_scale
+        self.per_token = per_token
         self._pending = []
 
     def record(self, layer: int, value: torch.Tensor) -> None:
@@ -106,17 +108,20 @@ def attach_mtp_loss(model: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor
         per_token = model.output(previous, mtp_labels).float()
         summed = (per_token * loss_mask).sum()
         tracker.record(k, summed / num_tokens.clamp(min=1))
-        # Megatron's MTPLossAutoScaler is its MoEAuxLossAutoScaler again: one autograd function here for both
-        output = AuxLossAutoScaler.apply(output, scale * summed / num_tokens.clamp(min=1), tracker)
+        # Megatron's MTPLossAutoScaler is its MoEAuxLossAutoScaler again: one autograd function here for both; under
+        # --calculate-per-token-loss the sum (gpt_model.py: `mtp_loss_scale * mtp_loss`), scaled as the main loss
+        attached = scale * summed if tracker.per_token else scale * summed / num_tokens.clamp(min=1)
+        output = AuxLossAutoScaler.apply(output, attached, tracker)
     return output
 
 
-def begin_mtp_iteration(model: nn.Module, loss_scale: float, accumulation_steps: int) -> None:
+def begin_mtp_iteration(model: nn.Module, loss_scale, accumulation_steps: int = 1, per_token: bool = False) -> None:
     """The MTP losses' backward scale: the main loss's, the fp16 loss scale over the micro-batches
-    (schedules.py: `MTPLossAutoScaler.set_loss_scale(loss_scale / num_microbatches)`)."""
+    (schedules.py: `MTPLossAutoScaler.set_loss_scale(loss_scale / num_microbatches)`); with `per_token`
+    (--calculate-per-token-loss) `loss_scale` is the main loss's whole scale already (training/per_token_loss.py)."""
     tracker = getattr(model, "mtp_tracker", None)
     if tracker is not None:
-        tracker.begin_iteration(loss_scale / accumulation_steps)
+        tracker.begin_iteration(loss_scale if per_token else loss_scale / accumulation_steps, per_token=per_token)
 
 
 def finish_mtp_iteration(model: nn.Module, state, accumulation_steps: int, num_layers: int) -> dict[str, float]:

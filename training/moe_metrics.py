@@ -27,11 +27,15 @@ from gpt.moe.router import TopKRouter
 from parallel.state import ParallelState
 
 
-def begin_moe_iteration(model: nn.Module, loss_scale: float, accumulation_steps: int,
-                        context_parallel_size: int = 1) -> None:
+def begin_moe_iteration(model: nn.Module, loss_scale, accumulation_steps: int = 1, context_parallel_size: int = 1,
+                        per_token: bool = False) -> None:
+    """The balancing losses' backward scale: the main loss's. `per_token` (--calculate-per-token-loss): `loss_scale`
+    is already the main loss's whole scale (the iteration's token scale, training/per_token_loss.py), and each loss
+    is multiplied by the tokens its router saw (gpt/moe/balancing.py attach)."""
     tracker = getattr(model, "moe_tracker", None)
     if tracker is not None:
-        tracker.begin_iteration(loss_scale * context_parallel_size / accumulation_steps)
+        tracker.begin_iteration(loss_scale if per_token else loss_scale * context_parallel_size / accumulation_steps,
+                                per_token=per_token)
 
 
 def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_steps: int) -> dict[str, float]:

@@ -34,7 +34,7 @@ from parallel.pipeline_schedules import Slot, VirtualStages, schedule
 from parallel.state import ParallelState
 from resilience.run.rerun_state import RerunStateMachine
 from training.cuda_graphs import CudaGraphs
-from training.evaluation import mean_token_loss, micro_batch_loss, split_micro_batch
+from training.evaluation import split_micro_batch
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from training.train_step import DataParallelTrainStep
@@ -74,6 +74,9 @@ class PipelineTrainStep(DataParallelTrainStep):
                                                         state.pipeline_parallel_rank, self.chunks, group)
         batches = [split_micro_batch(next(self.train_batches), state.device, self.documents, state)
                    for _ in range(micro_batches)]
+        self.iteration_token_scale = None
+        if self.settings.config.training.calculate_per_token_loss:  # every stage reads the micro-batches
+            self.use_token_scale(batches)
         slots = schedule(micro_batches, state.pipeline_parallel_size, state.pipeline_parallel_rank, self.chunks, group)
         observer.schedule(slots)
         last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
@@ -125,18 +128,12 @@ class PipelineTrainStep(DataParallelTrainStep):
             chunk_input = received
         inputs[(slot.micro_batch, slot.chunk)] = received
         with self.observer.phase("forward"):
-            if masks is not None:
-                if self._ends_model(slot):
-                    return micro_batch_loss(self.model.chunk_forward(slot.chunk, chunk_input, labels, masks,
-                                                                     tokens=tokens), masks, self.state) \
-                        / accumulation_steps
-                output = self.model.chunk_forward(slot.chunk, chunk_input, None, masks)
-            elif self._ends_model(slot):
-                return mean_token_loss(self.model.chunk_forward(slot.chunk, chunk_input, labels, tokens=tokens),
-                                       self.state) \
-                    / accumulation_steps
-            else:
-                output = self.model.chunk_forward(slot.chunk, chunk_input)
+            if self._ends_model(slot):
+                losses = self.model.chunk_forward(slot.chunk, chunk_input, labels, tokens=tokens) if masks is None \
+                    else self.model.chunk_forward(slot.chunk, chunk_input, labels, masks, tokens=tokens)
+                return self.micro_batch_loss(losses, masks, accumulation_steps)
+            output = self.model.chunk_forward(slot.chunk, chunk_input) if masks is None else \
+                self.model.chunk_forward(slot.chunk, chunk_input, None, masks)
         self.p2p.send(output, self.state.stage_rank(self._virtual_stage(slot) + 1), ACTIVATION)
         return output
 

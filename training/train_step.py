@@ -34,6 +34,7 @@ from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, mean_token_loss, micro_batch_loss, split_micro_batch
 from training.fp8_guard_replay import Fp8GuardReplay
 from training.moe_metrics import begin_moe_iteration, finish_moe_iteration, moe_per_layer_values
+from training.per_token_loss import token_count, token_scale, token_sum
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from zero.activations import ActivationMonitor
@@ -116,6 +117,7 @@ class DataParallelTrainStep:
         self.cuda_graphs = cuda_graphs
         self.settings, self.state, self.activations = settings, state, activations
         self.documents, self.observer = documents, observer
+        self.iteration_token_scale: Optional[torch.Tensor] = None  # --calculate-per-token-loss's (per_token_batches)
         # --rerun-mode validate_results or report_stats (resilience/run/rerun_state.py) and --fp8-guard
         # (training/fp8_guard_replay.py) re-run an iteration: the micro-batches kept so that a re-run replays them
         self.rerun = rerun
@@ -244,6 +246,37 @@ class DataParallelTrainStep:
         self.loss_checks.validate()  # the micro-batches' losses read back once, outside them (resilience/run/loss_checks.py)
         return iteration_loss
 
+    def per_token_batches(self, micro_batches: int) -> list:
+        """With --calculate-per-token-loss, the iteration's `micro_batches` micro-batches split for this rank, and the
+        loss's scale from their token count (`self.iteration_token_scale`, the MoE and MTP losses' backward's too);
+        without it, none (each micro-batch is read as it runs) and no scale."""
+        self.iteration_token_scale = None
+        if not self.settings.config.training.calculate_per_token_loss:
+            return []
+        batches = [split_micro_batch(next(self.train_batches), self.state.device, self.documents, self.state)
+                   for _ in range(micro_batches)]
+        self.use_token_scale(batches)
+        return batches
+
+    def use_token_scale(self, batches: list) -> None:
+        """--calculate-per-token-loss: the iteration's token scale from its micro-batches `batches` (this rank's
+        splits), for the main loss and the MoE and MTP losses' backward (training/per_token_loss.py)."""
+        counts = [token_count(labels, masks) for _, labels, masks in batches]
+        self.iteration_token_scale = token_scale(counts, self.state)
+        scale = self.zero.optimizer.loss_scaler.scale * self.iteration_token_scale
+        begin_moe_iteration(self.model, scale, per_token=True)
+        begin_mtp_iteration(self.model, scale, per_token=True)
+
+    def micro_batch_loss(self, losses: torch.Tensor, masks, accumulation_steps: int) -> torch.Tensor:
+        """A micro-batch's loss from its per-token `losses`: its (masked) mean over the accumulation steps (the CP
+        group's count under context parallelism, training/evaluation.py), or with --calculate-per-token-loss its
+        (masked) sum x the iteration's token scale."""
+        if self.iteration_token_scale is not None:
+            return token_sum(losses, masks) * self.iteration_token_scale
+        if masks is None:
+            return mean_token_loss(losses, self.state) / accumulation_steps
+        return micro_batch_loss(losses, masks, self.state) / accumulation_steps
+
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
         """The micro-batches of one iteration (those the observer runs: all in a live run); their mean loss, still
         on the device. Each micro-batch's loss is its token mean, or with --eod-mask-loss its masked mean
@@ -254,9 +287,14 @@ class DataParallelTrainStep:
         unmasked tokens instead)."""
         reducer, activations, device, observer = self.zero.reducer, self.activations, self.state.device, self.observer
         iteration_loss = torch.zeros((), device=device)
-        for micro_batch in observer.micro_batches(accumulation_steps):
+        micro_batches = observer.micro_batches(accumulation_steps)
+        # --calculate-per-token-loss: the iteration's micro-batches read first, for their token count
+        # (training/per_token_loss.py); else each as it runs
+        batches = self.per_token_batches(len(micro_batches))
+        for micro_batch in micro_batches:
             observer.micro_batch_start(micro_batch)
-            inputs, labels, masks = split_micro_batch(next(self.train_batches), device, self.documents, self.state)
+            inputs, labels, masks = batches.pop(0) if batches else \
+                split_micro_batch(next(self.train_batches), device, self.documents, self.state)
             last = micro_batch == accumulation_steps - 1
             with contextlib.nullcontext() if last else reducer.no_sync():
                 # No autocast in 16-bit training: the parameters are bf16/fp16 themselves, so every matmul
@@ -269,11 +307,8 @@ class DataParallelTrainStep:
                 # averages the gradients over DP x CP, which makes them the whole sequence's.
                 with observer.phase("forward"), \
                         activations.measuring() if measure_activations else contextlib.nullcontext():
-                    if masks is None:
-                        loss = mean_token_loss(self.model(inputs, labels), self.state) / accumulation_steps
-                    else:
-                        loss = micro_batch_loss(self.model(inputs, labels, masks), masks, self.state) \
-                            / accumulation_steps
+                    losses = self.model(inputs, labels) if masks is None else self.model(inputs, labels, masks)
+                    loss = self.micro_batch_loss(losses, masks, accumulation_steps)
                     self.loss_checks.keep(loss, accumulation_steps)
                 with observer.phase("backward"):
                     self.zero.scale_loss(loss).backward()

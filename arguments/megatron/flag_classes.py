@@ -163,9 +163,6 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
      _names("--fp16-lm-cross-entropy --output-logit-dtype")),
     ("Megatron's ONNX-safe GeLU is the exact erf GeLU, its default; the activation here is --activation",
      _names("--onnx-safe")),
-    ("without a loss mask every sample has --seq-length target tokens, so the per-token and per-micro-batch "
-     "averages of the loss are equal (with --eod-mask-loss or --goldfish-loss it is refused)",
-     _names("--calculate-per-token-loss")),
     ("a global batch not divisible by micro batch x data-parallel size is an error here, so no batch is ever "
      "decreased", _names("--decrease-batch-size-if-needed")),
     ("evaluation only (how many batches, when, on which sets): training is the same; validation here runs "

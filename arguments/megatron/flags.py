@@ -143,14 +143,6 @@ SELECTIVE_RECOMPUTE = ("Megatron's selective recompute keeps the s x s attention
                        "blocks' RMSNorms keep only their input (the next linear still keeps their output, which "
                        "Megatron recomputes too); its other modules have no effect here (--recompute-granularity full "
                        "checkpoints whole blocks for more memory savings)")
-# Megatron-LM's --calculate-per-token-loss sums every micro-batch's masked losses and divides the gradients by the
-# iteration's token count summed over DP x CP (schedules.py forward_step_calc_loss; finalize_model_grads); here each
-# micro-batch is its own masked mean (data/documents.py masked_token_mean). Without a loss mask the two are equal.
-PER_TOKEN_LOSS_WITH_A_MASK = ("--calculate-per-token-loss with a loss mask (--eod-mask-loss, --goldfish-loss) is not "
-                              "implemented: the loss here is each micro-batch's masked mean, Megatron-LM's divides the "
-                              "iteration's masked sum by its token count over DP x CP, another gradient")
-
-
 MEANINGS: list[Meaning] = [
     Meaning(("--deepspeed",), "deepspeed", "DeepSpeed-Megatron", {"action": "store_true"},
             NO_EFFECT_FLAGS["deepspeed"]),
@@ -337,9 +329,6 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     _resolve_ulysses(given, settings, sources, change, resolved)
     _resolve_positions(given, settings, change)
     resolve_cuda_graph_flags(given, settings, option_used, change, resolved, harvested or {})
-    if (harvested or {}).get("--calculate-per-token-loss") and (settings.get("eod_mask_loss")
-                                                               or settings.get("goldfish_loss")):
-        resolved.refused.append(PER_TOKEN_LOSS_WITH_A_MASK)
     if resolved.refused:
         raise RefusedFlags(resolved)
     return resolved

@@ -84,13 +84,15 @@ class MoELossTracker:
 
     def __init__(self) -> None:
         self.backward_scale = 1.0
+        self.per_token = False  # --calculate-per-token-loss (attach)
         self.iteration = 0
         self.values: dict[str, dict[int, float]] = defaultdict(dict)
         self._pending: list[tuple[str, int, torch.Tensor]] = []
         self.tokens_per_expert: dict[int, torch.Tensor] = {}  # layer -> the iteration's tokens per expert
 
-    def begin_iteration(self, backward_scale: float) -> None:
+    def begin_iteration(self, backward_scale, per_token: bool = False) -> None:
         self.backward_scale = backward_scale
+        self.per_token = per_token
         self.iteration += 1
         self.values = defaultdict(dict)
         self._pending = []
@@ -134,7 +136,11 @@ class AuxLossAutoScaler(torch.autograd.Function):
 
 
 def attach(output: torch.Tensor, aux_loss: torch.Tensor, tracker: Optional[MoELossTracker]) -> torch.Tensor:
-    """`output`, carrying `aux_loss`'s gradient into backward (see AuxLossAutoScaler)."""
+    """`output`, carrying `aux_loss`'s gradient into backward (see AuxLossAutoScaler). Under
+    --calculate-per-token-loss the loss is multiplied by the tokens `output` holds (its rows: the tokens this router
+    saw), as Megatron-Core's router does, since the gradients are then scaled by 1 / the iteration's token count."""
     if tracker is None:
         tracker = MoELossTracker()
+    if tracker.per_token:
+        aux_loss = aux_loss * output.shape[0]
     return AuxLossAutoScaler.apply(output, aux_loss, tracker)

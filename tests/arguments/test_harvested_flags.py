@@ -397,12 +397,13 @@ def test_use_mup_is_refused_naming_megatrons_mup_rules():
     assert "softmax scale 1/d_head" in message and "\n" not in message
 
 
-def test_per_token_loss_is_no_effect_without_a_loss_mask_and_refused_with_one():
+def test_per_token_loss_is_ours_with_any_loss_mask():
     """Megatron-LM's --calculate-per-token-loss divides the iteration's masked loss sum by its token count over DP x CP
     (megatron/core/pipeline_parallel/schedules.py forward_step_calc_loss leaves the sum undivided; finalize_model_grads
-    scales by the all-reduced count); here each micro-batch is its own masked mean. Equal only without a loss mask."""
-    parsed = parse_arguments(["--calculate-per-token-loss"])
-    assert any("--calculate-per-token-loss" in note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
-    for mask in ("--eod-mask-loss", "--goldfish-loss"):
-        with pytest.raises(ConfigError, match="--calculate-per-token-loss with a loss mask"):
-            parse_arguments(["--calculate-per-token-loss", mask])
+    scales by the all-reduced count): here too (training/per_token_loss.py), with or without a loss mask."""
+    for mask in ([], ["--eod-mask-loss"], ["--goldfish-loss"]):
+        parsed = parse_arguments(["--calculate-per-token-loss", *mask])
+        assert parsed.config.training.calculate_per_token_loss
+        assert not any("--calculate-per-token-loss" in note for note in parsed.notes), parsed.notes
+
+
