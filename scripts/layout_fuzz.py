@@ -95,6 +95,13 @@ def _draw_model(rng: random.Random, layers: int, tensor_parallel: int) -> _Model
         flags.append("--untie-embeddings-and-output-weights")
     if rng.random() < 0.2:  # replicated under TP: the norms over each head's query and key
         flags.append("--qk-layernorm")
+    loss = rng.random()
+    if loss < 0.2:  # a loss mask: none on end-of-document inputs, or the goldfish loss's dropped tokens
+        flags += rng.choice([["--eod-mask-loss"], ["--goldfish-loss", "--goldfish-h", "8"]])  # h within seq 32
+    if loss < 0.1 or 0.2 <= loss < 0.3:  # Megatron's per-token reduction, with and without a mask
+        flags.append("--calculate-per-token-loss")
+    if rng.random() < 0.15:  # documents: positions restart and attention stays within each one
+        flags += ["--reset-position-ids", "--reset-attention-mask"]
     if model.moe:
         topk = rng.choice(["1", "2"])
         flags += ["--num-experts", str(model.experts), "--moe-router-topk", topk, "--moe-ffn-hidden-size", "32",
@@ -132,8 +139,10 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None) -> 
     if pipeline > 1:
         layout = replace(layout, pp=pipeline)
         split = rng.random()
-        if layers // pipeline >= 2 and split < 0.3:
+        if layers // pipeline >= 2 and split < 0.2:
             layout = replace(layout, vp_layers=1)
+        elif layers // pipeline >= 2 and split < 0.35:  # the other spelling: two chunks a stage
+            layout = replace(layout, virtual_stages=2)
         elif pipeline == 2 and layers >= 3 and split < 0.5:
             layout = replace(layout, first_stage_layers=1)
     zero = rng.choice(["0", "1", "2", "3", "distributed-optimizer"] if pipeline == 1 else
@@ -143,8 +152,8 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None) -> 
         layout = replace(layout, overlap_param_gather=rng.random() < 0.4, overlap_grad_reduce=rng.random() < 0.4)
     if zero != "0" and rng.random() < 0.15:
         layout = replace(layout, offload_optimizer=True)
-    recompute = rng.choice(["none", "none", "full", "selective", "zero-r"])
-    if recompute in ("full", "selective"):
+    recompute = rng.choice(["none", "none", "full", "block", "selective", "zero-r"])
+    if recompute in ("full", "block", "selective"):
         layout = replace(layout, recompute=recompute)
     elif recompute == "zero-r":
         layout = replace(layout, checkpoint_activations=True,
@@ -160,7 +169,7 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None) -> 
     fp8 = model_flags is None and rng.random() < 0.1
     flags = list(model_flags) if model_flags is not None else model.flags
     if fp8:
-        flags += ["--fp8-format", "hybrid", "--fp8-recipe", rng.choice(["delayed", "tensorwise"])]
+        flags += ["--fp8-format", "hybrid", "--fp8-recipe", rng.choice(["delayed", "tensorwise", "blockwise"])]
     micro = rng.choice([1, 2])
     accumulation = pipeline * rng.choice([1, 2]) if pipeline > 1 else rng.choice([1, 2, 3])
     batch = ["--micro-batch-size", str(micro), "--global-batch-size", str(micro * data_parallel * accumulation)]

@@ -41,7 +41,8 @@ def test_two_hundred_draws_parse_and_cover_every_dimension():
         sizes = ("--tensor-model-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size")
         seen.update(flag for flag in flags if flag.startswith("--") and not (flag in sizes and value[flag] == "1"))
         seen.update(f"{flag} {value[flag]}" for flag in ("--cp-comm-type", "--zero-stage", "--fp8-recipe",
-                                                         "--recompute-granularity") if flag in value)
+                                                         "--recompute-granularity", "--recompute-method")
+                    if flag in value)
     dimensions = ["ranks 2", "ranks 4", "ranks 8", "--tensor-model-parallel-size", "--sequence-parallel",
                   "--cp-comm-type p2p", "--cp-comm-type all_gather", "--cp-comm-type a2a",
                   "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
@@ -52,7 +53,9 @@ def test_two_hundred_draws_parse_and_cover_every_dimension():
                   "--num-experts", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
                   "--moe-layer-freq", "--moe-shared-expert-intermediate-size", "--moe-grouped-gemm",
                   "--untie-embeddings-and-output-weights", "--qk-layernorm", "--num-query-groups", "--swiglu",
-                  "--fp8-recipe delayed", "--fp8-recipe tensorwise"]
+                  "--fp8-recipe delayed", "--fp8-recipe tensorwise", "--fp8-recipe blockwise",
+                  "--num-virtual-stages-per-pipeline-rank", "--recompute-method block", "--eod-mask-loss",
+                  "--goldfish-loss", "--calculate-per-token-loss", "--reset-attention-mask"]
     assert [dimension for dimension in [*dimensions, *DIMENSIONS] if not seen[dimension]] == []
 
 

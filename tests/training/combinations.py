@@ -25,12 +25,13 @@ class Layout:
     cp_comm: Optional[str] = None              # p2p, all_gather or a2a
     pp: Optional[int] = None
     vp_layers: Optional[int] = None            # layers per virtual pipeline stage
+    virtual_stages: Optional[int] = None       # or model chunks per stage (--num-virtual-stages-per-pipeline-rank)
     first_stage_layers: Optional[int] = None   # an uneven first stage
     zero: Optional[str] = None                 # "0".."3", or "distributed-optimizer"
     overlap_param_gather: bool = False
     overlap_grad_reduce: bool = False
     offload_optimizer: bool = False
-    recompute: Optional[str] = None            # "full" (uniform, 1 layer a group) or "selective": Megatron's
+    recompute: Optional[str] = None            # "full" (uniform, 1 layer a group), "block" or "selective": Megatron's
     checkpoint_activations: bool = False       # ZeRO-R's checkpoints, with P_a and M_D below
     partition_activations: bool = False
     contiguous_checkpointing: bool = False
@@ -42,6 +43,7 @@ class Layout:
         before_zero = {"tp": "--tensor-model-parallel-size", "sp": "--sequence-parallel",
                        "cp": "--context-parallel-size", "cp_comm": "--cp-comm-type",
                        "pp": "--pipeline-model-parallel-size", "vp_layers": "--num-layers-per-virtual-pipeline-stage",
+                       "virtual_stages": "--num-virtual-stages-per-pipeline-rank",
                        "first_stage_layers": "--decoder-first-pipeline-num-layers"}
         for name, flag in before_zero.items():
             value = getattr(self, name)
@@ -52,8 +54,9 @@ class Layout:
         switches = {"overlap_param_gather": "--overlap-param-gather", "overlap_grad_reduce": "--overlap-grad-reduce",
                     "offload_optimizer": "--offload-optimizer"}
         flags += [flag for name, flag in switches.items() if getattr(self, name)]
-        if self.recompute == "full":
-            flags += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        if self.recompute in ("full", "block"):
+            method = "uniform" if self.recompute == "full" else "block"
+            flags += ["--recompute-granularity", "full", "--recompute-method", method, "--recompute-num-layers", "1"]
         elif self.recompute is not None:
             flags += ["--recompute-granularity", self.recompute]
         zero_r = {"checkpoint_activations": "--checkpoint-activations", "partition_activations":
