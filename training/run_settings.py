@@ -68,7 +68,7 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
     attention_backend, fallback = resolve_attention_backend(config, training.precision, device_type)
     notes += fallback + vocabulary_notes(config, vocab_size) + document_masking_notes(config) \
         + moe_notes(config, tensor_parallel_size, data_parallel_size)
-    notes += longrope_notes(config)
+    notes += longrope_notes(config) + masked_loss_log_notes(config)
     model = dataclasses.replace(config.model, vocab_size=vocab_size, attention_backend=attention_backend)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
                                    micro_batch_size=batch.micro_batch_size,
@@ -164,6 +164,17 @@ def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:
             f"learned positions after each end-of-document token; rotary angles stay those of positions 0..seq-1 "
             f"(within a document, which --reset-attention-mask keeps attention to, rotary q.k depends only on the "
             f"positions' difference)",)
+
+
+def masked_loss_log_notes(config: PretrainConfig) -> tuple[str, ...]:
+    """With a loss mask Megatron-LM logs every loss as the masked sum over the count (pretrain_gpt.py loss_func returns
+    both; training_log and evaluate divide the sums); here the evaluation's loss, and the training loss without
+    --calculate-per-token-loss, is the mean of each micro-batch's masked mean (training/evaluation.py)."""
+    if not (config.data.eod_mask_loss or config.data.goldfish_loss):
+        return ()
+    logged = "evaluation" if config.training.calculate_per_token_loss else "training and evaluation"
+    return (f"> with a loss mask the logged {logged} loss is the mean of each micro-batch's masked mean; Megatron-LM "
+            f"logs the masked sum over the token count (the gradients are Megatron-LM's either way)",)
 
 
 def longrope_notes(config: PretrainConfig) -> tuple[str, ...]:
