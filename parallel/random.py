@@ -1,28 +1,16 @@
 """Random-number streams for tensor parallelism: one shared by the TP group, one private to each rank.
 
-Dropout must agree across TP ranks wherever they hold the same activation (the residual stream, after a
-row-parallel reduce): there the default generator is used, seeded with the run's seed on every rank. Inside a TP
-region each rank holds its own slice (its heads), and identical masks would correlate them: there code runs under
-`tracker.fork()`, a generator seeded with `seed + 2718 + tensor_parallel_rank` (Megatron's offset). Under sequence
-parallelism the residual stream is split too, so its dropout (and the embedding's) runs under `fork()` as well
-(gpt/model.py), as Megatron-Core's TransformerBlock and LanguageModelEmbedding do.
+Dropout must agree across TP ranks where they hold the same activation (the residual stream): there the default
+generator runs. Inside a TP region each rank holds its own slice, so code runs under `tracker.fork()`, a generator
+seeded `seed + 2718 + tensor_parallel_rank` (Megatron's offset); under sequence parallelism the residual stream's
+dropout forks too (gpt/model.py), as Megatron-Core's. Each pipeline stage starts both from `seed + 100 x pp_rank`
+(Megatron-LM's _set_random_seed): stage 1 seeded as stage 0 would repeat its masks. A rank's virtual chunks continue
+its stream. The DP rank is in neither seed, but for + 10 x it under --data-parallel-random-init, as Megatron-LM's.
+`get_states()`/`set_states()` capture all four states (CPU and CUDA), for checkpoints and recompute.
 
-Each pipeline stage draws from its own streams: both seeds start from `seed + 100 x pipeline_rank`, as Megatron-LM's
-_set_random_seed (megatron/training/initialize.py) offsets them before model_parallel_cuda_manual_seed adds 2718 + the
-TP rank. Stage 1 seeded as stage 0 would draw the masks stage 0 drew (its first layers' dropout the same as stage 0's
-first layers'), correlations no one-stage run has. A rank's virtual chunks continue its one stream. So dropout differs
-between layouts of different pipeline sizes, by Megatron's definition.
-
-The DP rank is deliberately in neither seed: DP ranks see different samples, and keeping it out means dropout does
-not change when the TP group is replicated more or fewer times. Under --data-parallel-random-init both seeds add 10 x
-the DP rank, as Megatron-LM's do. The tracker swaps the CPU generator and, on CUDA,
-the device's; `get_states()`/`set_states()` capture all four states, for checkpoints and for recompute.
-
-Under CUDA graphs (training/cuda_graphs.py) a capture may not read or write a CUDA generator's state as a tensor:
-`graph_safe` keeps the private CUDA stream as a generator state object swapped by reference
-(`graphsafe_set_state`/`graphsafe_get_state`), registered with each graph (`graph_generators`) so a replay advances
-it: Megatron-Core's CudaRNGStatesTracker with use_cudagraphable_rng (tensor_parallel/random.py), which Megatron-LM
-turns on exactly when --cuda-graph-impl is not none. Outside a capture the stream draws the same numbers either way."""
+Under CUDA graphs (training/cuda_graphs.py) `graph_safe` keeps the private CUDA stream as a generator state object
+swapped by reference and registered with each graph (`graph_generators`), as Megatron-Core's CudaRNGStatesTracker with
+use_cudagraphable_rng, which Megatron-LM turns on with --cuda-graph-impl. Outside a capture it draws the same."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ TREE is Megatron-LM's tree at core_v0.16.1 beyond megatron.core (the extracted m
 megatron.core is the benchmark venv's megatron-core 0.16.1 wheel. FLAGS go to its parse_args untouched
 (`--distributed-backend gloo` added when none is named). --record: the last rank appends one JSON line per logged
 iteration (the loss dict at full precision, grad norm, learning rate, loss scale). --logits: the first step's
-inputs and fp32 output-layer logits. --count-launches: the second iteration's kernel launches by micro-batch
-(scripts/op_counter.py, as scripts/benchmark_host_ops.py counts this project's).
+inputs and fp32 output-layer logits. --count-launches: the second iteration's launches (scripts/op_counter.py).
 
 The patches (`apply_cpu_patches`; each _patch_* says why), each for a CUDA call with no CPU meaning or for what
 Megatron-Core computes otherwise without the GPU libraries: device queries answer one H100; tensors asked on

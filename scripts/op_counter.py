@@ -1,25 +1,13 @@
 """Kernel launches counted on the CPU, where the count is exact (issue 87): every ATen op that reaches the
 dispatcher below autograd and launches a kernel is at least one launch on a GPU.
 
-`LaunchCounter` is a TorchDispatchMode, so it sees each op below autograd (a composite such as `linear` arrives as
-its parts, `t` and `addmm`), in the forward and in the backward, and counts those that launch a kernel: not views
-and aliases (`func.is_view`), `detach`, `_unsafe_view`, the `empty` family or `lift_fresh`, which only make
-metadata or allocate. An op's own internal calls (a CPU kernel calling another ATen op) are not seen: the mode
-steps aside while the op runs, as a GPU kernel is one launch whatever it computes.
-
-Compiled code (whole blocks under --compile, or a fused region called from eager code) runs under the mode: it
-declares itself an infra mode, which dynamo does not refuse (it skips frames under any other mode). A compiled
-graph's extern calls (`mm`, `_scaled_mm`, a custom op) reach the mode like eager ops; its inductor kernels do not
-pass the dispatcher, and come from torch.profiler's events instead (inductor's `cpp.enable_kernel_profile` names
-each C++ kernel an event where the kernel was compiled inside `inductor_kernel_events()`). On the CPU one such kernel
-may hold several loop nests that a GPU runs as separate kernels (a whole-tensor reduction and the pointwise op
-reading it), so a compiled region's CPU count is a floor of its GPU launches.
-
-Windows name where the ops fall (`enter_window`): scripts/benchmark_host_ops.py's train-step observer opens
-`micro_batch <i>` around each micro-batch and the phase (`forward`, `backward`) inside it, what is outside them (the
-optimizer step, the gradient norm) being `outside`; scripts/megatron_lm_cpu.py does the same in Megatron-LM's loop.
-It imports torch alone, so that Megatron-LM's process can import it. Compilation must happen before counting (a warm-up iteration): the counter only counts while
-`active`."""
+`LaunchCounter`, a TorchDispatchMode, counts each op below autograd (forward and backward) but views, aliases,
+`detach`, `_unsafe_view`, the `empty` family and `lift_fresh`, which only make metadata or allocate. It declares
+itself an infra mode, so compiled code runs under it: extern calls reach it as ops, inductor's C++ kernels come from
+torch.profiler's events (`inductor_kernel_events()`); one CPU kernel may be several GPU kernels, so a compiled
+count is a floor. Windows (`enter_window`) name where the ops fall: `micro_batch <i>` with its phase, or `outside`
+(the optimizer step). It imports torch alone, so that Megatron-LM's process can import it (scripts/megatron_lm_cpu.py).
+Compile before counting: the counter counts only while `active`."""
 
 from __future__ import annotations
 
