@@ -5,6 +5,7 @@ table's model shapes; one JSON naming the device, torch and the commit.
 
     python scripts/gpu_side_by_side.py --output docs/gpu-side-by-side-h200.json
     python scripts/gpu_side_by_side.py --only llama-1.2b --variants eager,compile,fp8-tensorwise-compile
+    python scripts/gpu_side_by_side.py --runs llama-1.2b/compile,gpt2-124m-mbs1/eager   # these, in this order
     python scripts/gpu_side_by_side.py --list          # the runs and their command lines, nothing run
 
 Every run is a real launch of `pretrain_gpt.py` with `--metrics-file`: its step time is the median `iter_time_s`
@@ -146,8 +147,15 @@ def _without(argv: list[str], flags: dict) -> list[str]:
 
 
 def plan_runs(shapes: Optional[Sequence[str]] = None, variants: Optional[Sequence[str]] = None,
-              table: str = "speed") -> list[Run]:
-    """The table's runs in order: shape by shape, Megatron-LM first, then ours."""
+              table: str = "speed", ordered: Optional[Sequence[str]] = None) -> list[Run]:
+    """The table's runs in order: shape by shape, Megatron-LM first, then ours; or `ordered`'s "shape/variant"
+    names in their order (a short lease measures what matters most first)."""
+    if ordered:
+        everything = {run.name: run for run in plan_runs(table=table)}
+        unknown = [name for name in ordered if name not in everything]
+        if unknown:
+            raise ConfigError(f"unknown {', '.join(unknown)}: the {table} table's runs are {', '.join(everything)}")
+        return [everything[name] for name in ordered]
     by_name = {shape.name: shape for shape in SHAPES}
     known = [variant for variant, _, _ in TABLES[table]]
     unknown = [name for name in shapes or () if name not in by_name] + \
@@ -360,6 +368,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--output", default=None, help="write every run's figures as JSON here")
     parser.add_argument("--only", default=None, help="comma list of shapes (default: all)")
     parser.add_argument("--variants", default=None, help="comma list of runs per shape (default: all)")
+    parser.add_argument("--runs", default=None, help="comma list of shape/variant, run in this order (instead of "
+                        "--only/--variants)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="2-layer models: the same runs on a CPU, for the tests")
     parser.add_argument("--table", choices=tuple(TABLES), default="speed",
@@ -379,7 +389,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.iterations is None:
         args.iterations = CONVERGENCE_ITERATIONS if args.table == "convergence" else 12
     runs = plan_runs(args.only.split(",") if args.only else None, args.variants.split(",") if args.variants else None,
-                     args.table)
+                     args.table, args.runs.split(",") if args.runs else None)
     if args.list:
         for run in runs:
             print(f"{run.name}: {'megatron-lm ' if run.variant == 'megatron' else 'pretrain_gpt.py '}"
