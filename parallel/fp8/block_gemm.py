@@ -90,6 +90,10 @@ def check_block_operands(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor
 def _runs_natively(a: torch.Tensor, b: torch.Tensor, block: int, b_square: bool) -> bool:
     if block != BLOCK or kernel.native_block_gemm_missing(a.device) is not None:
         return False
+    # torch's 1x128 / 128x128 GEMM takes e4m3 operands only (check_deepseek_recipe; an H200 refused hybrid's e5m2
+    # gradient with "Invalid scaling configuration"): under --fp8-format hybrid the backward's GEMMs run the loop
+    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        return False
     return a.size(1) % BLOCK == 0 and (not b_square or b.size(1) % BLOCK == 0)
 
 

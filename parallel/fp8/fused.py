@@ -18,6 +18,7 @@ each region once per dtype combination, a test process many more."""
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Callable, Optional
 
 import torch
@@ -63,8 +64,19 @@ class FusedRegion:
         if not fused or _runs_plain(args):
             return self.fn(*args)
         if self._compiled is None:
-            self._compiled = torch.compile(self.fn, fullgraph=True, dynamic=True, recompile_limit=RECOMPILE_LIMIT)
+            self._compiled = torch.compile(self.fn, fullgraph=True, dynamic=True, **_recompile_limit())
         return self._compiled(*args)
+
+
+def _recompile_limit() -> dict:
+    """torch.compile's per-function recompile_limit (torch 2.13+); before it, dynamo's one process-wide limit is
+    raised to it instead (torch 2.11 on a GPU machine: a region past the default 8 would otherwise run uncompiled)."""
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        return {"recompile_limit": RECOMPILE_LIMIT}
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+    return {}
 
 
 def fused_region(fn: Callable) -> FusedRegion:

@@ -130,6 +130,6 @@ def kernel_name(device: torch.device, recipe: str) -> str:
     missing = native_block_gemm_missing(device) if recipe == "blockwise" else \
         "MXFP8's native GEMM is Blackwell's, with swizzled E8M0 scales: not built"
     if missing is None:
-        return ("CUDA scaled_mm with native 1x128 / 128x128 block scaling, one GEMM each (untested on a GPU here), "
-                f"where K and a 128x128 operand's N are multiples of 128; else {loop}")
+        return ("CUDA scaled_mm with native 1x128 / 128x128 block scaling, one GEMM each, where both operands are "
+                f"e4m3 (hybrid's e5m2 gradients: not) and K and a 128x128 operand's N are multiples of 128; else {loop}")
     return f"emulated: {loop} ({missing})"

@@ -38,8 +38,9 @@ def native_everywhere(monkeypatch):
 
 def test_the_blockwise_linears_three_gemms_pass_torchs_meta_checks(native_everywhere):
     """x [256, 384] -> 512 on meta: fprop (1x128 x 128x128), dgrad (1x128 x 128x128 of W), wgrad (1x128 x 1x128
-    along the tokens), each one scaled_mm the meta kernel accepts; the output and gradients have their shapes."""
-    state = Fp8LinearState(Fp8Recipe(fp8_format="hybrid", recipe="blockwise"), device="meta")
+    along the tokens), each one scaled_mm the meta kernel accepts; the output and gradients have their shapes. e4m3
+    throughout: torch's native kernel takes no e5m2 operand (the hybrid test below)."""
+    state = Fp8LinearState(Fp8Recipe(fp8_format="e4m3", recipe="blockwise"), device="meta")
     weight = torch.empty(512, 384, dtype=torch.bfloat16, device="meta", requires_grad=True)
     x = torch.empty(256, 384, dtype=torch.bfloat16, device="meta", requires_grad=True)
     y = fp8_linear(x, weight, None, state)
@@ -47,8 +48,8 @@ def test_the_blockwise_linears_three_gemms_pass_torchs_meta_checks(native_everyw
     assert y.shape == (256, 512) and x.grad.shape == x.shape and weight.grad.shape == weight.shape
     fprop, wgrad, dgrad = native_everywhere  # the forward's, then the backward's (weight gradient first)
     assert (fprop[0].shape, fprop[1].shape) == ((256, 384), (384, 512))
-    assert (wgrad[0].shape, wgrad[1].shape, wgrad[0].dtype) == ((512, 256), (256, 384), E5M2)
-    assert (dgrad[0].shape, dgrad[1].shape, dgrad[0].dtype) == ((256, 512), (512, 384), E5M2)
+    assert (wgrad[0].shape, wgrad[1].shape, wgrad[0].dtype) == ((512, 256), (256, 384), E4M3)
+    assert (dgrad[0].shape, dgrad[1].shape, dgrad[0].dtype) == ((256, 512), (512, 384), E4M3)
     # scales as cuBLASLt takes them: 1x128 outer-dim-major, 128x128 with the K blocks padded to 4
     assert fprop[2].shape == (256, 3) and fprop[2].stride() == (1, 256)
     assert fprop[4].shape == (4, 4) and fprop[4].stride() == (1, 4)
@@ -59,6 +60,17 @@ def test_the_blockwise_linears_three_gemms_pass_torchs_meta_checks(native_everyw
         (ScalingType.BlockWise1x128, ScalingType.BlockWise128x128),
         (ScalingType.BlockWise1x128, ScalingType.BlockWise1x128),
         (ScalingType.BlockWise1x128, ScalingType.BlockWise128x128)]
+
+
+def test_hybrid_runs_only_its_forward_natively(native_everywhere):
+    """--fp8-format hybrid: the backward's GEMMs take the e5m2 gradient, which torch's block-scaled GEMM refuses
+    (check_deepseek_recipe: e4m3 operands only; seen on an H200): they run the K-block loop."""
+    state = Fp8LinearState(Fp8Recipe(fp8_format="hybrid", recipe="blockwise"), device="meta")
+    weight = torch.empty(512, 384, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    x = torch.empty(256, 384, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    fp8_linear(x, weight, None, state).backward(torch.empty(256, 512, dtype=torch.bfloat16, device="meta"))
+    assert len(native_everywhere) == 1 and native_everywhere[0][0].dtype == E4M3
+    assert x.grad.shape == x.shape and weight.grad.shape == weight.shape
 
 
 def test_a_scale_in_another_layout_is_refused_by_torchs_meta_kernel_and_ours():
@@ -90,6 +102,9 @@ def test_the_cpu_runs_one_call_per_gemm_and_the_native_gemm_only_on_multiples_of
     whole = torch.empty(64, 256, dtype=E4M3)
     assert block_gemm._runs_natively(whole, torch.empty(256, 128, dtype=E4M3), 128, True)
     assert not block_gemm._runs_natively(whole, torch.empty(256, 96, dtype=E4M3), 128, True)  # N off 128
+    # hybrid's e5m2 gradient: torch's block-scaled GEMM takes e4m3 only (an H200's torch 2.11 refused it)
+    assert not block_gemm._runs_natively(torch.empty(64, 256, dtype=torch.float8_e5m2),
+                                         torch.empty(256, 128, dtype=E4M3), 128, True)
     assert not block_gemm._runs_natively(torch.empty(64, 256, dtype=E4M3), torch.empty(256, 96, dtype=E4M3), 32,
                                          False)  # MXFP8: the loop on sm90
 
