@@ -57,7 +57,8 @@ def profile_run(train_argv: list[str], skip: int, active: int) -> dict:
     kernel_us: Counter = Counter()
     host: Counter = Counter()
     for event in profiler.events():
-        if str(getattr(event, "device_type", "")).endswith("CUDA"):
+        # the profiler's own step ranges appear on the device's timeline too: they are not kernels
+        if str(getattr(event, "device_type", "")).endswith("CUDA") and not event.name.startswith("ProfilerStep"):
             kernels[event.name] += 1
             kernel_us[event.name] += event.time_range.elapsed_us()
         elif event.name in SYNCS:

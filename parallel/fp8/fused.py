@@ -11,9 +11,12 @@ A region runs its plain function instead of compiling where compiling is wrong o
   tests/host_syncs.py count ops under such modes, and see the unfused ops);
 - dynamo is already tracing (whole-block --compile): the function is inlined into the block's graph.
 
-`dynamic=True`: one graph serves every linear's shape (a shape-specialised region would recompile per shape and,
-past the recompile limit, run eagerly without a word). The limit is raised for these functions: a run compiles
-each region once per dtype combination, a test process many more."""
+`dynamic=False`: a region is compiled for each shape it meets (a dense model's linears have a handful). Compiled
+for symbolic shapes instead, inductor miscompiled the 128x128 weight cast of a weight of 128 rows and more columns
+(the CPU's code: 40% of the values saturated, tests/parallel/test_fp8_fused.py), and on an H200 a guarded cast's
+reductions ran in ~1.5 ms where an unguarded amax took 0.04 (docs/performance.md). The recompile limit is raised for
+these functions (experts' padded row counts vary; past the limit a new shape runs the plain function, the same
+math)."""
 
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ class FusedRegion:
         if not fused or _runs_plain(args):
             return self.fn(*args)
         if self._compiled is None:
-            self._compiled = torch.compile(self.fn, fullgraph=True, dynamic=True, **_recompile_limit())
+            self._compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, **_recompile_limit())
         return self._compiled(*args)
 
 

@@ -262,13 +262,16 @@ class _Fp8LinearFunction(torch.autograd.Function):
             grad_x, grad_w = casts.finish_backward(grad_x, grad_w, ctx.x_dtype, ctx.weight_dtype, figures, into,
                                                    fused=state.fused)
         if ctx.high_precision:
+            # The GEMMs a layer without FP8 runs: x's dtype, fp32 accumulation, the weight gradient added into the
+            # main gradient as the fp32 sum of the exact 16-bit products. (In fp32, as this once ran, a GPU takes
+            # SIMT kernels: 2 ms each for a 1.2B model's linear on an H200, docs/performance.md.)
             x2, weight = saved[ctx.fp8_saved:]
-            g = g2.float()
-            grad_x, grad_w = (g @ weight.float()).to(ctx.x_dtype), g.t() @ x2.float()
+            g = g2.to(x2.dtype)
+            grad_x = (g @ weight.to(x2.dtype)).to(ctx.x_dtype)
             if main_grad is None:
-                grad_w = grad_w.to(ctx.weight_dtype)
+                grad_w = _high_precision_wgrad(g, x2, ctx.weight_dtype)
             else:
-                main_grad.add_(grad_w)
+                accumulate_weight_gradient(main_grad, g, x2)
                 grad_w = None
         grad_bias = g2.sum(0) if ctx.has_bias else None
         # no weight gradient where it went into the main gradient: the weight's AccumulateGrad node and ZeRO's hook

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from parallel.fp8 import casts
 from parallel.fp8.delayed_updates import BACKWARD, FORWARD, update_delayed_scales
 from parallel.fp8.fused import compile_unavailable, fused_region
 from parallel.fp8.guard import LayerGuard
@@ -103,6 +104,20 @@ def test_the_weight_gradient_added_into_the_main_gradient_fused_gives_the_unfuse
     assert main.dtype == torch.float32 and bf16.dtype == torch.bfloat16 and not torch.equal(main, bf16.float())
     # bf16 keeps 8 significant bits: three roundings (two gradients and their sum) within 2^-7 of the largest value
     assert (main - bf16.float()).abs().max() <= 2 ** -7 * main.abs().max()
+
+
+def test_the_block_weight_cast_of_each_linear_shape_gives_the_unfused_bits():
+    """A GPT's weights one after another through one region (qkv, dense, fc1 and fc2 at hidden 128). Compiled for
+    symbolic shapes, inductor miscompiled fc2's weight [128, 512]: 40% of its values saturated, and a training run's
+    guard sent the layer to high precision (found by the cuda tier run on a CPU: tests/training/test_cuda_paths.py)."""
+    generator = torch.Generator().manual_seed(0)
+    for shape in ((384, 128), (128, 128), (512, 128), (128, 512)):
+        weight = (torch.randn(*shape, generator=generator) * 0.02).bfloat16()
+        plain_figures, fused_figures = torch.zeros(6, dtype=torch.float64), torch.zeros(6, dtype=torch.float64)
+        plain = casts.cast_block_weight(weight, torch.float8_e4m3fn, plain_figures, None, fused=False)
+        fused = casts.cast_block_weight(weight, torch.float8_e4m3fn, fused_figures, None, fused=True)
+        assert all(torch.equal(a.float(), b.float()) for a, b in zip(fused, plain)), shape
+        assert torch.equal(fused_figures, plain_figures) and plain_figures[1] == 0, shape
 
 
 def test_the_delayed_update_around_its_collective_gives_the_unfused_bits():
