@@ -1132,11 +1132,7 @@ class PretrainConfig:
         mtp = self.model.mtp_num_layers
         if not mtp:
             return
-        cp, pp = self.parallel.context_parallel_size, self.parallel.pipeline_model_parallel_size
-        if cp > 1:
-            raise ConfigError(f"--mtp-num-layers {mtp} with --context-parallel-size {cp} is not implemented here: the "
-                              f"MTP layers roll the whole sequence on each rank; use --context-parallel-size 1",
-                              flags=("--mtp-num-layers", "--context-parallel-size"))
+        pp = self.parallel.pipeline_model_parallel_size
         if pp > 1 and self.model.position_embedding_type == "learned_absolute":
             raise ConfigError(f"--mtp-num-layers {mtp} with --pipeline-model-parallel-size {pp} and learned absolute "
                               f"positions is not implemented here: the last stage's MTP layers hold no position "

@@ -14,7 +14,9 @@ The loss, process_mtp_loss: the labels and the loss mask rolled left k times; pe
 AuxLossAutoScaler (gpt/moe/balancing.py, as Megatron's MTPLossAutoScaler) attaches it to the decoder's hidden states and gives it, in backward, the main loss's backward
 scale (schedules.py forward_step_calc_loss: `MTPLossAutoScaler.set_loss_scale(loss_scale / num_microbatches)`).
 Logged as MTPLossLoggingHelper.track_mtp_metrics: "mtp_k loss" = sum(mask_k x CE_k) / num_tokens per
-micro-batch, averaged over the micro-batches and the data-parallel ranks.
+micro-batch, averaged over the micro-batches and the data- and context-parallel ranks. Under context parallelism
+every roll runs over the whole sequence (parallel/context_parallel.py roll_left_across_chunks: Megatron's roll_tensor
+with its cp_group) and each loss is normalised by the count over the CP group, so CP changes none of it.
 """
 
 from __future__ import annotations
@@ -24,15 +26,8 @@ from torch import nn
 
 from gpt.moe.balancing import AuxLossAutoScaler
 from gpt.norms import normalization
+from parallel.context_parallel import positions_on_this_rank, roll_left_across_chunks
 from parallel.mappings import gather_from_tensor_parallel_region, scatter_to_sequence_parallel_region
-
-
-def roll_left(tensor: torch.Tensor) -> torch.Tensor:
-    """roll_tensor(shifts=-1, dims=-1) without context parallelism: shifted left along the last dim, the last
-    position filled with 0."""
-    rolled = torch.roll(tensor, shifts=-1, dims=-1)
-    rolled[..., -1] = 0
-    return rolled
 
 
 class MTPLossTracker:
@@ -91,26 +86,37 @@ def attach_mtp_loss(model: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor
     """process_mtp_loss: runs the MTP layers on the decoder's final hidden states `hidden` and returns `hidden`
     carrying their scaled losses' gradient (and records the logged values). `model`: the GPTModel (gpt/model.py),
     whose embedding, output layer and MTP layers these are."""
-    config, tracker = model.config, model.mtp_tracker
+    config, tracker, state = model.config, model.mtp_tracker, model.state
     loss_mask = documents.loss_mask if documents is not None and documents.loss_mask is not None else None
     loss_mask = torch.ones(labels.shape, dtype=torch.float32, device=labels.device) if loss_mask is None \
         else loss_mask.float()
     positions = documents.position_ids if documents is not None and documents.position_ids is not None else \
-        torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+        positions_on_this_rank(tokens.shape[1], state, tokens.device)
+    if positions is None:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+    positions = positions.expand(tokens.shape[0], -1)
     mtp_labels = labels
     scale = config.mtp_loss_scaling_factor / config.mtp_num_layers
+    cp = state.context_parallel_size
     previous, output = hidden, hidden
     for k, layer in enumerate(model.mtp_layers):
-        tokens, positions = roll_left(tokens), roll_left(positions)
+        # rolled over the whole sequence: under context parallelism each chunk takes its successor's first token
+        tokens, positions = roll_left_across_chunks(tokens, state), roll_left_across_chunks(positions, state)
         previous = layer(previous, model.embed(tokens, documents, positions=positions), documents)
-        mtp_labels, loss_mask = roll_left(mtp_labels), roll_left(loss_mask)
+        mtp_labels, loss_mask = roll_left_across_chunks(mtp_labels, state), roll_left_across_chunks(loss_mask, state)
         num_tokens = loss_mask.sum()
+        if cp > 1:
+            # The count over the whole sequence, and this rank's sum x CP: the mean over CP the gradients take is then
+            # the sequence's masked mean, as the main loss's (training/evaluation.py micro_batch_loss), whichever
+            # rank holds the rolled targets. Megatron-Core 0.16 divides by each rank's own count (a rank whose
+            # targets all rolled away gives NaN); Megatron-LM PR #7498 sums the count over the CP group as here.
+            state.comm.all_reduce(num_tokens, state.context_parallel_group, "cp")
         per_token = model.output(previous, mtp_labels).float()
         summed = (per_token * loss_mask).sum()
-        tracker.record(k, summed / num_tokens.clamp(min=1))
+        tracker.record(k, summed * cp / num_tokens.clamp(min=1))
         # Megatron's MTPLossAutoScaler is its MoEAuxLossAutoScaler again: one autograd function here for both; under
         # --calculate-per-token-loss the sum (gpt_model.py: `mtp_loss_scale * mtp_loss`), scaled as the main loss
-        attached = scale * summed if tracker.per_token else scale * summed / num_tokens.clamp(min=1)
+        attached = scale * summed if tracker.per_token else scale * summed * cp / num_tokens.clamp(min=1)
         output = AuxLossAutoScaler.apply(output, attached, tracker)
     return output
 
@@ -126,7 +132,7 @@ def begin_mtp_iteration(model: nn.Module, loss_scale, accumulation_steps: int = 
 
 def finish_mtp_iteration(model: nn.Module, state, accumulation_steps: int, num_layers: int) -> dict[str, float]:
     """The iteration's "mtp_k loss" values (MTPLossLoggingHelper.track_mtp_metrics: summed over the micro-batches,
-    averaged over the data-parallel group, times 1 / micro-batches), on every rank: with pipeline stages the last
+    averaged over the data- and context-parallel group, times 1 / micro-batches), on every rank: with pipeline stages the last
     stage's, summed over the pipeline group (the others hold zeros)."""
     if not num_layers:
         return {}
@@ -135,7 +141,7 @@ def finish_mtp_iteration(model: nn.Module, state, accumulation_steps: int, num_l
         torch.zeros(num_layers, dtype=torch.float64, device=state.device)
     if state.pipeline_parallel_size > 1:
         state.comm.all_reduce(totals, state.pipeline_parallel_group, "pp")
-    if state.data_parallel_size > 1:
-        state.comm.all_reduce(totals, state.data_parallel_group, "dp")
-        totals /= state.data_parallel_size
+    if state.data_context_parallel_size > 1:  # each CP rank's share x CP: their mean is the sequence's
+        state.comm.all_reduce(totals, state.data_context_parallel_group, "dp")
+        totals /= state.data_context_parallel_size
     return {f"mtp_{k + 1} loss": value / accumulation_steps for k, value in enumerate(totals.tolist())}

@@ -71,6 +71,30 @@ def positions_on_this_rank(local_length: int, state: ParallelState, device: torc
     return local_positions(local_length, state.context_parallel_size, state.context_parallel_rank, device)
 
 
+def roll_left_across_chunks(tensor: torch.Tensor, state: Optional[ParallelState]) -> torch.Tensor:
+    """The whole sequence rolled left by one along the last dim, the sequence's last position filled with 0, on this
+    CP rank's chunks: Megatron-Core's roll_tensor(shifts=-1, dims=-1, cp_group) (transformer/multi_token_prediction.py).
+    Each chunk's last position takes the next chunk's first element: chunk r + 1's from CP rank r + 1 (from this rank's
+    own second chunk on the last rank), chunk 2CP - r's from CP rank r - 1 (0 on rank 0, whose second chunk ends the
+    sequence). Megatron exchanges those with point-to-point sends; here one all-gather of each rank's two first
+    elements. Integer and mask tensors only: nothing is differentiated through it."""
+    if state is None or state.context_parallel_size == 1:
+        rolled = torch.roll(tensor, shifts=-1, dims=-1)
+        rolled[..., -1] = 0
+        return rolled
+    size, rank = state.context_parallel_size, state.context_parallel_rank
+    halves = tensor.chunk(2, dim=-1)
+    firsts = torch.stack([half[..., 0] for half in halves]).contiguous()  # [2, ...]
+    gathered = torch.empty((size * 2, *firsts.shape[1:]), dtype=firsts.dtype, device=firsts.device)
+    state.comm.all_gather(gathered, firsts, state.context_parallel_group, "cp")
+    gathered = gathered.view(size, *firsts.shape)
+    after_first = gathered[rank + 1][0] if rank < size - 1 else firsts[1]
+    after_second = gathered[rank - 1][1] if rank > 0 else torch.zeros_like(firsts[1])
+    rolled = [torch.roll(half, shifts=-1, dims=-1) for half in halves]
+    rolled[0][..., -1], rolled[1][..., -1] = after_first, after_second
+    return torch.cat(rolled, dim=-1)
+
+
 # ---- the ranks an exchange runs over ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
