@@ -82,7 +82,7 @@ class _Model:
     flags: list = field(default_factory=list)
 
 
-def _draw_model(rng: random.Random, layers: int, tensor_parallel: int) -> _Model:
+def _draw_model(rng: random.Random, layers: int, tensor_parallel: int, pipeline: int) -> _Model:
     model = _Model(layers=layers, moe=rng.random() < 0.5)
     flags = ["--num-layers", str(layers), "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
              "--max-position-embeddings", "32"]
@@ -115,6 +115,9 @@ def _draw_model(rng: random.Random, layers: int, tensor_parallel: int) -> _Model
             flags += ["--moe-shared-expert-intermediate-size", "32"]
         if rng.random() < 0.3:
             flags.append("--moe-grouped-gemm")
+    # multi-token prediction (on the last stage; beside pipeline stages with rotary positions only, as built here)
+    if rng.random() < 0.15 and (pipeline == 1 or "rope" in flags):
+        flags += ["--mtp-num-layers", rng.choice(["1", "2"])]
     model.flags = flags
     return model
 
@@ -128,7 +131,7 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None) -> 
     pipeline = rng.choice(_divisors(ranks // (tensor_parallel * context_parallel), [1, 1, 2, 4]))
     data_parallel = ranks // (tensor_parallel * context_parallel * pipeline)
     layers = pipeline * rng.choice([1, 2])
-    model = _draw_model(rng, layers, tensor_parallel)
+    model = _draw_model(rng, layers, tensor_parallel, pipeline)
     layout = Layout(tp=tensor_parallel)
     # Megatron-Core's MoE layer takes tensor parallelism only with sequence parallelism in training
     if tensor_parallel > 1 and (model.moe or rng.random() < 0.6):
