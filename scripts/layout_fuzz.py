@@ -155,6 +155,8 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None) -> 
         layout = replace(layout, overlap_param_gather=rng.random() < 0.4, overlap_grad_reduce=rng.random() < 0.4)
     if zero != "0" and rng.random() < 0.15:
         layout = replace(layout, offload_optimizer=True)
+        if rng.random() < 0.5:  # Megatron's hybrid optimizer: part of each rank's optimizer on the host
+            layout = replace(layout, offload_fraction=0.5)
     recompute = rng.choice(["none", "none", "full", "block", "selective", "zero-r"])
     if recompute in ("full", "block", "selective"):
         layout = replace(layout, recompute=recompute)

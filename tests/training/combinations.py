@@ -31,6 +31,7 @@ class Layout:
     overlap_param_gather: bool = False
     overlap_grad_reduce: bool = False
     offload_optimizer: bool = False
+    offload_fraction: Optional[float] = None   # --optimizer-offload-fraction: this share of the optimizer on the host
     recompute: Optional[str] = None            # "full" (uniform, 1 layer a group), "block" or "selective": Megatron's
     checkpoint_activations: bool = False       # ZeRO-R's checkpoints, with P_a and M_D below
     partition_activations: bool = False
@@ -54,6 +55,8 @@ class Layout:
         switches = {"overlap_param_gather": "--overlap-param-gather", "overlap_grad_reduce": "--overlap-grad-reduce",
                     "offload_optimizer": "--offload-optimizer"}
         flags += [flag for name, flag in switches.items() if getattr(self, name)]
+        if self.offload_fraction is not None:
+            flags += ["--optimizer-offload-fraction", str(self.offload_fraction)]
         if self.recompute in ("full", "block"):
             method = "uniform" if self.recompute == "full" else "block"
             flags += ["--recompute-granularity", "full", "--recompute-method", method, "--recompute-num-layers", "1"]
