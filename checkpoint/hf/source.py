@@ -21,7 +21,6 @@ and served from memory: the load path is the same. Quantized weights are refused
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import struct
@@ -39,6 +38,7 @@ from checkpoint.global_load import ResumePoint, load_from_source
 from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress
 from checkpoint.hf import folders as hf
 from checkpoint.hf.config_check import check_llama_hf_config
+from checkpoint.integrity import read_header
 from families.common import dense_weights as hf_dense
 from families.common import llama_shaped as hf_llama
 from families.common.layout import EXPERT_BIAS, canonical_names, tensor_shapes
@@ -65,23 +65,26 @@ class StoredTensor:
 
 
 def safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], int]:
-    """The file's tensors by name and the header's size in bytes (its length field included)."""
+    """The file's tensors by name and the header's size in bytes (its length field included), after the file is
+    checked as the safetensors library checks it (checkpoint/integrity.py read_header: a bounded header that is a JSON
+    object of known dtypes and shapes, whose byte ranges tile the data section from 0 with nothing left over), before
+    any tensor's bytes are read by offset."""
     try:
+        header, _ = read_header(path, path.stat().st_size)
         with open(path, "rb") as file:
             length = struct.unpack("<Q", file.read(8))[0]
-            header = json.loads(file.read(length))
-        base, tensors = 8 + length, {}
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            dtype, shape = SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"])
-            begin, end = entry["data_offsets"]
-            if end - begin != dtype.itemsize * torch.Size(shape).numel():
-                raise ValueError(f"{name}'s data_offsets do not fit its shape")
-            tensors[name] = StoredTensor(name, path, base + begin, dtype, shape)
-    except (OSError, ValueError, KeyError, TypeError, struct.error) as error:
-        raise ConfigError(f"{path}: not a valid safetensors file ({error})") from None
-    return tensors, 8 + length
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except CheckpointError as error:
+        raise ConfigError(str(error)) from None
+    base, tensors = 8 + length, {}
+    for name, entry in header.items():
+        dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise ConfigError(f"{path}: tensor {name!r} is {entry['dtype']}, which no model here loads (the weights are "
+                              f"{', '.join(SAFETENSORS_DTYPES)})")
+        tensors[name] = StoredTensor(name, path, base + entry["data_offsets"][0], dtype, tuple(entry["shape"]))
+    return tensors, base
 
 
 def safetensors_files(hf_dir: Path) -> Optional[list[Path]]:
@@ -94,11 +97,12 @@ def safetensors_files(hf_dir: Path) -> Optional[list[Path]]:
     weight_map = read_json_object(index, "the safetensors index names the weight files").get("weight_map")
     if not isinstance(weight_map, dict):
         raise ConfigError(f"{index}: has no weight_map")
-    names = sorted(set(weight_map.values()))
-    for name in names:
+    for tensor, name in weight_map.items():
         if not isinstance(name, str) or Path(name).name != name:  # only files beside the index
-            raise ConfigError(f"{index}: names {name!r}, which is not a file in the folder")
-    return [hf_dir / name for name in names]
+            raise ConfigError(f"{index}: maps {tensor!r} to {name!r}, which is not a file name in the folder")
+        if not (hf_dir / name).is_file():
+            raise ConfigError(f"{index}: maps {tensor!r} to {name}, which is not in the folder")
+    return [hf_dir / name for name in sorted(set(weight_map.values()))]
 
 
 def read_rows(stored: StoredTensor, rows: slice, columns: Optional[slice]) -> torch.Tensor:
