@@ -3,11 +3,14 @@
 megatron/training/checkpointing.py @ d98e8a64 (load_checkpoint's _load_base_checkpoint and get_checkpoint_path):
 `if getattr(args, 'ckpt_step', None): iteration = args.ckpt_step`, then get_checkpoint_name reads DIR/iter_%07d. Here
 --load takes one iteration directory as well as a --save directory, so the flag is --load DIR/iter_000000N; N 0 (or
-not given) changes nothing, as `if` reads it there.
+not given) changes nothing, as `if` reads it there. An N the folder does not hold is refused, listing the iterations
+it does: Megatron-LM fails to load it (the tracker file is read, then DIR/iter_N is not there); only a folder with no
+checkpoint at all starts fresh there, as here.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,5 +23,12 @@ def resolve_ckpt_step(given: dict[str, Any], settings: dict[str, Any], change: C
     if not settings.get("load"):
         resolved.refused.append(f"--ckpt-step {step} names an iteration of --load's checkpoints: add --load DIR")
         return
-    change("load", str(Path(settings["load"]) / f"iter_{step:07d}"), "ckpt_step",
+    load = Path(settings["load"])
+    held = sorted(int(path.name[len("iter_"):]) for path in load.glob("iter_*")
+                  if path.is_dir() and re.fullmatch(r"iter_\d{7}", path.name)) if load.is_dir() else []
+    if held and step not in held:
+        resolved.refused.append(f"--ckpt-step {step}: {load} holds no iteration {step} (it holds "
+                                f"{', '.join(map(str, held))}); Megatron-LM fails to load it too")
+        return
+    change("load", str(load / f"iter_{step:07d}"), "ckpt_step",
            f"--load {settings['load']} --ckpt-step {step}: that iteration's directory, as Megatron-LM loads it")

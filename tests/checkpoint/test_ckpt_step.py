@@ -21,3 +21,8 @@ def test_a_resume_from_the_named_iteration_logs_what_loading_its_directory_logs(
                       for record in metrics_records(tmp_path / name / "metrics.jsonl") if "loss" in record]
     assert [iteration for iteration, _ in runs["step"]] == [3, 4]
     assert runs["step"] == runs["dir"]
+    # an iteration the folder does not hold: one line listing those it does, nothing trained (Megatron-LM fails too)
+    (tmp_path / "missing").mkdir()
+    outcome = train(corpus_cache, tmp_path / "missing", "--train-iters", "4", "--load", save, "--ckpt-step", "3")
+    assert outcome.code == 2 and "--ckpt-step 3:" in outcome.err and "(it holds 2, 4)" in outcome.err, outcome.err
+    assert "Traceback" not in outcome.err and not (tmp_path / "missing" / "metrics.jsonl").exists()
