@@ -495,6 +495,13 @@ class ModelConfig:
         """--num-experts gives different counts per MoE layer (Megatron-DeepSpeed's list; PR-MoE's pyramid)."""
         return isinstance(self.num_experts, tuple)
 
+    def with_layers(self, num_layers: int, **changes) -> "ModelConfig":
+        """This model at another layer count, for counting (a one-block shape probe, a pipeline stage's GEMMs): the
+        per-layer pattern flags, written for the real model's layers and shaping no parameter, are dropped rather
+        than checked again against the probe's count (--no-rope-freq 4 is valid at 8 layers, not at 1)."""
+        return dataclasses.replace(self, num_layers=num_layers, window_attn_skip_freq=None, no_rope_freq=None,
+                                   **changes)
+
     def moe_layers(self) -> tuple[bool, ...]:
         """Per layer, whether it is an MoE layer (--moe-layer-freq); all False for a dense model."""
         if self.moe is None:

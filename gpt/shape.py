@@ -170,9 +170,8 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
     if key not in _BUILT:
         # (a per-layer window list is of the whole model's layers: the probe's one block takes the first's; windows
         # shape no parameter)
-        probe = dataclasses.replace(config, num_layers=1, vocab_size=tensor_parallel_size,
-                                    pad_vocab_size_to=tensor_parallel_size, num_experts=None, mtp_num_layers=0,
-                                    window_attn_skip_freq=None)
+        probe = config.with_layers(1, vocab_size=tensor_parallel_size, pad_vocab_size_to=tensor_parallel_size,
+                                   num_experts=None, mtp_num_layers=0)
         state = virtual_state(tensor_parallel_size, tensor_parallel_size)
         plan = tensor_parallel_plan(state, ParallelismConfig(tensor_model_parallel_size=tensor_parallel_size,
                                                              sequence_parallel=sequence_parallel))

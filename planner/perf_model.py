@@ -268,7 +268,7 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     pp, chunks = (stages.pipeline_parallel_size, stages.chunks) if stages is not None else (1, 1)
     layers = model.num_layers // pp  # this rank's stage (Megatron's split is even)
     # (the GEMMs of a stage's layers; a per-layer window list, of the whole model's layers, shapes none of them)
-    stage_model = dataclasses.replace(model, num_layers=layers, window_attn_skip_freq=None)
+    stage_model = model.with_layers(layers)
     blocks, logits = forward_gemms(dataclasses.replace(config, model=stage_model), run.padded_vocab_size, tp)
     holds_logits = stages is None or stages.pipeline_parallel_rank == pp - 1
     block_s, logits_s = (gemm_seconds(blocks, element, hardware, constants),

@@ -74,3 +74,20 @@ def test_the_flag_parses_as_megatron_reads_it_and_is_refused_where_it_would_not_
 
     with pytest.raises(ConfigError, match="no --no-rope-freq"):
         check_convertible(tiny_config(no_rope_freq=2, **ROPE), "the Hugging Face export")
+
+
+@pytest.mark.parametrize("freq", ["4", "([0]*3+[1]*1)*2"])
+def test_a_valid_pattern_of_a_deep_model_is_counted_and_planned(freq, capsys):
+    """The counting probes (gpt/shape.py's one-block model, the planner's stage GEMMs) are built at another layer count;
+    they drop the per-layer pattern rather than check it again (before, every value but 1 was refused at 8 layers,
+    the message naming --num-layers 1)."""
+    from planner.plan import main as plan
+
+    flags = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--max-position-embeddings", "32", "--position-embedding-type", "rope", "--no-rope-freq", freq,
+             "--micro-batch-size", "1", "--global-batch-size", "2", "--vocab-size", "128", "--tokenizer-type",
+             "NullTokenizer", "--mock-data"]
+    assert plan(["dry-run", *flags, "--pipeline-model-parallel-size", "2", "--world-size", "2"]) == 0
+    assert "worst stage: 0" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="--no-rope-freq 3 must be a divisor of --num-layers 8"):
+        plan(["dry-run", *flags, "--no-rope-freq", "3", "--world-size", "1"])  # the last value wins
