@@ -88,6 +88,9 @@ MUON_TP_MODES = ("blockwise", "duplicated", "distributed")  # zero/muon.py scale
 MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 
 
+# --muon-num-ns-steps' bound: recipes use 5 (quintic) to 8 (polar_express) iterations
+MAX_NS_STEPS = 100
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     lr: float = 1e-3
@@ -274,6 +277,10 @@ class OptimizerConfig:
         built here: Lion as the scalar optimizer."""
         steps, kind = self.muon_num_ns_steps, self.muon_coefficient_type
         sets = {"quintic": 5, "aol": 4, "polar_express": 8, "simple": 1}[kind]
+        if steps > MAX_NS_STEPS:  # every step is 3 matrix products a matrix: a typo would run for hours, or exhaust
+            # memory building the coefficient list
+            raise ConfigError(f"--muon-num-ns-steps {steps} is more than {MAX_NS_STEPS} Newton-Schulz iterations "
+                              f"(Megatron-LM's default 5, polar_express 8)", flags=("--muon-num-ns-steps",))
         if steps < 1 or (kind == "polar_express" and steps < sets) or (kind in ("quintic", "aol") and steps % sets):
             raise ConfigError(f"--muon-num-ns-steps {steps} does not fit --muon-coefficient-type {kind} "
                               f"({'at least' if kind == 'polar_express' else 'a multiple of'} {sets})",
