@@ -36,6 +36,7 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike, family: Optional[st
     registered = dense.get(model_type) or dense.get(family or "")
     config_class = getattr(transformers, registered.config_class) if registered is not None else \
         CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else LlamaConfig
+    _check_dtype(hf, source)
     try:
         return config_class.from_dict(hf)
     except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
@@ -43,6 +44,17 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike, family: Optional[st
         raise ConfigError(f"{source}: transformers cannot read it as a {config_class.__name__} ({reason})") from None
     finally:
         logging.set_verbosity(verbosity)
+
+
+def _check_dtype(hf: dict, source) -> None:
+    """config.json's dtype (transformers 5) or torch_dtype names a torch dtype: transformers reads it with
+    getattr(torch, value), an AttributeError traceback for "float8"."""
+    import torch
+
+    for key in ("dtype", "torch_dtype"):
+        value = hf.get(key)
+        if value is not None and not (isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
+            raise ConfigError(f"{source}: its {key} {value!r} is not a torch dtype (float32, bfloat16, float16, ...)")
 
 
 def _strict_dataclass_errors() -> tuple[type[Exception], ...]:

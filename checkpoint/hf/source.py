@@ -291,6 +291,17 @@ class WholeFolderSource:
         return []
 
 
+def _check_fp8_is_declared(hf_dir: Path, stored: dict[str, StoredTensor]) -> None:
+    """An FP8 tensor is a quantized release's (DeepSeek-V3's, GPT-OSS's), whose config.json says how to scale it; in a
+    folder that says nothing, its values would be read unscaled (a fused projection of FP8 and fp32 pieces was a
+    dtype-promotion traceback)."""
+    fp8 = sorted(name for name, tensor in stored.items() if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2))
+    if fp8 and "quantization_config" not in read_json_object(hf_dir / CONFIG_FILE, "the model's configuration"):
+        raise ConfigError(f"{hf_dir}: {fp8[0]} is stored in FP8 ({len(fp8)} tensor{'s' * (len(fp8) > 1)}), but "
+                          f"config.json has no quantization_config saying how its values are scaled; save the folder "
+                          f"in 16 or 32 bits")
+
+
 def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
                    held_experts: Optional[set[tuple[int, int]]] = None):
     """The folder as a source for `model_config` at this run's TP size, after its config and tensor shapes are
@@ -305,6 +316,7 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
         tensors, size = safetensors_header(path)
         stored.update(tensors)
         header_bytes += size
+    _check_fp8_is_declared(hf_dir, stored)
     llama = (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES)
     moe = family_weights().get(config.family)
     # GPT-2 is every model_type the others do not claim (checkpoint/hf/folders.py's check_hf_config refuses the rest);

@@ -156,3 +156,39 @@ def test_a_run_from_a_damaged_folder_stops_in_one_line(saved, tmp_path, capsys):
                               "--tokenizer-type", "NullTokenizer", "--mock-data", "--seq-length", "16"])
     err = capsys.readouterr().err
     assert code == 2 and "overlap or leave gaps" in err and "Traceback" not in err, err[-2000:]
+
+
+def _launch(folder: Path, capsys) -> tuple[int, str]:
+    import pretrain_gpt
+
+    code = pretrain_gpt.main(["--init-from-hf", str(folder), "--device", "cpu", "--train-iters", "1",
+                              "--eval-iters", "0", "--micro-batch-size", "1", "--global-batch-size", "1",
+                              "--tokenizer-type", "NullTokenizer", "--mock-data", "--seq-length", "16",
+                              "--metrics-file", str(folder.parent / "metrics.jsonl")])
+    return code, capsys.readouterr().err
+
+
+def test_a_config_dtype_that_is_no_torch_dtype_is_one_line(saved, tmp_path, capsys):
+    """transformers reads config.json's dtype with getattr(torch, value): "float8" was an AttributeError traceback."""
+    folder = tmp_path / "folder"
+    shutil.copytree(saved, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "float8"}))
+    code, err = _launch(folder, capsys)
+    assert code == 2 and "its dtype 'float8' is not a torch dtype" in err and "Traceback" not in err, err[-2000:]
+
+
+def test_an_fp8_weight_in_a_folder_that_declares_no_quantization_is_one_line(saved, tmp_path, capsys):
+    """One projection stored as F8_E4M3 (safetensors' own writer) in a folder with no quantization_config: its values
+    cannot be scaled; before, the fused q/k/v of FP8 and fp32 pieces was a dtype-promotion traceback."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "folder"
+    shutil.copytree(saved, folder)
+    tensors = load_file(folder / "model.safetensors")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    code, err = _launch(folder, capsys)
+    assert code == 2 and f"{name} is stored in FP8 (1 tensor)" in err and "Traceback" not in err, err[-2000:]
