@@ -15,6 +15,7 @@ setting differently, which side won and why; the precedence between the JSON and
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -83,6 +84,20 @@ def every_option_typed(parser: argparse.ArgumentParser, argv: Iterable[str]) -> 
         if action is not None:
             typed.setdefault(action.dest, []).append(option)
     return typed
+
+
+def in_the_typed_spelling(error: ConfigError, parser: argparse.ArgumentParser, typed: dict[str, str]) -> ConfigError:
+    """`error` naming each flag it is about as the user typed it: a check names a setting by its first option string
+    (--checkpoint-num-layers), the user may have typed an alias of it (--recompute-num-layers)."""
+    message, flags = str(error), []
+    for flag in error.flags:
+        action = option_table(parser).action_for(flag)
+        spelled = typed.get(action.dest) if action is not None else None
+        if spelled is not None and spelled != flag and spelled in action.option_strings:
+            message = re.sub(re.escape(flag) + r"(?![\w-])", spelled, message)
+            flag = spelled
+        flags.append(flag)
+    return ConfigError(message, flags=tuple(flags))
 
 
 def name_inherited_values(error: ConfigError, parser: argparse.ArgumentParser, sources: dict[str, Source],

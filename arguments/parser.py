@@ -38,6 +38,7 @@ from arguments.config_sources import (
     PRESET,
     Source,
     every_option_typed,
+    in_the_typed_spelling,
     name_inherited_values,
     options_typed,
     show_value,
@@ -401,7 +402,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     try:
         config.validate()
     except ConfigError as error:
-        problems.append(str(name_inherited_values(error, parser, sources, settings.get)))
+        problems.append(str(name_inherited_values(in_the_typed_spelling(error, parser, typed), parser, sources,
+                                                  settings.get)))
     problems += alcf_problems(argv, config, generation, megatron_launch, "--ds_fused_adam" in _harvested_given(namespace))
     if not namespace["print_config"]:
         for check in late_checks:

@@ -244,3 +244,14 @@ def test_document_masking_flags_are_read_and_inter_document_masking_refused():
     assert (data.reset_position_ids, data.reset_attention_mask, data.eod_mask_loss) == (False, False, False)
     with pytest.raises(ConfigError, match="--dataloader-inter-document-masking: not implemented"):
         parse_config(["--dataloader-inter-document-masking"])
+
+
+@pytest.mark.parametrize("typed", ["--recompute-num-layers", "--checkpoint-num-layers"])
+def test_a_refusal_names_the_flag_as_typed(typed):
+    """A check names a setting by its first option string; the line names the spelling the user typed (issue 90:
+    `--recompute-num-layers 0` was refused as `--checkpoint-num-layers must be at least 1`)."""
+    with pytest.raises(ConfigError) as refused:
+        parse_config(["--recompute-granularity", "full", "--recompute-method", "uniform", typed, "0"])
+    assert f"{typed} must be at least 1, got 0" in str(refused.value)
+    other = {"--recompute-num-layers", "--checkpoint-num-layers"} - {typed}
+    assert other.pop() not in str(refused.value)
