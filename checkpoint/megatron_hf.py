@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from base.errors import CheckpointError
 from checkpoint.hf.folders import check_convertible, to_hf_state_dict
 from checkpoint.torch_dist.common import load_common, saved_args
 from checkpoint.torch_dist.resume import metadata_view
@@ -33,6 +34,10 @@ def megatron_model_config(common: dict) -> ModelConfig:
     from arguments.config import PretrainConfig  # the defaults a setting its args lack takes
 
     args = vars(saved_args(common))
+    if "layernorm_zero_centered_gamma" not in args:  # Megatron-LM saves every argument; our saves did not, once
+        raise CheckpointError("its args do not say whether the norms store gain - 1 (layernorm_zero_centered_gamma, "
+                              "--apply-layernorm-1p), so the exported norms could be off by 1: convert a save that "
+                              "records it (Megatron-LM's own, or this project's since it writes the key)")
     model = dict(metadata_view(common, PretrainConfig())["config"]["model"])
     model.update({name: args[name] for name in SHAPE if args.get(name) is not None})
     model["vocab_size"] = args["padded_vocab_size"]

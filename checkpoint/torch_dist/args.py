@@ -90,6 +90,8 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
         use_rotary_position_embeddings=False, rotary_base=_integral(model.rotary_base),
         rotary_percent=model.rotary_percent, rotary_interleaved=model.rotary_interleaved,
         normalization=model.normalization, layernorm_epsilon=model.layernorm_epsilon, swiglu=model.swiglu,
+        # --apply-layernorm-1p's dest: the norms store gain - 1, which every reader and exporter adds back
+        layernorm_zero_centered_gamma=model.apply_layernorm_1p,
         squared_relu=model.activation == "squared_relu", openai_gelu=False, bias_gelu_fusion=gated_gelu,
         add_bias_linear=model.add_bias_linear, add_qkv_bias=model.add_bias_linear or model.add_qkv_bias,
         qk_layernorm=model.qk_layernorm, qk_l2_norm=model.qk_l2_norm, untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,

@@ -37,7 +37,8 @@ from data.megatron_order import MEGATRON_ORDER
 from parallel.state import ParallelState
 
 # Megatron-LM's args -> our settings of another name (the rest share Megatron's dest names)
-RENAMED = {"norm_epsilon": "layernorm_epsilon"}
+# Megatron-LM's dests of our settings' flags (--apply-layernorm-1p stores into layernorm_zero_centered_gamma)
+RENAMED = {"norm_epsilon": "layernorm_epsilon", "layernorm_zero_centered_gamma": "apply_layernorm_1p"}
 
 
 def verify_megatron(iteration_dir: Path) -> None:
