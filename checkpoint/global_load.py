@@ -70,14 +70,37 @@ def parameter_records(model: nn.Module) -> dict[str, tuple[nn.Parameter, Shardin
 
 def shape_problem(name: str, record: ShardingRecord, saved: GlobalTensorInfo) -> Optional[str]:
     """Why the saved whole tensor cannot give this run's (None when it can): the same whole shape, except that
-    a vocabulary's padding rows may differ as long as the saved tensor holds every real row."""
+    a vocabulary's padding rows may differ (another TP size pads otherwise) as long as the vocabulary is the same:
+    the checkpoint's real rows where its format records them, else its rows are this run's vocabulary padded as the
+    saving run padded (Megatron-Core's load refuses any vocabulary change: rows past a smaller run's vocabulary are
+    real tokens, not padding)."""
     ours, theirs = list(record.global_shape), list(saved.shape)
+    vocabulary = vocabulary_problem(name, record, saved)
+    if vocabulary is not None:
+        return vocabulary
     if ours == theirs:
         return None
     if record.real_rows is not None and len(ours) == len(theirs) and ours[1:] == theirs[1:] \
             and theirs[0] >= record.real_rows:
         return None
     return f"{name}: checkpoint shape {theirs}, model shape {ours}"
+
+
+def vocabulary_problem(name: str, record: ShardingRecord, saved: GlobalTensorInfo) -> Optional[str]:
+    """A vocabulary tensor whose checkpoint holds another vocabulary than this run's, or None."""
+    if record.real_rows is None:
+        return None
+    if saved.real_rows is not None and saved.real_rows != record.real_rows:
+        return (f"{name}: the checkpoint's vocabulary has {saved.real_rows} tokens, this run's {record.real_rows} "
+                f"(a vocabulary change, which Megatron-Core's load refuses too)")
+    multiple = saved.rows_multiple
+    if saved.real_rows is None and multiple and saved.shape and -(-record.real_rows // multiple) * multiple != \
+            saved.shape[0]:
+        return (f"{name}: the checkpoint holds {saved.shape[0]} vocabulary rows, this run's {record.real_rows} tokens "
+                f"padded as it was saved (to a multiple of {multiple}) make "
+                f"{-(-record.real_rows // multiple) * multiple} (a vocabulary change, which Megatron-Core's load "
+                f"refuses too)")
+    return None
 
 
 def check_fits(source: GlobalStateSource, weights_key: str, records: dict, state: ParallelState) -> None:

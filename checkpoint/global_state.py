@@ -26,9 +26,13 @@ MODEL_KEY = "model"
 
 @dataclass(frozen=True)
 class GlobalTensorInfo:
-    """One tensor of a source: its whole shape and the dtype it is stored in."""
+    """One tensor of a source: its whole shape and the dtype it is stored in; for a vocabulary tensor what the format
+    says of its rows: `real_rows`, the checkpoint's vocabulary (ours records it), or `rows_multiple`, what its
+    vocabulary was padded to a multiple of (Megatron-LM's args: --make-vocab-size-divisible-by x its TP size)."""
     shape: tuple[int, ...]
     dtype: torch.dtype
+    real_rows: Optional[int] = None
+    rows_multiple: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -73,3 +77,13 @@ class GlobalStateSource(Protocol):
     #   fp8_histories() -> Optional[dict[str, dict]]     delayed FP8 scaling's amax histories (checkpoint/fp8_state.py)
     #   restore_random_states(rng, state, log) -> None    this rank's random streams, where the layout allows
     # A source without them: the random streams start from --seed and the expert bias at 0, each said once.
+
+
+def megatron_rows_multiple(args) -> Optional[int]:
+    """What a Megatron-LM (or Megatron-DeepSpeed) run padded its vocabulary to a multiple of, from its saved args
+    (training/tokenizer _vocab_size_with_padding: --make-vocab-size-divisible-by x its TP size); None where they do
+    not say."""
+    divisor = getattr(args, "make_vocab_size_divisible_by", None)
+    tp = getattr(args, "tensor_model_parallel_size", None)
+    valid = all(isinstance(value, int) and not isinstance(value, bool) and value > 0 for value in (divisor, tp))
+    return divisor * tp if valid else None

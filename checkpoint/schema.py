@@ -92,7 +92,7 @@ def _parameter_entry(entry: Any) -> bool:
         return False
     dim, rows = entry.get("tensor_parallel_dim"), entry.get("real_rows")
     return ((dim is None or (is_int(dim) and dim < len(entry["shape"])))
-            and (rows is None or (is_int(rows) and bool(entry["shape"]) and rows <= entry["shape"][0]))
+            and (rows is None or (is_int(rows) and bool(entry["shape"]) and 1 <= rows <= entry["shape"][0]))
             and entry.get("split_over") in (None, "tp", "etp")
             and _list_of(lambda name: name in ("pp", "dp", "cp", "tp", "edp", "etp", "ep"))(
                 entry.get("replicated_over", [])))

@@ -46,7 +46,7 @@ from checkpoint.deepspeed.names import (
     read_mapped,
 )
 from checkpoint.deepspeed.stores import UniversalStore, Zero3Store, ZeroStore, optimizer_files, read_region
-from checkpoint.global_state import GlobalTensorInfo, SourceProgress
+from checkpoint.global_state import GlobalTensorInfo, SourceProgress, megatron_rows_multiple
 
 OUR_KEYS = {"master": "fp32", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
 MEGATRON_SCHEDULER_KEYS = ("max_lr", "min_lr", "num_steps", "lr_decay_style", "lr_decay_steps", "lr_warmup_steps")
@@ -176,7 +176,9 @@ class DeepSpeedSource:
     def tensors(self, key: str) -> dict[str, GlobalTensorInfo]:
         if key not in self.keys():
             return {}
-        return {name: GlobalTensorInfo(mapped.shape(self.store.shapes[mapped.source]), torch.float32)
+        multiple = megatron_rows_multiple(self.args)
+        return {name: GlobalTensorInfo(mapped.shape(self.store.shapes[mapped.source]), torch.float32,
+                                       rows_multiple=multiple)
                 for name, mapped in self.mapping.items()}
 
     def read(self, key: str, name: str, region: tuple[slice, ...]):

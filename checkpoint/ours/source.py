@@ -122,7 +122,7 @@ class ZeroGptSource:
             return {}
         self._index()
         dtype = self._dtypes.get(key, torch.float32)
-        return {name: GlobalTensorInfo(tuple(entry["shape"]), dtype)
+        return {name: GlobalTensorInfo(tuple(entry["shape"]), dtype, real_rows=entry.get("real_rows"))
                 for name, entry in self.metadata["parameters"].items()}
 
     def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:

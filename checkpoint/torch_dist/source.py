@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from base.errors import CheckpointError
-from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress
+from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress, megatron_rows_multiple
 from checkpoint.pieces import Piece, read_pieces
 from checkpoint.random_states import random_states_problem
 from checkpoint.torch_dist.buckets import (
@@ -119,8 +119,18 @@ class MegatronSource:
         if self._buckets is not None and key != MODEL_KEY:
             return {name: GlobalTensorInfo(p.shape, self._buckets.dtype) for name, p in self._placements.items()}
         prefix = self._states[key]
-        return {name: GlobalTensorInfo(p.shape, self._dtypes.get(prefix + p.key, self._dtypes[p.key]))
+        return {name: GlobalTensorInfo(p.shape, self._dtypes.get(prefix + p.key, self._dtypes[p.key]),
+                                       real_rows=self._real_rows, rows_multiple=megatron_rows_multiple(self.args))
                 for name, p in self._placements.items()}
+
+    @property
+    def _real_rows(self) -> Optional[int]:
+        """The saved vocabulary where the args size it: NullTokenizer's --vocab-size ids and its end-of-document id,
+        as this project reads the flag (arguments' NullTokenizer note); a tokenizer's files size it otherwise."""
+        size = getattr(self.args, "vocab_size", None)
+        if getattr(self.args, "tokenizer_type", None) != "NullTokenizer" or not isinstance(size, int) or size < 1:
+            return None
+        return size + 1
 
     def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
         placement = self._placements.get(name)
