@@ -7,7 +7,8 @@
 # Results in $OUT: environment.txt, cuda-tier.log (its summary; cuda-tier-tail.log the end of its output),
 # profiles.jsonl (scripts/gpu_profile_step.py), side-by-side.json and table.log (scripts/gpu_side_by_side.py).
 #   TIER_S (default 200) caps the tier; TIER_K selects its tests (pytest -k; default all); TIER_S=0 skips it.
-#   PROFILES: ';'-separated "label|table run|extra flags" (default none), each profiled for 2 iterations.
+#   PROFILES: ';'-separated "label|table run|extra flags" (default: bf16 and FP8 tensorwise eager, guard off and
+#   compiled, the Llama shape at 4 layers), each profiled for 2 iterations; PROFILES= runs none.
 #   RUNS: the table's runs (shape/variant, in order); TABLE_BUDGET_S (default 250): the wall time after which the
 #   table starts no run; RUNS=none skips it. The Megatron-LM rows need the kit in .gpu/ (gpu_side_by_side.py).
 set -uo pipefail
@@ -29,7 +30,10 @@ if [ "${TIER_S:-200}" != 0 ]; then
   tail -c 2000000 "$OUT/cuda-tier-full.log" > "$OUT/cuda-tier-tail.log" && rm "$OUT/cuda-tier-full.log"
 fi
 
-IFS=';' read -ra profiles <<< "${PROFILES:-}"
+# the second 2026-11-27 lease's profiles (docs/performance.md): the Llama shape at 4 layers, bf16 against FP8
+FOUR="--num-layers 4 --global-batch-size 4"
+PROFILES=${PROFILES-"bf16|llama-1.2b/eager|$FOUR;fp8|llama-1.2b/fp8-tensorwise|$FOUR;fp8-noguard|llama-1.2b/fp8-tensorwise|$FOUR --no-fp8-guard;fp8-compile|llama-1.2b/fp8-tensorwise-compile|$FOUR"}
+IFS=';' read -ra profiles <<< "${PROFILES}"
 for entry in "${profiles[@]}"; do
   IFS='|' read -r label run extra <<< "$entry"
   # shellcheck disable=SC2086  # the extra flags are words
