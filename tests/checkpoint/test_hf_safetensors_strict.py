@@ -153,7 +153,8 @@ def test_a_run_from_a_damaged_folder_stops_in_one_line(saved, tmp_path, capsys):
     _rewritten(saved / "model.safetensors", folder / "model.safetensors", _point_at_another)
     code = pretrain_gpt.main(["--init-from-hf", str(folder), "--device", "cpu", "--train-iters", "1",
                               "--eval-iters", "0", "--micro-batch-size", "1", "--global-batch-size", "1",
-                              "--tokenizer-type", "NullTokenizer", "--mock-data", "--seq-length", "16"])
+                              "--tokenizer-type", "NullTokenizer", "--mock-data", "--seq-length", "16",
+                              "--metrics-file", str(tmp_path / "metrics.jsonl")])
     err = capsys.readouterr().err
     assert code == 2 and "overlap or leave gaps" in err and "Traceback" not in err, err[-2000:]
 

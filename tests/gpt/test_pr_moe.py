@@ -130,8 +130,8 @@ def test_each_layers_count_must_divide_over_the_expert_parallel_group_as_deepspe
     base = ["--num-layers", "4", "--hidden-size", "16", "--num-attention-heads", "2", "--moe-gating", "deepspeed",
             "--micro-batch-size", "1", "--global-batch-size", "4"]
     assert parse_config(base + ["--num-experts", "2", "4", "--moe-expert-parallel-size", "2"]).model.num_experts == (2, 4)
-    with pytest.raises(ConfigError, match="--num-experts 2 is not divisible by --expert-model-parallel-size 4"):
-        parse_config(base + ["--num-experts", "2", "4", "--moe-expert-parallel-size", "4"])
+    with pytest.raises(ConfigError, match="--num-experts 2 is not divisible by --moe-expert-parallel-size 4"):
+        parse_config(base + ["--num-experts", "2", "4", "--moe-expert-parallel-size", "4"])  # named as typed
 
 
 def test_a_recorded_per_layer_list_reads_back_as_the_parsed_tuple():

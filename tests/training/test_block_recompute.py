@@ -54,7 +54,7 @@ def test_block_takes_a_count_above_the_model_depth_as_megatron_does_and_uniform_
 
     deep = ["--num-layers", "4", "--recompute-granularity", "full", "--recompute-num-layers", "6"]
     assert parse_config([*deep, "--recompute-method", "block"]).activations.num_checkpoints(4) == 4
-    with pytest.raises(ConfigError, match="--checkpoint-num-layers 6 is larger than --num-layers 4"):
+    with pytest.raises(ConfigError, match="--recompute-num-layers 6 is larger than --num-layers 4"):  # as typed
         parse_config([*deep, "--recompute-method", "uniform"])
 
 
