@@ -62,18 +62,47 @@ def fit_history_length(history: torch.Tensor, length: int) -> torch.Tensor:
     return torch.nn.functional.pad(history, (0, 0, 0, length - history.size(0)))
 
 
+# gpt/fp8.py runs a gated MLP's gate and up as one FP8 linear (Megatron's linear_fc1) named JOINED, with one state
+JOINED, PARTS = ".dense_h_to_4h", (".dense_h_to_4h_gate", ".dense_h_to_4h_up")
+
+
+def _saved_state(name: str, saved: dict, device: torch.device) -> Optional[dict[str, torch.Tensor]]:
+    """The saved history and scale of the linear `name`, as tensors, or None. A joined gate and up saved as two
+    linears (before they were joined, or by a run that did not join them: --fp8-param-gather, biases) take the
+    elementwise max of the two histories (their rows were the two halves' amaxes; the joined tensor's amax is their
+    max) and the smaller scale of each role (the one that fits both halves); two linears saved as one each take it."""
+    def entry(key: str) -> Optional[dict[str, torch.Tensor]]:
+        value = saved.get(key)
+        if not isinstance(value, dict) or any(part not in value for part in KEYS):
+            return None
+        return {part: _from_bits(value[part], device) for part in KEYS}
+    found = entry(name)
+    if found is not None:
+        return found
+    if name.endswith(JOINED):
+        parts = [entry(name[:-len(JOINED)] + part) for part in PARTS]
+        if all(part is not None for part in parts) and parts[0]["amax_history"].shape == \
+                parts[1]["amax_history"].shape:
+            return {"amax_history": torch.maximum(parts[0]["amax_history"], parts[1]["amax_history"]),
+                    "scale": torch.minimum(parts[0]["scale"], parts[1]["scale"])}
+    for part in PARTS:
+        if name.endswith(part):
+            return entry(name[:-len(part)] + JOINED)
+    return None
+
+
 def restore_fp8_histories(model: nn.Module, saved: Optional[dict[str, dict[str, list]]]) -> list[str]:
-    """Put the saved histories (at this run's length) and scales into this rank's delayed-scaling linears; returns
-    the names of those the checkpoint holds none for (they start fresh: zeros, scale 1)."""
+    """Put the saved histories (at this run's length) and scales into this rank's delayed-scaling linears
+    (_saved_state: a gate and up saved apart or joined fit either way); returns the names of those the checkpoint
+    holds none for (they start fresh: zeros, scale 1)."""
     saved = saved or {}
     missing = []
     for name, delayed in delayed_states(model).items():
-        entry = saved.get(name)
-        if not isinstance(entry, dict) or any(key not in entry for key in KEYS):
+        entry = _saved_state(name, saved, delayed.scale.device)
+        if entry is None:
             missing.append(name)
             continue
-        device = delayed.scale.device
         delayed.load_state_dict({
-            "amax_history": fit_history_length(_from_bits(entry["amax_history"], device), len(delayed.amax_history)),
-            "scale": _from_bits(entry["scale"], device)})
+            "amax_history": fit_history_length(entry["amax_history"], len(delayed.amax_history)),
+            "scale": entry["scale"]})
     return missing

@@ -30,6 +30,7 @@ from torch import nn
 
 from base.errors import ConfigError
 from gpt.mla import ReplicatedLinear
+from gpt.mlp import SwiGLUMLP
 from gpt.model import MTP_PASS
 from gpt.moe.experts import Experts
 from gpt.moe.layer import SharedExperts
@@ -144,6 +145,18 @@ def _shared_expert_linears(block: nn.Module):
             if hasattr(module, part)]
 
 
+def _joined_gate_up(block: nn.Module, model_config) -> dict:
+    """{gate's name: (the gated MLP, up's name)} of the gated MLPs whose gate and up run as one FP8 linear of their
+    rows one after the other: Megatron-Core's linear_fc1, one [2 ffn, h] weight a TE linear casts with one scale (one
+    amax over both, one delayed-scaling state), one GEMM each way, as this project's bf16 runs them
+    (gpt/gate_up_gemm.py). Not with biases (their fp32 epilogue takes one bias), nor under --fp8-param-gather, where
+    ZeRO casts and gathers each parameter with its own scale: there the two run as two FP8 linears."""
+    if model_config.fp8_param_gather:
+        return {}
+    return {f"{name}.dense_h_to_4h_gate": (mlp, f"{name}.dense_h_to_4h_up") for name, mlp in block.named_modules()
+            if isinstance(mlp, SwiGLUMLP) and mlp.dense_h_to_4h_gate.bias is None}
+
+
 def _routed_experts(block: nn.Module):
     return [(name, module) for name, module in block.named_modules() if isinstance(module, Experts)]
 
@@ -219,8 +232,8 @@ def delayed_scaling_passes(model: nn.Module, model_config,
 
 def fp8_weight_caches(model: nn.Module) -> list[WeightCache]:
     """The weight caches of the linears apply_fp8 put in FP8 (parallel/fp8/weight_cache.py)."""
-    return [module.fp8_state.weight_cache for module in model.modules()
-            if getattr(module, "fp8_state", None) is not None]
+    return list({id(module.fp8_state): module.fp8_state.weight_cache for module in model.modules()
+                 if getattr(module, "fp8_state", None) is not None}.values())
 
 
 def forget_fp8_weight_casts(model: nn.Module) -> None:
@@ -285,10 +298,24 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             continue
         replicated.update(name.split(".")[-1] for name, child in module.named_modules()
                           if isinstance(child, ReplicatedLinear))
-        for name, linear in _tp_linears(module) + _shared_expert_linears(module):
+        linears = dict(_tp_linears(module) + _shared_expert_linears(module))
+        joined = {gate: (mlp, up) for gate, (mlp, up) in _joined_gate_up(module, model_config).items()
+                  if not any(_broken(linears[name], tokens_per_micro_batch, recipe) for name in (gate, up))}
+        for gate, (mlp, up) in joined.items():
+            name = gate[:-len("_gate")]  # mlp.dense_h_to_4h, Megatron-DeepSpeed's name of the joined projection
+            # one state on both (gradient accumulation fusion gives it their main gradients); delayed_states and the
+            # checkpoint find it once, under the joined name
+            state = state_for(f"{prefix}.{name}")
+            linears[gate].fp8_state = linears[up].fp8_state = state
+            linears[gate].fp8_state_name = name.split(".")[-1]
+            mlp.joined_linear = partial(_fp8_joined_call, state=state)
+            in_fp8.append(f"{name} (gate and up, one linear)")
+        skipped = {name for gate, (_, up) in joined.items() for name in (gate, up)}
+        for name, linear in linears.items():
+            if name in skipped:
+                continue
             # A linear's GEMMs take its local shape: the weight (out, in) and the micro-batch's tokens.
-            out_features, in_features = linear.weight.shape
-            broken = shape_rule_broken(in_features, out_features, tokens_per_micro_batch, recipe.recipe)
+            broken = _broken(linear, tokens_per_micro_batch, recipe)
             if broken:
                 off_shape.append(f"{prefix}.{name} ({broken})")
                 continue
@@ -313,6 +340,11 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
     return startup_line(recipe, device, parallel, in_fp8, experts_in_fp8, high_precision_layers, off_shape,
                         reduced, guarded, threshold, bool(mtp_layers), sorted(replicated),
                         model_config.fp8_param_gather, compiled, (fused, fusion))
+
+
+def _broken(linear: nn.Module, tokens: int, recipe: Fp8Recipe) -> Optional[str]:
+    out_features, in_features = linear.weight.shape
+    return shape_rule_broken(in_features, out_features, tokens, recipe.recipe)
 
 
 def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[ParallelState], in_fp8: list,
@@ -381,8 +413,8 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
                  f"{', '.join(map(str, high_precision_layers))} (--first-last-layers-bf16)")
     words.append(kept)
     if guarded:
-        words.append(f"guard on: a layer whose FP8 output is not finite or one of whose casts saturates more than "
-                     f"{threshold:g} of its values switches to high precision and the iteration runs again "
+        words.append(f"guard on: a layer whose FP8 output could be non-finite or one of whose casts saturates "
+                     f"more than {threshold:g} of its values switches to high precision and the iteration runs again "
                      f"(--fp8-guard-saturation-threshold; the verdicts reduced and read once an iteration; counts in "
                      f"the metrics)")
     else:
@@ -425,11 +457,24 @@ def compile_options(model_config, device: torch.device) -> Optional[dict]:
 def delayed_states(model: nn.Module) -> dict:
     """{module name: DelayedScaling} of the linears apply_fp8 put in delayed scaling (the checkpoint's
     histories, checkpoint/fp8_state.py); {} for the other recipes and without FP8."""
-    return {name: module.fp8_state.delayed for name, module in model.named_modules()
-            if getattr(module, "fp8_state", None) is not None and module.fp8_state.delayed is not None}
+    states, seen = {}, set()
+    for name, module in model.named_modules():
+        state = getattr(module, "fp8_state", None)
+        if state is None or state.delayed is None or id(state) in seen:
+            continue  # a joined gate and up share one (apply_fp8), named by the first's fp8_state_name
+        seen.add(id(state))
+        if hasattr(module, "fp8_state_name"):
+            name = f"{name.rpartition('.')[0]}.{module.fp8_state_name}"
+        states[name] = state.delayed
+    return states
 
 
 def _fp8_linear_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                      state: Fp8LinearState) -> torch.Tensor:
     """F.linear's signature (the TP layers call self.linear(x, weight, bias)), in FP8."""
     return fp8_linear(x, weight, bias, state)
+
+
+def _fp8_joined_call(x: torch.Tensor, weights: tuple, *, state: Fp8LinearState) -> torch.Tensor:
+    """A gated MLP's gate and up as one FP8 linear (_joined_gate_up): [gate(x), up(x)] along the last dimension."""
+    return fp8_linear(x, weights, None, state)

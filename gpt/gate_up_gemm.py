@@ -13,7 +13,8 @@ fusion (parallel/grad_accumulation_fusion.py) one op adding into the two main gr
 weights are (else one op each).
 
 Where the weights are not adjacent (a reduce bucket's boundary between them, a model materialized otherwise), under
-torch.compile (whose graph would break at the storage checks), or where a linear runs its own GEMM (FP8, gpt/fp8.py),
+torch.compile (whose graph would break at the storage checks), or where a linear runs its own GEMM (FP8 with biases or
+--fp8-param-gather, gpt/fp8.py; other FP8 runs join gate and up in one FP8 linear, `gated_halves` its activation),
 `gate_and_up` returns None and the caller runs the two GEMMs as before.
 """
 
@@ -175,6 +176,32 @@ class _GateUpGemm(torch.autograd.Function):
         elif ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             grad_weights = both.t().mm(rows).chunk(2)
         return (grad_hidden, *grad_weights, *grad_biases, None, None, None)
+
+
+def gated_halves(both: torch.Tensor, glu: GatedActivation) -> torch.Tensor:
+    """glu(gate, up) of a [..., 2 ffn] projection whose halves are gate and up (a linear that ran them as one,
+    gpt/fp8.py): the same values and gradients as glu on the two chunks, the backward writing both halves'
+    gradients into one buffer (`gated_gradients_into`, as _GateUpGemm's) where autograd through the chunks would
+    concatenate them."""
+    if not torch.is_grad_enabled() or not both.requires_grad:
+        return glu.math(*_halves(both, True))
+    return _GatedHalves.apply(both, glu)
+
+
+class _GatedHalves(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, both, glu):
+        ctx.save_for_backward(both)
+        ctx.glu = glu
+        return glu.math(*_halves(both, True))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (both,) = ctx.saved_tensors
+        buffer = torch.empty_like(both)
+        gated_gradients_into(ctx.glu, grad, *_halves(both, True), *_halves(buffer, True))
+        return buffer, None
 
 
 def gated_gradients_into(glu: GatedActivation, grad: torch.Tensor, gate: torch.Tensor, linear: torch.Tensor,

@@ -340,7 +340,7 @@ class ModelConfig:
     fp8_guard: bool = option(
         True, group="zero",
         help="with --fp8-format, count each FP8 cast's saturated and flushed values per layer into the metrics, and "
-             "run a layer's GEMMs again in high precision where its FP8 output is not finite or a cast saturates "
+             "run a layer's GEMMs again in high precision where its FP8 output could be non-finite or a cast saturates "
              "more than --fp8-guard-saturation-threshold of its values (--no-fp8-guard: none of it)")
     fp8_guard_saturation_threshold: float = option(
         0.05, group="zero",

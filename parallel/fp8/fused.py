@@ -63,12 +63,12 @@ class FusedRegion:
         self._compiled: Optional[Callable] = None
         functools.update_wrapper(self, fn)
 
-    def __call__(self, *args, fused: bool):
-        if not fused or _runs_plain(args):
-            return self.fn(*args)
+    def __call__(self, *args, fused: bool, **kwargs):
+        if not fused or _runs_plain((*args, *kwargs.values())):
+            return self.fn(*args, **kwargs)
         if self._compiled is None:
             self._compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, **_recompile_limit())
-        return self._compiled(*args)
+        return self._compiled(*args, **kwargs)
 
 
 def _recompile_limit() -> dict:
@@ -83,7 +83,7 @@ def _recompile_limit() -> dict:
 
 
 def fused_region(fn: Callable) -> FusedRegion:
-    """Decorator: `fn` as a FusedRegion, called `fn(*args, fused=...)`."""
+    """Decorator: `fn` as a FusedRegion, called `fn(*args, fused=..., **kwargs)`."""
     return FusedRegion(fn)
 
 

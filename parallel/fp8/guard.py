@@ -24,6 +24,8 @@ from typing import Callable, Optional
 
 import torch
 
+from parallel.fp8.recipes import FP8_MAX
+
 # The threshold's default (--fp8-guard-saturation-threshold, gpt/model_config.py) is 5%: a correctly scaled
 # cast saturates at most its amax's element (current scaling, where fp8_max / amax * amax may round an ulp
 # above fp8_max: 0.1% of a tiny run's casts at worst) or the values above the last micro-batch's amax
@@ -89,6 +91,34 @@ def record_outputs(figures: torch.Tensor, outputs: tuple[torch.Tensor, ...]) -> 
     """A pass's check of its outputs, in place: NON_FINITE becomes 1 where one of them is not finite."""
     non_finite = torch.stack([torch.isfinite(out).all().logical_not() for out in outputs]).any()
     figures[NON_FINITE] = torch.maximum(figures[NON_FINITE], non_finite.double())
+
+
+def record_finite(figures: torch.Tensor, amax: torch.Tensor) -> None:
+    """NON_FINITE becomes 1 where a cast tensor's `amax` is not finite (a weight's, at its cast)."""
+    figures[NON_FINITE] = torch.maximum(figures[NON_FINITE], torch.isfinite(amax).logical_not().double())
+
+
+def output_bound_limit(k: int, first_dtype: torch.dtype, second_dtype: torch.dtype, out_dtype: torch.dtype) -> float:
+    """What the product of a GEMM's two operands' largest dequantizing scales must stay below for each of its output
+    values to be finite (record_output_bounds): each of its K products is at most fp8_max(first) x fp8_max(second) x
+    those scales, so their fp32 sum is at most K times that; half the output dtype's largest value leaves the fp32
+    accumulation's roundings room."""
+    return torch.finfo(out_dtype).max / 2 / (max(k, 1) * FP8_MAX[first_dtype] * FP8_MAX[second_dtype])
+
+
+def record_output_bounds(figures: torch.Tensor, amax: torch.Tensor, bounds: tuple) -> None:
+    """A pass's check made in the cast region of the operand cast last (x in the forward, dy in the backward)
+    instead of reading its GEMMs' outputs (issue 87: no launch of its own). `bounds`: per GEMM that operand enters,
+    (its scales there, the other operand's scales, output_bound_limit). NON_FINITE becomes 1 where the operand is
+    not finite (its `amax`) or a GEMM's bound is not below its limit; a weight that is not finite is recorded at its
+    own cast (record_finite), an input at the forward's. So a pass whose outputs could be non-finite fails, as one
+    whose outputs were non-finite did. In dtypes of fp32's range the bounds are reached only by values no healthy
+    layer has (K x amax x amax near 1e38); fp16's passes keep their epilogue's check of the outputs themselves
+    (parallel/fp8/linear.py)."""
+    failed = torch.isfinite(amax).logical_not()
+    for own, other, limit in bounds:
+        failed = failed | (own.amax().float() * other.amax().float() < limit).logical_not()
+    figures[NON_FINITE] = torch.maximum(figures[NON_FINITE], failed.double())
 
 
 def record_input_amax(figures: torch.Tensor, amax: torch.Tensor) -> None:

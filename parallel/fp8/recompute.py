@@ -20,13 +20,13 @@ from parallel.fp8.recipes import DelayedScaling
 
 
 def delayed_scalings_in(modules: Iterable[nn.Module]) -> list[DelayedScaling]:
-    """The delayed-scaling states of the FP8 linears inside `modules` (gpt/fp8.py's apply_fp8 sets `fp8_state`);
-    [] without delayed scaling."""
+    """The delayed-scaling states of the FP8 linears inside `modules` (gpt/fp8.py's apply_fp8 sets `fp8_state`), each
+    once (a joined gate and up share one); [] without delayed scaling."""
     found = []
     for module in modules:
         for inner in module.modules():
             state = getattr(inner, "fp8_state", None)
-            if state is not None and state.delayed is not None:
+            if state is not None and state.delayed is not None and not any(state.delayed is seen for seen in found):
                 found.append(state.delayed)
     return found
 

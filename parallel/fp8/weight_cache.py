@@ -8,7 +8,8 @@ record no weight amax. Megatron-Core sets the flag for the first micro-batch of 
 (pipeline_parallel/schedules.py, forward_step -> set_is_first_microbatch).
 
 Here the copies (the GEMMs' operands: data and transpose, or both directions, and the block recipes' scales) are keyed
-on the weight: identity, data pointer, version counter, dtype, shape; a write through the parameter (`weight.add_`, an
+on the weight (each of the weights a joined linear casts as one, gpt/fp8.py): identity, data pointer, version
+counter, dtype, shape; a write through the parameter (`weight.add_`, an
 optimizer over plain parameters) casts it again. ZeRO's writes do not reach that counter: its parameters' data is
 *set* to views of its flat buffers (parallel/init.py replace_parameters), which the step and the gathers write. So the
 train step forgets every cache where an iteration's micro-batches start and end (gpt/fp8.py forget_fp8_weight_casts):
@@ -27,8 +28,8 @@ import torch
 
 
 class WeightCache:
-    """One FP8 linear's cast weight: `get(weight)` gives what `put` stored for the same, unchanged weight, else
-    None. `in_graph` (the linear runs inside compiled blocks, --compile): a compiled graph cannot read the key on the
+    """One FP8 linear's cast weight: `get(weights)` gives what `put` stored for the same, unchanged weights (a tuple:
+    one, or the two a joined linear casts as one), else None. `in_graph` (the linear runs inside compiled blocks, --compile): a compiled graph cannot read the key on the
     host, so the weight is cast in every micro-batch instead, with the iteration's first cast's semantics kept in two
     device scalars the graph reads and writes: `first` (1.0 until the iteration's first cast) and `scale` (the scale
     that cast used, for delayed scaling); the later casts use that scale, record no amax and count nothing, so they
@@ -36,7 +37,7 @@ class WeightCache:
 
     def __init__(self, in_graph: bool = False, device: torch.device | str = "cpu") -> None:
         self._key: Optional[tuple] = None
-        self._weight: Optional[weakref.ref] = None
+        self._weights: Optional[tuple] = None  # weak references
         self.value: Optional[tuple] = None
         self.casts = 0  # how many times the weight was cast (tests count them)
         self.peak_bytes = 0  # the most bytes the copies held at once
@@ -45,23 +46,26 @@ class WeightCache:
             self.iteration = (torch.ones((), device=device), torch.ones((), device=device))
 
     @staticmethod
-    def _key_of(weight: torch.Tensor) -> tuple:
-        return weight.data_ptr(), weight._version, weight.dtype, weight.device, tuple(weight.shape)
+    def _key_of(weights: tuple) -> tuple:
+        return tuple((weight.data_ptr(), weight._version, weight.dtype, weight.device, tuple(weight.shape))
+                     for weight in weights)
 
-    def get(self, weight: torch.Tensor) -> Optional[tuple]:
-        if self.value is None or self._weight() is not weight or self._key != self._key_of(weight):
+    def get(self, weights: tuple) -> Optional[tuple]:
+        if self.value is None or len(weights) != len(self._weights) or \
+                any(ref() is not weight for ref, weight in zip(self._weights, weights)) or \
+                self._key != self._key_of(weights):
             return None
         return self.value
 
-    def put(self, weight: torch.Tensor, value: tuple) -> None:
-        self._key, self._weight, self.value = self._key_of(weight), weakref.ref(weight), value
+    def put(self, weights: tuple, value: tuple) -> None:
+        self._key, self._weights, self.value = self._key_of(weights), tuple(map(weakref.ref, weights)), value
         self.casts += 1
         self.peak_bytes = max(self.peak_bytes, self.nbytes())
 
     def forget(self) -> None:
         """Drop the copies (an iteration's micro-batches start or end, or a changed weight is cast: the old copies go
         first)."""
-        self._key = self._weight = self.value = None
+        self._key = self._weights = self.value = None
         if self.iteration is not None:
             self.iteration[0].fill_(1.0)
 

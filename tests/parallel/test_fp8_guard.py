@@ -83,7 +83,8 @@ def _iteration(state, monitor, iteration, x, weight, grad):
     """One iteration of one micro-batch under the guard's replay (training/fp8_guard_replay.py): what the standing
     run gave, and how many times it ran again."""
     monitor.begin_iteration(iteration)
-    replay = Fp8GuardReplay(monitor, [state.delayed], ReplayingBatches(iter(())), lambda: None, lambda saved: None)
+    delayed = [] if state.delayed is None else [state.delayed]
+    replay = Fp8GuardReplay(monitor, delayed, ReplayingBatches(iter(())), lambda: None, lambda saved: None)
     results = []
 
     def passes():
@@ -152,6 +153,45 @@ def test_a_non_finite_output_falls_back_and_says_why():
     assert replays == 1
     assert torch.isfinite(out).all() and torch.isfinite(grad_x).all() and torch.isfinite(grad_w).all()
     assert len(lines) == 1 and "its FP8 forward is not finite" in lines[0]
+
+
+def _poisoned(what):
+    """The test data with one thing a pass's checks must catch."""
+    x, weight, grad = _data()
+    if what == "an inf input":  # delayed scaling's cast clamps it: a finite output, wrong
+        x[3, 5] = float("inf")
+    elif what == "a NaN weight":  # current scaling's cast takes scale 1 for it: the NaN reaches the output
+        weight[7, 2] = float("nan")
+    elif what == "an output past fp32's range":  # every operand finite, the GEMM's sums not
+        x, weight = x * 1e30, weight * 1e10
+    elif what == "a NaN output gradient":
+        grad[0, 0] = float("nan")
+    return x, weight, grad
+
+
+@pytest.mark.parametrize("recipe", [RECIPE, Fp8Recipe(fp8_format="hybrid", recipe="tensorwise"),
+                                    Fp8Recipe(fp8_format="e4m3", recipe="blockwise")], ids=lambda r: r.recipe)
+@pytest.mark.parametrize("what, failed_pass", [("an inf input", "forward"), ("a NaN weight", "forward"),
+                                               ("an output past fp32's range", "forward"),
+                                               ("a NaN output gradient", "backward"), ("nothing", None)])
+def test_the_checks_made_in_the_casts_fail_a_pass_that_is_not_finite(recipe, what, failed_pass):
+    """Without an epilogue of its own (no bias, an output dtype of fp32's range) a pass is checked in its last cast,
+    x's or dy's, from bounds on its GEMMs' outputs (guard.py record_output_bounds; issue 87: no launch of its own):
+    each pass a check of its outputs would fail fails, and so does an inf input that delayed scaling's cast clamps to
+    a finite but wrong output, which that check passed. A healthy pass passes (the other tests here too)."""
+    x, weight, grad = _poisoned(what)
+    state, monitor, lines, _ = _linear(recipe=recipe)
+    _, replays = _iteration(state, monitor, 1, x, weight, grad)
+    if failed_pass is None:
+        assert replays == 0 and not lines
+        return
+    reason = f"its FP8 {failed_pass} is not finite"
+    if what == "an output past fp32's range":
+        assert not torch.isfinite(_reference(x, weight, grad)[0]).all()
+        if recipe.recipe == "delayed":  # its first iteration's scale, 1, saturates x first: that reason is said
+            reason = "a forward cast saturated 100% of its values"
+    # (a layer failed in the backward alone comes back to FP8 after the iteration: a second line)
+    assert replays == 1 and reason in lines[0], lines
 
 
 def test_the_monitor_keeps_the_record_small_and_merges_an_interval():

@@ -132,7 +132,7 @@ def test_a_write_through_zeros_flat_buffer_is_forgotten_by_the_train_step(weight
     version = weight._version
     with torch.no_grad():
         flat.mul_(2.0)  # ZeRO's publish: the buffer written, not the parameter
-    assert weight._version == version and model.fp8_state.weight_cache.get(weight) is not None  # stale
+    assert weight._version == version and model.fp8_state.weight_cache.get((weight,)) is not None  # stale
     forget_fp8_weight_casts(model)
     doubled = _micro_batch(model.fp8_state, weight, generator)
     assert weight_casts["weight"] == 2
