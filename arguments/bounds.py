@@ -195,13 +195,7 @@ def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optio
     if elements * ACTIVATION_BYTES > memory:
         raise ConfigError(f"{what} would be {elements:.3g} elements ({_gib(elements * ACTIVATION_BYTES)} in 16 bits), "
                           f"more than one rank here can hold ({_gib(memory)}): lower those sizes", flags=flags)
-    parameters, sized_by = parameter_lower_bound(model)
-    if parameters * MIN_PARAMETER_BYTES > memory * world_size:
-        sizes = [f"{flag} {_setting_text(model, flag)}" for flag in sized_by if _setting_text(model, flag) is not None]
-        sizes = ", ".join(sizes[:-1]) + f" and {sizes[-1]}"
-        raise ConfigError(f"{sizes} make at least {parameters:.3g} parameters ({_gib(parameters * MIN_PARAMETER_BYTES)} "
-                          f"in 16 bits), more than {world_size} rank(s) of {_gib(memory)} can hold even fully sharded: "
-                          f"lower them", flags=sized_by)
+    check_parameters_fit(model, world_size, memory)
     check_launch_bounds(training, world_size, host_memory)
     samples = sample_count(training)
     if samples * INDEX_BYTES_PER_SAMPLE > host_memory:
@@ -209,6 +203,19 @@ def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optio
                           f"samples, whose index needs at least {_gib(samples * INDEX_BYTES_PER_SAMPLE)} of host "
                           f"memory; this machine has {_gib(host_memory)}: lower them",
                           flags=("--train-iters", "--train-samples", "--global-batch-size", "--eval-iters"))
+
+
+def check_parameters_fit(model, world_size: int, memory: int, ranks: str = "rank(s)") -> None:
+    """Refuse, in one line naming the flags that size it, a model whose parameters alone (parameter_lower_bound, 2
+    bytes each) overflow `world_size` ranks of `memory` bytes even fully sharded: a training run's machine
+    (check_machine_bounds) or the cluster a dry run plans (planner/plan.py), before either builds anything."""
+    parameters, sized_by = parameter_lower_bound(model)
+    if parameters * MIN_PARAMETER_BYTES > memory * world_size:
+        sizes = [f"{flag} {_setting_text(model, flag)}" for flag in sized_by if _setting_text(model, flag) is not None]
+        sizes = ", ".join(sizes[:-1]) + f" and {sizes[-1]}"
+        raise ConfigError(f"{sizes} make at least {parameters:.3g} parameters ({_gib(parameters * MIN_PARAMETER_BYTES)} "
+                          f"in 16 bits), more than {world_size} {ranks} of {_gib(memory)} can hold even fully sharded: "
+                          f"lower them", flags=sized_by)
 
 
 def _setting_text(model, flag: str) -> Optional[str]:

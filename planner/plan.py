@@ -28,6 +28,7 @@ import re
 import sys
 from typing import Optional, Sequence
 
+from arguments.bounds import check_parameters_fit
 from arguments.config import ConfigError, PretrainConfig
 from arguments.parser import ParsedArguments
 from base.errors import OneLineArgumentParser, run_tool
@@ -492,6 +493,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cluster = dataclasses.replace(cluster, gpus_per_node=hardware.gpus_per_node, device_type=hardware.device_type,
                                       gpu_memory_bytes=cluster.gpu_memory_bytes or hardware.gpu_memory_bytes)
     if command == "dry-run":
+        if cluster.gpu_memory_bytes is not None:  # a model the cluster cannot hold is refused before it is planned
+            check_parameters_fit(config.model, cluster.world_size, cluster.gpu_memory_bytes,
+                                 "GPUs" if cluster.device_type == "cuda" else "processes")
         check_plannable(config)
         if cluster.host_memory_bytes is None:  # the host total checked against something: this machine
             cluster = this_machines_host_memory(cluster)

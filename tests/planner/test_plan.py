@@ -139,6 +139,13 @@ def test_max_size_finds_the_boundary_exactly():
     (["tables", "--world-size", "4"], ["--world-size"]),
     (["dry-run", "--num-layers", "1000000", "--hidden-size", "64", "--num-attention-heads", "4"],
      ["--num-layers 1000000", "1024"]),
+    # issue 90: a model no cluster of this size can hold, refused by pretrain_gpt.py's parameter count (it planned for
+    # minutes before, its levers too)
+    (["dry-run", "--world-size", "8", "--gpu-memory", "80GB", "--num-layers", "1000", "--hidden-size", "1048576",
+      "--num-attention-heads", "16", "--seq-length", "32", "--max-position-embeddings", "32",
+      "--micro-batch-size", "1", "--global-batch-size", "8", "--mock-data", "--tokenizer-type", "NullTokenizer",
+      "--vocab-size", "100"],
+     ["--num-layers 1000 and --hidden-size 1048576 make at least 1.32e+16 parameters", "8 GPUs of 74.5 GiB"]),
     (["max-size", "--gpu-memory", "1000000GB", *SMALL], ["--gpu-memory 1000000GB", "16 TB"]),
     (["max-size", "--gpu-memory", "1e999", *SMALL], ["--gpu-memory 1e999"]),
     (["max-size", "--gpu-memory", "0", *SMALL], ["--gpu-memory 0"]),
