@@ -39,6 +39,9 @@ COMMON_FILE = "common.pt"
 # common.pt's entry for the SHA-256 of DCP's .metadata, in our torch_dist saves (Megatron-LM reads common.pt's entries
 # by name and ignores this one)
 INDEX_DIGEST_KEY = "zero_gpt_dcp_metadata_sha256"
+# ... and of each `.distcp` file, {file name: "sha256:<hex>"}: a file of another save of the same model has an index
+# and records that check; its digest does not (dcp_reader.py DcpReader.verify)
+FILE_DIGESTS_KEY = "zero_gpt_distcp_sha256"
 FORMAT_NAME = "megatron torch_dist"
 TORCH_DIST_BACKEND = "torch_dist"
 # The (backend, version) pairs megatron-core 0.16.1 registers a default load strategy for (strategies/torch.py

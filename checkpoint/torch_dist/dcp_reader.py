@@ -19,6 +19,7 @@ rank reading its shard a box at a time loads each chunk once); `bytes_read` coun
 
 from __future__ import annotations
 
+import hashlib
 import io
 import pickle
 import warnings
@@ -242,10 +243,15 @@ class DcpReader:
                 self._cached_bytes -= dropped.numel() * dropped.element_size()
         return values
 
-    def verify(self, rank: int = 0, world_size: int = 1) -> None:
+    def verify(self, rank: int = 0, world_size: int = 1, digests: Optional[dict] = None) -> None:
         """Every stored item of this rank's share (one in `world_size`, by file and offset) read and verified as a
-        load verifies it (module docstring)."""
+        load verifies it (module docstring). With `digests` (our torch_dist saves record each `.distcp` file's
+        SHA-256 in common.pt, writer.py) the share is one file in `world_size`, each read once whole: its records
+        verified and its digest compared, so that a file of another save of the same model (whose index and records
+        check) is refused."""
         items = sorted(self.metadata.storage_data.items(), key=lambda item: (item[1].relative_path, item[1].offset))
+        if digests is not None:
+            return self._verify_files(items, rank, world_size, digests)
         by_file: dict[str, list] = {}
         for index, sinfo in items[rank::world_size]:
             by_file.setdefault(sinfo.relative_path, []).append((index, sinfo))
@@ -258,6 +264,37 @@ class DcpReader:
                         check_record(path, index, sinfo, file.read(sinfo.length))
             except OSError as error:
                 raise CheckpointError(f"{path}: cannot be read ({error.strerror or error})") from None
+
+    def _verify_files(self, items: list, rank: int, world_size: int, digests: dict) -> None:
+        by_file: dict[str, list] = {}
+        for index, sinfo in items:
+            by_file.setdefault(sinfo.relative_path, []).append((index, sinfo))
+        if not isinstance(digests, dict) or not all(isinstance(value, str) for value in digests.values()):
+            raise CheckpointError(f"{self.path / 'common.pt'}: its record of the files' digests is not a map of file "
+                                  f"names to digests; the checkpoint is damaged")
+        unrecorded = sorted(set(by_file) - set(digests))
+        if unrecorded:
+            raise CheckpointError(f"{self.path / unrecorded[0]}: the checkpoint's index places chunks in it, but "
+                                  f"common.pt records no digest of it; the save that wrote common.pt did not write it")
+        for name in sorted(by_file)[rank::world_size]:
+            path = self.path / name
+            hasher = hashlib.sha256()
+            try:
+                with open(path, "rb") as file:
+                    for index, sinfo in by_file[name]:  # in offset order: each byte read once
+                        hasher.update(file.read(max(sinfo.offset - file.tell(), 0)))
+                        file.seek(sinfo.offset)
+                        data = file.read(sinfo.length)
+                        check_record(path, index, sinfo, data)
+                        hasher.update(data)
+                    while chunk := file.read(1 << 24):
+                        hasher.update(chunk)
+            except OSError as error:
+                raise CheckpointError(f"{path}: cannot be read ({error.strerror or error})") from None
+            if f"sha256:{hasher.hexdigest()}" != digests[name]:
+                raise CheckpointError(f"{path}: not the file this checkpoint's save wrote: its SHA-256 is not the one "
+                                      f"common.pt recorded ({str(digests[name])[:23]}..., now "
+                                      f"sha256:{hasher.hexdigest()[:16]}...)")
 
     def _load(self, targets: dict, objects: dict) -> None:
         try:

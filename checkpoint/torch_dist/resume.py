@@ -11,8 +11,9 @@ names backends Megatron-Core loads, every file DCP's index names lies inside the
 exists and is long enough to hold every chunk the index places in it; common.pt and the index read without running
 code, common.pt's records matching their CRC-32 and its numbers in range (checkpoint/torch_dist/common_check.py). Then
 (`verify_megatron_records`) each rank reads a share of the stored items and checks each against the CRC-32 its zip
-records carry (checkpoint/torch_dist/dcp_reader.py), before any work; --no-verify-checkpoint skips that read (the load still
-checks every item it reads).
+records carry (checkpoint/torch_dist/dcp_reader.py), and in our own saves each whole `.distcp` file against the SHA-256
+common.pt recorded, before any work; --no-verify-checkpoint skips that read (the load still checks every item it
+reads).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from checkpoint.inside import inside
 from checkpoint.lineage import SAMPLE_ORDER_KEY
 from checkpoint.resume_checks import agreed_problem, check_resume
 from checkpoint.resume_model import COMPARED
-from checkpoint.torch_dist.common import COMMON_FILE, check_backend, load_common, saved_args
+from checkpoint.torch_dist.common import COMMON_FILE, FILE_DIGESTS_KEY, check_backend, load_common, saved_args
 from checkpoint.torch_dist.dcp_reader import DcpReader
 from checkpoint.torch_dist.source import MegatronSource
 from data.megatron_order import MEGATRON_ORDER
@@ -63,19 +64,20 @@ def verify_megatron(iteration_dir: Path) -> None:
 
 
 def verify_megatron_records(iteration_dir: Path, rank: int, world_size: int) -> Optional[str]:
-    """This rank's share of the stored items verified (module docstring): the first problem, or None."""
+    """This rank's share of the stored items verified (module docstring), and of the files where our save recorded
+    their digests: the first problem, or None."""
     try:
-        DcpReader(iteration_dir).verify(rank, world_size)
+        DcpReader(iteration_dir).verify(rank, world_size, load_common(iteration_dir).get(FILE_DIGESTS_KEY))
     except CheckpointError as error:
         return str(error)
     return None
 
 
 def verify_megatron_completely(iteration_dir: Path) -> None:
-    """`verify_megatron`, then every stored item's CRC-32, in this one process (an unfinished save's last step,
-    checkpoint/unfinished_save.py)."""
+    """`verify_megatron`, then every stored item's CRC-32 (and file's digest, where recorded), in this one process
+    (an unfinished save's last step, checkpoint/unfinished_save.py)."""
     verify_megatron(iteration_dir)
-    DcpReader(iteration_dir).verify()
+    DcpReader(iteration_dir).verify(digests=load_common(iteration_dir).get(FILE_DIGESTS_KEY))
 
 
 def _activation(args: argparse.Namespace) -> Optional[str]:

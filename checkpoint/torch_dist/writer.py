@@ -47,10 +47,17 @@ from checkpoint.format import (
     write_text_atomic,
 )
 from checkpoint.global_load import parameter_records
+from checkpoint.integrity import file_digest
 from checkpoint.regions import box_numel, flat_range_boxes, flat_start, shift
 from checkpoint.save_plan import coordinates, named_fragments
 from checkpoint.torch_dist.args import megatron_args
-from checkpoint.torch_dist.common import COMMON_FILE, INDEX_DIGEST_KEY, TORCH_DIST_BACKEND, index_digest
+from checkpoint.torch_dist.common import (
+    COMMON_FILE,
+    FILE_DIGESTS_KEY,
+    INDEX_DIGEST_KEY,
+    TORCH_DIST_BACKEND,
+    index_digest,
+)
 from checkpoint.torch_dist.dcp_failures import DCP_FAILURES, failure_line
 from checkpoint.torch_dist.names import LAYERS, megatron_placement
 from parallel.state import ParallelState
@@ -247,7 +254,7 @@ def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samp
               f"are not written: Megatron-LM starts its streams from --seed)", flush=True)
     shard = optimizer.sharded_state_dict(model)
     _raise_if_any(state, non_finite_training_state(shard), staging)
-    problem = None
+    problem, mine = None, {}
     if state.is_first_rank:
         try:
             save_dir.mkdir(parents=True, exist_ok=True)
@@ -266,15 +273,19 @@ def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samp
             dcp.save({}, storage_writer=dcp.FileSystemWriter(staging), planner=_Planner(tensors, shapes, objects),
                      no_dist=not distributed)
         del tensors
+        # each rank digests the files it wrote (DCP's FileSystemWriter names them __<rank>_<n>.distcp), read back from
+        # the page cache; the first rank records them all in common.pt
+        mine = {path.name: file_digest(path, "sha256") for path in sorted(staging.glob(f"__{state.rank}_*.distcp"))}
     except DCP_FAILURES as failure:  # disk full, DCP's own errors (BaseException-derived): every rank must hear
         problem = f"cannot write {staging}: {failure_line(failure)}"
     _raise_if_any(state, problem, staging)
+    digests = {name: digest for part in state.comm.all_gather_object(mine) for name, digest in part.items()}
     if state.is_first_rank:
         try:
             with open(staging / COMMON_FILE, "wb") as file:
                 common = _common(config, state, shard, iteration, consumed_samples, lr, batch,
                                  consumed_samples if schedule_samples is None else schedule_samples)
-                torch.save({**common, INDEX_DIGEST_KEY: index_digest(staging)}, file)
+                torch.save({**common, INDEX_DIGEST_KEY: index_digest(staging), FILE_DIGESTS_KEY: digests}, file)
             (staging / METADATA_FILE).write_text(json.dumps(BACKEND_CONFIG))
             replace_directory(staging, final)
             write_text_atomic(save_dir / TRACKER_FILE, str(iteration))

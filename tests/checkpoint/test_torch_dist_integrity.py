@@ -15,7 +15,8 @@ damaged, never resumed into another model, and its own run resumes it (issue 79,
   not read, so the default 4 stood in), and an 8-head checkpoint resumed under --num-attention-heads 4 silently.
 - A torch_dist save that fails (a full disk) is one line and leaves no .partial; before, 70 lines and the .partial.
 - DCP's `.metadata` (the index, a plain pickle with no checksum) matches the SHA-256 our writer records in common.pt:
-  before, two same-sized tensors' index entries swapped loaded each from the other's verified bytes, silently.
+  before, two same-sized tensors' index entries swapped loaded each from the other's verified bytes, silently; and
+  so does each `.distcp` file (issue 90): another save's file of the same model was trained on.
 """
 
 from __future__ import annotations
@@ -128,6 +129,24 @@ def test_an_index_whose_entries_were_swapped_is_refused_by_its_digest(saved, cor
     before = snapshot(ck)
     resume(corpus_cache_300, tmp_path, ck).one_error_line(str(index_path), "its SHA-256 is not the one common.pt "
                                                                             "recorded")
+    assert snapshot(ck) == before and trained_nothing(tmp_path)
+
+
+def test_a_distcp_file_of_another_save_of_the_same_model_is_refused_by_its_digest(saved, corpus_cache_300, tmp_path):
+    """Issue 90 item 6: the same run with another seed, saved at the same iteration, writes files whose index entries
+    and records are the same shape and check; swapped in, before, its weights trained on silently (as in
+    Megatron-LM). Each `.distcp` file's SHA-256, recorded in common.pt by the writer, refuses it."""
+    other = train(corpus_cache_300, tmp_path / "other", *HEADS, *TORCH_DIST, "--seed", "4321", "--train-iters", "3",
+                  "--save", tmp_path / "other-ck", "--exit-interval", "2")
+    assert other.code == 0, other.err
+    ck = copy(saved[0], tmp_path)
+    digests = read_common(ck / "iter_0000002")["zero_gpt_distcp_sha256"]
+    name = sorted(digests)[0]
+    mine, theirs = ck / "iter_0000002" / name, tmp_path / "other-ck" / "iter_0000002" / name
+    assert mine.stat().st_size == theirs.stat().st_size and mine.read_bytes() != theirs.read_bytes()
+    shutil.copyfile(theirs, mine)
+    before = snapshot(ck)
+    resume(corpus_cache_300, tmp_path, ck).one_error_line(str(mine), "not the file this checkpoint's save wrote")
     assert snapshot(ck) == before and trained_nothing(tmp_path)
 
 
