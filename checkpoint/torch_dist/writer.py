@@ -58,7 +58,7 @@ from checkpoint.torch_dist.common import (
     TORCH_DIST_BACKEND,
     index_digest,
 )
-from checkpoint.torch_dist.dcp_failures import DCP_FAILURES, failure_line
+from checkpoint.torch_dist.dcp_failures import DCP_FAILURES, failure_line, os_cause
 from checkpoint.torch_dist.names import LAYERS, megatron_placement
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
@@ -277,7 +277,7 @@ def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samp
         # the page cache; the first rank records them all in common.pt
         mine = {path.name: file_digest(path, "sha256") for path in sorted(staging.glob(f"__{state.rank}_*.distcp"))}
     except DCP_FAILURES as failure:  # disk full, DCP's own errors (BaseException-derived): every rank must hear
-        problem = f"cannot write {staging}: {failure_line(failure)}"
+        problem = f"cannot write {staging}: {failure_line(failure)}{os_cause(failure, staging)}"
     _raise_if_any(state, problem, staging)
     digests = {name: digest for part in state.comm.all_gather_object(mine) for name, digest in part.items()}
     if state.is_first_rank:
