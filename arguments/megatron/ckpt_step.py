@@ -26,9 +26,11 @@ def resolve_ckpt_step(given: dict[str, Any], settings: dict[str, Any], change: C
     load = Path(settings["load"])
     held = sorted(int(path.name[len("iter_"):]) for path in load.glob("iter_*")
                   if path.is_dir() and re.fullmatch(r"iter_\d{7}", path.name)) if load.is_dir() else []
-    if held and step not in held:
-        resolved.refused.append(f"--ckpt-step {step}: {load} holds no iteration {step} (it holds "
-                                f"{', '.join(map(str, held))}); Megatron-LM fails to load it too")
+    if step not in held:  # a folder holding none (or no folder) too: never a fresh start in its place
+        holds = f"it holds {', '.join(map(str, held))}" if held else \
+            ("it holds none" if load.is_dir() else "it does not exist")
+        resolved.refused.append(f"--ckpt-step {step}: {load} holds no iteration {step} ({holds}); Megatron-LM fails "
+                                f"to load it too")
         return
     change("load", str(load / f"iter_{step:07d}"), "ckpt_step",
            f"--load {settings['load']} --ckpt-step {step}: that iteration's directory, as Megatron-LM loads it")

@@ -26,3 +26,12 @@ def test_a_resume_from_the_named_iteration_logs_what_loading_its_directory_logs(
     outcome = train(corpus_cache, tmp_path / "missing", "--train-iters", "4", "--load", save, "--ckpt-step", "3")
     assert outcome.code == 2 and "--ckpt-step 3:" in outcome.err and "(it holds 2, 4)" in outcome.err, outcome.err
     assert "Traceback" not in outcome.err and not (tmp_path / "missing" / "metrics.jsonl").exists()
+    # a folder holding no iteration, or none at all: the same (before, a fresh model trained, exit 0)
+    for name, load in (("empty", tmp_path / "empty-ckpt"), ("absent", tmp_path / "no-such-ckpt")):
+        if name == "empty":
+            load.mkdir()
+        (tmp_path / name).mkdir()
+        outcome = train(corpus_cache, tmp_path / name, "--train-iters", "4", "--load", load, "--ckpt-step", "3")
+        holds = "(it holds none)" if name == "empty" else "(it does not exist)"
+        assert outcome.code == 2 and f"holds no iteration 3 {holds}" in outcome.err, outcome.err
+        assert not (tmp_path / name / "metrics.jsonl").exists()
