@@ -4,7 +4,9 @@ the stored gain - 1 as the gain: every norm weight ~0, transformers' logits unif
 
 The args now carry Megatron-LM's dest of the flag, layernorm_zero_centered_gamma (its own saves always hold it:
 tests/fixtures/megatron_*), read back as apply_layernorm_1p (checkpoint/torch_dist/resume.py RENAMED); a save whose
-args lack the key is not exported, in one line (its norms could be off by 1)."""
+args lack the key is not exported, in one line (its norms could be off by 1). The save is this project's: Megatron-LM's
+own loop cannot write a 1p checkpoint on a CPU (core_v0.16.1's torch path, WrappedTorchNorm, asserts
+`not config.layernorm_zero_centered_gamma`, megatron/core/transformer/torch_norm.py; FusedLayerNorm needs apex)."""
 
 from __future__ import annotations
 
