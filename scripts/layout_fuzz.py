@@ -4,6 +4,7 @@
     python scripts/layout_fuzz.py --seed 1 --draws 20                 # 20 draws, each against its one-rank run
     python scripts/layout_fuzz.py --seed 1 --draw 13                  # draw 13 of seed 1 again, alone
     python scripts/layout_fuzz.py --seed 1 --draws 5 --model "--num-layers 8 --hidden-size 64 --num-attention-heads 8"
+    python scripts/layout_fuzz.py --seed 1 --draws 20 --resumes 1      # every draw resumes at another layout
 
 Each draw is a seeded choice (draw i of seed s always gives the same launch) of a model (dense or MoE, GPT-2's or
 Llama's blocks, tied or untied output, block features that add replicated or head-sharded parameters, FP8) and of a
@@ -11,7 +12,10 @@ layout over 2-8 gloo ranks, a `Layout` of the combination table (tests/training/
 SP, CP in its three kinds, PP (1F1B, virtual stages, an uneven first stage), ZeRO 0-3 or the distributed optimizer
 (the overlapped gather and reduce, optimizer offload), EP and expert TP, Megatron's and ZeRO-R's recomputation; and
 `--moe-layer-freq`, accumulation. The draw trains 3 iterations of fp32 with dropout off on `--mock-data`, as does
-the same model on one rank with the same global batch (a sample is a function of its index). It holds when every
+the same model on one rank with the same global batch (a sample is a function of its index). A share of the dense
+draws (`--resumes`, 0.35; drawn from a stream of its own, so the draws are the same launches with it or without it)
+stops after iteration 2 with a save and resumes iteration 3 at another layout of the same ranks (TP, SP, PP, ZeRO,
+recompute drawn again): the three losses continue as the one rank's. It holds when every
 loss is within 1e-5 and every grad norm within 1e-4 (relative) of the one rank's (FP8: 1e-3 and 1e-2, docs/fp8.md);
 or it is refused before any work, in one line, kept for review (right only where Megatron-LM refuses too). Anything
 else - a traceback, a hang, a difference - is a finding. `--model` puts your flags in place of the drawn model.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import random
 import shlex
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -56,6 +61,7 @@ class Draw:
     layout: Layout            # this draw's alone: the combination table's dimensions
     batch: tuple[str, ...]    # micro and global batch: the global batch is the one-rank run's too
     fp8: bool = False
+    resume: Optional[Layout] = None  # iterations 1-2 at `layout` saved, iteration 3 resumed at this one
 
     def argv(self) -> list[str]:
         return [*COMMON, *self.model, *self.batch, *self.layout.flags()]
@@ -64,9 +70,16 @@ class Draw:
         """The same model and global batch on one rank: micro-batches of the same size, accumulated."""
         return [*COMMON, *self.model, *self.batch]
 
+    def resumed_argv(self, save: Path) -> tuple[list[str], list[str]]:
+        """The two launches of a resume draw: iterations 1-2 at `layout` saved in `save`, then iteration 3 loaded from
+        it at `resume`."""
+        first = [*self.argv(), "--save", str(save), "--save-interval", "2", "--exit-interval", "2"]
+        return first, [*COMMON, *self.model, *self.batch, *self.resume.flags(), "--load", str(save)]
+
     def describe(self) -> dict:
         return {"seed": self.seed, "draw": self.index, "ranks": self.ranks, "model": shlex.join(self.model),
-                "layout": shlex.join(self.layout.flags()), "batch": shlex.join(self.batch)}
+                "layout": shlex.join(self.layout.flags()), "batch": shlex.join(self.batch),
+                **({"resumed_at": shlex.join(self.resume.flags())} if self.resume is not None else {})}
 
 
 def _divisors(n: int, among: Sequence[int]) -> list[int]:
@@ -122,8 +135,43 @@ def _draw_model(rng: random.Random, layers: int, tensor_parallel: int, pipeline:
     return model
 
 
-def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None) -> Draw:
-    """Draw `index` of `seed`: the same launch every time."""
+def _draw_resume(seed: int, index: int, ranks: int, model: Sequence[str], batch: Sequence[str],
+                 share: float) -> Optional[Layout]:
+    """With probability `share`, for a dense model without FP8, another layout of the same ranks to resume iteration
+    3 at (module docstring), from a stream of its own: TP (the heads and query groups divide), SP, PP (the layers
+    divide; MTP beside stages with rotary positions only), ZeRO, recompute; the global batch divides over its DP."""
+    rng = random.Random(f"layout-fuzz resume {seed} {index}")
+    if "--num-experts" in model or "--fp8-format" in model or rng.random() >= share:
+        return None
+    flags = list(model)
+    layers = int(flags[flags.index("--num-layers") + 1])
+    groups = int(flags[flags.index("--num-query-groups") + 1]) if "--num-query-groups" in flags else 4
+    micro = int(batch[batch.index("--micro-batch-size") + 1])
+    global_batch = int(batch[batch.index("--global-batch-size") + 1])
+    choices = []
+    for tensor_parallel in _divisors(ranks, [1, 2, 4]):
+        for pipeline in _divisors(ranks // tensor_parallel, [1, 2]):
+            data_parallel = ranks // (tensor_parallel * pipeline)
+            if groups % tensor_parallel or layers % pipeline or global_batch % (micro * data_parallel):
+                continue
+            if pipeline > 1 and ("--mtp-num-layers" in flags and "rope" not in flags
+                                 or (global_batch // (micro * data_parallel)) % pipeline):
+                continue
+            choices.append((tensor_parallel, pipeline))
+    if not choices:
+        return None
+    tensor_parallel, pipeline = rng.choice(choices)
+    layout = Layout(tp=tensor_parallel, sp=tensor_parallel > 1 and rng.random() < 0.5,
+                    pp=pipeline if pipeline > 1 else None,
+                    zero=rng.choice(["0", "1", "2", "3", "distributed-optimizer"] if pipeline == 1 else
+                                    ["0", "1", "2", "distributed-optimizer"]),
+                    recompute=rng.choice([None, None, "full", "selective"]))
+    return layout
+
+
+def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, resumes: float = 0.35) -> Draw:
+    """Draw `index` of `seed`: the same launch every time (`resumes`: the share of dense draws that resume at another
+    layout, drawn apart: _draw_resume)."""
     rng = random.Random(f"layout-fuzz {seed} {index}")
     ranks = rng.choice([2, 4, 4, 8])
     tensor_parallel = rng.choice(_divisors(ranks, [1, 1, 2, 4]))
@@ -178,7 +226,8 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None) -> 
     micro = rng.choice([1, 2])
     accumulation = pipeline * rng.choice([1, 2]) if pipeline > 1 else rng.choice([1, 2, 3])
     batch = ["--micro-batch-size", str(micro), "--global-batch-size", str(micro * data_parallel * accumulation)]
-    return Draw(seed, index, ranks, tuple(flags), layout, tuple(batch), fp8)
+    resume = _draw_resume(seed, index, ranks, flags, batch, resumes)
+    return Draw(seed, index, ranks, tuple(flags), layout, tuple(batch), fp8, resume)
 
 
 def compare(draw_: Draw, records: list, reference: list) -> dict:
@@ -201,8 +250,22 @@ def compare(draw_: Draw, records: list, reference: list) -> dict:
 
 def run_draw(draw_: Draw, scratch: Path, one_rank_cache: dict, timeout_s: float) -> dict:
     result = draw_.describe()
-    launched = launch(draw_.argv(), draw_.ranks, scratch, timeout_s=timeout_s)
-    if launched.returncode == 2 and not launched.records:  # refused before any work, in one line
+    if draw_.resume is None:
+        launched = launch(draw_.argv(), draw_.ranks, scratch, timeout_s=timeout_s)
+        records = launched.records
+    else:  # iterations 1-2, saved; iteration 3 resumed at the other layout
+        save = scratch / f"checkpoint-{draw_.seed}-{draw_.index}"
+        first, second = draw_.resumed_argv(save)
+        launched = launch(first, draw_.ranks, scratch, timeout_s=timeout_s)
+        records = launched.records
+        if launched.returncode == 0:
+            launched = launch(second, draw_.ranks, scratch, timeout_s=timeout_s)
+            if launched.returncode == 2 and not launched.records:
+                shutil.rmtree(save, ignore_errors=True)
+                return {**result, "verdict": "refused", "why": f"the resume: {launched.last_error}"}
+            records = records + launched.records
+        shutil.rmtree(save, ignore_errors=True)
+    if launched.returncode == 2 and not records:  # refused before any work, in one line
         return {**result, "verdict": "refused", "why": launched.last_error}
     if launched.returncode != 0:
         return {**result, "verdict": "failed", "why": f"exit {launched.returncode}: {launched.last_error}"}
@@ -212,7 +275,7 @@ def run_draw(draw_: Draw, scratch: Path, one_rank_cache: dict, timeout_s: float)
     reference = one_rank_cache[key]
     if reference.returncode != 0:
         return {**result, "verdict": "one rank failed", "why": f"exit {reference.returncode}: {reference.last_error}"}
-    return {**result, **compare(draw_, launched.records, reference.records)}
+    return {**result, **compare(draw_, records, reference.records)}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -224,13 +287,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--output", default=None, help="JSON lines: one a draw, then the summary")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per launch")
     parser.add_argument("--list", action="store_true", help="print each draw's launch and stop")
+    parser.add_argument("--resumes", type=float, default=0.35,
+                        help="the share of dense draws that resume iteration 3 at another layout (0 to 1)")
     args = parser.parse_args(argv)
     model = shlex.split(args.model) if args.model else None
     indices = [args.draw] if args.draw is not None else range(args.draws)
-    draws = [draw(args.seed, index, model) for index in indices]
+    if not 0.0 <= args.resumes <= 1.0:
+        raise ConfigError(f"--resumes {args.resumes:g}: a share, from 0 to 1")
+    draws = [draw(args.seed, index, model, args.resumes) for index in indices]
     if args.list:
         for each in draws:
-            print(f"draw {each.index}: {each.ranks} ranks: pretrain_gpt.py {shlex.join(each.argv())}")
+            print(f"draw {each.index}: {each.ranks} ranks: pretrain_gpt.py {shlex.join(each.argv())}"
+                  + (f" | resumed at {shlex.join(each.resume.flags())}" if each.resume is not None else ""))
         return 0
     output = open(args.output, "w", encoding="utf-8") if args.output else None
     verdicts: dict = {}
@@ -240,7 +308,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             result = run_draw(each, Path(scratch), one_rank_cache, args.timeout_s)
             verdicts[result["verdict"]] = verdicts.get(result["verdict"], 0) + 1
             kind = ("MoE" if "--num-experts" in each.model else "dense") + (" FP8" if each.fp8 else "")
-            layout = shlex.join(each.layout.flags())
+            layout = shlex.join(each.layout.flags()) + (f" -> resumed at {shlex.join(each.resume.flags())}"
+                                                        if each.resume is not None else "")
             print(f"draw {each.index} ({kind}, {each.ranks} ranks) {result['verdict']}: {layout}"
                   + (f" | {result['why']}" if "why" in result else
                      f" | loss {result['loss_relative']:.1e}, grad norm {result['grad_norm_relative']:.1e}"), flush=True)

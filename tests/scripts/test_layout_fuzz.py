@@ -59,6 +59,28 @@ def test_two_hundred_draws_parse_and_cover_every_dimension():
     assert [dimension for dimension in [*dimensions, *DIMENSIONS] if not seen[dimension]] == []
 
 
+def test_a_share_of_dense_draws_resumes_at_another_layout_and_the_draws_stay_the_same_launches():
+    """Issue 89 item 3: resumes at another layout mid-run. The resume is drawn from a stream of its own, so a draw is
+    the same launch with resumes or without them; each resumed launch parses, at another layout of the same ranks,
+    with the same model and global batch."""
+    from dataclasses import replace
+
+    resumed = []
+    for index in range(200):
+        each = draw(12, index)
+        assert replace(each, resume=None) == draw(12, index, resumes=0.0)
+        if each.resume is not None:
+            resumed.append(each)
+            first, second = each.resumed_argv(Path("/tmp/ck"))
+            parse_arguments(first)
+            parse_arguments(second)
+            assert "--num-experts" not in each.model and not each.fp8
+    assert len(resumed) >= 10
+    assert any(each.resume != each.layout for each in resumed)
+    assert {each.resume.pp is not None for each in resumed} == {True, False}
+    assert {each.resume.zero for each in resumed} >= {"0", "1", "2", "3"}
+
+
 def _records(losses, norms):
     return [{"loss": loss, "grad_norm": norm} for loss, norm in zip(losses, norms)]
 
