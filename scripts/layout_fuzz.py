@@ -7,7 +7,8 @@
     python scripts/layout_fuzz.py --seed 1 --draws 20 --resumes 1      # every draw resumes at another layout
 
 Each draw is a seeded choice (draw i of seed s always gives the same launch) of a model (dense or MoE, GPT-2's or
-Llama's blocks, tied or untied output, block features that add replicated or head-sharded parameters, FP8) and of a
+Llama's blocks, tied or untied output, block features that add replicated or head-sharded parameters, FP8, Muon or
+multi-latent attention) and of a
 layout over 2-8 gloo ranks, a `Layout` of the combination table (tests/training/combinations.py): TP with or without
 SP, CP in its three kinds, PP (1F1B, virtual stages, an uneven first stage), ZeRO 0-3 or the distributed optimizer
 (the overlapped gather and reduce, optimizer offload), EP and expert TP, Megatron's and ZeRO-R's recomputation; and
@@ -135,6 +136,23 @@ def _draw_model(rng: random.Random, layers: int, tensor_parallel: int, pipeline:
     return model
 
 
+def _draw_extras(seed: int, index: int, flags: Sequence[str], layout: Layout) -> list[str]:
+    """Issue 89 item 3's options the drawer lacked, from a stream of their own (the other draws stay the same
+    launches): Megatron-LM's Muon (Newton-Schulz in fp32, `--muon-fp32-matmul-prec high`, so bf16 does not round the
+    layouts' last-bit differences into the step; duplicated or distributed over TP, as the combination table's rows;
+    not with the optimizer offloaded, which Muon refuses) or multi-latent attention (DeepSeek-V3's, low ranks at this
+    width; not with grouped-query attention, which it has no groups for)."""
+    rng = random.Random(f"layout-fuzz extras {seed} {index}")
+    pick = rng.random()
+    if pick < 0.12 and not layout.offload_optimizer:
+        return ["--optimizer", "muon", "--muon-fp32-matmul-prec", "high", "--muon-tp-mode",
+                rng.choice(["duplicated", "distributed"])]
+    if pick < 0.24 and "--group-query-attention" not in flags:
+        return ["--multi-latent-attention", "--q-lora-rank", rng.choice(["16", "24"]), "--kv-lora-rank", "16",
+                "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "8"]
+    return []
+
+
 def _draw_resume(seed: int, index: int, ranks: int, model: Sequence[str], batch: Sequence[str],
                  share: float) -> Optional[Layout]:
     """With probability `share`, for a dense model without FP8, another layout of the same ranks to resume iteration
@@ -223,6 +241,8 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, res
     flags = list(model_flags) if model_flags is not None else model.flags
     if fp8:
         flags += ["--fp8-format", "hybrid", "--fp8-recipe", rng.choice(["delayed", "tensorwise", "blockwise"])]
+    elif model_flags is None:
+        flags += _draw_extras(seed, index, flags, layout)
     micro = rng.choice([1, 2])
     accumulation = pipeline * rng.choice([1, 2]) if pipeline > 1 else rng.choice([1, 2, 3])
     batch = ["--micro-batch-size", str(micro), "--global-batch-size", str(micro * data_parallel * accumulation)]

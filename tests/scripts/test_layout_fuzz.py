@@ -55,7 +55,8 @@ def test_two_hundred_draws_parse_and_cover_every_dimension():
                   "--untie-embeddings-and-output-weights", "--qk-layernorm", "--num-query-groups", "--swiglu",
                   "--fp8-recipe delayed", "--fp8-recipe tensorwise", "--fp8-recipe blockwise",
                   "--num-virtual-stages-per-pipeline-rank", "--recompute-method block", "--eod-mask-loss",
-                  "--goldfish-loss", "--calculate-per-token-loss", "--reset-attention-mask", "--mtp-num-layers"]
+                  "--goldfish-loss", "--calculate-per-token-loss", "--reset-attention-mask", "--mtp-num-layers",
+                  "--optimizer", "--muon-tp-mode", "--multi-latent-attention"]
     assert [dimension for dimension in [*dimensions, *DIMENSIONS] if not seen[dimension]] == []
 
 
