@@ -16,7 +16,8 @@ SP, CP in its three kinds, PP (1F1B, virtual stages, an uneven first stage), ZeR
 the same model on one rank with the same global batch (a sample is a function of its index). A share of the dense
 draws (`--resumes`, 0.35; drawn from a stream of its own, so the draws are the same launches with it or without it)
 stops after iteration 2 with a save and resumes iteration 3 at another layout of the same ranks (TP, SP, PP, ZeRO,
-recompute drawn again): the three losses continue as the one rank's. It holds when every
+recompute drawn again): the three losses continue as the one rank's. A share of the dense draws (0.2) trains with
+`--hidden-dropout 0.1`, held to the layout that draws the same masks (`Draw.reference_layout`) instead of one rank. It holds when every
 loss is within 1e-5 and every grad norm within 1e-4 (relative) of the one rank's (FP8: 1e-3 and 1e-2, docs/fp8.md);
 or it is refused before any work, in one line, kept for review (right only where Megatron-LM refuses too). Anything
 else - a traceback, a hang, a difference - is a finding. `--model` puts your flags in place of the drawn model.
@@ -44,6 +45,7 @@ from tests.training.combinations import Layout  # noqa: E402
 
 ITERATIONS = 3
 LOSS_TOLERANCE, GRAD_NORM_TOLERANCE = 1e-5, 1e-4
+DROPOUT = 0.1  # Megatron's default --hidden-dropout, in the dropout draws
 # FP8: a layout casts other tensors (a TP shard with its own amax under current scaling; each data-parallel rank's
 # first output gradients at TE's initial scale, rounded in e5m2's subnormals), as TransformerEngine does
 # (docs/fp8.md): measured up to 9.4e-5 in a loss and 2.7e-3 in a grad norm (delayed, TP 2 x DP 4).
@@ -63,13 +65,35 @@ class Draw:
     batch: tuple[str, ...]    # micro and global batch: the global batch is the one-rank run's too
     fp8: bool = False
     resume: Optional[Layout] = None  # iterations 1-2 at `layout` saved, iteration 3 resumed at this one
+    dropout: bool = False     # hidden dropout on, against `reference_layout()`'s run rather than one rank
 
     def argv(self) -> list[str]:
-        return [*COMMON, *self.model, *self.batch, *self.layout.flags()]
+        return [*COMMON, *self.model, *self.batch, *self.layout.flags(), *self._dropout()]
+
+    def _dropout(self) -> list[str]:
+        return ["--hidden-dropout", str(DROPOUT)] if self.dropout else []
+
+    def reference_layout(self) -> Layout:
+        """What the draw is held to: one rank; with dropout, the layout that draws the same masks (Megatron-Core's
+        seeding, docs/testing.md): the same pipeline stages (a stage's seed is --seed + 100 x its rank), chunks, CP
+        and DP sizes (in no seed: each rank draws its own tokens' masks from the same stream), TP kept under SP (its
+        hidden dropout draws from the TP-private stream) and 1 without it (the replicated hidden states' masks are one
+        rank's); ZeRO 0 and no recomputation (a recomputed forward draws its forward's masks again)."""
+        if not self.dropout:
+            return Layout()
+        layout = self.layout
+        return Layout(tp=layout.tp if layout.sp else 1, sp=layout.sp, cp=layout.cp, cp_comm=layout.cp_comm,
+                      pp=layout.pp, vp_layers=layout.vp_layers, virtual_stages=layout.virtual_stages,
+                      first_stage_layers=layout.first_stage_layers, zero="0")
+
+    def reference_ranks(self) -> int:
+        layout = self.layout
+        return 1 if not self.dropout else self.ranks // ((layout.tp or 1) // (self.reference_layout().tp or 1))
 
     def one_rank_argv(self) -> list[str]:
-        """The same model and global batch on one rank: micro-batches of the same size, accumulated."""
-        return [*COMMON, *self.model, *self.batch]
+        """The same model and global batch on one rank (micro-batches of the same size, accumulated), or with dropout
+        on the reference layout (`reference_layout`)."""
+        return [*COMMON, *self.model, *self.batch, *self.reference_layout().flags(), *self._dropout()]
 
     def resumed_argv(self, save: Path) -> tuple[list[str], list[str]]:
         """The two launches of a resume draw: iterations 1-2 at `layout` saved in `save`, then iteration 3 loaded from
@@ -80,7 +104,8 @@ class Draw:
     def describe(self) -> dict:
         return {"seed": self.seed, "draw": self.index, "ranks": self.ranks, "model": shlex.join(self.model),
                 "layout": shlex.join(self.layout.flags()), "batch": shlex.join(self.batch),
-                **({"resumed_at": shlex.join(self.resume.flags())} if self.resume is not None else {})}
+                **({"resumed_at": shlex.join(self.resume.flags())} if self.resume is not None else {}),
+                **({"dropout_against": shlex.join(self.reference_layout().flags())} if self.dropout else {})}
 
 
 def _divisors(n: int, among: Sequence[int]) -> list[int]:
@@ -246,8 +271,12 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, res
     micro = rng.choice([1, 2])
     accumulation = pipeline * rng.choice([1, 2]) if pipeline > 1 else rng.choice([1, 2, 3])
     batch = ["--micro-batch-size", str(micro), "--global-batch-size", str(micro * data_parallel * accumulation)]
-    resume = _draw_resume(seed, index, ranks, flags, batch, resumes)
-    return Draw(seed, index, ranks, tuple(flags), layout, tuple(batch), fp8, resume)
+    # hidden dropout (Megatron's 0.1) on a share of the dense draws without FP8, from a stream of its own; those
+    # draw no resume
+    dropout = not fp8 and "--num-experts" not in flags and \
+        random.Random(f"layout-fuzz dropout {seed} {index}").random() < 0.2
+    resume = None if dropout else _draw_resume(seed, index, ranks, flags, batch, resumes)
+    return Draw(seed, index, ranks, tuple(flags), layout, tuple(batch), fp8, resume, dropout)
 
 
 def compare(draw_: Draw, records: list, reference: list) -> dict:
@@ -289,9 +318,9 @@ def run_draw(draw_: Draw, scratch: Path, one_rank_cache: dict, timeout_s: float)
         return {**result, "verdict": "refused", "why": launched.last_error}
     if launched.returncode != 0:
         return {**result, "verdict": "failed", "why": f"exit {launched.returncode}: {launched.last_error}"}
-    key = tuple(draw_.one_rank_argv())
+    key = (draw_.reference_ranks(), *draw_.one_rank_argv())
     if key not in one_rank_cache:
-        one_rank_cache[key] = launch(draw_.one_rank_argv(), 1, scratch, timeout_s=timeout_s)
+        one_rank_cache[key] = launch(draw_.one_rank_argv(), draw_.reference_ranks(), scratch, timeout_s=timeout_s)
     reference = one_rank_cache[key]
     if reference.returncode != 0:
         return {**result, "verdict": "one rank failed", "why": f"exit {reference.returncode}: {reference.last_error}"}
