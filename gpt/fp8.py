@@ -39,7 +39,7 @@ from parallel.fp8.delayed_updates import DelayedScalingPasses
 from parallel.fp8.fused import resolve_fused_casts
 from parallel.fp8.guard import DENSE, EXPERT, GuardMonitor, LayerGuard
 from parallel.fp8.kernel import kernel_name
-from parallel.fp8.linear import Fp8LinearState, fp8_linear, shape_rule_broken
+from parallel.fp8.linear import Fp8LinearState, fp8_linear, fp8_states, shape_rule_broken
 from parallel.fp8.param_gather import GATHERED_RECIPES
 from parallel.fp8.recipes import Fp8Recipe
 from parallel.fp8.recompute import delayed_scalings_in
@@ -232,8 +232,7 @@ def delayed_scaling_passes(model: nn.Module, model_config,
 
 def fp8_weight_caches(model: nn.Module) -> list[WeightCache]:
     """The weight caches of the linears apply_fp8 put in FP8 (parallel/fp8/weight_cache.py)."""
-    return list({id(module.fp8_state): module.fp8_state.weight_cache for module in model.modules()
-                 if getattr(module, "fp8_state", None) is not None}.values())
+    return [state.weight_cache for state in fp8_states(model).values()]
 
 
 def forget_fp8_weight_casts(model: nn.Module) -> None:
@@ -457,16 +456,7 @@ def compile_options(model_config, device: torch.device) -> Optional[dict]:
 def delayed_states(model: nn.Module) -> dict:
     """{module name: DelayedScaling} of the linears apply_fp8 put in delayed scaling (the checkpoint's
     histories, checkpoint/fp8_state.py); {} for the other recipes and without FP8."""
-    states, seen = {}, set()
-    for name, module in model.named_modules():
-        state = getattr(module, "fp8_state", None)
-        if state is None or state.delayed is None or id(state) in seen:
-            continue  # a joined gate and up share one (apply_fp8), named by the first's fp8_state_name
-        seen.add(id(state))
-        if hasattr(module, "fp8_state_name"):
-            name = f"{name.rpartition('.')[0]}.{module.fp8_state_name}"
-        states[name] = state.delayed
-    return states
+    return {name: state.delayed for name, state in fp8_states(model).items() if state.delayed is not None}
 
 
 def _fp8_linear_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,

@@ -6,22 +6,15 @@
     python scripts/layout_fuzz.py --seed 1 --draws 5 --model "--num-layers 8 --hidden-size 64 --num-attention-heads 8"
     python scripts/layout_fuzz.py --seed 1 --draws 20 --resumes 1      # every draw resumes at another layout
 
-Each draw is a seeded choice (draw i of seed s always gives the same launch) of a model (dense or MoE, GPT-2's or
-Llama's blocks, tied or untied output, block features that add replicated or head-sharded parameters, FP8, Muon or
-multi-latent attention) and of a
-layout over 2-8 gloo ranks, a `Layout` of the combination table (tests/training/combinations.py): TP with or without
-SP, CP in its three kinds, PP (1F1B, virtual stages, an uneven first stage), ZeRO 0-3 or the distributed optimizer
-(the overlapped gather and reduce, optimizer offload), EP and expert TP, Megatron's and ZeRO-R's recomputation; and
-`--moe-layer-freq`, accumulation. The draw trains 3 iterations of fp32 with dropout off on `--mock-data`, as does
-the same model on one rank with the same global batch (a sample is a function of its index). A share of the dense
-draws (`--resumes`, 0.35; drawn from a stream of its own, so the draws are the same launches with it or without it)
-stops after iteration 2 with a save and resumes iteration 3 at another layout of the same ranks (TP, SP, PP, ZeRO,
-recompute drawn again): the three losses continue as the one rank's. A share of the dense draws (0.2) trains with
-`--hidden-dropout 0.1`, held to the layout that draws the same masks (`Draw.reference_layout`) instead of one rank. It holds when every
-loss is within 1e-5 and every grad norm within 1e-4 (relative) of the one rank's (FP8: 1e-3 and 1e-2, docs/fp8.md);
-or it is refused before any work, in one line, kept for review (right only where Megatron-LM refuses too). Anything
-else - a traceback, a hang, a difference - is a finding. `--model` puts your flags in place of the drawn model.
-Results go to `--output` as JSON lines, one a draw, and a summary at the end.
+Each draw is a seeded choice (draw i of seed s always gives the same launch) of a model (dense or MoE, block
+features, FP8, Muon, MLA) and of a `Layout` of the combination table (tests/training/combinations.py) over 2-8 gloo
+ranks: TP, SP, CP, PP, ZeRO 0-3, offload, EP, recomputation. It trains 3 iterations of fp32 on `--mock-data`, as does
+the same model on one rank with the same global batch; some dense draws resume iteration 3 at another layout
+(`--resumes`), some train with hidden dropout against the layout that draws the same masks
+(`Draw.reference_layout`); docs/testing.md lists every option. It holds when every loss is within 1e-5 and every
+grad norm within 1e-4 (relative) of the reference's (FP8: 1e-3 and 1e-2, docs/fp8.md), or it is refused before any
+work in one line (right only where Megatron-LM refuses too); anything else is a finding. Results go to `--output`
+as JSON lines, one a draw, and a summary at the end.
 """
 
 from __future__ import annotations

@@ -95,6 +95,21 @@ class Fp8LinearState:
         return copies
 
 
+def fp8_states(module: torch.nn.Module) -> dict[str, Fp8LinearState]:
+    """{name: state} of the FP8 linears inside `module` (gpt/fp8.py apply_fp8 sets their `fp8_state`), each state once:
+    a joined gate and up share one, named by the first's `fp8_state_name` beside it."""
+    states, seen = {}, set()
+    for name, inner in module.named_modules():
+        state = getattr(inner, "fp8_state", None)
+        if state is None or id(state) in seen:
+            continue
+        seen.add(id(state))
+        if hasattr(inner, "fp8_state_name"):
+            name = f"{name.rpartition('.')[0]}.{inner.fp8_state_name}"
+        states[name] = state
+    return states
+
+
 def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: str) -> str | None:
     """Why a linear of this shape cannot run its three FP8 GEMMs (each of in, out and tokens is a GEMM's K
     once), or None: CUDA's multiple of 16 (kernel.py), and MXFP8's 32-wide blocks."""

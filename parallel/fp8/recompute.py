@@ -16,19 +16,14 @@ from typing import Iterable, Iterator
 
 from torch import nn
 
+from parallel.fp8.linear import fp8_states
 from parallel.fp8.recipes import DelayedScaling
 
 
 def delayed_scalings_in(modules: Iterable[nn.Module]) -> list[DelayedScaling]:
-    """The delayed-scaling states of the FP8 linears inside `modules` (gpt/fp8.py's apply_fp8 sets `fp8_state`), each
-    once (a joined gate and up share one); [] without delayed scaling."""
-    found = []
-    for module in modules:
-        for inner in module.modules():
-            state = getattr(inner, "fp8_state", None)
-            if state is not None and state.delayed is not None and not any(state.delayed is seen for seen in found):
-                found.append(state.delayed)
-    return found
+    """The delayed-scaling states of the FP8 linears inside `modules` (linear.py fp8_states: each once); [] without
+    delayed scaling."""
+    return [state.delayed for module in modules for state in fp8_states(module).values() if state.delayed is not None]
 
 
 def stash_for_recompute(scalings: list[DelayedScaling]) -> None:
