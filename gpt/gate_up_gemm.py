@@ -182,8 +182,9 @@ def gated_halves(both: torch.Tensor, glu: GatedActivation) -> torch.Tensor:
     """glu(gate, up) of a [..., 2 ffn] projection whose halves are gate and up (a linear that ran them as one,
     gpt/fp8.py): the same values and gradients as glu on the two chunks, the backward writing both halves'
     gradients into one buffer (`gated_gradients_into`, as _GateUpGemm's) where autograd through the chunks would
-    concatenate them."""
-    if not torch.is_grad_enabled() or not both.requires_grad:
+    concatenate them. Under torch.compile autograd's own: dynamo cannot trace out= into a half (a graph break at
+    every layer), and inductor writes the concatenated gradients in the kernel that computes them."""
+    if not torch.is_grad_enabled() or not both.requires_grad or torch.compiler.is_compiling():
         return glu.math(*_halves(both, True))
     return _GatedHalves.apply(both, glu)
 

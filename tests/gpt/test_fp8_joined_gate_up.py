@@ -117,3 +117,25 @@ def test_a_checkpoint_of_gate_and_up_apart_restores_into_the_joined_state_and_ba
     for part in ("gate", "up"):
         state = delayed_states(apart)[f"blocks.0.mlp.dense_h_to_4h_{part}"]
         assert state.amax_history.tolist() == [[5.0, 6.0, 7.0]] and state.scale.tolist() == [1.5, 2.5, 3.5]
+
+
+def test_the_joined_activation_compiles_in_one_graph_with_autograds_gradients():
+    """Under torch.compile the joined linear's activation (gate_up_gemm.gated_halves) is autograd's own through the
+    halves: its custom backward writes into a half with out=, which dynamo cannot trace, so every layer's graph broke
+    there and the backward ran 4 kernels eagerly (issue 87). fullgraph=True fails on any break; values and gradients
+    are eager's (inductor may reorder fp32 roundings: 1e-6)."""
+    from gpt.gate_up_gemm import gated_halves
+    from gpt.glu import GatedActivation
+
+    both = torch.randn(TOKENS, 2 * FFN, generator=torch.Generator().manual_seed(3))
+    grad = torch.randn(TOKENS, FFN, generator=torch.Generator().manual_seed(4))
+    results = []
+    for run in (lambda t: gated_halves(t, GatedActivation()),
+                torch.compile(lambda t: gated_halves(t, GatedActivation()), fullgraph=True)):
+        leaf = both.clone().requires_grad_()
+        out = run(leaf)
+        out.backward(grad)
+        results.append((out.detach(), leaf.grad))
+    (eager_out, eager_grad), (compiled_out, compiled_grad) = results
+    torch.testing.assert_close(compiled_out, eager_out, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-6, atol=1e-6)
