@@ -7,15 +7,14 @@
     python scripts/layout_fuzz.py --seed 1 --draws 20 --resumes 1      # every draw resumes at another layout
 
 Each draw is a seeded choice (draw i of seed s always gives the same launch) of a model (dense or MoE, block
-features, FP8, Muon, MLA) and of a `Layout` of the combination table (tests/training/combinations.py) over 2-8 gloo
-ranks: TP, SP, CP, PP, ZeRO 0-3, offload, EP, recomputation. It trains 3 iterations of fp32 on `--mock-data`, as does
-the same model on one rank with the same global batch; some dense draws resume iteration 3 at another layout
-(`--resumes`), some train with hidden dropout against the layout that draws the same masks
-(`Draw.reference_layout`); docs/testing.md lists every option. It holds when every loss is within 1e-5 and every
-grad norm within 1e-4 (relative) of the reference's (FP8: 1e-3 and 1e-2, docs/fp8.md), or it is refused before any
-work in one line (right only where Megatron-LM refuses too); anything else is a finding. Results go to `--output`
-as JSON lines, one a draw, and a summary at the end.
-"""
+features, FP8, Muon, MLA, fp16) and of a `Layout` of the combination table (tests/training/combinations.py) over 2-8
+gloo ranks: TP, SP, CP, PP, ZeRO 0-3, offload, EP, recomputation; the rarer options each from a stream of their own.
+It trains 3 iterations of fp32 on `--mock-data`, as does the same model on one rank with the same global batch; some
+dense draws resume iteration 3 at another layout (`--resumes`), some train with hidden dropout against the layout
+that draws the same masks (`Draw.reference_layout`); docs/testing.md lists every option. It holds when every loss is
+within 1e-5 and every grad norm within 1e-4 (relative) of the reference's (FP8: 1e-3 and 1e-2, docs/fp8.md; fp16
+1e-4, 2e-3), or it is refused before any work in one line (right only where Megatron-LM refuses too); anything else
+is a finding. Results go to `--output` as JSON lines, one a draw, and a summary at the end."""
 
 from __future__ import annotations
 
@@ -43,6 +42,9 @@ DROPOUT = 0.1  # Megatron's default --hidden-dropout, in the dropout draws
 # first output gradients at TE's initial scale, rounded in e5m2's subnormals), as TransformerEngine does
 # (docs/fp8.md): measured up to 9.4e-5 in a loss and 2.7e-3 in a grad norm (delayed, TP 2 x DP 4).
 FP8_LOSS_TOLERANCE, FP8_GRAD_NORM_TOLERANCE = 1e-3, 1e-2
+# fp16: a layout rounds other partial sums (TP's, a reduction's) to fp16's 11 bits (4.9e-4 a rounding) than one rank
+# does: measured up to 2.5e-6 in a loss and 1.2e-4 in a grad norm (seed 96's aimed draws, docs/testing.md)
+FP16_LOSS_TOLERANCE, FP16_GRAD_NORM_TOLERANCE = 1e-4, 2e-3
 COMMON = ["--device", "cpu", "--tokenizer-type", "NullTokenizer", "--mock-data", "--vocab-size", "128",
           "--train-iters", str(ITERATIONS), "--log-interval", "1", "--eval-iters", "0", "--hidden-dropout", "0",
           "--attention-dropout", "0", "--lr", "1e-3", "--clip-grad", "1.0", "--seed", "1234"]
@@ -71,12 +73,13 @@ class Draw:
         seeding, docs/testing.md): the same pipeline stages (a stage's seed is --seed + 100 x its rank), chunks, CP
         and DP sizes (in no seed: each rank draws its own tokens' masks from the same stream), TP kept under SP (its
         hidden dropout draws from the TP-private stream) and 1 without it (the replicated hidden states' masks are one
-        rank's); ZeRO 0 and no recomputation (a recomputed forward draws its forward's masks again)."""
-        if not self.dropout:
-            return Layout()
+        rank's); ZeRO 0 and no recomputation (a recomputed forward draws its forward's masks again). With
+        --fp8-param-gather, one rank of the distributed optimizer."""
+        if not self.dropout:  # --fp8-param-gather needs sharded parameters, one rank's too (Megatron asserts it)
+            return Layout(zero="distributed-optimizer") if "--fp8-param-gather" in self.model else Layout()
         layout = self.layout
         return Layout(tp=layout.tp if layout.sp else 1, sp=layout.sp, cp=layout.cp, cp_comm=layout.cp_comm,
-                      pp=layout.pp, vp_layers=layout.vp_layers, virtual_stages=layout.virtual_stages,
+                      hierarchical_cp=layout.hierarchical_cp, pp=layout.pp, vp_layers=layout.vp_layers, virtual_stages=layout.virtual_stages,
                       first_stage_layers=layout.first_stage_layers, zero="0")
 
     def reference_ranks(self) -> int:
@@ -171,6 +174,44 @@ def _draw_extras(seed: int, index: int, flags: Sequence[str], layout: Layout) ->
     return []
 
 
+def _draw_hierarchical_cp(seed: int, index: int, model: _Model, tensor_parallel: int, context_parallel: int,
+                          data_parallel: int) -> bool:
+    """Whether a CP 2 draw with data-parallel ranks to spare becomes CP 4 of `--cp-comm-type a2a+p2p` (the all-to-all
+    over 2 adjacent CP ranks, the ring over 2: `--hierarchical-context-parallel-sizes 2 2`), from a stream of its own;
+    the all-to-all level splits each TP rank's heads and query groups, so they must divide by 2."""
+    flags = model.flags
+    groups = int(flags[flags.index("--num-query-groups") + 1]) if "--num-query-groups" in flags else model.heads
+    if context_parallel != 2 or data_parallel % 2 or (model.heads // tensor_parallel) % 2 or \
+            (groups // tensor_parallel) % 2 or groups % tensor_parallel:
+        return False
+    return random.Random(f"layout-fuzz hierarchical cp {seed} {index}").random() < 0.5
+
+
+def _draw_precision(seed: int, index: int, flags: Sequence[str], layout: Layout) -> list[str]:
+    """From a stream of its own: an FP8 draw with sharded parameters gathers them as FP8 (`--fp8-param-gather`, as
+    Megatron-LM: with the distributed optimizer or FSDP) half the time; a share of the other draws (not Muon, whose
+    Newton-Schulz runs in the parameters' dtype) trains in fp16 with Megatron's dynamic loss scale from 4096, where no
+    iteration of these models overflows (at the default 2^32 the first iterations overflow, and where is a matter of
+    the layout by Megatron's definition: docs/testing.md), held to FP16_*_TOLERANCE."""
+    rng = random.Random(f"layout-fuzz precision {seed} {index}")
+    if "--fp8-format" in flags:
+        return ["--fp8-param-gather"] if layout.zero not in (None, "0") and rng.random() < 0.5 else []
+    if "--optimizer" in flags or rng.random() >= 0.12:
+        return []
+    return ["--fp16", "--initial-loss-scale", "4096"]
+
+
+def _draw_rampup(seed: int, index: int, per_step: int, accumulation: int, pipeline: int) -> list[str]:
+    """From a stream of its own, a share of the draws with accumulation to ramp: Megatron's `--rampup-batch-size START
+    INCREMENT SAMPLES` from one pipeline-full of micro-batches per rank (START = INCREMENT), over as many samples as
+    reach the global batch by iteration 3 (RampupBatchsizeNumMicroBatchesCalculator: START, 2 START, ...)."""
+    start = per_step * pipeline
+    increments = accumulation // pipeline - 1
+    if increments < 1 or random.Random(f"layout-fuzz rampup {seed} {index}").random() >= 0.3:
+        return []
+    return ["--rampup-batch-size", str(start), str(start), str(increments * start)]
+
+
 def _draw_resume(seed: int, index: int, ranks: int, model: Sequence[str], batch: Sequence[str],
                  share: float) -> Optional[Layout]:
     """With probability `share`, for a dense model without FP8, another layout of the same ranks to resume iteration
@@ -216,6 +257,9 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, res
     data_parallel = ranks // (tensor_parallel * context_parallel * pipeline)
     layers = pipeline * rng.choice([1, 2])
     model = _draw_model(rng, layers, tensor_parallel, pipeline)
+    hierarchical = _draw_hierarchical_cp(seed, index, model, tensor_parallel, context_parallel, data_parallel)
+    if hierarchical:  # two of the data-parallel ranks join the CP group as the all-to-all level
+        context_parallel, data_parallel = 2 * context_parallel, data_parallel // 2
     layout = Layout(tp=tensor_parallel)
     # Megatron-Core's MoE layer takes tensor parallelism only with sequence parallelism in training
     if tensor_parallel > 1 and (model.moe or rng.random() < 0.6):
@@ -223,6 +267,8 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, res
     if context_parallel > 1:  # Ulysses' all-to-all splits each TP rank's heads over the CP ranks
         kinds = ["p2p", "all_gather"] + (["a2a"] if (model.heads // tensor_parallel) % context_parallel == 0 else [])
         layout = replace(layout, cp=context_parallel, cp_comm=rng.choice(kinds))
+        if hierarchical:
+            layout = replace(layout, cp_comm="a2a+p2p", hierarchical_cp=(2, context_parallel // 2))
     if pipeline > 1:
         layout = replace(layout, pp=pipeline)
         split = rng.random()
@@ -259,11 +305,14 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, res
     flags = list(model_flags) if model_flags is not None else model.flags
     if fp8:
         flags += ["--fp8-format", "hybrid", "--fp8-recipe", rng.choice(["delayed", "tensorwise", "blockwise"])]
+        flags += _draw_precision(seed, index, flags, layout)
     elif model_flags is None:
         flags += _draw_extras(seed, index, flags, layout)
+        flags += _draw_precision(seed, index, flags, layout)
     micro = rng.choice([1, 2])
     accumulation = pipeline * rng.choice([1, 2]) if pipeline > 1 else rng.choice([1, 2, 3])
-    batch = ["--micro-batch-size", str(micro), "--global-batch-size", str(micro * data_parallel * accumulation)]
+    batch = ["--micro-batch-size", str(micro), "--global-batch-size", str(micro * data_parallel * accumulation),
+             *_draw_rampup(seed, index, micro * data_parallel, accumulation, pipeline)]
     # hidden dropout (Megatron's 0.1) on a share of the dense draws without FP8, from a stream of its own; those
     # draw no resume
     dropout = not fp8 and "--num-experts" not in flags and \
@@ -274,8 +323,9 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, res
 
 def compare(draw_: Draw, records: list, reference: list) -> dict:
     """The draw's verdict against the one-rank run: equal (bitwise or within tolerance), or where it differs."""
-    loss_tolerance = FP8_LOSS_TOLERANCE if draw_.fp8 else LOSS_TOLERANCE
-    norm_tolerance = FP8_GRAD_NORM_TOLERANCE if draw_.fp8 else GRAD_NORM_TOLERANCE
+    loss_tolerance, norm_tolerance = (FP8_LOSS_TOLERANCE, FP8_GRAD_NORM_TOLERANCE) if draw_.fp8 else \
+        (FP16_LOSS_TOLERANCE, FP16_GRAD_NORM_TOLERANCE) if "--fp16" in draw_.model else \
+        (LOSS_TOLERANCE, GRAD_NORM_TOLERANCE)
     if len(records) != len(reference):
         return {"verdict": "differs", "why": f"{len(records)} iterations against the one rank's {len(reference)}"}
     worst = {"loss": 0.0, "grad_norm": 0.0}

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from arguments.parser import parse_arguments
-from scripts.layout_fuzz import FP8_GRAD_NORM_TOLERANCE, FP8_LOSS_TOLERANCE, LOSS_TOLERANCE, Draw, compare, draw
+from scripts.layout_fuzz import (FP8_GRAD_NORM_TOLERANCE, FP8_LOSS_TOLERANCE, FP16_LOSS_TOLERANCE, LOSS_TOLERANCE, Draw,
+                                 compare, draw)
 from tests.training.combinations import DIMENSIONS, Layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,8 +57,40 @@ def test_two_hundred_draws_parse_and_cover_every_dimension():
                   "--fp8-recipe delayed", "--fp8-recipe tensorwise", "--fp8-recipe blockwise",
                   "--num-virtual-stages-per-pipeline-rank", "--recompute-method block", "--eod-mask-loss",
                   "--goldfish-loss", "--calculate-per-token-loss", "--reset-attention-mask", "--mtp-num-layers",
-                  "--optimizer", "--muon-tp-mode", "--multi-latent-attention"]
-    assert [dimension for dimension in [*dimensions, *DIMENSIONS] if not seen[dimension]] == []
+                  "--optimizer", "--muon-tp-mode", "--multi-latent-attention", "--cp-comm-type a2a+p2p",
+                  "--hierarchical-context-parallel-sizes", "--fp16", "--fp8-param-gather"]
+    seen.update(flag for each in map(lambda index: draw(11, index), range(200)) for flag in each.batch
+                if flag.startswith("--"))
+    assert [dimension for dimension in [*dimensions, *DIMENSIONS, "--rampup-batch-size"] if not seen[dimension]] == []
+
+
+def test_the_rarer_options_come_from_streams_of_their_own(monkeypatch):
+    """Issue 89 item 3's last four (a2a+p2p, fp16, the batch ramp, --fp8-param-gather) are drawn apart, so every
+    other draw is the launch it was before them: with their drawers silenced, a draw differs only by their flags;
+    a hierarchical draw takes two of its data-parallel ranks into CP 4 (a2a over 2, the ring over 2)."""
+    import scripts.layout_fuzz as fuzz
+
+    drawn = [draw(14, index) for index in range(200)]
+    monkeypatch.setattr(fuzz, "_draw_hierarchical_cp", lambda *args: False)
+    monkeypatch.setattr(fuzz, "_draw_precision", lambda *args: [])
+    monkeypatch.setattr(fuzz, "_draw_rampup", lambda *args: [])
+    rarer = {"--fp16", "--initial-loss-scale", "4096", "--fp8-param-gather"}
+    for index, each in enumerate(drawn):
+        before = draw(14, index)
+        if each.layout.hierarchical_cp is not None:
+            assert (each.layout.cp, each.layout.cp_comm, each.layout.hierarchical_cp) == (4, "a2a+p2p", (2, 2))
+            assert (before.layout.cp, each.ranks) == (2, before.ranks)
+            continue
+        ramp = each.batch.index("--rampup-batch-size") if "--rampup-batch-size" in each.batch else len(each.batch)
+        assert (each.layout, each.batch[:ramp], each.resume, each.dropout) == \
+            (before.layout, before.batch, before.resume, before.dropout)
+        assert tuple(flag for flag in each.model if flag not in rarer) == before.model
+        if "--fp8-param-gather" in each.model:  # sharded parameters, so its one rank runs the distributed optimizer
+            assert each.fp8 and each.layout.zero != "0" and "--use-distributed-optimizer" in each.one_rank_argv()
+        if ramp < len(each.batch):  # START = INCREMENT, reaching the global batch by iteration 3
+            start, increment, samples = map(int, each.batch[ramp + 1:])
+            global_batch = int(each.batch[each.batch.index("--global-batch-size") + 1])
+            assert start == increment and samples == global_batch - start
 
 
 def test_a_share_of_dense_draws_resumes_at_another_layout_and_the_draws_stay_the_same_launches():
@@ -117,6 +150,11 @@ def test_the_verdict_holds_losses_to_1e_5_and_grad_norms_to_1e_4_and_fp8_to_1e_3
     assert compare(fp8, _records([4.0] * 3, [1.0, 1.0, 1 + 0.5 * FP8_GRAD_NORM_TOLERANCE]), _records([4.0] * 3, [1.0] * 3)
                    )["verdict"] == "equal"
     assert compare(dense, one[:2], one)["verdict"] == "differs"
+    fp16 = Draw(3, 0, 2, ("--fp16",), Layout(), ())
+    assert compare(fp16, _records([4.0, 3.0, 2.0 * (1 + 0.5 * FP16_LOSS_TOLERANCE)], [1.0] * 3), one)["verdict"] == \
+        "equal"
+    assert compare(fp16, _records([4.0, 3.0, 2.0 * (1 + 2 * FP16_LOSS_TOLERANCE)], [1.0] * 3), one)["verdict"] == \
+        "differs"
 
 
 def _fuzz(tmp_path, seed: int, draws: int) -> list[dict]:

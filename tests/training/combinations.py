@@ -22,7 +22,8 @@ class Layout:
     tp: Optional[int] = None
     sp: bool = False
     cp: Optional[int] = None
-    cp_comm: Optional[str] = None              # p2p, all_gather or a2a
+    cp_comm: Optional[str] = None              # p2p, all_gather, a2a or a2a+p2p
+    hierarchical_cp: Optional[tuple] = None    # a2a+p2p's two levels: all-to-all size, ring size
     pp: Optional[int] = None
     vp_layers: Optional[int] = None            # layers per virtual pipeline stage
     virtual_stages: Optional[int] = None       # or model chunks per stage (--num-virtual-stages-per-pipeline-rank)
@@ -49,6 +50,8 @@ class Layout:
         for name, flag in before_zero.items():
             value = getattr(self, name)
             flags += [flag] if value is True else [flag, str(value)] if value not in (None, False) else []
+            if name == "cp_comm" and self.hierarchical_cp is not None:
+                flags += ["--hierarchical-context-parallel-sizes", *map(str, self.hierarchical_cp)]
         if self.zero is not None:
             flags += ["--use-distributed-optimizer"] if self.zero == "distributed-optimizer" else ["--zero-stage",
                                                                                                    self.zero]
