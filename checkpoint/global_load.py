@@ -222,8 +222,7 @@ def load_from_source(source: GlobalStateSource, model: nn.Module, optimizer: Che
                            f"precision; starting from the configured loss scale")
     # The FP8 histories and scales before the master: publishing it casts the weights with them under
     # --fp8-param-gather (zero/fp8_params.py).
-    histories = getattr(source, "fp8_histories", None)
-    missing = restore_fp8_histories(model, histories() if histories is not None else None)
+    missing = restore_fp8_histories(model, source.fp8_histories())
     if missing and state.is_first_rank:
         log(f" note: {source.path} ({source.format_name}) holds no FP8 amax history for {len(missing)} delayed-scaling "
             f"linears of this run (saved without --fp8-recipe delayed, or in a format that does not carry them), "
@@ -237,21 +236,14 @@ def load_from_source(source: GlobalStateSource, model: nn.Module, optimizer: Che
         log(f" note: {source.path} ({source.format_name}) does not record the optimizer's step count: Adam's bias "
             f"correction continues from the iteration, {progress.iteration}", flush=True)
 
-    biases = getattr(source, "expert_biases", None)
-    missing = restore_expert_biases(model, biases() if biases is not None else None, state.device,
-                                    str(source.path))
+    missing = restore_expert_biases(model, source.expert_biases(), state.device, str(source.path))
     if missing and state.is_first_rank:
         log(f" note: {source.path} holds no expert bias for {missing[0]} (saved without "
             f"--moe-router-enable-expert-bias?); it starts at 0", flush=True)
     if load_rng:
-        restore = getattr(source, "restore_random_states", None)
-        if restore is not None:
-            restore(rng, state, log)
-        elif state.is_first_rank:
-            log(f" note: {source.path} ({source.format_name}) holds no random states this run can take; the "
-                f"random streams start from --seed", flush=True)
+        source.restore_random_states(rng, state, log)
 
-    bytes_read = getattr(source, "bytes_read", None)
+    bytes_read = source.bytes_read
     _say_bytes_read(bytes_read, shard_bytes, state, log)
     schedule = progress.schedule_samples if progress.schedule_samples is not None else progress.consumed_samples
     if finetune:

@@ -50,10 +50,13 @@ class SourceProgress:
 
 
 class GlobalStateSource(Protocol):
-    """A checkpoint as global tensors by this project's names (see the module docstring)."""
+    """A checkpoint as global tensors by this project's names (see the module docstring). Every source subclasses
+    it, so the parts a format may carry beside its tensors have their answers here: a source that carries one
+    overrides it (checkpoint/ours/source.py carries all three), and the loader asks every source the same questions."""
 
     path: Path        # the iteration directory (or file) the source reads
     format_name: str  # for messages: "zero-gpt", "megatron torch_dist", "deepspeed zero-2", ...
+    bytes_read: int   # what the source has read so far, headers included (said at the load, tested)
 
     def keys(self) -> tuple[str, ...]:
         """The state keys held: MODEL_KEY and/or "master", "exp_avg", "exp_avg_sq" (, "exp_avg_slow")."""
@@ -71,12 +74,20 @@ class GlobalStateSource(Protocol):
     def not_carried(self) -> list[str]:
         """What the checkpoint holds that this project does not carry over (said in one start-up line)."""
 
-    # Optional, read by the loader where a source has them (checkpoint/ours/source.py has all four):
-    #   bytes_read: int                                   what the source has read so far (said at load, tested)
-    #   expert_biases() -> Optional[dict[str, list]]      the routers' expert bias by "<router>.expert_bias"
-    #   fp8_histories() -> Optional[dict[str, dict]]     delayed FP8 scaling's amax histories (checkpoint/fp8_state.py)
-    #   restore_random_states(rng, state, log) -> None    this rank's random streams, where the layout allows
-    # A source without them: the random streams start from --seed and the expert bias at 0, each said once.
+    def expert_biases(self) -> Optional[dict[str, list]]:
+        """The routers' expert bias by "<router>.expert_bias"; None where the format carries none (it starts at 0)."""
+        return None
+
+    def fp8_histories(self) -> Optional[dict[str, dict]]:
+        """Delayed FP8 scaling's amax histories and scales (checkpoint/fp8_state.py); None where not carried."""
+        return None
+
+    def restore_random_states(self, rng, state, log=print) -> None:
+        """This rank's random streams, where the layout allows; a format that carries none says so once, and the
+        streams start from --seed."""
+        if state.is_first_rank:
+            log(f" note: {self.path} ({self.format_name}) holds no random states this run can take; the random "
+                f"streams start from --seed", flush=True)
 
 
 def megatron_rows_multiple(args) -> Optional[int]:

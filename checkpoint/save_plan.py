@@ -96,10 +96,9 @@ def plan_rank_files(model: nn.Module, optimizer: CheckpointableOptimizer, shard:
         yield StagedFile(name, kept, {RECORDS: record_entries(records, kept)}, ("model_files", [tp, name]),
                          tuple(kept))
     del weights
-    # Expert parallelism (zero/experts.py, the interface's optional call): the experts' weights on the first rank
-    # of their expert data-parallel group, the others taking part in its gathers.
-    own_experts = getattr(optimizer, "expert_model_state_dict", None)
-    mine = own_experts(model) if own_experts is not None else None
+    # Expert parallelism (zero/experts.py): the experts' weights on the first rank of their expert data-parallel
+    # group, the others taking part in its gathers; an optimizer that keeps no experts apart answers None.
+    mine = optimizer.expert_model_state_dict(model)
     if mine is not None:
         ep, weights = mine
         kept = {name: tensor for name, tensor in weights.items() if writes[name]}

@@ -35,7 +35,7 @@ from zero.apply import ZeroParts, build_zero
 from zero.host_memory import return_freed_blocks_to_system
 from zero.loss_scaler import LossScaler
 from zero.optimizer import StepResult
-from zero.optimizer_state import NamedFragment, ShardedOptimizerState
+from zero.optimizer_state import CheckpointableOptimizer, NamedFragment, ShardedOptimizerState
 
 
 def is_expert_parameter(param: nn.Parameter) -> bool:
@@ -93,7 +93,7 @@ class BothReducers:
         return self.parts
 
 
-class CheckpointableChain:
+class CheckpointableChain(CheckpointableOptimizer):
     """What checkpoint/ asks of an optimizer (zero/optimizer_state.py's CheckpointableOptimizer), over both parts.
 
     Each rank's experts are saved by their owner, never gathered: `model_state_dict` is the dense part (the

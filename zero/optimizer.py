@@ -36,7 +36,8 @@ from zero.grad_norm import block_copy_bytes, sum_of_squares
 from zero.grad_reducer import GradientReducer
 from zero.loss_scaler import LossScaler
 from zero.muon import MuonMatrix, MuonTensorParallel, muon_ranges, muon_step
-from zero.optimizer_state import NamedFragment, ShardedOptimizerState, check_partition_tensors
+from zero.optimizer_state import (CheckpointableOptimizer, NamedFragment, ShardedOptimizerState,
+                                  check_partition_tensors)
 from zero.param_storage import ParameterStorage
 from zero.precision_aware import TEMPORARIES as PRECISION_AWARE_TEMPORARIES
 from zero.precision_aware import WINDOW as PRECISION_AWARE_WINDOW
@@ -138,7 +139,7 @@ def build_step_optimizer(param_groups: list[dict], config, device: torch.device)
     return build_adamw(param_groups, config, device)
 
 
-class ShardedAdamW:
+class ShardedAdamW(CheckpointableOptimizer):
     """AdamW over this rank's fp32 master partition; see the module docstring for the step."""
 
     def __init__(self, layout: FlatLayout, master: torch.Tensor, gradients: GradientReducer,

@@ -75,6 +75,12 @@ class CheckpointableOptimizer(Protocol):
                                 loss_scaler_state: Optional[dict] = None) -> None:
         """Restore the partition from `tensors` (see ShardedAdamW.load_sharded_state_dict)."""
 
+    def expert_model_state_dict(self, model: nn.Module) -> Optional[tuple[int, dict[str, torch.Tensor]]]:
+        """(this rank's expert-parallel rank, its experts whole by global name) where the optimizer keeps the experts
+        apart (zero/experts.py) and this rank writes them; None otherwise: this default keeps none apart, and
+        model_state_dict holds every parameter."""
+        return None
+
 
 def check_partition_tensors(tensors: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> None:
     """`tensors` must be "master" alone or all of the partition's tensors (`shapes`' keys), each of its

@@ -46,7 +46,7 @@ from checkpoint.deepspeed.names import (
     read_mapped,
 )
 from checkpoint.deepspeed.stores import UniversalStore, Zero3Store, ZeroStore, optimizer_files, read_region
-from checkpoint.global_state import GlobalTensorInfo, SourceProgress, megatron_rows_multiple
+from checkpoint.global_state import GlobalStateSource, GlobalTensorInfo, SourceProgress, megatron_rows_multiple
 
 OUR_KEYS = {"master": "fp32", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
 MEGATRON_SCHEDULER_KEYS = ("max_lr", "min_lr", "num_steps", "lr_decay_style", "lr_decay_steps", "lr_warmup_steps")
@@ -83,7 +83,7 @@ def our_loss_scaler(scaler) -> tuple[Optional[str], Optional[dict]]:
     return None, None
 
 
-class DeepSpeedSource:
+class DeepSpeedSource(GlobalStateSource):
     """A DeepSpeed tag folder as whole tensors by our names (module docstring). `attention`: the run's heads, key/value
     heads and head size, which the fused query/key/value rows are laid out by."""
 

@@ -35,7 +35,7 @@ from arguments.config import ModelConfig
 from arguments.hf_config import CONFIG_FILE, read_hf_config, read_json_object, registered_family
 from base.errors import CheckpointError, ConfigError
 from checkpoint.global_load import ResumePoint, load_from_source
-from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress
+from checkpoint.global_state import MODEL_KEY, GlobalStateSource, GlobalTensorInfo, SourceProgress
 from checkpoint.hf import folders as hf
 from checkpoint.hf.config_check import check_llama_hf_config
 from checkpoint.integrity import read_header
@@ -177,7 +177,7 @@ def traced_runs(stored: dict[str, StoredTensor], transposed: set[str],
     return out
 
 
-class HFSource:
+class HFSource(GlobalStateSource):
     """A Hugging Face folder's weights under our names at their global shapes, read a region at a time."""
 
     format_name = "hugging face"
@@ -255,7 +255,7 @@ class HFSource:
         return []
 
 
-class WholeFolderSource:
+class WholeFolderSource(GlobalStateSource):
     """The families read whole (the module docstring), served from memory; `bytes_read` the bytes it holds (what it
     read, with the vocabulary's padding rows)."""
 

@@ -28,7 +28,7 @@ import torch
 
 from base.errors import CheckpointError
 from checkpoint.format import RECORDS, open_tensors, optimizer_shards, read_metadata
-from checkpoint.global_state import GlobalTensorInfo, SourceProgress
+from checkpoint.global_state import GlobalStateSource, GlobalTensorInfo, SourceProgress
 from checkpoint.pieces import Piece, read_pieces, refuse_short
 from checkpoint.random_states import restore_random_states
 from checkpoint.regions import box_numel, flat_start, shift
@@ -86,7 +86,7 @@ def _uncovered(covered: list[tuple[int, int]], start: int, end: int) -> list[tup
     return parts
 
 
-class ZeroGptSource:
+class ZeroGptSource(GlobalStateSource):
     """A checkpoint of ours (one iteration directory) as global tensors (module docstring). Use it as a context
     manager, or `close()` it: it keeps its files open while a load reads them."""
 

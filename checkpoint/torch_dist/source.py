@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from base.errors import CheckpointError
-from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress, megatron_rows_multiple
+from checkpoint.global_state import (MODEL_KEY, GlobalStateSource, GlobalTensorInfo, SourceProgress,
+                                     megatron_rows_multiple)
 from checkpoint.pieces import Piece, read_pieces
 from checkpoint.random_states import random_states_problem
 from checkpoint.torch_dist.buckets import (
@@ -54,7 +55,7 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 DP_RESHARDABLE = "dp_reshardable"
 
 
-class MegatronSource:
+class MegatronSource(GlobalStateSource):
     """One Megatron-LM torch_dist iteration directory (module docstring)."""
 
     format_name = FORMAT_NAME

@@ -24,7 +24,7 @@ from checkpoint.format import (
 from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
 from checkpoint.ours.source import consolidate
 from parallel.state import ParallelState
-from zero.optimizer_state import PARTITION_TENSORS, NamedFragment, ShardedOptimizerState
+from zero.optimizer_state import PARTITION_TENSORS, CheckpointableOptimizer, NamedFragment, ShardedOptimizerState
 
 ROOT = Path(__file__).resolve().parents[2]
 # zero/optimizer_state.py: three calls, and expert_model_state_dict where the ranks hold different experts
@@ -37,7 +37,7 @@ def tiny_model(seed: int) -> nn.Module:
     return nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3))
 
 
-class InterfaceOnlyOptimizer:
+class InterfaceOnlyOptimizer(CheckpointableOptimizer):
     """The checkpoint interface and nothing else: every other attribute is private, so a checkpoint
     module reaching for ShardedAdamW's internals (layout, master, adam_step, ...) fails here."""
 
@@ -164,3 +164,32 @@ def test_checkpoint_modules_use_only_the_optimizer_interface(path):
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert not imported & IMPLEMENTATION, f"{path.name} imports {sorted(imported & IMPLEMENTATION)}"
+
+
+def test_every_source_and_optimizer_declares_the_optional_parts_it_carries():
+    """Issue 91 item 4: the loader and the save plan ask every checkpoint source for its expert biases, FP8
+    histories and random states, and every optimizer for its experts kept apart; the protocols answer for a format
+    or optimizer that carries none. No module of checkpoint/ probes for them with getattr."""
+    from checkpoint.deepspeed.source import DeepSpeedSource
+    from checkpoint.global_state import GlobalStateSource
+    from checkpoint.hf.source import HFSource, WholeFolderSource
+    from checkpoint.ours.source import ZeroGptSource
+    from checkpoint.torch_dist.source import MegatronSource
+    from zero.experts import CheckpointableChain
+    from zero.optimizer import ShardedAdamW
+    from zero.optimizer_state import CheckpointableOptimizer
+
+    parts = ("expert_biases", "fp8_histories", "restore_random_states")
+    carried = {source.__name__: [part for part in parts if getattr(source, part) is not getattr(GlobalStateSource,
+                                                                                                 part)]
+               for source in (ZeroGptSource, MegatronSource, DeepSpeedSource, HFSource, WholeFolderSource)
+               if GlobalStateSource in source.__mro__}
+    assert carried == {"ZeroGptSource": list(parts), "MegatronSource": ["restore_random_states"],
+                       "DeepSpeedSource": [], "HFSource": ["expert_biases"], "WholeFolderSource": ["expert_biases"]}
+    assert CheckpointableOptimizer in ShardedAdamW.__mro__ and CheckpointableOptimizer in CheckpointableChain.__mro__
+    assert CheckpointableChain.expert_model_state_dict is not CheckpointableOptimizer.expert_model_state_dict
+    assert ShardedAdamW.expert_model_state_dict is CheckpointableOptimizer.expert_model_state_dict
+    probes = [f"{path.name}:{number}" for path in (ROOT / "checkpoint").rglob("*.py")
+              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+              if "getattr(source," in line or "getattr(optimizer," in line]
+    assert probes == []
