@@ -7,7 +7,7 @@
 Bad input (an unknown flag or YAML key, inconsistent sizes, unreadable data, an unwritable output, a save directory
 another run owns, a damaged checkpoint) is one line on stderr, exit 2, before any work (checkpoint/run_start.py;
 training/memory_fit.py: each rank's planned peak against the memory free). `--dry-run` prints what this rank would
-hold and send (planner/plan.py). A rank that dies or hangs is named by every survivor, exit 3 (resilience/liveness.py).
+hold and send (planner/plan.py). A rank that dies or hangs is named by every survivor, exit 3 (rendezvous/liveness.py).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from base.errors import ALWAYS_EXPECTED, reporting_process, run_tool
 from data import DataError
 from parallel.state import ParallelState, initialize_grid, read_launch_environment, use_openmpi_ranks
 from planner.launch import RankPeak, dry_run_launch
-from resilience.flight_recorder import torch_environment, with_environment_path
-from resilience.run.fault_tolerance import FaultTolerance, start_fault_tolerance
-from resilience.run.inprocess_restart import inprocess_notes, run_restarting
-from resilience.run.stragglers import straggler_notes
-from resilience.run.watched_run import flight_recorder_settings, run_watched
+from rendezvous.flight_recorder import torch_environment, with_environment_path
+from resilience.fault_tolerance import FaultTolerance, start_fault_tolerance
+from resilience.inprocess_restart import inprocess_notes, run_restarting
+from resilience.stragglers import straggler_notes
+from resilience.watched_run import flight_recorder_settings, run_watched
 from training.data_splits import KeptAcrossRestarts
 from training.late_checks import LATE_CHECKS
 from training.loop import TrainingSummary
@@ -46,7 +46,7 @@ def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[
         kept: Optional[KeptAcrossRestarts] = None) -> TrainingSummary:
     """One training run in an initialized process group: the checks before any work (training/start_checks.py,
     training/memory_fit.py), the run prepared once (training/prepare.py), then trained. `kept`: what an in-process
-    restart keeps from one incarnation to the next (resilience/run/inprocess_restart.py)."""
+    restart keeps from one incarnation to the next (resilience/inprocess_restart.py)."""
     log = first_rank_log(state)
     batch = check_before_claim(config, state, log)
     if (found := kill_switch_found(config, state, log)) is not None:
@@ -59,7 +59,7 @@ def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[
 
 def exit_status(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[FaultTolerance] = None,
                 kept: Optional[KeptAcrossRestarts] = None) -> int:
-    """`run`'s exit status: what the runners of resilience/run/ (watched, restarting) take of it."""
+    """`run`'s exit status: what the runners of resilience/ (watched, restarting) take of it."""
     return run(config, state, fault_tolerance, kept).exit_code
 
 
@@ -93,7 +93,7 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
     # Megatron-LM opens the "setup" section before initialize_megatron (training.py: ft_integration.setup())
     fault_tolerance = start_fault_tolerance(config, read_launch_environment().rank)
     try:
-        if config.training.inprocess_restart:  # the same processes through every fault (resilience/run/inprocess_restart.py)
+        if config.training.inprocess_restart:  # the same processes through every fault (resilience/inprocess_restart.py)
             return run_restarting(config, partial(exit_status, kept=KeptAcrossRestarts()), PROGRAM, fault_tolerance)
         try:
             state = initialize_grid(config.training.device, config.parallel,

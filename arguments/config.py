@@ -39,7 +39,7 @@ from data.per_split import SPLIT_FLAGS, DataSources, data_sources
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from gpt.model_config import ACTIVATIONS, ATTENTION_BACKENDS, ModelConfig  # noqa: F401 - part of the config
 from parallel.config import ParallelismConfig, recorded_section
-from resilience.fault_injector import FaultInjectorSettings
+from rendezvous.fault_injector import FaultInjectorSettings
 from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer", *SENTENCEPIECE_TYPES)
@@ -389,12 +389,12 @@ class TrainingConfig:
         help="take this process's rank, local rank and world size from OpenMPI's mpirun (OMPI_COMM_WORLD_RANK, "
              "_LOCAL_RANK, _SIZE; MASTER_ADDR and MASTER_PORT as the launch script exports them), as llm-jp's "
              "Megatron-LM fork does")
-    # The watch: resilience/liveness.py.
+    # The watch: rendezvous/liveness.py.
     heartbeat_timeout_seconds: float = option(
         120.0, group="checkpoint",
         help="stop, naming the rank, when a peer's heartbeat stands still this long (a stopped or hung rank), "
              "instead of waiting for --distributed-timeout-minutes; 0: no watch")
-    # A hang traced to its collective (resilience/flight_recorder.py): Megatron-LM's --flight-recorder-* flags, which
+    # A hang traced to its collective (rendezvous/flight_recorder.py): Megatron-LM's --flight-recorder-* flags, which
     # export PyTorch's Flight Recorder variables (megatron/training/initialize.py, _initialize_distributed); the
     # same ring is kept here for every backend, gloo included, and dumped when the heartbeat watch or a failed
     # collective ends the run. Defaults as Megatron's.
@@ -402,7 +402,7 @@ class TrainingConfig:
         None, group="checkpoint", metavar="PATH",
         help="keep a ring of each rank's last collectives and, when a rank hangs or dies, write every live rank's "
              "ring and thread stacks here (a directory: <dir>/_dump_<rank>.json; else a file prefix) and name in "
-             "one line where each group's ranks disagree; python -m resilience.flight_recorder PATH re-reads them")
+             "one line where each group's ranks disagree; python -m rendezvous.flight_recorder PATH re-reads them")
     flight_recorder_trace_buffer_size: int = option(
         2000, group="checkpoint", help="collectives kept in each rank's ring (TORCH_NCCL_TRACE_BUFFER_SIZE)")
     flight_recorder_dump_on_timeout: bool = option(
@@ -423,7 +423,7 @@ class TrainingConfig:
         consts=(Const(("--no-flight-recorder-extra-dump-on-exec", "--disable-flight-recorder-extra-dump-on-exec"),
                       False),),
         help="also dump when a rank fails on an error of its own (TORCH_NCCL_EXTRA_DUMP_ON_EXEC)")
-    # Megatron-LM's fault tolerance flags (megatron/training/ft_integration.py): resilience/run/fault_tolerance.py.
+    # Megatron-LM's fault tolerance flags (megatron/training/ft_integration.py): resilience/fault_tolerance.py.
     enable_ft_package: bool = option(
         False, action="store_true", group="checkpoint",
         help="fault tolerance sections (setup, step, checkpointing) with timeouts from the launcher (scripts/launch.py "
@@ -438,7 +438,7 @@ class TrainingConfig:
         help="with --enable-ft-package: training iterations of each start outside the step section and the "
              "out-of-section watch (the first ones are slow)")
     # Megatron-LM's in-process restart (megatron/training/inprocess_restart.py, _add_inprocess_restart_args in
-    # arguments.py; nvidia-resiliency-ext's inprocess.Wrapper): resilience/run/inprocess_restart.py. The flags of what is
+    # arguments.py; nvidia-resiliency-ext's inprocess.Wrapper): resilience/inprocess_restart.py. The flags of what is
     # not built here (the progress timeouts, the monitor process) stay accepted with no effect
     # (arguments/megatron/flag_classes.py).
     inprocess_restart: bool = option(
@@ -471,7 +471,7 @@ class TrainingConfig:
         help="with --inprocess-restart: what a fault takes out (Megatron's default node: every rank of the host, "
              "which on a host without CUDA devices is each rank alone; rank: the rank alone)")
     # Megatron-Core's rerun state machine (megatron/core/rerun_state_machine.py; the flags are Megatron-LM's
-    # _add_rerun_machine_args and --no-check-for-nan-in-loss-and-grad): resilience/run/rerun_state.py. Megatron's default
+    # _add_rerun_machine_args and --no-check-for-nan-in-loss-and-grad): resilience/rerun_state.py. Megatron's default
     # mode, validate_results, is a Megatron launch's (the model set by flags: arguments/megatron/defaults.py); a
     # preset's is disabled, where a NaN loss stops the run after the step (its line names validate_results).
     rerun_mode: str = option(
@@ -509,7 +509,7 @@ class TrainingConfig:
                                    "and test splits, --eval-iters batches each")
     log_interval: int = 10
     # Megatron-Core's fault injector (megatron/core/fault_injector.py, FaultInjectorConfig: every field None by
-    # default, injection on when ranks or num-ranks is given); resilience/fault_injector.py, resilience/run/fault_injection.py.
+    # default, injection on when ranks or num-ranks is given); rendezvous/fault_injector.py, resilience/fault_injection.py.
     fault_injector_ranks: Optional[str] = option(
         None, group="checkpoint", metavar="R[,R...]", help="fault injector: inject on these ranks")
     fault_injector_num_ranks: Optional[int] = option(
@@ -876,7 +876,7 @@ class LoggingConfig:
 
     # Megatron-LM's straggler detector flags (megatron/training/arguments.py, _add_straggler_detector_args; its
     # training.py logs the --straggler-minmax-count slowest and fastest ranks each log interval). Here: each rank's
-    # compute time, its waits inside collectives taken out (resilience/run/stragglers.py).
+    # compute time, its waits inside collectives taken out (resilience/stragglers.py).
     log_straggler: bool = option(
         False, action="store_true",
         help="each --log-interval, name the --straggler-minmax-count slowest and fastest ranks by compute time "

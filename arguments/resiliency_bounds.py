@@ -2,12 +2,12 @@
 started and this machine's memory (arguments/bounds.py check_machine_bounds calls it, before the process group).
 
 Each setting's own range (finite, positive, at most a year of waiting) is checked with the flags (arguments/config.py,
-resilience/fault_injector.py); what only the launch can tell is here:
+rendezvous/fault_injector.py); what only the launch can tell is here:
 
 - `--inprocess-active-world-size` at most the processes launched: the first N train, the rest wait as spares
-  (resilience/run/inprocess_restart.py); before, more than launched was a traceback from the first incarnation;
+  (resilience/inprocess_restart.py); before, more than launched was a traceback from the first incarnation;
 - the fault injector's ranks within the world that trains (the active world under --inprocess-restart), in
-  Megatron-Core's words (resilience/fault_injector.py check_world), before any work rather than at the start of training;
+  Megatron-Core's words (rendezvous/fault_injector.py check_world), before any work rather than at the start of training;
 - `--flight-recorder-trace-buffer-size` within this machine's memory: the ring holds that many records, each about
   RING_ENTRY_BYTES once filled (measured: 288 bytes a record, 8 a slot), and its slots are allocated at the start, so
   10**12 asked for terabytes before anything else ran.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from base.errors import ConfigError
 
-# one record of resilience/collective_log.py's ring, filled (its list, numbers, call site) and its slot: measured with
+# one record of rendezvous/collective_log.py's ring, filled (its list, numbers, call site) and its slot: measured with
 # tracemalloc over 100000 records
 RING_ENTRY_BYTES = 296
 

@@ -7,8 +7,8 @@ program, `python -m data.preprocess` and every script in scripts/ call their wor
 bad input anywhere ends the same way -- one line `program: error: ...` on stderr and exit status 2 --
 and Ctrl-C ends in one line and status 130 instead of a traceback. A peer rank that died or hung
 (`PeerLostError`) is one line from every surviving rank and status 3. An error met after the process
-group exists carries a `Reporter` (resilience/failure_report.py decides it): which rank prints it, naming
-whom; a fault from the fault injector (`InjectedFault`, resilience/run/fault_injection.py) is one line from the
+group exists carries a `Reporter` (rendezvous/failure_report.py decides it): which rank prints it, naming
+whom; a fault from the fault injector (`InjectedFault`, resilience/fault_injection.py) is one line from the
 rank it was injected on and status 1, the status of Megatron-LM's uncaught InjectedException. Nothing here
 imports torch or the rest of the repo: the boundary must work even when those imports are what fails.
 """
@@ -28,7 +28,7 @@ from typing import Callable, Optional
 EXIT_BAD_INPUT = 2
 SILENT_RANK_EXIT_DELAY_S = 3.0  # how long a rank that does not print a bad-input error waits before exiting
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
-EXIT_PEER_LOST = 3  # another rank died or hung (resilience/liveness.py); this one stopped too
+EXIT_PEER_LOST = 3  # another rank died or hung (rendezvous/liveness.py); this one stopped too
 EXIT_INJECTED_FAULT = 1  # an uncaught exception's status, as Megatron-LM's injected one ends
 EXIT_AT_ONCE_WAIT_S = 30.0  # how long another thread waits for exit_at_once's os._exit before making it itself
 _EXITING_AT_ONCE = threading.Event()  # set by exit_at_once: the process is ending with a lost peer's status
@@ -75,7 +75,7 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True)
 class Reporter:
-    """Who prints an error this rank raised after the process group exists (resilience/failure_report.py):
+    """Who prints an error this rank raised after the process group exists (rendezvous/failure_report.py):
     `speaks` on this rank, and `place` prefixes the message ("rank 1 (TP 1/2, ...)", "ranks 1, 3"); an
     empty place is an error every rank met, printed plainly."""
     speaks: bool

@@ -1,4 +1,4 @@
-"""metadata.json's `rerun_state_machine`: the rerun state machine's pending re-run (resilience/run/rerun_resume.py
+"""metadata.json's `rerun_state_machine`: the rerun state machine's pending re-run (resilience/rerun_resume.py
 makes and reads its content; checkpoint/ours/sharded.py writes it, one part per rank gathered into `ranks`).
 
 Megatron-LM's load_checkpoint (megatron/training/checkpointing.py) takes the machine's state only when the job's

@@ -15,7 +15,7 @@ from parallel.state import ParallelState
 
 # Writes a checkpoint: (iteration, consumed samples, learning rate, the schedule's samples) -> None.
 SaveCheckpoint = Callable[[int, int, float, int], None]
-# What a save writes of the rerun state machine (resilience/run/rerun_resume.py machine_checkpoint_state): its state, or None
+# What a save writes of the rerun state machine (resilience/rerun_resume.py machine_checkpoint_state): its state, or None
 RerunState = Callable[[], Optional[dict]]
 
 

@@ -124,7 +124,7 @@ def die_with_the_rank(rank_pid: int, worker_id: int) -> None:
     """A worker lives and dies with its rank, never by a signal meant for the rank. A forked worker holds
     copies of its rank's sockets, the rendezvous store's connections among them on rank 0. Were it to
     outlive a killed rank, those connections would stay open, so the peers could not see the store's
-    host gone (resilience/liveness.py) and would call a store nobody serves (a C++ warning dump instead of
+    host gone (rendezvous/liveness.py) and would call a store nobody serves (a C++ warning dump instead of
     the one line). On Linux the kernel kills the worker with its rank."""
     # A SIGTERM or Ctrl-C sent to the rank's process group (torchrun's and SLURM's preemption signal) is
     # the rank's to handle: it saves and exits (--exit-signal-handler), and its workers go with it. A

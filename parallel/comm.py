@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from base.eager_under_compile import eager_under_compile
-from resilience.collective_log import CollectiveLog, RecordedWork
+from rendezvous.collective_log import CollectiveLog, RecordedWork
 
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 P2P_KINDS = ("send", "recv")
@@ -238,13 +238,13 @@ class Communicator:
 
     def __init__(self) -> None:
         self.stats = CommStats()
-        # Where this rank is, for the one line a lost peer ends in (resilience/liveness.py): the last
+        # Where this rank is, for the one line a lost peer ends in (rendezvous/liveness.py): the last
         # collective it entered, (kind, group name), and the training iteration in progress, which
         # the loop sets. Two attribute stores per call and no communication: a rank blocked in a
         # collective that will never finish can still say which one it is.
         self.last_collective: Optional[tuple[str, str]] = None
         self.iteration: Optional[int] = None
-        # The ring of the last collectives and the time spent in them (resilience/collective_log.py): set by
+        # The ring of the last collectives and the time spent in them (rendezvous/collective_log.py): set by
         # --flight-recorder-dump-path or --log-straggler, else None and nothing is recorded.
         self.log: Optional[CollectiveLog] = None
 

@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from base.errors import LaunchEnvironmentError
 from parallel.comm import Communicator, DryRunCommunicator, VirtualGroup
 from parallel.mesh import ParallelDims, expert_coordinates, expert_groups, expert_mesh_sizes, hierarchical_groups
-from resilience.attempt_store import process_group_store
+from rendezvous.attempt_store import process_group_store
 
 if TYPE_CHECKING:
     from parallel.config import ParallelismConfig
@@ -620,7 +620,7 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
                hierarchical_context_parallel_sizes: Optional[Sequence[int]] = None) -> ParallelState:
     """Build the PP x DP x CP x TP grid for this launch (torchrun, SLURM, or a plain single process), and the
     experts' grid over the same ranks. `store`: the rendezvous store to build the groups on, where the caller keeps
-    one (an in-process restart's incarnation, resilience/run/inprocess_restart.py); else torchrun's or MASTER_PORT's.
+    one (an in-process restart's incarnation, resilience/inprocess_restart.py); else torchrun's or MASTER_PORT's.
 
     Bad sizes raise ValueError naming the flag before any process group exists. The process group's
     timeout turns a dead or hung peer into an error that ends the job instead of a job that hangs.
@@ -658,7 +658,7 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
         _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size, device, launch, gpus_per_node)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(minutes=timeout_minutes)
-    # torchrun's agent store, one key space per restart (resilience/attempt_store.py: a restart under the static
+    # torchrun's agent store, one key space per restart (rendezvous/attempt_store.py: a restart under the static
     # rendezvous otherwise reads the previous incarnation's addresses)
     if store is None:
         store = process_group_store(launch.master_addr, launch.master_port, timeout, os.environ)

@@ -1,4 +1,3 @@
-"""What a run does when a rank fails, hangs or lags, and the faults injected to test it (docs/resiliency.md, fault by
-fault). Two floors: the modules here need only base/ and the launch's rendezvous store (heartbeats, the flight
-recorder and its collective log, failure agreement, the restart and attempt stores, the connection abort, hot
-spares, the fault injector's plan), so parallel/ may use them; resilience/run/ works on a training run."""
+"""Resilience on a training run, a floor below training/ (which calls it): the watched and in-process-restarted
+runs, the rerun state machine and its loss checks, the fault injector armed by the loop, the fault-tolerance
+sections and their monitor, the recovery line, the straggler report."""

@@ -1,4 +1,4 @@
-"""What the flight recorder's ring costs per collective (resilience/collective_log.py): the Communicator's own
+"""What the flight recorder's ring costs per collective (rendezvous/collective_log.py): the Communicator's own
 work per call (checks, byte counting) with the ring off and on, on a planned state whose transport does
 nothing, so the figure is the recorder's and not the network's.
 
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from parallel.state import virtual_state  # noqa: E402
-from resilience.collective_log import CollectiveLog  # noqa: E402
+from rendezvous.collective_log import CollectiveLog  # noqa: E402
 
 
 def per_call_us(calls: int, ring: bool) -> float:

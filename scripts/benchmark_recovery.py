@@ -13,7 +13,7 @@ test_restart_in_job.py's flags), saving every 2, rank 1 SIGKILLed once rank 0's 
 - a third side: the in-process restart after an exception (the fault injector's workload_exc on rank 1 after
   iteration 5, tests/resilience/test_inprocess_restart.py's flags).
 
-Each prints the recovery line (resilience/run/restart_progress.py): seconds from the last iteration finished to the
+Each prints the recovery line (resilience/restart_progress.py): seconds from the last iteration finished to the
 first after the restart, and to that iteration again. Rounds interleave the sides, each first in turn; the
 medians and every figure are printed with the load average before each run."""
 

@@ -171,8 +171,8 @@ FT_OUT_OF_SECTION_TIMEOUT = ("--ft-rank-out-of-section-timeout", "--ft-rank_out_
 def take_ft_timeouts(argv: list[str]) -> tuple[list[str], dict]:
     """ft_launcher's `--ft-rank-section-timeouts setup:600,step:180,checkpointing:420` and
     `--ft-rank-out-of-section-timeout 300` (either spelling, `=` or a separate value), given before the training
-    script: (the rest of the arguments for torchrun, the timeouts for resilience/run/fault_tolerance.py)."""
-    from resilience.run.fault_tolerance import parse_section_timeouts, parse_timeout
+    script: (the rest of the arguments for torchrun, the timeouts for resilience/fault_tolerance.py)."""
+    from resilience.fault_tolerance import parse_section_timeouts, parse_timeout
 
     rest, timeouts, index = [], {}, 0
     script_at = next((i for i, token in enumerate(argv) if token.endswith(".py")), len(argv))
@@ -200,7 +200,7 @@ def main(argv=None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    from resilience.run.fault_tolerance import FT_TIMEOUTS_VARIABLE
+    from resilience.fault_tolerance import FT_TIMEOUTS_VARIABLE
 
     argv, ft_timeouts = take_ft_timeouts(list(sys.argv[1:] if argv is None else argv))
     if ft_timeouts:

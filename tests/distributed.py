@@ -70,7 +70,7 @@ def free_port(consecutive: int = 1) -> int:
     process's outgoing connection - gloo's pair connections of another test's ranks, on the other xdist worker -
     and the launch then fails with EADDRINUSE (CI once did, 2026-11-24). Below the range only a listener can take
     it, and listeners pick their ports the same way, at random among ~20,000. `consecutive`: the first of that many
-    ports in a row, all free now (the in-process restart's store listens at MASTER_PORT + 1, resilience/restart_store.py:
+    ports in a row, all free now (the in-process restart's store listens at MASTER_PORT + 1, rendezvous/restart_store.py:
     CI once failed with it taken, 2026-11-25)."""
     low = _ephemeral_low()
     rng = random.SystemRandom()

@@ -17,18 +17,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Lowest first. A package's modules may import any package whose floor is at most their own. resilience/ spans two:
-# what a rank does through the launch's store sits below parallel/ (comm.py keeps its collective log), and what runs
-# with a training run (the rerun machine in the step, the fault injector polled by the loop) below training/.
-FLOORS = ("base", "resilience", "parallel", "data", "zero", "gpt", "families", "arguments", "checkpoint",
-          "resilience.run", "training", "planner")
+# Lowest first. A package's modules may import any package whose floor is at most their own; a folder is one floor
+# (rendezvous/: what a rank does through the launch's store, below parallel/, whose comm.py keeps its collective log;
+# resilience/: what runs with a training run, the rerun machine in the step and the fault injector the loop polls).
+FLOORS = ("base", "rendezvous", "parallel", "data", "zero", "gpt", "families", "arguments", "checkpoint",
+          "resilience", "training", "planner")
 PACKAGES = tuple(dict.fromkeys(floor.split(".")[0] for floor in FLOORS))  # the top-level folders
 ENTRY_POINTS = frozenset({"zero.plan", "zero.perf_model"})
 
 
 def library_modules(root: Path) -> dict[str, Path]:
     modules = {}
-    for package in PACKAGES:  # sub-packages too (arguments/megatron/, resilience/run/)
+    for package in PACKAGES:  # sub-packages too (arguments/megatron/, checkpoint/ours/)
         for path in sorted((root / package).rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -104,6 +104,7 @@ def test_every_package_is_on_a_floor():
     """A new top-level package must be given a floor, or the checks above would not see it."""
     packages = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests", "scripts"}
     assert packages <= set(PACKAGES), sorted(packages - set(PACKAGES))
+    assert PACKAGES == FLOORS, "a floor is a whole top-level folder: no folder spans two"
 
 
 def test_the_checks_fail_on_a_deliberate_violation(tmp_path):
@@ -111,17 +112,17 @@ def test_the_checks_fail_on_a_deliberate_violation(tmp_path):
         (tmp_path / package.replace(".", "/")).mkdir()
         (tmp_path / package.replace(".", "/") / "__init__.py").write_text("")
     (tmp_path / "base" / "errors.py").write_text("from planner.dry_run import dry_run\n")  # upward
-    (tmp_path / "resilience" / "liveness.py").write_text("from resilience.run.loop import poll\n")  # upward within
-    (tmp_path / "resilience" / "run" / "loop.py").write_text("from resilience.liveness import beat\n")  # downward
+    (tmp_path / "rendezvous" / "liveness.py").write_text("from resilience.loop import poll\n")  # upward
+    (tmp_path / "resilience" / "loop.py").write_text("from rendezvous.liveness import beat\n")  # downward
     (tmp_path / "planner" / "dry_run.py").write_text("def dry_run():\n    from planner import plan\n")
     (tmp_path / "planner" / "plan.py").write_text("import planner.dry_run\n")  # a loop with dry_run
     (tmp_path / "zero" / "plan.py").write_text("from planner.plan import command\n")  # an entry point: allowed
     graph = import_graph(tmp_path)
     assert layering_violations(graph) == [
         "base.errors (floor base) imports planner.dry_run (floor planner)",
-        "resilience.liveness (floor resilience) imports resilience.run.loop (floor resilience.run)"]
+        "rendezvous.liveness (floor rendezvous) imports resilience.loop (floor resilience)"]
     assert import_cycles(graph) == [["planner.dry_run", "planner.plan", "planner.dry_run"],
-                                    ["resilience.liveness", "resilience.run.loop", "resilience.liveness"]]
+                                    ["rendezvous.liveness", "resilience.loop", "rendezvous.liveness"]]
 
 
 def test_importing_the_model_does_not_import_the_data_pipeline():

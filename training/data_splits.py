@@ -57,7 +57,7 @@ def load_tokenizer_and_data_sources(config: PretrainConfig) -> tuple[RunTokenize
 
 
 class KeptAcrossRestarts:
-    """What an in-process restart (resilience/run/inprocess_restart.py) keeps from one incarnation's prepare to the
+    """What an in-process restart (resilience/inprocess_restart.py) keeps from one incarnation's prepare to the
     next's: the tokenizer and the data sources, a function of the configuration alone (no process group, no rank),
     loaded once per process."""
 

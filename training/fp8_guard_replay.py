@@ -2,7 +2,7 @@
 one verdict of the iteration, and where a layer running in FP8 failed its check (on any rank) they run again from
 the state the iteration started in, with the failed layers in high precision.
 
-What a replay puts back: the micro-batches (the same samples, resilience/run/rerun_state.py's ReplayingBatches), the random
+What a replay puts back: the micro-batches (the same samples, resilience/rerun_state.py's ReplayingBatches), the random
 generators (dropout draws the same masks), delayed scaling's amax histories, scales and recompute stash (the replay
 casts as the first run did: parallel/fp8/recipes.py, DelayedScaling.snapshot), and what the rerun state machine
 validated in the discarded run (RerunStateMachine.discard_run). The gradients, the micro-batch counters and the
@@ -19,7 +19,7 @@ import torch
 
 from parallel.fp8.guard import GuardMonitor
 from parallel.fp8.recipes import DelayedScaling
-from resilience.run.rerun_state import ReplayingBatches, RerunStateMachine
+from resilience.rerun_state import ReplayingBatches, RerunStateMachine
 
 
 class Fp8GuardReplay:

@@ -9,7 +9,7 @@ from typing import Optional
 from base.progress import ProgressLines
 from parallel.fp8.guard import merge_iterations
 from parallel.state import ParallelState
-from resilience.run.stragglers import StragglerReport, format_stragglers
+from resilience.stragglers import StragglerReport, format_stragglers
 from training.metrics import (
     MetricsWriter,
     flops_per_iteration,

@@ -16,7 +16,7 @@ from base.errors import ConfigError
 from checkpoint.start_decision import decide_start
 from checkpoint.unfinished_save import needs_finishing
 from gpt.fp8 import Fp8Launch, check_fp8
-from resilience.run.rerun_state import iterations_megatron_skips
+from resilience.rerun_state import iterations_megatron_skips
 from training.run_settings import model_vocabulary, tokenizer_size_from_flags
 
 

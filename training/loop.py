@@ -13,8 +13,8 @@ from typing import Callable, Optional
 
 from checkpoint.run_saves import SaveCheckpoint
 from parallel.state import ParallelState
-from resilience.run.fault_injection import FaultSchedule
-from resilience.run.rerun_state import RerunExit
+from resilience.fault_injection import FaultSchedule
+from resilience.rerun_state import RerunExit
 from training.divergence import DivergenceHistory
 from training.evaluation import Evaluator
 from training.exit_conditions import ExitConditions
@@ -41,7 +41,7 @@ class TrainingSummary:
     # fp16 overflow (runtime/engine.py, _take_model_step), so a skipped step leaves the rate where it was.
     schedule_samples: int = 0
     exit_reason: Optional[str] = None  # why the run stopped before --train-iters (signal, interval, time)
-    exit_code: int = 0  # the process's status: 16 or 17 when the rerun state machine ended it (resilience/run/rerun_state.py)
+    exit_code: int = 0  # the process's status: 16 or 17 when the rerun state machine ended it (resilience/rerun_state.py)
     saved_iterations: list[int] = field(default_factory=list)
     iteration_seconds: float = 0.0  # the time of the iterations this process trained (all kept: it ends after them)
     # fp16 from the initial loss scale: the iterations skipped before the first step (training/leading_skips.py)
@@ -145,7 +145,7 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
     and schedule position: each iteration's batch follows from the samples consumed before it, its learning rate from
     the samples of the updates taken before it). `save_checkpoint`: every --save-interval, at the end, at an early exit.
     `commit_saves(iteration)` before each iteration commits a background save (--async-save) every rank wrote; `faults`
-    (resilience/run/fault_injection.py) is polled after each step, before its log and save, as Megatron-LM's loop polls."""
+    (resilience/fault_injection.py) is polled after each step, before its log and save, as Megatron-LM's loop polls."""
     training, save_interval = settings.config.training, settings.config.checkpoint.save_interval
     summary = TrainingSummary(start_iteration, consumed_samples, leading_skips=LeadingSkips.of(training, start_iteration),
                               schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
@@ -183,7 +183,7 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
             summary.final_valid_loss = evaluator.run("valid", iteration, summary.consumed_samples)
         if save_interval is not None and iteration % save_interval == 0:
             save(iteration)
-        if faults is not None:  # a fault armed by this iteration lands after its save (resilience/run/fault_injection.py)
+        if faults is not None:  # a fault armed by this iteration lands after its save (resilience/fault_injection.py)
             faults.after_iteration(iteration)
         if (reason := early_exit(exit_conditions, iteration, state, save)) is not None:
             summary.exit_reason = reason

@@ -1,6 +1,6 @@
 """The run's watchers of each step's and each save's start and end: the fault tolerance sections of
---enable-ft-package (resilience/run/fault_tolerance.py) and rank 0's record of progress for a torchrun restart
-(resilience/run/restart_progress.py). They wrap the step and the save handed to the cadence loop (training/loop.py),
+--enable-ft-package (resilience/fault_tolerance.py) and rank 0's record of progress for a torchrun restart
+(resilience/restart_progress.py). They wrap the step and the save handed to the cadence loop (training/loop.py),
 which stays as it is; without a watcher the step and the save are handed over unwrapped."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
-from resilience.run.fault_tolerance import FaultTolerance
-from resilience.run.restart_progress import RestartProgress
+from resilience.fault_tolerance import FaultTolerance
+from resilience.restart_progress import RestartProgress
 
 
 class LoopEvents:

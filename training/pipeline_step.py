@@ -32,7 +32,7 @@ from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
 from parallel.pipeline_schedules import Slot, VirtualStages, schedule
 from parallel.state import ParallelState
-from resilience.run.rerun_state import RerunStateMachine
+from resilience.rerun_state import RerunStateMachine
 from training.cuda_graphs import CudaGraphs
 from training.evaluation import split_micro_batch
 from training.run_settings import RunSettings

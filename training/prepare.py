@@ -24,9 +24,9 @@ from checkpoint.run_saves import CheckpointSaves
 from checkpoint.run_start import RunStart, claim_run_start
 from data.tokenizer import RunTokenizer
 from parallel.state import ParallelState, read_launch_environment
-from resilience.run.rerun_resume import resume_machine
-from resilience.run.rerun_setup import rerun_mode_line, rerun_state_machine_for
-from resilience.run.rerun_state import RerunStateMachine
+from resilience.rerun_resume import resume_machine
+from resilience.rerun_setup import rerun_mode_line, rerun_state_machine_for
+from resilience.rerun_state import RerunStateMachine
 from training.build import Built, build
 from training.data_splits import (
     DataSplits,
@@ -64,7 +64,7 @@ class Run:
     save: Optional[CheckpointSaves]  # None without --save
     log: Log
     claimed: RunStart  # the locks of --save and --metrics-file
-    rerun: Optional[RerunStateMachine] = None  # --rerun-mode validate_results or report_stats (resilience/run/rerun_state.py)
+    rerun: Optional[RerunStateMachine] = None  # --rerun-mode validate_results or report_stats (resilience/rerun_state.py)
 
     def __enter__(self) -> "Run":
         return self

@@ -10,8 +10,8 @@ from checkpoint.lineage import RunIdentity
 from checkpoint.run_saves import CheckpointSaves
 from data.tokenizer import RunTokenizer
 from parallel.state import ParallelState
-from resilience.run.rerun_resume import machine_checkpoint_state
-from resilience.run.rerun_state import RerunStateMachine
+from resilience.rerun_resume import machine_checkpoint_state
+from resilience.rerun_state import RerunStateMachine
 from training.build import Built
 from training.metrics import MetricsWriter, count_records, drop_redone_records, end_last_line, start_wandb
 from training.tensorboard_sink import open_tensorboard

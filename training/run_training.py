@@ -11,10 +11,10 @@ from typing import Optional
 
 from base.process_clock import seconds_since_process_start
 from data.documents import DocumentMasking
-from resilience.run.fault_injection import plan_faults
-from resilience.run.fault_tolerance import FaultTolerance
-from resilience.run.restart_progress import RestartProgress, restart_count, restarts_possible
-from resilience.run.stragglers import StragglerReport
+from resilience.fault_injection import plan_faults
+from resilience.fault_tolerance import FaultTolerance
+from resilience.restart_progress import RestartProgress, restart_count, restarts_possible
+from resilience.stragglers import StragglerReport
 from training.divergence import resumable_checkpoint
 from training.evaluation import Evaluator
 from training.interval_metrics import IntervalMetrics
@@ -47,7 +47,7 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
         documents = DocumentMasking.of(run.tokenizer.eod_id, data.reset_position_ids, data.reset_attention_mask,
                                        data.eod_mask_loss,
                                        (data.goldfish_k, data.goldfish_h) if data.goldfish_loss else None)
-        # --rerun-mode validate_results or report_stats (resilience/run/rerun_state.py, made by prepare); disabled: None,
+        # --rerun-mode validate_results or report_stats (resilience/rerun_state.py, made by prepare); disabled: None,
         # and the step runs as it always has
         step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents=documents,
                           rerun=run.rerun, cuda_graphs=built.cuda_graphs, rng=built.rng)

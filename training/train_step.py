@@ -27,8 +27,8 @@ from data.documents import DocumentMasking
 from gpt.fp8 import delayed_states, forget_fp8_weight_casts
 from gpt.mtp import begin_mtp_iteration, finish_mtp_iteration
 from parallel.state import ParallelState
-from resilience.run.loss_checks import LossChecks
-from resilience.run.rerun_state import ReplayingBatches, RerunExit, RerunStateMachine, torch_rng_saver
+from resilience.loss_checks import LossChecks
+from resilience.rerun_state import ReplayingBatches, RerunExit, RerunStateMachine, torch_rng_saver
 from training.cuda_graphs import CudaGraphs
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, mean_token_loss, micro_batch_loss, split_micro_batch
@@ -51,7 +51,7 @@ class StepOutcome:
     global_batch_size: int  # the samples this iteration consumed (a ramp changes it)
     lr: float               # the rate the update used
     seconds: float          # wall time of the iteration, the device waited for
-    # of `seconds`, the time inside collectives (resilience/collective_log.py: only with --log-straggler or the
+    # of `seconds`, the time inside collectives (rendezvous/collective_log.py: only with --log-straggler or the
     # flight recorder, else 0): the rest is this rank's own compute, what the straggler report compares
     collective_wait_s: float = 0.0
     # the MoE balancing losses (each over its coefficient), logged beside the loss (training/moe_metrics.py)
@@ -118,7 +118,7 @@ class DataParallelTrainStep:
         self.settings, self.state, self.activations = settings, state, activations
         self.documents, self.observer = documents, observer
         self.iteration_token_scale: Optional[torch.Tensor] = None  # --calculate-per-token-loss's (per_token_batches)
-        # --rerun-mode validate_results or report_stats (resilience/run/rerun_state.py) and --fp8-guard
+        # --rerun-mode validate_results or report_stats (resilience/rerun_state.py) and --fp8-guard
         # (training/fp8_guard_replay.py) re-run an iteration: the micro-batches kept so that a re-run replays them
         self.rerun = rerun
         reruns = rerun is not None and rerun.enabled
@@ -243,7 +243,7 @@ class DataParallelTrainStep:
         self.loss_checks.start()
         iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
         forget_fp8_weight_casts(self.model)  # the step writes the weights: their casts go with the micro-batches
-        self.loss_checks.validate()  # the micro-batches' losses read back once, outside them (resilience/run/loss_checks.py)
+        self.loss_checks.validate()  # the micro-batches' losses read back once, outside them (resilience/loss_checks.py)
         return iteration_loss
 
     def per_token_batches(self, micro_batches: int) -> list:

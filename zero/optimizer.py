@@ -36,8 +36,7 @@ from zero.grad_norm import block_copy_bytes, sum_of_squares
 from zero.grad_reducer import GradientReducer
 from zero.loss_scaler import LossScaler
 from zero.muon import MuonMatrix, MuonTensorParallel, muon_ranges, muon_step
-from zero.optimizer_state import (CheckpointableOptimizer, NamedFragment, ShardedOptimizerState,
-                                  check_partition_tensors)
+from zero.optimizer_state import CheckpointableOptimizer, NamedFragment, ShardedOptimizerState, check_partition_tensors
 from zero.param_storage import ParameterStorage
 from zero.precision_aware import TEMPORARIES as PRECISION_AWARE_TEMPORARIES
 from zero.precision_aware import WINDOW as PRECISION_AWARE_WINDOW

@@ -140,7 +140,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --disable-use-tokenizer-model-from-checkpoint-args --use-mp-args-from-checkpoint-args""")),
     ("in-process restart's hang detection and its monitor process (nvidia-resiliency-ext's progress watchdog, soft "
      "and hard timeouts, SIGTERM-then-SIGKILL of a hung rank, the last-call window, CUDA's cache): not built here; "
-     "--inprocess-restart restarts on an error or a rank whose heartbeat stopped (resilience/run/inprocess_restart.py), "
+     "--inprocess-restart restarts on an error or a rank whose heartbeat stopped (resilience/inprocess_restart.py), "
      "a hung rank that still beats ends at --distributed-timeout-minutes", _names("""
         --inprocess-hard-timeout --inprocess-soft-timeout --inprocess-progress-watchdog-interval
         --inprocess-monitor-process-interval --inprocess-monitor-thread-interval --inprocess-last-call-wait

@@ -109,7 +109,7 @@ class SaveInProgress:
     biases: dict[str, list[float]]  # the routers' expert bias (checkpoint/router_state.py), sent by a stage's first
     fp8_histories: dict  # delayed scaling's amax histories and scales (checkpoint/fp8_state.py), every stage's
     total_bytes: int = 0        # every rank's files together, once finish_save has gathered them
-    # the rerun state machine's pending re-run, {"common": ..., "rank": this rank's part} (resilience/run/rerun_resume.py);
+    # the rerun state machine's pending re-run, {"common": ..., "rank": this rank's part} (resilience/rerun_resume.py);
     # None when none is pending, on every rank alike
     rerun_state: Optional[dict] = None
 

@@ -26,8 +26,13 @@ import numpy as np
 import torch
 
 from base.errors import CheckpointError
-from checkpoint.global_state import (MODEL_KEY, GlobalStateSource, GlobalTensorInfo, SourceProgress,
-                                     megatron_rows_multiple)
+from checkpoint.global_state import (
+    MODEL_KEY,
+    GlobalStateSource,
+    GlobalTensorInfo,
+    SourceProgress,
+    megatron_rows_multiple,
+)
 from checkpoint.pieces import Piece, read_pieces
 from checkpoint.random_states import random_states_problem
 from checkpoint.torch_dist.buckets import (

@@ -139,7 +139,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
                      "--init-method-std", "0.02"]
     # (--expert-model-parallel-size, --moe-expert-parallel-size and --expert-tensor-parallel-size are settings now:
     # parallel/config.py, tests/training/test_expert_parallel_training.py; --error-injection-rate too:
-    # resilience/run/rerun_state.py, tests/resilience/test_rerun_state.py)
+    # resilience/rerun_state.py, tests/resilience/test_rerun_state.py)
     no_op = {"--num-experts-switch": "1",
              "--dataloader-type": "single", "--remote-device": "none",
              "--weight-decay-incr-style": "constant",

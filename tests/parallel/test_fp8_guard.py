@@ -11,7 +11,7 @@ from parallel.fp8.guard import DENSE, CastCounts, GuardMonitor, LayerGuard, merg
 from parallel.fp8.kernel import E4M3, E5M2
 from parallel.fp8.linear import Fp8LinearState, fp8_linear
 from parallel.fp8.recipes import INPUT, WEIGHT, Fp8Recipe, quantize_tensorwise, saturating_cast
-from resilience.run.rerun_state import ReplayingBatches
+from resilience.rerun_state import ReplayingBatches
 from training.fp8_guard_replay import Fp8GuardReplay
 
 # e4m3: largest 448, smallest subnormal 2^-9 (half of it, 2^-10, rounds to even: 0). e5m2: 57344, 2^-16.

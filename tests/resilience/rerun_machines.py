@@ -1,4 +1,4 @@
-"""Drive resilience/run/rerun_state.py's machine and Megatron-Core's own RerunStateMachine (megatron-core from
+"""Drive resilience/rerun_state.py's machine and Megatron-Core's own RerunStateMachine (megatron-core from
 requirements-bench.txt) with the same calls, as Megatron-LM's train_step and pretrain_gpt.py's loss_func make them:
 per iteration, `while should_run_forward_backward(...)`: each micro-batch's loss validated; then
 `should_checkpoint_and_exit()`. Shared by tests/resilience/test_rerun_state.py, test_rerun_resume.py and
@@ -13,7 +13,7 @@ from typing import Optional
 
 import pytest
 
-from resilience.run.rerun_state import (
+from resilience.rerun_state import (
     ErrorInjector,
     RerunDiagnostic,
     RerunMode,

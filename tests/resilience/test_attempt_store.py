@@ -1,4 +1,4 @@
-"""resilience/attempt_store.py: each torchrun restart has a key space of its own on the agent's store.
+"""rendezvous/attempt_store.py: each torchrun restart has a key space of its own on the agent's store.
 
 torch 2.13's own path (`init_method="tcp://..."` under TORCHELASTIC_USE_AGENT_STORE=True, torch/distributed/
 rendezvous.py `_create_c10d_store`) hands every restart the same keys: under the static rendezvous, whose agent
@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from resilience.attempt_store import attempt_prefix, process_group_store
+from rendezvous.attempt_store import attempt_prefix, process_group_store
 
 TIMEOUT = timedelta(seconds=10)
 

@@ -1,4 +1,4 @@
-"""resilience/connection_abort.py: an in-process restart's abort ends this process's TCP connections, even those a
+"""rendezvous/connection_abort.py: an in-process restart's abort ends this process's TCP connections, even those a
 forked child (a data-loader worker) still holds, and leaves the rendezvous store's alone.
 
 Run in a child process of its own: the abort acts on every connection of the process that calls it."""
@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import os, socket, sys, time
 sys.path.insert(0, sys.argv[1])
-from resilience.connection_abort import shut_down_connections
+from rendezvous.connection_abort import shut_down_connections
 
 def pair():
     server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen(1)

@@ -6,7 +6,7 @@ rank alone met is printed by that rank, with its grid coordinates, under torchru
 - the nine flags: Megatron's names and defaults (every one None: off), its assertions refused in one line;
 - the plan: Megatron-Core's draws in its order from random.Random(--fault-injector-seed);
 - the faults that raise (workload_exc at the loop's poll, async_exc, signal_exc) raise InjectedFault;
-- who prints an error after the process group exists (resilience/failure_report.py) against a real store;
+- who prints an error after the process group exists (rendezvous/failure_report.py) against a real store;
 - end to end on two CPU ranks: workload_exc on rank 1 (its one line under torchrun; under launch.py the
   launcher's summary names rank 1 too), and sigkill on rank 1 (the survivor's liveness line names it).
 """
@@ -30,8 +30,8 @@ import torch.distributed as dist
 
 from arguments.parser import parse_arguments
 from base.errors import ConfigError, InjectedFault, Reporter
-from resilience.failure_report import agree_on_failure
-from resilience.fault_injector import FaultInjector, FaultInjectorSettings, draw_plan
+from rendezvous.failure_report import agree_on_failure
+from rendezvous.fault_injector import FaultInjector, FaultInjectorSettings, draw_plan
 from tests.checkpoint.test_checkpoint_resume import _launch
 from tests.distributed import free_port
 from tests.reliability_helpers import TINY
@@ -149,7 +149,7 @@ def test_an_error_some_ranks_met_is_printed_by_the_first_of_them_naming_them_and
 
     assert agree_on_failure(Gone(), "d/", 1, 2, "x", "rank 1 (TP ...)") == Reporter(True, "rank 1 (TP ...)")
 
-    class Stopped:  # a stopped store host: a call blocks (resilience/store_wire.py)
+    class Stopped:  # a stopped store host: a call blocks (rendezvous/store_wire.py)
         def set(self, *args):
             threading.Event().wait()
 
@@ -201,7 +201,7 @@ def test_an_exception_injected_on_rank_1_is_its_one_line_on_the_terminal(tmp_pat
 @pytest.mark.slow
 def test_a_sigkill_injected_on_rank_1_is_named_by_the_survivors_liveness_line(tmp_path, corpus_cache):
     """sigkill armed after Megatron's iteration 2 (the step logged as 3): rank 1 dies during iteration 4 at the
-    latest, and rank 0, its ranks started as torchrun starts them, names it in resilience/liveness.py's line."""
+    latest, and rank 0, its ranks started as torchrun starts them, names it in rendezvous/liveness.py's line."""
     argv = fault_flags(corpus_cache, tmp_path / "metrics.jsonl", "sigkill", 2)
     port = free_port()
     files = [(open(tmp_path / f"rank{rank}.out", "w"), open(tmp_path / f"rank{rank}.err", "w")) for rank in range(2)]

@@ -1,7 +1,7 @@
-"""--enable-ft-package's parts without a launch (issue 69, item 5): the monitor's clock (resilience/run/ft_monitor.py), the
+"""--enable-ft-package's parts without a launch (issue 69, item 5): the monitor's clock (resilience/ft_monitor.py), the
 timeouts learned with --calc-ft-timeouts as Megatron-LM's ft_integration.py and nvidia-resiliency-ext's
 timeouts_calc.py learn them, ft_launcher's timeout arguments in scripts/launch.py, the refusal without --save, and
-the line a restart prints (resilience/run/restart_progress.py). The faults themselves: tests/scripts/test_restart_in_job.py.
+the line a restart prints (resilience/restart_progress.py). The faults themselves: tests/scripts/test_restart_in_job.py.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from resilience.run.fault_tolerance import FaultTolerance, merged, parse_section_timeouts
-from resilience.run.ft_monitor import SectionClock
-from resilience.run.restart_progress import RestartProgress
+from resilience.fault_tolerance import FaultTolerance, merged, parse_section_timeouts
+from resilience.ft_monitor import SectionClock
+from resilience.restart_progress import RestartProgress
 from tests.reliability_helpers import train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_the_clock_finds_the_open_section_past_its_timeout_and_out_of_section_ti
 
 def test_the_monitor_kills_its_rank_once_a_section_runs_past_its_timeout(tmp_path):
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    monitor = subprocess.Popen([sys.executable, str(REPO / "resilience" / "run" / "ft_monitor.py"), str(rank.pid), "3", "0",
+    monitor = subprocess.Popen([sys.executable, str(REPO / "resilience" / "ft_monitor.py"), str(rank.pid), "3", "0",
                                 json.dumps({"step": 0.3})], stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         monitor.stdin.write("open step\n")

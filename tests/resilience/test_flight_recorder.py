@@ -1,8 +1,8 @@
 """A hang traced to its collective (issue 69 item 3; Megatron-LM's --flight-recorder-* flags, PyTorch's Flight
 Recorder record): each rank's ring of collectives, the dump when the heartbeat watch fires, the one line
-naming where each group's ranks stand, and `python -m resilience.flight_recorder DUMP_PATH`.
+naming where each group's ranks stand, and `python -m rendezvous.flight_recorder DUMP_PATH`.
 
-- the ring itself (resilience/collective_log.py) through the Communicator of a planned state: sequence numbers
+- the ring itself (rendezvous/collective_log.py) through the Communicator of a planned state: sequence numbers
   per group, wrap-around, the call site outside the door, the time inside collectives;
 - the analysis on records of four ranks, one of them silent (the issue's MoE example);
 - two ranks, rank 1 SIGSTOPped (tests/kill_rank.py): rank 0's line names rank 1 and each group's last
@@ -30,7 +30,7 @@ def test_the_ring_numbers_each_groups_collectives_and_names_their_call_site():
     import torch
 
     from parallel.state import virtual_state
-    from resilience.collective_log import CollectiveLog
+    from rendezvous.collective_log import CollectiveLog
 
     state = virtual_state(4, tensor_parallel_size=2)
     state.comm.log = log = CollectiveLog(capacity=3)
@@ -51,7 +51,7 @@ def test_the_ring_numbers_each_groups_collectives_and_names_their_call_site():
 
 
 def test_an_async_collective_completes_when_waited_for_and_counts_only_the_wait():
-    from resilience.collective_log import CollectiveLog, RecordedWork
+    from rendezvous.collective_log import CollectiveLog, RecordedWork
 
     ticks = iter([10.0, 15.0, 16.5])  # started at 10; wait() entered at 15, returned at 16.5
     log = CollectiveLog(capacity=2, clock=lambda: next(ticks))
@@ -80,7 +80,7 @@ def summaries_of_an_ep_hang():
 
 
 def test_the_analysis_names_who_waits_where_and_what_the_silent_rank_last_completed():
-    from resilience.flight_recorder import analyze
+    from rendezvous.flight_recorder import analyze
 
     assert analyze(summaries_of_an_ep_hang(), 4, silent=[3]) == (
         "rank 3 silent (no record); ep group (0-3): ranks 0-2 wait in all_to_all #411 (gpt/moe/token_dispatch.py:88 "
@@ -88,8 +88,8 @@ def test_the_analysis_names_who_waits_where_and_what_the_silent_rank_last_comple
 
 
 def test_the_command_re_reads_the_dumps(tmp_path):
-    from resilience.collective_log import CollectiveLog
-    from resilience.flight_recorder import FlightRecorderSettings, write_dump
+    from rendezvous.collective_log import CollectiveLog
+    from rendezvous.flight_recorder import FlightRecorderSettings, write_dump
 
     settings = FlightRecorderSettings(dump_path=str(tmp_path) + "/")
     for rank in range(2):
@@ -101,7 +101,7 @@ def test_the_command_re_reads_the_dumps(tmp_path):
         write_dump(log, settings, rank, 2, iteration=3, reason="test")
     assert json.loads((tmp_path / "_dump_0.json").read_text())["entries"][0]["seq"] == 2  # only the active one
     assert "most recent call first" in (tmp_path / "_dump_1.stacks").read_text()
-    result = subprocess.run([sys.executable, "-m", "resilience.flight_recorder", str(tmp_path)], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "rendezvous.flight_recorder", str(tmp_path)], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1].startswith(
@@ -109,7 +109,7 @@ def test_the_command_re_reads_the_dumps(tmp_path):
 
 
 def test_megatrons_flags_export_pytorchs_flight_recorder_variables(tmp_path):
-    from resilience.flight_recorder import FlightRecorderSettings, torch_environment
+    from rendezvous.flight_recorder import FlightRecorderSettings, torch_environment
 
     environ = {"TORCH_INCLUDE_STACK_TRACE": "1"}
     kept = torch_environment(FlightRecorderSettings(dump_path=str(tmp_path), trace_buffer_size=77,
@@ -169,7 +169,7 @@ def test_a_stopped_rank_is_traced_to_its_collective_and_every_rank_dumps(tmp_pat
     continued = (tmp_path / "rank1.err").read_text()  # rank 1 says where it was when it was stopped
     assert re.search(rf"flight recorder: {group} group \(0-1\): this rank last completed \w+ #{completed}[;( ]",
                      continued), continued
-    result = subprocess.run([sys.executable, "-m", "resilience.flight_recorder", str(dump)], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "rendezvous.flight_recorder", str(dump)], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.startswith("flight recorder: 2 of 2 ranks dumped"), result
     print(result.stdout)
@@ -197,7 +197,7 @@ def test_a_rank_holding_the_gil_is_named_and_still_writes_its_stacks(tmp_path, e
 def test_a_ring_of_size_zero_keeps_only_the_wait_clock_and_a_negative_size_is_refused():
     from arguments.config import ConfigError
     from arguments.parser import parse_arguments
-    from resilience.collective_log import CollectiveLog
+    from rendezvous.collective_log import CollectiveLog
 
     log = CollectiveLog(capacity=0, clock=iter([1.0, 3.0]).__next__)
     log.complete(log.start("all_reduce", "dp", None, 8))
@@ -210,8 +210,8 @@ def test_pipeline_messages_are_numbered_per_peer_and_a_message_not_waited_for_is
     import torch
 
     from parallel.comm import DryRunCommunicator
-    from resilience.collective_log import CollectiveLog
-    from resilience.flight_recorder import analyze, summary
+    from rendezvous.collective_log import CollectiveLog
+    from rendezvous.flight_recorder import analyze, summary
 
     comm = DryRunCommunicator(rank=1)
     comm.log = CollectiveLog(capacity=8)
@@ -229,7 +229,7 @@ def test_pipeline_messages_are_numbered_per_peer_and_a_message_not_waited_for_is
 
 
 def test_pytorchs_dump_path_variable_turns_the_recorder_on_as_in_megatron():
-    from resilience.flight_recorder import FlightRecorderSettings, with_environment_path
+    from rendezvous.flight_recorder import FlightRecorderSettings, with_environment_path
 
     settings, said = with_environment_path(FlightRecorderSettings(), {"TORCH_FR_DUMP_TEMP_FILE": "/tmp/fr_rank_"})
     assert settings.on and settings.dump_path == "/tmp/fr_rank_" and "TORCH_FR_DUMP_TEMP_FILE" in said[0]
@@ -265,7 +265,7 @@ def test_a_collective_timeout_with_every_rank_alive_says_where_each_stands(tmp_p
 
 def test_a_dump_path_that_cannot_be_written_is_said_before_any_work(tmp_path):
     from parallel.comm import Communicator
-    from resilience.flight_recorder import FlightRecorderSettings, check_dump_path, start_flight_recorder
+    from rendezvous.flight_recorder import FlightRecorderSettings, check_dump_path, start_flight_recorder
 
     with pytest.raises(NotADirectoryError, match=r"--flight-recorder-dump-path .*missing/fr_: .*missing is not a "
                                                  r"writable directory"):

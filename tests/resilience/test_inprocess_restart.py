@@ -1,4 +1,4 @@
-"""Issue 69, item 6: --inprocess-restart (resilience/run/inprocess_restart.py), Megatron-LM's in-process restart
+"""Issue 69, item 6: --inprocess-restart (resilience/inprocess_restart.py), Megatron-LM's in-process restart
 (megatron/training/inprocess_restart.py over nvidia-resiliency-ext's inprocess.Wrapper) on gloo.
 
 The two runs of 12 iterations that save every 2 (tests/scripts/test_restart_in_job.py's model and flags) lose a
@@ -20,7 +20,7 @@ import pytest
 
 from arguments.parser import parse_arguments
 from base.errors import ConfigError
-from resilience.rank_assignment import TooFewProcesses, first_assignment, reassign
+from rendezvous.rank_assignment import TooFewProcesses, first_assignment, reassign
 from tests.scripts.test_restart_in_job import REPO, TWELVE, finish, free_port, launch_environment, losses, start
 
 FAST_HEARTBEATS = ["--inprocess-restart", "--inprocess-heartbeat-interval", "0.25", "--inprocess-heartbeat-timeout",
@@ -93,7 +93,7 @@ def test_an_exception_on_rank_1_restarts_in_the_same_processes_with_equal_losses
 
 
 def assert_recovered(out: str, resumed: int) -> None:
-    # "1 of 9": at most 10 incarnations by default (resilience/run/inprocess_restart.py)
+    # "1 of 9": at most 10 incarnations by default (resilience/inprocess_restart.py)
     recovered = [line for line in out.splitlines() if line.startswith("> recovered (in-process restart 1 of 9)")]
     assert len(recovered) == 1, out[-3000:]
     assert f"this one resumed from the checkpoint at iteration {resumed}: iteration" in recovered[0], recovered

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from resilience.fault_injector import FaultInjector, FaultInjectorSettings, draw_plan
-from resilience.run.fault_injection import plan_faults
+from rendezvous.fault_injector import FaultInjector, FaultInjectorSettings, draw_plan
+from resilience.fault_injection import plan_faults
 from tests.reliability_helpers import TINY
 from tests.resilience.test_inprocess_restart import FAST_HEARTBEATS, incarnations
 from tests.scripts.test_restart_in_job import REPO, TWELVE, finish, free_port, launch_environment, start

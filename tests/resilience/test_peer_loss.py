@@ -9,7 +9,7 @@ collective, exit non-zero (3), promptly.
   minutes away.
 - a rank failing alone (a bug) keeps its traceback; the survivor points to it. A normal run ends 0
   with nothing on stderr.
-- the identification itself (resilience/liveness.py) against a fake store and a fake clock, and its
+- the identification itself (rendezvous/liveness.py) against a fake store and a fake clock, and its
   threads at a tenth of the real pace.
 
 The multi-process tests run tests/kill_rank.py, which kills, stops or fails one rank at iteration 5.
@@ -214,7 +214,7 @@ def test_a_stopped_peer_is_named_within_the_heartbeat_timeout(stopped_rank_run):
 # ---- the identification itself, against a fake store and a fake clock --------------------------------
 
 class FakeStore:
-    """TCPStore's semantics for the calls resilience/liveness.py makes, in a dict (thread-safe)."""
+    """TCPStore's semantics for the calls rendezvous/liveness.py makes, in a dict (thread-safe)."""
 
     def __init__(self):
         self.values: dict[str, bytes] = {}
@@ -269,7 +269,7 @@ class FakeClock:
 
 
 def board_of(world_size, rank=0, started=None):
-    from resilience.liveness import Board
+    from rendezvous.liveness import Board
 
     store = FakeStore()
     boards = [Board(store, "p/", r, world_size) for r in range(world_size)]
@@ -279,7 +279,7 @@ def board_of(world_size, rank=0, started=None):
 
 
 def test_the_rank_whose_counter_stops_is_named_after_the_silence_window():
-    from resilience.liveness import SILENT_AFTER_S, PeerLoss, find_lost_peers
+    from rendezvous.liveness import SILENT_AFTER_S, PeerLoss, find_lost_peers
 
     store, board, _ = board_of(4)
     clock = FakeClock(store, "p/", live_ranks=[2, 3])
@@ -289,7 +289,7 @@ def test_the_rank_whose_counter_stops_is_named_after_the_silence_window():
 
 
 def test_every_peer_alive_means_nobody_is_lost_and_it_is_said_quickly():
-    from resilience.liveness import find_lost_peers
+    from rendezvous.liveness import find_lost_peers
 
     store, board, _ = board_of(4)
     clock = FakeClock(store, "p/", live_ranks=[1, 2, 3])
@@ -299,7 +299,7 @@ def test_every_peer_alive_means_nobody_is_lost_and_it_is_said_quickly():
 
 
 def test_the_survivors_agree_on_the_first_verdict():
-    from resilience.liveness import PeerLoss, find_lost_peers
+    from rendezvous.liveness import PeerLoss, find_lost_peers
 
     store, board, boards = board_of(4)
     assert boards[3].propose(PeerLoss(silent=(2,))) == PeerLoss(silent=(2,))
@@ -310,7 +310,7 @@ def test_the_survivors_agree_on_the_first_verdict():
 
 
 def test_a_rank_that_left_is_named_at_once_and_one_that_left_after_reporting_is_not_blamed():
-    from resilience.liveness import PeerLoss, find_lost_peers
+    from rendezvous.liveness import PeerLoss, find_lost_peers
 
     store, board, boards = board_of(4)
     boards[1].leave(after_loss=False)  # its own error (its traceback is in its output)
@@ -321,7 +321,7 @@ def test_a_rank_that_left_is_named_at_once_and_one_that_left_after_reporting_is_
 
 
 def test_a_rank_that_never_beat_is_silent_and_its_key_is_not_waited_for():
-    from resilience.liveness import PeerLoss, find_lost_peers
+    from rendezvous.liveness import PeerLoss, find_lost_peers
 
     store, board, _ = board_of(3, started=[0, 2])  # rank 1 died before its first beat
     clock = FakeClock(store, "p/", live_ranks=[2])
@@ -329,7 +329,7 @@ def test_a_rank_that_never_beat_is_silent_and_its_key_is_not_waited_for():
 
 
 def test_the_stall_watch_fires_after_the_timeout_and_not_for_a_rank_that_left():
-    from resilience.liveness import LEFT, StallWatch
+    from rendezvous.liveness import LEFT, StallWatch
 
     watch = StallWatch(10.0)
     assert not watch.stalled(5, now=0.0)
@@ -342,7 +342,7 @@ def test_the_stall_watch_fires_after_the_timeout_and_not_for_a_rank_that_left():
 
 def test_the_line_names_the_ranks_the_store_and_what_this_rank_was_doing():
     from parallel.comm import Communicator
-    from resilience.liveness import PeerLoss
+    from rendezvous.liveness import PeerLoss
 
     comm = Communicator()
     assert comm.where() == "before its first collective before the first iteration"
@@ -381,7 +381,7 @@ def liveness(store, rank, world_size, found, stall_timeout_s=1.0, hosts_store=Fa
     """A rank's threads at a tenth of the real pace: a beat every 0.1 s, a 0.5 s silence window. The
     stall timeout is ten beats: a watchdog late by 0.8 s (the timeout less two beats) is taken for a
     pause of this process, which a loaded machine must not reach by chance."""
-    from resilience.liveness import Liveness
+    from rendezvous.liveness import Liveness
 
     return Liveness(store, rank, world_size, prefix="p/", store_host="rank 0 (it hosts the rendezvous store)",
                     hosts_store=hosts_store, stall_timeout_s=stall_timeout_s, on_lost=found.append,
@@ -396,7 +396,7 @@ def wait_until(condition, timeout):
 
 
 def test_the_watchdog_names_a_stalled_neighbour_and_tells_the_others_through_the_verdict():
-    from resilience.liveness import LEFT, LEFT_AFTER_LOSS, PeerLoss
+    from rendezvous.liveness import LEFT, LEFT_AFTER_LOSS, PeerLoss
 
     store, found0, found2 = FakeStore(), [], []
     rank0, rank2 = liveness(store, 0, 3, found0).start(), liveness(store, 2, 3, found2, stall_timeout_s=30).start()
@@ -411,7 +411,7 @@ def test_the_watchdog_names_a_stalled_neighbour_and_tells_the_others_through_the
 
 
 def test_a_store_that_stops_answering_is_named_by_the_watchdog():
-    from resilience.liveness import PeerLoss
+    from rendezvous.liveness import PeerLoss
 
     class StoppedStore(FakeStore):
         def __init__(self):
@@ -437,7 +437,7 @@ def test_a_store_that_stops_answering_is_named_by_the_watchdog():
 
 
 def test_a_failure_of_this_ranks_own_and_a_clean_end():
-    from resilience.liveness import LEFT
+    from rendezvous.liveness import LEFT
 
     store, found = FakeStore(), []
     # A long stall timeout: this test is about the question the main thread asks, not the watch.
@@ -462,7 +462,7 @@ def test_a_failure_of_this_ranks_own_and_a_clean_end():
 
 
 def test_the_main_thread_asking_gets_the_dead_peer_and_the_thread_does_not_report_it():
-    from resilience.liveness import LEFT_AFTER_LOSS, PeerLoss
+    from rendezvous.liveness import LEFT_AFTER_LOSS, PeerLoss
 
     store, found = FakeStore(), []
     rank0 = liveness(store, 0, 2, found, stall_timeout_s=30).start()
@@ -494,7 +494,7 @@ def test_a_rank_that_was_itself_stopped_says_so_and_blames_nobody(rank, hosts_st
     counter) far in the past and said "rank 0 (it hosts the rendezvous store) stopped answering" --
     about a healthy peer, or, on rank 0, about itself. Its own watchdog did not wake for that long
     either: that is the report, about this rank."""
-    from resilience.liveness import Liveness
+    from rendezvous.liveness import Liveness
 
     store, found, peer_found = FakeStore(), [], []
     clock = JumpingClock()
@@ -526,7 +526,7 @@ def test_a_rank_stopped_just_long_enough_for_its_peer_to_give_up_blames_nobody(r
     intervals short of the timeout, as it did there: rank 1's peer (rank 0, the store's host) wrote the
     verdict naming it and left; rank 0's peer (rank 1) went silent without a mark (it had found the
     store, rank 0, stopped)."""
-    from resilience.liveness import Board, Liveness, PeerLoss
+    from rendezvous.liveness import Board, Liveness, PeerLoss
 
     store, found, peer_gone = FakeStore(), [], threading.Event()
     clock = JumpingClock()
@@ -566,7 +566,7 @@ def test_a_continued_rank_whose_collective_fails_before_its_watchdog_wakes_says_
     """A continued rank's collective fails at once (its peer is gone), often before its watchdog has
     woken from the pause: the main thread's question must get the pause, not a verdict about a peer
     or the store, and only one report is made (a thread's, which ends the process, or the answer)."""
-    from resilience.liveness import Liveness
+    from rendezvous.liveness import Liveness
 
     store, found, peer_found = FakeStore(), [], []
     clock = JumpingClock()
@@ -619,7 +619,7 @@ class DyingHost:
 
 
 class DyingHostConnection:
-    """The idle connection beside the store client (resilience/liveness.StoreConnection), to a DyingHost."""
+    """The idle connection beside the store client (rendezvous/liveness.StoreConnection), to a DyingHost."""
 
     def __init__(self, host: DyingHost):
         self.host = host
@@ -666,9 +666,9 @@ def test_after_a_failed_collective_no_store_call_reaches_a_host_still_closing_it
     closing) the thread must not call before the rest have closed. Here the host dies right after
     one of the heartbeat's rounds, the main thread asks at once, and the sockets close only after the
     thread's next round would begin: the thread must first wait out the host's teardown
-    (resilience/liveness.py SETTLE_S), then find the idle connection closed, and never call the store
+    (rendezvous/liveness.py SETTLE_S), then find the idle connection closed, and never call the store
     in between."""
-    from resilience.liveness import SETTLE_S, GuardedStore, PeerLoss
+    from rendezvous.liveness import SETTLE_S, GuardedStore, PeerLoss
 
     host = DyingHost(close_after_s=0.2)  # after the heartbeat's next round (0.1 s), within the settle
     assert SETTLE_S > host.close_after_s

@@ -1,4 +1,4 @@
-"""Issue 69 item 7: the rerun state machine's state in the checkpoint (resilience/run/rerun_resume.py,
+"""Issue 69 item 7: the rerun state machine's state in the checkpoint (resilience/rerun_resume.py,
 checkpoint/rerun_machine_entry.py), so that a job that exited 16 re-runs the iteration once more when resumed
 and decides, as Megatron-Core's RerunStateMachine.state_dict / load_state_dict and Megatron-LM's checkpointing.py
 make it: on the node and device that reproduced the result, exit 16 again; elsewhere exit 17, "Possible persistent
@@ -17,14 +17,14 @@ import pytest
 
 from base.errors import CheckpointError
 from checkpoint.schema import check_metadata
-from resilience.run.rerun_resume import (
+from resilience.rerun_resume import (
     common_state,
     load_machine_state,
     machine_checkpoint_state,
     rank_state,
     resume_machine,
 )
-from resilience.run.rerun_state import (
+from resilience.rerun_state import (
     EXIT_CODE_FAILED_ON_RESULT_VALIDATION,
     EXIT_CODE_RESUME_TO_DISAMBIGUATE,
     RerunState,

@@ -1,5 +1,5 @@
 """Issue 69 item 7: Megatron-Core's rerun state machine (megatron/core/rerun_state_machine.py) in
-resilience/run/rerun_state.py, driven by the data-parallel step (training/train_step.py).
+resilience/rerun_state.py, driven by the data-parallel step (training/train_step.py).
 
 - side by side with Megatron-Core's own RerunStateMachine (megatron-core, requirements-bench.txt; skipped when it
   is not importable): the same losses and injected errors give the same re-runs, checkpoints and exit codes;
@@ -27,7 +27,7 @@ import pytest
 
 from arguments.parser import parse_arguments
 from base.errors import ConfigError
-from resilience.run.rerun_state import (
+from resilience.rerun_state import (
     EXIT_CODE_FAILED_ON_RESULT_VALIDATION,
     EXIT_CODE_RESUME_TO_DISAMBIGUATE,
     iterations_megatron_skips,
@@ -55,7 +55,7 @@ def megatron_machine(monkeypatch):
 
 def megatron_checkpoint_on_17(rsm) -> bool:
     """megatron-core 0.16.1 saves a checkpoint before its exit 17 after an in-place re-run; Megatron-LM's main (and
-    resilience/run/rerun_state.py) does not (`return False, True, EXIT_CODE_FAILED_ON_RESULT_VALIDATION`)."""
+    resilience/rerun_state.py) does not (`return False, True, EXIT_CODE_FAILED_ON_RESULT_VALIDATION`)."""
     import inspect
     return "A checkpoint at the last iteration is being saved" in inspect.getsource(rsm.RerunStateMachine)
 
@@ -171,7 +171,7 @@ def test_two_pipeline_stages_re_run_together_and_go_on_with_the_plain_runs_losse
     """Two ranks, PP 2: only the last stage validates its loss (Megatron's loss_func runs there), the verdict is
     all-reduced, and both stages re-run the iteration from the same batches and RNG states. With --rerun-mode
     report_stats every iteration re-runs, and the first rank (the first stage: it validates nothing) prints the
-    records the last stage's rank sent it (resilience/run/rerun_stats.py, Megatron's gather_object)."""
+    records the last stage's rank sent it (resilience/rerun_stats.py, Megatron's gather_object)."""
     losses = []
     runs = (("plain", ["--rerun-mode", "disabled"]),
             ("rerun", RUN[8:] + ["--no-check-for-nan-in-loss-and-grad", "--check-for-spiky-loss"]),

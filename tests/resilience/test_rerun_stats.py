@@ -1,4 +1,4 @@
-"""Issue 69 item 7: --rerun-mode report_stats (resilience/run/rerun_stats.py), Megatron-Core's REPORT_DETERMINISM_STATS:
+"""Issue 69 item 7: --rerun-mode report_stats (resilience/rerun_stats.py), Megatron-Core's REPORT_DETERMINISM_STATS:
 every iteration runs twice and the relative differences of the validated losses are reported every 2 iterations,
 in Megatron's words, side by side with Megatron-Core's own machine and QuickStats (skipped without megatron-core),
 and end to end: a real run re-runs each iteration and goes on with the plain run's losses bitwise.
@@ -12,8 +12,8 @@ from functools import partial
 
 import pytest
 
-from resilience.run.rerun_state import RerunMode
-from resilience.run.rerun_stats import QuickStats, report_stats
+from resilience.rerun_state import RerunMode
+from resilience.rerun_stats import QuickStats, report_stats
 from tests.reliability_helpers import metrics_records, train
 from tests.resilience.rerun_machines import (
     INF_CHECK,

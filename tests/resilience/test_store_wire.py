@@ -1,4 +1,4 @@
-"""The liveness threads' store client (resilience/store_wire.py): the calls mean what torch's TCPStore
+"""The liveness threads' store client (rendezvous/store_wire.py): the calls mean what torch's TCPStore
 client's mean, against torch's own server; and a call to a host that died but has not yet closed its
 sockets fails without a word on stderr, where torch's client prints its C++ warning (seen in CI above
 the survivor's one line, about one full suite in five, when rank 0, the store's host, was killed).
@@ -28,7 +28,7 @@ def torch_store():
 
 
 def test_the_calls_mean_what_torchs_client_means(torch_store):
-    from resilience.store_wire import WireStore
+    from rendezvous.store_wire import WireStore
 
     wire = WireStore.connect("127.0.0.1", torch_store.port, timeout_s=10)
     try:
@@ -84,7 +84,7 @@ class DeadButOpenHost:
 def test_a_call_to_a_host_dead_but_not_yet_closed_fails_without_a_word_on_stderr(capfd):
     """The client the liveness threads get (start_liveness's): torch's (the old code) printed its
     warning here, "recvValue failed on SocketImpl(...)" and a dozen frames, before it raised."""
-    from resilience.store_wire import connect_store_client
+    from rendezvous.store_wire import connect_store_client
 
     host = DeadButOpenHost()
     store = connect_store_client("127.0.0.1", host.port, 10)
@@ -95,7 +95,7 @@ def test_a_call_to_a_host_dead_but_not_yet_closed_fails_without_a_word_on_stderr
 
 
 def test_a_server_that_does_not_answer_the_ping_is_a_mismatch_not_a_dead_store():
-    from resilience.store_wire import WireMismatch, WireStore
+    from rendezvous.store_wire import WireMismatch, WireStore
 
     server = socket.create_server(("127.0.0.1", 0))
 

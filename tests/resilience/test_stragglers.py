@@ -19,7 +19,7 @@ from tests.resilience.test_peer_loss import launch_pair, stop_all, wait_for_exit
 
 
 def test_the_extremes_are_relative_to_the_median_of_every_rank():
-    from resilience.run.stragglers import format_stragglers, rank_extremes
+    from resilience.stragglers import format_stragglers, rank_extremes
 
     report = rank_extremes([1.0, 1.4, 0.9, 1.0], count=2)
     assert report == {"slowest": [{"rank": 1, "relative": 1.4}, {"rank": 0, "relative": 1.0}],
@@ -32,7 +32,7 @@ def test_the_extremes_are_relative_to_the_median_of_every_rank():
 
 def test_the_report_takes_the_waits_out_and_wandb_gets_each_rank_as_a_key():
     from parallel.comm import Communicator
-    from resilience.run.stragglers import StragglerReport
+    from resilience.stragglers import StragglerReport
     from training.metrics import scalar_values
 
     report = StragglerReport(Communicator(), count=1)  # no process group: the world is this rank
@@ -91,7 +91,7 @@ def test_a_rank_slowed_by_forty_percent_is_named_the_slowest(tmp_path, embedded_
 def test_the_flags_are_megatrons_and_a_report_disabled_on_startup_is_said_once():
     from arguments.config import ConfigError
     from arguments.parser import parse_arguments
-    from resilience.run.stragglers import straggler_notes
+    from resilience.stragglers import straggler_notes
 
     logging = parse_arguments(["--log-straggler", "--straggler-minmax-count", "2"]).config.logging
     assert (logging.log_straggler, logging.straggler_minmax_count, logging.disable_straggler_on_startup) == (True, 2,

@@ -13,8 +13,15 @@ from pathlib import Path
 import pytest
 
 from arguments.parser import parse_arguments
-from scripts.layout_fuzz import (FP8_GRAD_NORM_TOLERANCE, FP8_LOSS_TOLERANCE, FP16_LOSS_TOLERANCE, LOSS_TOLERANCE, Draw,
-                                 compare, draw)
+from scripts.layout_fuzz import (
+    FP8_GRAD_NORM_TOLERANCE,
+    FP8_LOSS_TOLERANCE,
+    FP16_LOSS_TOLERANCE,
+    LOSS_TOLERANCE,
+    Draw,
+    compare,
+    draw,
+)
 from tests.training.combinations import DIMENSIONS, Layout
 
 REPO = Path(__file__).resolve().parents[2]

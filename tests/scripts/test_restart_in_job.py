@@ -3,7 +3,7 @@ checkpoint with every loss equal to the uninterrupted run's.
 
 The launch is torchrun's static rendezvous (`--nnodes 1 --master_addr --master_port`, how Megatron-LM's scripts
 launch): its agent keeps one store for every restart (torch's static_tcp_rendezvous.py), which is where each
-restart failed in gloo's connectFullMesh before resilience/attempt_store.py. The fault comes from outside: the test
+restart failed in gloo's connectFullMesh before rendezvous/attempt_store.py. The fault comes from outside: the test
 watches the metrics file for iteration 5 and signals rank 1's process, found among the launcher's children by its
 RANK (never by name). Whether a restart read the stale addresses was a race: of 3 such kills before the fix, one
 failed in connectFullMesh, one hung with no output, one resumed; tests/resilience/test_attempt_store.py pins the cause.
@@ -33,7 +33,7 @@ TWELVE = TINY + ["--tokenizer-vocab-size", "512", "--micro-batch-size", "1", "--
 
 def free_port() -> int:
     """MASTER_PORT for a restarting launch: below the ephemeral range, and the port after it free too (the in-process
-    restart's store listens there: resilience/restart_store.py)."""
+    restart's store listens there: rendezvous/restart_store.py)."""
     return distributed.free_port(consecutive=2)
 
 
@@ -121,7 +121,7 @@ def test_a_rank_killed_at_iteration_5_is_restarted_by_torchrun_and_the_job_resum
 
 
 def assert_recovery_said(out: str) -> None:
-    """The line resilience/run/restart_progress.py prints once the restarted job is back where the fault found it: a
+    """The line resilience/restart_progress.py prints once the restarted job is back where the fault found it: a
     checkpoint every 2 iterations, the fault after iteration 5 (or 6, where rank 1 was a step ahead)."""
     resumed = "resuming after iteration 4" in out and 4 or "resuming after iteration 6" in out and 6
     assert resumed, out[-3000:]

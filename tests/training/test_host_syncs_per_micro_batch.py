@@ -7,7 +7,7 @@ a run builds them, with the rerun state machine a flags launch makes): each micr
 per-iteration work outside them. Held at 0 per micro-batch for a dense model (ZeRO 0 to 3, TP 2 with sequence
 parallelism, 2 pipeline stages), for MoE padded to capacity (Megatron-Core's drop-and-pad: every split a shape;
 at expert-parallel size 1 and over an EP 2 all-to-all and all-gather), and with --rerun-mode validate_results and
-report_stats (the losses are checked once after the micro-batches: resilience/run/loss_checks.py). A dropless MoE layer
+report_stats (the losses are checked once after the micro-batches: resilience/loss_checks.py). A dropless MoE layer
 reads its routing counts back once, at gpt/moe/expert_rows.py read_counts, as Megatron-Core's alltoall dispatcher
 does (token_dispatcher.py _maybe_dtoh_and_synchronize): that read, once per MoE layer and micro-batch, and
 nothing else.
@@ -23,8 +23,8 @@ import torch
 from arguments.parser import parse_config
 from gpt.moe.expert_rows import read_counts
 from parallel.state import destroy, initialize_grid
-from resilience.run.loss_checks import LossChecks
-from resilience.run.rerun_setup import rerun_state_machine_for
+from resilience.loss_checks import LossChecks
+from resilience.rerun_setup import rerun_state_machine_for
 from tests.distributed import run_distributed
 from tests.host_syncs import IN_A_MICRO_BATCH, HostSyncCounter, SyncCountingObserver
 from training.build import build

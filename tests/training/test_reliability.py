@@ -406,7 +406,7 @@ def test_fp16_divergence_stops_the_run_and_commits_nothing(cache, tmp_path):
     diverging = ["--fp16", "--lr", "1e9", "--clip-grad", "0", "--lr-warmup-iters", "0", "--train-iters", "6",
                  "--initial-loss-scale", "65536", "--save", tmp_path / "ck"]
     # A Megatron launch's default --rerun-mode validate_results re-runs iteration 2's NaN, finds it reproduced and
-    # asks for iteration 1's checkpoint (resilience/run/rerun_state.py): its fp16 weights are inf, so that save is refused
+    # asks for iteration 1's checkpoint (resilience/rerun_state.py): its fp16 weights are inf, so that save is refused
     outcome = train(cache, tmp_path, *diverging, "--save-interval", "3")
     outcome.one_error_line("saving iteration 1 failed", "beyond float16's range", "diverged")
     assert not (tmp_path / "ck" / "latest").exists() and not list((tmp_path / "ck").glob("iter_*"))

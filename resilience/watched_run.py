@@ -1,7 +1,7 @@
 """One rank's run inside its process group, watched: the heartbeats that name a dead or silent peer
-(resilience/liveness.py), the flight recorder that says where each group's ranks stood (resilience/flight_recorder.py),
-the agreement on who prints an error met by some ranks only (resilience/failure_report.py), and the fault-tolerance
-sections (resilience/run/fault_tolerance.py). pretrain_gpt.py makes the process group and hands it here with the run to
+(rendezvous/liveness.py), the flight recorder that says where each group's ranks stood (rendezvous/flight_recorder.py),
+the agreement on who prints an error met by some ranks only (rendezvous/failure_report.py), and the fault-tolerance
+sections (resilience/fault_tolerance.py). pretrain_gpt.py makes the process group and hands it here with the run to
 do; whatever happens, the group is destroyed and the peers are told why this rank left.
 """
 
@@ -13,10 +13,10 @@ from typing import Callable, Optional
 from arguments.config import PretrainConfig
 from base.errors import InjectedFault, PeerLostError, exit_at_once, one_line
 from parallel.state import ParallelState, destroy, read_launch_environment
-from resilience.failure_report import agree_on_failure
-from resilience.flight_recorder import FlightRecorder, FlightRecorderSettings, start_flight_recorder
-from resilience.liveness import Liveness, PeerLoss, start_liveness
-from resilience.run.fault_tolerance import FaultTolerance
+from rendezvous.failure_report import agree_on_failure
+from rendezvous.flight_recorder import FlightRecorder, FlightRecorderSettings, start_flight_recorder
+from rendezvous.liveness import Liveness, PeerLoss, start_liveness
+from resilience.fault_tolerance import FaultTolerance
 
 # The run a runner watches or restarts, to its exit status: the runners sit below training/, which they run.
 RunOnGrid = Callable[[PretrainConfig, ParallelState, Optional[FaultTolerance]], int]
@@ -26,7 +26,7 @@ def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, pr
                 expected_errors: tuple[type[BaseException], ...], flight: FlightRecorderSettings,
                 fault_tolerance: Optional[FaultTolerance]) -> int:
     """`run` on this rank's initialized grid `state`; its exit status (0, or 16 and 17 when the rerun
-    state machine ended the job, resilience/run/rerun_state.py). An error every peer is alive for keeps its own report (its
+    state machine ended the job, resilience/rerun_state.py). An error every peer is alive for keeps its own report (its
     traceback, or its line by the agreement), a collective failed because a peer is gone ends in the one line
     naming it (PeerLostError); the group is destroyed at the end either way."""
     liveness: Optional[Liveness] = None
@@ -43,7 +43,7 @@ def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, pr
         return exit_code
     except expected_errors + (InjectedFault,) as error:
         # Not a lost peer: an error met by every rank alike (the ranks agree on their checks), or by this rank
-        # alone; the store decides who prints it (resilience/failure_report.py).
+        # alone; the store decides who prints it (rendezvous/failure_report.py).
         if liveness is not None and not isinstance(error, KeyboardInterrupt):
             error.reporter = agree_on_failure(liveness.board.store, liveness.board.prefix, state.rank,
                                               state.world_size, one_line(error), state.place())
@@ -77,7 +77,7 @@ def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, pr
 
 def watch_peers(state: ParallelState, heartbeat_timeout_seconds: float, program: str,
                 recorder: Optional[FlightRecorder] = None) -> Optional[Liveness]:
-    """This rank's heartbeat (resilience/liveness.py) on a multi-rank run; a peer found dead or stalled
+    """This rank's heartbeat (rendezvous/liveness.py) on a multi-rank run; a peer found dead or stalled
     while the main thread may be blocked in a collective ends the process with the one line."""
     if state.world_size == 1:
         return None
@@ -95,7 +95,7 @@ def watch_peers(state: ParallelState, heartbeat_timeout_seconds: float, program:
 def peer_lost_line(loss: PeerLoss, state: ParallelState, recorder: Optional[FlightRecorder],
                    liveness: Optional[Liveness]) -> str:
     """The lost peer's line; with --flight-recorder-dump-path, every live rank dumps and the line goes on with
-    where each group's ranks stand (resilience/flight_recorder.py), the live ranks' records shared through the
+    where each group's ranks stand (rendezvous/flight_recorder.py), the live ranks' records shared through the
     rendezvous store unless it is the store that went."""
     line = loss.describe(state.rank, state.comm.where())
     if recorder is None:

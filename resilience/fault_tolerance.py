@@ -1,6 +1,6 @@
 """--enable-ft-package, --calc-ft-timeouts, --ft-num-warmup-iters: Megatron-LM's fault tolerance sections
 (megatron/training/ft_integration.py) over nvidia-resiliency-ext's semantics, with the monitor of
-resilience/run/ft_monitor.py in the place of its rank monitor server.
+resilience/ft_monitor.py in the place of its rank monitor server.
 
 Sections, as Megatron-LM opens them: "setup" from the start until the first training step; "step" around each
 training step after the first --ft-num-warmup-iters (5) of this incarnation; "checkpointing" around each save.
@@ -15,7 +15,7 @@ checkpoint was loaded, checkpointing after a save, out-of-section at the end whe
 `<save>/ft_state.json`, which the next start (a restart) reads.
 
 A rank past a timeout is ended by its monitor; a rank that died or went silent is named by the heartbeat watch
-(resilience/liveness.py), whose survivors exit; either way torchrun's agent restarts the job (--max-restarts) and
+(rendezvous/liveness.py), whose survivors exit; either way torchrun's agent restarts the job (--max-restarts) and
 it resumes from the latest checkpoint in --load (= --save, Megatron's way)."""
 
 from __future__ import annotations

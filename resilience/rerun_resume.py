@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from resilience.run.rerun_state import RerunDiagnostic, RerunMode, RerunState, RerunStateMachine
+from resilience.rerun_state import RerunDiagnostic, RerunMode, RerunState, RerunStateMachine
 
 
 def common_state(machine: RerunStateMachine) -> dict:

@@ -13,7 +13,7 @@ tree does (nvidia_resiliency_ext/inprocess/rank_assignment.py, `Tree`):
 - with fewer survivors than `active` the root layer's min_ranks terminates the whole tree and RetryController
   ends the job (no smaller world is formed).
 
-Pure: the caller (resilience/run/inprocess_restart.py) agrees on the terminated launch ranks through the store and
+Pure: the caller (resilience/inprocess_restart.py) agrees on the terminated launch ranks through the store and
 hands them here; every process computes the same assignment.
 """
 

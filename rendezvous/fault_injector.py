@@ -15,7 +15,7 @@ handler that raises it; os_abort, segfault and lock_gil abort, crash and hold th
 sigterm and sigstop send the signal to this process. (nvidia-resiliency-ext sends the signals from a forked
 child; a thread sends the same signal here, and a fork of a process running gloo's threads is avoided.)
 The gpu_* faults need CUDA and are refused without it. Nothing here imports torch: the driver that draws
-the plan on every rank and arms it is resilience/run/fault_injection.py.
+the plan on every rank and arms it is resilience/fault_injection.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 rerun state machine reports it in its REPORT_DETERMINISM_STATS mode (megatron/core/rerun_state_machine.py,
 QuickStats and RerunStateMachine._maybe_report_stats).
 
-Every iteration runs twice from the same micro-batches and RNG states (resilience/run/rerun_state.py); each validated
+Every iteration runs twice from the same micro-batches and RNG states (resilience/rerun_state.py); each validated
 result of the re-run is compared with the first run's (the relative difference, 0 when equal) and the difference
 recorded under its validation's message. Every REPORTING_INTERVAL_ITERATIONS iterations the first rank gathers
 every rank's records, adds them to its own (kept from the start of the job; the other ranks forget what they

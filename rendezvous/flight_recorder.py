@@ -1,4 +1,4 @@
-"""A hang traced to its collective: each rank's ring of collectives (resilience/collective_log.py) and all its
+"""A hang traced to its collective: each rank's ring of collectives (rendezvous/collective_log.py) and all its
 threads' Python stacks, written to --flight-recorder-dump-path when the heartbeat watch or a failed collective
 ends the run, and the one analysis that names where the ranks of each group disagree.
 
@@ -14,7 +14,7 @@ Stacks come from faulthandler, which writes from C: `dump_traceback(all_threads=
 watch armed again every second by a thread (`StackWatch`): when this process's Python does not run for the
 heartbeat timeout (a thread holding the GIL), faulthandler's own C thread writes every thread's stack anyway.
 
-    python -m resilience.flight_recorder DUMP_PATH      # re-reads the dumps and prints the analysis
+    python -m rendezvous.flight_recorder DUMP_PATH      # re-reads the dumps and prints the analysis
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from resilience.collective_log import COMPLETED, CollectiveLog
+from rendezvous.collective_log import COMPLETED, CollectiveLog
 
 DIRECTORY_PREFIX = "_dump_"  # Megatron-LM's per-rank prefix inside a directory dump path
 # How long a rank that reports a loss waits for the other live ranks' summaries in the store.
@@ -344,11 +344,11 @@ class StackWatch:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 1:
-        print("usage: python -m resilience.flight_recorder DUMP_PATH (a --flight-recorder-dump-path)", file=sys.stderr)
+        print("usage: python -m rendezvous.flight_recorder DUMP_PATH (a --flight-recorder-dump-path)", file=sys.stderr)
         return 2
     dumps = read_dumps(argv[0])
     if not dumps:
-        print(f"resilience.flight_recorder: error: no rank dumps under {argv[0]}", file=sys.stderr)
+        print(f"rendezvous.flight_recorder: error: no rank dumps under {argv[0]}", file=sys.stderr)
         return 2
     world_size = max(record["world_size"] for record in dumps.values())
     absent = [rank for rank in range(world_size) if rank not in dumps]

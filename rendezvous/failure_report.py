@@ -12,7 +12,7 @@ others' posts:
   (TP 1/2, PP 0/1, DP 0/1, CP 0/1, EP 0/1): ..." for one, "ranks 1, 3: ..." for several.
 
 A rank that cannot reach the store, or whose store does not answer (its host stopped: a call to it blocks,
-resilience/store_wire.py), prints its own line: a line said twice beats a line said by nobody.
+rendezvous/store_wire.py), prints its own line: a line said twice beats a line said by nobody.
 """
 
 from __future__ import annotations

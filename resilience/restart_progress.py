@@ -2,7 +2,7 @@
 training again.
 
 Under torchrun with --max-restarts (TORCHELASTIC_MAX_RESTARTS > 0), or --inprocess-restart (which sets
-INPROCESS_RESTART_ITERATION for each incarnation, resilience/run/inprocess_restart.py), and with --save, rank 0 keeps the last
+INPROCESS_RESTART_ITERATION for each incarnation, resilience/inprocess_restart.py), and with --save, rank 0 keeps the last
 finished iteration and its wall-clock time in `<save>/restart_progress.json` (a few bytes, replaced after each
 iteration). A restarted incarnation (TORCHELASTIC_RESTART_COUNT > 0) reads it before it trains: the iterations
 after the checkpoint it resumed from up to that one are redone, and once it is back at that iteration it says so

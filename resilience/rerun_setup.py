@@ -1,4 +1,4 @@
-"""The run's rerun state machine (resilience/run/rerun_state.py), made before the checkpoint is loaded as Megatron-LM's
+"""The run's rerun state machine (resilience/rerun_state.py), made before the checkpoint is loaded as Megatron-LM's
 initialize makes its own (initialize_rerun_state_machine, after _set_random_seed and before load_checkpoint), and
 the start-up line that says what it does."""
 
@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from arguments.config_sources import MEGATRON_DEFAULTS, Source
-from resilience.run.rerun_state import ErrorInjector, RerunDiagnostic, RerunMode, RerunStateMachine, torch_rng_saver
-from resilience.run.rerun_stats import REPORTING_INTERVAL_ITERATIONS
+from resilience.rerun_state import ErrorInjector, RerunDiagnostic, RerunMode, RerunStateMachine, torch_rng_saver
+from resilience.rerun_stats import REPORTING_INTERVAL_ITERATIONS
 
 
 def rerun_mode_line(training, source: Optional[Source]) -> str:
@@ -57,7 +57,7 @@ def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) ->
 
     def reduce_any(flags: list[bool]) -> list[bool]:
         votes = torch.tensor([int(flag) for flag in flags], dtype=torch.int32, device=state.device)
-        if world is not None:  # a vote over every rank, as resilience/run/fault_tolerance.py's: no group of the mesh's
+        if world is not None:  # a vote over every rank, as resilience/fault_tolerance.py's: no group of the mesh's
             dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=world)
         return [vote > 0 for vote in votes.tolist()]
 

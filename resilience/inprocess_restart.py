@@ -2,11 +2,11 @@
 nvidia-resiliency-ext's `inprocess.Wrapper` (megatron/training/inprocess_restart.py). nvidia-resiliency-ext needs
 CUDA and NCCL pieces (its NCCL abort, CUDA health check, monitor process); this module builds the same behaviour on
 torch.distributed alone, tested on gloo. Each incarnation (Megatron's in-process "iteration"):
-1. the processes' assignment (resilience/rank_assignment.py: the first --inprocess-active-world-size launch ranks
+1. the processes' assignment (rendezvous/rank_assignment.py: the first --inprocess-active-world-size launch ranks
    train, the rest wait as hot spares); RANK and WORLD_SIZE are set to this incarnation's, as the Wrapper sets them
    (nvidia_resiliency_ext/inprocess/state.py `set_distributed_vars`);
 2. a trainer builds its process group on the incarnation's own prefix of the restart store
-   (resilience/restart_store.py) and runs the training (`run`: the checks, prepare, train);
+   (rendezvous/restart_store.py) and runs the training (`run`: the checks, prepare, train);
 3. on an exception the trainer records it in the store and destroys its group: its gloo connections close, so every
    peer blocked in a collective with it fails at once, records its own and destroys its group too (Megatron's
    `AbortTorchDistributed`);
@@ -32,12 +32,12 @@ from base.errors import PeerLostError, one_line
 from checkpoint.format import TRACKER_FILE
 from data import DataError
 from parallel.state import ParallelState, destroy, initialize_grid, read_launch_environment
-from resilience.connection_abort import shut_down_connections
-from resilience.rank_assignment import Assignment, TooFewProcesses, first_assignment, reassign
-from resilience.restart_store import RestartStore
-from resilience.run.fault_tolerance import FaultTolerance
-from resilience.run.restart_progress import INPROCESS_MAX_ITERATIONS, INPROCESS_RESTART
-from resilience.run.watched_run import RunOnGrid
+from rendezvous.connection_abort import shut_down_connections
+from rendezvous.rank_assignment import Assignment, TooFewProcesses, first_assignment, reassign
+from rendezvous.restart_store import RestartStore
+from resilience.fault_tolerance import FaultTolerance
+from resilience.restart_progress import INPROCESS_MAX_ITERATIONS, INPROCESS_RESTART
+from resilience.watched_run import RunOnGrid
 
 # Bad input fails the same way in every incarnation: reported once (exit 2), never restarted.
 NOT_RESTARTED = (ConfigError, DataError)
@@ -154,7 +154,7 @@ def _train_once(config: PretrainConfig, run: RunOnGrid, store: RestartStore, inc
     except Exception as error:  # recorded before the abort: the first record in time is the cause
         store.record_failure(incarnation, rank, f"{type(error).__name__}: {one_line(error)}",
                              state.comm.iteration if state is not None else None)
-        # the abort: every peer blocked in a collective with this rank fails at once (resilience/connection_abort.py)
+        # the abort: every peer blocked in a collective with this rank fails at once (rendezvous/connection_abort.py)
         shut_down_connections(store.ports())
         return "fault", 0
     finally:
@@ -197,7 +197,7 @@ def _latest_checkpoint(load: Optional[str]) -> str:
 
 def _set_incarnation(assignment: Assignment, launch_rank: int, incarnation: int, max_iterations: int) -> None:
     """The launch variables of this incarnation, as nvidia-resiliency-ext sets RANK and WORLD_SIZE for each of its
-    iterations; the restart count for the recovery line (resilience/run/restart_progress.py)."""
+    iterations; the restart count for the recovery line (resilience/restart_progress.py)."""
     rank = assignment.rank_of(launch_rank)
     if rank is not None:
         os.environ["RANK"] = str(rank)

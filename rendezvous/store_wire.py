@@ -1,4 +1,4 @@
-"""The rendezvous store's calls that the liveness threads make (resilience/liveness.py), over a socket of
+"""The rendezvous store's calls that the liveness threads make (rendezvous/liveness.py), over a socket of
 our own instead of torch's TCPStore client.
 
 torch's client writes a dozen lines of C++ warnings to stderr whenever a call fails, before it raises

@@ -7,7 +7,7 @@ median as here).
 
 A rank that computes slowly makes its peers wait for it in the next collective: their iteration times are
 the same, and only the time outside collectives tells which rank held the others up. The wait is measured
-on the host around each collective call (resilience/collective_log.py): exact for gloo, whose calls block; a
+on the host around each collective call (rendezvous/collective_log.py): exact for gloo, whose calls block; a
 CUDA run's NCCL calls return once launched, so there the device's waits stay inside the compute time.
 
 One all_gather_object of a float per rank every log interval, only when on.
@@ -19,7 +19,7 @@ import statistics
 from typing import Optional
 
 from parallel.comm import Communicator
-from resilience.collective_log import CollectiveLog
+from rendezvous.collective_log import CollectiveLog
 
 
 def straggler_notes(log_straggler: bool, disable_on_startup: bool) -> list[str]:

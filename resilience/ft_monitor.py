@@ -6,7 +6,7 @@ process per rank that ft_launcher starts): the rank reports each section's start
 not the rank, watches the clock, so a rank that is stopped (SIGSTOP), stuck holding the GIL or blocked in a
 collective on such a peer is still ended, with the config's `rank_termination_signal` (SIGKILL by default); the
 launcher then sees a failed rank and restarts the job (--max-restarts). Here the rank starts its monitor itself
-(resilience/run/fault_tolerance.py) and talks to it over a pipe, one line per event:
+(resilience/fault_tolerance.py) and talks to it over a pipe, one line per event:
 
     open <section>            close <section>            timeouts <json: {"setup": s, ..., "out_of_section": s}>
     iterations <n>            (the training iterations this incarnation has finished)
@@ -15,7 +15,7 @@ and the out-of-section time is watched only after the warm-up iterations (nvidia
 `num_warmup_iterations`, Megatron-LM's --ft-num-warmup-iters), as the server does. The monitor exits when the
 pipe closes (the rank ended). Standard library only: it starts in a few tens of milliseconds.
 
-    python -m resilience.run.ft_monitor <rank pid> <rank> <warm-up iterations> <timeouts json>
+    python -m resilience.ft_monitor <rank pid> <rank> <warm-up iterations> <timeouts json>
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ spiky loss re-runs the iteration on the same data and RNG state to tell a transi
 Driven from the train step (training/train_step.py; the pipeline's last stage validates) as Megatron-LM's:
     while machine.should_run_forward_backward():   # the batches replay, the RNG states are restored
         zero grads; micro-batches, each loss kept on the device;
-        then each loss -> machine.validate_result(...)  (resilience/run/loss_checks.py: one read after the micro-batches)
+        then each loss -> machine.validate_result(...)  (resilience/loss_checks.py: one read after the micro-batches)
     should_checkpoint, should_exit, exit_code = machine.should_checkpoint_and_exit()
     (exit before the optimizer step: the checkpoint holds the weights the suspect iteration started from)
 
@@ -13,10 +13,10 @@ one sequence): an unexpected result re-runs in place; a re-run that differs ("Po
 job with 17 before the update when the check is fatal (NaN/Inf) and goes on when not (spiky loss); one that
 reproduces asks, for a fatal check, for a checkpoint and exit 16 to re-run it on another GPU. A process's first
 iteration is never validated, as in Megatron. The exit-16 checkpoint holds this machine's state
-(resilience/run/rerun_resume.py), so the resumed job runs the iteration once more and ends with 17 ("Possible
+(resilience/rerun_resume.py), so the resumed job runs the iteration once more and ends with 17 ("Possible
 persistent error" / "Correct result") or, on the node and device that reproduced it, 16 again with no new
 checkpoint. --rerun-mode report_stats re-runs every iteration and records how much each validated result differs
-(resilience/run/rerun_stats.py); nothing is rejected."""
+(resilience/rerun_stats.py); nothing is rejected."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from resilience.run.rerun_stats import REPORTING_INTERVAL_ITERATIONS, GatherToFirst, QuickStats, report_stats
+from resilience.rerun_stats import REPORTING_INTERVAL_ITERATIONS, GatherToFirst, QuickStats, report_stats
 
 EXIT_CODE_RESUME_TO_DISAMBIGUATE = 16
 EXIT_CODE_FAILED_ON_RESULT_VALIDATION = 17
@@ -151,7 +151,7 @@ class RerunStateMachine:
     `restore_rng`: the generator states a re-run starts from (the model's dropout streams included);
     `where`: this rank's node and device, named in each failure line and in the tracker file, and compared by the
     resumed job's re-run with those that reproduced the result; `gather_to_first`: every rank's report_stats
-    records to the first (resilience/run/rerun_stats.py)."""
+    records to the first (resilience/rerun_stats.py)."""
 
     def __init__(self, mode: RerunMode, *, rank: int, reduce_any: Callable[[list[bool]], list[bool]],
                  save_rng: Callable[[], Any], restore_rng: Callable[[Any], None], where: tuple[str, str],

@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from resilience.run.rerun_state import SPIKY_LOSS_FACTOR, RerunStateMachine
+from resilience.rerun_state import SPIKY_LOSS_FACTOR, RerunStateMachine
 
 
 class LossChecks:

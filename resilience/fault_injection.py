@@ -1,6 +1,6 @@
 """The fault injector driven from the training loop (training/loop.py), as Megatron-LM's train() drives
 Megatron-Core's (megatron/training/training.py): the plan drawn once on every rank from
---fault-injector-seed (resilience/fault_injector.py), a start-up line saying what will be injected where and
+--fault-injector-seed (rendezvous/fault_injector.py), a start-up line saying what will be injected where and
 when, the fault armed on its ranks at the start of training or once the iteration of
 --fault-injector-delay-start-iteration is done, its save included, and the workload exception polled after every
 step but the run's first. The gpu_* faults act as nvidia-resiliency-ext's do (an out-of-bounds index on the device; a
@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 
 from parallel.state import ParallelState
-from resilience.fault_injector import FaultInjector, FaultInjectorSettings, FaultPlan, draw_plan
+from rendezvous.fault_injector import FaultInjector, FaultInjectorSettings, FaultPlan, draw_plan
 
 
 class FaultSchedule:
@@ -94,7 +94,7 @@ def plan_faults(settings: FaultInjectorSettings, state: ParallelState, start_ite
 
 def _gpu_faults(device: torch.device) -> dict[str, Callable[[], None]]:
     if device.type != "cuda":
-        return {}  # refused before any work (resilience/fault_injector.py, check)
+        return {}  # refused before any work (rendezvous/fault_injector.py, check)
 
     def gpu_error() -> None:
         index = torch.ones(1, dtype=torch.int64, device=device)

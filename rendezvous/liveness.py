@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Sequence
 
-from resilience.store_wire import connect_store_client
+from rendezvous.store_wire import connect_store_client
 
 HEARTBEAT_INTERVAL_S = 1.0
 # How long a rank whose collective failed watches the others' counters: a live rank beats about five
@@ -66,7 +66,7 @@ class StoreGone(ConnectionError):
 # its sockets, in descriptor order (35-120 ms from the kill to the idle connection's close for a torch process on a
 # 2-core machine, measured). A call sent in between is neither answered nor refused until the close resets it.
 # torch's client would print a dozen lines of C++ warnings above the one line; the threads' client
-# (resilience/store_wire.py) raises and prints nothing, and the reset reads as the host's loss. Where the server does
+# (rendezvous/store_wire.py) raises and prints nothing, and the reset reads as the host's loss. Where the server does
 # not speak that client's protocol (another torch), torch's client is used, and two rules keep most calls out of the
 # window: after a collective failed, the thread waits SETTLE_S before its first call, and the idle socket is opened
 # before the store client, so the host closes it first. A round that falls in the window by chance (a few in a
