@@ -23,7 +23,8 @@ from arguments.parser import parse_arguments
 from arguments.print_config import format_config
 from base.errors import ALWAYS_EXPECTED, reporting_process, run_tool
 from data import DataError
-from parallel.state import ParallelState, initialize_grid, read_launch_environment, use_openmpi_ranks
+from parallel.launch_environment import read_launch_environment, use_openmpi_ranks
+from parallel.state import ParallelState, initialize_grid
 from planner.launch import RankPeak, dry_run_launch
 from rendezvous.flight_recorder import torch_environment, with_environment_path
 from resilience.fault_tolerance import FaultTolerance, start_fault_tolerance

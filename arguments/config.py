@@ -383,7 +383,7 @@ class TrainingConfig:
         10.0, group="checkpoint",
         help="how long a collective waits for a peer before the job fails (a dead rank)")
     # llm-jp's Megatron-LM fork: parse_args (megatron/training/arguments.py) copies OpenMPI's
-    # OMPI_COMM_WORLD_RANK, _LOCAL_RANK and _SIZE into RANK, LOCAL_RANK and WORLD_SIZE (parallel/state.py).
+    # OMPI_COMM_WORLD_RANK, _LOCAL_RANK and _SIZE into RANK, LOCAL_RANK and WORLD_SIZE (parallel/launch_environment.py).
     use_mpi: bool = option(
         False, action="store_true", group="checkpoint",
         help="take this process's rank, local rank and world size from OpenMPI's mpirun (OMPI_COMM_WORLD_RANK, "

@@ -12,7 +12,8 @@ import torch
 
 from arguments.batch_schedule import BatchSchedule, batch_schedule
 from arguments.config import ConfigError, PretrainConfig
-from parallel.state import ParallelState, check_grid_divides, read_launch_environment, resolve_device
+from parallel.launch_environment import read_launch_environment
+from parallel.state import ParallelState, check_grid_divides, resolve_device
 from planner.vocabulary import launch_vocab
 
 

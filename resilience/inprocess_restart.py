@@ -31,7 +31,8 @@ from arguments.config import ConfigError, PretrainConfig, TrainingConfig
 from base.errors import PeerLostError, one_line
 from checkpoint.format import TRACKER_FILE
 from data import DataError
-from parallel.state import ParallelState, destroy, initialize_grid, read_launch_environment
+from parallel.launch_environment import read_launch_environment
+from parallel.state import ParallelState, destroy, initialize_grid
 from rendezvous.connection_abort import shut_down_connections
 from rendezvous.rank_assignment import Assignment, TooFewProcesses, first_assignment, reassign
 from rendezvous.restart_store import RestartStore

@@ -12,7 +12,8 @@ from typing import Callable, Optional
 
 from arguments.config import PretrainConfig
 from base.errors import InjectedFault, PeerLostError, exit_at_once, one_line
-from parallel.state import ParallelState, destroy, read_launch_environment
+from parallel.launch_environment import read_launch_environment
+from parallel.state import ParallelState, destroy
 from rendezvous.failure_report import agree_on_failure
 from rendezvous.flight_recorder import FlightRecorder, FlightRecorderSettings, start_flight_recorder
 from rendezvous.liveness import Liveness, PeerLoss, start_liveness

@@ -23,7 +23,8 @@ from checkpoint.global_load import ResumePoint
 from checkpoint.run_saves import CheckpointSaves
 from checkpoint.run_start import RunStart, claim_run_start
 from data.tokenizer import RunTokenizer
-from parallel.state import ParallelState, read_launch_environment
+from parallel.launch_environment import read_launch_environment
+from parallel.state import ParallelState
 from resilience.rerun_resume import resume_machine
 from resilience.rerun_setup import rerun_mode_line, rerun_state_machine_for
 from resilience.rerun_state import RerunStateMachine

@@ -7,7 +7,7 @@ import pytest
 
 from arguments.parser import parse_arguments
 from base.errors import ConfigError
-from parallel.state import adopt_openmpi_ranks, read_launch_environment
+from parallel.launch_environment import adopt_openmpi_ranks, read_launch_environment
 
 
 def test_use_mpi_takes_openmpis_ranks():

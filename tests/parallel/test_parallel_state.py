@@ -1,4 +1,5 @@
-"""parallel/state.py: the TP x DP grid, the launch environment (torchrun, SLURM) and its errors."""
+"""parallel/state.py: the TP x DP grid; parallel/launch_environment.py: the launch environment (torchrun, SLURM) and
+its errors."""
 
 import warnings
 
@@ -7,15 +8,8 @@ import torch
 import torch.distributed as dist
 
 from parallel.comm import Communicator
-from parallel.state import (
-    LaunchEnvironment,
-    ParallelState,
-    _warn_if_tensor_parallel_spans_nodes,
-    destroy,
-    expand_nodelist,
-    initialize,
-    read_launch_environment,
-)
+from parallel.launch_environment import LaunchEnvironment, expand_nodelist, read_launch_environment
+from parallel.state import ParallelState, _warn_if_tensor_parallel_spans_nodes, destroy, initialize
 from tests.distributed import run_distributed
 
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

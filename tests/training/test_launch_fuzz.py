@@ -1,6 +1,6 @@
 """The launch path under bad inputs (issue 33, problems 9-11 and the fuzz test's launch part).
 
-- Environment: every variable parallel/state.py reads (torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
+- Environment: every variable parallel/launch_environment.py reads (torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
   LOCAL_WORLD_SIZE, MASTER_PORT; SLURM's SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
   SLURM_JOB_NODELIST), each given malformed or inconsistent values beside otherwise valid launch
   variables: one line naming the variable, exit 2, nothing created. Half of torchrun's pair
