@@ -259,6 +259,11 @@ def _optimizer_problem(source: GlobalStateSource, saved: Optional[str], ours: st
         return (f"{source.path} holds --optimizer {saved}'s states, this run has --optimizer {ours}: resume with "
                 f"--optimizer {saved}, or pass --no-load-optim to start {ours}'s states fresh from its weights")
     lacking = [key for key in needed if key != "master" and key not in keys]
+    unread = source.optimizer_not_read()
+    if lacking and unread is not None:
+        return (f"{source.path} ({source.format_name}): its optimizer states are not read here: {unread}; pass "
+                f"--no-load-optim (or --finetune) to start them fresh from its weights, or save with Megatron-LM's "
+                f"--dist-ckpt-optim-fully-reshardable, whose states are read at any layout")
     if lacking:
         return (f"{source.path} ({source.format_name}) holds no {', '.join(lacking)}: pass --no-load-optim (or "
                 f"--finetune) to start the optimizer's states fresh from its weights")

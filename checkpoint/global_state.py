@@ -74,6 +74,11 @@ class GlobalStateSource(Protocol):
     def not_carried(self) -> list[str]:
         """What the checkpoint holds that this project does not carry over (said in one start-up line)."""
 
+    def optimizer_not_read(self) -> Optional[str]:
+        """Why the optimizer states the checkpoint holds are not read here (a layout this reader does not take), so
+        that a resume of them is refused for that reason; None where it reads them or holds none."""
+        return None
+
     def expert_biases(self) -> Optional[dict[str, list]]:
         """The routers' expert bias by "<router>.expert_bias"; None where the format carries none (it starts at 0)."""
         return None

@@ -116,6 +116,9 @@ class MegatronSource(GlobalStateSource):
     def bytes_read(self) -> int:
         return self.reader.bytes_read
 
+    def optimizer_not_read(self) -> Optional[str]:
+        return self._optimizer_not_read
+
     def keys(self) -> tuple[str, ...]:
         return tuple(self._states)
 

@@ -168,8 +168,9 @@ def test_checkpoint_modules_use_only_the_optimizer_interface(path):
 
 def test_every_source_and_optimizer_declares_the_optional_parts_it_carries():
     """Issue 91 item 4: the loader and the save plan ask every checkpoint source for its expert biases, FP8
-    histories and random states, and every optimizer for its experts kept apart; the protocols answer for a format
-    or optimizer that carries none. No module of checkpoint/ probes for them with getattr."""
+    histories, random states and why its optimizer states are not read, and every optimizer for its experts kept
+    apart; the protocols answer for a format or optimizer that carries none. No module of checkpoint/ probes for
+    them with getattr."""
     from checkpoint.deepspeed.source import DeepSpeedSource
     from checkpoint.global_state import GlobalStateSource
     from checkpoint.hf.source import HFSource, WholeFolderSource
@@ -179,13 +180,13 @@ def test_every_source_and_optimizer_declares_the_optional_parts_it_carries():
     from zero.optimizer import ShardedAdamW
     from zero.optimizer_state import CheckpointableOptimizer
 
-    parts = ("expert_biases", "fp8_histories", "restore_random_states")
+    parts = ("expert_biases", "fp8_histories", "restore_random_states", "optimizer_not_read")
     carried = {source.__name__: [part for part in parts if getattr(source, part) is not getattr(GlobalStateSource,
                                                                                                  part)]
                for source in (ZeroGptSource, MegatronSource, DeepSpeedSource, HFSource, WholeFolderSource)
                if GlobalStateSource in source.__mro__}
-    assert carried == {"ZeroGptSource": list(parts), "MegatronSource": ["restore_random_states"],
-                       "DeepSpeedSource": [], "HFSource": ["expert_biases"], "WholeFolderSource": ["expert_biases"]}
+    assert carried == {"ZeroGptSource": list(parts[:3]), "MegatronSource": list(parts[2:]), "DeepSpeedSource": [],
+                       "HFSource": ["expert_biases"], "WholeFolderSource": ["expert_biases"]}
     assert CheckpointableOptimizer in ShardedAdamW.__mro__ and CheckpointableOptimizer in CheckpointableChain.__mro__
     assert CheckpointableChain.expert_model_state_dict is not CheckpointableOptimizer.expert_model_state_dict
     assert ShardedAdamW.expert_model_state_dict is CheckpointableOptimizer.expert_model_state_dict
