@@ -19,7 +19,7 @@ import torch
 from base.errors import CheckpointError
 from checkpoint.hf.folders import check_convertible, to_hf_state_dict
 from checkpoint.torch_dist.common import load_common, saved_args
-from checkpoint.torch_dist.resume import metadata_view
+from checkpoint.torch_dist.resume import RENAMED, metadata_view
 from checkpoint.torch_dist.source import MegatronSource
 from gpt.model_config import ModelConfig
 
@@ -27,6 +27,9 @@ MASTER = "master"  # the exact weights: an fp32 run's model tensors, a 16-bit ru
 # The shape: Megatron-LM's args of the same names
 SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "kv_channels", "ffn_hidden_size", "seq_length",
          "max_position_embeddings", "init_method_std")
+# Settings of the run, not of the model's math, that its args hold under our names: not the export's to take
+# (the vocabulary is the saved rows', below)
+RUN_SETTINGS = ("vocab_size", "make_vocab_size_divisible_by", "attention_backend", "cp_comm_type")
 
 
 def megatron_model_config(common: dict) -> ModelConfig:
@@ -39,6 +42,13 @@ def megatron_model_config(common: dict) -> ModelConfig:
                               "--apply-layernorm-1p), so the exported norms could be off by 1: convert a save that "
                               "records it (Megatron-LM's own, or this project's since it writes the key)")
     model = dict(metadata_view(common, PretrainConfig())["config"]["model"])
+    # every other setting the export may write (dropout, the MoE losses' coefficients, ...) from the run's args, not
+    # this project's defaults: what a resume does not compare is still the run's
+    ours = {RENAMED.get(name, name): name for name in args}
+    for name in ModelConfig.__dataclass_fields__:
+        value = args.get(ours.get(name, name)) if name not in model and name not in RUN_SETTINGS else None
+        if isinstance(value, (bool, int, float, str)):
+            model[name] = value
     model.update({name: args[name] for name in SHAPE if args.get(name) is not None})
     model["vocab_size"] = args["padded_vocab_size"]
     if model.get("num_experts") is not None and args.get("moe_ffn_hidden_size") is not None:
