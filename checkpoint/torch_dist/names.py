@@ -59,6 +59,7 @@ LAYER_NAMES = {
     "mlp.linear_fc2.weight": "mlp.dense_4h_to_h.weight",
     "mlp.linear_fc2.bias": "mlp.dense_4h_to_h.bias",
     "mlp.router.weight": "mlp.router.weight",
+    "mlp.router.bias": "mlp.router.bias",  # Megatron's Router under --add-bias-linear (its default)
     "mlp.shared_experts.linear_fc1.weight": "mlp.shared_experts.dense_h_to_4h.weight",
     "mlp.shared_experts.linear_fc1.bias": "mlp.shared_experts.dense_h_to_4h.bias",
     "mlp.shared_experts.linear_fc2.weight": "mlp.shared_experts.dense_4h_to_h.weight",
