@@ -79,6 +79,8 @@ FIXTURES = {
     # (SequentialMLP on the local spec)
     "megatron_moe_ep2": (2, LLAMA_FLAGS + ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size",
                                            "32", "--expert-model-parallel-size", "2"]),
+    # bf16: Megatron-LM's Float16OptimizerWithFloat16Params, its fp32 copies and nested optimizer state
+    "megatron_bf16": (1, GPT2_FLAGS + ["--bf16"]),
     # Megatron's default MoE: biases on (--add-bias-linear), so the router and every expert's fc1 and fc2 hold one
     "megatron_moe_ep2_biases": (2, GPT2_FLAGS + ["--num-experts", "4", "--moe-router-topk", "2",
                                                  "--moe-ffn-hidden-size", "32", "--expert-model-parallel-size", "2"]),

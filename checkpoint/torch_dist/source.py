@@ -226,10 +226,12 @@ class MegatronSource(GlobalStateSource):
         return self._step_of(saved)
 
     def _step_of(self, saved: dict) -> Optional[int]:
-        common_step = (saved.get("state") or {}).get("common_step")
+        # a 16-bit run's plain optimizer (Float16OptimizerWithFloat16Params) keeps Adam's state one level down
+        inner = saved.get("optimizer") or {}
+        common_step = (saved.get("state") or inner.get("state") or {}).get("common_step")
         if common_step is not None:
             return int(common_step)
-        groups = (saved.get("optimizer") or {}).get("param_groups") or saved.get("param_groups")
+        groups = inner.get("param_groups") or saved.get("param_groups")
         if not groups and self._buckets is not None:
             groups = self._buckets.optimizer_state(0).get("param_groups")  # its DistributedOptimizer's 'optimizer' 
         steps = {int(group["step"]) for group in groups or [] if group.get("step") is not None}

@@ -209,7 +209,12 @@ def _common(config, state, shard, iteration, consumed_samples, lr, batch, schedu
                    "distrib_optim_fully_reshardable_mem_efficient": False}
     else:
         saved_optimizer = {"state": {"common_step": torch.tensor(float(shard.adam_step))},
-                     "param_groups": _param_groups(config, lr, None)}
+                           "param_groups": _param_groups(config, lr, None)}
+        if shard.param_dtype != torch.float32:
+            # a 16-bit run's Float16OptimizerWithFloat16Params keeps its Adam one level down (optimizer.py
+            # state_dict: {'optimizer': ..., 'fp32_from_fp16_params': the fp32 copies, saved as tensors}), where
+            # an fp32 run's FP32Optimizer saves Adam's own state_dict: Megatron-LM's bf16 load looks there
+            saved_optimizer = {"optimizer": saved_optimizer}
         content = {}
     content.update(singleton_local_shards=False, chained_optim_avoid_prefix=True)
     return {"args": megatron_args(config, state, iteration, consumed_samples), "checkpoint_version": CHECKPOINT_VERSION,

@@ -39,7 +39,7 @@ from tests.readme import ROOT as REPO_ROOT
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NAMES = ("megatron_tp1", "megatron_tp2_swiglu_gqa", "megatron_llama", "megatron_distopt_dp_reshardable",
          "megatron_distopt_fully_reshardable", "megatron_pp2_distopt_dp_reshardable", "megatron_moe_ep2",
-         "megatron_moe_ep2_biases")
+         "megatron_moe_ep2_biases", "megatron_bf16")
 CONTINUED = (3, 4)  # the iterations after the save at 2
 
 
@@ -243,7 +243,12 @@ def test_pretrain_gpt_continues_a_megatron_checkpoint_to_megatrons_next_losses_a
     assert "> loading Megatron-LM torch_dist checkpoint" in out
     assert "resuming after iteration 2 (8 samples consumed)" in out
     assert "Megatron-Core's order" in out
-    assert losses == pytest.approx(megatrons_losses(name), rel=1e-6, abs=0)
+    expected = megatrons_losses(name)
+    if "bf16" in name:  # bf16's roundings land in other places (its ops fused otherwise than Megatron's torch path)
+        assert losses[3] == pytest.approx(expected[3], rel=2e-5, abs=0)  # measured 2.0e-6
+        assert losses[4] == pytest.approx(expected[4], rel=2e-4, abs=0)  # measured 8.4e-6
+    else:
+        assert losses == pytest.approx(expected, rel=1e-6, abs=0)
 
 
 def resume_at_tp2(rank: int, world_size: int, checkpoint: str, cache: str, metrics: str, workdir: str) -> None:

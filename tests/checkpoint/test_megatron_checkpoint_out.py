@@ -1,10 +1,11 @@
 """`--ckpt-format torch_dist`: our save in Megatron-LM's layout (issues 62 and 78), continued here and by Megatron-LM.
 
-Three runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
+Four runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
 Megatron's layout and stop (--exit-interval 2), and the same runs go on uninterrupted to iteration 4: GPT-2's block
 at TP 1 with the plain optimizer, SwiGLU with GQA at TP 2, and the Llama-shaped model (rope, RMSNorm, untied
 embeddings, SwiGLU, GQA) under the distributed optimizer on two data-parallel ranks, whose ZeRO partitions cut the
-tensors into boxes (written as Megatron's fully_reshardable layout).
+tensors into boxes (written as Megatron's fully_reshardable layout); and GPT-2's block in bf16, whose plain optimizer
+Megatron-LM keeps one level down (Float16OptimizerWithFloat16Params: before, its load failed, KeyError 'pre_wd_mult').
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
@@ -13,7 +14,7 @@ tensors into boxes (written as Megatron's fully_reshardable layout).
   extracted tree; skipped otherwise): Megatron-LM's own pretrain_gpt.py (scripts/megatron_checkpoint_fixtures.py
   continue) loads each save with the same flags and --load, no other flag, the TP 2 one at TP 2 and the Llama one
   at TP 2 (one data-parallel rank: the layout changes), and trains iterations 3 and 4: its losses are ours to 1e-6
-  relative.
+  relative (bf16: 2e-5 at iteration 3, 2e-4 at 4).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ SCRIPT = REPO_ROOT / "scripts" / "megatron_checkpoint_fixtures.py"
 # (the fixture whose flags the run takes, ranks of our save, extra flags of ours, our TP size, Megatron's TP size)
 CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "swiglu_gqa_tp2": ("megatron_tp2_swiglu_gqa", 2, [], 2, 2),
-         "llama_dp2_distributed_optimizer": ("megatron_llama", 2, ["--use-distributed-optimizer"], 1, 2)}
+         "llama_dp2_distributed_optimizer": ("megatron_llama", 2, ["--use-distributed-optimizer"], 1, 2),
+         "gpt2_tp1_bf16": ("megatron_bf16", 1, [], 1, 1)}
 CONTINUED = (3, 4)
 
 
@@ -123,8 +125,12 @@ def test_megatron_lm_continues_our_torch_dist_save_to_our_next_losses(our_save):
          str(megatron_tp), "--", *_flags(case, megatron_tp)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    megatron = json.loads(completed.stdout.strip().splitlines()[-1])["losses"]
-    assert {int(i): loss for i, loss in megatron.items()} == pytest.approx(expected, rel=1e-6, abs=0)
+    megatron = {int(i): loss for i, loss in json.loads(completed.stdout.strip().splitlines()[-1])["losses"].items()}
+    if "bf16" in case:  # bf16's roundings land in other places (its ops fused otherwise than Megatron's torch path)
+        assert megatron[3] == pytest.approx(expected[3], rel=2e-5, abs=0)  # measured 8.5e-6
+        assert megatron[4] == pytest.approx(expected[4], rel=2e-4, abs=0)  # measured 1.5e-5
+    else:
+        assert megatron == pytest.approx(expected, rel=1e-6, abs=0)
 
 
 def test_the_fixtures_flags_are_the_ones_the_driver_writes():
