@@ -1,11 +1,12 @@
 """`--ckpt-format torch_dist`: our save in Megatron-LM's layout (issues 62 and 78), continued here and by Megatron-LM.
 
-Four runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
+Five runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
 Megatron's layout and stop (--exit-interval 2), and the same runs go on uninterrupted to iteration 4: GPT-2's block
 at TP 1 with the plain optimizer, SwiGLU with GQA at TP 2, and the Llama-shaped model (rope, RMSNorm, untied
 embeddings, SwiGLU, GQA) under the distributed optimizer on two data-parallel ranks, whose ZeRO partitions cut the
 tensors into boxes (written as Megatron's fully_reshardable layout); and GPT-2's block in bf16, whose plain optimizer
-Megatron-LM keeps one level down (Float16OptimizerWithFloat16Params: before, its load failed, KeyError 'pre_wd_mult').
+Megatron-LM keeps one level down (Float16OptimizerWithFloat16Params: before, its load failed, KeyError 'pre_wd_mult'),
+and under the distributed optimizer on two data-parallel ranks.
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
@@ -36,7 +37,8 @@ SCRIPT = REPO_ROOT / "scripts" / "megatron_checkpoint_fixtures.py"
 CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "swiglu_gqa_tp2": ("megatron_tp2_swiglu_gqa", 2, [], 2, 2),
          "llama_dp2_distributed_optimizer": ("megatron_llama", 2, ["--use-distributed-optimizer"], 1, 2),
-         "gpt2_tp1_bf16": ("megatron_bf16", 1, [], 1, 1)}
+         "gpt2_tp1_bf16": ("megatron_bf16", 1, [], 1, 1),
+         "gpt2_bf16_dp2_distributed_optimizer": ("megatron_bf16", 2, ["--use-distributed-optimizer"], 1, 1)}
 CONTINUED = (3, 4)
 
 
