@@ -256,6 +256,8 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, res
     pipeline = rng.choice(_divisors(ranks // (tensor_parallel * context_parallel), [1, 1, 2, 4]))
     data_parallel = ranks // (tensor_parallel * context_parallel * pipeline)
     layers = pipeline * rng.choice([1, 2])
+    if pipeline > 1 and random.Random(f"layout-fuzz deeper {seed} {index}").random() < 0.3:
+        layers *= 2  # a stream of its own: 4 layers a stage, so a virtual chunk holds several (issue 89 item 3)
     model = _draw_model(rng, layers, tensor_parallel, pipeline)
     hierarchical = _draw_hierarchical_cp(seed, index, model, tensor_parallel, context_parallel, data_parallel)
     if hierarchical:  # two of the data-parallel ranks join the CP group as the all-to-all level
@@ -272,8 +274,8 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, res
     if pipeline > 1:
         layout = replace(layout, pp=pipeline)
         split = rng.random()
-        if layers // pipeline >= 2 and split < 0.2:
-            layout = replace(layout, vp_layers=1)
+        if layers // pipeline >= 2 and split < 0.2:  # two chunks a stage, of 1 layer or (deeper) of 2
+            layout = replace(layout, vp_layers=layers // pipeline // 2)
         elif layers // pipeline >= 2 and split < 0.35:  # the other spelling: two chunks a stage
             layout = replace(layout, virtual_stages=2)
         elif pipeline == 2 and layers >= 3 and split < 0.5:

@@ -46,6 +46,9 @@ def test_two_hundred_draws_parse_and_cover_every_dimension():
         seen.update(name for name in DIMENSIONS if getattr(each.layout, name) != getattr(Layout(), name))
         value = {flag: flags[i + 1] if i + 1 < len(flags) else "" for i, flag in enumerate(flags)}
         seen[f"ranks {each.ranks}"] += 1
+        if each.layout.vp_layers == 2 or each.layout.virtual_stages and \
+                int(value["--num-layers"]) // each.layout.pp // each.layout.virtual_stages >= 2:
+            seen["several layers a virtual chunk"] += 1
         sizes = ("--tensor-model-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size")
         seen.update(flag for flag in flags if flag.startswith("--") and not (flag in sizes and value[flag] == "1"))
         seen.update(f"{flag} {value[flag]}" for flag in ("--cp-comm-type", "--zero-stage", "--fp8-recipe",
@@ -68,7 +71,8 @@ def test_two_hundred_draws_parse_and_cover_every_dimension():
                   "--hierarchical-context-parallel-sizes", "--fp16", "--fp8-param-gather"]
     seen.update(flag for each in map(lambda index: draw(11, index), range(200)) for flag in each.batch
                 if flag.startswith("--"))
-    assert [dimension for dimension in [*dimensions, *DIMENSIONS, "--rampup-batch-size"] if not seen[dimension]] == []
+    dimensions += ["--rampup-batch-size", "several layers a virtual chunk"]
+    assert [dimension for dimension in [*dimensions, *DIMENSIONS] if not seen[dimension]] == []
 
 
 def test_the_rarer_options_come_from_streams_of_their_own(monkeypatch):
