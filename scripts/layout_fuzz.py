@@ -216,7 +216,8 @@ def _draw_resume(seed: int, index: int, ranks: int, model: Sequence[str], batch:
                  share: float) -> Optional[Layout]:
     """With probability `share`, for a dense model without FP8, another layout of the same ranks to resume iteration
     3 at (module docstring), from a stream of its own: TP (the heads and query groups divide), SP, PP (the layers
-    divide; MTP beside stages with rotary positions only), ZeRO, recompute; the global batch divides over its DP."""
+    divide; MTP beside stages with rotary positions only), ZeRO, recompute; the global batch (and a ramp's sizes)
+    divide over its DP."""
     rng = random.Random(f"layout-fuzz resume {seed} {index}")
     if "--num-experts" in model or "--fp8-format" in model or rng.random() >= share:
         return None
@@ -225,11 +226,15 @@ def _draw_resume(seed: int, index: int, ranks: int, model: Sequence[str], batch:
     groups = int(flags[flags.index("--num-query-groups") + 1]) if "--num-query-groups" in flags else 4
     micro = int(batch[batch.index("--micro-batch-size") + 1])
     global_batch = int(batch[batch.index("--global-batch-size") + 1])
+    # a batch ramp's START and INCREMENT split into micro-batches over the DP ranks, as Megatron-LM asserts
+    ramp = [int(value) for value in batch[batch.index("--rampup-batch-size") + 1:][:2]] \
+        if "--rampup-batch-size" in batch else []
     choices = []
     for tensor_parallel in _divisors(ranks, [1, 2, 4]):
         for pipeline in _divisors(ranks // tensor_parallel, [1, 2]):
             data_parallel = ranks // (tensor_parallel * pipeline)
-            if groups % tensor_parallel or layers % pipeline or global_batch % (micro * data_parallel):
+            if groups % tensor_parallel or layers % pipeline or \
+                    any(size % (micro * data_parallel) for size in (global_batch, *ramp)):
                 continue
             if pipeline > 1 and ("--mtp-num-layers" in flags and "rope" not in flags
                                  or (global_batch // (micro * data_parallel)) % pipeline):

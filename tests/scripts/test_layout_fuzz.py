@@ -120,7 +120,14 @@ def test_a_share_of_dense_draws_resumes_at_another_layout_and_the_draws_stay_the
             parse_arguments(first)
             parse_arguments(second)
             assert "--num-experts" not in each.model and not each.fp8
+            if "--rampup-batch-size" in each.batch:  # its sizes split over the resumed layout's DP, as Megatron asserts
+                micro, start = int(each.batch[1]), int(each.batch[each.batch.index("--rampup-batch-size") + 1])
+                data_parallel = each.ranks // ((each.resume.tp or 1) * (each.resume.pp or 1))
+                assert start % (micro * data_parallel) == 0, each.describe()
     assert len(resumed) >= 10
+    ramped = draw(97, 90)  # seed 97's run drew its resume at DP 4, which START 4 at micro-batch 2 cannot split over
+    assert "--rampup-batch-size" in ramped.batch and ramped.resume is not None
+    assert ramped.ranks // ((ramped.resume.tp or 1) * (ramped.resume.pp or 1)) == 2
     assert any(each.resume != each.layout for each in resumed)
     assert {each.resume.pp is not None for each in resumed} == {True, False}
     assert {each.resume.zero for each in resumed} >= {"0", "1", "2"}
