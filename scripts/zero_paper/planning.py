@@ -23,7 +23,8 @@ from planner.perf_model import Constants, Prediction, load_constants
 
 # Every package a dry run executes: the floors from base/ to planner/ (checkpoint/ too: the train step the dry
 # run drives imports it to name a resumable save when a run diverges).
-PLANNING_SOURCES = ("base", "resilience", "parallel", "zero", "gpt", "families", "arguments", "checkpoint", "training", "planner")
+PLANNING_SOURCES = ("base", "rendezvous", "resilience", "parallel", "zero", "gpt", "families", "arguments", "checkpoint",
+                    "training", "planner")
 # Never change a dry run (paper_conditions.py, beside this file, applies on top of one): the cache holds
 # dry runs only.
 NOT_PLANNING = ("perf_model.py", "perf_calibration.py", "perf_cli.py", "paper_tables.py", "plan.py")

@@ -661,7 +661,7 @@ class DyingStore(FakeStore):
 def test_after_a_failed_collective_no_store_call_reaches_a_host_still_closing_its_sockets():
     """A SIGKILLed store host (rank 0) is silent before its kernel closes its sockets; a call sent
     in between is reset, and torch's client then prints its C++ warning above the survivor's one
-    line (seen in CI). The threads' own client prints nothing (tests/resilience/test_store_wire.py),
+    line (seen in CI). The threads' own client prints nothing (tests/rendezvous/test_store_wire.py),
     but torch's remains its fallback, so after a failed collective (the host's gloo sockets are
     closing) the thread must not call before the rest have closed. Here the host dies right after
     one of the heartbeat's rounds, the main thread asks at once, and the sockets close only after the

@@ -6,7 +6,7 @@ launch): its agent keeps one store for every restart (torch's static_tcp_rendezv
 restart failed in gloo's connectFullMesh before rendezvous/attempt_store.py. The fault comes from outside: the test
 watches the metrics file for iteration 5 and signals rank 1's process, found among the launcher's children by its
 RANK (never by name). Whether a restart read the stale addresses was a race: of 3 such kills before the fix, one
-failed in connectFullMesh, one hung with no output, one resumed; tests/resilience/test_attempt_store.py pins the cause.
+failed in connectFullMesh, one hung with no output, one resumed; tests/rendezvous/test_attempt_store.py pins the cause.
 """
 
 from __future__ import annotations

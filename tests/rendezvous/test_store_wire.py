@@ -27,6 +27,7 @@ def torch_store():
     return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
+@pytest.mark.smoke
 def test_the_calls_mean_what_torchs_client_means(torch_store):
     from rendezvous.store_wire import WireStore
 
