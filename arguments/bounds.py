@@ -14,12 +14,11 @@ meet the same check (`check_bounds`, called from `PretrainConfig.validate`).
 from __future__ import annotations
 
 import os
-from dataclasses import fields
 from typing import Optional
 
 from arguments.resiliency_bounds import check_launch_bounds
 from base.errors import ConfigError
-from base.options import flag_of
+from base.options import flag_of, option_fields, setting_value
 from base.waits import LONGEST_WAIT_S
 
 INT64_MAX = 2**63 - 1
@@ -68,8 +67,8 @@ def _gib(size: float) -> str:
 def check_int64(config) -> None:
     """Every whole-number setting fits an int64: numpy and torch hold them as one."""
     for section in config.SECTIONS:
-        for f in fields(getattr(config, section)):
-            value = getattr(getattr(config, section), f.name)
+        for f, _ in option_fields(type(getattr(config, section))):
+            value = setting_value(getattr(config, section), f.name)
             values = value if isinstance(value, list) else [value]
             for item in values:
                 if isinstance(item, int) and not isinstance(item, bool) and not -INT64_MAX <= item <= INT64_MAX:
@@ -139,8 +138,8 @@ def parameter_lower_bound(model) -> tuple[int, tuple[str, ...]]:
         layer = min(dense, moe)
         flags += ["--num-experts", "--moe-ffn-hidden-size"]
     total = (model.num_layers - moe_layers) * dense + moe_layers * (moe if moe_layers else 0)
-    if model.mtp_num_layers > 0:
-        total += model.mtp_num_layers * (layer + 2 * hidden * hidden)
+    if model.mtp.num_layers > 0:
+        total += model.mtp.num_layers * (layer + 2 * hidden * hidden)
         flags.append("--mtp-num-layers")
     return total, tuple(flags)
 
@@ -220,7 +219,7 @@ def check_parameters_fit(model, world_size: int, memory: int, ranks: str = "rank
 
 def _setting_text(model, flag: str) -> Optional[str]:
     """The value of the model setting `flag` names, as typed (None where it is unset)."""
-    value = getattr(model, flag.lstrip("-").replace("-", "_"))
+    value = setting_value(model, flag.lstrip("-").replace("-", "_"))
     if value is None:
         return None
     return " ".join(map(str, value)) if isinstance(value, tuple) else str(value)

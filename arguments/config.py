@@ -30,7 +30,7 @@ from arguments.config_sources import FLAG
 from arguments.cuda_graphs import CUDA_GRAPH_IMPLS, MODULE_CHOICES, check_cuda_graphs
 from arguments.step_batch_schedule import parse_step_schedule
 from base.errors import ConfigError
-from base.options import Const, count, flag_of, option
+from base.options import Const, count, flag_of, option, option_fields, setting_names, setting_values, with_settings
 from base.waits import LONGEST_WAIT_TEXT, is_wait
 from data import DataError
 from data.gpt_dataset import APPENDABLE_ORDER, parse_split
@@ -1124,7 +1124,7 @@ class PretrainConfig:
         model = self.model
         unwritten = [what for what, on in (
             ("the MoE layers", model.num_experts not in (None, 1)),
-            ("the multi-token prediction layers", bool(model.mtp_num_layers)),
+            ("the multi-token prediction layers", bool(model.mtp.num_layers)),
             ("multi-latent attention", model.multi_latent_attention),
             (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),
             ("the fp16 loss scaler's state", self.training.fp16),
@@ -1136,7 +1136,7 @@ class PretrainConfig:
 
     def _check_multi_token_prediction(self) -> None:
         """What --mtp-num-layers (gpt/mtp.py) does not run yet, one line each."""
-        mtp = self.model.mtp_num_layers
+        mtp = self.model.mtp.num_layers
         if not mtp:
             return
         pp = self.parallel.pipeline_model_parallel_size
@@ -1401,9 +1401,9 @@ class PretrainConfig:
         `RECORDED_SECTION`), so a checkpoint's recorded config reads the same either side of the move."""
         record: dict = {section: {} for section in self.SECTIONS if section != "parallel"}
         for section in self.SECTIONS:
-            for f in fields(getattr(self, section)):
-                shown = recorded_section(f.name) if section == "parallel" else section
-                record[shown][f.name] = getattr(getattr(self, section), f.name)
+            for name, value in setting_values(getattr(self, section)).items():
+                shown = recorded_section(name) if section == "parallel" else section
+                record[shown][name] = value
         return record
 
     @classmethod
@@ -1419,13 +1419,13 @@ class PretrainConfig:
             by_section[sections[name]][name] = value
         kinds = {f.name: f.default_factory for f in fields(cls) if f.name in cls.SECTIONS}
         return cls(sources=dict(sources or {}), deepspeed_batch=dict(deepspeed_batch or {}),
-                   **{section: kinds[section](**given) for section, given in by_section.items()})
+                   **{section: with_settings(kinds[section], given) for section, given in by_section.items()})
 
 
 def field_sections() -> dict[str, str]:
     """Every setting name -> the section it lives in."""
     config = PretrainConfig()
-    return {f.name: section for section in PretrainConfig.SECTIONS for f in fields(getattr(config, section))}
+    return {name: section for section in PretrainConfig.SECTIONS for name in setting_names(type(getattr(config, section)))}
 
 
 def check_finite_numbers(config: PretrainConfig) -> None:
@@ -1433,10 +1433,9 @@ def check_finite_numbers(config: PretrainConfig) -> None:
     checks alone would let `--lr nan` or `--clip-grad nan` through (and a NaN clip disables clipping);
     inf would train to NaN weights. Run first, so the range checks compare real numbers."""
     for section in config.SECTIONS:
-        for f in fields(getattr(config, section)):
-            value = getattr(getattr(config, section), f.name)
+        for name, value in setting_values(getattr(config, section)).items():
             if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value}", flags=(_flag(f.name),))
+                raise ConfigError(f"{_flag(name)} must be a finite number, got {value}", flags=(_flag(name),))
 
 
 def check_device_name(name: str) -> None:
@@ -1460,7 +1459,7 @@ def _flag(name: str) -> str:
 
 def _flag_names() -> dict[str, str]:
     config = PretrainConfig()
-    return {f.name: flag_of(f) for section in config.SECTIONS for f in fields(getattr(config, section))}
+    return {f.name: flag_of(f) for section in config.SECTIONS for f, _ in option_fields(type(getattr(config, section)))}
 
 
 # Every setting -> its flag (`option(flags=...)` on the field, else `--field-name`).

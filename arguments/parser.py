@@ -79,7 +79,7 @@ from arguments.option_table import OptionTable, option_table, stores_a_constant
 from arguments.run_lengths import check_run_lengths, use_sample_based_lengths
 from base.errors import CheckpointError, OneLineArgumentParser
 from base.input_files import irregularity, read_text_file
-from base.options import argparse_keywords, consts, group_of, option_fields, option_strings
+from base.options import argparse_keywords, consts, group_of, option_fields, option_strings, setting_value
 from gpt.moe.settings import largest_expert_count
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
             shown = group_of(setting, section)
             if shown not in groups:
                 raise ValueError(f"{section}.{setting.name}: option(group={shown!r}) names no section")
-            shown_in[shown].append((shown != section, setting, annotation, getattr(values, setting.name)))
+            shown_in[shown].append((shown != section, setting, annotation, setting_value(values, setting.name)))
     for section, group in groups.items():  # the group's own section first, then the other sections' fields
         if section == "zero":
             add_zero_config(group, table)

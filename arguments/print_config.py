@@ -8,7 +8,6 @@ every key of the DeepSpeed JSON and what became of it; and the numbers derived f
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from arguments.batch_schedule import batch_schedule
@@ -17,6 +16,7 @@ from arguments.deepspeed.keys import HONOURED
 from arguments.megatron.flags import MEANINGS, NO_EFFECT_FLAGS
 from arguments.megatron.harvested_flags import resolve_harvested
 from arguments.schedule import build_lr_schedule, train_iterations
+from base.options import setting_values
 
 NAME_WIDTH = 38
 VALUE_WIDTH = 22
@@ -32,9 +32,8 @@ def format_config(parsed) -> str:
         lines.append(_row("DeepSpeed JSON", parsed.deepspeed.source, sources["zero_config"].describe()))
     for section in config.SECTIONS:
         lines.append(section)
-        for f in fields(getattr(config, section)):
-            value = getattr(getattr(config, section), f.name)
-            lines.append(_row(f.name, show_value(value), sources.get(f.name, Source(DEFAULT)).describe()))
+        for name, value in setting_values(getattr(config, section)).items():
+            lines.append(_row(name, show_value(value), sources.get(name, Source(DEFAULT)).describe()))
     if parsed.meanings or parsed.harvested:
         lines.append("Megatron-LM and DeepSpeed flags that are not settings here")
         lines += [_row(_typed(dest, value, sources), "", _meaning(dest, value))

@@ -22,13 +22,16 @@ can use it.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import functools
 import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 HELP, FLAGS, ALIASES, TYPE, CHOICES, METAVAR, NARGS, ACTION, GROUP, CONSTS = (
     "help", "flags", "aliases", "type", "choices", "metavar", "nargs", "action", "group", "consts")
+SECTION = "section"
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def flag_of(field: dataclasses.Field) -> str:
 
 def flag_of_setting(config_class: type, name: str) -> str:
     """The flag of the setting `name` of a config dataclass (`--zero-stage` for ZeroConfig's `stage`)."""
-    return flag_of(next(f for f in dataclasses.fields(config_class) if f.name == name))
+    return flag_of(next(f for f, _ in option_fields(config_class) if f.name == name))
 
 
 def option_strings(field: dataclasses.Field) -> tuple[str, ...]:
@@ -121,11 +124,94 @@ def argparse_keywords(field: dataclasses.Field, annotation: Any, default: Any) -
     return keywords
 
 
+def section(kind: type) -> Any:
+    """A field holding one component's settings: `kind` is a frozen dataclass of `option()` fields whose class
+    attribute SETTING_PREFIX (a `ClassVar[str]`) names its settings, `mtp_` + `num_layers` = `mtp_num_layers`. Each
+    is a setting of the owner as if declared there: its flag, YAML key and recorded name are the prefixed name
+    (option_fields, setting_values, with_settings), so moving settings into a section renames nothing outside."""
+    return dataclasses.field(default_factory=kind, metadata={SECTION: True})
+
+
 def option_fields(config_class: type) -> Iterator[tuple[dataclasses.Field, Any]]:
-    """Each field of a config dataclass with its resolved annotation."""
+    """Each setting of a config dataclass with its resolved annotation; a section's in its place, each field a copy
+    named as its setting (its flag's dest), so flag_of and argparse_keywords read it as any other."""
     hints = typing.get_type_hints(config_class)
     for field in dataclasses.fields(config_class):
-        yield field, hints[field.name]
+        if field.metadata.get(SECTION):
+            kind = field.default_factory
+            for inner, annotation in option_fields(kind):
+                named = copy.copy(inner)
+                named.name = kind.SETTING_PREFIX + inner.name
+                yield named, annotation
+        else:
+            yield field, hints[field.name]
+
+
+@functools.lru_cache(maxsize=None)
+def _setting_paths(config_class: type) -> dict[str, tuple[str, ...]]:
+    """Each setting's name -> the attributes that reach it from a `config_class` instance."""
+    paths: dict[str, tuple[str, ...]] = {}
+    for field in dataclasses.fields(config_class):
+        if field.metadata.get(SECTION):
+            kind = field.default_factory
+            for name, inner in _setting_paths(kind).items():
+                paths[kind.SETTING_PREFIX + name] = (field.name, *inner)
+        else:
+            paths[field.name] = (field.name,)
+    return paths
+
+
+def setting_names(config_class: type) -> tuple[str, ...]:
+    """Every setting of a config dataclass by name, its sections' included."""
+    return tuple(_setting_paths(config_class))
+
+
+def setting_value(config: Any, name: str) -> Any:
+    """The setting `name` of a config dataclass instance, in whichever section holds it."""
+    value = config
+    for attribute in _setting_paths(type(config))[name]:
+        value = getattr(value, attribute)
+    return value
+
+
+def setting_values(config: Any) -> dict[str, Any]:
+    """{setting: value} of a config dataclass instance, its sections' settings in their place."""
+    return {name: setting_value(config, name) for name in _setting_paths(type(config))}
+
+
+def _grouped(config_class: type, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The keywords that construct `config_class` from {setting: value}: a section's settings as one section."""
+    paths = _setting_paths(config_class)
+    unknown = [name for name in values if name not in paths]
+    if unknown:
+        raise TypeError(f"{config_class.__name__} has no setting {unknown[0]!r}")
+    keywords: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        path = paths[name]
+        if len(path) == 1:
+            keywords[name] = value
+        else:
+            sections.setdefault(path[0], {})[name[len(_prefix(config_class, path[0])):]] = value
+    return keywords, sections
+
+
+def _prefix(config_class: type, section_name: str) -> str:
+    return next(f.default_factory.SETTING_PREFIX for f in dataclasses.fields(config_class) if f.name == section_name)
+
+
+def with_settings(config_class: type, values: Mapping[str, Any]) -> Any:
+    """A `config_class` built from {setting: value} (flags, YAML keys, a recorded config), the defaults for the rest."""
+    keywords, sections = _grouped(config_class, values)
+    kinds = {f.name: f.default_factory for f in dataclasses.fields(config_class) if f.metadata.get(SECTION)}
+    return config_class(**keywords, **{name: with_settings(kinds[name], given) for name, given in sections.items()})
+
+
+def replace_settings(config: Any, **changes: Any) -> Any:
+    """dataclasses.replace by setting name: a section's settings change in their section."""
+    keywords, sections = _grouped(type(config), changes)
+    return dataclasses.replace(config, **keywords, **{
+        name: replace_settings(getattr(config, name), **given) for name, given in sections.items()})
 
 
 def count(text: str) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from base.errors import CheckpointError
+from base.options import setting_names, with_settings
 from checkpoint.hf.folders import check_convertible, to_hf_state_dict
 from checkpoint.torch_dist.common import load_common, saved_args
 from checkpoint.torch_dist.resume import RENAMED, metadata_view
@@ -45,7 +46,7 @@ def megatron_model_config(common: dict) -> ModelConfig:
     # every other setting the export may write (dropout, the MoE losses' coefficients, ...) from the run's args, not
     # this project's defaults: what a resume does not compare is still the run's
     ours = {RENAMED.get(name, name): name for name in args}
-    for name in ModelConfig.__dataclass_fields__:
+    for name in setting_names(ModelConfig):
         value = args.get(ours.get(name, name)) if name not in model and name not in RUN_SETTINGS else None
         if isinstance(value, (bool, int, float, str)):
             model[name] = value
@@ -53,7 +54,8 @@ def megatron_model_config(common: dict) -> ModelConfig:
     model["vocab_size"] = args["padded_vocab_size"]
     if model.get("num_experts") is not None and args.get("moe_ffn_hidden_size") is not None:
         model["moe_ffn_hidden_size"] = args["moe_ffn_hidden_size"]
-    return ModelConfig(**{name: value for name, value in model.items() if name in ModelConfig.__dataclass_fields__})
+    known = setting_names(ModelConfig)
+    return with_settings(ModelConfig, {name: value for name, value in model.items() if name in known})
 
 
 def megatron_to_hf_state(iteration_dir: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

@@ -24,12 +24,12 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from arguments.config import PretrainConfig
 from base.errors import CheckpointError, ConfigError
+from base.options import option_fields, setting_names, with_settings
 from checkpoint.inside import inside
 from checkpoint.rerun_machine_entry import is_entry as _rerun_entry
 from gpt.model_config import ModelConfig
@@ -206,7 +206,7 @@ def _setting_kinds() -> dict[str, dict[str, str]]:
     config = PretrainConfig()
     kinds: dict[str, dict[str, str]] = {}
     for section in PretrainConfig.SECTIONS:
-        for f in fields(getattr(config, section)):
+        for f, _ in option_fields(type(getattr(config, section))):
             kinds.setdefault(recorded_section(f.name) if section == "parallel" else section, {})[f.name] = str(f.type)
     return kinds
 
@@ -256,9 +256,9 @@ def _model_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
     recorded = (metadata.get("config") or {}).get("model")
     if not recorded:
         return None
-    known = {f.name for f in fields(ModelConfig)}
+    known = setting_names(ModelConfig)
     try:  # a name or choice setting holding a number is the rules' to name (an unknown --activation 5)
-        model = ModelConfig(**{name: value for name, value in recorded.items() if name in known})
+        model = with_settings(ModelConfig, {name: value for name, value in recorded.items() if name in known})
         model.validate()
     except (ConfigError, TypeError, ValueError, AttributeError) as error:
         return "config.model", _UNSHOWN, f"a model a run could train: {error}"

@@ -461,7 +461,7 @@ class GPTModel(nn.Module):
         # Whether a first and a last pipeline stage each hold a copy of the word embedding whose gradients the
         # embedding group sums: tied, or the last stage's MTP layers embed the rolled tokens (Megatron-Core builds
         # its embedding where `pre_process or mtp_process` and ties the copies: tie_word_embeddings_state_dict)
-        self.shares_word_embedding = tied or config.mtp_num_layers > 0
+        self.shares_word_embedding = tied or config.mtp.num_layers > 0
         learned_positions = architecture.position_embedding_type == "learned_absolute"
         # With nothing to add after the lookup, the lookup's sum over TP ranks is a reduce-scatter along the
         # sequence (Megatron-Core's LanguageModelEmbedding: reduce_scatter_embeddings); learned positions
@@ -512,9 +512,9 @@ class GPTModel(nn.Module):
         # Megatron-Core's MTP block (gpt/mtp.py) on the last stage: --mtp-num-layers layers, each with one block of
         # the last decoder layer's kind, numbered after the decoder's (num_layers + k, as get_mtp_layer_offset)
         self.mtp_layers = nn.ModuleList()
-        self.mtp_tracker = MTPLossTracker(config.mtp_num_layers) if config.mtp_num_layers and stage.last else None
+        self.mtp_tracker = MTPLossTracker(config.mtp.num_layers) if config.mtp.num_layers and stage.last else None
         if self.mtp_tracker is not None:
-            for k in range(config.mtp_num_layers):
+            for k in range(config.mtp.num_layers):
                 block = TransformerBlock(config, plan, rng, architecture, config.num_layers + k, self.moe_tracker,
                                          kind_of=config.num_layers - 1, rotary_cache=self.rotary_cache)
                 self.mtp_layers.append(MultiTokenPredictionLayer(block, config, plan, architecture))

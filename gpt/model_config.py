@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from base.errors import ConfigError
-from base.options import Const, flag_of_setting, option
+from base.options import Const, flag_of_setting, option, replace_settings, section, with_settings
 from gpt.architecture import NORMALIZATIONS, SOFTMAX_TYPES, SUBLAYER_NORM_PLACES, Architecture
 from gpt.attention_window import check_window_size, window_size_value
 from gpt.layer_pattern import check_no_rope_freq
@@ -28,6 +28,7 @@ from gpt.moe.settings import (
     moe_layer_pattern,
     num_experts_value,
 )
+from gpt.mtp import MTPSettings
 from parallel.config import RECORDED_SECTION
 from parallel.layers import padded_vocab_size
 
@@ -302,13 +303,7 @@ class ModelConfig:
         help="add S x log(Z)^2 to every token's loss, log(Z) the log-sum-exp of its logits (PaLM's z-loss, as "
              "llm-jp's Megatron-LM fork adds it); 0 adds nothing")
     # Megatron-Core's multi-token prediction (gpt/mtp.py, megatron/core/transformer/multi_token_prediction.py)
-    mtp_num_layers: int = option(
-        0, help="Megatron-Core's multi-token prediction: N MTP layers after the decoder, layer k predicting the "
-                "token k+1 ahead through the shared embedding and output layer; their loss trains the model and is "
-                "logged as mtp_k loss; 0 (or Megatron's unset) builds none")
-    mtp_loss_scaling_factor: float = option(
-        0.1, help="with --mtp-num-layers, the MTP losses' weight: each layer's loss is scaled by this / N "
-                  "(Megatron-Core's default 0.1)")
+    mtp: MTPSettings = section(MTPSettings)
     # Megatron-LM's --fp8-format (dest fp8) and its knobs, Megatron-Core's TransformerConfig fields and defaults;
     # DeepSpeed-Megatron's --fp8-e4m3 / --fp8-hybrid. gpt/fp8.py applies them and refuses, before any work,
     # what is not built yet.
@@ -452,6 +447,11 @@ class ModelConfig:
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
 
+    @classmethod
+    def of(cls, **settings) -> "ModelConfig":
+        """A model from its settings by name, a section's among them (`mtp_num_layers=1`), as flags give them."""
+        return with_settings(cls, settings)
+
     @property
     def architecture(self) -> Architecture:
         """The blocks these settings choose, as GPTModel builds them."""
@@ -499,8 +499,8 @@ class ModelConfig:
         """This model at another layer count, for counting (a one-block shape probe, a pipeline stage's GEMMs): the
         per-layer pattern flags, written for the real model's layers and shaping no parameter, are dropped rather
         than checked again against the probe's count (--no-rope-freq 4 is valid at 8 layers, not at 1)."""
-        return dataclasses.replace(self, num_layers=num_layers, window_attn_skip_freq=None, no_rope_freq=None,
-                                   **changes)
+        return replace_settings(self, num_layers=num_layers, window_attn_skip_freq=None, no_rope_freq=None,
+                                **changes)
 
     def moe_layers(self) -> tuple[bool, ...]:
         """Per layer, whether it is an MoE layer (--moe-layer-freq); all False for a dense model."""
@@ -577,7 +577,7 @@ class ModelConfig:
         """The model of a recorded config's `model` section (checkpoint metadata), without the parallel
         settings the record keeps there (`sequence_parallel`: parallel/config.py RECORDED_SECTION)."""
         beside = {name for name, section in RECORDED_SECTION.items() if section == "model"}
-        return cls(**{name: value for name, value in recorded.items() if name not in beside})
+        return with_settings(cls, {name: value for name, value in recorded.items() if name not in beside})
 
     def _check_gating_flags(self) -> None:
         """DeepSpeed-MoE (a Megatron-DeepSpeed launch) reads --topk, --moe-train-capacity-factor, ...; Megatron-Core's
@@ -748,14 +748,7 @@ class ModelConfig:
                               flags=("--init-method-std", "--layernorm-epsilon"))
         if self.vocab_size < 0:
             raise ConfigError(f"--vocab-size must be at least 1, got {self.vocab_size}", flags=("--vocab-size",))
-        if self.mtp_num_layers < 0:
-            raise ConfigError(f"--mtp-num-layers must be 0 or more, got {self.mtp_num_layers}", 
-                              flags=("--mtp-num-layers",))
-        if self.mtp_num_layers >= self.seq_length:  # before, 100000 of them built for minutes at --seq-length 16
-            raise ConfigError(f"--mtp-num-layers {self.mtp_num_layers}: MTP depth k predicts the token k + 1 ahead, its "
-                              f"labels rolled k places with zeros (Megatron-Core's roll_tensor), so at depth "
-                              f"--seq-length {self.seq_length} or more no position has a target: at most "
-                              f"{self.seq_length - 1}", flags=("--mtp-num-layers", "--seq-length"))
+        self.mtp.validate(self.seq_length)
         if self.z_loss_strength < 0:
             raise ConfigError(f"--z-loss-strength must be 0 or more, got {self.z_loss_strength}",
                               flags=("--z-loss-strength",))
@@ -776,7 +769,7 @@ class ModelConfig:
                               f"multi-head or grouped-query attention, as in Megatron-Core", flags=("--qk-l2-norm", other))
         if self.no_rope_freq:
             check_no_rope_freq(self.no_rope_freq, self.num_layers)
-        if self.no_rope_freq and (self.multi_latent_attention or self.mtp_num_layers):
+        if self.no_rope_freq and (self.multi_latent_attention or self.mtp.num_layers):
             # MLA rotates inside its own projections (Megatron-Core's MLASelfAttention never reads the rotary that
             # Attention.forward drops), and an MTP layer's layer number is its own, not a decoder layer's
             other = "--multi-latent-attention" if self.multi_latent_attention else "--mtp-num-layers"

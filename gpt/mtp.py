@@ -21,13 +21,42 @@ with its cp_group) and each loss is normalised by the count over the CP group, s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 from torch import nn
 
+from base.errors import ConfigError
+from base.options import option
 from gpt.moe.balancing import AuxLossAutoScaler
 from gpt.norms import normalization
 from parallel.context_parallel import positions_on_this_rank, roll_left_across_chunks
 from parallel.mappings import gather_from_tensor_parallel_region, scatter_to_sequence_parallel_region
+
+
+@dataclass(frozen=True)
+class MTPSettings:
+    """The model's MTP section (base/options.py section): Megatron-LM's --mtp-* flags, its dests the settings."""
+    SETTING_PREFIX: ClassVar[str] = "mtp_"
+
+    num_layers: int = option(
+        0, help="Megatron-Core's multi-token prediction: N MTP layers after the decoder, layer k predicting the "
+                "token k+1 ahead through the shared embedding and output layer; their loss trains the model and is "
+                "logged as mtp_k loss; 0 (or Megatron's unset) builds none")
+    loss_scaling_factor: float = option(
+        0.1, help="with --mtp-num-layers, the MTP losses' weight: each layer's loss is scaled by this / N "
+                  "(Megatron-Core's default 0.1)")
+
+    def validate(self, seq_length: int) -> None:
+        """Depth k needs a target k + 1 tokens ahead within the `seq_length` tokens of a sample."""
+        if self.num_layers < 0:
+            raise ConfigError(f"--mtp-num-layers must be 0 or more, got {self.num_layers}", flags=("--mtp-num-layers",))
+        if self.num_layers >= seq_length:  # before, 100000 of them built for minutes at --seq-length 16
+            raise ConfigError(f"--mtp-num-layers {self.num_layers}: MTP depth k predicts the token k + 1 ahead, its "
+                              f"labels rolled k places with zeros (Megatron-Core's roll_tensor), so at depth "
+                              f"--seq-length {seq_length} or more no position has a target: at most "
+                              f"{seq_length - 1}", flags=("--mtp-num-layers", "--seq-length"))
 
 
 class MTPLossTracker:
@@ -96,7 +125,7 @@ def attach_mtp_loss(model: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor
         positions = torch.arange(tokens.shape[1], device=tokens.device)
     positions = positions.expand(tokens.shape[0], -1)
     mtp_labels = labels
-    scale = config.mtp_loss_scaling_factor / config.mtp_num_layers
+    scale = config.mtp.loss_scaling_factor / config.mtp.num_layers
     cp = state.context_parallel_size
     previous, output = hidden, hidden
     for k, layer in enumerate(model.mtp_layers):

@@ -106,4 +106,4 @@ def pipeline_layout_counts(model, parallel) -> tuple[tuple[int, ...], ...] | Non
     if parallel.pipeline_model_parallel_layout is None:
         return None
     return layout_layer_counts(parallel.pipeline_model_parallel_layout, parallel.pipeline_model_parallel_size,
-                               model.num_layers, model.mtp_num_layers)
+                               model.num_layers, model.mtp.num_layers)

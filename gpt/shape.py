@@ -21,6 +21,7 @@ from typing import Optional, Union
 
 from torch import nn
 
+from base.options import replace_settings
 from gpt.glu import GatedActivation
 from gpt.mla import MLASelfAttention, ReplicatedLinear
 from gpt.mlp import SwiGLUMLP
@@ -176,8 +177,8 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
         plan = tensor_parallel_plan(state, ParallelismConfig(tensor_model_parallel_size=tensor_parallel_size,
                                                              sequence_parallel=sequence_parallel))
         shape = _read_shape(GPTModel(probe, state, plan=plan), tensor_parallel_size)
-        if config.mtp_num_layers:  # one MTP layer's norms and eh_proj: all it holds beyond its (dense) block
-            with_mtp = _read_shape(GPTModel(dataclasses.replace(probe, mtp_num_layers=1), state, plan=plan),
+        if config.mtp.num_layers:  # one MTP layer's norms and eh_proj: all it holds beyond its (dense) block
+            with_mtp = _read_shape(GPTModel(replace_settings(probe, mtp_num_layers=1), state, plan=plan),
                                    tensor_parallel_size)
             shape = dataclasses.replace(shape, parameters_per_mtp_extra=with_mtp.parameters_outside_blocks
                                         - shape.parameters_outside_blocks - shape.parameters_per_block)
@@ -202,7 +203,7 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
             if is_moe:
                 below = [below[i] + largest[i] - _MOE_BLOCKS[key][count][i] for i in (0, 1)]
     return dataclasses.replace(_BUILT[key], num_layers=config.num_layers, seq_length=config.seq_length,
-                               moe_layers=moe_layers, mtp_layers=config.mtp_num_layers,
+                               moe_layers=moe_layers, mtp_layers=config.mtp.num_layers,
                                mtp_layers_are_moe=config.moe_layers()[-1], moe_parameters_below_largest=below[0],
                                moe_active_parameters_below_largest=below[1])
 

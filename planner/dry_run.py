@@ -361,8 +361,8 @@ def check_plannable(config: PretrainConfig) -> None:
         raise ConfigError(f"--num-layers {model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
                           f"(MAX_PLAN_LAYERS in planner/dry_run.py; each costs about 0.02 s and 0.1 MB per micro-batch, "
                           f"and the deepest published Transformers have about 1,000); plan a shallower model")
-    if model.num_layers + model.mtp_num_layers > MAX_PLAN_LAYERS:  # each MTP layer is a block too
-        raise ConfigError(f"--num-layers {model.num_layers} and --mtp-num-layers {model.mtp_num_layers}: a dry run "
+    if model.num_layers + model.mtp.num_layers > MAX_PLAN_LAYERS:  # each MTP layer is a block too
+        raise ConfigError(f"--num-layers {model.num_layers} and --mtp-num-layers {model.mtp.num_layers}: a dry run "
                           f"plans at most {MAX_PLAN_LAYERS} layers, MTP layers included (MAX_PLAN_LAYERS in "
                           f"planner/dry_run.py); plan fewer", flags=("--mtp-num-layers",))
     experts = model.moe.num_experts if model.moe is not None else 0
@@ -482,7 +482,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         contiguous_checkpoint_buffer_bytes=_buffer_bytes(checkpointing, config.activations.cpu_checkpointing),
         saved_activation_bytes=dict(meter.peak),
         block_saved_bytes=dict(probe.peak),
-        logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4 * (1 + config.model.mtp_num_layers),
+        logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4 * (1 + config.model.mtp.num_layers),
         gradient_working_bytes=logits + block_gradients,
         # on a CPU the norm's fp64 conversion is one block at a time (zero/grad_norm.py); CUDA's kernel copies nothing
         step_working_bytes=optimizer.step_working_bytes(copies["step"], norm_in_blocks=cluster.device_type == "cpu"),

@@ -29,7 +29,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -43,6 +43,7 @@ if str(REPO_ROOT) not in sys.path:
 from arguments.config import ModelConfig, OptimizerConfig  # noqa: E402
 from arguments.parser import resolve_preset  # noqa: E402
 from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from base.options import setting_values, with_settings  # noqa: E402
 from checkpoint.hf.folders import hf_config  # noqa: E402
 from gpt.model import GPTModel  # noqa: E402
 from parallel.state import ParallelState, resolve_device  # noqa: E402
@@ -233,7 +234,7 @@ BUILDERS = {"ours": build_ours, "hf": build_hf,
 def worker(spec: dict) -> list[dict]:
     """Build the implementations `spec["impls"]` names for one model size and time them (this runs in
     a fresh process per group, so each group starts with an empty device and its own peak)."""
-    config = ModelConfig(**spec["model"])
+    config = with_settings(ModelConfig, spec["model"])
     device = torch.device(spec["device"])
     dtype = getattr(torch, spec["dtype"])
     if device.type == "cuda":
@@ -273,7 +274,7 @@ def benchmark_model(name: str, config: ModelConfig, micro_batch: int, args, devi
           f"{args.gradient_accumulation_steps} x micro batch {micro_batch} x {config.seq_length} tokens per "
           f"iteration; {'both resident, rounds alternate' if together else 'too large for both at once: one after the other'}",
           file=sys.stderr, flush=True)
-    spec = {"name": name, "model": asdict(config), "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+    spec = {"name": name, "model": setting_values(config), "device": str(device), "dtype": str(dtype).replace("torch.", ""),
             "micro_batch_size": micro_batch, "accumulation_steps": args.gradient_accumulation_steps,
             "compile_modes": {"off": [False], "on": [True], "both": [False, True]}[args.compile],
             "rounds": args.rounds, "steps": args.steps, "warmup_steps": args.warmup_steps, "seed": args.seed,

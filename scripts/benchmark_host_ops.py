@@ -174,9 +174,10 @@ def our_rows(layers: int, precisions: list[str], compiled_too: bool) -> list[dic
 
 
 def _has_option(name: str) -> bool:
+    from base.options import setting_names
     from gpt.model_config import ModelConfig
 
-    return name in ModelConfig.__dataclass_fields__
+    return name in setting_names(ModelConfig)
 
 
 def megatron_rows(kit: Path, layers: int, precisions: list[str]) -> list[dict]:

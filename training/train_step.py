@@ -167,7 +167,7 @@ class DataParallelTrainStep:
         moe_losses = finish_moe_iteration(self.model, state, accumulation_steps)
         # Megatron-Core's "mtp_k loss" beside them (gpt/mtp.py); nothing without --mtp-num-layers
         moe_losses.update(finish_mtp_iteration(self.model, state, accumulation_steps,
-                                               self.settings.config.model.mtp_num_layers))
+                                               self.settings.config.model.mtp.num_layers))
         moe_per_layer = self.moe_per_layer(accumulation_steps)
         self.consecutive_skips = self.consecutive_skips + 1 if step.skipped else 0
         if step.skipped and state.is_first_rank:

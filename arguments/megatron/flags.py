@@ -20,7 +20,7 @@ meaning may set several settings or none. Every other flag that Megatron-LM, Meg
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from arguments.config import GENIAC_FORK, PretrainConfig
@@ -32,7 +32,7 @@ from arguments.megatron.harvested_flags import resolve_harvested
 from arguments.option_table import OptionTable, option_table
 from base.errors import ConfigError
 from base.options import aliases as declared_aliases
-from base.options import flag_of
+from base.options import flag_of, option_fields
 
 # alias -> (our flag, whose name it is): those of the settings' flags are declared on their fields
 # (`option(aliases=...)`); --zero-config is not a setting, so its aliases are here.
@@ -46,7 +46,7 @@ NOT_SETTING_ALIASES: dict[str, tuple[str, str]] = {
 def _declared_aliases() -> dict[str, tuple[str, str]]:
     config = PretrainConfig()
     return {alias: (flag_of(setting), whose) for section in config.SECTIONS
-            for setting in fields(getattr(config, section)) for alias, whose in declared_aliases(setting).items()}
+            for setting, _ in option_fields(type(getattr(config, section))) for alias, whose in declared_aliases(setting).items()}
 
 
 ALIASES: dict[str, tuple[str, str]] = {**_declared_aliases(), **NOT_SETTING_ALIASES}

@@ -64,8 +64,8 @@ def is_llama_shaped(config: ModelConfig) -> bool:
 def refuse_mtp(config: ModelConfig, what: str) -> None:
     """Multi-token prediction's layers (gpt/mtp.py) have no place in a GPT2LMHeadModel or a LlamaForCausalLM: the
     export and --init-from-hf refuse them rather than drop them or leave them unloaded."""
-    if config.mtp_num_layers:
-        raise ConfigError(f"{what} of a model with --mtp-num-layers {config.mtp_num_layers} is not implemented: "
+    if config.mtp.num_layers:
+        raise ConfigError(f"{what} of a model with --mtp-num-layers {config.mtp.num_layers} is not implemented: "
                           f"transformers' GPT-2 and Llama have no multi-token prediction layers; drop --mtp-num-layers",
                           flags=("--mtp-num-layers",))
 

@@ -78,7 +78,7 @@ class DenseFamily:
         """The flags `model` would need to be this family (empty: it is one)."""
         needs = {flag_for(name, value): getattr(model, name) != value for name, value in self.fixed.items()}
         needs.update({f"no --num-experts ({self.architecture} has no experts)": model.moe is not None,
-                      f"no --mtp-num-layers ({self.architecture} has no MTP layers)": bool(model.mtp_num_layers),
+                      f"no --mtp-num-layers ({self.architecture} has no MTP layers)": bool(model.mtp.num_layers),
                       **rope_needs(model), **self.needs(model)})
         return [need for need, missing in needs.items() if missing]
 

@@ -79,7 +79,7 @@ def llama_block_misfits(config: ModelConfig) -> list[str]:
             ("--mlp-type standard", moe.use_residual),
             ("no --moe-expert-capacity-factor (transformers drops no token)", moe.expert_capacity_factor is not None),
         ) if bad]
-    if config.mtp_num_layers:
+    if config.mtp.num_layers:
         found.append("no --mtp-num-layers (transformers' model has no multi-token prediction layers)")
     return found
 

@@ -12,7 +12,6 @@ which the harvest keeps as {"expr": "2 ** 32"}.
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -31,13 +30,13 @@ from arguments.megatron.defaults import (
 from arguments.megatron.harvested_flags import harvested
 from arguments.parser import build_parser, parse_arguments
 from base.errors import ConfigError
+from base.options import setting_values
 
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2"]
 
 
 def _flat(config) -> dict:
-    return {f.name: getattr(getattr(config, section), f.name)
-            for section in config.SECTIONS for f in fields(getattr(config, section))}
+    return {name: value for section in config.SECTIONS for name, value in setting_values(getattr(config, section)).items()}
 
 
 def _generation_default(action, flags, generation, warmup_given):

@@ -261,7 +261,7 @@ def test_mtp_depths_past_the_sequence_are_one_line_before_any_build():
                          "--max-position-embeddings", "16", "--mtp-num-layers", "100000"])
     assert "\n" not in str(error.value)
     assert parse_arguments(["--seq-length", "16", "--max-position-embeddings", "16", "--mtp-num-layers",
-                            "15"]).config.model.mtp_num_layers == 15
+                            "15"]).config.model.mtp.num_layers == 15
 
 
 def test_a_negative_capacity_factor_is_dropless_as_megatron_reads_it(tmp_path, corpus_cache_300):

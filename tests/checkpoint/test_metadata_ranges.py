@@ -18,7 +18,6 @@ every step was skipped); their resumes must train, with other losses."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import itertools
 import json
@@ -32,6 +31,7 @@ import pytest
 import arguments.parser
 import pretrain_gpt
 from arguments.config import PretrainConfig
+from base.options import option_fields
 from checkpoint.format import LATEST_FILE, METADATA_FILE
 from tests.reliability_helpers import TINY, metrics_records, run_main
 
@@ -86,7 +86,7 @@ def numeric_entries(value, where=()) -> list[tuple]:
         if where == () and key == "config":
             config = PretrainConfig()
             found += [("config", section, f.name) for section in config.SECTIONS
-                      for f in dataclasses.fields(getattr(config, section))
+                      for f, _ in option_fields(type(getattr(config, section)))
                       if str(f.type) in NUMERIC_SETTINGS and f.name in item.get(section, {})]
         else:
             found += numeric_entries(item, where + (key,))

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import families
+from base.options import setting_names
 from families import registry
 from tests.readme import ROOT
 
@@ -109,7 +110,6 @@ def test_a_new_family_folder_is_found_read_and_exported_with_nothing_else_change
         settings[model_type] = {name: given.value for name, given in architecture_settings(config).items()}
     assert settings[NEW].pop("hf_model_type") == NEW and settings["qwen3"].pop("hf_model_type") == "qwen3"
     assert settings[NEW] == settings["qwen3"]
-    model = dataclasses.replace(ModelConfig(**{name: value for name, value in settings[NEW].items()
-                                               if name in {f.name for f in dataclasses.fields(ModelConfig)}}),
-                                hf_model_type=NEW)
+    model = dataclasses.replace(ModelConfig.of(**{name: value for name, value in settings[NEW].items()
+                                                  if name in setting_names(ModelConfig)}), hf_model_type=NEW)
     assert registry.export_family(model, older_classes_hold=False) is registry.dense_families()[NEW]

@@ -57,7 +57,7 @@ def tiny_config(**overrides) -> ModelConfig:
     values = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
                   vocab_size=300, hidden_dropout=0.0, attention_dropout=0.0, layernorm_epsilon=1e-6)
     values.update(overrides)
-    return ModelConfig(**values)
+    return ModelConfig.of(**values)
 
 
 def llama_state_dict(ours: dict[str, torch.Tensor], config: ModelConfig, architecture: Architecture

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from arguments.parser import parse_config
 from base.errors import ConfigError
+from base.options import replace_settings
 from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 from tests.gpt.test_llama_blocks import tiny_config
@@ -108,12 +109,12 @@ def test_mtp_backward_scale_multiplies_only_the_mtp_gradient():
 
 def test_mtp_flags_parse_and_what_is_not_built_is_refused():
     config = parse_config(["--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.5"]).model
-    assert (config.mtp_num_layers, config.mtp_loss_scaling_factor) == (2, 0.5)
-    assert parse_config([]).model.mtp_num_layers == 0
+    assert (config.mtp.num_layers, config.mtp.loss_scaling_factor) == (2, 0.5)
+    assert parse_config([]).model.mtp.num_layers == 0
     with pytest.raises(ConfigError, match="--mtp-num-layers 1 with --pipeline-model-parallel-size 2 and learned "):
         parse_config(["--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2", "--num-layers", "2"])
     assert parse_config(["--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2", "--num-layers", "2",
-                         "--position-embedding-type", "rope"]).model.mtp_num_layers == 1
+                         "--position-embedding-type", "rope"]).model.mtp.num_layers == 1
     with pytest.raises(ConfigError, match="--mtp-detach-heads"):
         parse_config(["--mtp-num-layers", "1", "--mtp-detach-heads"])
     from checkpoint.hf.folders import check_convertible
@@ -159,8 +160,8 @@ def test_shape_counts_the_mtp_layers_parameters_and_flops():
     for config in (dense, dataclasses.replace(tiny_moe(moe_layer_freq="([0]+[1]*1)"), vocab_size=vocab,
                                                     pad_vocab_size_to=vocab)):
         base = build_gpt_model(config, SINGLE, seed=5)
-        with_mtp = build_gpt_model(dataclasses.replace(config, mtp_num_layers=2), SINGLE, seed=5)
-        mtp_config = dataclasses.replace(config, mtp_num_layers=2)
+        with_mtp = build_gpt_model(replace_settings(config, mtp_num_layers=2), SINGLE, seed=5)
+        mtp_config = replace_settings(config, mtp_num_layers=2)
         assert parameter_count(mtp_config, vocab) == sum(p.numel() for p in with_mtp.parameters())
         extra = parameter_count(mtp_config, vocab) - parameter_count(config, vocab)
         assert active_parameter_count(mtp_config, vocab) - active_parameter_count(config, vocab) == \
@@ -168,7 +169,7 @@ def test_shape_counts_the_mtp_layers_parameters_and_flops():
     h, s = dense.hidden_size, dense.seq_length
     block = 2 * (h * 3 * h + h * h) + 4 * s * h + 2 * 2 * h * 4 * h
     logits = 2 * h * vocab
-    mtp_config = dataclasses.replace(dense, mtp_num_layers=2)
+    mtp_config = replace_settings(dense, mtp_num_layers=2)
     assert flops_per_iteration(mtp_config, 3, padded_vocab_size=vocab) == 3 * 3 * s * (
         (2 + 2) * block + 2 * 2 * 2 * h * h + 3 * logits)
 

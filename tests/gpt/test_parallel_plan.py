@@ -14,6 +14,7 @@ import pytest
 from torch import nn
 
 from arguments.parser import parse_config
+from base.options import replace_settings
 from gpt.model import GPTModel
 from gpt.model_config import ModelConfig
 from gpt.norms import HeadNorm
@@ -68,7 +69,7 @@ def test_every_tensor_parallel_module_and_linear_is_named_in_the_plan_with_its_s
     # and multi-latent attention's projections (gpt/mla.py), with and without a query LoRA rank
     mla = dict(multi_latent_attention=True, num_query_groups=None, kv_lora_rank=16, qk_head_dim=8,
                qk_pos_emb_head_dim=4, v_head_dim=8)
-    for config in (*MODELS.values(), dataclasses.replace(LLAMA, mtp_num_layers=1),
+    for config in (*MODELS.values(), replace_settings(LLAMA, mtp_num_layers=1),
                    dataclasses.replace(LLAMA, **mla), dataclasses.replace(LLAMA, **mla, q_lora_rank=24),
                    *(MOE_MODELS.values() if sequence_parallel else ())):
         for name, module in _model(config, sequence_parallel).named_modules():

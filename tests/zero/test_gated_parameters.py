@@ -94,9 +94,9 @@ MODELS = {
 
 @pytest.mark.parametrize("options", MODELS.values(), ids=MODELS.keys())
 def test_no_unit_is_read_before_its_gather_is_waited_for(options):
-    config = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
-                         max_position_embeddings=SEQ, vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
-                         **options)
+    config = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
+                            max_position_embeddings=SEQ, vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
+                            **options)
     model, storage, log = overlapped(config)
     assert all(isinstance(param, GatedParameter) for param in model.parameters())
     tokens = torch.randint(0, VOCAB, (2, SEQ + 1), generator=torch.Generator().manual_seed(0))
