@@ -74,6 +74,7 @@ from arguments.megatron.flags import (
     resolve_meanings,
 )
 from arguments.megatron.harvested_flags import add_harvested, classified_options, harvested
+from arguments.megatron.hybrid_layer_pattern import apply_hybrid_pattern
 from arguments.megatron.limited_devices import apply_limited_devices
 from arguments.option_table import OptionTable, option_table, stores_a_constant
 from arguments.run_lengths import check_run_lengths, use_sample_based_lengths
@@ -379,6 +380,10 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         dense_notes.append(f"--expert-tensor-parallel-size {settings['expert_tensor_parallel_size']}: no effect "
                            f"on a dense model (no --num-experts), as in Megatron-LM")
         settings["expert_tensor_parallel_size"] = None
+    pattern_problems, pattern_notes = apply_hybrid_pattern(
+        settings, sources, every_option_typed(parser, argv).get("hybrid_layer_pattern", []))
+    problems += pattern_problems
+    dense_notes += pattern_notes
     limited_problem, limited_note = apply_limited_devices(settings, sources)
     problems += [limited_problem] if limited_problem else []
     dense_notes += [limited_note] if limited_note else []

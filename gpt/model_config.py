@@ -17,6 +17,7 @@ from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option, replace_settings, section, with_settings
 from gpt.architecture import NORMALIZATIONS, SOFTMAX_TYPES, SUBLAYER_NORM_PLACES, Architecture
 from gpt.attention_window import check_window_size, window_size_value
+from gpt.hybrid_pattern import check_model_follows_pattern
 from gpt.layer_pattern import check_no_rope_freq
 from gpt.longrope import LongRope, factor_list_value
 from gpt.moe.settings import (
@@ -72,6 +73,13 @@ CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 @dataclass(frozen=True)
 class ModelConfig:
     num_layers: int = option(4, aliases={"--encoder-num-layers": "Megatron-LM (a GPT's only stack)"})
+    # Megatron-LM's HybridModel pattern, read as GPT blocks (gpt/hybrid_pattern.py): it sets the depth, the MoE layers,
+    # the stages and the MTP depth (arguments/megatron/hybrid_layer_pattern.py)
+    hybrid_layer_pattern: Optional[str] = option(
+        None, aliases={"--hybrid-override-pattern": "Megatron-LM (deprecated)"},
+        help="Megatron-LM's layer pattern: `*-` a dense block, `*E` an MoE block, `|` between pipeline segments "
+             "(segment k: model chunk k // PP of rank k mod PP), `/` then one block per MTP depth, e.g. '*-*E|*E*E/*E'; "
+             "sets --num-layers, --moe-layer-freq, the stages and --mtp-num-layers")
     hidden_size: int = 128
     num_attention_heads: int = 4
     # Megatron-LM's --kv-channels: each head's width (Megatron-Core's kv_channels; transformers' head_dim), so the
@@ -500,7 +508,7 @@ class ModelConfig:
         per-layer pattern flags, written for the real model's layers and shaping no parameter, are dropped rather
         than checked again against the probe's count (--no-rope-freq 4 is valid at 8 layers, not at 1)."""
         return replace_settings(self, num_layers=num_layers, window_attn_skip_freq=None, no_rope_freq=None,
-                                **changes)
+                                hybrid_layer_pattern=None, **changes)
 
     def moe_layers(self) -> tuple[bool, ...]:
         """Per layer, whether it is an MoE layer (--moe-layer-freq); all False for a dense model."""
@@ -788,6 +796,8 @@ class ModelConfig:
                               "sees the whole causal context, as in Megatron-Core",
                               flags=("--window-size", "--multi-latent-attention"))
         self._check_multi_latent_attention()
+        if self.hybrid_layer_pattern is not None:
+            check_model_follows_pattern(self)
         counts = self.num_experts if isinstance(self.num_experts, tuple) else (self.num_experts or 0,)
         if min(counts) < 0:
             raise ConfigError(f"--num-experts must be at least 1, got {min(counts)}", flags=("--num-experts",))

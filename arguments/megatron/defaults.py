@@ -30,7 +30,8 @@ from arguments.option_table import option_table, stores_a_constant
 
 # Megatron-LM's argument files, newest first (its current file leaves some defaults to dataclasses).
 DEFAULT_SOURCES = ("megatron-lm", "megatron-lm-core_v0.15.0", "megatron-lm-23.04", "megatron-lm-v2.6")
-MODEL_SETTINGS = ("num_layers", "hidden_size", "num_attention_heads")
+# (--hybrid-layer-pattern sets the depth in place of --num-layers: Megatron-LM's hybrid launches omit the latter)
+MODEL_SETTINGS = ("num_layers", "hidden_size", "num_attention_heads", "hybrid_layer_pattern")
 # Megatron-LM's global batch when none is given (arguments.py: `args.global_batch_size =
 # args.micro_batch_size * args.data_parallel_size`), said as one accumulation step per rank.
 # One warmup length: where a launch gives one, an old generation's default of another (--warmup 0.01) does

@@ -363,9 +363,9 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
      "attention over the causal context (or a sliding window of it, --window-size)",
      _names("""
         --experimental-attention-variant""")),
-    ("not implemented: every block is the same GPT-2 block", _names("""
-        --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec --enable-mhc-connections
-        --is-hybrid-model --hybrid-layer-pattern --hybrid-override-pattern""")),
+    ("not implemented: every block is attention then its MLP, chosen by the model flags or --hybrid-layer-pattern "
+     "(`*-`, `*E`)", _names("""
+        --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --enable-mhc-connections""")),
     # Megatron-Core's muP (megatron/core/transformer/transformer_config.py __post_init__, megatron/core/utils.py
     # mup_scaled_init_method_normal, language_module.py _scale_logits, optimizer/__init__.py
     # get_mup_config_overrides): four rules over the model and the optimizer, none of which exists here
@@ -524,6 +524,24 @@ def _null_tokenizer_eod(value: Any, settings: Optional[Mapping[str, Any]]) -> bo
             or value == settings.get("vocab_size"))
 
 
+# --spec's values that name Megatron-Core's hybrid stack (hybrid_layer_specs.py @ d98e8a64: mamba_stack_spec =
+# hybrid_stack_spec; megatron/core/models/mamba/mamba_layer_specs.py re-exports them)
+HYBRID_STACK_SPECS = tuple((module, name) for module in ("megatron.core.models.hybrid.hybrid_layer_specs",
+                                                         "megatron.core.models.mamba.mamba_layer_specs")
+                           for name in ("hybrid_stack_spec", "mamba_stack_spec"))
+HYBRID_STACK = ("Megatron-Core's hybrid stack of attention, MLP and MoE layers: here the blocks --hybrid-layer-pattern "
+                "chooses")
+
+
+def _with_pattern(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
+    """--is-hybrid-model says the launch's model is --hybrid-layer-pattern's."""
+    return settings is None or settings.get("hybrid_layer_pattern") is not None
+
+
+def _hybrid_stack_spec(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
+    return tuple(value or ()) in HYBRID_STACK_SPECS and _with_pattern(value, settings)
+
+
 MODELOPT = ("ModelOpt's quantized export is not implemented (Megatron-LM's megatron/post_training): use the default, "
             "or run it with Megatron-LM and nvidia-modelopt")
 
@@ -561,6 +579,14 @@ AT_VALUE: dict[str, AtValue] = {
                        "hybrid pattern; drop the flag")
        for option in _names("""--mtp-detach-heads --mtp-hsm --mtp-hybrid-override-pattern --mtp-standalone
                                --mtp-use-repeated-layer""")},
+    # Megatron-LM's pretrain_hybrid.py builds the stack --spec names (hybrid_builders.py @ d98e8a64); its launches
+    # name Megatron-Core's own (docs/user-guide/hybrid-model-migration.md), whose layers the pattern chooses
+    "--spec": AtValue(_hybrid_stack_spec, HYBRID_STACK, "not implemented: the blocks here are built from the model "
+                      "flags; --spec is accepted only as Megatron-Core's hybrid stack (" + " or ".join(
+                          " ".join(spec) for spec in HYBRID_STACK_SPECS[::3]) + ") beside --hybrid-layer-pattern"),
+    "--is-hybrid-model": AtValue(_with_pattern, "names the model --hybrid-layer-pattern builds",
+                                 "a hybrid model is built here from --hybrid-layer-pattern (`*-` and `*E` blocks): "
+                                 "give the pattern"),
     "--dataloader-type": AtValue(_equals("single"), "one pass over shuffled samples, consumed samples resuming it, "
                                                     "as here",
                                  "not implemented: the sampler draws each sample once per pass in a --seed order "

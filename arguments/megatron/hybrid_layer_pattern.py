@@ -1,0 +1,152 @@
+"""`--hybrid-layer-pattern` (and its deprecated spelling `--hybrid-override-pattern`) as the GPT settings it gives.
+
+Megatron-LM's validate_args (megatron/training/arguments.py @ d98e8a64, "Hybrid layer pattern: deprecation handling
+and validation") derives num_layers from the pattern, the virtual stages from its `|` segments (a multiple of
+--pipeline-model-parallel-size) and --mtp-num-layers from its `/` parts, and asserts that the other ways of
+placing layers on stages are not given. Here the pattern's blocks (gpt/hybrid_pattern.py) become the settings the
+GPT flags set, so both build one model through one path: --num-layers (the blocks), --moe-layer-freq (one 0 or 1
+per block), --pipeline-model-parallel-layout (the segments) and --mtp-num-layers.
+
+Where Megatron-LM warns and takes the pattern's count over a --num-layers or --mtp-num-layers that differs, a
+disagreeing one is refused here in one line: the launch names two models. --num-layers agrees when it is the
+pattern's blocks or Megatron's count of its layers (one per symbol, twice the blocks).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from arguments.config_sources import DEFAULT, FLAG, PRESET, Source
+from base.errors import ConfigError
+from gpt.hybrid_pattern import FLAG as PATTERN_FLAG
+from gpt.hybrid_pattern import HybridPattern, parse_hybrid_pattern
+from gpt.moe.settings import largest_expert_count, moe_layer_pattern
+from gpt.pipeline_layout import LAYOUT_FLAG, layout_chunks
+
+OLD_FLAG = "--hybrid-override-pattern"
+# Megatron-LM asserts each is absent beside a pattern: "Pipeline stage layout is defined by | separators"
+PLACEMENT_FLAGS = {"pipeline_model_parallel_layout": LAYOUT_FLAG,
+                   "num_layers_per_virtual_pipeline_stage": "--num-layers-per-virtual-pipeline-stage",
+                   "num_virtual_stages_per_pipeline_rank": "--num-virtual-stages-per-pipeline-rank",
+                   "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+                   "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
+UNEVEN_FLAGS = {"decoder_first_pipeline_num_layers": "--decoder-first-pipeline-num-layers",
+                "decoder_last_pipeline_num_layers": "--decoder-last-pipeline-num-layers"}
+
+
+def apply_hybrid_pattern(settings: dict[str, Any], sources: dict[str, Source], typed: Sequence[str]
+                         ) -> tuple[list[str], list[str]]:
+    """(problems, notes): the pattern's depth, MoE layers, stages and MTP depth written into `settings`, or one line
+    each for what contradicts it. `typed`: the options the command line gave for the pattern (both spellings
+    together are Megatron-LM's assertion)."""
+    text = settings.get("hybrid_layer_pattern")
+    if text is None:
+        return [], []
+    if len(set(typed)) > 1:
+        settings["hybrid_layer_pattern"] = None
+        return [f"{OLD_FLAG} with {PATTERN_FLAG}: give one ({OLD_FLAG} is its deprecated name; Megatron-LM asserts "
+                f"they are not both given)"], []
+    given = Source(FLAG, typed[-1] if typed else PATTERN_FLAG, note="the pattern's blocks")
+    before = dict(settings)
+    try:
+        pattern = parse_hybrid_pattern(text)
+        changes = _depths(pattern, settings, sources)
+        settings.update(changes)  # the depths hold even where the rest is refused, so no other problem follows
+        changes.update(_moe_layers(pattern, settings, sources))
+        changes.update(_stages(pattern, settings))
+    except ConfigError as error:
+        settings["hybrid_layer_pattern"] = None  # said once: the config's own check would say it again
+        return [str(error)], []
+    # the depth always, so --print-config says where it came from; the rest where the pattern changes it
+    changes = {name: value for name, value in changes.items()
+               if name == "num_layers" or value != before.get(name)}
+    for name, value in changes.items():
+        settings[name], sources[name] = value, given
+    return [], [f"> {PATTERN_FLAG} {text}: {pattern.num_layers} blocks of attention then MLP (Megatron's "
+                f"{pattern.megatron_layers} layers), " + ", ".join(f"{_flag(name)} {value}"
+                                                                 for name, value in changes.items())]
+
+
+def _flag(name: str) -> str:
+    return {**PLACEMENT_FLAGS, **UNEVEN_FLAGS}.get(name, "--" + name.replace("_", "-"))
+
+
+def _refuse(pattern: HybridPattern, why: str, *flags: str) -> ConfigError:
+    return ConfigError(f"{PATTERN_FLAG} {pattern.text}: {why}", flags=(PATTERN_FLAG, *flags))
+
+
+def _explicit(sources: dict[str, Source], name: str) -> bool:
+    """Typed by the user (a flag, the JSON, a Hugging Face folder), not a preset's or a default."""
+    return name in sources and sources[name].kind not in (DEFAULT, PRESET)
+
+
+def _depths(pattern: HybridPattern, settings: dict[str, Any], sources: dict[str, Source]) -> dict[str, Any]:
+    """The blocks and the MTP depth, or one line for a --num-layers or --mtp-num-layers that names another model."""
+    layers = settings["num_layers"]
+    if _explicit(sources, "num_layers") and layers not in (pattern.num_layers, pattern.megatron_layers):
+        raise _refuse(pattern, f"{pattern.num_layers} blocks of attention then MLP (Megatron's "
+                               f"{pattern.megatron_layers} layers, one per symbol), not --num-layers {layers}: drop "
+                               f"--num-layers, the pattern sets the depth (as in Megatron-LM)", "--num-layers")
+    mtp = settings.get("mtp_num_layers") or 0
+    if _explicit(sources, "mtp_num_layers") and mtp not in (0, pattern.mtp_depth):
+        raise _refuse(pattern, f"{pattern.mtp_depth} MTP layers (one block after each `/`), not --mtp-num-layers "
+                               f"{mtp}: drop --mtp-num-layers, or write each depth in the pattern ('.../*-/*-')",
+                      "--mtp-num-layers")
+    return {"num_layers": pattern.num_layers, "mtp_num_layers": pattern.mtp_depth}
+
+
+def _moe_layers(pattern: HybridPattern, settings: dict[str, Any], sources: dict[str, Source]) -> dict[str, Any]:
+    moe = pattern.moe_layers()
+    experts = largest_expert_count(settings.get("num_experts"))
+    if any(moe) and experts is None:
+        raise _refuse(pattern, "its `E` (MoE) layers need --num-experts", "--num-experts")
+    if experts is None:
+        return {}  # a dense model: --moe-layer-freq is not read
+    if _explicit(sources, "moe_layer_freq"):
+        freq = settings["moe_layer_freq"]
+        if moe_layer_pattern(freq, pattern.num_layers) != moe:
+            raise _refuse(pattern, f"its MoE blocks are {pattern.moe_layer_freq()}, not --moe-layer-freq {freq}: "
+                                   f"drop --moe-layer-freq, the pattern places the MoE layers", "--moe-layer-freq")
+    # every block MoE is --moe-layer-freq's default 1, so the pattern's model records as the GPT flags' does
+    return {"moe_layer_freq": 1 if all(moe) else pattern.moe_layer_freq()}
+
+
+def _stages(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str, Any]:
+    """The segments as --pipeline-model-parallel-layout; without `|`, Megatron's even split of its layers."""
+    for name, flag in PLACEMENT_FLAGS.items():
+        if settings.get(name):
+            raise _refuse(pattern, f"{flag} beside the pattern: the pattern's `|` segments place the layers on the "
+                                   f"stages (Megatron-LM asserts it is not given); drop {flag}", flag)
+    stages = settings.get("pipeline_model_parallel_size") or 1
+    if len(pattern.segments) > 1:
+        for name, flag in UNEVEN_FLAGS.items():
+            if settings.get(name) is not None:
+                raise _refuse(pattern, f"{flag} with `|` in the pattern: the segments are the stages (Megatron-LM "
+                                       f"asserts it is not given); drop {flag}", flag)
+        if len(pattern.segments) % stages:
+            raise _refuse(pattern, f"{len(pattern.segments)} pipeline segments, not a multiple of "
+                                   f"--pipeline-model-parallel-size {stages} (as Megatron-LM asserts)",
+                          "--pipeline-model-parallel-size")
+        layout = pattern.pipeline_layout()
+        try:
+            layout_chunks(layout, stages, pattern.num_layers, pattern.mtp_depth)
+        except ConfigError as error:
+            raise _refuse(pattern, f"its segments as {error}", "--pipeline-model-parallel-size") from None
+        return {"pipeline_model_parallel_layout": layout}
+    return _uneven_split(pattern, settings)
+
+
+def _uneven_split(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str, Any]:
+    """A pattern without `|` splits Megatron's layers (two per block) over the stages: evenly, or with
+    --decoder-first/last-pipeline-num-layers counted in those layers (select_pipeline_segment), so halved here."""
+    changes: dict[str, Optional[int]] = {}
+    for name, flag in UNEVEN_FLAGS.items():
+        value = settings.get(name)
+        if value is not None:
+            if value % 2:
+                raise _refuse(pattern, f"{flag} {value} counts Megatron's layers (one per symbol), so it ends the "
+                                       f"stage inside a block: give an even count, 2 per block", flag)
+            changes[name] = value // 2
+    # (Megatron's even split of 2 x blocks layers ends every stage between blocks exactly where the blocks split
+    # evenly, which gpt/stage_layers.py checks for the GPT flags)
+    return changes

@@ -1,0 +1,145 @@
+"""Megatron-LM's --hybrid-layer-pattern, read as the GPT blocks it names.
+
+Megatron-Core's HybridModel (megatron/core/models/hybrid/hybrid_layer_allocation.py @ d98e8a64) builds one layer
+per symbol: `*` attention, `-` MLP, `E` MoE (and `M` Mamba, `G` Gated DeltaNet, `D` DeepSeek sparse attention, `+`
+multi-latent attention); `|` separates pipeline segments, segment vp * PP + pp_rank being model chunk vp of
+pipeline rank pp_rank (select_pipeline_segment); `/` starts the MTP patterns, "<main>/<mtp>/<mtp>", one per MTP
+depth, all identical (parse_hybrid_pattern). A block here is attention then its MLP, so the patterns built here
+are those made of `*-` (a dense block) and `*E` (an MoE block): `*-*E` is two blocks, the second an MoE block.
+What no block here is (another layer family, an attention layer without its MLP, an MLP without its attention, a
+`|` between a block's two layers) is refused in one line.
+
+The settings the pattern gives are the GPT path's own (the depth, --moe-layer-freq's per-layer list, the stages as
+--pipeline-model-parallel-layout, --mtp-num-layers); arguments/megatron/hybrid_layer_pattern.py sets them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from base.errors import ConfigError
+
+FLAG = "--hybrid-layer-pattern"
+ATTENTION, MLP, MOE, PIPE, MTP_SEPARATOR = "*", "-", "E", "|", "/"
+BLOCKS = (ATTENTION + MLP, ATTENTION + MOE)
+# Megatron-Core's other layer symbols (Symbols, hybrid_layer_allocation.py @ d98e8a64), each a layer family not
+# built here
+NOT_BUILT = {"M": "Mamba", "G": "Gated DeltaNet (GDN)", "D": "DeepSeek sparse attention (DSA)",
+             "+": "multi-latent attention (MLA)"}
+BLOCKS_HERE = ("the layers here are attention-then-MLP blocks: a block is `*-` (dense) or `*E` (MoE), so a `*` "
+               "is followed by its `-` or `E` and each `-` or `E` follows its `*`")
+
+
+@dataclass(frozen=True)
+class HybridPattern:
+    text: str
+    segments: tuple[tuple[str, ...], ...]  # the main pattern's `|` segments, each its blocks ("*-" or "*E")
+    mtp_block: Optional[str]               # the block of each MTP depth, None without MTP
+    mtp_depth: int
+
+    @property
+    def blocks(self) -> tuple[str, ...]:
+        return tuple(block for segment in self.segments for block in segment)
+
+    @property
+    def num_layers(self) -> int:
+        """The GPT blocks (--num-layers here)."""
+        return len(self.blocks)
+
+    @property
+    def megatron_layers(self) -> int:
+        """Megatron's num_layers for the pattern (get_hybrid_total_layer_count): one per symbol of the main pattern."""
+        return 2 * self.num_layers
+
+    def moe_layers(self) -> tuple[bool, ...]:
+        return tuple(block == ATTENTION + MOE for block in self.blocks)
+
+    def moe_layer_freq(self) -> str:
+        """--moe-layer-freq as a list expression, one 0 (dense) or 1 (MoE) per block."""
+        return "[" + ",".join(str(int(moe)) for moe in self.moe_layers()) + "]"
+
+    def pipeline_layout(self) -> str:
+        """The segments as --pipeline-model-parallel-layout (gpt/pipeline_layout.py): the same virtual stages, the
+        k-th being chunk k // PP of rank k % PP there as here; E on the first, the MTP layers and L on the last."""
+        stages = ["t" * len(segment) for segment in self.segments]
+        stages[0] = "E" + stages[0]
+        stages[-1] += "m" * self.mtp_depth + "L"
+        return "|".join(stages)
+
+
+def _refuse(text: str, why: str) -> ConfigError:
+    return ConfigError(f"{FLAG} {text}: {why}", flags=(FLAG,))
+
+
+def _check_symbols(text: str) -> None:
+    for symbol in text:
+        if symbol in NOT_BUILT:
+            raise _refuse(text, f"`{symbol}` ({NOT_BUILT[symbol]}) layers are not built here; the pattern builds "
+                                f"`*` attention, `-` MLP and `E` MoE layers")
+        if symbol not in (ATTENTION, MLP, MOE, PIPE, MTP_SEPARATOR):
+            raise _refuse(text, f"{symbol!r} is not a layer symbol (Megatron-Core's: `*` attention, `-` MLP, `E` MoE, "
+                                f"`M` Mamba, `G` GDN, `D` DSA, `+` MLA; `|` a pipeline segment boundary, `/` MTP)")
+
+
+def _blocks(text: str, part: str) -> tuple[str, ...]:
+    """The blocks of one segment, or one line saying why they are not blocks here."""
+    pairs = tuple(part[i:i + 2] for i in range(0, len(part), 2))  # an odd part ends in a lone symbol
+    wrong = next((pair for pair in pairs if pair not in BLOCKS), None)
+    if wrong is not None:
+        raise _refuse(text, f"{wrong!r} in {part!r} is not a block: {BLOCKS_HERE}")
+    return pairs
+
+
+def parse_hybrid_pattern(text: str) -> HybridPattern:
+    """The pattern's blocks, stages and MTP depth; ConfigError in one line for what is not built here."""
+    _check_symbols(text)
+    main, *mtp_parts = text.split(MTP_SEPARATOR)
+    if any(part != mtp_parts[0] for part in mtp_parts):  # Megatron: "All MTP patterns must be identical"
+        raise _refuse(text, f"the MTP patterns after `/` differ ({', '.join(repr(part) for part in mtp_parts)}): "
+                            f"each `/` gives one MTP depth, all identical (as Megatron-Core requires)")
+    mtp_block = None
+    if mtp_parts and mtp_parts[0]:  # "<main>/" alone (or "/" parts all empty) is no MTP, as Megatron reads it
+        if PIPE in mtp_parts[0]:
+            raise _refuse(text, "`|` in an MTP pattern: pipeline segments are the main pattern's (before the `/`)")
+        mtp = _blocks(text, mtp_parts[0])
+        if len(mtp) != 1:
+            raise _refuse(text, f"the MTP pattern {mtp_parts[0]!r} holds {len(mtp)} blocks: an MTP layer here is one "
+                                f"block (Megatron-Core's GPT MTP layer), `*-` or `*E`")
+        mtp_block = mtp[0]
+    segments = main.split(PIPE)
+    for left, right in zip(segments, segments[1:]):
+        if left.endswith(ATTENTION) and right[:1] in (MLP, MOE):
+            raise _refuse(text, f"`|` splits the block {ATTENTION + right[0]!r} between two pipeline segments: a "
+                                f"segment holds whole blocks (attention then its MLP)")
+    pattern = HybridPattern(text, tuple(_blocks(text, segment) for segment in segments), mtp_block,
+                            len(mtp_parts) if mtp_block else 0)
+    if pattern.num_layers == 0:
+        raise _refuse(text, "no decoder blocks before the MTP patterns: give at least one `*-` or `*E`")
+    if mtp_block is not None and mtp_block != pattern.blocks[-1]:
+        # gpt/model.py builds each MTP layer's block of the last decoder layer's kind, as Megatron-Core's GPT MTP
+        raise _refuse(text, f"the MTP block {mtp_block!r} differs from the last decoder block "
+                            f"{pattern.blocks[-1]!r}: an MTP layer here is a block of the last decoder layer's kind "
+                            f"(Megatron-Core's GPT MTP), dense or MoE as it is")
+    return pattern
+
+
+def check_model_follows_pattern(model) -> None:
+    """A ModelConfig with a pattern holds the depth, MoE layers and MTP depth the pattern gives (set from the flags
+    by arguments/megatron/hybrid_layer_pattern.py; a config built in code must give them too)."""
+    pattern = parse_hybrid_pattern(model.hybrid_layer_pattern)
+    if model.num_layers != pattern.num_layers:
+        raise ConfigError(f"{FLAG} {pattern.text} is {pattern.num_layers} blocks (Megatron's {pattern.megatron_layers} "
+                          f"layers), not --num-layers {model.num_layers}: drop --num-layers, the pattern sets the "
+                          f"depth (as in Megatron-LM)", flags=(FLAG, "--num-layers"))
+    if model.mtp.num_layers != pattern.mtp_depth:
+        raise ConfigError(f"{FLAG} {pattern.text} gives {pattern.mtp_depth} MTP layers (one per `/`), not "
+                          f"--mtp-num-layers {model.mtp.num_layers}: drop --mtp-num-layers, or write its depths in "
+                          f"the pattern", flags=(FLAG, "--mtp-num-layers"))
+    if any(pattern.moe_layers()) and model.moe is None:
+        raise ConfigError(f"{FLAG} {pattern.text}: its `E` (MoE) layers need --num-experts",
+                          flags=(FLAG, "--num-experts"))
+    if model.moe is not None and model.moe_layers() != pattern.moe_layers():
+        raise ConfigError(f"{FLAG} {pattern.text} places the MoE layers ({pattern.moe_layer_freq()}, one per block), "
+                          f"not --moe-layer-freq {model.moe_layer_freq}: drop --moe-layer-freq",
+                          flags=(FLAG, "--moe-layer-freq"))

@@ -1,0 +1,104 @@
+"""--hybrid-layer-pattern read as GPT blocks (gpt/hybrid_pattern.py) and turned into the GPT settings
+(arguments/megatron/hybrid_layer_pattern.py): what each pattern sets, and each refusal in one line.
+
+The symbols and rules are Megatron-Core's (megatron/core/models/hybrid/hybrid_layer_allocation.py @ d98e8a64) and
+Megatron-LM's validate_args (megatron/training/arguments.py @ d98e8a64); tests/training/test_hybrid_layer_pattern.py
+trains the patterns against the GPT flags.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from arguments.config import ConfigError
+from arguments.parser import parse_arguments
+from base.options import setting_values
+from gpt.hybrid_pattern import parse_hybrid_pattern
+from gpt.pipeline_layout import layout_chunks
+
+MEGATRON_SPEC = ["--spec", "megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"]
+
+
+def test_a_pattern_is_its_blocks_stages_and_mtp_depth():
+    pattern = parse_hybrid_pattern("*-*E|*E*E/*E/*E")
+    assert pattern.blocks == ("*-", "*E", "*E", "*E")
+    assert (pattern.num_layers, pattern.megatron_layers, pattern.mtp_depth) == (4, 8, 2)
+    assert pattern.moe_layer_freq() == "[0,1,1,1]"
+    assert pattern.pipeline_layout() == "Ett|ttmmL"
+    # Megatron's test pattern "*-"*16 (tests/unit_tests/models/test_hybrid_model.py's "*-" segments): 16 blocks
+    assert parse_hybrid_pattern("*-" * 16).num_layers == 16
+    # "<main>/" with nothing after it is no MTP, as parse_hybrid_pattern reads it
+    assert parse_hybrid_pattern("*-*-/").mtp_depth == 0
+
+
+def test_segment_k_is_chunk_k_over_pp_of_rank_k_mod_pp():
+    """select_pipeline_segment: segment_index = vp_stage * pp_size + pp_rank; the layout reads its stages so."""
+    pattern = parse_hybrid_pattern("*-|*-*-|*-*-*-|*-")
+    chunks = layout_chunks(pattern.pipeline_layout(), 2, pattern.num_layers, 0)
+    assert [[stage.count("t") for stage in rank] for rank in chunks] == [[1, 3], [2, 1]]
+
+
+@pytest.mark.parametrize("argv, settings", [
+    # the pattern alone sets the depth, as Megatron-LM's own tests launch `--hybrid-layer-pattern "*-"*16`
+    (["--hybrid-layer-pattern", "*-" * 16], {"num_layers": 16}),
+    # --num-layers may repeat the blocks, or Megatron's count of the pattern's layers
+    (["--hybrid-layer-pattern", "*-*-", "--num-layers", "4"], {"num_layers": 2}),
+    (["--hybrid-layer-pattern", "*-*-", "--num-layers", "2"], {"num_layers": 2}),
+    (["--hybrid-layer-pattern", "*-*E*E*E", "--num-experts", "4"], {"moe_layer_freq": "[0,1,1,1]"}),
+    (["--hybrid-layer-pattern", "*E*E", "--num-experts", "4"], {"moe_layer_freq": 1}),
+    (["--hybrid-layer-pattern", "*-*-/*-/*-"], {"num_layers": 2, "mtp_num_layers": 2}),
+    (["--hybrid-layer-pattern", "*-*-|*-*-|*-*-|*-*-", "--pipeline-model-parallel-size", "2"],
+     {"num_layers": 8, "pipeline_model_parallel_layout": "Ett|tt|tt|ttL"}),
+    # without `|`, --decoder-first-pipeline-num-layers counts Megatron's layers, two a block
+    (["--hybrid-layer-pattern", "*-*-*-*-", "--pipeline-model-parallel-size", "2",
+      "--decoder-first-pipeline-num-layers", "2"], {"decoder_first_pipeline_num_layers": 1}),
+    # its deprecated spelling, and Megatron's hybrid launch flags beside it
+    (["--hybrid-override-pattern", "*-*-*-", "--is-hybrid-model", *MEGATRON_SPEC], {"num_layers": 3}),
+])
+def test_the_pattern_sets_the_gpt_settings(argv, settings):
+    config = parse_arguments(argv).config
+    flat = {**setting_values(config.model), **setting_values(config.parallel)}
+    assert {name: flat[name] for name in settings} == settings
+    assert config.model.hybrid_layer_pattern is not None
+
+
+REFUSED = {
+    "mamba": (["--hybrid-layer-pattern", "M*M*"], "`M` (Mamba) layers are not built here"),
+    "unknown symbol": (["--hybrid-layer-pattern", "*-x-"], "'x' is not a layer symbol"),
+    "lone mlp": (["--hybrid-layer-pattern=-*-*"], "'-*' in '-*-*' is not a block"),
+    "attention alone": (["--hybrid-layer-pattern", "*-**-"], "'**' in '*-**-' is not a block"),
+    "pipe inside a block": (["--hybrid-layer-pattern", "*-*|-*-", "--pipeline-model-parallel-size", "2"],
+                            "`|` splits the block '*-'"),
+    "unequal mtp": (["--hybrid-layer-pattern", "*-*E/*E/*-", "--num-experts", "4"], "the MTP patterns after `/` differ"),
+    "mtp of another kind": (["--hybrid-layer-pattern", "*-*-/*E", "--num-experts", "4"],
+                            "an MTP layer here is a block of the last decoder layer's kind"),
+    "segments over pp": (["--hybrid-layer-pattern", "*-*-|*-*-|*-*-", "--pipeline-model-parallel-size", "2"],
+                         "3 pipeline segments, not a multiple of --pipeline-model-parallel-size 2"),
+    # Megatron's even split of its 6 layers would end a stage inside a block: the GPT split's own refusal
+    "even split inside a block": (["--hybrid-layer-pattern", "*-*-*-", "--pipeline-model-parallel-size", "2"],
+                                  "--num-layers 3 is not divisible by --pipeline-model-parallel-size 2"),
+    "num layers": (["--hybrid-layer-pattern", "*-*-", "--num-layers", "3"], "not --num-layers 3: drop --num-layers"),
+    "mtp num layers": (["--hybrid-layer-pattern", "*-*-/*-", "--mtp-num-layers", "2"],
+                       "1 MTP layers (one block after each `/`), not --mtp-num-layers 2"),
+    "moe without experts": (["--hybrid-layer-pattern", "*-*E"], "its `E` (MoE) layers need --num-experts"),
+    "moe layer freq": (["--hybrid-layer-pattern", "*-*E", "--num-experts", "4", "--moe-layer-freq", "1"],
+                       "its MoE blocks are [0,1], not --moe-layer-freq 1"),
+    "layout beside": (["--hybrid-layer-pattern", "*-*-", "--pipeline-model-parallel-size", "2",
+                       "--pipeline-model-parallel-layout", "Et|tL"], "--pipeline-model-parallel-layout beside the"),
+    "both spellings": (["--hybrid-layer-pattern", "*-", "--hybrid-override-pattern", "*-"],
+                       "--hybrid-override-pattern with --hybrid-layer-pattern: give one"),
+    "odd first stage": (["--hybrid-layer-pattern", "*-*-", "--pipeline-model-parallel-size", "2",
+                         "--decoder-first-pipeline-num-layers", "1"], "ends the stage inside a block"),
+    "other spec": (["--hybrid-layer-pattern", "*-", "--spec", "local"], "--spec local: not implemented"),
+    "hybrid model without a pattern": (["--is-hybrid-model"], "give the pattern"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_each_refusal_is_one_line(name):
+    argv, words = REFUSED[name]
+    with pytest.raises(ConfigError) as refused:
+        parse_arguments(argv)
+    message = str(refused.value)
+    assert "\n" not in message and "problems:" not in message, message  # one line, one problem
+    assert words in message, message

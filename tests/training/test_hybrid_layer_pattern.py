@@ -1,0 +1,77 @@
+"""--hybrid-layer-pattern trains the model its equivalent GPT flags train, bitwise (fp32 on gloo): a dense pattern, an
+MoE one with its first block dense, an MTP one (one process each), and pipelined ones at PP 2 (one 2-rank launch:
+`|` as the stage boundary, `|` segments as interleaved chunks, an uneven first segment); and pretrain_hybrid.py
+takes a Megatron-LM hybrid launch as written (no --num-layers; --spec naming Megatron-Core's hybrid stack;
+--is-hybrid-model) and logs the losses of pretrain_gpt.py's launch with --num-layers.
+
+Bitwise, not within a tolerance: the pattern only sets the GPT settings (arguments/megatron/hybrid_layer_pattern.py),
+so both launches build the same blocks with the same initial values and run the same steps.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed import free_port, run_distributed
+from tests.training.test_pipeline_training import _records, _train, train_configurations
+
+# tests/training/test_pipeline_training.py's MODEL (4 blocks, hidden 32, 5 iterations of 8 micro-batches) gives
+# --num-layers 4 itself, which each pattern below agrees with (4 blocks)
+EXPERTS = ["--num-experts", "4"]
+SINGLE = {  # name: (the pattern's flags, the GPT flags)
+    "dense": (["--hybrid-layer-pattern", "*-*-*-*-"], []),
+    "moe-first-dense": (["--hybrid-layer-pattern", "*-*E*E*E", *EXPERTS], [*EXPERTS, "--moe-layer-freq", "[0]+[1]*3"]),
+    "mtp": (["--hybrid-layer-pattern", "*-*-*-*-/*-"], ["--mtp-num-layers", "1"]),
+}
+PP2 = ["--pipeline-model-parallel-size", "2"]
+PIPELINED = {  # name: (the pattern's flags, the GPT flags), each at PP 2
+    "stages": (["--hybrid-layer-pattern", "*-*-|*-*-", *PP2], PP2),
+    # segment k is chunk k // PP of rank k mod PP (select_pipeline_segment), as --num-layers-per-virtual-pipeline-stage
+    "interleaved-moe": (["--hybrid-layer-pattern", "*-|*E|*E|*E", *EXPERTS, *PP2],
+                        [*EXPERTS, "--moe-layer-freq", "[0]+[1]*3", "--num-layers-per-virtual-pipeline-stage", "1",
+                         *PP2]),
+    "uneven": (["--hybrid-layer-pattern", "*-|*-*-*-", *PP2], ["--decoder-first-pipeline-num-layers", "1", *PP2]),
+}
+
+
+@pytest.mark.parametrize("name", SINGLE)
+def test_a_pattern_trains_its_gpt_flags_losses_bitwise(name):
+    pattern, gpt = SINGLE[name]
+    from_pattern, from_flags = _train(pattern, 1).outcomes, _train(gpt, 1).outcomes
+    assert from_pattern == from_flags, name
+    if name != "dense":  # the pattern's E and / change the model: not the dense one
+        assert from_pattern != _train([], 1).outcomes, name
+
+
+@pytest.mark.slow
+def test_pipelined_patterns_train_their_gpt_flags_losses_bitwise():
+    configs = {f"{name}-{side}": (flags, 1) for name, sides in PIPELINED.items()
+               for side, flags in zip(("pattern", "gpt"), sides)}
+    per_rank = run_distributed(train_configurations, 2, configs, [free_port() for _ in configs], timeout=300)
+    for name in PIPELINED:
+        for rank_results in per_rank:
+            assert rank_results[f"{name}-pattern"].outcomes == rank_results[f"{name}-gpt"].outcomes, name
+
+
+HYBRID_LAUNCH = ["--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+                 "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
+                 "--train-iters", "3", "--seed", "1", "--log-interval", "1", "--eval-iters", "0",
+                 "--tokenizer-vocab-size", "512", "--device", "cpu", "--hidden-dropout", "0", "--attention-dropout", "0",
+                 "--num-experts", "4"]
+# as docs/user-guide/hybrid-model-migration.md @ d98e8a64 writes the launch: the pattern, no --num-layers, the spec
+MEGATRON_HYBRID = ["--hybrid-layer-pattern", "*-*E", "--is-hybrid-model",
+                   "--spec", "megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"]
+
+
+def test_pretrain_hybrid_takes_a_megatron_hybrid_launch(tmp_path, corpus_cache):
+    import pretrain_gpt
+    import pretrain_hybrid
+
+    hybrid, gpt = tmp_path / "hybrid.jsonl", tmp_path / "gpt.jsonl"
+    common = [*HYBRID_LAUNCH, "--data-cache-dir", corpus_cache]
+    assert pretrain_hybrid.main([*common, *MEGATRON_HYBRID, "--metrics-file", str(hybrid)]) == 0
+    assert pretrain_gpt.main([*common, "--num-layers", "2", "--moe-layer-freq", "[0,1]",
+                              "--metrics-file", str(gpt)]) == 0
+    assert len(_records(hybrid, "loss")) == 3
+    assert _records(hybrid, "loss") == _records(gpt, "loss")
+
