@@ -83,7 +83,7 @@ def sample_count(training) -> int:
     train = training.train_samples if training.train_samples is not None else (training.train_iters or 0) * batch
     train_iters = training.train_iters if training.train_iters is not None else train // max(batch, 1)
     evaluations = train_iters // max(training.eval_interval, 1) + 1
-    return train + training.eval_iters * batch * (evaluations + 1)
+    return train + training.eval_batches * batch * (evaluations + 1)
 
 
 def largest_tensor(config, vocab_size: Optional[int] = None) -> tuple[int, str, tuple[str, ...]]:

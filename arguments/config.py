@@ -501,7 +501,7 @@ class TrainingConfig:
         None, group="checkpoint", metavar="FILE",
         help="append one line per rejected result and re-run verdict (Megatron's format) to FILE")
     eval_interval: int = 50
-    eval_iters: int = option(10, help="batches per evaluation; 0 disables")
+    eval_iters: int = option(10, help="batches per evaluation; 0 or less: no validation or test (as Megatron-LM)")
     # Megatron-LM's --skip-train (megatron/training/training.py pretrain @ d98e8a64: no train(), then the valid and
     # test evaluations at the loaded iteration): training/loop.py
     skip_train: bool = option(False, action="store_true",
@@ -545,6 +545,13 @@ class TrainingConfig:
             self.fault_injector_offset_seconds, self.fault_injector_seed)
 
     @property
+    def eval_batches(self) -> int:
+        """Batches per evaluation. Megatron-LM parses --eval-iters with no bound and evaluates only where it is
+        positive (core_v0.16.1 megatron/training/training.py build_train_valid_test_data_loaders: `do_valid` and
+        `do_test` need `args.eval_iters > 0`), so -1, which launch scripts pass, is no evaluation: none here too."""
+        return max(self.eval_iters, 0)
+
+    @property
     def precision(self) -> str:
         """The training precision: "fp32", "bf16" or "fp16"."""
         return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
@@ -577,8 +584,6 @@ class TrainingConfig:
                 raise ConfigError("--rampup-batch-size sets the accumulation steps of each iteration; drop "
                                   "--gradient-accumulation-steps (the ramp ends at --global-batch-size)",
                                   flags=("--rampup-batch-size", "--gradient-accumulation-steps", "--global-batch-size"))
-        if self.eval_iters < 0:
-            raise ConfigError(f"--eval-iters must be >= 0, got {self.eval_iters}", flags=("--eval-iters",))
         if not self.distributed_timeout_minutes > 0:
             raise ConfigError(f"--distributed-timeout-minutes must be positive, got {self.distributed_timeout_minutes}",
                               flags=("--distributed-timeout-minutes",))

@@ -433,6 +433,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     notes += [line for line in (clipping_note, scaler_warning, clipping_warning, checkpointing_warning,
                                 not_read_warning) if line]
     # Differences from the real pair a launch would not otherwise see, named once at start-up
+    if config.training.eval_iters < 0:
+        notes.append(f"> --eval-iters {config.training.eval_iters}: no validation or test, as Megatron-LM runs none "
+                     f"where --eval-iters <= 0")
     if config.data.fim_data:
         notes.append("> --fim-data: each sample's fill-in-the-middle draws come from a RandomState seeded with (--seed, "
                      "its index), so a resume or any --num-workers reads the same samples; Megatron-LM draws from one "

@@ -85,7 +85,7 @@ def build_data(settings: RunSettings, state: ParallelState, sources: DataSources
     (checkpoint/lineage.py), Megatron-Core's read for one --data-path prefix (`sample_dataset_class`)."""
     config, batch = settings.config, settings.batch
     training = config.training
-    eval_samples = training.eval_iters * batch.global_batch_size
+    eval_samples = training.eval_batches * batch.global_batch_size
     # the resolved train_iters is arguments/schedule.py's train_iterations (--train-samples included)
     num_samples = (batch.consumed_after(training.train_iters), eval_samples, eval_samples)
     if config.data.mock_data:

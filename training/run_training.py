@@ -55,7 +55,7 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
         stragglers = (StragglerReport(state.comm, logged.straggler_minmax_count)
                       if logged.log_straggler and not logged.disable_straggler_on_startup else None)
         metrics = IntervalMetrics(settings, state, writer, built.activations, stragglers)
-        eval_micro_batches = training.eval_iters * settings.batch.final_accumulation_steps
+        eval_micro_batches = training.eval_batches * settings.batch.final_accumulation_steps
         forward = PipelineForward(built.model, state, config.model.hidden_size) \
             if state.pipeline_parallel_size > 1 else None
         evaluator = Evaluator(built.model, run.data.make_valid_loader, run.data.make_test_loader,

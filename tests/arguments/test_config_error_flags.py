@@ -61,7 +61,7 @@ INVALID = [
     ({"train_iters": 0}, ()), ({"train_iters": None, "train_samples": None}, ()), ({"micro_batch_size": 0}, ()),
     ({"accumulation_steps": 0}, ()), ({"rampup_batch_size": [1, 1]}, ()), ({"rampup_batch_size": [0, 1, 10]}, ()),
     ({"rampup_batch_size": [3, 2, 10]}, ()), ({"rampup_batch_size": [16, 16, 100], "accumulation_steps": 2}, ()),
-    ({"eval_iters": -1}, ()), ({"distributed_timeout_minutes": 0.0}, ()), ({"heartbeat_timeout_seconds": 1.0}, ()),
+    ({"distributed_timeout_minutes": 0.0}, ()), ({"heartbeat_timeout_seconds": 1.0}, ()),
     ({"seed": -1}, ()), ({"device": "tpu"}, ()),
     ({"fp16": True, "bf16": True}, ("--no-fp16", "--no-bf16", "--zero-config")),
     ({"max_consecutive_skipped_iterations": -1}, ()), ({"loss_scale": 0.0}, ()),
