@@ -386,6 +386,44 @@ def classify_tensor_parallel(key: str, value: Any) -> list[Verdict]:
     return verdicts
 
 
+# DeepSpeed's pipeline engine settings, as its runtime/config.py get_pipeline_config fills them (0.19: stages "auto",
+# partition "best", seed_layers false, activation_checkpoint_interval 0, pipe_partitioned and grad_partitioned true)
+# and runtime/pipe/engine.py PipelineEngine reads them. The stages here come from --pipeline-model-parallel-size.
+PIPELINE_KEYS = {
+    "pipe_partitioned": "how DeepSpeed's pipeline engine sends activations between stages (each split over the "
+                        "tensor-parallel ranks, gathered at the receiver): the same values arrive",
+    "grad_partitioned": "how DeepSpeed's pipeline engine sends gradients between stages (split over the "
+                        "tensor-parallel ranks, gathered at the receiver): the same values arrive",
+    "stages": "DeepSpeed reads no stage count from here (PipelineModule's num_stages, which Megatron-DeepSpeed "
+              "takes from --pipeline-model-parallel-size, as the stages here are)",
+    "partition": "DeepSpeed reads no partition method from here (PipelineModule's partition_method, which "
+                 "Megatron-DeepSpeed sets); the layers are split as Megatron splits them",
+    "seed_layers": "DeepSpeed reads it from no config (PipelineModule's own seed_layers)",
+    "use_reentrant": "which torch checkpoint function recomputes; the recomputed values are the same",
+    "activation_checkpoint_interval": "DeepSpeed's pipeline engine recomputes each group of this many layers in "
+                                      "backward; here recomputation follows --checkpoint-activations and "
+                                      "--recompute-*: the same losses, other memory",
+}
+
+
+def classify_pipeline(key: str, value: Any) -> list[Verdict]:
+    """DeepSpeed's `pipeline` section: how its pipeline engine sends and recomputes, none of which changes the
+    math; the pipeline itself is --pipeline-model-parallel-size's (docs/pipeline-parallelism.md)."""
+    verdicts = []
+    for name, given in block(key, value).items():
+        if name not in PIPELINE_KEYS:  # get_pipeline_config keeps any key; the engine reads only its own
+            verdicts.append(Verdict(f"{key}.{name}", NO_EFFECT, why="DeepSpeed's pipeline engine reads no such key"))
+        elif name in ("pipe_partitioned", "grad_partitioned") and not (isinstance(given, bool) or given == "auto"):
+            # PipelineEngine asserts a bool; HabanaAI's Megatron-DeepSpeed scripts write "auto" for their fork
+            raise ConfigError(f"{key}.{name} must be true or false, got {_show(given)}")
+        elif name == "activation_checkpoint_interval" and whole_number(f"{key}.{name}", given) <= 0:
+            verdicts.append(Verdict(f"{key}.{name}", NO_EFFECT, why="0 or less: DeepSpeed's engine leaves the "
+                                                                     "module's interval as it is"))
+        else:
+            verdicts.append(Verdict(f"{key}.{name}", NO_EFFECT, why=PIPELINE_KEYS[name]))
+    return verdicts
+
+
 @wins({"zero_optimization": LEGACY_ZERO})
 def classify_legacy_zero(key: str, value: Any) -> list[Verdict]:
     """`"zero_optimization": true` (DeepSpeed's first form) is stage 1; false is stage 0."""
@@ -467,8 +505,7 @@ TOP_LEVEL_KEYS: dict[str, Classifier] = {
     # ZeRO blocks beyond the section's keys, and other engines' features
     "aio": no_effect("it configures NVMe offload, which is not used"),
     "tensor_parallel": classify_tensor_parallel,
-    "pipeline": unsupported("pipeline parallelism is not implemented: ZeRO replaces it (--zero-stage 3, with "
-                            "--tensor-model-parallel-size inside a node)"),
+    "pipeline": classify_pipeline,
     "hybrid_engine": when_disabled("the hybrid engine (RLHF generation) is not part of pretraining here"),
     "expert_parallel": when_disabled("this GPT has no mixture-of-experts layers"),
     "compile": when_disabled("DeepCompile is not implemented"),

@@ -154,3 +154,33 @@ def test_the_docs_table_names_every_classified_key():
     missing = [key for key in TOP_LEVEL_KEYS if f"`{key}" not in section and f" {key}" not in section]
     missing += [key for key in SECTION_KEYS if key.split(".", 1)[1] not in section]
     assert missing == []
+
+
+# HabanaAI/Megatron-DeepSpeed scripts/run_llama.sh @ 470cc029 (the Gaudi fork's Llama launch) writes this JSON with
+# its defaults (LLaMA 3.1 8B, HL_SEQ_PARALLEL=1 so PARTITIONED_MODE=false, no HL_GRAD_ACCUM_DTYPE); DeepSpeed 0.19's
+# runtime/config.py get_pipeline_config reads its `pipeline` section over the defaults and PipelineEngine asserts the
+# two partition switches are bools. The batch is shrunk (2048 -> 8) to fit 2 ranks.
+GAUDI_LLAMA = {
+    "train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "steps_per_print": 10, "gradient_clipping": 1.0,
+    "zero_optimization": {"stage": 0}, "zero_allow_untested_optimizer": True,
+    "bf16": {"enabled": True, "immediate_grad_update": True}, "fp16": {"enabled": False},
+    "wall_clock_breakdown": False, "pipeline": {"pipe_partitioned": False, "grad_partitioned": False},
+    "timers": {"throughput": {"enabled": True, "synchronized": False}},
+}
+
+
+def test_deepspeeds_pipeline_section_is_read_and_named_not_refused(tmp_path):
+    """The `pipeline` section says how DeepSpeed's pipeline engine sends and recomputes, none of it the math: each key
+    is in the one info line (was refused as "pipeline parallelism is not implemented", false since PP trains here)."""
+    parsed = parse_arguments(["--zero-config", write(tmp_path, GAUDI_LLAMA), "--pipeline-model-parallel-size", "2",
+                              "--num-layers", "2"])
+    (info,) = [note for note in parsed.notes if "accepted with no effect on the math" in note]
+    assert "pipeline.pipe_partitioned (" in info and "pipeline.grad_partitioned (" in info
+    # DeepSpeed's pipeline tutorial's section, with recomputation every layer: named beside the flags that set it here
+    recompute = {**GAUDI_LLAMA, "pipeline": {"activation_checkpoint_interval": 1, "pipe_partitioned": True,
+                                             "grad_partitioned": True}}
+    (info,) = [note for note in parse_arguments(["--zero-config", write(tmp_path, recompute)]).notes
+               if "accepted with no effect on the math" in note]
+    assert "pipeline.activation_checkpoint_interval (DeepSpeed's pipeline engine recomputes" in info
+    with pytest.raises(ConfigError, match="pipeline.pipe_partitioned must be true or false"):
+        parse_arguments(["--zero-config", write(tmp_path, {**GAUDI_LLAMA, "pipeline": {"pipe_partitioned": 1}})])
