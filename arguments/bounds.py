@@ -120,13 +120,13 @@ def parameter_lower_bound(model) -> tuple[int, tuple[str, ...]]:
     ffn = model.ffn_hidden_size or 4 * hidden
     flags = ["--num-layers", "--hidden-size"]
     attention = 4 * hidden * hidden
-    if model.multi_latent_attention:
-        heads, q_head = model.num_attention_heads, model.qk_head_dim + model.qk_pos_emb_head_dim
-        query = heads * q_head * (hidden if model.q_lora_rank is None else model.q_lora_rank) + \
-            hidden * (model.q_lora_rank or 0)
-        key_value = hidden * (model.kv_lora_rank + model.qk_pos_emb_head_dim) + \
-            model.kv_lora_rank * heads * (model.qk_head_dim + model.v_head_dim)
-        attention = query + key_value + heads * model.v_head_dim * hidden
+    if model.mla.multi_latent_attention:
+        heads, q_head = model.num_attention_heads, model.mla.qk_head_dim + model.mla.qk_pos_emb_head_dim
+        query = heads * q_head * (hidden if model.mla.q_lora_rank is None else model.mla.q_lora_rank) + \
+            hidden * (model.mla.q_lora_rank or 0)
+        key_value = hidden * (model.mla.kv_lora_rank + model.mla.qk_pos_emb_head_dim) + \
+            model.mla.kv_lora_rank * heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
+        attention = query + key_value + heads * model.mla.v_head_dim * hidden
         flags += ["--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"]
     dense = attention + 2 * ffn * hidden
     moe_layers, experts = _moe_layers_and_experts(model)

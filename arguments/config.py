@@ -1130,7 +1130,7 @@ class PretrainConfig:
         unwritten = [what for what, on in (
             ("the MoE layers", model.num_experts not in (None, 1)),
             ("the multi-token prediction layers", bool(model.mtp.num_layers)),
-            ("multi-latent attention", model.multi_latent_attention),
+            ("multi-latent attention", model.mla.multi_latent_attention),
             (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),
             ("the fp16 loss scaler's state", self.training.fp16),
             ("--keep-last's pruning", bool(self.checkpoint.keep_last))) if on]
@@ -1174,7 +1174,7 @@ class PretrainConfig:
         tp = self.parallel.tensor_model_parallel_size
         heads = model.num_attention_heads // tp
         if comm == "a2a+p2p":  # multi-latent attention's key heads are its query heads (gpt/mla.py)
-            groups = model.num_attention_heads if model.multi_latent_attention else \
+            groups = model.num_attention_heads if model.mla.multi_latent_attention else \
                 (model.num_query_groups or model.num_attention_heads)
             self._check_hierarchical_context_parallel(heads, groups // tp)
         if model.cp_comm_type == "a2a" and heads % cp:

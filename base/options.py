@@ -158,6 +158,8 @@ def _setting_paths(config_class: type) -> dict[str, tuple[str, ...]]:
                 paths[kind.SETTING_PREFIX + name] = (field.name, *inner)
         else:
             paths[field.name] = (field.name,)
+    if len(paths) != sum(1 for _ in option_fields(config_class)):  # a section's name taken twice: one would hide
+        raise TypeError(f"{config_class.__name__}: two settings share a name")
     return paths
 
 

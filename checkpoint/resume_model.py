@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from base.errors import ConfigError
-from base.options import flag_of_setting
+from base.options import flag_of_setting, setting_value
 from gpt.architecture import LONGROPE_SETTINGS, Architecture
 from gpt.model_config import ModelConfig
 
@@ -47,7 +47,7 @@ def _compared_values(model: dict) -> dict:
     before the setting existed, by GPT-2's blocks); rotary settings only where positions are rotary, the
     scaling factor only where scaling is on; one key/value group per head is None's meaning."""
     defaults = ModelConfig()
-    values = {name: model.get(name, getattr(defaults, name)) for name in COMPARED}
+    values = {name: model.get(name, setting_value(defaults, name)) for name in COMPARED}
     yarn = values["position_embedding_type"] == "yarn" and not values["multi_latent_attention"]
     if values["multi_latent_attention"]:
         values["rope_type"] = values["rope_type"] or "yarn"  # None is MLA's default, YaRN
@@ -100,7 +100,7 @@ def _flag_and_value(name: str, value) -> tuple[str, str]:
 
 def model_differences(saved_model: dict, model: ModelConfig) -> list[str]:
     """Each block setting that differs: the flag, this run's value and the checkpoint's."""
-    typed = {name: getattr(model, name) for name in COMPARED}
+    typed = {name: setting_value(model, name) for name in COMPARED}
     saved, ours = _compared_values(saved_model), _compared_values(typed)
     unsaid = set()
     unsaid.update(name for name in SHAPE_FIRST if name not in saved_model)  # a record without them (a plain

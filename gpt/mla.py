@@ -56,8 +56,8 @@ def mla_rotary_angles(config: ModelConfig, seq_length: int, device: torch.device
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [seq, qk_pos_emb_head_dim] in fp32, YaRN's concentration factor included (Megatron-Core's
     apply_rotary_pos_emb multiplies cos and sin by the mscale YarnRotaryEmbedding returns)."""
-    dim = config.qk_pos_emb_head_dim
-    if config.rope_type in (None, "yarn"):
+    dim = config.mla.qk_pos_emb_head_dim
+    if config.mla.rope_type in (None, "yarn"):
         return yarn_angles(seq_length, dim, config.rotary_base, device, config.rotary_scaling_factor,
                            MLA_YARN_ORIGINAL_MAX_POSITIONS, MLA_YARN_BETA_FAST, MLA_YARN_BETA_SLOW,
                            round_to_int=True, mscale=config.mscale, mscale_all_dim=config.mscale_all_dim)
@@ -71,7 +71,7 @@ def mla_softmax_scale(config: ModelConfig) -> float:
     """MultiLatentAttention.__init__: `mscale * mscale / math.sqrt(self.q_head_dim)`, mscale =
     _yarn_get_mscale(rotary_scaling_factor, mscale_all_dim) whatever the rope type."""
     mscale = yarn_get_mscale(config.rotary_scaling_factor, config.mscale_all_dim)
-    return mscale * mscale / math.sqrt(config.qk_head_dim + config.qk_pos_emb_head_dim)
+    return mscale * mscale / math.sqrt(config.mla.qk_head_dim + config.mla.qk_pos_emb_head_dim)
 
 
 class ReplicatedLinear(nn.Module):
@@ -99,7 +99,7 @@ class MLASelfAttention(nn.Module):
         self.rotary_cache = rotary_cache if rotary_cache is not None else RotaryCache()
         tp = plan.state.tensor_parallel_size
         self.heads_per_rank = config.num_attention_heads // tp
-        self.q_head_dim = config.qk_head_dim + config.qk_pos_emb_head_dim
+        self.q_head_dim = config.mla.qk_head_dim + config.mla.qk_pos_emb_head_dim
         self.softmax_scale = mla_softmax_scale(config)
         self.dropout_p = config.attention_dropout
         self.attention_backend = config.attention_backend
@@ -112,24 +112,24 @@ class MLASelfAttention(nn.Module):
         self.sequence_parallel = latent_state is not None
         norm = (lambda size: normalization(config.normalization, size, config.layernorm_epsilon, latent_state,
                                            config.apply_layernorm_1p)) if config.qk_layernorm else None
-        if config.q_lora_rank is None:
+        if config.mla.q_lora_rank is None:
             # with --qk-layernorm Megatron fuses a norm over the hidden state into linear_q_proj
             self.q_layernorm = norm(h) if norm else None
             self.linear_q_down_proj = None
             self.linear_q_proj = plan.linear("attention.linear_q_proj", h, heads * self.q_head_dim, init_std=std,
                                              bias=False)
         else:
-            self.linear_q_down_proj = ReplicatedLinear(h, config.q_lora_rank, std, latent_state)
-            self.q_layernorm = norm(config.q_lora_rank) if norm else None
-            self.linear_q_up_proj = plan.linear("attention.linear_q_up_proj", config.q_lora_rank,
+            self.linear_q_down_proj = ReplicatedLinear(h, config.mla.q_lora_rank, std, latent_state)
+            self.q_layernorm = norm(config.mla.q_lora_rank) if norm else None
+            self.linear_q_up_proj = plan.linear("attention.linear_q_up_proj", config.mla.q_lora_rank,
                                                 heads * self.q_head_dim, init_std=std, bias=False)
-        self.linear_kv_down_proj = ReplicatedLinear(h, config.kv_lora_rank + config.qk_pos_emb_head_dim, std,
+        self.linear_kv_down_proj = ReplicatedLinear(h, config.mla.kv_lora_rank + config.mla.qk_pos_emb_head_dim, std,
                                                      latent_state)
-        self.kv_layernorm = norm(config.kv_lora_rank) if norm else None
-        self.linear_kv_up_proj = plan.linear("attention.linear_kv_up_proj", config.kv_lora_rank,
-                                             heads * (config.qk_head_dim + config.v_head_dim), init_std=std,
+        self.kv_layernorm = norm(config.mla.kv_lora_rank) if norm else None
+        self.linear_kv_up_proj = plan.linear("attention.linear_kv_up_proj", config.mla.kv_lora_rank,
+                                             heads * (config.mla.qk_head_dim + config.mla.v_head_dim), init_std=std,
                                              bias=False)
-        self.linear_proj = plan.linear("attention.linear_proj", heads * config.v_head_dim, h,
+        self.linear_proj = plan.linear("attention.linear_proj", heads * config.mla.v_head_dim, h,
                                        init_std=output_init_std, bias=config.add_bias_linear)
         # --softmax-type: attention sinks (gpt/attention_sinks.py), as SelfAttention's
         self.softmax_type = config.softmax_type
@@ -150,7 +150,7 @@ class MLASelfAttention(nn.Module):
             q_compressed = self.q_layernorm(q_compressed) if self.q_layernorm is not None else q_compressed
             query = self.linear_q_up_proj(q_compressed)  # under sequence parallelism: gathers the sequence
         kv_compressed, k_pos = self.linear_kv_down_proj(hidden).split(
-            [config.kv_lora_rank, config.qk_pos_emb_head_dim], dim=-1)
+            [config.mla.kv_lora_rank, config.mla.qk_pos_emb_head_dim], dim=-1)
         if self.kv_layernorm is not None:
             kv_compressed = self.kv_layernorm(kv_compressed)
         kv = self.linear_kv_up_proj(kv_compressed)
@@ -160,9 +160,9 @@ class MLASelfAttention(nn.Module):
             else copy_to_tensor_parallel_region(k_pos, state)
         batch, seq, _ = query.shape
         query = query.view(batch, seq, self.heads_per_rank, self.q_head_dim).transpose(1, 2)
-        kv = kv.view(batch, seq, self.heads_per_rank, config.qk_head_dim + config.v_head_dim).transpose(1, 2)
-        q_nope, q_pos = query.split([config.qk_head_dim, config.qk_pos_emb_head_dim], dim=-1)
-        k_nope, value = kv.split([config.qk_head_dim, config.v_head_dim], dim=-1)
+        kv = kv.view(batch, seq, self.heads_per_rank, config.mla.qk_head_dim + config.mla.v_head_dim).transpose(1, 2)
+        q_nope, q_pos = query.split([config.mla.qk_head_dim, config.mla.qk_pos_emb_head_dim], dim=-1)
+        k_nope, value = kv.split([config.mla.qk_head_dim, config.mla.v_head_dim], dim=-1)
         cos, sin = self.rotary_cache.angles(self._rotary_key(seq, hidden.device), q_pos.dtype,
                                             lambda: self._rotary_angles(seq, hidden.device))
         q_pos = apply_rotary(_deinterleaved(q_pos), cos, sin)
@@ -171,7 +171,7 @@ class MLASelfAttention(nn.Module):
         key = torch.cat((k_nope, k_pos.expand(-1, self.heads_per_rank, -1, -1)), dim=-1)
         attention_mask = documents.attention_mask if documents is not None else None
         dropout_p = self.dropout_p if self.training else 0.0
-        pad_value = value_needs_padding(self.attention_backend, query.device.type, self.q_head_dim, config.v_head_dim)
+        pad_value = value_needs_padding(self.attention_backend, query.device.type, self.q_head_dim, config.mla.v_head_dim)
         with _dropout_stream(self.rng), attention_kernels(self.attention_backend):
             if self.context_parallel is not None:
                 context = self._context_parallel_attention(query, key, value, documents, dropout_p, pad_value)
@@ -182,14 +182,14 @@ class MLASelfAttention(nn.Module):
             else:
                 context = mla_core_attention(query, key, value, self.softmax_scale, dropout_p, attention_mask,
                                              pad_value)
-        context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * config.v_head_dim)
+        context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * config.mla.v_head_dim)
         return self.linear_proj(context)
 
     def _rotary_key(self, seq: int, device: torch.device) -> tuple:
         """What decides this layer's cos and sin besides their dtype (RotaryCache's key): MLA's rotary settings (those
         mla_rotary_angles reads), the length, this rank's place in the sequence and the device."""
         cp, config = self.context_parallel, self.config
-        return ("mla", config.qk_pos_emb_head_dim, config.rope_type, config.rotary_base, config.rotary_scaling_factor,
+        return ("mla", config.mla.qk_pos_emb_head_dim, config.mla.rope_type, config.rotary_base, config.rotary_scaling_factor,
                 config.mscale, config.mscale_all_dim, seq, str(device),
                 None if cp is None else (cp.context_parallel_size, cp.context_parallel_rank))
 

@@ -360,7 +360,7 @@ class TransformerBlock(nn.Module):
         # the sliding window of this layer's kind (--window-size, --window-attn-skip-freq), or None
         window = architecture.attention_windows(config.num_layers)[kind_of]
         self.attention = MLASelfAttention(config, plan, rng, _output_layer_std(config), rotary_cache=rotary_cache) \
-            if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture, window=window,
+            if config.mla.multi_latent_attention else SelfAttention(config, plan, rng, architecture, window=window,
                                                                  rotary=architecture.rotary_layers(
                                                                      config.num_layers)[kind_of],
                                                                  rotary_cache=rotary_cache)

@@ -20,6 +20,7 @@ from gpt.attention_window import check_window_size, window_size_value
 from gpt.hybrid_pattern import check_model_follows_pattern
 from gpt.layer_pattern import check_no_rope_freq
 from gpt.longrope import LongRope, factor_list_value
+from gpt.mla_settings import MLASettings
 from gpt.moe.settings import (
     MoESettings,
     OneExpertCount,
@@ -242,20 +243,8 @@ class ModelConfig:
         help="layers whose attention skips the rotary positions (Llama 4's NoPE layers): N skips each N-th layer "
              "(1-based; N divides --num-layers); a list expression gives one 1 (skip) or 0 per layer, e.g. "
              "'([0]*3+[1])*2'; default: none")
-    # Megatron-LM's multi-latent attention (DeepSeek-V2/V3; gpt/mla.py), its flags and dests: MLATransformerConfig's
-    # fields, with megatron/training/arguments.py's defaults (kv_lora_rank 32 there, rotary_scaling_factor 1.0).
-    multi_latent_attention: bool = option(
-        False, action="store_true",
-        help="DeepSeek's multi-latent attention: low-rank query and key/value projections, rotary positions on "
-             "--qk-pos-emb-head-dim dims of each query head and one key shared by the heads")
-    q_lora_rank: Optional[int] = option(None, help="with --multi-latent-attention: the query's low rank (default: "
-                                                   "no low-rank query, one projection)")
-    kv_lora_rank: int = option(32, help="with --multi-latent-attention: the key/value latent's rank")
-    qk_head_dim: int = option(128, help="with --multi-latent-attention: each query/key head's dims without position")
-    qk_pos_emb_head_dim: int = option(64, help="with --multi-latent-attention: each query/key head's rotary dims")
-    v_head_dim: int = option(128, help="with --multi-latent-attention: each value head's dims")
-    rope_type: Optional[str] = option(None, choices=("rope", "yarn"),
-                                      help="with --multi-latent-attention: rope, or yarn (its default)")
+    # Megatron-LM's multi-latent attention (DeepSeek-V2/V3; gpt/mla.py): its section
+    mla: MLASettings = section(MLASettings)
     rotary_scaling_factor: float = option(1.0, help="with --multi-latent-attention or --position-embedding-type yarn: "
                                                     "YaRN's scaling factor")
     mscale: float = option(1.0, help="with --multi-latent-attention or --position-embedding-type yarn: YaRN's mscale "
@@ -637,7 +626,7 @@ class ModelConfig:
                 raise ConfigError(f"--position-embedding-type yarn with {', '.join(given)} is not implemented: YaRN's "
                                   f"frequencies are Megatron-Core's YarnRotaryEmbedding's, one set for every layer",
                                   flags=("--position-embedding-type", *given))
-        if self.multi_latent_attention:
+        if self.mla.multi_latent_attention:
             given = [flag for flag, value in (("--softmax-scale", self.softmax_scale),
                                               ("--attn-logit-softcapping", self.attn_logit_softcapping),
                                               ("--local-rotary-base", self.local_rotary_base),
@@ -682,20 +671,10 @@ class ModelConfig:
                               flags=("--glu-linear-offset",))
 
     def _check_multi_latent_attention(self) -> None:
-        """--multi-latent-attention's sizes, and what it is not built with (gpt/mla.py)."""
-        if not self.multi_latent_attention:
-            if self.rope_type == "yarn":  # megatron/training/argument_utils.py asserts it
-                raise ConfigError("--rope-type yarn is multi-latent attention's: other attention takes rope "
-                                  "(--position-embedding-type rope); add --multi-latent-attention or drop --rope-type",
-                                  flags=("--rope-type", "--multi-latent-attention"))
+        """--multi-latent-attention's sizes (its section's), and what it is not built with (gpt/mla.py)."""
+        self.mla.validate()
+        if not self.mla.multi_latent_attention:
             return
-        for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "q_lora_rank"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{_flag(name)} must be at least 1, got {value}", flags=(_flag(name),))
-        if self.qk_pos_emb_head_dim % 2:
-            raise ConfigError(f"--qk-pos-emb-head-dim {self.qk_pos_emb_head_dim} must be even: rotary positions turn "
-                              f"pairs of dims", flags=("--qk-pos-emb-head-dim",))
         if not self.rotary_scaling_factor > 0 or self.rotary_base <= 0:
             raise ConfigError("--rotary-scaling-factor and --rotary-base must be positive",
                               flags=("--rotary-scaling-factor", "--rotary-base"))
@@ -711,8 +690,6 @@ class ModelConfig:
                               f"attention here rotates all --qk-pos-emb-head-dim dims of each head, in halves after "
                               f"de-interleaving, with no output gate, as Megatron-Core's MLASelfAttention",
                               flags=("--multi-latent-attention", *(flag.split()[0] for flag in given)))
-        if self.rope_type is not None and self.rope_type not in ("rope", "yarn"):
-            raise ConfigError(f"--rope-type {self.rope_type} is not one of rope, yarn", flags=("--rope-type",))
 
     def validate(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
@@ -770,17 +747,17 @@ class ModelConfig:
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    head_dim=self.head_dim)
         self._check_gemma_features()
-        if self.qk_l2_norm and (self.multi_latent_attention or self.qk_layernorm_over_projection):
+        if self.qk_l2_norm and (self.mla.multi_latent_attention or self.qk_layernorm_over_projection):
             # gpt_layer_specs.py: "qk_l2_norm is not supported with MLA."; Megatron-Core has no norm over projections
-            other = "--multi-latent-attention" if self.multi_latent_attention else "--qk-layernorm-over-projection"
+            other = "--multi-latent-attention" if self.mla.multi_latent_attention else "--qk-layernorm-over-projection"
             raise ConfigError(f"--qk-l2-norm with {other} is not implemented: the L2 norm acts over each head of "
                               f"multi-head or grouped-query attention, as in Megatron-Core", flags=("--qk-l2-norm", other))
         if self.no_rope_freq:
             check_no_rope_freq(self.no_rope_freq, self.num_layers)
-        if self.no_rope_freq and (self.multi_latent_attention or self.mtp.num_layers):
+        if self.no_rope_freq and (self.mla.multi_latent_attention or self.mtp.num_layers):
             # MLA rotates inside its own projections (Megatron-Core's MLASelfAttention never reads the rotary that
             # Attention.forward drops), and an MTP layer's layer number is its own, not a decoder layer's
-            other = "--multi-latent-attention" if self.multi_latent_attention else "--mtp-num-layers"
+            other = "--multi-latent-attention" if self.mla.multi_latent_attention else "--mtp-num-layers"
             raise ConfigError(f"--no-rope-freq with {other} is not implemented: drop one of them",
                               flags=("--no-rope-freq", other))
         if self.qk_layernorm_over_projection and not self.qk_layernorm:
@@ -789,7 +766,7 @@ class ModelConfig:
         check_window_size(self.window_size)
         if self.window_attn_skip_freq is not None and "[" in str(self.window_attn_skip_freq):
             self.attention_windows()  # a list of one 0 or 1 per layer (refused otherwise, naming both flags)
-        if self.has_windows() and self.multi_latent_attention:
+        if self.has_windows() and self.mla.multi_latent_attention:
             # Megatron-Core's MLA asserts it (attention.py: "Set config.window_size = None or use a non-MLA attention
             # layer")
             raise ConfigError("--window-size with --multi-latent-attention is not implemented: multi-latent attention "

@@ -292,7 +292,7 @@ def _block_matmuls(block: nn.Module) -> tuple[BlockMatmul, ...]:
             attention_before_output = AttentionShape(module.heads_per_rank, module.head_dim)
         elif isinstance(module, MLASelfAttention):  # multi-latent: scores over q_head_dim, context over v_head_dim
             attention_before_output = AttentionShape(module.heads_per_rank, module.q_head_dim,
-                                                     module.config.v_head_dim)
+                                                     module.config.mla.v_head_dim)
         elif isinstance(module, (ColumnParallelLinear, RowParallelLinear, ReplicatedLinear)):
             if isinstance(module, RowParallelLinear) and attention_before_output is not None:
                 matmuls.append(attention_before_output)

@@ -201,7 +201,7 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
     attention_matmul = next(m for m in shape.block_matmuls if isinstance(m, AttentionShape))
     # the keys and values the ring passes: a head each per group, or multi-latent attention's per head (its keys
     # qk_head_dim + qk_pos_emb_head_dim wide, its values v_head_dim: gpt/mla.py)
-    kv_heads = model.num_attention_heads if model.multi_latent_attention else \
+    kv_heads = model.num_attention_heads if model.mla.multi_latent_attention else \
         (model.num_query_groups or model.num_attention_heads)
     return ModelCounts(
         layers=model.num_layers, moe_layers=shape.moe_blocks, hidden=model.hidden_size, seq_length=model.seq_length,

@@ -42,7 +42,7 @@ def autocast(bf16: bool):
 def model_config(spec: dict):
     from arguments.config import ModelConfig
 
-    return ModelConfig(num_layers=spec["num_layers"], hidden_size=spec["hidden_size"],
+    return ModelConfig.of(num_layers=spec["num_layers"], hidden_size=spec["hidden_size"],
                        num_attention_heads=spec["num_attention_heads"], seq_length=spec["seq_length"],
                        max_position_embeddings=spec["seq_length"], vocab_size=spec["vocab_size"],
                        hidden_dropout=0.0, attention_dropout=0.0)

@@ -353,7 +353,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def model_config(preset: str, seq_length: Optional[int]) -> ModelConfig:
     values = yaml.safe_load(resolve_preset(preset).read_text(encoding="utf-8"))
-    config = ModelConfig(num_layers=values["num_layers"], hidden_size=values["hidden_size"],
+    config = ModelConfig.of(num_layers=values["num_layers"], hidden_size=values["hidden_size"],
                          num_attention_heads=values["num_attention_heads"],
                          seq_length=values.get("seq_length", 1024),
                          max_position_embeddings=values.get("max_position_embeddings", 1024),
@@ -386,7 +386,7 @@ def main(argv=None) -> int:
         return 0
     if args.smoke:
         args.device, args.compile, args.rounds, args.steps, args.warmup_steps = "cpu", "off", 2, 2, 1
-        configs = [("smoke", ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+        configs = [("smoke", ModelConfig.of(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
                                           max_position_embeddings=32, vocab_size=GPT2_VOCAB, hidden_dropout=0.0,
                                           attention_dropout=0.0), args.micro_batch_size or 2)]
     else:

@@ -75,11 +75,11 @@ def rank_worker(spec: dict) -> dict:
     try:
         # Once per process, not per model: the imports torch.optim pulls in (torch._dynamo, ~5 s) and
         # the allocator's first arenas. A tiny model through the same path takes them out of the figures.
-        tiny = ModelConfig(num_layers=1, hidden_size=8, num_attention_heads=1, seq_length=8,
+        tiny = ModelConfig.of(num_layers=1, hidden_size=8, num_attention_heads=1, seq_length=8,
                            max_position_embeddings=8, vocab_size=16)
         build_zero(GPTModel(tiny, state), ZeroConfig(stage=3), OptimizerConfig(), state, param_dtype=torch.bfloat16,
                    grad_dtype=torch.float32, seed=1)
-        config = ModelConfig(**spec["model"])
+        config = ModelConfig.of(**spec["model"])
         model = GPTModel(config, state)
         peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         started, cpu_started = time.perf_counter(), time.process_time()

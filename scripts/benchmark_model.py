@@ -36,7 +36,7 @@ if str(SCRIPTS) not in sys.path:
 import benchmark_gpu  # noqa: E402  (puts the repository root on the path too)
 from arguments.config import ModelConfig  # noqa: E402
 
-QUICK_MODEL = ModelConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64,
+QUICK_MODEL = ModelConfig.of(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64,
                           max_position_embeddings=64, vocab_size=benchmark_gpu.GPT2_VOCAB,
                           hidden_dropout=0.0, attention_dropout=0.0)
 

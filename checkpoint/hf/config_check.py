@@ -10,6 +10,7 @@ from typing import Optional
 from arguments.hf_config import check_hf_config_json
 from arguments.hf_folder import architecture_settings
 from base.errors import ConfigError
+from base.options import setting_value
 from families.common.dense import flag_for
 from families.common.llama_shaped import ARCHITECTURE
 from families.registry import dense_families
@@ -88,7 +89,7 @@ def _ours(config: ModelConfig, name: str):
         return config.head_dim
     if name == "moe_ffn_hidden_size":  # the experts' width, given or not (default: the MLP's)
         return config.moe.ffn_hidden_size if config.moe is not None else None
-    return getattr(config, name)
+    return setting_value(config, name)
 
 
 def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLike) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from base.errors import CheckpointError
+from base.options import setting_names, setting_value
 from checkpoint.file_names import DCP_METADATA_FILE
 from checkpoint.format import METADATA_FILE
 from checkpoint.global_load import ResumePoint, load_from_source, parameter_records
@@ -101,10 +102,11 @@ def metadata_view(common: dict, config) -> dict:
     values = {RENAMED.get(name, name): value for name, value in vars(args).items()}
 
     def section(ours, names) -> dict:
-        return {name: values[name] if name in values and values[name] is not None else getattr(ours, name)
+        return {name: values[name] if name in values and values[name] is not None else setting_value(ours, name)
                 for name in names}
 
-    model = section(config.model, [name for name in COMPARED if hasattr(config.model, name)] + ["seq_length"])
+    model = section(config.model, [name for name in COMPARED if name in setting_names(type(config.model))] +
+                    ["seq_length"])
     if not getattr(args, "group_query_attention", True):
         model["num_query_groups"] = None
     if "add_qkv_bias" in model and model.get("add_bias_linear"):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from base.errors import ConfigError
-from base.options import flag_of_setting
+from base.options import flag_of_setting, setting_value
 from families.common.fields import (
     LLAMA3_FIXED,
     LLAMA_FIELDS,
@@ -76,7 +76,7 @@ class DenseFamily:
 
     def misfits(self, model: ModelConfig) -> list[str]:
         """The flags `model` would need to be this family (empty: it is one)."""
-        needs = {flag_for(name, value): getattr(model, name) != value for name, value in self.fixed.items()}
+        needs = {flag_for(name, value): setting_value(model, name) != value for name, value in self.fixed.items()}
         needs.update({f"no --num-experts ({self.architecture} has no experts)": model.moe is not None,
                       f"no --mtp-num-layers ({self.architecture} has no MTP layers)": bool(model.mtp.num_layers),
                       **rope_needs(model), **self.needs(model)})

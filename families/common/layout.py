@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from base.errors import ConfigError
+from base.options import setting_value
 from families.common.dense import flag_for
 from families.common.llama_shaped import ends_from_hf, ends_to_hf, fused_qkv, split_qkv
 from gpt.model_config import ModelConfig
@@ -53,7 +54,7 @@ def needs(config: ModelConfig, wanted: dict[str, Any]) -> list[str]:
     setting it lacks; a wanted value may be a predicate with its phrase: (test, "what it must be")."""
     found = []
     for name, want in wanted.items():
-        value = getattr(config, name)
+        value = setting_value(config, name)
         if isinstance(want, tuple):
             test, phrase = want
             if not test(value):

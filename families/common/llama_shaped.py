@@ -71,7 +71,7 @@ def llama_misfits(config: ModelConfig) -> list[str]:
              "no --rotary-interleaved": architecture.rotary_interleaved,
              "no --attention-output-gate": architecture.attention_output_gate,
              # DeepSeek's multi-latent attention is not exported (transformers' DeepseekV3 would take it)
-             "no --multi-latent-attention": config.multi_latent_attention,
+             "no --multi-latent-attention": config.mla.multi_latent_attention,
              "no --add-qkv-bias without the other biases (transformers' attention_bias covers o_proj too)":
                  architecture.add_qkv_bias and not architecture.add_bias_linear and moe_family(config) != QWEN2_MOE_TYPE}
     if config.moe is not None:
@@ -98,7 +98,7 @@ def apertus_needs(config: ModelConfig) -> dict[str, bool]:
             "--rotary-percent 1.0": architecture.rotary_percent != 1.0,
             "no --rotary-interleaved": architecture.rotary_interleaved,
             "no --attention-output-gate": architecture.attention_output_gate,
-            "no --multi-latent-attention": config.multi_latent_attention,
+            "no --multi-latent-attention": config.mla.multi_latent_attention,
             "--qk-layernorm (Apertus normalizes each query and key head)": not architecture.qk_layernorm,
             "no --qk-layernorm-over-projection (Apertus's norms act over each head)":
                 architecture.qk_layernorm_over_projection,

@@ -33,7 +33,7 @@ LATENT_NORM_EPS = 1e-6  # DeepseekV3RMSNorm's default, at which its latent norms
 
 
 def claims(config: ModelConfig) -> bool:
-    return config.moe is not None and config.multi_latent_attention
+    return config.moe is not None and config.mla.multi_latent_attention
 
 
 def misfits(config: ModelConfig) -> list[str]:
@@ -71,15 +71,15 @@ def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
                             num_experts_per_tok=moe.router_topk, n_group=moe.router_num_groups or 1,
                             topk_group=moe.router_group_topk or 1,
                             routed_scaling_factor=moe.router_topk_scaling_factor or 1.0, norm_topk_prob=True,
-                            first_k_dense_replace=first_dense_count(config), q_lora_rank=config.q_lora_rank,
-                            kv_lora_rank=config.kv_lora_rank, qk_nope_head_dim=config.qk_head_dim,
-                            qk_rope_head_dim=config.qk_pos_emb_head_dim, v_head_dim=config.v_head_dim,
+                            first_k_dense_replace=first_dense_count(config), q_lora_rank=config.mla.q_lora_rank,
+                            kv_lora_rank=config.mla.kv_lora_rank, qk_nope_head_dim=config.mla.qk_head_dim,
+                            qk_rope_head_dim=config.mla.qk_pos_emb_head_dim, v_head_dim=config.mla.v_head_dim,
                             rope_interleave=True, attention_bias=False, num_nextn_predict_layers=0)
 
 
 def _rope(config: ModelConfig) -> dict:
     """gpt/mla.py's rotary positions: plain (--rope-type rope) or MLA's YaRN with its fixed betas and original length."""
-    if config.rope_type == "rope" or config.rotary_scaling_factor == 1.0:
+    if config.mla.rope_type == "rope" or config.rotary_scaling_factor == 1.0:
         return {"rope_type": "default", "rope_theta": config.rotary_base}
     from gpt.mla import MLA_YARN_BETA_FAST, MLA_YARN_BETA_SLOW, MLA_YARN_ORIGINAL_MAX_POSITIONS
 

@@ -25,7 +25,7 @@ MODEL_TYPE, ARCHITECTURE = "glm4_moe", "Glm4MoeForCausalLM"
 
 def claims(config: ModelConfig) -> bool:
     """An MoE model of Llama's attention with DeepSeek's sigmoid router."""
-    return (config.moe is not None and not config.multi_latent_attention
+    return (config.moe is not None and not config.mla.multi_latent_attention
             and config.moe.router_score_function == "sigmoid")
 
 

@@ -40,7 +40,7 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
                 "--attention-output-gate": config.attention_output_gate,
                 # DeepSeek's attention: no GPT2LMHeadModel or LlamaForCausalLM has it (check_llama_shaped refuses it)
-                "--multi-latent-attention": config.multi_latent_attention,
+                "--multi-latent-attention": config.mla.multi_latent_attention,
                 # experts: a Mixtral or a Qwen2-MoE (families/common/llama_shaped.py), never a GPT2LMHeadModel
                 f"--num-experts {_counts(config.num_experts)}": config.moe is not None,
                 # issue 63's blocks: their families' classes (families/common/dense_weights.py), never GPT-2's

@@ -24,6 +24,7 @@ from arguments.config import PretrainConfig, field_sections
 from arguments.option_table import option_table
 from arguments.parser import build_parser, parse_config
 from base.errors import ConfigError
+from base.options import replace_settings
 
 REPO = Path(__file__).resolve().parents[2]
 # The modules whose raises PretrainConfig.validate reaches (validate, check_finite_numbers, check_bounds,
@@ -135,7 +136,7 @@ def test_every_check_validate_reaches_carries_the_flags_its_message_names(valid,
     config = valid
     for name, value in changes.items():
         section = sections[name]
-        config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **{name: value})})
+        config = dataclasses.replace(config, **{section: replace_settings(getattr(config, section), **{name: value})})
     with pytest.raises(ConfigError) as raised:
         config.validate()
     error = raised.value

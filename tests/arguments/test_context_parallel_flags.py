@@ -30,7 +30,7 @@ def test_context_parallel_size_and_comm_type_are_settings():
     assert parse_config([*TINY, "--context-parallel-size", "2", "--softmax-scale", "0.3"]).model.softmax_scale == 0.3
     for comm in ("p2p", "all_gather", "a2a"):
         config = parse_config([*TINY, "--context-parallel-size", "2", "--cp-comm-type", comm, "--multi-latent-attention"])
-        assert config.model.multi_latent_attention and config.parallel.context_parallel_size == 2
+        assert config.model.mla.multi_latent_attention and config.parallel.context_parallel_size == 2
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -20,6 +20,7 @@ import torch
 
 from arguments.config import PretrainConfig
 from base.errors import ConfigError
+from base.options import replace_settings
 from checkpoint.hf.folders import check_convertible
 from checkpoint.hf.source import load_hf_weights
 from checkpoint.ours.sharded import save_checkpoint
@@ -35,7 +36,7 @@ APERTUS = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=1
 
 def apertus_run_config(**overrides) -> PretrainConfig:
     config = PretrainConfig()
-    model = dataclasses.replace(config.model, **{**APERTUS, "vocab_size": VOCAB, **overrides})
+    model = replace_settings(config.model, **{**APERTUS, "vocab_size": VOCAB, **overrides})
     return dataclasses.replace(config, model=model, zero=dataclasses.replace(config.zero, stage=1),
                                optimizer=dataclasses.replace(config.optimizer, lr=1e-2))
 

@@ -17,6 +17,7 @@ import torch
 
 from arguments.config import PretrainConfig
 from base.errors import ConfigError
+from base.options import replace_settings
 from checkpoint.format import iteration_dir_name
 from checkpoint.hf.folders import (
     PICKLE_FILE,
@@ -49,7 +50,7 @@ WORDS = ("the model reads every token of the corpus and learns which one comes n
 
 def pretrain_config(vocab_size: int, zero_stage: int = 0) -> PretrainConfig:
     config = PretrainConfig()
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, **TINY, vocab_size=vocab_size),
+    return dataclasses.replace(config, model=replace_settings(config.model, **TINY, vocab_size=vocab_size),
                                zero=dataclasses.replace(config.zero, stage=zero_stage))
 
 

@@ -125,7 +125,7 @@ def test_hf_model_type_names_the_class_and_a_model_it_cannot_hold_is_refused_in_
     from checkpoint.hf.folders import check_convertible, dense_family
     from gpt.model_config import ModelConfig
 
-    mistral = ModelConfig(normalization="RMSNorm", swiglu=True, position_embedding_type="rope", add_bias_linear=False,
+    mistral = ModelConfig.of(normalization="RMSNorm", swiglu=True, position_embedding_type="rope", add_bias_linear=False,
                           untie_embeddings_and_output_weights=True, window_size=(4, 0), vocab_size=VOCAB)
     assert dense_family(mistral).architecture == "MistralForCausalLM"  # the first family that holds it
     assert dense_family(ModelConfig(**{**mistral.__dict__, "hf_model_type": "phi3"})).architecture == "Phi3ForCausalLM"
@@ -149,6 +149,7 @@ def test_a_multimodal_gemma3_folder_is_its_language_model(tmp_path):
     from arguments.hf_config import read_hf_config
     from arguments.hf_folder import architecture_settings
     from arguments.parser import parse_arguments
+    from base.options import replace_settings
     from checkpoint.hf.source import initialize_from_hf
     from gpt.model import GPTModel
     from parallel.state import ParallelState
@@ -171,7 +172,7 @@ def test_a_multimodal_gemma3_folder_is_its_language_model(tmp_path):
     notes = parse_arguments(["--init-from-hf", str(tmp_path / "hf")]).notes
     assert any("is read by its text_config" in note and "not read" in note for note in notes), notes
     config = PretrainConfig()
-    config = dataclasses.replace(config, zero=dataclasses.replace(config.zero, stage=1), model=dataclasses.replace(
+    config = dataclasses.replace(config, zero=dataclasses.replace(config.zero, stage=1), model=replace_settings(
         config.model, **settings, seq_length=16, hidden_dropout=0.0, attention_dropout=0.0, vocab_size=VOCAB))
     cpu = ParallelState(device=torch.device("cpu"))
     ours = GPTModel(config.model, cpu)

@@ -97,7 +97,7 @@ def test_phi_3_mini_128ks_longrope_is_transformers_cos_and_sin_on_both_sides_of_
     renamed["rope_scaling"]["type"] = "longrope"
     (tmp_path / "config.json").write_text(json.dumps(renamed))
     assert {name: given.value for name, given in architecture_settings(read_hf_config(tmp_path)).items()} == settings
-    model = ModelConfig(**settings, seq_length=64)
+    model = ModelConfig.of(**settings, seq_length=64)
     model.validate()
     theirs = Phi3RotaryEmbedding(AutoConfig.from_pretrained(str(tmp_path)))
     for length in (4096, 4097):

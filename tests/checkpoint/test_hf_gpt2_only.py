@@ -16,7 +16,7 @@ from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 from training.late_checks import LATE_CHECKS
 
-TINY = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
+TINY = ModelConfig.of(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
                    vocab_size=64)
 
 

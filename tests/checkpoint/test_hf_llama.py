@@ -21,6 +21,7 @@ import torch
 
 from arguments.config import PretrainConfig
 from base.errors import ConfigError
+from base.options import replace_settings
 from checkpoint.hf.folders import check_convertible, read_hf_folder
 from checkpoint.hf.source import initialize_from_hf, load_hf_weights
 from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
@@ -59,7 +60,7 @@ VARIANTS = {
 
 def llama_run_config(variant: str, **overrides) -> PretrainConfig:
     config = PretrainConfig()
-    model = dataclasses.replace(config.model, **{**SHAPE, **VARIANTS[variant][0], "vocab_size": VOCAB, **overrides})
+    model = replace_settings(config.model, **{**SHAPE, **VARIANTS[variant][0], "vocab_size": VOCAB, **overrides})
     return dataclasses.replace(config, model=model, zero=dataclasses.replace(config.zero, stage=1),
                                # large enough that 3 steps move every weight visibly
                                optimizer=dataclasses.replace(config.optimizer, lr=1e-2))

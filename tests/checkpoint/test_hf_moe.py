@@ -18,6 +18,7 @@ from arguments.config import PretrainConfig
 from arguments.hf_config import read_hf_config
 from arguments.hf_folder import architecture_settings
 from base.errors import ConfigError
+from base.options import replace_settings
 from checkpoint.hf.source import initialize_from_hf
 from gpt.model import GPTModel
 from parallel.state import ParallelState
@@ -45,7 +46,7 @@ def mixtral_folder(path: Path, **overrides) -> Path:
 def run_config(folder: Path) -> PretrainConfig:
     config = PretrainConfig()
     settings = {name: given.value for name, given in architecture_settings(read_hf_config(folder)).items()}
-    model = dataclasses.replace(config.model, **{**settings, "seq_length": 16, "hidden_dropout": 0.0,
+    model = replace_settings(config.model, **{**settings, "seq_length": 16, "hidden_dropout": 0.0,
                                                  "attention_dropout": 0.0, "vocab_size": VOCAB})
     return dataclasses.replace(config, model=model, zero=dataclasses.replace(config.zero, stage=1))
 
@@ -224,7 +225,7 @@ def test_an_moe_model_no_transformers_class_holds_is_refused_at_export_in_one_li
     from families.common.llama_shaped import check_llama_shaped
     from gpt.model_config import ModelConfig
 
-    llama_moe = ModelConfig(normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
+    llama_moe = ModelConfig.of(normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
                             add_bias_linear=False, num_experts=4, moe_router_score_function="sigmoid",
                             moe_expert_capacity_factor=1.0)
     with pytest.raises(ConfigError) as error:
@@ -233,4 +234,4 @@ def test_an_moe_model_no_transformers_class_holds_is_refused_at_export_in_one_li
     assert "as a MixtralForCausalLM" in message and "--moe-router-score-function softmax" in message
     assert "no --moe-expert-capacity-factor" in message and "\n" not in message
     with pytest.raises(ConfigError, match="--normalization RMSNorm"):  # GPT-2's blocks with experts
-        check_llama_shaped(ModelConfig(num_experts=4), "the Hugging Face export")
+        check_llama_shaped(ModelConfig.of(num_experts=4), "the Hugging Face export")

@@ -14,7 +14,7 @@ from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 
 CPU = ParallelState(device=torch.device("cpu"))
-MODEL = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=2, seq_length=16, max_position_embeddings=16,
+MODEL = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=2, seq_length=16, max_position_embeddings=16,
                     vocab_size=100, hidden_dropout=0.0, attention_dropout=0.0)
 
 

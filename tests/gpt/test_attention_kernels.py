@@ -57,7 +57,7 @@ PATHS = {
 
 
 def layer_config(path: str, backend: str, dropout: float = 0.0) -> ModelConfig:
-    return ModelConfig(num_layers=1, seq_length=SEQ, max_position_embeddings=SEQ, vocab_size=VOCAB, hidden_dropout=0.0,
+    return ModelConfig.of(num_layers=1, seq_length=SEQ, max_position_embeddings=SEQ, vocab_size=VOCAB, hidden_dropout=0.0,
                        attention_dropout=dropout, attention_backend=backend, **PATHS[path])
 
 

@@ -58,7 +58,7 @@ def test_padded_attention_equals_the_unpadded_one_in_value_and_gradient():
 def test_the_model_runs_the_padded_path_where_the_selection_says_so(monkeypatch):
     """The model asks the selection on every forward: made to pad on a CPU (as it would on CUDA), the
     loss is the unpadded one, and the padded head dim really reached SDPA."""
-    config = ModelConfig(num_layers=1, hidden_size=40, num_attention_heads=2, seq_length=8,
+    config = ModelConfig.of(num_layers=1, hidden_size=40, num_attention_heads=2, seq_length=8,
                          max_position_embeddings=8, vocab_size=50, hidden_dropout=0.0, attention_dropout=0.0)
     state = ParallelState(device=torch.device("cpu"))
     tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
@@ -82,4 +82,4 @@ def test_the_model_runs_the_padded_path_where_the_selection_says_so(monkeypatch)
 
 def test_the_default_pads_nothing_on_a_cpu():
     assert ModelConfig().pad_attention_head_dim
-    assert padded_head_dim(ModelConfig(hidden_size=100, num_attention_heads=1).head_dim, "cpu", "auto", True) == 100
+    assert padded_head_dim(ModelConfig.of(hidden_size=100, num_attention_heads=1).head_dim, "cpu", "auto", True) == 100

@@ -20,7 +20,7 @@ from parallel.state import ParallelState
 
 SINGLE = ParallelState(device=torch.device("cpu"))
 EOD = 99
-GPT2_CONFIG = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16,
+GPT2_CONFIG = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16,
                           max_position_embeddings=16, vocab_size=100, hidden_dropout=0.0, attention_dropout=0.0)
 LLAMA_CONFIG = dataclasses.replace(GPT2_CONFIG, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
                                    num_query_groups=2)

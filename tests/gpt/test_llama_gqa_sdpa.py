@@ -15,7 +15,7 @@ from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
 
 CPU = ParallelState(device=torch.device("cpu"))
-LLAMA = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
+LLAMA = ModelConfig.of(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
                     vocab_size=300, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
                     untie_embeddings_and_output_weights=True, add_bias_linear=False)
 

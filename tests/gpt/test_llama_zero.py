@@ -18,7 +18,7 @@ from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 STATE = ParallelState(device=torch.device("cpu"))
 OPTIMIZER = OptimizerConfig(lr=1e-2, weight_decay=0.1, clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8)
-CONFIG = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
+CONFIG = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
                      vocab_size=200, hidden_dropout=0.0, attention_dropout=0.0, normalization="RMSNorm", swiglu=True,
                      position_embedding_type="rope", num_query_groups=2, untie_embeddings_and_output_weights=True,
                      add_bias_linear=False)

@@ -12,6 +12,7 @@ import math
 import pytest
 
 from base.errors import ConfigError
+from base.options import setting_values
 from gpt.model_config import ModelConfig
 
 # hidden 64 over 4 heads: 16 dims a head, 8 rotary frequencies
@@ -51,7 +52,7 @@ def test_the_flags_set_it_and_the_default_attention_factor_is_transformers():
 ])
 def test_what_longrope_is_not_built_with_is_refused_in_one_line(settings, named):
     with pytest.raises(ConfigError) as error:
-        ModelConfig(**{**LONGROPE, **settings}).validate()
+        ModelConfig.of(**{**LONGROPE, **settings}).validate()
     assert named in str(error.value) and "\n" not in str(error.value), str(error.value)
 
 
@@ -60,8 +61,8 @@ def test_a_resume_that_changes_the_factors_or_the_positions_they_read_is_named()
     so is --max-position-embeddings where it sets the attention factor."""
     from checkpoint.resume_model import model_differences
 
-    model = ModelConfig(**LONGROPE)
-    recorded = json.loads(json.dumps(dataclasses.asdict(model)))
+    model = ModelConfig.of(**LONGROPE)
+    recorded = json.loads(json.dumps(setting_values(model)))
     assert model_differences(recorded, model) == []
     assert ModelConfig.from_record(recorded).longrope == model.longrope
     longer = dataclasses.replace(model, longrope_long_factor=(2.0,) * 8)
@@ -81,7 +82,7 @@ def test_the_start_says_which_factors_the_sequence_takes(seq_length, which):
     from training.run_settings import longrope_notes
 
     config = PretrainConfig()
-    config = dataclasses.replace(config, model=ModelConfig(**{**LONGROPE, "seq_length": seq_length}))
+    config = dataclasses.replace(config, model=ModelConfig.of(**{**LONGROPE, "seq_length": seq_length}))
     (note,) = longrope_notes(config)
     assert which in note and "\n" not in note
-    assert longrope_notes(dataclasses.replace(config, model=ModelConfig(vocab_size=64))) == ()
+    assert longrope_notes(dataclasses.replace(config, model=ModelConfig.of(vocab_size=64))) == ()

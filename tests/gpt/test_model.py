@@ -20,7 +20,7 @@ def small_config(**overrides) -> ModelConfig:
     values = dict(num_layers=3, hidden_size=64, num_attention_heads=4, seq_length=32,
                   max_position_embeddings=48, vocab_size=1000, hidden_dropout=0.0, attention_dropout=0.0)
     values.update(overrides)
-    return ModelConfig(**values)
+    return ModelConfig.of(**values)
 
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
@@ -134,7 +134,7 @@ def test_flops_formula_matches_counted_matmuls(recompute):
 
 
 def test_flops_formula_is_megatrons_closed_form():
-    config = ModelConfig(num_layers=48, hidden_size=1600, num_attention_heads=16, seq_length=1024,
+    config = ModelConfig.of(num_layers=48, hidden_size=1600, num_attention_heads=16, seq_length=1024,
                          max_position_embeddings=1024, vocab_size=50257)
     b, s, layers, h, v = 512, 1024, 48, 1600, config.padded_vocab_size()
     no_recompute = 72 * b * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))

@@ -273,7 +273,7 @@ def test_layer_freq_reads_megatrons_int_and_list_expression():
 
 
 def tiny_moe(**moe) -> ModelConfig:
-    return ModelConfig(num_layers=2, hidden_size=16, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
+    return ModelConfig.of(num_layers=2, hidden_size=16, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
                        vocab_size=64, hidden_dropout=0.0, attention_dropout=0.0, num_experts=4, **moe)
 
 

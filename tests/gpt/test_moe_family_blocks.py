@@ -102,7 +102,7 @@ def test_yarn_angles_are_transformers_yarn(truncate):
 ])
 def test_a_setting_megatron_refuses_is_refused_in_one_line(settings, named):
     with pytest.raises(ConfigError) as error:
-        ModelConfig(vocab_size=64, **settings).validate()
+        ModelConfig.of(vocab_size=64, **settings).validate()
     assert named in str(error.value) and "\n" not in str(error.value)
 
 
@@ -119,7 +119,7 @@ def test_gpt_oss_and_gemma_blocks_not_built_together_are_refused_in_one_line(set
     """Where the GPT-OSS blocks meet Gemma's (both branches of issue 63): sinks join SDPA's scores, which cannot be
     soft-capped; YaRN's frequencies are one set for every layer; one gated MLP activation at a time."""
     with pytest.raises(ConfigError) as error:
-        ModelConfig(vocab_size=64, **settings).validate()
+        ModelConfig.of(vocab_size=64, **settings).validate()
     assert named in str(error.value) and "\n" not in str(error.value)
 
 

@@ -32,7 +32,7 @@ from training.build import build
 from training.run_settings import resolve_run_settings
 
 TP = 2
-GPT2 = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
+GPT2 = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
                    vocab_size=96)
 LLAMA = dataclasses.replace(GPT2, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
                             num_query_groups=2, untie_embeddings_and_output_weights=True, add_bias_linear=False,
@@ -70,7 +70,7 @@ def test_every_tensor_parallel_module_and_linear_is_named_in_the_plan_with_its_s
     mla = dict(multi_latent_attention=True, num_query_groups=None, kv_lora_rank=16, qk_head_dim=8,
                qk_pos_emb_head_dim=4, v_head_dim=8)
     for config in (*MODELS.values(), replace_settings(LLAMA, mtp_num_layers=1),
-                   dataclasses.replace(LLAMA, **mla), dataclasses.replace(LLAMA, **mla, q_lora_rank=24),
+                   replace_settings(LLAMA, **mla), replace_settings(LLAMA, **mla, q_lora_rank=24),
                    *(MOE_MODELS.values() if sequence_parallel else ())):
         for name, module in _model(config, sequence_parallel).named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding, *PARALLEL_LAYERS)) and name != "position_embeddings":

@@ -8,14 +8,13 @@ building DeepSpeed's MoE with `use_residual=(args.mlp_type == 'residual')`) and 
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from arguments.parser import parse_config
 from base.errors import ConfigError
+from base.options import setting_values
 from gpt.model import build_gpt_model
 from gpt.model_config import ModelConfig
 from gpt.moe.layer import MoELayer
@@ -30,7 +29,7 @@ def pr_moe(**changes) -> ModelConfig:
     settings = dict(num_layers=4, hidden_size=16, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
                     vocab_size=64, hidden_dropout=0.0, attention_dropout=0.0, num_experts=(2, 4), moe_gating="deepspeed",
                     topk=2, mlp_type="residual")
-    return ModelConfig(**{**settings, **changes})
+    return ModelConfig.of(**{**settings, **changes})
 
 
 def test_a_num_experts_list_gives_each_expert_interval_th_layer_its_count_as_megatron_deepspeed():
@@ -139,7 +138,7 @@ def test_a_recorded_per_layer_list_reads_back_as_the_parsed_tuple():
     from checkpoint.resume_model import model_differences
 
     config = pr_moe()
-    recorded = dataclasses.asdict(config)
+    recorded = setting_values(config)
     recorded["num_experts"] = list(config.num_experts)
     assert ModelConfig.from_record(recorded).num_experts == (2, 4)
     assert model_differences(recorded, config) == []

@@ -36,7 +36,7 @@ from zero.activations import SavedTensorMeter
 
 CPU = ParallelState(device=torch.device("cpu"))
 # the block docs/planning.md measured: hidden 256, 8 heads in 2 query groups, ffn 896
-LLAMA = ModelConfig(num_layers=1, hidden_size=256, num_attention_heads=8, num_query_groups=2, ffn_hidden_size=896,
+LLAMA = ModelConfig.of(num_layers=1, hidden_size=256, num_attention_heads=8, num_query_groups=2, ffn_hidden_size=896,
                     seq_length=128, max_position_embeddings=128, vocab_size=300, normalization="RMSNorm",
                     swiglu=True, position_embedding_type="rope", untie_embeddings_and_output_weights=True,
                     add_bias_linear=False, attention_dropout=0.0, hidden_dropout=0.0)

@@ -78,7 +78,7 @@ def test_metrics_equal_independent_counts_over_the_meta_model(path):
 
 @pytest.mark.parametrize("options", LLAMA_VARIANTS.values(), ids=LLAMA_VARIANTS.keys())
 def test_llama_shaped_metrics_equal_independent_counts_over_the_meta_model(options):
-    assert_counts_equal_the_meta_models(ModelConfig(**SMALL, **options))
+    assert_counts_equal_the_meta_models(ModelConfig.of(**SMALL, **options))
 
 
 def assert_counts_equal_the_meta_models(config: ModelConfig) -> None:
@@ -103,7 +103,7 @@ def assert_counts_equal_the_meta_models(config: ModelConfig) -> None:
 def test_a_model_option_that_changes_the_block_changes_every_count():
     # An ffn size other than 4h: the hand-written GPT-2 activation estimate (24h inside TP regions) no longer
     # holds; the shape read from the model gives QKV 3h + context h + 2 x ffn, each 2 bytes.
-    config = ModelConfig(num_layers=3, hidden_size=64, num_attention_heads=4, seq_length=32,
+    config = ModelConfig.of(num_layers=3, hidden_size=64, num_attention_heads=4, seq_length=32,
                          max_position_embeddings=32, vocab_size=1000, ffn_hidden_size=96)
     shape = model_shape(config)
     assert shape.activations == LayerActivationTerms(replicated_bytes_per_token=10 * 64,
@@ -128,7 +128,7 @@ def test_gpt2_presets_have_korthikantis_activation_terms(path):
 
 
 def test_one_tp_rank_holds_its_slice_and_the_counts_stay_the_models():
-    config = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16,
+    config = ModelConfig.of(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16,
                          max_position_embeddings=16, vocab_size=1000)
     whole, halves = model_shape(config, 1), model_shape(config, 2)
     assert halves.block_matmuls == (LinearShape("attention.query_key_value", 64, 96), AttentionShape(2, 16),
@@ -142,7 +142,7 @@ def test_one_tp_rank_holds_its_slice_and_the_counts_stay_the_models():
 
 
 def test_the_shape_is_built_once_per_model_options_and_tp_size():
-    config = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16,
+    config = ModelConfig.of(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16,
                          max_position_embeddings=16, vocab_size=1000)
     first = model_shape(config)
     deeper = model_shape(dataclasses.replace(config, num_layers=40, vocab_size=7))

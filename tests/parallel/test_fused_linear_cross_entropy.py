@@ -88,7 +88,7 @@ def test_fused_equals_unfused_at_tp2():
 
 
 def test_the_flag_switches_the_models_loss_path_and_changes_no_value(monkeypatch):
-    config = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
+    config = ModelConfig.of(num_layers=1, hidden_size=32, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
                          vocab_size=50, hidden_dropout=0.0, attention_dropout=0.0)
     assert not config.cross_entropy_loss_fusion  # off by default: today's path
     tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(2))
@@ -124,7 +124,7 @@ def test_under_zero_stage3_training_is_the_unfused_one():
     from tests.zero_harness import ZeroHarness
     from zero.config import ZeroConfig
 
-    config = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
+    config = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
                          vocab_size=50, hidden_dropout=0.0, attention_dropout=0.0)
     tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(5)).expand(3, 2, 9)  # one batch, 3 steps
 

@@ -104,7 +104,7 @@ def test_uneven_interleaved_split_is_megatron_cores_own(layers, stages, first, l
 
 @pytest.mark.parametrize("untied", [False, True])
 def test_stage_models_hold_the_one_stage_models_parameters(untied):
-    config = ModelConfig(num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=8,
+    config = ModelConfig.of(num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=8,
                          max_position_embeddings=8, vocab_size=100,
                          untie_embeddings_and_output_weights=untied)
     state = virtual_state(1, device="cpu")
@@ -126,7 +126,7 @@ def test_an_untied_last_stage_scores_the_vocabulary_as_the_one_stage_model():
     """The last stage of an untied model holds no word embedding (only the first stage does), so its loss
     reads its vocabulary shard's start from the output layer's split (the Llama-2 launch of
     deepspeedai/Megatron-DeepSpeed examples_deepspeed/pretrain_llama2_distributed.sh: PP 2, untied)."""
-    config = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=8,
+    config = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=8,
                          max_position_embeddings=8, vocab_size=100, untie_embeddings_and_output_weights=True)
     state = virtual_state(1, device="cpu")
     whole = build_gpt_model(config, state, seed=5)

@@ -35,7 +35,7 @@ from tests.distributed import run_distributed
 from zero.memory import predict_saved_activation_bytes
 
 SEED, BATCH, SEQ, TP = 3, 2, 16, 2
-GPT2 = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
+GPT2 = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                    max_position_embeddings=SEQ, vocab_size=96, hidden_dropout=0.0, attention_dropout=0.0)
 LLAMA = dataclasses.replace(GPT2, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
                             num_query_groups=2, untie_embeddings_and_output_weights=True, add_bias_linear=False)

@@ -61,7 +61,7 @@ def test_the_model_adds_the_z_loss_from_its_config():
     from zero.config import ZeroConfig
 
     assert parse_arguments(["--use-z-loss"]).config.model.z_loss_strength == 1e-4
-    config = ModelConfig(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
+    config = ModelConfig.of(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
                          vocab_size=40, hidden_dropout=0.0, attention_dropout=0.0)
     tokens = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(5))
     model = GPTModel(config, STATE)

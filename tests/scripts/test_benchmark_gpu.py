@@ -32,7 +32,7 @@ def megatron_closed_form(batch, seq, layers, hidden, vocab):
 
 
 def test_throughput_figures_match_the_closed_form():
-    config = ModelConfig(num_layers=4, hidden_size=256, num_attention_heads=4, seq_length=128,
+    config = ModelConfig.of(num_layers=4, hidden_size=256, num_attention_heads=4, seq_length=128,
                          max_position_embeddings=128, vocab_size=benchmark_gpu.GPT2_VOCAB)
     base = {"micro_batch_size": 3, "accumulation_steps": 2, "seq_length": 128}
     results = [{**base, "impl": "ours", "compiled": False, "step_times_s": [0.5, 0.25, 0.4]},

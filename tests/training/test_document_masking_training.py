@@ -96,7 +96,7 @@ def test_first_iteration_loss_is_each_document_alone_without_the_eods_prediction
 
 
 def test_evaluation_uses_the_same_masks():
-    config = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=32,
+    config = ModelConfig.of(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=32,
                          max_position_embeddings=32, vocab_size=256, hidden_dropout=0.0, attention_dropout=0.0)
     from gpt.model import build_gpt_model
     state = ParallelState(device=torch.device("cpu"))

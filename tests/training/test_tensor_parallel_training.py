@@ -57,7 +57,7 @@ def tp_bytes_of_one_step(rank, world_size, num_layers, batch, seq, hidden):
 
     state = initialize("cpu", tensor_parallel_size=world_size)
     try:
-        config = ModelConfig(num_layers=num_layers, hidden_size=hidden, num_attention_heads=4, seq_length=seq,
+        config = ModelConfig.of(num_layers=num_layers, hidden_size=hidden, num_attention_heads=4, seq_length=seq,
                              max_position_embeddings=seq, vocab_size=500, hidden_dropout=0.0,
                              attention_dropout=0.0)
         model = build_gpt_model(config, state, seed=0)

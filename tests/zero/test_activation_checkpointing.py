@@ -17,7 +17,7 @@ from zero.activations import ActivationMonitor, apply_activation_checkpointing
 from zero.config import ActivationCheckpointConfig
 
 SEED, STEPS, BATCH, SEQ = 5, 3, 2, 16
-MODEL = ModelConfig(num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
+MODEL = ModelConfig.of(num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                     max_position_embeddings=SEQ, vocab_size=128)  # dropout 0.1: recompute must replay it
 OPTIONS = {
     "none": None,

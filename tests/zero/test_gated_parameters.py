@@ -120,7 +120,7 @@ def test_compiled_blocks_wait_at_entry_and_compile_once():
     from zero.gated_parameters import wait_at_region_entry
 
     keep_marked_methods_eager()
-    config = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
+    config = ModelConfig.of(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          max_position_embeddings=SEQ, vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0)
     model, storage, log = overlapped(config)
     tokens = torch.randint(0, VOCAB, (2, SEQ + 1), generator=torch.Generator().manual_seed(0))
@@ -144,7 +144,7 @@ def test_a_graphed_region_waits_for_its_gathers_before_each_replay():
     from parallel.graph_capture import GraphedRegion
     from zero.gated_parameters import wait_at_region_entry
 
-    config = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
+    config = ModelConfig.of(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          max_position_embeddings=SEQ, vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0)
     model, storage, log = overlapped(config)
     block = model.blocks[0]

@@ -193,7 +193,7 @@ def test_our_fused_qkv_carries_megatrons_split_shapes(groups, gate):
     from gpt.model_config import ModelConfig
     from parallel.state import ParallelState
 
-    config = ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=16,
+    config = ModelConfig.of(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=16,
                          max_position_embeddings=16, vocab_size=128, num_query_groups=groups,
                          attention_output_gate=gate)
     model = GPTModel(config, ParallelState(device=torch.device("meta")))

@@ -20,7 +20,7 @@ from zero.config import ZeroConfig
 from zero.memory import host_resident_tensors
 from zero.placement import Placement, placement_of
 
-CONFIG = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
+CONFIG = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
                      vocab_size=96)
 
 

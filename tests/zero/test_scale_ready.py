@@ -42,7 +42,7 @@ def local_parameters_170b(h: int, layers: int, padded_vocab: int, seq: int, tp: 
 def test_the_170b_model_and_its_zero_stage3_setup_build_on_the_meta_device_in_seconds():
     """212 layers x 8192, 64 heads, GPT-2 vocabulary, for rank (tp 3, dp 7) of TP=16 x DP=25 at stage 3:
     model, layout, partitions and buffers, with no tensor memory and in well under 30 s."""
-    config = ModelConfig(num_layers=212, hidden_size=8192, num_attention_heads=64, seq_length=1024,
+    config = ModelConfig.of(num_layers=212, hidden_size=8192, num_attention_heads=64, seq_length=1024,
                          max_position_embeddings=1024, vocab_size=50257)
     state = ParallelState(device=torch.device("meta"), dims=ParallelDims.of_rank(7 * 16 + 3, {"dp": 25, "tp": 16}))
     assert (state.tensor_parallel_rank, state.data_parallel_rank, state.world_size) == (3, 7, 400)
@@ -72,7 +72,7 @@ def test_the_170b_model_and_its_zero_stage3_setup_build_on_the_meta_device_in_se
 
 # ---- bitwise invariance across the grid ----------------------------------------------------------
 
-SMALL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
+SMALL = ModelConfig.of(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
                     vocab_size=300, hidden_dropout=0.0, attention_dropout=0.0)
 
 

@@ -49,7 +49,7 @@ def one_thread():
 
 
 def model_config() -> ModelConfig:
-    return ModelConfig(num_layers=LAYERS, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
+    return ModelConfig.of(num_layers=LAYERS, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                        max_position_embeddings=SEQ, vocab_size=VOCAB, hidden_dropout=0.0,
                        attention_dropout=0.0)
 

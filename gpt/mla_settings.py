@@ -1,0 +1,50 @@
+"""Multi-latent attention's section of the model's settings (gpt/mla.py builds the attention it sets): Megatron-LM's
+--multi-latent-attention and its sizes, in a module of its own so that gpt/model_config.py composes it without
+importing the attention's layers (which read ModelConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+from base.errors import ConfigError
+from base.options import option
+
+
+@dataclass(frozen=True)
+class MLASettings:
+    """The attention's multi-latent section (base/options.py section()): Megatron-LM's flags, named as their dests
+    and MLATransformerConfig's fields (defaults: megatron/training/arguments.py's, kv_lora_rank 32 there)."""
+    SETTING_PREFIX: ClassVar[str] = ""
+
+    multi_latent_attention: bool = option(
+        False, action="store_true",
+        help="DeepSeek's multi-latent attention: low-rank query and key/value projections, rotary positions on "
+             "--qk-pos-emb-head-dim dims of each query head and one key shared by the heads")
+    q_lora_rank: Optional[int] = option(None, help="with --multi-latent-attention: the query's low rank (default: "
+                                                   "no low-rank query, one projection)")
+    kv_lora_rank: int = option(32, help="with --multi-latent-attention: the key/value latent's rank")
+    qk_head_dim: int = option(128, help="with --multi-latent-attention: each query/key head's dims without position")
+    qk_pos_emb_head_dim: int = option(64, help="with --multi-latent-attention: each query/key head's rotary dims")
+    v_head_dim: int = option(128, help="with --multi-latent-attention: each value head's dims")
+    rope_type: Optional[str] = option(None, choices=("rope", "yarn"),
+                                      help="with --multi-latent-attention: rope, or yarn (its default)")
+
+    def validate(self) -> None:
+        """The latent's own sizes; what MLA is not built with beside the other settings is ModelConfig's."""
+        if not self.multi_latent_attention:
+            if self.rope_type == "yarn":  # megatron/training/argument_utils.py asserts it
+                raise ConfigError("--rope-type yarn is multi-latent attention's: other attention takes rope "
+                                  "(--position-embedding-type rope); add --multi-latent-attention or drop --rope-type",
+                                  flags=("--rope-type", "--multi-latent-attention"))
+            return
+        for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "q_lora_rank"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be at least 1, got {value}", flags=(flag,))
+        if self.qk_pos_emb_head_dim % 2:
+            raise ConfigError(f"--qk-pos-emb-head-dim {self.qk_pos_emb_head_dim} must be even: rotary positions turn "
+                              f"pairs of dims", flags=("--qk-pos-emb-head-dim",))
+        if self.rope_type is not None and self.rope_type not in ("rope", "yarn"):
+            raise ConfigError(f"--rope-type {self.rope_type} is not one of rope, yarn", flags=("--rope-type",))
