@@ -18,13 +18,10 @@ batch, within the fuzz's tolerances (1e-5 and 1e-4 relative) unless said.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from scripts.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
-from tests.distributed import free_port, run_distributed
-from tests.training.test_moe_training import launch_rank
+from tests.forked_runs import logged_iterations
 
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32"]
@@ -34,18 +31,12 @@ MOE = ["--num-experts", "4", "--moe-router-enable-expert-bias", "--moe-router-sc
 
 
 def _records(tmp_path, runs: dict[str, tuple[list[str], int]]) -> dict[str, list[tuple[float, float]]]:
-    """Each run's (loss, grad norm) a logged iteration: {name: (argv, ranks)}. The runs of one rank count train one
-    after another in the same processes, forked from tests/distributed.py's server that has imported torch and
-    pretrain_gpt, as tests/training/test_combinations.py's do: a fresh launch (scripts/timed_launch.py: a launcher
-    and a new interpreter a rank) spent most of these tests' time importing torch, ~2.5 s of CPU a process."""
-    for ranks in sorted({ranks for _, ranks in runs.values()}):
-        names = [name for name, (_, count) in runs.items() if count == ranks]
-        argvs = [[*COMMON, *runs[name][0], "--metrics-file", str(tmp_path / f"{name}.jsonl")] for name in names]
-        run_distributed(launch_rank, ranks, argvs, [free_port() for _ in argvs], timeout=600 * len(argvs))
+    """Each run's (loss, grad norm) a logged iteration: {name: (argv, ranks)}, on forked ranks (tests/forked_runs.py:
+    a fresh launch's interpreters spent most of these tests' time importing torch)."""
     found = {}
-    for name in runs:  # the records scripts/timed_launch.py's launch keeps: the iterations' (with a step time)
-        logged = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines() if line]
-        found[name] = [(record["loss"], record["grad_norm"]) for record in logged if "iter_time_s" in record]
+    for name, (argv, ranks) in runs.items():
+        found[name] = [(record["loss"], record["grad_norm"])
+                       for record in logged_iterations(tmp_path, name, [*COMMON, *argv], ranks)]
         assert len(found[name]) == 3, (name, found[name])
     return found
 
