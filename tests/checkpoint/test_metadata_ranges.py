@@ -115,6 +115,29 @@ def variant(root: Path, original: Path, name: str, metadata: dict) -> Path:
     return ck
 
 
+class Probe:
+    """One copy of the checkpoint (files hard-linked) that every variant of a fuzz reuses: only metadata.json
+    differs between variants, so it alone is rewritten (a new file renamed over the old), where a fresh copy
+    a variant cost two thirds of the fuzz's file work (the copy, and removing it for the next variant). A
+    resume (no --save) and the tools read the checkpoint and write nothing into it, as a fresh copy made sure:
+    `write` asserts that the copy holds the same files as the original before each variant."""
+
+    def __init__(self, root: Path, original: Path, name: str, metadata: dict):
+        self.ck = variant(root, original, name, metadata)
+        self.files = self.listing()
+
+    def listing(self) -> list[str]:
+        return sorted(str(path.relative_to(self.ck)) for path in self.ck.rglob("*"))
+
+    def write(self, metadata: dict) -> Path:
+        assert self.listing() == self.files, "a probe wrote into the checkpoint it read"
+        path = self.ck / SAVED / METADATA_FILE
+        temporary = path.with_name(METADATA_FILE + ".next")
+        temporary.write_text(json.dumps(metadata))
+        os.replace(temporary, path)
+        return self.ck
+
+
 def same(value, other) -> bool:
     if isinstance(value, float) and isinstance(other, float) and math.isnan(value) and math.isnan(other):
         return True
@@ -138,17 +161,34 @@ def test_every_numeric_entry_at_the_extremes(saved, monkeypatch):
     def stop(*args, **kwargs):
         raise ReachedData()
 
+    # Every probe's command line is the same (only metadata.json differs), and the memory-fit check before the
+    # checkpoint is read (pretrain_gpt.run: check_memory_fits, then claim_run_start) planned it anew each time
+    # with a dry run of the model on meta tensors: half a probe's time. The dry run is made once and its figures
+    # given to every probe's check, which still runs; `planned_once` asserts its inputs are the first probe's.
+    planned: list[tuple] = []
+
+    def planned_once(config, state, vocab_size, batch):
+        inputs = (config, state.world_size, state.rank, state.device, vocab_size, batch)
+        if not planned:
+            planned.append((inputs, real_planned_peaks(config, state, vocab_size, batch)))
+        assert inputs == planned[0][0], "a probe's memory check planned another launch"
+        return planned[0][1]
+
+    import planner.launch
+    real_planned_peaks = planner.launch._planned_peaks
+    probe = Probe(root, original, "probe", metadata)
     accepted = []
     with monkeypatch.context() as patch:
         patch.setattr("training.prepare.load_tokenizer_and_data_sources", stop)
         # The flags' parser is built once for the ~1200 probes (two thirds of a probe's time); parsing
         # does not change it, so every probe still parses its own command line.
         patch.setattr("arguments.parser.build_parser", functools.cache(arguments.parser.build_parser))
+        patch.setattr(planner.launch, "_planned_peaks", planned_once)
         for where in entries:
             for value in EXTREMES:
                 if same(value, current[where]):
                     continue
-                ck = variant(root, original, "probe", edited(metadata, [(where, value)]))
+                ck = probe.write(edited(metadata, [(where, value)]))
                 try:
                     outcome = resume(root, cache, ck, "probe")
                 except ReachedData:
@@ -159,6 +199,7 @@ def test_every_numeric_entry_at_the_extremes(saved, monkeypatch):
                 assert "Traceback" not in outcome.err, (label, outcome.err)
                 lines = [line for line in outcome.err.splitlines() if line.strip()]
                 assert len(lines) == 1, (label, outcome.err)
+    assert len(planned) == 1 and planned[0][1][0][0], planned  # one plan, with a peak: the check had figures
     refused = len(entries) * len(EXTREMES) - len(accepted)
     assert accepted and refused > len(accepted)  # most extremes are no count at all
 
@@ -288,7 +329,7 @@ def test_random_states_out_of_range_are_one_line_naming_the_file(saved):
         one_line(resume(root, cache, rewrite(name, entry, change), "files"), name, words)
 
 
-def test_the_tools_read_every_numeric_entry_at_the_extremes_in_one_line_or_cleanly(saved, tmp_path):
+def test_the_tools_read_every_numeric_entry_at_the_extremes_in_one_line_or_cleanly(saved, tmp_path, monkeypatch):
     """The offline tools trust the same metadata: zero_to_fp32.py, reshard_checkpoint.py and convert_to_hf.py
     on every variant of the fuzz above end in one stderr line and exit 2, or exit 0. Before, the recorded
     model settings went unchecked: convert_to_hf.py looped over a num_layers of 2**63 - 1 until memory ran
@@ -306,6 +347,12 @@ def test_the_tools_read_every_numeric_entry_at_the_extremes_in_one_line_or_clean
              ("reshard", reshard_checkpoint.main,
               lambda ck: [ck, tmp_path / "tp2", "--tensor-model-parallel-size", "2", "--overwrite"]),
              ("convert_to_hf", convert_to_hf.main, lambda ck: [ck, tmp_path / "hf", "--overwrite"])]
+    probe = Probe(root, original, "tool-probe", metadata)
+    # The tools' writes are fsynced (checkpoint/format.py's durable writes): a third of this test's time on the
+    # CI machine's disk, for ~1000 outputs that are removed at once. What is asserted (exit status, stderr) does
+    # not depend on the data reaching the disk, so os.fsync returns at once here (the calls are still made).
+    fsyncs = []
+    monkeypatch.setattr(os, "fsync", fsyncs.append)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (8 << 30 if hard == resource.RLIM_INFINITY else min(8 << 30, hard), hard))
     try:
@@ -316,7 +363,7 @@ def test_the_tools_read_every_numeric_entry_at_the_extremes_in_one_line_or_clean
             for value in EXTREMES:
                 if same(value, current):
                     continue
-                ck = variant(root, original, "tool-probe", edited(metadata, [(where, value)]))
+                ck = probe.write(edited(metadata, [(where, value)]))
                 for name, main, argv in tools:
                     outcome = run_main(main, argv(ck))
                     label = f"{name}: {'.'.join(map(str, where))} = {value!r}"
@@ -328,3 +375,4 @@ def test_the_tools_read_every_numeric_entry_at_the_extremes_in_one_line_or_clean
                         shutil.rmtree(tmp_path / output, ignore_errors=True)
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert fsyncs  # the tools wrote outputs (the variants they accept)

@@ -177,24 +177,43 @@ def test_the_verdict_holds_losses_to_1e_5_and_grad_norms_to_1e_4_and_fp8_to_1e_3
         "differs"
 
 
-def _fuzz(tmp_path, seed: int, draws: int) -> list[dict]:
-    output = tmp_path / f"seed{seed}.jsonl"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "layout_fuzz.py"), "--seed", str(seed), "--draws",
-                           str(draws), "--output", str(output)], capture_output=True, text=True, timeout=900)
+def _fuzz(tmp_path, seed: int, draws: list[int], monkeypatch=None) -> list[dict]:
+    """The script on these draws of the seed (`--draws N` for the first N, `--draw i` for one other), as a user runs
+    it (a process of its own launching each run's launcher and ranks, scripts/timed_launch.py), or with
+    `monkeypatch`, its `main` here with each run's ranks forked (tests/forked_runs.py: the same command lines and
+    records, without a fresh interpreter a rank, which took most of a draw's time importing torch)."""
+    output = tmp_path / f"seed{seed}-{draws[0]}.jsonl"
+    chosen = ["--draws", str(len(draws))] if draws == list(range(len(draws))) else ["--draw", str(*draws)]
+    argv = ["--seed", str(seed), *chosen, "--output", str(output)]
+    if monkeypatch is None:
+        done = subprocess.run([sys.executable, str(REPO / "scripts" / "layout_fuzz.py"), *argv], capture_output=True,
+                              text=True, timeout=900)
+        returncode, said = done.returncode, done.stdout + done.stderr
+    else:
+        import scripts.layout_fuzz as fuzz
+        from tests.forked_runs import forked_launch
+
+        monkeypatch.setattr(fuzz, "launch", forked_launch)
+        returncode, said = fuzz.main(argv), ""
     results = [json.loads(line) for line in output.read_text().splitlines()]
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert returncode == 0, said
+    assert results[-1]["summary"]["draws"] == len(draws) and [result["draw"] for result in results[:-1]] == draws
     return results[:-1]
 
 
-def test_a_handful_of_draws_train_as_one_rank(tmp_path):
-    """Seed 77's first draws (dense and MoE, 2-4 ranks): each equal to its one-rank run."""
-    results = _fuzz(tmp_path, 77, 3)
+def test_a_handful_of_draws_train_as_one_rank(tmp_path, monkeypatch):
+    """Seed 77's first draws (dense and MoE, 2-8 ranks): each equal to its one-rank run. Draw 0, at 8 ranks, runs
+    the script as a user does (its launches through scripts/launch.py, each rank a fresh process); draws 1 and 2
+    (2 and 4 ranks, the second resumed at another layout) run its `main` here with the ranks forked."""
+    results = _fuzz(tmp_path, 77, [0]) + _fuzz(tmp_path, 77, [1], monkeypatch) + _fuzz(tmp_path, 77, [2], monkeypatch)
+    assert [result["ranks"] for result in results] == [8, 2, 4] and "resumed_at" in results[2], results
     assert {result["verdict"] for result in results} <= {"bitwise", "equal"}, results
 
 
 @pytest.mark.slow
-def test_more_draws_train_as_one_rank(tmp_path):
-    """Seed 78's first 5 draws, at 2 and 4 ranks. Its draws 5-7 (4 and 8 ranks, each rank a fresh process) run by
-    hand, `--seed 78 --draws 8`; seed 77's draw 0 keeps an 8-rank launch in the suite."""
-    results = _fuzz(tmp_path, 78, 5)
+def test_more_draws_train_as_one_rank(tmp_path, monkeypatch):
+    """Seed 78's first 5 draws, at 2 and 4 ranks, the ranks forked (the handful above runs the script as a user
+    does). Its draws 5-7 (4 and 8 ranks, each rank a fresh process) run by hand, `--seed 78 --draws 8`; seed 77's
+    draw 0 keeps an 8-rank launch in the suite."""
+    results = _fuzz(tmp_path, 78, list(range(5)), monkeypatch)
     assert {result["verdict"] for result in results} <= {"bitwise", "equal"}, results

@@ -4,23 +4,23 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_two_layouts_train_side_by_side_and_the_ratio_is_the_measured_one(tmp_path, corpus_cache):
+def test_two_layouts_train_side_by_side_and_the_ratio_is_the_measured_one(tmp_path, corpus_cache, monkeypatch):
+    """The script's `main` here, each layout's launch with its 4 ranks forked (tests/forked_runs.py: the same command
+    line and records; a launcher and 4 fresh interpreters a layout took most of the test's time importing torch).
+    tests/scripts/test_layout_fuzz.py runs scripts/timed_launch.py's launch itself."""
+    import scripts.search_vs_measured as search_vs_measured
+    import scripts.timed_launch
+    from tests.forked_runs import forked_launch
+
+    monkeypatch.setattr(scripts.timed_launch, "launch", forked_launch)  # what step_times calls
     out = tmp_path / "search.json"
-    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "search_vs_measured.py"), "--rounds", "1",
-                                "--iterations", "2", "--skip", "1", "--layouts", "2", "--output", str(out),
-                                "--data-cache-dir", corpus_cache],
-                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert search_vs_measured.main(["--rounds", "1", "--iterations", "2", "--skip", "1", "--layouts", "2", "--output",
+                                    str(out), "--data-cache-dir", corpus_cache]) == 0
     report = json.loads(out.read_text())
     rows = {row["layout"]: row for row in report["layouts"]}
     assert sorted(rows) == ["1", "2"] and report["rounds"] == 1

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 
 from scripts.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
-from scripts.timed_launch import launch
+from tests.forked_runs import logged_iterations
 
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32"]
@@ -30,14 +30,15 @@ MOE = ["--num-experts", "4", "--moe-router-enable-expert-bias", "--moe-router-sc
        "--moe-router-topk", "2"]
 
 
-def _records(tmp_path, name: str, argv: list[str], ranks: int) -> list[tuple[float, float]]:
-    scratch = tmp_path / name
-    scratch.mkdir()
-    launched = launch([*COMMON, *argv], ranks, scratch, timeout_s=600)
-    assert launched.returncode == 0, (name, launched.last_error)
-    records = [(record["loss"], record["grad_norm"]) for record in launched.records]
-    assert len(records) == 3, (name, records)
-    return records
+def _records(tmp_path, runs: dict[str, tuple[list[str], int]]) -> dict[str, list[tuple[float, float]]]:
+    """Each run's (loss, grad norm) a logged iteration: {name: (argv, ranks)}, on forked ranks (tests/forked_runs.py:
+    a fresh launch's interpreters spent most of these tests' time importing torch)."""
+    found = {}
+    for name, (argv, ranks) in runs.items():
+        found[name] = [(record["loss"], record["grad_norm"])
+                       for record in logged_iterations(tmp_path, name, [*COMMON, *argv], ranks)]
+        assert len(found[name]) == 3, (name, found[name])
+    return found
 
 
 def _worst(records, reference) -> tuple[float, float]:
@@ -49,12 +50,14 @@ def _worst(records, reference) -> tuple[float, float]:
 @pytest.mark.slow
 def test_replicated_parameters_count_once_in_the_grad_norm(tmp_path):
     """torchtitan PR #4245."""
-    for name, flags, layout, ranks in (
-            ("dense", [], ["--tensor-model-parallel-size", "4", "--sequence-parallel"], 4),
-            ("moe", MOE, ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-model-parallel-size",
-                          "2"], 4)):
-        one = _records(tmp_path, f"{name}-one", [*MODEL, *BATCH, *flags], 1)
-        parallel = _records(tmp_path, f"{name}-parallel", [*MODEL, *BATCH, *flags, *layout], ranks)
+    cases = {"dense": ([], ["--tensor-model-parallel-size", "4", "--sequence-parallel"], 4),
+             "moe": (MOE, ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-model-parallel-size",
+                           "2"], 4)}
+    runs = _records(tmp_path, {run: (argv, count) for name, (flags, layout, ranks) in cases.items()
+                               for run, argv, count in ((f"{name}-one", [*MODEL, *BATCH, *flags], 1),
+                                                        (f"{name}-parallel", [*MODEL, *BATCH, *flags, *layout], ranks))})
+    for name in cases:
+        one, parallel = runs[f"{name}-one"], runs[f"{name}-parallel"]
         loss, norm = _worst(parallel, one)
         assert loss <= LOSS_TOLERANCE and norm <= GRAD_NORM_TOLERANCE, (name, loss, norm, parallel, one)
 
@@ -62,8 +65,8 @@ def test_replicated_parameters_count_once_in_the_grad_norm(tmp_path):
 @pytest.mark.slow
 def test_a_module_used_twice_gets_zero_0s_gradients_at_zero_2_and_3_in_bf16(tmp_path):
     """DeepSpeed #8224: the tied embedding, used twice a step, in bf16 at DP 2."""
-    runs = {stage: _records(tmp_path, f"zero{stage}", [*MODEL, *BATCH, "--bf16", "--zero-stage", stage], 2)
-            for stage in ("0", "2", "3")}
+    runs = _records(tmp_path, {stage: ([*MODEL, *BATCH, "--bf16", "--zero-stage", stage], 2)
+                               for stage in ("0", "2", "3")})
     for stage in ("2", "3"):
         assert [loss for loss, _ in runs[stage]] == [loss for loss, _ in runs["0"]], (stage, runs)
         assert _worst(runs[stage], runs["0"])[1] <= 1e-10, (stage, runs)
@@ -72,9 +75,10 @@ def test_a_module_used_twice_gets_zero_0s_gradients_at_zero_2_and_3_in_bf16(tmp_
 @pytest.mark.slow
 def test_muon_steps_once_an_iteration_under_zero_1_and_3(tmp_path):
     """DeepSpeed PR #8600: the same global batch of 8 at DP 2 as 1 micro-batch of 4 a rank and as 4 of 1."""
+    runs = _records(tmp_path, {f"zero{stage}-mbs{micro}": ([*MODEL, "--optimizer", "muon", "--micro-batch-size",
+                                                            str(micro), "--global-batch-size", "8", "--zero-stage",
+                                                            stage], 2)
+                               for stage in ("1", "3") for micro in (4, 1)})
     for stage in ("1", "3"):
-        runs = [_records(tmp_path, f"zero{stage}-mbs{micro}", [*MODEL, "--optimizer", "muon", "--micro-batch-size",
-                                                               str(micro), "--global-batch-size", "8", "--zero-stage",
-                                                               stage], 2) for micro in (4, 1)]
-        loss, norm = _worst(runs[1], runs[0])
+        loss, norm = _worst(runs[f"zero{stage}-mbs1"], runs[f"zero{stage}-mbs4"])
         assert loss <= LOSS_TOLERANCE and norm <= GRAD_NORM_TOLERANCE, (stage, loss, norm, runs)

@@ -17,7 +17,7 @@ import torch
 
 from parallel.context_parallel import roll_left_across_chunks, take_local_chunks
 from scripts.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
-from scripts.timed_launch import launch
+from tests.forked_runs import logged_iterations
 
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
          "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size", "4",
@@ -50,11 +50,9 @@ def test_a_roll_across_chunks_is_the_whole_sequences_roll_on_each_rank(cp):
 
 
 def _records(tmp_path, name: str, flags: list[str], ranks: int) -> list[dict]:
-    scratch = tmp_path / name
-    scratch.mkdir()
-    launched = launch([*COMMON, *MODEL, *flags], ranks, scratch, timeout_s=600)
-    assert launched.returncode == 0, (name, launched.last_error)
-    return launched.records
+    """The run's iterations' records, on forked ranks (tests/forked_runs.py: a fresh launch's interpreters spent most
+    of this test's time importing torch)."""
+    return logged_iterations(tmp_path, name, [*COMMON, *MODEL, *flags], ranks)
 
 
 @pytest.mark.slow

@@ -22,8 +22,8 @@ import shutil
 import pytest
 
 from scripts.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
-from scripts.timed_launch import launch
 from tests.checkpoint.test_megatron_checkpoint import FIXTURES, data_workdir, our_flags
+from tests.forked_runs import logged_iterations
 
 
 @pytest.mark.slow
@@ -59,11 +59,10 @@ MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4
 
 
 def _records(tmp_path, name: str, layout: list[str], ranks: int) -> list[tuple[float, float]]:
-    scratch = tmp_path / name
-    scratch.mkdir()
-    launched = launch([*COMMON, *MODEL, *layout], ranks, scratch, timeout_s=600)
-    assert launched.returncode == 0, (name, launched.last_error)
-    return [(record["loss"], record["grad_norm"]) for record in launched.records]
+    """The run's (loss, grad norm) an iteration, on forked ranks (tests/forked_runs.py: a fresh launch's interpreters
+    spent most of this test's time importing torch)."""
+    return [(record["loss"], record["grad_norm"])
+            for record in logged_iterations(tmp_path, name, [*COMMON, *MODEL, *layout], ranks)]
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.forked_runs import logged_iterations
 from tests.reliability_helpers import TINY, metrics_records, train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -308,9 +309,9 @@ def expert_parallel_requeue(corpus_cache, tmp_path_factory):
     work = tmp_path_factory.mktemp("ep2-requeue")
     argv = TINY + VOCAB + MOE_MTP_MUON + ["--data-cache-dir", corpus_cache, "--train-iters", "4", "--save-interval", "2",
                                           "--expert-model-parallel-size", "2"]
-    straight = launch_two_ranks("pretrain_gpt.py", argv + ["--save", work / "straight", "--metrics-file",
-                                                           work / "straight.jsonl"], work)
-    assert straight.returncode == 0, straight.stderr[-2000:]
+    # the straight run gives the losses to resume to and the checkpoint the damage tests read: its two ranks are
+    # forked (tests/forked_runs.py), the killed run and its requeue still go through scripts/launch.py
+    straight = logged_iterations(work, "straight", argv + ["--save", work / "straight"], 2)
     requeued = argv + ["--save", work / "ck", "--load", work / "ck", "--metrics-file", work / "requeued.jsonl"]
     killed = launch_two_ranks("tests/kill_in_save.py", requeued, work, KILL_SAVE_POINT="renamed")
     assert killed.returncode != 0 and "killed by SIGKILL; torchrun stopped the other ranks" in killed.stderr, \

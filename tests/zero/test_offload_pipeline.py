@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from scripts.layout_fuzz import COMMON
-from scripts.timed_launch import launch
+from tests.forked_runs import forked_launch as launch  # the ranks forked: a fresh interpreter a rank took most of it
 
 MODEL = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8"]
