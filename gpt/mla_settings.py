@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 from base.errors import ConfigError
-from base.options import option
+from base.options import flag_of_setting, option
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class MLASettings:
         for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "q_lora_rank"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                flag = "--" + name.replace("_", "-")
+                flag = flag_of_setting(MLASettings, name)
                 raise ConfigError(f"{flag} must be at least 1, got {value}", flags=(flag,))
         if self.qk_pos_emb_head_dim % 2:
             raise ConfigError(f"--qk-pos-emb-head-dim {self.qk_pos_emb_head_dim} must be even: rotary positions turn "

@@ -41,10 +41,15 @@ def launch(argv: Sequence[str], ranks: int, scratch: Path, one_thread: bool = Tr
         returncode, output = result.returncode, (result.stderr.strip() or result.stdout.strip())
     except subprocess.TimeoutExpired:
         returncode, output = 124, f"stopped after {timeout_s:g} s"
-    records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line] \
-        if metrics.exists() else []
-    return Launched(returncode, [record for record in records if "iter_time_s" in record],
-                    (output.splitlines() or ["(no output)"])[-1])
+    return Launched(returncode, step_records(metrics), (output.splitlines() or ["(no output)"])[-1])
+
+
+def step_records(metrics: Path) -> list:
+    """The training-step records of a metrics file (those with an iter_time_s), in order; none where it is absent."""
+    if not metrics.exists():
+        return []
+    records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line]
+    return [record for record in records if "iter_time_s" in record]
 
 
 def step_times(argv: Sequence[str], ranks: int, scratch: Path, what: str, one_thread: bool = True) -> list[float]:

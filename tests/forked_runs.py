@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 from typing import Optional, Sequence
 
+from scripts.timed_launch import Launched, step_records
 from tests.distributed import run_distributed
 
 
@@ -29,8 +29,7 @@ def logged_iterations(workdir: Path, name: str, argv: list[str], ranks: int, tim
     """pretrain_gpt.py's `argv` on `ranks` ranks, its metrics in workdir/<name>.jsonl: the iterations' records."""
     metrics = Path(workdir) / f"{name}.jsonl"
     run_distributed(_train, ranks, [*map(str, argv), "--metrics-file", str(metrics)], timeout=timeout)
-    records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line]
-    return [record for record in records if "iter_time_s" in record]
+    return step_records(metrics)
 
 
 def _exit_status(rank: int, world_size: int, argv: list[str]) -> tuple[int, str]:
@@ -48,13 +47,9 @@ def forked_launch(argv: Sequence[str], ranks: int, scratch: Path, one_thread: bo
     """scripts/timed_launch.py's `launch` (its arguments, its Launched) with the ranks forked: the first nonzero exit
     status of a rank, and that rank's last stderr line. Each rank runs on one thread (tests/distributed.py), as
     `one_thread` asks; a rank that raises, or a launch past `timeout_s`, fails the test."""
-    from scripts.timed_launch import Launched
-
     metrics = Path(scratch) / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
     statuses = run_distributed(_exit_status, ranks, [*map(str, argv), "--metrics-file", str(metrics)],
                                timeout=timeout_s or 600)
     code, last = next(((code, last) for code, last in statuses if code), (0, statuses[0][1]))
-    records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line] \
-        if metrics.exists() else []
-    return Launched(code, [record for record in records if "iter_time_s" in record], last or "(no output)")
+    return Launched(code, step_records(metrics), last or "(no output)")
