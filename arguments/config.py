@@ -37,7 +37,7 @@ from data.gpt_dataset import APPENDABLE_ORDER, parse_split
 from data.megatron_order import MEGATRON_ORDER
 from data.per_split import SPLIT_FLAGS, DataSources, data_sources
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
-from gpt.model_config import ACTIVATIONS, ATTENTION_BACKENDS, ModelConfig  # noqa: F401 - part of the config
+from gpt.model_config import ModelConfig  # noqa: F401 - part of the config
 from parallel.config import ParallelismConfig, recorded_section
 from rendezvous.fault_injector import FaultInjectorSettings
 from zero.config import ActivationCheckpointConfig, ZeroConfig
@@ -1145,7 +1145,7 @@ class PretrainConfig:
         if not mtp:
             return
         pp = self.parallel.pipeline_model_parallel_size
-        if pp > 1 and self.model.position_embedding_type == "learned_absolute":
+        if pp > 1 and self.model.positions.position_embedding_type == "learned_absolute":
             raise ConfigError(f"--mtp-num-layers {mtp} with --pipeline-model-parallel-size {pp} and learned absolute "
                               f"positions is not implemented here: the last stage's MTP layers hold no position "
                               f"embedding; use --position-embedding-type rope or none, or one stage",
@@ -1159,9 +1159,9 @@ class PretrainConfig:
         cp, model = self.parallel.context_parallel_size, self.model
         if cp == 1:
             return
-        comm = model.cp_comm_type
+        comm = model.attention.cp_comm_type
         # the ring takes the scores' scale (--softmax-scale, multi-latent attention's) but not their soft-capping
-        if comm in ("p2p", "a2a+p2p") and model.attn_logit_softcapping:
+        if comm in ("p2p", "a2a+p2p") and model.attention.attn_logit_softcapping:
             raise ConfigError(f"--attn-logit-softcapping with --cp-comm-type {comm} (the ring) is not implemented: the "
                               f"ring does not soft-cap its scores; use --cp-comm-type all_gather or a2a with "
                               f"--context-parallel-size {cp}", flags=("--attn-logit-softcapping", "--cp-comm-type"))
@@ -1175,9 +1175,9 @@ class PretrainConfig:
         heads = model.num_attention_heads // tp
         if comm == "a2a+p2p":  # multi-latent attention's key heads are its query heads (gpt/mla.py)
             groups = model.num_attention_heads if model.mla.multi_latent_attention else \
-                (model.num_query_groups or model.num_attention_heads)
+                (model.attention.num_query_groups or model.num_attention_heads)
             self._check_hierarchical_context_parallel(heads, groups // tp)
-        if model.cp_comm_type == "a2a" and heads % cp:
+        if model.attention.cp_comm_type == "a2a" and heads % cp:
             # DeepSpeed's single_all_to_all asserts it: "Number of heads must be divisible by the sequence parallel
             # size"; Megatron-DeepSpeed's ParallelAttention too (num_attention_heads % sequence parallel size).
             raise ConfigError(f"--cp-comm-type a2a (DeepSpeed-Ulysses) splits each tensor-parallel rank's {heads} "
@@ -1293,7 +1293,7 @@ class PretrainConfig:
             raise ConfigError(f"DeepSpeed-MoE's gating (Megatron-DeepSpeed's MoE flags) with "
                               f"--tensor-model-parallel-size {tp} is not implemented here: use Megatron-Core's "
                               f"--moe-* flags, or --tensor-model-parallel-size 1", flags=flags)
-        if self.model.activation == "xielu" and max(tp, etp) > 1:
+        if self.model.mlp.activation == "xielu" and max(tp, etp) > 1:
             # each expert's two xIELU scalars would need their gradient summed over the expert-TP peers (and the
             # tensor-parallel shared experts' over TP), which the experts here do not do
             raise ConfigError(f"--xielu with --num-experts and --tensor-model-parallel-size {tp} / "

@@ -455,7 +455,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     flex = config.parallel.flex_note(config.model.moe is not None)
     if flex:
         notes.append(flex)
-    window = config.model.window_size
+    window = config.model.attention.window_size
     if window is not None and window[0] >= 0 and window[1] != 0:
         notes.append(f"> --window-size {window[0]},{window[1]}: attention is causal, so a query sees no key after it "
                      f"(the window's right side is 0, as Transformer Engine sets it for a causal mask)")

@@ -14,9 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from base.errors import ConfigError
-from base.options import flag_of_setting, setting_value
-from gpt.architecture import LONGROPE_SETTINGS, Architecture
+from base.options import flag_of_setting, setting_names, setting_value
+from gpt.attention_settings import AttentionSettings
+from gpt.mlp import MLPSettings
 from gpt.model_config import ModelConfig
+from gpt.norms import NormSettings
+from gpt.positions import LONGROPE_SETTINGS, PositionSettings
 
 ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "rotary_interleaved")
 # The MoE layer's structure and routing (gpt/moe/): which layers hold experts, how many, and how a token chooses
@@ -38,8 +41,13 @@ YARN_SETTINGS = ("rotary_scaling_factor", "mscale", "mscale_all_dim", "yarn_orig
 # said at start-up in one line, not as the dozens of parameter shapes they change; at a given hidden size the heads
 # change no shape, only how the rows of the attention's projections are grouped.
 SHAPE_FIRST = ("num_layers", "hidden_size", "num_attention_heads")
-COMPARED = tuple(dict.fromkeys((*SHAPE_FIRST, *Architecture.__dataclass_fields__, "layernorm_epsilon",
-                                "activation", *MOE_COMPARED, *MLA_COMPARED, "max_position_embeddings")))
+# Every setting of the blocks' sections but the attention's choices of kernel (AttentionSettings.NOT_THE_MATH), and
+# the trunk's that shape the embedding, the linears and the output
+BLOCK_COMPARED = tuple(name for kind in (NormSettings, MLPSettings, PositionSettings, AttentionSettings)
+                       for name in setting_names(kind) if name not in AttentionSettings.NOT_THE_MATH)
+COMPARED = tuple(dict.fromkeys((*SHAPE_FIRST, *BLOCK_COMPARED, "untie_embeddings_and_output_weights", "add_bias_linear",
+                                "scale_embeddings_by_sqrt_hidden", "final_logit_softcapping", *MOE_COMPARED,
+                                *MLA_COMPARED, "max_position_embeddings")))
 
 
 def _compared_values(model: dict) -> dict:

@@ -46,23 +46,23 @@ def backend_for_device(config: ModelConfig, precision: str, device: torch.device
     """The backend to run on `device`: the one asked for, or `auto` with the info line saying why, naming
     `flag` (the option as typed; `--attention-backend X` when empty). `attention_mask`: attention takes an
     explicit mask (--reset-attention-mask), which SDPA's flash kernel on CUDA does not take (its CPU one does)."""
-    asked = flag if flag not in ("", "--attention-backend") else f"--attention-backend {config.attention_backend}"
+    asked = flag if flag not in ("", "--attention-backend") else f"--attention-backend {config.attention.attention_backend}"
     why = None
     if device.type == "cuda":
-        if config.attention_backend == "flash" and precision == "fp32":
+        if config.attention.attention_backend == "flash" and precision == "fp32":
             why = "the flash kernel on CUDA takes 16-bit inputs (add --bf16 or --fp16 to use it)"
-        elif config.attention_backend == "flash" and attention_mask:
+        elif config.attention.attention_backend == "flash" and attention_mask:
             why = ("the flash kernel on CUDA takes no attention mask and --reset-attention-mask needs one "
                    "(each document's block of causal attention)")
-        elif config.attention_backend == "flash" and config.has_windows():
+        elif config.attention.attention_backend == "flash" and config.has_windows():
             # SDPA has no window argument: the sliding window is a mask here (gpt/attention_window.py)
             why = "the flash kernel on CUDA takes no attention mask and --window-size's sliding window is one here"
-    elif config.attention_backend == "fused":
+    elif config.attention.attention_backend == "fused":
         why = "the fused kernels need CUDA"
-    elif config.attention_backend == "flash" and config.attention_dropout > 0:
+    elif config.attention.attention_backend == "flash" and config.attention_dropout > 0:
         why = (f"the flash kernel on a CPU has no dropout and --attention-dropout is {config.attention_dropout} "
                f"(set it to 0 to use it)")
     if why is None:
-        return config.attention_backend, None
+        return config.attention.attention_backend, None
     return "auto", (f"> {asked}: {why}; attention runs PyTorch's own choice of kernel here (auto), the same "
                     f"math")

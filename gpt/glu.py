@@ -130,11 +130,10 @@ def _clamp_gradient(grad: torch.Tensor, before: torch.Tensor, low: Optional[floa
 SWIGLU = GatedActivation()
 
 
-def gated_activation(architecture, activation: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+def gated_activation(mlp, activation: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
                      ) -> GatedActivation:
-    """The blocks' gated activation (gpt/architecture.py's quick_geglu, activation_func_clamp_value,
+    """The blocks' gated activation (the MLP section's quick_geglu, activation_func_clamp_value,
     glu_linear_offset, gated_linear_unit); `activation` is --activation's function, the gate's under
     --gated-linear-unit."""
-    return GatedActivation(architecture.quick_geglu, architecture.activation_func_clamp_value,
-                           architecture.glu_linear_offset,
-                           activation if architecture.gated_linear_unit else None)
+    return GatedActivation(mlp.quick_geglu, mlp.activation_func_clamp_value, mlp.glu_linear_offset,
+                           activation if mlp.gated_linear_unit else None)

@@ -58,11 +58,11 @@ def mla_rotary_angles(config: ModelConfig, seq_length: int, device: torch.device
     apply_rotary_pos_emb multiplies cos and sin by the mscale YarnRotaryEmbedding returns)."""
     dim = config.mla.qk_pos_emb_head_dim
     if config.mla.rope_type in (None, "yarn"):
-        return yarn_angles(seq_length, dim, config.rotary_base, device, config.rotary_scaling_factor,
+        return yarn_angles(seq_length, dim, config.positions.rotary_base, device, config.positions.rotary_scaling_factor,
                            MLA_YARN_ORIGINAL_MAX_POSITIONS, MLA_YARN_BETA_FAST, MLA_YARN_BETA_SLOW,
-                           round_to_int=True, mscale=config.mscale, mscale_all_dim=config.mscale_all_dim)
+                           round_to_int=True, mscale=config.positions.mscale, mscale_all_dim=config.positions.mscale_all_dim)
     angles = torch.outer(torch.arange(seq_length, dtype=torch.float32, device=device),
-                         inverse_frequencies(dim, config.rotary_base, device))
+                         inverse_frequencies(dim, config.positions.rotary_base, device))
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
 
@@ -70,7 +70,7 @@ def mla_rotary_angles(config: ModelConfig, seq_length: int, device: torch.device
 def mla_softmax_scale(config: ModelConfig) -> float:
     """MultiLatentAttention.__init__: `mscale * mscale / math.sqrt(self.q_head_dim)`, mscale =
     _yarn_get_mscale(rotary_scaling_factor, mscale_all_dim) whatever the rope type."""
-    mscale = yarn_get_mscale(config.rotary_scaling_factor, config.mscale_all_dim)
+    mscale = yarn_get_mscale(config.positions.rotary_scaling_factor, config.positions.mscale_all_dim)
     return mscale * mscale / math.sqrt(config.mla.qk_head_dim + config.mla.qk_pos_emb_head_dim)
 
 
@@ -102,16 +102,16 @@ class MLASelfAttention(nn.Module):
         self.q_head_dim = config.mla.qk_head_dim + config.mla.qk_pos_emb_head_dim
         self.softmax_scale = mla_softmax_scale(config)
         self.dropout_p = config.attention_dropout
-        self.attention_backend = config.attention_backend
+        self.attention_backend = config.attention.attention_backend
         # under context parallelism the sequence here is this rank's two chunks (parallel/context_parallel.py)
         self.context_parallel = plan.state if plan.state.context_parallel_size > 1 else None
-        self.cp_comm_type = config.cp_comm_type
+        self.cp_comm_type = config.attention.cp_comm_type
         h, std, heads = config.hidden_size, config.init_method_std, config.num_attention_heads
         # the down projections and the latent norms run where the input layernorm's output is: the sequence slice
         latent_state = plan.norm_state("input_layernorm")
         self.sequence_parallel = latent_state is not None
-        norm = (lambda size: normalization(config.normalization, size, config.layernorm_epsilon, latent_state,
-                                           config.apply_layernorm_1p)) if config.qk_layernorm else None
+        norm = (lambda size: normalization(config.norms.normalization, size, config.norms.layernorm_epsilon, latent_state,
+                                           config.norms.apply_layernorm_1p)) if config.attention.qk_layernorm else None
         if config.mla.q_lora_rank is None:
             # with --qk-layernorm Megatron fuses a norm over the hidden state into linear_q_proj
             self.q_layernorm = norm(h) if norm else None
@@ -132,7 +132,7 @@ class MLASelfAttention(nn.Module):
         self.linear_proj = plan.linear("attention.linear_proj", heads * config.mla.v_head_dim, h,
                                        init_std=output_init_std, bias=config.add_bias_linear)
         # --softmax-type: attention sinks (gpt/attention_sinks.py), as SelfAttention's
-        self.softmax_type = config.softmax_type
+        self.softmax_type = config.attention.softmax_type
         if self.softmax_type == "learnable":
             self.softmax_offset = meta_parameter((self.heads_per_rank,), InitMethod.normal(std), plan.state,
                                                  split_dim=0)
@@ -189,8 +189,8 @@ class MLASelfAttention(nn.Module):
         """What decides this layer's cos and sin besides their dtype (RotaryCache's key): MLA's rotary settings (those
         mla_rotary_angles reads), the length, this rank's place in the sequence and the device."""
         cp, config = self.context_parallel, self.config
-        return ("mla", config.mla.qk_pos_emb_head_dim, config.mla.rope_type, config.rotary_base, config.rotary_scaling_factor,
-                config.mscale, config.mscale_all_dim, seq, str(device),
+        return ("mla", config.mla.qk_pos_emb_head_dim, config.mla.rope_type, config.positions.rotary_base, config.positions.rotary_scaling_factor,
+                config.positions.mscale, config.positions.mscale_all_dim, seq, str(device),
                 None if cp is None else (cp.context_parallel_size, cp.context_parallel_rank))
 
     def _rotary_angles(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,12 +13,117 @@ scale as TE casts linear_fc1 (`joined_linear`, gpt/fp8.py).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
 import torch
 from torch import nn
 
+from base.errors import ConfigError
+from base.options import option
 from gpt.gate_up_gemm import gate_and_up, gated_halves
 from gpt.glu import SWIGLU, GatedActivation
 from gpt.parallel_plan import TensorParallelPlan
+
+# squared_relu is Megatron-LM's --squared-relu (megatron/core/activations.py: relu(x)^2); xielu swiss-ai's
+# Megatron-LM fork's --xielu (gpt/xielu.py).
+ACTIVATIONS = ("gelu", "gelu_tanh", "squared_relu", "xielu")
+
+
+@dataclass(frozen=True)
+class MLPSettings:
+    """The MLP's section of the model's settings (base/options.py section()): its activation and gating, Megatron-LM's
+    flags named as their dests; gpt/model.py's MLP, this module's SwiGLUMLP and gpt/moe's experts build what they
+    choose. The rules here read these settings alone (those across sections: gpt/section_rules.py)."""
+    SETTING_PREFIX: ClassVar[str] = ""
+
+    swiglu: bool = option(False, action="store_true",
+                          help="SwiGLU MLP (Llama); --ffn-hidden-size defaults to int(4h x 2/3 / 64) x 64")
+    # a gated MLP with --activation's GeLU (Gemma's GeGLU); --swiglu gates with SiLU
+    gated_linear_unit: bool = option(
+        False, action="store_true",
+        help="a gated MLP, down(act(gate(x)) * up(x)), with --activation's gelu or gelu_tanh (GeGLU: Gemma); "
+             "--swiglu is the same gate with SiLU")
+    # Megatron-LM's --quick-geglu, --glu-linear-offset, --activation-func-clamp-value (gpt/glu.py): GPT-OSS's MLP
+    quick_geglu: bool = option(
+        False, action="store_true",
+        help="a gated MLP with quick_gelu(gate) = gate x sigmoid(1.702 gate) times its linear half (GPT-OSS)")
+    glu_linear_offset: float = option(0.0, help="with --swiglu or --quick-geglu: add this to the gated MLP's linear "
+                                                "half (GPT-OSS: 1)")
+    activation_func_clamp_value: Optional[float] = option(
+        None, help="with --quick-geglu (or --swiglu's experts): clamp the gate half at most and the linear half within "
+                   "+-this before the activation (GPT-OSS: 7)")
+    # "gelu_tanh" is "gelu_new" in transformers.
+    activation: str = option("gelu_tanh", choices=ACTIVATIONS,
+                             help="gelu_tanh is GPT-2's approximation, gelu the exact erf form, squared_relu "
+                                  "relu(x)^2 (Megatron-LM's --squared-relu), xielu swiss-ai's xIELU with two "
+                                  "learned scalars per MLP (its fork's --xielu)")
+
+    @property
+    def gated(self) -> bool:
+        """The MLP's first projection is a gate and a linear half (SwiGLU's, quick-GeGLU's or --gated-linear-unit's
+        GeGLU: Megatron-Core's TransformerConfig.gated_linear_unit, which each of them sets)."""
+        return self.swiglu or self.quick_geglu or self.gated_linear_unit
+
+    def ffn_size(self, hidden_size: int, ffn_hidden_size: Optional[int]) -> int:
+        """--ffn-hidden-size, else Megatron-LM's default: 4h, or for SwiGLU two thirds of it rounded
+        *down* to a multiple of 64 (megatron/training/arguments.py, validate_args:
+        `args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64`), which keeps the three
+        SwiGLU matrices near the two GeLU ones in size."""
+        if ffn_hidden_size:
+            return ffn_hidden_size
+        return int((4 * hidden_size * 2 / 3) / 64) * 64 if self.swiglu else 4 * hidden_size
+
+    def validate(self) -> None:
+        """The activations as Megatron-LM takes them (core_transformer_config_from_args asserts one activation:
+        `assert not args.swiglu` beside --squared-relu and --quick-geglu; swiss-ai's fork likewise for --xielu)."""
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"--activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}",
+                              flags=("--activation",))
+        if self.activation == "squared_relu" and self.swiglu:
+            raise ConfigError("--squared-relu replaces the MLP's activation and --swiglu gates it with SiLU: "
+                              "give one of them", flags=("--activation", "--swiglu"))
+        if self.activation == "xielu" and self.swiglu:
+            # swiss-ai's fork: core_transformer_config_from_args raises "Only one activation function can be
+            # selected at a time" for --swiglu with --xielu.
+            raise ConfigError("--xielu replaces the MLP's activation and --swiglu gates it with SiLU: give one of "
+                              "them (swiss-ai's Megatron-LM fork allows one activation at a time)",
+                              flags=("--activation", "--swiglu"))
+        self._validate_gate()
+
+    def _validate_gate(self) -> None:
+        """--gated-linear-unit, --quick-geglu, --glu-linear-offset and --activation-func-clamp-value as Megatron-LM
+        takes them (TransformerConfig.__post_init__: the clamp positive and finite, SwiGLU's without an offset). The
+        offset and the clamp act on a gated MLP's halves only; without one they would do nothing, so a launch giving
+        them is told."""
+        if self.gated_linear_unit and (self.swiglu or self.quick_geglu):
+            other = "--swiglu" if self.swiglu else "--quick-geglu"
+            raise ConfigError(f"--gated-linear-unit with {other}: {other} is the gated MLP with "
+                              f"{'SiLU' if self.swiglu else 'quick-GeLU'}; give one of them",
+                              flags=("--gated-linear-unit", other))
+        if self.gated_linear_unit and self.activation not in ("gelu", "gelu_tanh"):
+            raise ConfigError(f"--gated-linear-unit gates --activation gelu or gelu_tanh here (GeGLU), not "
+                              f"{self.activation}", flags=("--gated-linear-unit", "--activation"))
+        if self.quick_geglu and (self.swiglu or self.activation in ("squared_relu", "xielu")):
+            other = "--swiglu" if self.swiglu else f"--activation {self.activation}"
+            raise ConfigError(f"--quick-geglu with {other}: give one activation (Megatron-LM asserts it)",
+                              flags=("--quick-geglu", other.split()[0]))
+        clamp = self.activation_func_clamp_value
+        if (clamp is not None or self.glu_linear_offset) and not self.gated:
+            raise ConfigError("--activation-func-clamp-value and --glu-linear-offset act on a gated MLP's halves: give "
+                              "--quick-geglu, --swiglu or --gated-linear-unit, or drop them",
+                              flags=("--activation-func-clamp-value", "--glu-linear-offset"))
+        if clamp is not None and not (math.isfinite(clamp) and clamp > 0):
+            raise ConfigError(f"--activation-func-clamp-value must be positive and finite, got {clamp}",
+                              flags=("--activation-func-clamp-value",))
+        if clamp is not None and self.swiglu and self.glu_linear_offset:
+            raise ConfigError("--activation-func-clamp-value with --swiglu takes no --glu-linear-offset (as "
+                              "Megatron-Core's TransformerConfig requires)",
+                              flags=("--activation-func-clamp-value", "--glu-linear-offset"))
+        if not math.isfinite(self.glu_linear_offset):
+            raise ConfigError(f"--glu-linear-offset must be finite, got {self.glu_linear_offset}",
+                              flags=("--glu-linear-offset",))
 
 
 class SwiGLUMLP(nn.Module):

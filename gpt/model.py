@@ -1,5 +1,5 @@
 """GPT-2: token + learned position embeddings, pre-LayerNorm blocks, final LayerNorm, tied logits; and
-the Llama-shaped variants an `Architecture` (gpt/architecture.py) selects: RMSNorm, SwiGLU, rotary or no
+the Llama-shaped variants the config's sections select (gpt/norms.py, mlp.py, positions.py, attention_settings.py): RMSNorm, SwiGLU, rotary or no
 positions, grouped-query attention, an untied output layer, linears without biases; and Megatron-LM's
 squared ReLU, interleaved rotary and attention output gate.
 
@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt.architecture import GPT2, Architecture
 from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import attention_at_head_dim, padded_head_dim
 from gpt.attention_sinks import attention_with_sinks, sink_logits
@@ -99,8 +98,7 @@ class SelfAttention(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
-                 architecture: Architecture = GPT2, window: Optional[int] = None, rotary: bool = True,
-                 rotary_cache: Optional[RotaryCache] = None):
+                 window: Optional[int] = None, rotary: bool = True, rotary_cache: Optional[RotaryCache] = None):
         """`window`: this layer's sliding window, the keys before each query it sees (gpt/attention_window.py), or
         None for the whole causal context; `rotary`: False on a --no-rope-freq layer; `rotary_cache`: the model's
         cos and sin, shared by its layers (gpt/rotary.py; None: this layer's own)."""
@@ -111,51 +109,53 @@ class SelfAttention(nn.Module):
         state = plan.state
         tp = state.tensor_parallel_size
         self.heads_per_rank = config.num_attention_heads // tp
-        self.groups_per_rank = architecture.query_groups(config.num_attention_heads) // tp
+        attention, positions = config.attention, config.positions
+        self.groups_per_rank = attention.query_groups(config.num_attention_heads) // tp
         self.head_dim = config.head_dim
         self.dropout_p = config.attention_dropout
-        self.attention_backend = config.attention_backend
-        self.pad_head_dim = config.pad_attention_head_dim
-        self.native_gqa = self.groups_per_rank < self.heads_per_rank and sdpa_takes_grouped_kv(config.attention_backend)
+        self.attention_backend = config.attention.attention_backend
+        self.pad_head_dim = config.attention.pad_attention_head_dim
+        self.native_gqa = self.groups_per_rank < self.heads_per_rank and sdpa_takes_grouped_kv(config.attention.attention_backend)
         # --no-rope-freq's layers skip the rotation (Megatron-Core's Attention.forward: `rotary_pos_emb = None`)
-        self.rotary = architecture.rotary and rotary
-        self.architecture = architecture
+        self.rotary = positions.rotary and rotary
+        self.positions = positions
         # --local-rotary-base: a sliding-window layer's own rotary, unscaled (Gemma 3's rope_parameters for its
         # "sliding_attention" layers); the other layers' base, Llama 3 scaling and interpolation
-        local = window is not None and architecture.local_rotary_base is not None
-        self.rotary_base = architecture.local_rotary_base if local else architecture.rotary_base
-        self.rope_scaling = None if local else architecture.rope_scaling
-        self.rotary_interpolation = None if local else architecture.rotary_seq_len_interpolation_factor
-        self.rotary_interleaved = architecture.rotary_interleaved
+        local = window is not None and positions.local_rotary_base is not None
+        self.rotary_base = positions.local_rotary_base if local else positions.rotary_base
+        self.rope_scaling = None if local else positions.rope_scaling
+        self.rotary_interpolation = None if local else positions.rotary_seq_len_interpolation_factor
+        self.rotary_interleaved = positions.rotary_interleaved
         self.longrope = config.longrope  # --position-embedding-type longrope's resolved factors (gpt/longrope.py)
         # the scores' scale (None: 1/sqrt(head width)) and Gemma 2's soft-capping of them (gpt/attention_softcap.py)
-        self.softmax_scale = architecture.softmax_scale
-        self.softcap = architecture.attn_logit_softcapping
+        self.softmax_scale = attention.softmax_scale
+        self.softcap = attention.attn_logit_softcapping
         # With context parallelism the sequence here is this rank's two chunks (parallel/context_parallel.py):
         # rotary angles at their global positions, attention over the whole sequence (gpt/cp_attention.py).
         self.context_parallel = state if state.context_parallel_size > 1 else None
-        self.cp_comm_type = config.cp_comm_type
-        self.norm_over_projection = architecture.qk_layernorm and architecture.qk_layernorm_over_projection
-        kind, eps, zero_centered = architecture.normalization, config.layernorm_epsilon, architecture.apply_layernorm_1p
-        if architecture.qk_l2_norm:  # before --qk-layernorm, as Megatron-Core's SelfAttention picks its norm class
+        self.cp_comm_type = config.attention.cp_comm_type
+        self.norm_over_projection = attention.qk_layernorm and attention.qk_layernorm_over_projection
+        kind, eps, zero_centered = config.norms.normalization, config.norms.layernorm_epsilon, config.norms.apply_layernorm_1p
+        if attention.qk_l2_norm:  # before --qk-layernorm, as Megatron-Core's SelfAttention picks its norm class
             self.q_layernorm = self.k_layernorm = L2HeadNorm(eps)
         elif self.norm_over_projection:  # OLMo 2's: over all heads' features (their TP slices: gpt/norms.py)
-            groups = architecture.query_groups(config.num_attention_heads)
+            groups = attention.query_groups(config.num_attention_heads)
             self.q_layernorm = ProjectionNorm(kind, config.num_attention_heads * config.head_dim, eps, state,
                                               zero_centered)
             self.k_layernorm = ProjectionNorm(kind, groups * config.head_dim, eps, state, zero_centered)
-        elif architecture.qk_layernorm:
+        elif attention.qk_layernorm:
             self.q_layernorm = HeadNorm(kind, config.head_dim, eps, state, zero_centered)
             self.k_layernorm = HeadNorm(kind, config.head_dim, eps, state, zero_centered)
         else:
             self.q_layernorm = self.k_layernorm = None
-        self.rotary_dim = architecture.rotary_dim(config.head_dim)
+        self.rotary_dim = positions.rotary_dim(config.head_dim)
         h = config.hidden_size
-        self.output_gate = architecture.attention_output_gate
+        self.output_gate = attention.attention_output_gate
         query_rows = config.num_attention_heads * (2 if self.output_gate else 1)  # a gate head per query head
         qkv_rows = (query_rows + 2 * self.groups_per_rank * tp) * config.head_dim
         self.query_key_value = plan.linear("attention.query_key_value", h, qkv_rows,
-                                           init_std=config.init_method_std, bias=architecture.qkv_bias)
+                                           init_std=config.init_method_std,
+                                           bias=attention.qkv_bias(config.add_bias_linear))
         # One query group's rows, block by block (Megatron-Core's _get_qkv_split_shapes): --optimizer muon
         # orthogonalizes the query (and gate), key and value blocks apart (zero/muon.py).
         group_query = config.num_attention_heads // (self.groups_per_rank * tp) * config.head_dim
@@ -164,7 +164,7 @@ class SelfAttention(nn.Module):
         # --softmax-type (gpt/attention_sinks.py): Megatron-Core's DotProductAttention.softmax_offset, a parameter of
         # this rank's heads (split with them, drawn as Megatron's init_method draws it) for learnable, zeros for
         # off-by-one
-        self.softmax_type = architecture.softmax_type
+        self.softmax_type = attention.softmax_type
         if self.softmax_type == "learnable":
             self.softmax_offset = meta_parameter((self.heads_per_rank,), InitMethod.normal(config.init_method_std),
                                                  state, split_dim=0)
@@ -172,7 +172,7 @@ class SelfAttention(nn.Module):
             self.softmax_offset = None
         # heads x head width in, hidden out (Megatron-Core's linear_proj: query_projection_size -> hidden_size)
         self.dense = plan.linear("attention.dense", config.num_attention_heads * config.head_dim, h,
-                                 init_std=_output_layer_std(config), bias=architecture.add_bias_linear)
+                                 init_std=_output_layer_std(config), bias=config.add_bias_linear)
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
         """`documents` (data/documents.py): a block-diagonal causal mask where --reset-attention-mask set one,
@@ -259,12 +259,11 @@ class SelfAttention(nn.Module):
     def _rotary_key(self, seq: int, device: torch.device) -> tuple:
         """What decides this layer's cos and sin besides their dtype (RotaryCache's key): its settings, the length
         and, with context parallelism, this rank's place in the sequence, and the device. (YaRN's settings are the
-        architecture's, the same for every layer of the model that shares the cache.)"""
+        model's, the same for every layer that shares the cache.)"""
         cp = self.context_parallel
-        arch = self.architecture
         return ("rope", self.rotary_dim, self.head_dim, self.rotary_base, self.rope_scaling, self.rotary_interleaved,
                 self.rotary_interpolation, id(self.longrope) if self.longrope is not None else None,
-                arch.position_embedding_type, seq, str(device),
+                self.positions.position_embedding_type, seq, str(device),
                 None if cp is None else (cp.context_parallel_size, cp.context_parallel_rank))
 
     def _angles_on_this_rank(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,13 +278,14 @@ class SelfAttention(nn.Module):
         """cos and sin of positions 0..length-1: rope's (gpt/rotary.py rotary_angles), YaRN's (yarn_angles) or
         LongRoPE's (gpt/longrope.py: its short or long factors by the whole sequence's length, as transformers picks
         them by the largest position + 1)."""
-        arch = self.architecture
+        positions = self.positions
         if self.longrope is not None:
             return self.longrope.angles(length, self.rotary_dim, self.rotary_base, device)
-        if arch.position_embedding_type == "yarn":
-            return yarn_angles(length, self.head_dim, self.rotary_base, device, arch.rotary_scaling_factor,
-                               arch.yarn_original_max_position_embeddings, arch.yarn_beta_fast, arch.yarn_beta_slow,
-                               arch.yarn_correction_range_round_to_int, arch.mscale, arch.mscale_all_dim)
+        if positions.position_embedding_type == "yarn":
+            return yarn_angles(length, self.head_dim, self.rotary_base, device, positions.rotary_scaling_factor,
+                               positions.yarn_original_max_position_embeddings, positions.yarn_beta_fast,
+                               positions.yarn_beta_slow, positions.yarn_correction_range_round_to_int,
+                               positions.mscale, positions.mscale_all_dim)
         return rotary_angles(length, self.rotary_dim, self.rotary_base, device, self.rope_scaling,
                              self.rotary_interleaved, self.rotary_interpolation)
 
@@ -303,10 +303,10 @@ class MLP(nn.Module):
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, bias: bool = True):
         super().__init__()
-        self.activation = config.activation
+        self.activation = config.mlp.activation
         self.dense_h_to_4h = plan.linear("mlp.dense_h_to_4h", config.hidden_size, config.ffn_size,
                                          init_std=config.init_method_std, bias=bias)
-        if config.activation == "xielu":  # Megatron's MLP.activation_func, a module of its own (gpt/xielu.py)
+        if config.mlp.activation == "xielu":  # Megatron's MLP.activation_func, a module of its own (gpt/xielu.py)
             self.activation_func = XIELU(plan.state)
         self.dense_4h_to_h = plan.linear("mlp.dense_4h_to_h", config.ffn_size, config.hidden_size,
                                          init_std=_output_layer_std(config), bias=bias)
@@ -333,15 +333,14 @@ class TransformerBlock(nn.Module):
     private stream."""
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
-                 architecture: Architecture = GPT2, layer_number: int = 0,
-                 moe_tracker: Optional[MoELossTracker] = None, kind_of: Optional[int] = None,
+                 layer_number: int = 0, moe_tracker: Optional[MoELossTracker] = None, kind_of: Optional[int] = None,
                  rotary_cache: Optional[RotaryCache] = None):
         """`kind_of`: the decoder layer whose kind (dense or MoE, its experts) this block takes, where it is not
         `layer_number` itself (an MTP layer's block takes the last decoder layer's, gpt/mtp.py); `rotary_cache`: the
         model's cos and sin, shared by its layers (gpt/rotary.py)."""
         super().__init__()
         kind_of = layer_number if kind_of is None else kind_of
-        h, eps = config.hidden_size, config.layernorm_epsilon
+        h, norms, mlp = config.hidden_size, config.norms, config.mlp
 
         # --recompute-modules layernorm: the input and pre-MLP norms (Megatron-Core's recompute_input_layernorm and
         # recompute_pre_mlp_layernorm, transformer_layer.py) keep only their input and run again in backward
@@ -349,21 +348,20 @@ class TransformerBlock(nn.Module):
             if "layernorm" in config.recompute_modules else ()
 
         def norm(region: str) -> nn.Module:
-            return normalization(architecture.normalization, h, eps, plan.norm_state(region),
-                                 architecture.apply_layernorm_1p, recompute=region in recomputed_norms)
+            return normalization(norms.normalization, h, norms.layernorm_epsilon, plan.norm_state(region),
+                                 norms.apply_layernorm_1p, recompute=region in recomputed_norms)
 
         # --sublayer-norms: the norms on each sublayer's input (GPT-2, Llama), on its output inside the residual
         # branch (OLMo 2: transformers' Olmo2DecoderLayer, residual + norm(attn(x))), or both (Gemma 2/3)
-        places = architecture.sublayer_norms
+        places = norms.sublayer_norms
         self.input_layernorm = norm("input_layernorm") if places != "output" else None
         # Megatron-LM's --multi-latent-attention: DeepSeek's MLA in the attention's place (gpt/mla.py)
         # the sliding window of this layer's kind (--window-size, --window-attn-skip-freq), or None
-        window = architecture.attention_windows(config.num_layers)[kind_of]
+        window = config.attention_windows()[kind_of]
         self.attention = MLASelfAttention(config, plan, rng, _output_layer_std(config), rotary_cache=rotary_cache) \
-            if config.mla.multi_latent_attention else SelfAttention(config, plan, rng, architecture, window=window,
-                                                                 rotary=architecture.rotary_layers(
-                                                                     config.num_layers)[kind_of],
-                                                                 rotary_cache=rotary_cache)
+            if config.mla.multi_latent_attention else SelfAttention(
+                config, plan, rng, window=window, rotary=config.positions.rotary_layers(config.num_layers)[kind_of],
+                rotary_cache=rotary_cache)
         self.post_attention_layernorm = norm("post_attention_layernorm") if places != "output" else None
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
         if config.moe_layers()[kind_of]:
@@ -376,22 +374,20 @@ class TransformerBlock(nn.Module):
             moe = config.moe_of(kind_of)
             dispatcher, local_experts = plan.experts(moe.num_experts)
             self.mlp = MoELayer(h, moe, state=plan.state,
-                                activation=functools.partial(activation_function, config.activation),
-                                swiglu=architecture.gated_mlp, glu=gated_activation(architecture),
+                                activation=functools.partial(activation_function, mlp.activation),
+                                swiglu=mlp.gated, glu=gated_activation(mlp),
                                 init_std=config.init_method_std,
-                                output_init_std=_output_layer_std(config), bias=architecture.add_bias_linear,
+                                output_init_std=_output_layer_std(config), bias=config.add_bias_linear,
                                 layer_number=layer_number, tracker=moe_tracker, dispatcher=dispatcher,
-                                local_experts=local_experts, xielu=config.activation == "xielu", plan=plan)
-        elif architecture.gated_mlp:
+                                local_experts=local_experts, xielu=mlp.activation == "xielu", plan=plan)
+        elif mlp.gated:
             # SiLU's gate (--swiglu), quick-GeLU's (--quick-geglu) or --activation's GeLU (--gated-linear-unit:
             # Gemma's GeGLU), with --glu-linear-offset and --activation-func-clamp-value (gpt/glu.py)
-            self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), plan=plan,
-                                 init_std=config.init_method_std, output_init_std=_output_layer_std(config),
-                                 bias=architecture.add_bias_linear,
-                                 glu=gated_activation(architecture, functools.partial(activation_function,
-                                                                                       config.activation)))
+            self.mlp = SwiGLUMLP(h, config.ffn_size, plan=plan, init_std=config.init_method_std,
+                                 output_init_std=_output_layer_std(config), bias=config.add_bias_linear,
+                                 glu=gated_activation(mlp, functools.partial(activation_function, mlp.activation)))
         else:
-            self.mlp = MLP(config, plan, bias=architecture.add_bias_linear)
+            self.mlp = MLP(config, plan, bias=config.add_bias_linear)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
         # registered after the rest, so that a model without them keeps its parameters' order
         self.attention_output_layernorm = norm("attention_output_layernorm") if places != "input" else None
@@ -424,8 +420,7 @@ def _normed(norm: Optional[nn.Module], hidden: torch.Tensor) -> torch.Tensor:
 class GPTModel(nn.Module):
     """Built on the meta device (see the module docstring). `rng` supplies the per-TP-rank dropout
     stream for attention; without it (TP=1 tools, tests) attention dropout draws from torch's default
-    generator. The config's block settings (`config.architecture`, gpt/architecture.py) pick the blocks;
-    `architecture`, when given, stands in for them.
+    generator. The config's sections (its norms, MLP, positions, attention, MLA, MTP) pick the blocks.
 
     `plan` (gpt/parallel_plan.py) is how the layers split over `state`'s tensor-parallel group and whether the
     sequence is split; by default, no sequence parallelism (training/build.py's `parallelize` passes the run's).
@@ -436,16 +431,12 @@ class GPTModel(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, state: ParallelState, rng: Optional[TensorParallelRNG] = None,
-                 architecture: Optional[Architecture] = None, stage: Optional[StageLayers] = None,
-                 plan: Optional[TensorParallelPlan] = None):
+                 stage: Optional[StageLayers] = None, plan: Optional[TensorParallelPlan] = None):
         super().__init__()
-        architecture = architecture or config.architecture
         if config.vocab_size < 1:
             raise ValueError("ModelConfig.vocab_size is unset: fill it in from the tokenizer first")
-        architecture.validate(config.num_attention_heads, config.hidden_size, config.ffn_hidden_size,
-                              state.tensor_parallel_size, head_dim=config.head_dim)
+        config.validate_blocks(state.tensor_parallel_size)
         self.config = config
-        self.architecture = architecture
         self.state = state
         self.stage = stage = stage or whole_model(config.num_layers)
         self.plan = plan = plan or TensorParallelPlan(state)
@@ -454,7 +445,7 @@ class GPTModel(nn.Module):
         self.sequence_parallel = plan.sequence_parallel
         self.split_dropout_rng = plan.dropout_rng("embedding_dropout", rng)
         padded_vocab = config.padded_vocab_size(state.tensor_parallel_size)
-        tied = not architecture.untie_embeddings_and_output_weights
+        tied = not config.untie_embeddings_and_output_weights
         # Whether the word embedding is also the output layer: then a first and a last pipeline stage each hold
         # a copy whose gradients are summed (an untied first stage's output_layer is None too: not a tie).
         self.tied_output = tied
@@ -462,7 +453,7 @@ class GPTModel(nn.Module):
         # embedding group sums: tied, or the last stage's MTP layers embed the rolled tokens (Megatron-Core builds
         # its embedding where `pre_process or mtp_process` and ties the copies: tie_word_embeddings_state_dict)
         self.shares_word_embedding = tied or config.mtp.num_layers > 0
-        learned_positions = architecture.position_embedding_type == "learned_absolute"
+        learned_positions = config.positions.position_embedding_type == "learned_absolute"
         # With nothing to add after the lookup, the lookup's sum over TP ranks is a reduce-scatter along the
         # sequence (Megatron-Core's LanguageModelEmbedding: reduce_scatter_embeddings); learned positions
         # are added to the whole sequence first and then split, as there, so their gradient stays whole.
@@ -491,14 +482,15 @@ class GPTModel(nn.Module):
         # cos and sin made once and read by every layer (gpt/rotary.py): a plain object, no module state
         self.rotary_cache = RotaryCache()
         for layer in stage.layer_ids:
-            self.blocks.add_module(str(layer), TransformerBlock(config, plan, rng, architecture, layer,
-                                                                self.moe_tracker, rotary_cache=self.rotary_cache))
+            self.blocks.add_module(str(layer), TransformerBlock(config, plan, rng, layer, self.moe_tracker,
+                                                                rotary_cache=self.rotary_cache))
         by_layer = dict(zip(stage.layer_ids, self.blocks))
         self.chunk_blocks = [nn.ModuleList(by_layer[layer] for layer in chunk) for chunk in stage.chunks]
-        self.final_layernorm = normalization(architecture.normalization, config.hidden_size,
-                                             config.layernorm_epsilon, plan.norm_state("final_layernorm"),
-                                             architecture.apply_layernorm_1p) if stage.last else None
-        if architecture.untie_embeddings_and_output_weights and stage.last:
+        norms = config.norms
+        self.final_layernorm = normalization(norms.normalization, config.hidden_size, norms.layernorm_epsilon,
+                                             plan.norm_state("final_layernorm"), norms.apply_layernorm_1p) \
+            if stage.last else None
+        if config.untie_embeddings_and_output_weights and stage.last:
             # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
             # start at zero as the embedding's do, so they are the same at every TP size.
             self.output_layer = plan.output_linear("output_layer", config.hidden_size, padded_vocab,
@@ -515,9 +507,9 @@ class GPTModel(nn.Module):
         self.mtp_tracker = MTPLossTracker(config.mtp.num_layers) if config.mtp.num_layers and stage.last else None
         if self.mtp_tracker is not None:
             for k in range(config.mtp.num_layers):
-                block = TransformerBlock(config, plan, rng, architecture, config.num_layers + k, self.moe_tracker,
+                block = TransformerBlock(config, plan, rng, config.num_layers + k, self.moe_tracker,
                                          kind_of=config.num_layers - 1, rotary_cache=self.rotary_cache)
-                self.mtp_layers.append(MultiTokenPredictionLayer(block, config, plan, architecture))
+                self.mtp_layers.append(MultiTokenPredictionLayer(block, config, plan))
         # How the blocks run: in a plain loop, or under activation checkpointing once
         # zero.activations.apply_activation_checkpointing has replaced it.
         self.run_blocks = run_in_order
@@ -534,7 +526,7 @@ class GPTModel(nn.Module):
         sequence: [batch, seq / TP, hidden]). Learned positions are 0..seq-1, or `documents.position_ids`
         [batch, seq] where given (--reset-position-ids), or `positions` (an MTP layer's, rolled: gpt/mtp.py)."""
         hidden = self.word_embeddings(tokens)
-        if self.architecture.scale_embeddings_by_sqrt_hidden:
+        if self.config.scale_embeddings_by_sqrt_hidden:
             # Gemma's normalizer sqrt(hidden), rounded to the embedding's dtype as transformers' ScaledWordEmbedding
             # (`self.embed_scale.to(self.weight.dtype)`); elementwise, so also on a sequence-parallel slice
             hidden = hidden * torch.tensor(math.sqrt(self.config.hidden_size), dtype=hidden.dtype)
@@ -629,7 +621,7 @@ class GPTModel(nn.Module):
                                               self.output_vocab_start, self.config.vocab_size,
                                               self.state)
         logits = F.linear(hidden, output_weight)
-        cap = self.architecture.final_logit_softcapping
+        cap = self.config.final_logit_softcapping
         if cap is not None:  # Gemma 2's: each rank's vocabulary slice, elementwise (Gemma2ForCausalLM.forward)
             logits = torch.tanh(logits / cap) * cap
         if labels is None:
@@ -665,11 +657,10 @@ def run_in_order(blocks: nn.ModuleList, hidden: torch.Tensor, documents: Optiona
 
 
 def build_gpt_model(config: ModelConfig, state: ParallelState, seed: int, rng: Optional[TensorParallelRNG] = None,
-                    dtype: torch.dtype = torch.float32, architecture: Optional[Architecture] = None,
-                    plan: Optional[TensorParallelPlan] = None) -> GPTModel:
+                    dtype: torch.dtype = torch.float32, plan: Optional[TensorParallelPlan] = None) -> GPTModel:
     """A GPTModel with this TP rank's whole slice materialized on `state.device` (tests, tools and
     single-process use; training materializes through ZeRO, which holds only what each rank owns)."""
-    return materialize(GPTModel(config, state, rng, architecture, plan=plan), seed, device=state.device, dtype=dtype)
+    return materialize(GPTModel(config, state, rng, plan=plan), seed, device=state.device, dtype=dtype)
 
 
 def _output_layer_std(config: ModelConfig) -> float:

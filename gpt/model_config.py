@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option, replace_settings, section, with_settings
-from gpt.architecture import NORMALIZATIONS, SOFTMAX_TYPES, SUBLAYER_NORM_PLACES, Architecture
-from gpt.attention_window import check_window_size, window_size_value
+from gpt.attention_settings import AttentionSettings
 from gpt.hybrid_pattern import check_model_follows_pattern
-from gpt.layer_pattern import check_no_rope_freq
-from gpt.longrope import LongRope, factor_list_value
+from gpt.longrope import LongRope
 from gpt.mla_settings import MLASettings
+from gpt.mlp import MLPSettings
 from gpt.moe.settings import (
     MoESettings,
     OneExpertCount,
@@ -31,15 +29,15 @@ from gpt.moe.settings import (
     num_experts_value,
 )
 from gpt.mtp import MTPSettings
+from gpt.norms import NormSettings
+from gpt.positions import PositionSettings
+from gpt.section_rules import check_sections_together
 from parallel.config import RECORDED_SECTION
 from parallel.layers import padded_vocab_size
 
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
 FP8_RECIPE_CHOICES = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")  # Megatron-LM's --fp8-recipe
 
-# squared_relu is Megatron-LM's --squared-relu (megatron/core/activations.py: relu(x)^2); xielu swiss-ai's
-# Megatron-LM fork's --xielu (gpt/xielu.py).
-ACTIVATIONS = ("gelu", "gelu_tanh", "squared_relu", "xielu")
 # Megatron-Core's TransformerConfig.recompute_modules choices (transformer_config.py __post_init__'s allowed_modules)
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 
@@ -51,24 +49,12 @@ class TupleOfValues(argparse.Action):
         setattr(namespace, self.dest, tuple(values))
 
 
-def _normalization_name(text: str) -> str:
-    """Megatron-LM spells it RMSNorm, Megatron-DeepSpeed rmsnorm (its --normalization choices are
-    layernorm and rmsnorm): either is the same setting."""
-    return {name.lower(): name for name in NORMALIZATIONS}.get(text.lower(), text)
-
-
-def _position_embedding_name(text: str) -> str:
-    """Megatron-DeepSpeed's `absolute` is Megatron-LM's learned_absolute."""
-    return "learned_absolute" if text == "absolute" else text
-ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 # ModelConfig fields moe_<name> that are MoESettings fields <name>
 MOE_FIELDS = ("router_topk", "router_score_function", "router_pre_softmax", "router_topk_scaling_factor", "router_dtype",
               "router_num_groups", "router_group_topk", "router_enable_expert_bias", "router_bias_update_rate",
               "router_load_balancing_type", "aux_loss_coeff", "z_loss_coeff", "expert_capacity_factor",
               "pad_expert_input_to_capacity", "token_drop_policy", "shared_expert_intermediate_size",
               "shared_expert_gate", "router_force_load_balancing")
-# Megatron-LM's --cp-comm-type choices (megatron/training/arguments.py)
-CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
 @dataclass(frozen=True)
@@ -106,176 +92,31 @@ class ModelConfig:
              "at least the tokenizer's, divisible by the TP size")
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
-    layernorm_epsilon: float = option(1e-5, aliases={"--norm-epsilon": "Megatron-LM"})
-    # The blocks beyond GPT-2 (issue 37), named as Megatron-LM's arguments (their dests); what each
-    # builds is in gpt/architecture.py. The defaults are GPT-2's blocks.
-    normalization: str = option("LayerNorm", type=_normalization_name,
-                                help="LayerNorm (GPT-2) or RMSNorm (Llama); Megatron-DeepSpeed's layernorm/rmsnorm too")
-    swiglu: bool = option(False, action="store_true",
-                          help="SwiGLU MLP (Llama); --ffn-hidden-size defaults to int(4h x 2/3 / 64) x 64")
-    position_embedding_type: str = option(
-        "learned_absolute", type=_position_embedding_name,
-        help="learned_absolute (GPT-2), rope (rotary, Llama), yarn (rotary with YaRN's frequencies and concentration: "
-             "--rotary-scaling-factor, --mscale, --mscale-all-dim, --yarn-*), longrope (Phi-3's LongRoPE, not "
-             "Megatron-LM's: --longrope-*) or none; Megatron-DeepSpeed's "
-             "--use-rotary-position-embeddings --no-position-embedding is rope")
-    rotary_base: float = option(10000.0, aliases={"--rotary-position-embeddings-theta": "Megatron-DeepSpeed",
-                                                  "--rope-theta": "llm-jp's Megatron-LM fork"},
-                                help="rotary positions' base (theta): 10000 Llama 2, 500000 Llama 3")
-    rotary_percent: float = option(1.0, help="the fraction of each head's dims that rotate, in (0, 1]")
-    use_rope_scaling: bool = option(False, action="store_true",
-                                    help="Llama 3.1's scaling of the rotary frequencies (--rope-scaling-factor)")
-    rope_scaling_factor: float = option(8.0, help="with --use-rope-scaling: Llama 3.1's factor")
-    rotary_interleaved: bool = option(
-        False, action="store_true",
-        help="rotary positions rotate adjacent pairs of dims (2i, 2i+1) instead of the two halves (Megatron-LM)")
-    num_query_groups: Optional[int] = option(
-        None, aliases={"--num-key-value-heads": "Megatron-DeepSpeed"},
-        help="key/value heads (grouped-query attention; 1 is multi-query); default: one per attention head. "
-             "Megatron-LM reads it only with --group-query-attention, which is refused without it here")
+    # The blocks' components, each a section in its component's own file whose settings are flags, YAML keys and
+    # recorded names of their own (base/options.py section()); the defaults are GPT-2's blocks.
+    norms: NormSettings = section(NormSettings)
+    mlp: MLPSettings = section(MLPSettings)
+    positions: PositionSettings = section(PositionSettings)
+    attention: AttentionSettings = section(AttentionSettings)
     untie_embeddings_and_output_weights: bool = option(
         False, action="store_true", help="an output layer of its own instead of the token embedding's (Llama)")
     add_bias_linear: bool = option(
         True, consts=[Const(("--disable-bias-linear",), False, help="Megatron-LM: linears without biases (Llama)")],
         help="biases in every linear layer, as in GPT-2")
-    add_qkv_bias: bool = option(False, action="store_true",
-                                help="keep the query-key-value bias when --disable-bias-linear drops the others (Qwen)")
-    qk_layernorm: bool = option(False, action="store_true",
-                                help="--normalization over each query and key head before attention (Qwen3)")
-    qk_l2_norm: bool = option(False, action="store_true",
-                              help="each query and key head scaled to a mean square of 1 before attention, no gain "
-                                   "(Megatron-Core's L2Norm; Llama 4); with --qk-layernorm it takes that norm's place")
-    qk_layernorm_over_projection: bool = option(
-        False, action="store_true",
-        help="with --qk-layernorm: the norms act over the whole query projection (heads x head dim) and the whole "
-             "key projection, one gain per feature, instead of over each head (OLMo 2, OLMoE)")
-    attention_output_gate: bool = option(
-        False, action="store_true",
-        help="the QKV projection also yields a gate per query head; attention's output is multiplied by its "
-             "sigmoid before the output projection (Megatron-LM, Qwen3-Next)")
-    # The blocks of Gemma 2/3 and OLMo 2 (issue 63), each transformers' own: Megatron-LM's flag where it has one
-    # (--apply-layernorm-1p, --rotary-seq-len-interpolation-factor; Megatron-Core's TransformerConfig softmax_scale),
-    # else Megatron-Bridge's provider field's name (attn_logit_softcapping, final_logit_softcapping)
-    apply_layernorm_1p: bool = option(
-        False, action="store_true",
-        help="every norm's gain is 1 + its stored weight (Megatron's zero-centered gamma; Gemma's RMSNorm), computed "
-             "in fp32; the weights start at 0")
-    sublayer_norms: str = option(
-        "input", choices=SUBLAYER_NORM_PLACES,
-        help="where each block's norms act, inside the residual branches: on the attention's and the MLP's input "
-             "(GPT-2, Llama), on their output (OLMo 2), or both (Gemma 2/3)")
-    gated_linear_unit: bool = option(
-        False, action="store_true",
-        help="a gated MLP, down(act(gate(x)) * up(x)), with --activation's gelu or gelu_tanh (GeGLU: Gemma); "
-             "--swiglu is the same gate with SiLU")
     scale_embeddings_by_sqrt_hidden: bool = option(
         False, action="store_true",
         help="the token embeddings multiplied by sqrt(--hidden-size), rounded to their dtype (Gemma)")
-    softmax_scale: Optional[float] = option(
-        None, help="attention scores' scale (default 1/sqrt(head width)); Gemma's query_pre_attn_scalar q is q^-0.5")
-    attn_logit_softcapping: Optional[float] = option(
-        None, help="attention scores become c x tanh(score / c) before the mask and softmax (Gemma 2)")
     final_logit_softcapping: Optional[float] = option(
         None, help="the output logits become c x tanh(logit / c) before the loss (Gemma 2)")
-    local_rotary_base: Optional[float] = option(
-        None, help="the sliding-window layers' own rotary base, without --rotary-seq-len-interpolation-factor or "
-                   "--use-rope-scaling (Gemma 3's rope_local_base_freq); default: the other layers' rotary")
-    rotary_seq_len_interpolation_factor: Optional[float] = option(
-        None, help="rotary positions divided by this factor (Megatron-LM; transformers' linear rope scaling)")
     # Not the math: which transformers class scripts/convert_to_hf.py writes (families/registry.py export_family),
     # where the blocks fit several (a Phi-3 and a Mistral are the same blocks); --init-from-hf sets the folder's
     hf_model_type: Optional[str] = option(
         None, help="the transformers family the Hugging Face export writes this model as (config.json's "
                    "model_type: llama, qwen2, qwen3, mistral, gemma2, gemma3_text, olmo2, phi3, ...); default: "
                    "the --init-from-hf folder's, else the first whose blocks are these")
-    # Megatron-Core's TransformerConfig.softmax_type (gpt/attention_sinks.py)
-    softmax_type: str = option(
-        "vanilla", choices=SOFTMAX_TYPES,
-        help="attention's softmax: vanilla; off-by-one (each row's denominator + 1); learnable (a learned logit per "
-             "head in each row's denominator: attention sinks, GPT-OSS)")
-    # Megatron-LM's --quick-geglu, --glu-linear-offset, --activation-func-clamp-value (gpt/glu.py)
-    quick_geglu: bool = option(
-        False, action="store_true",
-        help="a gated MLP with quick_gelu(gate) = gate x sigmoid(1.702 gate) times its linear half (GPT-OSS)")
-    glu_linear_offset: float = option(0.0, help="with --swiglu or --quick-geglu: add this to the gated MLP's linear "
-                                                "half (GPT-OSS: 1)")
-    activation_func_clamp_value: Optional[float] = option(
-        None, help="with --quick-geglu (or --swiglu's experts): clamp the gate half at most and the linear half within "
-                   "+-this before the activation (GPT-OSS: 7)")
-    # --position-embedding-type yarn's (Megatron-LM's --yarn-* flags, at the values its argument_utils.py
-    # _apply_yarn_config_from_args gives where they are left out)
-    yarn_original_max_position_embeddings: int = option(
-        4096, help="with --position-embedding-type yarn: the context the frequencies were trained at")
-    yarn_beta_fast: float = option(32.0, help="with --position-embedding-type yarn: YaRN's beta_fast")
-    yarn_beta_slow: float = option(1.0, help="with --position-embedding-type yarn: YaRN's beta_slow")
-    yarn_correction_range_round_to_int: bool = option(
-        True, help="with --position-embedding-type yarn: round the correction range to whole dims")
-    # --position-embedding-type longrope's: Phi-3's LongRoPE (gpt/longrope.py), which Megatron-LM has no flag for;
-    # --init-from-hf sets them from a Phi-3 folder's rope_scaling (families/phi3/config.py)
-    longrope_short_factor: Optional[tuple] = option(
-        None, type=factor_list_value, metavar="F1,F2,...",
-        help="with --position-embedding-type longrope: each rotary frequency's divisor while the sequence is at most "
-             "--longrope-original-max-position-embeddings (one per frequency, comma-separated)")
-    longrope_long_factor: Optional[tuple] = option(
-        None, type=factor_list_value, metavar="F1,F2,...",
-        help="with --position-embedding-type longrope: each rotary frequency's divisor for a longer sequence")
-    longrope_original_max_position_embeddings: Optional[int] = option(
-        None, help="with --position-embedding-type longrope: the context the model was pretrained at")
-    longrope_factor: Optional[float] = option(
-        None, help="with --position-embedding-type longrope: the context's scaling, which sets the attention factor "
-                   "(default: --max-position-embeddings / the original context)")
-    longrope_attention_factor: Optional[float] = option(
-        None, help="with --position-embedding-type longrope: cos and sin's factor (default: sqrt(1 + ln(factor) / "
-                   "ln(original context)), 1 for a factor at most 1)")
-    # Megatron-LM's sliding-window attention (Megatron-Core's TransformerConfig window_size, window_attn_skip_freq;
-    # gpt/attention_window.py): Mistral, Gemma 2/3, GPT-OSS, Phi-3
-    window_size: Optional[tuple] = option(
-        None, type=window_size_value, metavar="LEFT,RIGHT",
-        help="sliding-window attention: a query sees itself and the LEFT keys before it (-1: no limit; attention "
-             "is causal, so RIGHT is 0 whatever it says); default: the whole causal context")
-    window_attn_skip_freq: Union[None, int, str] = option(
-        None, type=moe_freq_value,
-        help="with --window-size, which layers have the window: N gives every layer but each N-th (1-based) a "
-             "window; a list expression gives one 1 (window) or 0 (full attention) per layer, e.g. '([1]*5+[0])*4'; "
-             "default: every layer")
-    no_rope_freq: Union[None, int, str] = option(
-        None, type=moe_freq_value,
-        help="layers whose attention skips the rotary positions (Llama 4's NoPE layers): N skips each N-th layer "
-             "(1-based; N divides --num-layers); a list expression gives one 1 (skip) or 0 per layer, e.g. "
-             "'([0]*3+[1])*2'; default: none")
     # Megatron-LM's multi-latent attention (DeepSeek-V2/V3; gpt/mla.py): its section
     mla: MLASettings = section(MLASettings)
-    rotary_scaling_factor: float = option(1.0, help="with --multi-latent-attention or --position-embedding-type yarn: "
-                                                    "YaRN's scaling factor")
-    mscale: float = option(1.0, help="with --multi-latent-attention or --position-embedding-type yarn: YaRN's mscale "
-                                     "(the rotary concentration)")
-    mscale_all_dim: float = option(0.0, help="with --multi-latent-attention or --position-embedding-type yarn: YaRN's "
-                                             "mscale_all_dim (multi-latent attention's softmax scale too)")
     init_method_std: float = 0.02
-    # "gelu_tanh" is "gelu_new" in transformers.
-    activation: str = option("gelu_tanh", choices=ACTIVATIONS,
-                             help="gelu_tanh is GPT-2's approximation, gelu the exact erf form, squared_relu "
-                                  "relu(x)^2 (Megatron-LM's --squared-relu), xielu swiss-ai's xIELU with two "
-                                  "learned scalars per MLP (its fork's --xielu)")
-    # Megatron's --attention-backend; Megatron's other names for its values are SPELLINGS in
-    # arguments/megatron/flags.py (--use-flash-attn).
-    attention_backend: str = option(
-        "auto", choices=ATTENTION_BACKENDS,
-        help="the SDPA kernel (Megatron's names): flash = flash attention, fused = cuDNN or the memory-efficient "
-             "kernel, unfused/local = the math kernel, auto = PyTorch's choice")
-    # Megatron-Core's TransformerConfig.cp_comm_type (gpt/cp_attention.py); only read with --context-parallel-size > 1.
-    # Megatron takes one value, or one per layer (nargs "+"); here one, for every layer.
-    cp_comm_type: str = option(
-        "p2p", choices=CP_COMM_TYPES, group="training",
-        help="with --context-parallel-size > 1, how attention reaches the other ranks' keys and values: p2p (the "
-             "ring, partial softmaxes merged), all_gather (gathered once), a2a (DeepSpeed-Ulysses: heads split "
-             "over the CP ranks) or a2a+p2p (a2a over the first of --hierarchical-context-parallel-sizes, the ring "
-             "over the second), for every layer")
-    # Issue 40's lever 1 (gpt/attention_padding.py): acts only on CUDA, so CPU math is unchanged.
-    pad_attention_head_dim: bool = option(
-        True, help="on CUDA, zero-pad a head dim that is not a multiple of 8 (the paper's 1.5B: 100 -> 104) so "
-                   "SDPA's fused kernels take it; the attention is the same (scale 1/sqrt(original head dim)); "
-                   "no effect on a CPU or with --attention-backend unfused/local")
     # Megatron-LM's --recompute-modules (TransformerConfig.recompute_modules), read under --recompute-granularity
     # selective only, as Megatron-Core (arguments/megatron/flags.py empties it otherwise, said): "layernorm" makes each
     # block's input and pre-MLP RMSNorm keep only its input and run again in backward (gpt/norms.py rms_norm)
@@ -438,11 +279,6 @@ class ModelConfig:
         # a per-layer --num-experts read back from a recorded config (JSON) is a list: the same tuple as parsed
         if isinstance(self.num_experts, list):
             object.__setattr__(self, "num_experts", tuple(self.num_experts))
-        if isinstance(self.window_size, list):  # the same, for the window's two sides
-            object.__setattr__(self, "window_size", tuple(self.window_size))
-        for name in ("longrope_short_factor", "longrope_long_factor"):  # and LongRoPE's factors
-            if isinstance(getattr(self, name), list):
-                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @classmethod
     def of(cls, **settings) -> "ModelConfig":
@@ -450,19 +286,9 @@ class ModelConfig:
         return with_settings(cls, settings)
 
     @property
-    def architecture(self) -> Architecture:
-        """The blocks these settings choose, as GPTModel builds them."""
-        return Architecture(**{name: getattr(self, name) for name in Architecture.__dataclass_fields__})
-
-    @property
     def longrope(self) -> Optional[LongRope]:
-        """--position-embedding-type longrope's factors and attention factor, resolved as transformers does (the
-        default attention factor reads --max-position-embeddings); None for other positions."""
-        if self.position_embedding_type != "longrope":
-            return None
-        return LongRope.resolve(self.longrope_short_factor, self.longrope_long_factor,
-                                self.longrope_original_max_position_embeddings, self.max_position_embeddings,
-                                self.longrope_factor, self.longrope_attention_factor)
+        """--position-embedding-type longrope's resolved factors (gpt/longrope.py), None for other positions."""
+        return self.positions.longrope(self.max_position_embeddings)
 
     @property
     def moe(self) -> Optional["MoESettings"]:
@@ -527,18 +353,17 @@ class ModelConfig:
         return tuple(sorted({count for count in self.experts_per_layer() if count > 1}))
 
     def attention_windows(self) -> tuple[Optional[int], ...]:
-        """Per layer (0-based): the keys before each query its attention sees (--window-size's left side), or None
-        for the whole causal context (gpt/attention_window.py)."""
-        return self.architecture.attention_windows(self.num_layers)
+        """Per layer (0-based): the keys before each query its attention sees, or None (gpt/attention_settings.py)."""
+        return self.attention.attention_windows(self.num_layers)
 
     def has_windows(self) -> bool:
         """Whether some layer has a sliding window (without a tuple per layer)."""
-        return self.architecture.has_windows(self.num_layers)
+        return self.attention.has_windows(self.num_layers)
 
     @property
     def ffn_size(self) -> int:
-        """--ffn-hidden-size, else Megatron-LM's default: 4h, or SwiGLU's two thirds of it (architecture.py)."""
-        return self.architecture.ffn_size(self.hidden_size, self.ffn_hidden_size)
+        """--ffn-hidden-size, else Megatron-LM's default: 4h, or SwiGLU's two thirds of it (gpt/mlp.py)."""
+        return self.mlp.ffn_size(self.hidden_size, self.ffn_hidden_size)
 
     @property
     def head_dim(self) -> int:
@@ -561,8 +386,7 @@ class ModelConfig:
                 raise ConfigError(f"{_flag(name)} {size} is not divisible by --tensor-model-parallel-size "
                                   f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share",
                                   flags=(_flag(name), "--tensor-model-parallel-size"))
-        self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
-                                   tensor_parallel_size, head_dim=self.head_dim)
+        self.validate_blocks(tensor_parallel_size)
         if self.moe is not None and self.moe.use_residual and tensor_parallel_size > 1:
             # Megatron-DeepSpeed's residual MLP is the experts' template (ParallelMLP(moe=True)), not split over TP
             raise ConfigError(f"--mlp-type residual with --tensor-model-parallel-size {tensor_parallel_size} is not "
@@ -601,106 +425,38 @@ class ModelConfig:
                     "deepspeed takes; this launch uses Megatron-Core's router (--moe-router-topk, ...)"),
                 flags=flags)
 
-    def _check_gemma_features(self) -> None:
-        """What the gated MLP, the soft-capping and the per-layer rotary are not built with, one line each."""
-        if self.gated_linear_unit and self.activation not in ("gelu", "gelu_tanh"):
-            raise ConfigError(f"--gated-linear-unit gates --activation gelu or gelu_tanh here (GeGLU), not "
-                              f"{self.activation}", flags=("--gated-linear-unit", "--activation"))
-        if self.gated_linear_unit and self.moe is not None:
-            raise ConfigError("--gated-linear-unit with --num-experts is not implemented: the experts are SwiGLU "
-                              "(--swiglu) or ungated", flags=("--gated-linear-unit", "--num-experts"))
-        if self.final_logit_softcapping is not None and self.cross_entropy_loss_fusion:
-            raise ConfigError("--final-logit-softcapping with --cross-entropy-loss-fusion is not implemented: the "
-                              "fused output layer computes the loss of uncapped logits; drop "
-                              "--cross-entropy-loss-fusion",
-                              flags=("--final-logit-softcapping", "--cross-entropy-loss-fusion"))
-        if self.softmax_type != "vanilla" and self.attn_logit_softcapping is not None:
-            raise ConfigError(f"--softmax-type {self.softmax_type} with --attn-logit-softcapping is not implemented: "
-                              f"the sink's score joins SDPA's, which cannot cap the others",
-                              flags=("--softmax-type", "--attn-logit-softcapping"))
-        if self.position_embedding_type == "yarn":
-            given = [flag for flag, value in (("--local-rotary-base", self.local_rotary_base),
-                                              ("--rotary-seq-len-interpolation-factor",
-                                               self.rotary_seq_len_interpolation_factor)) if value is not None]
-            if given:
-                raise ConfigError(f"--position-embedding-type yarn with {', '.join(given)} is not implemented: YaRN's "
-                                  f"frequencies are Megatron-Core's YarnRotaryEmbedding's, one set for every layer",
-                                  flags=("--position-embedding-type", *given))
-        if self.mla.multi_latent_attention:
-            given = [flag for flag, value in (("--softmax-scale", self.softmax_scale),
-                                              ("--attn-logit-softcapping", self.attn_logit_softcapping),
-                                              ("--local-rotary-base", self.local_rotary_base),
-                                              ("--rotary-seq-len-interpolation-factor",
-                                               self.rotary_seq_len_interpolation_factor)) if value is not None]
-            if self.position_embedding_type == "longrope":
-                given.append("--position-embedding-type longrope")
-            if given:
-                raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
-                                  f"attention scales its scores and rotates its positions as Megatron-Core's "
-                                  f"MLASelfAttention (YaRN's mscale)", flags=("--multi-latent-attention", *given))
-
-    def _check_gated_activation(self) -> None:
-        """--quick-geglu, --glu-linear-offset and --activation-func-clamp-value as Megatron-LM takes them
-        (core_transformer_config_from_args: `assert not args.swiglu` beside --quick-geglu; TransformerConfig.__post_init__:
-        SwiGLU's clamp only in MoE experts, at a positive finite value and without an offset). The offset and the clamp
-        act on a gated MLP's halves only; without one they would do nothing, so a launch giving them is told."""
-        gated = self.swiglu or self.quick_geglu or self.gated_linear_unit
-        if self.quick_geglu and (self.swiglu or self.activation in ("squared_relu", "xielu")):
-            other = "--swiglu" if self.swiglu else f"--activation {self.activation}"
-            raise ConfigError(f"--quick-geglu with {other}: give one activation (Megatron-LM asserts it)",
-                              flags=("--quick-geglu", other.split()[0]))
-        clamp = self.activation_func_clamp_value
-        if (clamp is not None or self.glu_linear_offset) and not gated:
-            raise ConfigError("--activation-func-clamp-value and --glu-linear-offset act on a gated MLP's halves: give "
-                              "--quick-geglu, --swiglu or --gated-linear-unit, or drop them",
-                              flags=("--activation-func-clamp-value", "--glu-linear-offset"))
-        if clamp is not None and not (math.isfinite(clamp) and clamp > 0):
-            raise ConfigError(f"--activation-func-clamp-value must be positive and finite, got {clamp}",
-                              flags=("--activation-func-clamp-value",))
-        if clamp is not None and self.swiglu:
-            if self.moe is None:
-                raise ConfigError("--activation-func-clamp-value with --swiglu clamps the experts' SwiGLU only: add "
-                                  "--num-experts (Megatron-Core's TransformerConfig requires MoE)",
-                                  flags=("--activation-func-clamp-value", "--swiglu"))
-            if self.glu_linear_offset:
-                raise ConfigError("--activation-func-clamp-value with --swiglu takes no --glu-linear-offset (as "
-                                  "Megatron-Core's TransformerConfig requires)",
-                                  flags=("--activation-func-clamp-value", "--glu-linear-offset"))
-        if not math.isfinite(self.glu_linear_offset):
-            raise ConfigError(f"--glu-linear-offset must be finite, got {self.glu_linear_offset}",
-                              flags=("--glu-linear-offset",))
-
-    def _check_multi_latent_attention(self) -> None:
-        """--multi-latent-attention's sizes (its section's), and what it is not built with (gpt/mla.py)."""
+    def validate_blocks(self, tensor_parallel_size: int = 1) -> None:
+        """The blocks' sections' own rules, at a tensor-parallel size (GPTModel checks them as it builds)."""
+        self.norms.validate()
+        self.mlp.validate()
+        self.positions.validate(self.head_dim, self.num_layers)
+        self.attention.validate(self.num_attention_heads, self.num_layers, tensor_parallel_size)
         self.mla.validate()
-        if not self.mla.multi_latent_attention:
-            return
-        if not self.rotary_scaling_factor > 0 or self.rotary_base <= 0:
-            raise ConfigError("--rotary-scaling-factor and --rotary-base must be positive",
-                              flags=("--rotary-scaling-factor", "--rotary-base"))
-        # what Megatron-Core's MLA refuses (MLATransformerConfig.__post_init__: the output gate; YarnRotaryEmbedding:
-        # interleaved rotary) or does not read for MLA, and Llama 3's scaling, which its rotary embeddings lack
-        others = {"--attention-output-gate": self.attention_output_gate,
-                  "--rotary-interleaved": self.rotary_interleaved,
-                  "--use-rope-scaling": self.use_rope_scaling,
-                  f"--rotary-percent {self.rotary_percent}": self.rotary_percent != 1.0}
-        given = [flag for flag, on in others.items() if on]
-        if given:
-            raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
-                              f"attention here rotates all --qk-pos-emb-head-dim dims of each head, in halves after "
-                              f"de-interleaving, with no output gate, as Megatron-Core's MLASelfAttention",
-                              flags=("--multi-latent-attention", *(flag.split()[0] for flag in given)))
+        ffn = self.ffn_size
+        if ffn < 1 or ffn % tensor_parallel_size:
+            raise ConfigError(f"--ffn-hidden-size {ffn} is not a positive multiple of --tensor-model-parallel-size "
+                              f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share",
+                              flags=("--ffn-hidden-size", "--tensor-model-parallel-size"))
 
     def validate(self) -> None:
+        """The trunk's rules, then each section's (its own file), then the rules across sections
+        (gpt/section_rules.py)."""
+        self._validate_trunk()
+        self.mtp.validate(self.seq_length)
+        self.validate_blocks()
+        if self.hybrid_layer_pattern is not None:
+            check_model_follows_pattern(self)
+        self._validate_experts()
+        check_sections_together(self)
+
+    def _validate_trunk(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                      "max_position_embeddings", "make_vocab_size_divisible_by"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}", flags=(_flag(name),))
-        if self.ffn_hidden_size is not None and self.ffn_hidden_size < 1:
-            raise ConfigError(f"--ffn-hidden-size must be at least 1, got {self.ffn_hidden_size}",
-                              flags=("--ffn-hidden-size",))
-        if self.kv_channels is not None and self.kv_channels < 1:
-            raise ConfigError(f"--kv-channels must be at least 1, got {self.kv_channels}", flags=("--kv-channels",))
+        for name in ("ffn_hidden_size", "kv_channels"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}", flags=(_flag(name),))
         # Megatron-LM asserts the division only where it derives the head width from it (validate_args).
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads != 0:
             raise ConfigError(f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
@@ -714,79 +470,32 @@ class ModelConfig:
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}", flags=(_flag(name),))
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"--activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}",
-                              flags=("--activation",))
-        if self.activation == "squared_relu" and self.swiglu:
-            # Megatron-LM asserts it (core_transformer_config_from_args: `assert not args.swiglu`).
-            raise ConfigError("--squared-relu replaces the MLP's activation and --swiglu gates it with SiLU: "
-                              "give one of them", flags=("--activation", "--swiglu"))
-        if self.activation == "xielu" and self.swiglu:
-            # swiss-ai's fork: core_transformer_config_from_args raises "Only one activation function can be
-            # selected at a time" for --swiglu with --xielu.
-            raise ConfigError("--xielu replaces the MLP's activation and --swiglu gates it with SiLU: give one of "
-                              "them (swiss-ai's Megatron-LM fork allows one activation at a time)",
-                              flags=("--activation", "--swiglu"))
-        self._check_gated_activation()
-        if self.init_method_std <= 0 or self.layernorm_epsilon <= 0:
-            raise ConfigError("--init-method-std and --layernorm-epsilon must be positive",
-                              flags=("--init-method-std", "--layernorm-epsilon"))
+        if self.init_method_std <= 0:
+            raise ConfigError(f"--init-method-std must be positive, got {self.init_method_std}",
+                              flags=("--init-method-std",))
         if self.vocab_size < 0:
             raise ConfigError(f"--vocab-size must be at least 1, got {self.vocab_size}", flags=("--vocab-size",))
-        self.mtp.validate(self.seq_length)
         if self.z_loss_strength < 0:
             raise ConfigError(f"--z-loss-strength must be 0 or more, got {self.z_loss_strength}",
                               flags=("--z-loss-strength",))
-        if self.z_loss_strength > 0 and self.cross_entropy_loss_fusion:
-            raise ConfigError("--z-loss-strength with --cross-entropy-loss-fusion: the z-loss is not implemented in "
-                              "the fused output layer; drop --cross-entropy-loss-fusion",
-                              flags=("--z-loss-strength", "--cross-entropy-loss-fusion"))
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ConfigError(f"--attention-backend {self.attention_backend!r} is not one of "
-                              f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
-        self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
-                                   head_dim=self.head_dim)
-        self._check_gemma_features()
-        if self.qk_l2_norm and (self.mla.multi_latent_attention or self.qk_layernorm_over_projection):
-            # gpt_layer_specs.py: "qk_l2_norm is not supported with MLA."; Megatron-Core has no norm over projections
-            other = "--multi-latent-attention" if self.mla.multi_latent_attention else "--qk-layernorm-over-projection"
-            raise ConfigError(f"--qk-l2-norm with {other} is not implemented: the L2 norm acts over each head of "
-                              f"multi-head or grouped-query attention, as in Megatron-Core", flags=("--qk-l2-norm", other))
-        if self.no_rope_freq:
-            check_no_rope_freq(self.no_rope_freq, self.num_layers)
-        if self.no_rope_freq and (self.mla.multi_latent_attention or self.mtp.num_layers):
-            # MLA rotates inside its own projections (Megatron-Core's MLASelfAttention never reads the rotary that
-            # Attention.forward drops), and an MTP layer's layer number is its own, not a decoder layer's
-            other = "--multi-latent-attention" if self.mla.multi_latent_attention else "--mtp-num-layers"
-            raise ConfigError(f"--no-rope-freq with {other} is not implemented: drop one of them",
-                              flags=("--no-rope-freq", other))
-        if self.qk_layernorm_over_projection and not self.qk_layernorm:
-            raise ConfigError("--qk-layernorm-over-projection says where --qk-layernorm's query and key norms act: add "
-                              "--qk-layernorm", flags=("--qk-layernorm-over-projection", "--qk-layernorm"))
-        check_window_size(self.window_size)
-        if self.window_attn_skip_freq is not None and "[" in str(self.window_attn_skip_freq):
-            self.attention_windows()  # a list of one 0 or 1 per layer (refused otherwise, naming both flags)
-        if self.has_windows() and self.mla.multi_latent_attention:
-            # Megatron-Core's MLA asserts it (attention.py: "Set config.window_size = None or use a non-MLA attention
-            # layer")
-            raise ConfigError("--window-size with --multi-latent-attention is not implemented: multi-latent attention "
-                              "sees the whole causal context, as in Megatron-Core",
-                              flags=("--window-size", "--multi-latent-attention"))
-        self._check_multi_latent_attention()
-        if self.hybrid_layer_pattern is not None:
-            check_model_follows_pattern(self)
+        if self.final_logit_softcapping is not None and not 0 < self.final_logit_softcapping < float("inf"):
+            raise ConfigError(f"--final-logit-softcapping must be a positive number, got "
+                              f"{self.final_logit_softcapping}", flags=("--final-logit-softcapping",))
+
+    def _validate_experts(self) -> None:
         counts = self.num_experts if isinstance(self.num_experts, tuple) else (self.num_experts or 0,)
         if min(counts) < 0:
             raise ConfigError(f"--num-experts must be at least 1, got {min(counts)}", flags=("--num-experts",))
-        if self.moe is not None:
-            if self.per_layer_experts and self.moe_gating != "deepspeed":
-                raise ConfigError(f"--num-experts {' '.join(map(str, self.num_experts))}: a count per MoE layer is "
-                                  f"Megatron-DeepSpeed's (DeepSpeed-MoE's gating, a --deepspeed launch or --moe-gating "
-                                  f"deepspeed); Megatron-Core's router takes one count, and --moe-layer-freq chooses "
-                                  f"the MoE layers", flags=("--num-experts", "--moe-gating"))
-            self._check_gating_flags()
-            for count in self.expert_counts():
-                dataclasses.replace(self.moe, num_experts=count).validate()
+        if self.moe is None:
+            return
+        if self.per_layer_experts and self.moe_gating != "deepspeed":
+            raise ConfigError(f"--num-experts {' '.join(map(str, self.num_experts))}: a count per MoE layer is "
+                              f"Megatron-DeepSpeed's (DeepSpeed-MoE's gating, a --deepspeed launch or --moe-gating "
+                              f"deepspeed); Megatron-Core's router takes one count, and --moe-layer-freq chooses "
+                              f"the MoE layers", flags=("--num-experts", "--moe-gating"))
+        self._check_gating_flags()
+        for count in self.expert_counts():
+            dataclasses.replace(self.moe, num_experts=count).validate()
 
 
 MLP_TYPES = ("standard", "residual")

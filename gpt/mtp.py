@@ -86,18 +86,18 @@ class MTPLossTracker:
 
 
 class MultiTokenPredictionLayer(nn.Module):
-    def __init__(self, block: nn.Module, config, plan, architecture):
+    def __init__(self, block: nn.Module, config, plan):
         super().__init__()
-        h, eps = config.hidden_size, config.layernorm_epsilon
-        self.enorm = normalization(architecture.normalization, h, eps, plan.norm_state("mtp_norm"),
-                                   architecture.apply_layernorm_1p)
-        self.hnorm = normalization(architecture.normalization, h, eps, plan.norm_state("mtp_norm"),
-                                   architecture.apply_layernorm_1p)
+        h, norms, eps = config.hidden_size, config.norms, config.norms.layernorm_epsilon
+        self.enorm = normalization(norms.normalization, h, eps, plan.norm_state("mtp_norm"),
+                                   norms.apply_layernorm_1p)
+        self.hnorm = normalization(norms.normalization, h, eps, plan.norm_state("mtp_norm"),
+                                   norms.apply_layernorm_1p)
         # Megatron-Core: init_method (the plain std), bias=False, gather_output=False
         self.eh_proj = plan.linear("mtp.eh_proj", 2 * h, h, init_std=config.init_method_std, bias=False)
         self.transformer_layer = block
-        self.final_layernorm = normalization(architecture.normalization, h, eps, plan.norm_state("mtp_norm"),
-                                             architecture.apply_layernorm_1p)
+        self.final_layernorm = normalization(norms.normalization, h, eps, plan.norm_state("mtp_norm"),
+                                             norms.apply_layernorm_1p)
         self.state = plan.state
         self.sequence_parallel = plan.sequence_parallel
 

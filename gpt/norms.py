@@ -13,18 +13,66 @@ _allreduce_layernorm_grads); here it happens in backward, before ZeRO's hooks se
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from base.errors import ConfigError
+from base.options import option
 from gpt.recomputed import recomputed_in_backward
 from parallel.init import InitMethod, set_init_method
 from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region
 from parallel.sharding import record_whole
 from parallel.state import ParallelState
+
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")  # Megatron-LM's --normalization choices we build
+SUBLAYER_NORM_PLACES = ("input", "output", "input_and_output")  # --sublayer-norms
+
+
+def _normalization_name(text: str) -> str:
+    """Megatron-LM spells it RMSNorm, Megatron-DeepSpeed rmsnorm (its --normalization choices are
+    layernorm and rmsnorm): either is the same setting."""
+    return {name.lower(): name for name in NORMALIZATIONS}.get(text.lower(), text)
+
+
+@dataclass(frozen=True)
+class NormSettings:
+    """The norms' section of the model's settings (base/options.py section()): which normalization, its epsilon and
+    gain, and where a block's norms act; Megatron-LM's flags named as their dests. The query/key norms' choice is the
+    attention's (gpt/attention_settings.py); their kind and epsilon are these."""
+    SETTING_PREFIX: ClassVar[str] = ""
+
+    layernorm_epsilon: float = option(1e-5, aliases={"--norm-epsilon": "Megatron-LM"})
+    normalization: str = option("LayerNorm", type=_normalization_name,
+                                help="LayerNorm (GPT-2) or RMSNorm (Llama); Megatron-DeepSpeed's layernorm/rmsnorm too")
+    # Megatron-LM's --apply-layernorm-1p: each norm's gain is 1 + its weight, in fp32
+    apply_layernorm_1p: bool = option(
+        False, action="store_true",
+        help="every norm's gain is 1 + its stored weight (Megatron's zero-centered gamma; Gemma's RMSNorm), computed "
+             "in fp32; the weights start at 0")
+    # where each block's norms act: "input" (before attention and MLP), "output" (on their outputs, inside the
+    # residual branch: OLMo 2), "input_and_output" (Gemma 2/3)
+    sublayer_norms: str = option(
+        "input", choices=SUBLAYER_NORM_PLACES,
+        help="where each block's norms act, inside the residual branches: on the attention's and the MLP's input "
+             "(GPT-2, Llama), on their output (OLMo 2), or both (Gemma 2/3)")
+
+    def validate(self) -> None:
+        # A value Megatron accepts but this model lacks is refused here, with the launch's other problems, rather
+        # than by argparse's choices, whose error would end the one round of checks (arguments/parser.py).
+        if self.normalization not in NORMALIZATIONS:
+            raise ConfigError(f"--normalization {self.normalization} is not implemented: the blocks here use "
+                              f"{' or '.join(NORMALIZATIONS)}", flags=("--normalization",))
+        if self.sublayer_norms not in SUBLAYER_NORM_PLACES:
+            raise ConfigError(f"--sublayer-norms {self.sublayer_norms} is not one of {', '.join(SUBLAYER_NORM_PLACES)}",
+                              flags=("--sublayer-norms",))
+        if self.layernorm_epsilon <= 0:
+            raise ConfigError(f"--layernorm-epsilon must be positive, got {self.layernorm_epsilon}",
+                              flags=("--layernorm-epsilon",))
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:

@@ -401,7 +401,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # to compile.
     built = build(plan, state, dropout_rng=False, torch_compile=False)
     model, zero, monitor, checkpointing = built.model, built.zero, built.activations, built.checkpointing
-    probe = _BlockSavedProbe(model.blocks, monitor, ticker, cluster.device_type, config.model.attention_backend)
+    probe = _BlockSavedProbe(model.blocks, monitor, ticker, cluster.device_type, config.model.attention.attention_backend)
     expert_rows = ExpertRowProbe(model, probe._live, cluster.device_type) if config.model.moe is not None else None
     # The trainer's own step (training/train_step.py, training/pipeline_step.py) runs one iteration, watched by the
     # plan's observer: every collective it makes is counted as it is made. Every micro-batch reads one meta batch.
@@ -419,7 +419,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         step = DataParallelTrainStep(model, zero, batches, plan, state, monitor, observer=observer)
     BufferPool.on_create = probe.buffer_created
     try:
-        with _AttentionKernelOf(cluster.device_type, config.model.attention_backend), CachedMetaKernels():
+        with _AttentionKernelOf(cluster.device_type, config.model.attention.attention_backend), CachedMetaKernels():
             step.run_iteration(1, plan.batch.final_accumulation_steps, measure_activations=True)
     finally:
         BufferPool.on_create = None
@@ -572,11 +572,11 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
             (optimizer.stage == 3 and not config.zero.offload_param or plan.param_dtype == torch.float32):
         result.notes.append("not counted: the device temporary of copying the host master into the parameters "
                             "(stage 3's copy_ across devices and dtypes; stages 1-2 in fp32)")
-    if state.context_parallel_size > 1 and config.model.cp_comm_type in ("p2p", "a2a+p2p"):
+    if state.context_parallel_size > 1 and config.model.attention.cp_comm_type in ("p2p", "a2a+p2p"):
         # gpt/cp_attention.py computes each ring block's scores explicitly (no fused kernel per block): a transient
         # the saved-tensor meter does not see; a2a+p2p's ring holds 1/A of the heads over A times the tokens
         heads, ring_seq = config.model.num_attention_heads // tp, seq
-        if config.model.cp_comm_type == "a2a+p2p":
+        if config.model.attention.cp_comm_type == "a2a+p2p":
             heads, ring_seq = heads // state.hierarchical_context_sizes[0], seq * state.hierarchical_context_sizes[0]
         scores = micro * heads * ring_seq * ring_seq * 4
         result.notes.append(f"not counted: the ring's per-block attention scores, fp32 [micro-batch, {heads} heads, "

@@ -177,7 +177,7 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
     flops_per_key = sum(m.flops_per_key for m in shape.block_matmuls if isinstance(m, AttentionShape))
     attention_layers = shape.dense_layers + shape.moe_blocks  # the blocks and any multi-token-prediction layers
     attention = flops_per_key * model.seq_length * attention_layers
-    windows = layer_windows(model.window_size, model.window_attn_skip_freq, model.num_layers)
+    windows = layer_windows(model.attention.window_size, model.attention.window_attn_skip_freq, model.num_layers)
     windows += (None,) * (attention_layers - len(windows))  # an MTP layer's attention has no window
     attention_executed = flops_per_key * sum(visible_keys_per_query(model.seq_length, w) for w in windows)
     def linear_flops(chosen) -> int:  # one dense block's forward FLOPs per token in the linears `chosen` names
@@ -202,7 +202,7 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
     # the keys and values the ring passes: a head each per group, or multi-latent attention's per head (its keys
     # qk_head_dim + qk_pos_emb_head_dim wide, its values v_head_dim: gpt/mla.py)
     kv_heads = model.num_attention_heads if model.mla.multi_latent_attention else \
-        (model.num_query_groups or model.num_attention_heads)
+        (model.attention.num_query_groups or model.num_attention_heads)
     return ModelCounts(
         layers=model.num_layers, moe_layers=shape.moe_blocks, hidden=model.hidden_size, seq_length=model.seq_length,
         padded_vocab=vocab, linear_flops_per_token=float(blocks - attention + logits),

@@ -174,7 +174,7 @@ def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, 
     split. None hides TP behind the GEMMs (Transformer Engine's userbuffers, --tp-comm-overlap): this repository's
     trainer accepts that flag with no effect."""
     heads = model.num_attention_heads
-    groups = model.num_query_groups or heads
+    groups = model.attention.num_query_groups or heads
     experts = model.moe.num_experts if model.moe is not None else 1
 
     def allowed(pinned, value) -> bool:

@@ -89,7 +89,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
     lines = [f"dry run of rank {plan.rank} ({where}TP rank {plan.tensor_parallel_rank}, DP rank "
              f"{plan.data_parallel_rank}) of {cluster.world_size} {devices}, {cluster.gpus_per_node} per node: "
              f"{grid}TP {plan.tensor_parallel_size} x DP {plan.data_parallel_size}"
-             + (f" x CP {config.parallel.context_parallel_size} (--cp-comm-type {config.model.cp_comm_type}; each rank "
+             + (f" x CP {config.parallel.context_parallel_size} (--cp-comm-type {config.model.attention.cp_comm_type}; each rank "
                 f"holds {config.model.seq_length // config.parallel.context_parallel_size} tokens of a sequence)"
                 if config.parallel.context_parallel_size > 1 else ""),
              f"model: {_count(plan.parameters_total)} parameters ({config.model.num_layers} layers, hidden "

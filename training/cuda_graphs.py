@@ -56,7 +56,7 @@ NOT_CAPTURED: tuple[tuple[Callable, str], ...] = (
     (lambda config: config.parallel.context_parallel_size > 1,
      "context parallelism: its attention's point-to-point ring is not captured here"),
     # a copy from pageable host memory synchronises, which a capture cannot hold (gpt/longrope.py's factors)
-    (lambda config: config.model.position_embedding_type == "longrope",
+    (lambda config: config.model.positions.position_embedding_type == "longrope",
      "--position-embedding-type longrope: its factors are copied from the host every forward"),
 )
 

@@ -61,7 +61,7 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
     if config.parallel.sequence_parallel and state.tensor_parallel_size == 1:
         words += " (--sequence-parallel has nothing to split at TP 1, as in Megatron-LM)"
     if state.context_parallel_size > 1:  # only then: the line of every other run stays as it was
-        comm = config.model.cp_comm_type
+        comm = config.model.attention.cp_comm_type
         if comm == "a2a+p2p":
             comm += " = all-to-all over {} x ring over {}".format(*state.hierarchical_context_sizes)
         words += (f", CP {state.context_parallel_size} ({comm}; gradients averaged and ZeRO's "

@@ -29,6 +29,7 @@ from arguments.config import ConfigError, PretrainConfig
 from arguments.config_sources import FLAG, JSON, PRESET
 from arguments.hf_config import read_hf_config
 from arguments.schedule import LearningRateSchedule, build_lr_schedule, train_iterations
+from base.options import replace_settings
 from gpt.attention_backend import backend_for_device
 from training.moe_notes import moe_notes
 from zero.optimizer import PRECISION_DTYPES
@@ -69,7 +70,7 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
     notes += fallback + vocabulary_notes(config, vocab_size) + document_masking_notes(config) \
         + moe_notes(config, tensor_parallel_size, data_parallel_size)
     notes += longrope_notes(config) + masked_loss_log_notes(config)
-    model = dataclasses.replace(config.model, vocab_size=vocab_size, attention_backend=attention_backend)
+    model = replace_settings(config.model, vocab_size=vocab_size, attention_backend=attention_backend)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
                                    micro_batch_size=batch.micro_batch_size,
                                    train_iters=train_iterations(config, batch))
@@ -157,7 +158,7 @@ def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:
     position_ids to its embedding, and for rope computes the rotary angles of positions 0..seq-1
     (GPTModel._preprocess: `self.rotary_pos_emb(rotary_seq_len, ...)`), as Megatron-DeepSpeed does
     (`self.rotary_pos_emb(self.seq_length)`). Under rope or no positions the flag changes nothing, said once."""
-    kind = config.model.position_embedding_type
+    kind = config.model.positions.position_embedding_type
     if not config.data.reset_position_ids or kind == "learned_absolute":
         return ()
     return (f"> --reset-position-ids has no effect with --position-embedding-type {kind}: Megatron-LM restarts only "

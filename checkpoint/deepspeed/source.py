@@ -236,5 +236,5 @@ class DeepSpeedSource(GlobalStateSource):
 def open_deepspeed_source(checkpoint: DeepSpeedCheckpoint, model_config) -> DeepSpeedSource:
     """The source for this run's model (`model_config`: its heads, key/value heads and head size)."""
     heads = model_config.num_attention_heads
-    return DeepSpeedSource(checkpoint, Attention(heads, model_config.num_query_groups or heads,
+    return DeepSpeedSource(checkpoint, Attention(heads, model_config.attention.num_query_groups or heads,
                                                  model_config.head_dim))

@@ -84,7 +84,7 @@ def _ours(config: ModelConfig, name: str):
     if name == "ffn_hidden_size":
         return config.ffn_size
     if name == "num_query_groups":
-        return config.architecture.query_groups(config.num_attention_heads)
+        return config.attention.query_groups(config.num_attention_heads)
     if name == "kv_channels":  # the width, given or not (Megatron's default is hidden / heads)
         return config.head_dim
     if name == "moe_ffn_hidden_size":  # the experts' width, given or not (default: the MLP's)

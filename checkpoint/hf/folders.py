@@ -114,7 +114,7 @@ def shifted_gains(state_dict: dict[str, torch.Tensor], config: ModelConfig, fami
     """--apply-layernorm-1p stores each norm's gain less one; a family that stores the gain itself (all but
     Gemma's, whose RMSNorm weights are also the gain less one) gets it with one added (`sign` +1, the export), and
     gives it with one taken away (-1, the import), in fp32."""
-    if not config.apply_layernorm_1p or (family is not None and family.fixed.get("apply_layernorm_1p")):
+    if not config.norms.apply_layernorm_1p or (family is not None and family.fixed.get("apply_layernorm_1p")):
         return state_dict
     return {name: (tensor.float() + sign).to(tensor.dtype) if name.endswith("layernorm.weight") else tensor
             for name, tensor in state_dict.items()}
@@ -363,7 +363,7 @@ def check_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLi
             ("n_inner", ffn, model_config.ffn_size, "--ffn-hidden-size"),
             ("n_positions", value("n_positions"), model_config.max_position_embeddings,
              "--max-position-embeddings"),
-            ("layer_norm_epsilon", value("layer_norm_epsilon"), model_config.layernorm_epsilon,
+            ("layer_norm_epsilon", value("layer_norm_epsilon"), model_config.norms.layernorm_epsilon,
              "--layernorm-epsilon")]
     for key, theirs, mine, flag in ours:
         if theirs != mine:
@@ -375,9 +375,9 @@ def check_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLi
     if activation not in ACTIVATION_FROM_HF:
         problems.append(f"activation_function {activation!r} has no counterpart here "
                         f"(supported: {', '.join(ACTIVATION_FROM_HF)})")
-    elif ACTIVATION_FROM_HF[activation] != model_config.activation:
+    elif ACTIVATION_FROM_HF[activation] != model_config.mlp.activation:
         problems.append(f"pass --activation {ACTIVATION_FROM_HF[activation]} (config.json activation_function "
-                        f"{activation!r}; this run has {model_config.activation})")
+                        f"{activation!r}; this run has {model_config.mlp.activation})")
     if value("vocab_size") != model_config.vocab_size:
         problems.append(f"pass the folder's tokenizer.json as --tokenizer-file: config.json vocab_size is "
                         f"{value('vocab_size')}, this run's tokenizer has {model_config.vocab_size} tokens")

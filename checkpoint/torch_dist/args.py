@@ -74,27 +74,27 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
     model, adam, training, parallel, data = (config.model, config.optimizer, config.training, config.parallel,
                                              config.data)
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
-    gated_gelu = model.activation == "gelu_tanh" and model.add_bias_linear and not model.swiglu
+    gated_gelu = model.mlp.activation == "gelu_tanh" and model.add_bias_linear and not model.mlp.swiglu
     # training.py get_optimizer_param_scheduler sets lr_decay_iters to --train-iters where it is not given
     decay_iters = adam.lr_decay_iters or (training.train_iters if training.train_samples is None else None)
     values = dict(
         NOT_OURS,
         num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_size,
         num_attention_heads=model.num_attention_heads, kv_channels=model.head_dim,
-        group_query_attention=model.num_query_groups is not None,
-        num_query_groups=model.num_query_groups or model.num_attention_heads, seq_length=model.seq_length,
-        max_position_embeddings=model.max_position_embeddings, position_embedding_type=model.position_embedding_type,
+        group_query_attention=model.attention.num_query_groups is not None,
+        num_query_groups=model.attention.num_query_groups or model.num_attention_heads, seq_length=model.seq_length,
+        max_position_embeddings=model.max_position_embeddings, position_embedding_type=model.positions.position_embedding_type,
         # --no-position-embedding (dest add_position_embedding, default True) is deprecated for
         # --position-embedding-type, which alone decides: a rope run's args keep True
         add_position_embedding=True,
-        use_rotary_position_embeddings=False, rotary_base=_integral(model.rotary_base),
-        rotary_percent=model.rotary_percent, rotary_interleaved=model.rotary_interleaved,
-        normalization=model.normalization, layernorm_epsilon=model.layernorm_epsilon, swiglu=model.swiglu,
+        use_rotary_position_embeddings=False, rotary_base=_integral(model.positions.rotary_base),
+        rotary_percent=model.positions.rotary_percent, rotary_interleaved=model.positions.rotary_interleaved,
+        normalization=model.norms.normalization, layernorm_epsilon=model.norms.layernorm_epsilon, swiglu=model.mlp.swiglu,
         # --apply-layernorm-1p's dest: the norms store gain - 1, which every reader and exporter adds back
-        layernorm_zero_centered_gamma=model.apply_layernorm_1p,
-        squared_relu=model.activation == "squared_relu", openai_gelu=False, bias_gelu_fusion=gated_gelu,
-        add_bias_linear=model.add_bias_linear, add_qkv_bias=model.add_bias_linear or model.add_qkv_bias,
-        qk_layernorm=model.qk_layernorm, qk_l2_norm=model.qk_l2_norm, untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,
+        layernorm_zero_centered_gamma=model.norms.apply_layernorm_1p,
+        squared_relu=model.mlp.activation == "squared_relu", openai_gelu=False, bias_gelu_fusion=gated_gelu,
+        add_bias_linear=model.add_bias_linear, add_qkv_bias=model.add_bias_linear or model.attention.add_qkv_bias,
+        qk_layernorm=model.attention.qk_layernorm, qk_l2_norm=model.attention.qk_l2_norm, untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,
         vocab_size=_typed_vocab_size(config), make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         padded_vocab_size=model.padded_vocab_size(tp), init_method_std=model.init_method_std,
         hidden_dropout=model.hidden_dropout, attention_dropout=model.attention_dropout,

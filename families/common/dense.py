@@ -196,26 +196,26 @@ def _at(fields: dict, key: str):
 def rope_parameters(model: ModelConfig, base: Optional[float] = None, scaled: bool = True) -> dict:
     """transformers' rope_parameters for our rotary settings (`base` in place of --rotary-base; `scaled` False
     leaves the scalings out: Gemma 3's sliding layers)."""
-    parameters = {"rope_type": "default", "rope_theta": model.rotary_base if base is None else base}
-    if scaled and model.use_rope_scaling:
-        parameters.update(rope_type="llama3", factor=model.rope_scaling_factor, **LLAMA3_FIXED)
-    elif scaled and model.rotary_seq_len_interpolation_factor is not None:
-        parameters.update(rope_type="linear", factor=model.rotary_seq_len_interpolation_factor)
+    parameters = {"rope_type": "default", "rope_theta": model.positions.rotary_base if base is None else base}
+    if scaled and model.positions.use_rope_scaling:
+        parameters.update(rope_type="llama3", factor=model.positions.rope_scaling_factor, **LLAMA3_FIXED)
+    elif scaled and model.positions.rotary_seq_len_interpolation_factor is not None:
+        parameters.update(rope_type="linear", factor=model.positions.rotary_seq_len_interpolation_factor)
     return parameters
 
 
 def rope_needs(model: ModelConfig) -> dict[str, bool]:
     return {"no --use-rope-scaling with --rotary-seq-len-interpolation-factor (transformers' rope has one type)":
-            model.use_rope_scaling and model.rotary_seq_len_interpolation_factor is not None}
+            model.positions.use_rope_scaling and model.positions.rotary_seq_len_interpolation_factor is not None}
 
 
 def core_write(model: ModelConfig) -> dict:
     """The config.json keys of Llama's core for `model` (the family's module adds or replaces some)."""
     return dict(vocab_size=model.vocab_size, hidden_size=model.hidden_size, intermediate_size=model.ffn_size,
                 num_hidden_layers=model.num_layers, num_attention_heads=model.num_attention_heads,
-                num_key_value_heads=model.architecture.query_groups(model.num_attention_heads),
+                num_key_value_heads=model.attention.query_groups(model.num_attention_heads),
                 head_dim=model.head_dim, max_position_embeddings=model.max_position_embeddings,
-                rms_norm_eps=model.layernorm_epsilon, rope_parameters=rope_parameters(model), hidden_act="silu",
+                rms_norm_eps=model.norms.layernorm_epsilon, rope_parameters=rope_parameters(model), hidden_act="silu",
                 tie_word_embeddings=not model.untie_embeddings_and_output_weights,
                 attention_dropout=model.attention_dropout, initializer_range=model.init_method_std)
 

@@ -50,7 +50,7 @@ def _linear_kinds(model: ModelConfig) -> tuple[str, ...]:
 
 
 def _qkv_kinds(model: ModelConfig) -> tuple[str, ...]:
-    return ("weight", "bias") if model.architecture.qkv_bias else ("weight",)
+    return ("weight", "bias") if model.attention.qkv_bias(model.add_bias_linear) else ("weight",)
 
 
 def _mlp_names(family: DenseFamily) -> tuple[tuple[str, str], ...]:
@@ -86,7 +86,7 @@ def from_hf(hf_state: dict[str, torch.Tensor], model: ModelConfig, padded_vocab_
     """The inverse of `to_hf`; padding rows of the vocabulary are zeros (as our initial values leave them)."""
     out = ends_from_hf(hf_state, model, padded_vocab_size)
     d = model.head_dim
-    q_rows, kv_rows = model.num_attention_heads * d, model.architecture.query_groups(model.num_attention_heads) * d
+    q_rows, kv_rows = model.num_attention_heads * d, model.attention.query_groups(model.num_attention_heads) * d
     for i in range(model.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         for kind in _qkv_kinds(model):

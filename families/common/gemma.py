@@ -77,22 +77,22 @@ def gemma_settings(config: HFConfig, model_type: str, pattern: int) -> dict[str,
 
 def query_pre_attn_scalar(model: ModelConfig) -> Optional[int]:
     """Gemma's integer q whose q^-0.5 is the scores' scale, or None where no integer gives --softmax-scale."""
-    if model.softmax_scale is None:
+    if model.attention.softmax_scale is None:
         return model.head_dim
-    scalar = round(model.softmax_scale ** -2)
-    return scalar if scalar > 0 and math.isclose(scalar ** -0.5, model.softmax_scale, rel_tol=1e-12) else None
+    scalar = round(model.attention.softmax_scale ** -2)
+    return scalar if scalar > 0 and math.isclose(scalar ** -0.5, model.attention.softmax_scale, rel_tol=1e-12) else None
 
 
 def gemma_write(model: ModelConfig) -> dict:
     keys = core_write(model)
     keys.pop("hidden_act")
-    return {**keys, "hidden_activation": WRITTEN_ACTIVATIONS.get(model.activation), "attention_bias": False,
+    return {**keys, "hidden_activation": WRITTEN_ACTIVATIONS.get(model.mlp.activation), "attention_bias": False,
             "query_pre_attn_scalar": query_pre_attn_scalar(model), "sliding_window": sliding_window_of(model),
-            "layer_types": layer_types_of(model), "attn_logit_softcapping": model.attn_logit_softcapping,
+            "layer_types": layer_types_of(model), "attn_logit_softcapping": model.attention.attn_logit_softcapping,
             "final_logit_softcapping": model.final_logit_softcapping}
 
 
 def gemma_needs(model: ModelConfig) -> dict[str, bool]:
-    return {"--activation gelu_tanh or gelu (Gemma's GeGLU)": model.activation not in WRITTEN_ACTIVATIONS,
+    return {"--activation gelu_tanh or gelu (Gemma's GeGLU)": model.mlp.activation not in WRITTEN_ACTIVATIONS,
             "a --softmax-scale of q^-0.5 for an integer q (Gemma's query_pre_attn_scalar)":
                 query_pre_attn_scalar(model) is None}

@@ -108,17 +108,17 @@ def rope_parameters(config: ModelConfig) -> dict:
     Megatron's at --mscale 1 --mscale-all-dim 0)."""
     from families.common.llama_shaped import rope_parameters as llama_rope
 
-    if config.position_embedding_type == "yarn":
-        parameters = {"rope_type": "yarn", "rope_theta": config.rotary_base, "factor": config.rotary_scaling_factor,
-                      "beta_fast": config.yarn_beta_fast, "beta_slow": config.yarn_beta_slow,
-                      "original_max_position_embeddings": config.yarn_original_max_position_embeddings,
-                      "truncate": config.yarn_correction_range_round_to_int}
-        if config.mscale_all_dim:
-            parameters.update(mscale=config.mscale, mscale_all_dim=config.mscale_all_dim)
+    if config.positions.position_embedding_type == "yarn":
+        parameters = {"rope_type": "yarn", "rope_theta": config.positions.rotary_base, "factor": config.positions.rotary_scaling_factor,
+                      "beta_fast": config.positions.yarn_beta_fast, "beta_slow": config.positions.yarn_beta_slow,
+                      "original_max_position_embeddings": config.positions.yarn_original_max_position_embeddings,
+                      "truncate": config.positions.yarn_correction_range_round_to_int}
+        if config.positions.mscale_all_dim:
+            parameters.update(mscale=config.positions.mscale, mscale_all_dim=config.positions.mscale_all_dim)
         return parameters
     parameters = llama_rope(config)
-    if config.rotary_percent != 1.0:
-        parameters["partial_rotary_factor"] = config.rotary_percent
+    if config.positions.rotary_percent != 1.0:
+        parameters["partial_rotary_factor"] = config.positions.rotary_percent
     return parameters
 
 
@@ -132,7 +132,7 @@ def attention_names(config: ModelConfig, o_bias: Optional[bool] = None) -> list[
              ("attention.dense.weight", "self_attn.o_proj.weight")]
     if config.add_bias_linear if o_bias is None else o_bias:
         names.append(("attention.dense.bias", "self_attn.o_proj.bias"))
-    if config.qk_layernorm:
+    if config.attention.qk_layernorm:
         names += [("attention.q_layernorm.weight", "self_attn.q_norm.weight"),
                   ("attention.k_layernorm.weight", "self_attn.k_norm.weight")]
     return names
@@ -177,7 +177,7 @@ def to_hf_layers(state: dict, config: ModelConfig, layer_names: Callable[[int], 
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         out.update({theirs + their: state[ours + our] for our, their in layer_names(i) if ours + our in state})
         if fused_qkv_names:
-            for kind in ("weight", "bias") if config.architecture.qkv_bias else ("weight",):
+            for kind in ("weight", "bias") if config.attention.qkv_bias(config.add_bias_linear) else ("weight",):
                 parts = split_qkv(state[ours + "attention.query_key_value." + kind], config)
                 out.update({theirs + f"self_attn.{p}_proj.{kind}": part for p, part in zip("qkv", parts)})
     return {name: tensor.contiguous() for name, tensor in out.items()}
@@ -193,7 +193,7 @@ def from_hf_layers(hf_state: dict, config: ModelConfig, padded_vocab: int,
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         out.update({ours + our: hf_state[theirs + their] for our, their in layer_names(i) if theirs + their in hf_state})
         if fused_qkv_names:
-            for kind in ("weight", "bias") if config.architecture.qkv_bias else ("weight",):
+            for kind in ("weight", "bias") if config.attention.qkv_bias(config.add_bias_linear) else ("weight",):
                 out[ours + "attention.query_key_value." + kind] = fused_qkv(
                     *(hf_state[theirs + f"self_attn.{p}_proj.{kind}"] for p in "qkv"), config)
     return {name: tensor.contiguous() for name, tensor in out.items()}

@@ -43,37 +43,35 @@ def beyond_llama(config: ModelConfig) -> dict[str, bool]:
     """Issue 63's blocks, which no LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM or ApertusForCausalLM
     holds ({the flag it would need: whether the model has the block}); families/ has the classes that
     do (families/common/dense_weights.py)."""
-    architecture = config.architecture
     return {"no --window-size": config.has_windows(),
-            "no --qk-layernorm-over-projection": architecture.qk_layernorm_over_projection,
-            "no --qk-l2-norm": architecture.qk_l2_norm,
-            "no --no-rope-freq": bool(architecture.no_rope_freq),
-            "--sublayer-norms input": architecture.sublayer_norms != "input",
-            "no --gated-linear-unit": architecture.gated_linear_unit,
-            "no --scale-embeddings-by-sqrt-hidden": architecture.scale_embeddings_by_sqrt_hidden,
-            "no --softmax-scale": architecture.softmax_scale is not None,
-            "no --attn-logit-softcapping": architecture.attn_logit_softcapping is not None,
-            "no --final-logit-softcapping": architecture.final_logit_softcapping is not None,
-            "no --local-rotary-base": architecture.local_rotary_base is not None,
-            "no --rotary-seq-len-interpolation-factor": architecture.rotary_seq_len_interpolation_factor is not None}
+            "no --qk-layernorm-over-projection": config.attention.qk_layernorm_over_projection,
+            "no --qk-l2-norm": config.attention.qk_l2_norm,
+            "no --no-rope-freq": bool(config.positions.no_rope_freq),
+            "--sublayer-norms input": config.norms.sublayer_norms != "input",
+            "no --gated-linear-unit": config.mlp.gated_linear_unit,
+            "no --scale-embeddings-by-sqrt-hidden": config.scale_embeddings_by_sqrt_hidden,
+            "no --softmax-scale": config.attention.softmax_scale is not None,
+            "no --attn-logit-softcapping": config.attention.attn_logit_softcapping is not None,
+            "no --final-logit-softcapping": config.final_logit_softcapping is not None,
+            "no --local-rotary-base": config.positions.local_rotary_base is not None,
+            "no --rotary-seq-len-interpolation-factor": config.positions.rotary_seq_len_interpolation_factor is not None}
 
 
 def llama_misfits(config: ModelConfig) -> list[str]:
     """What keeps `config` from being a LlamaForCausalLM: the flag each needs, or the setting it lacks."""
-    architecture = config.architecture
-    needs = {**beyond_llama(config), "--normalization RMSNorm": architecture.normalization != "RMSNorm",
-             "--swiglu": not architecture.swiglu,
-             "--position-embedding-type rope": architecture.position_embedding_type != "rope",
-             "--rotary-percent 1.0": architecture.rotary_percent != 1.0,
-             "no --qk-layernorm": architecture.qk_layernorm,
+    needs = {**beyond_llama(config), "--normalization RMSNorm": config.norms.normalization != "RMSNorm",
+             "--swiglu": not config.mlp.swiglu,
+             "--position-embedding-type rope": config.positions.position_embedding_type != "rope",
+             "--rotary-percent 1.0": config.positions.rotary_percent != 1.0,
+             "no --qk-layernorm": config.attention.qk_layernorm,
              # transformers' Llama rotates halves (rotate_half); an interleaved model's query and key rows would
              # need a permutation that is not written here.
-             "no --rotary-interleaved": architecture.rotary_interleaved,
-             "no --attention-output-gate": architecture.attention_output_gate,
+             "no --rotary-interleaved": config.positions.rotary_interleaved,
+             "no --attention-output-gate": config.attention.attention_output_gate,
              # DeepSeek's multi-latent attention is not exported (transformers' DeepseekV3 would take it)
              "no --multi-latent-attention": config.mla.multi_latent_attention,
              "no --add-qkv-bias without the other biases (transformers' attention_bias covers o_proj too)":
-                 architecture.add_qkv_bias and not architecture.add_bias_linear and moe_family(config) != QWEN2_MOE_TYPE}
+                 config.attention.add_qkv_bias and not config.add_bias_linear and moe_family(config) != QWEN2_MOE_TYPE}
     if config.moe is not None:
         needs = {need: missing for need, missing in needs.items() if missing}
         needs.update({need: True for need in moe_misfits(config)})
@@ -85,25 +83,24 @@ def llama_misfits(config: ModelConfig) -> list[str]:
 def is_apertus(config: ModelConfig) -> bool:
     """--xielu: exported as transformers' ApertusForCausalLM (swiss-ai's Apertus: a Llama whose MLP is
     up_proj -> xIELU -> down_proj, with per-head query and key RMSNorms)."""
-    return config.activation == "xielu"
+    return config.mlp.activation == "xielu"
 
 
 def apertus_needs(config: ModelConfig) -> dict[str, bool]:
     """What keeps a --xielu model from being an ApertusForCausalLM (transformers' modeling_apertus.py: RMSNorms,
     rotary positions, q_norm and k_norm over each head, no MLP bias, attention_bias over q, k, v and o alike, head
     width hidden / heads: ApertusConfig has no head_dim)."""
-    architecture = config.architecture
-    return {"--normalization RMSNorm": architecture.normalization != "RMSNorm",
-            "--position-embedding-type rope": architecture.position_embedding_type != "rope",
-            "--rotary-percent 1.0": architecture.rotary_percent != 1.0,
-            "no --rotary-interleaved": architecture.rotary_interleaved,
-            "no --attention-output-gate": architecture.attention_output_gate,
+    return {"--normalization RMSNorm": config.norms.normalization != "RMSNorm",
+            "--position-embedding-type rope": config.positions.position_embedding_type != "rope",
+            "--rotary-percent 1.0": config.positions.rotary_percent != 1.0,
+            "no --rotary-interleaved": config.positions.rotary_interleaved,
+            "no --attention-output-gate": config.attention.attention_output_gate,
             "no --multi-latent-attention": config.mla.multi_latent_attention,
-            "--qk-layernorm (Apertus normalizes each query and key head)": not architecture.qk_layernorm,
+            "--qk-layernorm (Apertus normalizes each query and key head)": not config.attention.qk_layernorm,
             "no --qk-layernorm-over-projection (Apertus's norms act over each head)":
-                architecture.qk_layernorm_over_projection,
+                config.attention.qk_layernorm_over_projection,
             "--disable-bias-linear (Apertus's linears have no biases)": config.add_bias_linear,
-            "no --add-qkv-bias": architecture.add_qkv_bias,
+            "no --add-qkv-bias": config.attention.add_qkv_bias,
             "no --num-experts (Apertus has no experts)": config.moe is not None,
             "no --kv-channels other than hidden / heads (ApertusConfig has no head_dim)":
                 config.head_dim * config.num_attention_heads != config.hidden_size}
@@ -133,7 +130,7 @@ def moe_misfits(config: ModelConfig) -> list[str]:
     if family == MIXTRAL_TYPE:
         needs.update({"no --moe-router-pre-softmax (Mixtral renormalizes the top k)": moe.router_pre_softmax,
                       "an MoE layer in every layer (Mixtral has no dense layers)": not all(config.moe_layers()),
-                      "no --add-qkv-bias (Mixtral's attention has no bias)": config.add_qkv_bias})
+                      "no --add-qkv-bias (Mixtral's attention has no bias)": config.attention.add_qkv_bias})
     else:
         needs["--moe-shared-expert-gate (Qwen2-MoE's shared expert is gated)"] = not moe.shared_expert_gate
     return [need for need, missing in needs.items() if missing]
@@ -154,9 +151,9 @@ def architecture_of(config: ModelConfig) -> str:
 
 
 def rope_parameters(config: ModelConfig) -> dict:
-    if not config.use_rope_scaling:
-        return {"rope_type": "default", "rope_theta": config.rotary_base}
-    return {"rope_type": "llama3", "rope_theta": config.rotary_base, "factor": config.rope_scaling_factor,
+    if not config.positions.use_rope_scaling:
+        return {"rope_type": "default", "rope_theta": config.positions.rotary_base}
+    return {"rope_type": "llama3", "rope_theta": config.positions.rotary_base, "factor": config.positions.rope_scaling_factor,
             **LLAMA3_FIXED}
 
 
@@ -165,12 +162,11 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
     BOS and EOS are our end-of-document id."""
     from transformers import LlamaConfig, MixtralConfig, Qwen2MoeConfig
 
-    architecture = config.architecture
     common = dict(bos_token_id=eod_token_id, eos_token_id=eod_token_id, pad_token_id=None,
                   vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
                   num_attention_heads=config.num_attention_heads,
-                  num_key_value_heads=architecture.query_groups(config.num_attention_heads), head_dim=config.head_dim,
-                  max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.layernorm_epsilon,
+                  num_key_value_heads=config.attention.query_groups(config.num_attention_heads), head_dim=config.head_dim,
+                  max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.norms.layernorm_epsilon,
                   rope_parameters=rope_parameters(config), hidden_act="silu",
                   tie_word_embeddings=not config.untie_embeddings_and_output_weights,
                   attention_dropout=config.attention_dropout, initializer_range=config.init_method_std)
@@ -188,15 +184,15 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
         return Qwen2MoeConfig(**common, intermediate_size=config.ffn_size, moe_intermediate_size=moe.ffn_hidden_size,
                               shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
                               num_experts=moe.num_experts, num_experts_per_tok=moe.router_topk,
-                              norm_topk_prob=not moe.router_pre_softmax, qkv_bias=architecture.qkv_bias,
+                              norm_topk_prob=not moe.router_pre_softmax, qkv_bias=config.attention.qkv_bias(config.add_bias_linear),
                               decoder_sparse_step=1, use_sliding_window=False, router_aux_loss_coef=moe.aux_loss_coeff,
                               mlp_only_layers=[i for i, is_moe in enumerate(config.moe_layers()) if not is_moe])
     return LlamaConfig(
         bos_token_id=eod_token_id, eos_token_id=eod_token_id, pad_token_id=None,
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.ffn_size,
         num_hidden_layers=config.num_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=architecture.query_groups(config.num_attention_heads), head_dim=config.head_dim,
-        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.layernorm_epsilon,
+        num_key_value_heads=config.attention.query_groups(config.num_attention_heads), head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.norms.layernorm_epsilon,
         rope_parameters=rope_parameters(config), hidden_act="silu",
         tie_word_embeddings=not config.untie_embeddings_and_output_weights,
         attention_bias=config.add_bias_linear, mlp_bias=config.add_bias_linear,
@@ -340,7 +336,7 @@ def padded_rows(tensor: torch.Tensor, padded_vocab_size: int) -> torch.Tensor:
 
 def split_qkv(qkv: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Our fused QKV weight (or bias) as transformers' q_proj, k_proj and v_proj (the module docstring's layout)."""
-    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+    heads, groups, d = config.num_attention_heads, config.attention.query_groups(config.num_attention_heads), \
         config.head_dim
     per_group, rest = heads // groups, qkv.shape[1:]
     qkv = qkv.reshape(groups, per_group + 2, d, *rest)
@@ -350,7 +346,7 @@ def split_qkv(qkv: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, tor
 
 def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: ModelConfig) -> torch.Tensor:
     """The inverse of `split_qkv`."""
-    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+    heads, groups, d = config.num_attention_heads, config.attention.query_groups(config.num_attention_heads), \
         config.head_dim
     per_group, rest = heads // groups, q.shape[1:]
     fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
@@ -371,7 +367,7 @@ def _check_xielu_constants(hf_state: dict[str, torch.Tensor], layer: str) -> Non
 
 def _qkv_kinds(config: ModelConfig) -> tuple[str, ...]:
     """q, k and v have biases with --add-bias-linear, or alone with --add-qkv-bias (Qwen2)."""
-    return ("weight", "bias") if config.architecture.qkv_bias else ("weight",)
+    return ("weight", "bias") if config.attention.qkv_bias(config.add_bias_linear) else ("weight",)
 
 
 def _moe_names(config: ModelConfig, family: str) -> list[tuple[str, str]]:
@@ -404,7 +400,7 @@ def _mixtral_names(num_experts: int) -> list[tuple[str, str]]:
 def llama_tensor_shapes(config: ModelConfig, family: str = MODEL_TYPE) -> dict[str, tuple[int, ...]]:
     """The shape of every LlamaForCausalLM weight for `config` (lm_head only when untied)."""
     h, ffn, d = config.hidden_size, config.ffn_size, config.head_dim
-    q_rows, kv_rows = config.num_attention_heads * d, config.architecture.query_groups(config.num_attention_heads) * d
+    q_rows, kv_rows = config.num_attention_heads * d, config.attention.query_groups(config.num_attention_heads) * d
     shapes = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
     if config.untie_embeddings_and_output_weights:
         shapes["lm_head.weight"] = (config.vocab_size, h)
@@ -421,7 +417,7 @@ def llama_tensor_shapes(config: ModelConfig, family: str = MODEL_TYPE) -> dict[s
                                        ("self_attn.v_proj", (kv_rows, h), kv_rows), ("self_attn.o_proj", (h, q_rows), h),
                                        *mlp):
             shapes[layer + name + ".weight"] = shape
-            if bias or (config.architecture.qkv_bias and name in ("self_attn.q_proj", "self_attn.k_proj",
+            if bias or (config.attention.qkv_bias(config.add_bias_linear) and name in ("self_attn.q_proj", "self_attn.k_proj",
                                                                   "self_attn.v_proj")):
                 shapes[layer + name + ".bias"] = (bias_rows,)
         shapes[layer + "input_layernorm.weight"] = (h,)

@@ -79,12 +79,12 @@ def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
 
 def _rope(config: ModelConfig) -> dict:
     """gpt/mla.py's rotary positions: plain (--rope-type rope) or MLA's YaRN with its fixed betas and original length."""
-    if config.mla.rope_type == "rope" or config.rotary_scaling_factor == 1.0:
-        return {"rope_type": "default", "rope_theta": config.rotary_base}
+    if config.mla.rope_type == "rope" or config.positions.rotary_scaling_factor == 1.0:
+        return {"rope_type": "default", "rope_theta": config.positions.rotary_base}
     from gpt.mla import MLA_YARN_BETA_FAST, MLA_YARN_BETA_SLOW, MLA_YARN_ORIGINAL_MAX_POSITIONS
 
-    return {"rope_type": "yarn", "rope_theta": config.rotary_base, "factor": config.rotary_scaling_factor,
-            "mscale": config.mscale, "mscale_all_dim": config.mscale_all_dim, "beta_fast": MLA_YARN_BETA_FAST,
+    return {"rope_type": "yarn", "rope_theta": config.positions.rotary_base, "factor": config.positions.rotary_scaling_factor,
+            "mscale": config.positions.mscale, "mscale_all_dim": config.positions.mscale_all_dim, "beta_fast": MLA_YARN_BETA_FAST,
             "beta_slow": MLA_YARN_BETA_SLOW, "original_max_position_embeddings": MLA_YARN_ORIGINAL_MAX_POSITIONS}
 
 

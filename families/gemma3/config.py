@@ -91,7 +91,7 @@ def read(config: HFConfig) -> dict[str, FolderValue]:
 
 
 def write(model: ModelConfig) -> dict:
-    local = model.local_rotary_base
+    local = model.positions.local_rotary_base
     return {**gemma_write(model),
             "rope_parameters": {FULL: rope_parameters(model),
                                 SLIDING: rope_parameters(model, base=local, scaled=False) if local is not None

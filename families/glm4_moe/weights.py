@@ -50,14 +50,14 @@ def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
 
     moe, shared = config.moe, config.moe.shared_expert_intermediate_size
     fields = common_fields(config, eod_token_id)
-    fields["rope_parameters"] = {**fields["rope_parameters"], "partial_rotary_factor": config.rotary_percent}
+    fields["rope_parameters"] = {**fields["rope_parameters"], "partial_rotary_factor": config.positions.rotary_percent}
     return Glm4MoeConfig(**fields, head_dim=config.head_dim, intermediate_size=config.ffn_size,
                          moe_intermediate_size=moe.ffn_hidden_size, n_routed_experts=moe.num_experts,
                          n_shared_experts=(shared or 0) // moe.ffn_hidden_size, num_experts_per_tok=moe.router_topk,
                          n_group=moe.router_num_groups or 1, topk_group=moe.router_group_topk or 1,
                          routed_scaling_factor=moe.router_topk_scaling_factor or 1.0, norm_topk_prob=True,
-                         first_k_dense_replace=first_dense_count(config), attention_bias=config.add_qkv_bias,
-                         use_qk_norm=config.qk_layernorm, num_nextn_predict_layers=0)
+                         first_k_dense_replace=first_dense_count(config), attention_bias=config.attention.add_qkv_bias,
+                         use_qk_norm=config.attention.qk_layernorm, num_nextn_predict_layers=0)
 
 
 def _layer_names(config: ModelConfig, layer: int) -> list[tuple[str, str]]:

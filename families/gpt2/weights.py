@@ -26,19 +26,19 @@ ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "squared_relu": "re
 def gpt2_misfits(config: ModelConfig) -> list[str]:
     """The flags by which `config` differs from GPT-2's blocks (issue 37's Llama-shaped ones)."""
     default = ModelConfig()
-    features = {"--normalization RMSNorm": config.normalization != default.normalization,
-                "--swiglu": config.swiglu,
-                f"--position-embedding-type {config.position_embedding_type}":
-                    config.position_embedding_type != default.position_embedding_type,
-                "--num-query-groups": config.num_query_groups not in (None, config.num_attention_heads),
+    features = {"--normalization RMSNorm": config.norms.normalization != default.norms.normalization,
+                "--swiglu": config.mlp.swiglu,
+                f"--position-embedding-type {config.positions.position_embedding_type}":
+                    config.positions.position_embedding_type != default.positions.position_embedding_type,
+                "--num-query-groups": config.attention.num_query_groups not in (None, config.num_attention_heads),
                 "--untie-embeddings-and-output-weights": config.untie_embeddings_and_output_weights,
-                "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.add_qkv_bias,
-                "--qk-layernorm": config.qk_layernorm,
+                "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.attention.add_qkv_bias,
+                "--qk-layernorm": config.attention.qk_layernorm,
                 # swiss-ai's xIELU: an Apertus MLP (families/common/llama_shaped.py refuses it), never GPT-2's
-                "--xielu": config.activation == "xielu",
+                "--xielu": config.mlp.activation == "xielu",
                 f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size,
                 # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
-                "--attention-output-gate": config.attention_output_gate,
+                "--attention-output-gate": config.attention.attention_output_gate,
                 # DeepSeek's attention: no GPT2LMHeadModel or LlamaForCausalLM has it (check_llama_shaped refuses it)
                 "--multi-latent-attention": config.mla.multi_latent_attention,
                 # experts: a Mixtral or a Qwen2-MoE (families/common/llama_shaped.py), never a GPT2LMHeadModel
@@ -78,7 +78,7 @@ def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
         bos_token_id=eod_token_id, eos_token_id=eod_token_id,
         vocab_size=config.vocab_size, n_positions=config.max_position_embeddings, n_embd=config.hidden_size,
         n_layer=config.num_layers, n_head=config.num_attention_heads, n_inner=config.ffn_size,
-        activation_function=ACTIVATION_TO_HF[config.activation], layer_norm_epsilon=config.layernorm_epsilon,
+        activation_function=ACTIVATION_TO_HF[config.mlp.activation], layer_norm_epsilon=config.norms.layernorm_epsilon,
         resid_pdrop=config.hidden_dropout, embd_pdrop=config.hidden_dropout,
         attn_pdrop=config.attention_dropout, initializer_range=config.init_method_std, tie_word_embeddings=True)
 

@@ -34,7 +34,7 @@ _ONE_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(\d+)\.(" + "|".
 
 def claims(config: ModelConfig) -> bool:
     """Attention sinks or quick-GeGLU: GPT-OSS's, which no other family here has."""
-    return config.softmax_type != "vanilla" or config.quick_geglu
+    return config.attention.softmax_type != "vanilla" or config.mlp.quick_geglu
 
 
 def misfits(config: ModelConfig) -> list[str]:
@@ -50,7 +50,7 @@ def misfits(config: ModelConfig) -> list[str]:
         "num_experts": (lambda v: v is not None, "--num-experts (every GPT-OSS layer is an MoE layer)")})
     if config.moe is not None and not all(config.moe_layers()):
         found.append("an MoE layer in every layer (GPT-OSS has no dense layers)")
-    if config.position_embedding_type == "yarn" and config.mscale != 1.0 and not config.mscale_all_dim:
+    if config.positions.position_embedding_type == "yarn" and config.positions.mscale != 1.0 and not config.positions.mscale_all_dim:
         found.append("--mscale 1 or --mscale-all-dim (transformers' YaRN reads mscale only beside mscale_all_dim)")
     windows = {window for window in config.attention_windows() if window is not None}
     if len(windows) > 1:
@@ -66,7 +66,7 @@ def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
     window = next((window for window in windows if window is not None), None)
     return GptOssConfig(**common_fields(config, eod_token_id), head_dim=config.head_dim,
                         intermediate_size=moe.ffn_hidden_size, num_local_experts=moe.num_experts,
-                        num_experts_per_tok=moe.router_topk, swiglu_limit=config.activation_func_clamp_value,
+                        num_experts_per_tok=moe.router_topk, swiglu_limit=config.mlp.activation_func_clamp_value,
                         sliding_window=None if window is None else window + 1, attention_bias=True,
                         layer_types=["full_attention" if window is None else "sliding_attention" for window in windows],
                         router_aux_loss_coef=moe.aux_loss_coeff)

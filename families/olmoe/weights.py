@@ -21,7 +21,7 @@ MODEL_TYPE, ARCHITECTURE = "olmoe", "OlmoeForCausalLM"
 
 
 def claims(config: ModelConfig) -> bool:
-    return config.moe is not None and config.qk_layernorm_over_projection
+    return config.moe is not None and config.attention.qk_layernorm_over_projection
 
 
 def misfits(config: ModelConfig) -> list[str]:

@@ -32,8 +32,8 @@ from families.common.dense import (
     without_derived_head_dim,
 )
 from families.common.fields import POSITIVE_INT, PROBABILITY, ROTARY_FRACTION, Field, FolderValue, HFConfig
-from gpt.architecture import LONGROPE_SETTINGS
 from gpt.model_config import ModelConfig
+from gpt.positions import LONGROPE_SETTINGS
 
 MODEL_TYPE = "phi3"
 # Phi3Config's defaults (transformers/models/phi3/configuration_phi3.py); partial_rotary_factor at the top level is
@@ -94,22 +94,22 @@ def write(model: ModelConfig) -> dict:
     keys = {**core_write(model), "sliding_window": sliding_window_of(model), "resid_pdrop": model.hidden_dropout,
             "embd_pdrop": model.hidden_dropout}
     keys = without_derived_head_dim(keys, model)
-    keys["rope_parameters"] = {**keys["rope_parameters"], "partial_rotary_factor": model.rotary_percent}
-    if model.position_embedding_type == "longrope":
-        original = model.longrope_original_max_position_embeddings
+    keys["rope_parameters"] = {**keys["rope_parameters"], "partial_rotary_factor": model.positions.rotary_percent}
+    if model.positions.position_embedding_type == "longrope":
+        original = model.positions.longrope_original_max_position_embeddings
         keys["original_max_position_embeddings"] = original  # the top level's is the one Phi3Config reads
         keys["rope_parameters"].update(
-            rope_type="longrope", short_factor=list(model.longrope_short_factor),
-            long_factor=list(model.longrope_long_factor), original_max_position_embeddings=original,
-            **{name: value for name, value in (("factor", model.longrope_factor),
-                                               ("attention_factor", model.longrope_attention_factor))
+            rope_type="longrope", short_factor=list(model.positions.longrope_short_factor),
+            long_factor=list(model.positions.longrope_long_factor), original_max_position_embeddings=original,
+            **{name: value for name, value in (("factor", model.positions.longrope_factor),
+                                               ("attention_factor", model.positions.longrope_attention_factor))
                if value is not None})
     return keys
 
 
 def needs(model: ModelConfig) -> dict[str, bool]:
     return {**every_layer_or_none_windowed(model, "Phi3ForCausalLM"),
-            "--position-embedding-type rope or longrope": model.position_embedding_type not in POSITIONS}
+            "--position-embedding-type rope or longrope": model.positions.position_embedding_type not in POSITIONS}
 
 
 FAMILY = DenseFamily(

@@ -24,7 +24,7 @@ MODEL_TYPE, ARCHITECTURE = "qwen3_moe", "Qwen3MoeForCausalLM"
 def claims(config: ModelConfig) -> bool:
     """An MoE model with per-head query/key norms and a softmax router without a shared expert."""
     moe = config.moe
-    return (moe is not None and config.qk_layernorm and not config.mla.multi_latent_attention
+    return (moe is not None and config.attention.qk_layernorm and not config.mla.multi_latent_attention
             and moe.router_score_function == "softmax" and moe.shared_expert_intermediate_size is None)
 
 

@@ -32,7 +32,7 @@ def test_an_auroragpt_launch_takes_the_forks_generation_and_its_meanings():
     assert parsed.megatron_generation == ALCF_FORK
     config = parsed.config
     assert config.optimizer.optimizer == "adam" and config.data.tokenizer_type == "HuggingFaceTokenizer"
-    assert config.model.rotary_base == 50000
+    assert config.model.positions.rotary_base == 50000
     notes = "\n".join(parsed.notes)
     assert "--optimizer adamw (ALCF's fork: torch.optim.AdamW) is adam here" in notes
     assert "--shuffle-sample-in-corpus: accepted, no effect without --data-file-list" in notes

@@ -41,7 +41,7 @@ def test_a_preset_key_sets_the_setting_of_that_name_not_a_flag_storing_one_value
     preset.write_text("attention_backend: flash\nmake_vocab_size_divisible_by: 64\nactivation: gelu\n"
                       "accumulate_allreduce_grads_in_fp32: true\n")
     config = parse_config(["--config", str(preset)])
-    assert (config.model.attention_backend, config.model.make_vocab_size_divisible_by, config.model.activation) == \
+    assert (config.model.attention.attention_backend, config.model.make_vocab_size_divisible_by, config.model.mlp.activation) == \
         ("flash", 64, "gelu")
     assert config.training.accumulate_allreduce_grads_in_fp32 is True
 

@@ -28,9 +28,10 @@ from base.options import replace_settings
 
 REPO = Path(__file__).resolve().parents[2]
 # The modules whose raises PretrainConfig.validate reaches (validate, check_finite_numbers, check_bounds,
-# the model, architecture, ZeRO, activation and pipeline-split checks, the step schedule's parser).
+# the model and its sections, ZeRO, activation and pipeline-split checks, the step schedule's parser).
 VALIDATE_MODULES = ("arguments/config.py", "arguments/bounds.py", "arguments/step_batch_schedule.py",
-                    "gpt/model_config.py", "gpt/architecture.py", "gpt/stage_layers.py", "zero/config.py")
+                    "gpt/model_config.py", "gpt/norms.py", "gpt/mlp.py", "gpt/positions.py", "gpt/attention_settings.py",
+                    "gpt/mla_settings.py", "gpt/section_rules.py", "gpt/stage_layers.py", "zero/config.py")
 # Raises there that are not about a flag: from_flat's "unknown setting" names a YAML key or field.
 NOT_ABOUT_A_FLAG = {("arguments/config.py", "from_flat")}
 # How messages abbreviate two flags; the product carries the two real ones.
@@ -41,7 +42,7 @@ ROPE = {"position_embedding_type": "rope"}
 PP2 = {"pipeline_model_parallel_size": 2}
 # (settings changed from the tiny preset, flags the message names only as prose)
 INVALID = [
-    # model (gpt/model_config.py, gpt/architecture.py)
+    # model (gpt/model_config.py and its sections' files)
     ({"num_layers": 0}, ()), ({"ffn_hidden_size": 0}, ()),
     ({"hidden_size": 100, "num_attention_heads": 3}, ()), ({"seq_length": 256}, ()),
     ({"hidden_dropout": 1.0}, ()), ({"activation": "relu"}, ()), ({"init_method_std": 0.0}, ()),

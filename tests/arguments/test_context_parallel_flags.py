@@ -15,19 +15,19 @@ def test_ds_sequence_parallel_size_is_ulysses_over_the_context_parallel_ranks():
     """Megatron-DeepSpeed's --ds-sequence-parallel-size N: DP = world / (PP x TP x N) (megatron/arguments.py) and
     DeepSpeed's DistributedAttention around attention: Megatron-Core's --context-parallel-size N --cp-comm-type a2a."""
     config = parse_config([*TINY, "--ds-sequence-parallel-size", "2"])
-    assert (config.parallel.context_parallel_size, config.model.cp_comm_type) == (2, "a2a")
+    assert (config.parallel.context_parallel_size, config.model.attention.cp_comm_type) == (2, "a2a")
     assert parse_config([*TINY, "--ds-sequence-parallel-size", "1"]).parallel.context_parallel_size == 1
 
 
 def test_context_parallel_size_and_comm_type_are_settings():
     config = parse_config([*TINY, "--context-parallel-size", "2", "--cp-comm-type", "all_gather"])
-    assert config.parallel.context_parallel_size == 2 and config.model.cp_comm_type == "all_gather"
-    assert parse_config(TINY).model.cp_comm_type == "p2p"  # Megatron-Core's default (TransformerConfig)
+    assert config.parallel.context_parallel_size == 2 and config.model.attention.cp_comm_type == "all_gather"
+    assert parse_config(TINY).model.attention.cp_comm_type == "p2p"  # Megatron-Core's default (TransformerConfig)
     config = parse_config([*TINY, "--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
                            "--hierarchical-context-parallel-sizes", "2", "2"])
-    assert (config.model.cp_comm_type, config.parallel.hierarchical_context_parallel_sizes) == ("a2a+p2p", [2, 2])
+    assert (config.model.attention.cp_comm_type, config.parallel.hierarchical_context_parallel_sizes) == ("a2a+p2p", [2, 2])
     # the ring at a given softmax scale, and multi-latent attention (its own scale and value width) on every path
-    assert parse_config([*TINY, "--context-parallel-size", "2", "--softmax-scale", "0.3"]).model.softmax_scale == 0.3
+    assert parse_config([*TINY, "--context-parallel-size", "2", "--softmax-scale", "0.3"]).model.attention.softmax_scale == 0.3
     for comm in ("p2p", "all_gather", "a2a"):
         config = parse_config([*TINY, "--context-parallel-size", "2", "--cp-comm-type", comm, "--multi-latent-attention"])
         assert config.model.mla.multi_latent_attention and config.parallel.context_parallel_size == 2

@@ -83,7 +83,7 @@ def test_the_forks_are_harvested_sources():
 
 def test_rope_theta_is_the_rotary_base():
     """llm-jp nii-geniac pretrain_gpt.py model_provider: `rotary_base=args.rope_theta`."""
-    assert parse_arguments(["--rope-theta", "500000"]).config.model.rotary_base == 500000
+    assert parse_arguments(["--rope-theta", "500000"]).config.model.positions.rotary_base == 500000
 
 
 def test_fork_flags_that_change_the_math_are_refused_in_one_line_naming_the_fork():

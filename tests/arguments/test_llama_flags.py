@@ -14,25 +14,31 @@ def model(*argv):
     return parse_config([*TINY, *argv]).model
 
 
+def blocks(config) -> tuple:
+    """What the blocks are built from: the trunk's linears and output, and the sections."""
+    return (config.add_bias_linear, config.untie_embeddings_and_output_weights, config.norms, config.mlp,
+            config.positions, config.attention)
+
+
 def test_megatron_lm_and_megatron_deepspeed_spellings_are_the_same_settings():
     megatron_lm = model("--normalization", "RMSNorm", "--position-embedding-type", "rope", "--rotary-base", "500000",
                         "--group-query-attention", "--num-query-groups", "2")
     megatron_deepspeed = model("--normalization", "rmsnorm", "--use-rotary-position-embeddings",
                                "--no-position-embedding", "--rotary-position-embeddings-theta", "500000",
                                "--num-key-value-heads", "2")
-    assert megatron_lm.architecture == megatron_deepspeed.architecture
-    assert (megatron_lm.normalization, megatron_lm.position_embedding_type, megatron_lm.rotary_base,
-            megatron_lm.num_query_groups) == ("RMSNorm", "rope", 500000.0, 2)
+    assert blocks(megatron_lm) == blocks(megatron_deepspeed)
+    assert (megatron_lm.norms.normalization, megatron_lm.positions.position_embedding_type, megatron_lm.positions.rotary_base,
+            megatron_lm.attention.num_query_groups) == ("RMSNorm", "rope", 500000.0, 2)
     # Megatron-LM: --group-query-attention alone is its default of one group (multi-query attention)
-    assert model("--group-query-attention").num_query_groups == 1
+    assert model("--group-query-attention").attention.num_query_groups == 1
     # Megatron-DeepSpeed: --no-position-embedding without rotary positions leaves none
-    assert model("--no-position-embedding").position_embedding_type == "none"
+    assert model("--no-position-embedding").positions.position_embedding_type == "none"
     # Megatron-LM's Llama launches give --position-embedding-type rope --no-position-embedding: rope
-    assert model("--position-embedding-type", "rope", "--no-position-embedding").position_embedding_type == "rope"
+    assert model("--position-embedding-type", "rope", "--no-position-embedding").positions.position_embedding_type == "rope"
     assert model("--disable-bias-linear").add_bias_linear is False
     # A Megatron launch (model flags, no preset) takes Megatron-LM's defaults, but its --num-query-groups 1
     # only holds under --group-query-attention: without the switch attention stays multi-head.
-    assert model().num_query_groups is None and model().architecture.query_groups(4) == 4
+    assert model().attention.num_query_groups is None and model().attention.query_groups(4) == 4
 
 
 def test_rotary_positions_without_no_position_embedding_are_rotary_positions_alone():
@@ -45,10 +51,10 @@ def test_rotary_positions_without_no_position_embedding_are_rotary_positions_alo
     # megatron/training/arguments.py validate_args, "Legacy RoPE arguments": `if
     # args.use_rotary_position_embeddings: args.position_embedding_type = 'rope'`.
     alone = model("--use-rotary-position-embeddings", "--rotary-percent", "0.25")
-    assert (alone.position_embedding_type, alone.rotary_percent) == ("rope", 0.25)
-    assert alone.architecture == model("--position-embedding-type", "rope", "--rotary-percent", "0.25").architecture
+    assert (alone.positions.position_embedding_type, alone.positions.rotary_percent) == ("rope", 0.25)
+    assert blocks(alone) == blocks(model("--position-embedding-type", "rope", "--rotary-percent", "0.25"))
     with_off = model("--use-rotary-position-embeddings", "--no-position-embedding", "--rotary-percent", "0.25")
-    assert with_off.architecture == alone.architecture
+    assert blocks(with_off) == blocks(alone)
 
 
 def test_swiglu_takes_megatrons_default_ffn_size_unless_given():
@@ -79,7 +85,7 @@ def test_num_query_groups_without_group_query_attention_is_not_read_as_in_megatr
     from arguments.parser import parse_arguments
 
     parsed = parse_arguments(["--num-query-groups", "2"])
-    assert parsed.config.model.num_query_groups is None
+    assert parsed.config.model.attention.num_query_groups is None
     assert any(note.startswith("--num-query-groups 2 without --group-query-attention: not read, as in Megatron-LM")
                for note in parsed.notes)
-    assert parse_arguments(["--group-query-attention", "--num-query-groups", "2"]).config.model.num_query_groups == 2
+    assert parse_arguments(["--group-query-attention", "--num-query-groups", "2"]).config.model.attention.num_query_groups == 2

@@ -52,7 +52,7 @@ def test_megatron_meanings_become_our_settings():
     for spelling in ("--recompute-method", "--activations-checkpoint-method"):
         block = parse_config(["--recompute-granularity", "full", spelling, "block", "--recompute-num-layers", "2"])
         assert block.activations.recompute_method == "block" and block.activations.checkpoint_num_layers == 2
-    assert parse_config(["--use-flash-attn"]).model.attention_backend == "flash"
+    assert parse_config(["--use-flash-attn"]).model.attention.attention_backend == "flash"
     assert parse_config(["--lr-warmup-fraction", "0.1"]).optimizer.lr_warmup_fraction == 0.1
 
 

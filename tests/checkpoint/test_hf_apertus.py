@@ -118,8 +118,8 @@ def test_an_apertus_folder_imports_trains_exports_and_resumes_exactly(tmp_path):
 
     source = random_apertus_folder(tmp_path / "source")
     read = parse_config(["--init-from-hf", str(source), "--seq-length", "16"]).model
-    assert (read.activation, read.qk_layernorm, read.swiglu, read.add_bias_linear, read.normalization,
-            read.num_query_groups, read.ffn_hidden_size) == ("xielu", True, False, False, "RMSNorm", 2, 96)
+    assert (read.mlp.activation, read.attention.qk_layernorm, read.mlp.swiglu, read.add_bias_linear, read.norms.normalization,
+            read.attention.num_query_groups, read.ffn_hidden_size) == ("xielu", True, False, False, "RMSNorm", 2, 96)
     config = apertus_run_config()
     tokens = torch.randint(0, VOCAB, (4, APERTUS["seq_length"] + 1), generator=torch.Generator().manual_seed(1))
     model, optimizer = build(config)

@@ -235,7 +235,7 @@ def test_initialize_from_hf_at_tensor_parallel_2(tmp_path):
 
 def test_mismatched_config_lists_every_flag_to_pass(tmp_path):
     source = random_hf_folder(tmp_path / "source")
-    other = dataclasses.replace(pretrain_config(HF_VOCAB).model, num_layers=3, hidden_size=128, num_attention_heads=8,
+    other = replace_settings(pretrain_config(HF_VOCAB).model, num_layers=3, hidden_size=128, num_attention_heads=8,
                                 vocab_size=500, max_position_embeddings=64, seq_length=64, activation="gelu",
                                 layernorm_epsilon=1e-6)
     with pytest.raises(ConfigError) as caught:

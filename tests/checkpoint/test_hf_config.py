@@ -17,7 +17,6 @@ save_pretrained (tests/checkpoint/test_hf_checkpoint.py, test_hf_llama.py) and t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import shutil
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from base.errors import ConfigError
+from base.options import replace_settings
 from checkpoint.hf.source import load_hf_weights
 from tests.checkpoint.test_hf_checkpoint import CPU, HF_VOCAB, pretrain_config, random_hf_folder
 from tests.checkpoint.test_hf_llama import llama_run_config, random_llama_folder
@@ -58,7 +58,7 @@ def run_model(family: str, **overrides):
     """The run's model settings that match the family's saved folder."""
     if family == "llama":
         return llama_run_config(LLAMA_VARIANT, **overrides).model
-    return dataclasses.replace(pretrain_config(HF_VOCAB).model, **overrides)
+    return replace_settings(pretrain_config(HF_VOCAB).model, **overrides)
 
 
 def refusal(folder: Path, family: str) -> str:

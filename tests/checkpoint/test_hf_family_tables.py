@@ -102,7 +102,7 @@ def test_phi_3_mini_128ks_longrope_is_transformers_cos_and_sin_on_both_sides_of_
     theirs = Phi3RotaryEmbedding(AutoConfig.from_pretrained(str(tmp_path)))
     for length in (4096, 4097):
         cos, sin = theirs(torch.zeros(1, dtype=torch.float32), torch.arange(length)[None])
-        ours = model.longrope.angles(length, model.head_dim, model.rotary_base, torch.device("cpu"))
+        ours = model.longrope.angles(length, model.head_dim, model.positions.rotary_base, torch.device("cpu"))
         assert model.longrope.factors_for(length) == (settings["longrope_long_factor"] if length > 4096 else
                                                       settings["longrope_short_factor"])
         assert torch.equal(ours[0], cos[0]) and torch.equal(ours[1], sin[0]), length

@@ -22,6 +22,7 @@ from arguments.config import ConfigError
 from arguments.config_sources import FOLDER
 from arguments.parser import parse_arguments
 from arguments.print_config import format_config
+from base.options import setting_value
 from data.corpus import default_corpus_documents
 from data.tokenizer import load_tokenizer, train_tokenizer
 from tests.checkpoint.hf_random import fill_random
@@ -117,7 +118,7 @@ def test_print_config_names_the_folder_key_of_each_value(folder, capsys):
                     "activation": ("gelu", "activation_function"), "layernorm_epsilon": (1e-6, "layer_norm_epsilon")}
     model, sources = parsed.config.model, parsed.config.sources
     for name, (value, key) in expected.items():
-        assert getattr(model, name) == value, name
+        assert setting_value(model, name) == value, name
         assert sources[name].kind == FOLDER and sources[name].describe() == f"{config_json}: {key}", name
         assert f"{config_json}: {key}" in shown
     assert model.seq_length == POSITIONS and "is longer than the folder's positions" in sources["seq_length"].describe()

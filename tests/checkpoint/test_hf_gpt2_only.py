@@ -4,13 +4,13 @@ line naming what a Llama would need, at export (scripts/convert_to_hf.py's to_hf
 KeyError on 'position_embeddings.weight'); at --init-from-hf, the folder's own architecture is the model's, and a
 flag that asks for another is refused with the launch's other flag checks."""
 
-import dataclasses
 
 import pytest
 import torch
 
 from arguments.config import ConfigError, ModelConfig
 from arguments.parser import parse_arguments
+from base.options import replace_settings
 from checkpoint.hf.folders import check_gpt2_shaped, to_hf_state_dict
 from gpt.model import build_gpt_model
 from parallel.state import ParallelState
@@ -22,7 +22,7 @@ TINY = ModelConfig.of(num_layers=1, hidden_size=32, num_attention_heads=4, seq_l
 
 def test_a_gpt2_model_passes_and_a_llama_shaped_one_is_named():
     check_gpt2_shaped(TINY, "the export")
-    llama = dataclasses.replace(TINY, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
+    llama = replace_settings(TINY, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
                                 untie_embeddings_and_output_weights=True, add_bias_linear=False)
     with pytest.raises(ConfigError) as error:
         check_gpt2_shaped(llama, "the export")
@@ -34,7 +34,7 @@ def test_a_gpt2_model_passes_and_a_llama_shaped_one_is_named():
 
 
 def test_exporting_a_llama_shaped_state_is_one_line_not_a_key_error():
-    config = dataclasses.replace(TINY, position_embedding_type="rope")
+    config = replace_settings(TINY, position_embedding_type="rope")
     state = {name: tensor.detach() for name, tensor in build_gpt_model(config, ParallelState(device=torch.device("cpu")), seed=0).state_dict().items()}
     with pytest.raises(ConfigError, match="--normalization RMSNorm, --swiglu"):
         to_hf_state_dict(state, config)

@@ -162,7 +162,7 @@ def test_a_qwen2_moe_folder_gives_transformers_logits_and_iteration_one_loss(tmp
 
     folder = qwen2_moe_folder(tmp_path / "qwen", **overrides)
     config = run_config(folder)
-    assert config.model.moe_layers() == layers and config.model.add_qkv_bias and not config.model.add_bias_linear
+    assert config.model.moe_layers() == layers and config.model.attention.add_qkv_bias and not config.model.add_bias_linear
     assert config.model.moe_router_pre_softmax == (not overrides.get("norm_topk_prob", False))
     model = GPTModel(config.model, CPU)
     optimizer = ZeroHarness.from_config(model, config, CPU, blocks=model.blocks)

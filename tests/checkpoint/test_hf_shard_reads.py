@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from base.options import replace_settings
 from tests.checkpoint.hf_random import fill_random
 from tests.distributed import free_port, run_distributed
 
@@ -113,7 +113,7 @@ def test_a_region_reads_the_whole_folders_values_and_only_its_bytes(tmp_path, fa
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     config = parse_config(["--init-from-hf", str(folder), "--device", "cpu"])
     model = resolve_run_settings(config, vocab, 1, 1, "cpu").config.model
-    model = dataclasses.replace(model, apply_layernorm_1p=family == "llama-1p")
+    model = replace_settings(model, apply_layernorm_1p=family == "llama-1p")
     cpu = ParallelState(device=torch.device("cpu"))
     source, whole = open_hf_source(folder, model, cpu), read_whole_folder(folder, model, cpu)
     assert isinstance(source, HFSource)

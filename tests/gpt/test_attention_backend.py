@@ -2,13 +2,13 @@
 (a restricted kernel that cannot run says so), every kernel computes the same attention, and a choice
 the device cannot run is refused before any work."""
 
-import dataclasses
 
 import pytest
 import torch
 
 import pretrain_gpt
 from arguments.config import ModelConfig
+from base.options import replace_settings
 from gpt.attention_backend import backend_for_device
 from gpt.model import build_gpt_model
 from parallel.state import ParallelState
@@ -19,7 +19,7 @@ MODEL = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=2, seq_
 
 
 def loss_with(backend: str, **changes) -> torch.Tensor:
-    config = dataclasses.replace(MODEL, attention_backend=backend, **changes)
+    config = replace_settings(MODEL, attention_backend=backend, **changes)
     model = build_gpt_model(config, CPU, seed=5)
     tokens = torch.randint(0, 100, (2, 17), generator=torch.Generator().manual_seed(0))
     return model(tokens[:, :-1], tokens[:, 1:]).mean()
@@ -61,11 +61,11 @@ def test_flash_on_cuda_in_fp32_falls_back_and_16_bit_keeps_it():
     """Checked without a GPU: the rule is the kernel's (flash attention takes fp16/bf16 only)."""
     from gpt.attention_backend import backend_for_device
 
-    flash = dataclasses.replace(MODEL, attention_backend="flash")
+    flash = replace_settings(MODEL, attention_backend="flash")
     backend, line = backend_for_device(flash, "fp32", torch.device("cuda"), "--use-flash-attn")
     assert backend == "auto" and line.startswith("> --use-flash-attn: the flash kernel on CUDA takes 16-bit inputs")
     assert backend_for_device(flash, "bf16", torch.device("cuda")) == ("flash", None)
-    fused = dataclasses.replace(MODEL, attention_backend="fused")
+    fused = replace_settings(MODEL, attention_backend="fused")
     assert backend_for_device(fused, "fp32", torch.device("cuda")) == ("fused", None)
 
 
@@ -73,7 +73,7 @@ def test_flash_on_cuda_with_reset_attention_mask_falls_back_in_one_line():
     """SDPA's flash kernel on CUDA takes no attn_mask (PyTorch's sdp_utils check_for_attn_mask); --reset-attention-
     mask's block-diagonal mask needs one, so the choice falls back to auto before any work, said in one line. The
     CPU's flash kernel takes a mask: kept there."""
-    config = dataclasses.replace(MODEL, attention_backend="flash")
+    config = replace_settings(MODEL, attention_backend="flash")
     cuda = torch.device("cuda")
     assert backend_for_device(config, "bf16", cuda) == ("flash", None)
     backend, line = backend_for_device(config, "bf16", cuda, attention_mask=True)

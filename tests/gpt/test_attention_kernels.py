@@ -17,12 +17,11 @@ resolves it (gpt/attention_backend.py backend_for_device). In fp32 every backend
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from base.errors import ConfigError
+from base.options import replace_settings
 from data.documents import DocumentMasking
 from gpt.attention_backend import backend_for_device
 from gpt.model import build_gpt_model
@@ -91,7 +90,7 @@ def resolved(config: ModelConfig, dtype: str, documents: bool) -> ModelConfig | 
         assert "\n" not in str(error)
         return None
     backend, _ = backend_for_device(config, dtype, torch.device("cpu"), attention_mask=documents)
-    return dataclasses.replace(config, attention_backend=backend)
+    return replace_settings(config, attention_backend=backend)
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
@@ -129,7 +128,7 @@ def _context_parallel_paths(rank, world_size):
             for path in CP_PATHS:
                 for backend in BACKENDS:
                     for dtype in DTYPES:
-                        config = resolved(dataclasses.replace(layer_config(path, backend), cp_comm_type=comm_type),
+                        config = resolved(replace_settings(layer_config(path, backend), cp_comm_type=comm_type),
                                           dtype, documents=False)
                         if config is None or (comm_type == "p2p" and config.has_windows()):
                             continue  # the ring with a window: refused in one line at launch (arguments/config.py)

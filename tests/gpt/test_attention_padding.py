@@ -81,5 +81,5 @@ def test_the_model_runs_the_padded_path_where_the_selection_says_so(monkeypatch)
 
 
 def test_the_default_pads_nothing_on_a_cpu():
-    assert ModelConfig().pad_attention_head_dim
+    assert ModelConfig().attention.pad_attention_head_dim
     assert padded_head_dim(ModelConfig.of(hidden_size=100, num_attention_heads=1).head_dim, "cpu", "auto", True) == 100

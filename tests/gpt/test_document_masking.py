@@ -9,10 +9,10 @@ GPTModel._preprocess calls `self.rotary_pos_emb(rotary_seq_len, ...)` for 'rope'
 and to mrope only), and Megatron-DeepSpeed's TransformerLanguageModel.forward `self.rotary_pos_emb(self.seq_length)`.
 """
 
-import dataclasses
 
 import torch
 
+from base.options import replace_settings
 from data.documents import DocumentMasking, masked_token_mean
 from gpt.model import build_gpt_model
 from gpt.model_config import ModelConfig
@@ -22,7 +22,7 @@ SINGLE = ParallelState(device=torch.device("cpu"))
 EOD = 99
 GPT2_CONFIG = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16,
                           max_position_embeddings=16, vocab_size=100, hidden_dropout=0.0, attention_dropout=0.0)
-LLAMA_CONFIG = dataclasses.replace(GPT2_CONFIG, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
+LLAMA_CONFIG = replace_settings(GPT2_CONFIG, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
                                    num_query_groups=2)
 FIRST = 6  # document A: inputs 0..5, its EOD at 5; document B: inputs 6..15
 

@@ -15,16 +15,14 @@ that initial values do not depend on the TP size. The math against its sources (
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from base.errors import ConfigError
-from gpt.architecture import Architecture
 from gpt.model import build_gpt_model
 from gpt.model_config import ModelConfig
+from gpt.positions import PositionSettings
 from gpt.rotary import apply_rotary, inverse_frequencies, rotary_angles
 from parallel.sharding import record_of
 from parallel.state import ParallelState, destroy, initialize
@@ -32,24 +30,24 @@ from tests.distributed import run_distributed
 
 SINGLE = ParallelState(device=torch.device("cpu"))
 TOLERANCE = 1e-5
-LLAMA = Architecture(normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
-                     untie_embeddings_and_output_weights=True, add_bias_linear=False)
-# name -> (architecture, TP sizes it runs at). MQA's single group cannot split over 2 ranks (refused).
+LLAMA = dict(normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
+             untie_embeddings_and_output_weights=True, add_bias_linear=False)
+# name -> (the model's settings, TP sizes it runs at). MQA's single group cannot split over 2 ranks (refused).
 VARIANTS = {
-    "mha-base1e4-tied-bias": (dataclasses.replace(LLAMA, untie_embeddings_and_output_weights=False,
-                                                  add_bias_linear=True), (1, 2)),
-    "gqa2-base5e5-untied-nobias": (dataclasses.replace(LLAMA, num_query_groups=2, rotary_base=5e5), (1, 2)),
-    "gqa2-base1e4-tied-nobias": (dataclasses.replace(LLAMA, num_query_groups=2,
-                                                     untie_embeddings_and_output_weights=False), (1, 2)),
-    "mha-base5e5-untied-bias": (dataclasses.replace(LLAMA, rotary_base=5e5, add_bias_linear=True), (1, 2)),
-    "mqa-base1e4-untied-bias": (dataclasses.replace(LLAMA, num_query_groups=1, add_bias_linear=True), (1,)),
-    "mqa-base5e5-tied-nobias": (dataclasses.replace(LLAMA, num_query_groups=1, rotary_base=5e5,
-                                                    untie_embeddings_and_output_weights=False), (1,)),
+    "mha-base1e4-tied-bias": ({**LLAMA, "untie_embeddings_and_output_weights": False, "add_bias_linear": True},
+                              (1, 2)),
+    "gqa2-base5e5-untied-nobias": ({**LLAMA, "num_query_groups": 2, "rotary_base": 5e5}, (1, 2)),
+    "gqa2-base1e4-tied-nobias": ({**LLAMA, "num_query_groups": 2, "untie_embeddings_and_output_weights": False},
+                                 (1, 2)),
+    "mha-base5e5-untied-bias": ({**LLAMA, "rotary_base": 5e5, "add_bias_linear": True}, (1, 2)),
+    "mqa-base1e4-untied-bias": ({**LLAMA, "num_query_groups": 1, "add_bias_linear": True}, (1,)),
+    "mqa-base5e5-tied-nobias": ({**LLAMA, "num_query_groups": 1, "rotary_base": 5e5,
+                                 "untie_embeddings_and_output_weights": False}, (1,)),
     # Llama 3's rope scaling (factor 8; low 1, high 4, original context 8192 as Megatron fixes them)
     # --qk-layernorm: transformers' Qwen3 (Llama with RMSNorm over each query and key head, no MLP biases)
-    "gqa2-qk-layernorm-untied-nobias": (dataclasses.replace(LLAMA, num_query_groups=2, qk_layernorm=True), (1, 2)),
-    "gqa2-base5e5-llama3-scaling": (dataclasses.replace(LLAMA, num_query_groups=2, rotary_base=5e5,
-                                                        use_rope_scaling=True), (1,)),
+    "gqa2-qk-layernorm-untied-nobias": ({**LLAMA, "num_query_groups": 2, "qk_layernorm": True}, (1, 2)),
+    "gqa2-base5e5-llama3-scaling": ({**LLAMA, "num_query_groups": 2, "rotary_base": 5e5, "use_rope_scaling": True},
+                                    (1,)),
 }
 
 
@@ -60,16 +58,15 @@ def tiny_config(**overrides) -> ModelConfig:
     return ModelConfig.of(**values)
 
 
-def llama_state_dict(ours: dict[str, torch.Tensor], config: ModelConfig, architecture: Architecture
-                     ) -> dict[str, torch.Tensor]:
+def llama_state_dict(ours: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our TP 1 state dict as LlamaForCausalLM's: the fused QKV rows [group][its queries, k, v][head_dim]
     split into q_proj, k_proj, v_proj; the padded vocabulary cut back."""
-    heads, groups, d = (config.num_attention_heads, architecture.query_groups(config.num_attention_heads),
+    heads, groups, d = (config.num_attention_heads, config.attention.query_groups(config.num_attention_heads),
                         config.head_dim)
     per_group, vocab = heads // groups, config.vocab_size
     theirs = {"model.embed_tokens.weight": ours["word_embeddings.weight"][:vocab],
               "model.norm.weight": ours["final_layernorm.weight"]}
-    if architecture.untie_embeddings_and_output_weights:
+    if config.untie_embeddings_and_output_weights:
         theirs["lm_head.weight"] = ours["output_layer.weight"][:vocab]
     for i in range(config.num_layers):
         block, layer = f"blocks.{i}.", f"model.layers.{i}."
@@ -89,46 +86,47 @@ def llama_state_dict(ours: dict[str, torch.Tensor], config: ModelConfig, archite
             for kind in ("weight", "bias"):
                 if block + our_name + "." + kind in ours:
                     theirs[layer + their_name + "." + kind] = ours[block + our_name + "." + kind]
-        if architecture.qk_layernorm:
+        if config.attention.qk_layernorm:
             theirs[layer + "self_attn.q_norm.weight"] = ours[block + "attention.q_layernorm.weight"]
             theirs[layer + "self_attn.k_norm.weight"] = ours[block + "attention.k_layernorm.weight"]
     return theirs
 
 
-def transformers_llama(ours: torch.nn.Module, config: ModelConfig, architecture: Architecture):
+def transformers_llama(ours: torch.nn.Module, config: ModelConfig):
     """LlamaForCausalLM, or with --qk-layernorm Qwen3ForCausalLM, holding our TP 1 model's weights."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     shared = dict(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-        intermediate_size=architecture.ffn_size(config.hidden_size, config.ffn_hidden_size),
+        intermediate_size=config.ffn_size,
         num_hidden_layers=config.num_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=architecture.query_groups(config.num_attention_heads),
-        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.layernorm_epsilon,
-        rope_parameters=rope_parameters(architecture),
-        tie_word_embeddings=not architecture.untie_embeddings_and_output_weights,
-        attention_bias=architecture.add_bias_linear, attention_dropout=0.0)
-    if architecture.qk_layernorm:
-        assert architecture.normalization == "RMSNorm" and not architecture.add_bias_linear  # Qwen3's shape
+        num_key_value_heads=config.attention.query_groups(config.num_attention_heads),
+        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.norms.layernorm_epsilon,
+        rope_parameters=rope_parameters(config),
+        tie_word_embeddings=not config.untie_embeddings_and_output_weights,
+        attention_bias=config.add_bias_linear, attention_dropout=0.0)
+    if config.attention.qk_layernorm:
+        assert config.norms.normalization == "RMSNorm" and not config.add_bias_linear  # Qwen3's shape
         their_config, model_class = Qwen3Config(head_dim=config.head_dim, **shared), Qwen3ForCausalLM
     else:
-        their_config = LlamaConfig(mlp_bias=architecture.add_bias_linear, **shared)
+        their_config = LlamaConfig(mlp_bias=config.add_bias_linear, **shared)
         model_class = LlamaForCausalLM
     their_config._attn_implementation = "eager"
     theirs = model_class(their_config).eval()
-    missing, unexpected = theirs.load_state_dict(llama_state_dict(ours.state_dict(), config, architecture),
+    missing, unexpected = theirs.load_state_dict(llama_state_dict(ours.state_dict(), config),
                                                  strict=False)
     assert not unexpected, unexpected
     # a tied lm_head is the embedding, which transformers ties after loading
-    expected_missing = set() if architecture.untie_embeddings_and_output_weights else {"lm_head.weight"}
+    expected_missing = set() if config.untie_embeddings_and_output_weights else {"lm_head.weight"}
     assert set(missing) == expected_missing, missing
     return theirs
 
 
-def rope_parameters(architecture: Architecture) -> dict:
-    if not architecture.use_rope_scaling:
-        return {"rope_type": "default", "rope_theta": architecture.rotary_base}
-    return {"rope_type": "llama3", "rope_theta": architecture.rotary_base, "factor": architecture.rope_scaling_factor,
+def rope_parameters(config: ModelConfig) -> dict:
+    positions = config.positions
+    if not positions.use_rope_scaling:
+        return {"rope_type": "default", "rope_theta": positions.rotary_base}
+    return {"rope_type": "llama3", "rope_theta": positions.rotary_base, "factor": positions.rope_scaling_factor,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
@@ -139,11 +137,11 @@ def tokens_for(config: ModelConfig) -> torch.Tensor:
 def compare_with_transformers(name: str, state: ParallelState) -> float:
     """Max abs difference of this rank's logits from transformers' on the TP 1 model's weights; also
     checks the loss against the cross entropy of their logits."""
-    architecture, _ = VARIANTS[name]
-    config = tiny_config()
-    reference = build_gpt_model(config, SINGLE, seed=11, architecture=architecture).eval()
-    theirs = transformers_llama(reference, config, architecture)
-    ours = build_gpt_model(config, state, seed=11, architecture=architecture).eval()
+    settings, _ = VARIANTS[name]
+    config = tiny_config(**settings)
+    reference = build_gpt_model(config, SINGLE, seed=11).eval()
+    theirs = transformers_llama(reference, config)
+    ours = build_gpt_model(config, state, seed=11).eval()
     tokens = tokens_for(config)
     with torch.no_grad():
         their_logits = theirs(tokens[:, :-1]).logits
@@ -213,23 +211,23 @@ def test_logits_equal_transformers_llama_at_tp2():
 
 
 def test_key_value_groups_must_split_over_tensor_parallel_ranks():
-    config = tiny_config()
-    mqa = dataclasses.replace(LLAMA, num_query_groups=1)
+    mqa = tiny_config(**LLAMA, num_query_groups=1)
     with pytest.raises(ConfigError, match="--num-query-groups 1 is not divisible by --tensor-model-parallel-size 2"):
-        mqa.validate(config.num_attention_heads, config.hidden_size, config.ffn_hidden_size, tensor_parallel_size=2)
+        mqa.validate_tensor_parallel(2)
     for groups in (3, 0):
         with pytest.raises(ConfigError, match=f"--num-query-groups {groups} does not divide --num-attention-heads 4"):
-            build_gpt_model(config, SINGLE, seed=0, architecture=dataclasses.replace(LLAMA, num_query_groups=groups))
+            build_gpt_model(tiny_config(**LLAMA, num_query_groups=groups), SINGLE, seed=0)
 
 
 def test_swiglu_default_ffn_is_megatrons():
     # int((4h * 2/3) / 64) * 64 (module docstring): Llama-2-7B's h=4096 gives 10880 (its launch scripts
     # pass --ffn-hidden-size 11008 explicitly), the tiny h=64 gives 128.
-    assert LLAMA.ffn_size(4096, None) == 10880
-    assert LLAMA.ffn_size(64, None) == 128
-    assert LLAMA.ffn_size(4096, 11008) == 11008
-    assert Architecture().ffn_size(64, None) == 256
-    model = build_gpt_model(tiny_config(), SINGLE, seed=0, architecture=LLAMA)
+    llama = tiny_config(**LLAMA).mlp
+    assert llama.ffn_size(4096, None) == 10880
+    assert llama.ffn_size(64, None) == 128
+    assert llama.ffn_size(4096, 11008) == 11008
+    assert tiny_config().mlp.ffn_size(64, None) == 256
+    model = build_gpt_model(tiny_config(**LLAMA), SINGLE, seed=0)
     assert model.blocks[0].mlp.dense_h_to_4h_gate.weight.shape == (128, 64)
 
 
@@ -239,11 +237,11 @@ def test_llama3_rope_scaling_equals_transformers():
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    architecture = dataclasses.replace(LLAMA, rotary_base=5e5, use_rope_scaling=True)
+    config = tiny_config(**LLAMA, rotary_base=5e5, use_rope_scaling=True)
     their_config = LlamaConfig(hidden_size=2048, num_attention_heads=16, max_position_embeddings=131072,
-                               rope_parameters=rope_parameters(architecture))
+                               rope_parameters=rope_parameters(config))
     theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](their_config, torch.device("cpu"))
-    ours = inverse_frequencies(128, 5e5, torch.device("cpu"), architecture.rope_scaling)
+    ours = inverse_frequencies(128, 5e5, torch.device("cpu"), config.positions.rope_scaling)
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
     unscaled = inverse_frequencies(128, 5e5, torch.device("cpu"))
     assert not torch.allclose(ours, unscaled) and torch.equal(ours[:8], unscaled[:8])  # only long wavelengths move
@@ -253,7 +251,7 @@ def test_rotary_percent_rotates_only_the_leading_dims():
     # Megatron's _apply_rotary_pos_emb_bshd: the first int(head_dim * rotary_percent) dims rotate, the rest
     # pass through unchanged; position 0 is the identity (angle 0).
     x = torch.randn(1, 2, 5, 16, generator=torch.Generator().manual_seed(1))
-    cos, sin = rotary_angles(5, Architecture(rotary_percent=0.5).rotary_dim(16), 10000.0, x.device)
+    cos, sin = rotary_angles(5, PositionSettings(rotary_percent=0.5).rotary_dim(16), 10000.0, x.device)
     rotated = apply_rotary(x, cos, sin)
     assert cos.shape == (5, 8)
     assert torch.equal(rotated[..., 8:], x[..., 8:])
@@ -273,7 +271,7 @@ def test_gpt2_default_has_gpt2s_parameters():
     assert "position_embeddings.weight" in names and "blocks.0.mlp.dense_h_to_4h.bias" in names
     assert "blocks.0.input_layernorm.bias" in names and not any("output_layer" in name for name in names)
     assert model.blocks[0].attention.query_key_value.weight.shape == (3 * 64, 64)
-    llama = build_gpt_model(config, SINGLE, seed=0, architecture=LLAMA)
+    llama = build_gpt_model(tiny_config(**LLAMA), SINGLE, seed=0)
     llama_names = {name for name, _ in llama.named_parameters()}
     assert not any(name.endswith("bias") for name in llama_names)
     assert "position_embeddings.weight" not in llama_names and "output_layer.weight" in llama_names

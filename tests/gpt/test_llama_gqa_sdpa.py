@@ -4,11 +4,11 @@ and value per query head: at fp32 on a CPU the logits and every gradient are bit
 repeat_interleave builds, transformers' repeat_kv and Megatron-Core's GQA use), dropout included; and the
 copies stay where a kernel may not take enable_gqa (--attention-backend fused) and for multi-head attention."""
 
-import dataclasses
 
 import pytest
 import torch
 
+from base.options import replace_settings
 from gpt.model import build_gpt_model, sdpa_takes_grouped_kv
 from gpt.model_config import ModelConfig
 from parallel.random import TensorParallelRNG
@@ -36,7 +36,7 @@ def logits_and_gradients(config: ModelConfig, native: bool) -> tuple[torch.Tenso
 
 @pytest.mark.parametrize("groups, dropout", [(2, 0.0), (1, 0.0), (2, 0.1)])
 def test_native_grouped_attention_is_bit_identical_to_the_copies(groups, dropout):
-    config = dataclasses.replace(LLAMA, num_query_groups=groups, attention_dropout=dropout, hidden_dropout=0.0)
+    config = replace_settings(LLAMA, num_query_groups=groups, attention_dropout=dropout, hidden_dropout=0.0)
     native_logits, native_grads = logits_and_gradients(config, native=True)
     copied_logits, copied_grads = logits_and_gradients(config, native=False)
     assert torch.equal(native_logits, copied_logits)
@@ -46,6 +46,6 @@ def test_native_grouped_attention_is_bit_identical_to_the_copies(groups, dropout
 
 def test_copies_stay_for_multi_head_attention_and_the_fused_backend():
     assert not build_gpt_model(LLAMA, CPU, seed=0).blocks[0].attention.native_gqa  # one group per head
-    fused = dataclasses.replace(LLAMA, num_query_groups=2, attention_backend="fused")
+    fused = replace_settings(LLAMA, num_query_groups=2, attention_backend="fused")
     assert not build_gpt_model(fused, CPU, seed=0).blocks[0].attention.native_gqa
     assert not sdpa_takes_grouped_kv("fused")

@@ -12,7 +12,7 @@ import math
 import pytest
 
 from base.errors import ConfigError
-from base.options import setting_values
+from base.options import replace_settings, setting_values
 from gpt.model_config import ModelConfig
 
 # hidden 64 over 4 heads: 16 dims a head, 8 rotary frequencies
@@ -31,13 +31,13 @@ def test_the_flags_set_it_and_the_default_attention_factor_is_transformers():
                              "--position-embedding-type", "longrope", "--longrope-short-factor", "1,1,1,1,1,1,1,1",
                              "--longrope-long-factor", factors,
                              "--longrope-original-max-position-embeddings", "16"]).config.model
-    assert model.longrope_long_factor == tuple(float(i + 1) for i in range(8))
+    assert model.positions.longrope_long_factor == tuple(float(i + 1) for i in range(8))
     # _compute_longrope_parameters: factor = max_position_embeddings / original = 4
     assert model.longrope.attention_factor == math.sqrt(1 + math.log(4) / math.log(16))
     assert model.longrope.factors_for(16) == (1.0,) * 8 and model.longrope.factors_for(17)[-1] == 8.0
-    explicit = dataclasses.replace(model, longrope_factor=2.0)
+    explicit = replace_settings(model, longrope_factor=2.0)
     assert explicit.longrope.attention_factor == math.sqrt(1 + math.log(2) / math.log(16))
-    assert dataclasses.replace(model, longrope_attention_factor=1.5).longrope.attention_factor == 1.5
+    assert replace_settings(model, longrope_attention_factor=1.5).longrope.attention_factor == 1.5
 
 
 @pytest.mark.parametrize("settings, named", [
@@ -65,11 +65,11 @@ def test_a_resume_that_changes_the_factors_or_the_positions_they_read_is_named()
     recorded = json.loads(json.dumps(setting_values(model)))
     assert model_differences(recorded, model) == []
     assert ModelConfig.from_record(recorded).longrope == model.longrope
-    longer = dataclasses.replace(model, longrope_long_factor=(2.0,) * 8)
+    longer = replace_settings(model, longrope_long_factor=(2.0,) * 8)
     assert [line.split()[0] for line in model_differences(recorded, longer)] == ["--longrope-long-factor"]
     wider = dataclasses.replace(model, max_position_embeddings=128)
     assert [line.split()[0] for line in model_differences(recorded, wider)] == ["--max-position-embeddings"]
-    given = dataclasses.replace(wider, longrope_attention_factor=1.2)
+    given = replace_settings(wider, longrope_attention_factor=1.2)
     assert [line.split()[0] for line in model_differences({**recorded, "longrope_attention_factor": 1.2}, given)] == []
 
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from arguments.parser import parse_config
 from base.errors import ConfigError
+from base.options import replace_settings
 from gpt.model import build_gpt_model
 from gpt.rotary import apply_rotary, inverse_frequencies, rotary_angles
 from gpt.shape import model_shape
@@ -62,7 +63,7 @@ def test_squared_relu_mlp_is_megatrons_squared_relu_between_the_two_linears():
 
 
 def test_squared_relu_flag_is_megatrons_spelling_and_refused_beside_swiglu():
-    assert parse_config(["--squared-relu"]).model.activation == "squared_relu"
+    assert parse_config(["--squared-relu"]).model.mlp.activation == "squared_relu"
     with pytest.raises(ConfigError, match="--squared-relu .* --swiglu"):
         parse_config(["--squared-relu", "--swiglu"])
 
@@ -268,7 +269,7 @@ def test_layernorm_1p_stores_each_gain_less_one_in_every_norm():
     model = build_gpt_model(dataclasses.replace(config.model, vocab_size=64), SINGLE, seed=0)
     gains = {name: param for name, param in model.named_parameters() if "layernorm" in name and name.endswith("weight")}
     assert len(gains) == 5 and all(torch.equal(param, torch.zeros_like(param)) for param in gains.values()), gains
-    plain = build_gpt_model(dataclasses.replace(config.model, vocab_size=64, apply_layernorm_1p=False), SINGLE, seed=0)
+    plain = build_gpt_model(replace_settings(config.model, vocab_size=64, apply_layernorm_1p=False), SINGLE, seed=0)
     tokens = torch.arange(16).view(1, 16) % 64
     with torch.no_grad():  # a gain of 1 + 0 computes what a gain of 1 does
         torch.testing.assert_close(model.eval()(tokens), plain.eval()(tokens), rtol=0, atol=0)

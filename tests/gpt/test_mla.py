@@ -55,13 +55,13 @@ def deepseek_attention(ours, config, rope_parameters):
         num_key_value_heads=config.num_attention_heads, q_lora_rank=config.mla.q_lora_rank,
         kv_lora_rank=config.mla.kv_lora_rank, qk_nope_head_dim=config.mla.qk_head_dim,
         qk_rope_head_dim=config.mla.qk_pos_emb_head_dim, v_head_dim=config.mla.v_head_dim, attention_bias=False,
-        rms_norm_eps=config.layernorm_epsilon, max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.norms.layernorm_epsilon, max_position_embeddings=config.max_position_embeddings,
         rope_parameters=rope_parameters, rope_interleave=True, attention_dropout=0.0)
     hf_config._attn_implementation = "eager"
     theirs = DeepseekV3Attention(hf_config, layer_idx=0).eval()
     with torch.no_grad():
         if config.mla.q_lora_rank is None:
-            norm = DeepseekV3RMSNorm(config.hidden_size, eps=config.layernorm_epsilon).double()
+            norm = DeepseekV3RMSNorm(config.hidden_size, eps=config.norms.layernorm_epsilon).double()
             norm.weight.copy_(ours.q_layernorm.weight)
             theirs.q_proj.weight.copy_(ours.linear_q_proj.weight)
             theirs.q_proj = nn.Sequential(norm, theirs.q_proj)  # Megatron's norm fused into linear_q_proj
@@ -154,8 +154,8 @@ def test_mla_flags_parse_and_what_is_not_built_is_refused():
                            "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "8",
                            "--rotary-scaling-factor", "40", "--mscale", "1.0", "--mscale-all-dim", "1.0",
                            "--rope-type", "yarn"]).model
-    assert (config.mla.multi_latent_attention, config.mla.q_lora_rank, config.mla.kv_lora_rank, config.rotary_scaling_factor,
-            config.mscale_all_dim, config.mla.rope_type) == (True, 32, 16, 40.0, 1.0, "yarn")
+    assert (config.mla.multi_latent_attention, config.mla.q_lora_rank, config.mla.kv_lora_rank, config.positions.rotary_scaling_factor,
+            config.positions.mscale_all_dim, config.mla.rope_type) == (True, 32, 16, 40.0, 1.0, "yarn")
     with pytest.raises(ConfigError, match="--multi-latent-attention with --attention-output-gate is not implemented"):
         parse_config(["--multi-latent-attention", "--attention-output-gate"])
     with pytest.raises(ConfigError, match="--qk-pos-emb-head-dim 3 must be even"):

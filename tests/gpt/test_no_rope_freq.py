@@ -62,8 +62,8 @@ def test_skipped_layers_attend_without_positions_and_the_others_rotate():
 
 
 def test_the_flag_parses_as_megatron_reads_it_and_is_refused_where_it_would_not_be_megatrons():
-    assert parse_config(["--no-rope-freq", "2"]).model.no_rope_freq == 2
-    assert parse_config(["--no-rope-freq", "([0]*3+[1])*1"]).model.no_rope_freq == "([0]*3+[1])*1"
+    assert parse_config(["--no-rope-freq", "2"]).model.positions.no_rope_freq == 2
+    assert parse_config(["--no-rope-freq", "([0]*3+[1])*1"]).model.positions.no_rope_freq == "([0]*3+[1])*1"
     with pytest.raises(ConfigError, match="--no-rope-freq 3 must be a divisor"):
         parse_config(["--no-rope-freq", "3"])  # the tiny preset's 4 layers
     for other, setting in (("--mtp-num-layers", dict(mtp_num_layers=1)),

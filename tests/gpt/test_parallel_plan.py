@@ -34,11 +34,11 @@ from training.run_settings import resolve_run_settings
 TP = 2
 GPT2 = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
                    vocab_size=96)
-LLAMA = dataclasses.replace(GPT2, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
+LLAMA = replace_settings(GPT2, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
                             num_query_groups=2, untie_embeddings_and_output_weights=True, add_bias_linear=False,
                             qk_layernorm=True)
 # Gemma's blocks: norms on each sublayer's input and output (--sublayer-norms input_and_output)
-MODELS = {"gpt2": GPT2, "llama": LLAMA, "gemma": dataclasses.replace(LLAMA, sublayer_norms="input_and_output")}
+MODELS = {"gpt2": GPT2, "llama": LLAMA, "gemma": replace_settings(LLAMA, sublayer_norms="input_and_output")}
 OUTPUT_NORMS = {"attention_output_layernorm", "mlp_output_layernorm"}
 # MoE layers with shared experts (TP-parallel as the MLP, gpt/moe/layer.py): built under sequence parallelism only,
 # as Megatron-Core's MoE layer requires it with TP
@@ -89,7 +89,7 @@ def test_the_split_regions_are_the_norms_and_dropouts_the_plan_lists(name):
     the TP group in finalize_model_grads) and forks the rank's private stream for their dropout."""
     plain, split = _model(MODELS[name], False), _model(MODELS[name], True)
     regions = {region for region in SEQUENCE_REGIONS if region.endswith("layernorm")}
-    if MODELS[name].sublayer_norms == "input":
+    if MODELS[name].norms.sublayer_norms == "input":
         regions -= OUTPUT_NORMS
     for model, on in ((plain, False), (split, True)):
         marked = {_plan_name(module_name) for module_name, module in model.named_modules()

@@ -70,7 +70,7 @@ def test_at_tp2_each_rank_normalizes_its_own_heads_and_equals_tp1():
 
 
 def test_the_flag_sets_the_setting_and_is_refused_where_megatron_has_no_such_norm():
-    assert parse_config(["--qk-l2-norm"]).model.qk_l2_norm
+    assert parse_config(["--qk-l2-norm"]).model.attention.qk_l2_norm
     with pytest.raises(ConfigError, match="--qk-l2-norm with --multi-latent-attention is not implemented"):
         tiny_config(qk_l2_norm=True, multi_latent_attention=True).validate()
     with pytest.raises(ConfigError, match="--qk-l2-norm with --qk-layernorm-over-projection is not implemented"):

@@ -9,12 +9,11 @@ TP group in forward and backward), in one 2-rank launch."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from base.errors import ConfigError
+from base.options import replace_settings
 from gpt.model import build_gpt_model
 from gpt.model_config import ModelConfig
 from parallel.state import ParallelState, destroy, initialize
@@ -25,13 +24,13 @@ SINGLE = ParallelState(device=torch.device("cpu"))
 
 
 def _config() -> ModelConfig:
-    return dataclasses.replace(tiny_config(), **{"qk_layernorm": True, "qk_layernorm_over_projection": True,
+    return replace_settings(tiny_config(), **{"qk_layernorm": True, "qk_layernorm_over_projection": True,
                                                  "num_query_groups": 2, **_llama_settings()})
 
 
 def _llama_settings() -> dict:
-    return {name: getattr(LLAMA, name) for name in ("normalization", "swiglu", "position_embedding_type",
-                                                    "untie_embeddings_and_output_weights", "add_bias_linear")}
+    return {name: LLAMA[name] for name in ("normalization", "swiglu", "position_embedding_type",
+                                           "untie_embeddings_and_output_weights", "add_bias_linear")}
 
 
 def _olmo2_attention(ours, config: ModelConfig):
@@ -40,7 +39,7 @@ def _olmo2_attention(ours, config: ModelConfig):
     from transformers.models.olmo2.modeling_olmo2 import Olmo2Attention, Olmo2RotaryEmbedding
 
     theirs_config = Olmo2Config(hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
-                                num_key_value_heads=2, rms_norm_eps=config.layernorm_epsilon, attention_bias=False,
+                                num_key_value_heads=2, rms_norm_eps=config.norms.layernorm_epsilon, attention_bias=False,
                                 max_position_embeddings=config.max_position_embeddings)
     theirs_config._attn_implementation = "eager"
     attention = Olmo2Attention(theirs_config, layer_idx=0).eval()

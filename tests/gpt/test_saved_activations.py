@@ -28,6 +28,7 @@ import torch
 
 import gpt.gate_up_gemm
 import gpt.norms
+from base.options import replace_settings
 from gpt.glu import GatedActivation
 from gpt.model import activation_function, build_gpt_model
 from gpt.model_config import ModelConfig
@@ -69,7 +70,7 @@ def _block_saved_bytes(dtype: torch.dtype, config: ModelConfig = LLAMA) -> int:
 def _shapes():
     h, f, s = LLAMA.hidden_size, LLAMA.ffn_hidden_size, LLAMA.seq_length
     heads, head_dim = LLAMA.num_attention_heads, LLAMA.hidden_size // LLAMA.num_attention_heads
-    kv = 2 * LLAMA.num_query_groups * head_dim
+    kv = 2 * LLAMA.attention.num_query_groups * head_dim
     return BATCH * s, h, f, kv, heads, head_dim, s
 
 
@@ -102,11 +103,11 @@ SMALL = dataclasses.replace(LLAMA, num_layers=2, hidden_size=64, num_attention_h
 VARIANTS = {
     "llama": SMALL,
     # Gemma's zero-centered gains on every norm, the per-head query and key norms
-    "norm-1p-qk-layernorm": dataclasses.replace(SMALL, apply_layernorm_1p=True, qk_layernorm=True),
+    "norm-1p-qk-layernorm": replace_settings(SMALL, apply_layernorm_1p=True, qk_layernorm=True),
     # GPT-OSS's gated activation: quick GeLU, the clamp, the offset on the linear half
-    "quick-clamp-offset": dataclasses.replace(SMALL, swiglu=False, quick_geglu=True, activation_func_clamp_value=0.05,
+    "quick-clamp-offset": replace_settings(SMALL, swiglu=False, quick_geglu=True, activation_func_clamp_value=0.05,
                                               glu_linear_offset=1.0),
-    "geglu": dataclasses.replace(SMALL, swiglu=False, gated_linear_unit=True, activation="gelu_tanh"),
+    "geglu": replace_settings(SMALL, swiglu=False, gated_linear_unit=True, activation="gelu_tanh"),
     "moe": dataclasses.replace(SMALL, num_experts=4, moe_router_topk=2),
 }
 

@@ -11,14 +11,12 @@ full layer, then a windowed one: layer_types) on the same weights, with a window
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from arguments.parser import parse_arguments
 from base.errors import ConfigError
-from gpt.architecture import Architecture
+from base.options import replace_settings
 from gpt.attention_window import causal_window_mask, layer_windows
 from gpt.model import build_gpt_model
 from parallel.state import ParallelState
@@ -64,7 +62,7 @@ def test_gpt_oss_windows_as_megatron_lm_launches_them():
     model_config.yaml (d98e8a64) runs GPT-OSS-20B (transformers' sliding_window 128, layer_types alternating from a
     sliding layer) with `--window-size: 127,0` and `--window-attn-skip-freq: 2`: 127 keys before the query, as here."""
     model = parse_arguments(["--window-size", "127,0", "--window-attn-skip-freq", "2", "--num-layers", "4"]).config.model
-    assert model.window_size == (127, 0) and model.attention_windows() == (127, None, 127, None)
+    assert model.attention.window_size == (127, 0) and model.attention_windows() == (127, None, 127, None)
 
 
 def test_the_windows_keys_are_megatrons_and_transformers():
@@ -92,18 +90,18 @@ def test_bad_windows_are_refused_in_one_line():
     assert any(note.startswith("> --window-size 3,5:") for note in notes), notes
 
 
-def _transformers(model_class, config_class, ours, config, architecture: Architecture, **extra):
+def _transformers(model_class, config_class, ours, config, **extra):
     theirs_config = config_class(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-        intermediate_size=architecture.ffn_size(config.hidden_size, config.ffn_hidden_size),
+        intermediate_size=config.ffn_size,
         num_hidden_layers=config.num_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=architecture.query_groups(config.num_attention_heads),
-        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.layernorm_epsilon,
-        rope_parameters={"rope_type": "default", "rope_theta": architecture.rotary_base},
+        num_key_value_heads=config.attention.query_groups(config.num_attention_heads),
+        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.norms.layernorm_epsilon,
+        rope_parameters={"rope_type": "default", "rope_theta": config.positions.rotary_base},
         tie_word_embeddings=False, attention_dropout=0.0, **extra)
     theirs_config._attn_implementation = "eager"
     theirs = model_class(theirs_config).eval()
-    missing, unexpected = theirs.load_state_dict(llama_state_dict(ours.state_dict(), config, architecture),
+    missing, unexpected = theirs.load_state_dict(llama_state_dict(ours.state_dict(), config),
                                                  strict=False)
     assert not missing and not unexpected, (missing, unexpected)
     return theirs
@@ -114,24 +112,22 @@ def test_logits_equal_transformers_with_a_window_shorter_than_the_sequence(famil
     from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     sliding_window = 5  # transformers' W: the query and the 4 keys before it
-    config = tiny_config(seq_length=16, max_position_embeddings=16)
     if family == "mistral":
-        architecture = dataclasses.replace(LLAMA, num_query_groups=2, window_size=(sliding_window - 1, 0))
+        settings = dict(LLAMA, num_query_groups=2, window_size=(sliding_window - 1, 0))
         classes, extra = (MistralForCausalLM, MistralConfig), {"sliding_window": sliding_window}
     else:  # a full layer, then a windowed one; Qwen2's bias on q, k and v alone
-        architecture = dataclasses.replace(LLAMA, num_query_groups=2, add_qkv_bias=True,
-                                           window_size=(sliding_window - 1, 0), window_attn_skip_freq="[0,1]")
+        settings = dict(LLAMA, num_query_groups=2, add_qkv_bias=True, window_size=(sliding_window - 1, 0),
+                        window_attn_skip_freq="[0,1]")
         classes, extra = (Qwen2ForCausalLM, Qwen2Config), {
             "use_sliding_window": True, "sliding_window": sliding_window, "max_window_layers": 1,
             "layer_types": ["full_attention", "sliding_attention"]}
-    config = dataclasses.replace(config, **{name: getattr(architecture, name)
-                                            for name in Architecture.__dataclass_fields__})
+    config = tiny_config(seq_length=16, max_position_embeddings=16, **settings)
     ours = build_gpt_model(config, SINGLE, seed=5).eval()
-    theirs = _transformers(*classes, ours, config, architecture, **extra)
+    theirs = _transformers(*classes, ours, config, **extra)
     tokens = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         our_logits, their_logits = ours(tokens), theirs(tokens).logits
-        unwindowed = build_gpt_model(dataclasses.replace(config, window_size=None), SINGLE, seed=5).eval()(tokens)
+        unwindowed = build_gpt_model(replace_settings(config, window_size=None), SINGLE, seed=5).eval()(tokens)
     torch.testing.assert_close(our_logits, their_logits, rtol=0, atol=1e-5)
     # the window changes the later positions' logits (it is shorter than the sequence), not the first W
     assert not torch.allclose(our_logits[:, sliding_window:], unwindowed[:, sliding_window:], atol=1e-3)

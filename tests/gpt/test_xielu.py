@@ -107,8 +107,8 @@ def test_the_scalars_gradients_at_tp2_are_the_tp1_models(sequence_parallel):
 
 
 def test_xielu_flag_and_its_refusals():
-    assert parse_config(["--xielu"]).model.activation == "xielu"
-    assert parse_config(["--xielu", "--num-experts", "4"]).model.activation == "xielu"
+    assert parse_config(["--xielu"]).model.mlp.activation == "xielu"
+    assert parse_config(["--xielu", "--num-experts", "4"]).model.mlp.activation == "xielu"
     with pytest.raises(ConfigError, match="--xielu .* --swiglu") as error:
         parse_config(["--xielu", "--swiglu"])
     assert "\n" not in str(error.value)

@@ -24,6 +24,7 @@ import torch
 from arguments.config import ModelConfig
 from arguments.parser import parse_arguments, parse_config
 from base.errors import ConfigError
+from base.options import replace_settings
 from gpt.model import TransformerBlock, build_gpt_model
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.shape import model_shape
@@ -37,7 +38,7 @@ from zero.memory import predict_saved_activation_bytes
 SEED, BATCH, SEQ, TP = 3, 2, 16, 2
 GPT2 = ModelConfig.of(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                    max_position_embeddings=SEQ, vocab_size=96, hidden_dropout=0.0, attention_dropout=0.0)
-LLAMA = dataclasses.replace(GPT2, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
+LLAMA = replace_settings(GPT2, normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
                             num_query_groups=2, untie_embeddings_and_output_weights=True, add_bias_linear=False)
 MODELS = {"gpt2": GPT2, "llama": LLAMA}
 
@@ -148,7 +149,7 @@ def test_the_predicted_activations_per_rank_hold_1_over_tp_of_the_split_regions(
     config = MODELS[name]
     plain = model_shape(config, TP).activations
     split = model_shape(config, TP, sequence_parallel=True).activations
-    norm_bytes = 6 if config.normalization == "RMSNorm" else 2
+    norm_bytes = 6 if config.norms.normalization == "RMSNorm" else 2
     split_regions = (2 * norm_bytes + 2 * 1) * config.hidden_size
     assert plain.replicated_bytes_per_token - split.replicated_bytes_per_token == split_regions
     assert split.partitioned_bytes_per_token - plain.partitioned_bytes_per_token == split_regions

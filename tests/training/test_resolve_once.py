@@ -45,14 +45,14 @@ def test_the_attention_fallback_is_in_the_resolved_settings_and_the_users_config
     fp32 falls back the same way (gpt/attention_backend.py's rule)."""
     config = parse_config(["--attention-backend", "fused"])
     settings = resolve_run_settings(config, 300, 1, 1, "cpu")
-    assert settings.config.model.attention_backend == "auto"
+    assert settings.config.model.attention.attention_backend == "auto"
     assert [note for note in settings.notes if note.startswith(FALLBACK)]
-    assert config.model.attention_backend == "fused"
+    assert config.model.attention.attention_backend == "fused"
     flash = parse_config(["--use-flash-attn", "--attention-dropout", "0"])
     on_cuda = resolve_run_settings(flash, 300, 1, 1, "cuda")
-    assert on_cuda.config.model.attention_backend == "auto"
+    assert on_cuda.config.model.attention.attention_backend == "auto"
     assert [note for note in on_cuda.notes if note.startswith("> --use-flash-attn: the flash kernel on CUDA")]
-    assert resolve_run_settings(flash, 300, 1, 1, "cpu").config.model.attention_backend == "flash"
+    assert resolve_run_settings(flash, 300, 1, 1, "cpu").config.model.attention.attention_backend == "flash"
 
 
 def test_the_checks_before_the_claim_leave_the_config_as_it_was():
@@ -61,7 +61,7 @@ def test_the_checks_before_the_claim_leave_the_config_as_it_was():
     config = parse_config(["--attention-backend", "fused"])
     before = dataclasses.replace(config)
     check_before_claim(config, ParallelState(device=torch.device("cpu")), lambda line: None)
-    assert config == before and config.model.attention_backend == "fused"
+    assert config == before and config.model.attention.attention_backend == "fused"
 
 
 def test_a_live_run_builds_its_model_from_the_resolved_settings_with_frozen_configs(tmp_path, monkeypatch, capsys):
@@ -88,8 +88,8 @@ def test_a_live_run_builds_its_model_from_the_resolved_settings_with_frozen_conf
     config, settings = seen["config"], seen["settings"]
     assert all(frozen(instance) for instance in (config, settings.config, *(getattr(config, section)
                                                                            for section in config.SECTIONS)))
-    assert config.model.attention_backend == "fused" and config == parse_config(argv)
-    assert settings.config.model.attention_backend == "auto" and seen["kernels"] == {"auto"}
+    assert config.model.attention.attention_backend == "fused" and config == parse_config(argv)
+    assert settings.config.model.attention.attention_backend == "auto" and seen["kernels"] == {"auto"}
     assert [line for line in capsys.readouterr().out.splitlines() if line.startswith(FALLBACK)]
 
 
@@ -107,6 +107,6 @@ def test_the_dry_run_resolves_as_the_live_run_does(monkeypatch, capsys):
     monkeypatch.setattr(planner.dry_run, "resolve_run_settings", resolve)
     assert pretrain_gpt.main(["--dry-run", "--device", "cpu", "--attention-backend", "fused"]) == 0
     [(config, settings)] = seen
-    assert frozen(config) and frozen(config.model) and config.model.attention_backend == "fused"
-    assert settings.config.model.attention_backend == "auto"
+    assert frozen(config) and frozen(config.model) and config.model.attention.attention_backend == "fused"
+    assert settings.config.model.attention.attention_backend == "auto"
     assert "rank 0" in capsys.readouterr().out.lower()

@@ -1,0 +1,100 @@
+"""The rules that read two or more sections of the model's settings together: each function names the sections it
+relates. A rule that reads one section alone is that section's `validate` (gpt/attention_settings.py, positions.py,
+norms.py, mlp.py, mla_settings.py, mtp.py, moe/settings.py); ModelConfig.validate runs those, then these."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from base.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gpt.model_config import ModelConfig
+
+
+def check_sections_together(config: "ModelConfig") -> None:
+    check_layers_without_rotary(config)
+    check_multi_latent_attention(config)
+    check_mlp_with_experts(config)
+    check_output_layer(config)
+
+
+def check_layers_without_rotary(config: "ModelConfig") -> None:
+    """Positions x MLA x MTP: --no-rope-freq picks decoder layers of multi-head or grouped-query attention."""
+    if config.positions.no_rope_freq and (config.mla.multi_latent_attention or config.mtp.num_layers):
+        # MLA rotates inside its own projections (Megatron-Core's MLASelfAttention never reads the rotary that
+        # Attention.forward drops), and an MTP layer's layer number is its own, not a decoder layer's
+        other = "--multi-latent-attention" if config.mla.multi_latent_attention else "--mtp-num-layers"
+        raise ConfigError(f"--no-rope-freq with {other} is not implemented: drop one of them",
+                          flags=("--no-rope-freq", other))
+
+
+def check_multi_latent_attention(config: "ModelConfig") -> None:
+    """MLA x attention x positions: what multi-latent attention is not built with (gpt/mla.py): it scales its
+    scores and rotates its positions as Megatron-Core's MLASelfAttention (YaRN's mscale), over every layer."""
+    mla, attention, positions = config.mla, config.attention, config.positions
+    if not mla.multi_latent_attention:
+        return
+    if attention.qk_l2_norm:  # gpt_layer_specs.py: "qk_l2_norm is not supported with MLA."
+        raise ConfigError("--qk-l2-norm with --multi-latent-attention is not implemented: the L2 norm acts over each "
+                          "head of multi-head or grouped-query attention, as in Megatron-Core",
+                          flags=("--qk-l2-norm", "--multi-latent-attention"))
+    if attention.has_windows(config.num_layers):
+        # Megatron-Core's MLA asserts it (attention.py: "Set config.window_size = None or use a non-MLA attention
+        # layer")
+        raise ConfigError("--window-size with --multi-latent-attention is not implemented: multi-latent attention "
+                          "sees the whole causal context, as in Megatron-Core",
+                          flags=("--window-size", "--multi-latent-attention"))
+    given = [flag for flag, value in (("--softmax-scale", attention.softmax_scale),
+                                      ("--attn-logit-softcapping", attention.attn_logit_softcapping),
+                                      ("--local-rotary-base", positions.local_rotary_base),
+                                      ("--rotary-seq-len-interpolation-factor",
+                                       positions.rotary_seq_len_interpolation_factor)) if value is not None]
+    if positions.position_embedding_type == "longrope":
+        given.append("--position-embedding-type longrope")
+    if given:
+        raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
+                          f"attention scales its scores and rotates its positions as Megatron-Core's "
+                          f"MLASelfAttention (YaRN's mscale)", flags=("--multi-latent-attention", *given))
+    if not positions.rotary_scaling_factor > 0 or positions.rotary_base <= 0:
+        raise ConfigError("--rotary-scaling-factor and --rotary-base must be positive",
+                          flags=("--rotary-scaling-factor", "--rotary-base"))
+    # what Megatron-Core's MLA refuses (MLATransformerConfig.__post_init__: the output gate; YarnRotaryEmbedding:
+    # interleaved rotary) or does not read for MLA, and Llama 3's scaling, which its rotary embeddings lack
+    others = {"--attention-output-gate": attention.attention_output_gate,
+              "--rotary-interleaved": positions.rotary_interleaved,
+              "--use-rope-scaling": positions.use_rope_scaling,
+              f"--rotary-percent {positions.rotary_percent}": positions.rotary_percent != 1.0}
+    given = [flag for flag, on in others.items() if on]
+    if given:
+        raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
+                          f"attention here rotates all --qk-pos-emb-head-dim dims of each head, in halves after "
+                          f"de-interleaving, with no output gate, as Megatron-Core's MLASelfAttention",
+                          flags=("--multi-latent-attention", *(flag.split()[0] for flag in given)))
+
+
+def check_mlp_with_experts(config: "ModelConfig") -> None:
+    """MLP x MoE: GeGLU's experts are not built; SwiGLU's clamp is the experts' only (Megatron-Core's
+    TransformerConfig.__post_init__ requires MoE for it)."""
+    mlp = config.mlp
+    if mlp.gated_linear_unit and config.moe is not None:
+        raise ConfigError("--gated-linear-unit with --num-experts is not implemented: the experts are SwiGLU "
+                          "(--swiglu) or ungated", flags=("--gated-linear-unit", "--num-experts"))
+    if mlp.activation_func_clamp_value is not None and mlp.swiglu and config.moe is None:
+        raise ConfigError("--activation-func-clamp-value with --swiglu clamps the experts' SwiGLU only: add "
+                          "--num-experts (Megatron-Core's TransformerConfig requires MoE)",
+                          flags=("--activation-func-clamp-value", "--swiglu"))
+
+
+def check_output_layer(config: "ModelConfig") -> None:
+    """The output layer x the loss: the fused output layer and cross entropy (parallel/fused_linear_cross_entropy.py)
+    computes the loss of plain logits."""
+    if config.z_loss_strength > 0 and config.cross_entropy_loss_fusion:
+        raise ConfigError("--z-loss-strength with --cross-entropy-loss-fusion: the z-loss is not implemented in "
+                          "the fused output layer; drop --cross-entropy-loss-fusion",
+                          flags=("--z-loss-strength", "--cross-entropy-loss-fusion"))
+    if config.final_logit_softcapping is not None and config.cross_entropy_loss_fusion:
+        raise ConfigError("--final-logit-softcapping with --cross-entropy-loss-fusion is not implemented: the "
+                          "fused output layer computes the loss of uncapped logits; drop "
+                          "--cross-entropy-loss-fusion",
+                          flags=("--final-logit-softcapping", "--cross-entropy-loss-fusion"))
