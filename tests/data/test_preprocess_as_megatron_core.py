@@ -1,0 +1,53 @@
+"""data.preprocess against Megatron-Core's own code (the bench peer, megatron-core 0.16.1, on CPU): its
+HuggingFaceTokenizer (megatron/core/tokenizers/text/utils/build_tokenizer.py, as tools/preprocess_data.py builds it)
+tokenizes each document and its IndexedDatasetBuilder writes them as tools/preprocess_data.py's Encoder.encode and
+process_json_file do (@ 00736f4c: `tokenizer.tokenize(sentence)`, then `tokenizer.eod` with --append-eod, the dtype
+`DType.optimal_dtype(tokenizer.vocab_size)`); our files are byte-identical, with the special tokens (the newest
+Megatron's default, --tokenizer-hf-include-special-tokens in 0.16.1) and without (0.16.1's default,
+--tokenizer-hf-no-include-special-tokens here)."""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data.preprocess import main
+from tests.data.hf_tokenizer_shapes import SHAPES, build_tokenizer_folder
+from tests.data.test_end_of_document_tokens import documents
+
+build = pytest.importorskip("megatron.core.tokenizers.text.utils.build_tokenizer",
+                            reason="megatron-core is a benchmark-only peer")
+indexed_dataset = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+
+
+def megatron_core_writes(folder: Path, prefix: Path, include_special_tokens: bool) -> None:
+    """tools/preprocess_data.py's get_args (its _add_tokenizer_args defaults) and the loop of Encoder.encode."""
+    args = argparse.Namespace(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(folder), vocab_file=None,
+                              merge_file=None, tokenizer_special_tokens=None, tokenizer_hf_use_fast=False,
+                              trust_remote_code=False, tokenizer_hf_include_special_tokens=include_special_tokens,
+                              tokenizer_metadata=None, vocab_size=None)
+    tokenizer = build.build_tokenizer(args)
+    builder = indexed_dataset.IndexedDatasetBuilder(
+        f"{prefix}.bin", dtype=indexed_dataset.DType.optimal_dtype(tokenizer.vocab_size))
+    for text in documents():
+        ids = tokenizer.tokenize(text)
+        ids.append(tokenizer.eod)
+        builder.add_document(np.array(ids), [len(ids)])
+    builder.finalize(f"{prefix}.idx")
+
+
+@pytest.mark.parametrize("include_special_tokens", [True, False], ids=["with special tokens", "without"])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_the_files_are_megatron_cores_byte_for_byte(name, include_special_tokens, tmp_path):
+    folder = build_tokenizer_folder(tmp_path / name, name)
+    megatron_core_writes(folder, tmp_path / "theirs", include_special_tokens)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in documents()), encoding="utf-8")
+    special = "--tokenizer-hf-include-special-tokens" if include_special_tokens else \
+        "--tokenizer-hf-no-include-special-tokens"
+    assert main(["--input", str(corpus), "--output-prefix", str(tmp_path / "ours"), "--tokenizer-type",
+                 "HuggingFaceTokenizer", "--tokenizer-model", str(folder), "--append-eod", special]) == 0
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"ours_text_document{suffix}").read_bytes() == (tmp_path / f"theirs{suffix}").read_bytes()
