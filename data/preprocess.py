@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import itertools
 import json
 import multiprocessing
@@ -50,6 +51,7 @@ from data.preprocess_tokenizer import document_tokenizer, given_tokenizer
 from data.tokenizer import GPTTokenizer, train_tokenizer
 
 _FORMAT_OF_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text", ".parquet": "parquet"}
+_GLOB_CHARACTERS = re.compile(r"[*?[]")
 
 # A batch closes at whichever limit comes first: enough documents to amortise the trip to a worker,
 # few enough characters that one huge document does not make a huge message.
@@ -117,6 +119,14 @@ def resolve_inputs(paths: Iterable[str], input_format: str) -> list[InputSource]
         raise DataError(f"--input-format {input_format!r} is unknown; choose one of {', '.join(FORMATS)}")
     sources: list[InputSource] = []
     for path in paths:
+        if not os.path.exists(path) and _GLOB_CHARACTERS.search(path):
+            # A quoted pattern, as Megatron's tool globs --input with --partitions; sorted, where its order is the
+            # file system's.
+            matched = sorted(glob.glob(path))
+            if not matched:
+                raise DataError(f"--input {path}: no file matches the pattern")
+            sources.extend(resolve_inputs(matched, input_format))
+            continue
         if not os.path.exists(path):
             raise DataError(f"--input {path}: no such file or directory")
         if os.path.isdir(path):

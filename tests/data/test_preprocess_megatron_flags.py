@@ -77,6 +77,18 @@ def test_partitions_write_megatrons_order(tmp_path, gpt2_folder):
         plain
 
 
+def test_a_quoted_input_pattern_reads_its_files_in_sorted_order(tmp_path, gpt2_folder):
+    """Megatron's tool takes --input as a pattern with --partitions (`glob.glob(args.input)`), in the file system's
+    order; here the files are sorted."""
+    tokenizer = ["--tokenizer-file", str(gpt2_folder / "tokenizer.json")]
+    (tmp_path / "shards").mkdir()
+    for index, half in enumerate((TEXTS[:5], TEXTS[5:])):
+        (tmp_path / "shards" / f"part-{index}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in half))
+    assert main(["--input", str(tmp_path / "shards" / "part-*.jsonl"), "--output-prefix", str(tmp_path / "globbed"),
+                 *tokenizer]) == 0
+    assert written(tmp_path / "globbed") == run(tmp_path, "whole", *tokenizer)
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--split-sentences"], "--split-sentences: Megatron splits sentences with nltk's punkt model, and nltk is "
                             "not installed here"),
