@@ -41,6 +41,7 @@ def preprocess_as_a_user_types_it(tmp_path: Path, folder: Path, *extra: str) -> 
     return Path(f"{prefix}_text_document")
 
 
+@pytest.mark.slow  # a preprocessing process per tokenizer shape, as a user runs it
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_preprocessing_ends_every_document_with_the_tokenizers_own_eos(name, tmp_path):
     """Megatron-LM's Encoder.encode (tools/preprocess_data.py @ 00736f4c, lines 86-108) writes
@@ -66,6 +67,7 @@ def test_preprocessing_ends_every_document_with_the_tokenizers_own_eos(name, tmp
         assert Path(f"{prefix}{suffix}").read_bytes() == (tmp_path / f"expected{suffix}").read_bytes(), suffix
 
 
+@pytest.mark.slow
 def test_without_the_special_tokens_a_llama_document_has_no_bos(tmp_path):
     """--tokenizer-hf-no-include-special-tokens: Megatron-Core's HuggingFaceTokenizer.text_to_ids then converts
     `tokenizer.tokenize(text)` (megatron/core/tokenizers/text/libraries/huggingface_tokenizer.py, text_to_ids)."""
@@ -77,6 +79,7 @@ def test_without_the_special_tokens_a_llama_document_has_no_bos(tmp_path):
         [ids + [tokenizer.eod_id] for ids in tokenizer.encode_batch(documents())]
 
 
+@pytest.mark.slow
 def test_a_llama3_shaped_tokenizer_trains_two_iterations_on_its_own_data(tmp_path, capsys):
     from tests.arguments.test_tokenizer_types import TINY, train_records
 

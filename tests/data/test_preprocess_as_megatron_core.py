@@ -17,9 +17,15 @@ from data.preprocess import main
 from tests.data.hf_tokenizer_shapes import SHAPES, build_tokenizer_folder
 from tests.data.test_end_of_document_tokens import documents
 
-build = pytest.importorskip("megatron.core.tokenizers.text.utils.build_tokenizer",
-                            reason="megatron-core is a benchmark-only peer")
-indexed_dataset = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+pytestmark = pytest.mark.slow  # Megatron-Core's tokenizer loads transformers' for every file
+
+
+def megatron_core():
+    """Megatron-Core's tokenizer builder and dataset writer, imported when a test runs (not when the quick tier
+    collects this file); the test is skipped without them."""
+    build = pytest.importorskip("megatron.core.tokenizers.text.utils.build_tokenizer",
+                                reason="megatron-core is a benchmark-only peer")
+    return build, pytest.importorskip("megatron.core.datasets.indexed_dataset")
 
 
 def megatron_core_writes(prefix: Path, texts: list[str], **tokenizer_args) -> None:
@@ -27,6 +33,7 @@ def megatron_core_writes(prefix: Path, texts: list[str], **tokenizer_args) -> No
     args = argparse.Namespace(**{"vocab_file": None, "merge_file": None, "tokenizer_special_tokens": None,
                                  "tokenizer_hf_use_fast": False, "trust_remote_code": False,
                                  "tokenizer_metadata": None, "vocab_size": None, **tokenizer_args})
+    build, indexed_dataset = megatron_core()
     tokenizer = build.build_tokenizer(args)
     builder = indexed_dataset.IndexedDatasetBuilder(
         f"{prefix}.bin", dtype=indexed_dataset.DType.optimal_dtype(tokenizer.vocab_size))
