@@ -29,7 +29,12 @@ from data.hf_special_tokens import (
     read_json_object,
     read_side_files,
 )
-from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES, SentencePieceTokenizer, load_sentencepiece_tokenizer
+from data.sentencepiece_tokenizer import (
+    SENTENCEPIECE_MODEL_FILE,
+    SENTENCEPIECE_TYPES,
+    SentencePieceTokenizer,
+    load_sentencepiece_tokenizer,
+)
 
 EOD_TOKEN = GPT2_END_OF_DOCUMENT  # what we train and GPT-2's files end documents with
 
@@ -137,7 +142,13 @@ def _require_file(path: str, flag: str) -> None:
 
 def _load_tokenizer_json(tokenizer_file: str) -> GPTTokenizer:
     if os.path.isdir(tokenizer_file):  # a Hugging Face folder (Megatron's --tokenizer-model names one)
-        tokenizer_file = os.path.join(tokenizer_file, TOKENIZER_FILE)
+        folder, tokenizer_file = tokenizer_file, os.path.join(tokenizer_file, TOKENIZER_FILE)
+        model = os.path.join(folder, SENTENCEPIECE_MODEL_FILE)
+        # transformers would convert an older folder's SentencePiece model; nothing converts it here.
+        if not os.path.exists(tokenizer_file) and os.path.isfile(model):
+            raise DataError(f"--tokenizer-file {folder}: holds no {TOKENIZER_FILE}, only {SENTENCEPIECE_MODEL_FILE}; "
+                            f"give --tokenizer-type Llama2Tokenizer (or GPTSentencePieceTokenizer) --tokenizer-model "
+                            f"{model}, or save the folder with transformers' save_pretrained to write a {TOKENIZER_FILE}")
     _require_file(tokenizer_file, "--tokenizer-file")
     try:
         tokenizer = Tokenizer.from_file(tokenizer_file)

@@ -115,6 +115,14 @@ def test_an_eos_token_outside_the_vocabulary_is_refused_in_one_line(tmp_path):
         load_tokenizer(tokenizer_file=str(folder))
 
 
+def test_a_folder_with_only_a_sentencepiece_model_names_the_types_that_read_it(tmp_path):
+    """Older Llama 2 folders hold tokenizer.model and no tokenizer.json; transformers would convert it."""
+    (tmp_path / "tokenizer.model").write_bytes(b"not read")
+    with pytest.raises(DataError, match=r"holds no tokenizer\.json, only tokenizer\.model; give --tokenizer-type "
+                                        r"Llama2Tokenizer"):
+        load_named_tokenizer("HuggingFaceTokenizer", str(tmp_path), None, None)
+
+
 def test_a_saved_copy_keeps_the_tokenizers_own_eos(tmp_path):
     """What a checkpoint's tokenizer/ holds (GPTTokenizer.save) reads back with the same end of document, and
     transformers reads the copy's eos as the original's."""
