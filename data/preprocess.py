@@ -11,7 +11,7 @@ SentencePiece types; each document is that type's ``tokenize`` and, with ``--app
 end-of-document id, as Megatron's tool writes it. ``--partitions`` gives Megatron's document order.
 
 Inputs are files or directories, read in the order given (directories in sorted path order):
-``.jsonl``/``.json`` (one JSON object per line), ``.txt`` (a file is one document, or several with
+``.jsonl``/``.json`` (one JSON object per line; gzipped as ``.jsonl.gz``), ``.txt`` (a file is one document, or several with
 ``--text-document-separator``), ``.parquet``, and folders written by ``datasets``' ``save_to_disk``.
 Each key in ``--json-keys`` (a column, for parquet and datasets) becomes its own output.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import gzip
 import itertools
 import json
 import multiprocessing
@@ -50,7 +51,9 @@ from data.preprocess_megatron_flags import check_megatron_flags
 from data.preprocess_tokenizer import document_tokenizer, given_tokenizer
 from data.tokenizer import GPTTokenizer, train_tokenizer
 
-_FORMAT_OF_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text", ".parquet": "parquet"}
+# Megatron's tool reads gzipped JSONL shards (with --partitions); so do we.
+_FORMAT_OF_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl", ".json.gz": "jsonl", ".txt": "text",
+                        ".parquet": "parquet"}
 _GLOB_CHARACTERS = re.compile(r"[*?[]")
 
 # A batch closes at whichever limit comes first: enough documents to amortise the trip to a worker,
@@ -75,10 +78,16 @@ def _is_saved_hf_dataset(directory: str) -> bool:
     return any(os.path.isfile(os.path.join(directory, name)) for name in ("state.json", "dataset_dict.json"))
 
 
+def _extension(path: str) -> str:
+    """The name's extension, both parts of a compressed one (.jsonl.gz)."""
+    root, extension = os.path.splitext(path.lower())
+    return os.path.splitext(root)[1] + extension if extension == ".gz" else extension
+
+
 def _format_of_file(path: str, input_format: str) -> str:
     if input_format != "auto":
         return input_format
-    extension = os.path.splitext(path)[1].lower()
+    extension = _extension(path)
     if extension not in _FORMAT_OF_EXTENSION:
         known = ", ".join(sorted(_FORMAT_OF_EXTENSION))
         raise DataError(
@@ -105,7 +114,7 @@ def _walk_directory(directory: str, input_format: str) -> list[InputSource]:
         for filename in sorted(f for f in filenames if not f.startswith(".")):
             path = os.path.join(root, filename)
             if input_format == "auto":
-                extension = os.path.splitext(filename)[1].lower()
+                extension = _extension(filename)
                 if extension in _FORMAT_OF_EXTENSION:
                     sources.append(InputSource(path, _FORMAT_OF_EXTENSION[extension]))
             elif input_format != "hf":
@@ -168,8 +177,9 @@ def _check_text(value, key: str, where: str) -> str:
 
 
 def _read_jsonl(path: str, keys: list[str]) -> Iterator[dict[str, str]]:
+    compressed = path.endswith(".gz")
     try:
-        with open(path, encoding="utf-8") as lines:
+        with (gzip.open if compressed else open)(path, "rt", encoding="utf-8") as lines:
             for line_number, line in enumerate(lines, start=1):
                 if not line.strip():
                     continue
@@ -188,6 +198,10 @@ def _read_jsonl(path: str, keys: list[str]) -> Iterator[dict[str, str]]:
                 yield {key: _check_text(record[key], key, where) for key in keys}
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text ({error})") from error
+    except (OSError, EOFError) as error:
+        if not compressed:
+            raise
+        raise DataError(f"{path}: not a readable gzip file ({error})") from None
 
 
 def _unescape_separator(separator: str) -> str:

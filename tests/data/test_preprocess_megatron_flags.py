@@ -2,6 +2,7 @@
 types, --partitions' document order, and its other flags implemented, said to change nothing, or refused in one
 line."""
 
+import gzip
 import importlib.util
 import json
 import re
@@ -87,6 +88,20 @@ def test_a_quoted_input_pattern_reads_its_files_in_sorted_order(tmp_path, gpt2_f
     assert main(["--input", str(tmp_path / "shards" / "part-*.jsonl"), "--output-prefix", str(tmp_path / "globbed"),
                  *tokenizer]) == 0
     assert written(tmp_path / "globbed") == run(tmp_path, "whole", *tokenizer)
+
+
+def test_gzipped_jsonl_reads_as_the_plain_file(tmp_path, gpt2_folder, capsys):
+    """Megatron's tool opens `.gz` inputs with gzip.open (main, with --partitions)."""
+    tokenizer = ["--tokenizer-file", str(gpt2_folder / "tokenizer.json")]
+    with gzip.open(tmp_path / "corpus.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write("".join(json.dumps({"text": text}) + "\n" for text in TEXTS))
+    assert main(["--input", str(tmp_path / "corpus.jsonl.gz"), "--output-prefix", str(tmp_path / "gz"),
+                 *tokenizer]) == 0
+    assert written(tmp_path / "gz") == run(tmp_path, "plain", *tokenizer)
+    (tmp_path / "broken.jsonl.gz").write_bytes(b"not gzip")
+    capsys.readouterr()
+    assert main(["--input", str(tmp_path / "broken.jsonl.gz"), "--output-prefix", str(tmp_path / "b"), *tokenizer]) == 2
+    assert "broken.jsonl.gz: not a readable gzip file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, words", [
