@@ -36,27 +36,12 @@ from data import DataError
 from data.gpt_dataset import APPENDABLE_ORDER, parse_split
 from data.megatron_order import MEGATRON_ORDER
 from data.per_split import SPLIT_FLAGS, DataSources, data_sources
-from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
+from data.tokenizer_types import OTHER_TOKENIZER_TYPES, TOKENIZER_TYPES, tokenizer_type_name, tokenizer_type_problem
 from gpt.model_config import ModelConfig  # noqa: F401 - part of the config
 from parallel.config import ParallelismConfig, recorded_section
 from rendezvous.fault_injector import FaultInjectorSettings
 from zero.config import ActivationCheckpointConfig, ZeroConfig
 
-TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer", *SENTENCEPIECE_TYPES)
-# Other programs' names for one of ours: BigScience's Megatron-DeepSpeed and ALCF's fork of Megatron-DeepSpeed load a
-# Hugging Face tokenizer (ALCF's megatron/tokenizer/tokenizer.py _HFTokenizer: AutoTokenizer.from_pretrained of
-# --tokenizer-model, eod its eos token).
-TOKENIZER_TYPE_ALIASES = {"PretrainedFromHF": "HuggingFaceTokenizer", "HFTokenizer": "HuggingFaceTokenizer"}
-# Megatron-LM's (and Megatron-DeepSpeed's) other tokenizer types: known, and refused with what to use,
-# since a tokenizer decides the token ids (the data) and these read files nothing here reads.
-OTHER_TOKENIZER_TYPES = {
-    "TikTokenizer": "a tiktoken model is not read here: save it as a tokenizer.json (transformers' "
-                    "tokenizer.save_pretrained) and give --tokenizer-type HuggingFaceTokenizer --tokenizer-file"}
-OTHER_TOKENIZER_TYPES.update({
-    name: "a BERT, multimodal or fine-tuning tokenizer does not pretrain a GPT: use GPT2BPETokenizer, "
-          "HuggingFaceTokenizer or NullTokenizer"
-    for name in ("BertWordPieceLowerCase", "BertWordPieceCase", "MultimodalTokenizer", "NullMultimodalTokenizer",
-                 "SFTTokenizer")})
 SEED_LIMIT = 2**32
 # Matsuo Lab's GENIAC teams ran it (ucllm_nedo_dev's README checks out its tags)
 GENIAC_FORK = "GENIAC's Megatron-DeepSpeed fork"
@@ -664,11 +649,8 @@ def check_rampup(ramp: list[int], global_batch_size: int) -> None:
                           flags=("--rampup-batch-size", "--global-batch-size"))
 
 
-def tokenizer_type_name(name: str) -> str:
-    """--tokenizer-type's value, other programs' names (PretrainedFromHF) read as ours."""
-    return TOKENIZER_TYPE_ALIASES.get(name, name)
-
-
+# The flags that name the tokenizer
+TOKENIZER_FLAGS = ("--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file")
 # The flags that name the data (data/per_split.py)
 DATA_SOURCE_FLAGS = ("--data-path", "--data-args-path", *SPLIT_FLAGS, "--per-split-data-args-path", "--mock-data",
                      "--data-file-list")
@@ -790,12 +772,11 @@ class DataConfig:
             self.sources()
         except DataError as error:
             raise ConfigError(str(error), flags=_flags_named(str(error), DATA_SOURCE_FLAGS)) from None
-        if self.tokenizer_type in OTHER_TOKENIZER_TYPES:
-            raise ConfigError(f"--tokenizer-type {self.tokenizer_type}: {OTHER_TOKENIZER_TYPES[self.tokenizer_type]}",
-                              flags=("--tokenizer-type",))
-        if self.tokenizer_type not in (None, *TOKENIZER_TYPES):
-            raise ConfigError(f"--tokenizer-type {self.tokenizer_type!r} is not one of {', '.join(TOKENIZER_TYPES)}",
-                              flags=("--tokenizer-type",))
+        problem = tokenizer_type_problem(self.tokenizer_type, self.tokenizer_file, self.vocab_file)
+        if problem:  # an unknown type is the flag's own fault; a known one's, its missing files' too
+            flags = _flags_named(problem, TOKENIZER_FLAGS) if self.tokenizer_type in TOKENIZER_TYPES else \
+                ("--tokenizer-type",)
+            raise ConfigError(problem, flags=flags)
         if self.tokenizer_type == "NullTokenizer":
             if self.tokenizer_file or self.vocab_file or self.merge_file:
                 raise ConfigError("--tokenizer-type NullTokenizer reads token ids as they are: drop --tokenizer-file, "
@@ -812,18 +793,6 @@ class DataConfig:
                               "with --vocab-size",
                               flags=("--data-path", "--tokenizer-file", "--vocab-file", "--merge-file", "--tokenizer-type",
                                      "--vocab-size"))
-        if self.tokenizer_type == "GPT2BPETokenizer" and not self.vocab_file:
-            raise ConfigError("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file (GPT-2's "
-                              "gpt2-vocab.json and gpt2-merges.txt; nothing is downloaded here)",
-                              flags=("--tokenizer-type", "--vocab-file", "--merge-file"))
-        if self.tokenizer_type == "HuggingFaceTokenizer" and not self.tokenizer_file:
-            raise ConfigError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model: a tokenizer.json, or a "
-                              "folder holding one (nothing is downloaded here)",
-                              flags=("--tokenizer-type", "--tokenizer-model"))
-        if self.tokenizer_type in SENTENCEPIECE_TYPES and not self.tokenizer_file:
-            raise ConfigError(f"--tokenizer-type {self.tokenizer_type} needs --tokenizer-model: a SentencePiece "
-                              f".model file (nothing is downloaded here)",
-                              flags=("--tokenizer-type", "--tokenizer-model"))
         if bool(self.vocab_file) != bool(self.merge_file):
             raise ConfigError("--vocab-file and --merge-file go together (GPT-2 style BPE files)",
                               flags=("--vocab-file", "--merge-file"))

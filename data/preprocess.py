@@ -5,12 +5,13 @@ Megatron-LM's ``tools/preprocess_data.py`` flags, extended to the formats corpor
     python -m data.preprocess --input corpus.jsonl --output-prefix data/my \\
         --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --append-eod --workers 8
 
-A SentencePiece model goes as Megatron names it, ``--tokenizer-type GPTSentencePieceTokenizer`` (or
-``Llama2Tokenizer``, ``SentencePieceTokenizer``) ``--tokenizer-model tokenizer.model``: each document is
-that type's ``tokenize`` and, with ``--append-eod``, its eod, as Megatron's tool writes it.
+Megatron's command lines run as written (data/preprocess_args.py): ``--tokenizer-type HuggingFaceTokenizer
+--tokenizer-model DIR`` (Llama, Mistral, Gemma, GPT-2 folders), ``GPT2BPETokenizer``, ``NullTokenizer``, and the
+SentencePiece types; each document is that type's ``tokenize`` and, with ``--append-eod``, the tokenizer's own
+end-of-document id, as Megatron's tool writes it. ``--partitions`` gives Megatron's document order.
 
 Inputs are files or directories, read in the order given (directories in sorted path order):
-``.jsonl``/``.json`` (one JSON object per line), ``.txt`` (a file is one document, or several with
+``.jsonl``/``.json`` (one JSON object per line; gzipped as ``.jsonl.gz``), ``.txt`` (a file is one document, or several with
 ``--text-document-separator``), ``.parquet``, and folders written by ``datasets``' ``save_to_disk``.
 Each key in ``--json-keys`` (a column, for parquet and datasets) becomes its own output.
 
@@ -23,6 +24,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
+import gzip
+import itertools
 import json
 import multiprocessing
 import os
@@ -31,25 +35,26 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
-from base.errors import OneLineArgumentParser, run_tool
+from base.errors import run_tool
 from base.input_files import check_input_file
 from base.progress import ProgressLines
 from data import DataError
 from data.corpus import split_on_blank_lines
 from data.indexed import IndexedDatasetWriter, best_dtype, data_file_path, index_file_path
-from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES, SentencePieceTokenizer, load_sentencepiece_tokenizer
-from data.tokenizer import GPTTokenizer, load_tokenizer, train_tokenizer
+from data.preprocess_args import BLANK_LINE_SEPARATOR, FORMATS, PROGRAM, build_parser
+from data.preprocess_megatron_flags import check_megatron_flags
+from data.preprocess_tokenizer import document_tokenizer, given_tokenizer
+from data.tokenizer import GPTTokenizer, train_tokenizer
 
-PROGRAM = "python -m data.preprocess"
-
-FORMATS = ("auto", "jsonl", "text", "parquet", "hf")
-_FORMAT_OF_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text", ".parquet": "parquet"}
-BLANK_LINE_SEPARATOR = "blank-line"
+# Megatron's tool reads gzipped JSONL shards (with --partitions); so do we.
+_FORMAT_OF_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl", ".json.gz": "jsonl", ".txt": "text",
+                        ".parquet": "parquet"}
+_GLOB_CHARACTERS = re.compile(r"[*?[]")
 
 # A batch closes at whichever limit comes first: enough documents to amortise the trip to a worker,
 # few enough characters that one huge document does not make a huge message.
@@ -73,10 +78,16 @@ def _is_saved_hf_dataset(directory: str) -> bool:
     return any(os.path.isfile(os.path.join(directory, name)) for name in ("state.json", "dataset_dict.json"))
 
 
+def _extension(path: str) -> str:
+    """The name's extension, both parts of a compressed one (.jsonl.gz)."""
+    root, extension = os.path.splitext(path.lower())
+    return os.path.splitext(root)[1] + extension if extension == ".gz" else extension
+
+
 def _format_of_file(path: str, input_format: str) -> str:
     if input_format != "auto":
         return input_format
-    extension = os.path.splitext(path)[1].lower()
+    extension = _extension(path)
     if extension not in _FORMAT_OF_EXTENSION:
         known = ", ".join(sorted(_FORMAT_OF_EXTENSION))
         raise DataError(
@@ -103,7 +114,7 @@ def _walk_directory(directory: str, input_format: str) -> list[InputSource]:
         for filename in sorted(f for f in filenames if not f.startswith(".")):
             path = os.path.join(root, filename)
             if input_format == "auto":
-                extension = os.path.splitext(filename)[1].lower()
+                extension = _extension(filename)
                 if extension in _FORMAT_OF_EXTENSION:
                     sources.append(InputSource(path, _FORMAT_OF_EXTENSION[extension]))
             elif input_format != "hf":
@@ -117,6 +128,14 @@ def resolve_inputs(paths: Iterable[str], input_format: str) -> list[InputSource]
         raise DataError(f"--input-format {input_format!r} is unknown; choose one of {', '.join(FORMATS)}")
     sources: list[InputSource] = []
     for path in paths:
+        if not os.path.exists(path) and _GLOB_CHARACTERS.search(path):
+            # A quoted pattern, as Megatron's tool globs --input with --partitions; sorted, where its order is the
+            # file system's.
+            matched = sorted(glob.glob(path))
+            if not matched:
+                raise DataError(f"--input {path}: no file matches the pattern")
+            sources.extend(resolve_inputs(matched, input_format))
+            continue
         if not os.path.exists(path):
             raise DataError(f"--input {path}: no such file or directory")
         if os.path.isdir(path):
@@ -158,8 +177,9 @@ def _check_text(value, key: str, where: str) -> str:
 
 
 def _read_jsonl(path: str, keys: list[str]) -> Iterator[dict[str, str]]:
+    compressed = path.endswith(".gz")
     try:
-        with open(path, encoding="utf-8") as lines:
+        with (gzip.open if compressed else open)(path, "rt", encoding="utf-8") as lines:
             for line_number, line in enumerate(lines, start=1):
                 if not line.strip():
                     continue
@@ -178,6 +198,10 @@ def _read_jsonl(path: str, keys: list[str]) -> Iterator[dict[str, str]]:
                 yield {key: _check_text(record[key], key, where) for key in keys}
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text ({error})") from error
+    except (OSError, EOFError) as error:
+        if not compressed:
+            raise
+        raise DataError(f"{path}: not a readable gzip file ({error})") from None
 
 
 def _unescape_separator(separator: str) -> str:
@@ -312,36 +336,39 @@ def make_batches(documents: Iterator[dict[str, str]], keys: list[str]) -> Iterat
 
 
 class BatchEncoder:
-    """Turns a batch's texts into token arrays of the dataset dtype (EOD appended if asked)."""
+    """Turns a batch's texts into token arrays of the dataset dtype (the end-of-document id appended if asked).
+    `tokenize` is the tokenizer's batch method (data/preprocess_tokenizer.py document_tokenizer); a bound method
+    pickles with its tokenizer, which is how worker processes receive both."""
 
-    def __init__(self, tokenizer: GPTTokenizer | SentencePieceTokenizer, append_eod: bool, dtype: np.dtype):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenize: Callable[[Sequence[str]], list[list[int]]], eod_id: int, append_eod: bool,
+                 dtype: np.dtype):
+        self.tokenize = tokenize
+        self.eod_id = eod_id
         self.append_eod = append_eod
         self.dtype = np.dtype(dtype)
 
     def __call__(self, texts: dict[str, list[str]]) -> dict[str, list[np.ndarray]]:
         encoded = {}
         for key, key_texts in texts.items():
-            ids_per_text = self.tokenizer.encode_batch(key_texts) if key_texts else []
+            ids_per_text = self.tokenize(key_texts) if key_texts else []
             if self.append_eod:
                 for ids in ids_per_text:
-                    ids.append(self.tokenizer.eod_id)
+                    ids.append(self.eod_id)
             # Arrays of the dataset dtype pickle back from workers at 2 bytes a token, not ~30.
             encoded[key] = [np.asarray(ids, dtype=self.dtype) for ids in ids_per_text]
         return encoded
 
 
-# One encoder per worker process, built once by the pool initializer: the tokenizer is too costly to
+# One encoder per worker process, set once by the pool initializer: the tokenizer is too costly to
 # ship with every batch. Only worker processes ever set it.
 _worker_encoder: BatchEncoder | None = None
 
 
-def _init_worker(sentencepiece: bool, tokenizer_json: str, append_eod: bool, dtype: str) -> None:
+def _init_worker(encoder: BatchEncoder) -> None:
     global _worker_encoder
     # N workers each running the library's all-core thread pool would oversubscribe the CPU.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    tokenizer = (SentencePieceTokenizer if sentencepiece else GPTTokenizer).from_json(tokenizer_json)
-    _worker_encoder = BatchEncoder(tokenizer, append_eod, np.dtype(dtype))
+    _worker_encoder = encoder
 
 
 def _encode_in_worker(texts: dict[str, list[str]]) -> dict[str, list[np.ndarray]]:
@@ -358,9 +385,7 @@ def encode_in_order(
         return
     # spawn, not fork: forking after the tokenizers library started its threads can deadlock the child.
     context = multiprocessing.get_context("spawn")
-    initargs = (isinstance(encoder.tokenizer, SentencePieceTokenizer), encoder.tokenizer.to_json(), encoder.append_eod,
-                encoder.dtype.str)
-    with context.Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
+    with context.Pool(workers, initializer=_init_worker, initargs=(encoder,)) as pool:
         # A bounded window keeps every worker busy without reading the whole corpus into memory.
         pending: deque = deque()
         for batch in batches:
@@ -424,27 +449,17 @@ class Progress:
 # ------------------------------------------------------------------------------------------ driver
 
 
+def in_partition_order(documents: Callable[[], Iterator[dict[str, str]]], partitions: int) -> \
+        Iterator[dict[str, str]]:
+    """Megatron's --partitions N order (tools/preprocess_data.py main): line i of the input goes to partition
+    i % N, and the partitions' datasets are merged in partition order; each pass over `documents()` yields one
+    partition, so nothing is held in memory."""
+    for partition in range(partitions):
+        yield from itertools.islice(documents(), partition, None, partitions)
+
+
 def output_prefix_for_key(output_prefix: str, key: str) -> str:
     return f"{output_prefix}_{key}_document"
-
-
-def _given_tokenizer(args: argparse.Namespace) -> GPTTokenizer | SentencePieceTokenizer | None:
-    """The tokenizer the flags name, loaded (so a bad file is an error before any output exists), or
-    None when one is to be trained on the input."""
-    train = args.train_tokenizer_vocab_size is not None
-    sentencepiece = bool(args.tokenizer_type or args.tokenizer_model)
-    choices = [bool(args.tokenizer_file), bool(args.vocab_file or args.merge_file), train, sentencepiece]
-    if sum(choices) != 1:
-        raise DataError(
-            "choose exactly one tokenizer: --tokenizer-file, --vocab-file with --merge-file, "
-            "--tokenizer-type with --tokenizer-model (a SentencePiece model), or --train-tokenizer-vocab-size"
-        )
-    if sentencepiece:
-        if not (args.tokenizer_type and args.tokenizer_model):
-            raise DataError("--tokenizer-type and --tokenizer-model go together: one of "
-                            f"{', '.join(SENTENCEPIECE_TYPES)} and its SentencePiece .model file")
-        return load_sentencepiece_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    return None if train else load_tokenizer(args.tokenizer_file, args.vocab_file, args.merge_file)
 
 
 def _train_tokenizer(args: argparse.Namespace, sources: list[InputSource]) -> GPTTokenizer:
@@ -475,6 +490,12 @@ def _check_options(args: argparse.Namespace) -> None:
         raise DataError(f"--workers {args.workers}: need at least 1")
     if args.log_interval < 1:
         raise DataError(f"--log-interval {args.log_interval}: need at least 1")
+    if args.partitions < 1 or args.workers % args.partitions:
+        raise DataError(f"--partitions {args.partitions}: need at least 1, and --workers {args.workers} a multiple "
+                        f"of it (Megatron's tool asserts it)")
+    if args.tokenizer_hf_include_special_tokens and args.tokenizer_hf_no_include_special_tokens:
+        raise DataError("--tokenizer-hf-include-special-tokens and --tokenizer-hf-no-include-special-tokens: give one")
+    check_megatron_flags(args)
     if len(set(args.json_keys)) != len(args.json_keys):
         raise DataError(f"--json-keys {' '.join(args.json_keys)}: a key is repeated")
     if args.train_tokenizer_vocab_size is not None and args.train_tokenizer_vocab_size < 1:
@@ -509,10 +530,11 @@ def preprocess(args: argparse.Namespace) -> Totals:
     _check_options(args)
     sources = resolve_inputs(args.input, args.input_format)
     prefixes = {key: output_prefix_for_key(args.output_prefix, key) for key in args.json_keys}
-    tokenizer = _given_tokenizer(args)
+    tokenizer = given_tokenizer(args)
     _check_outputs(args, prefixes)
     tokenizer = tokenizer or _train_tokenizer(args, sources)
-    encoder = BatchEncoder(tokenizer, args.append_eod, best_dtype(tokenizer.vocab_size))
+    encoder = BatchEncoder(document_tokenizer(tokenizer, not args.tokenizer_hf_no_include_special_tokens),
+                           tokenizer.eod_id, args.append_eod, best_dtype(tokenizer.vocab_size))
 
     totals = Totals()
     documents_per_key = dict.fromkeys(args.json_keys, 0)
@@ -524,7 +546,9 @@ def preprocess(args: argparse.Namespace) -> Totals:
             key: stack.enter_context(IndexedDatasetWriter(prefix, encoder.dtype))
             for key, prefix in prefixes.items()
         }
-        documents = iter_documents(sources, args.json_keys, args.text_document_separator)
+        partitions = 1 if args.keep_sequential_samples else args.partitions
+        documents = in_partition_order(lambda: iter_documents(sources, args.json_keys, args.text_document_separator),
+                                       partitions)
         batches = make_batches(documents, args.json_keys)
         for batch, encoded in encode_in_order(batches, encoder, args.workers):
             for key, arrays in encoded.items():
@@ -549,47 +573,6 @@ def preprocess(args: argparse.Namespace) -> Totals:
         flush=True,
     )
     return totals
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineArgumentParser(
-        prog=PROGRAM,
-        description="Tokenize a corpus into Megatron .bin/.idx datasets (<output-prefix>_<key>_document).",
-    )
-    group = parser.add_argument_group("input")
-    group.add_argument(
-        "--input", nargs="+", required=True, metavar="PATH", help="files or directories, read in order"
-    )
-    group.add_argument("--input-format", choices=FORMATS, default="auto",
-                       help="auto: .jsonl/.json -> jsonl, .txt -> text, .parquet -> parquet, "
-                            "save_to_disk folder -> hf")
-    group.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
-                       help="keys (columns) to tokenize; one output dataset per key")
-    group.add_argument("--text-document-separator", default=None, metavar="SEP",
-                       help=f"split text files into documents at SEP ('\\n' escapes allowed), or at "
-                            f"blank lines with '{BLANK_LINE_SEPARATOR}'; default: one document per file")
-    group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-file", help="a tokenizers tokenizer.json")
-    group.add_argument("--vocab-file", help="GPT-2 style vocab.json (with --merge-file)")
-    group.add_argument("--merge-file", help="GPT-2 style merges.txt (with --vocab-file)")
-    group.add_argument("--tokenizer-type", choices=SENTENCEPIECE_TYPES,
-                       help="with --tokenizer-model: which of Megatron's SentencePiece tokenizers reads it")
-    group.add_argument("--tokenizer-model", help="a SentencePiece .model (with --tokenizer-type)")
-    group.add_argument("--train-tokenizer-vocab-size", type=int, metavar="N",
-                       help="train a byte-level BPE of N tokens on the input; "
-                            "saved to <output-prefix>_tokenizer/")
-    group.add_argument("--append-eod", action="store_true",
-                       help="end every document with the end-of-document id (<|endoftext|>; a SentencePiece "
-                            "type's eod)")
-    group = parser.add_argument_group("output and runtime")
-    group.add_argument("--output-prefix", required=True, help="path prefix of the output datasets")
-    group.add_argument("--overwrite", action="store_true",
-                       help="replace datasets (and a trained tokenizer) an earlier run wrote at this prefix")
-    group.add_argument("--workers", type=int, default=1,
-                       help="tokenizer processes (output is identical for any count)")
-    group.add_argument("--log-interval", type=int, default=10000, metavar="DOCS",
-                       help="documents between progress lines when stderr is not a terminal")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,7 +46,7 @@ def _piece_or(processor, piece_id: int, fallback: str) -> str:
 
 class SentencePieceTokenizer:
     """One of Megatron's SentencePiece tokenizer types over a model's bytes; the interface of
-    data/tokenizer.py's GPTTokenizer (vocab_size, eod_id, encode, encode_batch, decode, save)."""
+    data/tokenizer.py's GPTTokenizer (vocab_size, eod_id, encode, encode_batch, tokenize_batch, decode, save)."""
 
     def __init__(self, tokenizer_type: str, model_proto: bytes, source: str = "--tokenizer-model"):
         if tokenizer_type not in SENTENCEPIECE_TYPES:
@@ -142,6 +142,9 @@ class SentencePieceTokenizer:
             return [[self._processor.bos_id(), *ids] for ids in batch]
         return batch
 
+    # Megatron's tokenize is `encode` here already: what data.preprocess writes for a document.
+    tokenize_batch = encode_batch
+
     def decode(self, ids: Iterable[int]) -> str:
         """Megatron's `detokenize`: the model's decode; SentencePieceTokenizer's special ids as their pieces,
         each followed by a space (and the text before one too)."""
@@ -157,16 +160,13 @@ class SentencePieceTokenizer:
 
     def to_json(self) -> str:
         """The whole tokenizer as one JSON string, its type and the model's bytes: what the embedded
-        corpus's cache is keyed by (two types over one model give different ids), and how preprocessing's
-        worker processes receive it."""
+        corpus's cache is keyed by (two types over one model give different ids)."""
         return json.dumps({"tokenizer_type": self.tokenizer_type,
                            "model": base64.b64encode(self._model_proto).decode("ascii")})
 
-    @classmethod
-    def from_json(cls, text: str) -> "SentencePieceTokenizer":
-        """The tokenizer `to_json` wrote (how worker processes receive it)."""
-        state = json.loads(text)
-        return cls(state["tokenizer_type"], base64.b64decode(state["model"]))
+    def __reduce__(self):
+        # How preprocessing's worker processes receive it: the type and the model's bytes rebuild it.
+        return SentencePieceTokenizer, (self.tokenizer_type, self._model_proto)
 
     def save(self, directory: str) -> None:
         """The model file as it was read, as `tokenizer.model`."""

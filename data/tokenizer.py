@@ -1,13 +1,13 @@
-"""Byte-level BPE tokenizer (GPT-2 style) through the Hugging Face `tokenizers` library.
+"""Hugging Face `tokenizers` tokenizers: GPT-2's byte-level BPE, and any other tokenizer.json (Llama, Mistral, Gemma).
 
 Byte-level means every string maps to tokens and back without loss: text is first turned into bytes,
-each byte has a token, and merges only ever combine tokens. The pipeline matches GPT-2's exactly (no
-prefix space, GPT-2's pre-tokenization regex, byte-level decoder), so GPT-2's own `vocab.json` and
-`merges.txt` load here with the same token ids transformers gives, and a tokenizer we train or save
-loads in transformers' `GPT2TokenizerFast` with no code of ours.
+each byte has a token, and merges only ever combine tokens. The pipeline we train and the one GPT-2's
+`vocab.json` and `merges.txt` load into match GPT-2's exactly (no prefix space, GPT-2's pre-tokenization
+regex, byte-level decoder), so they give the token ids transformers gives, and a tokenizer we train or save
+loads in transformers' `GPT2TokenizerFast` with no code of ours. A tokenizer.json is read as it is written.
 
-The end-of-document token `<|endoftext|>` separates documents in the training stream; it must exist in
-every vocabulary we use.
+Each tokenizer ends documents with its own token (data/hf_special_tokens.py): the eos_token its folder declares
+(Llama 2's `</s>`, Llama 3's `<|end_of_text|>`, Gemma's `<eos>`), else GPT-2's `<|endoftext|>`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,21 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from base.input_files import check_input_file
 from base.progress import ProgressLines
 from data import DataError
-from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES, SentencePieceTokenizer, load_sentencepiece_tokenizer
+from data.hf_special_tokens import (
+    GPT2_END_OF_DOCUMENT,
+    TOKENIZER_CONFIG_FILE,
+    end_of_document_token,
+    read_json_object,
+    read_side_files,
+)
+from data.sentencepiece_tokenizer import (
+    SENTENCEPIECE_MODEL_FILE,
+    SENTENCEPIECE_TYPES,
+    SentencePieceTokenizer,
+    load_sentencepiece_tokenizer,
+)
 
-EOD_TOKEN = "<|endoftext|>"
+EOD_TOKEN = GPT2_END_OF_DOCUMENT  # what we train and GPT-2's files end documents with
 
 # 256 byte tokens plus the end-of-document token: the smallest byte-level vocabulary there is.
 MIN_VOCAB_SIZE = 256 + 1
@@ -32,8 +44,10 @@ MIN_VOCAB_SIZE = 256 + 1
 TOKENIZER_FILE = "tokenizer.json"
 VOCAB_FILE = "vocab.json"
 MERGES_FILE = "merges.txt"
-# Lets transformers' AutoTokenizer pick the right class even in a folder without a model config.
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# tokenizer_config.json (TOKENIZER_CONFIG_FILE) lets transformers' AutoTokenizer pick the right class even in a folder
+# without a model config; what we write for a tokenizer that came without one (GPT-2's files, one we trained):
+_GPT2_CONFIG = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "bos_token": EOD_TOKEN,
+                "eos_token": EOD_TOKEN, "unk_token": EOD_TOKEN}
 
 
 def _byte_level_pipeline(model: models.BPE) -> Tokenizer:
@@ -47,14 +61,16 @@ def _byte_level_pipeline(model: models.BPE) -> Tokenizer:
 
 
 class GPTTokenizer:
-    """A byte-level BPE tokenizer with an end-of-document token; thin layer over `tokenizers.Tokenizer`."""
+    """A `tokenizers.Tokenizer` with the token that ends its documents; thin layer over the library.
+    `side_files` are the tokenizer_config.json and special_tokens_map.json it came with, saved beside it."""
 
-    def __init__(self, tokenizer: Tokenizer):
-        eod_id = tokenizer.token_to_id(EOD_TOKEN)
+    def __init__(self, tokenizer: Tokenizer, eod_token: str = EOD_TOKEN, side_files: Optional[dict] = None):
+        eod_id = tokenizer.token_to_id(eod_token)
         if eod_id is None:
-            raise DataError(f"tokenizer has no {EOD_TOKEN!r} token; it is needed to separate documents")
+            raise DataError(f"tokenizer has no {eod_token!r} token; it is needed to separate documents")
         self._tokenizer = tokenizer
         self._eod_id = eod_id
+        self._side_files = side_files or {}
         self._vocab_size: int | None = None
 
     @property
@@ -86,39 +102,36 @@ class GPTTokenizer:
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
         return [encoding.ids for encoding in encodings]
 
+    def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Megatron's HuggingFaceTokenizer.tokenize on each text, `tokenizer(text).input_ids`: with the special
+        tokens the tokenizer's post-processor puts around a text (Llama's and Gemma's bos; GPT-2's, none).
+        What data.preprocess writes for a document before its end-of-document id."""
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=True)
+        return [encoding.ids for encoding in encodings]
+
     def decode(self, ids: Iterable[int]) -> str:
         # Special tokens are kept so decode(encode(text)) == text even when text contains EOD.
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def to_json(self) -> str:
-        """The whole tokenizer as a `tokenizer.json` string (how worker processes receive it)."""
+        """The whole tokenizer as a `tokenizer.json` string: what the embedded corpus's cache is keyed by."""
         return self._tokenizer.to_str()
 
-    @classmethod
-    def from_json(cls, text: str) -> "GPTTokenizer":
-        return cls(Tokenizer.from_str(text))
-
     def save(self, directory: str) -> None:
-        """Write `tokenizer.json`, GPT-2 style `vocab.json` + `merges.txt`, and `tokenizer_config.json`.
+        """Write `tokenizer.json`, its tokenizer_config.json (and special_tokens_map.json where it came with one)
+        and, for a BPE tokenizer, GPT-2 style `vocab.json` + `merges.txt`.
 
         The GPT-2 pair is what Megatron-LM's `--vocab-file/--merge-file` and older tools read; the
         `tokenizer.json` is the complete, self-describing form that `load_tokenizer` prefers.
         """
-        if not isinstance(self._tokenizer.model, models.BPE):
-            raise DataError(f"cannot save {directory}: only BPE tokenizers have vocab.json + merges.txt")
         os.makedirs(directory, exist_ok=True)
         self._tokenizer.save(os.path.join(directory, TOKENIZER_FILE))
-        self._tokenizer.model.save(directory)
-        config = {
-            "tokenizer_class": "GPT2Tokenizer",
-            "add_prefix_space": False,
-            "bos_token": EOD_TOKEN,
-            "eos_token": EOD_TOKEN,
-            "unk_token": EOD_TOKEN,
-        }
-        with open(os.path.join(directory, TOKENIZER_CONFIG_FILE), "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=2)
-            f.write("\n")
+        if isinstance(self._tokenizer.model, models.BPE):  # a WordPiece or Unigram model has no merges
+            self._tokenizer.model.save(directory)
+        for name, content in (self._side_files or {TOKENIZER_CONFIG_FILE: _GPT2_CONFIG}).items():
+            with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=2)
+                f.write("\n")
 
 
 def _require_file(path: str, flag: str) -> None:
@@ -129,7 +142,13 @@ def _require_file(path: str, flag: str) -> None:
 
 def _load_tokenizer_json(tokenizer_file: str) -> GPTTokenizer:
     if os.path.isdir(tokenizer_file):  # a Hugging Face folder (Megatron's --tokenizer-model names one)
-        tokenizer_file = os.path.join(tokenizer_file, TOKENIZER_FILE)
+        folder, tokenizer_file = tokenizer_file, os.path.join(tokenizer_file, TOKENIZER_FILE)
+        model = os.path.join(folder, SENTENCEPIECE_MODEL_FILE)
+        # transformers would convert an older folder's SentencePiece model; nothing converts it here.
+        if not os.path.exists(tokenizer_file) and os.path.isfile(model):
+            raise DataError(f"--tokenizer-file {folder}: holds no {TOKENIZER_FILE}, only {SENTENCEPIECE_MODEL_FILE}; "
+                            f"give --tokenizer-type Llama2Tokenizer (or GPTSentencePieceTokenizer) --tokenizer-model "
+                            f"{model}, or save the folder with transformers' save_pretrained to write a {TOKENIZER_FILE}")
     _require_file(tokenizer_file, "--tokenizer-file")
     try:
         tokenizer = Tokenizer.from_file(tokenizer_file)
@@ -138,21 +157,16 @@ def _load_tokenizer_json(tokenizer_file: str) -> GPTTokenizer:
         hint = (f"; a SentencePiece model needs --tokenizer-type {' or '.join(SENTENCEPIECE_TYPES)}"
                 if tokenizer_file.endswith(".model") else f" ({error})")
         raise DataError(f"--tokenizer-file {tokenizer_file}: not a valid tokenizer.json{hint}") from error
-    if tokenizer.token_to_id(EOD_TOKEN) is None:
-        raise DataError(f"--tokenizer-file {tokenizer_file}: vocabulary has no {EOD_TOKEN!r} token")
-    return GPTTokenizer(tokenizer)
+    side_files = read_side_files(os.path.dirname(tokenizer_file))
+    eod_token = end_of_document_token(side_files, tokenizer.get_vocab(with_added_tokens=True),
+                                      f"--tokenizer-file {tokenizer_file}")
+    return GPTTokenizer(tokenizer, eod_token, side_files)
 
 
 def _load_gpt2_files(vocab_file: str, merges_file: str) -> GPTTokenizer:
     _require_file(vocab_file, "--vocab-file")
     _require_file(merges_file, "--merge-file")
-    try:
-        with open(vocab_file, encoding="utf-8") as f:
-            vocab = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise DataError(f"--vocab-file {vocab_file}: not a JSON vocabulary ({type(error).__name__}: {error})") from None
-    if not isinstance(vocab, dict):
-        raise DataError(f"--vocab-file {vocab_file}: expected a JSON object of token -> id")
+    vocab = read_json_object(vocab_file, f"--vocab-file {vocab_file}", "token -> id")
     if EOD_TOKEN not in vocab:
         raise DataError(f"--vocab-file {vocab_file}: vocabulary has no {EOD_TOKEN!r} token")
     try:
@@ -205,6 +219,23 @@ class NullTokenizer:
     @property
     def eod_id(self) -> int:
         return self._vocab_size_without_eod
+
+    def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Megatron's NullTokenizer.tokenize on each text, `[int(x) for x in text.split(' ')]`: ids written as
+        decimal numbers one space apart. An id outside 0..--vocab-size-1, or a word that is none, is refused in
+        one line (Megatron writes the former as it is and stops with a traceback at the latter)."""
+        return [self._ids_of(text) for text in texts]
+
+    def _ids_of(self, text: str) -> list[int]:
+        try:
+            ids = [int(word) for word in text.split(" ")]
+        except ValueError:
+            raise DataError(f"NullTokenizer reads token ids one space apart; a document reads {text[:60]!r}") from None
+        wrong = next((i for i in ids if not 0 <= i < self._vocab_size_without_eod), None)
+        if wrong is not None:
+            raise DataError(f"NullTokenizer: token id {wrong} is outside 0..{self._vocab_size_without_eod - 1} "
+                            f"(--vocab-size {self._vocab_size_without_eod}); give the vocabulary the ids were made with")
+        return ids
 
 
 # What a run tokenizes with: the vocabulary size and end-of-document id every kind has.
