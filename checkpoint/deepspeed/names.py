@@ -1,6 +1,7 @@
 """Which tensor of a DeepSpeed run's model each of our parameters is, and how its layout differs.
 
-Two model families are read (checkpoint/deepspeed/source.py): Megatron-DeepSpeed's GPT, as GPTModel
+Two model families are mapped here (checkpoint/deepspeed/source.py; every other transformers family through its own
+Hugging Face mapping, checkpoint/deepspeed/families.py): Megatron-DeepSpeed's GPT, as GPTModel
 (--no-pipeline-parallel, the module tree of its megatron/model/gpt_model.py, language_model.py and transformer.py) or
 as GPTModelPipe (its default, a DeepSpeed pipeline module whose parameters are named by their layer's index), and
 transformers' GPT2LMHeadModel trained by a plain DeepSpeed script. Each of our parameters (the names and layouts of our TP 1
@@ -42,6 +43,15 @@ class Mapped:
     def shape(self, source_shape: tuple[int, ...]) -> tuple[int, ...]:
         shape = tuple(reversed(source_shape)) if self.transpose else tuple(source_shape)
         return shape if self.rows is None else (len(self.rows), *shape[1:])
+
+    def shape_in(self, source_shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+        return self.shape(source_shapes[self.source])
+
+    def sources(self) -> tuple[str, ...]:
+        return (self.source,)
+
+    def read(self, region: Region, read_source: Callable[[str, Region], torch.Tensor]) -> torch.Tensor:
+        return read_mapped(self, region, read_source)
 
 
 def qkv_rows_from_blocks(heads: int, groups: int, head_dim: int, tensor_parallel: int = 1) -> torch.Tensor:
@@ -105,6 +115,7 @@ _GPT2 = [
 
 MEGATRON_DEEPSPEED, GPT2 = "Megatron-DeepSpeed GPTModel", "transformers GPT2LMHeadModel"
 MEGATRON_DEEPSPEED_PIPE = "Megatron-DeepSpeed GPTModelPipe"
+TRANSFORMERS = "transformers"  # any other family of families/ (checkpoint/deepspeed/families.py)
 
 
 def model_family(names) -> Optional[str]:
@@ -116,6 +127,8 @@ def model_family(names) -> Optional[str]:
         return MEGATRON_DEEPSPEED_PIPE
     if any(name.startswith("transformer.h.") or name == "transformer.wte.weight" for name in names):
         return GPT2
+    if any(name.startswith("model.") for name in names):  # a CausalLM class's base model
+        return TRANSFORMERS
     return None
 
 

@@ -4,7 +4,8 @@ Adam step where the run recorded them.
 
 The tag folder (checkpoint/deepspeed/files.py finds it) is ZeRO 1/2, ZeRO 3 or universal (checkpoint/deepspeed/stores.py
 reads each), of a Megatron-DeepSpeed GPTModel or a transformers GPT2LMHeadModel (checkpoint/deepspeed/names.py maps
-their names and layouts). Where the run stood:
+their names and layouts) or a transformers model of another family (checkpoint/deepspeed/families.py, through the
+family's own mapping). Where the run stood:
 
 - Megatron-DeepSpeed (megatron/checkpointing.py save_checkpoint: its client state in the model states file): the
   iteration is `iteration`; the consumed samples `args.consumed_train_samples` (its load_checkpoint reads them back
@@ -25,6 +26,7 @@ from typing import Optional
 import torch
 
 from base.errors import CheckpointError
+from checkpoint.deepspeed.families import Traced, family_map
 from checkpoint.deepspeed.files import (
     DeepSpeedCheckpoint,
     DynamicLossScaler,
@@ -38,12 +40,12 @@ from checkpoint.deepspeed.names import (
     GPT2,
     MEGATRON_DEEPSPEED,
     MEGATRON_DEEPSPEED_PIPE,
+    TRANSFORMERS,
     Attention,
     Mapped,
     gpt2_map,
     megatron_deepspeed_map,
     model_family,
-    read_mapped,
 )
 from checkpoint.deepspeed.stores import UniversalStore, Zero3Store, ZeroStore, optimizer_files, read_region
 from checkpoint.global_state import GlobalStateSource, GlobalTensorInfo, SourceProgress, megatron_rows_multiple
@@ -85,9 +87,10 @@ def our_loss_scaler(scaler) -> tuple[Optional[str], Optional[dict]]:
 
 class DeepSpeedSource(GlobalStateSource):
     """A DeepSpeed tag folder as whole tensors by our names (module docstring). `attention`: the run's heads, key/value
-    heads and head size, which the fused query/key/value rows are laid out by."""
+    heads and head size, which the fused query/key/value rows are laid out by; `model`: the run's ModelConfig, which
+    a transformers model of another family than GPT-2 is mapped for."""
 
-    def __init__(self, checkpoint: DeepSpeedCheckpoint, attention: Attention) -> None:
+    def __init__(self, checkpoint: DeepSpeedCheckpoint, attention: Attention, model=None) -> None:
         self.checkpoint, self.path = checkpoint, checkpoint.path
         files = model_state_files(checkpoint.path)
         if not files:
@@ -109,7 +112,7 @@ class DeepSpeedSource(GlobalStateSource):
                                                                                           self.model_states)
             self.optimizer_state = self.store.optimizer_state(0)
         self.family = model_family(self.store.shapes)
-        self.mapping = self._map(attention)
+        self.mapping = self._map(attention, model)
         self.format_name = (f"DeepSpeed {'universal' if checkpoint.universal else f'ZeRO-{self.stage}'}, "
                             f"{self.family}")
         self.header_bytes = pickle_bytes(files[0])
@@ -131,8 +134,16 @@ class DeepSpeedSource(GlobalStateSource):
         state = load_pt(path)
         return state if isinstance(state, dict) else None
 
-    def _map(self, attention: Attention) -> dict[str, Mapped]:
+    def _map(self, attention: Attention, model) -> dict[str, Mapped | Traced]:
         shapes = self.store.shapes
+        if self.family == TRANSFORMERS and model is not None:
+            try:
+                model_type, mapped = family_map(shapes, model)
+            except CheckpointError as error:
+                raise CheckpointError(f"{self.path}: its transformers model's parameters fit no family read here "
+                                      f"for this run's model ({error})") from None
+            self.family = f"transformers {model_type}"
+            return mapped
         if self.family in (MEGATRON_DEEPSPEED, MEGATRON_DEEPSPEED_PIPE):
             args = self.args
             mapped, unknown = megatron_deepspeed_map(
@@ -145,7 +156,7 @@ class DeepSpeedSource(GlobalStateSource):
             shown = ", ".join(sorted(shapes)[:4])
             raise CheckpointError(f"{self.path}: its parameters ({shown}, ...) are not a Megatron-DeepSpeed GPT's "
                                   f"(GPTModel's language_model.*, GPTModelPipe's N.self_attention.*) nor a "
-                                  f"transformers GPT2LMHeadModel's (transformer.*): this reader knows those")
+                                  f"transformers CausalLM's (transformer.*, model.*): this reader knows those")
         if unknown:
             raise CheckpointError(f"{self.path}: {len(unknown)} tensors of its {self.family} have no counterpart "
                                   f"here ({', '.join(sorted(unknown)[:4])}{', ...' if len(unknown) > 4 else ''})")
@@ -169,7 +180,8 @@ class DeepSpeedSource(GlobalStateSource):
     def keys(self) -> tuple[str, ...]:
         if isinstance(self.store, UniversalStore):
             held = [key for key in ("exp_avg", "exp_avg_sq")
-                    if all(key in self.store.keys_of.get(m.source, ()) for m in self.mapping.values())]
+                    if all(key in self.store.keys_of.get(source, ()) for m in self.mapping.values()
+                           for source in m.sources())]
             return ("master", *held)
         return tuple(OUR_KEYS)
 
@@ -177,14 +189,13 @@ class DeepSpeedSource(GlobalStateSource):
         if key not in self.keys():
             return {}
         multiple = megatron_rows_multiple(self.args)
-        return {name: GlobalTensorInfo(mapped.shape(self.store.shapes[mapped.source]), torch.float32,
-                                       rows_multiple=multiple)
+        return {name: GlobalTensorInfo(mapped.shape_in(self.store.shapes), torch.float32, rows_multiple=multiple)
                 for name, mapped in self.mapping.items()}
 
     def read(self, key: str, name: str, region: tuple[slice, ...]):
         state = OUR_KEYS[key]
-        return read_mapped(self.mapping[name], region,
-                           lambda source, source_region: read_region(self.store, state, source, source_region))
+        return self.mapping[name].read(region, lambda source, source_region, view=None:
+                                       read_region(self.store, state, source, source_region, view))
 
     def progress(self) -> SourceProgress:
         states, args = self.model_states, self.args
@@ -237,4 +248,4 @@ def open_deepspeed_source(checkpoint: DeepSpeedCheckpoint, model_config) -> Deep
     """The source for this run's model (`model_config`: its heads, key/value heads and head size)."""
     heads = model_config.num_attention_heads
     return DeepSpeedSource(checkpoint, Attention(heads, model_config.num_query_groups or heads,
-                                                 model_config.head_dim))
+                                                 model_config.head_dim), model_config)

@@ -74,12 +74,11 @@ def hf_mapping(model_type: str, model: ModelConfig, padded_vocab: int) -> HFMapp
 
 
 def model_types_for(model: ModelConfig) -> list[str]:
-    """The model_types whose names may hold `model`, the one the export writes it as first, then every other family
-    it fits (Phi-3's fused names hold a Llama-shaped model as well as Llama's)."""
-    first = hf.model_type_of(model)
+    """The model_types whose names may hold `model`, the one the export writes it as first, then every dense family
+    it fits (Phi-3's fused names hold a Llama-shaped model as well as Llama's; an MoE family is the one that claims
+    the model, the first)."""
     others = [dense.model_type for dense in dense_families().values() if not dense.misfits(model)]
-    others += [weights.model_type for weights in family_weights().values() if not weights.misfits(model)]
-    return list(dict.fromkeys([first, *others]))
+    return list(dict.fromkeys([hf.model_type_of(model), *others]))
 
 
 def read_whole_because(model_type: str) -> Optional[str]:

@@ -1,0 +1,105 @@
+"""A DeepSpeed run of a transformers model of any family read here (LlamaForCausalLM, Qwen2, Mistral, Gemma 2/3,
+OLMo 2, Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE, ...): its parameters, under the module's names as DeepSpeed records
+them (`param_shapes`), are the names the family's own Hugging Face mapping takes (checkpoint/hf/mapping.py), the one
+`--init-from-hf` uses; no table of names here.
+
+A DeepSpeed folder has no config.json: the model is this run's (its flags), and so is the family, the one the export
+writes it as, or else another whose names hold it (Phi-3's fused qkv_proj holds what Llama's names do). The
+family's conversion only moves rows, so it is traced once on stand-ins (checkpoint/hf/source.py `traced_runs`): each
+of our tensors is runs of rows of DeepSpeed's tensors, read a region at a time from the ZeRO partitions.
+transformers 5 holds an MoE layer's experts fused ([experts, 2 x ffn, hidden] gate rows first, and [experts, hidden,
+ffn]), and so does DeepSpeed's copy: their rows are those of the [-1, last] view. The vocabulary is presented at the
+run's own rows (the loader pads it, as for GPT-2's)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from base.errors import CheckpointError, ConfigError
+from base.options import replace_settings
+from checkpoint.hf.folders import check_tensors_fit
+from checkpoint.hf.mapping import HFMapping, hf_mapping, model_types_for, read_whole_because
+from checkpoint.hf.source import Run, read_runs, traced_runs
+
+Region = tuple[slice, ...]
+ReadSource = Callable[[str, Region, tuple[int, ...]], torch.Tensor]  # (name, region of the view, the view)
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    """A DeepSpeed parameter as traced_runs takes it: its name and shape."""
+    name: str
+    shape: tuple[int, ...]
+
+
+def row_view(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor as rows: [-1, last] (traced_runs numbers a fused tensor's rows so)."""
+    return (math.prod(shape[:-1]), shape[-1]) if len(shape) > 2 else tuple(shape)
+
+
+@dataclass(frozen=True)
+class Traced:
+    """One of our tensors as runs of DeepSpeed tensors' rows, at its whole `shape`; `shift` the family's gain shift."""
+    runs: list[Run]
+    whole_shape: tuple[int, ...]
+    shift: Callable[[str, torch.Tensor], torch.Tensor]
+    name: str
+
+    def shape_in(self, source_shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+        return self.whole_shape
+
+    def sources(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(run.stored.name for run in self.runs if run.stored is not None))
+
+    def read(self, region: Region, read_source: ReadSource) -> torch.Tensor:
+        rows, rest = region[0], region[1:]
+
+        def read_run(run: Run, theirs: slice) -> torch.Tensor:
+            if run.stored is None:
+                raise CheckpointError(f"{self.name}: rows {theirs} are no DeepSpeed tensor's")
+            view = row_view(run.stored.shape)
+            if run.transposed:  # GPT-2's Conv1D: our rows are its columns
+                return read_source(run.stored.name, (rest[0], theirs), view).t()
+            return read_source(run.stored.name, (theirs, *rest), view)
+        return self.shift(self.name, read_runs(self.runs, rows, read_run))
+
+
+def _fitting(shapes: dict[str, tuple[int, ...]], model) -> HFMapping:
+    """The first family whose names hold these tensors for `model` (module docstring), at the vocabulary they hold
+    (the loader compares it with the run's, which the start's checks see before the tokenizer resolves it)."""
+    meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    reasons = []
+    for model_type in model_types_for(model):
+        because = read_whole_because(model_type)
+        if because:
+            reasons.append(f"as {model_type}: {because}")
+            continue
+        mapping = hf_mapping(model_type, model, model.vocab_size)
+        canonical = mapping.canonical(meta)
+        rows = canonical[mapping.embedding].shape[0] if mapping.embedding in canonical else model.vocab_size
+        if rows != model.vocab_size:
+            mapping = hf_mapping(model_type, replace_settings(model, vocab_size=rows), rows)
+        if mapping.tied and "lm_head.weight" in canonical:  # DeepSpeed records a tied (shared) parameter once
+            reasons.append(f"as {model_type}: its lm_head.weight is a parameter of its own, this run's output layer "
+                           f"is the word embedding (pass --untie-embeddings-and-output-weights)")
+            continue
+        try:
+            check_tensors_fit(canonical, mapping.shapes, "its parameters", mapping.embedding, mapping.tied)
+        except ConfigError as error:
+            reasons.append(f"as {model_type}: {error}")
+            continue
+        return mapping
+    raise CheckpointError(reasons[0] if reasons else "no family of families/ holds this run's model")
+
+
+def family_map(source_shapes: dict[str, tuple[int, ...]], model) -> tuple[str, dict[str, Traced]]:
+    """(the family's model_type, our names -> Traced) for a DeepSpeed run of a transformers model; `model`: this
+    run's ModelConfig. CheckpointError in one line where no family's names hold its parameters."""
+    mapping = _fitting(source_shapes, model)
+    stored = {name: SourceTensor(name, tuple(shape)) for name, shape in source_shapes.items()}
+    traced = traced_runs(stored, mapping.transposed, lambda ids: mapping.convert(mapping.canonical(ids)))
+    return mapping.model_type, {ours: Traced(runs, shape, mapping.shift, ours) for ours, (runs, shape) in traced.items()}
