@@ -12,8 +12,8 @@ Megatron-DeepSpeed's GPT (scripts/megatron_deepspeed_gpt.py) at ZeRO 1, 2, 3 sav
 with --deepspeed --no-pipeline-parallel (client state, tracker file, its OptimizerParamScheduler stepped by each
 update's samples); the same as GPTModelPipe, its default module (pipeline engine at one stage, ZeRO 1); a
 transformers GPT2LMHeadModel trained by a plain DeepSpeed script (no client state; universal form via
---inject_missing_state); the same script over a LlamaForCausalLM (ZeRO 2 and 3) and a MixtralForCausalLM (ZeRO 3;
-transformers 5 holds its experts fused). DeepSpeed 0.19.8's converter fails on the ZeRO 1/2 GPTModel files
+--inject_missing_state); the same script over a LlamaForCausalLM (ZeRO 2 and 3), a MixtralForCausalLM (ZeRO 3;
+transformers 5 holds its experts fused) and a Phi3ForCausalLM (ZeRO 1; Llama's blocks under fused names). DeepSpeed 0.19.8's converter fails on the ZeRO 1/2 GPTModel files
 (recorded). `--cases NAME ...` (re)writes only those cases into the fixtures, keeping the others.
 
 Data: our data path's samples (data/gpt_dataset.py), each DeepSpeed rank fed our sampler's micro-batches. Optimizer: torch AdamW as DeepSpeed's client optimizer, Megatron's parameter
@@ -86,6 +86,8 @@ TRANSFORMERS_MODELS = {
                                    layer_norm_epsilon=1e-5), GPT2_FLAGS),
     "hf_llama": ("LlamaConfig", LLAMA, LLAMA_FLAGS),
     "hf_mixtral": ("MixtralConfig", dict(LLAMA, num_local_experts=EXPERTS, num_experts_per_tok=TOPK), MIXTRAL_FLAGS),
+    # Llama's blocks under Phi-3's fused names (qkv_proj, gate_up_proj): the same flags
+    "hf_phi3": ("Phi3Config", dict(LLAMA, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0), LLAMA_FLAGS),
 }
 
 
@@ -187,7 +189,7 @@ def main(argv=None) -> int:
         cases = [("hf_gpt2_zero2", "hf_gpt2", 2)] + [(f"megatron_deepspeed_zero{stage}", "megatron_deepspeed", stage)
                                                      for stage in STAGES] \
             + [("megatron_deepspeed_pipe_zero1", "megatron_deepspeed_pipe", 1), ("hf_llama_zero2", "hf_llama", 2),
-               ("hf_llama_zero3", "hf_llama", 3), ("hf_mixtral_zero3", "hf_mixtral", 3)]
+               ("hf_llama_zero3", "hf_llama", 3), ("hf_mixtral_zero3", "hf_mixtral", 3), ("hf_phi3_zero1", "hf_phi3", 1)]
         for name, model, stage in cases:
             if args.cases and name not in args.cases:
                 continue

@@ -1,12 +1,13 @@
 """DeepSpeed folders of the Hugging Face families continued here (issue 92 item 4): tests/fixtures/deepspeed_checkpoints'
-hf_llama_zero2, hf_llama_zero3 and hf_mixtral_zero3, written by DeepSpeed 0.19.8's own engine training transformers'
-LlamaForCausalLM and MixtralForCausalLM on 2 gloo ranks (scripts/deepspeed_checkpoint_fixtures.py, the harness of
+hf_llama_zero2, hf_llama_zero3, hf_mixtral_zero3 and hf_phi3_zero1, written by DeepSpeed 0.19.8's own engine training
+transformers' LlamaForCausalLM, MixtralForCausalLM and Phi3ForCausalLM on 2 gloo ranks (scripts/deepspeed_checkpoint_fixtures.py, the harness of
 tests/checkpoint/test_deepspeed_checkpoints.py's cases, which recorded DeepSpeed's next loss in losses.json).
 
 - The tensors: each of our tensors read from the ZeRO partitions through the family's mapping traced once
   (checkpoint/deepspeed/families.py) equals what --init-from-hf's own conversion makes of the same weights whole
   (checkpoint/hf/source.py load_hf_weights on a folder of DeepSpeed's consolidated tensors), bitwise; Mixtral's
-  experts are fused [experts, 2 x ffn, hidden] in transformers 5 and in DeepSpeed's copy.
+  experts are fused [experts, 2 x ffn, hidden] in transformers 5 and in DeepSpeed's copy; Phi-3's fused names hold
+  the model the same flags give Llama's (the export writes it as Llama: the reader finds Phi-3's names next).
 - The continuation (slow): pretrain_gpt.py with the run's flags and --load trains iteration 3, and its fp32 loss is
   the one DeepSpeed computed from the same checkpoint (1e-6 relative; measured: bitwise, docs/checkpoints.md).
 - A run whose model the parameters do not fit is refused in one line naming each misfit.
@@ -25,7 +26,9 @@ from checkpoint.deepspeed.source import open_deepspeed_source
 from checkpoint.deepspeed.stores import read_region
 from tests.checkpoint.test_deepspeed_checkpoints import FIXTURES, RECORD, continues_to_deepspeeds_loss
 
-CASES = ("hf_llama_zero2", "hf_llama_zero3", "hf_mixtral_zero3")
+# each case and the family its parameters are read as: Phi-3's fused names hold the same flags' model as Llama's
+FAMILY = {"hf_llama_zero2": "llama", "hf_llama_zero3": "llama", "hf_mixtral_zero3": "mixtral", "hf_phi3_zero1": "phi3"}
+CASES = tuple(FAMILY)
 
 
 def model_config(case: str, *extra: str):
@@ -62,8 +65,7 @@ def test_each_tensor_is_what_the_families_own_conversion_makes_of_deepspeeds_wei
     src = source(case)
     theirs = load_hf_weights(hf_folder(case, tmp_path), model_config(case), ParallelState(device=torch.device("cpu")))
     info = src.tensors("master")
-    assert info.keys() == theirs.keys() and src.format_name.endswith(
-        "transformers mixtral" if "mixtral" in case else "transformers llama")
+    assert info.keys() == theirs.keys() and src.format_name.endswith(f"transformers {FAMILY[case]}")
     for name, tensor in info.items():
         ours = src.read("master", name, tuple(slice(0, n) for n in tensor.shape))
         assert torch.equal(ours, theirs[name][:ours.shape[0]]), name  # theirs: padded to 128 vocabulary rows
@@ -102,4 +104,4 @@ CONTINUED = [(case, False) for case in CASES] + [
 @pytest.mark.parametrize("case, universal", CONTINUED)
 def test_our_next_iteration_computes_the_loss_deepspeed_computed_from_the_same_checkpoint(case, universal, tmp_path):
     out, _ = continues_to_deepspeeds_loss(case, universal, tmp_path, rel=1e-6)
-    assert f"transformers {'mixtral' if 'mixtral' in case else 'llama'}" in out  # the family found
+    assert f"transformers {FAMILY[case]}" in out  # the family found
