@@ -78,7 +78,8 @@ MIXTRAL_FLAGS = LLAMA_FLAGS + ["--num-experts", str(EXPERTS), "--moe-router-topk
 LLAMA = dict(vocab_size=GPT2_VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
              num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=SEQ, rms_norm_eps=1e-5,
              tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})  # Mixtral's own default is 1e6
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},  # Mixtral's own default is 1e6
+             attn_implementation="eager")  # plain matmuls and softmax (GPT-2's cases ran sdpa, its default)
 # each plain-DeepSpeed transformers case: its config class and arguments, and our flags
 TRANSFORMERS_MODELS = {
     "hf_gpt2": ("GPT2Config", dict(vocab_size=GPT2_VOCAB, n_positions=SEQ, n_embd=HIDDEN, n_layer=LAYERS,
@@ -364,10 +365,8 @@ def build_engine(spec: dict, universal: bool, seed: int):
 
         torch.manual_seed(seed)
         config_class, arguments, _ = TRANSFORMERS_MODELS[spec["model"]]
-        config = getattr(transformers, config_class)(**arguments)
-        # eager attention: plain matmuls and softmax, the sums transformers' reference forward does
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-        tied = model.get_input_embeddings().weight if config.tie_word_embeddings else None
+        model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**arguments))
+        tied = model.get_input_embeddings().weight if model.config.tie_word_embeddings else None
     if spec["stage"] == 3 and tied is not None:  # the output layer reads the word embedding outside its forward
         deepspeed.zero.register_external_parameter(model, tied)
     groups = param_groups(model)

@@ -37,13 +37,11 @@ from checkpoint.deepspeed.files import (
     pickle_bytes,
 )
 from checkpoint.deepspeed.names import (
-    GPT2,
     MEGATRON_DEEPSPEED,
     MEGATRON_DEEPSPEED_PIPE,
     TRANSFORMERS,
     Attention,
     Mapped,
-    gpt2_map,
     megatron_deepspeed_map,
     model_family,
 )
@@ -136,40 +134,37 @@ class DeepSpeedSource(GlobalStateSource):
 
     def _map(self, attention: Attention, model) -> dict[str, Mapped | Traced]:
         shapes = self.store.shapes
-        if self.family == TRANSFORMERS and model is not None:
-            try:
-                model_type, mapped = family_map(shapes, model)
-            except CheckpointError as error:
-                raise CheckpointError(f"{self.path}: its transformers model's parameters fit no family read here "
-                                      f"for this run's model ({error})") from None
-            self.family = f"transformers {model_type}"
-            return mapped
-        if self.family in (MEGATRON_DEEPSPEED, MEGATRON_DEEPSPEED_PIPE):
-            args = self.args
-            mapped, unknown = megatron_deepspeed_map(
-                shapes, attention, block_qkv=args is not None and hasattr(args, "ds_sequence_parallel_fpdt"),
-                tensor_parallel=getattr(args, "tensor_model_parallel_size", 1) if self.checkpoint.universal else 1,
-                swiglu=bool(getattr(args, "swiglu", False)))
-        elif self.family == GPT2:
-            mapped, unknown = gpt2_map(shapes, attention, tied=self._gpt2_tied())
-        else:
+        if self.family == TRANSFORMERS:
+            return self._map_transformers(model)
+        if self.family not in (MEGATRON_DEEPSPEED, MEGATRON_DEEPSPEED_PIPE):
             shown = ", ".join(sorted(shapes)[:4])
             raise CheckpointError(f"{self.path}: its parameters ({shown}, ...) are not a Megatron-DeepSpeed GPT's "
                                   f"(GPTModel's language_model.*, GPTModelPipe's N.self_attention.*) nor a "
                                   f"transformers CausalLM's (transformer.*, model.*): this reader knows those")
+        args = self.args
+        mapped, unknown = megatron_deepspeed_map(
+            shapes, attention, block_qkv=args is not None and hasattr(args, "ds_sequence_parallel_fpdt"),
+            tensor_parallel=getattr(args, "tensor_model_parallel_size", 1) if self.checkpoint.universal else 1,
+            swiglu=bool(getattr(args, "swiglu", False)))
         if unknown:
             raise CheckpointError(f"{self.path}: {len(unknown)} tensors of its {self.family} have no counterpart "
                                   f"here ({', '.join(sorted(unknown)[:4])}{', ...' if len(unknown) > 4 else ''})")
         return mapped
 
-    def _gpt2_tied(self) -> bool:
-        """The output layer is the word embedding: DeepSpeed recorded lm_head as shared (`shared_params`), or a
-        universal checkpoint has no optimizer state for it (ds_to_universal wrote its weights from the module)."""
-        if "lm_head.weight" not in self.store.shapes:
-            return True
-        if isinstance(self.store, UniversalStore):
-            return "exp_avg" not in self.store.keys_of.get("lm_head.weight", ())
-        return "lm_head.weight" in (self.model_states.get("shared_params") or {})
+    def _map_transformers(self, model) -> dict[str, Traced]:
+        """A transformers model's parameters through its family's mapping (checkpoint/deepspeed/families.py), less
+        the ones DeepSpeed records as another's (`shared_params`: a tied lm_head is the word embedding; a universal
+        checkpoint writes its weights from the module all the same)."""
+        if model is None:
+            raise CheckpointError(f"{self.path}: a transformers model's parameters are mapped for the run's model")
+        shared = set(self.model_states.get("shared_params") or {})
+        try:
+            model_type, mapped = family_map({n: s for n, s in self.store.shapes.items() if n not in shared}, model)
+        except CheckpointError as error:
+            raise CheckpointError(f"{self.path}: its transformers model's parameters fit no family read here "
+                                  f"for this run's model ({error})") from None
+        self.family = f"transformers {model_type}"
+        return mapped
 
     # ---- GlobalStateSource ------------------------------------------------------------------
 

@@ -27,18 +27,26 @@ import pytest
 import torch
 
 import pretrain_gpt
+from arguments.parser import parse_config
+from base.options import replace_settings
 from checkpoint.deepspeed.files import find_deepspeed_checkpoint
 from checkpoint.deepspeed.names import Attention, qkv_rows_from_blocks
-from checkpoint.deepspeed.source import DeepSpeedSource
+from checkpoint.deepspeed.source import DeepSpeedSource, open_deepspeed_source
 from tests.reliability_helpers import metrics_records, run_main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "deepspeed_checkpoints"
 RECORD = json.loads((FIXTURES / "losses.json").read_text())
-ATTENTION = Attention(heads=2, groups=2, head_dim=8)  # the fixtures' model: hidden 16, 2 heads
 
 
-def source(case: str, universal: bool = False) -> DeepSpeedSource:
-    return DeepSpeedSource(find_deepspeed_checkpoint(FIXTURES / case, universal), ATTENTION)
+def case_model(case: str, *extra: str):
+    """The model of the run that continues `case`, as the loader sees it: the case's flags (`extra` after them), the
+    vocabulary resolved (NullTokenizer's ids and its end of document)."""
+    model = parse_config(RECORD["cases"][case]["our_flags"] + ["--mock-data", *extra]).model
+    return replace_settings(model, vocab_size=model.vocab_size + 1)
+
+
+def source(case: str, universal: bool = False, folder: Path = FIXTURES) -> DeepSpeedSource:
+    return open_deepspeed_source(find_deepspeed_checkpoint(folder / case, universal), case_model(case))
 
 
 def whole(src: DeepSpeedSource) -> dict[str, dict[str, torch.Tensor]]:

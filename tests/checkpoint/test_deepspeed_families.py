@@ -24,21 +24,15 @@ from base.options import replace_settings
 from checkpoint.deepspeed.files import find_deepspeed_checkpoint
 from checkpoint.deepspeed.source import open_deepspeed_source
 from checkpoint.deepspeed.stores import read_region
-from tests.checkpoint.test_deepspeed_checkpoints import FIXTURES, RECORD, continues_to_deepspeeds_loss
+from tests.checkpoint.test_deepspeed_checkpoints import FIXTURES, RECORD, case_model, continues_to_deepspeeds_loss
 
 # each case and the family its parameters are read as: Phi-3's fused names hold the same flags' model as Llama's
 FAMILY = {"hf_llama_zero2": "llama", "hf_llama_zero3": "llama", "hf_mixtral_zero3": "mixtral", "hf_phi3_zero1": "phi3"}
 CASES = tuple(FAMILY)
 
 
-def model_config(case: str, *extra: str):
-    """The run's model as the loader sees it: the case's flags, the vocabulary resolved (NullTokenizer's 100 + 1)."""
-    model = parse_config(RECORD["cases"][case]["our_flags"] + ["--mock-data", *extra]).model
-    return replace_settings(model, vocab_size=model.vocab_size + 1)
-
-
 def source(case: str, universal: bool = False, *extra: str):
-    return open_deepspeed_source(find_deepspeed_checkpoint(FIXTURES / case, universal), model_config(case, *extra))
+    return open_deepspeed_source(find_deepspeed_checkpoint(FIXTURES / case, universal), case_model(case, *extra))
 
 
 def hf_folder(case: str, tmp_path):
@@ -63,7 +57,7 @@ def test_each_tensor_is_what_the_families_own_conversion_makes_of_deepspeeds_wei
     from parallel.state import ParallelState
 
     src = source(case)
-    theirs = load_hf_weights(hf_folder(case, tmp_path), model_config(case), ParallelState(device=torch.device("cpu")))
+    theirs = load_hf_weights(hf_folder(case, tmp_path), case_model(case), ParallelState(device=torch.device("cpu")))
     info = src.tensors("master")
     assert info.keys() == theirs.keys() and src.format_name.endswith(f"transformers {FAMILY[case]}")
     for name, tensor in info.items():
