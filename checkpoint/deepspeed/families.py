@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -68,31 +68,44 @@ class Traced:
         return self.shift(self.name, read_runs(self.runs, rows, read_run))
 
 
+ROUTER_BUFFER = "e_score_correction_bias"  # DeepSeek-V3's and GLM-4.5's router bias: a buffer in transformers
+
+
+def _why_not(mapping: HFMapping, canonical: dict[str, torch.Tensor]) -> Optional[str]:
+    """Why these parameters (under the family's canonical names) are not `mapping`'s model (None: they are)."""
+    expected = mapping.shapes
+    buffers = sorted(name for name in expected if name.endswith(ROUTER_BUFFER) and name not in canonical)
+    if buffers:
+        return (f"its routers' {ROUTER_BUFFER} ({buffers[0]}, ...) is a buffer, not a parameter, and this reader takes "
+                f"DeepSpeed's ZeRO partitions, which hold parameters only (the model states' module copy that holds "
+                f"buffers is not read)")
+    if mapping.tied and "lm_head.weight" in canonical:  # DeepSpeed records a tied (shared) parameter once
+        return ("its lm_head.weight is a parameter of its own, this run's output layer is the word embedding (pass "
+                "--untie-embeddings-and-output-weights)")
+    try:
+        check_tensors_fit(canonical, expected, "its parameters", mapping.embedding, mapping.tied)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
 def _fitting(shapes: dict[str, tuple[int, ...]], model) -> HFMapping:
     """The first family whose names hold these tensors for `model` (module docstring), at the vocabulary they hold
-    (the loader compares it with the run's, which the start's checks see before the tokenizer resolves it)."""
+    (the loader compares it with the run's, which a run's start does not know before its tokenizer is read)."""
     meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
     reasons = []
     for model_type in model_types_for(model):
         because = read_whole_because(model_type)
-        if because:
-            reasons.append(f"as {model_type}: {because}")
-            continue
-        mapping = hf_mapping(model_type, model, model.vocab_size)
-        canonical = mapping.canonical(meta)
-        rows = canonical[mapping.embedding].shape[0] if mapping.embedding in canonical else model.vocab_size
-        if rows != model.vocab_size:
-            mapping = hf_mapping(model_type, replace_settings(model, vocab_size=rows), rows)
-        if mapping.tied and "lm_head.weight" in canonical:  # DeepSpeed records a tied (shared) parameter once
-            reasons.append(f"as {model_type}: its lm_head.weight is a parameter of its own, this run's output layer "
-                           f"is the word embedding (pass --untie-embeddings-and-output-weights)")
-            continue
-        try:
-            check_tensors_fit(canonical, mapping.shapes, "its parameters", mapping.embedding, mapping.tied)
-        except ConfigError as error:
-            reasons.append(f"as {model_type}: {error}")
-            continue
-        return mapping
+        if because is None:
+            mapping = hf_mapping(model_type, model, model.vocab_size)
+            canonical = mapping.canonical(meta)
+            rows = canonical[mapping.embedding].shape[0] if mapping.embedding in canonical else model.vocab_size
+            if rows != model.vocab_size:
+                mapping = hf_mapping(model_type, replace_settings(model, vocab_size=rows), rows)
+            because = _why_not(mapping, canonical)
+            if because is None:
+                return mapping
+        reasons.append(f"as {model_type}: {because}")
     raise CheckpointError(reasons[0] if reasons else "no family of families/ holds this run's model")
 
 

@@ -33,16 +33,21 @@ LLAMA_TYPES = (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES)
 @dataclass(frozen=True)
 class HFMapping:
     """One family's mapping for one model (module docstring); `check_config(fields, model, path)` compares a
-    folder's config.json with the model."""
+    folder's config.json with the model. The shapes are built when asked (a meta model: the name-only pass needs no
+    vocabulary, which a run's start may not know yet)."""
     model_type: str
     canonical: Callable[[dict], dict]
-    shapes: dict[str, tuple[int, ...]]
+    shapes_of: Callable[[], dict[str, tuple[int, ...]]]
     convert: Callable[[dict], dict]
     shift: Callable[[str, torch.Tensor], torch.Tensor]
     check_config: Callable
     embedding: str = "model.embed_tokens.weight"
     tied: bool = True
     transposed: frozenset = frozenset()
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.shapes_of()
 
 
 def hf_mapping(model_type: str, model: ModelConfig, padded_vocab: int) -> HFMapping:
@@ -55,20 +60,20 @@ def hf_mapping(model_type: str, model: ModelConfig, padded_vocab: int) -> HFMapp
         return hf.shifted_gains({name: values}, model, family, -1)[name]
     if moe is not None:
         return HFMapping(model_type, lambda tensors: canonical_names(tensors, model.num_layers),
-                         tensor_shapes(moe, model), lambda ids: moe.from_hf(ids, model, padded_vocab), shift,
+                         lambda: tensor_shapes(moe, model), lambda ids: moe.from_hf(ids, model, padded_vocab), shift,
                          check_llama_hf_config, tied=tied)
     if family is not None:
         return HFMapping(model_type, lambda tensors: hf_dense.canonical_names(tensors, family),
-                         hf_dense.tensor_shapes(model, family),
+                         lambda: hf_dense.tensor_shapes(model, family),
                          lambda ids: hf_dense.from_hf(ids, model, padded_vocab, family), shift, check_llama_hf_config,
                          tied=tied)
     if model_type in LLAMA_TYPES:
         return HFMapping(model_type, lambda tensors: hf_llama.canonical_names(tensors, model_type),
-                         hf_llama.llama_tensor_shapes(model, model_type),
+                         lambda: hf_llama.llama_tensor_shapes(model, model_type),
                          lambda ids: hf_llama.from_llama_state_dict(ids, model, padded_vocab, model_type), shift,
                          check_llama_hf_config, tied=tied)
     transposed = frozenset(theirs for _, theirs, how in hf.name_table(model) if how in ("qkv_weight", "linear"))
-    return HFMapping(GPT2_TYPE, hf.gpt2_lm_head_names, hf.hf_tensor_shapes(model),
+    return HFMapping(GPT2_TYPE, hf.gpt2_lm_head_names, lambda: hf.hf_tensor_shapes(model),
                      lambda ids: hf.from_hf_state_dict(ids, model, padded_vocab), shift, hf.check_hf_config,
                      embedding="transformer.wte.weight", tied=True, transposed=transposed)
 
@@ -83,10 +88,12 @@ def model_types_for(model: ModelConfig) -> list[str]:
 
 def read_whole_because(model_type: str) -> Optional[str]:
     """Why `model_type`'s conversion is more than moving rows, so that `traced_runs` cannot trace it (None: it only
-    moves rows)."""
+    moves rows): GPT-OSS's experts are [hidden, 2 x ffn] with gate and up columns interleaved, transposed and split
+    by its conversion; Apertus's xIELU beta and eps (buffers) are checked by value."""
     moe = family_weights().get(model_type)
     if moe is not None and moe.unpack is not None:
-        return f"{moe.architecture}'s file layout of its experts is unpacked by more than moving rows"
+        return (f"{moe.architecture}'s experts are stored [hidden, 2 x ffn] with gate and up columns interleaved, "
+                f"which its conversion transposes and splits: more than moving rows")
     if model_type in llama_families() and model_type not in LLAMA_TYPES:
-        return "its activation's constants are checked by value"
+        return "its conversion checks the xIELU activation's beta and eps buffers by value: more than moving rows"
     return None

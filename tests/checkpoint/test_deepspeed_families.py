@@ -10,6 +10,8 @@ tests/checkpoint/test_deepspeed_checkpoints.py's cases, which recorded DeepSpeed
   the model the same flags give Llama's (the export writes it as Llama: the reader finds Phi-3's names next).
 - The continuation (slow): pretrain_gpt.py with the run's flags and --load trains iteration 3, and its fp32 loss is
   the one DeepSpeed computed from the same checkpoint (1e-6 relative; measured: bitwise, docs/checkpoints.md).
+- Every family read here: the module's parameters by the names DeepSpeed records read as --init-from-hf reads the
+  family's saved folder, bitwise, or (GPT-OSS, Apertus, DeepSeek-V3, GLM-4.5) a refusal in one line with the reason.
 - A run whose model the parameters do not fit is refused in one line naming each misfit.
 """
 
@@ -88,6 +90,75 @@ def test_a_run_whose_model_the_parameters_do_not_fit_is_refused_in_one_line():
                  if flag != "--untie-embeddings-and-output-weights"]
         open_deepspeed_source(find_deepspeed_checkpoint(FIXTURES / "hf_llama_zero2", False),
                               replace_settings(parse_config(flags).model, vocab_size=101))
+
+
+# ---- every family read here, by the names DeepSpeed records ------------------------------------------------------
+
+# the families whose DeepSpeed folders are refused, and the reason each is
+REFUSED = {"gpt_oss": "gate and up columns interleaved, which its conversion transposes and splits",
+           "deepseek_v3": "e_score_correction_bias (model.layers.1.mlp.gate.e_score_correction_bias, ...) is a buffer",
+           "glm4_moe": "e_score_correction_bias (model.layers.1.mlp.gate.e_score_correction_bias, ...) is a buffer",
+           "apertus": "checks the xIELU activation's beta and eps buffers by value"}
+
+
+def family_folder(family: str, path):
+    """The family's tiny random folder, as its own --init-from-hf test makes it."""
+    import transformers
+
+    from tests.checkpoint import moe_family_folders, test_hf_dense_families
+    from tests.checkpoint.test_hf_apertus import random_apertus_folder
+    from tests.checkpoint.test_hf_folder_is_the_model import random_weights
+    from tests.checkpoint.test_hf_moe import mixtral_folder, qwen2_moe_folder
+
+    made = {"mixtral": mixtral_folder, "qwen2_moe": qwen2_moe_folder, "apertus": random_apertus_folder}
+    if family in made:
+        return made[family](path)
+    if family in moe_family_folders.FAMILIES:
+        return moe_family_folders.family_folder(family, path)
+    config_class, model_class, extra = test_hf_dense_families.FAMILIES[family]
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**test_hf_dense_families.COMMON,
+                                                                                 **extra))
+    random_weights(model, seed=7)
+    model.save_pretrained(str(path))
+    return path
+
+
+EVERY_FAMILY = ["qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "olmo2", "phi3", "phi3_longrope", "llama",
+                "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", *REFUSED]
+
+
+@pytest.mark.parametrize("family", EVERY_FAMILY)
+def test_every_familys_parameters_read_as_init_from_hf_reads_its_folder(family, tmp_path):
+    """The module's parameters by the names DeepSpeed records (transformers' in-memory names: fused experts), mapped
+    and traced for the run's model (the folder's settings), read as --init-from-hf reads the saved folder."""
+    import transformers
+
+    from arguments.config import PretrainConfig
+    from arguments.hf_config import read_hf_config
+    from arguments.hf_folder import architecture_settings
+    from checkpoint.deepspeed.families import family_map
+    from checkpoint.hf.source import load_hf_weights
+    from parallel.state import ParallelState
+
+    folder = family_folder(family, tmp_path / "hf")
+    hf = read_hf_config(folder)
+    settings = {name: given.value for name, given in architecture_settings(hf).items()}
+    model = replace_settings(PretrainConfig().model, **{**settings, "vocab_size": hf.fields["vocab_size"]})
+    params = dict(transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+                  .named_parameters())
+    shapes = {name: tuple(param.shape) for name, param in params.items()}
+    if family in REFUSED:
+        with pytest.raises(CheckpointError) as error:
+            family_map(shapes, model)
+        assert REFUSED[family] in str(error.value) and "\n" not in str(error.value)
+        return
+    _, traced = family_map(shapes, model)
+    theirs = load_hf_weights(folder, model, ParallelState(device=torch.device("cpu")))
+    assert traced.keys() == theirs.keys()
+    for name, tensor in traced.items():
+        ours = tensor.read(tuple(slice(0, n) for n in tensor.whole_shape),
+                           lambda source, region, view: params[source].detach().reshape(view)[region])
+        assert torch.equal(ours, theirs[name][:ours.shape[0]]), name  # theirs padded to the vocabulary's multiple
 
 
 CONTINUED = [(case, False) for case in CASES] + [
