@@ -79,6 +79,14 @@ def test_the_moments_and_the_step_come_with_the_weights():
     assert moment.shape == (4, 16) and bool((moment > 0).all())
 
 
+def test_a_start_that_has_not_read_its_tokenizer_maps_at_the_checkpoints_vocabulary():
+    """The start's checks run before the tokenizer is read (a HuggingFace tokenizer's vocabulary is then unset): the
+    name-only pass needs no vocabulary, and the source presents the rows it holds (the loader compares them)."""
+    unset = replace_settings(case_model("hf_mixtral_zero3"), vocab_size=None)
+    src = open_deepspeed_source(find_deepspeed_checkpoint(FIXTURES / "hf_mixtral_zero3", False), unset)
+    assert src.tensors("master")["word_embeddings.weight"].shape == (101, 16)
+
+
 def test_a_run_whose_model_the_parameters_do_not_fit_is_refused_in_one_line():
     with pytest.raises(CheckpointError) as error:
         source("hf_llama_zero2", False, "--num-query-groups", "2")
