@@ -1,6 +1,6 @@
-"""A DeepSpeed run of a transformers model of any family read here (LlamaForCausalLM, Qwen2, Mistral, Gemma 2/3,
-OLMo 2, Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE, ...): its parameters, under the module's names as DeepSpeed records
-them (`param_shapes`), are the names the family's own Hugging Face mapping takes (checkpoint/hf/mapping.py), the one
+"""A DeepSpeed run of a transformers model of any family read here (GPT-2, Llama, Qwen2, Mistral, Gemma 2/3, OLMo 2,
+Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): its parameters, under the module's names as DeepSpeed records them
+(`param_shapes`), are the names the family's own Hugging Face mapping takes (checkpoint/hf/mapping.py), the one
 `--init-from-hf` uses; no table of names here.
 
 A DeepSpeed folder has no config.json: the model is this run's (its flags), and so is the family, the one the export
@@ -9,7 +9,9 @@ family's conversion only moves rows, so it is traced once on stand-ins (checkpoi
 of our tensors is runs of rows of DeepSpeed's tensors, read a region at a time from the ZeRO partitions.
 transformers 5 holds an MoE layer's experts fused ([experts, 2 x ffn, hidden] gate rows first, and [experts, hidden,
 ffn]), and so does DeepSpeed's copy: their rows are those of the [-1, last] view. The vocabulary is presented at the
-run's own rows (the loader pads it, as for GPT-2's)."""
+rows the checkpoint holds (the loader pads it and compares it with the run's). Refused in one line with the reason:
+a family whose conversion is more than moving rows (GPT-OSS, Apertus) and one whose routers keep a buffer the
+partitions do not hold (DeepSeek-V3's and GLM-4.5's e_score_correction_bias)."""
 
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ class Traced:
         return tuple(dict.fromkeys(run.stored.name for run in self.runs if run.stored is not None))
 
     def read(self, region: Region, read_source: ReadSource) -> torch.Tensor:
+        """`region` of our tensor: of each run it overlaps, only its rows' region of the DeepSpeed tensor."""
         rows, rest = region[0], region[1:]
 
         def read_run(run: Run, theirs: slice) -> torch.Tensor:

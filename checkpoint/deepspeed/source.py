@@ -3,9 +3,9 @@ TP 1 shape and layout, read a region at a time; the iteration, consumed samples,
 Adam step where the run recorded them.
 
 The tag folder (checkpoint/deepspeed/files.py finds it) is ZeRO 1/2, ZeRO 3 or universal (checkpoint/deepspeed/stores.py
-reads each), of a Megatron-DeepSpeed GPTModel or a transformers GPT2LMHeadModel (checkpoint/deepspeed/names.py maps
-their names and layouts) or a transformers model of another family (checkpoint/deepspeed/families.py, through the
-family's own mapping). Where the run stood:
+reads each), of a Megatron-DeepSpeed GPTModel (checkpoint/deepspeed/names.py maps its names and layouts) or a
+transformers model of a family read here, GPT-2's included (checkpoint/deepspeed/families.py, through the family's own
+Hugging Face mapping). Where the run stood:
 
 - Megatron-DeepSpeed (megatron/checkpointing.py save_checkpoint: its client state in the model states file): the
   iteration is `iteration`; the consumed samples `args.consumed_train_samples` (its load_checkpoint reads them back
