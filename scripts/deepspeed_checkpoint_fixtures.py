@@ -178,7 +178,8 @@ def main(argv=None) -> int:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     prefix = write_tokens(out)  # the same tokens each time (seeded)
-    kept = json.loads((out / "losses.json").read_text())["cases"] if args.cases else {}
+    kept = json.loads((out / "losses.json").read_text())["cases"] if args.cases and (out / "losses.json").is_file() \
+        else {}
     record = {"written_by": f"scripts/deepspeed_checkpoint_fixtures.py with deepspeed {deepspeed.__version__}, "
                             f"torch {torch.__version__}, transformers {transformers.__version__}, "
                             f"{WORLD} gloo ranks (DS_ACCELERATOR=cpu)",
