@@ -85,8 +85,8 @@ def our_loss_scaler(scaler) -> tuple[Optional[str], Optional[dict]]:
 
 class DeepSpeedSource(GlobalStateSource):
     """A DeepSpeed tag folder as whole tensors by our names (module docstring). `attention`: the run's heads, key/value
-    heads and head size, which the fused query/key/value rows are laid out by; `model`: the run's ModelConfig, which
-    a transformers model of another family than GPT-2 is mapped for."""
+    heads and head size, which Megatron-DeepSpeed's fused query/key/value rows are laid out by; `model`: the run's
+    ModelConfig, which a transformers model's parameters (any family, GPT-2's too) are mapped for."""
 
     def __init__(self, checkpoint: DeepSpeedCheckpoint, attention: Attention, model=None) -> None:
         self.checkpoint, self.path = checkpoint, checkpoint.path
