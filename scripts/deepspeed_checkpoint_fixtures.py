@@ -12,7 +12,9 @@ Megatron-DeepSpeed's GPT (scripts/megatron_deepspeed_gpt.py) at ZeRO 1, 2, 3 sav
 with --deepspeed --no-pipeline-parallel (client state, tracker file, its OptimizerParamScheduler stepped by each
 update's samples); the same as GPTModelPipe, its default module (pipeline engine at one stage, ZeRO 1); a
 transformers GPT2LMHeadModel trained by a plain DeepSpeed script (no client state; universal form via
---inject_missing_state). DeepSpeed 0.19.8's converter fails on the ZeRO 1/2 GPTModel files (recorded).
+--inject_missing_state); the same script over a LlamaForCausalLM (ZeRO 2 and 3), a MixtralForCausalLM (ZeRO 3;
+transformers 5 holds its experts fused) and a Phi3ForCausalLM (ZeRO 1; Llama's blocks under fused names). DeepSpeed 0.19.8's converter fails on the ZeRO 1/2 GPTModel files
+(recorded). `--cases NAME ...` (re)writes only those cases into the fixtures, keeping the others.
 
 Data: our data path's samples (data/gpt_dataset.py), each DeepSpeed rank fed our sampler's micro-batches. Optimizer: torch AdamW as DeepSpeed's client optimizer, Megatron's parameter
 groups (no decay for biases and norms); fp32, dropout 0. The vocabulary is 128 tokens (NullTokenizer 127), no
@@ -60,9 +62,34 @@ COMMON_FLAGS = ["--num-layers", str(LAYERS), "--hidden-size", str(HIDDEN), "--nu
 # Megatron-DeepSpeed's scheduler decays linearly over the run; the GPT-2 script has none (a constant rate), and
 # GPT2LMHeadModel's activation is gelu_new, GeLU's tanh form
 MEGATRON_FLAGS = COMMON_FLAGS + ["--vocab-size", str(MEGATRON_VOCAB - 1), "--activation", "gelu"]
-GPT2_FLAGS = COMMON_FLAGS[:COMMON_FLAGS.index("--min-lr")] + ["--lr-decay-style", "constant"] \
-    + COMMON_FLAGS[COMMON_FLAGS.index("--weight-decay"):] + ["--vocab-size", str(GPT2_VOCAB - 1), "--activation",
-                                                            "gelu_tanh"]
+PLAIN_FLAGS = COMMON_FLAGS[:COMMON_FLAGS.index("--min-lr")] + ["--lr-decay-style", "constant"] \
+    + COMMON_FLAGS[COMMON_FLAGS.index("--weight-decay"):] + ["--vocab-size", str(GPT2_VOCAB - 1)]
+GPT2_FLAGS = PLAIN_FLAGS + ["--activation", "gelu_tanh"]
+# transformers' LlamaForCausalLM (LLAMA below): RMSNorm, SwiGLU, rotary halves, no biases, an untied output layer,
+# one key/value head; Mixtral's experts on every layer, the top 2 of 4 renormalized (Megatron-Core's softmax over the
+# top k), no auxiliary loss in the loss either side reports
+FFN, KV_HEADS, EXPERTS, TOPK = 32, 1, 4, 2
+LLAMA_FLAGS = PLAIN_FLAGS + ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                             "--rotary-base", "10000", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+                             "--group-query-attention", "--num-query-groups", str(KV_HEADS), "--ffn-hidden-size",
+                             str(FFN), "--layernorm-epsilon", "1e-05"]
+MIXTRAL_FLAGS = LLAMA_FLAGS + ["--num-experts", str(EXPERTS), "--moe-router-topk", str(TOPK), "--moe-ffn-hidden-size",
+                               str(FFN)]
+LLAMA = dict(vocab_size=GPT2_VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+             num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=SEQ, rms_norm_eps=1e-5,
+             tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},  # Mixtral's own default is 1e6
+             attn_implementation="eager")  # plain matmuls and softmax (GPT-2's cases ran sdpa, its default)
+# each plain-DeepSpeed transformers case: its config class and arguments, and our flags
+TRANSFORMERS_MODELS = {
+    "hf_gpt2": ("GPT2Config", dict(vocab_size=GPT2_VOCAB, n_positions=SEQ, n_embd=HIDDEN, n_layer=LAYERS,
+                                   n_head=HEADS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                   layer_norm_epsilon=1e-5), GPT2_FLAGS),
+    "hf_llama": ("LlamaConfig", LLAMA, LLAMA_FLAGS),
+    "hf_mixtral": ("MixtralConfig", dict(LLAMA, num_local_experts=EXPERTS, num_experts_per_tok=TOPK), MIXTRAL_FLAGS),
+    # Llama's blocks under Phi-3's fused names (qkv_proj, gate_up_proj): the same flags
+    "hf_phi3": ("Phi3Config", dict(LLAMA, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0), LLAMA_FLAGS),
+}
 
 
 def progress(message: str) -> None:
@@ -140,29 +167,36 @@ def remove_copied_tools(save_dir: Path) -> None:
 def main(argv=None) -> int:
     parser = OneLineArgumentParser(prog="deepspeed_checkpoint_fixtures.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=FIXTURES, help="where to write (default: the committed fixtures)")
+    parser.add_argument("--cases", nargs="+", metavar="NAME", help="only these cases, the others kept")
     args = parser.parse_args(argv)
     import deepspeed
     import torch
     import transformers
 
     out = args.out.resolve()
-    if out.exists():
+    if out.exists() and not args.cases:
         shutil.rmtree(out)
-    out.mkdir(parents=True)
-    prefix = write_tokens(out)
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = write_tokens(out)  # the same tokens each time (seeded)
+    kept = json.loads((out / "losses.json").read_text())["cases"] if args.cases and (out / "losses.json").is_file() \
+        else {}
     record = {"written_by": f"scripts/deepspeed_checkpoint_fixtures.py with deepspeed {deepspeed.__version__}, "
                             f"torch {torch.__version__}, transformers {transformers.__version__}, "
                             f"{WORLD} gloo ranks (DS_ACCELERATOR=cpu)",
-              "cases": {}}
+              "cases": kept}
     with tempfile.TemporaryDirectory(prefix="ds-fixtures-") as work:
         batches = global_batches(prefix, str(Path(work) / "cache"))
         for cache in (out / "data").glob("*.json"):  # the token-range check's cache beside the data: not data
             cache.unlink()
         cases = [("hf_gpt2_zero2", "hf_gpt2", 2)] + [(f"megatron_deepspeed_zero{stage}", "megatron_deepspeed", stage)
                                                      for stage in STAGES] \
-            + [("megatron_deepspeed_pipe_zero1", "megatron_deepspeed_pipe", 1)]
+            + [("megatron_deepspeed_pipe_zero1", "megatron_deepspeed_pipe", 1), ("hf_llama_zero2", "hf_llama", 2),
+               ("hf_llama_zero3", "hf_llama", 3), ("hf_mixtral_zero3", "hf_mixtral", 3), ("hf_phi3_zero1", "hf_phi3", 1)]
         for name, model, stage in cases:
+            if args.cases and name not in args.cases:
+                continue
             save_dir = out / name
+            shutil.rmtree(save_dir, ignore_errors=True)
             case = {"name": name, "model": model, "stage": stage, "save_dir": str(save_dir), "batches": batches}
             progress(f"{name}: training {TRAIN_ITERS} iterations, saving at {SAVED_AT}")
             trained = run_case(dict(case, phase="train"), Path(work))
@@ -171,14 +205,14 @@ def main(argv=None) -> int:
             resumed = run_case(dict(case, phase="resume"), Path(work))
             losses = {"losses": trained["losses"], "deepspeed_resumed": resumed["losses"]}
             progress(f"{name}: ds_to_universal, and DeepSpeed continues from the universal checkpoint")
-            failure = to_universal(save_dir, inject_missing_state=model == "hf_gpt2")
+            failure = to_universal(save_dir, inject_missing_state=model in TRANSFORMERS_MODELS)
             if failure is None:
                 losses["deepspeed_resumed_from_universal"] = run_case(dict(case, phase="universal"),
                                                                       Path(work))["losses"]
             else:
                 progress(f"{name}: ds_to_universal failed: {failure}")
                 losses["ds_to_universal_failed"] = failure
-            flags = MEGATRON_FLAGS if model.startswith("megatron_deepspeed") else GPT2_FLAGS
+            flags = MEGATRON_FLAGS if model.startswith("megatron_deepspeed") else TRANSFORMERS_MODELS[model][2]
             record["cases"][name] = {"zero_stage": stage, "saved_at": SAVED_AT, **losses, "our_flags": flags}
     (out / "losses.json").write_text(json.dumps(record, indent=1) + "\n")
     progress(f"wrote {out} ({sum(p.stat().st_size for p in out.rglob('*') if p.is_file())} bytes)")
@@ -331,12 +365,10 @@ def build_engine(spec: dict, universal: bool, seed: int):
         import transformers
 
         torch.manual_seed(seed)
-        config = transformers.GPT2Config(vocab_size=GPT2_VOCAB, n_positions=SEQ, n_embd=HIDDEN, n_layer=LAYERS,
-                                         n_head=HEADS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                         layer_norm_epsilon=1e-5)
-        model = transformers.GPT2LMHeadModel(config)
-        tied = model.transformer.wte.weight
-    if spec["stage"] == 3:  # the output layer reads the word embedding outside the embedding's forward
+        config_class, arguments, _ = TRANSFORMERS_MODELS[spec["model"]]
+        model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**arguments))
+        tied = model.get_input_embeddings().weight if model.config.tie_word_embeddings else None
+    if spec["stage"] == 3 and tied is not None:  # the output layer reads the word embedding outside its forward
         deepspeed.zero.register_external_parameter(model, tied)
     groups = param_groups(model)
     optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)

@@ -1,11 +1,11 @@
-"""Which tensor of a DeepSpeed run's model each of our parameters is, and how its layout differs.
+"""Which tensor of a Megatron-DeepSpeed run's model each of our parameters is, and how its layout differs (a
+transformers model, GPT-2's included, goes through its family's own Hugging Face mapping instead:
+checkpoint/deepspeed/families.py).
 
-Two model families are read (checkpoint/deepspeed/source.py): Megatron-DeepSpeed's GPT, as GPTModel
-(--no-pipeline-parallel, the module tree of its megatron/model/gpt_model.py, language_model.py and transformer.py) or
-as GPTModelPipe (its default, a DeepSpeed pipeline module whose parameters are named by their layer's index), and
-transformers' GPT2LMHeadModel trained by a plain DeepSpeed script. Each of our parameters (the names and layouts of our TP 1
-model, gpt/model.py) is one source tensor, possibly transposed (transformers' Conv1D stores [in, out]) and with its
-rows (after the transpose) reordered: the fused query/key/value projection.
+Megatron-DeepSpeed's GPT is read as GPTModel (--no-pipeline-parallel, the module tree of its megatron/model/
+gpt_model.py, language_model.py and transformer.py) or as GPTModelPipe (its default, a DeepSpeed pipeline module whose
+parameters are named by their layer's index). Each of our parameters (the names and layouts of our TP 1 model,
+gpt/model.py) is one source tensor with its rows possibly reordered: the fused query/key/value projection.
 
 Our query_key_value rows are grouped per key/value head: [group][its query heads, key, value][head_dim]
 (gpt/model.py). Megatron-DeepSpeed's were the same until commit 676a482c (2024-12-04, "Adding the new feature of
@@ -13,8 +13,7 @@ FPDT (#441)"), whose ParallelAttention.forward cuts them in three blocks instead
 then the values, on each tensor-parallel rank (`each_hidden_size = mixed_x_layer.shape[-1] // 3`); that commit added
 --ds-sequence-parallel-fpdt, so a checkpoint whose args hold `ds_sequence_parallel_fpdt` was written by code with
 the block layout. Merged over TP ranks (ds_to_universal concatenates the slices along the rows) the blocks stay per
-rank: [rank][q | k | v]. transformers' c_attn is [q | k | v] along its output columns. Megatron-DeepSpeed's SwiGLU
-keeps both halves in dense_h_to_4h ([gate; up] per TP rank, `torch.chunk(x, 2, dim=-1)`, merged by ds_to_universal
+rank: [rank][q | k | v]. Megatron-DeepSpeed's SwiGLU keeps both halves in dense_h_to_4h ([gate; up] per TP rank, `torch.chunk(x, 2, dim=-1)`, merged by ds_to_universal
 per PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0 into [all gates; all ups]); ours are two parameters.
 """
 
@@ -33,15 +32,21 @@ Region = tuple[slice, ...]
 
 @dataclass(frozen=True)
 class Mapped:
-    """One of our parameters as a source tensor: `source`, transposed when `transpose`, then row i taken from row
-    `rows[i]` (None: row i)."""
+    """One of our parameters as a source tensor: `source`, row i taken from row `rows[i]` (None: row i)."""
     source: str
     rows: Optional[torch.Tensor] = None
-    transpose: bool = False
 
     def shape(self, source_shape: tuple[int, ...]) -> tuple[int, ...]:
-        shape = tuple(reversed(source_shape)) if self.transpose else tuple(source_shape)
-        return shape if self.rows is None else (len(self.rows), *shape[1:])
+        return tuple(source_shape) if self.rows is None else (len(self.rows), *source_shape[1:])
+
+    def shape_in(self, source_shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+        return self.shape(source_shapes[self.source])
+
+    def sources(self) -> tuple[str, ...]:
+        return (self.source,)
+
+    def read(self, region: Region, read_source: Callable[[str, Region], torch.Tensor]) -> torch.Tensor:
+        return read_mapped(self, region, read_source)
 
 
 def qkv_rows_from_blocks(heads: int, groups: int, head_dim: int, tensor_parallel: int = 1) -> torch.Tensor:
@@ -85,26 +90,8 @@ _MEGATRON_DEEPSPEED = [
      r"blocks.\1.mlp.\2.\3"),
 ]
 
-# transformers' GPT2LMHeadModel -> ours: (pattern, our name, Conv1D weight: transposed)
-_GPT2 = [
-    (r"transformer\.wte\.weight", "word_embeddings.weight", False),
-    (r"transformer\.wpe\.weight", "position_embeddings.weight", False),
-    (r"transformer\.ln_f\.(weight|bias)", r"final_layernorm.\1", False),
-    (r"transformer\.h\.(\d+)\.ln_1\.(weight|bias)", r"blocks.\1.input_layernorm.\2", False),
-    (r"transformer\.h\.(\d+)\.ln_2\.(weight|bias)", r"blocks.\1.post_attention_layernorm.\2", False),
-    (r"transformer\.h\.(\d+)\.attn\.c_attn\.weight", r"blocks.\1.attention.query_key_value.weight", True),
-    (r"transformer\.h\.(\d+)\.attn\.c_attn\.bias", r"blocks.\1.attention.query_key_value.bias", False),
-    (r"transformer\.h\.(\d+)\.attn\.c_proj\.weight", r"blocks.\1.attention.dense.weight", True),
-    (r"transformer\.h\.(\d+)\.attn\.c_proj\.bias", r"blocks.\1.attention.dense.bias", False),
-    (r"transformer\.h\.(\d+)\.mlp\.c_fc\.weight", r"blocks.\1.mlp.dense_h_to_4h.weight", True),
-    (r"transformer\.h\.(\d+)\.mlp\.c_fc\.bias", r"blocks.\1.mlp.dense_h_to_4h.bias", False),
-    (r"transformer\.h\.(\d+)\.mlp\.c_proj\.weight", r"blocks.\1.mlp.dense_4h_to_h.weight", True),
-    (r"transformer\.h\.(\d+)\.mlp\.c_proj\.bias", r"blocks.\1.mlp.dense_4h_to_h.bias", False),
-    (r"lm_head\.weight", "output_layer.weight", False),
-]
-
-MEGATRON_DEEPSPEED, GPT2 = "Megatron-DeepSpeed GPTModel", "transformers GPT2LMHeadModel"
-MEGATRON_DEEPSPEED_PIPE = "Megatron-DeepSpeed GPTModelPipe"
+MEGATRON_DEEPSPEED, MEGATRON_DEEPSPEED_PIPE = "Megatron-DeepSpeed GPTModel", "Megatron-DeepSpeed GPTModelPipe"
+TRANSFORMERS = "transformers"  # a family of families/, GPT-2's too (checkpoint/deepspeed/families.py)
 
 
 def model_family(names) -> Optional[str]:
@@ -114,8 +101,8 @@ def model_family(names) -> Optional[str]:
         return MEGATRON_DEEPSPEED
     if any(re.fullmatch(r"\d+\.self_attention\..+", name) for name in names):
         return MEGATRON_DEEPSPEED_PIPE
-    if any(name.startswith("transformer.h.") or name == "transformer.wte.weight" for name in names):
-        return GPT2
+    if any(name.startswith(("transformer.h.", "transformer.wte.", "model.")) for name in names):
+        return TRANSFORMERS  # a CausalLM class's base model: GPT-2's `transformer`, the others' `model`
     return None
 
 
@@ -181,21 +168,6 @@ def megatron_deepspeed_map(source_shapes: dict[str, tuple[int, ...]], attention:
     return mapped, unknown
 
 
-def gpt2_map(source_shapes: dict[str, tuple[int, ...]], attention: Attention,
-             tied: bool) -> tuple[dict[str, Mapped], list[str]]:
-    """Our names -> Mapped for a transformers GPT2LMHeadModel's tensors (lm_head left out when `tied`); and the source
-    names left unmapped."""
-    mapped, unknown = {}, []
-    qkv = qkv_rows_from_blocks(attention.heads, attention.heads, attention.head_dim)
-    for name in source_shapes:
-        ours, rule = _first_match(_GPT2, name)
-        if ours is None:
-            unknown.append(name)
-        elif not (tied and ours == "output_layer.weight"):
-            mapped[ours] = Mapped(name, qkv if "query_key_value" in ours else None, transpose=rule[2])
-    return mapped, unknown
-
-
 def _row_runs(rows: torch.Tensor) -> list[tuple[int, int, int]]:
     """(our first row, source first row, length) of each stretch of consecutive source rows."""
     runs, start = [], 0
@@ -209,12 +181,8 @@ def _row_runs(rows: torch.Tensor) -> list[tuple[int, int, int]]:
 
 def read_mapped(mapped: Mapped, region: Region, read_source: Callable[[str, Region], torch.Tensor]) -> torch.Tensor:
     """`region` of our tensor, from `read_source(source name, source region)`: only the region's elements."""
-    def source_region(ours: Region) -> Region:
-        return (ours[1], ours[0]) if mapped.transpose else ours
-
     def read(ours: Region) -> torch.Tensor:
-        values = read_source(mapped.source, source_region(ours))
-        return values.t() if mapped.transpose else values
+        return read_source(mapped.source, ours)
 
     if mapped.rows is None:
         return read(region)

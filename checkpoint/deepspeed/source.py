@@ -3,8 +3,9 @@ TP 1 shape and layout, read a region at a time; the iteration, consumed samples,
 Adam step where the run recorded them.
 
 The tag folder (checkpoint/deepspeed/files.py finds it) is ZeRO 1/2, ZeRO 3 or universal (checkpoint/deepspeed/stores.py
-reads each), of a Megatron-DeepSpeed GPTModel or a transformers GPT2LMHeadModel (checkpoint/deepspeed/names.py maps
-their names and layouts). Where the run stood:
+reads each), of a Megatron-DeepSpeed GPTModel (checkpoint/deepspeed/names.py maps its names and layouts) or a
+transformers model of a family read here, GPT-2's included (checkpoint/deepspeed/families.py, through the family's own
+Hugging Face mapping). Where the run stood:
 
 - Megatron-DeepSpeed (megatron/checkpointing.py save_checkpoint: its client state in the model states file): the
   iteration is `iteration`; the consumed samples `args.consumed_train_samples` (its load_checkpoint reads them back
@@ -25,6 +26,7 @@ from typing import Optional
 import torch
 
 from base.errors import CheckpointError
+from checkpoint.deepspeed.families import Traced, family_map
 from checkpoint.deepspeed.files import (
     DeepSpeedCheckpoint,
     DynamicLossScaler,
@@ -35,15 +37,13 @@ from checkpoint.deepspeed.files import (
     pickle_bytes,
 )
 from checkpoint.deepspeed.names import (
-    GPT2,
     MEGATRON_DEEPSPEED,
     MEGATRON_DEEPSPEED_PIPE,
+    TRANSFORMERS,
     Attention,
     Mapped,
-    gpt2_map,
     megatron_deepspeed_map,
     model_family,
-    read_mapped,
 )
 from checkpoint.deepspeed.stores import UniversalStore, Zero3Store, ZeroStore, optimizer_files, read_region
 from checkpoint.global_state import GlobalStateSource, GlobalTensorInfo, SourceProgress, megatron_rows_multiple
@@ -85,9 +85,10 @@ def our_loss_scaler(scaler) -> tuple[Optional[str], Optional[dict]]:
 
 class DeepSpeedSource(GlobalStateSource):
     """A DeepSpeed tag folder as whole tensors by our names (module docstring). `attention`: the run's heads, key/value
-    heads and head size, which the fused query/key/value rows are laid out by."""
+    heads and head size, which Megatron-DeepSpeed's fused query/key/value rows are laid out by; `model`: the run's
+    ModelConfig, which a transformers model's parameters (any family, GPT-2's too) are mapped for."""
 
-    def __init__(self, checkpoint: DeepSpeedCheckpoint, attention: Attention) -> None:
+    def __init__(self, checkpoint: DeepSpeedCheckpoint, attention: Attention, model=None) -> None:
         self.checkpoint, self.path = checkpoint, checkpoint.path
         files = model_state_files(checkpoint.path)
         if not files:
@@ -109,7 +110,7 @@ class DeepSpeedSource(GlobalStateSource):
                                                                                           self.model_states)
             self.optimizer_state = self.store.optimizer_state(0)
         self.family = model_family(self.store.shapes)
-        self.mapping = self._map(attention)
+        self.mapping = self._map(attention, model)
         self.format_name = (f"DeepSpeed {'universal' if checkpoint.universal else f'ZeRO-{self.stage}'}, "
                             f"{self.family}")
         self.header_bytes = pickle_bytes(files[0])
@@ -131,34 +132,39 @@ class DeepSpeedSource(GlobalStateSource):
         state = load_pt(path)
         return state if isinstance(state, dict) else None
 
-    def _map(self, attention: Attention) -> dict[str, Mapped]:
+    def _map(self, attention: Attention, model) -> dict[str, Mapped | Traced]:
         shapes = self.store.shapes
-        if self.family in (MEGATRON_DEEPSPEED, MEGATRON_DEEPSPEED_PIPE):
-            args = self.args
-            mapped, unknown = megatron_deepspeed_map(
-                shapes, attention, block_qkv=args is not None and hasattr(args, "ds_sequence_parallel_fpdt"),
-                tensor_parallel=getattr(args, "tensor_model_parallel_size", 1) if self.checkpoint.universal else 1,
-                swiglu=bool(getattr(args, "swiglu", False)))
-        elif self.family == GPT2:
-            mapped, unknown = gpt2_map(shapes, attention, tied=self._gpt2_tied())
-        else:
+        if self.family == TRANSFORMERS:
+            return self._map_transformers(model)
+        if self.family not in (MEGATRON_DEEPSPEED, MEGATRON_DEEPSPEED_PIPE):
             shown = ", ".join(sorted(shapes)[:4])
             raise CheckpointError(f"{self.path}: its parameters ({shown}, ...) are not a Megatron-DeepSpeed GPT's "
                                   f"(GPTModel's language_model.*, GPTModelPipe's N.self_attention.*) nor a "
-                                  f"transformers GPT2LMHeadModel's (transformer.*): this reader knows those")
+                                  f"transformers CausalLM's (transformer.*, model.*): this reader knows those")
+        args = self.args
+        mapped, unknown = megatron_deepspeed_map(
+            shapes, attention, block_qkv=args is not None and hasattr(args, "ds_sequence_parallel_fpdt"),
+            tensor_parallel=getattr(args, "tensor_model_parallel_size", 1) if self.checkpoint.universal else 1,
+            swiglu=bool(getattr(args, "swiglu", False)))
         if unknown:
             raise CheckpointError(f"{self.path}: {len(unknown)} tensors of its {self.family} have no counterpart "
                                   f"here ({', '.join(sorted(unknown)[:4])}{', ...' if len(unknown) > 4 else ''})")
         return mapped
 
-    def _gpt2_tied(self) -> bool:
-        """The output layer is the word embedding: DeepSpeed recorded lm_head as shared (`shared_params`), or a
-        universal checkpoint has no optimizer state for it (ds_to_universal wrote its weights from the module)."""
-        if "lm_head.weight" not in self.store.shapes:
-            return True
-        if isinstance(self.store, UniversalStore):
-            return "exp_avg" not in self.store.keys_of.get("lm_head.weight", ())
-        return "lm_head.weight" in (self.model_states.get("shared_params") or {})
+    def _map_transformers(self, model) -> dict[str, Traced]:
+        """A transformers model's parameters through its family's mapping (checkpoint/deepspeed/families.py), less
+        the ones DeepSpeed records as another's (`shared_params`: a tied lm_head is the word embedding; a universal
+        checkpoint writes its weights from the module all the same)."""
+        if model is None:
+            raise CheckpointError(f"{self.path}: a transformers model's parameters are mapped for the run's model")
+        shared = set(self.model_states.get("shared_params") or {})
+        try:
+            model_type, mapped = family_map({n: s for n, s in self.store.shapes.items() if n not in shared}, model)
+        except CheckpointError as error:
+            raise CheckpointError(f"{self.path}: its transformers model's parameters fit no family read here "
+                                  f"for this run's model ({error})") from None
+        self.family = f"transformers {model_type}"
+        return mapped
 
     # ---- GlobalStateSource ------------------------------------------------------------------
 
@@ -169,7 +175,8 @@ class DeepSpeedSource(GlobalStateSource):
     def keys(self) -> tuple[str, ...]:
         if isinstance(self.store, UniversalStore):
             held = [key for key in ("exp_avg", "exp_avg_sq")
-                    if all(key in self.store.keys_of.get(m.source, ()) for m in self.mapping.values())]
+                    if all(key in self.store.keys_of.get(source, ()) for m in self.mapping.values()
+                           for source in m.sources())]
             return ("master", *held)
         return tuple(OUR_KEYS)
 
@@ -177,14 +184,13 @@ class DeepSpeedSource(GlobalStateSource):
         if key not in self.keys():
             return {}
         multiple = megatron_rows_multiple(self.args)
-        return {name: GlobalTensorInfo(mapped.shape(self.store.shapes[mapped.source]), torch.float32,
-                                       rows_multiple=multiple)
+        return {name: GlobalTensorInfo(mapped.shape_in(self.store.shapes), torch.float32, rows_multiple=multiple)
                 for name, mapped in self.mapping.items()}
 
     def read(self, key: str, name: str, region: tuple[slice, ...]):
         state = OUR_KEYS[key]
-        return read_mapped(self.mapping[name], region,
-                           lambda source, source_region: read_region(self.store, state, source, source_region))
+        return self.mapping[name].read(region, lambda source, source_region, view=None:
+                                       read_region(self.store, state, source, source_region, view))
 
     def progress(self) -> SourceProgress:
         states, args = self.model_states, self.args
@@ -237,4 +243,4 @@ def open_deepspeed_source(checkpoint: DeepSpeedCheckpoint, model_config) -> Deep
     """The source for this run's model (`model_config`: its heads, key/value heads and head size)."""
     heads = model_config.num_attention_heads
     return DeepSpeedSource(checkpoint, Attention(heads, model_config.attention.num_query_groups or heads,
-                                                 model_config.head_dim))
+                                                 model_config.head_dim), model_config)

@@ -283,9 +283,11 @@ class UniversalStore(Store):
         return None
 
 
-def read_region(store: Store, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
-    """`region` of a source parameter's whole tensor, a contiguous stretch at a time."""
-    shape = store.shapes[name]
+def read_region(store: Store, key: str, name: str, region: tuple[slice, ...],
+                view: Optional[tuple[int, ...]] = None) -> torch.Tensor:
+    """`region` of a source parameter's whole tensor (seen as `view`, a shape of as many elements: a fused experts'
+    tensor as rows), a contiguous stretch at a time."""
+    shape = store.shapes[name] if view is None else view
     out = torch.empty(math.prod(part.stop - part.start for part in region), dtype=torch.float32)
     for start, at, length in box_runs(shape, region):
         out[at:at + length] = store.read_flat(key, name, start, start + length)

@@ -93,6 +93,16 @@ def class_of(config: ModelConfig) -> str:
     return hf_llama.architecture_of(config) if is_llama_shaped(config) else "GPT2LMHeadModel"
 
 
+def model_type_of(config: ModelConfig) -> str:
+    """The model_type the export writes a model as (class_of's family)."""
+    family = family_of(config) or dense_family(config)
+    if family is not None:
+        return family.model_type
+    if not is_llama_shaped(config):
+        return "gpt2"
+    return hf_llama.APERTUS_TYPE if hf_llama.is_apertus(config) else hf_llama.moe_family(config) or hf_llama.MODEL_TYPE
+
+
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model, or
     its family's (an MoE family's: families/<name>/weights.py; a dense family's: families/common/dense_weights.py)."""

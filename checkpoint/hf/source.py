@@ -21,6 +21,7 @@ and served from memory: the load path is the same. Quantized weights are refused
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 import struct
@@ -32,17 +33,14 @@ import torch
 from torch import nn
 
 from arguments.config import ModelConfig
-from arguments.hf_config import CONFIG_FILE, read_hf_config, read_json_object, registered_family
+from arguments.hf_config import CONFIG_FILE, read_hf_config, read_json_object
 from base.errors import CheckpointError, ConfigError
 from checkpoint.global_load import ResumePoint, load_from_source
 from checkpoint.global_state import MODEL_KEY, GlobalStateSource, GlobalTensorInfo, SourceProgress
 from checkpoint.hf import folders as hf
-from checkpoint.hf.config_check import check_llama_hf_config
+from checkpoint.hf.mapping import hf_mapping, read_whole_because
 from checkpoint.integrity import read_header
-from families.common import dense_weights as hf_dense
-from families.common import llama_shaped as hf_llama
-from families.common.layout import EXPERT_BIAS, canonical_names, tensor_shapes
-from families.registry import family_weights, llama_families
+from families.common.layout import EXPERT_BIAS
 from parallel.sharding import record_of
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
@@ -143,14 +141,17 @@ def traced_runs(stored: dict[str, StoredTensor], transposed: set[str],
                 convert: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
                 ) -> dict[str, tuple[list[Run], tuple[int, ...]]]:
     """Each of our tensors as runs of folder rows, and its global shape: `convert` (a family's mapping) run on
-    stand-ins of one id per row (per column for a `transposed` tensor, which our rows take as GPT-2's Conv1D's)."""
+    stand-ins of one id per row (per column for a `transposed` tensor, which our rows take as GPT-2's Conv1D's).
+    `stored` needs only each tensor's `shape`; a tensor of more dimensions (transformers 5's fused experts, as a
+    DeepSpeed run of it holds them) has a row per index of all but its last, numbered as in its [-1, last] view."""
     names = list(stored)
     stand_ins = {}
     for index, name in enumerate(names):
-        shape = stored[name].shape
-        ids = ((index + 1) << _ROW_BITS) + torch.arange(shape[1] if name in transposed else (shape[0] if shape else 1))
+        shape = tuple(stored[name].shape)
+        rows = shape[1] if name in transposed else math.prod(shape[:-1]) if len(shape) > 1 else (shape or (1,))[0]
+        ids = ((index + 1) << _ROW_BITS) + torch.arange(rows)
         stand_ins[name] = ids.reshape(1, -1) if name in transposed else \
-            ids.reshape(-1, *([1] if len(shape) > 1 else [])) if shape else ids[0]
+            ids.reshape(*shape[:-1], 1) if len(shape) > 1 else ids if shape else ids[0]
     out = {}
     for ours, traced in convert(stand_ins).items():
         if traced.dtype != torch.int64 or traced.dim() > 2 or (traced.dim() == 2 and traced.shape[1] != 1):
@@ -167,7 +168,7 @@ def traced_runs(stored: dict[str, StoredTensor], transposed: set[str],
             tensor = stored[names[at]] if at >= 0 else None
             flipped = tensor is not None and names[at] in transposed
             if tensor is not None:
-                theirs = (tensor.shape[0],) if flipped else tuple(tensor.shape[1:])
+                theirs = (tensor.shape[0],) if flipped else tuple(tensor.shape[-1:] if len(tensor.shape) > 1 else ())
                 if trailing not in (None, theirs):
                     raise ValueError(f"{ours} joins rows of different widths")
                 trailing = theirs
@@ -175,6 +176,16 @@ def traced_runs(stored: dict[str, StoredTensor], transposed: set[str],
         shape = (traced.shape[0], *trailing) if traced.dim() else ()
         out[ours] = (runs, shape)
     return out
+
+
+def read_runs(runs: list[Run], rows: slice, read_run: Callable[[Run, slice], torch.Tensor]) -> torch.Tensor:
+    """`rows` of one of our tensors: of each run they overlap, `read_run(run, its rows of the run's tensor)`."""
+    pieces = []
+    for run in runs:
+        start, stop = max(rows.start, run.start), min(rows.stop, run.start + run.count)
+        if start < stop:
+            pieces.append(read_run(run, slice(start - run.start + run.row, stop - run.start + run.row)))
+    return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
 
 class HFSource(GlobalStateSource):
@@ -216,13 +227,8 @@ class HFSource(GlobalStateSource):
         if not shape:  # a scalar
             return self._shift(name, self._read(runs[0], slice(0, 1), None, self._dtypes[name]))
         rows, rest = region[0], region[1:]
-        pieces = []
-        for run in runs:
-            start, stop = max(rows.start, run.start), min(rows.stop, run.start + run.count)
-            if start < stop:
-                pieces.append(self._read(run, slice(start - run.start + run.row, stop - run.start + run.row),
-                                         rest[0] if rest else None, self._dtypes[name]))
-        values = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        values = read_runs(runs, rows, lambda run, theirs: self._read(run, theirs, rest[0] if rest else None,
+                                                                      self._dtypes[name]))
         if name == "word_embeddings.weight" and self._tied_head is not None:
             self._check_tied(values, rows, rest)
         return self._shift(name, values)
@@ -310,58 +316,34 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
     files = safetensors_files(hf_dir)
-    family = registered_family(config.family)
     stored, header_bytes = {}, 0
     for path in files or ():
         tensors, size = safetensors_header(path)
         stored.update(tensors)
         header_bytes += size
     _check_fp8_is_declared(hf_dir, stored)
-    llama = (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES)
-    moe = family_weights().get(config.family)
     # GPT-2 is every model_type the others do not claim (checkpoint/hf/folders.py's check_hf_config refuses the rest);
     # experts saved fused (one tensor for all: a Mixtral's, a Qwen2-MoE's, an MoE family's in transformers 5's layout,
     # GPT-OSS's always) are split in memory (families/common/llama_shaped.py's and layout.py's canonical_names)
-    by_offset = files is not None and (moe is None or moe.unpack is None) and \
-        (moe is not None or family is not None or config.family in llama or config.family not in llama_families()) \
+    by_offset = files is not None and read_whole_because(config.family) is None \
         and not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in stored)
     if not by_offset:
         return WholeFolderSource(hf_dir, hf.read_whole_folder(hf_dir, model_config, state, held_experts))
-    padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
-    transposed: set[str] = set()
-    embedding, tied = "model.embed_tokens.weight", not model_config.untie_embeddings_and_output_weights
-    if moe is not None:  # a name-only pass too (quantized weights refused in one line, MTP layers dropped)
-        stored = canonical_names(stored, config.num_layers)
-        check_llama_hf_config(config.fields, model_config, hf_dir / CONFIG_FILE)
-        shapes = tensor_shapes(moe, model_config)
-        convert = lambda ids: moe.from_hf(ids, model_config, padded_vocab)  # noqa: E731
-    elif family is not None or config.family in llama:
-        # the canonical names are a name-only pass: it keeps the values it is given
-        stored = hf_dense.canonical_names(stored, family) if family is not None else \
-            hf_llama.canonical_names(stored, config.family)
-        check_llama_hf_config(config.fields, model_config, hf_dir / CONFIG_FILE)
-        shapes = hf_dense.tensor_shapes(model_config, family) if family is not None else \
-            hf_llama.llama_tensor_shapes(model_config, config.family)
-        convert = (lambda ids: hf_dense.from_hf(ids, model_config, padded_vocab, family)) if family is not None else \
-            (lambda ids: hf_llama.from_llama_state_dict(ids, model_config, padded_vocab, config.family))
-    else:
-        stored = hf.gpt2_lm_head_names(stored)
-        hf.check_hf_config(config.fields, model_config, hf_dir / CONFIG_FILE)
-        shapes, embedding, tied = hf.hf_tensor_shapes(model_config), "transformer.wte.weight", True
-        transposed = {theirs for _, theirs, how in hf.name_table(model_config) if how in ("qkv_weight", "linear")}
-        convert = lambda ids: hf.from_hf_state_dict(ids, model_config, padded_vocab)  # noqa: E731
+    mapping = hf_mapping(config.family, model_config, model_config.padded_vocab_size(state.tensor_parallel_size))
+    # a name-only pass (it keeps the values it is given; an MoE family's refuses quantized weights in one line and
+    # drops the MTP layers)
+    stored = mapping.canonical(stored)
+    mapping.check_config(config.fields, model_config, hf_dir / CONFIG_FILE)
+    embedding, tied = mapping.embedding, mapping.tied
     meta = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in stored.items()}
     head = stored.get("lm_head.weight") if tied else None
-    hf.check_tensors_fit({name: t for name, t in meta.items() if not (tied and name == "lm_head.weight")}, shapes,
-                         hf_dir, embedding, tied)
+    hf.check_tensors_fit({name: t for name, t in meta.items() if not (tied and name == "lm_head.weight")},
+                         mapping.shapes, hf_dir, embedding, tied)
     if head is not None and head.shape != stored[embedding].shape:
         raise ConfigError(f"{hf_dir}: lm_head.weight has shape {list(head.shape)}, {embedding} "
                           f"{list(stored[embedding].shape)}: our output layer is tied to the token embedding")
-    runs = traced_runs(stored, transposed, convert)
-
-    def shift(name: str, values: torch.Tensor) -> torch.Tensor:
-        return hf.shifted_gains({name: values}, model_config, family, -1)[name]
-    return HFSource(hf_dir, runs, header_bytes, shift, head)
+    runs = traced_runs(stored, mapping.transposed, mapping.convert)
+    return HFSource(hf_dir, runs, header_bytes, mapping.shift, head)
 
 
 def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,

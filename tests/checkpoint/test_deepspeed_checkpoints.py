@@ -27,18 +27,26 @@ import pytest
 import torch
 
 import pretrain_gpt
+from arguments.parser import parse_config
+from base.options import replace_settings
 from checkpoint.deepspeed.files import find_deepspeed_checkpoint
 from checkpoint.deepspeed.names import Attention, qkv_rows_from_blocks
-from checkpoint.deepspeed.source import DeepSpeedSource
+from checkpoint.deepspeed.source import DeepSpeedSource, open_deepspeed_source
 from tests.reliability_helpers import metrics_records, run_main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "deepspeed_checkpoints"
 RECORD = json.loads((FIXTURES / "losses.json").read_text())
-ATTENTION = Attention(heads=2, groups=2, head_dim=8)  # the fixtures' model: hidden 16, 2 heads
 
 
-def source(case: str, universal: bool = False) -> DeepSpeedSource:
-    return DeepSpeedSource(find_deepspeed_checkpoint(FIXTURES / case, universal), ATTENTION)
+def case_model(case: str, *extra: str):
+    """The model of the run that continues `case`, as the loader sees it: the case's flags (`extra` after them), the
+    vocabulary resolved (NullTokenizer's ids and its end of document)."""
+    model = parse_config(RECORD["cases"][case]["our_flags"] + ["--mock-data", *extra]).model
+    return replace_settings(model, vocab_size=model.vocab_size + 1)
+
+
+def source(case: str, universal: bool = False, folder: Path = FIXTURES) -> DeepSpeedSource:
+    return open_deepspeed_source(find_deepspeed_checkpoint(folder / case, universal), case_model(case))
 
 
 def whole(src: DeepSpeedSource) -> dict[str, dict[str, torch.Tensor]]:
@@ -188,6 +196,18 @@ def continue_run(case: str, tmp_path: Path, *extra) -> tuple[int, str, list[dict
     return outcome.code, outcome.out + outcome.err, [r for r in records if "loss" in r]
 
 
+def continues_to_deepspeeds_loss(case: str, universal: bool, tmp_path: Path, rel: float) -> tuple[str, list[dict]]:
+    """The case continued from its iteration 2 (its universal form with `universal`): iteration 3 alone, at 12
+    samples, its loss DeepSpeed's own from the same checkpoint within `rel` relative; (the output, the records)."""
+    theirs = RECORD["cases"][case]["deepspeed_resumed_from_universal" if universal else "deepspeed_resumed"]["3"]
+    code, out, records = continue_run(case, tmp_path, *(["--universal-checkpoint"] if universal else []))
+    assert code == 0, out[-3000:]
+    assert [r["iteration"] for r in records] == [3] and records[0]["consumed_samples"] == 12
+    assert records[0]["loss"] == pytest.approx(theirs, rel=rel, abs=0)
+    assert "Adam step 2" in out and "resuming after iteration 2 (8 samples consumed)" in out
+    return out, records
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case, universal", [("megatron_deepspeed_zero1", False), ("megatron_deepspeed_zero2", False),
                                              ("megatron_deepspeed_zero3", False), ("megatron_deepspeed_zero3", True),
@@ -195,13 +215,7 @@ def continue_run(case: str, tmp_path: Path, *extra) -> tuple[int, str, list[dict
                                              ("megatron_deepspeed_pipe_zero1", True),
                                              ("hf_gpt2_zero2", False), ("hf_gpt2_zero2", True)])
 def test_our_next_iteration_computes_the_loss_deepspeed_computed_from_the_same_checkpoint(case, universal, tmp_path):
-    recorded = RECORD["cases"][case]
-    theirs = recorded["deepspeed_resumed_from_universal" if universal else "deepspeed_resumed"]["3"]
-    code, out, records = continue_run(case, tmp_path, *(["--universal-checkpoint"] if universal else []))
-    assert code == 0, out[-3000:]
-    assert [r["iteration"] for r in records] == [3] and records[0]["consumed_samples"] == 12
-    assert records[0]["loss"] == pytest.approx(theirs, rel=1e-5, abs=0)
-    assert "Adam step 2" in out and "resuming after iteration 2 (8 samples consumed)" in out
+    out, records = continues_to_deepspeeds_loss(case, universal, tmp_path, rel=1e-5)
     if case.startswith("megatron"):  # its scheduler's position: iteration 3 at 8 of 12 samples of linear decay
         assert records[0]["lr"] == pytest.approx(1e-4 + (1 - 8 / 12) * (1e-3 - 1e-4), rel=1e-12)
     else:

@@ -23,11 +23,9 @@ COMMITTED = ROOT / "tests" / "fixtures" / "deepspeed_checkpoints"
 
 
 def read_case(folder: Path, case: str, universal: bool) -> tuple[dict, object]:
-    from checkpoint.deepspeed.files import find_deepspeed_checkpoint
-    from checkpoint.deepspeed.names import Attention
-    from checkpoint.deepspeed.source import DeepSpeedSource
+    from tests.checkpoint.test_deepspeed_checkpoints import source
 
-    src = DeepSpeedSource(find_deepspeed_checkpoint(folder / case, universal), Attention(2, 2, 8))
+    src = source(case, universal, folder)
     tensors = {key: {name: src.read(key, name, tuple(slice(0, d) for d in info.shape))
                      for name, info in src.tensors(key).items()} for key in src.keys()}
     return tensors, src.progress()
