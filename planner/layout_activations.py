@@ -19,10 +19,12 @@ def layer_token_bytes(counts: ModelCounts, layout: Layout) -> tuple[float, float
     h = counts.hidden
     # Megatron-Core's blocks (bf16): attention its norm's input and output (Transformer Engine's LayerNormLinear), q, k,
     # v and the context (4h + the K and V widths, q ~ h); the MLP its norm's input and output and gate, up and
-    # activation (3 x width: the fused SwiGLU keeps fc1's output, fc2 its input); an MoE layer k permuted copies of the
-    # token besides. Under FP8 Transformer Engine saves the GEMMs' inputs it quantized (the norms' outputs, the
-    # context, the activation's output) as FP8 for the weight gradient: 1 byte, not 2, for those.
-    dense = BF16_BYTES * (4 * h + counts.kv_width + 2 * h + 3 * counts.gated_width_dense)
+    # activation (3 x width: the fused SwiGLU keeps fc1's output, fc2 its input; an ungated MLP fc1's output and the
+    # activation's, 2 x width); an MoE layer k permuted copies of the token besides. Under FP8 Transformer Engine saves
+    # the GEMMs' inputs it quantized (the norms' outputs, the context, the activation's output) as FP8 for the weight
+    # gradient: 1 byte, not 2, for those.
+    mlp_widths = 3 if counts.gated_mlp else 2
+    dense = BF16_BYTES * (4 * h + counts.kv_width + 2 * h + mlp_widths * counts.gated_width_dense)
     moe = BF16_BYTES * (4 * h + counts.kv_width + 2 * h + 3 * counts.gated_width_moe + counts.topk * h)
     if layout.precision == "fp8":
         dense -= 3 * h + counts.gated_width_dense

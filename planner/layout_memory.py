@@ -2,8 +2,8 @@
 layout_search.py) prunes with and ranks its dry-run check by (planner/search_check.py), the dry run being the truth.
 
 The count follows the dry run's sum (planner/dry_run.py): model states and ZeRO's buffers, then the pass's peak:
-the activations saved by the forwards still awaiting their backward, the logits' tensors on the last stage and the
-largest parameter gradient before the reducer takes it. Each pipeline stage is counted with its own layers (the
+the activations saved by the forwards still awaiting their backward, the logits' tensors on the last stage, the
+gradients a block's backward holds and the largest parameter gradient before the reducer takes it. Each pipeline stage is counted with its own layers (the
 printed split, planner/pipeline_split.py), its own parameters (the embedding on the first, the output layer on the
 last) and the layer-forwards its schedule holds at its peak (parallel/pipeline_schedules.py, over the micro-batches
 the dry run simulates): issue 94 found the count 34-50 GiB under the dry run on Llama 3 70B at sequence 8192, half
@@ -12,8 +12,8 @@ split's heavier first stage and the interleaved schedule's warm-up, half from a 
 
 The dry run's total is the states and buffers, then the larger of the pass's peak and the optimizer step's
 temporaries; so is the count's. What is left out keeps the count under the dry run's (it prunes, so it must not drop
-a layout that fits): stage 1's and plain DDP's constant buffers, the pipeline's held sends, the MLP's gradients in
-flight, MTP layers' own activations.
+a layout that fits): stage 1's and plain DDP's constant buffers, the pipeline's held sends, an MoE layer's gradients
+in flight, MTP layers' own activations.
 """
 
 from __future__ import annotations
@@ -87,22 +87,35 @@ def stage_memory_bytes(counts: ModelCounts, layout: Layout, stage: int) -> float
     per_layer = tokens * ((1 - moe_share) * dense_layer + moe_share * moe_layer)
     held = layers_in_flight(layout.micro_batches, layout.pp, stage, chunks)
     stacked = stacked_expert_bytes(counts, layout)
-    if layout.recompute_fraction >= 1.0:  # each layer's input kept per micro-batch; one block recomputed at a time
-        kept = tokens * held * BF16_BYTES * counts.hidden
-        working = tokens * (moe_layer if counts.moe_layers else dense_layer) + (stacked if counts.moe_layers else 0)
-    else:
-        kept = held * (per_layer + moe_share * stacked)
-        working = 0.0
     last = stage == layout.pp - 1
     logits = layout.micro_batch_size * counts.seq_length / layout.cp * counts.padded_vocab / layout.tp * LOGIT_BYTES \
         if last else 0.0
+    if layout.recompute_fraction >= 1.0:
+        # each layer's input kept per micro-batch; one block recomputed at a time, in backward, after the logits
+        kept = tokens * held * BF16_BYTES * counts.hidden
+        working = tokens * (moe_layer if counts.moe_layers else dense_layer) + (stacked if counts.moe_layers else 0)
+        peak = kept + max(working, logits)
+    else:
+        # A block's backward gradients add to the dry run's peak only without pipeline stages (a stage's peak is over
+        # its schedule's slots; with them the count ran up to 1% over the dry run on Llama 3 70B's pipelined layouts)
+        # and without recompute (a recomputed block's peak is its own: 0.9% over on a ZeRO-3 layout with them).
+        gradients = block_gradient_bytes(counts, layout) if layout.pp == 1 else 0.0
+        peak = held * (per_layer + moe_share * stacked) + logits + gradients
     # the largest gradient autograd hands the reducer at once, fp32: a vocabulary matrix where the stage has one,
     # else one block's gate and up projection
     vocabulary = stage == 0 or last
     largest = FP32_BYTES * counts.hidden * (counts.padded_vocab if vocabulary else 2 * counts.gated_width_dense) / \
         layout.tp
     states, step = state_bytes(counts, layout, dense, experts)
-    return states + max(kept + max(working, logits) + largest, step)
+    return states + max(peak + largest, step)
+
+
+def block_gradient_bytes(counts: ModelCounts, layout: Layout) -> float:
+    """The gradients a block's backward holds beside its saved tensors at its peak, as the dry run counts them: the
+    gradient at its output, whole sequences, and a dense MLP's activation gradients (an MoE layer's, which depend on
+    its routing, are left out)."""
+    rows = layout.micro_batch_size * counts.seq_length / layout.cp
+    return BF16_BYTES * rows * (counts.hidden + counts.mlp_gradient_features / layout.tp)
 
 
 def layout_memory_bytes(counts: ModelCounts, layout: Layout) -> float:
