@@ -28,8 +28,8 @@ from typing import Iterator, Optional
 
 from arguments.config import ConfigError, PretrainConfig
 from planner.layout_flags import gathers_behind_forward, layout_flag_words
-from planner.layout_of_config import check_expert_tp
 from planner.layout_memory import layout_memory_bytes
+from planner.layout_of_config import check_expert_tp
 from planner.layout_perf import (
     Layout,
     LayoutPrediction,
@@ -43,6 +43,7 @@ from planner.layout_pins import Pins, pins_of
 from planner.layout_zero import zero_label, zero_stages
 from planner.perf_model import Hardware
 from planner.pipeline_split import balanced_stage_counts
+from planner.search_progress import SearchProgress
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 
@@ -171,11 +172,13 @@ def model_parallel_ranks(layout: Layout) -> int:
     return layout.tp * layout.pp * layout.vp * layout.cp * layout.ep
 
 
-def search(config: PretrainConfig, gpus: int, hardware: Hardware,
-           vocab: Optional[int] = None) -> tuple[ModelCounts, list[Candidate]]:
+def search(config: PretrainConfig, gpus: int, hardware: Hardware, vocab: Optional[int] = None,
+           progress: Optional[SearchProgress] = None) -> tuple[ModelCounts, list[Candidate]]:
     """Every layout of `config`'s model and global batch on `gpus` GPUs within what its own flags fix
     (planner/layout_pins.py), the fitting ones priced and sorted best first, then the rest by memory. `vocab`: the
-    launch's vocabulary (planner/vocabulary.py), for a model config that has none yet (--init-from-hf)."""
+    launch's vocabulary (planner/vocabulary.py), for a model config that has none yet (--init-from-hf); `progress`:
+    where the layouts counted are told while it runs (planner/search_progress.py)."""
+    progress = progress or SearchProgress(None)
     if hardware.layout_calibration is None:
         raise ConfigError(f"--hardware {hardware.name}: the profile has no layout calibration (layout_calibration in "
                           f"configs/hardware/{hardware.name}.yaml), so the layout model has no constants for it")
@@ -186,8 +189,10 @@ def search(config: PretrainConfig, gpus: int, hardware: Hardware,
     constants = load_layout_constants(hardware.layout_calibration)
     fp32_runs = hardware.precision == "fp32"
     fitting, rest = [], []
+    progress.started(gpus)
     for layout in enumerate_layouts(model, counts, gpus, config.training.global_batch_size, pins,
                                     hardware.gpus_per_node):
+        progress.counting(len(fitting) + len(rest), len(fitting))
         words = layout_flag_words(layout, pins, model.moe is not None, fp32_runs)
         memory = layout_memory_bytes(counts, layout)
         if memory > hardware.gpu_memory_bytes:
@@ -200,4 +205,6 @@ def search(config: PretrainConfig, gpus: int, hardware: Hardware,
                                  flag_words=words))
     fitting.sort(key=rank_key)
     rest.sort(key=lambda c: c.memory_bytes)
+    progress.ranked(len(fitting) + len(rest), len(fitting), fitting[0].layout if fitting else None,
+                    fitting[0].prediction.step_s if fitting else 0.0)
     return counts, fitting + rest

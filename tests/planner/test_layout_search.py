@@ -9,8 +9,8 @@ import pytest
 
 from arguments.parser import parse_config
 from planner.bridge_rows import MODEL_FLAGS, UNBUILDABLE, load_rows, row_layout
-from planner.layout_perf import load_layout_constants, predict_layout
 from planner.layout_memory import layout_memory_bytes
+from planner.layout_perf import load_layout_constants, predict_layout
 from planner.layout_search import search
 from planner.perf_model import load_hardware
 from planner.search_cli import search_command
