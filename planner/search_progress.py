@@ -27,8 +27,8 @@ def layout_label(layout: Layout) -> str:
     sizes = [f"{name} {size}" for name, size in (("TP", layout.tp), ("PP", layout.pp), ("VP", layout.vp),
                                                  ("CP", layout.cp), ("EP", layout.ep)) if size > 1]
     recompute = ", full recompute" if layout.recompute_fraction >= 1.0 else ""
-    return (" x ".join(sizes + [f"DP {layout.dp}"]) + f", MBS {layout.micro_batch_size}, "
-            f"{zero_label(layout.stage).split(' (')[0]}{recompute}")
+    zero = zero_label(layout.stage).split(" (")[0] if layout.stage else "no ZeRO"
+    return " x ".join(sizes + [f"DP {layout.dp}"]) + f", MBS {layout.micro_batch_size}, {zero}{recompute}"
 
 
 class SearchProgress:
