@@ -1,7 +1,7 @@
 """What one transformer layer saves for backward per token, counted from the model's shape for the layout search's
 memory count (planner/layout_memory.py): Megatron-Core's blocks' tensors, and what this repository's blocks keep
 beyond them, as its dry run measures them (issue 94: on Llama 3 70B at TP 4 with sequence parallelism a block keeps
-1.6x Megatron's 536 MiB, 860 MiB, and the count that left that out printed picks 34-50 GiB over an H100).
+860 MiB, 1.6x Megatron's 536 MiB, and the search that counted Megatron's printed a top pick 34 GiB over an H100).
 """
 
 from __future__ import annotations

@@ -1,19 +1,20 @@
 """One rank's bytes under a searched layout, counted from the model's shape: what the layout search (planner/
 layout_search.py) prunes with and ranks its dry-run check by (planner/search_check.py), the dry run being the truth.
 
-The count follows the dry run's sum (planner/dry_run.py): model states and ZeRO's buffers, then the pass's peak:
-the activations saved by the forwards still awaiting their backward, the logits' tensors on the last stage, the
-gradients a block's backward holds and the largest parameter gradient before the reducer takes it. Each pipeline stage is counted with its own layers (the
-printed split, planner/pipeline_split.py), its own parameters (the embedding on the first, the output layer on the
-last) and the layer-forwards its schedule holds at its peak (parallel/pipeline_schedules.py, over the micro-batches
-the dry run simulates): issue 94 found the count 34-50 GiB under the dry run on Llama 3 70B at sequence 8192, half
-of it from a per-stage layer count (layers / PP and a uniform share of the parameters) that missed the balanced
-split's heavier first stage and the interleaved schedule's warm-up, half from a block's saved tensors (below).
+The count follows the dry run's sum (planner/dry_run.py): model states and ZeRO's buffers, then the larger of the
+optimizer step's temporaries and the pass's peak: the activations saved by the forwards still awaiting their
+backward, the logits' tensors on the last stage, the gradients a block's backward holds and the largest parameter
+gradient before the reducer takes it. Each pipeline stage is counted with its own layers (the printed split,
+planner/pipeline_split.py), its own parameters (the embedding on the first, the output layer on the last) and the
+layer-forwards its schedule holds at its peak (parallel/pipeline_schedules.py, over the micro-batches the dry run
+simulates). Issue 94 found the count 1.2-2.4x under the dry run on Llama 3 70B at sequence 8192 (TP 4 x PP 4 x VP
+16: 70.8 GiB counted, 121.3 planned), from both a stage taken as layers / PP with a uniform share of the parameters
+(the balanced split's first stage is heavier, the interleaved warm-up holds more) and a block taken as Megatron-
+Core's (planner/layout_activations.py).
 
-The dry run's total is the states and buffers, then the larger of the pass's peak and the optimizer step's
-temporaries; so is the count's. What is left out keeps the count under the dry run's (it prunes, so it must not drop
-a layout that fits): stage 1's and plain DDP's constant buffers, the pipeline's held sends, an MoE layer's gradients
-in flight, MTP layers' own activations.
+What is left out keeps the count under the dry run's (it prunes, so it must not drop a layout that fits): stage 1's
+and plain DDP's constant buffers, the pipeline's held sends, an MoE layer's gradients in flight, MTP layers' own
+activations.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def stage_parameters(counts: ModelCounts, layout: Layout, stage: int, layers: in
     if stage == layout.pp - 1:
         dense += counts.root_parameters - (counts.embedding_parameters if stage == 0 or not counts.tied_output
                                            else 0)
-    return dense / layout.tp, layers * counts.expert_parameters / counts.layers / (layout.ep * 1.0)
+    return dense / layout.tp, layers * counts.expert_parameters / counts.layers / layout.ep
 
 
 def state_bytes(counts: ModelCounts, layout: Layout, dense: float, experts: float) -> tuple[float, float]:
