@@ -19,7 +19,7 @@ from typing import Sequence
 from arguments.parser import build_parser, parse_arguments
 from base.errors import OneLineArgumentParser
 from planner.input_bounds import check_gpu_count, check_model_fits_gpus, check_search_counts
-from planner.layout_flags import drop_no_effect_flags, launch_command
+from planner.layout_flags import drop_no_effect_flags, launch_command, planned_batch_flags
 from planner.layout_pins import pins_of
 from planner.layout_search import search
 from planner.perf_model import load_hardware
@@ -81,6 +81,7 @@ def search_command(argv: Sequence[str]) -> int:
     config, hardware = parsed.config, load_hardware(args.hardware)
     check_model_fits_gpus(config.model, args.gpus, hardware.gpu_memory_bytes)
     model_flags, dropped = drop_no_effect_flags(rest, parsed.harvested or {})
+    model_flags += planned_batch_flags(config)
     start = time.perf_counter()
     vocab, _ = launch_vocab(config)  # an --init-from-hf model's comes from its folder: the output layer counts
     progress = SearchProgress()

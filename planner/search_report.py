@@ -21,6 +21,8 @@ from zero.memory import format_bytes
 def _given_by(config: PretrainConfig, setting: str, flag: str) -> str:
     source = config.sources.get(setting)
     if source is None or source.kind == DEFAULT:
+        if setting == "global_batch_size":  # planner/layout_flags.py planned_batch_flags
+            return f"none given: the search's default, on every command; {flag} sets it"
         return f"pretrain_gpt.py's default; {flag} sets it"
     return "your flag" if source.kind == FLAG else f"from {source.describe()}"
 

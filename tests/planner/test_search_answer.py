@@ -2,8 +2,8 @@
 that runs in seconds: Llama 3 70B's widths at 4 layers on 8 H100s. Every pick `python -m zero.plan search` prints
 fits by `zero.plan dry-run` given the printed command's flags as printed; the count it ranked them by ran under
 that dry run; it says on stderr what it is doing while it works (planner/search_progress.py), at most a line every
-couple of seconds while it counts; and the answer names the global batch, sequence and precision it is for, and,
-without the dry-run check, that its picks are unchecked."""
+couple of seconds while it counts; and the answer names the global batch, sequence and precision it is for (a
+batch the user did not give is on every command), and, without the dry-run check, that its picks are unchecked."""
 
 import json
 import re
@@ -44,13 +44,16 @@ def test_every_printed_pick_fits_by_the_dry_run_of_its_command_as_printed(capsys
         assert counted <= planned
 
 
-def test_without_the_check_the_answer_says_its_picks_are_unchecked_and_a_default_batch_says_so(capsys):
+def test_without_the_check_the_answer_says_its_picks_are_unchecked_and_a_batch_not_given_is_put_on_the_commands(capsys):
     shape = WIDE_LLAMA[:WIDE_LLAMA.index("--global-batch-size")]
     assert main(["search", *shape, "--gpus", "8", "--hardware", "h100-sxm", "--top", "1", "--no-dry-run-check"]) == 0
     out = capsys.readouterr().out
     assert "not checked by the dry run (--no-dry-run-check)" in out.splitlines()[0]
-    assert "for global batch 32 (pretrain_gpt.py's default; --global-batch-size sets it), sequence 8,192" in out
-    assert "(not checked by the dry run)" in out
+    # none given: the batch planned for is on the command, or pretrain_gpt.py would run micro batch x DP
+    assert "for global batch 32 (none given: the search's default, on every command; --global-batch-size sets it)" \
+        in out
+    command = next(line for line in out.splitlines() if line.startswith("   torchrun"))
+    assert " --global-batch-size 32 " in command and "(not checked by the dry run)" in out
 
 
 def test_progress_while_counting_is_a_line_every_interval_at_most():
