@@ -34,17 +34,12 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 BRIDGE_H100 = REPOSITORY / "configs" / "benchmarks" / "bridge_h100.yaml"
 HF_CONFIGS = REPOSITORY / "tests" / "fixtures" / "hf_configs"
 
-LLAMA3 = ["--group-query-attention", "--num-query-groups", "8", "--swiglu", "--normalization", "RMSNorm",
-          "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-          "--vocab-size", "128256"]
-# Bridge's model name (its tables') -> pretrain_gpt.py flags. Llama 3 70B and 3.1 405B are Meta's published
-# shapes (their config.json: 80 x 8192, 64 heads, ffn 28672; 126 x 16384, 128 heads, ffn 53248).
+# Bridge's model name (its tables') -> pretrain_gpt.py flags: the presets of Meta's published shapes (configs/models)
+# and the released config.json files.
 MODEL_FLAGS: dict[str, list[str]] = {
     "LLAMA3_8B": ["--config", "llama3-8b"],
-    "LLAMA3_70B": ["--num-layers", "80", "--hidden-size", "8192", "--num-attention-heads", "64",
-                   "--ffn-hidden-size", "28672", *LLAMA3],
-    "LLAMA3.1_405B": ["--num-layers", "126", "--hidden-size", "16384", "--num-attention-heads", "128",
-                      "--ffn-hidden-size", "53248", *LLAMA3],
+    "LLAMA3_70B": ["--config", "llama3-70b"],
+    "LLAMA3.1_405B": ["--config", "llama3.1-405b"],
     # Bridge's recipe keeps its multi-token-prediction layer (v0.1.0rc3 recipes/deepseek/deepseek_v3.py:174,
     # mtp_num_layers 1); the released config.json's num_nextn_predict_layers is not read by --init-from-hf
     "DeepSeekV3": ["--init-from-hf", str(HF_CONFIGS / "deepseek-v3"), "--mtp-num-layers", "1"],

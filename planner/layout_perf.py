@@ -149,6 +149,11 @@ class ModelCounts:
     gated_width_moe: int               # an MoE layer's: k experts' widths plus the shared expert's
     topk: int
     root_parameters: int = 0           # outside the blocks: embeddings, final norm, an untied output layer
+    embedding_parameters: int = 0      # the word embedding's, of root_parameters (the first pipeline stage's)
+    tied_output: bool = False          # the output layer is the embedding (the last stage keeps a copy under PP)
+    mlp_gradient_features: int = 0     # a dense MLP's activation gradients held at once in its backward, per token
+    gated_mlp: bool = True             # the dense MLP is gated (gate, up and their product saved; else fc1's output
+                                       # and the activation's)
     block_dense_parameters: int = 0    # the largest block's, its routed experts left out
     block_expert_parameters: int = 0   # an MoE block's routed experts (0 without MoE)
     experts: int = 0                   # routed experts per MoE layer
@@ -215,6 +220,11 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
         gated_width_dense=model.ffn_hidden_size or 4 * model.hidden_size,
         gated_width_moe=topk * moe_ffn + shared, topk=topk,
         root_parameters=vocab * shape.parameters_per_vocabulary_row + shape.parameters_outside_blocks,
+        # a vocabulary row is the embedding's alone when the output layer is tied to it (gpt/shape.py)
+        embedding_parameters=vocab * model.hidden_size,
+        tied_output=shape.parameters_per_vocabulary_row == model.hidden_size,
+        mlp_gradient_features=shape.mlp_gradient_features if shape.dense_layers else 0,
+        gated_mlp=any(getattr(m, "name", "") == "mlp.dense_h_to_4h_gate" for m in shape.block_matmuls),
         block_dense_parameters=max(shape.parameters_per_block if shape.dense_layers else 0,
                                    shape.parameters_per_moe_block - per_expert * experts if moe is not None else 0),
         block_expert_parameters=per_expert * experts, experts=experts,

@@ -69,7 +69,7 @@ def pins_of(config: PretrainConfig) -> Pins:
 
     recompute_given = given(config, "checkpoint_activations") or given(config, "recompute_granularity")
     if config.activations.checkpoint_activations and config.activations.recompute_method == "block":
-        # the search's memory model (layout_search.py layout_memory_bytes) knows every layer recomputed or none
+        # the search's memory model (planner/layout_memory.py) knows every layer recomputed or none
         raise ConfigError("--recompute-method block: the layout search prices the recompute of every layer or of "
                           "none; give --recompute-method uniform or no recompute flag, or price this launch as it is "
                           "with `python -m zero.plan dry-run --hardware`", flags=("--recompute-method",))

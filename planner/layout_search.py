@@ -14,9 +14,9 @@ search does not choose it); PP x VP chunks each holding a layer, split so the sl
 micro-batches a multiple of PP; EP dividing the experts and a stage's ranks (expert TP 1, as Megatron-Bridge's MoE
 recipes; the alltoall dispatcher); MBS 1, 2, 4 or 8 dividing GBS / DP; recompute none or full; the distributed
 optimizer, plain DDP, or --zero-stage 2 or 3 (3 without PP; one run at DP 1: planner/layout_zero.py).
-Each layout's memory is counted analytically (`layout_memory_bytes`: weights, fp32 gradients, optimizer state, ZeRO
-2/3's buckets and gathered chunks, the first stage's in-flight activations, the last's logits), a count that runs
-under the dry run's figure and only prunes (a layout over the GPU's memory is dropped, its size the reason). What it
+Each layout's memory is counted from the model's shape (planner/layout_memory.py: each stage's states, the
+activations its schedule holds, the last's logits), a count that runs under the dry run's figure and only prunes (a
+layout over the GPU's memory is dropped, its size the reason). What it
 keeps is priced by the layout model, best first; the top picks' memory is then the dry run's, per stage."""
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from typing import Iterator, Optional
 
 from arguments.config import ConfigError, PretrainConfig
 from planner.layout_flags import gathers_behind_forward, layout_flag_words
+from planner.layout_memory import layout_memory_bytes
 from planner.layout_of_config import check_expert_tp
 from planner.layout_perf import (
-    BF16_BYTES,
-    FP32_BYTES,
     Layout,
     LayoutPrediction,
     ModelCounts,
@@ -41,12 +40,12 @@ from planner.layout_perf import (
     predict_layout,
 )
 from planner.layout_pins import Pins, pins_of
-from planner.layout_zero import sharded_state_bytes, zero_label, zero_stages
+from planner.layout_zero import zero_label, zero_stages
 from planner.perf_model import Hardware
 from planner.pipeline_split import balanced_stage_counts
+from planner.search_progress import SearchProgress
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
-OPTIMIZER_STATE_BYTES = 12  # fp32 master weight and Adam's two fp32 moments
 
 
 @dataclass
@@ -94,67 +93,6 @@ def _virtual_stages(layers: int, pp: int) -> list[int]:
     per_rank = layers // pp
     powers = [2 ** k for k in range(per_rank.bit_length()) if 2 ** k <= per_rank]
     return sorted(set(_divisors(per_rank)) | set(powers))
-
-
-def layout_memory_bytes(counts: ModelCounts, layout: Layout) -> float:
-    """One rank's bytes on the worse of the first pipeline stage (the most micro-batches in flight) and the last (the
-    logits): a count under the dry run's (the module docstring), for pruning."""
-    dense = counts.dense_parameters / (layout.tp * layout.pp)
-    experts = counts.expert_parameters / (layout.ep * layout.pp)
-    expert_dp = max(layout.gpus // (layout.ep * layout.pp), 1)
-    shard = dense / (layout.dp * layout.cp) + experts / expert_dp if layout.distributed_optimizer else dense + experts
-    states = (dense + experts) * (BF16_BYTES + FP32_BYTES) + shard * OPTIMIZER_STATE_BYTES
-    if layout.stage >= 2:  # planner/layout_zero.py: gradients (and parameters) sharded, with their buffers
-        states = sharded_state_bytes(counts, layout, dense, experts, layout.dp * layout.cp, expert_dp)
-    h = counts.hidden
-    tokens = layout.micro_batch_size * counts.seq_length / (layout.tp * layout.cp)
-    layers = counts.layers / layout.pp
-    moe = counts.moe_layers / layout.pp
-    # Saved per token and layer (bf16), as Megatron-Core's blocks keep them: attention its norm's input and output
-    # (Transformer Engine's LayerNormLinear), q, k, v and the context (4h + the K and V widths, q ~ h); the MLP its
-    # norm's input and output and gate, up and activation (3 x width: the fused SwiGLU keeps fc1's output, fc2 its
-    # input); an MoE layer k permuted copies of the token besides. Full recompute keeps each layer's input only.
-    # This repository's blocks keep the same under --recompute-modules layernorm (gpt/norms.py keeps RMSNorm's input,
-    # gpt/glu.py gate and up; its dry run's Llama 3 8B block at TP 1 reads 1.005x this), and beyond it three things
-    # not counted here, which the dry run's check sees: without that flag each RMSNorm's fp32 input copy and normed
-    # values (autograd's, 4 + 2 bytes a value for the input's 2), under sequence parallelism the column-parallel
-    # linears' gathered inputs (parallel/layers.py), and the CP p2p ring's fp32 output (gpt/cp_attention.py)
-    # (docs/planning.md).
-    # Under FP8, Transformer Engine saves the GEMMs' inputs it quantized (the norms' outputs, the context,
-    # the activation's output) as FP8 for the weight gradient: 1 byte, not 2, for those.
-    per_layer = [BF16_BYTES * (4 * h + counts.kv_width + 2 * h + 3 * counts.gated_width_dense),
-                 BF16_BYTES * (4 * h + counts.kv_width + 2 * h + 3 * counts.gated_width_moe + counts.topk * h)]
-    if layout.precision == "fp8":
-        per_layer = [per_layer[0] - (3 * h + counts.gated_width_dense),
-                     per_layer[1] - (3 * h + counts.gated_width_moe)]
-    # Beyond what Megatron-Core keeps, this repository's MoE layer keeps, by its dry run (Qwen3 30B-A3B at MBS 1-2, EP
-    # 1-8, TP 1-2: within 3% of its block): its local experts' weights stacked for the grouped matmul (gpt/moe/
-    # experts.py), per micro-batch, and per token one more 16-bit copy of the token's k rows (two under EP: the
-    # all-to-all's received rows) and two more ffn-wide values a row.
-    per_layer[1] += BF16_BYTES * ((2 if layout.ep > 1 else 1) * counts.topk * h + 2 * counts.gated_width_moe)
-    stacked = BF16_BYTES * counts.block_expert_parameters / layout.ep
-    if layout.recompute_fraction >= 1.0:  # each layer's input kept per micro-batch; one block recomputed at a time
-        kept = tokens * layers * BF16_BYTES * h
-        working = tokens * per_layer[1 if moe else 0] + (stacked if moe else 0.0)
-    else:
-        kept = tokens * ((layers - moe) * per_layer[0] + moe * per_layer[1]) + moe * stacked
-        working = 0.0
-    # the logits of one micro-batch (16-bit) and the loss's fp32 softmax, at the end of the last stage's forward: not
-    # beside a recomputed block, which comes in backward
-    logits = layout.micro_batch_size * counts.seq_length / layout.cp * counts.padded_vocab / layout.tp * \
-        (BF16_BYTES + FP32_BYTES)
-    if layout.pp == 1:
-        return states + kept + max(working, logits)
-
-    # in flight, in the stage's micro-batches: 1F1B keeps PP - s on stage s, the interleaved schedule its warm-up,
-    # (PP - s - 1) x 2 + (VP - 1) x PP + 1 chunk forwards, a chunk 1 / VP of the stage's layers (planner/pipeline_plan.py)
-    def in_flight(stage: int) -> float:
-        if layout.vp == 1:
-            return min(layout.pp - stage, layout.micro_batches)
-        chunks = (layout.pp - stage - 1) * 2 + (layout.vp - 1) * layout.pp + 1
-        return min(chunks / layout.vp, layout.micro_batches)
-
-    return states + max(kept * in_flight(0) + working, kept * in_flight(layout.pp - 1) + max(working, logits))
 
 
 def _splits(counts: ModelCounts, layout: Layout, pins: Pins) -> Iterator[tuple[tuple[int, ...], ...]]:
@@ -234,11 +172,13 @@ def model_parallel_ranks(layout: Layout) -> int:
     return layout.tp * layout.pp * layout.vp * layout.cp * layout.ep
 
 
-def search(config: PretrainConfig, gpus: int, hardware: Hardware,
-           vocab: Optional[int] = None) -> tuple[ModelCounts, list[Candidate]]:
+def search(config: PretrainConfig, gpus: int, hardware: Hardware, vocab: Optional[int] = None,
+           progress: Optional[SearchProgress] = None) -> tuple[ModelCounts, list[Candidate]]:
     """Every layout of `config`'s model and global batch on `gpus` GPUs within what its own flags fix
     (planner/layout_pins.py), the fitting ones priced and sorted best first, then the rest by memory. `vocab`: the
-    launch's vocabulary (planner/vocabulary.py), for a model config that has none yet (--init-from-hf)."""
+    launch's vocabulary (planner/vocabulary.py), for a model config that has none yet (--init-from-hf); `progress`:
+    where the layouts counted are told while it runs (planner/search_progress.py)."""
+    progress = progress or SearchProgress(None)
     if hardware.layout_calibration is None:
         raise ConfigError(f"--hardware {hardware.name}: the profile has no layout calibration (layout_calibration in "
                           f"configs/hardware/{hardware.name}.yaml), so the layout model has no constants for it")
@@ -249,8 +189,10 @@ def search(config: PretrainConfig, gpus: int, hardware: Hardware,
     constants = load_layout_constants(hardware.layout_calibration)
     fp32_runs = hardware.precision == "fp32"
     fitting, rest = [], []
+    progress.started(gpus)
     for layout in enumerate_layouts(model, counts, gpus, config.training.global_batch_size, pins,
                                     hardware.gpus_per_node):
+        progress.counting(len(fitting) + len(rest), len(fitting))
         words = layout_flag_words(layout, pins, model.moe is not None, fp32_runs)
         memory = layout_memory_bytes(counts, layout)
         if memory > hardware.gpu_memory_bytes:
@@ -263,4 +205,6 @@ def search(config: PretrainConfig, gpus: int, hardware: Hardware,
                                  flag_words=words))
     fitting.sort(key=rank_key)
     rest.sort(key=lambda c: c.memory_bytes)
+    progress.ranked(len(fitting) + len(rest), len(fitting), fitting[0].layout if fitting else None,
+                    fitting[0].prediction.step_s if fitting else 0.0)
     return counts, fitting + rest

@@ -18,6 +18,7 @@ from arguments.parser import parse_config
 from planner.dry_run import Cluster
 from planner.layout_search import Candidate, rank_key
 from planner.perf_model import Hardware
+from planner.search_progress import SearchProgress
 from planner.stage_plans import run_plans
 from planner.vocabulary import launch_vocab
 
@@ -43,21 +44,25 @@ def stage_bytes(flags: Sequence[str], gpus: int, hardware: Hardware,
 
 
 def check_picks(candidates: list[Candidate], model_flags: Sequence[str], hardware: Hardware, picks: int,
-                max_dry_runs: int, progress: Optional[Callable[[str], None]] = None) -> CheckSummary:
+                max_dry_runs: int, progress: Optional[SearchProgress] = None) -> CheckSummary:
     """Plan the best candidates until `picks` fit by the dry run (module docstring); each planned one gets
     `stage_bytes`, and one over the memory `fits` False. Reorders `candidates`: the checked ones that fit first
-    (ties now decided on the dry run's memory), then the unchecked that fit by the count, then the rest."""
+    (ties now decided on the dry run's memory), then the unchecked that fit by the count, then the rest.
+    `progress` hears of each dry run, its verdict and the best that fits so far (planner/search_progress.py)."""
+    progress = progress or SearchProgress(None)
     checked = fit = 0
+    best = None
     for candidate in [c for c in candidates if c.fits]:
         if fit == picks or checked == max_dry_runs:
             break
-        if progress:
-            progress(f"> dry run of {candidate.flags()}")
+        progress.dry_run_started(candidate.layout, max_dry_runs)
         checked += 1
         try:
-            candidate.stage_bytes = stage_bytes([*model_flags, *candidate.flag_words], candidate.layout.gpus, hardware)
+            candidate.stage_bytes = stage_bytes([*model_flags, *candidate.flag_words], candidate.layout.gpus, hardware,
+                                                progress.dry_run_line)
         except ConfigError as error:  # a combination the trainer refuses, which the enumeration let through
             candidate.fits, candidate.lost_to = False, f"refused by pretrain_gpt.py: {error}"
+            progress.dry_run_done("refused by pretrain_gpt.py", best)
             continue
         worst = max(range(len(candidate.stage_bytes)), key=candidate.stage_bytes.__getitem__)
         if candidate.stage_bytes[worst] > hardware.gpu_memory_bytes:
@@ -66,6 +71,11 @@ def check_picks(candidates: list[Candidate], model_flags: Sequence[str], hardwar
                                  f"{hardware.gpu_memory_bytes / 1e9:,.0f} GB")
         else:
             fit += 1
+            if best is None:  # walked best first: the first that fits is the fastest
+                best = (candidate.layout, candidate.prediction.step_s, candidate.dry_run_bytes)
+        progress.dry_run_done(f"{'fits' if candidate.fits else 'over the GPU'}: "
+                              f"{candidate.dry_run_bytes / 2 ** 30:,.2f} GiB by the dry run, "
+                              f"{candidate.memory_bytes / 2 ** 30:,.2f} counted", best)
     confirmed = sorted((c for c in candidates if c.fits and c.stage_bytes), key=rank_key)
     unchecked = [c for c in candidates if c.fits and not c.stage_bytes]
     candidates[:] = confirmed + unchecked + sorted((c for c in candidates if not c.fits), key=lambda c: c.memory_bytes)

@@ -13,19 +13,19 @@ any layout flag, which fixes that dimension (planner/layout_pins.py). `--help-mo
 from __future__ import annotations
 
 import json
-import sys
 import time
 from typing import Sequence
 
 from arguments.parser import build_parser, parse_arguments
 from base.errors import OneLineArgumentParser
 from planner.input_bounds import check_gpu_count, check_model_fits_gpus, check_search_counts
-from planner.layout_flags import drop_no_effect_flags, launch_command
+from planner.layout_flags import drop_no_effect_flags, launch_command, planned_batch_flags
 from planner.layout_pins import pins_of
 from planner.layout_search import search
 from planner.perf_model import load_hardware
 from planner.search_check import check_picks
-from planner.search_report import explain_losses, format_picks
+from planner.search_progress import SearchProgress
+from planner.search_report import answer_terms, explain_losses, format_picks
 from planner.vocabulary import launch_vocab
 
 MODEL_FLAGS_NOTE = ("Every other flag is pretrain_gpt.py's (the model: --config, --init-from-hf or the shape flags; "
@@ -81,14 +81,15 @@ def search_command(argv: Sequence[str]) -> int:
     config, hardware = parsed.config, load_hardware(args.hardware)
     check_model_fits_gpus(config.model, args.gpus, hardware.gpu_memory_bytes)
     model_flags, dropped = drop_no_effect_flags(rest, parsed.harvested or {})
+    model_flags += planned_batch_flags(config)
     start = time.perf_counter()
     vocab, _ = launch_vocab(config)  # an --init-from-hf model's comes from its folder: the output layer counts
-    _, candidates = search(config, args.gpus, hardware, vocab)
+    progress = SearchProgress()
+    _, candidates = search(config, args.gpus, hardware, vocab, progress)
     fitting = sum(c.fits for c in candidates)
-    checked = ""
+    checked = "; not checked by the dry run (--no-dry-run-check): the count runs a few % under it"
     if args.dry_run_check:
-        summary = check_picks(candidates, model_flags, hardware, args.top, args.max_dry_runs,
-                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+        summary = check_picks(candidates, model_flags, hardware, args.top, args.max_dry_runs, progress)
         checked = (f"; the best planned by the dry run until {args.top} fit: {summary.checked} planned, "
                    f"{summary.fit} fit" + (f" (stopped at --max-dry-runs {args.max_dry_runs}: raise it to print "
                                            f"{args.top})" if summary.capped else ""))
@@ -100,10 +101,11 @@ def search_command(argv: Sequence[str]) -> int:
                                                                    [*model_flags, *c.flag_words])}
                           for c in candidates if c.fits]))
         return 0
-    pinned = pins_of(config).names()
+    pins = pins_of(config)
+    pinned = pins.names()
     header = (f"{len(candidates):,} layouts enumerated, {fitting:,} fit by the count{checked}; {seconds:.1f} s"
               + (f"; fixed by your flags: {', '.join(pinned)}" if pinned else ""))
-    notes = data_note(config) + ([f"left out of the commands: {' '.join(dropped)} (pretrain_gpt.py accepts "
+    notes = [answer_terms(config, pins, hardware.precision == "fp32")] + data_note(config) + ([f"left out of the commands: {' '.join(dropped)} (pretrain_gpt.py accepts "
                                   f"{'them' if len(dropped) > 1 else 'it'} with no effect)"] if dropped else [])
     print(format_picks(candidates, args.top, model_flags, hardware.gpus_per_node, hardware.gpu_memory_bytes, header,
                        notes, checked_only=args.dry_run_check))

