@@ -225,17 +225,17 @@ def _folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dty
 
 
 def _eod_id(tokenizer_dir: Path) -> Optional[int]:
-    from tokenizers import Tokenizer
-
-    from data.tokenizer import EOD_TOKEN, TOKENIZER_FILE
+    """The saved tokenizer's own end-of-document id (its eos_token, as training read it: data/tokenizer.py)."""
+    from data import DataError
+    from data.tokenizer import TOKENIZER_FILE, load_tokenizer
 
     path = inside(tokenizer_dir.parent, tokenizer_dir.name, TOKENIZER_FILE)
     if not path.is_file():
         raise ConfigError(f"{path}: missing; the checkpoint's tokenizer folder is incomplete")
     try:
-        return Tokenizer.from_file(str(path)).token_to_id(EOD_TOKEN)
-    except Exception as error:  # the tokenizers library raises a bare Exception for malformed files
-        raise ConfigError(f"{path}: not a valid tokenizer.json ({error})") from None
+        return load_tokenizer(tokenizer_file=str(path)).eod_id
+    except DataError as error:
+        raise ConfigError(f"{path}: the checkpoint's tokenizer does not load ({error})") from None
 
 
 def _copy_tokenizer(tokenizer_dir: Path, destination: Path) -> None:

@@ -143,6 +143,20 @@ def test_converted_tokenizer_encodes_like_ours(converted, tokenizer):
     assert hf["eos_token_id"] == hf["bos_token_id"] == tokenizer.eod_id
 
 
+
+@pytest.mark.parametrize("shape", ["llama3", "gemma"])
+def test_the_export_writes_the_saved_tokenizers_own_end_of_document_id(tmp_path, shape):
+    """config.json's eos_token_id is the id training ended documents with (Llama 3's <|end_of_text|>, Gemma's <eos>):
+    the saved tokenizer's eos_token, as data/tokenizer.py reads it, not the literal <|endoftext|>."""
+    from tokenizers import Tokenizer
+
+    from checkpoint.hf.folders import _eod_id
+    from tests.data.hf_tokenizer_shapes import SHAPES, build_tokenizer_folder
+
+    folder = build_tokenizer_folder(tmp_path / "tokenizer", shape)
+    expected = Tokenizer.from_file(str(folder / "tokenizer.json")).token_to_id(SHAPES[shape].eos)
+    assert expected is not None and _eod_id(folder) == expected
+
 def test_cli_converts_one_iteration_directory_to_bf16(trained, tmp_path):
     iteration_dir = trained[1] / iteration_dir_name(3)
     out = tmp_path / "hf-bf16"
