@@ -31,7 +31,12 @@ from gpt.moe.settings import (
 from gpt.mtp import MTPSettings
 from gpt.norms import NormSettings
 from gpt.positions import PositionSettings
-from gpt.section_rules import check_sections_together
+from gpt.section_rules import (
+    check_layers_without_rotary,
+    check_mlp_with_experts,
+    check_multi_latent_attention,
+    check_output_layer,
+)
 from parallel.config import RECORDED_SECTION
 from parallel.layers import padded_vocab_size
 
@@ -447,7 +452,10 @@ class ModelConfig:
         if self.hybrid_layer_pattern is not None:
             check_model_follows_pattern(self)
         self._validate_experts()
-        check_sections_together(self)
+        check_layers_without_rotary(self.positions, self.mla, self.mtp)
+        check_multi_latent_attention(self.mla, self.attention, self.positions, self.num_layers)
+        check_mlp_with_experts(self.mlp, has_experts=self.moe is not None)
+        check_output_layer(self.z_loss_strength, self.final_logit_softcapping, self.cross_entropy_loss_fusion)
 
     def _validate_trunk(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",

@@ -1,45 +1,41 @@
 """The rules that read two or more sections of the model's settings together: each function names the sections it
-relates. A rule that reads one section alone is that section's `validate` (gpt/attention_settings.py, positions.py,
-norms.py, mlp.py, mla_settings.py, mtp.py, moe/settings.py); ModelConfig.validate runs those, then these."""
+relates, and takes those sections. A rule that reads one section alone is that section's `validate`
+(gpt/attention_settings.py, positions.py, norms.py, mlp.py, mla_settings.py, mtp.py); ModelConfig.validate runs
+those, then these."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Optional
 
 from base.errors import ConfigError
-
-if TYPE_CHECKING:
-    from gpt.model_config import ModelConfig
-
-
-def check_sections_together(config: "ModelConfig") -> None:
-    check_layers_without_rotary(config)
-    check_multi_latent_attention(config)
-    check_mlp_with_experts(config)
-    check_output_layer(config)
+from gpt.attention_settings import AttentionSettings
+from gpt.mla_settings import MLASettings
+from gpt.mlp import MLPSettings
+from gpt.mtp import MTPSettings
+from gpt.positions import PositionSettings
 
 
-def check_layers_without_rotary(config: "ModelConfig") -> None:
+def check_layers_without_rotary(positions: PositionSettings, mla: MLASettings, mtp: MTPSettings) -> None:
     """Positions x MLA x MTP: --no-rope-freq picks decoder layers of multi-head or grouped-query attention."""
-    if config.positions.no_rope_freq and (config.mla.multi_latent_attention or config.mtp.num_layers):
+    if positions.no_rope_freq and (mla.multi_latent_attention or mtp.num_layers):
         # MLA rotates inside its own projections (Megatron-Core's MLASelfAttention never reads the rotary that
         # Attention.forward drops), and an MTP layer's layer number is its own, not a decoder layer's
-        other = "--multi-latent-attention" if config.mla.multi_latent_attention else "--mtp-num-layers"
+        other = "--multi-latent-attention" if mla.multi_latent_attention else "--mtp-num-layers"
         raise ConfigError(f"--no-rope-freq with {other} is not implemented: drop one of them",
                           flags=("--no-rope-freq", other))
 
 
-def check_multi_latent_attention(config: "ModelConfig") -> None:
+def check_multi_latent_attention(mla: MLASettings, attention: AttentionSettings, positions: PositionSettings,
+                                 num_layers: int) -> None:
     """MLA x attention x positions: what multi-latent attention is not built with (gpt/mla.py): it scales its
     scores and rotates its positions as Megatron-Core's MLASelfAttention (YaRN's mscale), over every layer."""
-    mla, attention, positions = config.mla, config.attention, config.positions
     if not mla.multi_latent_attention:
         return
     if attention.qk_l2_norm:  # gpt_layer_specs.py: "qk_l2_norm is not supported with MLA."
         raise ConfigError("--qk-l2-norm with --multi-latent-attention is not implemented: the L2 norm acts over each "
                           "head of multi-head or grouped-query attention, as in Megatron-Core",
                           flags=("--qk-l2-norm", "--multi-latent-attention"))
-    if attention.has_windows(config.num_layers):
+    if attention.has_windows(num_layers):
         # Megatron-Core's MLA asserts it (attention.py: "Set config.window_size = None or use a non-MLA attention
         # layer")
         raise ConfigError("--window-size with --multi-latent-attention is not implemented: multi-latent attention "
@@ -73,27 +69,27 @@ def check_multi_latent_attention(config: "ModelConfig") -> None:
                           flags=("--multi-latent-attention", *(flag.split()[0] for flag in given)))
 
 
-def check_mlp_with_experts(config: "ModelConfig") -> None:
+def check_mlp_with_experts(mlp: MLPSettings, has_experts: bool) -> None:
     """MLP x MoE: GeGLU's experts are not built; SwiGLU's clamp is the experts' only (Megatron-Core's
     TransformerConfig.__post_init__ requires MoE for it)."""
-    mlp = config.mlp
-    if mlp.gated_linear_unit and config.moe is not None:
+    if mlp.gated_linear_unit and has_experts:
         raise ConfigError("--gated-linear-unit with --num-experts is not implemented: the experts are SwiGLU "
                           "(--swiglu) or ungated", flags=("--gated-linear-unit", "--num-experts"))
-    if mlp.activation_func_clamp_value is not None and mlp.swiglu and config.moe is None:
+    if mlp.activation_func_clamp_value is not None and mlp.swiglu and not has_experts:
         raise ConfigError("--activation-func-clamp-value with --swiglu clamps the experts' SwiGLU only: add "
                           "--num-experts (Megatron-Core's TransformerConfig requires MoE)",
                           flags=("--activation-func-clamp-value", "--swiglu"))
 
 
-def check_output_layer(config: "ModelConfig") -> None:
-    """The output layer x the loss: the fused output layer and cross entropy (parallel/fused_linear_cross_entropy.py)
-    computes the loss of plain logits."""
-    if config.z_loss_strength > 0 and config.cross_entropy_loss_fusion:
+def check_output_layer(z_loss_strength: float, final_logit_softcapping: Optional[float],
+                       cross_entropy_loss_fusion: bool) -> None:
+    """The trunk's output layer x the loss: the fused output layer and cross entropy
+    (parallel/fused_linear_cross_entropy.py) computes the loss of plain logits."""
+    if z_loss_strength > 0 and cross_entropy_loss_fusion:
         raise ConfigError("--z-loss-strength with --cross-entropy-loss-fusion: the z-loss is not implemented in "
                           "the fused output layer; drop --cross-entropy-loss-fusion",
                           flags=("--z-loss-strength", "--cross-entropy-loss-fusion"))
-    if config.final_logit_softcapping is not None and config.cross_entropy_loss_fusion:
+    if final_logit_softcapping is not None and cross_entropy_loss_fusion:
         raise ConfigError("--final-logit-softcapping with --cross-entropy-loss-fusion is not implemented: the "
                           "fused output layer computes the loss of uncapped logits; drop "
                           "--cross-entropy-loss-fusion",
