@@ -54,7 +54,9 @@ def _split_sentences_reason() -> str:
     return "not implemented: Megatron's *_sentence datasets (for BERT) are not written here"
 
 
-def add_megatron_flags(group: argparse._ArgumentGroup) -> None:
+def add_megatron_flags(group: "argparse.ArgumentParser") -> None:
+    """Megatron's preprocessing flags that change nothing here or are refused, hidden from --help, into `group` (an
+    argument group of the parser)."""
     for flag, (keywords, _) in {**NO_EFFECT, **REFUSED}.items():
         group.add_argument(flag, **{"default": None, **keywords}, help=argparse.SUPPRESS)
 
