@@ -132,8 +132,8 @@ def parameter_lower_bound(model) -> tuple[int, tuple[str, ...]]:
     moe_layers, experts = _moe_layers_and_experts(model)
     layer = dense
     if moe_layers:
-        width = model.moe_ffn_hidden_size if model.moe_ffn_hidden_size is not None else ffn
-        shared = model.moe_shared_expert_intermediate_size or 0
+        width = model.experts.ffn_hidden_size if model.experts.ffn_hidden_size is not None else ffn
+        shared = model.experts.shared_expert_intermediate_size or 0
         moe = attention + experts * 2 * width * hidden + 2 * shared * hidden
         layer = min(dense, moe)
         flags += ["--num-experts", "--moe-ffn-hidden-size"]
@@ -148,13 +148,13 @@ def _moe_layers_and_experts(model) -> tuple[int, int]:
     """(how many layers are MoE layers, the fewest experts one has): 0 for a dense model. --moe-layer-freq N puts one at
     every layer i with i mod N == 0; its list has one 0/1 per layer; a Megatron-DeepSpeed launch's every
     --expert-interval-th layer (gpt/moe/settings.py)."""
-    counts = model.num_experts if isinstance(model.num_experts, tuple) else (model.num_experts or 1,)
+    counts = model.experts.num_experts if isinstance(model.experts.num_experts, tuple) else (model.experts.num_experts or 1,)
     experts = min(counts)
     if max(counts) <= 1:
         return 0, 1
-    if model.moe_gating == "deepspeed":
-        return model.num_layers // max(model.expert_interval, 1), max(experts, 1)
-    freq = model.moe_layer_freq
+    if model.experts.deepspeed.gating == "deepspeed":
+        return model.num_layers // max(model.experts.deepspeed.expert_interval, 1), max(experts, 1)
+    freq = model.experts.layer_freq
     if isinstance(freq, int):
         return -(-model.num_layers // max(freq, 1)), experts
     return str(freq).count("1"), experts  # validated: one 0 or 1 per layer

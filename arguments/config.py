@@ -1097,7 +1097,7 @@ class PretrainConfig:
             return None
         model = self.model
         unwritten = [what for what, on in (
-            ("the MoE layers", model.num_experts not in (None, 1)),
+            ("the MoE layers", model.experts.num_experts not in (None, 1)),
             ("the multi-token prediction layers", bool(model.mtp.num_layers)),
             ("multi-latent attention", model.mla.multi_latent_attention),
             (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),
@@ -1258,7 +1258,7 @@ class PretrainConfig:
             raise ConfigError(f"--num-experts with --tensor-model-parallel-size {tp} needs --sequence-parallel "
                               f"(Megatron-Core's MoE layer refuses tensor parallelism without it in training): add "
                               f"--sequence-parallel", flags=(*flags, "--sequence-parallel"))
-        if tp > 1 and moe.gating == "deepspeed":
+        if tp > 1 and moe.deepspeed.gating == "deepspeed":
             raise ConfigError(f"DeepSpeed-MoE's gating (Megatron-DeepSpeed's MoE flags) with "
                               f"--tensor-model-parallel-size {tp} is not implemented here: use Megatron-Core's "
                               f"--moe-* flags, or --tensor-model-parallel-size 1", flags=flags)

@@ -443,7 +443,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     null_note = null_tokenizer_note(config.data.tokenizer_type, config.model.vocab_size, generation)
     if null_note:
         notes.append(null_note)
-    if config.model.moe is not None and config.model.moe.use_residual:
+    if config.model.moe is not None and config.model.moe.deepspeed.use_residual:
         notes.append("> --mlp-type residual: the residual MoE's coefficient Linear(hidden, 2) is drawn "
                      "normal(--init-method-std) with a zero bias, as every weight here; DeepSpeed-MoE keeps torch's "
                      "default uniform draw")

@@ -29,8 +29,8 @@ import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-HELP, FLAGS, ALIASES, TYPE, CHOICES, METAVAR, NARGS, ACTION, GROUP, CONSTS = (
-    "help", "flags", "aliases", "type", "choices", "metavar", "nargs", "action", "group", "consts")
+HELP, FLAGS, ALIASES, TYPE, CHOICES, METAVAR, NARGS, ACTION, GROUP, CONSTS, SETTING = (
+    "help", "flags", "aliases", "type", "choices", "metavar", "nargs", "action", "group", "consts", "setting")
 SECTION = "section"
 
 
@@ -47,7 +47,7 @@ def option(default: Any = MISSING, *, default_factory: Any = MISSING, help: Opti
            flags: Sequence[str] = (), aliases: Optional[Mapping[str, str]] = None,
            type: Optional[Callable[[str], Any]] = None, choices: Optional[Sequence[Any]] = None,
            metavar: Any = None, nargs: Any = None, action: Optional[str] = None, group: Optional[str] = None,
-           consts: Sequence[Const] = ()) -> Any:
+           consts: Sequence[Const] = (), setting: Optional[str] = None) -> Any:
     """A dataclass field that is a command-line flag.
 
     help: the --help text. flags: the option strings when they are not just `--field-name` (the first is
@@ -56,11 +56,12 @@ def option(default: Any = MISSING, *, default_factory: Any = MISSING, help: Opti
     said with the flag's value wherever it is shown (arguments/megatron/flags.py). type, choices, metavar,
     nargs, action: as argparse takes them, where the field's annotation does not say (see the module).
     group: the section whose --help group lists the flag, when that is not the field's own section.
-    consts: other flags that each store one fixed value in this setting."""
+    consts: other flags that each store one fixed value in this setting. setting: in a section, the setting's whole
+    name where it is not the section's prefix + the field's name (MoESettings' num_experts, not moe_num_experts)."""
     metadata = {name: value for name, value in ((HELP, help), (FLAGS, tuple(flags)), (ALIASES, dict(aliases or {})),
                                                 (TYPE, type), (CHOICES, None if choices is None else tuple(choices)),
                                                 (METAVAR, metavar), (NARGS, nargs), (ACTION, action),
-                                                (GROUP, group), (CONSTS, tuple(consts)))
+                                                (GROUP, group), (CONSTS, tuple(consts)), (SETTING, setting))
                 if value not in (None, (), {})}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
@@ -135,32 +136,49 @@ def section(kind: type) -> Any:
 def option_fields(config_class: type) -> Iterator[tuple[dataclasses.Field, Any]]:
     """Each setting of a config dataclass with its resolved annotation; a section's in its place, each field a copy
     named as its setting (its flag's dest), so flag_of and argparse_keywords read it as any other."""
+    for (field, annotation), (name, _) in zip(_leaf_fields(config_class), _setting_paths(config_class).items()):
+        if field.name != name:
+            field = copy.copy(field)
+            field.name = name
+        yield field, annotation
+
+
+def _leaf_fields(config_class: type) -> Iterator[tuple[dataclasses.Field, Any]]:
+    """Each setting's own field (a section's field as its section declares it) with its resolved annotation."""
     hints = typing.get_type_hints(config_class)
     for field in dataclasses.fields(config_class):
         if field.metadata.get(SECTION):
-            kind = field.default_factory
-            for inner, annotation in option_fields(kind):
-                named = copy.copy(inner)
-                named.name = kind.SETTING_PREFIX + inner.name
-                yield named, annotation
+            yield from _leaf_fields(field.default_factory)
         else:
             yield field, hints[field.name]
 
 
 @functools.lru_cache(maxsize=None)
 def _setting_paths(config_class: type) -> dict[str, tuple[str, ...]]:
-    """Each setting's name -> the attributes that reach it from a `config_class` instance."""
+    """Each setting's name -> the attributes that reach it from a `config_class` instance, in declaration order. A
+    section's setting is its prefix + its name there, but a field's own `setting=` name, which no prefix changes."""
     paths: dict[str, tuple[str, ...]] = {}
+    count = 0
     for field in dataclasses.fields(config_class):
         if field.metadata.get(SECTION):
             kind = field.default_factory
             for name, inner in _setting_paths(kind).items():
-                paths[kind.SETTING_PREFIX + name] = (field.name, *inner)
+                whole = name if _named_whole(kind, inner) else kind.SETTING_PREFIX + name
+                paths[whole] = (field.name, *inner)
+                count += 1
         else:
-            paths[field.name] = (field.name,)
-    if len(paths) != sum(1 for _ in option_fields(config_class)):  # a section's name taken twice: one would hide
+            paths[field.metadata.get(SETTING, field.name)] = (field.name,)
+            count += 1
+    if len(paths) != count:  # a section's name taken twice: one would hide the other
         raise TypeError(f"{config_class.__name__}: two settings share a name")
     return paths
+
+
+def _named_whole(kind: type, path: tuple[str, ...]) -> bool:
+    """Whether the field at `path` in a `kind` instance gives its own whole setting name (option's `setting=`)."""
+    for name in path[:-1]:
+        kind = next(f.default_factory for f in dataclasses.fields(kind) if f.name == name)
+    return SETTING in next(f for f in dataclasses.fields(kind) if f.name == path[-1]).metadata
 
 
 def setting_names(config_class: type) -> tuple[str, ...]:
@@ -181,39 +199,41 @@ def setting_values(config: Any) -> dict[str, Any]:
     return {name: setting_value(config, name) for name in _setting_paths(type(config))}
 
 
-def _grouped(config_class: type, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The keywords that construct `config_class` from {setting: value}: a section's settings as one section."""
+def _by_field(config_class: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """{setting: value} as a tree of field names: {field: value}, a section's {field: {its field: value}}."""
     paths = _setting_paths(config_class)
     unknown = [name for name in values if name not in paths]
     if unknown:
         raise TypeError(f"{config_class.__name__} has no setting {unknown[0]!r}")
-    keywords: dict[str, Any] = {}
-    sections: dict[str, dict[str, Any]] = {}
+    tree: dict[str, Any] = {}
     for name, value in values.items():
-        path = paths[name]
-        if len(path) == 1:
-            keywords[name] = value
-        else:
-            sections.setdefault(path[0], {})[name[len(_prefix(config_class, path[0])):]] = value
-    return keywords, sections
+        *sections, field = paths[name]
+        node = tree
+        for section_name in sections:
+            node = node.setdefault(section_name, {})
+        node[field] = value
+    return tree
 
 
-def _prefix(config_class: type, section_name: str) -> str:
-    return next(f.default_factory.SETTING_PREFIX for f in dataclasses.fields(config_class) if f.name == section_name)
+def _built(config_class: type, tree: Mapping[str, Any]) -> Any:
+    kinds = {f.name: f.default_factory for f in dataclasses.fields(config_class) if f.metadata.get(SECTION)}
+    return config_class(**{name: _built(kinds[name], value) if name in kinds else value for name, value in tree.items()})
+
+
+def _replaced(config: Any, tree: Mapping[str, Any]) -> Any:
+    sections = {f.name for f in dataclasses.fields(config) if f.metadata.get(SECTION)}
+    return dataclasses.replace(config, **{name: _replaced(getattr(config, name), value) if name in sections else value
+                                          for name, value in tree.items()})
 
 
 def with_settings(config_class: type, values: Mapping[str, Any]) -> Any:
     """A `config_class` built from {setting: value} (flags, YAML keys, a recorded config), the defaults for the rest."""
-    keywords, sections = _grouped(config_class, values)
-    kinds = {f.name: f.default_factory for f in dataclasses.fields(config_class) if f.metadata.get(SECTION)}
-    return config_class(**keywords, **{name: with_settings(kinds[name], given) for name, given in sections.items()})
+    return _built(config_class, _by_field(config_class, values))
 
 
 def replace_settings(config: Any, **changes: Any) -> Any:
     """dataclasses.replace by setting name: a section's settings change in their section."""
-    keywords, sections = _grouped(type(config), changes)
-    return dataclasses.replace(config, **keywords, **{
-        name: replace_settings(getattr(config, name), **given) for name, given in sections.items()})
+    return _replaced(config, _by_field(type(config), changes))
 
 
 def count(text: str) -> int:

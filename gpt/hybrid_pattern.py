@@ -141,5 +141,5 @@ def check_model_follows_pattern(model) -> None:
                           flags=(FLAG, "--num-experts"))
     if model.moe is not None and model.moe_layers() != pattern.moe_layers():
         raise ConfigError(f"{FLAG} {pattern.text} places the MoE layers ({pattern.moe_layer_freq()}, one per block), "
-                          f"not --moe-layer-freq {model.moe_layer_freq}: drop --moe-layer-freq",
+                          f"not --moe-layer-freq {model.experts.layer_freq}: drop --moe-layer-freq",
                           flags=(FLAG, "--moe-layer-freq"))

@@ -8,9 +8,8 @@ arguments/config.py, which holds one of these as `PretrainConfig.model`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option, replace_settings, section, with_settings
@@ -21,12 +20,9 @@ from gpt.mla_settings import MLASettings
 from gpt.mlp import MLPSettings
 from gpt.moe.settings import (
     MoESettings,
-    OneExpertCount,
     experts_per_layer,
     largest_expert_count,
-    moe_freq_value,
     moe_layer_pattern,
-    num_experts_value,
 )
 from gpt.mtp import MTPSettings
 from gpt.norms import NormSettings
@@ -52,14 +48,6 @@ class TupleOfValues(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, tuple(values))
-
-
-# ModelConfig fields moe_<name> that are MoESettings fields <name>
-MOE_FIELDS = ("router_topk", "router_score_function", "router_pre_softmax", "router_topk_scaling_factor", "router_dtype",
-              "router_num_groups", "router_group_topk", "router_enable_expert_bias", "router_bias_update_rate",
-              "router_load_balancing_type", "aux_loss_coeff", "z_loss_coeff", "expert_capacity_factor",
-              "pad_expert_input_to_capacity", "token_drop_policy", "shared_expert_intermediate_size",
-              "shared_expert_gate", "router_force_load_balancing")
 
 
 @dataclass(frozen=True)
@@ -197,93 +185,8 @@ class ModelConfig:
     num_layers_at_start_in_bf16: int = option(1, group="zero", help="--first-last-layers-bf16's blocks at the start")
     num_layers_at_end_in_bf16: int = option(1, group="zero", help="--first-last-layers-bf16's blocks at the end")
 
-    # Mixture of experts (issue 51; gpt/moe/), Megatron-LM's flags and dests. Without --num-experts (or with 1:
-    # one expert is the dense model) every MLP is dense and the rest has no effect.
-    num_experts: Union[None, int, tuple] = option(
-        None, type=num_experts_value, nargs="+", action=OneExpertCount, metavar="N",
-        help="experts per MoE layer (Megatron-Core's MoE layer: a top-k router, the experts, balancing losses); "
-             "default (or 1): a dense MLP; a Megatron-DeepSpeed launch (DeepSpeed-MoE's gating) may give one count "
-             "per MoE layer (PR-MoE's pyramid: 32 ... 32 64 64)")
-    moe_ffn_hidden_size: Optional[int] = option(None, help="each expert's hidden size (default: "
-                                                                        "--ffn-hidden-size)")
-    moe_layer_freq: Union[int, str] = option(
-        1, type=moe_freq_value, help="N: an MoE layer at every layer i with i mod N == 0, dense between; or a list "
-                               "expression with one 0 (dense) or 1 (MoE) per layer, e.g. '([1]*3+[0]*1)*2'")
-    moe_router_topk: int = option(2, help="experts per token")
-    moe_router_score_function: str = option("softmax",
-                                            help="softmax or sigmoid scores (sigmoid: normalised over the top k)")
-    moe_router_pre_softmax: bool = option(False, action="store_true",
-                                          help="softmax over all experts before the top-k (else over the top k)")
-    moe_router_topk_scaling_factor: Optional[float] = option(None,
-                                                             help="multiply the top-k weights by this")
-    moe_router_dtype: Optional[str] = option(None, choices=("fp32", "fp64"),
-                                             help="the router's logits and scores in this precision")
-    moe_router_num_groups: Optional[int] = option(None,
-                                                  help="group-limited routing: the experts in this many groups")
-    moe_router_group_topk: Optional[int] = option(None,
-                                                  help="group-limited routing: each token chooses in this many groups")
-    # Megatron-Core's deprecated name for it (swiss-ai's fork parses it): arguments/megatron/limited_devices.py
-    moe_router_topk_limited_devices: Optional[int] = option(
-        None, help="device-limited routing (deprecated in Megatron-Core): --moe-router-group-topk N over "
-                   "--moe-router-num-groups equal to the expert-parallel ranks")
-    moe_router_enable_expert_bias: bool = option(
-        False, action="store_true",
-        help="aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the sigmoid scores chooses the experts, "
-             "moved by --moe-router-bias-update-rate toward the mean load after each iteration")
-    moe_router_bias_update_rate: float = option(1e-3, help="the expert bias's step per iteration")
-    # Megatron-Core's TopKRouter.forward: `logits = apply_random_logits(logits)` (moe_utils.RandomSTE)
-    moe_router_force_load_balancing: bool = option(
-        False, action="store_true",
-        help="benchmark routing, as Megatron-Core's: each router's logits are replaced by standard normal draws "
-             "(per expert-parallel rank) before the top-k, their gradient passed to the real logits unchanged")
-    moe_router_load_balancing_type: str = option(
-        "aux_loss",
-        help="aux_loss (GShard/Switch), seq_aux_loss (per sequence), global_aux_loss (token counts over the "
-             "data-parallel group and the iteration), sinkhorn, or none")
-    moe_aux_loss_coeff: float = option(0.0,
-                                       help="the balancing loss's coefficient (its gradient only: it is logged "
-                                            "beside the LM loss, not added to it)")
-    moe_z_loss_coeff: Optional[float] = option(None, help="the router z-loss's coefficient (ST-MoE)")
-    moe_expert_capacity_factor: Optional[float] = option(
-        None, help="drop the tokens beyond ceil(tokens x k / experts x factor) per expert "
-                                "(default: dropless)")
-    moe_pad_expert_input_to_capacity: bool = option(False, action="store_true",
-                                                    help="with a capacity: every expert takes exactly its capacity")
-    moe_token_drop_policy: str = option("probs", choices=("probs", "position"),
-                                        help="with a capacity: keep each expert's most probable tokens, or its first")
-    moe_shared_expert_intermediate_size: Optional[int] = option(
-        None, help="a shared expert of this hidden size that every token passes through")
-    moe_shared_expert_gate: bool = option(False, action="store_true",
-                                          help="gate the shared expert's output per token by sigmoid(x . w) "
-                                               "(Qwen2-MoE)")
-
-    # DeepSpeed-MoE's gating (gpt/moe/deepspeed_gating.py) and Megatron-DeepSpeed's flags for it; a
-    # Megatron-DeepSpeed launch (--deepspeed, its flags) with --num-experts takes it (arguments/parser.py).
-    moe_gating: str = option("megatron", choices=("megatron", "deepspeed"),
-                             help="megatron: Megatron-Core's router (--moe-router-*); deepspeed: DeepSpeed-MoE's "
-                                  "gating (--topk, --moe-train-capacity-factor, ...), which a Megatron-DeepSpeed "
-                                  "launch with --num-experts takes")
-    topk: int = option(1, help="DeepSpeed-MoE: experts per token (1, 2, or more)")
-    moe_train_capacity_factor: float = option(1.0, help="DeepSpeed-MoE: the capacity factor in training")
-    moe_eval_capacity_factor: float = option(1.0, help="DeepSpeed-MoE: the capacity factor in evaluation")
-    moe_min_capacity: int = option(4, help="DeepSpeed-MoE: each expert's capacity at least this")
-    moe_token_dropping: bool = option(
-        True, consts=[Const(("--disable-moe-token-dropping",), False,
-                            help="Megatron-DeepSpeed: DeepSpeed-MoE keeps every token")],
-        help="DeepSpeed-MoE: drop the tokens beyond each expert's capacity")
-    moe_loss_coeff: float = option(0.1, help="DeepSpeed-MoE: l_aux's coefficient (its gradient; logged as moe_loss)")
-    moe_top2_2nd_expert_sampling: bool = option(
-        True, consts=[Const(("--disable-moe-top2-2nd-expert-sampling",), False,
-                            help="Megatron-DeepSpeed: top-2's second expert by argmax, not sampled")],
-        help="DeepSpeed-MoE top-2: sample the second expert (Gumbel noise on the logits)")
-    expert_interval: int = option(2, help="DeepSpeed-MoE: an MoE layer at every expert-interval-th layer (1-based)")
-    mlp_type: str = option("standard", help="DeepSpeed-MoE: standard, or residual (PR-MoE: a dense MLP beside the "
-                                            "experts, mixed per token by a learned coefficient)")
-
-    def __post_init__(self) -> None:
-        # a per-layer --num-experts read back from a recorded config (JSON) is a list: the same tuple as parsed
-        if isinstance(self.num_experts, list):
-            object.__setattr__(self, "num_experts", tuple(self.num_experts))
+    # Mixture of experts (issue 51; gpt/moe/): Megatron-LM's --num-experts and --moe-* flags, DeepSpeed-MoE's inside
+    experts: MoESettings = section(MoESettings)
 
     @classmethod
     def of(cls, **settings) -> "ModelConfig":
@@ -296,32 +199,16 @@ class ModelConfig:
         return self.positions.longrope(self.max_position_embeddings)
 
     @property
-    def moe(self) -> Optional["MoESettings"]:
-        """The MoE layers' settings (gpt/moe/settings.py), or None for a dense model (no --num-experts, or 1)."""
-        largest = largest_expert_count(self.num_experts)
-        if largest is None:
-            return None
-        settings = {name: getattr(self, "moe_" + name) for name in MOE_FIELDS}
-        if (settings["expert_capacity_factor"] or 0.0) < 0:
-            # Megatron-Core's TransformerConfig.__post_init__: "if self.moe_expert_capacity_factor < 0:
-            # self.moe_expert_capacity_factor = None", no capacity (dropless); said at the start (moe_notes)
-            settings["expert_capacity_factor"] = None
-        if self.moe_gating == "deepspeed":
-            settings.update(router_topk=self.topk, router_load_balancing_type="none", aux_loss_coeff=0.0,
-                            z_loss_coeff=None)
-        return MoESettings(
-            num_experts=largest,
-            ffn_hidden_size=self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_size,
-            gating=self.moe_gating, train_capacity_factor=self.moe_train_capacity_factor,
-            eval_capacity_factor=self.moe_eval_capacity_factor, min_capacity=self.moe_min_capacity,
-            drop_tokens=self.moe_token_dropping, loss_coeff=self.moe_loss_coeff,
-            second_expert_sampling=self.moe_top2_2nd_expert_sampling, use_residual=self.mlp_type == "residual",
-            **settings)
+    def moe(self) -> Optional[MoESettings]:
+        """The MoE layers' settings at the largest expert count (gpt/moe/settings.py), or None for a dense model (no
+        --num-experts, or 1)."""
+        largest = largest_expert_count(self.experts.num_experts)
+        return None if largest is None else self.experts.for_layer(largest, self.ffn_size)
 
     @property
     def per_layer_experts(self) -> bool:
         """--num-experts gives different counts per MoE layer (Megatron-DeepSpeed's list; PR-MoE's pyramid)."""
-        return isinstance(self.num_experts, tuple)
+        return isinstance(self.experts.num_experts, tuple)
 
     def with_layers(self, num_layers: int, **changes) -> "ModelConfig":
         """This model at another layer count, for counting (a one-block shape probe, a pipeline stage's GEMMs): the
@@ -334,9 +221,9 @@ class ModelConfig:
         """Per layer, whether it is an MoE layer (--moe-layer-freq); all False for a dense model."""
         if self.moe is None:
             return (False,) * self.num_layers
-        if self.moe_gating == "deepspeed":  # Megatron-DeepSpeed's get_num_experts_per_layer: layer_num % interval
+        if self.experts.deepspeed.gating == "deepspeed":  # Megatron-DeepSpeed's get_num_experts_per_layer
             return tuple(count > 1 for count in self.experts_per_layer())
-        return moe_layer_pattern(self.moe_layer_freq, self.num_layers)
+        return moe_layer_pattern(self.experts.layer_freq, self.num_layers)
 
     def experts_per_layer(self) -> tuple[int, ...]:
         """Each layer's number of experts, 1 for a dense layer. A Megatron-DeepSpeed launch maps --num-experts (one
@@ -344,14 +231,15 @@ class ModelConfig:
         Megatron-Core's router gives every MoE layer of --moe-layer-freq the one count."""
         if self.moe is None:
             return (1,) * self.num_layers
-        if self.moe_gating == "deepspeed":
-            return experts_per_layer(self.num_experts, self.num_layers, self.expert_interval)
-        return tuple(self.num_experts if is_moe else 1
-                     for is_moe in moe_layer_pattern(self.moe_layer_freq, self.num_layers))
+        experts = self.experts
+        if experts.deepspeed.gating == "deepspeed":
+            return experts_per_layer(experts.num_experts, self.num_layers, experts.deepspeed.expert_interval)
+        return tuple(experts.num_experts if is_moe else 1
+                     for is_moe in moe_layer_pattern(experts.layer_freq, self.num_layers))
 
     def moe_of(self, layer: int) -> "MoESettings":
         """Layer `layer`'s (0-based) MoE settings: `moe` with that layer's number of experts."""
-        return dataclasses.replace(self.moe, num_experts=self.experts_per_layer()[layer])
+        return self.experts.for_layer(self.experts_per_layer()[layer], self.ffn_size)
 
     def expert_counts(self) -> tuple[int, ...]:
         """The distinct numbers of experts of the MoE layers, smallest first."""
@@ -392,7 +280,7 @@ class ModelConfig:
                                   f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share",
                                   flags=(_flag(name), "--tensor-model-parallel-size"))
         self.validate_blocks(tensor_parallel_size)
-        if self.moe is not None and self.moe.use_residual and tensor_parallel_size > 1:
+        if self.moe is not None and self.moe.deepspeed.use_residual and tensor_parallel_size > 1:
             # Megatron-DeepSpeed's residual MLP is the experts' template (ParallelMLP(moe=True)), not split over TP
             raise ConfigError(f"--mlp-type residual with --tensor-model-parallel-size {tensor_parallel_size} is not "
                               f"implemented: PR-MoE's dense MLP is not tensor-parallel here; run it at "
@@ -404,31 +292,6 @@ class ModelConfig:
         settings the record keeps there (`sequence_parallel`: parallel/config.py RECORDED_SECTION)."""
         beside = {name for name, section in RECORDED_SECTION.items() if section == "model"}
         return with_settings(cls, {name: value for name, value in recorded.items() if name not in beside})
-
-    def _check_gating_flags(self) -> None:
-        """DeepSpeed-MoE (a Megatron-DeepSpeed launch) reads --topk, --moe-train-capacity-factor, ...; Megatron-Core's
-        router reads --moe-router-topk, --moe-aux-loss-coeff, ...: the other side's flags would do nothing, so a
-        launch giving them is told in one line. A count per MoE layer, and PR-MoE (--mlp-type residual), are
-        Megatron-DeepSpeed's (DeepSpeed-MoE's MoE(use_residual=True))."""
-        if self.mlp_type not in MLP_TYPES:
-            raise ConfigError(f"--mlp-type {self.mlp_type} is not one of {', '.join(MLP_TYPES)} (Megatron-DeepSpeed's "
-                              f"choices)", flags=("--mlp-type",))
-        if self.expert_interval < 1:
-            raise ConfigError(f"--expert-interval must be at least 1, got {self.expert_interval}",
-                              flags=("--expert-interval",))
-        deepspeed = self.moe_gating == "deepspeed"
-        other = _differs_from_default(self, MEGATRON_MOE_FIELDS + ("moe_shared_expert_intermediate_size",)
-                                      if deepspeed else DEEPSPEED_MOE_FIELDS)
-        if other:
-            flags = tuple(_flag(name) for name in other)
-            raise ConfigError(
-                f"{', '.join(flags)} " + (
-                    "set Megatron-Core's router, but this Megatron-DeepSpeed launch gates by DeepSpeed-MoE "
-                    "(--topk, --moe-train-capacity-factor, --moe-loss-coeff, ...): drop them, or pass --moe-gating "
-                    "megatron" if deepspeed else
-                    "set DeepSpeed-MoE's gating, which a Megatron-DeepSpeed launch (--deepspeed) or --moe-gating "
-                    "deepspeed takes; this launch uses Megatron-Core's router (--moe-router-topk, ...)"),
-                flags=flags)
 
     def validate_blocks(self, tensor_parallel_size: int = 1) -> None:
         """The blocks' sections' own rules, at a tensor-parallel size (GPTModel checks them as it builds)."""
@@ -491,34 +354,19 @@ class ModelConfig:
                               f"{self.final_logit_softcapping}", flags=("--final-logit-softcapping",))
 
     def _validate_experts(self) -> None:
-        counts = self.num_experts if isinstance(self.num_experts, tuple) else (self.num_experts or 0,)
+        counts = self.experts.num_experts if self.per_layer_experts else (self.experts.num_experts or 0,)
         if min(counts) < 0:
             raise ConfigError(f"--num-experts must be at least 1, got {min(counts)}", flags=("--num-experts",))
         if self.moe is None:
             return
-        if self.per_layer_experts and self.moe_gating != "deepspeed":
-            raise ConfigError(f"--num-experts {' '.join(map(str, self.num_experts))}: a count per MoE layer is "
+        if self.per_layer_experts and self.experts.deepspeed.gating != "deepspeed":
+            raise ConfigError(f"--num-experts {' '.join(map(str, counts))}: a count per MoE layer is "
                               f"Megatron-DeepSpeed's (DeepSpeed-MoE's gating, a --deepspeed launch or --moe-gating "
                               f"deepspeed); Megatron-Core's router takes one count, and --moe-layer-freq chooses "
                               f"the MoE layers", flags=("--num-experts", "--moe-gating"))
-        self._check_gating_flags()
+        self.experts.validate_gating()
         for count in self.expert_counts():
-            dataclasses.replace(self.moe, num_experts=count).validate()
-
-
-MLP_TYPES = ("standard", "residual")
-# Megatron-DeepSpeed's DeepSpeed-MoE flags and Megatron-Core's router flags: each side's only under its gating
-DEEPSPEED_MOE_FIELDS = ("topk", "moe_train_capacity_factor", "moe_eval_capacity_factor", "moe_min_capacity",
-                        "moe_token_dropping", "moe_loss_coeff", "moe_top2_2nd_expert_sampling", "expert_interval",
-                        "mlp_type")
-MEGATRON_MOE_FIELDS = tuple("moe_" + name for name in MOE_FIELDS if name not in ("shared_expert_intermediate_size",
-                                                                                 "shared_expert_gate"))
-
-
-def _differs_from_default(config: "ModelConfig", names: tuple[str, ...]) -> list[str]:
-    defaults = ModelConfig()
-    return [name for name in names if getattr(config, name) != getattr(defaults, name)]
-
+            self.experts.for_layer(count, self.ffn_size).validate()
 
 def _flag(name: str) -> str:
     return flag_of_setting(ModelConfig, name)

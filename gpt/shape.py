@@ -188,7 +188,7 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
         moe_plan = plan if tensor_parallel_size == 1 else tensor_parallel_plan(state, ParallelismConfig(
             tensor_model_parallel_size=tensor_parallel_size, sequence_parallel=True))
         for count in (config.expert_counts() if config.moe is not None else ()):
-            moe_probe = GPTModel(dataclasses.replace(probe, num_experts=count, moe_layer_freq=1,
+            moe_probe = GPTModel(replace_settings(probe, num_experts=count, moe_layer_freq=1,
                                                      expert_interval=1), state, plan=moe_plan)
             block = _moe_block(moe_probe.blocks[0], config.moe.router_topk, tensor_parallel_size)
             blocks[count] = (block["parameters_per_moe_block"], block["active_parameters_per_moe_block"])

@@ -166,12 +166,12 @@ def moe_figures(config, state, optimizer, probe: ExpertRowProbe, micro_forwards_
 def _capacity(moe, tokens: int) -> tuple[Optional[int], str]:
     """Rows an expert keeps from one source rank's `tokens`, and the rule; (None, "dropless") without dropping."""
     k = moe.router_topk
-    if moe.gating == "deepspeed":
-        if not moe.drop_tokens:
+    if moe.deepspeed.gating == "deepspeed":
+        if not moe.deepspeed.token_dropping:
             return None, "dropless (--disable-moe-token-dropping)"
-        capacity = deepspeed_capacity(tokens, moe.num_experts, moe.train_capacity_factor * k, moe.min_capacity)
-        return capacity, (f"DeepSpeed-MoE's capacity ceil({tokens} / {moe.num_experts} x {moe.train_capacity_factor:g} "
-                          f"x {k}), at least {moe.min_capacity} (sharded_moe._capacity)")
+        capacity = deepspeed_capacity(tokens, moe.num_experts, moe.deepspeed.train_capacity_factor * k, moe.deepspeed.min_capacity)
+        return capacity, (f"DeepSpeed-MoE's capacity ceil({tokens} / {moe.num_experts} x {moe.deepspeed.train_capacity_factor:g} "
+                          f"x {k}), at least {moe.deepspeed.min_capacity} (sharded_moe._capacity)")
     if moe.expert_capacity_factor is None:
         return None, "dropless"
     capacity = get_capacity(tokens * k, moe.num_experts, moe.expert_capacity_factor)

@@ -27,7 +27,7 @@ from arguments.config import PretrainConfig
 def moe_notes(config: PretrainConfig, tensor_parallel_size: int, data_parallel_size: int) -> tuple[str, ...]:
     """The lines for a run of `config` on a grid of `tensor_parallel_size` x `data_parallel_size` (module docstring)."""
     moe = config.model.moe
-    if moe is None or moe.gating != "megatron":
+    if moe is None or moe.deepspeed.gating != "megatron":
         return ()
     return (negative_capacity_note(config) + global_aux_loss_note(config, data_parallel_size)
             + capacity_note(config, tensor_parallel_size))
@@ -36,7 +36,7 @@ def moe_notes(config: PretrainConfig, tensor_parallel_size: int, data_parallel_s
 def negative_capacity_note(config: PretrainConfig) -> tuple[str, ...]:
     """A negative --moe-expert-capacity-factor is no capacity, as Megatron-Core reads it (TransformerConfig.__post_init__
     sets it to None; gpt/model_config.py's `moe` does the same), said once: the value typed is not the one used."""
-    factor = config.model.moe_expert_capacity_factor
+    factor = config.model.experts.expert_capacity_factor
     if factor is None or factor >= 0:
         return ()
     return (f"> --moe-expert-capacity-factor {factor:g}: a negative factor is no capacity, every routed token kept "

@@ -28,7 +28,7 @@ def describe_model(settings: RunSettings, state: ParallelState, built: Built,
     count = f"{total:,} parameters" if moe is None else (
         f"{total:,} parameters, {active_parameter_count(config.model, settings.padded_vocab_size):,} active "
         f"({_moe_layers(sum(config.model.moe_layers()))} of {_experts(config.model)} experts, "
-        f"top-{moe.router_topk}{', residual (PR-MoE)' if moe.use_residual else ''})")
+        f"top-{moe.router_topk}{', residual (PR-MoE)' if moe.deepspeed.use_residual else ''})")
     line = (f"> model: {count} "
             f"({config.model.num_layers} layers, hidden {config.model.hidden_size}, "
             f"{config.model.num_attention_heads} heads, vocab {settings.vocab_size} padded to "

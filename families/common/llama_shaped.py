@@ -118,9 +118,9 @@ def moe_misfits(config: ModelConfig) -> list[str]:
     shared expert): both route by a softmax over all experts' logits, take the top k, drop no token and add no
     bias to the experts."""
     moe, family = config.moe, moe_family(config)
-    needs = {"--moe-gating megatron (DeepSpeed-MoE's capacity and sampling are not theirs)": moe.gating != "megatron",
+    needs = {"--moe-gating megatron (DeepSpeed-MoE's capacity and sampling are not theirs)": moe.deepspeed.gating != "megatron",
              "one --num-experts for every MoE layer (their config has one count)": config.per_layer_experts,
-             "--mlp-type standard (PR-MoE's residual MLP and coefficient have no place there)": moe.use_residual,
+             "--mlp-type standard (PR-MoE's residual MLP and coefficient have no place there)": moe.deepspeed.use_residual,
              "--moe-router-score-function softmax": moe.router_score_function != "softmax",
              "no --moe-router-topk-scaling-factor": bool(moe.router_topk_scaling_factor),
              "no group-limited routing": moe.router_group_topk is not None,

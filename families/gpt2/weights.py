@@ -42,7 +42,7 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 # DeepSeek's attention: no GPT2LMHeadModel or LlamaForCausalLM has it (check_llama_shaped refuses it)
                 "--multi-latent-attention": config.mla.multi_latent_attention,
                 # experts: a Mixtral or a Qwen2-MoE (families/common/llama_shaped.py), never a GPT2LMHeadModel
-                f"--num-experts {_counts(config.num_experts)}": config.moe is not None,
+                f"--num-experts {_counts(config.experts.num_experts)}": config.moe is not None,
                 # issue 63's blocks: their families' classes (families/common/dense_weights.py), never GPT-2's
                 **{need.removeprefix("no "): on for need, on in beyond_llama(config).items()}}
     return [flag for flag, differs in features.items() if differs]
@@ -64,7 +64,7 @@ def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
 def check_dense(config: ModelConfig, what: str) -> None:
     """A GPT2LMHeadModel holds no experts (Mixtral and Qwen2-MoE folders go through families/common/llama_shaped.py)."""
     if config.moe is not None:
-        raise ConfigError(f"{what} of a GPT2LMHeadModel has no experts for --num-experts {_counts(config.num_experts)}: "
+        raise ConfigError(f"{what} of a GPT2LMHeadModel has no experts for --num-experts {_counts(config.experts.num_experts)}: "
                           f"experts come from a MixtralForCausalLM or Qwen2MoeForCausalLM folder")
 
 

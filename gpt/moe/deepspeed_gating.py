@@ -22,9 +22,75 @@ The gate returns each token's k choices as the dispatcher takes them: probabilit
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+
+from base.errors import ConfigError
+from base.options import Const, option
+
+MLP_TYPES = ("standard", "residual")  # Megatron-DeepSpeed's --mlp-type choices
+
+
+@dataclass(frozen=True)
+class DeepSpeedMoESettings:
+    """DeepSpeed-MoE's gating, the MoE section's own section (gpt/moe/settings.py): Megatron-DeepSpeed's flags for it
+    (--moe-gating deepspeed, which a Megatron-DeepSpeed launch with --num-experts takes: arguments/parser.py), named
+    as their dests (--topk, --expert-interval and --mlp-type without the MoE section's `moe_`)."""
+    SETTING_PREFIX: ClassVar[str] = ""
+
+    gating: str = option("megatron", choices=("megatron", "deepspeed"),
+                         help="megatron: Megatron-Core's router (--moe-router-*); deepspeed: DeepSpeed-MoE's "
+                                  "gating (--topk, --moe-train-capacity-factor, ...), which a Megatron-DeepSpeed "
+                                  "launch with --num-experts takes")
+    topk: int = option(1, setting="topk", help="DeepSpeed-MoE: experts per token (1, 2, or more)")
+    train_capacity_factor: float = option(1.0, help="DeepSpeed-MoE: the capacity factor in training")
+    eval_capacity_factor: float = option(1.0, help="DeepSpeed-MoE: the capacity factor in evaluation")
+    min_capacity: int = option(4, help="DeepSpeed-MoE: each expert's capacity at least this")
+    token_dropping: bool = option(
+        True, consts=[Const(("--disable-moe-token-dropping",), False,
+                            help="Megatron-DeepSpeed: DeepSpeed-MoE keeps every token")],
+        help="DeepSpeed-MoE: drop the tokens beyond each expert's capacity")
+    loss_coeff: float = option(0.1, help="DeepSpeed-MoE: l_aux's coefficient (its gradient; logged as moe_loss)")
+    top2_2nd_expert_sampling: bool = option(
+        True, consts=[Const(("--disable-moe-top2-2nd-expert-sampling",), False,
+                            help="Megatron-DeepSpeed: top-2's second expert by argmax, not sampled")],
+        help="DeepSpeed-MoE top-2: sample the second expert (Gumbel noise on the logits)")
+    expert_interval: int = option(2, setting="expert_interval",
+                                  help="DeepSpeed-MoE: an MoE layer at every expert-interval-th layer (1-based)")
+    # PR-MoE (DeepSpeed-MoE's MoE(use_residual=True)): a dense MLP beside the experts, the two outputs mixed per token
+    # by softmax(coefficient(x)), a Linear(hidden, 2)
+    mlp_type: str = option("standard", setting="mlp_type",
+                           help="DeepSpeed-MoE: standard, or residual (PR-MoE: a dense MLP beside the experts, mixed "
+                                "per token by a learned coefficient)")
+
+    @property
+    def use_residual(self) -> bool:
+        return self.mlp_type == "residual"
+
+    def validate(self) -> None:
+        """Megatron-DeepSpeed's choices, before any layer's experts are counted (they divide by --expert-interval)."""
+        if self.mlp_type not in MLP_TYPES:
+            raise ConfigError(f"--mlp-type {self.mlp_type} is not one of {', '.join(MLP_TYPES)} (Megatron-DeepSpeed's "
+                              f"choices)", flags=("--mlp-type",))
+        if self.expert_interval < 1:
+            raise ConfigError(f"--expert-interval must be at least 1, got {self.expert_interval}",
+                              flags=("--expert-interval",))
+
+    def validate_layer(self, num_experts: int) -> None:
+        """DeepSpeed-MoE's TopKGate bounds, at one MoE layer's `num_experts`."""
+        if self.gating != "deepspeed":
+            return
+        if not 1 <= self.topk <= num_experts:
+            raise ConfigError(f"--topk {self.topk} must be between 1 and --num-experts {num_experts}",
+                              flags=("--topk", "--num-experts"))
+        if self.min_capacity < 0 or self.train_capacity_factor <= 0 or self.eval_capacity_factor <= 0 \
+                or self.loss_coeff < 0:
+            raise ConfigError("--moe-train-capacity-factor and --moe-eval-capacity-factor must be positive, "
+                              "--moe-min-capacity and --moe-loss-coeff not negative",
+                              flags=("--moe-train-capacity-factor", "--moe-min-capacity"))
 
 
 def deepspeed_capacity(num_tokens: int, num_experts: int, capacity_factor: float, min_capacity: int) -> int:

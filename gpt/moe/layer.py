@@ -114,7 +114,7 @@ class MoELayer(nn.Module):
         self.settings = settings
         # DeepSpeed-MoE's gate has no bias (sharded_moe.TopKGate: Linear(model_dim, num_experts, bias=False))
         self.router = TopKRouter(hidden_size, settings, init_std=init_std,
-                                 bias=bias and settings.gating != "deepspeed", state=state,
+                                 bias=bias and settings.deepspeed.gating != "deepspeed", state=state,
                                  layer_number=layer_number, tracker=tracker)
         if dispatcher is None and state.experts.tensor_size > 1:
             raise ValueError("experts split over the expert tensor-parallel group need a dispatcher that gathers "
@@ -126,7 +126,7 @@ class MoELayer(nn.Module):
             or state.expert_grid is not None
         self.experts = Experts(settings.num_experts, hidden_size, settings.ffn_hidden_size, activation=activation,
                                swiglu=swiglu, init_std=init_std, output_init_std=output_init_std, bias=bias,
-                               grouped=settings.grouped_gemm, expert_ids=local_experts, xielu=xielu,
+                               expert_ids=local_experts, xielu=xielu,
                                tensor_parallel=state.experts if dispatcher is not None else None, comm=state.comm,
                                expert_parallel=expert_parallel, glu=glu)
         self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(settings.num_experts)
@@ -144,7 +144,7 @@ class MoELayer(nn.Module):
                                                 gate=settings.shared_expert_gate, xielu=xielu, glu=glu)
         else:
             self.shared_experts = None
-        if settings.use_residual:
+        if settings.deepspeed.use_residual:
             # DeepSpeed's MoE keeps the expert module it was given as `mlp` (the experts are its copies): an MLP
             # like each expert, dense (every rank holds it, reduced over data parallelism as any dense weight).
             self.residual_mlp = SharedExperts(hidden_size, settings.ffn_hidden_size, activation=activation,
@@ -162,7 +162,7 @@ class MoELayer(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         batch, seq, width = hidden.shape
         tokens = hidden.transpose(0, 1).reshape(seq * batch, width)  # Megatron's [s, b] order
-        if self.settings.gating == "deepspeed":
+        if self.settings.deepspeed.gating == "deepspeed":
             if tokens.is_meta:  # no gating decision exists there (see _balanced_on_meta)
                 k = self.settings.router_topk
                 output = self._balanced_on_meta(tokens, tokens.new_ones(tokens.shape[0], k) / k)
@@ -205,17 +205,17 @@ class MoELayer(nn.Module):
         --moe-loss-coeff attached to the weights' gradient and logged as moe_loss."""
         settings, router = self.settings, self.router
         logits = F.linear(tokens.float(), router.weight.float())
-        factor = settings.train_capacity_factor if self.training else settings.eval_capacity_factor
+        factor = settings.deepspeed.train_capacity_factor if self.training else settings.deepspeed.eval_capacity_factor
         k = settings.router_topk
         if k == 1:
-            probs, indices, l_aux = top1gating(logits, factor, settings.min_capacity, settings.drop_tokens)
+            probs, indices, l_aux = top1gating(logits, factor, settings.deepspeed.min_capacity, settings.deepspeed.token_dropping)
         elif k == 2:
-            probs, indices, l_aux = top2gating(logits, factor, settings.min_capacity, settings.drop_tokens,
-                                               settings.second_expert_sampling)
+            probs, indices, l_aux = top2gating(logits, factor, settings.deepspeed.min_capacity, settings.deepspeed.token_dropping,
+                                               settings.deepspeed.top2_2nd_expert_sampling)
         else:
-            probs, indices, l_aux = topkgating(logits, k, factor, settings.min_capacity, settings.drop_tokens)
+            probs, indices, l_aux = topkgating(logits, k, factor, settings.deepspeed.min_capacity, settings.deepspeed.token_dropping)
         if self.training and torch.is_grad_enabled():
-            moe_loss = l_aux * settings.loss_coeff
+            moe_loss = l_aux * settings.deepspeed.loss_coeff
             probs = attach(probs, moe_loss, router.tracker)
             if router.tracker is not None:
                 router.tracker.record("moe_loss", router.layer_number, moe_loss)

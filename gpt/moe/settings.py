@@ -1,17 +1,20 @@
-"""The MoE settings as one frozen view (as gpt/architecture.py is for the blocks): built from ModelConfig's
-fields, which are Megatron-LM's argument dests (--num-experts, --moe-router-topk, ...), and holding the rules
-that read them together (megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__;
-megatron/training/arguments.py, validate_args and moe_freq_type)."""
+"""The MoE layers' section of the model's settings: Megatron-LM's argument dests (--num-experts, --moe-router-topk,
+...) and the rules that read them (megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__;
+megatron/training/arguments.py, validate_args and moe_freq_type); DeepSpeed-MoE's gating is its own section
+(gpt/moe/deepspeed_gating.py)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from argparse import ArgumentTypeError
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import ClassVar, Optional, Union
 
 from base.errors import ConfigError
+from base.options import SETTING, option, section
 from gpt.layer_pattern import layer_flags
+from gpt.moe.deepspeed_gating import DeepSpeedMoESettings
 
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
@@ -111,56 +114,109 @@ def moe_layer_pattern(freq: str, num_layers: int) -> tuple[bool, ...]:
 
 @dataclass(frozen=True)
 class MoESettings:
-    """One MoE layer's settings; Megatron-Core's TransformerConfig field of the same name (less `moe_`)."""
-    num_experts: int
-    ffn_hidden_size: int
-    router_topk: int = 2
-    router_score_function: str = "softmax"
-    router_pre_softmax: bool = False
-    router_topk_scaling_factor: Optional[float] = None
-    router_dtype: Optional[str] = None
-    router_num_groups: Optional[int] = None
-    router_group_topk: Optional[int] = None
-    router_enable_expert_bias: bool = False
-    router_bias_update_rate: float = 1e-3
-    router_force_load_balancing: bool = False
-    router_load_balancing_type: str = "aux_loss"
-    aux_loss_coeff: float = 0.0
-    z_loss_coeff: Optional[float] = None
-    expert_capacity_factor: Optional[float] = None
-    pad_expert_input_to_capacity: bool = False
-    token_drop_policy: str = "probs"
-    shared_expert_intermediate_size: Optional[int] = None
-    shared_expert_gate: bool = False
-    grouped_gemm: bool = True
-    # DeepSpeed-MoE's gating (gpt/moe/deepspeed_gating.py), for a Megatron-DeepSpeed launch
-    gating: str = "megatron"
-    train_capacity_factor: float = 1.0
-    eval_capacity_factor: float = 1.0
-    min_capacity: int = 4
-    drop_tokens: bool = True
-    loss_coeff: float = 0.1
-    second_expert_sampling: bool = True
-    # --mlp-type residual (PR-MoE, DeepSpeed-MoE's MoE(use_residual=True)): a dense MLP beside the experts, the two
-    # outputs mixed per token by softmax(coefficient(x)), a Linear(hidden, 2)
-    use_residual: bool = False
+    """The MoE layers' section of the model's settings (base/options.py section()): Megatron-LM's --num-experts and
+    --moe-* flags, each field named as Megatron-Core's TransformerConfig field less its `moe_`, DeepSpeed-MoE's gating
+    in a section of its own. ModelConfig.moe_of(layer) is this section for one MoE layer (for_layer: its expert
+    count, the experts' hidden size)."""
+    SETTING_PREFIX: ClassVar[str] = "moe_"
+
+    # Without --num-experts (or with 1: one expert is the dense model) every MLP is dense and the rest has no effect
+    num_experts: Union[None, int, tuple] = option(
+        None, setting="num_experts", type=num_experts_value, nargs="+", action=OneExpertCount, metavar="N",
+        help="experts per MoE layer (Megatron-Core's MoE layer: a top-k router, the experts, balancing losses); "
+             "default (or 1): a dense MLP; a Megatron-DeepSpeed launch (DeepSpeed-MoE's gating) may give one count "
+             "per MoE layer (PR-MoE's pyramid: 32 ... 32 64 64)")
+    ffn_hidden_size: Optional[int] = option(None, help="each expert's hidden size (default: "
+                                                                        "--ffn-hidden-size)")
+    layer_freq: Union[int, str] = option(
+        1, type=moe_freq_value, help="N: an MoE layer at every layer i with i mod N == 0, dense between; or a list "
+                               "expression with one 0 (dense) or 1 (MoE) per layer, e.g. '([1]*3+[0]*1)*2'")
+    router_topk: int = option(2, help="experts per token")
+    router_score_function: str = option("softmax",
+                                            help="softmax or sigmoid scores (sigmoid: normalised over the top k)")
+    router_pre_softmax: bool = option(False, action="store_true",
+                                          help="softmax over all experts before the top-k (else over the top k)")
+    router_topk_scaling_factor: Optional[float] = option(None,
+                                                             help="multiply the top-k weights by this")
+    router_dtype: Optional[str] = option(None, choices=("fp32", "fp64"),
+                                             help="the router's logits and scores in this precision")
+    router_num_groups: Optional[int] = option(None,
+                                                  help="group-limited routing: the experts in this many groups")
+    router_group_topk: Optional[int] = option(None,
+                                                  help="group-limited routing: each token chooses in this many groups")
+    # Megatron-Core's deprecated name for it (swiss-ai's fork parses it): arguments/megatron/limited_devices.py
+    router_topk_limited_devices: Optional[int] = option(
+        None, help="device-limited routing (deprecated in Megatron-Core): --moe-router-group-topk N over "
+                   "--moe-router-num-groups equal to the expert-parallel ranks")
+    router_enable_expert_bias: bool = option(
+        False, action="store_true",
+        help="aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the sigmoid scores chooses the experts, "
+             "moved by --moe-router-bias-update-rate toward the mean load after each iteration")
+    router_bias_update_rate: float = option(1e-3, help="the expert bias's step per iteration")
+    # Megatron-Core's TopKRouter.forward: `logits = apply_random_logits(logits)` (moe_utils.RandomSTE)
+    router_force_load_balancing: bool = option(
+        False, action="store_true",
+        help="benchmark routing, as Megatron-Core's: each router's logits are replaced by standard normal draws "
+             "(per expert-parallel rank) before the top-k, their gradient passed to the real logits unchanged")
+    router_load_balancing_type: str = option(
+        "aux_loss",
+        help="aux_loss (GShard/Switch), seq_aux_loss (per sequence), global_aux_loss (token counts over the "
+             "data-parallel group and the iteration), sinkhorn, or none")
+    aux_loss_coeff: float = option(0.0,
+                                       help="the balancing loss's coefficient (its gradient only: it is logged "
+                                            "beside the LM loss, not added to it)")
+    z_loss_coeff: Optional[float] = option(None, help="the router z-loss's coefficient (ST-MoE)")
+    expert_capacity_factor: Optional[float] = option(
+        None, help="drop the tokens beyond ceil(tokens x k / experts x factor) per expert "
+                                "(default: dropless)")
+    pad_expert_input_to_capacity: bool = option(False, action="store_true",
+                                                    help="with a capacity: every expert takes exactly its capacity")
+    token_drop_policy: str = option("probs", choices=("probs", "position"),
+                                        help="with a capacity: keep each expert's most probable tokens, or its first")
+    shared_expert_intermediate_size: Optional[int] = option(
+        None, help="a shared expert of this hidden size that every token passes through")
+    shared_expert_gate: bool = option(False, action="store_true",
+                                          help="gate the shared expert's output per token by sigmoid(x . w) "
+                                               "(Qwen2-MoE)")
+    deepspeed: DeepSpeedMoESettings = section(DeepSpeedMoESettings)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_experts, list):  # a per-layer count read back from a recorded config (JSON)
+            object.__setattr__(self, "num_experts", tuple(self.num_experts))
+
+    def for_layer(self, num_experts: int, dense_ffn_size: int) -> "MoESettings":
+        """One MoE layer's settings: its expert count, the experts' hidden size (--moe-ffn-hidden-size, else the
+        dense MLP's); no capacity for a negative factor (Megatron-Core's TransformerConfig.__post_init__: "if
+        self.moe_expert_capacity_factor < 0: ... = None", said at start-up: moe_notes); under DeepSpeed-MoE's gating
+        its top-k and no Megatron-Core balancing loss."""
+        capacity = self.expert_capacity_factor if (self.expert_capacity_factor or 0.0) >= 0 else None
+        routing = dict(router_topk=self.deepspeed.topk, router_load_balancing_type="none", aux_loss_coeff=0.0,
+                       z_loss_coeff=None) if self.deepspeed.gating == "deepspeed" else {}
+        return dataclasses.replace(self, num_experts=num_experts, expert_capacity_factor=capacity,
+                                   ffn_hidden_size=self.ffn_hidden_size if self.ffn_hidden_size is not None
+                                   else dense_ffn_size, **routing)
 
     def validate(self) -> None:
-        """TransformerConfig.__post_init__'s MoE checks, each as one line naming the flags."""
-        experts = self.num_experts
-        if self.gating == "deepspeed":
-            if not 1 <= self.router_topk <= experts:
-                raise ConfigError(f"--topk {self.router_topk} must be between 1 and --num-experts {experts}",
-                                  flags=("--topk", "--num-experts"))
-            if self.min_capacity < 0 or self.train_capacity_factor <= 0 or self.eval_capacity_factor <= 0 \
-                    or self.loss_coeff < 0:
-                raise ConfigError("--moe-train-capacity-factor and --moe-eval-capacity-factor must be positive, "
-                                  "--moe-min-capacity and --moe-loss-coeff not negative",
-                                  flags=("--moe-train-capacity-factor", "--moe-min-capacity"))
+        """TransformerConfig.__post_init__'s MoE checks of one layer's settings (for_layer), each as one line naming
+        the flags."""
+        self.deepspeed.validate_layer(self.num_experts)
+        if self.deepspeed.gating == "deepspeed":
             return
-        if not 1 <= self.router_topk <= experts:
-            raise ConfigError(f"--moe-router-topk {self.router_topk} must be between 1 and --num-experts {experts}",
-                              flags=("--moe-router-topk", "--num-experts"))
+        if not 1 <= self.router_topk <= self.num_experts:
+            raise ConfigError(f"--moe-router-topk {self.router_topk} must be between 1 and --num-experts "
+                              f"{self.num_experts}", flags=("--moe-router-topk", "--num-experts"))
+        self._validate_choices()
+        if self.ffn_hidden_size < 1:
+            raise ConfigError(f"--moe-ffn-hidden-size must be at least 1, got {self.ffn_hidden_size}",
+                              flags=("--moe-ffn-hidden-size",))
+        if self.aux_loss_coeff < 0 or (self.z_loss_coeff or 0.0) < 0:
+            raise ConfigError("--moe-aux-loss-coeff and --moe-z-loss-coeff must not be negative",
+                              flags=("--moe-aux-loss-coeff", "--moe-z-loss-coeff"))
+        self._validate_balancing()
+        self._validate_groups()
+        self._validate_capacity()
+
+    def _validate_choices(self) -> None:
         if self.router_score_function not in SCORE_FUNCTIONS:
             raise ConfigError(f"--moe-router-score-function {self.router_score_function} is not implemented: "
                               f"use {' or '.join(SCORE_FUNCTIONS)}", flags=("--moe-router-score-function",))
@@ -174,12 +230,8 @@ class MoESettings:
         if self.token_drop_policy not in DROP_POLICIES:
             raise ConfigError(f"--moe-token-drop-policy {self.token_drop_policy} is not one of "
                               f"{', '.join(DROP_POLICIES)}", flags=("--moe-token-drop-policy",))
-        if self.ffn_hidden_size < 1:
-            raise ConfigError(f"--moe-ffn-hidden-size must be at least 1, got {self.ffn_hidden_size}",
-                              flags=("--moe-ffn-hidden-size",))
-        if self.aux_loss_coeff < 0 or (self.z_loss_coeff or 0.0) < 0:
-            raise ConfigError("--moe-aux-loss-coeff and --moe-z-loss-coeff must not be negative",
-                              flags=("--moe-aux-loss-coeff", "--moe-z-loss-coeff"))
+
+    def _validate_balancing(self) -> None:
         # Megatron: "Please use --moe-router-pre-softmax when topk is 1" (a softmax over one score has no gradient)
         if (self.router_topk == 1 and self.router_score_function == "softmax" and not self.router_pre_softmax
                 and self.router_load_balancing_type != "sinkhorn"):
@@ -190,28 +242,35 @@ class MoESettings:
             raise ConfigError("--moe-router-load-balancing-type sinkhorn balances without an auxiliary loss: set "
                               "--moe-aux-loss-coeff 0 (as Megatron-LM asserts)",
                               flags=("--moe-router-load-balancing-type", "--moe-aux-loss-coeff"))
-        if self.router_group_topk is not None or self.router_num_groups is not None:
-            groups, group_topk = self.router_num_groups, self.router_group_topk
-            if not groups or not group_topk:
-                raise ConfigError("group-limited routing needs both --moe-router-num-groups and "
-                                  "--moe-router-group-topk", flags=("--moe-router-num-groups", "--moe-router-group-topk"))
-            if experts % groups or not 1 <= group_topk <= groups or self.router_topk % group_topk:
-                raise ConfigError(f"--moe-router-num-groups {groups} must divide --num-experts {experts}, "
-                                  f"--moe-router-group-topk {group_topk} must be at most the groups and divide "
-                                  f"--moe-router-topk {self.router_topk}",
-                                  flags=("--moe-router-num-groups", "--moe-router-group-topk"))
-            if self.router_topk // group_topk > experts // groups:
-                # Megatron-Core's group_limited_topk takes the top topk/group_topk scores of each group: past the
-                # group's experts it is torch.topk's "selected index k out of range" (a traceback, there and before)
-                raise ConfigError(f"--moe-router-topk {self.router_topk} over --moe-router-group-topk {group_topk} "
-                                  f"groups takes {self.router_topk // group_topk} experts of each, more than the "
-                                  f"{experts // groups} of a group (--num-experts {experts} / --moe-router-num-groups "
-                                  f"{groups})", flags=("--moe-router-topk", "--moe-router-group-topk",
-                                                       "--moe-router-num-groups"))
         if self.router_enable_expert_bias and self.router_score_function != "sigmoid":
             raise ConfigError("--moe-router-enable-expert-bias (aux-loss-free balancing) needs "
                               "--moe-router-score-function sigmoid (as Megatron-LM requires)",
                               flags=("--moe-router-enable-expert-bias", "--moe-router-score-function"))
+
+    def _validate_groups(self) -> None:
+        """Group-limited routing: both sizes, the groups dividing the experts and the top-k."""
+        if self.router_group_topk is None and self.router_num_groups is None:
+            return
+        experts, groups, group_topk = self.num_experts, self.router_num_groups, self.router_group_topk
+        if not groups or not group_topk:
+            raise ConfigError("group-limited routing needs both --moe-router-num-groups and "
+                              "--moe-router-group-topk", flags=("--moe-router-num-groups", "--moe-router-group-topk"))
+        if experts % groups or not 1 <= group_topk <= groups or self.router_topk % group_topk:
+            raise ConfigError(f"--moe-router-num-groups {groups} must divide --num-experts {experts}, "
+                              f"--moe-router-group-topk {group_topk} must be at most the groups and divide "
+                              f"--moe-router-topk {self.router_topk}",
+                              flags=("--moe-router-num-groups", "--moe-router-group-topk"))
+        if self.router_topk // group_topk > experts // groups:
+            # Megatron-Core's group_limited_topk takes the top topk/group_topk scores of each group: past the
+            # group's experts it is torch.topk's "selected index k out of range" (a traceback, there and before)
+            raise ConfigError(f"--moe-router-topk {self.router_topk} over --moe-router-group-topk {group_topk} "
+                              f"groups takes {self.router_topk // group_topk} experts of each, more than the "
+                              f"{experts // groups} of a group (--num-experts {experts} / --moe-router-num-groups "
+                              f"{groups})", flags=("--moe-router-topk", "--moe-router-group-topk",
+                                                   "--moe-router-num-groups"))
+
+    def _validate_capacity(self) -> None:
+        """The capacity and the shared expert."""
         if self.expert_capacity_factor is not None:
             if self.router_load_balancing_type == "sinkhorn":
                 raise ConfigError("--moe-expert-capacity-factor works with aux_loss, seq_aux_loss, global_aux_loss "
@@ -227,6 +286,28 @@ class MoESettings:
             raise ConfigError("--moe-shared-expert-gate gates the shared expert: give "
                               "--moe-shared-expert-intermediate-size", flags=("--moe-shared-expert-gate",))
 
+    def validate_gating(self) -> None:
+        """DeepSpeed-MoE (a Megatron-DeepSpeed launch) reads --topk, --moe-train-capacity-factor, ...; Megatron-Core's
+        router reads --moe-router-topk, --moe-aux-loss-coeff, ...: the other side's flags would do nothing, so a
+        launch giving them is told in one line. DeepSpeed-MoE's own choices first."""
+        self.deepspeed.validate()
+        deepspeed = self.deepspeed.gating == "deepspeed"
+        defaults = MoESettings()
+        if deepspeed:
+            other = [_flag(self, name) for name in ROUTER_SETTINGS if getattr(self, name) != getattr(defaults, name)]
+        else:
+            other = [_flag(self.deepspeed, f.name) for f in dataclasses.fields(DeepSpeedMoESettings)
+                     if f.name != "gating" and getattr(self.deepspeed, f.name) != getattr(defaults.deepspeed, f.name)]
+        if other:
+            raise ConfigError(
+                f"{', '.join(other)} " + (
+                    "set Megatron-Core's router, but this Megatron-DeepSpeed launch gates by DeepSpeed-MoE "
+                    "(--topk, --moe-train-capacity-factor, --moe-loss-coeff, ...): drop them, or pass --moe-gating "
+                    "megatron" if deepspeed else
+                    "set DeepSpeed-MoE's gating, which a Megatron-DeepSpeed launch (--deepspeed) or --moe-gating "
+                    "deepspeed takes; this launch uses Megatron-Core's router (--moe-router-topk, ...)"),
+                flags=tuple(other))
+
     @property
     def dropless(self) -> bool:
         return self.expert_capacity_factor is None
@@ -234,3 +315,17 @@ class MoESettings:
     def aux_loss_coeff_of(self, kind: str) -> float:
         """Megatron's TopKRouter.get_aux_loss_coeff: the coefficient when `kind` is the balancing type."""
         return self.aux_loss_coeff if self.router_load_balancing_type == kind else 0.0
+
+
+# Megatron-Core's router's settings: a launch gating by DeepSpeed-MoE that gives them is told (validate_gating)
+ROUTER_SETTINGS = ("router_topk", "router_score_function", "router_pre_softmax", "router_topk_scaling_factor",
+                   "router_dtype", "router_num_groups", "router_group_topk", "router_enable_expert_bias",
+                   "router_bias_update_rate", "router_force_load_balancing", "router_load_balancing_type",
+                   "aux_loss_coeff", "z_loss_coeff", "expert_capacity_factor", "pad_expert_input_to_capacity",
+                   "token_drop_policy", "shared_expert_intermediate_size")
+
+
+def _flag(settings, name: str) -> str:
+    """The flag of a field of the MoE section or its DeepSpeed-MoE section: --moe- and its name, or its own setting."""
+    field = next(f for f in dataclasses.fields(settings) if f.name == name)
+    return "--" + field.metadata.get(SETTING, MoESettings.SETTING_PREFIX + name).replace("_", "-")

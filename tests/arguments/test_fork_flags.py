@@ -253,4 +253,4 @@ def test_topk_limited_devices_is_group_limited_routing_over_the_expert_parallel_
                                "--moe-router-group-topk", "2"])
     dense = parse_arguments(["--moe-router-topk-limited-devices", "2"])
     assert "> --moe-router-topk-limited-devices 2: no effect on a dense model (no --num-experts)" in dense.notes
-    assert dense.config.model.moe_router_group_topk is None
+    assert dense.config.model.experts.router_group_topk is None

@@ -251,13 +251,13 @@ def test_num_experts_in_a_megatron_deepspeed_launch_gates_as_deepspeed_moe():
                               "--deepspeed", "--topk", "2", "--moe-loss-coeff", "0.01", "--num-layers", "4",
                               "--moe-min-capacity", "2", "--disable-moe-top2-2nd-expert-sampling"])
     model = parsed.config.model
-    assert model.moe_gating == "deepspeed" and model.moe_layers() == (False, True, False, True)
+    assert model.experts.deepspeed.gating == "deepspeed" and model.moe_layers() == (False, True, False, True)
     moe = model.moe
-    assert (moe.router_topk, moe.loss_coeff, moe.min_capacity, moe.second_expert_sampling, moe.drop_tokens) == \
+    assert (moe.router_topk, moe.deepspeed.loss_coeff, moe.deepspeed.min_capacity, moe.deepspeed.top2_2nd_expert_sampling, moe.deepspeed.token_dropping) == \
            (2, 0.01, 2, False, True)
     assert "a Megatron-DeepSpeed launch (--deepspeed)" in parsed.config.sources["moe_gating"].describe()
     # our own flags the fork shares (--zero-stage) do not make a launch the fork's: Megatron-Core's router
-    assert parse_arguments(["--num-experts", "4", "--zero-stage", "2"]).config.model.moe_gating == "megatron"
+    assert parse_arguments(["--num-experts", "4", "--zero-stage", "2"]).config.model.experts.deepspeed.gating == "megatron"
     for argv, named in ((["--num-experts", "4", "--topk", "2"], "--topk set DeepSpeed-MoE's gating"),
                         (["--num-experts", "4", "--moe-gating", "deepspeed", "--moe-router-topk", "1"],
                          "--moe-router-topk set Megatron-Core's router"),

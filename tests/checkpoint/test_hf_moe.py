@@ -56,7 +56,7 @@ def test_a_mixtral_folder_gives_transformers_logits_and_iteration_one_loss(tmp_p
 
     folder = mixtral_folder(tmp_path / "mixtral")
     config = run_config(folder)
-    assert (config.model.num_experts, config.model.moe_router_topk, config.model.moe_ffn_hidden_size) == \
+    assert (config.model.experts.num_experts, config.model.experts.router_topk, config.model.experts.ffn_hidden_size) == \
            (EXPERTS, TOPK, FFN)
     model = GPTModel(config.model, CPU)
     optimizer = ZeroHarness.from_config(model, config, CPU, blocks=model.blocks)
@@ -163,7 +163,7 @@ def test_a_qwen2_moe_folder_gives_transformers_logits_and_iteration_one_loss(tmp
     folder = qwen2_moe_folder(tmp_path / "qwen", **overrides)
     config = run_config(folder)
     assert config.model.moe_layers() == layers and config.model.attention.add_qkv_bias and not config.model.add_bias_linear
-    assert config.model.moe_router_pre_softmax == (not overrides.get("norm_topk_prob", False))
+    assert config.model.experts.router_pre_softmax == (not overrides.get("norm_topk_prob", False))
     model = GPTModel(config.model, CPU)
     optimizer = ZeroHarness.from_config(model, config, CPU, blocks=model.blocks)
     initialize_from_hf(optimizer, model, folder, config.model, CPU)

@@ -8,8 +8,6 @@ whose layer_plan names each module with its ColwiseParallel / RowwiseParallel / 
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from torch import nn
 
@@ -42,7 +40,7 @@ MODELS = {"gpt2": GPT2, "llama": LLAMA, "gemma": replace_settings(LLAMA, sublaye
 OUTPUT_NORMS = {"attention_output_layernorm", "mlp_output_layernorm"}
 # MoE layers with shared experts (TP-parallel as the MLP, gpt/moe/layer.py): built under sequence parallelism only,
 # as Megatron-Core's MoE layer requires it with TP
-MOE_MODELS = {name: dataclasses.replace(config, num_experts=4, moe_shared_expert_intermediate_size=64)
+MOE_MODELS = {name: replace_settings(config, num_experts=4, moe_shared_expert_intermediate_size=64)
               for name, config in MODELS.items()}
 PARALLEL_LAYERS = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)
 

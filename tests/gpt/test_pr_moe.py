@@ -38,7 +38,7 @@ def test_a_num_experts_list_gives_each_expert_interval_th_layer_its_count_as_meg
     as a Megatron-DeepSpeed launch types it (nargs='+') reaches the config as one count per MoE layer."""
     config = parse_config(["--num-layers", "8", "--hidden-size", "16", "--num-attention-heads", "2",
                            "--num-experts", "2", "2", "4", "4", "--moe-gating", "deepspeed"]).model
-    assert config.num_experts == (2, 2, 4, 4)
+    assert config.experts.num_experts == (2, 2, 4, 4)
     assert config.experts_per_layer() == (1, 2, 1, 2, 1, 4, 1, 4)
     assert config.moe_layers() == (False, True, False, True, False, True, False, True)
     assert pr_moe(num_layers=6, expert_interval=3, num_experts=(2, 4)).experts_per_layer() == (1, 1, 2, 1, 1, 4)
@@ -128,7 +128,7 @@ def test_each_layers_count_must_divide_over_the_expert_parallel_group_as_deepspe
     """deepspeed/moe/layer.py MoE.__init__: `assert num_experts % ep_size == 0` for each layer's MoE."""
     base = ["--num-layers", "4", "--hidden-size", "16", "--num-attention-heads", "2", "--moe-gating", "deepspeed",
             "--micro-batch-size", "1", "--global-batch-size", "4"]
-    assert parse_config(base + ["--num-experts", "2", "4", "--moe-expert-parallel-size", "2"]).model.num_experts == (2, 4)
+    assert parse_config(base + ["--num-experts", "2", "4", "--moe-expert-parallel-size", "2"]).model.experts.num_experts == (2, 4)
     with pytest.raises(ConfigError, match="--num-experts 2 is not divisible by --moe-expert-parallel-size 4"):
         parse_config(base + ["--num-experts", "2", "4", "--moe-expert-parallel-size", "4"])  # named as typed
 
@@ -139,8 +139,8 @@ def test_a_recorded_per_layer_list_reads_back_as_the_parsed_tuple():
 
     config = pr_moe()
     recorded = setting_values(config)
-    recorded["num_experts"] = list(config.num_experts)
-    assert ModelConfig.from_record(recorded).num_experts == (2, 4)
+    recorded["num_experts"] = list(config.experts.num_experts)
+    assert ModelConfig.from_record(recorded).experts.num_experts == (2, 4)
     assert model_differences(recorded, config) == []
     assert model_differences({**recorded, "num_experts": [2, 8]}, config) == [
         "--num-experts 2 4 (the checkpoint's: 2 8)"]

@@ -108,7 +108,7 @@ VARIANTS = {
     "quick-clamp-offset": replace_settings(SMALL, swiglu=False, quick_geglu=True, activation_func_clamp_value=0.05,
                                               glu_linear_offset=1.0),
     "geglu": replace_settings(SMALL, swiglu=False, gated_linear_unit=True, activation="gelu_tanh"),
-    "moe": dataclasses.replace(SMALL, num_experts=4, moe_router_topk=2),
+    "moe": replace_settings(SMALL, num_experts=4, moe_router_topk=2),
 }
 
 
@@ -188,7 +188,7 @@ def test_a_meta_block_runs_forward_and_backward():
     """The planner's dry run builds and runs the model on the meta device: the recompute runs there too."""
     from gpt.model import GPTModel
 
-    model = GPTModel(dataclasses.replace(VARIANTS["norm-1p-qk-layernorm"], num_experts=4), ParallelState(
+    model = GPTModel(replace_settings(VARIANTS["norm-1p-qk-layernorm"], num_experts=4), ParallelState(
         device=torch.device("meta")))
     tokens = torch.zeros(BATCH, SMALL.seq_length, dtype=torch.int64, device="meta")
     model(tokens).float().square().mean().backward()
