@@ -52,6 +52,11 @@ def check_multi_latent_attention(mla: MLASettings, attention: AttentionSettings,
         raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
                           f"attention scales its scores and rotates its positions as Megatron-Core's "
                           f"MLASelfAttention (YaRN's mscale)", flags=("--multi-latent-attention", *given))
+    _check_multi_latent_rotary(attention, positions)
+
+
+def _check_multi_latent_rotary(attention: AttentionSettings, positions: PositionSettings) -> None:
+    """MLA's rotary: YaRN's, over all --qk-pos-emb-head-dim dims of each head, in halves."""
     if not positions.rotary_scaling_factor > 0 or positions.rotary_base <= 0:
         raise ConfigError("--rotary-scaling-factor and --rotary-base must be positive",
                           flags=("--rotary-scaling-factor", "--rotary-base"))
