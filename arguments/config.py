@@ -1199,7 +1199,7 @@ class PretrainConfig:
                               flags=(flag, "--num-experts"))
         # each MoE layer's count (a Megatron-DeepSpeed list gives each its own) over the same group: DeepSpeed-MoE's
         # MoE asserts `num_experts % ep_size == 0` per layer (deepspeed/moe/layer.py)
-        counts = sorted(set(self.model.expert_counts()) | {self.model.moe.num_experts})
+        counts = sorted(set(self.model.experts.distinct_counts(self.model.num_layers)) | {self.model.moe.num_experts})
         indivisible = [count for count in counts if count % ep != 0]
         if indivisible:
             raise ConfigError(f"--num-experts {' '.join(map(str, indivisible))} is not divisible by {flag} {ep}; each "

@@ -27,6 +27,7 @@ class AttentionSettings:
     # how the attention is computed, not what: a resume may change them (checkpoint/resume_model.py)
     NOT_THE_MATH: ClassVar[tuple[str, ...]] = ("attention_backend", "cp_comm_type", "pad_attention_head_dim")
 
+    attention_dropout: float = 0.1
     # None: one key/value head per query head (multi-head attention); 1 is multi-query attention
     num_query_groups: Optional[int] = option(
         None, aliases={"--num-key-value-heads": "Megatron-DeepSpeed"},
@@ -115,6 +116,9 @@ class AttentionSettings:
         return any_layer_windowed(self.window_size, self.window_attn_skip_freq, num_layers)
 
     def validate(self, num_attention_heads: int, num_layers: int, tensor_parallel_size: int = 1) -> None:
+        if not 0.0 <= self.attention_dropout < 1.0:
+            raise ConfigError(f"--attention-dropout must be in [0, 1), got {self.attention_dropout}",
+                              flags=("--attention-dropout",))
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"--attention-backend {self.attention_backend!r} is not one of "
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))

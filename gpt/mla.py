@@ -101,7 +101,7 @@ class MLASelfAttention(nn.Module):
         self.heads_per_rank = config.num_attention_heads // tp
         self.q_head_dim = config.mla.qk_head_dim + config.mla.qk_pos_emb_head_dim
         self.softmax_scale = mla_softmax_scale(config)
-        self.dropout_p = config.attention_dropout
+        self.dropout_p = config.attention.attention_dropout
         self.attention_backend = config.attention.attention_backend
         # under context parallelism the sequence here is this rank's two chunks (parallel/context_parallel.py)
         self.context_parallel = plan.state if plan.state.context_parallel_size > 1 else None

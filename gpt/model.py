@@ -112,7 +112,7 @@ class SelfAttention(nn.Module):
         attention, positions = config.attention, config.positions
         self.groups_per_rank = attention.query_groups(config.num_attention_heads) // tp
         self.head_dim = config.head_dim
-        self.dropout_p = config.attention_dropout
+        self.dropout_p = config.attention.attention_dropout
         self.attention_backend = config.attention.attention_backend
         self.pad_head_dim = config.attention.pad_attention_head_dim
         self.native_gqa = self.groups_per_rank < self.heads_per_rank and sdpa_takes_grouped_kv(config.attention.attention_backend)
@@ -345,7 +345,7 @@ class TransformerBlock(nn.Module):
         # --recompute-modules layernorm: the input and pre-MLP norms (Megatron-Core's recompute_input_layernorm and
         # recompute_pre_mlp_layernorm, transformer_layer.py) keep only their input and run again in backward
         recomputed_norms = ("input_layernorm", "post_attention_layernorm") \
-            if "layernorm" in config.recompute_modules else ()
+            if "layernorm" in config.recompute.modules else ()
 
         def norm(region: str) -> nn.Module:
             return normalization(norms.normalization, h, norms.layernorm_epsilon, plan.norm_state(region),
@@ -445,7 +445,7 @@ class GPTModel(nn.Module):
         self.sequence_parallel = plan.sequence_parallel
         self.split_dropout_rng = plan.dropout_rng("embedding_dropout", rng)
         padded_vocab = config.padded_vocab_size(state.tensor_parallel_size)
-        tied = not config.untie_embeddings_and_output_weights
+        tied = not config.output.untie_embeddings_and_output_weights
         # Whether the word embedding is also the output layer: then a first and a last pipeline stage each hold
         # a copy whose gradients are summed (an untied first stage's output_layer is None too: not a tie).
         self.tied_output = tied
@@ -490,7 +490,7 @@ class GPTModel(nn.Module):
         self.final_layernorm = normalization(norms.normalization, config.hidden_size, norms.layernorm_epsilon,
                                              plan.norm_state("final_layernorm"), norms.apply_layernorm_1p) \
             if stage.last else None
-        if config.untie_embeddings_and_output_weights and stage.last:
+        if config.output.untie_embeddings_and_output_weights and stage.last:
             # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
             # start at zero as the embedding's do, so they are the same at every TP size.
             self.output_layer = plan.output_linear("output_layer", config.hidden_size, padded_vocab,
@@ -526,7 +526,7 @@ class GPTModel(nn.Module):
         sequence: [batch, seq / TP, hidden]). Learned positions are 0..seq-1, or `documents.position_ids`
         [batch, seq] where given (--reset-position-ids), or `positions` (an MTP layer's, rolled: gpt/mtp.py)."""
         hidden = self.word_embeddings(tokens)
-        if self.config.scale_embeddings_by_sqrt_hidden:
+        if self.config.output.scale_embeddings_by_sqrt_hidden:
             # Gemma's normalizer sqrt(hidden), rounded to the embedding's dtype as transformers' ScaledWordEmbedding
             # (`self.embed_scale.to(self.weight.dtype)`); elementwise, so also on a sequence-parallel slice
             hidden = hidden * torch.tensor(math.sqrt(self.config.hidden_size), dtype=hidden.dtype)
@@ -616,19 +616,19 @@ class GPTModel(nn.Module):
         enter = gather_from_sequence_parallel_region if self.sequence_parallel else copy_to_tensor_parallel_region
         hidden = enter(final_hidden, self.state)
         output_weight = self.word_embeddings.weight if self.output_layer is None else self.output_layer.weight
-        if labels is not None and self.config.cross_entropy_loss_fusion:
+        if labels is not None and self.config.output.cross_entropy_loss_fusion:
             return fused_linear_cross_entropy(hidden, output_weight, labels,
                                               self.output_vocab_start, self.config.vocab_size,
                                               self.state)
         logits = F.linear(hidden, output_weight)
-        cap = self.config.final_logit_softcapping
+        cap = self.config.output.final_logit_softcapping
         if cap is not None:  # Gemma 2's: each rank's vocabulary slice, elementwise (Gemma2ForCausalLM.forward)
             logits = torch.tanh(logits / cap) * cap
         if labels is None:
             return gather_from_tensor_parallel_region(logits, self.state)[..., : self.config.vocab_size]
         # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.
         return vocab_parallel_cross_entropy(logits, labels, self.output_vocab_start,
-                                            self.config.vocab_size, self.state, self.config.z_loss_strength)
+                                            self.config.vocab_size, self.state, self.config.output.z_loss_strength)
 
 
 def dropout_stream(rng: Optional[TensorParallelRNG]):

@@ -33,6 +33,7 @@ from checkpoint.hf.config_check import check_llama_hf_config
 from checkpoint.inside import folder_files, inside
 from checkpoint.ours.source import consolidate
 from checkpoint.output_paths import check_replaceable_folder, install_folder
+from checkpoint.schema import recorded_model
 from checkpoint.unpickler import unpickler_reason
 from families.common import dense_weights as hf_dense
 from families.common import llama_shaped as hf_llama
@@ -163,7 +164,7 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
     out_dir = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to stage beside
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
     check_output_folder(out_dir, overwrite, tokenizer_dir)
-    tensors = _tensors_to_write(hf_state, dtype, tied=not model_config.untie_embeddings_and_output_weights)
+    tensors = _tensors_to_write(hf_state, dtype, tied=not model_config.output.untie_embeddings_and_output_weights)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging_prefix = f".{out_dir.name}.partial-{socket.gethostname()}-"
     for stale in out_dir.parent.glob(f"{glob.escape(staging_prefix)}*"):  # an export killed on this host left it
@@ -441,7 +442,7 @@ def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, stat
         moe_family = family_weights()[config.family]
         shapes = tensor_shapes(moe_family, model_config)
         check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
-                          "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
+                          "model.embed_tokens.weight", tied=not model_config.output.untie_embeddings_and_output_weights)
         return shifted_gains(moe_family.from_hf(hf_state, model_config, padded_vocab), model_config, None, -1)
     family = registered_family(config.family)
     if family is not None or config.family in llama_families():
@@ -449,7 +450,7 @@ def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, stat
         shapes = hf_dense.tensor_shapes(model_config, family) if family is not None else \
             hf_llama.llama_tensor_shapes(model_config, config.family)
         check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
-                          "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
+                          "model.embed_tokens.weight", tied=not model_config.output.untie_embeddings_and_output_weights)
         ours = hf_dense.from_hf(hf_state, model_config, padded_vocab, family) if family is not None else \
             hf_llama.from_llama_state_dict(hf_state, model_config, padded_vocab, config.family)
         return shifted_gains(ours, model_config, family, -1)
@@ -464,7 +465,7 @@ def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = Fa
     (the exact weights, whatever precision trained them), consolidated over every TP and DP rank."""
     iteration_dir = Path(iteration_dir)
     metadata = read_metadata(iteration_dir)
-    model_config = ModelConfig.from_record(metadata["config"]["model"])
+    model_config = recorded_model(metadata["config"]["model"])
     check_convertible(model_config, "the Hugging Face export")  # before any weight is read
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]
     # the routers' expert bias (checkpoint/router_state.py), saved by name in the metadata

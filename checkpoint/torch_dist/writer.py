@@ -235,7 +235,7 @@ def saving_mode_line(config, rerun_validates: bool) -> str:
     """The start-up line of a run that saves in this layout: what it does not hold."""
     line = ("> checkpoints: saved synchronously in Megatron-LM's torch_dist layout"
             + (" (--async-save writes this project's format only)" if config.checkpoint.async_save else ""))
-    if config.model.fp8 is not None and config.model.fp8_recipe == "delayed":
+    if config.model.fp8.enabled and config.model.fp8.recipe == "delayed":
         # TE keeps them in each module's pickled _extra_state, which this writer does not produce
         line += ("; without delayed FP8 scaling's amax histories (TransformerEngine's _extra_state): a resume from "
                  "these starts them fresh at scale 1, said again at the load")

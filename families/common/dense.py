@@ -216,8 +216,8 @@ def core_write(model: ModelConfig) -> dict:
                 num_key_value_heads=model.attention.query_groups(model.num_attention_heads),
                 head_dim=model.head_dim, max_position_embeddings=model.max_position_embeddings,
                 rms_norm_eps=model.norms.layernorm_epsilon, rope_parameters=rope_parameters(model), hidden_act="silu",
-                tie_word_embeddings=not model.untie_embeddings_and_output_weights,
-                attention_dropout=model.attention_dropout, initializer_range=model.init_method_std)
+                tie_word_embeddings=not model.output.untie_embeddings_and_output_weights,
+                attention_dropout=model.attention.attention_dropout, initializer_range=model.init_method_std)
 
 
 # ---- sliding windows --------------------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def llama_block_misfits(config: ModelConfig) -> list[str]:
         moe = config.moe
         found += [phrase for phrase, bad in (
             ("--moe-gating megatron (DeepSpeed-MoE's capacity and sampling are not theirs)", moe.deepspeed.gating != "megatron"),
-            ("one --num-experts for every MoE layer", config.per_layer_experts),
+            ("one --num-experts for every MoE layer", config.experts.per_layer),
             ("--mlp-type standard", moe.deepspeed.use_residual),
             ("no --moe-expert-capacity-factor (transformers drops no token)", moe.expert_capacity_factor is not None),
         ) if bad]
