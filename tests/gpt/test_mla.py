@@ -290,6 +290,8 @@ CP_RUNS = {  # name: (world, its reference at CP 1, the flags beside MLA_FLAGS o
     "all_gather": (2, "cp1", ["--context-parallel-size", "2", "--cp-comm-type", "all_gather"]),
     "a2a": (2, "cp1", ["--context-parallel-size", "2", "--cp-comm-type", "a2a"]),
     "p2p-no-q-lora": (2, "cp1-no-q-lora", ["--context-parallel-size", "2", "--cp-comm-type", "p2p"]),
+    "all_gather-no-q-lora": (2, "cp1-no-q-lora", ["--context-parallel-size", "2", "--cp-comm-type", "all_gather"]),
+    "a2a-no-q-lora": (2, "cp1-no-q-lora", ["--context-parallel-size", "2", "--cp-comm-type", "a2a"]),
     "tp2-sp-p2p": (4, "cp1", ["--context-parallel-size", "2", "--cp-comm-type", "p2p",
                               "--tensor-model-parallel-size", "2", "--sequence-parallel"]),
     "a2a+p2p": (4, "cp1-4-heads", ["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
@@ -352,9 +354,10 @@ def test_mla_under_context_parallelism_trains_to_the_cp1_losses(cp_runs, name):
     """Megatron-LM runs --multi-latent-attention under --context-parallel-size (TransformerEngine's context-parallel
     attention takes MLA's value width and softmax scale): each rank's chunks get the rotary angles of their global
     positions (YaRN at --rotary-scaling-factor 40, its concentration and MLA's mscale^2 scale), attention runs over
-    the whole sequence by each --cp-comm-type, with and without --q-lora-rank, beside TP 2 with --sequence-parallel.
-    fp32, 3 iterations: the losses and gradient norms of one rank's run, relative 1e-6 (the chunks' attention merges
-    partial softmaxes and the gradients are summed over the CP ranks in another order: not bitwise)."""
+    the whole sequence by each --cp-comm-type, each of p2p, all_gather and a2a with and without --q-lora-rank, beside
+    TP 2 with --sequence-parallel. fp32, 3 iterations: the losses and gradient norms of one rank's run, relative 1e-6
+    (the ring merges partial softmaxes by log-sum-exp, the gathered and head-split calls reduce over keys in another
+    order, and the gradients are summed over the CP ranks: not bitwise)."""
     reference = _losses_and_norms(cp_runs, CP_RUNS[name][1])
     got = _losses_and_norms(cp_runs, name)
     assert len(got) == len(reference) == CP_ITERS
