@@ -59,6 +59,10 @@ class AttentionSettings:
         None, help="attention scores' scale (default 1/sqrt(head width)); Gemma's query_pre_attn_scalar q is q^-0.5")
     attn_logit_softcapping: Optional[float] = option(
         None, help="attention scores become c x tanh(score / c) before the mask and softmax (Gemma 2)")
+    # transformers' OlmoeAttention (and OLMo's, DBRX's): config.clip_qkv; no Megatron-LM flag
+    clip_qkv: Optional[float] = option(
+        None, help="the queries, keys and values clamped to [-C, C] after their projections and query/key norms, "
+                   "before rotary (OLMoE's clip_qkv)")
     # Megatron-Core's TransformerConfig.softmax_type (gpt/attention_sinks.py)
     softmax_type: str = option(
         "vanilla", choices=SOFTMAX_TYPES,
@@ -123,7 +127,7 @@ class AttentionSettings:
             raise ConfigError(f"--attention-backend {self.attention_backend!r} is not one of "
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         for flag, value in (("--softmax-scale", self.softmax_scale),
-                            ("--attn-logit-softcapping", self.attn_logit_softcapping)):
+                            ("--attn-logit-softcapping", self.attn_logit_softcapping), ("--clip-qkv", self.clip_qkv)):
             if value is not None and not 0 < value < float("inf"):
                 raise ConfigError(f"{flag} must be a positive number, got {value}", flags=(flag,))
         if self.softmax_type not in SOFTMAX_TYPES:

@@ -130,6 +130,7 @@ class SelfAttention(nn.Module):
         # the scores' scale (None: 1/sqrt(head width)) and Gemma 2's soft-capping of them (gpt/attention_softcap.py)
         self.softmax_scale = attention.softmax_scale
         self.softcap = attention.attn_logit_softcapping
+        self.clip_qkv = attention.clip_qkv
         # With context parallelism the sequence here is this rank's two chunks (parallel/context_parallel.py):
         # rotary angles at their global positions, attention over the whole sequence (gpt/cp_attention.py).
         self.context_parallel = state if state.context_parallel_size > 1 else None
@@ -243,6 +244,8 @@ class SelfAttention(nn.Module):
                           for norm, heads in ((self.q_layernorm, query), (self.k_layernorm, key)))
         elif self.q_layernorm is not None:  # before rotary, as Megatron-Core's get_query_key_value_tensors
             query, key = self.q_layernorm(query), self.k_layernorm(key)
+        if self.clip_qkv is not None:  # after the norms, as transformers' OlmoeAttention clamps
+            query, key, value = (part.clamp(-self.clip_qkv, self.clip_qkv) for part in (query, key, value))
         if self.rotary:
             # in the queries' dtype, so that apply_rotary's own cast is a no-op; one pair for every layer (and for
             # q and k), so the products' backward keeps one copy

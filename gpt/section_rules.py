@@ -41,6 +41,7 @@ def check_multi_latent_attention(mla: MLASettings, attention: AttentionSettings,
                           flags=("--window-size", "--multi-latent-attention"))
     given = [flag for flag, value in (("--softmax-scale", attention.softmax_scale),
                                       ("--attn-logit-softcapping", attention.attn_logit_softcapping),
+                                      ("--clip-qkv", attention.clip_qkv),
                                       ("--local-rotary-base", positions.local_rotary_base),
                                       ("--rotary-seq-len-interpolation-factor",
                                        positions.rotary_seq_len_interpolation_factor)) if value is not None]

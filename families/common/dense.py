@@ -79,6 +79,7 @@ class DenseFamily:
         needs = {flag_for(name, value): setting_value(model, name) != value for name, value in self.fixed.items()}
         needs.update({f"no --num-experts ({self.architecture} has no experts)": model.moe is not None,
                       f"no --mtp-num-layers ({self.architecture} has no MTP layers)": bool(model.mtp.num_layers),
+                      f"no --clip-qkv ({self.architecture} clamps no q, k, v)": model.attention.clip_qkv is not None,
                       **rope_needs(model), **self.needs(model)})
         return [need for need, missing in needs.items() if missing]
 

@@ -52,6 +52,7 @@ def beyond_llama(config: ModelConfig) -> dict[str, bool]:
             "no --scale-embeddings-by-sqrt-hidden": config.output.scale_embeddings_by_sqrt_hidden,
             "no --softmax-scale": config.attention.softmax_scale is not None,
             "no --attn-logit-softcapping": config.attention.attn_logit_softcapping is not None,
+            "no --clip-qkv": config.attention.clip_qkv is not None,
             "no --final-logit-softcapping": config.output.final_logit_softcapping is not None,
             "no --local-rotary-base": config.positions.local_rotary_base is not None,
             "no --rotary-seq-len-interpolation-factor": config.positions.rotary_seq_len_interpolation_factor is not None}

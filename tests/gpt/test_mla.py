@@ -160,6 +160,8 @@ def test_mla_flags_parse_and_what_is_not_built_is_refused():
         parse_config(["--multi-latent-attention", "--attention-output-gate"])
     with pytest.raises(ConfigError, match="--qk-pos-emb-head-dim 3 must be even"):
         parse_config(["--multi-latent-attention", "--qk-pos-emb-head-dim", "3"])
+    with pytest.raises(ConfigError, match="--multi-latent-attention with --clip-qkv is not implemented"):
+        parse_config(["--multi-latent-attention", "--clip-qkv", "8"])
 
 
 def test_mla_trains_a_tiny_model_for_two_iterations(corpus_cache, tmp_path):
