@@ -21,8 +21,6 @@ from gpt.model import GPTModel
 def cache_refusal(model: GPTModel, capacity: int) -> Optional[str]:
     """Why `model` cannot generate `capacity` positions with a KV cache (None: it can)."""
     config, state = model.config, model.state
-    if config.mla.multi_latent_attention:
-        return "--multi-latent-attention: MLA's attention takes no KV cache yet; generate with --no-kv-cache"
     if state.context_parallel_size > 1 or model.sequence_parallel:
         return "a KV cache runs on one process (no context or sequence parallelism)"
     if not (model.stage.first and model.stage.last):

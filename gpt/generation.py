@@ -1,8 +1,8 @@
 """Autoregressive generation: the prompt's forward, then one new token a step, each picked from the last
 position's logits (gpt/sampling.py), until `max_new` tokens or the stop token.
 
-With a KV cache (gpt/kv_cache.py, gpt/decode.py) a step runs the one new token; without (`use_cache=False`, for
-what the cache refuses) every step runs the model's forward over the whole sequence so far, which is also the
+With a KV cache (gpt/kv_cache.py, gpt/decode.py) a step runs the one new token; without (`use_cache=False`)
+every step runs the model's forward over the whole sequence so far, which is also the
 reference the cache is tested against (tests/gpt/test_kv_cache.py).
 """
 

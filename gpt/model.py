@@ -425,9 +425,7 @@ class TransformerBlock(nn.Module):
     # (training/cuda_graphs.py).
     def attention_half(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                        cache: Optional[LayerCache] = None) -> torch.Tensor:
-        normed = _normed(self.input_layernorm, hidden)
-        # (MLA's attention takes no cache: gpt/decode.py refuses it before any step)
-        branch = self.attention(normed, documents) if cache is None else self.attention(normed, documents, cache)
+        branch = self.attention(_normed(self.input_layernorm, hidden), documents, cache)
         return hidden + self._residual_dropout(_normed(self.attention_output_layernorm, branch))
 
     def mlp_half(self, hidden: torch.Tensor) -> torch.Tensor:

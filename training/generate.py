@@ -10,8 +10,8 @@ built from what it records, no optimizer. The prompt is text, tokenized as Megat
 (with the tokenizer's own start token) by the checkpoint's tokenizer or the tokenizer flags, or token ids. Sampling
 takes Megatron-LM's flags (gpt/sampling.py): greedy by default (--top_k 1, its examples' default). Generation stops
 at the tokenizer's end-of-document token unless --ignore-eos. Steps run over a KV cache (gpt/kv_cache.py);
---no-kv-cache recomputes the whole sequence each step (for what the cache refuses: MLA). Prints the text (prompt
-then the generated text) where a tokenizer is known, and the generated ids on a line of their own.
+--no-kv-cache recomputes the whole sequence each step. Prints the text (prompt then the generated text) where a
+tokenizer is known, and the generated ids on a line of their own.
 """
 
 from __future__ import annotations

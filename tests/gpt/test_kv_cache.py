@@ -2,7 +2,8 @@
 the same greedy tokens, and at every position the same logits within fp32 roundings (the cached step's
 attention sums over the same keys through a mask, the full forward's through the causal kernel). Tiny models with
 weights drawn wide (std 0.2) so that the logits are far from ties: GPT-2's learned positions, Llama's rotary and
-grouped-query attention, sliding windows on every other layer, soft-capping, attention sinks, experts.
+grouped-query attention, sliding windows on every other layer, soft-capping, attention sinks, experts, and
+multi-latent attention with rope or YaRN.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from parallel.state import ParallelState
 CPU = ParallelState(device=torch.device("cpu"))
 LLAMA = dict(normalization="RMSNorm", swiglu=True, position_embedding_type="rope", num_query_groups=2,
              untie_embeddings_and_output_weights=True, add_bias_linear=False)
+MLA = dict(normalization="RMSNorm", swiglu=True, position_embedding_type="rope", multi_latent_attention=True,
+           kv_lora_rank=16, q_lora_rank=None, qk_head_dim=8, qk_pos_emb_head_dim=8, v_head_dim=8)
 VARIANTS = {
     "gpt2": {},
     "llama-gqa2": LLAMA,
@@ -28,6 +31,8 @@ VARIANTS = {
     "llama-softcap": {**LLAMA, "attn_logit_softcapping": 5.0},
     "llama-learnable-sinks": {**LLAMA, "softmax_type": "learnable"},
     "llama-experts": {**LLAMA, "num_experts": 4, "moe_router_topk": 2},
+    "mla-rope": {**MLA, "rope_type": "rope"},
+    "mla-yarn-sinks": {**MLA, "rope_type": "yarn", "softmax_type": "off-by-one"},
 }
 GREEDY = Sampling(top_k=1)
 
@@ -85,12 +90,6 @@ def test_sampling_is_seeded_and_stops_at_the_stop_token():
 
 
 def test_what_the_cache_cannot_serve_is_refused_in_one_line():
-    mla = tiny_model(multi_latent_attention=True, kv_lora_rank=16, q_lora_rank=None, qk_head_dim=8,
-                     qk_pos_emb_head_dim=8, v_head_dim=8, position_embedding_type="rope", normalization="RMSNorm")
-    with pytest.raises(ConfigError, match="--multi-latent-attention: .*--no-kv-cache"):
-        new_cache(mla, 8)
-    # the recomputing path still generates from it
-    assert generate(mla, torch.tensor([[1, 2]]), 3, GREEDY, use_cache=False).shape == (1, 3)
     with pytest.raises(ConfigError, match="learned position embedding has 16"):
         new_cache(tiny_model(), 17)
     cache = new_cache(tiny_model(**LLAMA), 4)
