@@ -42,6 +42,7 @@ class InferenceCheckpoint:
     described: str
     path: Path
     format_name: str  # "hf", "megatron", "ours": which source `open_source` makes
+    tokenizer_type: Optional[str] = None  # the run's --tokenizer-type (a SentencePiece type reads tokenizer.model)
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -73,7 +74,8 @@ def _our_checkpoint(iteration_dir: Path, verify: bool) -> InferenceCheckpoint:
     return InferenceCheckpoint(ModelConfig.from_record(metadata["config"]["model"]),
                                inside(iteration_dir, tokenizer) if tokenizer is not None else None,
                                f"{iteration_dir}: iteration {metadata['iteration']}, saved at TP "
-                               f"{metadata['tensor_parallel_size']}", iteration_dir, "ours")
+                               f"{metadata['tensor_parallel_size']}", iteration_dir, "ours",
+                               metadata["config"].get("data", {}).get("tokenizer_type"))
 
 
 def _megatron_checkpoint(iteration_dir: Path) -> InferenceCheckpoint:

@@ -24,8 +24,15 @@ from typing import Optional, Sequence
 import torch
 
 from base.errors import ConfigError, OneLineArgumentParser, run_tool
-from checkpoint.inference_load import inference_checkpoint, is_hf_folder, load_model_weights, open_source
+from checkpoint.inference_load import (
+    InferenceCheckpoint,
+    inference_checkpoint,
+    is_hf_folder,
+    load_model_weights,
+    open_source,
+)
 from data import DataError
+from data.sentencepiece_tokenizer import SENTENCEPIECE_MODEL_FILE, SENTENCEPIECE_TYPES, load_sentencepiece_tokenizer
 from data.tokenizer import load_named_tokenizer, load_tokenizer
 from gpt.generation import generate
 from gpt.model import build_gpt_model
@@ -69,15 +76,19 @@ def checkpoint_path(args: argparse.Namespace) -> Path:
     return Path(args.load if args.load is not None else args.init_from_hf)
 
 
-def run_tokenizer(args: argparse.Namespace, tokenizer_dir: Optional[Path]):
-    """The tokenizer the flags name, else the checkpoint's, else None (the prompt must then be ids)."""
+def run_tokenizer(args: argparse.Namespace, checkpoint: InferenceCheckpoint):
+    """The tokenizer the flags name, else the checkpoint's (a SentencePiece model by the run's --tokenizer-type, or
+    tokenizer.json, or GPT-2's two files), else None (the prompt must then be ids)."""
     named = load_named_tokenizer(args.tokenizer_type, args.tokenizer_file or args.tokenizer_model, args.vocab_file,
                                  args.merge_file)
-    if named is not None or tokenizer_dir is None:
+    folder = checkpoint.tokenizer_dir
+    if named is not None or folder is None:
         return named
+    if checkpoint.tokenizer_type in SENTENCEPIECE_TYPES and (folder / SENTENCEPIECE_MODEL_FILE).is_file():
+        return load_sentencepiece_tokenizer(checkpoint.tokenizer_type, str(folder / SENTENCEPIECE_MODEL_FILE))
     from arguments.hf_folder import folder_tokenizer
 
-    files = {setting: str(path) for setting, path in folder_tokenizer(tokenizer_dir).items()}
+    files = {setting: str(path) for setting, path in folder_tokenizer(folder).items()}
     return load_tokenizer(files.get("tokenizer_file"), files.get("vocab_file"), files.get("merge_file"))
 
 
@@ -85,7 +96,8 @@ def prompt_ids(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[int
     if args.prompt is not None:
         if tokenizer is None:
             raise ConfigError("--prompt: the checkpoint holds no tokenizer; give --tokenizer-file (or --vocab-file "
-                              "and --merge-file), or the prompt as --prompt-ids")
+                              "and --merge-file, or --tokenizer-type with --tokenizer-model), or the prompt as "
+                              "--prompt-ids")
         ids = tokenizer.tokenize_batch([args.prompt])[0]
     else:
         ids = args.prompt_ids
@@ -105,7 +117,7 @@ def generate_from(args: argparse.Namespace) -> tuple[list[int], list[int], Optio
     sampling.validate(config.vocab_size)
     if args.new_tokens < 1:
         raise ConfigError(f"--num-tokens-to-generate {args.new_tokens}: give at least 1")
-    tokenizer = run_tokenizer(args, checkpoint.tokenizer_dir)
+    tokenizer = run_tokenizer(args, checkpoint)
     ids = prompt_ids(args, tokenizer, config.vocab_size)
     state = ParallelState(device=torch.device(args.device))
     model = build_gpt_model(config, state, seed=args.seed, dtype=DTYPES[args.dtype])

@@ -52,21 +52,26 @@ def transformers_greedy(folder, prompt: list[int], new: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def save_trained(path, tokenizer, steps: int, **data) -> None:
+    """A tiny Llama-shaped model of the tokenizer's vocabulary, `steps` steps on TEXT, saved with the tokenizer."""
+    config = PretrainConfig()
+    config = dataclasses.replace(config, model=replace_settings(config.model, **LLAMA, vocab_size=tokenizer.vocab_size),
+                                 data=replace_settings(config.data, **data))
+    model = GPTModel(config.model, CPU)
+    optimizer = ZeroHarness.from_config(model, config, CPU)
+    ids = torch.tensor(tokenizer.encode(TEXT)[:4 * 17]).view(4, 17)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        optimizer.backward(model(ids[:, :-1], ids[:, 1:]).mean())
+        optimizer.step()
+    save_checkpoint(path, max(steps, 1), 4 * max(steps, 1), model, optimizer, None, config, CPU, tokenizer=tokenizer)
+
+
 def test_our_checkpoint_generates_transformers_greedy_tokens_from_text(tmp_path, capsys):
     from transformers import AutoTokenizer
 
     tokenizer = train_tokenizer([TEXT], 300)
-    config = PretrainConfig()
-    config = dataclasses.replace(config, model=replace_settings(config.model, **LLAMA,
-                                                                vocab_size=tokenizer.vocab_size))
-    model = GPTModel(config.model, CPU)
-    optimizer = ZeroHarness.from_config(model, config, CPU)
-    ids = torch.tensor(tokenizer.encode(TEXT)[:4 * 17]).view(4, 17)
-    for _ in range(3):  # a few steps on the text, so that what is saved is a trained model's master weights
-        optimizer.zero_grad()
-        optimizer.backward(model(ids[:, :-1], ids[:, 1:]).mean())
-        optimizer.step()
-    save_checkpoint(tmp_path / "ckpt", 3, 12, model, optimizer, None, config, CPU, tokenizer=tokenizer)
+    save_trained(tmp_path / "ckpt", tokenizer, 3)  # trained a few steps: what is saved is a run's master weights
     ours = generated_ids(capsys, "--load", str(tmp_path / "ckpt"), "--prompt", "the dog sat",
                          "--num-tokens-to-generate", "12")
     assert convert_to_hf.main([str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 0
@@ -76,6 +81,25 @@ def test_our_checkpoint_generates_transformers_greedy_tokens_from_text(tmp_path,
     # the recomputing path and the cache agree on the real checkpoint too
     assert ours == generated_ids(capsys, "--load", str(tmp_path / "ckpt"), "--prompt", "the dog sat",
                                  "--num-tokens-to-generate", "12", "--no-kv-cache")
+
+
+def test_a_sentencepiece_tokenizer_saved_with_the_run_reads_the_prompt(tmp_path, capsys):
+    """A run with --tokenizer-type Llama2Tokenizer saved its tokenizer.model: the prompt is Megatron's tokenize of it
+    (the start token first), and the printed text is the prompt's."""
+    from data.sentencepiece_tokenizer import load_sentencepiece_tokenizer
+    from tests.conftest import train_sentencepiece_model
+
+    train_sentencepiece_model(tmp_path / "sp.model", [TEXT], vocab_size=40, byte_fallback=False,
+                              hard_vocab_limit=False)
+    tokenizer = load_sentencepiece_tokenizer("Llama2Tokenizer", str(tmp_path / "sp.model"))
+    save_trained(tmp_path / "ckpt", tokenizer, 0, tokenizer_type="Llama2Tokenizer",
+                 tokenizer_file=str(tmp_path / "sp.model"))
+    prompt = tokenizer.tokenize_batch(["the dog sat"])[0]
+    assert prompt[0] == 1  # Llama 2's bos
+    from_text = generated_ids(capsys, "--load", str(tmp_path / "ckpt"), "--prompt", "the dog sat", "--ignore-eos")
+    assert len(from_text) == 30
+    assert from_text == generated_ids(capsys, "--load", str(tmp_path / "ckpt"), "--prompt-ids", *map(str, prompt),
+                                      "--ignore-eos")
 
 
 def test_a_hugging_face_folder_generates_its_own_greedy_tokens(tmp_path, capsys):
