@@ -18,24 +18,30 @@ from gpt.kv_cache import KVCache
 from gpt.model import GPTModel
 
 
-def cache_refusal(model: GPTModel, capacity: int) -> Optional[str]:
-    """Why `model` cannot generate `capacity` positions with a KV cache (None: it can)."""
-    config, state = model.config, model.state
-    if state.context_parallel_size > 1 or model.sequence_parallel:
+def check_positions(model: GPTModel, length: int) -> None:
+    """A learned position embedding has a row for each of `length` positions (rotary turns any position)."""
+    rows = model.config.max_position_embeddings
+    if model.position_embeddings is not None and length > rows:
+        raise ConfigError(f"{length} positions asked, and the learned position embedding has {rows} "
+                          f"(--max-position-embeddings): generate fewer tokens")
+
+
+def cache_refusal(model: GPTModel) -> Optional[str]:
+    """Why `model` cannot run over a KV cache (None: it can)."""
+    if model.state.context_parallel_size > 1 or model.sequence_parallel:
         return "a KV cache runs on one process (no context or sequence parallelism)"
     if not (model.stage.first and model.stage.last):
         return "a KV cache runs the whole model on one process (no pipeline stages)"
-    if model.position_embeddings is not None and capacity > config.max_position_embeddings:
-        return (f"{capacity} positions asked, and the learned position embedding has "
-                f"{config.max_position_embeddings} (--max-position-embeddings): generate fewer tokens")
     return None
 
 
 def new_cache(model: GPTModel, capacity: int) -> KVCache:
-    """A cache for `capacity` positions of `model`, after `cache_refusal`'s checks (ConfigError)."""
-    refusal = cache_refusal(model, capacity)
+    """A cache for `capacity` positions of `model`, after `cache_refusal`'s and `check_positions`' checks
+    (ConfigError)."""
+    refusal = cache_refusal(model)
     if refusal is not None:
         raise ConfigError(refusal)
+    check_positions(model, capacity)
     return KVCache(capacity)
 
 

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from gpt.decode import decode, new_cache
+from gpt.decode import check_positions, decode, new_cache
 from gpt.model import GPTModel
 from gpt.sampling import Sampling, next_tokens
 
@@ -24,6 +24,7 @@ def generate(model: GPTModel, prompt: torch.Tensor, max_new: int, sampling: Samp
     """The new tokens [batch, <= max_new] after `prompt` [batch, length]; a batch stops when every row has made
     `stop_id` (kept), and a row's tokens after its stop are `stop_id` again. `model` must be in eval mode."""
     sequence = prompt
+    check_positions(model, prompt.shape[1] + max_new)
     cache = new_cache(model, prompt.shape[1] + max_new) if use_cache else None
     done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
     feed = prompt

@@ -90,8 +90,10 @@ def test_sampling_is_seeded_and_stops_at_the_stop_token():
 
 
 def test_what_the_cache_cannot_serve_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match="learned position embedding has 16"):
+    with pytest.raises(ConfigError, match="17 positions asked, and the learned position embedding has 16"):
         new_cache(tiny_model(), 17)
+    with pytest.raises(ConfigError, match="18 positions asked, and the learned position embedding has 16"):
+        generate(tiny_model(), torch.zeros(1, 8, dtype=torch.long), 10, GREEDY, use_cache=False)
     cache = new_cache(tiny_model(**LLAMA), 4)
     with pytest.raises(ConfigError, match="holds 4 positions, and 5 were asked"):
         decode(tiny_model(**LLAMA), torch.zeros(1, 5, dtype=torch.long), cache)
