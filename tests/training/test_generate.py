@@ -2,7 +2,8 @@
 `generate` on the same weights, from each format the loader reads:
 - this project's checkpoint of a tiny Llama-shaped model with its tokenizer, a text prompt: against
   scripts/convert_to_hf.py's export of it, tokenized by that folder's tokenizer, both stopping at its end token;
-- a Hugging Face folder transformers saved (--init-from-hf), a prompt of ids: against the folder itself;
+- a Hugging Face folder transformers saved (--init-from-hf; Llama's, GPT-2's), a prompt of ids: against the folder
+  itself;
 - Megatron-LM's own torch_dist save (tests/fixtures/megatron_llama): the loaded model's logits are the ones
   Megatron-LM's forward gave, and its greedy tokens those of the folder convert_to_hf.py exports;
 - a save of ours over TP 2 x PP 2: every weight loaded whole is the consolidated fp32 master.
@@ -24,6 +25,7 @@ from data.tokenizer import train_tokenizer
 from gpt.model import GPTModel, build_gpt_model
 from parallel.state import ParallelState
 from scripts import convert_to_hf
+from tests.checkpoint.test_hf_folder_is_the_model import gpt2_folder
 from tests.checkpoint.test_hf_llama import random_llama_folder
 from tests.checkpoint.test_megatron_checkpoint import FIXTURES
 from tests.checkpoint.test_megatron_to_hf import megatron_logits
@@ -102,8 +104,10 @@ def test_a_sentencepiece_tokenizer_saved_with_the_run_reads_the_prompt(tmp_path,
                                       "--ignore-eos")
 
 
-def test_a_hugging_face_folder_generates_its_own_greedy_tokens(tmp_path, capsys):
-    folder = random_llama_folder(tmp_path / "hf", "gqa2-head-dim-24")
+@pytest.mark.parametrize("family", ["llama", "gpt2"])  # rotary; learned positions, read at the cache's offsets
+def test_a_hugging_face_folder_generates_its_own_greedy_tokens(tmp_path, capsys, family):
+    folder = random_llama_folder(tmp_path / "hf", "gqa2-head-dim-24") if family == "llama" else \
+        gpt2_folder(tmp_path / "hf")
     prompt = [5, 17, 200, 3]
     ours = generated_ids(capsys, "--init-from-hf", str(folder), "--prompt-ids", *map(str, prompt),
                          "--max-new-tokens", "10")
