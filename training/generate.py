@@ -79,6 +79,8 @@ def checkpoint_path(args: argparse.Namespace) -> Path:
 def run_tokenizer(args: argparse.Namespace, checkpoint: InferenceCheckpoint):
     """The tokenizer the flags name, else the checkpoint's (a SentencePiece model by the run's --tokenizer-type, or
     tokenizer.json, or GPT-2's two files), else None (the prompt must then be ids)."""
+    if args.tokenizer_type == "NullTokenizer":  # ids only: no text, and no end token of a known id to stop at
+        return None
     named = load_named_tokenizer(args.tokenizer_type, args.tokenizer_file or args.tokenizer_model, args.vocab_file,
                                  args.merge_file)
     folder = checkpoint.tokenizer_dir

@@ -151,6 +151,7 @@ def test_a_save_over_tp2_and_pp2_loads_whole_on_one_process():
 
 @pytest.mark.parametrize("load,argv,named", [
     ("megatron_llama", ["--prompt", "hi"], "holds no tokenizer"),
+    ("megatron_llama", ["--tokenizer-type", "NullTokenizer", "--prompt", "hi"], "holds no tokenizer"),  # ids only
     ("megatron_llama", ["--prompt-ids", "1", "--top_k", "5", "--top_p", "0.5"], "Cannot have top-p and top-k both"),
     ("megatron_llama", ["--prompt-ids", "100000"], "prompt id 100000 is outside the model's vocabulary"),
     ("deepspeed_checkpoints/hf_llama_zero2", ["--prompt-ids", "1"], "DeepSpeed's checkpoint (global_step2), which "
