@@ -36,6 +36,7 @@ from gpt.attention_softcap import softcapped_attention
 from gpt.attention_window import causal_window_mask
 from gpt.cp_attention import context_parallel_attention
 from gpt.glu import gated_activation
+from gpt.kv_cache import LayerCache
 from gpt.mla import MLASelfAttention
 from gpt.mlp import SwiGLUMLP
 from gpt.model_config import ModelConfig
@@ -175,9 +176,11 @@ class SelfAttention(nn.Module):
         self.dense = plan.linear("attention.dense", config.num_attention_heads * config.head_dim, h,
                                  init_std=_output_layer_std(config), bias=config.add_bias_linear)
 
-    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
+                cache: Optional[LayerCache] = None) -> torch.Tensor:
         """`documents` (data/documents.py): a block-diagonal causal mask where --reset-attention-mask set one,
-        else the causal mask. Rotary positions stay 0..seq-1 under --reset-position-ids, as in Megatron-Core's
+        else the causal mask; `cache` (gpt/kv_cache.py): `hidden` is the tokens after those the cache holds, whose
+        keys and values they also see (generation, gpt/decode.py). Rotary positions stay 0..seq-1 under --reset-position-ids, as in Megatron-Core's
         GPTModel._preprocess (`self.rotary_pos_emb(rotary_seq_len, ...)` for 'rope': position_ids reach only the
         learned embedding and mrope) and Megatron-DeepSpeed's TransformerLanguageModel.forward
         (`self.rotary_pos_emb(self.seq_length)`); within a document the rotation of q.k depends only on the
@@ -185,8 +188,13 @@ class SelfAttention(nn.Module):
         # each [batch, heads, seq, head_dim]; key and value with one head per group under native_gqa; the
         # gate [batch, seq, heads x head_dim] or None
         attention_mask = documents.attention_mask if documents is not None else None
-        query, key, value, gate = self._query_key_value(hidden)
+        query, key, value, gate = self._query_key_value(hidden, cache)
         batch, _, seq, _ = query.shape  # the whole sequence, also when `hidden` is a slice of it
+        if cache is not None:  # the new tokens' queries over the cached keys: causal and windowed by position
+            attention_mask = cache.visible(seq, self.window, query.device)
+        elif self.window is not None and self.context_parallel is None:
+            # the sliding window, over the documents' mask where there is one (CP's attention windows by itself)
+            attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
         # Each TP rank holds different heads: their dropout masks come from the rank's own stream.
         # The device is known only here (the model is built on meta): whether to pad is decided per call.
         head_dim = padded_head_dim(self.head_dim, query.device.type, self.attention_backend, self.pad_head_dim)
@@ -201,13 +209,9 @@ class SelfAttention(nn.Module):
                                                      scale=self.softmax_scale, softcap=self.softcap, sinks=sinks,
                                                      document_ids=document_ids)
             elif sinks is not None:  # (with soft-capping refused: gpt/model_config.py)
-                if self.window is not None:  # the sliding window, over the documents' mask where there is one
-                    attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
                 context = attention_with_sinks(query, key, value, sinks, dropout_p, enable_gqa=self.native_gqa,
                                                attention_mask=attention_mask, scale=self.softmax_scale)
             else:
-                if self.window is not None:  # the sliding window, over the documents' mask where there is one
-                    attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
                 if self.softcap is not None:  # scores SDPA cannot cap: computed explicitly
                     context = softcapped_attention(query, key, value, self.softcap, self.softmax_scale, attention_mask,
                                                    dropout_p)
@@ -220,7 +224,7 @@ class SelfAttention(nn.Module):
             context = (context * torch.sigmoid(gate.float())).to(context.dtype)
         return self.dense(context)
 
-    def _query_key_value(self, hidden: torch.Tensor
+    def _query_key_value(self, hidden: torch.Tensor, cache: Optional[LayerCache] = None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         qkv = self.query_key_value(hidden)  # the whole sequence: under sequence parallelism, gathered
         batch, seq, _ = qkv.shape
@@ -249,15 +253,33 @@ class SelfAttention(nn.Module):
         if self.rotary:
             # in the queries' dtype, so that apply_rotary's own cast is a no-op; one pair for every layer (and for
             # q and k), so the products' backward keeps one copy
-            cos, sin = self.rotary_cache.angles(self._rotary_key(seq, hidden.device), query.dtype,
-                                                lambda: self._angles_on_this_rank(seq, hidden.device))
+            cos, sin = self._cos_sin(seq, hidden.device, query.dtype, cache)
             query = apply_rotary(query, cos, sin, self.rotary_interleaved)
             key = apply_rotary(key, cos, sin, self.rotary_interleaved)
+        if cache is not None:  # stored before the copies per query head: one head per group
+            key, value = cache.extend(key, value)
         if per_group > 1 and not self.native_gqa:
             # Query head i reads group i // per_group (transformers' repeat_kv, Megatron-Core's GQA).
             key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
         return query, key, value, gate
 
+
+    def _cos_sin(self, seq: int, device: torch.device, dtype: torch.dtype, cache: Optional[LayerCache]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the `seq` tokens: positions 0..seq-1, or with a KV cache the new tokens' positions, cut from
+        the angles of the cache's every position (the same values: each position's angle is its own product).
+        LongRoPE picks its factors by the whole sequence's length, so its angles are made for the length so far, as
+        transformers' dynamic LongRoPE picks them by the largest position."""
+        if cache is None:
+            return self.rotary_cache.angles(self._rotary_key(seq, device), dtype,
+                                            lambda: self._angles_on_this_rank(seq, device))
+        end = cache.start + seq
+        if self.longrope is not None:
+            cos, sin = (part.to(dtype) for part in self._rotary_angles(end, device))
+        else:
+            cos, sin = self.rotary_cache.angles(self._rotary_key(cache.capacity, device), dtype,
+                                                lambda: self._rotary_angles(cache.capacity, device))
+        return cos[cache.start:end], sin[cache.start:end]
 
     def _rotary_key(self, seq: int, device: torch.device) -> tuple:
         """What decides this layer's cos and sin besides their dtype (RotaryCache's key): its settings, the length
@@ -396,14 +418,17 @@ class TransformerBlock(nn.Module):
         self.attention_output_layernorm = norm("attention_output_layernorm") if places != "input" else None
         self.mlp_output_layernorm = norm("mlp_output_layernorm") if places != "input" else None
 
-    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
-        return self.mlp_half(self.attention_half(hidden, documents))
+    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
+                cache: Optional[LayerCache] = None) -> torch.Tensor:
+        """`cache`: this layer's KV cache, where `hidden` is the tokens after those it holds (gpt/decode.py)."""
+        return self.mlp_half(self.attention_half(hidden, documents, cache))
 
     # The block's two halves, each with its norms, dropout and residual add: Megatron-Core's
     # TransformerLayer._forward_attention and _forward_mlp, the regions --cuda-graph-modules attn and mlp capture
     # (training/cuda_graphs.py).
-    def attention_half(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
-        branch = self.attention(_normed(self.input_layernorm, hidden), documents)
+    def attention_half(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
+                       cache: Optional[LayerCache] = None) -> torch.Tensor:
+        branch = self.attention(_normed(self.input_layernorm, hidden), documents, cache)
         return hidden + self._residual_dropout(_normed(self.attention_output_layernorm, branch))
 
     def mlp_half(self, hidden: torch.Tensor) -> torch.Tensor:
