@@ -1,11 +1,11 @@
 """A checkpoint's model, weights and tokenizer for one process with no optimizer (python -m training.generate).
 
 The doors are the loader's: a folder's format told once (checkpoint/formats.py), its model from what it records
-(this project's metadata, ModelConfig.from_record; Megatron-LM's args, checkpoint/megatron_hf.py; a Hugging Face
-folder's config.json through --init-from-hf's settings layer, arguments/hf_folder.py), its files verified as a
---load verifies them, and its weights read as global tensors (checkpoint/global_state.py) into a one-rank model:
-each parameter whole, the vocabulary's real rows (the padding rows are never scored). DeepSpeed's folders are
-refused in one line saying how to bring them over, as the offline tools do (checkpoint/tool_input.py).
+(this project's metadata, checkpoint/schema.py recorded_model; Megatron-LM's args, checkpoint/megatron_hf.py; a
+Hugging Face folder's config.json through --init-from-hf's settings layer, arguments/hf_folder.py), its files
+verified as a --load verifies them, and its weights read as global tensors (checkpoint/global_state.py) into a
+one-rank model: each parameter whole, the vocabulary's real rows (the padding rows are never scored). DeepSpeed's
+folders are refused in one line saying how to bring them over, as the offline tools do (checkpoint/tool_input.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from checkpoint.global_load import check_fits, parameter_records
 from checkpoint.global_state import MODEL_KEY, GlobalStateSource
 from checkpoint.inside import inside
 from checkpoint.router_state import restore_expert_biases
+from checkpoint.schema import recorded_model
 from gpt.model_config import ModelConfig
 from parallel.state import ParallelState
 
@@ -71,7 +72,7 @@ def _our_checkpoint(iteration_dir: Path, verify: bool) -> InferenceCheckpoint:
     metadata = read_metadata(iteration_dir)
     verify_or_raise(iteration_dir, metadata, check_content=verify)
     tokenizer = metadata.get("tokenizer")
-    return InferenceCheckpoint(ModelConfig.from_record(metadata["config"]["model"]),
+    return InferenceCheckpoint(recorded_model(metadata["config"]["model"]),
                                inside(iteration_dir, tokenizer) if tokenizer is not None else None,
                                f"{iteration_dir}: iteration {metadata['iteration']}, saved at TP "
                                f"{metadata['tensor_parallel_size']}", iteration_dir, "ours",
