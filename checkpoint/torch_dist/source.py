@@ -37,6 +37,8 @@ from checkpoint.pieces import Piece, read_pieces
 from checkpoint.random_states import random_states_problem
 from checkpoint.torch_dist.buckets import (
     DENSE_DTYPE,
+    BucketedParameter,
+    Chunk,
     ModelShape,
     UnreadLayout,
     bucket_layout,
@@ -238,59 +240,78 @@ class MegatronSource(GlobalStateSource):
         return steps.pop() if len(steps) == 1 else None
 
 
+def _refuse_unread(args) -> None:
+    """The saves whose buckets this reader does not rebuild (their weights still load)."""
+    unsupported = [flag for flag, value in (
+        ("--num-experts", getattr(args, "num_experts", None)),
+        ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
+        ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)),
+        ("--fp16", getattr(args, "fp16", False)), ("--bf16", getattr(args, "bf16", False)),
+        ("--accumulate-allreduce-grads-in-fp32", getattr(args, "accumulate_allreduce_grads_in_fp32", False)))
+        if value]
+    if unsupported:
+        raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense fp32 "
+                           f"models on even pipeline stages, and it was saved with {', '.join(unsupported)}")
+
+
+def _model_shape(args) -> ModelShape:
+    return ModelShape(
+        num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
+        num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups
+        if getattr(args, "group_query_attention", False) else args.num_attention_heads,
+        kv_channels=args.kv_channels, padded_vocab_size=args.padded_vocab_size,
+        max_position_embeddings=args.max_position_embeddings,
+        learned_positions=getattr(args, "position_embedding_type", "learned_absolute") == "learned_absolute",
+        layernorm=getattr(args, "normalization", "LayerNorm") == "LayerNorm", gated=bool(args.swiglu),
+        add_bias_linear=bool(args.add_bias_linear), add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
+        qk_layernorm=bool(getattr(args, "qk_layernorm", False)),
+        tied=not getattr(args, "untie_embeddings_and_output_weights", False))
+
+
 class _Buckets:
-    """The dp_reshardable states of every TP x PP rank as pieces of our whole tensors (checkpoint/torch_dist/buckets.py)."""
+    """The dp_reshardable states of every TP x PP rank's model chunks as pieces of our whole tensors
+    (checkpoint/torch_dist/buckets.py)."""
 
     def __init__(self, source: MegatronSource) -> None:
         self.source, self.path = source, source.path
         args = source.args
+        _refuse_unread(args)
+        self.shape = _model_shape(args)
         tp = int(getattr(args, "tensor_model_parallel_size", 1))
         pp = int(getattr(args, "pipeline_model_parallel_size", 1))
+        vp = int(getattr(args, "virtual_pipeline_model_parallel_size", None) or 1)
         dp = int(getattr(args, "data_parallel_size", 1)) * int(getattr(args, "context_parallel_size", 1) or 1)
-        unsupported = [flag for flag, value in (
-            ("--num-experts", getattr(args, "num_experts", None)),
-            ("--virtual-pipeline-model-parallel-size", getattr(args, "virtual_pipeline_model_parallel_size", None)),
-            ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
-            ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)),
-            ("--fp16", getattr(args, "fp16", False)), ("--bf16", getattr(args, "bf16", False)),
-            ("--accumulate-allreduce-grads-in-fp32", getattr(args, "accumulate_allreduce_grads_in_fp32", False)))
-            if value]
-        if unsupported:
-            raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense fp32 "
-                                  f"models on even pipeline stages, and it was saved with {', '.join(unsupported)}")
-        shape = ModelShape(
-            num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
-            num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups
-            if getattr(args, "group_query_attention", False) else args.num_attention_heads,
-            kv_channels=args.kv_channels, padded_vocab_size=args.padded_vocab_size,
-            max_position_embeddings=args.max_position_embeddings,
-            learned_positions=getattr(args, "position_embedding_type", "learned_absolute") == "learned_absolute",
-            layernorm=getattr(args, "normalization", "LayerNorm") == "LayerNorm", gated=bool(args.swiglu),
-            add_bias_linear=bool(args.add_bias_linear), add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
-            qk_layernorm=bool(getattr(args, "qk_layernorm", False)),
-            tied=not getattr(args, "untie_embeddings_and_output_weights", False))
-        overlap = bool(getattr(args, "overlap_grad_reduce", False))
+        # DDP buckets only the first chunk of the first stage, and only with overlap (module docstring of buckets.py)
+        bucketed = bool(getattr(args, "overlap_grad_reduce", False)) and \
+            not getattr(args, "overlap_param_gather_with_optimizer_step", False)
         bucket_size = getattr(args, "ddp_bucket_size", None) or max(40000000, 1000000 * dp)
         self.dtype = torch.float32
         self.pieces: dict[str, list[Piece]] = {}
-        seen: set[tuple] = set()
+        self._seen: set[tuple] = set()
         for pp_rank in range(pp):
             for tp_rank in range(tp):
                 group = pp_rank * tp + tp_rank  # the rank in Megatron's model-parallel group: its dp_group_idx
-                params = local_parameters(shape, tp_rank, tp, pp_rank, pp)
-                placed, unpadded = bucket_layout(params, dp, bucket_size if overlap and pp_rank == 0 else None)
-                check_layout(unpadded, self._object(group, "per_bucket_numel_unpadded"),
-                             f"{self.path} (TP rank {tp_rank}, PP rank {pp_rank})")
-                for entry in placed:
-                    row = int(np.prod(entry.parameter.shape[1:], dtype=np.int64))
-                    for piece in entry.parameter.pieces:
-                        copy = (piece.name, piece.global_offset, piece.shape)
-                        if copy in seen:  # a replicated parameter: every TP rank's bucket holds it
-                            continue
-                        seen.add(copy)
-                        self.pieces.setdefault(piece.name, []).append(Piece(
-                            f"{group}.{entry.bucket}", 0, entry.start + piece.row_start * row,
-                            int(np.prod(piece.shape, dtype=np.int64)), piece.shape, piece.global_offset))
+                saved = self._object(group, "per_bucket_numel_unpadded")
+                for vp_stage in range(vp):  # its gradient buffers: one per virtual chunk
+                    chunk = Chunk(tp_rank, tp, pp_rank, pp, vp_stage, vp)
+                    placed, unpadded = bucket_layout(local_parameters(self.shape, chunk), dp,
+                                                     bucket_size if bucketed and chunk.first else None)
+                    check_layout(unpadded, saved, vp_stage, vp, f"{self.path} (TP rank {tp_rank}, PP rank "
+                                 f"{pp_rank}{f', virtual chunk {vp_stage}' if vp > 1 else ''})")
+                    self._add(placed, f"{group}.{vp_stage}")
+
+    def _add(self, placed: list[BucketedParameter], buffer: str) -> None:
+        """The pieces of our tensors in one gradient buffer's buckets (`buffer`: '<dp_group_idx>.<gbuf_idx>')."""
+        for entry in placed:
+            row = int(np.prod(entry.parameter.shape[1:], dtype=np.int64))
+            for piece in entry.parameter.pieces:
+                copy = (piece.name, piece.global_offset, piece.shape)
+                if copy in self._seen:  # a replicated parameter: every TP rank's bucket holds it
+                    continue
+                self._seen.add(copy)
+                self.pieces.setdefault(piece.name, []).append(Piece(
+                    f"{buffer}.{entry.bucket}", 0, entry.start + piece.row_start * row,
+                    int(np.prod(piece.shape, dtype=np.int64)), piece.shape, piece.global_offset))
 
     def _object(self, group: int, name: str):
         key = f"optimizer.distributed.dp_group_idx_{group}.{name}/shard_0_1"
@@ -305,8 +326,8 @@ class _Buckets:
 
     def read(self, state: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
         def fetch(file: str, begin: int, end: int) -> torch.Tensor:
-            group, bucket = file.split(".")
-            key = (f"optimizer.distributed.dp_group_idx_{group}.gbuf_idx_0.{DENSE_DTYPE}.bucket_idx_{bucket}."
+            group, buffer, bucket = file.split(".")
+            key = (f"optimizer.distributed.dp_group_idx_{group}.gbuf_idx_{buffer}.{DENSE_DTYPE}.bucket_idx_{bucket}."
                    f"{state}")
             return self.source.reader.read(key, (slice(begin, end),))
         return read_pieces(self.pieces.get(name, []), name, region, self.dtype, fetch, self.path)

@@ -4,11 +4,11 @@ The fixtures tests/fixtures/megatron_* were written by Megatron-LM's own pretrai
 gloo: scripts/megatron_checkpoint_fixtures.py through scripts/megatron_lm_cpu.py) over
 tests/fixtures/megatron_data/varied_docs (200 documents of 8-60 tokens): one launch trains iterations 1-4 saving at
 2 (megatron_losses.json `uninterrupted_losses`), and a second launch of Megatron-LM resumes the save at 2
-(`resumed_losses`, equal). The nine: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
+(`resumed_losses`, equal). The ten: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
 Llama-shaped model; the distributed optimizer's dp_reshardable layout at TP 2 x DP 2; its fully_reshardable layout
 at DP 2; dp_reshardable over two pipeline stages (the tied embedding on both, loaded here on one); a Mixtral-shaped
 MoE over 2 expert-parallel ranks (4 experts, top 2, SequentialMLP); Megatron's default MoE, biases on (the router's
-and every expert's fc1 and fc2, issue 92); dp_reshardable under PP 2 x VP 2, whose optimizer is refused here.
+and every expert's fc1 and fc2, issue 92); dp_reshardable under PP 2 x VP 2 (a gradient buffer per virtual chunk).
 
 - The quick tests read the files: told from ours by content, our TP 1 model's names and shapes, the weights every
   layout holds read alike (a dp_reshardable bucket's fp32 master equals its model tensor, proving the rebuilt bucket
@@ -39,7 +39,7 @@ from tests.readme import ROOT as REPO_ROOT
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NAMES = ("megatron_tp1", "megatron_tp2_swiglu_gqa", "megatron_llama", "megatron_distopt_dp_reshardable",
          "megatron_distopt_fully_reshardable", "megatron_pp2_distopt_dp_reshardable", "megatron_moe_ep2",
-         "megatron_moe_ep2_biases", "megatron_bf16")
+         "megatron_moe_ep2_biases", "megatron_bf16", "megatron_pp2_vp2_distopt_dp_reshardable")
 CONTINUED = (3, 4)  # the iterations after the save at 2
 
 
@@ -94,7 +94,7 @@ def test_the_source_is_our_tp1_model_by_name_and_shape(name):
 
 
 @pytest.mark.parametrize("name", ["megatron_distopt_dp_reshardable", "megatron_distopt_fully_reshardable",
-                                  "megatron_pp2_distopt_dp_reshardable"])
+                                  "megatron_pp2_distopt_dp_reshardable", "megatron_pp2_vp2_distopt_dp_reshardable"])
 def test_the_distributed_optimizers_fp32_master_is_the_model_tensor_element_for_element(name):
     """An fp32 run's master weights are its weights: read through the optimizer's layout (the buckets of each TP
     rank, rebuilt here; or the per-parameter states), each of our tensors equals the model tensor Megatron-Core
@@ -193,22 +193,43 @@ def test_a_pickle_that_would_run_code_is_refused_and_not_run(tmp_path, megatron_
     assert not (REPO_ROOT / "ran-code-from-a-checkpoint").exists()
 
 
-def test_a_dp_reshardable_save_under_interleaving_is_refused_for_that_reason_and_its_weights_continue(tmp_path,
-                                                                                                       monkeypatch):
-    """Issue 92 item 3: Megatron-LM's distributed optimizer saved dp_reshardable at PP 2 x VP 2 lays its buckets out
-    per virtual chunk, which this project does not read. Its resume was refused as "holds no exp_avg, exp_avg_sq",
-    which is false (the folder holds both); now the refusal gives the true reason and the two ways on. With
-    --no-load-optim its weights give Megatron-LM's own iteration-3 loss (the weights of iteration 2: that loss is
-    computed before any update)."""
+def test_interleavings_buckets_are_a_buffer_per_virtual_chunk_and_another_layout_is_refused_not_misread():
+    """Issue 92 item 3: under PP 2 x VP 2 Megatron-Core's distributed optimizer keeps a gradient buffer per virtual
+    chunk (gbuf_idx_<v>), each laid out as a stage of its own; before, the save was refused ("holds no exp_avg,
+    exp_avg_sq", false). The sizes rebuilt per chunk are the ones it recorded; read as one buffer per stage (what
+    this reader did before) they are not, and that is refused as a layout this reader does not know."""
+    from checkpoint.torch_dist.buckets import Chunk, UnreadLayout, bucket_layout, check_layout, local_parameters
+
     name = "megatron_pp2_vp2_distopt_dp_reshardable"
-    monkeypatch.chdir(data_workdir(tmp_path))
-    assert MegatronSource(iteration_dir(name)).keys() == ("master",)
-    outcome = _resume(tmp_path, shutil.copytree(FIXTURES / name, tmp_path / name), name)
-    outcome.one_error_line("its optimizer states are not read here", "--virtual-pipeline-model-parallel-size",
-                           "--no-load-optim", "--dist-ckpt-optim-fully-reshardable")
-    assert "holds no exp_avg" not in outcome.err
-    losses, _ = _continued_losses(tmp_path / "weights", name, our_flags(name) + ["--no-load-optim"])
-    assert losses[3] == pytest.approx(megatrons_losses(name)[3], rel=1e-6, abs=0)
+    source = MegatronSource(iteration_dir(name))
+    assert source.keys() == ("master", "exp_avg", "exp_avg_sq") and source.optimizer_not_read() is None
+    shape = source._buckets.shape
+    for pp_rank in (0, 1):
+        saved = source._buckets._object(pp_rank, "per_bucket_numel_unpadded")
+        assert len(saved) == 2  # a buffer per virtual chunk
+        for vp_stage in (0, 1):
+            _, unpadded = bucket_layout(local_parameters(shape, Chunk(0, 1, pp_rank, 2, vp_stage, 2)), 1, None)
+            check_layout(unpadded, saved, vp_stage, 2, name)
+        with pytest.raises(UnreadLayout, match=r"2 gradient buffers, the layout rebuilt from its args 1"):
+            _, unpadded = bucket_layout(local_parameters(shape, Chunk(0, 1, pp_rank, 2)), 1, None)
+            check_layout(unpadded, saved, 0, 1, name)
+
+
+def test_a_layout_the_reader_does_not_rebuild_is_refused_at_the_resume_with_the_ways_on():
+    """Where the rebuilt buckets are not the recorded ones (UnreadLayout) the optimizer's states are not read: the
+    resume names that reason, --no-load-optim and Megatron-LM's --dist-ckpt-optim-fully-reshardable in one line."""
+    from checkpoint.global_load import _optimizer_problem
+
+    class Unread:  # a source whose optimizer states were not read, for the reason it gives
+        path, format_name = Path("megatron_ckpt/iter_0000002"), "Megatron-LM torch_dist"
+
+        def optimizer_not_read(self):
+            return "the distributed optimizer's buckets hold [3840] elements, the layout rebuilt from its args [3536]"
+
+    line = _optimizer_problem(Unread(), None, "adam", ("master", "exp_avg", "exp_avg_sq"), ("master",))
+    assert line.startswith("megatron_ckpt/iter_0000002 (Megatron-LM torch_dist): its optimizer states are not read "
+                           "here: the distributed optimizer's buckets hold [3840]")
+    assert "--no-load-optim" in line and "--dist-ckpt-optim-fully-reshardable" in line and "\n" not in line
 
 
 # ---- the next loss is Megatron's ------------------------------------------------------------------------------
