@@ -71,8 +71,8 @@ FIXTURES = {
     "megatron_distopt_fully_reshardable": (2, GPT2_FLAGS + DISTOPT + ["--dist-ckpt-optim-fully-reshardable"]),
     # two pipeline stages, the tied embedding on both (its own bucket in each stage's distributed optimizer)
     "megatron_pp2_distopt_dp_reshardable": (2, GPT2_FLAGS + PP2 + DISTOPT),
-    # the same under interleaving (4 layers, 2 chunks a stage): its dp_reshardable buckets are laid out per chunk,
-    # which this project does not read (the refusal says so); its weights load
+    # the same under interleaving (4 layers, 2 chunks a stage): its dp_reshardable buckets are laid out per chunk
+    # (a gradient buffer each)
     "megatron_pp2_vp2_distopt_dp_reshardable": (2, GPT2_FLAGS + PP2 + DISTOPT + [
         "--num-layers", "4", "--num-layers-per-virtual-pipeline-stage", "1"]),
     # Mixtral's shape: the Llama-shaped model with 4 experts (SwiGLU, top 2) over 2 expert-parallel ranks
