@@ -9,7 +9,7 @@ torch.distributed.checkpoint (checkpoint/torch_dist/dcp_reader.py).
   tensor's global shape (`optimizer.state.<exp_avg|exp_avg_sq|param|fp32_param>.<model key>`); dp_reshardable's are
   the gradient buckets of each TP x PP rank (checkpoint/torch_dist/buckets.py rebuilds where each parameter lies).
 - The progress: the iteration, args.consumed_train_samples (where Megatron's sampler continues), the scheduler's
-  num_steps (samples, Megatron's OptimizerParamScheduler position) and Adam's step.
+  num_steps (samples, Megatron's OptimizerParamScheduler position), Adam's step and fp16's loss scaler.
 - The RNG: Python's, NumPy's and torch's CPU generator of this rank's TP x PP rank, when the layout is the saved one
   (Megatron-LM's rule: load_checkpoint ignores the RNG at another TP x PP). Its CUDA generator states are not
   carried, nor are the states its load alone reads (the rerun state machine, TransformerEngine's FP8 metadata in
@@ -55,6 +55,7 @@ from checkpoint.torch_dist.common import (
     sharding_type,
 )
 from checkpoint.torch_dist.dcp_reader import DcpReader
+from checkpoint.torch_dist.grad_scaler import GRAD_SCALER, STATIC, our_scaler_state
 from checkpoint.torch_dist.names import Placement, our_placements
 
 OPTIMIZER_STATE = "optimizer.state."
@@ -155,19 +156,33 @@ class MegatronSource(GlobalStateSource):
     def progress(self) -> SourceProgress:
         common, args = self.common, self.args
         scheduler = common.get("opt_param_scheduler") or {}
+        scaler = self._loss_scaler()
         return SourceProgress(
             iteration=int(common["iteration"]),
             consumed_samples=int(getattr(args, "consumed_train_samples", 0) or 0),
             schedule_samples=scheduler.get("num_steps"),
-            optimizer_step=self._adam_step(),
-            # bf16 and fp32 runs have no loss scaler in Megatron: a constant 1, this project's static LossScaler
-            loss_scaler_state=None if getattr(args, "fp16", False) else {"scale": 1.0},
-            extra={"optimizer": getattr(args, "optimizer", "adam"), "loss_scaler_type": "LossScaler",
+            optimizer_step=self._adam_step(), loss_scaler_state=scaler[1] if scaler else None,
+            extra={"optimizer": getattr(args, "optimizer", "adam"),
+                   "loss_scaler_type": scaler[0] if scaler else STATIC,
                    "tensor_parallel_size": getattr(args, "tensor_model_parallel_size", 1)})
+
+    def _loss_scaler(self) -> Optional[tuple[str, dict]]:
+        """(our scaler's class, its state) as the run left it (checkpoint/torch_dist/grad_scaler.py); None where an
+        fp16 save holds none."""
+        if not arg(self.common, "fp16", False):
+            return STATIC, {"scale": 1.0}  # bf16 and fp32 runs have no loss scaler in Megatron: a constant 1
+        saved = self.common.get("optimizer") or {}
+        if saved and all(isinstance(key, int) for key in saved):  # a ChainedOptimizer's parts step one scale
+            saved = saved[min(saved)]
+        if GRAD_SCALER not in saved:
+            return None
+        dynamic = our_scaler_state(saved[GRAD_SCALER], str(self.path))
+        static = getattr(self.args, "loss_scale", None)
+        return dynamic or ((STATIC, {"scale": float(static)}) if static else None)
 
     def not_carried(self) -> list[str]:
         missing = [f"its optimizer states ({self._optimizer_not_read})"] if self._optimizer_not_read else []
-        if arg(self.common, "fp16", False):
+        if self._loss_scaler() is None:
             missing.append("its fp16 loss scale (the loss scaler starts from --initial-loss-scale)")
         if "rerun_state_machine" in self.common:
             missing.append("its rerun state machine's state")

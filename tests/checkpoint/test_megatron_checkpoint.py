@@ -4,11 +4,12 @@ The fixtures tests/fixtures/megatron_* were written by Megatron-LM's own pretrai
 gloo: scripts/megatron_checkpoint_fixtures.py through scripts/megatron_lm_cpu.py) over
 tests/fixtures/megatron_data/varied_docs (200 documents of 8-60 tokens): one launch trains iterations 1-4 saving at
 2 (megatron_losses.json `uninterrupted_losses`), and a second launch of Megatron-LM resumes the save at 2
-(`resumed_losses`, equal). The ten: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
+(`resumed_losses`, equal). The eleven: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
 Llama-shaped model; the distributed optimizer's dp_reshardable layout at TP 2 x DP 2; its fully_reshardable layout
 at DP 2; dp_reshardable over two pipeline stages (the tied embedding on both, loaded here on one); a Mixtral-shaped
 MoE over 2 expert-parallel ranks (4 experts, top 2, SequentialMLP); Megatron's default MoE, biases on (the router's
-and every expert's fc1 and fc2, issue 92); dp_reshardable under PP 2 x VP 2 (a gradient buffer per virtual chunk).
+and every expert's fc1 and fc2, issue 92); dp_reshardable under PP 2 x VP 2 (a gradient buffer per virtual chunk);
+bf16; fp16, its dynamic loss scale doubling at iteration 3 (--loss-scale-window 3) from the tracker saved at 2.
 
 - The quick tests read the files: told from ours by content, our TP 1 model's names and shapes, the weights every
   layout holds read alike (a dp_reshardable bucket's fp32 master equals its model tensor, proving the rebuilt bucket
@@ -39,7 +40,7 @@ from tests.readme import ROOT as REPO_ROOT
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NAMES = ("megatron_tp1", "megatron_tp2_swiglu_gqa", "megatron_llama", "megatron_distopt_dp_reshardable",
          "megatron_distopt_fully_reshardable", "megatron_pp2_distopt_dp_reshardable", "megatron_moe_ep2",
-         "megatron_moe_ep2_biases", "megatron_bf16", "megatron_pp2_vp2_distopt_dp_reshardable")
+         "megatron_moe_ep2_biases", "megatron_bf16", "megatron_pp2_vp2_distopt_dp_reshardable", "megatron_fp16")
 CONTINUED = (3, 4)  # the iterations after the save at 2
 
 
@@ -232,6 +233,31 @@ def test_a_layout_the_reader_does_not_rebuild_is_refused_at_the_resume_with_the_
     assert "--no-load-optim" in line and "--dist-ckpt-optim-fully-reshardable" in line and "\n" not in line
 
 
+def test_fp16s_grad_scaler_is_our_dynamic_loss_scaler_both_ways():
+    """Megatron-LM's fp16 save keeps its DynamicGradScaler's state in common.pt (optimizer.grad_scaler): after 2
+    clean steps of a window of 3, scale 65536, growth tracker 2, hysteresis tracker 2 (the default); ours is the same
+    state under our names, and written back it is what Megatron-Core saved. A damaged state is one line."""
+    from base.errors import CheckpointError
+    from checkpoint.torch_dist.common import load_common
+    from checkpoint.torch_dist.grad_scaler import megatron_grad_scaler, our_scaler_state
+
+    source = MegatronSource(iteration_dir("megatron_fp16"))
+    progress = source.progress()
+    assert progress.extra["loss_scaler_type"] == "DynamicLossScaler"
+    assert progress.loss_scaler_state == {"scale": 65536.0, "good_steps": 2, "hysteresis_left": 2}
+    assert not [line for line in source.not_carried() if "loss scale" in line]
+    saved = load_common(iteration_dir("megatron_fp16"))["optimizer"]["grad_scaler"]
+    written = megatron_grad_scaler("DynamicLossScaler", progress.loss_scaler_state)
+    assert written.keys() == saved.keys() and torch.equal(written["scale"], saved["scale"])
+    assert (written["growth_tracker"], written["hysteresis_tracker"]) == (saved["growth_tracker"],
+                                                                         saved["hysteresis_tracker"])
+    assert megatron_grad_scaler("LossScaler", {"scale": 128.0}) == {}  # ConstantGradScaler: --loss-scale's
+    assert our_scaler_state({}, "x") is None
+    with pytest.raises(CheckpointError, match="not a loss scaler's state"):
+        our_scaler_state({**saved, "scale": torch.tensor([float("inf")])}, "x")
+    assert MegatronSource(iteration_dir("megatron_bf16")).progress().loss_scaler_state == {"scale": 1.0}
+
+
 # ---- the next loss is Megatron's ------------------------------------------------------------------------------
 
 def _continued_losses(tmp_path: Path, name: str, flags: list[str]) -> tuple[dict[int, float], str]:
@@ -265,9 +291,16 @@ def test_pretrain_gpt_continues_a_megatron_checkpoint_to_megatrons_next_losses_a
     assert "resuming after iteration 2 (8 samples consumed)" in out
     assert "Megatron-Core's order" in out
     expected = megatrons_losses(name)
-    if "bf16" in name:  # bf16's roundings land in other places (its ops fused otherwise than Megatron's torch path)
-        assert losses[3] == pytest.approx(expected[3], rel=2e-5, abs=0)  # measured 2.0e-6
-        assert losses[4] == pytest.approx(expected[4], rel=2e-4, abs=0)  # measured 8.4e-6
+    if "16" in name:  # 16-bit roundings land in other places (its ops fused otherwise than Megatron's torch path)
+        assert losses[3] == pytest.approx(expected[3], rel=2e-5, abs=0)  # measured 2.0e-6 bf16, 6.9e-7 fp16
+        assert losses[4] == pytest.approx(expected[4], rel=2e-4, abs=0)  # measured 8.4e-6 bf16, 9.8e-8 fp16
+        if "fp16" in name:  # the scale doubles at iteration 3 only from the growth tracker saved at 2
+            from tests.reliability_helpers import metrics_records
+
+            scales = {r["iteration"]: r["loss_scale"] for r in metrics_records(tmp_path / f"{name}.jsonl")
+                      if "loss" in r}
+            assert scales == {i: record(name)["uninterrupted_loss_scales"][str(i)] for i in CONTINUED} == \
+                {3: 131072.0, 4: 131072.0}
     else:
         assert losses == pytest.approx(expected, rel=1e-6, abs=0)
 
