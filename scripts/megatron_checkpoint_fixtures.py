@@ -81,9 +81,16 @@ FIXTURES = {
                                            "32", "--expert-model-parallel-size", "2"]),
     # bf16: Megatron-LM's Float16OptimizerWithFloat16Params, its fp32 copies and nested optimizer state
     "megatron_bf16": (1, GPT2_FLAGS + ["--bf16"]),
+    # bf16 under the distributed optimizer on 2 data-parallel ranks, its default dp_reshardable layout: bf16 params
+    # with fp32 gradients, so the buckets' dtype key is (bfloat16, float32), their states the fp32 master and moments
+    "megatron_bf16_distopt_dp_reshardable": (2, GPT2_FLAGS + ["--bf16"] + DISTOPT),
     # fp16: the same optimizer as bf16 plus its dynamic loss scaler, whose state common.pt keeps (grad_scaler); a
     # window of 3 doubles the scale at iteration 3, so the tracker saved at 2 decides the scale after the resume
     "megatron_fp16": (1, GPT2_FLAGS + ["--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3"]),
+    # and under the distributed optimizer on 2 data-parallel ranks, dp_reshardable: fp16 gradients (no fp32
+    # accumulation by default), buckets keyed (float16, float16), the grad scaler in each TP x PP rank's objects
+    "megatron_fp16_distopt_dp_reshardable": (2, GPT2_FLAGS + ["--fp16", "--initial-loss-scale", "65536",
+                                                              "--loss-scale-window", "3"] + DISTOPT),
     # Megatron's default MoE: biases on (--add-bias-linear), so the router and every expert's fc1 and fc2 hold one
     "megatron_moe_ep2_biases": (2, GPT2_FLAGS + ["--num-experts", "4", "--moe-router-topk", "2",
                                                  "--moe-ffn-hidden-size", "32", "--expert-model-parallel-size", "2"]),

@@ -5,15 +5,15 @@ That layout (megatron/core/optimizer/distrib_optimizer.py, sharded_param_state_d
 tensor- and pipeline-parallel rank (its `dp_group_idx`, the rank in the model-parallel group: pipeline rank x TP
 size + TP rank), each gradient buffer's buckets as flat tensors `optimizer.distributed.dp_group_idx_<g>.gbuf_idx_<b>.
 dtype_<(param dtype, grad dtype)>.bucket_idx_<k>.<param|exp_avg|exp_avg_sq>` of the bucket's unpadded size: the
-fp32 master weights and Adam's moments of that rank's TP-local parameters, laid out as DDP's grad buffer lays out
-their gradients. The file records only the buckets' sizes, so the layout is rebuilt here as
+fp32 master weights and Adam's moments of that rank's TP-local parameters (fp32 in bf16 and fp16 runs too; the
+dtypes are the buffer's), laid out as DDP's grad buffer lays out their gradients. The file records only the buckets' sizes, so the layout is rebuilt here as
 megatron/core/distributed/param_and_grad_buffer.py builds it (_ParamAndGradBuffer.__init__, distributed optimizer):
 the model's parameters in reverse registration order, each starting at a multiple of 64 elements, a bucket closed
 after `bucket_size` elements (none with overlap off, on every pipeline stage after the first and in every virtual
 chunk after the first), its end padded to lcm(DP, 128); the pipeline's tied embedding copy in a bucket of its own.
 Under interleaving (VP) each virtual chunk of a stage is a model of its own with its own buffer, `gbuf_idx_<v>`. The
-sizes rebuilt are checked against the sizes the checkpoint recorded (`per_bucket_numel_unpadded`), so a layout this
-code does not know is refused, never misread.
+sizes and dtypes rebuilt are checked against those the checkpoint recorded (`per_bucket_numel_unpadded`), so a
+layout this code does not know is refused, never misread.
 
 Each TP-local parameter is one or two pieces of our whole tensors (SwiGLU's fc1: its [gate; up] rows are two), at the
 offset its TP rank's slice has: Megatron-Core's column-parallel weights split their rows, the row-parallel ones
@@ -26,9 +26,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from base.errors import CheckpointError
+import torch
 
-DENSE_DTYPE = "dtype_(torch.float32, torch.float32)"
+from base.errors import CheckpointError
 
 
 class UnreadLayout(CheckpointError):
@@ -219,15 +219,33 @@ def bucket_layout(params: list[LocalParameter], dp: int, bucket_size: Optional[i
     return placed, unpadded
 
 
-def check_layout(unpadded: list[int], saved: object, buffer: int, buffers: int, where: str) -> None:
+def buffer_dtypes(args) -> tuple[torch.dtype, torch.dtype]:
+    """(parameter dtype, gradient dtype) of a dense model's gradient buffer, as DDP makes it from the run's args
+    (distributed_data_parallel.py: fp32 gradients under --accumulate-allreduce-grads-in-fp32, which bf16 sets)."""
+    param = torch.bfloat16 if getattr(args, "bf16", False) else torch.float16 if getattr(args, "fp16", False) \
+        else torch.float32
+    return param, torch.float32 if getattr(args, "accumulate_allreduce_grads_in_fp32", False) else param
+
+
+def buffer_key(dtypes: tuple[torch.dtype, torch.dtype]) -> str:
+    """The dtype part of a bucket's key: `dtype_(torch.bfloat16, torch.float32)`."""
+    return f"dtype_({dtypes[0]}, {dtypes[1]})"
+
+
+def check_layout(unpadded: list[int], saved: object, buffer: int, buffers: int,
+                 dtypes: tuple[torch.dtype, torch.dtype], where: str) -> None:
     """The rebuilt bucket sizes of gradient buffer `buffer` (of `buffers`: one per virtual chunk) are the ones the
-    checkpoint recorded ([{dtypes: [sizes]}, ...], a buffer each)."""
+    checkpoint recorded ([{dtypes: [sizes]}, ...], a buffer each), under the dtypes the args give."""
     try:
         if len(saved) != buffers:
             raise UnreadLayout(f"{where}: the distributed optimizer holds {len(saved)} gradient buffers, the layout "
                                f"rebuilt from its args {buffers} (one per virtual chunk, a dense model's): a layout "
                                f"this reader does not know")
-        recorded = [int(n) for n in next(iter(saved[buffer].values()))]  # the dense buffer's one dtype
+        if list(saved[buffer]) != [dtypes]:
+            raise UnreadLayout(f"{where}: the distributed optimizer's buffer holds {list(saved[buffer])} "
+                               f"(parameter, gradient) dtypes, its args give {dtypes}: a layout this reader does not "
+                               f"know")
+        recorded = [int(n) for n in saved[buffer][dtypes]]
     except (TypeError, KeyError, IndexError, StopIteration, ValueError, AttributeError):
         raise CheckpointError(f"{where}: its recorded bucket sizes are unreadable ({str(saved)[:120]})") from None
     if recorded != unpadded:

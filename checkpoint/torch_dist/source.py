@@ -36,12 +36,13 @@ from checkpoint.global_state import (
 from checkpoint.pieces import Piece, read_pieces
 from checkpoint.random_states import random_states_problem
 from checkpoint.torch_dist.buckets import (
-    DENSE_DTYPE,
     BucketedParameter,
     Chunk,
     ModelShape,
     UnreadLayout,
     bucket_layout,
+    buffer_dtypes,
+    buffer_key,
     check_layout,
     local_parameters,
 )
@@ -174,9 +175,13 @@ class MegatronSource(GlobalStateSource):
         saved = self.common.get("optimizer") or {}
         if saved and all(isinstance(key, int) for key in saved):  # a ChainedOptimizer's parts step one scale
             saved = saved[min(saved)]
-        if GRAD_SCALER not in saved:
+        if GRAD_SCALER in saved:
+            scaler = saved[GRAD_SCALER]
+        elif self.layout == DP_RESHARDABLE and _group_key(0, GRAD_SCALER) in self.reader.objects():
+            scaler = _group_object(self, 0, GRAD_SCALER)  # dp_reshardable keeps it per TP x PP rank, all alike
+        else:
             return None
-        dynamic = our_scaler_state(saved[GRAD_SCALER], str(self.path))
+        dynamic = our_scaler_state(scaler, str(self.path))
         static = getattr(self.args, "loss_scale", None)
         return dynamic or ((STATIC, {"scale": float(static)}) if static else None)
 
@@ -255,18 +260,29 @@ class MegatronSource(GlobalStateSource):
         return steps.pop() if len(steps) == 1 else None
 
 
+def _group_key(group: int, name: str) -> str:
+    """The object a dp_reshardable save keeps per TP x PP rank (dp_group_idx): its optimizer's state_dict entries."""
+    return f"optimizer.distributed.dp_group_idx_{group}.{name}/shard_0_1"
+
+
+def _group_object(source: MegatronSource, group: int, name: str):
+    key = _group_key(group, name)
+    if key not in source.reader.objects():
+        raise CheckpointError(f"{source.path}: holds no {key}; the checkpoint is incomplete")
+    saved = source.reader.read_objects([key], safe_globals())[key]
+    return saved[0] if isinstance(saved, list) and len(saved) == 1 else saved  # a ShardedObject: [its data]
+
+
 def _refuse_unread(args) -> None:
     """The saves whose buckets this reader does not rebuild (their weights still load)."""
     unsupported = [flag for flag, value in (
         ("--num-experts", getattr(args, "num_experts", None)),
         ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
-        ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)),
-        ("--fp16", getattr(args, "fp16", False)), ("--bf16", getattr(args, "bf16", False)),
-        ("--accumulate-allreduce-grads-in-fp32", getattr(args, "accumulate_allreduce_grads_in_fp32", False)))
+        ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)))
         if value]
     if unsupported:
-        raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense fp32 "
-                           f"models on even pipeline stages, and it was saved with {', '.join(unsupported)}")
+        raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense models on "
+                           f"even pipeline stages, and it was saved with {', '.join(unsupported)}")
 
 
 def _model_shape(args) -> ModelShape:
@@ -300,7 +316,8 @@ class _Buckets:
         bucketed = bool(getattr(args, "overlap_grad_reduce", False)) and \
             not getattr(args, "overlap_param_gather_with_optimizer_step", False)
         bucket_size = getattr(args, "ddp_bucket_size", None) or max(40000000, 1000000 * dp)
-        self.dtype = torch.float32
+        self.dtype = torch.float32  # the fp32 master and moments, whatever the model's dtype
+        self.dtypes = buffer_dtypes(args)
         self.pieces: dict[str, list[Piece]] = {}
         self._seen: set[tuple] = set()
         for pp_rank in range(pp):
@@ -311,8 +328,8 @@ class _Buckets:
                     chunk = Chunk(tp_rank, tp, pp_rank, pp, vp_stage, vp)
                     placed, unpadded = bucket_layout(local_parameters(self.shape, chunk), dp,
                                                      bucket_size if bucketed and chunk.first else None)
-                    check_layout(unpadded, saved, vp_stage, vp, f"{self.path} (TP rank {tp_rank}, PP rank "
-                                 f"{pp_rank}{f', virtual chunk {vp_stage}' if vp > 1 else ''})")
+                    check_layout(unpadded, saved, vp_stage, vp, self.dtypes, f"{self.path} (TP rank {tp_rank}, PP "
+                                 f"rank {pp_rank}{f', virtual chunk {vp_stage}' if vp > 1 else ''})")
                     self._add(placed, f"{group}.{vp_stage}")
 
     def _add(self, placed: list[BucketedParameter], buffer: str) -> None:
@@ -329,11 +346,7 @@ class _Buckets:
                     int(np.prod(piece.shape, dtype=np.int64)), piece.shape, piece.global_offset))
 
     def _object(self, group: int, name: str):
-        key = f"optimizer.distributed.dp_group_idx_{group}.{name}/shard_0_1"
-        if key not in self.source.reader.objects():
-            raise CheckpointError(f"{self.path}: holds no {key}; the checkpoint is incomplete")
-        saved = self.source.reader.read_objects([key], safe_globals())[key]
-        return saved[0] if isinstance(saved, list) and len(saved) == 1 else saved  # a ShardedObject: [its data]
+        return _group_object(self.source, group, name)
 
     def optimizer_state(self, group: int) -> dict:
         state = self._object(group, "optimizer")
@@ -342,8 +355,8 @@ class _Buckets:
     def read(self, state: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
         def fetch(file: str, begin: int, end: int) -> torch.Tensor:
             group, buffer, bucket = file.split(".")
-            key = (f"optimizer.distributed.dp_group_idx_{group}.gbuf_idx_{buffer}.{DENSE_DTYPE}.bucket_idx_{bucket}."
-                   f"{state}")
+            key = (f"optimizer.distributed.dp_group_idx_{group}.gbuf_idx_{buffer}.{buffer_key(self.dtypes)}."
+                   f"bucket_idx_{bucket}.{state}")
             return self.source.reader.read(key, (slice(begin, end),))
         return read_pieces(self.pieces.get(name, []), name, region, self.dtype, fetch, self.path)
 

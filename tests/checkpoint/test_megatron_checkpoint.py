@@ -4,12 +4,13 @@ The fixtures tests/fixtures/megatron_* were written by Megatron-LM's own pretrai
 gloo: scripts/megatron_checkpoint_fixtures.py through scripts/megatron_lm_cpu.py) over
 tests/fixtures/megatron_data/varied_docs (200 documents of 8-60 tokens): one launch trains iterations 1-4 saving at
 2 (megatron_losses.json `uninterrupted_losses`), and a second launch of Megatron-LM resumes the save at 2
-(`resumed_losses`, equal). The eleven: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
+(`resumed_losses`, equal). The thirteen: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
 Llama-shaped model; the distributed optimizer's dp_reshardable layout at TP 2 x DP 2; its fully_reshardable layout
 at DP 2; dp_reshardable over two pipeline stages (the tied embedding on both, loaded here on one); a Mixtral-shaped
 MoE over 2 expert-parallel ranks (4 experts, top 2, SequentialMLP); Megatron's default MoE, biases on (the router's
 and every expert's fc1 and fc2, issue 92); dp_reshardable under PP 2 x VP 2 (a gradient buffer per virtual chunk);
-bf16; fp16, its dynamic loss scale doubling at iteration 3 (--loss-scale-window 3) from the tracker saved at 2.
+bf16; fp16, its dynamic loss scale doubling at iteration 3 (--loss-scale-window 3) from the tracker saved at 2; both
+under the distributed optimizer at DP 2, dp_reshardable (buckets keyed by the 16-bit dtypes).
 
 - The quick tests read the files: told from ours by content, our TP 1 model's names and shapes, the weights every
   layout holds read alike (a dp_reshardable bucket's fp32 master equals its model tensor, proving the rebuilt bucket
@@ -40,7 +41,8 @@ from tests.readme import ROOT as REPO_ROOT
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NAMES = ("megatron_tp1", "megatron_tp2_swiglu_gqa", "megatron_llama", "megatron_distopt_dp_reshardable",
          "megatron_distopt_fully_reshardable", "megatron_pp2_distopt_dp_reshardable", "megatron_moe_ep2",
-         "megatron_moe_ep2_biases", "megatron_bf16", "megatron_pp2_vp2_distopt_dp_reshardable", "megatron_fp16")
+         "megatron_moe_ep2_biases", "megatron_bf16", "megatron_pp2_vp2_distopt_dp_reshardable", "megatron_fp16",
+         "megatron_bf16_distopt_dp_reshardable", "megatron_fp16_distopt_dp_reshardable")
 CONTINUED = (3, 4)  # the iterations after the save at 2
 
 
@@ -95,11 +97,13 @@ def test_the_source_is_our_tp1_model_by_name_and_shape(name):
 
 
 @pytest.mark.parametrize("name", ["megatron_distopt_dp_reshardable", "megatron_distopt_fully_reshardable",
-                                  "megatron_pp2_distopt_dp_reshardable", "megatron_pp2_vp2_distopt_dp_reshardable"])
+                                  "megatron_pp2_distopt_dp_reshardable", "megatron_pp2_vp2_distopt_dp_reshardable",
+                                  "megatron_bf16_distopt_dp_reshardable", "megatron_fp16_distopt_dp_reshardable"])
 def test_the_distributed_optimizers_fp32_master_is_the_model_tensor_element_for_element(name):
-    """An fp32 run's master weights are its weights: read through the optimizer's layout (the buckets of each TP
-    rank, rebuilt here; or the per-parameter states), each of our tensors equals the model tensor Megatron-Core
-    saved under its own key, in every region a rank might ask."""
+    """An fp32 run's master weights are its weights, a 16-bit run's weights are its master rounded (Megatron-Core
+    copies the master into the model by a cast): read through the optimizer's layout (the buckets of each TP rank,
+    rebuilt here; or the per-parameter states), each of our tensors is the model tensor Megatron-Core saved under
+    its own key, in every region a rank might ask."""
     from checkpoint.torch_dist.dcp_reader import DcpReader
 
     source = MegatronSource(iteration_dir(name))
@@ -113,9 +117,9 @@ def test_the_distributed_optimizers_fp32_master_is_the_model_tensor_element_for_
     for ours, placement in model.items():
         whole = tuple(slice(0, n) for n in placement.shape)
         expected = reader.read(placement.key, placement.region(whole)).reshape(placement.shape)
-        assert torch.equal(source.read("master", ours, whole), expected), ours
+        assert torch.equal(source.read("master", ours, whole).to(expected.dtype), expected), ours
         middle = tuple(slice(n // 3, n - n // 3) if n > 2 else slice(0, n) for n in placement.shape)
-        assert torch.equal(source.read("master", ours, middle), expected[middle]), ours
+        assert torch.equal(source.read("master", ours, middle).to(expected.dtype), expected[middle]), ours
         for moment in ("exp_avg", "exp_avg_sq"):
             values = source.read(moment, ours, whole)
             assert torch.isfinite(values).all() and values.abs().sum() > 0, (ours, moment)
@@ -210,10 +214,10 @@ def test_interleavings_buckets_are_a_buffer_per_virtual_chunk_and_another_layout
         assert len(saved) == 2  # a buffer per virtual chunk
         for vp_stage in (0, 1):
             _, unpadded = bucket_layout(local_parameters(shape, Chunk(0, 1, pp_rank, 2, vp_stage, 2)), 1, None)
-            check_layout(unpadded, saved, vp_stage, 2, name)
+            check_layout(unpadded, saved, vp_stage, 2, (torch.float32, torch.float32), name)
         with pytest.raises(UnreadLayout, match=r"2 gradient buffers, the layout rebuilt from its args 1"):
             _, unpadded = bucket_layout(local_parameters(shape, Chunk(0, 1, pp_rank, 2)), 1, None)
-            check_layout(unpadded, saved, 0, 1, name)
+            check_layout(unpadded, saved, 0, 1, (torch.float32, torch.float32), name)
 
 
 def test_a_layout_the_reader_does_not_rebuild_is_refused_at_the_resume_with_the_ways_on():
@@ -234,9 +238,10 @@ def test_a_layout_the_reader_does_not_rebuild_is_refused_at_the_resume_with_the_
 
 
 def test_fp16s_grad_scaler_is_our_dynamic_loss_scaler_both_ways():
-    """Megatron-LM's fp16 save keeps its DynamicGradScaler's state in common.pt (optimizer.grad_scaler): after 2
-    clean steps of a window of 3, scale 65536, growth tracker 2, hysteresis tracker 2 (the default); ours is the same
-    state under our names, and written back it is what Megatron-Core saved. A damaged state is one line."""
+    """Megatron-LM's fp16 save keeps its DynamicGradScaler's state in common.pt (optimizer.grad_scaler; under the
+    distributed optimizer's dp_reshardable layout in each TP x PP rank's object): after 2 clean steps of a window of
+    3, scale 65536, growth tracker 2, hysteresis tracker 2 (the default); ours is the same state under our names,
+    and written back it is what Megatron-Core saved. A damaged state is one line."""
     from base.errors import CheckpointError
     from checkpoint.torch_dist.common import load_common
     from checkpoint.torch_dist.grad_scaler import megatron_grad_scaler, our_scaler_state
@@ -246,6 +251,9 @@ def test_fp16s_grad_scaler_is_our_dynamic_loss_scaler_both_ways():
     assert progress.extra["loss_scaler_type"] == "DynamicLossScaler"
     assert progress.loss_scaler_state == {"scale": 65536.0, "good_steps": 2, "hysteresis_left": 2}
     assert not [line for line in source.not_carried() if "loss scale" in line]
+    bucketed = MegatronSource(iteration_dir("megatron_fp16_distopt_dp_reshardable")).progress()
+    assert (bucketed.extra["loss_scaler_type"], bucketed.loss_scaler_state) == \
+        ("DynamicLossScaler", progress.loss_scaler_state)
     saved = load_common(iteration_dir("megatron_fp16"))["optimizer"]["grad_scaler"]
     written = megatron_grad_scaler("DynamicLossScaler", progress.loss_scaler_state)
     assert written.keys() == saved.keys() and torch.equal(written["scale"], saved["scale"])
