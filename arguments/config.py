@@ -1101,7 +1101,6 @@ class PretrainConfig:
             ("the multi-token prediction layers", bool(model.mtp.num_layers)),
             ("multi-latent attention", model.mla.multi_latent_attention),
             (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),
-            ("the fp16 loss scaler's state", self.training.fp16),
             ("--keep-last's pruning", bool(self.checkpoint.keep_last))) if on]
         if not unwritten:
             return None
