@@ -13,12 +13,14 @@ transformers' names (checkpoint/hf/folders.py to_hf_state_dict).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from base.errors import CheckpointError
 from base.options import setting_names, with_settings
 from checkpoint.hf.folders import check_convertible, to_hf_state_dict
+from checkpoint.megatron_hf_fields import END_OF_DOCUMENT
 from checkpoint.torch_dist.common import load_common, saved_args
 from checkpoint.torch_dist.resume import RENAMED, metadata_view
 from checkpoint.torch_dist.source import MegatronSource
@@ -39,6 +41,13 @@ def _scalar(value):
     if isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]
     return value if isinstance(value, (bool, int, float, str)) else None
+
+
+def end_of_document_id(args: dict) -> Optional[int]:
+    """The run's end-of-document id where its args give it: Megatron-LM's NullTokenizer appends it after the
+    --vocab-size ids (megatron/training/tokenizer/tokenizer.py _NullTokenizer); a tokenizer of files (not saved
+    with the checkpoint) knows its own."""
+    return args.get("vocab_size") if args.get("tokenizer_type") == "NullTokenizer" else None
 
 
 def megatron_settings(common: dict) -> tuple[ModelConfig, frozenset[str]]:
@@ -66,6 +75,8 @@ def megatron_settings(common: dict) -> tuple[ModelConfig, frozenset[str]]:
     model.update({name: args[name] for name in SHAPE if args.get(name) is not None})
     model["vocab_size"] = args["padded_vocab_size"]
     given |= {"vocab_size"} | ({"activation"} if "swiglu" in args else set())  # metadata_view's _activation
+    if end_of_document_id(args) is not None:
+        given.add(END_OF_DOCUMENT)
     if model.get("num_experts") is not None and args.get("moe_ffn_hidden_size") is not None:
         model["moe_ffn_hidden_size"] = args["moe_ffn_hidden_size"]
     config = with_settings(ModelConfig, {name: value for name, value in model.items() if name in known})

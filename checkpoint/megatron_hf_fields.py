@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import json
 
+# Among the settings the args give, the run's end-of-document id (a NullTokenizer's: checkpoint/megatron_hf.py),
+# this project's BOS and EOS
+END_OF_DOCUMENT = "end_of_document_id"
 # config.json field -> the settings (their flat names) it is computed from
 FROM_SETTINGS = {
+    "bos_token_id": (END_OF_DOCUMENT,), "eos_token_id": (END_OF_DOCUMENT,),
     "vocab_size": ("vocab_size",), "hidden_size": ("hidden_size",), "n_embd": ("hidden_size",),
     "num_hidden_layers": ("num_layers",), "n_layer": ("num_layers",),
     "num_attention_heads": ("num_attention_heads",), "n_head": ("num_attention_heads",),
@@ -59,12 +63,14 @@ SAME_FOR_EVERY_RUN = {
 
 # Why a field no argument gives has the value written (any other: the family's export sets it)
 NOT_FROM_ARGS = {
-    "bos_token_id": "Megatron-LM saves no tokenizer", "eos_token_id": "Megatron-LM saves no tokenizer",
-    "pad_token_id": "Megatron-LM saves no tokenizer", "use_cache": "transformers' generation switch",
+    "pad_token_id": "a GPT pads no batch", "use_cache": "transformers' generation switch",
     "output_router_logits": "transformers' switch for its own router loss",
     "router_jitter_noise": "the router here adds no noise; --moe-input-jitter-eps is not read",
     "summary_activation": "GPT-2's sequence-summary head, which a causal LM has not",
 }
+
+# How a line names a setting the args lack where its name alone would not say it
+LACKING = {END_OF_DOCUMENT: "its end-of-document id (its tokenizer's files are not saved with the checkpoint)"}
 
 
 def _flattened(config: dict) -> dict:
@@ -90,6 +96,6 @@ def unsourced_fields(config: dict, given: frozenset[str]) -> list[str]:
             missing = [name for name in settings if name not in given]
             if not missing:
                 continue
-            why = f"the run's args do not hold {', '.join(missing)}"
+            why = f"the run's args do not hold {', '.join(LACKING.get(name, name) for name in missing)}"
         lines.append(f" note: config.json {key} = {json.dumps(value)}: {why}")
     return lines

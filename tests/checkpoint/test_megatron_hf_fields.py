@@ -66,3 +66,14 @@ def test_a_field_whose_setting_the_args_lack_is_named_with_its_value():
 def test_a_field_the_args_give_is_not_named(written):
     _, given = megatron_settings(common_with())
     assert unsourced_fields(written, given) == []
+
+
+def test_the_end_of_document_id_is_the_null_tokenizers_and_another_tokenizers_is_named():
+    from checkpoint.megatron_hf import end_of_document_id
+
+    common = common_with()
+    assert end_of_document_id(vars(common["args"])) == 127  # the fixture's --vocab-size 127, then its EOD
+    _, given = megatron_settings(common_with(tokenizer_type="GPT2BPETokenizer"))
+    assert unsourced_fields({"eos_token_id": None}, given) == [
+        " note: config.json eos_token_id = null: the run's args do not hold its end-of-document id (its tokenizer's "
+        "files are not saved with the checkpoint)"]

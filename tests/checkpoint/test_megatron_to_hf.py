@@ -61,7 +61,7 @@ def test_the_exported_folders_logits_and_loss_are_megatron_lms(tmp_path, capsys,
     assert_the_runs_args(config, vars(saved_args(load_common(iteration_dir(name)))))
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith(" note: config.json ")]
     named = {line.split()[2] for line in notes}
-    assert "eos_token_id" in named and not named & set(FROM_SETTINGS)  # every field of a setting: the args'
+    assert "pad_token_id" in named and not named & set(FROM_SETTINGS)  # every field of a setting: the args'
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tokens = iteration_3_tokens(tmp_path)
     with torch.no_grad():
@@ -84,6 +84,9 @@ def assert_the_runs_args(config: dict, args: dict) -> None:
              "layer_norm_epsilon": "layernorm_epsilon", "initializer_range": "init_method_std",
              "router_aux_loss_coef": "moe_aux_loss_coeff", "num_experts_per_tok": "moe_router_topk"}
     written = {key: (config[key], args[arg]) for key, arg in pairs.items() if key in config}
+    # NullTokenizer's end-of-document id follows its --vocab-size ids: this project's BOS and EOS
+    written.update(eos_token_id=(config["eos_token_id"], args["vocab_size"]),
+                   bos_token_id=(config["bos_token_id"], args["vocab_size"]))
     if "rope_parameters" in config:
         written["rope_theta"] = (config["rope_parameters"]["rope_theta"], args["rotary_base"])
     assert len(written) >= 4 and all(ours == theirs for ours, theirs in written.values()), written
