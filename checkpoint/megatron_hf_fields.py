@@ -41,25 +41,51 @@ FROM_SETTINGS = {
     "num_experts_per_tok": ("moe_router_topk",), "router_aux_loss_coef": ("moe_aux_loss_coeff",),
     "shared_expert_intermediate_size": ("moe_shared_expert_intermediate_size",),
     "norm_topk_prob": ("moe_router_pre_softmax",), "mlp_only_layers": ("moe_layer_freq", "num_layers"),
+    "first_k_dense_replace": ("moe_layer_freq", "num_layers"), "n_group": ("moe_router_num_groups",),
+    "topk_group": ("moe_router_group_topk",), "routed_scaling_factor": ("moe_router_topk_scaling_factor",),
+    "n_shared_experts": ("moe_shared_expert_intermediate_size", "moe_ffn_hidden_size"),
+    "num_nextn_predict_layers": ("mtp_num_layers",),
+    "q_lora_rank": ("q_lora_rank",), "kv_lora_rank": ("kv_lora_rank",), "v_head_dim": ("v_head_dim",),
+    "qk_head_dim": ("qk_head_dim", "qk_pos_emb_head_dim"), "qk_nope_head_dim": ("qk_head_dim",),
+    "qk_rope_head_dim": ("qk_pos_emb_head_dim",), "use_qk_norm": ("qk_layernorm",),
+    "sliding_window": ("window_size",), "use_sliding_window": ("window_size",),
+    "layer_types": ("window_size", "window_attn_skip_freq", "num_layers"),
+    "max_window_layers": ("window_size", "window_attn_skip_freq", "num_layers"),
+    "_sliding_window_pattern": ("window_size", "window_attn_skip_freq"),
+    "attn_logit_softcapping": ("attn_logit_softcapping",), "final_logit_softcapping": ("final_logit_softcapping",),
+    "query_pre_attn_scalar": ("softmax_scale", "kv_channels"),
+    "hidden_activation": ("activation", "swiglu", "gated_linear_unit"),
+    "swiglu_alpha": ("quick_geglu",), "swiglu_limit": ("activation_func_clamp_value",),
+    "original_max_position_embeddings": ("longrope_original_max_position_embeddings", "max_position_embeddings"),
     "rope_parameters.rope_type": ("position_embedding_type", "use_rope_scaling"),
     "rope_parameters.rope_theta": ("rotary_base",),
-    "rope_parameters.factor": ("rope_scaling_factor",),
+    "rope_parameters.factor": ("rope_scaling_factor", "rotary_scaling_factor", "longrope_factor"),
     "rope_parameters.partial_rotary_factor": ("rotary_percent",),
+    "rope_parameters.beta_fast": ("yarn_beta_fast",), "rope_parameters.beta_slow": ("yarn_beta_slow",),
+    "rope_parameters.original_max_position_embeddings": ("yarn_original_max_position_embeddings",),
+    "rope_parameters.truncate": ("yarn_correction_range_round_to_int",),
+    "rope_parameters.mscale": ("mscale",), "rope_parameters.mscale_all_dim": ("mscale_all_dim",),
+    "rope_parameters.short_factor": ("longrope_short_factor",),
+    "rope_parameters.long_factor": ("longrope_long_factor",),
+    "rope_parameters.attention_factor": ("longrope_attention_factor",),
+    "rope_parameters.full_attention": ("rotary_base", "rotary_seq_len_interpolation_factor"),
+    "rope_parameters.sliding_attention": ("local_rotary_base",),
 }
 # Fields no Megatron-LM 0.16.1 flag changes, each with why its value is the run's
 SAME_FOR_EVERY_RUN = {
     "architectures": "the class the blocks fit", "model_type": "the class the blocks fit",
     "transformers_version": "the writer's", "dtype": "the export's --dtype",
-    # Megatron-Core's Llama 3 scaling (rotary_pos_embedding.py _apply_scaling) takes only the factor from a flag
-    "rope_parameters.low_freq_factor": "Megatron-Core's", "rope_parameters.high_freq_factor": "Megatron-Core's",
-    "rope_parameters.original_max_position_embeddings": "Megatron-Core's",
+    "rope_interleave": "Megatron-Core's MLA's (gpt/mla.py de-interleaves the rope dims as it does)",
+    "use_bidirectional_attention": "a GPT's (causal)",
     # attention scaled by 1/sqrt(head dim) (no --softmax-scale flag), --apply-query-key-layer-scaling divides and
     # multiplies back, no cross-attention in a GPT; transformers' upcasting and slicing change no function
     "scale_attn_weights": "Megatron-Core's", "scale_attn_by_inverse_layer_idx": "Megatron-Core's",
     "add_cross_attention": "a GPT's", "reorder_and_upcast_attn": "no function", "pretraining_tp": "no function",
-    "decoder_sparse_step": "the layer pattern's (mlp_only_layers)", "use_sliding_window": "no --window-size fits",
-    "sliding_window": "no --window-size fits",  # a window is refused for these families (llama_shaped.py)
+    "decoder_sparse_step": "the layer pattern's (mlp_only_layers)",
 }
+# Megatron-Core's Llama 3 scaling (rotary_pos_embedding.py _apply_scaling) takes only the factor from a flag
+LLAMA3_FIXED = ("rope_parameters.low_freq_factor", "rope_parameters.high_freq_factor",
+                "rope_parameters.original_max_position_embeddings")
 
 # Why a field no argument gives has the value written (any other: the family's export sets it)
 NOT_FROM_ARGS = {
@@ -85,8 +111,9 @@ def unsourced_fields(config: dict, given: frozenset[str]) -> list[str]:
     """One line for each field of `config` (config.json as written) that the settings `given` by the run's args
     do not determine (module docstring), with the value written."""
     lines = []
+    llama3 = (config.get("rope_parameters") or {}).get("rope_type") == "llama3"
     for key, value in sorted(_flattened(config).items()):
-        if key in SAME_FOR_EVERY_RUN:
+        if key in SAME_FOR_EVERY_RUN or (llama3 and key in LLAMA3_FIXED):
             continue
         settings = FROM_SETTINGS.get(key)
         if settings is None:

@@ -175,7 +175,7 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
     staging = out_dir.with_name(f"{staging_prefix}{os.getpid()}")
     staging.mkdir()
     try:
-        _folder_config(model_config, tokenizer_dir, dtype, eod_token_id).save_pretrained(str(staging))
+        folder_config(model_config, tokenizer_dir, dtype, eod_token_id).save_pretrained(str(staging))
         save_tensors(staging / SAFETENSORS_FILE, tensors)
         if tokenizer_dir is not None:
             _copy_tokenizer(tokenizer_dir, staging)
@@ -202,8 +202,10 @@ def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype, tie
     return tensors
 
 
-def _folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype,
+def folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype,
                    eod: Optional[int] = None):
+    """The transformers config the export writes as config.json (the family's class, its fields from the model's
+    settings), BOS and EOS the tokenizer folder's end-of-document id, else `eod`."""
     # generate() stops at the EOS id, which must be our tokenizer's.
     eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else eod
     moe_family = family_of(model_config)

@@ -77,3 +77,56 @@ def test_the_end_of_document_id_is_the_null_tokenizers_and_another_tokenizers_is
     assert unsourced_fields({"eos_token_id": None}, given) == [
         " note: config.json eos_token_id = null: the run's args do not hold its end-of-document id (its tokenizer's "
         "files are not saved with the checkpoint)"]
+
+
+def test_a_yarn_field_megatron_lm_has_no_flag_for_is_named():
+    _, given = megatron_settings(common_with())
+    assert unsourced_fields({"rope_parameters": {"rope_type": "yarn", "beta_fast": 32.0}}, given) == [
+        " note: config.json rope_parameters.beta_fast = 32.0: the run's args do not hold yarn_beta_fast"]
+
+
+def every_family_config() -> dict[str, tuple[str, dict]]:
+    """Each family's tiny config (tests/checkpoint/test_hf_dense_families.py, moe_family_folders.py): family ->
+    (transformers' config class, its arguments)."""
+    from tests.checkpoint import moe_family_folders as moe
+    from tests.checkpoint import test_hf_dense_families as dense
+
+    configs = {family: (config_class, {**dense.COMMON, **extra})
+               for family, (config_class, _, extra) in dense.FAMILIES.items()}
+    configs.update({family: (config_class, {**moe._COMMON, **extra})
+                    for family, (config_class, _, extra) in moe.FAMILIES.items()})
+    # the families exported through LlamaForCausalLM's path and GPT-2's
+    experts = dict(num_experts_per_tok=2, tie_word_embeddings=False)
+    configs.update(mixtral=("MixtralConfig", {**dense.COMMON, **experts, "num_local_experts": 4}),
+                   qwen2_moe=("Qwen2MoeConfig", {**dense.COMMON, **experts, "num_experts": 4,
+                                                 "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}),
+                   gpt2=("GPT2Config", dict(vocab_size=dense.VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=32,
+                                            bos_token_id=None, eos_token_id=None)))
+    return configs
+
+
+def test_every_field_any_familys_export_writes_is_a_settings_or_named_with_its_reason(tmp_path):
+    """With every setting given, a family's export names only the fields no setting holds: the table leaves none
+    of a setting out, so a Megatron-LM run's export names a field only where its args lack what it needs."""
+    import json
+
+    import torch
+    import transformers
+
+    from arguments.parser import parse_config
+    from base.options import setting_names
+    from checkpoint.hf.folders import folder_config
+    from checkpoint.megatron_hf_fields import END_OF_DOCUMENT
+    from gpt.model_config import ModelConfig
+
+    given = frozenset(setting_names(ModelConfig)) | {END_OF_DOCUMENT}
+    named = set()
+    for family, (config_class, arguments) in every_family_config().items():
+        folder = tmp_path / family
+        getattr(transformers, config_class)(**arguments).save_pretrained(str(folder))
+        model = parse_config(["--init-from-hf", str(folder), "--tokenizer-type", "NullTokenizer", "--mock-data"]).model
+        written = json.loads(folder_config(model, None, torch.float32, 0).to_json_string(use_diff=True))
+        named |= {line.split()[2] for line in unsourced_fields(written, given)}
+    assert named == {"use_cache", "pad_token_id", "output_router_logits", "router_jitter_noise", "clip_qkv",
+                     "summary_activation", "summary_first_dropout", "summary_proj_to_labels", "summary_type",
+                     "summary_use_proj"}
