@@ -100,6 +100,7 @@ def every_family_config() -> dict[str, tuple[str, dict]]:
     configs.update(mixtral=("MixtralConfig", {**dense.COMMON, **experts, "num_local_experts": 4}),
                    qwen2_moe=("Qwen2MoeConfig", {**dense.COMMON, **experts, "num_experts": 4,
                                                  "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}),
+                   apertus=("ApertusConfig", {**dense.COMMON, "tie_word_embeddings": False}),
                    gpt2=("GPT2Config", dict(vocab_size=dense.VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=32,
                                             bos_token_id=None, eos_token_id=None)))
     return configs
@@ -126,6 +127,7 @@ def test_every_field_any_familys_export_writes_is_a_settings_or_named_with_its_r
         getattr(transformers, config_class)(**arguments).save_pretrained(str(folder))
         model = parse_config(["--init-from-hf", str(folder), "--tokenizer-type", "NullTokenizer", "--mock-data"]).model
         written = json.loads(folder_config(model, None, torch.float32, 0).to_json_string(use_diff=True))
+        assert written["model_type"] == family.removesuffix("_longrope")  # exported as that family
         named |= {line.split()[2] for line in unsourced_fields(written, given)}
     assert named == {"use_cache", "pad_token_id", "output_router_logits", "router_jitter_noise", "clip_qkv",
                      "summary_activation", "summary_first_dropout", "summary_proj_to_labels", "summary_type",
