@@ -4,10 +4,12 @@ The model: Megatron-LM's args (common.pt) under this project's names, read as a 
 (checkpoint/torch_dist/resume.py metadata_view: the block settings, the activation Megatron-Core computed) plus the
 shape, with the vocabulary the saved rows hold (`padded_vocab_size`): Megatron-Core's cross entropy takes the padding
 rows' logits into its softmax, and so does transformers' over a vocabulary of that size, so the exported model's
-loss is Megatron-LM's. The weights: the fp32 weights Megatron-Core saved (an fp32 run's model tensors, a 16-bit run's fp32
-master copies; its stacked layers, fused QKV and SwiGLU halves, at any TP x PP x EP), read whole by our names through
-checkpoint/torch_dist/source.py, then written under
-transformers' names (checkpoint/hf/folders.py to_hf_state_dict).
+loss is Megatron-LM's. Every other setting its args hold is theirs too (dropout, the MoE losses' coefficients, ...),
+and the settings they gave are returned beside the model, so that the export names each config.json field they do
+not give (checkpoint/megatron_hf_fields.py). The weights: the fp32 weights Megatron-Core saved (an fp32 run's model
+tensors, a 16-bit run's fp32 master copies; its stacked layers, fused QKV and SwiGLU halves, at any TP x PP x EP),
+read whole by our names through checkpoint/torch_dist/source.py, then written under transformers' names
+(checkpoint/hf/folders.py to_hf_state_dict).
 """
 
 from __future__ import annotations
