@@ -158,9 +158,10 @@ def check_output_folder(out_dir: Path, overwrite: bool, tokenizer_dir: Optional[
 
 def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor], model_config: ModelConfig,
                     tokenizer_dir: Optional[str | os.PathLike] = None, dtype: torch.dtype = torch.float32,
-                    overwrite: bool = False) -> Path:
+                    overwrite: bool = False, eod_token_id: Optional[int] = None) -> Path:
     """Write a folder `GPT2LMHeadModel.from_pretrained` (and, with `tokenizer_dir`,
-    `AutoTokenizer.from_pretrained`) loads: config.json, model.safetensors in `dtype`, tokenizer files."""
+    `AutoTokenizer.from_pretrained`) loads: config.json, model.safetensors in `dtype`, tokenizer files.
+    `eod_token_id`: the end-of-document id where no tokenizer folder gives it (a Megatron-LM run's NullTokenizer)."""
     out_dir = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to stage beside
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
     check_output_folder(out_dir, overwrite, tokenizer_dir)
@@ -174,7 +175,7 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
     staging = out_dir.with_name(f"{staging_prefix}{os.getpid()}")
     staging.mkdir()
     try:
-        _folder_config(model_config, tokenizer_dir, dtype).save_pretrained(str(staging))
+        folder_config(model_config, tokenizer_dir, dtype, eod_token_id).save_pretrained(str(staging))
         save_tensors(staging / SAFETENSORS_FILE, tensors)
         if tokenizer_dir is not None:
             _copy_tokenizer(tokenizer_dir, staging)
@@ -201,9 +202,12 @@ def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype, tie
     return tensors
 
 
-def _folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype):
+def folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype,
+                   eod: Optional[int] = None):
+    """The transformers config the export writes as config.json (the family's class, its fields from the model's
+    settings), BOS and EOS the tokenizer folder's end-of-document id, else `eod`."""
     # generate() stops at the EOS id, which must be our tokenizer's.
-    eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else None
+    eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else eod
     moe_family = family_of(model_config)
     family = dense_family(model_config) if moe_family is None else None
     if moe_family is not None:
