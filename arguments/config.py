@@ -28,6 +28,9 @@ import torch
 from arguments.bounds import check_bounds
 from arguments.config_sources import FLAG
 from arguments.cuda_graphs import CUDA_GRAPH_IMPLS, MODULE_CHOICES, check_cuda_graphs
+from arguments.megatron.beyond_megatron import settings_beyond_megatron
+from arguments.megatron.defaults import DEFAULT_SOURCES
+from arguments.megatron.harvested_flags import harvested
 from arguments.step_batch_schedule import parse_step_schedule
 from base.errors import ConfigError
 from base.options import Const, count, flag_of, option, option_fields, setting_names, setting_values, with_settings
@@ -1096,7 +1099,9 @@ class PretrainConfig:
         if self.checkpoint.ckpt_format != TORCH_DIST or not self.checkpoint.save:
             return None
         model = self.model
+        beyond = settings_beyond_megatron(model, harvested()["flags"], DEFAULT_SOURCES)
         unwritten = [what for what, on in (
+            *((f"{flag} (Megatron-LM has no such flag)", True) for flag in beyond),
             ("the MoE layers", model.experts.num_experts not in (None, 1)),
             ("the multi-token prediction layers", bool(model.mtp.num_layers)),
             ("multi-latent attention", model.mla.multi_latent_attention),

@@ -193,3 +193,21 @@ def test_torch_dist_beside_what_its_layout_does_not_hold_writes_ours_and_says_so
     assert [n for n in parsed.notes if "--ckpt-format torch_dist:" in n] == [
         "> --ckpt-format torch_dist: --keep-last's pruning: not written in Megatron-LM's layout here; "
         "--save writes this project's checkpoints"]
+
+
+def test_a_setting_megatron_lm_has_no_flag_for_keeps_the_save_ours():
+    """Megatron-LM's loop would resume a torch_dist save without a setting it has no flag for (Gemma's soft-capping,
+    OLMoE's clip_qkv, llm-jp's z-loss, swiss-ai's xIELU): such a run saves this project's format, said once, read
+    from the harvested flags (arguments/megatron/beyond_megatron.py). Megatron-LM's own flags (--apply-layernorm-1p,
+    --squared-relu) and what changes no math (--attention-backend, --no-fp8-guard) keep its layout."""
+    from arguments.parser import parse_arguments
+
+    flags = list(record("megatron_tp1")["flags"]) + ["--save", "ckpt"]
+    for megatrons in (["--apply-layernorm-1p"], ["--squared-relu"], ["--attention-backend", "unfused"]):
+        assert parse_arguments(flags + megatrons).config.megatron_format_unwritten() is None, megatrons
+    for beyond, named in ((["--final-logit-softcapping", "30"], "--final-logit-softcapping"),
+                          (["--clip-qkv", "8"], "--clip-qkv"), (["--use-z-loss"], "--z-loss-strength"),
+                          (["--activation", "xielu"], "--activation xielu")):
+        assert parse_arguments(flags + beyond).config.megatron_format_unwritten() == (
+            f"> --ckpt-format torch_dist: {named} (Megatron-LM has no such flag): not written in Megatron-LM's "
+            f"layout here; --save writes this project's checkpoints"), beyond
