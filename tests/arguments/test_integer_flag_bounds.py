@@ -103,6 +103,11 @@ BOUNDS = (
     Bound("--checkpoint-num-layers", 1, 0, "as --recompute-num-layers under --recompute-method uniform, the "
           "group index never advances: the forward never ends", CORE + "transformer/transformer_block.py:542",
           "layer_idx += self.config.recompute_num_layers", ("--checkpoint-activations",)),
+    Bound("--recompute-num-layers", 0, -1, "under --recompute-method block, 0 checkpoints no layer (`layer_idx < "
+          "self.config.recompute_num_layers + recompute_skip_num_layers` never holds); a negative N the same, "
+          "silently", CORE + "transformer/transformer_block.py:558",
+          "and layer_idx < self.config.recompute_num_layers + recompute_skip_num_layers",
+          ("--checkpoint-activations", "--recompute-method", "block")),
 )
 
 
