@@ -475,7 +475,7 @@ class TrainingConfig:
     error_injection_rate: int = option(
         0, group="checkpoint",
         help="with --rerun-mode validate_results: reject one validated loss in this many (per rank), to test the "
-             "re-run; 0 injects nothing")
+             "re-run; 0 or less injects nothing (Megatron-Core injects only where the rate is > 0)")
     error_injection_type: str = option(
         "transient_error", group="checkpoint", choices=("correct_result", "transient_error", "persistent_error"),
         help="what an injected rejection acts as: transient_error (the re-run differs: on), persistent_error and "
@@ -1287,12 +1287,6 @@ class PretrainConfig:
                               f"each expert's ffn splits evenly over the expert tensor-parallel ranks",
                               flags=("--moe-ffn-hidden-size", "--expert-tensor-parallel-size"))
 
-    def _check_rerun_mode(self) -> None:
-        training = self.training
-        if training.error_injection_rate < 0:
-            raise ConfigError(f"--error-injection-rate must be 0 or more, got {training.error_injection_rate}",
-                              flags=("--error-injection-rate",))
-
     def validate(self) -> None:
         check_finite_numbers(self)
         for section in self.SECTIONS:
@@ -1304,7 +1298,6 @@ class PretrainConfig:
                               f"{self.model.seq_length} is not divisible by --tensor-model-parallel-size {tp}; "
                               f"choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
-        self._check_rerun_mode()
         self._check_goldfish()
         self._check_muon()
         self._check_expert_parallel()
