@@ -64,12 +64,21 @@ BOUNDS = (
     Bound("--lr-warmup-samples", 0, -1, "no check: the decay shifted, silently another schedule",
           CORE + "optimizer_param_scheduler.py:247", "num_steps_ = self.num_steps - self.lr_warmup_steps",
           ("--train-samples", "1000")),
+    Bound("--lr-wsd-decay-iters", 0, -1, "no check: the anneal would start after the decay's end, so the rate "
+          "stays at its peak and then drops to the minimum, silently", CORE + "optimizer_param_scheduler.py:260",
+          "wsd_anneal_start_ = self.lr_decay_steps - self.wsd_decay_steps", ("--lr-decay-style", "WSD")),
+    Bound("--lr-wsd-decay-samples", 0, -1, "no check: the same schedule without its anneal, silently",
+          CORE + "optimizer_param_scheduler.py:260", "wsd_anneal_start_ = self.lr_decay_steps - self.wsd_decay_steps",
+          ("--train-samples", "1000", "--lr-decay-style", "WSD")),
     Bound("--seed", 0, -1, "ValueError 'Seed must be between 0 and 2**32 - 1' from NumPy",
           TRAINING + "initialize.py:420", "np.random.seed(seed)"),
     Bound("--hysteresis", 1, 0, "AssertionError in DynamicGradScaler (fp16 without --loss-scale; unread otherwise)",
           CORE + "optimizer/grad_scaler.py:101", "assert hysteresis > 0"),
     Bound("--loss-scale-window", 1, 0, "AssertionError in DynamicGradScaler (its growth_interval)",
           CORE + "optimizer/grad_scaler.py:97", "assert growth_interval > 0"),
+    Bound("--cuda-graph-warmup-steps", 0, -1, "no check: the whole-iteration graph is captured at the iteration "
+          "equal to N, never reached, so no graph runs, silently", CORE + "full_cuda_graph.py:163",
+          "if curr_iteration == self.cuda_graph_warmup_steps:"),
     Bound("--num-workers", 0, -1, "torch's DataLoader raises ValueError 'num_workers option should be "
           "non-negative'", TRAINING + "datasets/data_samplers.py:89", "num_workers=args.num_workers,"),
     Bound("--tensor-model-parallel-size", 1, 0, f"{ZERO_DIVIDES}: the world size modulo TP x PP x CP",
