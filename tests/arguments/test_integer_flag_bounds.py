@@ -1,5 +1,6 @@
-"""Each integer flag of the replay corpus that this project bounds, against what Megatron-LM core_v0.16.1 does with
-the value just outside the bound (issue 93 item 2): the table BOUNDS, one row per flag with the line it cites.
+"""The integer flags this project bounds (those the replay corpus gives first), against what Megatron-LM core_v0.16.1
+does with the value just outside the bound (issue 93 item 2): the table BOUNDS, one row per flag with the line it
+cites.
 
 A bound stays only where Megatron-LM refuses the value, crashes on it or silently runs something else; where it
 does something meaningful the value is accepted and means the same here (--exit-interval 0: never; --eval-iters
