@@ -124,6 +124,9 @@ BOUNDS = (
           TRAINING + "arguments.py:547",
           "assert num_layers_per_pipeline_stage % args.num_layers_per_virtual_pipeline_stage == 0, \\",
           ("--pipeline-model-parallel-size", "2", "--num-layers", "4")),
+    Bound("--num-virtual-stages-per-pipeline-rank", 1, 0, f"{ZERO_DIVIDES}: a stage's layers modulo 0 chunks",
+          CORE + "transformer/transformer_block.py:175", "num_layers_per_pipeline_rank % vp_size == 0",
+          ("--pipeline-model-parallel-size", "4", "--num-layers", "8")),
     Bound("--checkpoint-num-layers", 1, 0, "as --recompute-num-layers under --recompute-method uniform, the "
           "group index never advances: the forward never ends", CORE + "transformer/transformer_block.py:542",
           "layer_idx += self.config.recompute_num_layers", ("--checkpoint-activations",)),
