@@ -191,7 +191,7 @@ class ActivationCheckpointConfig:
         if self.checkpoint_num_layers < (0 if self.recompute_method == "block" else 1):
             raise ConfigError(f"--checkpoint-num-layers must be at least 1 (0 only under --recompute-method block: "
                               f"no block recomputed), got {self.checkpoint_num_layers}",
-                              flags=("--checkpoint-num-layers",))
+                              flags=("--checkpoint-num-layers", "--recompute-method"))
         if self.number_checkpoints is not None and self.number_checkpoints < 1:
             raise ConfigError(f"--number-checkpoints must be at least 1, got {self.number_checkpoints}",
                               flags=("--number-checkpoints",))
