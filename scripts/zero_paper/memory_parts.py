@@ -1,5 +1,5 @@
 """The planner's per-GPU peak (RankPlan.total_bytes, report.md's "predicted per-GPU memory") in parts that add
-up to it, for Figure 7's stacked bars.
+up to it: Figure 7's stacked bars, and what paper_conditions.py's 2019 total holds throughout.
 
 planner/dry_run.py makes the peak of what is held throughout (model states, FP8 scaling states, the constant
 buffers, M_D's contiguous checkpoint buffer, CUDA graphs' static buffers) and, on top, the larger of two working
