@@ -194,6 +194,11 @@ class OptimizerConfig:
                                         "bf16 (each update computed in fp32, rounded back; Megatron-LM)")
 
     def validate(self) -> None:
+        self._validate_schedule()
+        self._validate_optimizer()
+
+    def _validate_schedule(self) -> None:
+        """The learning rate's schedule: its decay, WSD's anneal, the rates, the warmup, whose a resume takes."""
         if self.lr_decay_style not in LR_DECAY_STYLES:
             raise ConfigError(f"--lr-decay-style {self.lr_decay_style!r} is not one of "
                               f"{', '.join(LR_DECAY_STYLES)}", flags=("--lr-decay-style",))
@@ -202,8 +207,7 @@ class OptimizerConfig:
                               "--train-iters) or --lr-wsd-decay-samples (with --train-samples)",
                               flags=("--lr-decay-style", "--lr-wsd-decay-iters", "--lr-wsd-decay-samples"))
         for name in ("lr_wsd_decay_iters", "lr_wsd_decay_samples"):
-            # the anneal's length: Megatron-LM takes a negative one silently and never anneals (its anneal would
-            # start after the decay's end); 0 is no anneal, the rate at --lr until the decay's end
+            # Megatron-LM takes a negative anneal silently and never anneals; 0 is no anneal (--lr to the decay's end)
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{_flag(name)} must be 0 or more (the anneal's length at the end of the decay), "
@@ -233,6 +237,9 @@ class OptimizerConfig:
         if self.lr_warmup_fraction is not None and not 0.0 <= self.lr_warmup_fraction <= 1.0:
             raise ConfigError(f"--lr-warmup-fraction must be in [0, 1], got {self.lr_warmup_fraction}",
                               flags=("--lr-warmup-fraction",))
+
+    def _validate_optimizer(self) -> None:
+        """The optimizer's own settings: decay, clipping, betas, the choice of optimizer and each one's."""
         if self.weight_decay < 0 or self.clip_grad < 0 or self.adam_eps <= 0:
             raise ConfigError("--weight-decay and --clip-grad must be >= 0, --adam-eps > 0",
                               flags=("--weight-decay", "--clip-grad", "--adam-eps"))
@@ -256,6 +263,7 @@ class OptimizerConfig:
             raise ConfigError(f"--ademamix-beta3 must be in [0, 1) and --ademamix-alpha >= 0, got "
                               f"{self.ademamix_beta3} and {self.ademamix_alpha}",
                               flags=("--ademamix-beta3", "--ademamix-alpha"))
+
 
 
     def validate_muon(self) -> None:
@@ -551,6 +559,12 @@ class TrainingConfig:
         return "fp32" if fp32 else self.precision
 
     def validate(self) -> None:
+        self._validate_length_and_batch()
+        self._validate_watch_and_faults()
+        self._validate_precision()
+
+    def _validate_length_and_batch(self) -> None:
+        """How long to train and the batches: lengths, sizes, intervals, the ramp."""
         for name in ("train_iters", "train_samples", "train_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}", flags=(_flag(name),))
@@ -570,6 +584,9 @@ class TrainingConfig:
                 raise ConfigError("--rampup-batch-size sets the accumulation steps of each iteration; drop "
                                   "--gradient-accumulation-steps (the ramp ends at --global-batch-size)",
                                   flags=("--rampup-batch-size", "--gradient-accumulation-steps", "--global-batch-size"))
+
+    def _validate_watch_and_faults(self) -> None:
+        """The timeouts, the flight recorder, in-process restarts, the fault injector, the seed and the device."""
         if not self.distributed_timeout_minutes > 0:
             raise ConfigError(f"--distributed-timeout-minutes must be positive, got {self.distributed_timeout_minutes}",
                               flags=("--distributed-timeout-minutes",))
@@ -598,6 +615,9 @@ class TrainingConfig:
         check_device_name(self.device)
         self.fault_injector.check(cuda=self.device.startswith("cuda") or (self.device == "auto" and
                                                                           torch.cuda.is_available()))
+
+    def _validate_precision(self) -> None:
+        """16-bit training and its loss scaler."""
         if self.fp16 and self.bf16:
             raise ConfigError("--fp16 and --bf16 are exclusive: choose one (add --no-fp16 or --no-bf16 to "
                               "override a preset or --zero-config)", flags=("--fp16", "--bf16"))
@@ -613,6 +633,7 @@ class TrainingConfig:
             raise ConfigError(f"--min-loss-scale {self.min_loss_scale} is larger than --initial-loss-scale "
                               f"{self.initial_loss_scale}; lower the former or raise the latter",
                               flags=("--min-loss-scale", "--initial-loss-scale"))
+
 
 
 def check_inprocess_settings(training: "TrainingConfig") -> None:
@@ -773,6 +794,17 @@ class DataConfig:
             self.sources()
         except DataError as error:
             raise ConfigError(str(error), flags=_flags_named(str(error), DATA_SOURCE_FLAGS)) from None
+        self._validate_tokenizer()
+        if self.fim_data:
+            self._validate_fim()
+        if self.num_workers < 0:  # torch's DataLoader refuses it (as it does in Megatron-LM)
+            raise ConfigError(f"--num-workers must be at least 0, got {self.num_workers}", flags=("--num-workers",))
+        if self.tokenizer_vocab_size < 300:
+            raise ConfigError(f"--tokenizer-vocab-size must be at least 300, got {self.tokenizer_vocab_size}",
+                              flags=("--tokenizer-vocab-size",))
+
+    def _validate_tokenizer(self) -> None:
+        """The tokenizer's type and files, and what --data-path needs of them."""
         problem = tokenizer_type_problem(self.tokenizer_type, self.tokenizer_file, self.vocab_file)
         if problem:  # an unknown type is the flag's own fault; a known one's, its missing files' too
             flags = _flags_named(problem, TOKENIZER_FLAGS) if self.tokenizer_type in TOKENIZER_TYPES else \
@@ -800,28 +832,25 @@ class DataConfig:
         if self.tokenizer_file and self.vocab_file:
             raise ConfigError("pass either --tokenizer-file or --vocab-file/--merge-file, not both",
                               flags=("--tokenizer-file", "--vocab-file", "--merge-file"))
-        if self.fim_data:
-            # Megatron-LM's validate_args: no mock data, --fim-rate and --fim-spm-rate set (a 0 is refused too)
-            if self.mock_data:
-                raise ConfigError("--fim-data with --mock-data: Megatron's FIM dataset does not support mock data",
-                                  flags=("--fim-data", "--mock-data"))
-            if not self.fim_rate or not self.fim_spm_rate:
-                raise ConfigError("--fim-data needs --fim-rate and --fim-spm-rate above 0 (Megatron-LM asserts both)",
-                                  flags=("--fim-rate", "--fim-spm-rate"))
-            # each rate is a probability: Megatron-LM's GPTFIMDataset draws np_rng.binomial(1, rate), which raises
-            # "p < 0, p > 1 or p is NaN" in a data-loader worker at the first sample (issue 60)
-            for flag, rate in (("--fim-rate", self.fim_rate), ("--fim-spm-rate", self.fim_spm_rate),
-                               ("--fim-fragment-rate", self.fim_fragment_rate)):
-                if rate is not None and not 0.0 <= rate <= 1.0:
-                    raise ConfigError(f"{flag} must be a probability, between 0 and 1, got {rate:g}", flags=(flag,))
-            if self.fim_split_sample and self.fim_fragment_rate is None:
-                raise ConfigError("--fim-split-sample needs --fim-fragment-rate (each fragment's FIM rate)",
-                                  flags=("--fim-split-sample", "--fim-fragment-rate"))
-        if self.num_workers < 0:  # torch's DataLoader refuses it (as it does in Megatron-LM)
-            raise ConfigError(f"--num-workers must be at least 0, got {self.num_workers}", flags=("--num-workers",))
-        if self.tokenizer_vocab_size < 300:
-            raise ConfigError(f"--tokenizer-vocab-size must be at least 300, got {self.tokenizer_vocab_size}",
-                              flags=("--tokenizer-vocab-size",))
+
+    def _validate_fim(self) -> None:
+        """--fim-data's rates, as Megatron-LM's validate_args and GPTFIMDataset take them."""
+        # Megatron-LM's validate_args: no mock data, --fim-rate and --fim-spm-rate set (a 0 is refused too)
+        if self.mock_data:
+            raise ConfigError("--fim-data with --mock-data: Megatron's FIM dataset does not support mock data",
+                              flags=("--fim-data", "--mock-data"))
+        if not self.fim_rate or not self.fim_spm_rate:
+            raise ConfigError("--fim-data needs --fim-rate and --fim-spm-rate above 0 (Megatron-LM asserts both)",
+                              flags=("--fim-rate", "--fim-spm-rate"))
+        # each rate is a probability: Megatron-LM's GPTFIMDataset draws np_rng.binomial(1, rate), which raises
+        # "p < 0, p > 1 or p is NaN" in a data-loader worker at the first sample (issue 60)
+        for flag, rate in (("--fim-rate", self.fim_rate), ("--fim-spm-rate", self.fim_spm_rate),
+                           ("--fim-fragment-rate", self.fim_fragment_rate)):
+            if rate is not None and not 0.0 <= rate <= 1.0:
+                raise ConfigError(f"{flag} must be a probability, between 0 and 1, got {rate:g}", flags=(flag,))
+        if self.fim_split_sample and self.fim_fragment_rate is None:
+            raise ConfigError("--fim-split-sample needs --fim-fragment-rate (each fragment's FIM rate)",
+                              flags=("--fim-split-sample", "--fim-fragment-rate"))
 
 
 @dataclass(frozen=True)
@@ -1043,31 +1072,41 @@ class PretrainConfig:
 
     def _check_pipeline(self) -> None:
         """What pipeline stages (training/pipeline_step.py) cannot run yet, refused in one line each."""
-        from gpt.pipeline_layout import pipeline_layout_counts
-        from gpt.stage_layers import stage_layers  # the split's own checks name the flags
+        if self.parallel.pipeline_model_parallel_size == 1:
+            self._check_one_stage()
+        else:
+            self._check_stages()
 
-        pp, parallel = self.parallel.pipeline_model_parallel_size, self.parallel
+    def _check_one_stage(self) -> None:
+        """The split flags of several stages, given to one."""
+        from gpt.pipeline_layout import pipeline_layout_counts
+
+        parallel = self.parallel
         for flag, value in (("--num-layers-per-virtual-pipeline-stage", parallel.num_layers_per_virtual_pipeline_stage),
                             ("--num-virtual-stages-per-pipeline-rank", parallel.num_virtual_stages_per_pipeline_rank)):
-            if value is not None and pp == 1:
+            if value is not None:
                 raise ConfigError(f"{flag} needs --pipeline-model-parallel-size > 1 (Megatron refuses it without "
                                   f"stages too): drop it, or add stages",
                                   flags=(flag, "--pipeline-model-parallel-size"))
-        uneven = (parallel.decoder_first_pipeline_num_layers, parallel.decoder_last_pipeline_num_layers)
-        if uneven != (None, None) and pp == 1:
+        if (parallel.decoder_first_pipeline_num_layers, parallel.decoder_last_pipeline_num_layers) != (None, None):
             raise ConfigError("--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size > 1 (the "
                               "sizes of the first and last of several stages): drop them, or add stages",
                               flags=("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                                      "--pipeline-model-parallel-size"))
-        if pp == 1 and parallel.pipeline_model_parallel_layout is not None:
+        if parallel.pipeline_model_parallel_layout is not None:
             counts = pipeline_layout_counts(self.model, parallel)  # its own checks hold for one stage too
             if len(counts[0]) > 1:
                 raise ConfigError(f"--pipeline-model-parallel-layout {parallel.pipeline_model_parallel_layout!r} has "
                                   f"{len(counts[0])} virtual stages on one pipeline stage: interleaving needs "
                                   f"--pipeline-model-parallel-size > 1; use one virtual stage, or add stages",
                                   flags=("--pipeline-model-parallel-layout", "--pipeline-model-parallel-size"))
-        if pp == 1:
-            return
+
+    def _check_stages(self) -> None:
+        """Several stages: the layout or the split flags (each stage with a layer), and ZeRO's stage."""
+        from gpt.pipeline_layout import pipeline_layout_counts
+        from gpt.stage_layers import stage_layers  # the split's own checks name the flags
+
+        pp, parallel = self.parallel.pipeline_model_parallel_size, self.parallel
         if parallel.pipeline_model_parallel_layout is not None:
             # Megatron-LM's validate_args: the layout replaces the split flags
             given = [flag for flag, value in (
@@ -1083,6 +1122,7 @@ class PretrainConfig:
                                   f"split itself; drop {'them' if len(given) > 1 else 'it'}",
                                   flags=("--pipeline-model-parallel-layout", *given))
             pipeline_layout_counts(self.model, parallel)  # refuses what it cannot map, in one line
+        uneven = (parallel.decoder_first_pipeline_num_layers, parallel.decoder_last_pipeline_num_layers)
         split = dict(virtual_stages=parallel.num_virtual_stages_per_pipeline_rank,
                      account_for_embedding=parallel.account_for_embedding_in_pipeline_split,
                      account_for_loss=parallel.account_for_loss_in_pipeline_split)
@@ -1138,6 +1178,28 @@ class PretrainConfig:
         cp, model = self.parallel.context_parallel_size, self.model
         if cp == 1:
             return
+        self._check_context_parallel_exchange(cp)
+        tp = self.parallel.tensor_model_parallel_size
+        local = model.seq_length // cp
+        if model.seq_length % (2 * cp):
+            raise ConfigError(f"--seq-length {model.seq_length} must be divisible by 2 x --context-parallel-size "
+                              f"({2 * cp}): each rank holds two equal chunks of the sequence",
+                              flags=("--seq-length", "--context-parallel-size"))
+        if self.parallel.sequence_parallel and tp > 1 and local % tp:
+            raise ConfigError(f"--sequence-parallel splits each context-parallel rank's {local} tokens over "
+                              f"--tensor-model-parallel-size {tp}: choose --seq-length divisible by CP x TP",
+                              flags=("--sequence-parallel", "--seq-length", "--context-parallel-size"))
+        # document masking (--reset-position-ids, --reset-attention-mask, --eod-mask-loss, --goldfish-loss) runs
+        # under context parallelism: the whole sample's masks split with the tokens (data/documents_cp.py), as
+        # Megatron-LM's get_batch_on_this_cp_rank splits them, which asserts nothing about them
+        if self.zero.distributed_optimizer_instances > 1:
+            raise ConfigError("--num-distributed-optimizer-instances > 1 with --context-parallel-size is not "
+                              "implemented here: use one optimizer instance",
+                              flags=("--context-parallel-size", "--num-distributed-optimizer-instances"))
+
+    def _check_context_parallel_exchange(self, cp: int) -> None:
+        """What --cp-comm-type's exchange does not compute, or needs of the heads."""
+        model = self.model
         comm = model.attention.cp_comm_type
         # the ring takes the scores' scale (--softmax-scale, multi-latent attention's) but not their soft-capping
         if comm in ("p2p", "a2a+p2p") and model.attention.attn_logit_softcapping:
@@ -1163,22 +1225,6 @@ class PretrainConfig:
                               f"attention heads over {cp} ranks: choose --num-attention-heads divisible by TP x "
                               f"{cp}", flags=("--num-attention-heads", "--context-parallel-size",
                                               "--ds-sequence-parallel-size"))
-        local = model.seq_length // cp
-        if model.seq_length % (2 * cp):
-            raise ConfigError(f"--seq-length {model.seq_length} must be divisible by 2 x --context-parallel-size "
-                              f"({2 * cp}): each rank holds two equal chunks of the sequence",
-                              flags=("--seq-length", "--context-parallel-size"))
-        if self.parallel.sequence_parallel and tp > 1 and local % tp:
-            raise ConfigError(f"--sequence-parallel splits each context-parallel rank's {local} tokens over "
-                              f"--tensor-model-parallel-size {tp}: choose --seq-length divisible by CP x TP",
-                              flags=("--sequence-parallel", "--seq-length", "--context-parallel-size"))
-        # document masking (--reset-position-ids, --reset-attention-mask, --eod-mask-loss, --goldfish-loss) runs
-        # under context parallelism: the whole sample's masks split with the tokens (data/documents_cp.py), as
-        # Megatron-LM's get_batch_on_this_cp_rank splits them, which asserts nothing about them
-        if self.zero.distributed_optimizer_instances > 1:
-            raise ConfigError("--num-distributed-optimizer-instances > 1 with --context-parallel-size is not "
-                              "implemented here: use one optimizer instance",
-                              flags=("--context-parallel-size", "--num-distributed-optimizer-instances"))
 
     def _check_hierarchical_context_parallel(self, heads: int, groups: int) -> None:
         """--cp-comm-type a2a+p2p: Megatron-LM's validate_args asserts --hierarchical-context-parallel-sizes is given,
