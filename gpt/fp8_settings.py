@@ -45,7 +45,7 @@ class FP8Settings:
     param_gather: bool = option(
         False, action="store_true", group="zero",
         help="with --fp8-format and ZeRO stage 3, the FP8 linears' weights cast to e4m3 from the fp32 master after "
-             "each step and all-gathered as FP8 bytes (1 byte per element; delayed and tensorwise recipes)")
+             "each step and all-gathered as FP8 bytes (1 byte per element, mxfp8 2: its rowwise and columnwise casts)")
     # Not Megatron-LM's: the guard of issue 65 (parallel/fp8/guard.py, docs/fp8.md "The guard")
     guard: bool = option(
         True, group="zero",
