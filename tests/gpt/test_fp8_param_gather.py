@@ -193,17 +193,19 @@ def test_mxfp8_shards_cast_to_the_forwards_both_ways():
 
 @pytest.mark.slow
 def test_mxfp8_fp8_param_gather_equals_zero0(tmp_path, corpus_cache):
-    """--fp8-recipe mxfp8 with --fp8-param-gather at ZeRO 3 and at ZeRO 1 on 2 gloo ranks, fp32, 3 iterations: the
-    rowwise and columnwise casts made from the master shards (weights of 64 to 256 rows cut in two, mid-block for
-    the columns' 32-row blocks) give ZeRO 0's losses bit for bit, and ZeRO 3 gathers 2 bytes fewer per FP8 weight
-    element (2 of them, the two casts, where fp32 moves 4). In bf16 too (the master cast to bf16 first, as the
-    forward's weight): ZeRO 3 with the flag gives bf16 ZeRO 0's losses bit for bit."""
+    """--fp8-recipe mxfp8 with --fp8-param-gather at ZeRO 3 and at ZeRO 1 (with Megatron-LM's
+    --reuse-grad-buf-for-mxfp8-param-ag, memory only) on 2 gloo ranks, fp32, 3 iterations: the rowwise and columnwise
+    casts made from the master shards (weights of 64 to 256 rows cut in two, mid-block for the columns' 32-row
+    blocks) give ZeRO 0's losses bit for bit, and ZeRO 3 gathers 2 bytes fewer per FP8 weight element (2 of them,
+    the two casts, where fp32 moves 4). In bf16 too (the master cast to bf16 first, as the forward's weight): ZeRO 3
+    with the flag gives bf16 ZeRO 0's losses bit for bit."""
     runs = Runs(tmp_path, corpus_cache)
     mxfp8 = [*FP8, "--fp8-recipe", "mxfp8"]
     runs.add("zero0", *mxfp8)
     runs.add("zero3", *mxfp8, "--zero-stage", "3")
     runs.add("zero3-gather", *mxfp8, *GATHER)
-    runs.add("zero1-gather", *mxfp8, "--use-distributed-optimizer", "--fp8-param-gather")
+    runs.add("zero1-gather", *mxfp8, "--use-distributed-optimizer", "--fp8-param-gather",
+             "--reuse-grad-buf-for-mxfp8-param-ag")
     runs.add("bf16-zero0", *mxfp8, "--bf16")
     runs.add("bf16-zero3-gather", *mxfp8, "--bf16", *GATHER)
     launched = runs.launch(2, 1)
