@@ -40,7 +40,6 @@ from parallel.fp8.fused import resolve_fused_casts
 from parallel.fp8.guard import DENSE, EXPERT, GuardMonitor, LayerGuard
 from parallel.fp8.kernel import kernel_name
 from parallel.fp8.linear import Fp8LinearState, fp8_linear, fp8_states, shape_rule_broken
-from parallel.fp8.param_gather import GATHERED_RECIPES
 from parallel.fp8.recipes import Fp8Recipe
 from parallel.fp8.recompute import delayed_scalings_in
 from parallel.fp8.weight_cache import WeightCache
@@ -70,21 +69,18 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
     fp8 = model_config.fp8
     fp8.validate(model_config.num_layers)
     if fp8.enabled and fp8.param_gather:
-        _check_param_gather(f"--fp8-format {fp8.format} --fp8-recipe {fp8.recipe}", fp8.recipe, launch.zero_stage)
+        _check_param_gather(f"--fp8-format {fp8.format} --fp8-recipe {fp8.recipe}", launch.zero_stage)
 
 
-def _check_param_gather(what: str, recipe: str, zero_stage: int) -> None:
+def _check_param_gather(what: str, zero_stage: int) -> None:
     """--fp8-param-gather where it is not built. Megatron-LM asserts the distributed optimizer or FSDP
     (megatron/training/arguments.py: "--fp8-param-gather only supported with distributed optimizer, torch fsdp2,
-    megatron fsdp"): ZeRO 0 is refused as there (stage 1 is the distributed optimizer, stage 3 FSDP); MXFP8 (Megatron
-    casts it through TE's MXFP8 tensors) is not built here."""
+    megatron fsdp"): ZeRO 0 is refused as there (stage 1 is the distributed optimizer, stage 3 FSDP). Every recipe
+    a run accepts is gathered (parallel/fp8/param_gather.py GATHERED_RECIPES; custom is refused before, in
+    gpt/fp8_settings.py)."""
     if zero_stage == 0:
         raise ConfigError(f"{what} --fp8-param-gather needs sharded parameters, as in Megatron-LM (distributed "
                           f"optimizer or FSDP): use --use-distributed-optimizer or --zero-stage 1, 2 or 3")
-    if recipe not in GATHERED_RECIPES:
-        raise ConfigError(f"{what} --fp8-param-gather: the {recipe} recipe's weights (1x32 blocks along each "
-                          f"direction) are not cast from the master here (built: {', '.join(GATHERED_RECIPES)}); "
-                          f"drop --fp8-param-gather")
 
 
 def fp8_gathered_weights(model: nn.Module) -> dict:
@@ -387,22 +383,34 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
         words.append(f"MLA's {', '.join(sorted(replicated))} in high precision (replicated linears here; TE linears, "
                      f"in FP8, in Megatron: not built)")
     if param_gather:
-        scaled = ("each 128x128 block's scale from the whole block's amax of the fp32 master, max all-reduced over "
-                  "the shard owners, and the fp32 master cast to e4m3 as TransformerEngine's blockwise cast does, "
-                  "where without the flag the forward casts the weight in the model's dtype: in 16-bit runs a byte "
-                  "or a block's scale may differ by that rounding" if recipe.recipe == "blockwise" else
-                  "scale from the whole weight's amax, max all-reduced over the shard owners")
-        words.append(f"--fp8-param-gather: ZeRO keeps these linears' weights as e4m3 bytes cast from the fp32 master "
-                     f"after each step ({scaled}) and "
-                     "gathers 1 byte per element, the GEMMs taking them with no second cast; the gathered weights are "
-                     "also dequantized into the high-precision parameters (the autograd leaves), so device memory is "
-                     "not reduced; under ZeRO 1-2 these gathers run at the step, not overlapped with the forward; the "
-                     "guard does not count that cast"
-                     + ("; the weight is cast once per step, not once per micro-batch (TransformerEngine's FP8 "
-                        "parameters)" if recipe.recipe == "delayed" else ""))
+        words.append(_param_gather_words(recipe))
     words.append("the planner's dry run keeps the FP8 copies these linears save for the backward and counts the "
                  "amax histories" + ("" if compiled else " and the weights' cached casts"))
     return "; ".join(words)
+
+
+def _param_gather_words(recipe: Fp8Recipe) -> str:
+    """The start-up line's --fp8-param-gather clause: how the recipe's weights are cast from the master, and what
+    the gathers move."""
+    scaled = {"blockwise": "each 128x128 block's scale from the whole block's amax of the fp32 master, max "
+                           "all-reduced over the shard owners, and the fp32 master cast to e4m3 as "
+                           "TransformerEngine's blockwise cast does, where without the flag the forward casts the "
+                           "weight in the model's dtype: in 16-bit runs a byte or a block's scale may differ by that "
+                           "rounding",
+              "mxfp8": "each 1x32 block's E8M0 scale, along the rows and along the columns, from the whole block's "
+                       "amax of the master cast to the model's dtype, max all-reduced over the shard owners, and "
+                       "both casts made from it, the forward's own bytes"}.get(
+        recipe.recipe, "scale from the whole weight's amax, max all-reduced over the shard owners")
+    moved = "2 bytes per element (the rowwise and the columnwise e4m3 casts; the scales not gathered, every rank " \
+        "computing them from the reduced amaxes)" if recipe.recipe == "mxfp8" else "1 byte per element"
+    return (f"--fp8-param-gather: ZeRO keeps these linears' weights as e4m3 bytes cast from the fp32 master "
+            f"after each step ({scaled}) and "
+            f"gathers {moved}, the GEMMs taking them with no second cast; the gathered weights are "
+            "also dequantized into the high-precision parameters (the autograd leaves), so device memory is "
+            "not reduced; under ZeRO 1-2 these gathers run at the step, not overlapped with the forward; the "
+            "guard does not count that cast"
+            + ("; the weight is cast once per step, not once per micro-batch (TransformerEngine's FP8 "
+               "parameters)" if recipe.recipe == "delayed" else ""))
 
 
 # inductor's options for blocks holding FP8 linears compiled for a CPU: torch 2.13's vectorized C++ kernels give

@@ -44,8 +44,8 @@ class FP8Settings:
         help="the weight-gradient GEMM in FP8 (Megatron passes --no-fp8-wgrad to delayed scaling only)")
     param_gather: bool = option(
         False, action="store_true", group="zero",
-        help="with --fp8-format and ZeRO stage 3, the FP8 linears' weights cast to e4m3 from the fp32 master after "
-             "each step and all-gathered as FP8 bytes (1 byte per element; delayed and tensorwise recipes)")
+        help="with --fp8-format and ZeRO stages 1-3, the FP8 linears' weights cast to e4m3 from the fp32 master after "
+             "each step and all-gathered as FP8 bytes (1 byte per element, mxfp8 2: its rowwise and columnwise casts)")
     # Not Megatron-LM's: the guard of issue 65 (parallel/fp8/guard.py, docs/fp8.md "The guard")
     guard: bool = option(
         True, group="zero",

@@ -1,7 +1,8 @@
 """--fp8-param-gather's bytes: the units that hold only FP8 linears' weights (stage3_unit_params and build_zero
 give them units of their own) are kept, per rank, as e4m3 bytes of this rank's shard, cast from the fp32 master
 after each step (parallel/fp8/param_gather.py), and all-gathered as bytes: 1 byte per element where the other
-units move the parameter dtype's 2 or 4.
+units move the parameter dtype's 2 or 4; MXFP8 2, its rowwise and columnwise casts in two gathers (their E8M0
+scales are not gathered: every rank computes them all from the all-reduced block amaxes).
 
 After a gather the bytes are also dequantized into the unit's high-precision chunk, whose parameters stay the
 autograd leaves that receive the weight gradients (TransformerEngine's Float8Tensor parameter has no such copy;
@@ -24,8 +25,13 @@ from parallel.fp8.param_gather import (
     block_index,
     block_scale,
     cast_block_shard,
+    cast_mx_shard,
     cast_shard,
     dequantized,
+    mx_block_index,
+    mx_dequantizing_scales,
+    mx_exponents,
+    mx_scale_shapes,
     scale_shape,
     weight_scale,
 )
@@ -46,55 +52,69 @@ class Fp8WeightBytes:
         self.shard = {unit.index: torch.zeros(unit.shard_numel, dtype=torch.uint8, device=device)
                       for unit in self.units}
         self.flat = {unit.index: torch.zeros(unit.numel, dtype=torch.uint8, device=device) for unit in self.units}
+        # MXFP8's columnwise cast: a second shard and gathered unit beside the rowwise ones
+        mx = [unit for unit in self.units if self.states[unit.index][0].recipe.recipe == "mxfp8"]
+        self.columnwise_shard = {unit.index: torch.zeros(unit.shard_numel, dtype=torch.uint8, device=device)
+                                 for unit in mx}
+        self.columnwise_flat = {unit.index: torch.zeros(unit.numel, dtype=torch.uint8, device=device) for unit in mx}
         self.weights: dict[int, list[Fp8Weight]] = {}
         for unit in self.units:
-            flat = self.flat[unit.index]
-            self.weights[unit.index] = [
-                Fp8Weight(flat[slot.start:slot.end].view(E4M3).view(slot.shape),
-                          torch.ones(scale_shape(state.recipe.recipe, slot.shape), dtype=torch.float32, device=device))
-                for slot, state in zip(unit.slots, self.states[unit.index])]
+            self.weights[unit.index] = [self._weight(unit, slot, state.recipe.recipe, device)
+                                        for slot, state in zip(unit.slots, self.states[unit.index])]
             for state, weight in zip(self.states[unit.index], self.weights[unit.index]):
                 state.fp8_weight = weight
             if released_between_uses:  # the views above were taken while the storage had its size
-                flat.untyped_storage().resize_(0)
+                for flat in self._flats(unit):
+                    flat.untyped_storage().resize_(0)
+
+    def _weight(self, unit: Unit, slot, recipe: str, device: torch.device) -> Fp8Weight:
+        """A slot's Fp8Weight: views of the gathered unit(s), scales of the recipe's shape."""
+        def view(flat):
+            return flat[slot.start:slot.end].view(E4M3).view(slot.shape)
+
+        weight = Fp8Weight(view(self.flat[unit.index]),
+                           torch.ones(scale_shape(recipe, slot.shape), dtype=torch.float32, device=device))
+        if recipe == "mxfp8":
+            weight.columnwise = view(self.columnwise_flat[unit.index])
+            weight.columnwise_scale_inv = torch.ones(mx_scale_shapes(slot.shape)[1], dtype=torch.float32,
+                                                     device=device)
+        return weight
+
+    def _flats(self, unit: Unit) -> list[torch.Tensor]:
+        """The unit's gathered bytes: rowwise, and MXFP8's columnwise."""
+        return [self.flat[unit.index]] + ([self.columnwise_flat[unit.index]]
+                                          if unit.index in self.columnwise_flat else [])
+
+    def _blocks(self, weight: Fp8Weight) -> int:
+        """How many amaxes a weight's shards reduce: 1 (per tensor), or one a block (both directions for MXFP8)."""
+        return weight.scale_inv.numel() + \
+            (0 if weight.columnwise_scale_inv is None else weight.columnwise_scale_inv.numel())
 
     @property
     def numel(self) -> int:
-        """Elements of every FP8 unit (padding included): what one gather of them all moves, in bytes."""
-        return sum(unit.numel for unit in self.units)
+        """Bytes one gather of every FP8 unit moves (padding included): 1 an element, MXFP8's 2."""
+        return sum(flat.numel() for unit in self.units for flat in self._flats(unit))
 
     def resident_bytes(self) -> int:
-        """Bytes held now: the shards, and the gathered units whose storage is allocated (all of them under ZeRO
-        1-2; under ZeRO 3 those gathered at this moment)."""
-        return sum(shard.numel() for shard in self.shard.values()) + \
-            sum(flat.untyped_storage().nbytes() for flat in self.flat.values())
+        """Bytes held now: the shards, the gathered units whose storage is allocated (all of them under ZeRO
+        1-2; under ZeRO 3 those gathered at this moment), and every weight's dequantizing scales (fp32: MXFP8's
+        E8M0 scales take 4 bytes each here, a quarter byte a weight element for its two directions)."""
+        shards = [*self.shard.values(), *self.columnwise_shard.values()]
+        scales = [scale for weights in self.weights.values() for weight in weights
+                  for scale in (weight.scale_inv, weight.columnwise_scale_inv) if scale is not None]
+        return sum(shard.numel() for shard in shards) + sum(scale.nbytes for scale in scales) + \
+            sum(flat.untyped_storage().nbytes() for unit in self.units for flat in self._flats(unit))
 
     def holds(self, unit: Unit) -> bool:
         return unit.index in self.shard
 
     def quantize(self, master: torch.Tensor) -> None:
         """Cast this rank's shard of every FP8 weight from the fp32 master partition. Collective over `group`:
-        one max all-reduce of every weight's shard amaxes (one a tensor, or blockwise one a 128 x 128 block,
-        parallel/fp8/param_gather.py), so each scale is the whole tensor's or the whole block's."""
-        pieces, amax = [], []
+        one max all-reduce of every weight's shard amaxes (one a tensor, blockwise one a 128 x 128 block, MXFP8 one a
+        1 x 32 block each way, parallel/fp8/param_gather.py), so each scale is the whole tensor's or block's."""
         # on the device the casts and collectives run on (the master may live in host memory: --offload-optimizer)
         device = self.shard[self.units[0].index].device if self.units else master.device
-        for unit in self.units:
-            for position, slot in enumerate(unit.slots):
-                blockwise = self.states[unit.index][position].recipe.recipe == "blockwise"
-                fragments = [f for f in unit.fragments(self.layout.part) if f.slot.start == slot.start]
-                blocks = self.weights[unit.index][position].scale_inv.numel()
-                local = torch.zeros(blocks if blockwise else (), dtype=torch.float32, device=device)
-                for fragment in fragments:
-                    piece = master[fragment.partition_offset:fragment.partition_offset + fragment.numel].to(device)
-                    if blockwise:  # from the fp32 master itself, as TE's blockwise cast
-                        index = block_index(fragment.param_offset, fragment.numel, slot.shape, device)
-                        local = torch.maximum(local, block_amax(piece, index, blocks))
-                    else:
-                        index = None
-                        local = torch.maximum(local, piece.to(self.model_dtype).abs().amax().float())
-                    pieces.append((unit, position, fragment, piece, index))
-                amax.append(local.reshape(-1))
+        pieces, amax = self._shard_amaxes(master, device)
         if not amax:
             return
         amaxes = torch.cat(amax)
@@ -103,25 +123,75 @@ class Fp8WeightBytes:
         scales, k = {}, 0
         for unit in self.units:
             for position, (state, weight) in enumerate(zip(self.states[unit.index], self.weights[unit.index])):
-                count = weight.scale_inv.numel()
-                if state.recipe.recipe == "blockwise":
-                    scale = block_scale(amaxes[k:k + count]).reshape(weight.scale_inv.shape)
-                else:
-                    scale = weight_scale(state, amaxes[k], self.model_dtype)
-                weight.scale_inv.copy_(torch.reciprocal(scale))
-                scales[unit.index, position] = scale
+                count = self._blocks(weight)
+                scales[unit.index, position] = self._scale(state, weight, amaxes[k:k + count])
                 k += count
         for unit, position, fragment, piece, index in pieces:
-            at = fragment.partition_offset - unit.partition_offset
-            scale = scales[unit.index, position]
-            self.shard[unit.index][at:at + fragment.numel] = cast_shard(piece, scale, self.model_dtype) \
+            self._cast(unit, fragment, piece, index, scales[unit.index, position])
+
+    def _shard_amaxes(self, master: torch.Tensor, device: torch.device) -> tuple[list, list]:
+        """This rank's pieces of each FP8 weight ((unit, position, fragment, values, block index or None)) and each
+        weight's amaxes over them (a list of 1-D fp32 tensors, in the units' order)."""
+        pieces, amax = [], []
+        for unit in self.units:
+            for position, slot in enumerate(unit.slots):
+                recipe = self.states[unit.index][position].recipe.recipe
+                blocks = self._blocks(self.weights[unit.index][position])
+                local = torch.zeros(blocks if recipe in ("blockwise", "mxfp8") else (), dtype=torch.float32,
+                                    device=device)
+                for fragment in [f for f in unit.fragments(self.layout.part) if f.slot.start == slot.start]:
+                    piece = master[fragment.partition_offset:fragment.partition_offset + fragment.numel].to(device)
+                    if recipe == "blockwise":  # from the fp32 master itself, as TE's blockwise cast
+                        index = block_index(fragment.param_offset, fragment.numel, slot.shape, device)
+                        local = torch.maximum(local, block_amax(piece, index, blocks))
+                    elif recipe == "mxfp8":  # in the model's dtype, as the forward casts the weight
+                        piece = piece.to(self.model_dtype).float()
+                        index = mx_block_index(fragment.param_offset, fragment.numel, slot.shape, device)
+                        local = torch.maximum(local, block_amax(piece.repeat(2), index.reshape(-1), blocks))
+                    else:
+                        index = None
+                        local = torch.maximum(local, piece.to(self.model_dtype).abs().amax().float())
+                    pieces.append((unit, position, fragment, piece, index))
+                amax.append(local.reshape(-1))
+        return pieces, amax
+
+    def _scale(self, state, weight: Fp8Weight, amax: torch.Tensor) -> torch.Tensor:
+        """A weight's scales from its reduced amaxes, its dequantizing ones written into `weight`; returns what its
+        shard is cast with (the quantizing scale; MXFP8's blocks' E8M0 exponents)."""
+        if state.recipe.recipe == "mxfp8":
+            exponent = mx_exponents(amax)
+            rowwise, columnwise = mx_dequantizing_scales(exponent, weight.data.shape)
+            weight.scale_inv.copy_(rowwise)
+            weight.columnwise_scale_inv.copy_(columnwise)
+            return exponent
+        if state.recipe.recipe == "blockwise":
+            scale = block_scale(amax).reshape(weight.scale_inv.shape)
+        else:
+            scale = weight_scale(state, amax[0], self.model_dtype)
+        weight.scale_inv.copy_(torch.reciprocal(scale))
+        return scale
+
+    def _cast(self, unit: Unit, fragment, piece: torch.Tensor, index, scale: torch.Tensor) -> None:
+        """A piece of the master cast into this rank's shard bytes (MXFP8: both of them)."""
+        at = fragment.partition_offset - unit.partition_offset
+        end = at + fragment.numel
+        if unit.index in self.columnwise_shard:
+            self.shard[unit.index][at:end], self.columnwise_shard[unit.index][at:end] = \
+                cast_mx_shard(piece, index, scale)
+        else:
+            self.shard[unit.index][at:end] = cast_shard(piece, scale, self.model_dtype) \
                 if index is None else cast_block_shard(piece, index, scale)
 
     def start_gather(self, unit: Unit, async_op: bool):
-        """All-gather `unit`'s bytes into its (re-sized) gathered flat: the unit's elements, 1 byte each."""
-        flat = self.flat[unit.index]
-        flat.untyped_storage().resize_(unit.numel)
-        return self.comm.all_gather(flat, self.shard[unit.index], self.group, "dp", async_op=async_op)
+        """All-gather `unit`'s bytes into its (re-sized) gathered flat: the unit's elements, 1 byte each; MXFP8's
+        columnwise bytes in a second gather (one handle waits for both)."""
+        shards = [self.shard[unit.index]] + ([self.columnwise_shard[unit.index]]
+                                             if unit.index in self.columnwise_shard else [])
+        works = []
+        for flat, shard in zip(self._flats(unit), shards):
+            flat.untyped_storage().resize_(unit.numel)
+            works.append(self.comm.all_gather(flat, shard, self.group, "dp", async_op=async_op))
+        return _Both(works) if async_op else None
 
     def dequantize(self, unit: Unit, chunk: torch.Tensor) -> None:
         """Write the gathered weights, dequantized, into the unit's high-precision chunk (its parameters)."""
@@ -129,4 +199,17 @@ class Fp8WeightBytes:
             chunk[slot.start:slot.end] = dequantized(weight).to(chunk.dtype).reshape(-1)
 
     def release(self, unit: Unit) -> None:
-        self.flat[unit.index].untyped_storage().resize_(0)
+        for flat in self._flats(unit):
+            flat.untyped_storage().resize_(0)
+
+
+class _Both:
+    """One handle for a unit's gathers (MXFP8's two): wait() waits for each."""
+
+    def __init__(self, works: list) -> None:
+        self.works = works
+
+    def wait(self, timeout=None) -> bool:
+        for work in self.works:  # each, whatever the other returned
+            work.wait()
+        return True

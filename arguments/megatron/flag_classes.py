@@ -224,11 +224,19 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-training-ssm-states-dtype
         --disable-mamba-mem-eff-path --hybrid-attention-ratio --hybrid-mlp-ratio""")),
     ("a knob of an FP8/FP4 feature that is off here (--fp8-interval is deprecated in Megatron-LM; the custom "
-     "recipe's quantizer factory, Megatron FSDP's transpose cache, MXFP8 parameter all-gathers and --fp4-format "
-     "are refused or absent), so it has no effect", _names("""
+     "recipe's quantizer factory, Megatron FSDP's transpose cache and --fp4-format are refused or absent), so it "
+     "has no effect", _names("""
         --fp8-interval --fp8-quantizer-factory --keep-fp8-transpose-cache
-        --reuse-grad-buf-for-mxfp8-param-ag --fp4-recipe --fp4-param-gather --fp4-quantizer-factory
+        --fp4-recipe --fp4-param-gather --fp4-quantizer-factory
         --kitchen-attention-backend""")),
+    # Megatron-LM's distributed optimizer gathers MXFP8 weights in bf16 into a parameter buffer and casts them into
+    # the MXFP8 parameters' own storage (param_and_grad_buffer.py); the flag places that buffer in the gradient
+    # buffer's memory. Here the gathers write the e4m3 bytes the GEMMs read (zero/fp8_params.py), so no such buffer
+    # exists to place.
+    ("memory only: in Megatron-LM it puts --fp8-param-gather's MXFP8 all-gather buffer in the gradient buffer's "
+     "memory; here the gathers write the e4m3 bytes the GEMMs read through the forward and the backward, while the "
+     "gradient buffer fills, so there is no separate buffer to place and the same values are computed",
+     _names("--reuse-grad-buf-for-mxfp8-param-ag")),
     ("CPU offload's knob: the offloaded step here (--offload-optimizer, alias --cpu-optimizer; Megatron-LM's "
      "--optimizer-cpu-offload) is PyTorch's fused AdamW, pinned where CUDA is, and Megatron-LM's layer and "
      "activation offloading are not built, so it has no effect", _names("""

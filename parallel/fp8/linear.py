@@ -25,7 +25,7 @@ import torch
 
 from parallel.fp8 import block_scaling as blocks
 from parallel.fp8 import casts
-from parallel.fp8.block_gemm import block_scaled_matmul, square_block_scale
+from parallel.fp8.block_gemm import block_scaled_matmul, outer_major, square_block_scale
 from parallel.fp8.guard import LayerGuard, output_bound_limit
 from parallel.fp8.kernel import ALIGNMENT, scaled_matmul
 from parallel.fp8.recipes import GRAD_OUTPUT, INPUT, WEIGHT, DelayedScaling, Fp8Recipe
@@ -220,8 +220,14 @@ def _blockwise_backward(saved, weight_operands, g2, state, figures, x_dtype, wei
 def _mx_forward(x2, weights, state, figures, out_dtype, limits):
     fused, dtype = state.fused, state.recipe.forward_dtype
     # the weight along both dimensions: its rows for the forward GEMM, its columns for the data gradient's
-    w_rows, w_rows_scale, w_cols, w_cols_scale = state.cached_weight(weights, lambda iteration: casts.cast_mx_both_ways(
-        joined(weights), dtype, figures, False, iteration, finite=True, fused=fused))
+    if state.fp8_weight is None:
+        w_rows, w_rows_scale, w_cols, w_cols_scale = state.cached_weight(
+            weights, lambda iteration: casts.cast_mx_both_ways(joined(weights), dtype, figures, False, iteration,
+                                                               finite=True, fused=fused))
+    else:  # --fp8-param-gather: both casts made from the master and gathered as bytes; the columnwise one (out x in)
+        # transposed in the backward, as ZeRO 3 gathers the weight again for it
+        w_rows, w_rows_scale = state.fp8_weight.data, outer_major(state.fp8_weight.scale_inv)
+        w_cols, w_cols_scale = state.fp8_weight.columnwise, None
     x_rows, x_rows_scale, x_cols, x_cols_scale = casts.cast_mx_both_ways(
         x2, dtype, figures, True, bounds=_bounds(limits, w_rows_scale), fused=fused)
     out = block_scaled_matmul(x_rows, x_rows_scale, w_rows.t(), w_rows_scale, blocks.MX_BLOCK, False, out_dtype)
@@ -231,6 +237,8 @@ def _mx_forward(x2, weights, state, figures, out_dtype, limits):
 def _mx_backward(saved, weight_operands, g2, state, figures, x_dtype, weight_dtype, limits):
     recipe = state.recipe
     (x_cols, x_cols_scale), (w_cols, w_cols_scale) = saved, weight_operands
+    if w_cols_scale is None:  # ZeRO's gathered columnwise bytes (--fp8-param-gather): quantize_mx(W.t())'s layout
+        w_cols, w_cols_scale = w_cols.t().contiguous(), outer_major(state.fp8_weight.columnwise_scale_inv)
     g_rows, g_rows_scale, g_cols, g_cols_scale = casts.cast_mx_both_ways(
         g2, recipe.backward_dtype, figures, False, bounds=_bounds(limits, w_cols_scale, x_cols_scale),
         fused=state.fused)

@@ -19,6 +19,7 @@ from arguments.parser import parse_config
 from base.errors import ConfigError
 from gpt.fp8 import Fp8Launch, apply_fp8, check_fp8
 from gpt.model import build_gpt_model
+from parallel.fp8.param_gather import GATHERED_RECIPES
 from parallel.state import ParallelState
 from tests.gpt.test_llama_blocks import tiny_config
 
@@ -58,9 +59,9 @@ def _launch(**changes):
      "--fp8-guard-saturation-threshold 1.5 must be a fraction between 0 and 1"),
     ("tensorwise", ONE_PROCESS, {"first_last_layers_bf16": True, "num_layers_at_end_in_bf16": 3},
      "--num-layers-at-end-in-bf16 3 must be between 0 and the number of layers (2)"),
-    # --fp8-param-gather: Megatron-LM's assertion (distributed optimizer or FSDP), then what is not built here
+    # --fp8-param-gather: Megatron-LM's assertion (distributed optimizer or FSDP)
     ("tensorwise", ONE_PROCESS, {"fp8_param_gather": True}, "needs sharded parameters, as in Megatron-LM"),
-    ("mxfp8", _launch(zero_stage=3), {"fp8_param_gather": True}, "the mxfp8 recipe's weights (1x32 blocks"),
+    ("mxfp8", ONE_PROCESS, {"fp8_param_gather": True}, "needs sharded parameters, as in Megatron-LM"),
 ])
 def test_every_combination_not_built_is_refused_in_one_line(recipe, launch, extra, words):
     config = tiny_config(fp8="hybrid", fp8_recipe=recipe, **extra)
@@ -81,7 +82,7 @@ def test_what_is_built_passes_the_check(recipe):
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe, num_experts=4, mtp_num_layers=1),
               _launch(pipeline_parallel=2, context_parallel=2, expert_parallel=2))
     for stage in (1, 2, 3):  # FP8 parameter gathers (tests/gpt/test_fp8_param_gather.py)
-        for gathered in ("delayed", "tensorwise", "blockwise"):
+        for gathered in GATHERED_RECIPES:  # every recipe a run accepts, mxfp8 included
             check_fp8(tiny_config(fp8="hybrid", fp8_recipe=gathered, fp8_param_gather=True), _launch(zero_stage=stage))
     assert parse_config(["--fp8-param-gather"]).model.fp8.param_gather is True  # Megatron-LM's flag and dest
 
@@ -216,3 +217,15 @@ def test_experts_shared_experts_and_mtp_layers_run_in_fp8_and_routers_do_not():
     tokens = torch.randint(0, 300, (2, 16))
     model(tokens).float().sum().backward()  # every expert's padded GEMMs, forward and backward
     assert model.blocks[0].mlp.experts.get_submodule("0").dense_h_to_4h.weight.grad is not None
+
+
+def test_reuse_grad_buf_for_mxfp8_param_ag_is_accepted_as_memory_only():
+    """Megatron-LM's --reuse-grad-buf-for-mxfp8-param-ag places its bf16 MXFP8 all-gather buffer in the gradient
+    buffer; the gathers here write the bytes the GEMMs read (zero/fp8_params.py), so the start-up line names it as
+    changing only memory (its run: tests/gpt/test_fp8_param_gather.py)."""
+    from arguments.megatron.flags import NO_EFFECT_LINE
+    from arguments.parser import parse_arguments
+
+    notes = parse_arguments(["--reuse-grad-buf-for-mxfp8-param-ag"]).notes
+    line = next(note for note in notes if note.startswith(NO_EFFECT_LINE))
+    assert "--reuse-grad-buf-for-mxfp8-param-ag (memory only: in Megatron-LM it puts --fp8-param-gather's MXFP8" in line

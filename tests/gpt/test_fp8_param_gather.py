@@ -135,7 +135,8 @@ def test_blockwise_fp8_param_gather_equals_zero0(tmp_path, corpus_cache):
 
 
 def test_the_start_up_line_names_the_blockwise_cast():
-    """The blockwise difference is said at the start; the per-tensor recipes' words stay theirs."""
+    """The blockwise difference is said at the start, and MXFP8's two casts; the per-tensor recipes' words stay
+    theirs."""
     from gpt.fp8 import startup_line
     from parallel.fp8.recipes import Fp8Recipe
 
@@ -145,3 +146,77 @@ def test_the_start_up_line_names_the_blockwise_cast():
 
     assert "each 128x128 block's scale" in line("blockwise") and "in 16-bit runs a byte" in line("blockwise")
     assert "scale from the whole weight's amax" in line("tensorwise") and "128x128" not in line("tensorwise")
+    assert "each 1x32 block's E8M0 scale" in line("mxfp8") and "gathers 2 bytes per element" in line("mxfp8")
+    assert "gathers 1 byte per element" in line("tensorwise")
+
+
+def test_mxfp8_shards_cast_to_the_forwards_both_ways():
+    """MXFP8's cast from the master (parallel/fp8/param_gather.py): shards cut anywhere (mid-row, mid-block, a
+    single element) give each 1x32 block's amax along the rows and along the columns, max-reduced, and both casts:
+    block_scaling.quantize_mx's bytes and E8M0 scales of W and of W^T, the forward's own casts, in fp32 and in bf16
+    (the master is first cast to the model's dtype, as the forward casts the weight)."""
+    from parallel.fp8.block_scaling import quantize_mx
+    from parallel.fp8.kernel import E4M3
+    from parallel.fp8.param_gather import (
+        Fp8Weight,
+        block_amax,
+        cast_mx_shard,
+        dequantized,
+        mx_block_index,
+        mx_dequantizing_scales,
+        mx_exponents,
+        mx_scale_shapes,
+    )
+
+    generator = torch.Generator().manual_seed(0)
+    master = torch.randn(96, 64, generator=generator) * torch.rand(96, 1, generator=generator) * 4
+    master[5, :32] = 0  # a block of zeros: E8M0 exponent 0, as the forward's
+    shape, flat = master.shape, master.reshape(-1)
+    assert mx_scale_shapes(shape) == ((96, 2), (64, 3))
+    cuts = [0, 1000, 1001, 4099, flat.numel()]
+    for dtype in (torch.float32, torch.bfloat16):
+        pieces = [(flat[start:end].to(dtype).float(), mx_block_index(start, end - start, shape, master.device))
+                  for start, end in zip(cuts, cuts[1:])]
+        amax = torch.stack([block_amax(values.repeat(2), index.reshape(-1), 96 * 2 + 64 * 3)
+                            for values, index in pieces]).amax(dim=0)
+        exponent = mx_exponents(amax)
+        casts = [cast_mx_shard(values, index, exponent) for values, index in pieces]
+        rows, cols = (torch.cat([cast[direction] for cast in casts]).view(shape) for direction in (0, 1))
+        rows_scale, cols_scale = mx_dequantizing_scales(exponent, shape)
+        want_rows, want_rows_scale = quantize_mx(master.to(dtype), E4M3)
+        want_cols, want_cols_scale = quantize_mx(master.to(dtype).t(), E4M3)
+        assert torch.equal(rows, want_rows.view(torch.uint8)) and torch.equal(rows_scale, want_rows_scale), dtype
+        assert torch.equal(cols.t(), want_cols.view(torch.uint8)) and torch.equal(cols_scale, want_cols_scale), dtype
+        back = dequantized(Fp8Weight(rows.view(E4M3), rows_scale, cols.view(E4M3), cols_scale))
+        assert torch.equal(back, want_rows.float() * want_rows_scale.repeat_interleave(32, 1)), dtype
+
+
+@pytest.mark.slow
+def test_mxfp8_fp8_param_gather_equals_zero0(tmp_path, corpus_cache):
+    """--fp8-recipe mxfp8 with --fp8-param-gather at ZeRO 3 and at ZeRO 1 (with Megatron-LM's
+    --reuse-grad-buf-for-mxfp8-param-ag, memory only) on 2 gloo ranks, fp32, 3 iterations: the rowwise and columnwise
+    casts made from the master shards (weights of 64 to 256 rows cut in two, mid-block for the columns' 32-row
+    blocks) give ZeRO 0's losses bit for bit, and ZeRO 3 gathers 2 bytes fewer per FP8 weight element (2 of them,
+    the two casts, where fp32 moves 4). In bf16 too (the master cast to bf16 first, as the forward's weight): ZeRO 3
+    with the flag gives bf16 ZeRO 0's losses bit for bit."""
+    runs = Runs(tmp_path, corpus_cache)
+    mxfp8 = [*FP8, "--fp8-recipe", "mxfp8"]
+    runs.add("zero0", *mxfp8)
+    runs.add("zero3", *mxfp8, "--zero-stage", "3")
+    runs.add("zero3-gather", *mxfp8, *GATHER)
+    runs.add("zero1-gather", *mxfp8, "--use-distributed-optimizer", "--fp8-param-gather",
+             "--reuse-grad-buf-for-mxfp8-param-ag")
+    runs.add("bf16-zero0", *mxfp8, "--bf16")
+    runs.add("bf16-zero3-gather", *mxfp8, "--bf16", *GATHER)
+    launched = runs.launch(2, 1)
+    reference = losses_of(launched["zero0"])
+    assert len(reference) == ITERS
+    for name in ("zero3", "zero3-gather", "zero1-gather"):
+        assert losses_of(launched[name]) == reference, name
+    bf16 = losses_of(launched["bf16-zero0"])
+    assert len(bf16) == ITERS and bf16 != reference
+    assert losses_of(launched["bf16-zero3-gather"]) == bf16
+    plain, fp8 = ([r["comm_bytes"]["dp"]["all_gather"] for r in launched[name] if "loss" in r]
+                  for name in ("zero3", "zero3-gather"))
+    for before, after in zip(plain, fp8):
+        assert before - after == 2 * (2 * _elements_of_fp8_weights() // 2), (before, after)

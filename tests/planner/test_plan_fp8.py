@@ -34,7 +34,7 @@ def test_the_dry_run_keeps_what_a_live_fp8_step_saves_for_the_backward(tmp_path,
 
 def test_fp8_param_gathers_bytes_are_in_the_plan():
     """--fp8-param-gather under ZeRO 1 (2 ranks): each rank's e4m3 shards and the gathered e4m3 weights (1 byte an
-    element, held whole between steps at stages 1-2), on top of the histories."""
+    element, held whole between steps at stages 1-2), on top of the histories; MXFP8's two casts and its scales."""
     flags = [*FP8, "--fp8-param-gather", "--use-distributed-optimizer", "--global-batch-size", "4"]
     plan = dry_run(parse_config([*COMMON, *flags]), Cluster(2, 2, device_type="cpu"), 512, rank=0)
     weights = 2 * 12 * 64 * 64  # per block: QKV 3h x h, projection h x h, the MLP's two 4h x h
@@ -42,6 +42,11 @@ def test_fp8_param_gathers_bytes_are_in_the_plan():
     # the whole gathered weights and this rank's half, plus each FP8 bucket's alignment padding (under 2 ranks x 64
     # elements a bucket; at most one bucket per weight, 8)
     assert 0 <= plan.fp8_state_bytes - histories - weights - weights // 2 < 8 * 2 * 64 * 3 // 2
+    # MXFP8: both casts, rowwise and columnwise, so twice the bytes (no histories), and the E8M0 scales every rank
+    # holds whole (fp32 here, one per 32 elements each way: a quarter byte an element); the padding twice
+    mxfp8 = [flag if flag != "delayed" else "mxfp8" for flag in flags]
+    plan = dry_run(parse_config([*COMMON, *mxfp8]), Cluster(2, 2, device_type="cpu"), 512, rank=0)
+    assert 0 <= plan.fp8_state_bytes - 2 * (weights + weights // 2) - weights // 4 < 2 * 8 * 2 * 64 * 3 // 2
 
 
 def _live_weight_cache_bytes(argv, vocab) -> int:
