@@ -13,9 +13,8 @@ bf16; fp16, its dynamic loss scale doubling at iteration 3 (--loss-scale-window 
 under the distributed optimizer at DP 2, dp_reshardable (buckets keyed by the 16-bit dtypes).
 
 - The quick tests read the files: told from ours by content, our TP 1 model's names and shapes, the weights every
-  layout holds read alike (a dp_reshardable bucket's fp32 master equals its model tensor, proving the rebuilt bucket
-  layout element by element), the progress, and the refusals: a truncated chunk file, a linked-out file and a
-  common.pt or DCP index that would run code, each one line, exit 2.
+  layout holds read alike (a dp_reshardable bucket's fp32 master equals its model tensor, element by element), the
+  progress, and the refusals (a truncated or linked-out file, a common.pt or DCP index that would run code).
 - The slow tests are the proof: pretrain_gpt.py with the fixture's Megatron-LM flags and --load trains iterations 3
   and 4 to the losses Megatron-LM's uninterrupted run logged, within 1e-6 relative: weights, samples (Megatron-Core's
   order, data/megatron_order.py), Adam moments and step, schedule; the TP 2 checkpoints at TP 1 here, one also at TP 2."""
