@@ -1,0 +1,86 @@
+"""Issue 94 item 2: the commands work from any folder, even one holding data/, training/ and checkpoint/
+folders of the user's own. Before, `python -m data.preprocess` there failed with an ImportError: the
+editable install's finder was asked after the working directory, whose data/ became the package. The
+repository is installed as requirements.txt's `-e .` installs it, into a throwaway virtualenv that sees
+this interpreter's packages; the README's commands then run there with tiny sizes."""
+
+import importlib
+import json
+import os
+import re
+import shlex
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from data.corpus import default_corpus_documents
+from tests.readme import ROOT, doc_section, readme_section
+from tests.repository_tree import repository_files
+
+SMALL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+         "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "2"]
+# pyproject.toml's [project.scripts] (tomllib is Python 3.11's; the project supports 3.10)
+SCRIPTS = dict(re.findall(r'^(zero-gpt-[\w-]+) = "([\w.:]+)"$', (ROOT / "pyproject.toml").read_text(), flags=re.M))
+
+
+def test_every_console_command_names_a_function_that_exists():
+    assert len(SCRIPTS) == 5
+    for name, target in SCRIPTS.items():
+        module, _, function = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), function)), f"{name} = {target}"
+
+
+def install(venv: Path) -> Path:
+    """`pip install -e ROOT` into a new virtualenv at `venv` (no index, no build isolation: offline); the
+    virtualenv reads this interpreter's site-packages through a .pth of its own. Its bin/ folder."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    packages = Path(next(venv.glob("lib/python*/site-packages")))
+    outer = [entry for entry in site.getsitepackages() + sys.path if entry.endswith(("site-packages", "dist-packages"))]
+    (packages / "outer.pth").write_text("\n".join(dict.fromkeys(outer)) + "\n")
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--no-build-isolation", "-e", str(ROOT)], check=True, capture_output=True, env=clean_env())
+    return venv / "bin"
+
+
+def clean_env() -> dict:
+    return {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "WANDB_MODE": "disabled"}
+
+
+def run(argv: list[str], cwd: Path, tmp_path: Path) -> str:
+    result = subprocess.run(argv, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{' '.join(argv)}: exit {result.returncode}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def readme_lines(text: str) -> list[list[str]]:
+
+    joined = re.sub(r"\\\n\s*", " ", "".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S)))
+    return [shlex.split(line) for line in joined.splitlines() if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.slow
+def test_the_readmes_commands_run_from_a_folder_holding_data_training_and_checkpoint(tmp_path):
+    before = repository_files()
+    bin_dir = install(tmp_path / "venv")
+    assert sorted(path.name for path in bin_dir.glob("zero-gpt-*")) == sorted(SCRIPTS)
+    user = tmp_path / "user"
+    for name in ("data", "training", "checkpoint"):
+        (user / name).mkdir(parents=True)
+    with open(user / "data" / "corpus.jsonl", "w") as corpus:
+        corpus.writelines(json.dumps({"text": text}) + "\n" for text in default_corpus_documents()[:200])
+    preprocess, train = readme_lines(readme_section("Train on your own data"))
+    python = str(bin_dir / "python")
+    assert preprocess[:3] == ["python", "-m", "data.preprocess"] and train[:2] == ["python", "pretrain_gpt.py"]
+    run([python, *preprocess[1:], "--input", "data/corpus.jsonl", "--workers", "1",
+         "--train-tokenizer-vocab-size", "300"], user, tmp_path)
+    run([str(bin_dir / "zero-gpt-train"), *train[2:], *SMALL, "--train-iters", "2", "--eval-iters", "0",
+         "--device", "cpu", "--save", "checkpoint/run"], user, tmp_path)
+    page = doc_section("docs/planning.md", "Planning a run: will it fit, and what will it send")
+    assert ["python", "-m", "zero.plan", "tables"] in readme_lines(page)  # the paper's tables: a second, no dry run
+    assert "Table 1" in run([python, "-m", "zero.plan", "tables"], user, tmp_path)
+    run([str(bin_dir / "zero-gpt-convert"), "checkpoint/run", "hf"], user, tmp_path)
+    assert (user / "hf" / "model.safetensors").is_file() and (user / "my_data" / "my_text_document.idx").is_file()
+    assert repository_files() == before
