@@ -823,7 +823,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    metrics_file: str = option("runs/metrics.jsonl", help="JSON lines, one record per log/eval")
+    # None: runs/RUN_ID/metrics.jsonl, known once the run's lineage is (checkpoint/run_start.py)
+    metrics_file: Optional[str] = option(None, metavar="FILE", help="JSON lines, one record per log/eval (default "
+                                         "runs/RUN_ID/metrics.jsonl: a file per run, which its resumes append to)")
     # GENIAC's fork (hotsuyuki/Megatron-DeepSpeed, megatron/arguments.py) spells its W&B flags with underscores
     # too; its --use-wandb, --wandb-group and --wandb-tag are in arguments/megatron/flags.py.
     wandb_project: Optional[str] = option(None, help="log to W&B (offline unless W&B is configured on this "
@@ -862,7 +864,7 @@ class LoggingConfig:
              "server that does not exist here: it stays off, said at start)")
 
     def validate(self) -> None:
-        if not self.metrics_file:
+        if self.metrics_file is not None and not self.metrics_file:
             raise ConfigError("--metrics-file must name a file", flags=("--metrics-file",))
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ConfigError(f"--peak-tflops must be positive, got {self.peak_tflops}", flags=("--peak-tflops",))

@@ -1,4 +1,4 @@
-"""`python -m training.plot runs/metrics.jsonl -o runs/curves.png`: a run's curves as one PNG.
+"""`python -m training.plot runs/RUN_ID/metrics.jsonl -o runs/RUN_ID/curves.png`: a run's curves as one PNG.
 
 Four panels against the iteration: the training loss (the validation and test losses as points on
 it), the learning rate, tokens per second and TFLOP/s per GPU, one line per run in each: per file, and
@@ -168,7 +168,7 @@ def build_parser() -> OneLineArgumentParser:
         description="Draw the loss (validation and test as points), learning rate and throughput of one or "
                     "several metrics.jsonl files into a PNG, one line per run.")
     parser.add_argument("metrics_files", nargs="+", metavar="METRICS_JSONL",
-                        help="metrics files written by training (--metrics-file; default runs/metrics.jsonl)")
+                        help="metrics files written by training (--metrics-file; default runs/RUN_ID/metrics.jsonl)")
     parser.add_argument("-o", "--output", metavar="PNG",
                         help="the picture to write (default: curves.png beside the first metrics file)")
     parser.add_argument("--overwrite", action="store_true", help="replace the PNG if it exists")

@@ -18,10 +18,10 @@ from training.tensorboard_sink import open_tensorboard
 
 
 def open_metrics(config: PretrainConfig, state: ParallelState, identity: RunIdentity, start_iteration: int,
-                 log: Callable[[str], None]) -> MetricsWriter:
-    """The metrics file (appended to, never truncated: only this lineage's records of iterations this
-    run redoes are dropped), W&B and TensorBoard, written by rank 0."""
-    metrics_path = Path(config.logging.metrics_file)
+                 log: Callable[[str], None], metrics_file: str) -> MetricsWriter:
+    """The metrics file (the one the run claimed; appended to, never truncated: only this lineage's records
+    of iterations this run redoes are dropped), W&B and TensorBoard, written by rank 0."""
+    metrics_path = Path(metrics_file)
     log(f"> run {identity.run_id}, launch {identity.launch_id}: in every metrics record and save")
     if state.is_first_rank:
         dropped = drop_redone_records(str(metrics_path), start_iteration, identity.run_id) if start_iteration > 0 else 0
