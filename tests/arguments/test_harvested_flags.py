@@ -357,6 +357,18 @@ def test_unknown_flags_are_listed_together_with_real_hints_only(parser):
                        "them))")
 
 
+def test_a_flag_cut_short_at_a_hyphen_is_answered_with_the_flags_it_begins(parser):
+    """Issue 94 item 6e: `--lr-decay` was "no flag of that name or near it"; a value typed after it keeps only the
+    flags that could take it (--lr-decay-iters, -samples and -tokens take numbers)."""
+    assert unknown_flags_message(["--lr-decay", "cosine"], parser).endswith(
+        "(--lr-decay: did you mean --lr-decay-style?)")
+    assert unknown_flags_message(["--lr-decay"], parser).endswith(
+        "(--lr-decay: did you mean one of --lr-decay-iters, --lr-decay-style, --lr-decay-samples or "
+        "--lr-decay-tokens?)")
+    assert unknown_flags_message(["--tensor-model=2"], parser).endswith(  # not difflib's --test-mode
+        "(--tensor-model: did you mean --tensor-model-parallel-size?)")
+
+
 def test_print_config_shows_each_given_flag_with_what_it_does(capsys, monkeypatch):
     import pretrain_gpt
 
