@@ -15,10 +15,9 @@ Inputs are files or directories, read in the order given (directories in sorted 
 ``--text-document-separator``), ``.parquet``, and folders written by ``datasets``' ``save_to_disk``.
 Each key in ``--json-keys`` (a column, for parquet and datasets) becomes its own output.
 
-Reading and writing happen in this process; tokenization runs in ``--workers`` processes on batches
-of documents that come back in submission order, so the output is byte-identical for any worker count.
-Empty (whitespace-only) documents are skipped and counted in the summary.
-"""
+Reading and writing happen in this process; tokenization runs in ``--workers`` processes on batches of
+documents that come back in submission order, so the output is byte-identical for any worker count. Empty
+(whitespace-only) documents are skipped and counted in the summary."""
 
 from __future__ import annotations
 
