@@ -835,6 +835,10 @@ class LoggingConfig:
     wandb_run_name: Optional[str] = option(None, aliases={"--wandb-exp-name": "Megatron-LM",
                                                           "--wandb-name": "llm-jp's Megatron-LM fork"})
     wandb_entity: Optional[str] = option(None, aliases={"--wandb_entity": GENIAC_FORK})
+    # Megatron-LM's --wandb-save-dir (global_vars.py _set_wandb_writer: wandb.init's dir, there --save/wandb when
+    # left out); here W&B's files go beside the metrics file when it is left out
+    wandb_save_dir: Optional[str] = option(None, metavar="DIR", help="W&B's local files (wandb.init's dir; default: "
+                                                                     "beside the metrics file)")
     report_memory: bool = option(False, help="log per-rank model-state bytes held and the zero/memory.py "
                                              "prediction")
     # None: looked up by the CUDA device's name (omitted on CPU).

@@ -81,7 +81,10 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
     def first_rank() -> StartDecision:
         if checkpoint.save:
             refuse_training_output_in_checkpoint(checkpoint.save, "--save", save_directory=True)
-        for directory, flag in ((config.logging.tensorboard_dir, "--tensorboard-dir"), (cache_dir, "--data-cache-dir")):
+        # --wandb-save-dir only where W&B runs (as in Megatron-LM, which reads it only then)
+        wandb_dir = config.logging.wandb_save_dir if config.logging.wandb_project else None
+        for directory, flag in ((config.logging.tensorboard_dir, "--tensorboard-dir"), (cache_dir, "--data-cache-dir"),
+                                (wandb_dir, "--wandb-save-dir")):
             if directory:
                 refuse_training_output_in_checkpoint(directory, flag)
         if needs_finishing(checkpoint.load, checkpoint.save):  # a requeued job whose first save was killed
@@ -96,8 +99,9 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
             check_save_directory(checkpoint.save, decision.resume_from, checkpoint.finetune, checkpoint.overwrite_save)
         if config.logging.metrics_file is not None:
             claim_metrics_file(config.logging.metrics_file)
-        if config.logging.tensorboard_dir:
-            prepare_output_directory(config.logging.tensorboard_dir, "--tensorboard-dir")
+        for directory, flag in ((config.logging.tensorboard_dir, "--tensorboard-dir"), (wandb_dir, "--wandb-save-dir")):
+            if directory:
+                prepare_output_directory(directory, flag)
         return decision
 
     started = RunStart(None, locks, metrics_file=config.logging.metrics_file)

@@ -34,7 +34,8 @@ def open_metrics(config: PretrainConfig, state: ParallelState, identity: RunIden
     wandb_run = None
     if state.is_first_rank:
         wandb_run = start_wandb(config.logging.wandb_project, config.logging.wandb_run_name,
-                                config.logging.wandb_entity, config.to_dict(), str(metrics_path.parent))
+                                config.logging.wandb_entity, config.to_dict(),
+                                config.logging.wandb_save_dir or str(metrics_path.parent))
     tensorboard = open_tensorboard(config.logging.tensorboard_dir) if state.is_first_rank else None
     return MetricsWriter(str(metrics_path), enabled=state.is_first_rank, wandb_run=wandb_run, tensorboard=tensorboard,
                          identity=identity.fields())

@@ -286,7 +286,7 @@ def test_refused_flags_end_in_their_one_line_reason():
 
 def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
     parsed = parse_arguments(["--data-impl", "mmap", "--num-experts-switch", "1", "--moe-input-jitter-eps", "0.01",
-                              "--no-query-key-layer-scaling", "--wandb-save-dir", "X",
+                              "--no-query-key-layer-scaling",
                               "--ds-sequence-parallel-size", "1", "--log-timers-to-tensorboard",
                               "--no-pipeline-parallel", "--tensorboard-queue-size", "1",
                               "--no-async-tensor-model-parallel-allreduce", "--scattered-embeddings",
@@ -298,7 +298,6 @@ def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
     assert "--data-impl mmap (every implementation (mmap, cached, lazy, infer) reads the same .bin/.idx" in line
     assert "--num-experts-switch 1 (one expert is the dense model; the MoE loss coefficients then have no effect)" in line
     assert "--moe-input-jitter-eps 0.01 (mixture-of-experts knob" in line
-    assert "--wandb-save-dir X (W&B writes its files beside --metrics-file here)" in line
     assert "--ds-sequence-parallel-size 1 (sequence parallelism over 1 rank is none)" in line
     assert "--log-timers-to-tensorboard, --tensorboard-queue-size 1, --log-batch-size-to-tensorboard, " \
            "--log-validation-ppl-to-tensorboard, --log-optimizer-states-to-tensorboard (logging:" in line

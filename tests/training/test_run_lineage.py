@@ -272,3 +272,17 @@ def test_without_metrics_file_each_lineage_writes_its_own_and_its_resume_appends
     assert resumed.code == 0, resumed.err
     assert [(r["run_id"], r["iteration"]) for r in metrics_records(mine)] == [(run_id, 1), (run_id, 2)]
     assert len(list(Path("runs").glob("*/metrics.jsonl"))) == 2
+
+
+def test_wandb_save_dir_is_where_wandb_writes(corpus_cache, tmp_path, monkeypatch):
+    """Issue 94 item 6d: Megatron-LM's --wandb-save-dir was accepted with no effect (W&B wrote beside the metrics)."""
+    asked = {}
+
+    def start_wandb(project, run_name, entity, config, directory):  # training/metrics.py's: wandb.init(dir=directory)
+        asked.update(project=project, directory=directory)
+
+    monkeypatch.setattr("training.run_outputs.start_wandb", start_wandb)  # W&B itself is not started
+    outcome = train(corpus_cache, tmp_path / "metrics.jsonl", "--train-iters", "1", "--wandb-project", "p",
+                    "--wandb-save-dir", tmp_path / "wb")
+    assert outcome.code == 0, outcome.err
+    assert asked == {"project": "p", "directory": str(tmp_path / "wb")} and (tmp_path / "wb").is_dir()
