@@ -14,6 +14,7 @@ from resilience.rerun_resume import machine_checkpoint_state
 from resilience.rerun_state import RerunStateMachine
 from training.build import Built
 from training.metrics import MetricsWriter, count_records, drop_redone_records, end_last_line, start_wandb
+from training.run_commands import given_flags, record_command
 from training.tensorboard_sink import open_tensorboard
 
 
@@ -31,6 +32,7 @@ def open_metrics(config: PretrainConfig, state: ParallelState, identity: RunIden
                 f"redoes those iterations")
         elif start_iteration == 0 and (earlier := count_records(str(metrics_path))):
             log(f"> appending to {metrics_path}, which holds {earlier} records of earlier runs")
+        record_command(metrics_path, identity.fields(), given_flags(config))  # the plot's labels
     wandb_run = None
     if state.is_first_rank:
         wandb_run = start_wandb(config.logging.wandb_project, config.logging.wandb_run_name,

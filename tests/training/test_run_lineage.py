@@ -272,6 +272,9 @@ def test_without_metrics_file_each_lineage_writes_its_own_and_its_resume_appends
     assert resumed.code == 0, resumed.err
     assert [(r["run_id"], r["iteration"]) for r in metrics_records(mine)] == [(run_id, 1), (run_id, 2)]
     assert len(list(Path("runs").glob("*/metrics.jsonl"))) == 2
+    launches = metrics_records(mine.with_name("metrics.commands.jsonl"))  # the flags the plot labels runs by
+    assert [launch["run_id"] for launch in launches] == [run_id, run_id]
+    assert {"--save ck", "--num-layers 1", "--hidden-size 32"} <= set(launches[0]["flags"])
 
 
 def test_wandb_save_dir_is_where_wandb_writes(corpus_cache, tmp_path, monkeypatch):
