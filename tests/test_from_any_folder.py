@@ -49,10 +49,19 @@ def clean_env() -> dict:
     return {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "WANDB_MODE": "disabled"}
 
 
+def start(argv: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(argv, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen) -> str:
+    """The command's output once it has succeeded."""
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, f"{' '.join(process.args)}: exit {process.returncode}\n{err[-3000:]}"
+    return out
+
+
 def run(argv: list[str], cwd: Path) -> str:
-    result = subprocess.run(argv, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"{' '.join(argv)}: exit {result.returncode}\n{result.stderr[-3000:]}"
-    return result.stdout
+    return finish(start(argv, cwd))
 
 
 def bash_commands(text: str) -> list[list[str]]:
@@ -71,16 +80,17 @@ def test_the_readmes_commands_run_from_a_folder_holding_data_training_and_checkp
         (user / name).mkdir(parents=True)
     with open(user / "data" / "corpus.jsonl", "w") as corpus:
         corpus.writelines(json.dumps({"text": text}) + "\n" for text in default_corpus_documents()[:200])
-    preprocess, train = bash_commands(readme_section("Train on your own data"))
     python = str(bin_dir / "python")
+    page = doc_section("docs/planning.md", "Planning a run: will it fit, and what will it send")
+    assert ["python", "-m", "zero.plan", "tables"] in bash_commands(page)  # the paper's tables: a second, no dry run
+    plan = start([python, "-m", "zero.plan", "tables"], user)  # beside the others: nothing of theirs is read
+    preprocess, train = bash_commands(readme_section("Train on your own data"))
     assert preprocess[:3] == ["python", "-m", "data.preprocess"] and train[:2] == ["python", "pretrain_gpt.py"]
     run([python, *preprocess[1:], "--input", "data/corpus.jsonl", "--workers", "1",
          "--train-tokenizer-vocab-size", "300"], user)
     run([str(bin_dir / "zero-gpt-train"), *train[2:], *SMALL, "--train-iters", "2", "--eval-iters", "0",
          "--device", "cpu", "--save", "checkpoint/run"], user)
-    page = doc_section("docs/planning.md", "Planning a run: will it fit, and what will it send")
-    assert ["python", "-m", "zero.plan", "tables"] in bash_commands(page)  # the paper's tables: a second, no dry run
-    assert "Table 1" in run([python, "-m", "zero.plan", "tables"], user)
     run([str(bin_dir / "zero-gpt-convert"), "checkpoint/run", "hf"], user)
+    assert "Table 1" in finish(plan)
     assert (user / "hf" / "model.safetensors").is_file() and (user / "my_data" / "my_text_document.idx").is_file()
     assert repository_files() == before

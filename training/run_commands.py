@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Optional
 
 from arguments.config_sources import FLAG
-from base.options import setting_values
 
 
 def commands_file(metrics_file: str | Path) -> Path:
@@ -21,8 +20,8 @@ def commands_file(metrics_file: str | Path) -> Path:
 def given_flags(config) -> list[str]:
     """The settings given on the command line, each as typed with its resolved value (`--lr 0.001`, `--bf16`)."""
     flags = []
-    for section in config.SECTIONS:
-        for name, value in setting_values(getattr(config, section)).items():
+    for settings in config.to_dict().values():
+        for name, value in settings.items():
             source = config.sources.get(name)
             if source is None or source.kind != FLAG:
                 continue
