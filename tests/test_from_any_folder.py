@@ -1,8 +1,9 @@
 """Issue 94 item 2: the commands work from any folder, even one holding data/, training/ and checkpoint/
 folders of the user's own. Before, `python -m data.preprocess` there failed with an ImportError: the
-editable install's finder was asked after the working directory, whose data/ became the package. The
-repository is installed as requirements.txt's `-e .` installs it, into a throwaway virtualenv that sees
-this interpreter's packages; the README's commands then run there with tiny sizes."""
+editable install's finder was asked after the working directory, whose data/ became the package (and before
+issue 34, with no install, outside the repository root at all). The repository is installed by
+requirements.txt's `-e` line, into a throwaway virtualenv that sees this interpreter's packages; the
+README's commands then run there with tiny sizes."""
 
 import importlib
 import json
@@ -33,15 +34,21 @@ def test_every_console_command_names_a_function_that_exists():
         assert callable(getattr(importlib.import_module(module), function)), f"{name} = {target}"
 
 
+def editable_lines() -> list[str]:
+    lines = (ROOT / "requirements.txt").read_text().splitlines()
+    return [line.split("#")[0].strip() for line in lines if line.strip().startswith("-e ")]
+
+
 def install(venv: Path) -> Path:
-    """`pip install -e ROOT` into a new virtualenv at `venv` (no index, no build isolation: offline); the
-    virtualenv reads this interpreter's site-packages through a .pth of its own. Its bin/ folder."""
+    """requirements.txt's `pip install -e .` into a new virtualenv at `venv` (no index, no build isolation:
+    offline); the virtualenv reads this interpreter's site-packages through a .pth of its own. Its bin/."""
+    assert editable_lines() == ["-e ."], editable_lines()
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     packages = Path(next(venv.glob("lib/python*/site-packages")))
     outer = [entry for entry in site.getsitepackages() + sys.path if entry.endswith(("site-packages", "dist-packages"))]
     (packages / "outer.pth").write_text("\n".join(dict.fromkeys(outer)) + "\n")
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    "--no-build-isolation", "-e", str(ROOT)], check=True, capture_output=True, env=clean_env())
+                    "--no-build-isolation", "-e", "."], cwd=ROOT, check=True, capture_output=True, env=clean_env())
     return venv / "bin"
 
 
