@@ -28,6 +28,9 @@ import torch
 from arguments.bounds import check_bounds
 from arguments.config_sources import FLAG
 from arguments.cuda_graphs import CUDA_GRAPH_IMPLS, MODULE_CHOICES, check_cuda_graphs
+from arguments.megatron.beyond_megatron import settings_beyond_megatron
+from arguments.megatron.defaults import DEFAULT_SOURCES
+from arguments.megatron.harvested_flags import harvested
 from arguments.step_batch_schedule import parse_step_schedule
 from base.errors import ConfigError
 from base.options import Const, count, flag_of, option, option_fields, setting_names, setting_values, with_settings
@@ -214,10 +217,8 @@ class OptimizerConfig:
         if self.decoupled_lr is not None and (self.decoupled_lr < 0 or (self.decoupled_min_lr or 0.0) < 0):
             raise ConfigError(f"--decoupled-lr ({self.decoupled_lr}) and --decoupled-min-lr "
                               f"({self.decoupled_min_lr}) must be >= 0", flags=("--decoupled-lr", "--decoupled-min-lr"))
-        if self.lr_warmup_iters < 0 or (self.lr_decay_iters is not None and self.lr_decay_iters < 1):
-            raise ConfigError("--lr-warmup-iters must be >= 0 and --lr-decay-iters >= 1",
-                              flags=("--lr-warmup-iters", "--lr-decay-iters"))
-        for name in ("lr_warmup_samples", "lr_decay_samples", "lr_warmup_tokens", "lr_decay_tokens"):
+        for name in ("lr_warmup_iters", "lr_decay_iters", "lr_warmup_samples", "lr_decay_samples", "lr_warmup_tokens",
+                     "lr_decay_tokens"):
             value = getattr(self, name)
             if value is not None and value < (0 if "warmup" in name else 1):
                 raise ConfigError(f"{_flag(name)} must be at least {0 if 'warmup' in name else 1}, got {value}",
@@ -477,7 +478,7 @@ class TrainingConfig:
     error_injection_rate: int = option(
         0, group="checkpoint",
         help="with --rerun-mode validate_results: reject one validated loss in this many (per rank), to test the "
-             "re-run; 0 injects nothing")
+             "re-run; 0 or less injects nothing (Megatron-Core injects only where the rate is > 0)")
     error_injection_type: str = option(
         "transient_error", group="checkpoint", choices=("correct_result", "transient_error", "persistent_error"),
         help="what an injected rejection acts as: transient_error (the re-run differs: on), persistent_error and "
@@ -816,9 +817,11 @@ class DataConfig:
             if self.fim_split_sample and self.fim_fragment_rate is None:
                 raise ConfigError("--fim-split-sample needs --fim-fragment-rate (each fragment's FIM rate)",
                                   flags=("--fim-split-sample", "--fim-fragment-rate"))
-        if self.num_workers < 0 or self.tokenizer_vocab_size < 300:
-            raise ConfigError("--num-workers must be >= 0 and --tokenizer-vocab-size >= 300",
-                              flags=("--num-workers", "--tokenizer-vocab-size"))
+        if self.num_workers < 0:  # torch's DataLoader refuses it (as it does in Megatron-LM)
+            raise ConfigError(f"--num-workers must be at least 0, got {self.num_workers}", flags=("--num-workers",))
+        if self.tokenizer_vocab_size < 300:
+            raise ConfigError(f"--tokenizer-vocab-size must be at least 300, got {self.tokenizer_vocab_size}",
+                              flags=("--tokenizer-vocab-size",))
 
 
 @dataclass(frozen=True)
@@ -924,7 +927,8 @@ class CheckpointConfig:
                                                                    "or LlamaForCausalLM folder (config.json + "
                                                                    "model.safetensors)")
     exit_signal_handler: bool = option(False, help="on SIGTERM or SIGUSR1, finish the iteration, save and exit 0")
-    exit_interval: Optional[int] = option(None, help="save and exit 0 after an iteration that is a multiple of N")
+    exit_interval: Optional[int] = option(None, help="save and exit 0 after an iteration that is a multiple of N "
+                                                   "(0: never, as Megatron-LM reads it)")
     exit_duration_in_mins: Optional[float] = option(None, help="save and exit 0 once the run has lasted this many "
                                                                "minutes")
     # BigScience's kill switch.
@@ -995,10 +999,15 @@ class CheckpointConfig:
                 f"Megatron-LM's distributed checkpoint)")
 
     def validate(self) -> None:
-        for name in ("save_interval", "keep_last", "exit_interval"):
+        for name in ("save_interval", "keep_last"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {value}", flags=(_flag(name),))
+        # Megatron-LM exits `if args.exit_interval and iteration % args.exit_interval == 0` (training.py), so 0 is
+        # no exit; a negative N divides every iteration, so the run would stop after its first
+        if self.exit_interval is not None and self.exit_interval < 0:
+            raise ConfigError(f"--exit-interval must be 0 (never) or more, got {self.exit_interval}",
+                              flags=("--exit-interval",))
         if self.exit_duration_in_mins is not None and not self.exit_duration_in_mins > 0:
             raise ConfigError(f"--exit-duration-in-mins must be positive, got {self.exit_duration_in_mins}",
                               flags=("--exit-duration-in-mins",))
@@ -1102,12 +1111,13 @@ class PretrainConfig:
         if self.checkpoint.ckpt_format != TORCH_DIST or not self.checkpoint.save:
             return None
         model = self.model
+        beyond = settings_beyond_megatron(model, harvested()["flags"], DEFAULT_SOURCES)
         unwritten = [what for what, on in (
+            *((f"{flag} (Megatron-LM has no such flag)", True) for flag in beyond),
             ("the MoE layers", model.experts.num_experts not in (None, 1)),
             ("the multi-token prediction layers", bool(model.mtp.num_layers)),
             ("multi-latent attention", model.mla.multi_latent_attention),
             (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),
-            ("the fp16 loss scaler's state", self.training.fp16),
             ("--keep-last's pruning", bool(self.checkpoint.keep_last))) if on]
         if not unwritten:
             return None
@@ -1205,7 +1215,7 @@ class PretrainConfig:
                               flags=(flag, "--num-experts"))
         # each MoE layer's count (a Megatron-DeepSpeed list gives each its own) over the same group: DeepSpeed-MoE's
         # MoE asserts `num_experts % ep_size == 0` per layer (deepspeed/moe/layer.py)
-        counts = sorted(set(self.model.expert_counts()) | {self.model.moe.num_experts})
+        counts = sorted(set(self.model.experts.distinct_counts(self.model.num_layers)) | {self.model.moe.num_experts})
         indivisible = [count for count in counts if count % ep != 0]
         if indivisible:
             raise ConfigError(f"--num-experts {' '.join(map(str, indivisible))} is not divisible by {flag} {ep}; each "
@@ -1287,12 +1297,6 @@ class PretrainConfig:
                               f"each expert's ffn splits evenly over the expert tensor-parallel ranks",
                               flags=("--moe-ffn-hidden-size", "--expert-tensor-parallel-size"))
 
-    def _check_rerun_mode(self) -> None:
-        training = self.training
-        if training.error_injection_rate < 0:
-            raise ConfigError(f"--error-injection-rate must be 0 or more, got {training.error_injection_rate}",
-                              flags=("--error-injection-rate",))
-
     def validate(self) -> None:
         check_finite_numbers(self)
         for section in self.SECTIONS:
@@ -1304,7 +1308,6 @@ class PretrainConfig:
                               f"{self.model.seq_length} is not divisible by --tensor-model-parallel-size {tp}; "
                               f"choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
-        self._check_rerun_mode()
         self._check_goldfish()
         self._check_muon()
         self._check_expert_parallel()

@@ -20,6 +20,7 @@ one line on stderr and exit code 2."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -63,11 +64,12 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, 
         tokenizer_dir = None  # Megatron-LM saves none
         check_output_folder(Path(out_dir), overwrite, tokenizer_dir)
         prepare_output_directory(Path(os.path.abspath(out_dir)).parent, "OUT_DIR's parent")
-        model_config, hf_state = read_megatron(iteration_dir)
+        model_config, hf_state, given, eod = read_megatron(iteration_dir)
     else:
         metadata = read_metadata(iteration_dir)
         tokenizer = metadata.get("tokenizer")
         tokenizer_dir = inside(iteration_dir, tokenizer) if tokenizer is not None else None
+        eod = None  # the tokenizer's own
         # Checked before any weight is read, so a refused OUT_DIR costs nothing; write_hf_folder checks
         # again just before the old folder goes.
         check_output_folder(Path(out_dir), overwrite, tokenizer_dir)
@@ -78,16 +80,22 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, 
         model_config, hf_state = checkpoint_to_hf_state(iteration_dir, progress=True)
     print(f"writing {out_dir} ({len(hf_state)} tensors in {dtype}, "
           f"{'with the tokenizer' if tokenizer_dir else 'no tokenizer in the checkpoint'})", flush=True)
-    write_hf_folder(out_dir, hf_state, model_config, tokenizer_dir, dtype=dtype, overwrite=overwrite)
+    write_hf_folder(out_dir, hf_state, model_config, tokenizer_dir, dtype=dtype, overwrite=overwrite, eod_token_id=eod)
+    if fmt is MEGATRON:  # each config.json field the run's args do not give, named with the value written
+        from checkpoint.megatron_hf_fields import unsourced_fields
+
+        for line in unsourced_fields(json.loads((Path(out_dir) / "config.json").read_text()), given):
+            print(line, flush=True)
     model_class = class_of(model_config)
     print(f"done in {time.perf_counter() - started:.1f} s: {model_class}.from_pretrained({str(out_dir)!r})",
           flush=True)
 
 
 def read_megatron(iteration_dir: Path):
-    """A Megatron-LM torch_dist iteration directory's model and weights (checkpoint/megatron_hf.py), its files
-    verified first as a --load verifies them (present, inside it, not truncated)."""
-    from checkpoint.megatron_hf import megatron_to_hf_state  # DCP imports sympy: only for Megatron's folders
+    """A Megatron-LM torch_dist iteration directory's model, weights, the settings its args gave and its
+    end-of-document id where they give it (checkpoint/megatron_hf.py), its files verified first as a --load verifies
+    them (present, inside it, not truncated)."""
+    from checkpoint.megatron_hf import end_of_document_id, megatron_to_hf_state  # DCP imports sympy: only here
     from checkpoint.torch_dist.resume import verify_megatron
 
     verify_megatron(iteration_dir)
@@ -96,7 +104,7 @@ def read_megatron(iteration_dir: Path):
     print(f"reading Megatron-LM torch_dist checkpoint {iteration_dir}: iteration {common['iteration']}, TP "
           f"{getattr(args, 'tensor_model_parallel_size', 1)} x PP {getattr(args, 'pipeline_model_parallel_size', 1)} "
           f"x EP {getattr(args, 'expert_model_parallel_size', 1)}", flush=True)
-    return megatron_to_hf_state(iteration_dir)
+    return (*megatron_to_hf_state(iteration_dir), end_of_document_id(vars(args)))
 
 
 def main(argv=None) -> int:

@@ -43,7 +43,7 @@ def fp8_histories(model: nn.Module) -> dict[str, dict[str, list]]:
 def saved_fp8_histories(model: nn.Module, config, state) -> dict[str, dict[str, list]]:
     """What a save writes: on the first rank every stage's and expert-parallel rank's histories by global name, {}
     elsewhere. A collective (every rank calls it) with --fp8-format on and more than one rank."""
-    if config.model.fp8 is None:
+    if not config.model.fp8.enabled:
         return {}
     experts = state.experts
     mine = fp8_histories(model) if experts.tensor_rank == 0 and experts.data_rank == 0 else {}

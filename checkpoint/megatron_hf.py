@@ -4,21 +4,25 @@ The model: Megatron-LM's args (common.pt) under this project's names, read as a 
 (checkpoint/torch_dist/resume.py metadata_view: the block settings, the activation Megatron-Core computed) plus the
 shape, with the vocabulary the saved rows hold (`padded_vocab_size`): Megatron-Core's cross entropy takes the padding
 rows' logits into its softmax, and so does transformers' over a vocabulary of that size, so the exported model's
-loss is Megatron-LM's. The weights: the fp32 weights Megatron-Core saved (an fp32 run's model tensors, a 16-bit run's fp32
-master copies; its stacked layers, fused QKV and SwiGLU halves, at any TP x PP x EP), read whole by our names through
-checkpoint/torch_dist/source.py, then written under
-transformers' names (checkpoint/hf/folders.py to_hf_state_dict).
+loss is Megatron-LM's. Every other setting its args hold is theirs too (dropout, the MoE losses' coefficients, ...),
+and the settings they gave are returned beside the model, so that the export names each config.json field they do
+not give (checkpoint/megatron_hf_fields.py). The weights: the fp32 weights Megatron-Core saved (an fp32 run's model
+tensors, a 16-bit run's fp32 master copies; its stacked layers, fused QKV and SwiGLU halves, at any TP x PP x EP),
+read whole by our names through checkpoint/torch_dist/source.py, then written under transformers' names
+(checkpoint/hf/folders.py to_hf_state_dict).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from base.errors import CheckpointError
 from base.options import setting_names, with_settings
 from checkpoint.hf.folders import check_convertible, to_hf_state_dict
+from checkpoint.megatron_hf_fields import END_OF_DOCUMENT
 from checkpoint.torch_dist.common import load_common, saved_args
 from checkpoint.torch_dist.resume import RENAMED, metadata_view
 from checkpoint.torch_dist.source import MegatronSource
@@ -33,8 +37,24 @@ SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "kv_channels", "ffn
 RUN_SETTINGS = ("vocab_size", "make_vocab_size_divisible_by", "attention_backend", "cp_comm_type")
 
 
-def megatron_model_config(common: dict) -> ModelConfig:
-    """The model Megatron-LM's args describe (module docstring)."""
+def _scalar(value):
+    """A setting's value from the args, or None: Megatron-LM's lists of one (--moe-aux-loss-coeff takes nargs='+',
+    one per balancing type) as their element; a longer list fits no setting here."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    return value if isinstance(value, (bool, int, float, str)) else None
+
+
+def end_of_document_id(args: dict) -> Optional[int]:
+    """The run's end-of-document id where its args give it: Megatron-LM's NullTokenizer appends it after the
+    --vocab-size ids (megatron/training/tokenizer/tokenizer.py _NullTokenizer); a tokenizer of files (not saved
+    with the checkpoint) knows its own."""
+    return args.get("vocab_size") if args.get("tokenizer_type") == "NullTokenizer" else None
+
+
+def megatron_settings(common: dict) -> tuple[ModelConfig, frozenset[str]]:
+    """The model Megatron-LM's args describe, and the names of the settings its args gave (the rest are this
+    project's defaults: checkpoint/megatron_hf_fields.py names what they feed in config.json)."""
     from arguments.config import PretrainConfig  # the defaults a setting its args lack takes
 
     args = vars(saved_args(common))
@@ -42,27 +62,34 @@ def megatron_model_config(common: dict) -> ModelConfig:
         raise CheckpointError("its args do not say whether the norms store gain - 1 (layernorm_zero_centered_gamma, "
                               "--apply-layernorm-1p), so the exported norms could be off by 1: convert a save that "
                               "records it (Megatron-LM's own, or this project's since it writes the key)")
+    ours = {RENAMED.get(name, name): name for name in args}
+    known = setting_names(ModelConfig)
+    given = {name for name in known if ours.get(name, name) in args and name not in RUN_SETTINGS}
     model = dict(metadata_view(common, PretrainConfig())["config"]["model"])
     # every other setting the export may write (dropout, the MoE losses' coefficients, ...) from the run's args, not
     # this project's defaults: what a resume does not compare is still the run's
-    ours = {RENAMED.get(name, name): name for name in args}
-    for name in setting_names(ModelConfig):
-        value = args.get(ours.get(name, name)) if name not in model and name not in RUN_SETTINGS else None
-        if isinstance(value, (bool, int, float, str)):
+    for name in sorted(given - set(model)):
+        value = _scalar(args[ours.get(name, name)])
+        if value is not None:
             model[name] = value
+        elif args[ours.get(name, name)] is not None:
+            given.discard(name)  # a value no setting here holds: named where config.json writes it
     model.update({name: args[name] for name in SHAPE if args.get(name) is not None})
     model["vocab_size"] = args["padded_vocab_size"]
+    given |= {"vocab_size"} | ({"activation"} if "swiglu" in args else set())  # metadata_view's _activation
+    if end_of_document_id(args) is not None:
+        given.add(END_OF_DOCUMENT)
     if model.get("num_experts") is not None and args.get("moe_ffn_hidden_size") is not None:
         model["moe_ffn_hidden_size"] = args["moe_ffn_hidden_size"]
-    known = setting_names(ModelConfig)
-    return with_settings(ModelConfig, {name: value for name, value in model.items() if name in known})
+    config = with_settings(ModelConfig, {name: value for name, value in model.items() if name in known})
+    return config, frozenset(given)
 
 
-def megatron_to_hf_state(iteration_dir: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """The model config and its weights under transformers' names (module docstring)."""
-    config = megatron_model_config(load_common(iteration_dir))
+def megatron_to_hf_state(iteration_dir: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], frozenset[str]]:
+    """The model config, its weights under transformers' names (module docstring) and the settings its args gave."""
+    config, given = megatron_settings(load_common(iteration_dir))
     check_convertible(config, "the Hugging Face export")  # before any weight is read
     source = MegatronSource(iteration_dir)
     weights = {name: source.read(MASTER, name, tuple(slice(0, n) for n in info.shape)).reshape(info.shape)
                for name, info in source.tensors(MASTER).items()}
-    return config, to_hf_state_dict(weights, config)
+    return config, to_hf_state_dict(weights, config), given

@@ -33,7 +33,7 @@ from base.options import option_fields, setting_names, with_settings
 from checkpoint.inside import inside
 from checkpoint.rerun_machine_entry import is_entry as _rerun_entry
 from gpt.model_config import ModelConfig
-from parallel.config import recorded_section
+from parallel.config import RECORDED_SECTION, recorded_section
 
 # `latest` names an iteration directory and nothing else.
 ITERATION_NAME = re.compile(r"iter_\d{7,}")
@@ -50,6 +50,13 @@ NON_NEGATIVE = "a non-negative integer (at most 2**63 - 1, int64)"
 POSITIVE = "a positive integer (at most 2**63 - 1, int64)"
 ANY_INT = "an integer within int64 (-2**63 to 2**63 - 1)"
 FINITE = "a finite number"
+
+
+def recorded_model(recorded: dict) -> ModelConfig:
+    """The model of a recorded config's `model` section (checkpoint metadata), without the parallel settings the
+    record keeps there (`sequence_parallel`: parallel/config.py RECORDED_SECTION)."""
+    beside = {name for name, section in RECORDED_SECTION.items() if section == "model"}
+    return with_settings(ModelConfig, {name: value for name, value in recorded.items() if name not in beside})
 
 
 def is_int(value: Any, minimum: int = 0) -> bool:

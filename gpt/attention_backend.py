@@ -59,8 +59,8 @@ def backend_for_device(config: ModelConfig, precision: str, device: torch.device
             why = "the flash kernel on CUDA takes no attention mask and --window-size's sliding window is one here"
     elif config.attention.attention_backend == "fused":
         why = "the fused kernels need CUDA"
-    elif config.attention.attention_backend == "flash" and config.attention_dropout > 0:
-        why = (f"the flash kernel on a CPU has no dropout and --attention-dropout is {config.attention_dropout} "
+    elif config.attention.attention_backend == "flash" and config.attention.attention_dropout > 0:
+        why = (f"the flash kernel on a CPU has no dropout and --attention-dropout is {config.attention.attention_dropout} "
                f"(set it to 0 to use it)")
     if why is None:
         return config.attention.attention_backend, None

@@ -27,6 +27,7 @@ class AttentionSettings:
     # how the attention is computed, not what: a resume may change them (checkpoint/resume_model.py)
     NOT_THE_MATH: ClassVar[tuple[str, ...]] = ("attention_backend", "cp_comm_type", "pad_attention_head_dim")
 
+    attention_dropout: float = 0.1
     # None: one key/value head per query head (multi-head attention); 1 is multi-query attention
     num_query_groups: Optional[int] = option(
         None, aliases={"--num-key-value-heads": "Megatron-DeepSpeed"},
@@ -58,6 +59,10 @@ class AttentionSettings:
         None, help="attention scores' scale (default 1/sqrt(head width)); Gemma's query_pre_attn_scalar q is q^-0.5")
     attn_logit_softcapping: Optional[float] = option(
         None, help="attention scores become c x tanh(score / c) before the mask and softmax (Gemma 2)")
+    # transformers' OlmoeAttention (and OLMo's, DBRX's): config.clip_qkv; no Megatron-LM flag
+    clip_qkv: Optional[float] = option(
+        None, help="the queries, keys and values clamped to [-C, C] after their projections and query/key norms, "
+                   "before rotary (OLMoE's clip_qkv)")
     # Megatron-Core's TransformerConfig.softmax_type (gpt/attention_sinks.py)
     softmax_type: str = option(
         "vanilla", choices=SOFTMAX_TYPES,
@@ -115,11 +120,14 @@ class AttentionSettings:
         return any_layer_windowed(self.window_size, self.window_attn_skip_freq, num_layers)
 
     def validate(self, num_attention_heads: int, num_layers: int, tensor_parallel_size: int = 1) -> None:
+        if not 0.0 <= self.attention_dropout < 1.0:
+            raise ConfigError(f"--attention-dropout must be in [0, 1), got {self.attention_dropout}",
+                              flags=("--attention-dropout",))
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"--attention-backend {self.attention_backend!r} is not one of "
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         for flag, value in (("--softmax-scale", self.softmax_scale),
-                            ("--attn-logit-softcapping", self.attn_logit_softcapping)):
+                            ("--attn-logit-softcapping", self.attn_logit_softcapping), ("--clip-qkv", self.clip_qkv)):
             if value is not None and not 0 < value < float("inf"):
                 raise ConfigError(f"{flag} must be a positive number, got {value}", flags=(flag,))
         if self.softmax_type not in SOFTMAX_TYPES:

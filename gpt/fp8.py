@@ -50,13 +50,9 @@ from parallel.state import ParallelState
 
 def recipe_of(model_config) -> Fp8Recipe:
     """The run's FP8 settings as Megatron-Core's TransformerConfig holds them."""
-    return Fp8Recipe(fp8_format=model_config.fp8, recipe=model_config.fp8_recipe, margin=model_config.fp8_margin,
-                     amax_history_len=model_config.fp8_amax_history_len,
-                     amax_compute_algo=model_config.fp8_amax_compute_algo, wgrad=model_config.fp8_wgrad)
-
-
-# the largest margin whose 2**margin is an int64, as torch takes the divisor (2**63 raises "int too big to convert")
-MAX_FP8_MARGIN = 62
+    fp8 = model_config.fp8
+    return Fp8Recipe(fp8_format=fp8.format, recipe=fp8.recipe, margin=fp8.margin,
+                     amax_history_len=fp8.amax_history_len, amax_compute_algo=fp8.amax_compute_algo, wgrad=fp8.wgrad)
 
 
 @dataclass(frozen=True)
@@ -71,35 +67,10 @@ class Fp8Launch:
 
 def check_fp8(model_config, launch: Fp8Launch) -> None:
     """Refuse, in one line, every FP8 combination not built yet; nothing without --fp8-format."""
-    fmt = model_config.fp8
-    if fmt is None:
-        return
-    recipe = model_config.fp8_recipe
-    what = f"--fp8-format {fmt} --fp8-recipe {recipe}"
-    if recipe == "custom":
-        raise ConfigError(f"{what}: the custom recipe (--fp8-quantizer-factory, a TE quantizer factory) is not "
-                          f"available here; use delayed, tensorwise, blockwise or mxfp8")
-    threshold = model_config.fp8_guard_saturation_threshold
-    if model_config.fp8_guard and not 0.0 <= threshold <= 1.0:  # a fraction of a cast's values
-        raise ConfigError(f"--fp8-guard-saturation-threshold {threshold:g} must be a fraction between 0 and 1 "
-                          f"(of one cast's values)")
-    if model_config.fp8_amax_history_len < 1:
-        raise ConfigError(f"--fp8-amax-history-len {model_config.fp8_amax_history_len} must be at least 1")
-    if model_config.fp8_margin > MAX_FP8_MARGIN:
-        raise ConfigError(f"--fp8-margin {model_config.fp8_margin}: delayed scaling divides by 2**margin as an integer "
-                          f"(TransformerEngine's _default_sf_compute, parallel/fp8/recipes.py), which a tensor cannot "
-                          f"take beyond int64: at most {MAX_FP8_MARGIN}")
-    if model_config.first_last_layers_bf16:
-        if recipe == "delayed":  # Megatron-Core's TransformerConfig.__post_init__
-            raise ConfigError(f"{what} --first-last-layers-bf16: delayed scaling does not support first / last "
-                              f"layer in BF16 (as in Megatron-Core); use tensorwise, blockwise or mxfp8")
-        for flag, count in (("--num-layers-at-start-in-bf16", model_config.num_layers_at_start_in_bf16),
-                            ("--num-layers-at-end-in-bf16", model_config.num_layers_at_end_in_bf16)):
-            if not 0 <= count <= model_config.num_layers:
-                raise ConfigError(f"{flag} {count} must be between 0 and the number of layers "
-                                  f"({model_config.num_layers})")
-    if model_config.fp8_param_gather:
-        _check_param_gather(what, recipe, launch.zero_stage)
+    fp8 = model_config.fp8
+    fp8.validate(model_config.num_layers)
+    if fp8.enabled and fp8.param_gather:
+        _check_param_gather(f"--fp8-format {fp8.format} --fp8-recipe {fp8.recipe}", fp8.recipe, launch.zero_stage)
 
 
 def _check_param_gather(what: str, recipe: str, zero_stage: int) -> None:
@@ -123,14 +94,6 @@ def fp8_gathered_weights(model: nn.Module) -> dict:
             if getattr(module, "fp8_state", None) is not None}
 
 
-def _keeps_high_precision(model_config, layer: int) -> bool:
-    """Megatron's is_first_last_bf16_layer."""
-    if not model_config.first_last_layers_bf16:
-        return False
-    return layer < model_config.num_layers_at_start_in_bf16 or \
-        layer >= model_config.num_layers - model_config.num_layers_at_end_in_bf16
-
-
 def _tp_linears(block: nn.Module):
     return [(name, module) for name, module in block.named_modules()
             if isinstance(module, (ColumnParallelLinear, RowParallelLinear))]
@@ -151,7 +114,7 @@ def _joined_gate_up(block: nn.Module, model_config) -> dict:
     amax over both, one delayed-scaling state), one GEMM each way, as this project's bf16 runs them
     (gpt/gate_up_gemm.py). Not with biases (their fp32 epilogue takes one bias), nor under --fp8-param-gather, where
     ZeRO casts and gathers each parameter with its own scale: there the two run as two FP8 linears."""
-    if model_config.fp8_param_gather:
+    if model_config.fp8.param_gather:
         return {}
     return {f"{name}.dense_h_to_4h_gate": (mlp, f"{name}.dense_h_to_4h_up") for name, mlp in block.named_modules()
             if isinstance(mlp, SwiGLUMLP) and mlp.dense_h_to_4h_gate.bias is None}
@@ -211,7 +174,7 @@ def guard_monitor(model_config, parallel: Optional[ParallelState], device: torch
     any_rank = None
     if parallel is not None and parallel.world_size > 1:
         any_rank = parallel.comm.max_over_world
-    return GuardMonitor(threshold=model_config.fp8_guard_saturation_threshold,
+    return GuardMonitor(threshold=model_config.fp8.guard_saturation_threshold,
                         reductions={DENSE: verdict_reduction(parallel), EXPERT: expert_verdict_reduction(parallel)},
                         any_rank=any_rank, device=device)
 
@@ -221,12 +184,12 @@ def delayed_scaling_passes(model: nn.Module, model_config,
     """Delayed scaling's per-pass update (parallel/fp8/delayed_updates.py) over this rank's model: each model chunk's
     blocks (by chunk index) and the MTP layers ("mtp"), reduced over Megatron-Core's amax reduction group
     (amax_reduction); None without delayed scaling."""
-    if model_config.fp8 is None or model_config.fp8_recipe != "delayed":
+    if not model_config.fp8.enabled or model_config.fp8.recipe != "delayed":
         return None
     groups = {chunk: delayed_scalings_in(blocks) for chunk, blocks in enumerate(model.chunk_blocks)}
     groups[MTP_PASS] = delayed_scalings_in(model.mtp_layers)
     device = parallel.device if parallel is not None else torch.device("cpu")
-    fused, _ = resolve_fused_casts(model_config.fp8_fused_casts, device)
+    fused, _ = resolve_fused_casts(model_config.fp8.fused_casts, device)
     return DelayedScalingPasses(groups, amax_reduction(parallel), fused)
 
 
@@ -268,16 +231,16 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
     amax reduction is delayed_scaling_passes'). With --fp8-guard each linear gets a guard (parallel/fp8/guard.py),
     gathered in `monitor` (guard_monitor), which takes the verdicts and the metrics. `compiled`: the blocks will be
     compiled (--compile), said in the line."""
-    if model_config.fp8 is None:
+    if not model_config.fp8.enabled:
         return None
     recipe = recipe_of(model_config)
     reduced = recipe.recipe == "delayed" and amax_reduction(parallel) is not None
-    guarded = model_config.fp8_guard and device.type != "meta"  # a planner's meta rank: no values to check
+    guarded = model_config.fp8.guard and device.type != "meta"  # a planner's meta rank: no values to check
     if guarded and monitor is None:  # a caller that reads no verdicts: the guards count, nothing falls back
         monitor = guard_monitor(model_config, parallel, device)
-    threshold = model_config.fp8_guard_saturation_threshold
+    threshold = model_config.fp8.guard_saturation_threshold
 
-    fused, fusion = resolve_fused_casts(model_config.fp8_fused_casts, device)
+    fused, fusion = resolve_fused_casts(model_config.fp8.fused_casts, device)
 
     def state_for(name: str, expert: bool = False) -> Fp8LinearState:
         guard = None
@@ -292,7 +255,7 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
     modules = [(f"blocks.{name}", block, int(name)) for name, block in blocks.named_children()]
     modules += [(f"mtp_layers.{name}", layer, None) for name, layer in (mtp_layers or nn.ModuleList()).named_children()]
     for prefix, module, layer in modules:
-        if layer is not None and _keeps_high_precision(model_config, layer):
+        if layer is not None and model_config.fp8.keeps_high_precision(layer, model_config.num_layers):
             high_precision_layers.append(layer)
             continue
         replicated.update(name.split(".")[-1] for name, child in module.named_modules()
@@ -338,7 +301,7 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             experts_in_fp8.append(f"{prefix}.{name}")
     return startup_line(recipe, device, parallel, in_fp8, experts_in_fp8, high_precision_layers, off_shape,
                         reduced, guarded, threshold, bool(mtp_layers), sorted(replicated),
-                        model_config.fp8_param_gather, compiled, (fused, fusion))
+                        model_config.fp8.param_gather, compiled, (fused, fusion))
 
 
 def _broken(linear: nn.Module, tokens: int, recipe: Fp8Recipe) -> Optional[str]:
@@ -450,7 +413,7 @@ CPU_FP8_COMPILE_OPTIONS = {"cpp.simdlen": 1}
 
 def compile_options(model_config, device: torch.device) -> Optional[dict]:
     """inductor's options for compiling the blocks (gpt/model.py compile_blocks), or None for its defaults."""
-    return dict(CPU_FP8_COMPILE_OPTIONS) if model_config.fp8 is not None and device.type == "cpu" else None
+    return dict(CPU_FP8_COMPILE_OPTIONS) if model_config.fp8.enabled and device.type == "cpu" else None
 
 
 def delayed_states(model: nn.Module) -> dict:

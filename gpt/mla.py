@@ -32,6 +32,7 @@ from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import FUSED_CAPABLE_BACKENDS
 from gpt.attention_sinks import attention_with_sinks, sink_logits
 from gpt.cp_attention import context_parallel_attention
+from gpt.kv_cache import LayerCache
 from gpt.model_config import ModelConfig
 from gpt.norms import _summed_over_sequence_slices, normalization
 from gpt.parallel_plan import TensorParallelPlan
@@ -101,7 +102,7 @@ class MLASelfAttention(nn.Module):
         self.heads_per_rank = config.num_attention_heads // tp
         self.q_head_dim = config.mla.qk_head_dim + config.mla.qk_pos_emb_head_dim
         self.softmax_scale = mla_softmax_scale(config)
-        self.dropout_p = config.attention_dropout
+        self.dropout_p = config.attention.attention_dropout
         self.attention_backend = config.attention.attention_backend
         # under context parallelism the sequence here is this rank's two chunks (parallel/context_parallel.py)
         self.context_parallel = plan.state if plan.state.context_parallel_size > 1 else None
@@ -139,7 +140,11 @@ class MLASelfAttention(nn.Module):
         else:
             self.softmax_offset = None
 
-    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
+                cache: Optional[LayerCache] = None) -> torch.Tensor:
+        """`cache` (gpt/kv_cache.py): `hidden` is the tokens after those the cache holds, as SelfAttention's; the
+        cache keeps each head's whole key (its rotated positional part included) and value, as Megatron-Core's MLA
+        caches them without the absorbed up-projections."""
         config, state = self.config, self.state
         if self.linear_q_down_proj is None:
             q_compressed = hidden
@@ -163,13 +168,15 @@ class MLASelfAttention(nn.Module):
         kv = kv.view(batch, seq, self.heads_per_rank, config.mla.qk_head_dim + config.mla.v_head_dim).transpose(1, 2)
         q_nope, q_pos = query.split([config.mla.qk_head_dim, config.mla.qk_pos_emb_head_dim], dim=-1)
         k_nope, value = kv.split([config.mla.qk_head_dim, config.mla.v_head_dim], dim=-1)
-        cos, sin = self.rotary_cache.angles(self._rotary_key(seq, hidden.device), q_pos.dtype,
-                                            lambda: self._rotary_angles(seq, hidden.device))
+        cos, sin = self._cos_sin(seq, hidden.device, q_pos.dtype, cache)
         q_pos = apply_rotary(_deinterleaved(q_pos), cos, sin)
         k_pos = apply_rotary(_deinterleaved(k_pos.unsqueeze(1)), cos, sin)
         query = torch.cat((q_nope, q_pos), dim=-1)
         key = torch.cat((k_nope, k_pos.expand(-1, self.heads_per_rank, -1, -1)), dim=-1)
         attention_mask = documents.attention_mask if documents is not None else None
+        if cache is not None:  # the new tokens' queries over every cached key, causal by position
+            key, value = cache.extend(key, value)
+            attention_mask = cache.visible(seq, None, query.device)
         dropout_p = self.dropout_p if self.training else 0.0
         pad_value = value_needs_padding(self.attention_backend, query.device.type, self.q_head_dim, config.mla.v_head_dim)
         with _dropout_stream(self.rng), attention_kernels(self.attention_backend):
@@ -184,6 +191,15 @@ class MLASelfAttention(nn.Module):
                                              pad_value)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * config.mla.v_head_dim)
         return self.linear_proj(context)
+
+    def _cos_sin(self, seq: int, device: torch.device, dtype: torch.dtype, cache: Optional[LayerCache]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the `seq` tokens: positions 0..seq-1, or with a KV cache the new tokens' positions, cut from
+        the angles of the cache's every position."""
+        length = seq if cache is None else cache.capacity
+        cos, sin = self.rotary_cache.angles(self._rotary_key(length, device), dtype,
+                                            lambda: self._rotary_angles(length, device))
+        return (cos, sin) if cache is None else (cos[cache.start:cache.start + seq], sin[cache.start:cache.start + seq])
 
     def _rotary_key(self, seq: int, device: torch.device) -> tuple:
         """What decides this layer's cos and sin besides their dtype (RotaryCache's key): MLA's rotary settings (those

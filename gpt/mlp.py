@@ -75,6 +75,13 @@ class MLPSettings:
             return ffn_hidden_size
         return int((4 * hidden_size * 2 / 3) / 64) * 64 if self.swiglu else 4 * hidden_size
 
+    def validate_size(self, ffn_size: int, tensor_parallel_size: int = 1) -> None:
+        """Each tensor-parallel rank takes an equal slice of the MLP's `ffn_size` rows (ffn_size)."""
+        if ffn_size < 1 or ffn_size % tensor_parallel_size:
+            raise ConfigError(f"--ffn-hidden-size {ffn_size} is not a positive multiple of --tensor-model-parallel-size "
+                              f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share",
+                              flags=("--ffn-hidden-size", "--tensor-model-parallel-size"))
+
     def validate(self) -> None:
         """The activations as Megatron-LM takes them (core_transformer_config_from_args asserts one activation:
         `assert not args.swiglu` beside --squared-relu and --quick-geglu; swiss-ai's fork likewise for --xielu)."""

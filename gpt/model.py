@@ -36,6 +36,7 @@ from gpt.attention_softcap import softcapped_attention
 from gpt.attention_window import causal_window_mask
 from gpt.cp_attention import context_parallel_attention
 from gpt.glu import gated_activation
+from gpt.kv_cache import LayerCache
 from gpt.mla import MLASelfAttention
 from gpt.mlp import SwiGLUMLP
 from gpt.model_config import ModelConfig
@@ -112,7 +113,7 @@ class SelfAttention(nn.Module):
         attention, positions = config.attention, config.positions
         self.groups_per_rank = attention.query_groups(config.num_attention_heads) // tp
         self.head_dim = config.head_dim
-        self.dropout_p = config.attention_dropout
+        self.dropout_p = config.attention.attention_dropout
         self.attention_backend = config.attention.attention_backend
         self.pad_head_dim = config.attention.pad_attention_head_dim
         self.native_gqa = self.groups_per_rank < self.heads_per_rank and sdpa_takes_grouped_kv(config.attention.attention_backend)
@@ -130,6 +131,7 @@ class SelfAttention(nn.Module):
         # the scores' scale (None: 1/sqrt(head width)) and Gemma 2's soft-capping of them (gpt/attention_softcap.py)
         self.softmax_scale = attention.softmax_scale
         self.softcap = attention.attn_logit_softcapping
+        self.clip_qkv = attention.clip_qkv
         # With context parallelism the sequence here is this rank's two chunks (parallel/context_parallel.py):
         # rotary angles at their global positions, attention over the whole sequence (gpt/cp_attention.py).
         self.context_parallel = state if state.context_parallel_size > 1 else None
@@ -174,9 +176,11 @@ class SelfAttention(nn.Module):
         self.dense = plan.linear("attention.dense", config.num_attention_heads * config.head_dim, h,
                                  init_std=_output_layer_std(config), bias=config.add_bias_linear)
 
-    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
+                cache: Optional[LayerCache] = None) -> torch.Tensor:
         """`documents` (data/documents.py): a block-diagonal causal mask where --reset-attention-mask set one,
-        else the causal mask. Rotary positions stay 0..seq-1 under --reset-position-ids, as in Megatron-Core's
+        else the causal mask; `cache` (gpt/kv_cache.py): `hidden` is the tokens after those the cache holds, whose
+        keys and values they also see (generation, gpt/decode.py). Rotary positions stay 0..seq-1 under --reset-position-ids, as in Megatron-Core's
         GPTModel._preprocess (`self.rotary_pos_emb(rotary_seq_len, ...)` for 'rope': position_ids reach only the
         learned embedding and mrope) and Megatron-DeepSpeed's TransformerLanguageModel.forward
         (`self.rotary_pos_emb(self.seq_length)`); within a document the rotation of q.k depends only on the
@@ -184,8 +188,13 @@ class SelfAttention(nn.Module):
         # each [batch, heads, seq, head_dim]; key and value with one head per group under native_gqa; the
         # gate [batch, seq, heads x head_dim] or None
         attention_mask = documents.attention_mask if documents is not None else None
-        query, key, value, gate = self._query_key_value(hidden)
+        query, key, value, gate = self._query_key_value(hidden, cache)
         batch, _, seq, _ = query.shape  # the whole sequence, also when `hidden` is a slice of it
+        if cache is not None:  # the new tokens' queries over the cached keys: causal and windowed by position
+            attention_mask = cache.visible(seq, self.window, query.device)
+        elif self.window is not None and self.context_parallel is None:
+            # the sliding window, over the documents' mask where there is one (CP's attention windows by itself)
+            attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
         # Each TP rank holds different heads: their dropout masks come from the rank's own stream.
         # The device is known only here (the model is built on meta): whether to pad is decided per call.
         head_dim = padded_head_dim(self.head_dim, query.device.type, self.attention_backend, self.pad_head_dim)
@@ -200,13 +209,9 @@ class SelfAttention(nn.Module):
                                                      scale=self.softmax_scale, softcap=self.softcap, sinks=sinks,
                                                      document_ids=document_ids)
             elif sinks is not None:  # (with soft-capping refused: gpt/model_config.py)
-                if self.window is not None:  # the sliding window, over the documents' mask where there is one
-                    attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
                 context = attention_with_sinks(query, key, value, sinks, dropout_p, enable_gqa=self.native_gqa,
                                                attention_mask=attention_mask, scale=self.softmax_scale)
             else:
-                if self.window is not None:  # the sliding window, over the documents' mask where there is one
-                    attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
                 if self.softcap is not None:  # scores SDPA cannot cap: computed explicitly
                     context = softcapped_attention(query, key, value, self.softcap, self.softmax_scale, attention_mask,
                                                    dropout_p)
@@ -219,7 +224,7 @@ class SelfAttention(nn.Module):
             context = (context * torch.sigmoid(gate.float())).to(context.dtype)
         return self.dense(context)
 
-    def _query_key_value(self, hidden: torch.Tensor
+    def _query_key_value(self, hidden: torch.Tensor, cache: Optional[LayerCache] = None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         qkv = self.query_key_value(hidden)  # the whole sequence: under sequence parallelism, gathered
         batch, seq, _ = qkv.shape
@@ -243,18 +248,38 @@ class SelfAttention(nn.Module):
                           for norm, heads in ((self.q_layernorm, query), (self.k_layernorm, key)))
         elif self.q_layernorm is not None:  # before rotary, as Megatron-Core's get_query_key_value_tensors
             query, key = self.q_layernorm(query), self.k_layernorm(key)
+        if self.clip_qkv is not None:  # after the norms, as transformers' OlmoeAttention clamps
+            query, key, value = (part.clamp(-self.clip_qkv, self.clip_qkv) for part in (query, key, value))
         if self.rotary:
             # in the queries' dtype, so that apply_rotary's own cast is a no-op; one pair for every layer (and for
             # q and k), so the products' backward keeps one copy
-            cos, sin = self.rotary_cache.angles(self._rotary_key(seq, hidden.device), query.dtype,
-                                                lambda: self._angles_on_this_rank(seq, hidden.device))
+            cos, sin = self._cos_sin(seq, hidden.device, query.dtype, cache)
             query = apply_rotary(query, cos, sin, self.rotary_interleaved)
             key = apply_rotary(key, cos, sin, self.rotary_interleaved)
+        if cache is not None:  # stored before the copies per query head: one head per group
+            key, value = cache.extend(key, value)
         if per_group > 1 and not self.native_gqa:
             # Query head i reads group i // per_group (transformers' repeat_kv, Megatron-Core's GQA).
             key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
         return query, key, value, gate
 
+
+    def _cos_sin(self, seq: int, device: torch.device, dtype: torch.dtype, cache: Optional[LayerCache]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the `seq` tokens: positions 0..seq-1, or with a KV cache the new tokens' positions, cut from
+        the angles of the cache's every position (the same values: each position's angle is its own product).
+        LongRoPE picks its factors by the whole sequence's length, so its angles are made for the length so far, as
+        transformers' dynamic LongRoPE picks them by the largest position."""
+        if cache is None:
+            return self.rotary_cache.angles(self._rotary_key(seq, device), dtype,
+                                            lambda: self._angles_on_this_rank(seq, device))
+        end = cache.start + seq
+        if self.longrope is not None:
+            cos, sin = (part.to(dtype) for part in self._rotary_angles(end, device))
+        else:
+            cos, sin = self.rotary_cache.angles(self._rotary_key(cache.capacity, device), dtype,
+                                                lambda: self._rotary_angles(cache.capacity, device))
+        return cos[cache.start:end], sin[cache.start:end]
 
     def _rotary_key(self, seq: int, device: torch.device) -> tuple:
         """What decides this layer's cos and sin besides their dtype (RotaryCache's key): its settings, the length
@@ -345,7 +370,7 @@ class TransformerBlock(nn.Module):
         # --recompute-modules layernorm: the input and pre-MLP norms (Megatron-Core's recompute_input_layernorm and
         # recompute_pre_mlp_layernorm, transformer_layer.py) keep only their input and run again in backward
         recomputed_norms = ("input_layernorm", "post_attention_layernorm") \
-            if "layernorm" in config.recompute_modules else ()
+            if "layernorm" in config.recompute.modules else ()
 
         def norm(region: str) -> nn.Module:
             return normalization(norms.normalization, h, norms.layernorm_epsilon, plan.norm_state(region),
@@ -393,14 +418,17 @@ class TransformerBlock(nn.Module):
         self.attention_output_layernorm = norm("attention_output_layernorm") if places != "input" else None
         self.mlp_output_layernorm = norm("mlp_output_layernorm") if places != "input" else None
 
-    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
-        return self.mlp_half(self.attention_half(hidden, documents))
+    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
+                cache: Optional[LayerCache] = None) -> torch.Tensor:
+        """`cache`: this layer's KV cache, where `hidden` is the tokens after those it holds (gpt/decode.py)."""
+        return self.mlp_half(self.attention_half(hidden, documents, cache))
 
     # The block's two halves, each with its norms, dropout and residual add: Megatron-Core's
     # TransformerLayer._forward_attention and _forward_mlp, the regions --cuda-graph-modules attn and mlp capture
     # (training/cuda_graphs.py).
-    def attention_half(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
-        branch = self.attention(_normed(self.input_layernorm, hidden), documents)
+    def attention_half(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
+                       cache: Optional[LayerCache] = None) -> torch.Tensor:
+        branch = self.attention(_normed(self.input_layernorm, hidden), documents, cache)
         return hidden + self._residual_dropout(_normed(self.attention_output_layernorm, branch))
 
     def mlp_half(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -445,7 +473,7 @@ class GPTModel(nn.Module):
         self.sequence_parallel = plan.sequence_parallel
         self.split_dropout_rng = plan.dropout_rng("embedding_dropout", rng)
         padded_vocab = config.padded_vocab_size(state.tensor_parallel_size)
-        tied = not config.untie_embeddings_and_output_weights
+        tied = not config.output.untie_embeddings_and_output_weights
         # Whether the word embedding is also the output layer: then a first and a last pipeline stage each hold
         # a copy whose gradients are summed (an untied first stage's output_layer is None too: not a tie).
         self.tied_output = tied
@@ -490,7 +518,7 @@ class GPTModel(nn.Module):
         self.final_layernorm = normalization(norms.normalization, config.hidden_size, norms.layernorm_epsilon,
                                              plan.norm_state("final_layernorm"), norms.apply_layernorm_1p) \
             if stage.last else None
-        if config.untie_embeddings_and_output_weights and stage.last:
+        if config.output.untie_embeddings_and_output_weights and stage.last:
             # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
             # start at zero as the embedding's do, so they are the same at every TP size.
             self.output_layer = plan.output_linear("output_layer", config.hidden_size, padded_vocab,
@@ -526,7 +554,7 @@ class GPTModel(nn.Module):
         sequence: [batch, seq / TP, hidden]). Learned positions are 0..seq-1, or `documents.position_ids`
         [batch, seq] where given (--reset-position-ids), or `positions` (an MTP layer's, rolled: gpt/mtp.py)."""
         hidden = self.word_embeddings(tokens)
-        if self.config.scale_embeddings_by_sqrt_hidden:
+        if self.config.output.scale_embeddings_by_sqrt_hidden:
             # Gemma's normalizer sqrt(hidden), rounded to the embedding's dtype as transformers' ScaledWordEmbedding
             # (`self.embed_scale.to(self.weight.dtype)`); elementwise, so also on a sequence-parallel slice
             hidden = hidden * torch.tensor(math.sqrt(self.config.hidden_size), dtype=hidden.dtype)
@@ -616,19 +644,19 @@ class GPTModel(nn.Module):
         enter = gather_from_sequence_parallel_region if self.sequence_parallel else copy_to_tensor_parallel_region
         hidden = enter(final_hidden, self.state)
         output_weight = self.word_embeddings.weight if self.output_layer is None else self.output_layer.weight
-        if labels is not None and self.config.cross_entropy_loss_fusion:
+        if labels is not None and self.config.output.cross_entropy_loss_fusion:
             return fused_linear_cross_entropy(hidden, output_weight, labels,
                                               self.output_vocab_start, self.config.vocab_size,
                                               self.state)
         logits = F.linear(hidden, output_weight)
-        cap = self.config.final_logit_softcapping
+        cap = self.config.output.final_logit_softcapping
         if cap is not None:  # Gemma 2's: each rank's vocabulary slice, elementwise (Gemma2ForCausalLM.forward)
             logits = torch.tanh(logits / cap) * cap
         if labels is None:
             return gather_from_tensor_parallel_region(logits, self.state)[..., : self.config.vocab_size]
         # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.
         return vocab_parallel_cross_entropy(logits, labels, self.output_vocab_start,
-                                            self.config.vocab_size, self.state, self.config.z_loss_strength)
+                                            self.config.vocab_size, self.state, self.config.output.z_loss_strength)
 
 
 def dropout_stream(rng: Optional[TensorParallelRNG]):

@@ -5,8 +5,6 @@ those, then these."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from base.errors import ConfigError
 from gpt.attention_settings import AttentionSettings
 from gpt.mla_settings import MLASettings
@@ -43,6 +41,7 @@ def check_multi_latent_attention(mla: MLASettings, attention: AttentionSettings,
                           flags=("--window-size", "--multi-latent-attention"))
     given = [flag for flag, value in (("--softmax-scale", attention.softmax_scale),
                                       ("--attn-logit-softcapping", attention.attn_logit_softcapping),
+                                      ("--clip-qkv", attention.clip_qkv),
                                       ("--local-rotary-base", positions.local_rotary_base),
                                       ("--rotary-seq-len-interpolation-factor",
                                        positions.rotary_seq_len_interpolation_factor)) if value is not None]
@@ -84,18 +83,3 @@ def check_mlp_with_experts(mlp: MLPSettings, has_experts: bool) -> None:
         raise ConfigError("--activation-func-clamp-value with --swiglu clamps the experts' SwiGLU only: add "
                           "--num-experts (Megatron-Core's TransformerConfig requires MoE)",
                           flags=("--activation-func-clamp-value", "--swiglu"))
-
-
-def check_output_layer(z_loss_strength: float, final_logit_softcapping: Optional[float],
-                       cross_entropy_loss_fusion: bool) -> None:
-    """The trunk's output layer x the loss: the fused output layer and cross entropy
-    (parallel/fused_linear_cross_entropy.py) computes the loss of plain logits."""
-    if z_loss_strength > 0 and cross_entropy_loss_fusion:
-        raise ConfigError("--z-loss-strength with --cross-entropy-loss-fusion: the z-loss is not implemented in "
-                          "the fused output layer; drop --cross-entropy-loss-fusion",
-                          flags=("--z-loss-strength", "--cross-entropy-loss-fusion"))
-    if final_logit_softcapping is not None and cross_entropy_loss_fusion:
-        raise ConfigError("--final-logit-softcapping with --cross-entropy-loss-fusion is not implemented: the "
-                          "fused output layer computes the loss of uncapped logits; drop "
-                          "--cross-entropy-loss-fusion",
-                          flags=("--final-logit-softcapping", "--cross-entropy-loss-fusion"))

@@ -187,7 +187,7 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
         # (the parameters are the same either way); each expert split over the TP ranks (expert TP = TP)
         moe_plan = plan if tensor_parallel_size == 1 else tensor_parallel_plan(state, ParallelismConfig(
             tensor_model_parallel_size=tensor_parallel_size, sequence_parallel=True))
-        for count in (config.expert_counts() if config.moe is not None else ()):
+        for count in (config.experts.distinct_counts(config.num_layers) if config.moe is not None else ()):
             moe_probe = GPTModel(replace_settings(probe, num_experts=count, moe_layer_freq=1,
                                                      expert_interval=1), state, plan=moe_plan)
             block = _moe_block(moe_probe.blocks[0], config.moe.router_topk, tensor_parallel_size)
@@ -197,7 +197,7 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
         _BUILT[key], _MOE_BLOCKS[key] = shape, blocks
     moe_layers = sum(config.moe_layers())
     below = [0, 0]
-    if config.per_layer_experts:
+    if config.experts.per_layer:
         largest = _MOE_BLOCKS[key][config.moe.num_experts]
         for count, is_moe in zip(config.experts_per_layer(), config.moe_layers()):
             if is_moe:

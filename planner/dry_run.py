@@ -26,9 +26,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend
-from torch.overrides import TorchFunctionMode
 
 from arguments.batch_schedule import BatchSchedule
 from arguments.bounds import check_tensor_sizes
@@ -36,11 +33,11 @@ from arguments.config import ConfigError, PretrainConfig
 from base.progress import ProgressLines
 from checkpoint.global_load import load_read_bytes
 from checkpoint.ours.async_save import staged_bytes_bound
-from gpt.attention_backend import KERNELS
 from gpt.fp8 import delayed_states, fp8_weight_caches
 from gpt.shape import model_shape
 from parallel.context_parallel import batch_on_this_rank
 from parallel.state import virtual_state
+from planner.attention_kernel import AttentionKernelOf
 from planner.meta_kernels import CachedMetaKernels
 from planner.moe_plan import ExpertRowProbe, MoEFigures, moe_figures
 from planner.pipeline_plan import PipelineFigures, PipelinePlanObserver, message_bytes
@@ -192,49 +189,6 @@ class RankPlan:
         return data
 
 
-class _AttentionKernelOf(TorchFunctionMode):
-    """Make scaled_dot_product_attention on meta tensors save what it saves on `device_type`.
-
-    On meta, SDPA falls back to the math path, which keeps the [b, heads, s, s] weights for backward. A GPU runs
-    the flash kernel (keeping q, k, v, the output and a [b, heads, s] logsumexp), and so does a CPU without dropout
-    (with dropout, the math path); the flash kernel's CPU op has a meta implementation with the same saved tensors,
-    so it stands in. With an explicit mask (CP's all_gather, --reset-attention-mask) a CPU without dropout runs
-    the same kernel with the mask, turned into the query's dtype, which it keeps too (the math path planned
-    tests/training/test_context_parallel_activation_memory.py's all_gather CP 2 rank 18% high); a GPU runs the
-    memory-efficient kernel, which keeps the same tensors.
-
-    With grouped-query attention (enable_gqa) a kernel that takes it keeps k and v a head per group; the math path
-    repeats them per query head and keeps the weights. torch's CPU flash kernel takes GQA, masked or not. On CUDA in
-    torch 2.13 only flash does among flash and memory-efficient (sdp_utils.cpp; memory-efficient took GQA only with
-    pytorch/pytorch#191085), and flash takes neither a mask nor fp32: there a GQA call runs the math path (cuDNN's
-    kernel runs first only where torch prefers it, sm90/sm100 with cuDNN above 9.15), and the plan keeps the math
-    path's tensors, the larger. --attention-backend unfused and local restrict SDPA to the math kernel on a real
-    run (gpt/attention_backend.py), so there the meta call's own math path is what the run keeps."""
-
-    def __init__(self, device_type: str, attention_backend: str = "auto") -> None:
-        super().__init__()
-        self.device_type = device_type
-        self.math_only = KERNELS.get(attention_backend) == [SDPBackend.MATH]
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and not self.math_only and len(args) == 3 and \
-                set(kwargs) <= {"dropout_p", "is_causal", "attn_mask", "enable_gqa"} and \
-                (kwargs.get("enable_gqa", False) or args[0].shape[-3] == args[1].shape[-3]):
-            dropout_p = kwargs.get("dropout_p", 0.0)
-            mask = kwargs.get("attn_mask")
-            grouped = args[0].shape[-3] != args[1].shape[-3]
-            cuda_flash = mask is None and args[0].dtype in (torch.float16, torch.bfloat16)
-            if (self.device_type == "cuda" and (cuda_flash or not grouped)) or \
-                    (self.device_type != "cuda" and dropout_p == 0.0):
-                if mask is not None and mask.dtype == torch.bool:
-                    mask = torch.zeros(mask.shape, dtype=args[0].dtype, device=mask.device).masked_fill(
-                        ~mask, float("-inf"))
-                return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    *args, dropout_p, kwargs.get("is_causal", False), attn_mask=mask)[0]
-        return func(*args, **kwargs)
-
-
 def _element_bytes(dtype: torch.dtype) -> int:
     return torch.finfo(dtype).bits // 8
 
@@ -251,10 +205,10 @@ class _BlockSavedProbe:
         self.device_type = device_type
         self.attention_backend = attention_backend
         # torch runs a custom Function's backward with no torch-function mode on the stack (the checkpoint's
-        # recompute, zero/activations.py, included), so the dry run's _AttentionKernelOf, entered around the
+        # recompute, zero/activations.py, included), so the dry run's AttentionKernelOf, entered around the
         # iteration, does not reach a recompute: each block re-enters it there, or the meta SDPA takes the math path
         # and plans the [b, heads, s, s] weights the planned device's kernel never keeps.
-        self._recompute_kernel: Optional[_AttentionKernelOf] = None
+        self._recompute_kernel: Optional[AttentionKernelOf] = None
         self.backward_meter = SavedTensorMeter(META)
         self.phase = "forward"
         self.peak = {"forward": 0, "backward": 0}
@@ -309,7 +263,7 @@ class _BlockSavedProbe:
 
     def _start(self, index, module, args) -> None:
         if self.phase == "backward" and self._recompute_kernel is None:
-            self._recompute_kernel = _AttentionKernelOf(self.device_type, self.attention_backend)
+            self._recompute_kernel = AttentionKernelOf(self.device_type, self.attention_backend)
             self._recompute_kernel.__enter__()
         self._before[index] = self._live()
 
@@ -419,7 +373,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         step = DataParallelTrainStep(model, zero, batches, plan, state, monitor, observer=observer)
     BufferPool.on_create = probe.buffer_created
     try:
-        with _AttentionKernelOf(cluster.device_type, config.model.attention.attention_backend), CachedMetaKernels():
+        with AttentionKernelOf(cluster.device_type, config.model.attention.attention_backend), CachedMetaKernels():
             step.run_iteration(1, plan.batch.final_accumulation_steps, measure_activations=True)
     finally:
         BufferPool.on_create = None

@@ -41,7 +41,7 @@ def stage_counts_of(config: PretrainConfig) -> Optional[tuple[tuple[int, ...], .
 def precision_of(config: PretrainConfig) -> Optional[str]:
     """The layout model's precision: fp8 (--fp8-format), bf16 for 16-bit training (fp16's GEMMs run at the same
     peak), None for fp32, which the layout model does not price on a 16-bit GPU profile."""
-    if config.model.fp8 is not None:
+    if config.model.fp8.enabled:
         return "fp8"
     return None if config.training.precision == "fp32" else "bf16"
 
@@ -60,7 +60,7 @@ def _recompute_fraction(config: PretrainConfig, counts: ModelCounts, stage_count
     # Megatron's selective modules that recompute GEMMs: "mlp" (the dense layers' MLPs: Megatron-Core's
     # TransformerLayer leaves an MoE layer's out) and "mla_up_proj"; the elementwise ones recompute no GEMM
     recomputed = {"mlp": counts.dense_mlp_flops_per_token, "mla_up_proj": counts.mla_up_flops_per_token}
-    modules = config.model.recompute_modules  # empty unless --recompute-granularity selective, as Megatron reads it
+    modules = config.model.recompute.modules  # empty unless --recompute-granularity selective, as Megatron reads it
     return sum(recomputed.get(name, 0.0) for name in modules) / \
         (counts.blocks_flops_per_token - counts.attention_flops_per_token)
 

@@ -198,7 +198,7 @@ def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int) -> tuple[l
     for matmul in shape.block_matmuls:
         if isinstance(matmul, LinearShape):
             in_fp8 = fp8_layers if shape_rule_broken(matmul.in_features, matmul.out_features, tokens,
-                                                      model.fp8_recipe) is None else 0
+                                                      model.fp8.recipe) is None else 0
             blocks += [gemm for gemm in (Gemm(tokens, matmul.in_features, matmul.out_features, in_fp8, fp8=True),
                                          Gemm(tokens, matmul.in_features, matmul.out_features, layers - in_fp8))
                        if gemm.count]
@@ -215,11 +215,12 @@ def layers_in_fp8(model, layers: int) -> int:
     """How many of `layers` blocks run their linears in FP8: none without --fp8-format, all but
     --first-last-layers-bf16's (gpt/fp8.py). Under pipeline stages the kept blocks are counted off this
     stage's as if it held the first and last (an upper bound on its high-precision blocks)."""
-    if model.fp8 is None:
+    fp8 = model.fp8
+    if not fp8.enabled:
         return 0
-    if not model.first_last_layers_bf16:
+    if not fp8.first_last_layers_bf16:
         return layers
-    return max(0, layers - model.num_layers_at_start_in_bf16 - model.num_layers_at_end_in_bf16)
+    return max(0, layers - fp8.num_layers_at_start_in_bf16 - fp8.num_layers_at_end_in_bf16)
 
 
 def gemm_seconds(gemms: Sequence[Gemm], element_bytes: int, hardware: Hardware, constants: Constants) -> float:

@@ -15,7 +15,7 @@ or its folder); every launch is scripts/megatron_lm_cpu.py under torchrun, Megat
         only the resume launch of a fixture already written (a copy of its save), for its megatron_logits.safetensors
     python scripts/megatron_checkpoint_fixtures.py continue --megatron-lm KIT --load DIR --nproc N -- FLAGS...
         Megatron-LM --load-s DIR (a copy) with its flags FLAGS and trains to --train-iters; prints one JSON line,
-        {"losses": {iteration: loss}, "grad_norms": {...}}
+        {"losses": {iteration: loss}, "grad_norms": {...}, "loss_scales": {...}}
 
 The flags' paths are the repository's, relative, as a launch from its root types them.
 """
@@ -71,8 +71,8 @@ FIXTURES = {
     "megatron_distopt_fully_reshardable": (2, GPT2_FLAGS + DISTOPT + ["--dist-ckpt-optim-fully-reshardable"]),
     # two pipeline stages, the tied embedding on both (its own bucket in each stage's distributed optimizer)
     "megatron_pp2_distopt_dp_reshardable": (2, GPT2_FLAGS + PP2 + DISTOPT),
-    # the same under interleaving (4 layers, 2 chunks a stage): its dp_reshardable buckets are laid out per chunk,
-    # which this project does not read (the refusal says so); its weights load
+    # the same under interleaving (4 layers, 2 chunks a stage): its dp_reshardable buckets are laid out per chunk
+    # (a gradient buffer each)
     "megatron_pp2_vp2_distopt_dp_reshardable": (2, GPT2_FLAGS + PP2 + DISTOPT + [
         "--num-layers", "4", "--num-layers-per-virtual-pipeline-stage", "1"]),
     # Mixtral's shape: the Llama-shaped model with 4 experts (SwiGLU, top 2) over 2 expert-parallel ranks
@@ -81,6 +81,16 @@ FIXTURES = {
                                            "32", "--expert-model-parallel-size", "2"]),
     # bf16: Megatron-LM's Float16OptimizerWithFloat16Params, its fp32 copies and nested optimizer state
     "megatron_bf16": (1, GPT2_FLAGS + ["--bf16"]),
+    # bf16 under the distributed optimizer on 2 data-parallel ranks, its default dp_reshardable layout: bf16 params
+    # with fp32 gradients, so the buckets' dtype key is (bfloat16, float32), their states the fp32 master and moments
+    "megatron_bf16_distopt_dp_reshardable": (2, GPT2_FLAGS + ["--bf16"] + DISTOPT),
+    # fp16: the same optimizer as bf16 plus its dynamic loss scaler, whose state common.pt keeps (grad_scaler); a
+    # window of 3 doubles the scale at iteration 3, so the tracker saved at 2 decides the scale after the resume
+    "megatron_fp16": (1, GPT2_FLAGS + ["--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3"]),
+    # and under the distributed optimizer on 2 data-parallel ranks, dp_reshardable: fp16 gradients (no fp32
+    # accumulation by default), buckets keyed (float16, float16), the grad scaler in each TP x PP rank's objects
+    "megatron_fp16_distopt_dp_reshardable": (2, GPT2_FLAGS + ["--fp16", "--initial-loss-scale", "65536",
+                                                              "--loss-scale-window", "3"] + DISTOPT),
     # Megatron's default MoE: biases on (--add-bias-linear), so the router and every expert's fc1 and fc2 hold one
     "megatron_moe_ep2_biases": (2, GPT2_FLAGS + ["--num-experts", "4", "--moe-router-topk", "2",
                                                  "--moe-ffn-hidden-size", "32", "--expert-model-parallel-size", "2"]),
@@ -116,6 +126,10 @@ def losses(record: dict) -> dict:
 
 def grad_norms(record: dict) -> dict:
     return {str(i): line["grad_norm"] for i, line in sorted(record.items())}
+
+
+def loss_scales(record: dict) -> dict:
+    return {str(i): line["loss_scale"] for i, line in sorted(record.items())}
 
 
 def write_corpus(out: Path) -> None:
@@ -164,6 +178,7 @@ def write_fixture(tree: Path, name: str, out: Path, scratch: Path, keep_index: b
     record = {"world_size": ranks, "flags": flags, "save_iteration": SAVE_ITERATION,
               "uninterrupted_losses": losses(straight), "uninterrupted_grad_norms": grad_norms(straight),
               "resumed_losses": losses(resumed), "resumed_grad_norms": grad_norms(resumed),
+              "uninterrupted_loss_scales": loss_scales(straight), "resumed_loss_scales": loss_scales(resumed),
               "megatron_core": megatron.core.__version__, "megatron_lm": "core_v0.16.1", "torch": torch.__version__,
               "written_by": "scripts/megatron_checkpoint_fixtures.py: Megatron-LM's pretrain_gpt.py (iterations 1-4, "
                             "saving at 2), then a second launch --load-ing the save (iterations 3-4)"}
@@ -223,7 +238,8 @@ def main(argv=None) -> int:
         flags = [flag for flag in ns.flags if flag != "--"]
         record = launch(tree, ns.nproc, flags + ["--load", str(copy), "--data-cache-path", str(scratch / "cache")],
                         scratch)
-        print(json.dumps({"losses": losses(record), "grad_norms": grad_norms(record)}))
+        print(json.dumps({"losses": losses(record), "grad_norms": grad_norms(record),
+                          "loss_scales": loss_scales(record)}))
     return 0
 
 

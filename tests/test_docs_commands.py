@@ -138,6 +138,8 @@ EXPENSIVE_SCRIPTS = {
     "scripts/fp8_curves.py": "trains a 4-layer GPT 300 iterations in bf16 and each FP8 recipe (46 min at --jobs 5 "
                              "on the shared 2-core machine; tests/scripts/test_fp8_curves.py runs it 2 iterations)",
     "data.preprocess": "reads the user's corpus.jsonl; tests/training/test_first_hour.py runs this command on a corpus it writes",
+    "training.generate": "reads the user's checkpoint; tests/training/test_generate.py runs it on checkpoints it "
+                         "writes and on Megatron-LM's",
     "training.plot": "reads the user's metrics.jsonl; tests/training/test_plot.py runs the command a training run "
                      "prints on the metrics it wrote",
 }

@@ -118,7 +118,7 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     # too, so the dry run keeps what the FP8 linears keep (planner/dry_run.py); the guard, which reads its
     # counts' values, only where there are values.
     # --fp8-guard's verdicts, fallbacks and counts (parallel/fp8/guard.py), taken by the train step once an iteration
-    guarded = config.model.fp8 is not None and config.model.fp8_guard and state.device.type != "meta"
+    guarded = config.model.fp8.enabled and config.model.fp8.guard and state.device.type != "meta"
     model.fp8_guard = guard_monitor(config.model, state, state.device) if guarded else None
     # A dense GEMM's rows: this rank's tokens of a micro-batch (its 1/CP of the sequence under context parallelism).
     fp8 = apply_fp8(
@@ -145,7 +145,7 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
                       decoupled_lr_params=decoupled_lr_params(model, config),
                       muon_excluded_params=embedding_and_output_weights(model),
                       build=build_zero_with_experts if own_experts else None,
-                      fp8_gathered=fp8_gathered_weights(model) if config.model.fp8_param_gather else None)
+                      fp8_gathered=fp8_gathered_weights(model) if config.model.fp8.param_gather else None)
     fusion = apply_gradient_accumulation_fusion(model, zero.reducer, config.zero.gradient_accumulation_fusion,
                                                 state.device, left_out=unfused_linears(model, graphs, torch_compile))
     if torch_compile:                                                                      # 5. compile

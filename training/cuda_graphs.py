@@ -47,7 +47,7 @@ NOT_CAPTURED: tuple[tuple[Callable, str], ...] = (
      "pipeline stages: Megatron captures a graph per micro-batch a schedule keeps in flight, which is not built here"),
     (lambda config: config.zero.stage == 3,
      "ZeRO-3 gathers each block's parameters into buffers it frees between uses, by hooks a replay would not run"),
-    (lambda config: config.model.fp8 is not None,
+    (lambda config: config.model.fp8.enabled,
      "--fp8-format: the FP8 casts' scaling state and --fp8-guard's counts are not yet free of host synchronisation "
      "(issue 76 item 1), which a capture cannot hold"),
     (lambda config: config.training.compile,

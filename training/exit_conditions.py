@@ -75,7 +75,7 @@ class ExitConditions:
             return f"found the exit trigger {self._trigger('exit')} (--trigger-path)"
         if out_of_time:
             return f"--exit-duration-in-mins {self.duration_s / 60:g} reached"
-        if self.exit_interval is not None and iteration % self.exit_interval == 0:
+        if self.exit_interval and iteration % self.exit_interval == 0:  # 0: never, as in Megatron-LM
             return f"--exit-interval {self.exit_interval} reached"
         return None
 

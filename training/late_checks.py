@@ -34,7 +34,7 @@ def check_vocabulary_flags(config: PretrainConfig) -> None:
 def check_fp8_flag(config: PretrainConfig) -> None:
     """--fp8-format and its recipe where they are not built yet (gpt/fp8.py), checked with the flags so the
     refusal joins the one round."""
-    if config.model.fp8 is None:
+    if not config.model.fp8.enabled:
         return
     parallel = config.parallel
     check_fp8(config.model, Fp8Launch(

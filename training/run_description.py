@@ -45,7 +45,7 @@ def describe_model(settings: RunSettings, state: ParallelState, built: Built,
 def _experts(model) -> str:
     """'8', or each MoE layer's count where they differ ('4/4/8')."""
     return "/".join(str(count) for count, is_moe in zip(model.experts_per_layer(), model.moe_layers()) if is_moe) \
-        if model.per_layer_experts else str(model.moe.num_experts)
+        if model.experts.per_layer else str(model.moe.num_experts)
 
 
 def _moe_layers(count: int) -> str:

@@ -186,9 +186,12 @@ class ActivationCheckpointConfig:
                            "number_checkpoints", "synchronize_checkpoint_boundary", "profile_checkpointing")
 
     def validate(self) -> None:
-        if self.checkpoint_num_layers < 1:
-            raise ConfigError(f"--checkpoint-num-layers must be at least 1, got {self.checkpoint_num_layers}",
-                              flags=("--checkpoint-num-layers",))
+        # Megatron-Core's block method checkpoints the first N blocks of each chunk, so 0 checkpoints none and
+        # every block keeps its activations; its uniform groups of 0 blocks never advance (transformer_block.py)
+        if self.checkpoint_num_layers < (0 if self.recompute_method == "block" else 1):
+            raise ConfigError(f"--checkpoint-num-layers must be at least 1 (0 only under --recompute-method block: "
+                              f"no block recomputed), got {self.checkpoint_num_layers}",
+                              flags=("--checkpoint-num-layers", "--recompute-method"))
         if self.number_checkpoints is not None and self.number_checkpoints < 1:
             raise ConfigError(f"--number-checkpoints must be at least 1, got {self.number_checkpoints}",
                               flags=("--number-checkpoints",))

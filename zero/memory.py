@@ -165,8 +165,8 @@ def predict_saved_activation_bytes(num_layers: int, seq_length: int, micro_batch
     activations of the one group being recomputed in backward (checkpoint_num_layers x per-layer).
     """
     _check_positive(num_layers=num_layers, num_attention_heads=num_attention_heads)
-    if checkpoint_num_layers is not None and checkpoint_num_layers < 1:
-        raise ValueError(f"checkpoint_num_layers must be >= 1 or None, got {checkpoint_num_layers}")
+    if checkpoint_num_layers is not None and checkpoint_num_layers < (0 if recompute_method == "block" else 1):
+        raise ValueError(f"checkpoint_num_layers must be >= 1 (>= 0 under block) or None, got {checkpoint_num_layers}")
     one_input = checkpointed_input_bytes(seq_length, micro_batch_size, hidden_size, bytes_per_element,
                                          tensor_parallel_size, partitioned)
     layer = layer or LayerActivationTerms.korthikanti_gpt(hidden_size, num_attention_heads)

@@ -33,6 +33,7 @@ from checkpoint.hf.config_check import check_llama_hf_config
 from checkpoint.inside import folder_files, inside
 from checkpoint.ours.source import consolidate
 from checkpoint.output_paths import check_replaceable_folder, install_folder
+from checkpoint.schema import recorded_model
 from checkpoint.unpickler import unpickler_reason
 from families.common import dense_weights as hf_dense
 from families.common import llama_shaped as hf_llama
@@ -157,13 +158,14 @@ def check_output_folder(out_dir: Path, overwrite: bool, tokenizer_dir: Optional[
 
 def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor], model_config: ModelConfig,
                     tokenizer_dir: Optional[str | os.PathLike] = None, dtype: torch.dtype = torch.float32,
-                    overwrite: bool = False) -> Path:
+                    overwrite: bool = False, eod_token_id: Optional[int] = None) -> Path:
     """Write a folder `GPT2LMHeadModel.from_pretrained` (and, with `tokenizer_dir`,
-    `AutoTokenizer.from_pretrained`) loads: config.json, model.safetensors in `dtype`, tokenizer files."""
+    `AutoTokenizer.from_pretrained`) loads: config.json, model.safetensors in `dtype`, tokenizer files.
+    `eod_token_id`: the end-of-document id where no tokenizer folder gives it (a Megatron-LM run's NullTokenizer)."""
     out_dir = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to stage beside
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
     check_output_folder(out_dir, overwrite, tokenizer_dir)
-    tensors = _tensors_to_write(hf_state, dtype, tied=not model_config.untie_embeddings_and_output_weights)
+    tensors = _tensors_to_write(hf_state, dtype, tied=not model_config.output.untie_embeddings_and_output_weights)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging_prefix = f".{out_dir.name}.partial-{socket.gethostname()}-"
     for stale in out_dir.parent.glob(f"{glob.escape(staging_prefix)}*"):  # an export killed on this host left it
@@ -173,7 +175,7 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
     staging = out_dir.with_name(f"{staging_prefix}{os.getpid()}")
     staging.mkdir()
     try:
-        _folder_config(model_config, tokenizer_dir, dtype).save_pretrained(str(staging))
+        folder_config(model_config, tokenizer_dir, dtype, eod_token_id).save_pretrained(str(staging))
         save_tensors(staging / SAFETENSORS_FILE, tensors)
         if tokenizer_dir is not None:
             _copy_tokenizer(tokenizer_dir, staging)
@@ -200,9 +202,12 @@ def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype, tie
     return tensors
 
 
-def _folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype):
+def folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype,
+                   eod: Optional[int] = None):
+    """The transformers config the export writes as config.json (the family's class, its fields from the model's
+    settings), BOS and EOS the tokenizer folder's end-of-document id, else `eod`."""
     # generate() stops at the EOS id, which must be our tokenizer's.
-    eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else None
+    eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else eod
     moe_family = family_of(model_config)
     family = dense_family(model_config) if moe_family is None else None
     if moe_family is not None:
@@ -441,7 +446,7 @@ def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, stat
         moe_family = family_weights()[config.family]
         shapes = tensor_shapes(moe_family, model_config)
         check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
-                          "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
+                          "model.embed_tokens.weight", tied=not model_config.output.untie_embeddings_and_output_weights)
         return shifted_gains(moe_family.from_hf(hf_state, model_config, padded_vocab), model_config, None, -1)
     family = registered_family(config.family)
     if family is not None or config.family in llama_families():
@@ -449,7 +454,7 @@ def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, stat
         shapes = hf_dense.tensor_shapes(model_config, family) if family is not None else \
             hf_llama.llama_tensor_shapes(model_config, config.family)
         check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
-                          "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
+                          "model.embed_tokens.weight", tied=not model_config.output.untie_embeddings_and_output_weights)
         ours = hf_dense.from_hf(hf_state, model_config, padded_vocab, family) if family is not None else \
             hf_llama.from_llama_state_dict(hf_state, model_config, padded_vocab, config.family)
         return shifted_gains(ours, model_config, family, -1)
@@ -464,7 +469,7 @@ def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = Fa
     (the exact weights, whatever precision trained them), consolidated over every TP and DP rank."""
     iteration_dir = Path(iteration_dir)
     metadata = read_metadata(iteration_dir)
-    model_config = ModelConfig.from_record(metadata["config"]["model"])
+    model_config = recorded_model(metadata["config"]["model"])
     check_convertible(model_config, "the Hugging Face export")  # before any weight is read
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]
     # the routers' expert bias (checkpoint/router_state.py), saved by name in the metadata

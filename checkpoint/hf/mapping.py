@@ -54,7 +54,7 @@ def hf_mapping(model_type: str, model: ModelConfig, padded_vocab: int) -> HFMapp
     """The mapping of `model_type`'s family for `model` (its vocabulary padded to `padded_vocab` rows); a
     model_type no other family claims is GPT-2's."""
     moe, family = family_weights().get(model_type), registered_family(model_type)
-    tied = not model.untie_embeddings_and_output_weights
+    tied = not model.output.untie_embeddings_and_output_weights
 
     def shift(name: str, values: torch.Tensor) -> torch.Tensor:
         return hf.shifted_gains({name: values}, model, family, -1)[name]

@@ -5,14 +5,15 @@ That layout (megatron/core/optimizer/distrib_optimizer.py, sharded_param_state_d
 tensor- and pipeline-parallel rank (its `dp_group_idx`, the rank in the model-parallel group: pipeline rank x TP
 size + TP rank), each gradient buffer's buckets as flat tensors `optimizer.distributed.dp_group_idx_<g>.gbuf_idx_<b>.
 dtype_<(param dtype, grad dtype)>.bucket_idx_<k>.<param|exp_avg|exp_avg_sq>` of the bucket's unpadded size: the
-fp32 master weights and Adam's moments of that rank's TP-local parameters, laid out as DDP's grad buffer lays out
-their gradients. The file records only the buckets' sizes, so the layout is rebuilt here as
+fp32 master weights and Adam's moments of that rank's TP-local parameters (fp32 in bf16 and fp16 runs too; the
+dtypes are the buffer's), laid out as DDP's grad buffer lays out their gradients. The file records only the buckets' sizes, so the layout is rebuilt here as
 megatron/core/distributed/param_and_grad_buffer.py builds it (_ParamAndGradBuffer.__init__, distributed optimizer):
 the model's parameters in reverse registration order, each starting at a multiple of 64 elements, a bucket closed
-after `bucket_size` elements (none with overlap off, and on every pipeline stage after the first), its end padded to
-lcm(DP, 128); the pipeline's tied embedding copy in a bucket of its own. The sizes rebuilt are checked against the
-sizes the checkpoint recorded (`per_bucket_numel_unpadded`), so a layout this code does not know is refused, never
-misread.
+after `bucket_size` elements (none with overlap off, on every pipeline stage after the first and in every virtual
+chunk after the first), its end padded to lcm(DP, 128); the pipeline's tied embedding copy in a bucket of its own.
+Under interleaving (VP) each virtual chunk of a stage is a model of its own with its own buffer, `gbuf_idx_<v>`. The
+sizes and dtypes rebuilt are checked against those the checkpoint recorded (`per_bucket_numel_unpadded`), so a
+layout this code does not know is refused, never misread.
 
 Each TP-local parameter is one or two pieces of our whole tensors (SwiGLU's fc1: its [gate; up] rows are two), at the
 offset its TP rank's slice has: Megatron-Core's column-parallel weights split their rows, the row-parallel ones
@@ -25,9 +26,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from base.errors import CheckpointError
+import torch
 
-DENSE_DTYPE = "dtype_(torch.float32, torch.float32)"
+from base.errors import CheckpointError
 
 
 class UnreadLayout(CheckpointError):
@@ -84,11 +85,37 @@ def _split(name: str, shape: tuple[int, ...], axis: Optional[int], tp_rank: int,
     return LocalPiece(name, 0, tuple(shape), tuple(offset))
 
 
-def local_parameters(model: ModelShape, tp_rank: int, tp: int, pp_rank: int, pp: int) -> list[LocalParameter]:
-    """One rank's parameters in Megatron-Core's registration order (GPTModel: embedding, the decoder's layers, the
-    final norm, the output layer; a layer: input norm, attention's proj then qkv then q/k norms, pre-MLP norm, fc1,
-    fc2; a linear: weight, bias), each as the pieces of our tensors it holds."""
-    h, layers_per_stage = model.hidden_size, model.num_layers // pp
+@dataclass(frozen=True)
+class Chunk:
+    """One model chunk of a TP x PP rank: virtual chunk `vp_stage` of `vp` on pipeline stage `pp_rank` of `pp`."""
+    tp_rank: int
+    tp: int
+    pp_rank: int
+    pp: int
+    vp_stage: int = 0
+    vp: int = 1
+
+    @property
+    def first(self) -> bool:  # holds the embeddings
+        return self.pp_rank == 0 and self.vp_stage == 0
+
+    @property
+    def last(self) -> bool:  # holds the final norm and the output layer
+        return self.pp_rank == self.pp - 1 and self.vp_stage == self.vp - 1
+
+    def layers(self, num_layers: int) -> range:
+        """Its global layers: Megatron-Core's get_transformer_layer_offset, chunks taken stage by stage, then by
+        virtual stage."""
+        per_chunk = num_layers // (self.pp * self.vp)
+        first = (self.vp_stage * self.pp + self.pp_rank) * per_chunk
+        return range(first, first + per_chunk)
+
+
+def local_parameters(model: ModelShape, chunk: Chunk) -> list[LocalParameter]:
+    """One model chunk's parameters in Megatron-Core's registration order (GPTModel: embedding, the decoder's
+    layers, the final norm, the output layer; a layer: input norm, attention's proj then qkv then q/k norms, pre-MLP
+    norm, fc1, fc2; a linear: weight, bias), each as the pieces of our tensors it holds."""
+    h, tp_rank, tp, pp = model.hidden_size, chunk.tp_rank, chunk.tp, chunk.pp
     heads_width = model.num_attention_heads * model.kv_channels
     qkv_rows = (model.num_attention_heads + 2 * model.num_query_groups) * model.kv_channels
     params: list[LocalParameter] = []
@@ -104,13 +131,12 @@ def local_parameters(model: ModelShape, tp_rank: int, tp: int, pp_rank: int, pp:
         if model.layernorm:
             add(f"{module_name}.bias", f"{ours}.bias", (width,), None)
 
-    if pp_rank == 0:
+    if chunk.first:
         add("embedding.word_embeddings.weight", "word_embeddings.weight", (model.padded_vocab_size, h), 0)
         if model.learned_positions:
             add("embedding.position_embeddings.weight", "position_embeddings.weight",
                 (model.max_position_embeddings, h), None)
-    for local in range(layers_per_stage):
-        layer = pp_rank * layers_per_stage + local
+    for local, layer in enumerate(chunk.layers(model.num_layers)):
         theirs, ours = f"decoder.layers.{local}", f"blocks.{layer}"
         norm(f"{theirs}.input_layernorm", f"{ours}.input_layernorm", h)
         add(f"{theirs}.self_attention.linear_proj.weight", f"{ours}.attention.dense.weight", (h, heads_width), 1)
@@ -127,13 +153,13 @@ def local_parameters(model: ModelShape, tp_rank: int, tp: int, pp_rank: int, pp:
         add(f"{theirs}.mlp.linear_fc2.weight", f"{ours}.mlp.dense_4h_to_h.weight", (h, model.ffn_hidden_size), 1)
         if model.add_bias_linear:
             add(f"{theirs}.mlp.linear_fc2.bias", f"{ours}.mlp.dense_4h_to_h.bias", (h,), None)
-    if pp_rank == pp - 1:
+    if chunk.last:
         norm("decoder.final_layernorm", "final_layernorm", h)
         if not model.tied:
             add("output_layer.weight", "output_layer.weight", (model.padded_vocab_size, h), 0)
         elif pp > 1:  # the last stage's copy of the tied embedding (language_module.py: shared_embedding)
             params.append(LocalParameter("output_layer.weight", (model.padded_vocab_size // tp, h), (), True))
-    if pp > 1 and pp_rank == 0 and model.tied:
+    if pp > 1 and chunk.first and model.tied:
         params[0] = LocalParameter(params[0].module_name, params[0].shape, params[0].pieces, True)
     return params
 
@@ -193,13 +219,36 @@ def bucket_layout(params: list[LocalParameter], dp: int, bucket_size: Optional[i
     return placed, unpadded
 
 
-def check_layout(unpadded: list[int], saved: object, where: str) -> None:
-    """The rebuilt bucket sizes are the ones the checkpoint recorded ({gbuf: {dtypes: [sizes]}})."""
+def buffer_dtypes(args) -> tuple[torch.dtype, torch.dtype]:
+    """(parameter dtype, gradient dtype) of a dense model's gradient buffer, as DDP makes it from the run's args
+    (distributed_data_parallel.py: fp32 gradients under --accumulate-allreduce-grads-in-fp32, which bf16 sets)."""
+    param = torch.bfloat16 if getattr(args, "bf16", False) else torch.float16 if getattr(args, "fp16", False) \
+        else torch.float32
+    return param, torch.float32 if getattr(args, "accumulate_allreduce_grads_in_fp32", False) else param
+
+
+def buffer_key(dtypes: tuple[torch.dtype, torch.dtype]) -> str:
+    """The dtype part of a bucket's key: `dtype_(torch.bfloat16, torch.float32)`."""
+    return f"dtype_({dtypes[0]}, {dtypes[1]})"
+
+
+def check_layout(unpadded: list[int], saved: object, buffer: int, buffers: int,
+                 dtypes: tuple[torch.dtype, torch.dtype], where: str) -> None:
+    """The rebuilt bucket sizes of gradient buffer `buffer` (of `buffers`: one per virtual chunk) are the ones the
+    checkpoint recorded ([{dtypes: [sizes]}, ...], a buffer each), under the dtypes the args give."""
     try:
-        recorded = [int(n) for n in next(iter(saved[0].values()))]  # the dense buffer's one dtype
+        if len(saved) != buffers:
+            raise UnreadLayout(f"{where}: the distributed optimizer holds {len(saved)} gradient buffers, the layout "
+                               f"rebuilt from its args {buffers} (one per virtual chunk, a dense model's): a layout "
+                               f"this reader does not know")
+        if list(saved[buffer]) != [dtypes]:
+            raise UnreadLayout(f"{where}: the distributed optimizer's buffer holds {list(saved[buffer])} "
+                               f"(parameter, gradient) dtypes, its args give {dtypes}: a layout this reader does not "
+                               f"know")
+        recorded = [int(n) for n in saved[buffer][dtypes]]
     except (TypeError, KeyError, IndexError, StopIteration, ValueError, AttributeError):
         raise CheckpointError(f"{where}: its recorded bucket sizes are unreadable ({str(saved)[:120]})") from None
     if recorded != unpadded:
         raise UnreadLayout(f"{where}: the distributed optimizer's buckets hold {recorded} elements, the layout "
-                              f"rebuilt from its args {unpadded}: a layout this reader does not know (another "
-                              f"parameter order, dtype or bucket size)")
+                           f"rebuilt from its args {unpadded}: a layout this reader does not know (another "
+                           f"parameter order, dtype or bucket size)")

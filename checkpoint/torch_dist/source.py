@@ -9,7 +9,7 @@ torch.distributed.checkpoint (checkpoint/torch_dist/dcp_reader.py).
   tensor's global shape (`optimizer.state.<exp_avg|exp_avg_sq|param|fp32_param>.<model key>`); dp_reshardable's are
   the gradient buckets of each TP x PP rank (checkpoint/torch_dist/buckets.py rebuilds where each parameter lies).
 - The progress: the iteration, args.consumed_train_samples (where Megatron's sampler continues), the scheduler's
-  num_steps (samples, Megatron's OptimizerParamScheduler position) and Adam's step.
+  num_steps (samples, Megatron's OptimizerParamScheduler position), Adam's step and fp16's loss scaler.
 - The RNG: Python's, NumPy's and torch's CPU generator of this rank's TP x PP rank, when the layout is the saved one
   (Megatron-LM's rule: load_checkpoint ignores the RNG at another TP x PP). Its CUDA generator states are not
   carried, nor are the states its load alone reads (the rerun state machine, TransformerEngine's FP8 metadata in
@@ -36,10 +36,13 @@ from checkpoint.global_state import (
 from checkpoint.pieces import Piece, read_pieces
 from checkpoint.random_states import random_states_problem
 from checkpoint.torch_dist.buckets import (
-    DENSE_DTYPE,
+    BucketedParameter,
+    Chunk,
     ModelShape,
     UnreadLayout,
     bucket_layout,
+    buffer_dtypes,
+    buffer_key,
     check_layout,
     local_parameters,
 )
@@ -53,6 +56,7 @@ from checkpoint.torch_dist.common import (
     sharding_type,
 )
 from checkpoint.torch_dist.dcp_reader import DcpReader
+from checkpoint.torch_dist.grad_scaler import GRAD_SCALER, STATIC, our_scaler_state
 from checkpoint.torch_dist.names import Placement, our_placements
 
 OPTIMIZER_STATE = "optimizer.state."
@@ -153,19 +157,37 @@ class MegatronSource(GlobalStateSource):
     def progress(self) -> SourceProgress:
         common, args = self.common, self.args
         scheduler = common.get("opt_param_scheduler") or {}
+        scaler = self._loss_scaler()
         return SourceProgress(
             iteration=int(common["iteration"]),
             consumed_samples=int(getattr(args, "consumed_train_samples", 0) or 0),
             schedule_samples=scheduler.get("num_steps"),
-            optimizer_step=self._adam_step(),
-            # bf16 and fp32 runs have no loss scaler in Megatron: a constant 1, this project's static LossScaler
-            loss_scaler_state=None if getattr(args, "fp16", False) else {"scale": 1.0},
-            extra={"optimizer": getattr(args, "optimizer", "adam"), "loss_scaler_type": "LossScaler",
+            optimizer_step=self._adam_step(), loss_scaler_state=scaler[1] if scaler else None,
+            extra={"optimizer": getattr(args, "optimizer", "adam"),
+                   "loss_scaler_type": scaler[0] if scaler else STATIC,
                    "tensor_parallel_size": getattr(args, "tensor_model_parallel_size", 1)})
+
+    def _loss_scaler(self) -> Optional[tuple[str, dict]]:
+        """(our scaler's class, its state) as the run left it (checkpoint/torch_dist/grad_scaler.py); None where an
+        fp16 save holds none."""
+        if not arg(self.common, "fp16", False):
+            return STATIC, {"scale": 1.0}  # bf16 and fp32 runs have no loss scaler in Megatron: a constant 1
+        saved = self.common.get("optimizer") or {}
+        if saved and all(isinstance(key, int) for key in saved):  # a ChainedOptimizer's parts step one scale
+            saved = saved[min(saved)]
+        if GRAD_SCALER in saved:
+            scaler = saved[GRAD_SCALER]
+        elif self.layout == DP_RESHARDABLE and _group_key(0, GRAD_SCALER) in self.reader.objects():
+            scaler = _group_object(self, 0, GRAD_SCALER)  # dp_reshardable keeps it per TP x PP rank, all alike
+        else:
+            return None
+        dynamic = our_scaler_state(scaler, str(self.path))
+        static = getattr(self.args, "loss_scale", None)
+        return dynamic or ((STATIC, {"scale": float(static)}) if static else None)
 
     def not_carried(self) -> list[str]:
         missing = [f"its optimizer states ({self._optimizer_not_read})"] if self._optimizer_not_read else []
-        if arg(self.common, "fp16", False):
+        if self._loss_scaler() is None:
             missing.append("its fp16 loss scale (the loss scaler starts from --initial-loss-scale)")
         if "rerun_state_machine" in self.common:
             missing.append("its rerun state machine's state")
@@ -238,66 +260,93 @@ class MegatronSource(GlobalStateSource):
         return steps.pop() if len(steps) == 1 else None
 
 
+def _group_key(group: int, name: str) -> str:
+    """The object a dp_reshardable save keeps per TP x PP rank (dp_group_idx): its optimizer's state_dict entries."""
+    return f"optimizer.distributed.dp_group_idx_{group}.{name}/shard_0_1"
+
+
+def _group_object(source: MegatronSource, group: int, name: str):
+    key = _group_key(group, name)
+    if key not in source.reader.objects():
+        raise CheckpointError(f"{source.path}: holds no {key}; the checkpoint is incomplete")
+    saved = source.reader.read_objects([key], safe_globals())[key]
+    return saved[0] if isinstance(saved, list) and len(saved) == 1 else saved  # a ShardedObject: [its data]
+
+
+def _refuse_unread(args) -> None:
+    """The saves whose buckets this reader does not rebuild (their weights still load)."""
+    unsupported = [flag for flag, value in (
+        ("--num-experts", getattr(args, "num_experts", None)),
+        ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
+        ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)))
+        if value]
+    if unsupported:
+        raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense models on "
+                           f"even pipeline stages, and it was saved with {', '.join(unsupported)}")
+
+
+def _model_shape(args) -> ModelShape:
+    return ModelShape(
+        num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
+        num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups
+        if getattr(args, "group_query_attention", False) else args.num_attention_heads,
+        kv_channels=args.kv_channels, padded_vocab_size=args.padded_vocab_size,
+        max_position_embeddings=args.max_position_embeddings,
+        learned_positions=getattr(args, "position_embedding_type", "learned_absolute") == "learned_absolute",
+        layernorm=getattr(args, "normalization", "LayerNorm") == "LayerNorm", gated=bool(args.swiglu),
+        add_bias_linear=bool(args.add_bias_linear), add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
+        qk_layernorm=bool(getattr(args, "qk_layernorm", False)),
+        tied=not getattr(args, "untie_embeddings_and_output_weights", False))
+
+
 class _Buckets:
-    """The dp_reshardable states of every TP x PP rank as pieces of our whole tensors (checkpoint/torch_dist/buckets.py)."""
+    """The dp_reshardable states of every TP x PP rank's model chunks as pieces of our whole tensors
+    (checkpoint/torch_dist/buckets.py)."""
 
     def __init__(self, source: MegatronSource) -> None:
         self.source, self.path = source, source.path
         args = source.args
+        _refuse_unread(args)
+        self.shape = _model_shape(args)
         tp = int(getattr(args, "tensor_model_parallel_size", 1))
         pp = int(getattr(args, "pipeline_model_parallel_size", 1))
+        vp = int(getattr(args, "virtual_pipeline_model_parallel_size", None) or 1)
         dp = int(getattr(args, "data_parallel_size", 1)) * int(getattr(args, "context_parallel_size", 1) or 1)
-        unsupported = [flag for flag, value in (
-            ("--num-experts", getattr(args, "num_experts", None)),
-            ("--virtual-pipeline-model-parallel-size", getattr(args, "virtual_pipeline_model_parallel_size", None)),
-            ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
-            ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)),
-            ("--fp16", getattr(args, "fp16", False)), ("--bf16", getattr(args, "bf16", False)),
-            ("--accumulate-allreduce-grads-in-fp32", getattr(args, "accumulate_allreduce_grads_in_fp32", False)))
-            if value]
-        if unsupported:
-            raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense fp32 "
-                                  f"models on even pipeline stages, and it was saved with {', '.join(unsupported)}")
-        shape = ModelShape(
-            num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
-            num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups
-            if getattr(args, "group_query_attention", False) else args.num_attention_heads,
-            kv_channels=args.kv_channels, padded_vocab_size=args.padded_vocab_size,
-            max_position_embeddings=args.max_position_embeddings,
-            learned_positions=getattr(args, "position_embedding_type", "learned_absolute") == "learned_absolute",
-            layernorm=getattr(args, "normalization", "LayerNorm") == "LayerNorm", gated=bool(args.swiglu),
-            add_bias_linear=bool(args.add_bias_linear), add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
-            qk_layernorm=bool(getattr(args, "qk_layernorm", False)),
-            tied=not getattr(args, "untie_embeddings_and_output_weights", False))
-        overlap = bool(getattr(args, "overlap_grad_reduce", False))
+        # DDP buckets only the first chunk of the first stage, and only with overlap (module docstring of buckets.py)
+        bucketed = bool(getattr(args, "overlap_grad_reduce", False)) and \
+            not getattr(args, "overlap_param_gather_with_optimizer_step", False)
         bucket_size = getattr(args, "ddp_bucket_size", None) or max(40000000, 1000000 * dp)
-        self.dtype = torch.float32
+        self.dtype = torch.float32  # the fp32 master and moments, whatever the model's dtype
+        self.dtypes = buffer_dtypes(args)
         self.pieces: dict[str, list[Piece]] = {}
-        seen: set[tuple] = set()
+        self._seen: set[tuple] = set()
         for pp_rank in range(pp):
             for tp_rank in range(tp):
                 group = pp_rank * tp + tp_rank  # the rank in Megatron's model-parallel group: its dp_group_idx
-                params = local_parameters(shape, tp_rank, tp, pp_rank, pp)
-                placed, unpadded = bucket_layout(params, dp, bucket_size if overlap and pp_rank == 0 else None)
-                check_layout(unpadded, self._object(group, "per_bucket_numel_unpadded"),
-                             f"{self.path} (TP rank {tp_rank}, PP rank {pp_rank})")
-                for entry in placed:
-                    row = int(np.prod(entry.parameter.shape[1:], dtype=np.int64))
-                    for piece in entry.parameter.pieces:
-                        copy = (piece.name, piece.global_offset, piece.shape)
-                        if copy in seen:  # a replicated parameter: every TP rank's bucket holds it
-                            continue
-                        seen.add(copy)
-                        self.pieces.setdefault(piece.name, []).append(Piece(
-                            f"{group}.{entry.bucket}", 0, entry.start + piece.row_start * row,
-                            int(np.prod(piece.shape, dtype=np.int64)), piece.shape, piece.global_offset))
+                saved = self._object(group, "per_bucket_numel_unpadded")
+                for vp_stage in range(vp):  # its gradient buffers: one per virtual chunk
+                    chunk = Chunk(tp_rank, tp, pp_rank, pp, vp_stage, vp)
+                    placed, unpadded = bucket_layout(local_parameters(self.shape, chunk), dp,
+                                                     bucket_size if bucketed and chunk.first else None)
+                    check_layout(unpadded, saved, vp_stage, vp, self.dtypes, f"{self.path} (TP rank {tp_rank}, PP "
+                                 f"rank {pp_rank}{f', virtual chunk {vp_stage}' if vp > 1 else ''})")
+                    self._add(placed, f"{group}.{vp_stage}")
+
+    def _add(self, placed: list[BucketedParameter], buffer: str) -> None:
+        """The pieces of our tensors in one gradient buffer's buckets (`buffer`: '<dp_group_idx>.<gbuf_idx>')."""
+        for entry in placed:
+            row = int(np.prod(entry.parameter.shape[1:], dtype=np.int64))
+            for piece in entry.parameter.pieces:
+                copy = (piece.name, piece.global_offset, piece.shape)
+                if copy in self._seen:  # a replicated parameter: every TP rank's bucket holds it
+                    continue
+                self._seen.add(copy)
+                self.pieces.setdefault(piece.name, []).append(Piece(
+                    f"{buffer}.{entry.bucket}", 0, entry.start + piece.row_start * row,
+                    int(np.prod(piece.shape, dtype=np.int64)), piece.shape, piece.global_offset))
 
     def _object(self, group: int, name: str):
-        key = f"optimizer.distributed.dp_group_idx_{group}.{name}/shard_0_1"
-        if key not in self.source.reader.objects():
-            raise CheckpointError(f"{self.path}: holds no {key}; the checkpoint is incomplete")
-        saved = self.source.reader.read_objects([key], safe_globals())[key]
-        return saved[0] if isinstance(saved, list) and len(saved) == 1 else saved  # a ShardedObject: [its data]
+        return _group_object(self.source, group, name)
 
     def optimizer_state(self, group: int) -> dict:
         state = self._object(group, "optimizer")
@@ -305,9 +354,9 @@ class _Buckets:
 
     def read(self, state: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
         def fetch(file: str, begin: int, end: int) -> torch.Tensor:
-            group, bucket = file.split(".")
-            key = (f"optimizer.distributed.dp_group_idx_{group}.gbuf_idx_0.{DENSE_DTYPE}.bucket_idx_{bucket}."
-                   f"{state}")
+            group, buffer, bucket = file.split(".")
+            key = (f"optimizer.distributed.dp_group_idx_{group}.gbuf_idx_{buffer}.{buffer_key(self.dtypes)}."
+                   f"bucket_idx_{bucket}.{state}")
             return self.source.reader.read(key, (slice(begin, end),))
         return read_pieces(self.pieces.get(name, []), name, region, self.dtype, fetch, self.path)
 

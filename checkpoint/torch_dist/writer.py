@@ -8,15 +8,16 @@ the content metadata) and `metadata.json`; the tracker file names it last. The t
 keys, at its global shapes (checkpoint/torch_dist/names.py): the weights, and the optimizer's states in the layout
 the loading Megatron run builds from the same flags: without --use-distributed-optimizer its plain optimizer's
 (`optimizer.state.exp_avg.<key>`, ..., `fp32_param`), with it the distributed optimizer's fully_reshardable layout
-(`optimizer.state.param|exp_avg|exp_avg_sq.<key>`), loadable at any TP x PP x DP. Each rank writes the global
+(`optimizer.state.param|exp_avg|exp_avg_sq.<key>`), loadable at any TP x PP x DP; fp16's loss scaler as its grad
+scaler (checkpoint/torch_dist/grad_scaler.py). Each rank writes the global
 regions of its own ZeRO partition (a tensor whole on every TP rank by TP rank 0 only): the working set is one copy
 of the rank's shard of each state, staged for DCP.
 
 Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
-Megatron-LM starts its streams from --seed, as at another layout). Refused before any work (arguments/config.py):
-MoE layers, MTP, MLA, optimizers other than Adam, fp16's loss scaler and --keep-last. As every save here the
-directory appears whole or not at all (iter_NNNNNNN.partial renamed, the tracker written last and atomically), and
-a non-finite state is never committed."""
+Megatron-LM starts its streams from --seed, as at another layout). A run with MoE layers, MTP, MLA, optimizers
+other than Adam or --keep-last saves this project's format, said at start-up (arguments/config.py). As every save
+here the directory appears whole or not at all (iter_NNNNNNN.partial renamed, the tracker written last and
+atomically), and a non-finite state is never committed."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ from checkpoint.torch_dist.common import (
     index_digest,
 )
 from checkpoint.torch_dist.dcp_failures import DCP_FAILURES, failure_line, os_cause
+from checkpoint.torch_dist.grad_scaler import GRAD_SCALER, megatron_grad_scaler
 from checkpoint.torch_dist.names import LAYERS, megatron_placement
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
@@ -216,6 +218,8 @@ def _common(config, state, shard, iteration, consumed_samples, lr, batch, schedu
             # an fp32 run's FP32Optimizer saves Adam's own state_dict: Megatron-LM's bf16 load looks there
             saved_optimizer = {"optimizer": saved_optimizer}
         content = {}
+    if config.training.fp16:  # Megatron-Core's 16-bit optimizers keep the grad scaler's state beside Adam's
+        saved_optimizer[GRAD_SCALER] = megatron_grad_scaler(shard.loss_scaler_type, shard.loss_scaler_state)
     content.update(singleton_local_shards=False, chained_optim_avoid_prefix=True)
     return {"args": megatron_args(config, state, iteration, consumed_samples), "checkpoint_version": CHECKPOINT_VERSION,
             "iteration": iteration, "optimizer": saved_optimizer,
@@ -235,7 +239,7 @@ def saving_mode_line(config, rerun_validates: bool) -> str:
     """The start-up line of a run that saves in this layout: what it does not hold."""
     line = ("> checkpoints: saved synchronously in Megatron-LM's torch_dist layout"
             + (" (--async-save writes this project's format only)" if config.checkpoint.async_save else ""))
-    if config.model.fp8 is not None and config.model.fp8_recipe == "delayed":
+    if config.model.fp8.enabled and config.model.fp8.recipe == "delayed":
         # TE keeps them in each module's pickled _extra_state, which this writer does not produce
         line += ("; without delayed FP8 scaling's amax histories (TransformerEngine's _extra_state): a resume from "
                  "these starts them fresh at scale 1, said again at the load")

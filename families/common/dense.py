@@ -79,6 +79,7 @@ class DenseFamily:
         needs = {flag_for(name, value): setting_value(model, name) != value for name, value in self.fixed.items()}
         needs.update({f"no --num-experts ({self.architecture} has no experts)": model.moe is not None,
                       f"no --mtp-num-layers ({self.architecture} has no MTP layers)": bool(model.mtp.num_layers),
+                      f"no --clip-qkv ({self.architecture} clamps no q, k, v)": model.attention.clip_qkv is not None,
                       **rope_needs(model), **self.needs(model)})
         return [need for need, missing in needs.items() if missing]
 
@@ -216,8 +217,8 @@ def core_write(model: ModelConfig) -> dict:
                 num_key_value_heads=model.attention.query_groups(model.num_attention_heads),
                 head_dim=model.head_dim, max_position_embeddings=model.max_position_embeddings,
                 rms_norm_eps=model.norms.layernorm_epsilon, rope_parameters=rope_parameters(model), hidden_act="silu",
-                tie_word_embeddings=not model.untie_embeddings_and_output_weights,
-                attention_dropout=model.attention_dropout, initializer_range=model.init_method_std)
+                tie_word_embeddings=not model.output.untie_embeddings_and_output_weights,
+                attention_dropout=model.attention.attention_dropout, initializer_range=model.init_method_std)
 
 
 # ---- sliding windows --------------------------------------------------------------------------------------------

@@ -16,5 +16,5 @@ def common_fields(config: ModelConfig, eod_token_id: Optional[int]) -> dict:
                 num_key_value_heads=config.attention.query_groups(config.num_attention_heads),
                 max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.norms.layernorm_epsilon,
                 rope_parameters=rope_parameters(config), hidden_act="silu",
-                tie_word_embeddings=not config.untie_embeddings_and_output_weights,
-                attention_dropout=config.attention_dropout, initializer_range=config.init_method_std)
+                tie_word_embeddings=not config.output.untie_embeddings_and_output_weights,
+                attention_dropout=config.attention.attention_dropout, initializer_range=config.init_method_std)

@@ -89,7 +89,7 @@ def gemma_write(model: ModelConfig) -> dict:
     return {**keys, "hidden_activation": WRITTEN_ACTIVATIONS.get(model.mlp.activation), "attention_bias": False,
             "query_pre_attn_scalar": query_pre_attn_scalar(model), "sliding_window": sliding_window_of(model),
             "layer_types": layer_types_of(model), "attn_logit_softcapping": model.attention.attn_logit_softcapping,
-            "final_logit_softcapping": model.final_logit_softcapping}
+            "final_logit_softcapping": model.output.final_logit_softcapping}
 
 
 def gemma_needs(model: ModelConfig) -> dict[str, bool]:

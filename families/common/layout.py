@@ -64,19 +64,21 @@ def needs(config: ModelConfig, wanted: dict[str, Any]) -> list[str]:
     return found
 
 
-def llama_block_misfits(config: ModelConfig) -> list[str]:
+def llama_block_misfits(config: ModelConfig, clips_qkv: bool = False) -> list[str]:
     """What every Llama-shaped family here wants of the blocks: RMSNorm, SwiGLU's gated MLP, rotary positions in
-    halves on every layer, no output gate nor query/key L2 norm, Megatron-Core's router (not DeepSpeed-MoE's), one expert count, no residual MoE,
+    halves on every layer, no output gate nor query/key L2 norm, no clamp of q, k and v unless the family has one
+    (`clips_qkv`: OLMoE's clip_qkv), Megatron-Core's router (not DeepSpeed-MoE's), one expert count, no residual MoE,
     dropless experts, no multi-token prediction."""
     found = needs(config, {"normalization": "RMSNorm", "rotary_interleaved": False, "attention_output_gate": False,
                            "qk_l2_norm": False, "no_rope_freq": (lambda value: not value, "no --no-rope-freq"),
                            "activation": (lambda value: value in ("gelu", "gelu_tanh"),
-                                          "no --activation other than SwiGLU's")})
+                                          "no --activation other than SwiGLU's"),
+                           **({} if clips_qkv else {"clip_qkv": None})})
     if config.moe is not None:
         moe = config.moe
         found += [phrase for phrase, bad in (
             ("--moe-gating megatron (DeepSpeed-MoE's capacity and sampling are not theirs)", moe.deepspeed.gating != "megatron"),
-            ("one --num-experts for every MoE layer", config.per_layer_experts),
+            ("one --num-experts for every MoE layer", config.experts.per_layer),
             ("--mlp-type standard", moe.deepspeed.use_residual),
             ("no --moe-expert-capacity-factor (transformers drops no token)", moe.expert_capacity_factor is not None),
         ) if bad]

@@ -49,10 +49,11 @@ def beyond_llama(config: ModelConfig) -> dict[str, bool]:
             "no --no-rope-freq": bool(config.positions.no_rope_freq),
             "--sublayer-norms input": config.norms.sublayer_norms != "input",
             "no --gated-linear-unit": config.mlp.gated_linear_unit,
-            "no --scale-embeddings-by-sqrt-hidden": config.scale_embeddings_by_sqrt_hidden,
+            "no --scale-embeddings-by-sqrt-hidden": config.output.scale_embeddings_by_sqrt_hidden,
             "no --softmax-scale": config.attention.softmax_scale is not None,
             "no --attn-logit-softcapping": config.attention.attn_logit_softcapping is not None,
-            "no --final-logit-softcapping": config.final_logit_softcapping is not None,
+            "no --clip-qkv": config.attention.clip_qkv is not None,
+            "no --final-logit-softcapping": config.output.final_logit_softcapping is not None,
             "no --local-rotary-base": config.positions.local_rotary_base is not None,
             "no --rotary-seq-len-interpolation-factor": config.positions.rotary_seq_len_interpolation_factor is not None}
 
@@ -119,7 +120,7 @@ def moe_misfits(config: ModelConfig) -> list[str]:
     bias to the experts."""
     moe, family = config.moe, moe_family(config)
     needs = {"--moe-gating megatron (DeepSpeed-MoE's capacity and sampling are not theirs)": moe.deepspeed.gating != "megatron",
-             "one --num-experts for every MoE layer (their config has one count)": config.per_layer_experts,
+             "one --num-experts for every MoE layer (their config has one count)": config.experts.per_layer,
              "--mlp-type standard (PR-MoE's residual MLP and coefficient have no place there)": moe.deepspeed.use_residual,
              "--moe-router-score-function softmax": moe.router_score_function != "softmax",
              "no --moe-router-topk-scaling-factor": bool(moe.router_topk_scaling_factor),
@@ -168,8 +169,8 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
                   num_key_value_heads=config.attention.query_groups(config.num_attention_heads), head_dim=config.head_dim,
                   max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.norms.layernorm_epsilon,
                   rope_parameters=rope_parameters(config), hidden_act="silu",
-                  tie_word_embeddings=not config.untie_embeddings_and_output_weights,
-                  attention_dropout=config.attention_dropout, initializer_range=config.init_method_std)
+                  tie_word_embeddings=not config.output.untie_embeddings_and_output_weights,
+                  attention_dropout=config.attention.attention_dropout, initializer_range=config.init_method_std)
     if is_apertus(config):
         from transformers import ApertusConfig
 
@@ -194,9 +195,9 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
         num_key_value_heads=config.attention.query_groups(config.num_attention_heads), head_dim=config.head_dim,
         max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.norms.layernorm_epsilon,
         rope_parameters=rope_parameters(config), hidden_act="silu",
-        tie_word_embeddings=not config.untie_embeddings_and_output_weights,
+        tie_word_embeddings=not config.output.untie_embeddings_and_output_weights,
         attention_bias=config.add_bias_linear, mlp_bias=config.add_bias_linear,
-        attention_dropout=config.attention_dropout, initializer_range=config.init_method_std)
+        attention_dropout=config.attention.attention_dropout, initializer_range=config.init_method_std)
 
 
 # ---- weights ------------------------------------------------------------------------------------
@@ -265,7 +266,7 @@ def ends_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str,
     vocab = config.vocab_size
     out = {"model.embed_tokens.weight": state["word_embeddings.weight"][:vocab],
            "model.norm.weight": state["final_layernorm.weight"]}
-    if config.untie_embeddings_and_output_weights:
+    if config.output.untie_embeddings_and_output_weights:
         out["lm_head.weight"] = state["output_layer.weight"][:vocab]
     return out
 
@@ -275,7 +276,7 @@ def ends_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig, padded_
     """The inverse of `ends_to_hf`: the vocabulary's padding rows are zeros (as our initial values leave them)."""
     out = {"word_embeddings.weight": padded_rows(hf_state["model.embed_tokens.weight"], padded_vocab_size),
            "final_layernorm.weight": hf_state["model.norm.weight"]}
-    if config.untie_embeddings_and_output_weights:
+    if config.output.untie_embeddings_and_output_weights:
         out["output_layer.weight"] = padded_rows(hf_state["lm_head.weight"], padded_vocab_size)
     return out
 
@@ -402,7 +403,7 @@ def llama_tensor_shapes(config: ModelConfig, family: str = MODEL_TYPE) -> dict[s
     h, ffn, d = config.hidden_size, config.ffn_size, config.head_dim
     q_rows, kv_rows = config.num_attention_heads * d, config.attention.query_groups(config.num_attention_heads) * d
     shapes = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
-    if config.untie_embeddings_and_output_weights:
+    if config.output.untie_embeddings_and_output_weights:
         shapes["lm_head.weight"] = (config.vocab_size, h)
     bias = config.add_bias_linear
     if is_apertus(config):

@@ -31,7 +31,7 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 f"--position-embedding-type {config.positions.position_embedding_type}":
                     config.positions.position_embedding_type != default.positions.position_embedding_type,
                 "--num-query-groups": config.attention.num_query_groups not in (None, config.num_attention_heads),
-                "--untie-embeddings-and-output-weights": config.untie_embeddings_and_output_weights,
+                "--untie-embeddings-and-output-weights": config.output.untie_embeddings_and_output_weights,
                 "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.attention.add_qkv_bias,
                 "--qk-layernorm": config.attention.qk_layernorm,
                 # swiss-ai's xIELU: an Apertus MLP (families/common/llama_shaped.py refuses it), never GPT-2's
@@ -80,7 +80,7 @@ def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
         n_layer=config.num_layers, n_head=config.num_attention_heads, n_inner=config.ffn_size,
         activation_function=ACTIVATION_TO_HF[config.mlp.activation], layer_norm_epsilon=config.norms.layernorm_epsilon,
         resid_pdrop=config.hidden_dropout, embd_pdrop=config.hidden_dropout,
-        attn_pdrop=config.attention_dropout, initializer_range=config.init_method_std, tie_word_embeddings=True)
+        attn_pdrop=config.attention.attention_dropout, initializer_range=config.init_method_std, tie_word_embeddings=True)
 
 
 def qkv_ours_to_hf(tensor: torch.Tensor, heads: int) -> torch.Tensor:

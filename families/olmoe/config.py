@@ -3,8 +3,7 @@ as Megatron-Core's flags: Llama's blocks with an RMSNorm over the whole query pr
 before they split into heads (q_norm over hidden_size, k_norm over the key/value heads' width: --qk-layernorm
 --qk-layernorm-over-projection), and in every layer OlmoeSparseMoeBlock: a softmax over all experts' logits, its top
 k renormalized only with norm_topk_prob (Megatron-Core's softmax over the top k logits; without it
---moe-router-pre-softmax), SwiGLU experts of intermediate_size, no shared expert. clip_qkv (a clamp of q, k and v)
-is not built and is refused where set.
+--moe-router-pre-softmax), SwiGLU experts of intermediate_size, no shared expert; clip_qkv is --clip-qkv.
 """
 
 from __future__ import annotations
@@ -60,8 +59,6 @@ def read(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
 def settings(config: HFConfig) -> dict[str, FolderValue]:
     values, v = config.values, FolderValue
     problems = []
-    if values["clip_qkv"] is not None:
-        problems.append(f"clip_qkv {values['clip_qkv']!r} (q, k and v are not clamped here)")
     if values["attention_bias"]:
         problems.append("attention_bias true (--add-bias-linear would add biases to the experts and router too)")
     if problems:
@@ -71,6 +68,7 @@ def settings(config: HFConfig) -> dict[str, FolderValue]:
             "qk_layernorm": v(True, f"model_type {MODEL_TYPE} (q_norm, k_norm)"),
             "qk_layernorm_over_projection": v(True, f"model_type {MODEL_TYPE} (q_norm over hidden_size, k_norm over "
                                                     f"the key projection)"),
+            "clip_qkv": v(values["clip_qkv"], "clip_qkv"),
             "num_experts": v(config.num_experts, "num_experts"),
             "moe_router_topk": v(config.experts_per_token, "num_experts_per_tok"),
             "moe_ffn_hidden_size": v(config.moe_ffn_hidden_size, "intermediate_size"),

@@ -25,7 +25,7 @@ def claims(config: ModelConfig) -> bool:
 
 
 def misfits(config: ModelConfig) -> list[str]:
-    found = llama_block_misfits(config) + needs(config, {
+    found = llama_block_misfits(config, clips_qkv=True) + needs(config, {
         "swiglu": True, "position_embedding_type": "rope", "rotary_percent": 1.0, "use_rope_scaling": False,
         "qk_layernorm": True, "qk_layernorm_over_projection": True, "add_bias_linear": False, "add_qkv_bias": False,
         "multi_latent_attention": False, "moe_router_score_function": "softmax",
@@ -44,7 +44,7 @@ def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
     fields = common_fields(config, eod_token_id)
     return OlmoeConfig(**fields, intermediate_size=moe.ffn_hidden_size, num_experts=moe.num_experts,
                        num_experts_per_tok=moe.router_topk, norm_topk_prob=not moe.router_pre_softmax,
-                       clip_qkv=None, attention_bias=False, router_aux_loss_coef=moe.aux_loss_coeff)
+                       clip_qkv=config.attention.clip_qkv, attention_bias=False, router_aux_loss_coef=moe.aux_loss_coeff)
 
 
 def _layer_names(config: ModelConfig, layer: int) -> list[tuple[str, str]]:

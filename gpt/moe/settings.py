@@ -196,6 +196,44 @@ class MoESettings:
                                    ffn_hidden_size=self.ffn_hidden_size if self.ffn_hidden_size is not None
                                    else dense_ffn_size, **routing)
 
+    def counts_per_layer(self, num_layers: int) -> tuple[int, ...]:
+        """Each of `num_layers` layers' number of experts, 1 for a dense layer. A Megatron-DeepSpeed launch maps
+        --num-experts (one count, or one per MoE layer) onto every --expert-interval-th layer (experts_per_layer);
+        Megatron-Core's router gives every MoE layer of --moe-layer-freq the one count."""
+        if largest_expert_count(self.num_experts) is None:
+            return (1,) * num_layers
+        if self.deepspeed.gating == "deepspeed":
+            return experts_per_layer(self.num_experts, num_layers, self.deepspeed.expert_interval)
+        return tuple(self.num_experts if is_moe else 1 for is_moe in moe_layer_pattern(self.layer_freq, num_layers))
+
+    def distinct_counts(self, num_layers: int) -> tuple[int, ...]:
+        """The distinct numbers of experts of the MoE layers, smallest first."""
+        return tuple(sorted({count for count in self.counts_per_layer(num_layers) if count > 1}))
+
+    def validate_layers(self, num_layers: int, dense_ffn_size: int) -> None:
+        """The counts of --num-experts, then each MoE layer's settings (for_layer) at each count it has."""
+        counts = self.num_experts if self.per_layer else (self.num_experts or 0,)
+        if min(counts) < 0:
+            raise ConfigError(f"--num-experts must be at least 1, got {min(counts)}", flags=("--num-experts",))
+        if largest_expert_count(self.num_experts) is None:
+            return
+        if self.per_layer and self.deepspeed.gating != "deepspeed":
+            raise ConfigError(f"--num-experts {' '.join(map(str, counts))}: a count per MoE layer is "
+                              f"Megatron-DeepSpeed's (DeepSpeed-MoE's gating, a --deepspeed launch or --moe-gating "
+                              f"deepspeed); Megatron-Core's router takes one count, and --moe-layer-freq chooses "
+                              f"the MoE layers", flags=("--num-experts", "--moe-gating"))
+        self.validate_gating()
+        for count in self.distinct_counts(num_layers):
+            self.for_layer(count, dense_ffn_size).validate()
+
+    def validate_tensor_parallel(self, tensor_parallel_size: int) -> None:
+        """Megatron-DeepSpeed's residual MLP is the experts' template (ParallelMLP(moe=True)), not split over TP."""
+        if largest_expert_count(self.num_experts) is not None and self.deepspeed.use_residual \
+                and tensor_parallel_size > 1:
+            raise ConfigError(f"--mlp-type residual with --tensor-model-parallel-size {tensor_parallel_size} is not "
+                              f"implemented: PR-MoE's dense MLP is not tensor-parallel here; run it at "
+                              f"--tensor-model-parallel-size 1", flags=("--mlp-type", "--tensor-model-parallel-size"))
+
     def validate(self) -> None:
         """TransformerConfig.__post_init__'s MoE checks of one layer's settings (for_layer), each as one line naming
         the flags."""
@@ -307,6 +345,11 @@ class MoESettings:
                     "set DeepSpeed-MoE's gating, which a Megatron-DeepSpeed launch (--deepspeed) or --moe-gating "
                     "deepspeed takes; this launch uses Megatron-Core's router (--moe-router-topk, ...)"),
                 flags=tuple(other))
+
+    @property
+    def per_layer(self) -> bool:
+        """--num-experts gives different counts per MoE layer (Megatron-DeepSpeed's list; PR-MoE's pyramid)."""
+        return isinstance(self.num_experts, tuple)
 
     @property
     def dropless(self) -> bool:

@@ -10,6 +10,7 @@ planner says does not fit is an x on the axis, labelled so.
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional, Sequence
@@ -20,6 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from measurements import measured_points, provenance  # noqa: E402
+from memory_parts import PARTS, memory_parts  # noqa: E402
 from paper_values import PAPER_STATED  # noqa: E402
 from planner.paper_tables import PAPER_FIGURE6, format_parameters  # noqa: E402
 
@@ -236,16 +238,13 @@ def plot_fig6(max_sizes: dict, measured_max: dict, in_c1_budget: Optional[dict],
 def plot_fig7(rows_by_profile: dict, memory: Optional[dict], path: Path) -> None:
     """memory: mini_analysis.memory_by_configuration of the CPU mini-reproduction, or None."""
     fig, axes = _panels(len(rows_by_profile) + (memory is not None), 6.5)
-    parts = (("model states", lambda p: p.model_state_bytes["total"], "tab:blue"),
-             ("constant buffers", lambda p: p.buffer_bytes + p.stage3_live_chunk_bytes, "tab:gray"),
-             ("saved for backward", lambda p: p.saved_activation_bytes["device"], "tab:orange"),
-             ("logits and gradients in flight", lambda p: p.logits_bytes + p.gradient_working_bytes, "tab:red"))
     for ax, (profile, rows) in zip(axes, rows_by_profile.items()):
         rows = sorted(rows, key=lambda r: (r.plan.parameters_total, r.point.series))
         xs = range(len(rows))
         bottom = [0.0] * len(rows)
-        for name, value, color in parts:
-            heights = [value(r.plan) / 2**30 for r in rows]
+        # Each stack adds up to the plan's peak, the table's figure (memory_parts.py)
+        for (name, color), part in zip(PARTS, zip(*(memory_parts(r.plan) for r in rows))):
+            heights = [value / 2**30 for value in part]
             ax.bar(xs, heights, 0.7, bottom=bottom, color=color, label=f"predicted: {name}")
             bottom = [b + h for b, h in zip(bottom, heights)]
         measured = [(x, r.measured.memory_bytes / 2**30) for x, r in zip(xs, rows)
@@ -306,10 +305,24 @@ def plot_fig8(rows_by_profile: dict, path: Path) -> None:
 
 
 def _title(fig, title: str, measured: int, cpu_panel: bool = False) -> None:
-    fig.suptitle(f"{title}\n{provenance(measured, cpu_panel)}")
+    _wrap_to(fig.suptitle(f"{title}\n{provenance(measured, cpu_panel)}"), fig.bbox.width * 0.98)
+
+
+def _wrap_to(text, width: float) -> None:
+    """Re-wraps `text` at spaces until it is no wider than `width` pixels: Agg cuts off what passes the
+    figure's edge, and a provenance line is wider than a two-panel figure (issue 94)."""
+    renderer = text.figure.canvas.get_renderer()
+    lines = text.get_text().split("\n")
+    columns = max(len(line) for line in lines)
+    while text.get_window_extent(renderer).width > width and columns > 20:
+        columns = int(columns * 0.9)
+        text.set_text("\n".join(textwrap.fill(line, columns) for line in lines))
 
 
 def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    for ax in fig.axes:  # a panel's title no wider than its panel, then the layout again for the new lines
+        _wrap_to(ax.title, ax.bbox.width)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

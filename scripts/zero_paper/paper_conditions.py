@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from arguments.config import ConfigError, PretrainConfig
+from memory_parts import held_parts
 from planner.dry_run import RankPlan
 from planner.perf_model import Constants, Hardware, Prediction, predict
 from training.metrics import flops_per_iteration
@@ -321,14 +322,15 @@ def condition_plan(plan: RankPlan, config: PretrainConfig, conditions: Condition
                    stack: Optional[str] = None) -> RankPlan:
     """`plan` with the memory of `conditions` (a copy; `plan` itself is untouched): its total, budget
     and headroom recomputed, and one note per term. The total is the dry run's, in its two phases
-    (planner/dry_run.py: model states and buffers, plus the larger of the passes and the step), with
-    each term in its phase. Under the stage-0 stacks the step's fp32 gradient is Megatron's persistent
+    (planner/dry_run.py: what is held throughout, M_D's checkpoints among it, plus the larger of the
+    passes and the step), with each term in its phase. Under the stage-0 stacks the step's fp32 gradient is Megatron's persistent
     fp32 master gradient (`fp32_master_gradients`), so the dry run's step copy is not counted twice."""
     if not conditions:
         return plan
     stack = stack or stack_for(plan.stage, plan.tensor_parallel_size)
     terms = condition_terms(plan, config, conditions, stack)
-    held = plan.model_state_bytes["total"] + plan.buffer_bytes
+    # held as the dry run holds it, M_D's contiguous checkpoints included: saved_activation_bytes leaves them out
+    held = sum(held_parts(plan))
     passes = (plan.stage3_live_chunk_bytes + plan.saved_activation_bytes["device"] + plan.logits_bytes
               + plan.gradient_working_bytes + plan.parameter_gradient_bytes + plan.transport_copy_bytes["passes"])
     extra = {phase: sum(b for p, b in terms.values() if p == phase) for phase in ("outside", "persistent", "passes")}

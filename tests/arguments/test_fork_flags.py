@@ -52,9 +52,9 @@ def test_wandb_name_is_the_run_name():
 def test_z_loss_flags():
     """llm-jp v4 megatron/training/arguments.py: --z-loss-strength (float, default 0.0, 'If set to 0, Z-loss is
     not applied'); nii-geniac: --use-z-loss, cross_entropy.py's fixed `1e-4 * log_Z * log_Z`."""
-    assert parse_arguments([]).config.model.z_loss_strength == 0.0
-    assert parse_arguments(["--use-z-loss"]).config.model.z_loss_strength == 1e-4
-    assert parse_arguments(["--z-loss-strength", "1e-3"]).config.model.z_loss_strength == 1e-3
+    assert parse_arguments([]).config.model.output.z_loss_strength == 0.0
+    assert parse_arguments(["--use-z-loss"]).config.model.output.z_loss_strength == 1e-4
+    assert parse_arguments(["--z-loss-strength", "1e-3"]).config.model.output.z_loss_strength == 1e-3
     with pytest.raises(ConfigError, match="--z-loss-strength must be 0 or more"):
         parse_arguments(["--z-loss-strength", "-1"])
     with pytest.raises(ConfigError, match="z-loss is not implemented in the fused output layer"):

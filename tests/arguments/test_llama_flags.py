@@ -16,7 +16,7 @@ def model(*argv):
 
 def blocks(config) -> tuple:
     """What the blocks are built from: the trunk's linears and output, and the sections."""
-    return (config.add_bias_linear, config.untie_embeddings_and_output_weights, config.norms, config.mlp,
+    return (config.add_bias_linear, config.output.untie_embeddings_and_output_weights, config.norms, config.mlp,
             config.positions, config.attention)
 
 

@@ -23,6 +23,7 @@ import torch
 from safetensors import safe_open
 
 from arguments.config import PretrainConfig
+from base.options import replace_settings
 from checkpoint.file_names import optimizer_file
 from checkpoint.format import (
     LATEST_FILE,
@@ -61,9 +62,9 @@ def quiet(*args, **kwargs) -> None:
 
 def tiny_config(tp: int = 1, stage: int = 1, bf16: bool = False) -> PretrainConfig:
     c = PretrainConfig()
-    m = dataclasses.replace(c.model, vocab_size=VOCAB, make_vocab_size_divisible_by=128, num_layers=2, hidden_size=64,
-                            num_attention_heads=4, seq_length=32, max_position_embeddings=32, hidden_dropout=0.0,
-                            attention_dropout=0.0)
+    m = replace_settings(c.model, vocab_size=VOCAB, make_vocab_size_divisible_by=128, num_layers=2, hidden_size=64,
+                         num_attention_heads=4, seq_length=32, max_position_embeddings=32, hidden_dropout=0.0,
+                         attention_dropout=0.0)
     training = dataclasses.replace(c.training, bf16=bf16, seed=7)
     parallel = dataclasses.replace(c.parallel, tensor_model_parallel_size=tp)
     # several buckets/units, so parameters straddle partitions

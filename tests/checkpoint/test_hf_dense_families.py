@@ -122,6 +122,7 @@ def test_hf_model_type_names_the_class_and_a_model_it_cannot_hold_is_refused_in_
     """--hf-model-type (which --init-from-hf sets to the folder's model_type) picks the class where the blocks fit
     several (a Mistral's are a Phi-3's); where they do not fit it, the export says which flags they would need."""
     from base.errors import ConfigError
+    from base.options import replace_settings
     from checkpoint.hf.folders import check_convertible, dense_family
     from gpt.model_config import ModelConfig
 
@@ -134,6 +135,11 @@ def test_hf_model_type_names_the_class_and_a_model_it_cannot_hold_is_refused_in_
     message = str(error.value)
     assert message.startswith("--hf-model-type gemma2: as a Gemma2ForCausalLM") and "\n" not in message
     assert "--gated-linear-unit" in message and "--apply-layernorm-1p" in message
+    # --clip-qkv (OLMoE's clip_qkv): no dense family, Llama's or GPT-2's clamps q, k and v
+    clipped = replace_settings(mistral, clip_qkv=8.0)
+    for model_type in ("mistral", "llama", "gpt2"):
+        with pytest.raises(ConfigError, match="no --clip-qkv"):
+            check_convertible(replace_settings(clipped, hf_model_type=model_type), "the Hugging Face export")
 
 
 @pytest.mark.slow  # importing transformers' Gemma3ForConditionalGeneration takes 10 s (its vision side)

@@ -29,7 +29,7 @@ def llama(tmp_path_factory) -> Path:
 
 def test_a_llama_folder_trains_at_its_dropouts(llama):
     model = parse_arguments(["--init-from-hf", str(llama)]).config.model
-    assert (model.attention_dropout, model.hidden_dropout) == (0.0, 0.0)
+    assert (model.attention.attention_dropout, model.hidden_dropout) == (0.0, 0.0)
 
 
 def test_a_gpt2_folder_trains_at_its_dropouts(tmp_path):
@@ -38,12 +38,12 @@ def test_a_gpt2_folder_trains_at_its_dropouts(tmp_path):
     written.update(attn_pdrop=0.05, resid_pdrop=0.02, embd_pdrop=0.02)
     (folder / "config.json").write_text(json.dumps(written))
     model = parse_arguments(["--init-from-hf", str(folder)]).config.model
-    assert (model.attention_dropout, model.hidden_dropout) == (0.05, 0.02)
+    assert (model.attention.attention_dropout, model.hidden_dropout) == (0.05, 0.02)
 
 
 def test_a_dropout_flag_overrides_the_folder_in_one_start_up_line(llama):
     parsed = parse_arguments(["--init-from-hf", str(llama), "--attention-dropout", "0.2"])
-    assert parsed.config.model.attention_dropout == 0.2 and parsed.config.model.hidden_dropout == 0.0
+    assert parsed.config.model.attention.attention_dropout == 0.2 and parsed.config.model.hidden_dropout == 0.0
     said = [note for note in parsed.notes if "overrides the folder's" in note]
     assert said == [f"> --attention-dropout 0.2 on the command line overrides the folder's --attention-dropout 0.0 "
                     f"({llama / 'config.json'}: attention_dropout): the run trains with the flag's, and an export "

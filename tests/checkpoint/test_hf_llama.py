@@ -185,7 +185,7 @@ def test_a_llama_config_we_cannot_compute_is_refused_in_one_line(tmp_path, chang
 def test_only_models_a_gpt2_or_llama_folder_can_hold_are_converted():
     llama = llama_run_config("gqa2-untied-nobias-llama3").model
     check_convertible(llama, "--init-from-hf")
-    gpt2_untied = dataclasses.replace(PretrainConfig().model, untie_embeddings_and_output_weights=True)
+    gpt2_untied = replace_settings(PretrainConfig().model, untie_embeddings_and_output_weights=True)
     interleaved = llama_run_config("gqa2-untied-nobias-llama3", rotary_interleaved=True).model
     # a Llama asked to stay one (--hf-model-type llama, as a Llama folder sets it) with per-head q/k norms
     qk_norm = llama_run_config("gqa2-untied-nobias-llama3", qk_layernorm=True, hf_model_type="llama").model

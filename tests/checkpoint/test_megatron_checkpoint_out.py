@@ -1,21 +1,22 @@
 """`--ckpt-format torch_dist`: our save in Megatron-LM's layout (issues 62 and 78), continued here and by Megatron-LM.
 
-Five runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
+Seven runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
 Megatron's layout and stop (--exit-interval 2), and the same runs go on uninterrupted to iteration 4: GPT-2's block
 at TP 1 with the plain optimizer, SwiGLU with GQA at TP 2, and the Llama-shaped model (rope, RMSNorm, untied
 embeddings, SwiGLU, GQA) under the distributed optimizer on two data-parallel ranks, whose ZeRO partitions cut the
 tensors into boxes (written as Megatron's fully_reshardable layout); and GPT-2's block in bf16, whose plain optimizer
 Megatron-LM keeps one level down (Float16OptimizerWithFloat16Params: before, its load failed, KeyError 'pre_wd_mult'),
-and under the distributed optimizer on two data-parallel ranks.
+and under the distributed optimizer on two data-parallel ranks; and the same two in fp16, whose loss scaler is saved
+as Megatron-Core's grad scaler (a window of 3: the scale doubles at iteration 3 only from the tracker saved at 2).
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
-  in the same order), within 1e-6 for the one at TP 2.
+  in the same order), within 1e-6 for the one at TP 2; fp16's loss scales are the uninterrupted run's.
 - With Megatron-LM (the benchmark venv and MEGATRON_LM_KIT naming megatron-lm-core_v0.16.1-min.tar.xz or its
   extracted tree; skipped otherwise): Megatron-LM's own pretrain_gpt.py (scripts/megatron_checkpoint_fixtures.py
   continue) loads each save with the same flags and --load, no other flag, the TP 2 one at TP 2 and the Llama one
   at TP 2 (one data-parallel rank: the layout changes), and trains iterations 3 and 4: its losses are ours to 1e-6
-  relative (bf16: 2e-5 at iteration 3, 2e-4 at 4).
+  relative (bf16 and fp16: 2e-5 at iteration 3, 2e-4 at 4), its fp16 loss scales ours.
 """
 
 from __future__ import annotations
@@ -38,8 +39,13 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "swiglu_gqa_tp2": ("megatron_tp2_swiglu_gqa", 2, [], 2, 2),
          "llama_dp2_distributed_optimizer": ("megatron_llama", 2, ["--use-distributed-optimizer"], 1, 2),
          "gpt2_tp1_bf16": ("megatron_bf16", 1, [], 1, 1),
-         "gpt2_bf16_dp2_distributed_optimizer": ("megatron_bf16", 2, ["--use-distributed-optimizer"], 1, 1)}
+         "gpt2_bf16_dp2_distributed_optimizer": ("megatron_bf16", 2, ["--use-distributed-optimizer"], 1, 1),
+         "gpt2_tp1_fp16": ("megatron_fp16", 1, [], 1, 1),
+         "gpt2_fp16_dp2_distributed_optimizer": ("megatron_fp16", 2, ["--use-distributed-optimizer"], 1, 1)}
 CONTINUED = (3, 4)
+# written by the same lines as another case here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
+# the plain fp16 case's scaler): run where Megatron-LM continues them, to keep the default suite's time
+WITH_MEGATRON_LM_ONLY = ("gpt2_fp16_dp2_distributed_optimizer",)
 
 
 def _flags(case: str, tensor_parallel: int) -> list[str]:
@@ -60,18 +66,21 @@ def save_ours(rank: int, world_size: int, argv: list[str], workdir: str) -> None
     assert pretrain_gpt.main(argv) == 0
 
 
-def _losses(metrics: Path) -> dict[int, float]:
+def _losses(metrics: Path, field: str = "loss") -> dict[int, float]:
     from tests.reliability_helpers import metrics_records
 
-    return {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
+    return {r["iteration"]: r.get(field) for r in metrics_records(metrics) if "loss" in r}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def our_save(request, tmp_path_factory):
-    """(case, the save folder, our iterations 3 and 4 uninterrupted): the save at iteration 2 and its own run's."""
+    """(case, the save folder, our iterations 3 and 4 uninterrupted, their loss scales (fp16; None else)): the save
+    at iteration 2 and its own run's."""
     from tests.distributed import run_distributed
 
     case = request.param
+    if case in WITH_MEGATRON_LM_ONLY and not os.environ.get("MEGATRON_LM_KIT"):
+        pytest.skip("run with MEGATRON_LM_KIT (Megatron-LM continuing it)")
     _, ranks, _, our_tp, _ = CASES[case]
     work = tmp_path_factory.mktemp(case)
     common = _flags(case, our_tp) + ["--device", "cpu", "--log-interval", "1", "--data-cache-dir", str(work / "cache")]
@@ -79,8 +88,9 @@ def our_save(request, tmp_path_factory):
     for argv in (common + ["--save", str(saved), "--exit-interval", "2", "--metrics-file", str(work / "a.jsonl")],
                  common + ["--metrics-file", str(work / "straight.jsonl")]):
         run_distributed(save_ours, ranks, argv, workdir, timeout=300)
-    straight = _losses(work / "straight.jsonl")
-    return case, saved, {i: straight[i] for i in CONTINUED}
+    straight, scales = _losses(work / "straight.jsonl"), _losses(work / "straight.jsonl", "loss_scale")
+    return case, saved, {i: straight[i] for i in CONTINUED}, {i: scales[i] for i in CONTINUED} \
+        if "fp16" in case else None
 
 
 @pytest.mark.slow
@@ -90,7 +100,7 @@ def test_our_torch_dist_save_is_megatrons_layout_and_resumes_here_to_the_uninter
     from checkpoint.torch_dist.common import is_megatron_checkpoint, load_common
     from tests.reliability_helpers import run_main
 
-    case, saved, expected = our_save
+    case, saved, expected, scales = our_save
     monkeypatch.chdir(data_workdir(tmp_path))
     assert (saved / "latest_checkpointed_iteration.txt").read_text() == "2"
     iteration_dir = saved / "iter_0000002"
@@ -108,6 +118,8 @@ def test_our_torch_dist_save_is_megatrons_layout_and_resumes_here_to_the_uninter
         "--load", copy, "--device", "cpu", "--log-interval", "1", "--data-cache-dir", tmp_path / "cache",
         "--metrics-file", metrics])
     assert outcome.code == 0, outcome.err[-3000:]
+    if scales:  # the scale doubles at iteration 3 only from the growth tracker saved at 2
+        assert _losses(metrics, "loss_scale") == scales == {3: 131072.0, 4: 131072.0}
     if CASES[case][3] == 1:  # saved at TP 1: the same sums in the same order
         assert _losses(metrics) == expected
     else:  # the TP 2 partial sums taken whole: another order
@@ -120,17 +132,21 @@ def test_megatron_lm_continues_our_torch_dist_save_to_our_next_losses(our_save):
     kit = os.environ.get("MEGATRON_LM_KIT")
     if not kit:
         pytest.skip("MEGATRON_LM_KIT names no Megatron-LM tree (megatron-lm-core_v0.16.1-min.tar.xz)")
-    case, saved, expected = our_save
+    case, saved, expected, scales = our_save
     _, _, _, _, megatron_tp = CASES[case]
     completed = subprocess.run(
         [sys.executable, str(SCRIPT), "continue", "--megatron-lm", kit, "--load", str(saved), "--nproc",
          str(megatron_tp), "--", *_flags(case, megatron_tp)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    megatron = {int(i): loss for i, loss in json.loads(completed.stdout.strip().splitlines()[-1])["losses"].items()}
-    if "bf16" in case:  # bf16's roundings land in other places (its ops fused otherwise than Megatron's torch path)
-        assert megatron[3] == pytest.approx(expected[3], rel=2e-5, abs=0)  # measured 8.5e-6
-        assert megatron[4] == pytest.approx(expected[4], rel=2e-4, abs=0)  # measured 1.5e-5
+    continued = json.loads(completed.stdout.strip().splitlines()[-1])
+    megatron = {int(i): loss for i, loss in continued["losses"].items()}
+    if scales:
+        assert {int(i): scale for i, scale in continued["loss_scales"].items()} == scales
+    if "bf16" in case or "fp16" in case:  # 16-bit roundings land in other places (its ops fused otherwise than
+        # Megatron's torch path, the same kernels rounding in another order)
+        assert megatron[3] == pytest.approx(expected[3], rel=2e-5, abs=0)  # measured 8.5e-6 bf16, 1.7e-6 fp16
+        assert megatron[4] == pytest.approx(expected[4], rel=2e-4, abs=0)  # measured 1.5e-5 bf16, 7.9e-7 fp16
     else:
         assert megatron == pytest.approx(expected, rel=1e-6, abs=0)
 
@@ -165,13 +181,33 @@ def test_another_megatron_format_writes_ours_and_says_so_in_one_line():
 
 
 def test_torch_dist_beside_what_its_layout_does_not_hold_writes_ours_and_says_so():
-    """Megatron-LM launches give --ckpt-format torch_dist beside --fp16 (its functional tests' bf16 baseline family):
-    accepted, and where the layout here does not hold a setting's state the save is this project's, said once."""
+    """Megatron-LM launches give --ckpt-format torch_dist beside settings whose state the layout here does not hold
+    (--keep-last's pruning): accepted, and the save is this project's, said once. fp16 is written (its loss scaler
+    as Megatron-Core's grad scaler), so it is not said."""
     from arguments.parser import parse_arguments
 
     flags = list(record("megatron_tp1")["flags"]) + ["--save", "ckpt"]
     assert parse_arguments(flags).config.megatron_format_unwritten() is None
-    parsed = parse_arguments(flags + ["--fp16"])
+    assert parse_arguments(flags + ["--fp16"]).config.megatron_format_unwritten() is None
+    parsed = parse_arguments(flags + ["--keep-last", "2"])
     assert [n for n in parsed.notes if "--ckpt-format torch_dist:" in n] == [
-        "> --ckpt-format torch_dist: the fp16 loss scaler's state: not written in Megatron-LM's layout here; "
+        "> --ckpt-format torch_dist: --keep-last's pruning: not written in Megatron-LM's layout here; "
         "--save writes this project's checkpoints"]
+
+
+def test_a_setting_megatron_lm_has_no_flag_for_keeps_the_save_ours():
+    """Megatron-LM's loop would resume a torch_dist save without a setting it has no flag for (Gemma's soft-capping,
+    OLMoE's clip_qkv, llm-jp's z-loss, swiss-ai's xIELU): such a run saves this project's format, said once, read
+    from the harvested flags (arguments/megatron/beyond_megatron.py). Megatron-LM's own flags (--apply-layernorm-1p,
+    --squared-relu) and what changes no math (--attention-backend, --no-fp8-guard) keep its layout."""
+    from arguments.parser import parse_arguments
+
+    flags = list(record("megatron_tp1")["flags"]) + ["--save", "ckpt"]
+    for megatrons in (["--apply-layernorm-1p"], ["--squared-relu"], ["--attention-backend", "unfused"]):
+        assert parse_arguments(flags + megatrons).config.megatron_format_unwritten() is None, megatrons
+    for beyond, named in ((["--final-logit-softcapping", "30"], "--final-logit-softcapping"),
+                          (["--clip-qkv", "8"], "--clip-qkv"), (["--use-z-loss"], "--z-loss-strength"),
+                          (["--activation", "xielu"], "--activation xielu")):
+        assert parse_arguments(flags + beyond).config.megatron_format_unwritten() == (
+            f"> --ckpt-format torch_dist: {named} (Megatron-LM has no such flag): not written in Megatron-LM's "
+            f"layout here; --save writes this project's checkpoints"), beyond

@@ -30,21 +30,21 @@ SINGLE = ParallelState(device=torch.device("cpu"))
     (["--fp8-format", "e4m3"], "e4m3"), (["--fp8-format", "hybrid"], "hybrid"),
     (["--fp8-e4m3"], "e4m3"), (["--fp8-hybrid"], "hybrid"), ([], None)])
 def test_megatrons_spellings_set_the_format(argv, expected):
-    assert parse_config(argv).model.fp8 == expected
+    assert parse_config(argv).model.fp8.format == expected
 
 
 def test_megatrons_fp8_knobs_and_defaults():
     model = parse_config([]).model
-    assert (model.fp8_recipe, model.fp8_margin, model.fp8_amax_history_len, model.fp8_amax_compute_algo,
-            model.fp8_wgrad, model.first_last_layers_bf16, model.num_layers_at_start_in_bf16,
-            model.num_layers_at_end_in_bf16) == ("delayed", 0, 1, "most_recent", True, False, 1, 1)
+    assert (model.fp8.recipe, model.fp8.margin, model.fp8.amax_history_len, model.fp8.amax_compute_algo,
+            model.fp8.wgrad, model.fp8.first_last_layers_bf16, model.fp8.num_layers_at_start_in_bf16,
+            model.fp8.num_layers_at_end_in_bf16) == ("delayed", 0, 1, "most_recent", True, False, 1, 1)
     model = parse_config(["--fp8-recipe", "mxfp8", "--fp8-margin", "2", "--fp8-amax-history-len", "16",
                           "--fp8-amax-compute-algo", "max", "--no-fp8-wgrad", "--first-last-layers-bf16",
                           "--num-layers-at-end-in-bf16", "2"]).model
-    assert (model.fp8_recipe, model.fp8_margin, model.fp8_amax_history_len, model.fp8_amax_compute_algo,
-            model.fp8_wgrad, model.first_last_layers_bf16, model.num_layers_at_end_in_bf16) == \
+    assert (model.fp8.recipe, model.fp8.margin, model.fp8.amax_history_len, model.fp8.amax_compute_algo,
+            model.fp8.wgrad, model.fp8.first_last_layers_bf16, model.fp8.num_layers_at_end_in_bf16) == \
         ("mxfp8", 2, 16, "max", False, True, 2)
-    assert parse_config(["--disable-fp8-wgrad"]).model.fp8_wgrad is False
+    assert parse_config(["--disable-fp8-wgrad"]).model.fp8.wgrad is False
 
 
 def _launch(**changes):
@@ -83,7 +83,7 @@ def test_what_is_built_passes_the_check(recipe):
     for stage in (1, 2, 3):  # FP8 parameter gathers (tests/gpt/test_fp8_param_gather.py)
         for gathered in ("delayed", "tensorwise", "blockwise"):
             check_fp8(tiny_config(fp8="hybrid", fp8_recipe=gathered, fp8_param_gather=True), _launch(zero_stage=stage))
-    assert parse_config(["--fp8-param-gather"]).model.fp8_param_gather is True  # Megatron-LM's flag and dest
+    assert parse_config(["--fp8-param-gather"]).model.fp8.param_gather is True  # Megatron-LM's flag and dest
 
 
 def test_a_cpu_run_with_a_refused_combination_stops_before_any_work(tmp_path, capsys, monkeypatch):

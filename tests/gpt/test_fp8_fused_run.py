@@ -27,8 +27,8 @@ def _records(tmp_path, corpus_cache, name, *extra):
 
 
 def test_the_switch_and_its_default():
-    assert parse_config([]).model.fp8_fused_casts == "auto"
-    assert parse_config(["--fp8-fused-casts", "on"]).model.fp8_fused_casts == "on"
+    assert parse_config([]).model.fp8.fused_casts == "auto"
+    assert parse_config(["--fp8-fused-casts", "on"]).model.fp8.fused_casts == "on"
 
 
 @pytest.mark.slow

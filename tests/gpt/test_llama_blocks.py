@@ -66,7 +66,7 @@ def llama_state_dict(ours: dict[str, torch.Tensor], config: ModelConfig) -> dict
     per_group, vocab = heads // groups, config.vocab_size
     theirs = {"model.embed_tokens.weight": ours["word_embeddings.weight"][:vocab],
               "model.norm.weight": ours["final_layernorm.weight"]}
-    if config.untie_embeddings_and_output_weights:
+    if config.output.untie_embeddings_and_output_weights:
         theirs["lm_head.weight"] = ours["output_layer.weight"][:vocab]
     for i in range(config.num_layers):
         block, layer = f"blocks.{i}.", f"model.layers.{i}."
@@ -103,7 +103,7 @@ def transformers_llama(ours: torch.nn.Module, config: ModelConfig):
         num_key_value_heads=config.attention.query_groups(config.num_attention_heads),
         max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.norms.layernorm_epsilon,
         rope_parameters=rope_parameters(config),
-        tie_word_embeddings=not config.untie_embeddings_and_output_weights,
+        tie_word_embeddings=not config.output.untie_embeddings_and_output_weights,
         attention_bias=config.add_bias_linear, attention_dropout=0.0)
     if config.attention.qk_layernorm:
         assert config.norms.normalization == "RMSNorm" and not config.add_bias_linear  # Qwen3's shape
@@ -117,7 +117,7 @@ def transformers_llama(ours: torch.nn.Module, config: ModelConfig):
                                                  strict=False)
     assert not unexpected, unexpected
     # a tied lm_head is the embedding, which transformers ties after loading
-    expected_missing = set() if config.untie_embeddings_and_output_weights else {"lm_head.weight"}
+    expected_missing = set() if config.output.untie_embeddings_and_output_weights else {"lm_head.weight"}
     assert set(missing) == expected_missing, missing
     return theirs
 

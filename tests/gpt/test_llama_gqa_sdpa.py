@@ -24,7 +24,7 @@ def logits_and_gradients(config: ModelConfig, native: bool) -> tuple[torch.Tenso
     model = build_gpt_model(config, CPU, seed=3)
     model.rng = None
     for block in model.blocks:
-        block.attention.rng = TensorParallelRNG(5, CPU) if config.attention_dropout else None
+        block.attention.rng = TensorParallelRNG(5, CPU) if config.attention.attention_dropout else None
         assert block.attention.native_gqa  # what the default chooses for grouped heads
         block.attention.native_gqa = native
     tokens = torch.randint(0, config.vocab_size, (2, config.seq_length + 1), generator=torch.Generator().manual_seed(1))

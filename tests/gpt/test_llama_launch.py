@@ -57,6 +57,6 @@ def test_megatron_lms_llama3_example_is_taken_whole_with_its_fp8_parameter_gathe
     argv = shrink(launch, LocalFiles("/nonexistent/corpus_text_document", "/nonexistent/tokenizer", 512,
                                      "/nonexistent/out")).argv
     model = parse_arguments(argv, late_checks=LATE_CHECKS).config.model
-    assert (model.fp8, model.fp8_recipe, model.fp8_param_gather) == ("hybrid", "delayed", True)
+    assert (model.fp8.format, model.fp8.recipe, model.fp8.param_gather) == ("hybrid", "delayed", True)
     assert model.mlp.swiglu and model.norms.normalization == "RMSNorm" and model.positions.position_embedding_type == "rope"
-    assert model.untie_embeddings_and_output_weights  # the sizes are the shrink's
+    assert model.output.untie_embeddings_and_output_weights  # the sizes are the shrink's

@@ -60,11 +60,12 @@ def test_a_resume_that_changes_the_factors_or_the_positions_they_read_is_named()
     """The recorded config keeps the factors as JSON lists; the same factors are no difference, other ones are, and
     so is --max-position-embeddings where it sets the attention factor."""
     from checkpoint.resume_model import model_differences
+    from checkpoint.schema import recorded_model
 
     model = ModelConfig.of(**LONGROPE)
     recorded = json.loads(json.dumps(setting_values(model)))
     assert model_differences(recorded, model) == []
-    assert ModelConfig.from_record(recorded).longrope == model.longrope
+    assert recorded_model(recorded).longrope == model.longrope
     longer = replace_settings(model, longrope_long_factor=(2.0,) * 8)
     assert [line.split()[0] for line in model_differences(recorded, longer)] == ["--longrope-long-factor"]
     wider = dataclasses.replace(model, max_position_embeddings=128)

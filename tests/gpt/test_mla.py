@@ -160,6 +160,8 @@ def test_mla_flags_parse_and_what_is_not_built_is_refused():
         parse_config(["--multi-latent-attention", "--attention-output-gate"])
     with pytest.raises(ConfigError, match="--qk-pos-emb-head-dim 3 must be even"):
         parse_config(["--multi-latent-attention", "--qk-pos-emb-head-dim", "3"])
+    with pytest.raises(ConfigError, match="--multi-latent-attention with --clip-qkv is not implemented"):
+        parse_config(["--multi-latent-attention", "--clip-qkv", "8"])
 
 
 def test_mla_trains_a_tiny_model_for_two_iterations(corpus_cache, tmp_path):
@@ -285,26 +287,34 @@ CP_ITERS = 3
 _Q_LORA = MLA_FLAGS.index("--q-lora-rank")
 NO_Q_LORA = MLA_FLAGS[:_Q_LORA] + MLA_FLAGS[_Q_LORA + 2:]
 FOUR_HEADS = ["--num-attention-heads", "4"]  # a2a+p2p's all-to-all splits each rank's heads over 2
+# the values zero-padded to the query width for SDPA's flash kernel (gpt/mla.py value_needs_padding), as on CUDA
+FLASH = ["--attention-backend", "flash"]
 CP_RUNS = {  # name: (world, its reference at CP 1, the flags beside MLA_FLAGS or NO_Q_LORA)
     "p2p": (2, "cp1", ["--context-parallel-size", "2", "--cp-comm-type", "p2p"]),
     "all_gather": (2, "cp1", ["--context-parallel-size", "2", "--cp-comm-type", "all_gather"]),
     "a2a": (2, "cp1", ["--context-parallel-size", "2", "--cp-comm-type", "a2a"]),
     "p2p-no-q-lora": (2, "cp1-no-q-lora", ["--context-parallel-size", "2", "--cp-comm-type", "p2p"]),
+    "all_gather-no-q-lora": (2, "cp1-no-q-lora", ["--context-parallel-size", "2", "--cp-comm-type", "all_gather"]),
+    "a2a-no-q-lora": (2, "cp1-no-q-lora", ["--context-parallel-size", "2", "--cp-comm-type", "a2a"]),
+    "all_gather-flash": (2, "cp1-flash", ["--context-parallel-size", "2", "--cp-comm-type", "all_gather", *FLASH]),
+    "a2a-flash": (2, "cp1-flash", ["--context-parallel-size", "2", "--cp-comm-type", "a2a", *FLASH]),
     "tp2-sp-p2p": (4, "cp1", ["--context-parallel-size", "2", "--cp-comm-type", "p2p",
                               "--tensor-model-parallel-size", "2", "--sequence-parallel"]),
     "a2a+p2p": (4, "cp1-4-heads", ["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
                                    "--hierarchical-context-parallel-sizes", "2", "2", *FOUR_HEADS]),
 }
-CP_REFERENCES = {"cp1": [], "cp1-no-q-lora": [], "cp1-4-heads": FOUR_HEADS}
+CP_REFERENCES = {"cp1": [], "cp1-no-q-lora": [], "cp1-4-heads": FOUR_HEADS, "cp1-flash": FLASH}
 
 
 def _cp_argv(corpus, directory, name, flags):
     from tests.reliability_helpers import TINY
 
     model = NO_Q_LORA if "no-q-lora" in name else MLA_FLAGS
-    # weights 10x Megatron's default std: scores large enough that a position off shows in the loss
+    # weights 10x Megatron's default std: scores large enough that a position off shows in the loss; --report-memory
+    # measures what each rank keeps for backward, for the planner's test
     return TINY + model + ["--train-iters", str(CP_ITERS), "--global-batch-size", "4", "--init-method-std", "0.2",
-                           "--data-cache-dir", corpus, "--metrics-file", str(directory / f"{name}.jsonl"), *flags]
+                           "--data-cache-dir", corpus, "--metrics-file", str(directory / f"{name}.jsonl"),
+                           "--report-memory", *flags]
 
 
 def _grid(rank, world_size, runs):
@@ -352,9 +362,11 @@ def test_mla_under_context_parallelism_trains_to_the_cp1_losses(cp_runs, name):
     """Megatron-LM runs --multi-latent-attention under --context-parallel-size (TransformerEngine's context-parallel
     attention takes MLA's value width and softmax scale): each rank's chunks get the rotary angles of their global
     positions (YaRN at --rotary-scaling-factor 40, its concentration and MLA's mscale^2 scale), attention runs over
-    the whole sequence by each --cp-comm-type, with and without --q-lora-rank, beside TP 2 with --sequence-parallel.
-    fp32, 3 iterations: the losses and gradient norms of one rank's run, relative 1e-6 (the chunks' attention merges
-    partial softmaxes and the gradients are summed over the CP ranks in another order: not bitwise)."""
+    the whole sequence by each --cp-comm-type, each of p2p, all_gather and a2a with and without --q-lora-rank, the
+    last two with the values padded for the flash kernel too (against CP 1's padded run), beside TP 2 with
+    --sequence-parallel. fp32, 3 iterations: the losses and gradient norms of one rank's run, relative 1e-6 (the ring
+    merges partial softmaxes by log-sum-exp, the gathered and head-split calls reduce over keys in another order, and
+    the gradients are summed over the CP ranks: not bitwise)."""
     reference = _losses_and_norms(cp_runs, CP_RUNS[name][1])
     got = _losses_and_norms(cp_runs, name)
     assert len(got) == len(reference) == CP_ITERS
@@ -380,3 +392,40 @@ def test_the_planner_counts_the_mla_rings_keys_and_values_at_their_own_widths():
     message = micro * model.num_attention_heads * (model.seq_length // cp) * widths * 4  # fp32
     sent = dry_run(config, Cluster(2, 2, device_type="cpu"), 300).comm_bytes["cp"]["send"]
     assert sent == model.num_layers * steps * ((cp - 1) * message * 2 + cp * message)
+
+
+def _saved_per_rank(directory, name) -> list[int]:
+    """Each rank's peak saved-for-backward bytes over the first iteration (--report-memory's, zero/activations.py)."""
+    (memory,) = [r["memory"] for r in metrics_records(directory / f"{name}.jsonl") if "memory" in r]
+    return [rank["saved_activation_device_bytes"] + rank["saved_activation_host_bytes"] for rank in memory]
+
+
+def _planned_saved(argv, world, rank, device_type="cpu") -> int:
+    from data.corpus import prepare_default_corpus
+    from planner.dry_run import Cluster, dry_run
+
+    config = parse_config(argv)
+    vocab = prepare_default_corpus(config.data.data_cache_dir, 300).vocab_size
+    plan = dry_run(config, Cluster(world, world, device_type=device_type), vocab, rank=rank)
+    return plan.saved_activation_bytes["device"] + plan.saved_activation_bytes["host"]
+
+
+@pytest.mark.slow
+def test_the_planner_plans_what_each_mla_cp_rank_keeps_for_backward(cp_runs, corpus_cache_300):
+    """The planner's saved-for-backward bytes of each run above (its first and last rank) against its --report-memory:
+    the dry run is the model's code on the meta device, so it keeps MLA's CP buffers at their widths (all_gather's
+    gathered keys at qk_head_dim + qk_pos_emb_head_dim and values at v_head_dim, a2a's head-split q/k/v and its
+    context at v_head_dim twice, the ring's q, k, v, output and log-sum-exp). Byte counts of shapes: equal, exactly.
+    On a CPU under auto, SDPA's flash kernel takes no narrower values and the math path runs (planned so); a CUDA run
+    pads the values (gpt/mla.py value_needs_padding), which the meta tensors do not say: the stand-in
+    (planner/attention_kernel.py) pads them, so a CUDA plan (auto) keeps what the CPU run with --attention-backend
+    flash, which pads them on every device, measured."""
+    for name in [*CP_REFERENCES, *CP_RUNS]:
+        world, flags = (CP_RUNS[name][0], CP_RUNS[name][2]) if name in CP_RUNS else (1, CP_REFERENCES[name])
+        argv = _cp_argv(corpus_cache_300, cp_runs, name, flags)
+        measured = _saved_per_rank(cp_runs, name)
+        for rank in sorted({0, world - 1}):  # the first and the last CP rank (their chunks differ)
+            assert _planned_saved(argv, world, rank) == measured[rank], (name, rank)
+            if "flash" in name:
+                auto = [arg for arg in argv if arg not in FLASH]
+                assert _planned_saved(auto, world, rank, "cuda") == measured[rank], (name, rank, "cuda")

@@ -136,11 +136,12 @@ def test_each_layers_count_must_divide_over_the_expert_parallel_group_as_deepspe
 def test_a_recorded_per_layer_list_reads_back_as_the_parsed_tuple():
     """A checkpoint's config is JSON: the list comes back a list, and the resume compares it with the tuple."""
     from checkpoint.resume_model import model_differences
+    from checkpoint.schema import recorded_model
 
     config = pr_moe()
     recorded = setting_values(config)
     recorded["num_experts"] = list(config.experts.num_experts)
-    assert ModelConfig.from_record(recorded).experts.num_experts == (2, 4)
+    assert recorded_model(recorded).experts.num_experts == (2, 4)
     assert model_differences(recorded, config) == []
     assert model_differences({**recorded, "num_experts": [2, 8]}, config) == [
         "--num-experts 2 4 (the checkpoint's: 2 8)"]

@@ -20,7 +20,6 @@ and, before the rotary cast (not put back here), a cos and a sin for k apart fro
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import pytest
@@ -80,7 +79,7 @@ def test_a_llama_block_keeps_what_megatrons_blocks_keep(plain):
     lse = BATCH * heads * seq * 4
     rotary = 2 * seq * head_dim * bf16
     expected = tokens * bf16 * (6 * h + kv + 3 * f) + lse + rotary
-    recomputed = dataclasses.replace(LLAMA, recompute_modules=("layernorm",))
+    recomputed = replace_settings(LLAMA, recompute_modules=("layernorm",))
     assert _block_saved_bytes(torch.bfloat16, recomputed) == expected == 2_252_800
     norms_kept = expected + tokens * 2 * (4 * h + 4)
     assert _block_saved_bytes(torch.bfloat16) == norms_kept == 2_779_136
@@ -98,8 +97,8 @@ def _logits_and_gradients(config: ModelConfig, dtype: torch.dtype):
     return logits.detach(), {name: param.grad for name, param in model.named_parameters()}
 
 
-SMALL = dataclasses.replace(LLAMA, num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=160,
-                            seq_length=32, max_position_embeddings=32, recompute_modules=("layernorm",))
+SMALL = replace_settings(LLAMA, num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=160,
+                         seq_length=32, max_position_embeddings=32, recompute_modules=("layernorm",))
 VARIANTS = {
     "llama": SMALL,
     # Gemma's zero-centered gains on every norm, the per-head query and key norms

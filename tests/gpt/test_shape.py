@@ -20,7 +20,7 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from base.options import setting_names
+from base.options import replace_settings, setting_names
 from gpt.model import GPTModel
 from gpt.model_config import ModelConfig
 from gpt.shape import AttentionShape, LinearShape, model_shape
@@ -37,8 +37,8 @@ META = ParallelState(device=torch.device("meta"))
 def preset_model(path: Path) -> ModelConfig:
     values = yaml.safe_load(path.read_text())
     config = ModelConfig.of(**{key: value for key, value in values.items() if key in setting_names(ModelConfig)})
-    return dataclasses.replace(config, vocab_size=config.vocab_size or LLAMA_VOCAB.get(path.stem, GPT2_VOCAB),
-                               hidden_dropout=0.0, attention_dropout=0.0)
+    return replace_settings(config, vocab_size=config.vocab_size or LLAMA_VOCAB.get(path.stem, GPT2_VOCAB),
+                            hidden_dropout=0.0, attention_dropout=0.0)
 
 
 def counted_forward_flops(config: ModelConfig) -> int:

@@ -3,7 +3,6 @@ entropy gives the unfused path's loss and gradients, at TP 1 and TP 2, with voca
 that do not divide the tokens. Both paths compute in fp32; only the GEMMs' blocking differs, so the
 tolerance is fp32 rounding: rtol 1e-5, atol 1e-6."""
 
-import dataclasses
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch.nn.functional as F
 
 import gpt.model
 from arguments.config import ModelConfig
+from base.options import replace_settings
 from gpt.model import build_gpt_model
 from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
@@ -90,7 +90,7 @@ def test_fused_equals_unfused_at_tp2():
 def test_the_flag_switches_the_models_loss_path_and_changes_no_value(monkeypatch):
     config = ModelConfig.of(num_layers=1, hidden_size=32, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
                          vocab_size=50, hidden_dropout=0.0, attention_dropout=0.0)
-    assert not config.cross_entropy_loss_fusion  # off by default: today's path
+    assert not config.output.cross_entropy_loss_fusion  # off by default: today's path
     tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(2))
 
     def loss_and_grads(model_config):
@@ -102,7 +102,7 @@ def test_the_flag_switches_the_models_loss_path_and_changes_no_value(monkeypatch
     reference_loss, reference_grads = loss_and_grads(config)
     monkeypatch.setattr(gpt.model, "vocab_parallel_cross_entropy",
                         lambda *args: pytest.fail("the fused path built the logits"))
-    fused_loss, fused_grads = loss_and_grads(dataclasses.replace(config, cross_entropy_loss_fusion=True))
+    fused_loss, fused_grads = loss_and_grads(replace_settings(config, cross_entropy_loss_fusion=True))
     torch.testing.assert_close(fused_loss, reference_loss, **TOLERANCE)
     for name, grad in reference_grads.items():
         torch.testing.assert_close(fused_grads[name], grad, **TOLERANCE, msg=name)
@@ -112,8 +112,8 @@ def test_megatrons_flag_is_honoured_not_ignored():
     """Megatron-LM's --cross-entropy-loss-fusion (megatron/training/arguments.py: store_true, default off;
     arguments/megatron/flags_harvested.json) was classified "no effect" before; now it sets the lever."""
     from arguments.parser import parse_config
-    assert parse_config(["--cross-entropy-loss-fusion"]).model.cross_entropy_loss_fusion
-    assert not parse_config([]).model.cross_entropy_loss_fusion
+    assert parse_config(["--cross-entropy-loss-fusion"]).model.output.cross_entropy_loss_fusion
+    assert not parse_config([]).model.output.cross_entropy_loss_fusion
 
 
 def test_under_zero_stage3_training_is_the_unfused_one():
@@ -143,5 +143,5 @@ def test_under_zero_stage3_training_is_the_unfused_one():
 
     reference = train(config)
     assert reference[-1] < reference[0]  # it trained
-    torch.testing.assert_close(train(dataclasses.replace(config, cross_entropy_loss_fusion=True)), reference,
+    torch.testing.assert_close(train(replace_settings(config, cross_entropy_loss_fusion=True)), reference,
                                **TOLERANCE)

@@ -51,16 +51,15 @@ def test_padding_columns_stay_out_of_log_z():
 
 def test_the_model_adds_the_z_loss_from_its_config():
     """gpt/model.py passes --z-loss-strength to the loss (--use-z-loss: llm-jp nii-geniac's fixed 1e-4)."""
-    from dataclasses import replace
-
     from arguments.config import OptimizerConfig
     from arguments.parser import parse_arguments
+    from base.options import replace_settings
     from gpt.model import GPTModel
     from gpt.model_config import ModelConfig
     from tests.zero_harness import ZeroHarness
     from zero.config import ZeroConfig
 
-    assert parse_arguments(["--use-z-loss"]).config.model.z_loss_strength == 1e-4
+    assert parse_arguments(["--use-z-loss"]).config.model.output.z_loss_strength == 1e-4
     config = ModelConfig.of(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
                          vocab_size=40, hidden_dropout=0.0, attention_dropout=0.0)
     tokens = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(5))
@@ -69,7 +68,7 @@ def test_the_model_adds_the_z_loss_from_its_config():
     with torch.no_grad():
         plain = model(tokens[:, :-1], tokens[:, 1:]).double()
         log_z = torch.logsumexp(model(tokens[:, :-1]).double(), dim=-1)
-        model.config = replace(config, z_loss_strength=1e-4)
+        model.config = replace_settings(config, z_loss_strength=1e-4)
         with_z = model(tokens[:, :-1], tokens[:, 1:]).double()
     torch.testing.assert_close(with_z - plain, 1e-4 * log_z * log_z, rtol=1e-3, atol=1e-8)
 

@@ -11,7 +11,7 @@ activations go back to the system and the peak RSS follows what is live; about 1
 The plan reads gloo's copy of the largest collective at its collective, beside the activations still saved then
 (planner/plan_observer.py), and compares with iteration 1's peak (RankPlan.first_iteration_bytes). Measured on this
 machine: p2p 1.00-1.03, all_gather 1.03-1.04 (its plan keeps what the CPU's flash kernel keeps under a mask:
-planner/dry_run.py _AttentionKernelOf), Ulysses 2 (--ds-sequence-parallel-size) 1.00, CP 2 x DP 2 with attention
+planner/attention_kernel.py), Ulysses 2 (--ds-sequence-parallel-size) 1.00, CP 2 x DP 2 with attention
 dropout 1.00, a2a+p2p at CP 4 = 2 x 2 (sequence 512) 1.01-1.03 (at sequence 256 its blocks fall under the threshold
 and freed ones stay in the heap: 1.24-1.30). Not counted: the ring's per-block scores ([2, 4, 128, 128] fp32, a
 note in the plan), the data loader and the allocator's slack."""

@@ -14,7 +14,7 @@ backward holds from its shapes (gpt/shape.py mlp_gradient_features; tests/planne
 
 With grouped-query attention (Llama-style: RMSNorm, SwiGLU, rotary, 8 heads in 2 groups, SDPA's enable_gqa) at
 sequence 512 the dry run stands in the flash kernel with k and v a head per group, as the fused kernels keep them
-(planner/dry_run.py _AttentionKernelOf; tests/planner/test_plan_gqa_attention.py): 1.02 at DP 1 (233.0 MiB planned,
+(planner/attention_kernel.py; tests/planner/test_plan_gqa_attention.py): 1.02 at DP 1 (233.0 MiB planned,
 238.7 measured), 1.03 with recompute at DP 2 and micro batch 8 (198.7 planned, 204.9 measured). SwiGLU's backward
 hands back two ffn-wide gradients at once where GeLU's hands one: counted from the block's shapes. Band 0.95-1.05."""
 

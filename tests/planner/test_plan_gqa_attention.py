@@ -4,7 +4,7 @@ gpt/model.py calls SDPA with key and value a head per group and enable_gqa (nati
 torch's flash kernel there, which reads each group's key/value head itself: its backward node
 (ScaledDotProductFlashAttentionForCpuBackward0) keeps q, the grouped k and v, the output and a [b, heads, s]
 log-sum-exp. On CUDA the flash kernel takes grouped k/v too (16 bits, no mask), and where it cannot run torch 2.13
-takes the math path (the last test here; _AttentionKernelOf's docstring). Only the math path repeats k and v per
+takes the math path (the last test here; planner/attention_kernel.py). Only the math path repeats k and v per
 query head and keeps the fp32 [b, heads, s, s] weights, the path SDPA takes on the meta device, so without the
 stand-in a GQA plan (Llama-3, Mixtral) counted those weights (1.78x the measured saved bytes, 1.93x the recomputed
 block's, at 84529ef).
@@ -81,7 +81,8 @@ def _saved_by_attention(device_type, dtype, masked) -> int:
     import torch
     import torch.nn.functional as F
 
-    from planner.dry_run import META, _AttentionKernelOf
+    from planner.attention_kernel import AttentionKernelOf
+    from planner.dry_run import META
     from zero.activations import SavedTensorMeter
 
     batch, heads, groups, seq, dim = 2, 8, 2, 256, 16
@@ -89,7 +90,7 @@ def _saved_by_attention(device_type, dtype, masked) -> int:
     key, value = (torch.empty(batch, groups, seq, dim, device=META, dtype=dtype, requires_grad=True) for _ in "kv")
     visible = {"attn_mask": torch.ones(seq, seq, dtype=torch.bool, device=META).tril()} if masked else {"is_causal": True}
     meter = SavedTensorMeter(META)
-    with meter.hooks(), _AttentionKernelOf(device_type):
+    with meter.hooks(), AttentionKernelOf(device_type):
         F.scaled_dot_product_attention(query, key, value, dropout_p=0.0, enable_gqa=True, **visible)
     return meter.live["device"]
 
@@ -101,7 +102,7 @@ def _saved_by_attention(device_type, dtype, masked) -> int:
 ])
 def test_the_attention_stand_in_keeps_grouped_kv_where_the_planned_kernel_takes_them(device_type, dtype, masked,
                                                                                     grouped):
-    """What a GQA call keeps (planner/dry_run.py _AttentionKernelOf's docstring has the kernels and torch's source):
+    """What a GQA call keeps (planner/attention_kernel.py's docstring has the kernels and torch's source):
     q, k and v a head per group, the output and the [b, heads, s] log-sum-exp (with a mask, the mask in the query's
     dtype too) where the planned device runs a kernel that takes GQA; the math path's [b, heads, s, s] weights
     where it does not."""

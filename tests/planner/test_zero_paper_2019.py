@@ -134,6 +134,19 @@ def test_the_terms_follow_the_2019_code():
         stack_for(3, 1)
 
 
+def test_the_2019_total_holds_md_s_checkpoints_so_p_a_lowers_it():
+    """M_D's checkpoints are held in their own buffer (planner/dry_run.py), outside saved_activation_bytes; the
+    conditioned total left them out, so under dgx2-2019 C1 and C2 (P_a, which partitions them) planned the same
+    memory (issue 94 item 5). Each total holds them now, as the dry run's does, and P_a lowers it."""
+    totals = {}
+    for name, flags in (("C1", ()), ("C2", ("--partition-activations",))):
+        config, plan = small_plan(1, 2, 4, "--contiguous-checkpointing", *flags)
+        held = plan.model_state_bytes["total"] + plan.buffer_bytes + plan.contiguous_checkpoint_buffer_bytes["device"]
+        totals[name] = condition_plan(plan, config, DGX2_2019).total_bytes
+        assert plan.contiguous_checkpoint_buffer_bytes["device"] > 0 and totals[name] > held, name
+    assert totals["C2"] < totals["C1"]
+
+
 def test_the_fit_is_one_parameter_on_figure_6_and_reproduces_its_own_choice():
     fitted = compare.read_fit()
     assert fitted.name == "figures_6_8_micro_batch" and "Figure 6" in fitted.fitted_on

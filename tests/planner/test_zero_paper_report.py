@@ -208,7 +208,7 @@ def test_a_report_without_measured_runs_labels_every_figure_and_table_as_predict
     save = figures._save
 
     def keep_title(fig, path):
-        titles[Path(path).stem] = fig._suptitle.get_text()
+        titles[Path(path).stem] = " ".join(fig._suptitle.get_text().split("\n"))  # wrapped lines joined
         save(fig, path)
 
     monkeypatch.setattr(figures, "_save", keep_title)
@@ -221,7 +221,7 @@ def test_a_report_without_measured_runs_labels_every_figure_and_table_as_predict
     assert "**Every figure and every number below is a prediction, not a measurement**" in text
     for figure in ("fig2", "fig8"):
         line = "PREDICTED by the planner (memory) and the performance model (time), not measured: no measured run"
-        assert titles[figure].splitlines()[1] == line, titles[figure]
+        assert titles[figure].endswith(f" {line}"), titles[figure]  # the second line, however wrapped
         assert f"![{figure}, predicted]({figure}.png)" in text and f". {line}.*" in text
         assert f"### {figure}: predicted (no measured run)\n" in text
     assert "| predicted per-GPU memory | predicted to fit |" in text
@@ -231,6 +231,80 @@ def test_a_report_without_measured_runs_labels_every_figure_and_table_as_predict
     assert report.main([*argv, "--overwrite", "--runs", str(runs)]) == 0
     text = (output / "report.md").read_text()
     assert text.startswith("# The ZeRO paper's Figures 2-8: predicted, measured and stated\n")
-    assert titles["fig2"].splitlines()[1] == ("predicted by the planner and the performance model, with 1 measured "
-                                              "point (black)")
+    assert titles["fig2"].endswith(" predicted by the planner and the performance model, with 1 measured point (black)")
     assert "### fig2: predicted, 1 measured\n" in text and "### fig8: predicted (no measured run)\n" in text
+
+
+def _table_bytes(cell: str) -> tuple[float, float]:
+    """A report.md memory cell ("43.43 GiB") as (bytes, half its last digit in bytes)."""
+    value, unit = cell.split()
+    scale = 1024 ** ("B", "KiB", "MiB", "GiB", "TiB").index(unit)
+    return float(value) * scale, 0.005 * scale
+
+
+def _bar_tops(ax) -> dict[float, float]:
+    """The top of each stack of bars an axes draws, by its x centre."""
+    tops = {}
+    for patch in ax.patches:
+        centre = round(patch.get_x() + patch.get_width() / 2, 6)
+        tops[centre] = max(tops.get(centre, 0.0), patch.get_y() + patch.get_height())
+    return tops
+
+
+def _texts_outside(fig) -> list[str]:
+    """Every visible text of `fig` that reaches past the figure's edges, as its text."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()  # at the figure's own dpi, which savefig's changed for its draw
+    renderer = fig.canvas.get_renderer()
+    bounds = fig.bbox
+    outside = []
+    for text in fig.findobj(Text):
+        if text.get_visible() and text.get_text().strip():
+            box = text.get_window_extent(renderer)
+            if box.x0 < bounds.x0 - 1 or box.x1 > bounds.x1 + 1 or box.y0 < bounds.y0 - 1 or box.y1 > bounds.y1 + 1:
+                outside.append(text.get_text())
+    return outside
+
+
+def test_figure_7_draws_the_tables_memory_and_no_text_leaves_the_figure(small_world, tmp_path, monkeypatch):
+    """Issue 94 item 5: Figure 7's bars added up parts that left out M_D's contiguous checkpoint buffer, so a
+    point the table put over the GPU's memory was drawn under it; its subtitle ran past both edges. Each bar's
+    top is now the table's per-GPU memory (Figure 6's, its largest model), and every text of both figures lies
+    inside the figure."""
+    import figures
+
+    drawn = {}
+    save, close = figures._save, figures.plt.close
+
+    def keep(fig, path):
+        save(fig, path)  # lays the figure out and writes it as the report does
+        drawn[Path(path).stem] = fig
+
+    monkeypatch.setattr(figures, "_save", keep)
+    monkeypatch.setattr(figures.plt, "close", lambda fig: None)  # kept open to be measured, closed below
+    output = tmp_path / "report"
+    argv = ["--output-dir", str(output), "--definitions", str(small_world), "--profiles", "dgx2", "--quiet",
+            "--no-compare", "--figures", "fig6", "fig7", "--mini-reproduction",
+            str(ROOT / "docs" / "zero-paper" / "mini-reproduction.json")]
+    assert report.main(argv) == 0
+    table = report_rows((output / "report.md").read_text(), "### fig7:")
+    tops = sorted(_bar_tops(drawn["fig7"].axes[0]).items())  # one model size: C1-C5, as the rows run
+    assert len(tops) == len(table) == 5
+    for (_, top), row in zip(tops, table):
+        expected, rounding = _table_bytes(row[7])
+        assert abs(top * 2**30 - expected) <= rounding, (row[2], top, row[7])
+    largest = report_rows((output / "report.md").read_text(), "### Largest model per configuration")
+    tops = sorted(_bar_tops(drawn["fig6"].axes[0]).items())
+    assert len(tops) == len(largest) == 5
+    for (_, top), row in zip(tops, largest):  # billions, the table's to one decimal
+        assert abs(top - float(row[3].removesuffix("B"))) <= 0.05, (row[2], top, row[3])
+    for name, fig in drawn.items():
+        assert _texts_outside(fig) == [], name
+        close(fig)
+
+
+def report_rows(text: str, heading: str) -> list[list[str]]:
+    """The cells of each data row of the table under `heading` in report.md."""
+    section = text.split(heading, 1)[1].split("\n\n", 2)[1]
+    return [[cell.strip() for cell in line.split("|")] for line in section.splitlines()[2:] if line.startswith("|")]

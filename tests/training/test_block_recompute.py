@@ -58,6 +58,24 @@ def test_block_takes_a_count_above_the_model_depth_as_megatron_does_and_uniform_
         parse_config([*deep, "--recompute-method", "uniform"])
 
 
+def test_block_0_recomputes_no_layer_as_megatron_does_and_uniform_0_is_refused():
+    """Megatron-Core's `layer_idx < recompute_num_layers` is never true for N = 0, so block 0 runs every layer keeping
+    its activations: the dry run saves what no recompute saves. Its uniform groups of 0 layers never advance
+    (`layer_idx += self.config.recompute_num_layers`), so uniform 0 is refused in one line."""
+    from base.errors import ConfigError
+    from planner.dry_run import Cluster, dry_run
+
+    block_0 = ["--checkpoint-activations", "--recompute-method", "block", "--recompute-num-layers", "0"]
+    config = parse_config([*MODEL, *block_0])
+    assert config.activations.checkpointed_groups(3) == [(0, 1, False), (1, 2, False), (2, 3, False)]
+    assert config.activations.num_checkpoints(3) == 0
+    none, block = (dry_run(parse_config([*MODEL, *flags]), Cluster(1, 1, None, "cpu"), 128, 0) for flags in ([], block_0))
+    assert block.checkpoint_bytes["device"] == 0
+    assert block.saved_activation_bytes == none.saved_activation_bytes
+    with pytest.raises(ConfigError, match="--recompute-num-layers must be at least 1 .*got 0$"):
+        parse_config(["--checkpoint-activations", "--recompute-num-layers", "0"])
+
+
 def test_the_dry_run_keeps_the_block_recomputed_layers_inputs_and_the_other_layers_activations():
     """The planner's memory is the dry run's (planner/dry_run.py drives the same checkpointing on the meta device):
     block 1 of 4 layers keeps one checkpointed input where uniform 1 keeps four, and saves more than uniform and

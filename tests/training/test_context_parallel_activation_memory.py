@@ -17,7 +17,7 @@ CP 1 and CP 2 (two gloo ranks) with each --cp-comm-type. What does not halve, pe
 Everything else is per token and halves. Measured (MiB, both ranks alike): CP 1 34.08; CP 2 p2p 17.04 (0.500),
 all_gather 19.54 (0.573), a2a 18.05 (0.530). The test holds each to CP 1 / 2 plus its named parts within 1% of CP 1,
 and the planner's dry run (the same code on the meta device, keeping what the CPU's flash kernel keeps under a mask:
-planner/dry_run.py _AttentionKernelOf) to the measured figure within 1%, at CP 1 and CP 2."""
+planner/attention_kernel.py) to the measured figure within 1%, at CP 1 and CP 2."""
 
 from __future__ import annotations
 

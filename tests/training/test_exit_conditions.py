@@ -33,6 +33,8 @@ def test_sigusr1_and_sigterm_are_recorded_then_handlers_restored():
 def test_interval_and_duration():
     conditions = ExitConditions(CheckpointConfig(exit_interval=3), STATE)
     assert [conditions.check(i) for i in (1, 2, 3)] == [None, None, "--exit-interval 3 reached"]
+    conditions = ExitConditions(CheckpointConfig(exit_interval=0), STATE)  # Megatron-LM's 0: never
+    assert [conditions.check(i) for i in (1, 2, 3)] == [None, None, None]
     conditions = ExitConditions(CheckpointConfig(exit_duration_in_mins=0.5), STATE, start_time=0.0)
     assert conditions.check(1) == "--exit-duration-in-mins 0.5 reached"  # monotonic time is far past 30 s
     conditions = ExitConditions(CheckpointConfig(exit_duration_in_mins=60.0), STATE)

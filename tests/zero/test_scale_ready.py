@@ -270,11 +270,12 @@ def test_a_checkpoint_saved_by_the_previous_construction_loads_exactly(stage):
     built on the meta device and materialized by ZeRO: master, moments, step and weights as saved."""
     from checkpoint.format import open_tensors, read_metadata, resolve_checkpoint
     from checkpoint.ours.sharded import load_checkpoint
+    from checkpoint.schema import recorded_model
     from parallel.random import TensorParallelRNG
 
     iteration_dir = resolve_checkpoint(LEGACY)
     metadata = read_metadata(iteration_dir)
-    config = ModelConfig.from_record(metadata["config"]["model"])
+    config = recorded_model(metadata["config"]["model"])
     state = ParallelState(device=CPU)
     rng = TensorParallelRNG(3, state)
     model = GPTModel(config, state, rng)

@@ -334,7 +334,7 @@ def test_partitioned_checkpoints_divide_by_tp():
     (dict(num_attention_heads=0), "num_attention_heads must be >= 1"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1"),
     (dict(bytes_per_element=0), "bytes_per_element must be >= 1"),
-    (dict(checkpoint_num_layers=0), "checkpoint_num_layers must be >= 1 or None"),
+    (dict(checkpoint_num_layers=0), "checkpoint_num_layers must be >= 1"),  # uniform; block takes 0
 ])
 def test_activation_model_rejects_bad_sizes(kwargs, words):
     arguments = dict(GPT2_15B, bytes_per_element=2, tensor_parallel_size=1, checkpoint_num_layers=1,

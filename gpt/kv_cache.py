@@ -1,0 +1,83 @@
+"""A KV cache: each attention layer's keys and values of the tokens already run, so that generation
+(gpt/decode.py, python -m training.generate) runs only the new tokens' forward at each step, as
+Megatron-Core's StaticInferenceContext (key_value_memory_dict) and transformers' DynamicCache do.
+
+Each layer's keys are kept after rotary (rotated at their own positions, which never change) and before
+grouped-query attention's copies (one head per group), in buffers made at the first step for `capacity`
+positions. The new tokens' queries see the cached keys through an explicit mask over positions (causal,
+and the layer's sliding window), which every attention path here takes (SDPA, soft-capping, sinks).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from base.errors import ConfigError
+
+
+class KVCache:
+    """The keys and values of `length` tokens for every layer of one model, room for `capacity`."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ConfigError(f"a KV cache needs room for at least one token, got {capacity}")
+        self.capacity = capacity
+        self.length = 0  # the positions every layer holds; the next tokens' first position
+        self._keys: dict[int, torch.Tensor] = {}
+        self._values: dict[int, torch.Tensor] = {}
+
+    def layer(self, index: int) -> "LayerCache":
+        return LayerCache(self, index)
+
+    def check_room(self, new: int) -> None:
+        """Before a step: `new` more tokens fit."""
+        if self.length + new > self.capacity:
+            raise ConfigError(f"the KV cache holds {self.capacity} positions, and {self.length + new} were asked: "
+                              f"generate fewer tokens or give the cache more room")
+
+    def advance(self, count: int) -> None:
+        """Every layer has stored `count` more tokens (gpt/decode.py calls it after the blocks ran)."""
+        self.length += count
+
+    def extend(self, index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `index`'s keys and values [batch, heads, new, d] stored after the held ones; all of them returned."""
+        end = self.length + key.shape[2]
+        if index not in self._keys:  # made at the first step, when the heads, dtype and device are known
+            self._keys[index] = key.new_empty(*key.shape[:2], self.capacity, key.shape[3])
+            self._values[index] = value.new_empty(*value.shape[:2], self.capacity, value.shape[3])
+        keys, values = self._keys[index], self._values[index]
+        keys[:, :, self.length:end] = key
+        values[:, :, self.length:end] = value
+        return keys[:, :, :end], values[:, :, :end]
+
+    def visible(self, new: int, window: Optional[int], device: torch.device) -> torch.Tensor:
+        """[new, length + new] bool, True where a new token's query sees the key: the keys at or before its position,
+        and within the layer's sliding window (gpt/attention_window.py: the query and the `window` keys before it)."""
+        queries = torch.arange(self.length, self.length + new, device=device)
+        distance = queries[:, None] - torch.arange(self.length + new, device=device)[None, :]
+        seen = distance >= 0
+        return seen if window is None else seen & (distance <= window)
+
+
+class LayerCache:
+    """One layer's view of the model's cache: what its attention reads and extends."""
+
+    def __init__(self, cache: KVCache, index: int) -> None:
+        self.cache, self.index = cache, index
+
+    @property
+    def start(self) -> int:
+        """The position of the first new token."""
+        return self.cache.length
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    def extend(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.extend(self.index, key, value)
+
+    def visible(self, new: int, window: Optional[int], device: torch.device) -> torch.Tensor:
+        return self.cache.visible(new, window, device)

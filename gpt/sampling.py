@@ -1,0 +1,60 @@
+"""The next token from the last position's logits, as Megatron-Core's text generation picks it
+(megatron/core/inference/text_generation_controllers/text_generation_controller.py sample_from_logits):
+top-k 1 is greedy (argmax); otherwise the logits are divided by the temperature, filtered to the top k (k > 1)
+or to the nucleus of mass top-p (the first token past p kept, as Megatron's shift by one), and one token is drawn
+from their softmax. As there, top-k and top-p are not both set. A temperature of 0 is greedy too (Megatron would
+divide by it; transformers' do_sample=False is the same argmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from base.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.top_k == 1 or self.temperature == 0
+
+    def validate(self, vocab_size: int) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"--temperature {self.temperature}: give 0 (greedy) or more")
+        if self.top_k < 0 or self.top_k > vocab_size:
+            raise ConfigError(f"--top-k {self.top_k}: give 0 (off) to the vocabulary's {vocab_size}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise ConfigError(f"--top-p {self.top_p}: give 0 (off) to 1")
+        if self.top_k > 0 and self.top_p > 0:
+            raise ConfigError(f"--top-k {self.top_k} with --top-p {self.top_p}: give one of them, as Megatron-LM "
+                              f"asks (\"Cannot have top-p and top-k both greater than zero\")")
+
+
+def next_tokens(logits: torch.Tensor, sampling: Sampling, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """[batch] token ids from [batch, vocab] logits."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / sampling.temperature
+    if sampling.top_k > 1:
+        logits = logits.masked_fill(logits < torch.topk(logits, sampling.top_k)[0][..., -1:], float("-inf"))
+    if sampling.top_p > 0:
+        logits = _nucleus(logits, sampling.top_p)
+    probabilities = logits.softmax(dim=-1)
+    return torch.multinomial(probabilities, num_samples=1, generator=generator).view(-1)
+
+
+def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The logits outside the smallest prefix (by probability) whose mass passes `top_p` set to -inf."""
+    sorted_logits, order = torch.sort(logits, descending=True)
+    beyond = sorted_logits.softmax(dim=-1).cumsum(dim=-1) > top_p
+    beyond[..., 1:] = beyond[..., :-1].clone()  # keep the token that crosses p
+    beyond[..., 0] = False
+    return logits.masked_fill(beyond.scatter(-1, order, beyond), float("-inf"))

@@ -1,0 +1,163 @@
+"""`python -m training.generate` (issue 94 item 4): greedy tokens from a checkpoint equal transformers' greedy
+`generate` on the same weights, from each format the loader reads:
+- this project's checkpoint of a tiny Llama-shaped model with its tokenizer, a text prompt: against
+  scripts/convert_to_hf.py's export of it, tokenized by that folder's tokenizer, both stopping at its end token;
+- a Hugging Face folder transformers saved (--init-from-hf; Llama's, GPT-2's), a prompt of ids: against the folder
+  itself;
+- Megatron-LM's own torch_dist save (tests/fixtures/megatron_llama): the loaded model's logits are the ones
+  Megatron-LM's forward gave, and its greedy tokens those of the folder convert_to_hf.py exports;
+- a save of ours over TP 2 x PP 2: every weight loaded whole is the consolidated fp32 master.
+Weights are drawn wide (std 0.2, or transformers' folder at scale 0.1) so that no greedy step is near a tie.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from arguments.config import PretrainConfig
+from base.options import replace_settings
+from checkpoint.inference_load import inference_checkpoint, load_model_weights, open_source
+from checkpoint.ours.sharded import save_checkpoint
+from data.tokenizer import train_tokenizer
+from gpt.model import GPTModel, build_gpt_model
+from parallel.state import ParallelState
+from scripts import convert_to_hf
+from tests.checkpoint.test_hf_folder_is_the_model import gpt2_folder
+from tests.checkpoint.test_hf_llama import random_llama_folder
+from tests.checkpoint.test_megatron_checkpoint import FIXTURES
+from tests.checkpoint.test_megatron_to_hf import megatron_logits
+from tests.zero_harness import ZeroHarness
+from training import generate
+
+CPU = ParallelState(device=torch.device("cpu"))
+TEXT = "the cat sat on the mat. the dog sat on the log. " * 20
+LLAMA = dict(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, seq_length=32,
+             max_position_embeddings=32, ffn_hidden_size=64, normalization="RMSNorm", swiglu=True,
+             position_embedding_type="rope", untie_embeddings_and_output_weights=True, add_bias_linear=False,
+             hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.2)
+
+
+def generated_ids(capsys, *argv: str) -> list[int]:
+    assert generate.main(list(argv)) == 0
+    line = [text for text in capsys.readouterr().out.splitlines() if text.startswith("generated ids:")][-1]
+    return [int(token) for token in line.split(":")[1].split()]
+
+
+def transformers_greedy(folder, prompt: list[int], new: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new)
+    return out[0, len(prompt):].tolist()
+
+
+def save_trained(path, tokenizer, steps: int, **data) -> None:
+    """A tiny Llama-shaped model of the tokenizer's vocabulary, `steps` steps on TEXT, saved with the tokenizer."""
+    config = PretrainConfig()
+    config = dataclasses.replace(config, model=replace_settings(config.model, **LLAMA, vocab_size=tokenizer.vocab_size),
+                                 data=replace_settings(config.data, **data))
+    model = GPTModel(config.model, CPU)
+    optimizer = ZeroHarness.from_config(model, config, CPU)
+    ids = torch.tensor(tokenizer.encode(TEXT)[:4 * 17]).view(4, 17)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        optimizer.backward(model(ids[:, :-1], ids[:, 1:]).mean())
+        optimizer.step()
+    save_checkpoint(path, max(steps, 1), 4 * max(steps, 1), model, optimizer, None, config, CPU, tokenizer=tokenizer)
+
+
+def test_our_checkpoint_generates_transformers_greedy_tokens_from_text(tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    tokenizer = train_tokenizer([TEXT], 300)
+    save_trained(tmp_path / "ckpt", tokenizer, 3)  # trained a few steps: what is saved is a run's master weights
+    ours = generated_ids(capsys, "--load", str(tmp_path / "ckpt"), "--prompt", "the dog sat",
+                         "--num-tokens-to-generate", "12")
+    assert convert_to_hf.main([str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 0
+    prompt = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))("the dog sat").input_ids
+    assert prompt == tokenizer.tokenize_batch(["the dog sat"])[0]
+    assert ours == transformers_greedy(tmp_path / "hf", prompt, 12)
+    # the recomputing path and the cache agree on the real checkpoint too
+    assert ours == generated_ids(capsys, "--load", str(tmp_path / "ckpt"), "--prompt", "the dog sat",
+                                 "--num-tokens-to-generate", "12", "--no-kv-cache")
+
+
+def test_a_sentencepiece_tokenizer_saved_with_the_run_reads_the_prompt(tmp_path, capsys):
+    """A run with --tokenizer-type Llama2Tokenizer saved its tokenizer.model: the prompt is Megatron's tokenize of it
+    (the start token first), and the printed text is the prompt's."""
+    from data.sentencepiece_tokenizer import load_sentencepiece_tokenizer
+    from tests.conftest import train_sentencepiece_model
+
+    train_sentencepiece_model(tmp_path / "sp.model", [TEXT], vocab_size=40, byte_fallback=False,
+                              hard_vocab_limit=False)
+    tokenizer = load_sentencepiece_tokenizer("Llama2Tokenizer", str(tmp_path / "sp.model"))
+    save_trained(tmp_path / "ckpt", tokenizer, 0, tokenizer_type="Llama2Tokenizer",
+                 tokenizer_file=str(tmp_path / "sp.model"))
+    prompt = tokenizer.tokenize_batch(["the dog sat"])[0]
+    assert prompt[0] == 1  # Llama 2's bos
+    from_text = generated_ids(capsys, "--load", str(tmp_path / "ckpt"), "--prompt", "the dog sat", "--ignore-eos")
+    assert len(from_text) == 30
+    assert from_text == generated_ids(capsys, "--load", str(tmp_path / "ckpt"), "--prompt-ids", *map(str, prompt),
+                                      "--ignore-eos")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])  # rotary; learned positions, read at the cache's offsets
+def test_a_hugging_face_folder_generates_its_own_greedy_tokens(tmp_path, capsys, family):
+    folder = random_llama_folder(tmp_path / "hf", "gqa2-head-dim-24") if family == "llama" else \
+        gpt2_folder(tmp_path / "hf")
+    prompt = [5, 17, 200, 3]
+    ours = generated_ids(capsys, "--init-from-hf", str(folder), "--prompt-ids", *map(str, prompt),
+                         "--max-new-tokens", "10")
+    assert len(ours) == 10  # no tokenizer: no end token to stop at
+    assert ours == transformers_greedy(folder, prompt, 10)
+
+
+def test_megatron_lms_torch_dist_save_gives_its_logits_and_the_exports_greedy_tokens(tmp_path, capsys):
+    checkpoint = inference_checkpoint(FIXTURES / "megatron_llama")
+    model = build_gpt_model(checkpoint.model, CPU, seed=0).eval()
+    with open_source(checkpoint, CPU) as source:
+        load_model_weights(source, model, CPU)
+    tokens, expected = megatron_logits("megatron_llama")
+    with torch.no_grad():
+        logits = model(tokens)
+    assert float((logits - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+
+    prompt = tokens[0, :6].tolist()
+    ours = generated_ids(capsys, "--load", str(FIXTURES / "megatron_llama"), "--prompt-ids", *map(str, prompt),
+                         "--out-seq-length", "8")
+    assert convert_to_hf.main([str(FIXTURES / "megatron_llama"), str(tmp_path / "hf")]) == 0
+    assert ours == transformers_greedy(tmp_path / "hf", prompt, 8)
+
+
+def test_a_save_over_tp2_and_pp2_loads_whole_on_one_process():
+    """Every weight of the one-rank model is the consolidated fp32 master (zero_to_fp32.py's) of a TP 2 x PP 2 save."""
+    from checkpoint.ours.source import consolidate
+
+    checkpoint = inference_checkpoint(FIXTURES / "checkpoint_54c4492_tp2_pp2")
+    model = build_gpt_model(checkpoint.model, CPU, seed=0)
+    with open_source(checkpoint, CPU) as source:
+        load_model_weights(source, model, CPU)
+    master = consolidate(checkpoint.path)["master"]
+    params = dict(model.named_parameters())
+    assert set(params) == set(master)
+    vocab = checkpoint.model.vocab_size  # the padding rows differ: TP 2 pads to another multiple
+    for name, tensor in master.items():
+        rows = vocab if name in ("word_embeddings.weight", "output_layer.weight") else tensor.shape[0]
+        assert torch.equal(params[name][:rows], tensor[:rows]), name
+
+
+@pytest.mark.parametrize("load,argv,named", [
+    ("megatron_llama", ["--prompt", "hi"], "holds no tokenizer"),
+    ("megatron_llama", ["--tokenizer-type", "NullTokenizer", "--prompt", "hi"], "holds no tokenizer"),  # ids only
+    ("megatron_llama", ["--prompt-ids", "1", "--top_k", "5", "--top_p", "0.5"], "Cannot have top-p and top-k both"),
+    ("megatron_llama", ["--prompt-ids", "100000"], "prompt id 100000 is outside the model's vocabulary"),
+    ("deepspeed_checkpoints/hf_llama_zero2", ["--prompt-ids", "1"], "DeepSpeed's checkpoint (global_step2), which "
+                                                                     "generation does not read; pretrain_gpt.py"),
+])
+def test_bad_requests_are_one_line(load, argv, named, capsys):
+    assert generate.main(["--load", str(FIXTURES / load), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert named in err and len(err.splitlines()) == 1

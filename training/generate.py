@@ -1,0 +1,149 @@
+"""`python -m training.generate --load CK --prompt "..."`: text generated from a checkpoint, on one process.
+
+    python -m training.generate --load runs/gpt/checkpoints --prompt "The meaning of" --num-tokens-to-generate 40
+    python -m training.generate --load megatron_ckpt --prompt-ids 1 2 3 --top_k 0 --top_p 0.9 --seed 7
+    python -m training.generate --init-from-hf hf-llama --prompt "Once" --temperature 0.8 --top-k 40
+
+CK is any checkpoint the loader reads (checkpoint/inference_load.py): this project's (a --save directory or one
+iteration), a Megatron-LM torch_dist folder, or a Hugging Face folder (--init-from-hf names one too); the model is
+built from what it records, no optimizer. The prompt is text, tokenized as Megatron-LM's tokenizer.tokenize does
+(with the tokenizer's own start token) by the checkpoint's tokenizer or the tokenizer flags, or token ids. Sampling
+takes Megatron-LM's flags (gpt/sampling.py): greedy by default (--top_k 1, its examples' default). Generation stops
+at the tokenizer's end-of-document token unless --ignore-eos. Steps run over a KV cache (gpt/kv_cache.py);
+--no-kv-cache recomputes the whole sequence each step. Prints the text (prompt then the generated text) where a
+tokenizer is known, and the generated ids on a line of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from base.errors import ConfigError, OneLineArgumentParser, run_tool
+from checkpoint.inference_load import (
+    InferenceCheckpoint,
+    inference_checkpoint,
+    is_hf_folder,
+    load_model_weights,
+    open_source,
+)
+from data import DataError
+from data.sentencepiece_tokenizer import SENTENCEPIECE_MODEL_FILE, SENTENCEPIECE_TYPES, load_sentencepiece_tokenizer
+from data.tokenizer import load_named_tokenizer, load_tokenizer
+from gpt.generation import generate
+from gpt.model import build_gpt_model
+from gpt.sampling import Sampling
+from parallel.state import ParallelState
+
+PROGRAM = "training.generate"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = OneLineArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--load", metavar="CK", help="a checkpoint: ours, Megatron-LM torch_dist, or a Hugging Face folder")
+    where.add_argument("--init-from-hf", metavar="DIR", help="a Hugging Face folder")
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="the prompt as text")
+    prompt.add_argument("--prompt-ids", type=int, nargs="+", metavar="ID", help="the prompt as token ids")
+    parser.add_argument("--num-tokens-to-generate", "--out-seq-length", "--max-new-tokens", dest="new_tokens",
+                        type=int, default=30, metavar="N", help="tokens to generate at most (default 30)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
+    parser.add_argument("--top_k", "--top-k", dest="top_k", type=int, default=1, help="1: greedy (the default); 0: off")
+    parser.add_argument("--top_p", "--top-p", dest="top_p", type=float, default=0.0, help="nucleus mass; 0: off")
+    parser.add_argument("--seed", type=int, default=1234, help="the sampling's random stream")
+    parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-document token")
+    parser.add_argument("--no-kv-cache", dest="kv_cache", action="store_false",
+                        help="recompute the whole sequence each step")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="the weights' dtype (default fp32)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--verify-checkpoint", action=argparse.BooleanOptionalAction, default=True,
+                        help="check each file's content hash first (this project's checkpoints)")
+    for flag in ("--tokenizer-type", "--tokenizer-model", "--tokenizer-file", "--vocab-file", "--merge-file"):
+        parser.add_argument(flag, help="the tokenizer, instead of the checkpoint's")
+    return parser.parse_args(argv)
+
+
+def checkpoint_path(args: argparse.Namespace) -> Path:
+    if args.init_from_hf is not None and not is_hf_folder(Path(args.init_from_hf)):
+        raise ConfigError(f"--init-from-hf {args.init_from_hf}: no Hugging Face folder there (no config.json); "
+                          f"give another checkpoint as --load")
+    return Path(args.load if args.load is not None else args.init_from_hf)
+
+
+def run_tokenizer(args: argparse.Namespace, checkpoint: InferenceCheckpoint):
+    """The tokenizer the flags name, else the checkpoint's (a SentencePiece model by the run's --tokenizer-type, or
+    tokenizer.json, or GPT-2's two files), else None (the prompt must then be ids)."""
+    if args.tokenizer_type == "NullTokenizer":  # ids only: no text, and no end token of a known id to stop at
+        return None
+    named = load_named_tokenizer(args.tokenizer_type, args.tokenizer_file or args.tokenizer_model, args.vocab_file,
+                                 args.merge_file)
+    folder = checkpoint.tokenizer_dir
+    if named is not None or folder is None:
+        return named
+    if checkpoint.tokenizer_type in SENTENCEPIECE_TYPES and (folder / SENTENCEPIECE_MODEL_FILE).is_file():
+        return load_sentencepiece_tokenizer(checkpoint.tokenizer_type, str(folder / SENTENCEPIECE_MODEL_FILE))
+    from arguments.hf_folder import folder_tokenizer
+
+    files = {setting: str(path) for setting, path in folder_tokenizer(folder).items()}
+    return load_tokenizer(files.get("tokenizer_file"), files.get("vocab_file"), files.get("merge_file"))
+
+
+def prompt_ids(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[int]:
+    if args.prompt is not None:
+        if tokenizer is None:
+            raise ConfigError("--prompt: the checkpoint holds no tokenizer; give --tokenizer-file (or --vocab-file "
+                              "and --merge-file, or --tokenizer-type with --tokenizer-model), or the prompt as "
+                              "--prompt-ids")
+        ids = tokenizer.tokenize_batch([args.prompt])[0]
+    else:
+        ids = args.prompt_ids
+    if not ids:
+        raise ConfigError("the prompt is empty: give at least one token")
+    outside = [i for i in ids if not 0 <= i < vocab_size]
+    if outside:
+        raise ConfigError(f"prompt id {outside[0]} is outside the model's vocabulary (0..{vocab_size - 1})")
+    return ids
+
+
+def generate_from(args: argparse.Namespace) -> tuple[list[int], list[int], Optional[object]]:
+    """(prompt ids, generated ids, tokenizer) for the parsed flags."""
+    checkpoint = inference_checkpoint(checkpoint_path(args), verify=args.verify_checkpoint)
+    config = checkpoint.model
+    sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    sampling.validate(config.vocab_size)
+    if args.new_tokens < 1:
+        raise ConfigError(f"--num-tokens-to-generate {args.new_tokens}: give at least 1")
+    tokenizer = run_tokenizer(args, checkpoint)
+    ids = prompt_ids(args, tokenizer, config.vocab_size)
+    state = ParallelState(device=torch.device(args.device))
+    model = build_gpt_model(config, state, seed=args.seed, dtype=DTYPES[args.dtype])
+    with open_source(checkpoint, state) as source:
+        load_model_weights(source, model, state)
+    print(f"> {checkpoint.described}: {sum(p.numel() for p in model.parameters()):,} parameters, "
+          f"{args.dtype} on {args.device}", flush=True)
+    stop = None if args.ignore_eos or tokenizer is None else tokenizer.eod_id
+    generator = torch.Generator(device=state.device).manual_seed(args.seed)
+    new = generate(model.eval(), torch.tensor([ids], device=state.device), args.new_tokens, sampling, generator,
+                   stop_id=stop, use_cache=args.kv_cache)
+    return ids, new[0].tolist(), tokenizer
+
+
+def _main(argv: Optional[Sequence[str]]) -> None:
+    ids, new, tokenizer = generate_from(parse_args(argv))
+    if tokenizer is not None and hasattr(tokenizer, "decode"):
+        print(tokenizer.decode(ids + new), flush=True)
+    print("generated ids: " + " ".join(map(str, new)), flush=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_tool(PROGRAM, lambda: _main(argv), (DataError,))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
