@@ -855,7 +855,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    metrics_file: str = option("runs/metrics.jsonl", help="JSON lines, one record per log/eval")
+    # None: runs/RUN_ID/metrics.jsonl, known once the run's lineage is (checkpoint/run_start.py)
+    metrics_file: Optional[str] = option(None, metavar="FILE", help="JSON lines, one record per log/eval (default "
+                                         "runs/RUN_ID/metrics.jsonl: a file per run, which its resumes append to)")
     # GENIAC's fork (hotsuyuki/Megatron-DeepSpeed, megatron/arguments.py) spells its W&B flags with underscores
     # too; its --use-wandb, --wandb-group and --wandb-tag are in arguments/megatron/flags.py.
     wandb_project: Optional[str] = option(None, help="log to W&B (offline unless W&B is configured on this "
@@ -865,6 +867,10 @@ class LoggingConfig:
     wandb_run_name: Optional[str] = option(None, aliases={"--wandb-exp-name": "Megatron-LM",
                                                           "--wandb-name": "llm-jp's Megatron-LM fork"})
     wandb_entity: Optional[str] = option(None, aliases={"--wandb_entity": GENIAC_FORK})
+    # Megatron-LM's --wandb-save-dir (global_vars.py _set_wandb_writer: wandb.init's dir, there --save/wandb when
+    # left out); here W&B's files go beside the metrics file when it is left out
+    wandb_save_dir: Optional[str] = option(None, metavar="DIR", help="W&B's local files (wandb.init's dir; default: "
+                                                                     "beside the metrics file)")
     report_memory: bool = option(False, help="log per-rank model-state bytes held and the zero/memory.py "
                                              "prediction")
     # None: looked up by the CUDA device's name (omitted on CPU).
@@ -894,7 +900,7 @@ class LoggingConfig:
              "server that does not exist here: it stays off, said at start)")
 
     def validate(self) -> None:
-        if not self.metrics_file:
+        if self.metrics_file is not None and not self.metrics_file:
             raise ConfigError("--metrics-file must name a file", flags=("--metrics-file",))
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ConfigError(f"--peak-tflops must be positive, got {self.peak_tflops}", flags=("--peak-tflops",))

@@ -1,6 +1,7 @@
 """The checks a resume makes before any work, on every rank, for the format the registry found
 (checkpoint/formats.py): the checkpoint's metadata fits this run's data settings, the samples its schedule covers,
-its model and learning-rate schedule (Megatron's rule), and every file of it is intact."""
+its model and learning-rate schedule (Megatron's rule; the data, samples and schedule only where the run continues
+the checkpoint's training), and every file of it is intact."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from arguments.schedule import LearningRateSchedule, schedule_on_resume
 from base.errors import CheckpointError
 from checkpoint.agreement import agree, attempt
 from checkpoint.resume_model import check_resume_model
-from checkpoint.start_decision import check_resume_matches, check_samples_fit
+from checkpoint.start_decision import check_resume_matches, check_samples_fit, continues_training
 from parallel.state import ParallelState
 
 Log = Callable[[str], None]
@@ -37,15 +38,16 @@ def check_resume(read_metadata: ReadMetadata, verify: Verify, config, state: Par
     metadata, error = attempt(lambda: read_metadata(iteration_dir, config))
     agree(state, error)
     schedule = None
-    if not checkpoint.finetune:  # a fine-tuning run starts a new sample sequence anyway
+    if continues_training(config):
         note, error = attempt(lambda: check_resume_matches(metadata, config, iteration_dir,
                                                            checkpoint.override_data_on_resume))
         agree(state, error)
         if note:
             log(note)
         agree(state, attempt(lambda: check_samples_fit(metadata, config, batch, iteration_dir))[1])
+    if not checkpoint.finetune:
         agree(state, attempt(lambda: check_resume_model(metadata, config.model, iteration_dir))[1])
-    if not checkpoint.finetune and checkpoint.load_optim:  # as Megatron: only when it loads the scheduler
+    if continues_training(config) and checkpoint.load_optim:  # as Megatron: only when it loads the scheduler
         outcome, error = attempt(lambda: schedule_on_resume(config, batch, metadata.get("config") or {},
                                                             iteration_dir))
         agree(state, error)

@@ -41,10 +41,12 @@ YARN_SETTINGS = ("rotary_scaling_factor", "mscale", "mscale_all_dim", "yarn_orig
 # said at start-up in one line, not as the dozens of parameter shapes they change; at a given hidden size the heads
 # change no shape, only how the rows of the attention's projections are grouped.
 SHAPE_FIRST = ("num_layers", "hidden_size", "num_attention_heads")
-# Every setting of the blocks' sections but the attention's choices of kernel (AttentionSettings.NOT_THE_MATH), and
-# the trunk's that shape the embedding, the linears and the output
+# Every setting of the blocks' sections but the attention's choices of kernel (AttentionSettings.NOT_THE_MATH) and its
+# dropout (a training setting, as --hidden-dropout: a resume may change it, and an evaluation has none), and the
+# trunk's that shape the embedding, the linears and the output
+NOT_COMPARED = (*AttentionSettings.NOT_THE_MATH, "attention_dropout")
 BLOCK_COMPARED = tuple(name for kind in (NormSettings, MLPSettings, PositionSettings, AttentionSettings)
-                       for name in setting_names(kind) if name not in AttentionSettings.NOT_THE_MATH)
+                       for name in setting_names(kind) if name not in NOT_COMPARED)
 COMPARED = tuple(dict.fromkeys((*SHAPE_FIRST, *BLOCK_COMPARED, "untie_embeddings_and_output_weights", "add_bias_linear",
                                 "scale_embeddings_by_sqrt_hidden", "final_logit_softcapping", *MOE_COMPARED,
                                 *MLA_COMPARED, "max_position_embeddings")))

@@ -41,6 +41,7 @@ class RunStart:
     # The run's lineage (the checkpoint's on a resume) and this launch, the same on every rank.
     identity: Optional[RunIdentity] = None
     format_name: Optional[str] = None  # resume_from's format (checkpoint/formats.py)
+    metrics_file: Optional[str] = None  # --metrics-file, or the lineage's own (default_metrics_file)
 
     def load(self, built, state: ParallelState, model_config, *, load_optimizer: bool, load_rng: bool,
              finetune: bool) -> ResumePoint:
@@ -54,6 +55,12 @@ class RunStart:
             self.locks.pop().release()
 
 
+def default_metrics_file(run_id: str) -> str:
+    """Without --metrics-file, each lineage writes its own file, which its resumes append to: two runs
+    started from one folder never meet on one file (whose lock would refuse the second)."""
+    return f"runs/{run_id}/metrics.jsonl"
+
+
 def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log: Callable[[str], None],
                     batch: BatchSchedule) -> RunStart:
     """The checks and claims above, in order; raises the same expected error on every rank. `batch` is the
@@ -65,11 +72,19 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
         lock.acquire()
         locks.append(lock)
 
+    def claim_metrics_file(path: str) -> None:
+        refuse_training_output_in_checkpoint(path, "--metrics-file")
+        prepare_output_file(path, "--metrics-file")
+        claim(MetricsFileLock(path, log=log))
+        started.metrics_file = path
+
     def first_rank() -> StartDecision:
         if checkpoint.save:
             refuse_training_output_in_checkpoint(checkpoint.save, "--save", save_directory=True)
-        refuse_training_output_in_checkpoint(config.logging.metrics_file, "--metrics-file")
-        for directory, flag in ((config.logging.tensorboard_dir, "--tensorboard-dir"), (cache_dir, "--data-cache-dir")):
+        # --wandb-save-dir only where W&B runs (as in Megatron-LM, which reads it only then)
+        wandb_dir = config.logging.wandb_save_dir if config.logging.wandb_project else None
+        for directory, flag in ((config.logging.tensorboard_dir, "--tensorboard-dir"), (cache_dir, "--data-cache-dir"),
+                                (wandb_dir, "--wandb-save-dir")):
             if directory:
                 refuse_training_output_in_checkpoint(directory, flag)
         if needs_finishing(checkpoint.load, checkpoint.save):  # a requeued job whose first save was killed
@@ -82,13 +97,14 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
             if not locks:
                 claim(SaveDirectoryLock(checkpoint.save, log=log))
             check_save_directory(checkpoint.save, decision.resume_from, checkpoint.finetune, checkpoint.overwrite_save)
-        prepare_output_file(config.logging.metrics_file, "--metrics-file")
-        claim(MetricsFileLock(config.logging.metrics_file, log=log))
-        if config.logging.tensorboard_dir:
-            prepare_output_directory(config.logging.tensorboard_dir, "--tensorboard-dir")
+        if config.logging.metrics_file is not None:
+            claim_metrics_file(config.logging.metrics_file)
+        for directory, flag in ((config.logging.tensorboard_dir, "--tensorboard-dir"), (wandb_dir, "--wandb-save-dir")):
+            if directory:
+                prepare_output_directory(directory, flag)
         return decision
 
-    started = RunStart(None, locks)
+    started = RunStart(None, locks, metrics_file=config.logging.metrics_file)
     decision, error = attempt(first_rank) if state.is_first_rank else (None, None)
     try:
         agree(state, error)
@@ -105,6 +121,10 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
                 config, state, decision.resume_from, log, batch)
         started.identity = identity_on_start(metadata, checkpoint.finetune, fresh_run_id, launch_id,
                                               sample_order(checkpoint.ckpt_format))
+        if started.metrics_file is None:  # known now: a resume's lineage is its checkpoint's
+            path = default_metrics_file(started.identity.run_id)
+            agree(state, attempt(lambda: claim_metrics_file(path))[1] if state.is_first_rank else None)
+            started.metrics_file = path
     except BaseException:
         started.release()
         raise

@@ -176,6 +176,13 @@ def _show(value) -> str:
     return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
+def continues_training(config) -> bool:
+    """Whether a resume continues its checkpoint's training, so that its sample sequence, batch and learning-rate
+    schedule are checked against the checkpoint's: not under --finetune (a new sample sequence) nor --skip-train
+    (no step at all: evaluating a checkpoint needs only the model's flags and --load)."""
+    return not config.checkpoint.finetune and not config.training.skip_train
+
+
 def check_samples_fit(metadata: dict, config, batch: BatchSchedule, iteration_dir: Path) -> None:
     """Raise ConfigError, in one line naming the flag that would make it consistent, when the iterations
     this run has left would read past the samples its schedule covers (module docstring)."""

@@ -29,6 +29,7 @@ from typing import Iterable
 import numpy as np
 
 from data import DataError
+from data.prefix_hint import prefix_hint
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -212,7 +213,8 @@ class IndexedDataset:
         self.data_path = data_file_path(prefix)
         for path in (self.index_path, self.data_path):
             if not os.path.isfile(path):
-                raise DataError(f"{path}: file not found (expected an MMIDIDX dataset at prefix {prefix!r})")
+                raise DataError(f"{path}: file not found (expected an MMIDIDX dataset at prefix {prefix!r})"
+                                f"{prefix_hint(prefix)}")
         self._read_index()
         self._check_data_file()
         self._bin = (

@@ -15,10 +15,9 @@ Inputs are files or directories, read in the order given (directories in sorted 
 ``--text-document-separator``), ``.parquet``, and folders written by ``datasets``' ``save_to_disk``.
 Each key in ``--json-keys`` (a column, for parquet and datasets) becomes its own output.
 
-Reading and writing happen in this process; tokenization runs in ``--workers`` processes on batches
-of documents that come back in submission order, so the output is byte-identical for any worker count.
-Empty (whitespace-only) documents are skipped and counted in the summary.
-"""
+Reading and writing happen in this process; tokenization runs in ``--workers`` processes on batches of
+documents that come back in submission order, so the output is byte-identical for any worker count. Empty
+(whitespace-only) documents are skipped and counted in the summary."""
 
 from __future__ import annotations
 
@@ -313,12 +312,14 @@ class Batch:
     num_bytes: int  # UTF-8 size of the texts, for MB/s
 
 
-def make_batches(documents: Iterator[dict[str, str]], keys: list[str]) -> Iterator[Batch]:
+def make_batches(documents: Iterator[dict[str, str]], keys: list[str], log_interval: int = 0) -> Iterator[Batch]:
+    """Batches of up to _BATCH_DOCUMENTS documents (or _BATCH_CHARACTERS), each also ending at every
+    `log_interval`-th document, so the progress lines fall where Megatron-LM's tool prints them."""
     def empty_batch() -> Batch:
         return Batch({key: [] for key in keys}, {key: 0 for key in keys}, 0)
 
     batch, documents_in_batch, characters_in_batch = empty_batch(), 0, 0
-    for document in documents:
+    for read, document in enumerate(documents, start=1):
         for key in keys:
             text = document[key]
             if text.strip():
@@ -328,7 +329,8 @@ def make_batches(documents: Iterator[dict[str, str]], keys: list[str]) -> Iterat
             else:
                 batch.skipped[key] += 1
         documents_in_batch += 1
-        if documents_in_batch >= _BATCH_DOCUMENTS or characters_in_batch >= _BATCH_CHARACTERS:
+        at_a_line = log_interval > 0 and read % log_interval == 0
+        if documents_in_batch >= _BATCH_DOCUMENTS or characters_in_batch >= _BATCH_CHARACTERS or at_a_line:
             yield batch
             batch, documents_in_batch, characters_in_batch = empty_batch(), 0, 0
     if documents_in_batch:
@@ -549,7 +551,7 @@ def preprocess(args: argparse.Namespace) -> Totals:
         partitions = 1 if args.keep_sequential_samples else args.partitions
         documents = in_partition_order(lambda: iter_documents(sources, args.json_keys, args.text_document_separator),
                                        partitions)
-        batches = make_batches(documents, args.json_keys)
+        batches = make_batches(documents, args.json_keys, args.log_interval)
         for batch, encoded in encode_in_order(batches, encoder, args.workers):
             for key, arrays in encoded.items():
                 for tokens in arrays:

@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--keep-sequential-samples", action="store_true",
                        help="with --partitions: each partition a run of consecutive documents, so the input "
                             "order is kept")
-    group.add_argument("--log-interval", type=int, default=10000, metavar="DOCS",
-                       help="documents between progress lines when stderr is not a terminal")
+    # Megatron-LM's tools/preprocess_data.py default: a line of docs/s and MB/s every 1000 documents
+    group.add_argument("--log-interval", type=int, default=1000, metavar="DOCS",
+                       help="documents between progress lines (documents, MB, docs/s, MB/s) when stderr is not a "
+                            "terminal, which shows a bar with the same rates")
     add_megatron_flags(parser.add_argument_group("Megatron's flags that change nothing here, or are refused"))
     return parser

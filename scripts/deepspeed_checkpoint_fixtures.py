@@ -5,21 +5,19 @@
     DS_ACCELERATOR=cpu python scripts/deepspeed_checkpoint_fixtures.py --out DIR       # elsewhere (the check)
 
 Needs requirements-bench.txt (DeepSpeed 0.19, transformers). Each case trains on 2 gloo ranks (data parallel,
-micro-batch 2, global batch 4), saves at iteration 2, goes on to 3; then DeepSpeed itself continues each
-checkpoint one step, from the ZeRO files (`engine.load_checkpoint`) and from their universal form
-(ds_to_universal.py, `"load_universal": true`), and losses.json records those losses. The cases:
-Megatron-DeepSpeed's GPT (scripts/megatron_deepspeed_gpt.py) at ZeRO 1, 2, 3 saved as its save_checkpoint saves
-with --deepspeed --no-pipeline-parallel (client state, tracker file, its OptimizerParamScheduler stepped by each
-update's samples); the same as GPTModelPipe, its default module (pipeline engine at one stage, ZeRO 1); a
-transformers GPT2LMHeadModel trained by a plain DeepSpeed script (no client state; universal form via
---inject_missing_state); the same script over a LlamaForCausalLM (ZeRO 2 and 3), a MixtralForCausalLM (ZeRO 3;
-transformers 5 holds its experts fused) and a Phi3ForCausalLM (ZeRO 1; Llama's blocks under fused names). DeepSpeed 0.19.8's converter fails on the ZeRO 1/2 GPTModel files
-(recorded). `--cases NAME ...` (re)writes only those cases into the fixtures, keeping the others.
+micro-batch 2, global batch 4), saves at iteration 2, goes on to 3; then DeepSpeed itself continues each checkpoint
+one step, from the ZeRO files (`engine.load_checkpoint`) and their universal form (ds_to_universal.py), and
+losses.json records those losses. The cases: Megatron-DeepSpeed's GPT (scripts/megatron_deepspeed_gpt.py) at ZeRO
+1, 2, 3 as its save_checkpoint saves with --deepspeed --no-pipeline-parallel, and as GPTModelPipe (pipeline engine,
+one stage, ZeRO 1); a plain DeepSpeed script over transformers' GPT2LMHeadModel (no client state; universal via
+--inject_missing_state), LlamaForCausalLM (ZeRO 2, 3), MixtralForCausalLM (ZeRO 3; experts fused in transformers 5)
+and Phi3ForCausalLM (ZeRO 1). DeepSpeed 0.19.8's converter fails on the ZeRO 1/2 GPTModel files (recorded).
+`--cases NAME ...` (re)writes only those cases, keeping the others.
 
-Data: our data path's samples (data/gpt_dataset.py), each DeepSpeed rank fed our sampler's micro-batches. Optimizer: torch AdamW as DeepSpeed's client optimizer, Megatron's parameter
-groups (no decay for biases and norms); fp32, dropout 0. The vocabulary is 128 tokens (NullTokenizer 127), no
-padding rows: Megatron-DeepSpeed's cross entropy counts padding columns and ours leaves them out, so only an
-unpadded vocabulary makes the losses one function. DeepSpeed's copied zero_to_fp32.py tools are removed."""
+Data: our sampler's micro-batches of data/gpt_dataset.py's samples. Optimizer: torch AdamW as DeepSpeed's client
+optimizer, Megatron's parameter groups; fp32, dropout 0. The vocabulary is 128 tokens (NullTokenizer 127), no padding
+rows: Megatron-DeepSpeed's cross entropy counts padding columns and ours leaves them out. DeepSpeed's copied
+zero_to_fp32.py tools are removed."""
 
 from __future__ import annotations
 

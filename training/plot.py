@@ -1,9 +1,9 @@
-"""`python -m training.plot runs/metrics.jsonl -o runs/curves.png`: a run's curves as one PNG.
+"""`python -m training.plot runs/RUN_ID/metrics.jsonl -o runs/RUN_ID/curves.png`: a run's curves as one PNG.
 
 Four panels against the iteration: the training loss (the validation and test losses as points on
 it), the learning rate, tokens per second and TFLOP/s per GPU, one line per run in each: per file, and
 per `run_id` where several runs share a file (training/metrics.py: every record begins with its run's
-lineage). Memory records and records of other shapes are passed over. A line a kill cut short (the
+lineage), each labelled by the flags that tell it from the others where its launch recorded them. Memory records and records of other shapes are passed over. A line a kill cut short (the
 last record of a killed run, which metrics.py's `end_last_line` ends so that the next run's records
 follow on lines of their own) is skipped with a note; any other line that is not a JSON object is an
 error naming the file and the line. The output is never replaced without --overwrite.
@@ -22,6 +22,7 @@ from typing import Optional
 
 from base.errors import ConfigError, OneLineArgumentParser, run_tool
 from base.input_files import check_input_file
+from training.run_commands import distinguishing_flags, read_commands
 
 PROGRAM = "training.plot"
 FIGURE_INCHES = (12.0, 8.0)
@@ -35,6 +36,7 @@ TRAINING_PANELS = (("lr", "learning rate", "learning rate"), ("tokens_per_s", "t
 class Series:
     """One run's records in one file."""
     label: str
+    flags: Optional[list[str]] = None  # the flags its first launch was given, where recorded
     training: list[dict] = field(default_factory=list)
     evaluations: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # split -> (iteration, loss)
 
@@ -86,12 +88,23 @@ def read_series(path: str, notes: list[str]) -> list[Series]:
         notes.append(f"{PROGRAM}: note: {path}: skipped {len(skipped)} record(s) a kill cut short "
                      f"(line {', '.join(map(str, skipped))})")
     runs = list(by_run.items())
+    commands = read_commands(path)
+    for run, series in runs:
+        series.flags = commands.get(run)
     if len(runs) > 1:
         for run, series in runs:
             series.label = f"{path} (run {run})" if run is not None else f"{path} (no run id)"
     for _, series in runs:
         series.training.sort(key=lambda r: r["iteration"])
     return [series for _, series in runs]
+
+
+def label_by_flags(all_series: list[Series]) -> None:
+    """Each run's label becomes the flags that tell it from the others (training/run_commands.py), where its
+    launch recorded them; a run whose flags are unknown or like the others' keeps its file and run id."""
+    for series, flags in zip(all_series, distinguishing_flags([series.flags for series in all_series])):
+        if flags:
+            series.label = flags
 
 
 def check_output(output: str, overwrite: bool, given: bool = True) -> Path:
@@ -155,6 +168,7 @@ def plot(metrics_files: list[str], output: Optional[str] = None, overwrite: bool
         all_series += runs
     for note in notes:
         print(note, file=sys.stderr, flush=True)
+    label_by_flags(all_series)
     draw(all_series, target)
     training = sum(len(s.training) for s in all_series)
     evaluations = sum(len(points) for s in all_series for points in s.evaluations.values())
@@ -168,7 +182,7 @@ def build_parser() -> OneLineArgumentParser:
         description="Draw the loss (validation and test as points), learning rate and throughput of one or "
                     "several metrics.jsonl files into a PNG, one line per run.")
     parser.add_argument("metrics_files", nargs="+", metavar="METRICS_JSONL",
-                        help="metrics files written by training (--metrics-file; default runs/metrics.jsonl)")
+                        help="metrics files written by training (--metrics-file; default runs/RUN_ID/metrics.jsonl)")
     parser.add_argument("-o", "--output", metavar="PNG",
                         help="the picture to write (default: curves.png beside the first metrics file)")
     parser.add_argument("--overwrite", action="store_true", help="replace the PNG if it exists")

@@ -125,7 +125,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         if rerun is not None:
             log(rerun_mode_line(config.training, config.sources.get("rerun_mode")))
         log(describe_model(settings, state, built, threads))
-        writer = open_metrics(config, state, claimed.identity, start.iteration, log)
+        writer = open_metrics(config, state, claimed.identity, start.iteration, log, claimed.metrics_file)
         on_failure.callback(writer.close)
         save = checkpoint_saver(config, state, built, tokenizer, claimed.identity, batch, rerun)
         if save is not None:

@@ -14,14 +14,15 @@ from resilience.rerun_resume import machine_checkpoint_state
 from resilience.rerun_state import RerunStateMachine
 from training.build import Built
 from training.metrics import MetricsWriter, count_records, drop_redone_records, end_last_line, start_wandb
+from training.run_commands import given_flags, record_command
 from training.tensorboard_sink import open_tensorboard
 
 
 def open_metrics(config: PretrainConfig, state: ParallelState, identity: RunIdentity, start_iteration: int,
-                 log: Callable[[str], None]) -> MetricsWriter:
-    """The metrics file (appended to, never truncated: only this lineage's records of iterations this
-    run redoes are dropped), W&B and TensorBoard, written by rank 0."""
-    metrics_path = Path(config.logging.metrics_file)
+                 log: Callable[[str], None], metrics_file: str) -> MetricsWriter:
+    """The metrics file (the one the run claimed; appended to, never truncated: only this lineage's records
+    of iterations this run redoes are dropped), W&B and TensorBoard, written by rank 0."""
+    metrics_path = Path(metrics_file)
     log(f"> run {identity.run_id}, launch {identity.launch_id}: in every metrics record and save")
     if state.is_first_rank:
         dropped = drop_redone_records(str(metrics_path), start_iteration, identity.run_id) if start_iteration > 0 else 0
@@ -31,10 +32,12 @@ def open_metrics(config: PretrainConfig, state: ParallelState, identity: RunIden
                 f"redoes those iterations")
         elif start_iteration == 0 and (earlier := count_records(str(metrics_path))):
             log(f"> appending to {metrics_path}, which holds {earlier} records of earlier runs")
+        record_command(metrics_path, identity.fields(), given_flags(config))  # the plot's labels
     wandb_run = None
     if state.is_first_rank:
         wandb_run = start_wandb(config.logging.wandb_project, config.logging.wandb_run_name,
-                                config.logging.wandb_entity, config.to_dict(), str(metrics_path.parent))
+                                config.logging.wandb_entity, config.to_dict(),
+                                config.logging.wandb_save_dir or str(metrics_path.parent))
     tensorboard = open_tensorboard(config.logging.tensorboard_dir) if state.is_first_rank else None
     return MetricsWriter(str(metrics_path), enabled=state.is_first_rank, wandb_run=wandb_run, tensorboard=tensorboard,
                          identity=identity.fields())

@@ -92,7 +92,7 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
         log(summary.effective_time_line(seconds_since_process_start()))
     if summary.final_valid_loss is not None:
         log(f"> final validation perplexity: {perplexity(summary.final_valid_loss):.3f}")
-    metrics_file = Path(config.logging.metrics_file)
+    metrics_file = Path(run.claimed.metrics_file)
     log(f"> metrics written to {metrics_file}")
     log(f"> draw the curves: {plot_command(metrics_file)}")
     return summary

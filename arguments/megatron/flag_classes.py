@@ -42,7 +42,6 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --log-level --log-level-replica --logging-level --log-path --codecarbon-dir --config-logger-dir
         --one-logger-async --one-logger-project --one-logger-run-name --no-one-logger
         --app-tag-run-name --app-tag-run-version --otel-enabled --otel-service-name --otel-span-groups""")),
-    ("W&B writes its files beside --metrics-file here", _names("--wandb-save-dir")),
     ("profiling and diagnostics: they observe a run without changing what it computes (--profile-checkpointing "
      "times the checkpointed groups here; --check-for-large-grads: gradient norms are not validated by the rerun "
      "state machine here, a non-finite one stops the run)", _names("""

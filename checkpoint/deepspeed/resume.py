@@ -39,7 +39,7 @@ from checkpoint.global_load import ResumePoint, load_from_source
 from checkpoint.inside import inside
 from checkpoint.resume_checks import agreed_problem
 from checkpoint.resume_model import check_resume_model
-from checkpoint.start_decision import check_resume_matches, check_samples_fit
+from checkpoint.start_decision import check_resume_matches, check_samples_fit, continues_training
 
 # Megatron-DeepSpeed's args -> our model settings (checkpoint/resume_model.py compares them)
 NORMALIZATION = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
@@ -137,13 +137,15 @@ def check_deepspeed_resume(config, batch, checkpoint: DeepSpeedCheckpoint,
         saved_batch = progress.consumed_samples // progress.iteration if progress.consumed_samples else None
     metadata = {"iteration": progress.iteration, "consumed_samples": progress.consumed_samples or 0,
                 "config": {"training": {"global_batch_size": saved_batch}}}
-    check_samples_fit(metadata, config, batch, path)
+    trains = continues_training(config)  # False under --skip-train: only the model is checked
+    if trains:
+        check_samples_fit(metadata, config, batch, path)
     if args is None:
         log(f"> note: {path} is a plain DeepSpeed run's (no Megatron-DeepSpeed args): it records no data, model or "
             f"schedule settings, so this run's are used (its heads, activation and norm epsilon included)")
     else:
         note = check_resume_matches({"config": _sample_settings(args)}, config, path,
-                                    config.checkpoint.override_data_on_resume)
+                                    config.checkpoint.override_data_on_resume) if trains else None
         if note:
             log(note)
         typed = [str(p) for p in getattr(args, "data_path", None) or []]
@@ -160,7 +162,7 @@ def check_deepspeed_resume(config, batch, checkpoint: DeepSpeedCheckpoint,
     if note:
         log(note)
     scheduler = with_args.megatron_scheduler()
-    if scheduler is None or not config.checkpoint.load_optim:
+    if scheduler is None or not config.checkpoint.load_optim or not trains:
         return None
     schedule, note = resumed_schedule(config, build_lr_schedule(config, batch), megatron_schedule(scheduler), path)
     if note:

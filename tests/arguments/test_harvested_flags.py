@@ -286,7 +286,7 @@ def test_refused_flags_end_in_their_one_line_reason():
 
 def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
     parsed = parse_arguments(["--data-impl", "mmap", "--num-experts-switch", "1", "--moe-input-jitter-eps", "0.01",
-                              "--no-query-key-layer-scaling", "--wandb-save-dir", "X",
+                              "--no-query-key-layer-scaling",
                               "--ds-sequence-parallel-size", "1", "--log-timers-to-tensorboard",
                               "--no-pipeline-parallel", "--tensorboard-queue-size", "1",
                               "--no-async-tensor-model-parallel-allreduce", "--scattered-embeddings",
@@ -298,7 +298,6 @@ def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
     assert "--data-impl mmap (every implementation (mmap, cached, lazy, infer) reads the same .bin/.idx" in line
     assert "--num-experts-switch 1 (one expert is the dense model; the MoE loss coefficients then have no effect)" in line
     assert "--moe-input-jitter-eps 0.01 (mixture-of-experts knob" in line
-    assert "--wandb-save-dir X (W&B writes its files beside --metrics-file here)" in line
     assert "--ds-sequence-parallel-size 1 (sequence parallelism over 1 rank is none)" in line
     assert "--log-timers-to-tensorboard, --tensorboard-queue-size 1, --log-batch-size-to-tensorboard, " \
            "--log-validation-ppl-to-tensorboard, --log-optimizer-states-to-tensorboard (logging:" in line
@@ -355,6 +354,18 @@ def test_unknown_flags_are_listed_together_with_real_hints_only(parser):
                        "you mean --num-layers?; --hidden_size: did you mean --hidden-size?; --data-imp: did you mean "
                        "--data-impl?; --zzzz: no flag of that name or near it (python pretrain_gpt.py --help lists "
                        "them))")
+
+
+def test_a_flag_cut_short_at_a_hyphen_is_answered_with_the_flags_it_begins(parser):
+    """Issue 94 item 6e: `--lr-decay` was "no flag of that name or near it"; a value typed after it keeps only the
+    flags that could take it (--lr-decay-iters, -samples and -tokens take numbers)."""
+    assert unknown_flags_message(["--lr-decay", "cosine"], parser).endswith(
+        "(--lr-decay: did you mean --lr-decay-style?)")
+    assert unknown_flags_message(["--lr-decay"], parser).endswith(
+        "(--lr-decay: did you mean one of --lr-decay-iters, --lr-decay-style, --lr-decay-samples or "
+        "--lr-decay-tokens?)")
+    assert unknown_flags_message(["--tensor-model=2"], parser).endswith(  # not difflib's --test-mode
+        "(--tensor-model: did you mean --tensor-model-parallel-size?)")
 
 
 def test_print_config_shows_each_given_flag_with_what_it_does(capsys, monkeypatch):

@@ -261,6 +261,22 @@ def test_corruption_raises_data_error_naming_the_file(tmp_path, corruption):
     assert str(error.value).startswith(prefix + suffix)
 
 
+def test_a_missing_prefix_names_the_dataset_preprocess_wrote_beside_it(tmp_path):
+    """Issue 94 item 6f: `--data-path my_data/my` after `--output-prefix my_data/my` (which wrote
+    my_data/my_text_document.bin/.idx) said only "file not found"."""
+    write_spec_files(str(tmp_path / "my_text_document"), DOCUMENTS, 8)
+    (tmp_path / "my_code_document.idx").write_bytes(b"")  # no .bin beside it: not a dataset, not named
+    with pytest.raises(DataError) as error:
+        IndexedDataset(str(tmp_path / "my"))
+    assert str(error.value).endswith(f"; did you mean the prefix '{tmp_path / 'my_text_document'}'? "
+                                     "(.bin and .idx exist there)")
+    with pytest.raises(DataError, match="did you mean the prefix '.*my_text_document'"):
+        IndexedDataset(str(tmp_path / "my_text_document.bin"))  # typed with its extension
+    with pytest.raises(DataError) as error:
+        IndexedDataset(str(tmp_path / "other"))
+    assert "did you mean" not in str(error.value)
+
+
 def test_pickle_ships_the_prefix_not_the_tokens(tmp_path):
     prefix = str(tmp_path / "big")
     with IndexedDatasetWriter(prefix, np.int32) as writer:

@@ -155,7 +155,18 @@ def test_output_is_identical_for_any_worker_count(tmp_path, tokenizer_args, caps
         assert one == (tmp_path / f"w2_text_document{extension}").read_bytes()
     assert len(IndexedDataset(str(tmp_path / "w2_text_document"))) == 600
     # stderr is not a terminal here, so progress comes as lines every --log-interval documents.
-    assert "preprocess: 256 documents" in capsys.readouterr().err
+    assert "preprocess: 200 documents" in capsys.readouterr().err
+
+
+def test_a_progress_line_every_log_interval_documents_with_its_rates(tmp_path, tokenizer_args, capsys):
+    """Issue 94 item 6c: as Megatron-LM's tools/preprocess_data.py, a line every --log-interval documents (before,
+    only where a batch of 256 ended)."""
+    source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": f"document number {i}"} for i in range(25)])
+    assert main(["--input", str(source), "--output-prefix", str(tmp_path / "out"), "--log-interval", "10",
+                 *tokenizer_args]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines()
+             if re.fullmatch(r"preprocess: \d+ documents, [\d.]+ MB \([\d,]+ docs/s, [\d.]+ MB/s\)", line)]
+    assert [int(line.split()[1]) for line in lines] == [10, 20]
 
 
 def test_gpt2_vocab_and_merges_give_same_output_as_tokenizer_json(tmp_path, tokenizer_dir, tokenizer_args):

@@ -87,6 +87,22 @@ def test_several_files_and_runs_sharing_a_file_are_one_line_each(tmp_path, capsy
     assert all(has_colour(image, rgb) for rgb in CYCLE)
 
 
+def test_runs_are_labelled_by_the_flags_that_tell_them_apart(tmp_path):
+    """Issue 94 item 6b: the legend named files and run ids (runs/<32 hex digits>/metrics.jsonl). The flags each
+    launch recorded beside its metrics (training/run_commands.py) label it; a run without them keeps its name."""
+    from training.run_commands import commands_file, record_command
+
+    shared = write_metrics(tmp_path / "shared.jsonl", [train_record("a", 1, 6.0), train_record("b", 1, 6.1)])
+    record_command(shared, {"run_id": "a", "launch_id": "la"}, ["--lr 0.001", "--train-iters 10"])
+    record_command(shared, {"run_id": "b", "launch_id": "lb"}, ["--lr 0.003", "--train-iters 10", "--bf16"])
+    record_command(shared, {"run_id": "b", "launch_id": "lb2"}, ["--lr 9"])  # b resumed: its first launch counts
+    single = write_metrics(tmp_path / "m.jsonl", [train_record("c", 1, 7.0)])
+    assert commands_file(shared) == tmp_path / "shared.commands.jsonl"
+    series = [s for path in (shared, single) for s in plot.read_series(str(path), [])]
+    plot.label_by_flags(series)
+    assert [s.label for s in series] == ["--lr 0.001", "--lr 0.003 --bf16", str(single)]
+
+
 def test_without_o_the_png_goes_beside_the_first_metrics_file_and_is_never_replaced_without_overwrite(tmp_path,
                                                                                                        capsys):
     metrics = write_metrics(tmp_path / "metrics.jsonl", [train_record("a", i, 6.0 - i / 10) for i in (1, 2, 3)])

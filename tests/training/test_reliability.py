@@ -221,7 +221,8 @@ def test_save_interval_without_save_trains_saves_nothing_and_says_so(cache, tmp_
     outcome = train(cache, tmp_path, "--save-interval", "1")
     assert outcome.code == 0, outcome.err
     assert [line for line in outcome.out.splitlines() if "--save-interval 1 without --save: nothing is saved" in line]
-    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(before + ["metrics.jsonl"])
+    written = ["metrics.jsonl", "metrics.commands.jsonl"]  # the records, and the flags the plot labels the run by
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(before + written)
 
 
 def test_metrics_are_appended_and_a_resume_drops_only_what_it_redoes(cache, tmp_path):

@@ -249,3 +249,43 @@ def test_an_iteration_directory_that_an_older_run_saved_into_still_names_itself(
 
     with safe_open(str(out), "pt") as exported:
         assert exported.metadata()["iteration"] == "1"
+
+
+# ---- issue 94 item 6a: a metrics file per run by default ---------------------------------------------
+
+def test_without_metrics_file_each_lineage_writes_its_own_and_its_resume_appends_to_it(corpus_cache, tmp_path,
+                                                                                       monkeypatch):
+    """Before: every run of a folder wrote runs/metrics.jsonl, and a second run started while the first
+    trained was refused by the file's lock. Now runs/RUN_ID/metrics.jsonl, RUN_ID the lineage."""
+    monkeypatch.chdir(tmp_path)
+    tiny = TINY + ["--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache]
+    first = run_main(pretrain_gpt.main, tiny + ["--save", "ck", "--save-interval", "1"])
+    second = run_main(pretrain_gpt.main, tiny)
+    assert first.code == second.code == 0, first.err + second.err
+    files = sorted(Path("runs").glob("*/metrics.jsonl"))
+    assert len(files) == 2 and all(len(metrics_records(path)) == 2 for path in files)
+    run_id = saved_metadata(Path("ck/iter_0000001"))["run_id"]
+    Path("ck", LATEST_FILE).write_text("iter_0000001\n")  # killed after its first save
+    mine = Path("runs", run_id, "metrics.jsonl")
+    assert f"> draw the curves: python -m training.plot {mine} -o {mine.with_name('curves.png')}" in first.out
+    resumed = run_main(pretrain_gpt.main, tiny + ["--save", "ck", "--load", "ck"])
+    assert resumed.code == 0, resumed.err
+    assert [(r["run_id"], r["iteration"]) for r in metrics_records(mine)] == [(run_id, 1), (run_id, 2)]
+    assert len(list(Path("runs").glob("*/metrics.jsonl"))) == 2
+    launches = metrics_records(mine.with_name("metrics.commands.jsonl"))  # the flags the plot labels runs by
+    assert [launch["run_id"] for launch in launches] == [run_id, run_id]
+    assert {"--save ck", "--num-layers 1", "--hidden-size 32"} <= set(launches[0]["flags"])
+
+
+def test_wandb_save_dir_is_where_wandb_writes(corpus_cache, tmp_path, monkeypatch):
+    """Issue 94 item 6d: Megatron-LM's --wandb-save-dir was accepted with no effect (W&B wrote beside the metrics)."""
+    asked = {}
+
+    def start_wandb(project, run_name, entity, config, directory):  # training/metrics.py's: wandb.init(dir=directory)
+        asked.update(project=project, directory=directory)
+
+    monkeypatch.setattr("training.run_outputs.start_wandb", start_wandb)  # W&B itself is not started
+    outcome = train(corpus_cache, tmp_path / "metrics.jsonl", "--train-iters", "1", "--wandb-project", "p",
+                    "--wandb-save-dir", tmp_path / "wb")
+    assert outcome.code == 0, outcome.err
+    assert asked == {"project": "p", "directory": str(tmp_path / "wb")} and (tmp_path / "wb").is_dir()

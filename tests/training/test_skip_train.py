@@ -5,7 +5,8 @@ valid and test losses."""
 
 from __future__ import annotations
 
-from tests.reliability_helpers import metrics_records, snapshot, train
+import pretrain_gpt
+from tests.reliability_helpers import metrics_records, run_main, snapshot, train
 
 
 def test_it_evaluates_the_loaded_iteration_on_valid_and_test_and_trains_nothing(tmp_path, corpus_cache):
@@ -28,3 +29,12 @@ def test_it_evaluates_the_loaded_iteration_on_valid_and_test_and_trains_nothing(
     logged = {record["split"]: record["loss"] for record in trained if "split" in record and record["iteration"] == 2}
     assert evaluations["valid"]["loss"] == logged["valid"] and evaluations["test"]["loss"] == logged["test"]
     assert snapshot(save) == before  # nothing saved
+    # Issue 94 item 6g: evaluating needs only the model's flags and --load. Before, a resume's checks asked for the
+    # checkpoint's --global-batch-size, then --use-checkpoint-opt_param-scheduler, though nothing trains.
+    model_only = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+                  "--max-position-embeddings", "16", "--tokenizer-vocab-size", "300", "--device", "cpu"]
+    third = tmp_path / "third.jsonl"
+    evaluated_alone = run_main(pretrain_gpt.main, [*model_only, "--data-cache-dir", corpus_cache, "--load", save,
+                                                   "--skip-train", "--metrics-file", third])
+    assert evaluated_alone.code == 0, evaluated_alone.err[-2000:]
+    assert {record["split"] for record in metrics_records(third)} == {"valid", "test"}
