@@ -185,13 +185,23 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
     return objects
 
 
-def _param_groups(config, lr: float, step: Optional[int], experts: bool = False) -> list[dict]:
-    """Megatron-Core's two groups (optimizer/__init__.py _get_param_groups with the standard overrides: weights,
-    then biases and 1-D parameters without weight decay), as torch's AdamW state_dict leaves them, params removed;
-    `experts`: the expert-parallel parameters' optimizer's."""
+def _weight_decay_groups(records, experts: Optional[bool]) -> tuple[float, ...]:
+    """The wd_mult of each group Megatron-Core's _get_param_groups makes (optimizer/__init__.py, the standard
+    overrides: one group per override that some parameter takes, weights first, then biases and 1-D parameters
+    without weight decay) for the expert-parallel parameters (`experts` True), the others (False) or all (None):
+    Mixtral-shaped experts, without biases, have no second group."""
+    no_decay = [name.endswith(".bias") or len(record.global_shape) == 1 for name, (_, record) in records.items()
+                if experts is None or record.is_expert == experts]
+    return tuple(wd_mult for wd_mult, present in ((1.0, not all(no_decay)), (0.0, any(no_decay))) if present)
+
+
+def _param_groups(config, lr: float, step: Optional[int], wd_mults: tuple[float, ...],
+                  experts: bool = False) -> list[dict]:
+    """Megatron-Core's groups (`wd_mults`: _weight_decay_groups), as torch's AdamW state_dict leaves them, params
+    removed; `experts`: the expert-parallel parameters' optimizer's."""
     adam = config.optimizer
     groups = []
-    for wd_mult in (1.0, 0.0):
+    for wd_mult in wd_mults:
         group = {"is_expert_parallel": experts, "default_config": True, "wd_mult": wd_mult, "lr_mult": 1.0,
                  "is_decoupled_lr": False, "max_lr": adam.lr, "min_lr": adam.min_lr, "lr": lr,
                  "betas": (adam.adam_beta1, adam.adam_beta2), "eps": adam.adam_eps,
@@ -222,15 +232,17 @@ def scheduler_state(config, batch, schedule_samples: int) -> dict:
     return state
 
 
-def _saved_optimizer(config, shard, lr: float, experts: bool) -> dict:
-    """One Megatron-Core optimizer's common.pt state: the plain one's Adam state_dict (one level down in 16 bits),
-    or the distributed optimizer's param groups; fp16's grad scaler beside it."""
+def _saved_optimizer(config, shard, lr: float, records, experts: Optional[bool]) -> dict:
+    """One Megatron-Core optimizer's common.pt state (over the expert-parallel parameters, the others or all:
+    `experts` True, False, None): the plain one's Adam state_dict (one level down in 16 bits), or the distributed
+    optimizer's param groups; fp16's grad scaler beside it."""
+    wd_mults = _weight_decay_groups(records, experts)
     if config.zero.stage >= 1:
-        saved = {"optimizer": {"param_groups": _param_groups(config, lr, shard.adam_step, experts)},
+        saved = {"optimizer": {"param_groups": _param_groups(config, lr, shard.adam_step, wd_mults, bool(experts))},
                  "param_state_sharding_type": FULLY_RESHARDABLE}
     else:
         saved = {"state": {"common_step": torch.tensor(float(shard.adam_step))},
-                 "param_groups": _param_groups(config, lr, None, experts)}
+                 "param_groups": _param_groups(config, lr, None, wd_mults, bool(experts))}
         if shard.param_dtype != torch.float32:
             # a 16-bit run's Float16OptimizerWithFloat16Params keeps its Adam one level down (optimizer.py
             # state_dict: {'optimizer': ..., 'fp32_from_fp16_params': the fp32 copies, saved as tensors}), where
@@ -241,15 +253,17 @@ def _saved_optimizer(config, shard, lr: float, experts: bool) -> dict:
     return saved
 
 
-def _common(config, state, shard, iteration, consumed_samples, lr, batch, schedule_samples) -> dict:
+def _common(config, state, shard, records, iteration, consumed_samples, lr, batch, schedule_samples) -> dict:
     content = {"distrib_optim_sharding_type": FULLY_RESHARDABLE,
                "distrib_optim_fully_reshardable_mem_efficient": False} if config.zero.stage >= 1 else {}
-    saved_optimizer = _saved_optimizer(config, shard, lr, experts=False)
     if _experts_per_layer(config) is not None and config.parallel.expert_model_parallel_size > 1:
         # a ChainedOptimizer of two (optimizer/__init__.py get_megatron_optimizer): the dense parameters', then the
         # expert-parallel ones', saved as {index: each one's}; at EP 1 the experts' linears are not expert-parallel
         # (tensor_parallel/layers.py: allreduce = not (is_expert and expert_model_parallel_size > 1)): one optimizer
-        saved_optimizer = {0: saved_optimizer, 1: _saved_optimizer(config, shard, lr, experts=True)}
+        saved_optimizer = {index: _saved_optimizer(config, shard, lr, records, experts)
+                           for index, experts in enumerate((False, True))}
+    else:
+        saved_optimizer = _saved_optimizer(config, shard, lr, records, None)
     content.update(singleton_local_shards=False, chained_optim_avoid_prefix=True)
     return {"args": megatron_args(config, state, iteration, consumed_samples), "checkpoint_version": CHECKPOINT_VERSION,
             "iteration": iteration, "optimizer": saved_optimizer,
@@ -322,8 +336,8 @@ def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samp
     if state.is_first_rank:
         try:
             with open(staging / COMMON_FILE, "wb") as file:
-                common = _common(config, state, shard, iteration, consumed_samples, lr, batch,
-                                 consumed_samples if schedule_samples is None else schedule_samples)
+                common = _common(config, state, shard, parameter_records(model), iteration, consumed_samples, lr,
+                                 batch, consumed_samples if schedule_samples is None else schedule_samples)
                 torch.save({**common, INDEX_DIGEST_KEY: index_digest(staging), FILE_DIGESTS_KEY: digests}, file)
             (staging / METADATA_FILE).write_text(json.dumps(BACKEND_CONFIG))
             replace_directory(staging, final)

@@ -1,23 +1,23 @@
 """`--ckpt-format torch_dist`: our save in Megatron-LM's layout (issues 62 and 78), continued here and by Megatron-LM.
 
-Eight runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
+Ten runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
 Megatron's layout and stop (--exit-interval 2), and the same runs go on uninterrupted to iteration 4: GPT-2's block
 at TP 1 with the plain optimizer, SwiGLU with GQA at TP 2, and the Llama-shaped model under the distributed
 optimizer on two data-parallel ranks, whose ZeRO partitions cut the tensors into boxes (fully_reshardable); GPT-2's
 block in bf16, whose plain optimizer Megatron-LM keeps one level down (before, its load failed, KeyError
 'pre_wd_mult'), and under the distributed optimizer at DP 2; the same two in fp16, the loss scaler as Megatron-Core's
-grad scaler (a window of 3: the scale doubles at iteration 3 only from the tracker saved at 2); and Megatron's
-default MoE (biases on: the routers' and every expert's fc1 and fc2; 4 experts, top 2) at EP 2 (issue 92).
+grad scaler (a window of 3: the scale doubles at iteration 3 only from the tracker saved at 2); and at EP 2 (issue
+92) Megatron's default MoE (biases on: the routers' and every expert's fc1 and fc2; 4 experts, top 2), plain and
+under the distributed optimizer, and the Mixtral-shaped one (SwiGLU experts without biases: one param group).
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
-  in the same order; the MoE one at EP 1), within 1e-6 for the one at TP 2; fp16's loss scales are the
-  uninterrupted run's.
+  in the same order; the MoE ones at EP 1), within 1e-6 for the one at TP 2; fp16's loss scales the same run's.
 - With Megatron-LM (the benchmark venv and MEGATRON_LM_KIT naming megatron-lm-core_v0.16.1-min.tar.xz or its
   extracted tree; skipped otherwise): Megatron-LM's own pretrain_gpt.py (scripts/megatron_checkpoint_fixtures.py
   continue) loads each save with the same flags and --load, no other flag, the TP 2 one and the Llama one at TP 2,
-  the MoE one at EP 2, and trains iterations 3 and 4: its losses are ours to 1e-6 relative (bf16 and fp16: 2e-5 at
-  iteration 3, 2e-4 at 4; the MoE one measured bitwise), its fp16 loss scales ours.
+  the MoE ones at EP 2, and trains iterations 3 and 4: its losses are ours to 1e-6 relative (bf16 and fp16: 2e-5 at
+  iteration 3, 2e-4 at 4; the MoE ones measured bitwise), its fp16 loss scales ours.
 """
 
 from __future__ import annotations
@@ -43,15 +43,18 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "gpt2_bf16_dp2_distributed_optimizer": ("megatron_bf16", 2, ["--use-distributed-optimizer"], 1, 1),
          "gpt2_tp1_fp16": ("megatron_fp16", 1, [], 1, 1),
          "gpt2_fp16_dp2_distributed_optimizer": ("megatron_fp16", 2, ["--use-distributed-optimizer"], 1, 1),
-         "moe_biases_ep2": ("megatron_moe_ep2_biases", 2, [], 1, 1)}
+         "moe_biases_ep2": ("megatron_moe_ep2_biases", 2, [], 1, 1),
+         "moe_biases_ep2_distributed_optimizer": ("megatron_moe_ep2_biases", 2, ["--use-distributed-optimizer"], 1, 1),
+         "mixtral_ep2": ("megatron_moe_ep2", 2, [], 1, 1)}
 # Megatron-LM's ranks where they are not its TP size: the MoE save continues at its EP 2 (at EP 1 Megatron-Core's
 # SequentialMLP with biases fails its own forward on CPU: "Output 0 of _ReduceFromModelParallelRegion is a view and
 # is being modified inplace"; and Megatron-LM reads an EP 2 save's two chained optimizers only at EP > 1)
-MEGATRON_RANKS = {"moe_biases_ep2": 2}
+MEGATRON_RANKS = {"moe_biases_ep2": 2, "moe_biases_ep2_distributed_optimizer": 2, "mixtral_ep2": 2}
 CONTINUED = (3, 4)
-# written by the same lines as another case here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
-# the plain fp16 case's scaler): run where Megatron-LM continues them, to keep the default suite's time
-WITH_MEGATRON_LM_ONLY = ("gpt2_fp16_dp2_distributed_optimizer",)
+# written by the same lines as other cases here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
+# the plain fp16 case's scaler; the MoE's distributed optimizer the dense one's layout and the MoE's chained groups):
+# run where Megatron-LM continues them, to keep the default suite's time
+WITH_MEGATRON_LM_ONLY = ("gpt2_fp16_dp2_distributed_optimizer", "moe_biases_ep2_distributed_optimizer")
 
 
 def _flags(case: str, tensor_parallel: int, one_rank: bool = False) -> list[str]:
