@@ -1109,8 +1109,9 @@ class PretrainConfig:
 
     def _unwritten_experts(self) -> Optional[str]:
         """What of the MoE layers checkpoint/torch_dist/writer.py does not write in Megatron-Core's layout: it
-        writes SequentialMLP's stacked (layer, expert) tensors and the router's weight and bias, so every layer an
-        MoE layer of one count, under Megatron-Core's router, without the state its writer does not hold."""
+        writes SequentialMLP's stacked (layer, expert) tensors, the shared expert's and the router's weight and
+        bias, so every layer an MoE layer of one count, under Megatron-Core's router, without the state its writer
+        does not hold."""
         model = self.model
         if model.moe is None:
             return None
@@ -1119,8 +1120,11 @@ class PretrainConfig:
             return "DeepSpeed-MoE's layers"
         if len(set(model.experts_per_layer())) > 1:
             return "MoE layers beside dense ones (--moe-layer-freq)"
-        if experts.shared_expert_intermediate_size:
-            return "the shared experts"
+        if experts.shared_expert_gate:
+            return "the shared experts' gate"
+        if experts.shared_expert_intermediate_size and model.add_bias_linear:
+            # Megatron-Core's SharedExpertMLP asserts "bias is not supported in the shared experts"
+            return "the shared experts' biases (Megatron-Core builds none)"
         if experts.router_enable_expert_bias:
             return "the routers' expert bias"
         return None

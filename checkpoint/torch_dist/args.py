@@ -133,6 +133,7 @@ def _moe_args(config) -> dict:
                 moe_layer_freq=config.model.experts.layer_freq, moe_router_topk=moe.router_topk,
                 moe_router_score_function=moe.router_score_function, moe_router_pre_softmax=moe.router_pre_softmax,
                 moe_router_topk_scaling_factor=moe.router_topk_scaling_factor,
+                moe_shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
                 moe_token_dispatcher_type=config.parallel.moe_token_dispatcher_type,
                 expert_model_parallel_size=config.parallel.expert_model_parallel_size)
 

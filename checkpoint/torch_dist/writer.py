@@ -74,6 +74,7 @@ BACKEND_CONFIG = {"sharded_backend": TORCH_DIST_BACKEND, "sharded_backend_versio
 ATTENTION_EXTRA_STATE_MODULES = ("self_attention.linear_proj", "self_attention.linear_qkv")
 EXTRA_STATE_MODULES = ATTENTION_EXTRA_STATE_MODULES + ("mlp.linear_fc1", "mlp.linear_fc2")
 EXPERT_EXTRA_STATE_MODULES = ("linear_fc1", "linear_fc2")  # an MoE layer's: each SequentialMLP expert's
+SHARED_EXPERT_EXTRA_STATE_MODULES = ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2")
 
 
 class _Planner(DefaultSavePlanner):
@@ -167,12 +168,13 @@ def _experts_per_layer(config) -> Optional[int]:
 
 def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
     """The `_extra_state` object of each local-spec linear of this stage's layers (module docstring): an MoE
-    layer's are its attention's and, per (layer, expert), each of SequentialMLP's experts' fc1 and fc2, written by
-    the first replica of the experts this rank holds."""
+    layer's are its attention's, its shared expert's and, per (layer, expert), each of SequentialMLP's experts' fc1
+    and fc2, written by the first replica of the experts this rank holds."""
     names = parameter_records(model)
     layers = sorted({int(name.split(".")[1]) for name in names if name.startswith("blocks.")})
     total, experts = config.model.num_layers, _experts_per_layer(config)
-    modules = EXTRA_STATE_MODULES if experts is None else ATTENTION_EXTRA_STATE_MODULES
+    modules = EXTRA_STATE_MODULES if experts is None else ATTENTION_EXTRA_STATE_MODULES + (
+        SHARED_EXPERT_EXTRA_STATE_MODULES if config.model.experts.shared_expert_intermediate_size else ())
     objects = {} if state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank else {
         f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None for layer in layers for module in modules}
     if experts is None or state.experts.tensor_rank or state.experts.data_rank or state.context_parallel_rank:

@@ -45,11 +45,13 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "gpt2_fp16_dp2_distributed_optimizer": ("megatron_fp16", 2, ["--use-distributed-optimizer"], 1, 1),
          "moe_biases_ep2": ("megatron_moe_ep2_biases", 2, [], 1, 1),
          "moe_biases_ep2_distributed_optimizer": ("megatron_moe_ep2_biases", 2, ["--use-distributed-optimizer"], 1, 1),
-         "mixtral_ep2": ("megatron_moe_ep2", 2, [], 1, 1)}
+         "mixtral_ep2": ("megatron_moe_ep2", 2, [], 1, 1),
+         "mixtral_shared_expert_ep2": ("megatron_moe_ep2_shared", 2, [], 1, 1)}
 # Megatron-LM's ranks where they are not its TP size: the MoE save continues at its EP 2 (at EP 1 Megatron-Core's
 # SequentialMLP with biases fails its own forward on CPU: "Output 0 of _ReduceFromModelParallelRegion is a view and
 # is being modified inplace"; and Megatron-LM reads an EP 2 save's two chained optimizers only at EP > 1)
-MEGATRON_RANKS = {"moe_biases_ep2": 2, "moe_biases_ep2_distributed_optimizer": 2, "mixtral_ep2": 2}
+MEGATRON_RANKS = {"moe_biases_ep2": 2, "moe_biases_ep2_distributed_optimizer": 2, "mixtral_ep2": 2,
+                  "mixtral_shared_expert_ep2": 2}
 CONTINUED = (3, 4)
 # written by the same lines as other cases here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
 # the plain fp16 case's scaler; the MoE's distributed optimizer the dense one's layout and the MoE's chained groups):
@@ -206,17 +208,21 @@ def test_torch_dist_beside_what_its_layout_does_not_hold_writes_ours_and_says_so
         "--save writes this project's checkpoints"]
 
 
-@pytest.mark.parametrize("extra, said", [
-    ([], None), (["--moe-shared-expert-intermediate-size", "32"], "the shared experts"),
-    (["--moe-layer-freq", "2"], "MoE layers beside dense ones (--moe-layer-freq)"),
-    (["--moe-router-enable-expert-bias", "--moe-router-score-function", "sigmoid"], "the routers' expert bias")])
-def test_megatrons_default_moe_is_written_in_its_layout_and_what_it_does_not_hold_is_said(extra, said):
-    """The MoE the writer holds (every layer the same experts, SequentialMLP's layout, the router's weight and bias)
-    saves in Megatron-LM's layout; a shared expert, dense layers between, the routers' expert bias are this
-    project's format, said once (arguments/config.py _unwritten_experts)."""
+@pytest.mark.parametrize("name, extra, said", [
+    ("megatron_moe_ep2_biases", [], None), ("megatron_moe_ep2_shared", [], None),
+    ("megatron_moe_ep2_shared", ["--moe-shared-expert-gate"], "the shared experts' gate"),
+    ("megatron_moe_ep2_biases", ["--moe-shared-expert-intermediate-size", "32"],
+     "the shared experts' biases (Megatron-Core builds none)"),
+    ("megatron_moe_ep2_biases", ["--moe-layer-freq", "2"], "MoE layers beside dense ones (--moe-layer-freq)"),
+    ("megatron_moe_ep2_biases", ["--moe-router-enable-expert-bias", "--moe-router-score-function", "sigmoid"],
+     "the routers' expert bias")])
+def test_megatrons_moe_is_written_in_its_layout_and_what_it_does_not_hold_is_said(name, extra, said):
+    """The MoE the writer holds (every layer the same experts, SequentialMLP's layout, the router's weight and bias,
+    a shared expert) saves in Megatron-LM's layout; the shared expert's gate or biases, dense layers between, the
+    routers' expert bias are this project's format, said once (arguments/config.py _unwritten_experts)."""
     from arguments.parser import parse_arguments
 
-    flags = list(record("megatron_moe_ep2_biases")["flags"]) + ["--save", "ckpt"] + extra
+    flags = list(record(name)["flags"]) + ["--save", "ckpt"] + extra
     unwritten = parse_arguments(flags).config.megatron_format_unwritten()
     assert unwritten == (said and f"> --ckpt-format torch_dist: {said}: not written in Megatron-LM's layout here; "
                                   f"--save writes this project's checkpoints")
