@@ -1150,11 +1150,11 @@ class PretrainConfig:
         flag beside these settings, and saves this project's format: the format changes no math."""
         if self.checkpoint.ckpt_format != TORCH_DIST or not self.checkpoint.save:
             return None
-        model = self.model
+        model, experts = self.model, self._unwritten_experts()
         beyond = settings_beyond_megatron(model, harvested()["flags"], DEFAULT_SOURCES)
         unwritten = [what for what, on in (
             *((f"{flag} (Megatron-LM has no such flag)", True) for flag in beyond),
-            ("the MoE layers", model.experts.num_experts not in (None, 1)),
+            (experts, experts is not None),
             ("the multi-token prediction layers", bool(model.mtp.num_layers)),
             ("multi-latent attention", model.mla.multi_latent_attention),
             (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),
@@ -1163,6 +1163,28 @@ class PretrainConfig:
             return None
         return (f"> --ckpt-format {TORCH_DIST}: {', '.join(unwritten)}: not written in Megatron-LM's layout "
                 f"here; --save writes this project's checkpoints")
+
+    def _unwritten_experts(self) -> Optional[str]:
+        """What of the MoE layers checkpoint/torch_dist/writer.py does not write in Megatron-Core's layout: it
+        writes SequentialMLP's stacked (layer, expert) tensors, the shared expert's and the router's weight and
+        bias, so every layer an MoE layer of one count, under Megatron-Core's router, without the state its writer
+        does not hold."""
+        model = self.model
+        if model.moe is None:
+            return None
+        experts = model.experts
+        if experts.deepspeed.gating == "deepspeed":
+            return "DeepSpeed-MoE's layers"
+        if len(set(model.experts_per_layer())) > 1:
+            return "MoE layers beside dense ones (--moe-layer-freq)"
+        if experts.shared_expert_gate:
+            return "the shared experts' gate"
+        if experts.shared_expert_intermediate_size and model.add_bias_linear:
+            # Megatron-Core's SharedExpertMLP asserts "bias is not supported in the shared experts"
+            return "the shared experts' biases (Megatron-Core builds none)"
+        if experts.router_enable_expert_bias:
+            return "the routers' expert bias"
+        return None
 
     def _check_multi_token_prediction(self) -> None:
         """What --mtp-num-layers (gpt/mtp.py) does not run yet, one line each."""

@@ -80,13 +80,13 @@ def _our_checkpoint(iteration_dir: Path, verify: bool) -> InferenceCheckpoint:
 
 
 def _megatron_checkpoint(iteration_dir: Path) -> InferenceCheckpoint:
-    from checkpoint.megatron_hf import megatron_model_config
+    from checkpoint.megatron_hf import megatron_settings
     from checkpoint.torch_dist.common import load_common
     from checkpoint.torch_dist.resume import verify_megatron
 
     verify_megatron(iteration_dir)
     common = load_common(iteration_dir)
-    return InferenceCheckpoint(megatron_model_config(common), None,  # Megatron-LM saves no tokenizer
+    return InferenceCheckpoint(megatron_settings(common)[0], None,  # Megatron-LM saves no tokenizer
                                f"{iteration_dir}: Megatron-LM torch_dist, iteration {common['iteration']}",
                                iteration_dir, "megatron")
 

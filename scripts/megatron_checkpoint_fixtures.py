@@ -94,6 +94,12 @@ FIXTURES = {
     # Megatron's default MoE: biases on (--add-bias-linear), so the router and every expert's fc1 and fc2 hold one
     "megatron_moe_ep2_biases": (2, GPT2_FLAGS + ["--num-experts", "4", "--moe-router-topk", "2",
                                                  "--moe-ffn-hidden-size", "32", "--expert-model-parallel-size", "2"]),
+    # a shared expert beside the routed ones (DeepSeek's and Qwen2-MoE's shape) on the Mixtral-shaped model: without
+    # biases, as Megatron-Core's SharedExpertMLP asserts ("bias is not supported in the shared experts")
+    "megatron_moe_ep2_shared": (2, LLAMA_FLAGS + ["--num-experts", "4", "--moe-router-topk", "2",
+                                                  "--moe-ffn-hidden-size", "32",
+                                                  "--moe-shared-expert-intermediate-size", "32",
+                                                  "--expert-model-parallel-size", "2"]),
 }
 
 

@@ -42,7 +42,7 @@ READ_AT_LOAD = (
     "seq_length", "spec", "squared_relu", "swiglu", "tiktoken_pattern", "tokenizer_model",
     "untie_embeddings_and_output_weights", "use_rotary_position_embeddings", "virtual_pipeline_model_parallel_size")
 # Megatron-LM's defaults (arguments.py) of fields its load reads that name nothing this project's torch_dist save
-# holds (Mamba and hybrid stacks, heterogeneous layers, the MoE layers, which that save refuses): written as its
+# holds (Mamba and hybrid stacks, heterogeneous layers; a dense model's MoE fields): written as its
 # parser leaves them where the command line does not give them
 NOT_OURS = dict(
     apply_query_key_layer_scaling=False, heterogeneous_layers_config_encoded_json=None,
@@ -119,7 +119,23 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
         consumed_valid_samples=0, no_save_optim=None, no_save_rng=True,
         data_parallel_random_init=training.data_parallel_random_init,
         transformer_impl="local")
-    return argparse.Namespace(**values)
+    return argparse.Namespace(**{**values, **_moe_args(config)})
+
+
+def _moe_args(config) -> dict:
+    """The MoE layers' fields as Megatron-LM's validate_args leaves them (moe_ffn_hidden_size defaults to
+    --ffn-hidden-size there), for a model whose every layer holds the same experts (the writer's MoE); none for a
+    dense model, whose fields NOT_OURS gives."""
+    moe = config.model.moe
+    if moe is None:
+        return {}
+    return dict(num_experts=moe.num_experts, moe_ffn_hidden_size=moe.ffn_hidden_size,
+                moe_layer_freq=config.model.experts.layer_freq, moe_router_topk=moe.router_topk,
+                moe_router_score_function=moe.router_score_function, moe_router_pre_softmax=moe.router_pre_softmax,
+                moe_router_topk_scaling_factor=moe.router_topk_scaling_factor,
+                moe_shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
+                moe_token_dispatcher_type=config.parallel.moe_token_dispatcher_type,
+                expert_model_parallel_size=config.parallel.expert_model_parallel_size)
 
 
 def _virtual_stages(parallel, num_layers: int) -> Optional[int]:

@@ -138,12 +138,16 @@ OUR_TOP_NAMES = {ours: theirs for theirs, ours in MODEL_NAMES.items()}
 OUR_LAYER_NAMES: dict[str, str] = {}
 for _theirs, _ours in LAYER_NAMES.items():
     OUR_LAYER_NAMES.setdefault(_ours, _theirs)
+OUR_EXPERT_NAMES = {ours: theirs for theirs, ours in EXPERT_NAMES.items()}
+OUR_EXPERTS = "mlp.experts."
 
 
-def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int
+def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_experts: Optional[int] = None
                        ) -> Optional[tuple[Placement, tuple[int, ...]]]:
     """Where our whole tensor `name` (of `shape`) goes in Megatron-Core's stacked layout, and that tensor's global
-    shape; None for a name this mapping does not write (an expert's, a layer of another kind)."""
+    shape; None for a name this mapping does not write (a layer of another kind). An expert's tensor (of a model
+    whose every layer holds `num_experts`) goes at (layer, expert) of `mlp.experts.experts.<name>`, the layout
+    SequentialMLP saves."""
     if name in OUR_TOP_NAMES:
         return Placement(OUR_TOP_NAMES[name], (), 0, tuple(shape)), tuple(shape)
     head, _, inner = name.partition(".")
@@ -155,6 +159,13 @@ def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int
         if f".{half}." in f".{inner}":
             inner = inner.replace(half, GATED)
             row_offset, own = index * shape[0], (2 * shape[0], *shape[1:])
+    if inner.startswith(OUR_EXPERTS) and num_experts:
+        expert, _, inner = inner[len(OUR_EXPERTS):].partition(".")
+        theirs = OUR_EXPERT_NAMES.get(inner)
+        if theirs is None or not expert.isdigit():
+            return None
+        return (Placement(LAYERS + EXPERTS + theirs, (int(layer), int(expert)), row_offset, tuple(shape)),
+                (num_layers, num_experts, *own))
     theirs = OUR_LAYER_NAMES.get(inner)
     if theirs is None:
         return None

@@ -9,15 +9,15 @@ keys, at its global shapes (checkpoint/torch_dist/names.py): the weights, and th
 the loading Megatron run builds from the same flags: without --use-distributed-optimizer its plain optimizer's
 (`optimizer.state.exp_avg.<key>`, ..., `fp32_param`), with it the distributed optimizer's fully_reshardable layout
 (`optimizer.state.param|exp_avg|exp_avg_sq.<key>`), loadable at any TP x PP x DP; fp16's loss scaler as its grad
-scaler (checkpoint/torch_dist/grad_scaler.py). Each rank writes the global
-regions of its own ZeRO partition (a tensor whole on every TP rank by TP rank 0 only): the working set is one copy
-of the rank's shard of each state, staged for DCP.
+scaler (checkpoint/torch_dist/grad_scaler.py); MoE layers as SequentialMLP saves them (names.py), the optimizers
+chained as Megatron-LM builds them at the save's EP. Each rank writes the global regions of its own ZeRO partition
+(a tensor whole on every TP rank by TP rank 0 only): the working set is one copy of its shard of each state.
 
 Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
-Megatron-LM starts its streams from --seed, as at another layout). A run with MoE layers, MTP, MLA, optimizers
-other than Adam or --keep-last saves this project's format, said at start-up (arguments/config.py). As every save
-here the directory appears whole or not at all (iter_NNNNNNN.partial renamed, the tracker written last and
-atomically), and a non-finite state is never committed."""
+Megatron-LM starts its streams from --seed, as at another layout). A run with shared experts, dense layers between
+MoE ones, the routers' expert bias, MTP, MLA, optimizers other than Adam or --keep-last saves this project's
+format, said at start-up (arguments/config.py). As every save here the directory appears whole or not at all
+(iter_NNNNNNN.partial renamed, the tracker written last and atomically); a non-finite state is never committed."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ from checkpoint.torch_dist.common import (
 )
 from checkpoint.torch_dist.dcp_failures import DCP_FAILURES, failure_line, os_cause
 from checkpoint.torch_dist.grad_scaler import GRAD_SCALER, megatron_grad_scaler
-from checkpoint.torch_dist.names import LAYERS, megatron_placement
+from checkpoint.torch_dist.names import EXPERTS, LAYERS, megatron_placement
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
 
@@ -71,7 +71,10 @@ FULLY_RESHARDABLE = "fully_reshardable"
 BACKEND_CONFIG = {"sharded_backend": TORCH_DIST_BACKEND, "sharded_backend_version": 1, "common_backend": "torch",
                   "common_backend_version": 1}
 # Megatron-Core's local-spec linears whose sharded state holds an `_extra_state` object per layer (None for them)
-EXTRA_STATE_MODULES = ("self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1", "mlp.linear_fc2")
+ATTENTION_EXTRA_STATE_MODULES = ("self_attention.linear_proj", "self_attention.linear_qkv")
+EXTRA_STATE_MODULES = ATTENTION_EXTRA_STATE_MODULES + ("mlp.linear_fc1", "mlp.linear_fc2")
+EXPERT_EXTRA_STATE_MODULES = ("linear_fc1", "linear_fc2")  # an MoE layer's: each SequentialMLP expert's
+SHARED_EXPERT_EXTRA_STATE_MODULES = ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2")
 
 
 class _Planner(DefaultSavePlanner):
@@ -135,7 +138,8 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
     # each element once, by the first replica of its optimizer state (checkpoint/save_plan.py's rule, as ours)
     for fragment in named_fragments(shard, records, coordinates(state)):
         _, record = records[fragment.name]
-        placed = megatron_placement(fragment.name, record.global_shape, config.model.num_layers)
+        placed = megatron_placement(fragment.name, record.global_shape, config.model.num_layers,
+                                    _experts_per_layer(config))
         if placed is None:
             raise CheckpointError(f"{fragment.name}: Megatron-Core's torch_dist layout has no place for it")
         placement, global_shape = placed
@@ -156,23 +160,51 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
     return dict(tensors), shapes
 
 
+def _experts_per_layer(config) -> Optional[int]:
+    """Every layer's number of experts (megatron_format_unwritten writes MoE only where each layer holds the same
+    count), None for a dense model."""
+    return config.model.moe.num_experts if config.model.moe is not None else None
+
+
 def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
-    """The `_extra_state` object of each local-spec linear of this stage's layers (module docstring)."""
-    if state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank:
-        return {}
-    layers = sorted({int(name.split(".")[1]) for name in parameter_records(model) if name.startswith("blocks.")})
-    total = config.model.num_layers
-    return {f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None
-            for layer in layers for module in EXTRA_STATE_MODULES}
+    """The `_extra_state` object of each local-spec linear of this stage's layers (module docstring): an MoE
+    layer's are its attention's, its shared expert's and, per (layer, expert), each of SequentialMLP's experts' fc1
+    and fc2, written by the first replica of the experts this rank holds."""
+    names = parameter_records(model)
+    layers = sorted({int(name.split(".")[1]) for name in names if name.startswith("blocks.")})
+    total, experts = config.model.num_layers, _experts_per_layer(config)
+    modules = EXTRA_STATE_MODULES if experts is None else ATTENTION_EXTRA_STATE_MODULES + (
+        SHARED_EXPERT_EXTRA_STATE_MODULES if config.model.experts.shared_expert_intermediate_size else ())
+    objects = {} if state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank else {
+        f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None for layer in layers for module in modules}
+    if experts is None or state.experts.tensor_rank or state.experts.data_rank or state.context_parallel_rank:
+        return objects
+    held = {tuple(int(part) for part in name.split(".")[1:5:3]) for name in names
+            if name.startswith("blocks.") and name.split(".")[2:4] == ["mlp", "experts"]}
+    for layer, expert in sorted(held):
+        for module in EXPERT_EXTRA_STATE_MODULES:
+            objects[f"{LAYERS}{EXPERTS}{module}._extra_state/shard_{layer}.{expert}_{total}.{experts}"] = None
+    return objects
 
 
-def _param_groups(config, lr: float, step: Optional[int]) -> list[dict]:
-    """Megatron-Core's two groups (optimizer/__init__.py _get_param_groups with the standard overrides: weights,
-    then biases and 1-D parameters without weight decay), as torch's AdamW state_dict leaves them, params removed."""
+def _weight_decay_groups(records, experts: Optional[bool]) -> tuple[float, ...]:
+    """The wd_mult of each group Megatron-Core's _get_param_groups makes (optimizer/__init__.py, the standard
+    overrides: one group per override that some parameter takes, weights first, then biases and 1-D parameters
+    without weight decay) for the expert-parallel parameters (`experts` True), the others (False) or all (None):
+    Mixtral-shaped experts, without biases, have no second group."""
+    no_decay = [name.endswith(".bias") or len(record.global_shape) == 1 for name, (_, record) in records.items()
+                if experts is None or record.is_expert == experts]
+    return tuple(wd_mult for wd_mult, present in ((1.0, not all(no_decay)), (0.0, any(no_decay))) if present)
+
+
+def _param_groups(config, lr: float, step: Optional[int], wd_mults: tuple[float, ...],
+                  experts: bool = False) -> list[dict]:
+    """Megatron-Core's groups (`wd_mults`: _weight_decay_groups), as torch's AdamW state_dict leaves them, params
+    removed; `experts`: the expert-parallel parameters' optimizer's."""
     adam = config.optimizer
     groups = []
-    for wd_mult in (1.0, 0.0):
-        group = {"is_expert_parallel": False, "default_config": True, "wd_mult": wd_mult, "lr_mult": 1.0,
+    for wd_mult in wd_mults:
+        group = {"is_expert_parallel": experts, "default_config": True, "wd_mult": wd_mult, "lr_mult": 1.0,
                  "is_decoupled_lr": False, "max_lr": adam.lr, "min_lr": adam.min_lr, "lr": lr,
                  "betas": (adam.adam_beta1, adam.adam_beta2), "eps": adam.adam_eps,
                  "weight_decay": adam.weight_decay * wd_mult, "amsgrad": False, "maximize": False,
@@ -202,24 +234,38 @@ def scheduler_state(config, batch, schedule_samples: int) -> dict:
     return state
 
 
-def _common(config, state, shard, iteration, consumed_samples, lr, batch, schedule_samples) -> dict:
-    distributed = config.zero.stage >= 1
-    if distributed:
-        saved_optimizer = {"optimizer": {"param_groups": _param_groups(config, lr, shard.adam_step)},
-                     "param_state_sharding_type": FULLY_RESHARDABLE}
-        content = {"distrib_optim_sharding_type": FULLY_RESHARDABLE,
-                   "distrib_optim_fully_reshardable_mem_efficient": False}
+def _saved_optimizer(config, shard, lr: float, records, experts: Optional[bool]) -> dict:
+    """One Megatron-Core optimizer's common.pt state (over the expert-parallel parameters, the others or all:
+    `experts` True, False, None): the plain one's Adam state_dict (one level down in 16 bits), or the distributed
+    optimizer's param groups; fp16's grad scaler beside it."""
+    wd_mults = _weight_decay_groups(records, experts)
+    if config.zero.stage >= 1:
+        saved = {"optimizer": {"param_groups": _param_groups(config, lr, shard.adam_step, wd_mults, bool(experts))},
+                 "param_state_sharding_type": FULLY_RESHARDABLE}
     else:
-        saved_optimizer = {"state": {"common_step": torch.tensor(float(shard.adam_step))},
-                           "param_groups": _param_groups(config, lr, None)}
+        saved = {"state": {"common_step": torch.tensor(float(shard.adam_step))},
+                 "param_groups": _param_groups(config, lr, None, wd_mults, bool(experts))}
         if shard.param_dtype != torch.float32:
             # a 16-bit run's Float16OptimizerWithFloat16Params keeps its Adam one level down (optimizer.py
             # state_dict: {'optimizer': ..., 'fp32_from_fp16_params': the fp32 copies, saved as tensors}), where
             # an fp32 run's FP32Optimizer saves Adam's own state_dict: Megatron-LM's bf16 load looks there
-            saved_optimizer = {"optimizer": saved_optimizer}
-        content = {}
+            saved = {"optimizer": saved}
     if config.training.fp16:  # Megatron-Core's 16-bit optimizers keep the grad scaler's state beside Adam's
-        saved_optimizer[GRAD_SCALER] = megatron_grad_scaler(shard.loss_scaler_type, shard.loss_scaler_state)
+        saved[GRAD_SCALER] = megatron_grad_scaler(shard.loss_scaler_type, shard.loss_scaler_state)
+    return saved
+
+
+def _common(config, state, shard, records, iteration, consumed_samples, lr, batch, schedule_samples) -> dict:
+    content = {"distrib_optim_sharding_type": FULLY_RESHARDABLE,
+               "distrib_optim_fully_reshardable_mem_efficient": False} if config.zero.stage >= 1 else {}
+    if _experts_per_layer(config) is not None and config.parallel.expert_model_parallel_size > 1:
+        # a ChainedOptimizer of two (optimizer/__init__.py get_megatron_optimizer): the dense parameters', then the
+        # expert-parallel ones', saved as {index: each one's}; at EP 1 the experts' linears are not expert-parallel
+        # (tensor_parallel/layers.py: allreduce = not (is_expert and expert_model_parallel_size > 1)): one optimizer
+        saved_optimizer = {index: _saved_optimizer(config, shard, lr, records, experts)
+                           for index, experts in enumerate((False, True))}
+    else:
+        saved_optimizer = _saved_optimizer(config, shard, lr, records, None)
     content.update(singleton_local_shards=False, chained_optim_avoid_prefix=True)
     return {"args": megatron_args(config, state, iteration, consumed_samples), "checkpoint_version": CHECKPOINT_VERSION,
             "iteration": iteration, "optimizer": saved_optimizer,
@@ -292,8 +338,8 @@ def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samp
     if state.is_first_rank:
         try:
             with open(staging / COMMON_FILE, "wb") as file:
-                common = _common(config, state, shard, iteration, consumed_samples, lr, batch,
-                                 consumed_samples if schedule_samples is None else schedule_samples)
+                common = _common(config, state, shard, parameter_records(model), iteration, consumed_samples, lr,
+                                 batch, consumed_samples if schedule_samples is None else schedule_samples)
                 torch.save({**common, INDEX_DIGEST_KEY: index_digest(staging), FILE_DIGESTS_KEY: digests}, file)
             (staging / METADATA_FILE).write_text(json.dumps(BACKEND_CONFIG))
             replace_directory(staging, final)

@@ -5,8 +5,9 @@ The reference is the args Megatron-LM's own pretrain_gpt.py saved in tests/fixtu
 megatron_checkpoint_fixtures.py): for each fixture's command line and layout, checkpoint/torch_dist/args.py's args
 equal them field for field, except the two written otherwise on purpose (checkpoint/torch_dist/args.py) and the
 optimizer layout flag of the fixtures Megatron saved dp_reshardable (ours is always written fully_reshardable, and
-Megatron-LM's load reads the layout from the content metadata, not from this flag). The fixtures with experts are
-left out: this project's torch_dist save does not write MoE layers (arguments/config.py megatron_format_unwritten).
+Megatron-LM's load reads the layout from the content metadata, not from this flag). The fixtures with experts hold
+the MoE fields too (num_experts, moe_ffn_hidden_size, the router's, expert_model_parallel_size), which our MoE saves
+write.
 Before, a rope model's args said add_position_embedding False where Megatron-LM's parser keeps True, and
 Megatron-LM refused to continue the save: "add_position_embedding value from checkpoint (False) is not equal to the
 input argument value (True)".
@@ -23,7 +24,6 @@ from checkpoint.torch_dist.common import ForeignValue, load_common
 from tests.checkpoint.test_megatron_checkpoint import NAMES, iteration_dir, record
 
 WRITTEN_OTHERWISE = {"no_save_rng", "iteration"}  # checkpoint/torch_dist/args.py says why
-WITH_EXPERTS = ("megatron_moe_ep2", "megatron_moe_ep2_biases")
 
 
 def _ours(name: str) -> dict:
@@ -45,7 +45,7 @@ def _comparable(value):
     return value.value if isinstance(value, ForeignValue) else value
 
 
-@pytest.mark.parametrize("name", [name for name in NAMES if name not in WITH_EXPERTS])
+@pytest.mark.parametrize("name", NAMES)
 def test_our_args_are_megatron_lms_own_for_the_same_command_line(name):
     megatrons = vars(load_common(iteration_dir(name))["args"])
     ours = _ours(name)

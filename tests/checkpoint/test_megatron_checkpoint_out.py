@@ -1,22 +1,23 @@
 """`--ckpt-format torch_dist`: our save in Megatron-LM's layout (issues 62 and 78), continued here and by Megatron-LM.
 
-Seven runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
+Ten runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
 Megatron's layout and stop (--exit-interval 2), and the same runs go on uninterrupted to iteration 4: GPT-2's block
-at TP 1 with the plain optimizer, SwiGLU with GQA at TP 2, and the Llama-shaped model (rope, RMSNorm, untied
-embeddings, SwiGLU, GQA) under the distributed optimizer on two data-parallel ranks, whose ZeRO partitions cut the
-tensors into boxes (written as Megatron's fully_reshardable layout); and GPT-2's block in bf16, whose plain optimizer
-Megatron-LM keeps one level down (Float16OptimizerWithFloat16Params: before, its load failed, KeyError 'pre_wd_mult'),
-and under the distributed optimizer on two data-parallel ranks; and the same two in fp16, whose loss scaler is saved
-as Megatron-Core's grad scaler (a window of 3: the scale doubles at iteration 3 only from the tracker saved at 2).
+at TP 1 with the plain optimizer, SwiGLU with GQA at TP 2, and the Llama-shaped model under the distributed
+optimizer on two data-parallel ranks, whose ZeRO partitions cut the tensors into boxes (fully_reshardable); GPT-2's
+block in bf16, whose plain optimizer Megatron-LM keeps one level down (before, its load failed, KeyError
+'pre_wd_mult'), and under the distributed optimizer at DP 2; the same two in fp16, the loss scaler as Megatron-Core's
+grad scaler (a window of 3: the scale doubles at iteration 3 only from the tracker saved at 2); and at EP 2 (issue
+92) Megatron's default MoE (biases on: the routers' and every expert's fc1 and fc2; 4 experts, top 2), plain and
+under the distributed optimizer, and the Mixtral-shaped one (SwiGLU experts without biases: one param group).
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
-  in the same order), within 1e-6 for the one at TP 2; fp16's loss scales are the uninterrupted run's.
+  in the same order; the MoE ones at EP 1), within 1e-6 for the one at TP 2; fp16's loss scales the same run's.
 - With Megatron-LM (the benchmark venv and MEGATRON_LM_KIT naming megatron-lm-core_v0.16.1-min.tar.xz or its
   extracted tree; skipped otherwise): Megatron-LM's own pretrain_gpt.py (scripts/megatron_checkpoint_fixtures.py
-  continue) loads each save with the same flags and --load, no other flag, the TP 2 one at TP 2 and the Llama one
-  at TP 2 (one data-parallel rank: the layout changes), and trains iterations 3 and 4: its losses are ours to 1e-6
-  relative (bf16 and fp16: 2e-5 at iteration 3, 2e-4 at 4), its fp16 loss scales ours.
+  continue) loads each save with the same flags and --load, no other flag, the TP 2 one and the Llama one at TP 2,
+  the MoE ones at EP 2, and trains iterations 3 and 4: its losses are ours to 1e-6 relative (bf16 and fp16: 2e-5 at
+  iteration 3, 2e-4 at 4; the MoE ones measured bitwise), its fp16 loss scales ours.
 """
 
 from __future__ import annotations
@@ -41,19 +42,31 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "gpt2_tp1_bf16": ("megatron_bf16", 1, [], 1, 1),
          "gpt2_bf16_dp2_distributed_optimizer": ("megatron_bf16", 2, ["--use-distributed-optimizer"], 1, 1),
          "gpt2_tp1_fp16": ("megatron_fp16", 1, [], 1, 1),
-         "gpt2_fp16_dp2_distributed_optimizer": ("megatron_fp16", 2, ["--use-distributed-optimizer"], 1, 1)}
+         "gpt2_fp16_dp2_distributed_optimizer": ("megatron_fp16", 2, ["--use-distributed-optimizer"], 1, 1),
+         "moe_biases_ep2": ("megatron_moe_ep2_biases", 2, [], 1, 1),
+         "moe_biases_ep2_distributed_optimizer": ("megatron_moe_ep2_biases", 2, ["--use-distributed-optimizer"], 1, 1),
+         "mixtral_ep2": ("megatron_moe_ep2", 2, [], 1, 1),
+         "mixtral_shared_expert_ep2": ("megatron_moe_ep2_shared", 2, [], 1, 1)}
+# Megatron-LM's ranks where they are not its TP size: the MoE save continues at its EP 2 (at EP 1 Megatron-Core's
+# SequentialMLP with biases fails its own forward on CPU: "Output 0 of _ReduceFromModelParallelRegion is a view and
+# is being modified inplace"; and Megatron-LM reads an EP 2 save's two chained optimizers only at EP > 1)
+MEGATRON_RANKS = {"moe_biases_ep2": 2, "moe_biases_ep2_distributed_optimizer": 2, "mixtral_ep2": 2,
+                  "mixtral_shared_expert_ep2": 2}
 CONTINUED = (3, 4)
-# written by the same lines as another case here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
-# the plain fp16 case's scaler): run where Megatron-LM continues them, to keep the default suite's time
-WITH_MEGATRON_LM_ONLY = ("gpt2_fp16_dp2_distributed_optimizer",)
+# written by the same lines as other cases here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
+# the plain fp16 case's scaler; the MoE's distributed optimizer the dense one's layout and the MoE's chained groups):
+# run where Megatron-LM continues them, to keep the default suite's time
+WITH_MEGATRON_LM_ONLY = ("gpt2_fp16_dp2_distributed_optimizer", "moe_biases_ep2_distributed_optimizer")
 
 
-def _flags(case: str, tensor_parallel: int) -> list[str]:
+def _flags(case: str, tensor_parallel: int, one_rank: bool = False) -> list[str]:
+    """The case's flags at `tensor_parallel`; `one_rank`: without the fixture's expert parallelism too."""
     name, _, extra, _, _ = CASES[case]
     flags = list(record(name)["flags"])
-    if "--tensor-model-parallel-size" in flags:
-        at = flags.index("--tensor-model-parallel-size")
-        del flags[at:at + 2]
+    for layout_flag in ("--tensor-model-parallel-size",) + (("--expert-model-parallel-size",) if one_rank else ()):
+        if layout_flag in flags:
+            at = flags.index(layout_flag)
+            del flags[at:at + 2]
     return flags + extra + ["--tensor-model-parallel-size", str(tensor_parallel)]
 
 
@@ -114,7 +127,7 @@ def test_our_torch_dist_save_is_megatrons_layout_and_resumes_here_to_the_uninter
     assert layout == ("fully_reshardable" if "distributed" in case else None)
     copy = shutil.copytree(saved, tmp_path / "resume")
     metrics = tmp_path / "resumed.jsonl"
-    outcome = run_main(pretrain_gpt.main, _flags(case, 1) + [
+    outcome = run_main(pretrain_gpt.main, _flags(case, 1, one_rank=True) + [
         "--load", copy, "--device", "cpu", "--log-interval", "1", "--data-cache-dir", tmp_path / "cache",
         "--metrics-file", metrics])
     assert outcome.code == 0, outcome.err[-3000:]
@@ -136,7 +149,7 @@ def test_megatron_lm_continues_our_torch_dist_save_to_our_next_losses(our_save):
     _, _, _, _, megatron_tp = CASES[case]
     completed = subprocess.run(
         [sys.executable, str(SCRIPT), "continue", "--megatron-lm", kit, "--load", str(saved), "--nproc",
-         str(megatron_tp), "--", *_flags(case, megatron_tp)],
+         str(MEGATRON_RANKS.get(case, megatron_tp)), "--", *_flags(case, megatron_tp)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert completed.returncode == 0, completed.stderr[-3000:]
     continued = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -211,3 +224,43 @@ def test_a_setting_megatron_lm_has_no_flag_for_keeps_the_save_ours():
         assert parse_arguments(flags + beyond).config.megatron_format_unwritten() == (
             f"> --ckpt-format torch_dist: {named} (Megatron-LM has no such flag): not written in Megatron-LM's "
             f"layout here; --save writes this project's checkpoints"), beyond
+
+
+@pytest.mark.parametrize("name, extra, said", [
+    ("megatron_moe_ep2_biases", [], None), ("megatron_moe_ep2_shared", [], None),
+    ("megatron_moe_ep2_shared", ["--moe-shared-expert-gate"], "the shared experts' gate"),
+    ("megatron_moe_ep2_biases", ["--moe-shared-expert-intermediate-size", "32"],
+     "the shared experts' biases (Megatron-Core builds none)"),
+    ("megatron_moe_ep2_biases", ["--moe-layer-freq", "2"], "MoE layers beside dense ones (--moe-layer-freq)"),
+    ("megatron_moe_ep2_biases", ["--moe-router-enable-expert-bias", "--moe-router-score-function", "sigmoid"],
+     "the routers' expert bias")])
+def test_megatrons_moe_is_written_in_its_layout_and_what_it_does_not_hold_is_said(name, extra, said):
+    """The MoE the writer holds (every layer the same experts, SequentialMLP's layout, the router's weight and bias,
+    a shared expert) saves in Megatron-LM's layout; the shared expert's gate or biases, dense layers between, the
+    routers' expert bias are this project's format, said once (arguments/config.py _unwritten_experts)."""
+    from arguments.parser import parse_arguments
+
+    flags = list(record(name)["flags"]) + ["--save", "ckpt"] + extra
+    unwritten = parse_arguments(flags).config.megatron_format_unwritten()
+    assert unwritten == (said and f"> --ckpt-format torch_dist: {said}: not written in Megatron-LM's layout here; "
+                                  f"--save writes this project's checkpoints")
+
+
+def test_every_tensor_of_megatrons_moe_save_is_where_our_writer_puts_it():
+    """The writer's placement (names.py megatron_placement) inverts the reader's on Megatron-LM's own MoE save with
+    biases: each of our tensors read from a key is written back to that key, at its (layer, expert) and shape."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from checkpoint.torch_dist.names import megatron_placement, our_placements
+
+    index = FileSystemReader(str(FIXTURES / "megatron_moe_ep2_biases" / "iter_0000002")).read_metadata()
+    written = 0
+    for key, entry in index.state_dict_metadata.items():
+        placements = None if key.startswith("optimizer.") or not hasattr(entry, "size") else \
+            our_placements(key, tuple(entry.size), gated=False)
+        for ours, placement in (placements or {}).items():
+            assert megatron_placement(ours, placement.shape, 2, 4) == (placement, tuple(entry.size)), ours
+            written += 1
+    # the embeddings and the final norm; per layer: attention's and the norms' 8, the router's weight and bias; per
+    # (layer, expert): fc1's and fc2's weight and bias
+    assert written == 4 + 2 * (8 + 2) + 2 * 4 * 4
