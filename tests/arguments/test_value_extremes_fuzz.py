@@ -59,28 +59,6 @@ def before_work(argv):
     return lambda _: run_tool("pretrain_gpt.py", action)
 
 
-def parser_shape(parser) -> list[tuple]:
-    """What a parse reads of the parser: every action's options, destination, default, arity, type and choices."""
-    return [(tuple(a.option_strings), a.dest, repr(a.default), a.nargs, getattr(a.type, "__qualname__", repr(a.type)),
-             repr(a.choices), repr(a.const), a.required) for a in parser._actions] + [repr(parser._defaults)]
-
-
-@pytest.fixture(scope="module")
-def one_parser():
-    """The flags' parser built once for the ~1000 parses below instead of once per parse (60% of a parse's time, as
-    tests/checkpoint/test_metadata_ranges.py does): a parse does not change it, which the teardown checks against a
-    parser built anew, so no case can see what an earlier one left."""
-    import functools
-
-    import arguments.parser
-
-    cached = functools.cache(arguments.parser.build_parser)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(arguments.parser, "build_parser", cached)
-        yield
-    assert parser_shape(cached()) == parser_shape(build_parser()), "a parse changed the parser"
-
-
 @pytest.mark.parametrize("flag, nargs", FLAGS, ids=[flag for flag, _ in FLAGS])
 def test_every_numeric_flag_at_every_extreme_is_one_line_or_accepted(one_parser, tmp_path, monkeypatch, flag, nargs):
     monkeypatch.chdir(tmp_path)
