@@ -73,6 +73,16 @@ def corpus_cache_300(tmp_path_factory):
     return cache
 
 
+@pytest.fixture(scope="session")
+def single_process_reference(tmp_path_factory, corpus_cache) -> tuple:
+    """The training losses of tests/zero/test_zero_training.py's model on one process (its COMMON flags, global batch
+    8, micro batch 2): the reference that ZeRO's stages, the overlapped gather, stage 3's checkpointing and the
+    compiled blocks are held to, trained once per worker instead of once per module (a tuple: no test changes it)."""
+    from tests.zero.test_zero_training import single_process_losses
+
+    return tuple(single_process_losses(tmp_path_factory.mktemp("single-process"), corpus_cache))
+
+
 def train_sentencepiece_model(path, documents, vocab_size: int = 512, **options) -> None:
     """A small SentencePiece model trained as Llama-2's was (BPE with byte fallback, digits split, no
     normalisation, unk 0 / bos 1 / eos 2 / no pad; `options` change any of these), written to `path`;

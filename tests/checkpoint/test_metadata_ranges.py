@@ -30,7 +30,9 @@ import pytest
 
 import arguments.parser
 import pretrain_gpt
-from arguments.config import PretrainConfig
+from arguments.config import ConfigError, PretrainConfig
+from arguments.parser import one_error
+from base.errors import CheckpointError
 from base.options import option_fields
 from checkpoint.format import LATEST_FILE, METADATA_FILE
 from tests.reliability_helpers import TINY, metrics_records, run_main
@@ -176,14 +178,38 @@ def test_every_numeric_entry_at_the_extremes(saved, monkeypatch):
 
     import planner.launch
     real_planned_peaks = planner.launch._planned_peaks
+
+    # Every probe's command line is the same, so what the flags alone make of it is the same too: the flags are
+    # parsed into their config once (three quarters of a probe's time) and every probe runs the checks that read
+    # the disk (training/late_checks.py's LATE_CHECKS: check_load reads the variant's metadata.json) against that
+    # config, its problems raised as arguments/parser.py's parse_arguments raises them. `parsed_once` asserts its
+    # command line is the first probe's.
+    real_parse_arguments = pretrain_gpt.parse_arguments
+    parsed: list[tuple] = []
+
+    def parsed_once(argv, late_checks=()):
+        if not parsed:
+            parsed.append((list(argv), real_parse_arguments(argv)))  # no late check: the flags alone, no problem
+        assert list(argv) == parsed[0][0], "a probe parsed another command line"
+        assert late_checks, "the probe's late checks are run here"
+        problems = []
+        for check in late_checks:
+            try:
+                check(parsed[0][1].config)
+            except (ConfigError, CheckpointError) as error:
+                problems.append(str(error))
+        if problems:
+            raise ConfigError(one_error(problems))
+        return parsed[0][1]
+
     probe = Probe(root, original, "probe", metadata)
     accepted = []
     with monkeypatch.context() as patch:
         patch.setattr("training.prepare.load_tokenizer_and_data_sources", stop)
-        # The flags' parser is built once for the ~1200 probes (two thirds of a probe's time); parsing
-        # does not change it, so every probe still parses its own command line.
+        # The flags' parser is built once for the ~1200 probes; parsing does not change it.
         patch.setattr("arguments.parser.build_parser", functools.cache(arguments.parser.build_parser))
         patch.setattr(planner.launch, "_planned_peaks", planned_once)
+        patch.setattr(pretrain_gpt, "parse_arguments", parsed_once)
         for where in entries:
             for value in EXTREMES:
                 if same(value, current[where]):
@@ -200,6 +226,7 @@ def test_every_numeric_entry_at_the_extremes(saved, monkeypatch):
                 lines = [line for line in outcome.err.splitlines() if line.strip()]
                 assert len(lines) == 1, (label, outcome.err)
     assert len(planned) == 1 and planned[0][1][0][0], planned  # one plan, with a peak: the check had figures
+    assert len(parsed) == 1  # one parse of the flags
     refused = len(entries) * len(EXTREMES) - len(accepted)
     assert accepted and refused > len(accepted)  # most extremes are no count at all
 
@@ -224,9 +251,13 @@ def test_every_numeric_entry_at_the_extremes(saved, monkeypatch):
         check(group[:len(group) // 2])
         check(group[len(group) // 2:])
 
+    # The two values that change training (LEGITIMATE) train alone: in a group, each split the group in halves down
+    # to itself (about 2 log2(group) runs each); the rest train in groups, split as before.
+    for legitimate in [edit for edit in accepted if edit in LEGITIMATE]:
+        check([legitimate])
     rounds: list[list[tuple]] = []  # round k holds each entry's k-th accepted value
     seen: dict[tuple, int] = collections.Counter()
-    for where, value in accepted:
+    for where, value in [edit for edit in accepted if edit not in LEGITIMATE]:
         if len(rounds) <= seen[where]:
             rounds.append([])
         rounds[seen[where]].append((where, value))

@@ -12,7 +12,7 @@ from parallel.comm import ring_bytes_sent
 from parallel.random import TensorParallelRNG
 from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
-from tests.zero.test_zero_training import Runs, losses_of, single_process_losses
+from tests.zero.test_zero_training import Runs, losses_of
 from zero.activations import ActivationMonitor, apply_activation_checkpointing
 from zero.config import ActivationCheckpointConfig
 
@@ -110,10 +110,10 @@ def test_checkpointing_options_are_exact_and_partition_over_tp(tp):
 
 
 @pytest.mark.slow
-def test_stage3_with_checkpointing_gathers_each_block_once_per_pass(tmp_path, corpus_cache):
+def test_stage3_with_checkpointing_gathers_each_block_once_per_pass(tmp_path, corpus_cache, single_process_reference):
     """Stage 3 + checkpointing (+P_a on TP=2 x DP=2): the single-process losses, and 3 Psi (N-1)/N of DP
     traffic per iteration, not 4 Psi: a block's recompute and its backward share one gather."""
-    reference = single_process_losses(tmp_path, corpus_cache)
+    reference = single_process_reference
     checkpointing = ["--checkpoint-activations", "--report-memory", "--reduce-bucket-size", "5e8"]
     dp2 = Runs(tmp_path, corpus_cache).add("dp2-stage3-ckpt", "--global-batch-size", "8", "--micro-batch-size",
                                            "4", "--zero-stage", "3", *checkpointing).launch(2)

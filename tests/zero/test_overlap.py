@@ -5,12 +5,12 @@ import pytest
 
 from arguments.config import ConfigError
 from arguments.parser import parse_config
-from tests.zero.test_zero_training import BATCH, Runs, assert_close, losses_of, single_process_losses
+from tests.zero.test_zero_training import BATCH, Runs, assert_close, losses_of
 
 
 @pytest.mark.slow
-def test_overlapped_parameter_gather_trains_like_one_process(tmp_path, corpus_cache):
-    reference = single_process_losses(tmp_path, corpus_cache)
+def test_overlapped_parameter_gather_trains_like_one_process(tmp_path, corpus_cache, single_process_reference):
+    reference = single_process_reference
     runs = Runs(tmp_path, corpus_cache)
     for stage in ("1", "2"):
         for overlap in ("--overlap-param-gather", "--no-overlap-param-gather"):

@@ -110,22 +110,16 @@ def launches(tmp_path_factory, corpus_cache):
     return results
 
 
-@pytest.fixture(scope="module")
-def single_process(tmp_path_factory, corpus_cache):
-    tmp_path = tmp_path_factory.mktemp("zero-single")
-    return single_process_losses(tmp_path, corpus_cache)
-
-
 @pytest.mark.slow
-def test_fp32_stages_match_single_process(launches, single_process):
+def test_fp32_stages_match_single_process(launches, single_process_reference):
     """Stages 0-3 on DP=2 (with and without accumulation), DP=4 and TP=2 x DP=2: the same losses."""
     fp32 = {name: metrics for name, metrics in launches.items() if "-mbs" in name}
     assert len(fp32) == 4 * 5
-    report = {name: round(max(abs(a - b) / b for a, b in zip(losses_of(m), single_process)), 9)
+    report = {name: round(max(abs(a - b) / b for a, b in zip(losses_of(m), single_process_reference)), 9)
               for name, m in fp32.items()}
     print("largest relative loss difference from single process:", report)
     for name, metrics in fp32.items():
-        assert_close(losses_of(metrics), single_process, 1e-5, name)
+        assert_close(losses_of(metrics), single_process_reference, 1e-5, name)
 
 
 @pytest.mark.slow
