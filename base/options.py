@@ -136,11 +136,19 @@ def section(kind: type) -> Any:
 def option_fields(config_class: type) -> Iterator[tuple[dataclasses.Field, Any]]:
     """Each setting of a config dataclass with its resolved annotation; a section's in its place, each field a copy
     named as its setting (its flag's dest), so flag_of and argparse_keywords read it as any other."""
+    yield from _option_fields(config_class)
+
+
+@functools.lru_cache(maxsize=None)
+def _option_fields(config_class: type) -> tuple[tuple[dataclasses.Field, Any], ...]:
+    """option_fields, read once a class: resolving the annotations (typing.get_type_hints) was a sixth of a parse."""
+    named = []
     for (field, annotation), (name, _) in zip(_leaf_fields(config_class), _setting_paths(config_class).items()):
         if field.name != name:
             field = copy.copy(field)
             field.name = name
-        yield field, annotation
+        named.append((field, annotation))
+    return tuple(named)
 
 
 def _leaf_fields(config_class: type) -> Iterator[tuple[dataclasses.Field, Any]]:
