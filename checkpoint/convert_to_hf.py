@@ -31,22 +31,24 @@ import torch
 from base.errors import ConfigError, OneLineArgumentParser, run_tool
 from checkpoint.format import read_metadata
 from checkpoint.formats import MEGATRON
+from checkpoint.global_load import DTYPE_NAMES
 from checkpoint.hf.folders import check_output_folder, checkpoint_to_hf_state, class_of, write_hf_folder
 from checkpoint.inside import inside
 from checkpoint.integrity import verify_or_raise
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint
 from checkpoint.tool_input import tool_checkpoint_and_format
 from checkpoint.torch_dist.common import load_common, saved_args
-from zero.optimizer import PRECISION_DTYPES
 
 PROGRAM = "convert_to_hf.py"
+# --dtype of model.safetensors: the precisions a run trains in, by their names
+EXPORT_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = OneLineArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", metavar="CKPT", help="a --save directory or one iter_NNNNNNN directory")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="the Hugging Face folder to write")
-    parser.add_argument("--dtype", choices=PRECISION_DTYPES, default="fp32", help="dtype of model.safetensors (default fp32)")
+    parser.add_argument("--dtype", choices=EXPORT_DTYPES, default="fp32", help="dtype of model.safetensors (default fp32)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in OUT_DIR (refused when it holds other files)")
     parser.add_argument("--verify-checkpoint", action=argparse.BooleanOptionalAction, default=True,
                         help="check each checkpoint file's content hash before reading it")
@@ -113,7 +115,7 @@ def main(argv=None) -> int:
 
 def _main(argv) -> None:
     args = parse_args(argv)
-    convert(args.checkpoint, args.out_dir, PRECISION_DTYPES[args.dtype], args.overwrite, args.verify_checkpoint)
+    convert(args.checkpoint, args.out_dir, EXPORT_DTYPES[args.dtype], args.overwrite, args.verify_checkpoint)
 
 
 if __name__ == "__main__":

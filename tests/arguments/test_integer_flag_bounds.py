@@ -157,7 +157,7 @@ def test_every_row_cites_a_line_of_megatron():
 
 
 def test_the_cited_lines_of_megatron_core_read_as_quoted():
-    spec = importlib.util.find_spec("megatron.core")
+    spec = importlib.util.find_spec("megatron.core") if importlib.util.find_spec("megatron") else None
     if spec is None or spec.origin is None:
         pytest.skip("megatron-core is a benchmark-only peer (requirements-bench.txt)")
     root = Path(spec.origin).parent

@@ -414,7 +414,7 @@ def test_dot_as_out_dir_is_checked_before_reading_the_checkpoint(trained, tmp_pa
     (work / "notes.md").write_text("mine")
     monkeypatch.chdir(work)
     read = []
-    monkeypatch.setattr(convert_to_hf, "checkpoint_to_hf_state",
+    monkeypatch.setattr("checkpoint.convert_to_hf.checkpoint_to_hf_state",
                         lambda *args, **kwargs: read.append(1) or checkpoint_to_hf_state(*args, **kwargs))
     assert convert_to_hf.main([str(trained[1]), ".", "--overwrite"]) == 2
     error = capsys.readouterr().err
