@@ -16,7 +16,7 @@
   (at least 1; 0 stays 0), fractions stay; intervals: --log-interval and steps_per_print through one map,
   --save-interval and --eval-interval 1 or 2, --eval-iters 1 (0 stays 0; added where left to the default of 100);
 - paths: data prefixes the local corpus (weights stay), tokenizer files the local tokenizer's, save/load/TensorBoard/
-  cache directories folders under `out_dir`, the JSON and split-list files there; a GPT2BPETokenizer left to download
+  W&B/cache directories folders under `out_dir`, the JSON and split-list files there; a GPT2BPETokenizer left to download
   gets --vocab-file and --merge-file. Anything else is kept token for token, including flags this project does not know."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ ACCUMULATION = ("--gradient-accumulation-steps", "--num-microbatches-in-minibatc
 JSON_CONFIG = ("--deepspeed_config", "--deepspeed-config")
 CHECKPOINT_DIRS = ("--save", "--load")
 DIRECTORIES = {"--tensorboard-dir": "tensorboard", "--cache-dir": "cache", "--codecarbon-dir": "codecarbon",
-               "--data-cache-path": "data-cache", "--trigger-path": "triggers"}
+               "--data-cache-path": "data-cache", "--trigger-path": "triggers", "--wandb-save-dir": "wandb"}
 SCHEDULE_ITERS = ("--lr-decay-iters", "--lr-warmup-iters")
 SCHEDULE_SAMPLES = ("--lr-decay-samples", "--lr-warmup-samples")
 SCHEDULE_TOKENS = ("--lr-decay-tokens", "--lr-warmup-tokens")
