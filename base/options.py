@@ -29,8 +29,8 @@ import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-HELP, FLAGS, ALIASES, TYPE, CHOICES, METAVAR, NARGS, ACTION, GROUP, CONSTS, SETTING = (
-    "help", "flags", "aliases", "type", "choices", "metavar", "nargs", "action", "group", "consts", "setting")
+HELP, FLAGS, ALIASES, TYPE, CHOICES, METAVAR, NARGS, ACTION, GROUP, CONSTS, SETTING, FEATURE = (
+    "help", "flags", "aliases", "type", "choices", "metavar", "nargs", "action", "group", "consts", "setting", "feature")
 SECTION = "section"
 
 
@@ -47,7 +47,7 @@ def option(default: Any = MISSING, *, default_factory: Any = MISSING, help: Opti
            flags: Sequence[str] = (), aliases: Optional[Mapping[str, str]] = None,
            type: Optional[Callable[[str], Any]] = None, choices: Optional[Sequence[Any]] = None,
            metavar: Any = None, nargs: Any = None, action: Optional[str] = None, group: Optional[str] = None,
-           consts: Sequence[Const] = (), setting: Optional[str] = None) -> Any:
+           consts: Sequence[Const] = (), setting: Optional[str] = None, feature: Any = None) -> Any:
     """A dataclass field that is a command-line flag.
 
     help: the --help text. flags: the option strings when they are not just `--field-name` (the first is
@@ -57,11 +57,14 @@ def option(default: Any = MISSING, *, default_factory: Any = MISSING, help: Opti
     nargs, action: as argparse takes them, where the field's annotation does not say (see the module).
     group: the section whose --help group lists the flag, when that is not the field's own section.
     consts: other flags that each store one fixed value in this setting. setting: in a section, the setting's whole
-    name where it is not the section's prefix + the field's name (MoESettings' num_experts, not moe_num_experts)."""
+    name where it is not the section's prefix + the field's name (MoESettings' num_experts, not moe_num_experts).
+    feature: the setting is a block feature, math that a model file must hold once it differs from the default: the
+    config.json key of the Hugging Face families that carry it, or True where they carry it each their own way."""
     metadata = {name: value for name, value in ((HELP, help), (FLAGS, tuple(flags)), (ALIASES, dict(aliases or {})),
                                                 (TYPE, type), (CHOICES, None if choices is None else tuple(choices)),
                                                 (METAVAR, metavar), (NARGS, nargs), (ACTION, action),
-                                                (GROUP, group), (CONSTS, tuple(consts)), (SETTING, setting))
+                                                (GROUP, group), (CONSTS, tuple(consts)), (SETTING, setting),
+                                                (FEATURE, feature))
                 if value not in (None, (), {})}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
@@ -74,6 +77,11 @@ def flag_of(field: dataclasses.Field) -> str:
 def flag_of_setting(config_class: type, name: str) -> str:
     """The flag of the setting `name` of a config dataclass (`--zero-stage` for ZeroConfig's `stage`)."""
     return flag_of(next(f for f, _ in option_fields(config_class) if f.name == name))
+
+
+def features(config_class: type) -> dict[str, Any]:
+    """{setting: its `feature` (a config.json key, or True)} of every setting of a config dataclass declared a feature."""
+    return {field.name: field.metadata[FEATURE] for field, _ in option_fields(config_class) if FEATURE in field.metadata}
 
 
 def option_strings(field: dataclasses.Field) -> tuple[str, ...]:

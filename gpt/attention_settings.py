@@ -34,38 +34,41 @@ class AttentionSettings:
         help="key/value heads (grouped-query attention; 1 is multi-query); default: one per attention head. "
              "Megatron-LM reads it only with --group-query-attention, which is refused without it here")
     # Megatron-LM's --add-qkv-bias: the QKV projection keeps its bias when the other linears have none
-    add_qkv_bias: bool = option(False, action="store_true",
+    add_qkv_bias: bool = option(False, feature=True, action="store_true",
                                 help="keep the query-key-value bias when --disable-bias-linear drops the others (Qwen)")
     # Megatron-LM's --qk-layernorm: the model's normalization over each query and key head (Qwen3)
-    qk_layernorm: bool = option(False, action="store_true",
+    qk_layernorm: bool = option(False, feature=True, action="store_true",
                                 help="--normalization over each query and key head before attention (Qwen3)")
     # Megatron-LM's --qk-l2-norm: each query and key head over its root mean square, no gain (gpt/norms.py
     # L2HeadNorm); it takes --qk-layernorm's place where both are given, as Megatron-Core's SelfAttention picks L2Norm
-    qk_l2_norm: bool = option(False, action="store_true",
+    qk_l2_norm: bool = option(False, feature=True, action="store_true",
                               help="each query and key head scaled to a mean square of 1 before attention, no gain "
                                    "(Megatron-Core's L2Norm; Llama 4); with --qk-layernorm it takes that norm's place")
     # the norms over the whole query and key projections instead of each head (OLMo 2; gpt/norms.py ProjectionNorm)
     qk_layernorm_over_projection: bool = option(
-        False, action="store_true",
+        False, feature=True, action="store_true",
         help="with --qk-layernorm: the norms act over the whole query projection (heads x head dim) and the whole "
              "key projection, one gain per feature, instead of over each head (OLMo 2, OLMoE)")
     # Megatron-LM's --attention-output-gate: a gate per query head from the QKV projection (gpt/model.py)
     attention_output_gate: bool = option(
-        False, action="store_true",
+        False, feature=True, action="store_true",
         help="the QKV projection also yields a gate per query head; attention's output is multiplied by its "
              "sigmoid before the output projection (Megatron-LM, Qwen3-Next)")
     # Megatron-Core's TransformerConfig softmax_scale; Megatron-Bridge's provider field (Gemma 2)
     softmax_scale: Optional[float] = option(
-        None, help="attention scores' scale (default 1/sqrt(head width)); Gemma's query_pre_attn_scalar q is q^-0.5")
+        None, feature=True,
+        help="attention scores' scale (default 1/sqrt(head width)); Gemma's query_pre_attn_scalar q is q^-0.5")
     attn_logit_softcapping: Optional[float] = option(
-        None, help="attention scores become c x tanh(score / c) before the mask and softmax (Gemma 2)")
+        None, feature="attn_logit_softcapping",
+        help="attention scores become c x tanh(score / c) before the mask and softmax (Gemma 2)")
     # transformers' OlmoeAttention (and OLMo's, DBRX's): config.clip_qkv; no Megatron-LM flag
     clip_qkv: Optional[float] = option(
-        None, help="the queries, keys and values clamped to [-C, C] after their projections and query/key norms, "
-                   "before rotary (OLMoE's clip_qkv)")
+        None, feature="clip_qkv",
+        help="the queries, keys and values clamped to [-C, C] after their projections and query/key norms, "
+             "before rotary (OLMoE's clip_qkv)")
     # Megatron-Core's TransformerConfig.softmax_type (gpt/attention_sinks.py)
     softmax_type: str = option(
-        "vanilla", choices=SOFTMAX_TYPES,
+        "vanilla", feature=True, choices=SOFTMAX_TYPES,
         help="attention's softmax: vanilla; off-by-one (each row's denominator + 1); learnable (a learned logit per "
              "head in each row's denominator: attention sinks, GPT-OSS)")
     # Megatron-LM's sliding-window attention (Megatron-Core's TransformerConfig window_size, window_attn_skip_freq;

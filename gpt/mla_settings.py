@@ -16,6 +16,10 @@ class MLASettings:
     """The attention's multi-latent section (base/options.py section()): Megatron-LM's flags, named as their dests
     and MLATransformerConfig's fields (defaults: megatron/training/arguments.py's, kv_lora_rank 32 there)."""
     SETTING_PREFIX: ClassVar[str] = ""
+    # the attention section's block features (base/options.py `feature=`) multi-latent attention takes: its latent
+    # norms (--qk-layernorm), attention sinks, and --add-qkv-bias, which Megatron-Core's MLASelfAttention reads as
+    # nothing (its projections take --add-bias-linear's bias) and gpt/mla.py likewise; any other is refused with it
+    ATTENTION_FEATURES: ClassVar[tuple[str, ...]] = ("qk_layernorm", "softmax_type", "add_qkv_bias")
 
     multi_latent_attention: bool = option(
         False, action="store_true",

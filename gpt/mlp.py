@@ -42,18 +42,19 @@ class MLPSettings:
                           help="SwiGLU MLP (Llama); --ffn-hidden-size defaults to int(4h x 2/3 / 64) x 64")
     # a gated MLP with --activation's GeLU (Gemma's GeGLU); --swiglu gates with SiLU
     gated_linear_unit: bool = option(
-        False, action="store_true",
+        False, feature=True, action="store_true",
         help="a gated MLP, down(act(gate(x)) * up(x)), with --activation's gelu or gelu_tanh (GeGLU: Gemma); "
              "--swiglu is the same gate with SiLU")
     # Megatron-LM's --quick-geglu, --glu-linear-offset, --activation-func-clamp-value (gpt/glu.py): GPT-OSS's MLP
     quick_geglu: bool = option(
-        False, action="store_true",
+        False, feature=True, action="store_true",
         help="a gated MLP with quick_gelu(gate) = gate x sigmoid(1.702 gate) times its linear half (GPT-OSS)")
-    glu_linear_offset: float = option(0.0, help="with --swiglu or --quick-geglu: add this to the gated MLP's linear "
-                                                "half (GPT-OSS: 1)")
+    glu_linear_offset: float = option(
+        0.0, feature=True, help="with --swiglu or --quick-geglu: add this to the gated MLP's linear half (GPT-OSS: 1)")
     activation_func_clamp_value: Optional[float] = option(
-        None, help="with --quick-geglu (or --swiglu's experts): clamp the gate half at most and the linear half within "
-                   "+-this before the activation (GPT-OSS: 7)")
+        None, feature=True,
+        help="with --quick-geglu (or --swiglu's experts): clamp the gate half at most and the linear half within "
+             "+-this before the activation (GPT-OSS: 7)")
     # "gelu_tanh" is "gelu_new" in transformers.
     activation: str = option("gelu_tanh", choices=ACTIVATIONS,
                              help="gelu_tanh is GPT-2's approximation, gelu the exact erf form, squared_relu "

@@ -57,7 +57,7 @@ class NormSettings:
     # where each block's norms act: "input" (before attention and MLP), "output" (on their outputs, inside the
     # residual branch: OLMo 2), "input_and_output" (Gemma 2/3)
     sublayer_norms: str = option(
-        "input", choices=SUBLAYER_NORM_PLACES,
+        "input", feature=True, choices=SUBLAYER_NORM_PLACES,
         help="where each block's norms act, inside the residual branches: on the attention's and the MLP's input "
              "(GPT-2, Llama), on their output (OLMo 2), or both (Gemma 2/3)")
 

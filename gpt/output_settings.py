@@ -18,12 +18,13 @@ class OutputSettings:
     SETTING_PREFIX: ClassVar[str] = ""
 
     scale_embeddings_by_sqrt_hidden: bool = option(
-        False, action="store_true",
+        False, feature=True, action="store_true",
         help="the token embeddings multiplied by sqrt(--hidden-size), rounded to their dtype (Gemma)")
     untie_embeddings_and_output_weights: bool = option(
         False, action="store_true", help="an output layer of its own instead of the token embedding's (Llama)")
     final_logit_softcapping: Optional[float] = option(
-        None, help="the output logits become c x tanh(logit / c) before the loss (Gemma 2)")
+        None, feature="final_logit_softcapping",
+        help="the output logits become c x tanh(logit / c) before the loss (Gemma 2)")
     # Megatron-LM's --cross-entropy-loss-fusion (there: a fused cross-entropy kernel); here the output
     # layer and the loss fused over token chunks (parallel/fused_linear_cross_entropy.py).
     cross_entropy_loss_fusion: bool = option(

@@ -83,7 +83,7 @@ class PositionSettings:
                    "ln(original context)), 1 for a factor at most 1)")
     # Megatron-LM's --no-rope-freq: the layers whose attention skips the rotary positions (Llama 4's NoPE layers)
     no_rope_freq: Union[None, int, str] = option(
-        None, type=moe_freq_value,
+        None, feature=True, type=moe_freq_value,
         help="layers whose attention skips the rotary positions (Llama 4's NoPE layers): N skips each N-th layer "
              "(1-based; N divides --num-layers); a list expression gives one 1 (skip) or 0 per layer, e.g. "
              "'([0]*3+[1])*2'; default: none")

@@ -6,6 +6,7 @@ those, then these."""
 from __future__ import annotations
 
 from base.errors import ConfigError
+from base.options import features, flag_of_setting
 from gpt.attention_settings import AttentionSettings
 from gpt.mla_settings import MLASettings
 from gpt.mlp import MLPSettings
@@ -39,37 +40,39 @@ def check_multi_latent_attention(mla: MLASettings, attention: AttentionSettings,
         raise ConfigError("--window-size with --multi-latent-attention is not implemented: multi-latent attention "
                           "sees the whole causal context, as in Megatron-Core",
                           flags=("--window-size", "--multi-latent-attention"))
-    given = [flag for flag, value in (("--softmax-scale", attention.softmax_scale),
-                                      ("--attn-logit-softcapping", attention.attn_logit_softcapping),
-                                      ("--clip-qkv", attention.clip_qkv),
-                                      ("--local-rotary-base", positions.local_rotary_base),
-                                      ("--rotary-seq-len-interpolation-factor",
-                                       positions.rotary_seq_len_interpolation_factor)) if value is not None]
+    default = AttentionSettings()
+    given = [flag_of_setting(AttentionSettings, name) for name in features(AttentionSettings)
+             if name not in mla.ATTENTION_FEATURES and getattr(attention, name) != getattr(default, name)]
+    given += [flag for flag, value in (("--local-rotary-base", positions.local_rotary_base),
+                                       ("--rotary-seq-len-interpolation-factor",
+                                        positions.rotary_seq_len_interpolation_factor)) if value is not None]
     if positions.position_embedding_type == "longrope":
         given.append("--position-embedding-type longrope")
     if given:
+        taken = ", ".join(flag_of_setting(AttentionSettings, name) for name in mla.ATTENTION_FEATURES)
         raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
-                          f"attention scales its scores and rotates its positions as Megatron-Core's "
-                          f"MLASelfAttention (YaRN's mscale)", flags=("--multi-latent-attention", *given))
-    _check_multi_latent_rotary(attention, positions)
+                          f"attention takes of the attention's features only {taken}, and scales its scores and "
+                          f"rotates its positions as Megatron-Core's MLASelfAttention (YaRN's mscale)",
+                          flags=("--multi-latent-attention", *given))
+    _check_multi_latent_rotary(positions)
 
 
-def _check_multi_latent_rotary(attention: AttentionSettings, positions: PositionSettings) -> None:
+def _check_multi_latent_rotary(positions: PositionSettings) -> None:
     """MLA's rotary: YaRN's, over all --qk-pos-emb-head-dim dims of each head, in halves."""
     if not positions.rotary_scaling_factor > 0 or positions.rotary_base <= 0:
         raise ConfigError("--rotary-scaling-factor and --rotary-base must be positive",
                           flags=("--rotary-scaling-factor", "--rotary-base"))
-    # what Megatron-Core's MLA refuses (MLATransformerConfig.__post_init__: the output gate; YarnRotaryEmbedding:
-    # interleaved rotary) or does not read for MLA, and Llama 3's scaling, which its rotary embeddings lack
-    others = {"--attention-output-gate": attention.attention_output_gate,
-              "--rotary-interleaved": positions.rotary_interleaved,
+    # what Megatron-Core's MLA refuses (YarnRotaryEmbedding: interleaved rotary; MLATransformerConfig.__post_init__'s
+    # output gate is an attention feature check_multi_latent_attention refuses) or does not read for MLA, and Llama
+    # 3's scaling, which its rotary embeddings lack
+    others = {"--rotary-interleaved": positions.rotary_interleaved,
               "--use-rope-scaling": positions.use_rope_scaling,
               f"--rotary-percent {positions.rotary_percent}": positions.rotary_percent != 1.0}
     given = [flag for flag, on in others.items() if on]
     if given:
         raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
                           f"attention here rotates all --qk-pos-emb-head-dim dims of each head, in halves after "
-                          f"de-interleaving, with no output gate, as Megatron-Core's MLASelfAttention",
+                          f"de-interleaving, as Megatron-Core's MLASelfAttention",
                           flags=("--multi-latent-attention", *(flag.split()[0] for flag in given)))
 
 

@@ -11,7 +11,7 @@ from arguments.hf_config import check_hf_config_json
 from arguments.hf_folder import architecture_settings
 from base.errors import ConfigError
 from base.options import setting_value
-from families.common.dense import flag_for
+from families.common.features import flag_for
 from families.common.llama_shaped import ARCHITECTURE
 from families.registry import dense_families
 from gpt.model_config import ModelConfig

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from base.errors import ConfigError
-from base.options import flag_of_setting, setting_value
+from base.options import setting_value
+from families.common.features import flag_for, uncarried
 from families.common.fields import (
     LLAMA3_FIXED,
     LLAMA_FIELDS,
@@ -63,6 +64,8 @@ class DenseFamily:
     # the MLP's gate/up/down
     layer_names: tuple[tuple[str, str], ...]
     needs: Callable[[ModelConfig], dict[str, bool]] = lambda model: {}
+    # the block features (families/common/features.py) it holds besides those `fixed` pins
+    carries: tuple[str, ...] = ()
     typed: Callable[[dict, dict, Path, dict], HFConfig] = lambda values, raw, path, fields: dense_typed(
         values, raw, path, fields)
     fused_qkv: Optional[str] = None  # Phi-3's self_attn.qkv_proj: [q; k; v] rows
@@ -79,8 +82,8 @@ class DenseFamily:
         needs = {flag_for(name, value): setting_value(model, name) != value for name, value in self.fixed.items()}
         needs.update({f"no --num-experts ({self.architecture} has no experts)": model.moe is not None,
                       f"no --mtp-num-layers ({self.architecture} has no MTP layers)": bool(model.mtp.num_layers),
-                      f"no --clip-qkv ({self.architecture} clamps no q, k, v)": model.attention.clip_qkv is not None,
                       **rope_needs(model), **self.needs(model)})
+        needs.update({need: True for need in uncarried(model, (*self.fixed, *self.carries))})
         return [need for need, missing in needs.items() if missing]
 
 
@@ -90,21 +93,6 @@ def dense_typed(values: dict, raw: dict, path: Path, fields: dict, heads_divide_
     Gemma 2's and 3's do; Mistral's, Qwen2's, Qwen3's, OLMo 2's and Phi-3's do not."""
     return llama_shaped({"attention_bias": False, "mlp_bias": False, **values}, raw, path, fields,
                         heads_divide_hidden=heads_divide_hidden)
-
-
-def flag_for(name: str, value) -> str:
-    """The flag (and value) that sets the ModelConfig setting `name` to `value` (Megatron-LM reads
-    --num-query-groups only beside --group-query-attention)."""
-    if name == "add_bias_linear":
-        return "no --disable-bias-linear" if value else "--disable-bias-linear"
-    flag = flag_of_setting(ModelConfig, name)
-    if isinstance(value, bool):
-        return flag if value else f"no {flag}"
-    if value is None:
-        return f"no {flag}"
-    if name == "num_query_groups":
-        return f"--group-query-attention {flag} {value}"
-    return f"{flag} {value}"
 
 
 def core_fields(*extra: Field, drop: tuple[str, ...] = (), **defaults: Any) -> tuple[Field, ...]:

@@ -20,6 +20,7 @@ from families.common.dense import (
     sliding_window_of,
     window_settings,
 )
+from families.common.features import carried_fields, carried_settings
 from families.common.fields import BOOLEAN, NAME, POSITIVE_INT, Field, FolderValue, HFConfig
 from gpt.model_config import ModelConfig
 
@@ -36,6 +37,9 @@ def gemma_fields(*extra: Field, bidirectional_default=None, **defaults) -> tuple
                        drop=("hidden_act",), **defaults)
 
 
+# the block features Gemma 2 and 3 hold beyond GEMMA_BLOCKS (query_pre_attn_scalar, and the soft-cappings under
+# their sections' keys)
+GEMMA_CARRIES = ("softmax_scale", "attn_logit_softcapping", "final_logit_softcapping")
 GEMMA_BLOCKS = {**LLAMA_BLOCKS, "swiglu": False, "gated_linear_unit": True, "apply_layernorm_1p": True,
                 "sublayer_norms": "input_and_output", "scale_embeddings_by_sqrt_hidden": True}
 # (ours in a block, Gemma's in a layer): its post_attention_layernorm is on the attention's output
@@ -69,8 +73,7 @@ def gemma_settings(config: HFConfig, model_type: str, pattern: int) -> dict[str,
         [SLIDING if (layer + 1) % pattern else "full_attention" for layer in range(config.num_layers)]
     return {"activation": v(ACTIVATIONS[config.activation], "hidden_activation"),
             "softmax_scale": v(values["query_pre_attn_scalar"] ** -0.5, "query_pre_attn_scalar (its ^-0.5)"),
-            "attn_logit_softcapping": v(values["attn_logit_softcapping"], "attn_logit_softcapping"),
-            "final_logit_softcapping": v(values["final_logit_softcapping"], "final_logit_softcapping"),
+            **carried_settings(values, GEMMA_CARRIES),
             **window_settings(values["sliding_window"], tuple(kind == SLIDING for kind in kinds),
                               "sliding_window, layer_types")}
 
@@ -88,8 +91,7 @@ def gemma_write(model: ModelConfig) -> dict:
     keys.pop("hidden_act")
     return {**keys, "hidden_activation": WRITTEN_ACTIVATIONS.get(model.mlp.activation), "attention_bias": False,
             "query_pre_attn_scalar": query_pre_attn_scalar(model), "sliding_window": sliding_window_of(model),
-            "layer_types": layer_types_of(model), "attn_logit_softcapping": model.attention.attn_logit_softcapping,
-            "final_logit_softcapping": model.output.final_logit_softcapping}
+            "layer_types": layer_types_of(model), **carried_fields(model, GEMMA_CARRIES)}
 
 
 def gemma_needs(model: ModelConfig) -> dict[str, bool]:

@@ -19,7 +19,7 @@ import torch
 
 from base.errors import ConfigError
 from base.options import setting_value
-from families.common.dense import flag_for
+from families.common.features import flag_for, uncarried
 from families.common.llama_shaped import ends_from_hf, ends_to_hf, fused_qkv, split_qkv
 from gpt.model_config import ModelConfig
 
@@ -64,16 +64,17 @@ def needs(config: ModelConfig, wanted: dict[str, Any]) -> list[str]:
     return found
 
 
-def llama_block_misfits(config: ModelConfig, clips_qkv: bool = False) -> list[str]:
-    """What every Llama-shaped family here wants of the blocks: RMSNorm, SwiGLU's gated MLP, rotary positions in
-    halves on every layer, no output gate nor query/key L2 norm, no clamp of q, k and v unless the family has one
-    (`clips_qkv`: OLMoE's clip_qkv), Megatron-Core's router (not DeepSpeed-MoE's), one expert count, no residual MoE,
-    dropless experts, no multi-token prediction."""
-    found = needs(config, {"normalization": "RMSNorm", "rotary_interleaved": False, "attention_output_gate": False,
-                           "qk_l2_norm": False, "no_rope_freq": (lambda value: not value, "no --no-rope-freq"),
-                           "activation": (lambda value: value in ("gelu", "gelu_tanh"),
-                                          "no --activation other than SwiGLU's"),
-                           **({} if clips_qkv else {"clip_qkv": None})})
+def llama_block_misfits(config: ModelConfig, wanted: dict[str, Any], carries: tuple[str, ...] = ()) -> list[str]:
+    """What keeps `config` from being a Llama-shaped MoE family: the settings every one here wants (RMSNorm,
+    SwiGLU's gated MLP, rotary positions in halves on every layer), then the family's own `wanted` (needs' form), any
+    block feature the model sets that neither `wanted` pins nor `carries` names (families/common/features.py),
+    Megatron-Core's router (not DeepSpeed-MoE's), one expert count, no residual MoE, dropless experts, no multi-token
+    prediction."""
+    wanted = {"normalization": "RMSNorm", "rotary_interleaved": False,
+              "no_rope_freq": (lambda value: not value, "no --no-rope-freq"),
+              "activation": (lambda value: value in ("gelu", "gelu_tanh"), "no --activation other than SwiGLU's"),
+              **wanted}
+    found = needs(config, wanted) + uncarried(config, (*wanted, *carries))
     if config.moe is not None:
         moe = config.moe
         found += [phrase for phrase, bad in (

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from base.errors import ConfigError
+from families.common.features import uncarried
 from families.common.fields import LLAMA3_FIXED
 from gpt.model_config import ModelConfig
 from gpt.xielu import XIELU_BETA, XIELU_EPS
@@ -35,40 +36,33 @@ MIXTRAL_TYPE = "mixtral"
 QWEN2_MOE_TYPE = "qwen2_moe"  # Qwen2-MoE: a gated shared expert beside the routed ones, q/k/v biases
 MOE_TYPES = (MIXTRAL_TYPE, QWEN2_MOE_TYPE)
 APERTUS_TYPE, APERTUS_ARCHITECTURE = "apertus", "ApertusForCausalLM"  # --xielu (swiss-ai's Apertus)
+# The block features (families/common/features.py) the Llama-shaped classes hold, each under the rules below: a
+# q, k, v bias (Llama's attention_bias with o's, Qwen2-MoE's alone), and Apertus's per-head q and k norms
+LLAMA_CARRIES = ("add_qkv_bias",)
+APERTUS_CARRIES = ("add_qkv_bias", "qk_layernorm", "qk_layernorm_over_projection")
 # Old transformers versions saved the rotary inverse frequencies with the weights; they are not weights.
 BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
-def beyond_llama(config: ModelConfig) -> dict[str, bool]:
-    """Issue 63's blocks, which no LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM or ApertusForCausalLM
-    holds ({the flag it would need: whether the model has the block}); families/ has the classes that
-    do (families/common/dense_weights.py)."""
-    return {"no --window-size": config.has_windows(),
-            "no --qk-layernorm-over-projection": config.attention.qk_layernorm_over_projection,
-            "no --qk-l2-norm": config.attention.qk_l2_norm,
-            "no --no-rope-freq": bool(config.positions.no_rope_freq),
-            "--sublayer-norms input": config.norms.sublayer_norms != "input",
-            "no --gated-linear-unit": config.mlp.gated_linear_unit,
-            "no --scale-embeddings-by-sqrt-hidden": config.output.scale_embeddings_by_sqrt_hidden,
-            "no --softmax-scale": config.attention.softmax_scale is not None,
-            "no --attn-logit-softcapping": config.attention.attn_logit_softcapping is not None,
-            "no --clip-qkv": config.attention.clip_qkv is not None,
-            "no --final-logit-softcapping": config.output.final_logit_softcapping is not None,
+def beyond_llama(config: ModelConfig, carries: tuple[str, ...] = ()) -> dict[str, bool]:
+    """What no LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM or ApertusForCausalLM holds ({the flag it
+    would need: whether the model has it}): every block feature `config` sets but `carries` (families/common/
+    features.py), the sliding windows and the local and interpolated rotary; families/ has the classes that hold
+    them (families/common/dense_weights.py)."""
+    return {"no --window-size": config.has_windows(), **{need: True for need in uncarried(config, carries)},
             "no --local-rotary-base": config.positions.local_rotary_base is not None,
             "no --rotary-seq-len-interpolation-factor": config.positions.rotary_seq_len_interpolation_factor is not None}
 
 
 def llama_misfits(config: ModelConfig) -> list[str]:
     """What keeps `config` from being a LlamaForCausalLM: the flag each needs, or the setting it lacks."""
-    needs = {**beyond_llama(config), "--normalization RMSNorm": config.norms.normalization != "RMSNorm",
+    needs = {**beyond_llama(config, LLAMA_CARRIES), "--normalization RMSNorm": config.norms.normalization != "RMSNorm",
              "--swiglu": not config.mlp.swiglu,
              "--position-embedding-type rope": config.positions.position_embedding_type != "rope",
              "--rotary-percent 1.0": config.positions.rotary_percent != 1.0,
-             "no --qk-layernorm": config.attention.qk_layernorm,
              # transformers' Llama rotates halves (rotate_half); an interleaved model's query and key rows would
              # need a permutation that is not written here.
              "no --rotary-interleaved": config.positions.rotary_interleaved,
-             "no --attention-output-gate": config.attention.attention_output_gate,
              # DeepSeek's multi-latent attention is not exported (transformers' DeepseekV3 would take it)
              "no --multi-latent-attention": config.mla.multi_latent_attention,
              "no --add-qkv-bias without the other biases (transformers' attention_bias covers o_proj too)":
@@ -77,7 +71,7 @@ def llama_misfits(config: ModelConfig) -> list[str]:
         needs = {need: missing for need, missing in needs.items() if missing}
         needs.update({need: True for need in moe_misfits(config)})
     if is_apertus(config):
-        needs = {**beyond_llama(config), **apertus_needs(config)}
+        needs = {**beyond_llama(config, APERTUS_CARRIES), **apertus_needs(config)}
     return [need for need, missing in needs.items() if missing]
 
 

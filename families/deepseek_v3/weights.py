@@ -17,7 +17,6 @@ from families.common.layout import (
     first_dense_misfits,
     layer_mlp_names,
     llama_block_misfits,
-    needs,
 )
 from gpt.model_config import ModelConfig
 
@@ -38,13 +37,14 @@ def claims(config: ModelConfig) -> bool:
 
 def misfits(config: ModelConfig) -> list[str]:
     moe = config.moe
-    found = llama_block_misfits(config) + first_dense_misfits(config) + needs(config, {
+    found = llama_block_misfits(config, {
         "swiglu": True, "qk_layernorm": True, "add_bias_linear": False, "multi_latent_attention": True,
         "q_lora_rank": (lambda v: v is not None, "--q-lora-rank"),
         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
         "moe_shared_expert_gate": False, "window_size": None,
         "layernorm_epsilon": (lambda v: v == LATENT_NORM_EPS, f"--norm-epsilon {LATENT_NORM_EPS} (DeepseekV3's "
                                                               f"latent norms run at it)")})
+    found += first_dense_misfits(config)
     if moe.router_topk == 1:
         found.append("--moe-router-topk above 1 (DeepseekV3's norm_topk_prob renormalizes one expert's score to 1)")
     group_topk = moe.router_group_topk

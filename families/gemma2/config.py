@@ -18,6 +18,7 @@ from families.common.dense import (
 from families.common.fields import POSITIVE_INT, POSITIVE_NUMBER, Field, FolderValue, HFConfig
 from families.common.gemma import (
     GEMMA_BLOCKS,
+    GEMMA_CARRIES,
     GEMMA_NORMS,
     gemma_fields,
     gemma_needs,
@@ -43,5 +44,5 @@ def read(config: HFConfig) -> dict[str, FolderValue]:
 
 FAMILY = DenseFamily(
     model_type=MODEL_TYPE, architectures=("Gemma2ForCausalLM", "Gemma2Model"), config_class="Gemma2Config",
-    fields=FIELDS, read=read, write=gemma_write, fixed=FIXED, needs=gemma_needs, typed=gemma_typed,
-    layer_names=GEMMA_NORMS)
+    fields=FIELDS, read=read, write=gemma_write, fixed=FIXED, needs=gemma_needs, carries=GEMMA_CARRIES,
+    typed=gemma_typed, layer_names=GEMMA_NORMS)

@@ -26,6 +26,7 @@ from families.common.dense import (
 from families.common.fields import POSITIVE_INT, POSITIVE_NUMBER, Field, FolderValue, HFConfig, rope_object
 from families.common.gemma import (
     GEMMA_BLOCKS,
+    GEMMA_CARRIES,
     GEMMA_NORMS,
     gemma_fields,
     gemma_needs,
@@ -100,11 +101,12 @@ def write(model: ModelConfig) -> dict:
 
 FAMILY = DenseFamily(
     model_type=MODEL_TYPE, architectures=("Gemma3ForCausalLM", "Gemma3TextModel"), config_class="Gemma3TextConfig",
-    fields=FIELDS, read=read, write=write, fixed=FIXED, needs=gemma_needs, typed=gemma_typed,
-    layer_names=(*GEMMA_NORMS, *QK_NORMS))
+    fields=FIELDS, read=read, write=write, fixed=FIXED, needs=gemma_needs, carries=GEMMA_CARRIES,
+    typed=gemma_typed, layer_names=(*GEMMA_NORMS, *QK_NORMS))
 
 # The multimodal folder: the same model in its text_config (read by arguments/hf_config.py: DenseFamily.section)
 MULTIMODAL = DenseFamily(
     model_type="gemma3", architectures=("Gemma3ForConditionalGeneration",), config_class="Gemma3TextConfig",
     fields=FIELDS, read=lambda config: {**read(config), "hf_model_type": FolderValue(MODEL_TYPE, "text_config")},
-    write=write, fixed=FIXED, needs=gemma_needs, typed=gemma_typed, layer_names=FAMILY.layer_names, section="text_config")
+    write=write, fixed=FIXED, needs=gemma_needs, carries=GEMMA_CARRIES, typed=gemma_typed, layer_names=FAMILY.layer_names,
+    section="text_config")

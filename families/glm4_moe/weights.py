@@ -16,7 +16,6 @@ from families.common.layout import (
     first_dense_misfits,
     layer_mlp_names,
     llama_block_misfits,
-    needs,
 )
 from gpt.model_config import ModelConfig
 
@@ -29,12 +28,17 @@ def claims(config: ModelConfig) -> bool:
             and config.moe.router_score_function == "sigmoid")
 
 
+# the block features Glm4Moe holds beyond those misfits pins: attention_bias (q, k, v) and use_qk_norm
+CARRIES = ("add_qkv_bias", "qk_layernorm")
+
+
 def misfits(config: ModelConfig) -> list[str]:
     moe = config.moe
-    found = llama_block_misfits(config) + first_dense_misfits(config) + needs(config, {
+    found = llama_block_misfits(config, {
         "swiglu": True, "position_embedding_type": "rope", "use_rope_scaling": False, "add_bias_linear": False,
         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-        "moe_shared_expert_gate": False, "window_size": None})
+        "moe_shared_expert_gate": False, "window_size": None}, carries=CARRIES)
+    found += first_dense_misfits(config)
     if moe.router_topk == 1:
         found.append("--moe-router-topk above 1 (Glm4Moe's norm_topk_prob renormalizes one expert's score to 1)")
     if moe.router_group_topk and moe.router_topk // moe.router_group_topk != 2:

@@ -21,7 +21,6 @@ from families.common.layout import (
     canonical_names,
     from_hf_layers,
     llama_block_misfits,
-    needs,
     to_hf_layers,
 )
 from gpt.model_config import ModelConfig
@@ -37,8 +36,12 @@ def claims(config: ModelConfig) -> bool:
     return config.attention.softmax_type != "vanilla" or config.mlp.quick_geglu
 
 
+# the block features GPT-OSS holds beyond those misfits pins: the q, k, v biases every linear has
+CARRIES = ("add_qkv_bias",)
+
+
 def misfits(config: ModelConfig) -> list[str]:
-    found = llama_block_misfits(config) + needs(config, {
+    found = llama_block_misfits(config, {
         "quick_geglu": True, "glu_linear_offset": 1.0, "softmax_type": "learnable", "add_bias_linear": True,
         "activation_func_clamp_value": (lambda v: v is not None, "--activation-func-clamp-value (swiglu_limit)"),
         "position_embedding_type": (lambda v: v in ("rope", "yarn"), "--position-embedding-type yarn or rope"),
@@ -47,7 +50,8 @@ def misfits(config: ModelConfig) -> list[str]:
         "moe_router_topk_scaling_factor": (lambda v: not v, "no --moe-router-topk-scaling-factor"),
         "moe_router_num_groups": None, "moe_router_enable_expert_bias": False,
         "moe_shared_expert_intermediate_size": None,
-        "num_experts": (lambda v: v is not None, "--num-experts (every GPT-OSS layer is an MoE layer)")})
+        "num_experts": (lambda v: v is not None, "--num-experts (every GPT-OSS layer is an MoE layer)")},
+        carries=CARRIES)
     if config.moe is not None and not all(config.moe_layers()):
         found.append("an MoE layer in every layer (GPT-OSS has no dense layers)")
     if config.positions.position_embedding_type == "yarn" and config.positions.mscale != 1.0 and not config.positions.mscale_all_dim:

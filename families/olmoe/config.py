@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from base.errors import ConfigError
+from families.common.features import carried_settings
 from families.common.fields import (
     BOOLEAN,
     LLAMA_FIELDS,
@@ -26,6 +27,8 @@ from families.common.reader import FamilyReader, FolderValue, llama_settings
 
 MODEL_TYPE = "olmoe"
 ARCHITECTURES = ("OlmoeForCausalLM", "OlmoeModel")
+# the block features OLMoE holds beyond the q/k norms it always has (families/common/features.py)
+CARRIES = ("clip_qkv",)
 
 FIELDS = (
     *(spec for spec in LLAMA_FIELDS if spec.key not in ("vocab_size", "hidden_size", "intermediate_size",
@@ -68,7 +71,7 @@ def settings(config: HFConfig) -> dict[str, FolderValue]:
             "qk_layernorm": v(True, f"model_type {MODEL_TYPE} (q_norm, k_norm)"),
             "qk_layernorm_over_projection": v(True, f"model_type {MODEL_TYPE} (q_norm over hidden_size, k_norm over "
                                                     f"the key projection)"),
-            "clip_qkv": v(values["clip_qkv"], "clip_qkv"),
+            **carried_settings(values, CARRIES),
             "num_experts": v(config.num_experts, "num_experts"),
             "moe_router_topk": v(config.experts_per_token, "num_experts_per_tok"),
             "moe_ffn_hidden_size": v(config.moe_ffn_hidden_size, "intermediate_size"),

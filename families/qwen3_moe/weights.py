@@ -14,7 +14,6 @@ from families.common.layout import (
     dense_layers,
     layer_mlp_names,
     llama_block_misfits,
-    needs,
 )
 from gpt.model_config import ModelConfig
 
@@ -29,7 +28,7 @@ def claims(config: ModelConfig) -> bool:
 
 
 def misfits(config: ModelConfig) -> list[str]:
-    found = llama_block_misfits(config) + needs(config, {
+    found = llama_block_misfits(config, {
         "swiglu": True, "position_embedding_type": "rope", "rotary_percent": 1.0, "use_rope_scaling": False,
         "qk_layernorm": True, "add_bias_linear": False, "add_qkv_bias": False, "multi_latent_attention": False,
         "moe_router_score_function": "softmax", "moe_router_topk_scaling_factor": (lambda v: not v, "no "
