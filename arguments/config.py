@@ -1166,8 +1166,8 @@ class PretrainConfig:
 
     def _unwritten_experts(self) -> Optional[str]:
         """What of the MoE layers checkpoint/torch_dist/writer.py does not write in Megatron-Core's layout: it
-        writes SequentialMLP's stacked (layer, expert) tensors, the shared expert's and the router's weight and
-        bias, so every layer an MoE layer of one count, under Megatron-Core's router, without the state its writer
+        writes SequentialMLP's stacked (layer, expert) tensors, the shared expert's and the router's weight, bias
+        and expert bias, so every layer an MoE layer of one count, under Megatron-Core's router, without the state its writer
         does not hold."""
         model = self.model
         if model.moe is None:
@@ -1182,8 +1182,6 @@ class PretrainConfig:
         if experts.shared_expert_intermediate_size and model.add_bias_linear:
             # Megatron-Core's SharedExpertMLP asserts "bias is not supported in the shared experts"
             return "the shared experts' biases (Megatron-Core builds none)"
-        if experts.router_enable_expert_bias:
-            return "the routers' expert bias"
         return None
 
     def _check_multi_token_prediction(self) -> None:

@@ -100,6 +100,14 @@ FIXTURES = {
                                                   "--moe-ffn-hidden-size", "32",
                                                   "--moe-shared-expert-intermediate-size", "32",
                                                   "--expert-model-parallel-size", "2"]),
+    # DeepSeek-V3's aux-loss-free balancing on the Mixtral-shaped model: sigmoid scores, each router's expert bias (a
+    # persistent buffer, updated after every step from the tokens each expert took) at a rate that moves it visibly
+    "megatron_moe_ep2_expert_bias": (2, LLAMA_FLAGS + ["--num-experts", "4", "--moe-router-topk", "2",
+                                                       "--moe-ffn-hidden-size", "32",
+                                                       "--moe-router-score-function", "sigmoid",
+                                                       "--moe-router-enable-expert-bias",
+                                                       "--moe-router-bias-update-rate", "0.01",
+                                                       "--expert-model-parallel-size", "2"]),
 }
 
 

@@ -26,6 +26,9 @@ from typing import Optional
 
 LAYERS = "decoder.layers."
 EXPERTS = "mlp.experts.experts."
+# Megatron-Core's TopKRouter's persistent buffer under --moe-router-enable-expert-bias (checkpoint/router_state.py),
+# inside a layer: `decoder.layers.mlp.router.expert_bias` [layers, experts], or per layer where layers differ
+EXPERT_BIAS = "mlp.router.expert_bias"
 
 # Outside the layers: Megatron-Core's key -> ours.
 MODEL_NAMES = {

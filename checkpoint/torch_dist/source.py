@@ -57,7 +57,7 @@ from checkpoint.torch_dist.common import (
 )
 from checkpoint.torch_dist.dcp_reader import DcpReader
 from checkpoint.torch_dist.grad_scaler import GRAD_SCALER, STATIC, our_scaler_state
-from checkpoint.torch_dist.names import Placement, our_placements
+from checkpoint.torch_dist.names import EXPERT_BIAS, LAYERS, Placement, our_placements
 
 OPTIMIZER_STATE = "optimizer.state."
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -79,9 +79,10 @@ class MegatronSource(GlobalStateSource):
         gated = bool(arg(self.common, "swiglu", False))
         tensors = self.reader.tensors()
         self._placements: dict[str, Placement] = {}
+        self._expert_bias_keys = tuple(key for key in tensors if key.startswith(LAYERS) and key.endswith(EXPERT_BIAS))
         unknown = []
         for key, md in tensors.items():
-            if key.startswith("optimizer."):
+            if key.startswith("optimizer.") or key in self._expert_bias_keys:
                 continue
             placements = our_placements(key, tuple(md.size), gated)
             if placements is None:
@@ -184,6 +185,18 @@ class MegatronSource(GlobalStateSource):
         dynamic = our_scaler_state(scaler, str(self.path))
         static = getattr(self.args, "loss_scale", None)
         return dynamic or ((STATIC, {"scale": float(static)}) if static else None)
+
+    def expert_biases(self) -> Optional[dict[str, list]]:
+        """Each router's expert bias under our router's name (its global layer number), from Megatron-Core's
+        buffer: one row of the stacked tensor a layer, or a layer's own key."""
+        found = {}
+        for key in self._expert_bias_keys:
+            size = self.reader.tensors()[key].size
+            values = self.reader.read(key, tuple(slice(0, n) for n in size)).to(torch.float32)
+            layer = key[len(LAYERS):-len(EXPERT_BIAS)].rstrip(".")
+            rows = {int(layer): values} if layer else dict(enumerate(values))
+            found.update({f"blocks.{number}.{EXPERT_BIAS}": row.tolist() for number, row in rows.items()})
+        return found or None
 
     def not_carried(self) -> list[str]:
         missing = [f"its optimizer states ({self._optimizer_not_read})"] if self._optimizer_not_read else []

@@ -14,8 +14,8 @@ chained as Megatron-LM builds them at the save's EP. Each rank writes the global
 (a tensor whole on every TP rank by TP rank 0 only): the working set is one copy of its shard of each state.
 
 Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
-Megatron-LM starts its streams from --seed, as at another layout). A run with shared experts, dense layers between
-MoE ones, the routers' expert bias, MTP, MLA, optimizers other than Adam or --keep-last saves this project's
+Megatron-LM starts its streams from --seed, as at another layout). The routers' expert bias is Megatron-Core's buffer,
+stacked over the layers. A run with dense layers between MoE ones, the shared experts' gate, MTP, MLA, optimizers other than Adam or --keep-last saves this project's
 format, said at start-up (arguments/config.py). As every save here the directory appears whole or not at all
 (iter_NNNNNNN.partial renamed, the tracker written last and atomically); a non-finite state is never committed."""
 
@@ -50,6 +50,7 @@ from checkpoint.format import (
 from checkpoint.global_load import parameter_records
 from checkpoint.integrity import file_digest
 from checkpoint.regions import box_numel, flat_range_boxes, flat_start, shift
+from checkpoint.router_state import expert_biases
 from checkpoint.save_plan import coordinates, named_fragments
 from checkpoint.torch_dist.args import megatron_args
 from checkpoint.torch_dist.common import (
@@ -61,7 +62,7 @@ from checkpoint.torch_dist.common import (
 )
 from checkpoint.torch_dist.dcp_failures import DCP_FAILURES, failure_line, os_cause
 from checkpoint.torch_dist.grad_scaler import GRAD_SCALER, megatron_grad_scaler
-from checkpoint.torch_dist.names import EXPERTS, LAYERS, megatron_placement
+from checkpoint.torch_dist.names import EXPERT_BIAS, EXPERTS, LAYERS, megatron_placement
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
 
@@ -156,8 +157,23 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
                 values = shard.tensors[source][at:at + numel].to(dtype).reshape(sizes).clone()
                 tensors[prefix + placement.key].append((offsets, values))
                 shapes[prefix + placement.key] = (global_shape, dtype)
+    _expert_bias_chunks(model, config, state, tensors, shapes)
     # every rank plans every tensor's shape: DCP's global plan takes each key's metadata from the ranks writing it
     return dict(tensors), shapes
+
+
+def _expert_bias_chunks(model, config, state: ParallelState, tensors: dict, shapes: dict) -> None:
+    """The routers' expert bias (--moe-router-enable-expert-bias), Megatron-Core's persistent fp32 buffer stacked
+    over the layers, `decoder.layers.mlp.router.expert_bias` [layers, experts]: a row per router this stage holds,
+    written by its first data-, tensor- and context-parallel replica (the bias is the same on every rank)."""
+    if config.model.moe is None or not config.model.moe.router_enable_expert_bias or state.data_parallel_rank \
+            or state.tensor_parallel_rank or state.context_parallel_rank:
+        return
+    key, shape = f"{LAYERS}{EXPERT_BIAS}", (config.model.num_layers, _experts_per_layer(config))
+    for name, values in expert_biases(model).items():
+        layer = int(name.split(".")[1])  # blocks.<global layer>.mlp.router.expert_bias
+        tensors[key].append(((layer, 0), torch.tensor(values, dtype=torch.float32).reshape(1, -1)))
+        shapes[key] = (shape, torch.float32)
 
 
 def _experts_per_layer(config) -> Optional[int]:
