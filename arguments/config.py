@@ -1166,19 +1166,17 @@ class PretrainConfig:
 
     def _unwritten_experts(self) -> Optional[str]:
         """What of the MoE layers checkpoint/torch_dist/writer.py does not write in Megatron-Core's layout: it
-        writes SequentialMLP's stacked (layer, expert) tensors, the shared expert's and the router's weight, bias
-        and expert bias, so every layer an MoE layer of one count, under Megatron-Core's router, without the state its writer
-        does not hold."""
+        writes SequentialMLP's (layer, expert) tensors, the shared expert's (and its gate), the router's weight, bias
+        and expert bias, and dense layers between (--moe-layer-freq): MoE layers of one expert count under
+        Megatron-Core's router, without the state its writer does not hold."""
         model = self.model
         if model.moe is None:
             return None
         experts = model.experts
         if experts.deepspeed.gating == "deepspeed":
             return "DeepSpeed-MoE's layers"
-        if len(set(model.experts_per_layer())) > 1:
-            return "MoE layers beside dense ones (--moe-layer-freq)"
-        if experts.shared_expert_gate:
-            return "the shared experts' gate"
+        if len(set(count for count in model.experts_per_layer() if count > 1)) > 1:
+            return "MoE layers of different expert counts"
         if experts.shared_expert_intermediate_size and model.add_bias_linear:
             # Megatron-Core's SharedExpertMLP asserts "bias is not supported in the shared experts"
             return "the shared experts' biases (Megatron-Core builds none)"

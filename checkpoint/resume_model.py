@@ -18,6 +18,7 @@ from base.options import flag_of_setting, setting_names, setting_value
 from gpt.attention_settings import AttentionSettings
 from gpt.mlp import MLPSettings
 from gpt.model_config import ModelConfig
+from gpt.moe.settings import moe_layer_pattern
 from gpt.norms import NormSettings
 from gpt.positions import LONGROPE_SETTINGS, PositionSettings
 
@@ -87,9 +88,19 @@ def _compared_values(model: dict) -> dict:
     if not values["num_experts"] or values["num_experts"] == 1:  # a dense model: the MoE settings are not read
         for name in MOE_COMPARED:
             values.pop(name)
+    else:
+        values["moe_layer_freq"] = _layer_freq(values["moe_layer_freq"], values["num_layers"])
     if values["num_query_groups"] is None:
         values["num_query_groups"] = values["num_attention_heads"]
     return values
+
+
+def _layer_freq(freq, num_layers: int):
+    """Which layers hold experts, one way however typed (an int, a list expression, or the list Megatron-LM's args
+    keep): the int N whose every N-th layer they are, else one 0/1 per layer."""
+    pattern = moe_layer_pattern(freq, num_layers)
+    every = next((n for n in range(1, num_layers + 1) if pattern == moe_layer_pattern(n, num_layers)), None)
+    return every if every is not None else tuple(map(int, pattern))
 
 
 def _show(value) -> str:

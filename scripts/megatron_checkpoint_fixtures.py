@@ -108,6 +108,12 @@ FIXTURES = {
                                                        "--moe-router-enable-expert-bias",
                                                        "--moe-router-bias-update-rate", "0.01",
                                                        "--expert-model-parallel-size", "2"]),
+    # DeepSeek's layout of layers: a dense first layer (--moe-layer-freq), then an MoE layer whose shared expert is
+    # gated (Qwen2-MoE's sigmoid gate, SharedExpertMLP's gate_weight)
+    "megatron_moe_ep2_dense_first_gated_shared": (2, LLAMA_FLAGS + [
+        "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32", "--moe-layer-freq", "[0,1]",
+        "--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate", "--expert-model-parallel-size",
+        "2"]),
 }
 
 

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from checkpoint.torch_dist.common import TORCH_DIST_BACKEND
+from gpt.moe.settings import moe_layer_pattern
 from parallel.state import ParallelState
 
 # checkpointing.py: check_checkpoint_args, load_checkpoint's reads of state_dict['args'], and the `_set_arg` calls
@@ -130,7 +131,7 @@ def _moe_args(config) -> dict:
     if moe is None:
         return {}
     return dict(num_experts=moe.num_experts, moe_ffn_hidden_size=moe.ffn_hidden_size,
-                moe_layer_freq=config.model.experts.layer_freq, moe_router_topk=moe.router_topk,
+                moe_layer_freq=_layer_freq(config), moe_router_topk=moe.router_topk,
                 moe_router_score_function=moe.router_score_function, moe_router_pre_softmax=moe.router_pre_softmax,
                 moe_router_topk_scaling_factor=moe.router_topk_scaling_factor,
                 moe_shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
@@ -145,3 +146,10 @@ def _virtual_stages(parallel, num_layers: int) -> Optional[int]:
     if parallel.num_layers_per_virtual_pipeline_stage:
         return num_layers // parallel.pipeline_model_parallel_size // parallel.num_layers_per_virtual_pipeline_stage
     return None
+
+
+def _layer_freq(config):
+    """--moe-layer-freq as Megatron-LM's parser keeps it (arguments.py moe_freq_type): an int, or the list of 0/1
+    its expression evaluates to."""
+    freq = config.model.experts.layer_freq
+    return freq if isinstance(freq, int) else [int(moe) for moe in moe_layer_pattern(freq, config.model.num_layers)]

@@ -67,6 +67,7 @@ LAYER_NAMES = {
     "mlp.shared_experts.linear_fc1.bias": "mlp.shared_experts.dense_h_to_4h.bias",
     "mlp.shared_experts.linear_fc2.weight": "mlp.shared_experts.dense_4h_to_h.weight",
     "mlp.shared_experts.linear_fc2.bias": "mlp.shared_experts.dense_4h_to_h.bias",
+    "mlp.shared_experts.gate_weight": "mlp.shared_experts.gate_weight",  # --moe-shared-expert-gate's [1, hidden]
 }
 EXPERT_NAMES = {  # inside `mlp.experts.experts.[<expert>.]`: -> ours inside `mlp.experts.<expert>.`
     "linear_fc1.weight": "dense_h_to_4h.weight",
@@ -145,12 +146,13 @@ OUR_EXPERT_NAMES = {ours: theirs for theirs, ours in EXPERT_NAMES.items()}
 OUR_EXPERTS = "mlp.experts."
 
 
-def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_experts: Optional[int] = None
-                       ) -> Optional[tuple[Placement, tuple[int, ...]]]:
-    """Where our whole tensor `name` (of `shape`) goes in Megatron-Core's stacked layout, and that tensor's global
-    shape; None for a name this mapping does not write (a layer of another kind). An expert's tensor (of a model
-    whose every layer holds `num_experts`) goes at (layer, expert) of `mlp.experts.experts.<name>`, the layout
-    SequentialMLP saves."""
+def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_experts: Optional[int] = None,
+                       per_layer: bool = False) -> Optional[tuple[Placement, tuple[int, ...]]]:
+    """Where our whole tensor `name` (of `shape`) goes in Megatron-Core's layout, and that tensor's global shape;
+    None for a name this mapping does not write (a layer of another kind). Stacked over the layers, or under each
+    layer's own key where they differ (`per_layer`: Megatron-Core's non_homogeneous_layers, which an --moe-layer-freq
+    list or above 1 sets). An expert's tensor (of an MoE layer of `num_experts`) goes at its expert of
+    `mlp.experts.experts.<name>` (after the layer's index where stacked), the layout SequentialMLP saves."""
     if name in OUR_TOP_NAMES:
         return Placement(OUR_TOP_NAMES[name], (), 0, tuple(shape)), tuple(shape)
     head, _, inner = name.partition(".")
@@ -167,9 +169,14 @@ def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_e
         theirs = OUR_EXPERT_NAMES.get(inner)
         if theirs is None or not expert.isdigit():
             return None
+        if per_layer:
+            return (Placement(f"{LAYERS}{layer}.{EXPERTS}{theirs}", (int(expert),), row_offset, tuple(shape)),
+                    (num_experts, *own))
         return (Placement(LAYERS + EXPERTS + theirs, (int(layer), int(expert)), row_offset, tuple(shape)),
                 (num_layers, num_experts, *own))
     theirs = OUR_LAYER_NAMES.get(inner)
     if theirs is None:
         return None
+    if per_layer:
+        return Placement(f"{LAYERS}{layer}.{theirs}", (), row_offset, tuple(shape)), own
     return Placement(LAYERS + theirs, (int(layer),), row_offset, tuple(shape)), (num_layers, *own)

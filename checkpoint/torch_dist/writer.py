@@ -9,14 +9,15 @@ keys, at its global shapes (checkpoint/torch_dist/names.py): the weights, and th
 the loading Megatron run builds from the same flags: without --use-distributed-optimizer its plain optimizer's
 (`optimizer.state.exp_avg.<key>`, ..., `fp32_param`), with it the distributed optimizer's fully_reshardable layout
 (`optimizer.state.param|exp_avg|exp_avg_sq.<key>`), loadable at any TP x PP x DP; fp16's loss scaler as its grad
-scaler (checkpoint/torch_dist/grad_scaler.py); MoE layers as SequentialMLP saves them (names.py), the optimizers
-chained as Megatron-LM builds them at the save's EP. Each rank writes the global regions of its own ZeRO partition
+scaler (checkpoint/torch_dist/grad_scaler.py); MoE layers as SequentialMLP saves them (names.py), with the routers'
+expert bias buffer and the shared expert's gate, each layer under its own key where --moe-layer-freq puts dense
+layers between (Megatron-Core's non_homogeneous_layers), the optimizers chained as Megatron-LM builds them at the
+save's EP. Each rank writes the global regions of its own ZeRO partition
 (a tensor whole on every TP rank by TP rank 0 only): the working set is one copy of its shard of each state.
 
 Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
-Megatron-LM starts its streams from --seed, as at another layout). The routers' expert bias is Megatron-Core's buffer,
-stacked over the layers. A run with dense layers between MoE ones, the shared experts' gate, MTP, MLA, optimizers other than Adam or --keep-last saves this project's
-format, said at start-up (arguments/config.py). As every save here the directory appears whole or not at all
+Megatron-LM starts its streams from --seed, as at another layout). A run with the shared experts' biases, MTP, MLA,
+optimizers other than Adam or --keep-last saves this project's format, said at start-up (arguments/config.py). As every save here the directory appears whole or not at all
 (iter_NNNNNNN.partial renamed, the tracker written last and atomically); a non-finite state is never committed."""
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
     for fragment in named_fragments(shard, records, coordinates(state)):
         _, record = records[fragment.name]
         placed = megatron_placement(fragment.name, record.global_shape, config.model.num_layers,
-                                    _experts_per_layer(config))
+                                    _experts_per_layer(config), _per_layer(config))
         if placed is None:
             raise CheckpointError(f"{fragment.name}: Megatron-Core's torch_dist layout has no place for it")
         placement, global_shape = placed
@@ -169,17 +170,30 @@ def _expert_bias_chunks(model, config, state: ParallelState, tensors: dict, shap
     if config.model.moe is None or not config.model.moe.router_enable_expert_bias or state.data_parallel_rank \
             or state.tensor_parallel_rank or state.context_parallel_rank:
         return
-    key, shape = f"{LAYERS}{EXPERT_BIAS}", (config.model.num_layers, _experts_per_layer(config))
+    experts = _experts_per_layer(config)
     for name, values in expert_biases(model).items():
         layer = int(name.split(".")[1])  # blocks.<global layer>.mlp.router.expert_bias
-        tensors[key].append(((layer, 0), torch.tensor(values, dtype=torch.float32).reshape(1, -1)))
+        values = torch.tensor(values, dtype=torch.float32)
+        if _per_layer(config):
+            key, offsets, shape = f"{LAYERS}{layer}.{EXPERT_BIAS}", (0,), (experts,)
+        else:
+            key, offsets, shape, values = f"{LAYERS}{EXPERT_BIAS}", (layer, 0), (config.model.num_layers, experts), \
+                values.reshape(1, -1)
+        tensors[key].append((offsets, values))
         shapes[key] = (shape, torch.float32)
 
 
 def _experts_per_layer(config) -> Optional[int]:
-    """Every layer's number of experts (megatron_format_unwritten writes MoE only where each layer holds the same
+    """Every MoE layer's number of experts (megatron_format_unwritten writes MoE only where each holds the same
     count), None for a dense model."""
     return config.model.moe.num_experts if config.model.moe is not None else None
+
+
+def _per_layer(config) -> bool:
+    """Whether Megatron-Core saves each layer under its own key (TransformerBlock.sharded_state_dict's
+    non_homogeneous_layers): an MoE model whose --moe-layer-freq is a list, or an integer above 1."""
+    freq = config.model.experts.layer_freq
+    return config.model.moe is not None and (isinstance(freq, str) or freq > 1)
 
 
 def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
@@ -188,18 +202,23 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
     and fc2, written by the first replica of the experts this rank holds."""
     names = parameter_records(model)
     layers = sorted({int(name.split(".")[1]) for name in names if name.startswith("blocks.")})
-    total, experts = config.model.num_layers, _experts_per_layer(config)
-    modules = EXTRA_STATE_MODULES if experts is None else ATTENTION_EXTRA_STATE_MODULES + (
-        SHARED_EXPERT_EXTRA_STATE_MODULES if config.model.experts.shared_expert_intermediate_size else ())
-    objects = {} if state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank else {
-        f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None for layer in layers for module in modules}
+    total, experts, per_layer = config.model.num_layers, _experts_per_layer(config), _per_layer(config)
+    moe_layers = config.model.moe_layers()
+    shared = SHARED_EXPERT_EXTRA_STATE_MODULES if config.model.experts.shared_expert_intermediate_size else ()
+    objects = {}
+    if not (state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank):
+        for layer in layers:
+            modules = ATTENTION_EXTRA_STATE_MODULES + shared if moe_layers[layer] else EXTRA_STATE_MODULES
+            objects.update({f"{LAYERS}{layer}.{module}._extra_state/shard_0_1" if per_layer else
+                            f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None for module in modules})
     if experts is None or state.experts.tensor_rank or state.experts.data_rank or state.context_parallel_rank:
         return objects
     held = {tuple(int(part) for part in name.split(".")[1:5:3]) for name in names
             if name.startswith("blocks.") and name.split(".")[2:4] == ["mlp", "experts"]}
     for layer, expert in sorted(held):
         for module in EXPERT_EXTRA_STATE_MODULES:
-            objects[f"{LAYERS}{EXPERTS}{module}._extra_state/shard_{layer}.{expert}_{total}.{experts}"] = None
+            objects[f"{LAYERS}{layer}.{EXPERTS}{module}._extra_state/shard_{expert}_{experts}" if per_layer else
+                    f"{LAYERS}{EXPERTS}{module}._extra_state/shard_{layer}.{expert}_{total}.{experts}"] = None
     return objects
 
 

@@ -9,7 +9,8 @@ block in bf16, whose plain optimizer Megatron-LM keeps one level down (before, i
 grad scaler (a window of 3: the scale doubles at iteration 3 only from the tracker saved at 2); and at EP 2 (issue
 92) Megatron's default MoE (biases on: the routers' and every expert's fc1 and fc2; 4 experts, top 2), plain and
 under the distributed optimizer, the Mixtral-shaped one (SwiGLU experts without biases: one param group), with a
-shared expert, and with DeepSeek-V3's aux-loss-free balancing (sigmoid scores, each router's expert bias buffer).
+shared expert, with DeepSeek-V3's aux-loss-free balancing (sigmoid scores, each router's expert bias buffer), and a
+dense first layer before an MoE layer with a gated shared expert (each layer under its own key).
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
@@ -48,12 +49,13 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "moe_biases_ep2_distributed_optimizer": ("megatron_moe_ep2_biases", 2, ["--use-distributed-optimizer"], 1, 1),
          "mixtral_ep2": ("megatron_moe_ep2", 2, [], 1, 1),
          "mixtral_shared_expert_ep2": ("megatron_moe_ep2_shared", 2, [], 1, 1),
-         "mixtral_expert_bias_ep2": ("megatron_moe_ep2_expert_bias", 2, [], 1, 1)}
+         "mixtral_expert_bias_ep2": ("megatron_moe_ep2_expert_bias", 2, [], 1, 1),
+         "dense_first_gated_shared_ep2": ("megatron_moe_ep2_dense_first_gated_shared", 2, [], 1, 1)}
 # Megatron-LM's ranks where they are not its TP size: the MoE save continues at its EP 2 (at EP 1 Megatron-Core's
 # SequentialMLP with biases fails its own forward on CPU: "Output 0 of _ReduceFromModelParallelRegion is a view and
 # is being modified inplace"; and Megatron-LM reads an EP 2 save's two chained optimizers only at EP > 1)
 MEGATRON_RANKS = {"moe_biases_ep2": 2, "moe_biases_ep2_distributed_optimizer": 2, "mixtral_ep2": 2,
-                  "mixtral_shared_expert_ep2": 2, "mixtral_expert_bias_ep2": 2}
+                  "mixtral_shared_expert_ep2": 2, "mixtral_expert_bias_ep2": 2, "dense_first_gated_shared_ep2": 2}
 CONTINUED = (3, 4)
 # written by the same lines as other cases here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
 # the plain fp16 case's scaler; the MoE's distributed optimizer the dense one's layout and the MoE's chained groups):
@@ -230,15 +232,14 @@ def test_a_setting_megatron_lm_has_no_flag_for_keeps_the_save_ours():
 
 @pytest.mark.parametrize("name, extra, said", [
     ("megatron_moe_ep2_biases", [], None), ("megatron_moe_ep2_shared", [], None),
-    ("megatron_moe_ep2_shared", ["--moe-shared-expert-gate"], "the shared experts' gate"),
     ("megatron_moe_ep2_biases", ["--moe-shared-expert-intermediate-size", "32"],
      "the shared experts' biases (Megatron-Core builds none)"),
-    ("megatron_moe_ep2_biases", ["--moe-layer-freq", "2"], "MoE layers beside dense ones (--moe-layer-freq)"),
-    ("megatron_moe_ep2_expert_bias", [], None)])
+    ("megatron_moe_ep2_expert_bias", [], None), ("megatron_moe_ep2_dense_first_gated_shared", [], None)])
 def test_megatrons_moe_is_written_in_its_layout_and_what_it_does_not_hold_is_said(name, extra, said):
-    """The MoE the writer holds (every layer the same experts, SequentialMLP's layout, the router's weight, bias and
-    expert bias, a shared expert) saves in Megatron-LM's layout; the shared expert's gate or biases, dense layers
-    between are this project's format, said once (arguments/config.py _unwritten_experts)."""
+    """The MoE the writer holds (MoE layers of one expert count, dense ones between, SequentialMLP's layout, the
+    router's weight, bias and expert bias, a shared expert and its gate) saves in Megatron-LM's layout; the shared
+    expert's biases, which Megatron-Core does not build, are this project's format, said once (arguments/config.py
+    _unwritten_experts)."""
     from arguments.parser import parse_arguments
 
     flags = list(record(name)["flags"]) + ["--save", "ckpt"] + extra
