@@ -19,7 +19,9 @@ and JSON overrides write into one flat draft that `PretrainConfig.from_flat` fre
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,9 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     not settings: where the settings come from (SOURCE_FLAGS), Megatron's meanings and spellings
     (arguments/megatron/flags.py) and the harvested flags (arguments/megatron/harvested_flags.py)."""
     defaults = PretrainConfig()
-    parser = OneLineArgumentParser(prog="pretrain_gpt.py", description="Pretrain a GPT (Megatron-style flags).",
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False,
-                                   add_help=False)
+    parser = FreshDefaultsParser(prog="pretrain_gpt.py", description="Pretrain a GPT (Megatron-style flags).",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False,
+                                 add_help=False)
     table = parser.option_table = OptionTable()
     table.add(parser, "-h", "--help", action="help", help="show this help message and exit")
     table.add(parser, "--config", default=DEFAULT_PRESET,
@@ -135,7 +137,38 @@ def build_parser() -> argparse.ArgumentParser:
             add_setting(group, table, setting, annotation, default)
     add_meanings(parser)
     add_harvested(parser)
+    parser.mutable_defaults = tuple(action for action in table if isinstance(action.default, (list, dict, set)))
     return parser
+
+
+class FreshDefaultsParser(OneLineArgumentParser):
+    """The flags' parser, whose parses each hand out their own copy of a mutable default (--data-path's []): argparse
+    puts the default object itself in the namespace, and one parser serves every parse of a process
+    (`shared_parser`), so a value changed in place would otherwise reach the parses after it."""
+
+    mutable_defaults: tuple[argparse.Action, ...] = ()
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        for action in self.mutable_defaults:
+            if getattr(namespace, action.dest, None) is action.default:
+                setattr(namespace, action.dest, copy.deepcopy(action.default))
+        return namespace, extras
+
+
+def shared_parser() -> argparse.ArgumentParser:
+    """build_parser()'s parser, built once per process for every parse (building it is most of a parse of a short
+    command line: argparse's add_argument for ~1,300 flags). A parse leaves it as built: argparse keeps nothing
+    between parses, our actions keep no state and nothing calls set_defaults, and FreshDefaultsParser copies the
+    mutable defaults (tests/arguments/conftest.py checks it after every module). Only --help reads the presets'
+    and DeepSpeed configs' folders, so a file added there gives a parser built anew."""
+    return _parser_listing(tuple(preset_names()), tuple(zero_config_names()))
+
+
+@functools.lru_cache(maxsize=1)
+def _parser_listing(presets: tuple[str, ...], zero_configs: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The parser whose --help lists these presets and DeepSpeed configs (the arguments are the cache's key)."""
+    return build_parser()
 
 
 def add_zero_config(group, table: OptionTable) -> None:
@@ -291,7 +324,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     so one edit round fixes a script. `late_checks` are the entry point's checks of what the settings
     name on disk (a --load folder): each raises ConfigError or CheckpointError, and its problem joins the
     same list (not run for --print-config, which reads no checkpoint)."""
-    parser = build_parser()
+    parser = shared_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     problems, argv = _invalid_choices(argv, option_table(parser))
     known, unknown = parser.parse_known_args(argv)

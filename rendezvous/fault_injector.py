@@ -72,9 +72,21 @@ class FaultInjectorSettings:
 
     def check(self, cuda: bool) -> None:
         """What Megatron-Core asserts when it sets the injector up (get_fault_ranks, get_fault,
-        get_fault_delay), refused before any work, in one line naming the flag."""
+        get_fault_delay), refused before any work, in one line naming the flag; the checks run in this order, so a
+        launch with several faults is told of the same one first."""
         if not self.enabled:
             return
+        self._check_ranks()
+        if self.delay_start_iteration is not None and self.delay_start_iteration < 0:
+            raise ConfigError(f"--fault-injector-delay-start-iteration {self.delay_start_iteration}: Megatron's 0-based "
+                              f"iteration count never equals it, so the injector would never fire; give 0 or more",
+                              flags=("--fault-injector-delay-start-iteration",))
+        self._check_fault_types(cuda)
+        self._check_probabilities()
+        self._check_delays()
+
+    def _check_ranks(self) -> None:
+        """Which ranks are hit (get_fault_ranks): one way of naming them, and a way that names at least one."""
         if self.ranks is not None and self.num_ranks is not None:
             raise ConfigError("--fault-injector-ranks and --fault-injector-num-ranks are exclusive (Megatron-Core: "
                               "'Cannot specify both force_ranks and num_ranks'): give one",
@@ -90,10 +102,9 @@ class FaultInjectorSettings:
                    else "Megatron-Core: 'Sample larger than population or is negative'")
             raise ConfigError(f"--fault-injector-num-ranks must be at least 1, got {self.num_ranks} ({why})",
                               flags=("--fault-injector-num-ranks",))
-        if self.delay_start_iteration is not None and self.delay_start_iteration < 0:
-            raise ConfigError(f"--fault-injector-delay-start-iteration {self.delay_start_iteration}: Megatron's 0-based "
-                              f"iteration count never equals it, so the injector would never fire; give 0 or more",
-                              flags=("--fault-injector-delay-start-iteration",))
+
+    def _check_fault_types(self, cuda: bool) -> None:
+        """Which fault (get_fault): named, one nvidia-resiliency-ext knows, and one this run's device can take."""
         if self.fault_types is None:
             raise ConfigError("--fault-injector-ranks/--fault-injector-num-ranks need --fault-injector-fault-types "
                               f"(Megatron-Core asserts it), one or more of {', '.join(FAULT_TYPES)}",
@@ -107,21 +118,28 @@ class FaultInjectorSettings:
         if gpu and not cuda:
             raise ConfigError(f"--fault-injector-fault-types {self.fault_types}: {', '.join(gpu)} acts on a CUDA "
                               "device and this run has none", flags=("--fault-injector-fault-types",))
-        if self.fault_probabilities is not None:
-            try:
-                weights = [float(p) for p in self.fault_probabilities.split(",")]
-            except ValueError:
-                weights = []
-            if len(weights) != len(self.fault_types_list()):
-                raise ConfigError(f"--fault-injector-fault-probabilities {self.fault_probabilities}: one weight per "
-                                  f"fault type ({len(self.fault_types_list())}; Megatron-Core: 'Number of fault types "
-                                  f"and fault probabilities must match')",
-                                  flags=("--fault-injector-fault-probabilities", "--fault-injector-fault-types"))
-            # NaN compares false with everything, so `min(weights) < 0` let it through to random.choices
-            if not all(math.isfinite(w) and w >= 0 for w in weights) or not 0 < sum(weights) < math.inf:
-                raise ConfigError(f"--fault-injector-fault-probabilities {self.fault_probabilities}: finite, "
-                                  f"non-negative weights, not all zero (they are normalized by their sum)",
-                                  flags=("--fault-injector-fault-probabilities",))
+
+    def _check_probabilities(self) -> None:
+        """The weights random.choices draws the fault by (probabilities()): one per type, and a sum to divide by."""
+        if self.fault_probabilities is None:
+            return
+        try:
+            weights = [float(p) for p in self.fault_probabilities.split(",")]
+        except ValueError:
+            weights = []
+        if len(weights) != len(self.fault_types_list()):
+            raise ConfigError(f"--fault-injector-fault-probabilities {self.fault_probabilities}: one weight per "
+                              f"fault type ({len(self.fault_types_list())}; Megatron-Core: 'Number of fault types "
+                              f"and fault probabilities must match')",
+                              flags=("--fault-injector-fault-probabilities", "--fault-injector-fault-types"))
+        # NaN compares false with everything, so `min(weights) < 0` let it through to random.choices
+        if not all(math.isfinite(w) and w >= 0 for w in weights) or not 0 < sum(weights) < math.inf:
+            raise ConfigError(f"--fault-injector-fault-probabilities {self.fault_probabilities}: finite, "
+                              f"non-negative weights, not all zero (they are normalized by their sum)",
+                              flags=("--fault-injector-fault-probabilities",))
+
+    def _check_delays(self) -> None:
+        """When the fault comes (get_fault_delay): a fixed delay or a mean, each a finite wait (base/waits.py)."""
         if self.fault_delay is None and self.mtti_seconds is None:
             raise ConfigError("give --fault-injector-fault-delay or --fault-injector-mtti-seconds (Megatron-Core "
                               "asserts one): when the fault comes", flags=("--fault-injector-fault-delay",

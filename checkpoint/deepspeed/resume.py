@@ -36,6 +36,7 @@ from checkpoint.deepspeed.files import (
 )
 from checkpoint.deepspeed.source import DeepSpeedSource, open_deepspeed_source
 from checkpoint.global_load import ResumePoint, load_from_source
+from checkpoint.global_state import SourceProgress
 from checkpoint.inside import inside
 from checkpoint.resume_checks import agreed_problem
 from checkpoint.resume_model import check_resume_model
@@ -132,11 +133,7 @@ def check_deepspeed_resume(config, batch, checkpoint: DeepSpeedCheckpoint,
     log(with_args.describe())
     if config.checkpoint.finetune:
         return None
-    saved_batch = getattr(args, "global_batch_size", None) if args is not None else None
-    if args is None and progress.iteration:
-        saved_batch = progress.consumed_samples // progress.iteration if progress.consumed_samples else None
-    metadata = {"iteration": progress.iteration, "consumed_samples": progress.consumed_samples or 0,
-                "config": {"training": {"global_batch_size": saved_batch}}}
+    metadata = _progress_metadata(args, progress)
     trains = continues_training(config)  # False under --skip-train: only the model is checked
     if trains:
         check_samples_fit(metadata, config, batch, path)
@@ -144,23 +141,47 @@ def check_deepspeed_resume(config, batch, checkpoint: DeepSpeedCheckpoint,
         log(f"> note: {path} is a plain DeepSpeed run's (no Megatron-DeepSpeed args): it records no data, model or "
             f"schedule settings, so this run's are used (its heads, activation and norm epsilon included)")
     else:
-        note = check_resume_matches({"config": _sample_settings(args)}, config, path,
-                                    config.checkpoint.override_data_on_resume) if trains else None
-        if note:
-            log(note)
-        typed = [str(p) for p in getattr(args, "data_path", None) or []]
-        if typed and typed != [str(p) for p in config.data.data_path or []]:
-            log(f"> note: {path} was trained on --data-path {' '.join(typed)}; this run reads "
-                f"{' '.join(map(str, config.data.data_path or ['the embedded corpus']))} (Megatron-DeepSpeed records "
-                f"the paths only, so their content is not compared)")
-        unbuilt = _not_built_here(args)
-        if unbuilt:
-            raise ConfigError(f"{path} was trained with {', '.join(unbuilt)}, which is not built here: its weights "
-                              f"would compute another function")
-        check_resume_model({"config": {"model": megatron_model_settings(args)}}, config.model, path)
+        _check_megatron_args(args, config, path, trains, log)
     note = optimizer_notes(with_args, config)
     if note:
         log(note)
+    return _kept_schedule(with_args, config, batch, path, trains, log)
+
+
+def _progress_metadata(args: Optional[argparse.Namespace], progress: SourceProgress) -> dict:
+    """Where the checkpoint stopped, in our checkpoints' metadata shape (check_samples_fit reads it); without
+    Megatron-DeepSpeed's args the global batch is what the consumed samples and iterations imply."""
+    saved_batch = getattr(args, "global_batch_size", None) if args is not None else None
+    if args is None and progress.iteration:
+        saved_batch = progress.consumed_samples // progress.iteration if progress.consumed_samples else None
+    return {"iteration": progress.iteration, "consumed_samples": progress.consumed_samples or 0,
+            "config": {"training": {"global_batch_size": saved_batch}}}
+
+
+def _check_megatron_args(args: argparse.Namespace, config, path: Path, trains: bool,
+                         log: Callable[[str], None]) -> None:
+    """What Megatron-DeepSpeed's args record: the samples (when this run trains on), the data paths (a note
+    only), and the blocks, refused where its weights would compute another function here."""
+    note = check_resume_matches({"config": _sample_settings(args)}, config, path,
+                                config.checkpoint.override_data_on_resume) if trains else None
+    if note:
+        log(note)
+    typed = [str(p) for p in getattr(args, "data_path", None) or []]
+    if typed and typed != [str(p) for p in config.data.data_path or []]:
+        log(f"> note: {path} was trained on --data-path {' '.join(typed)}; this run reads "
+            f"{' '.join(map(str, config.data.data_path or ['the embedded corpus']))} (Megatron-DeepSpeed records "
+            f"the paths only, so their content is not compared)")
+    unbuilt = _not_built_here(args)
+    if unbuilt:
+        raise ConfigError(f"{path} was trained with {', '.join(unbuilt)}, which is not built here: its weights "
+                          f"would compute another function")
+    check_resume_model({"config": {"model": megatron_model_settings(args)}}, config.model, path)
+
+
+def _kept_schedule(with_args: DeepSpeedSource, config, batch, path: Path, trains: bool,
+                   log: Callable[[str], None]) -> Optional[LearningRateSchedule]:
+    """The checkpoint's OptimizerParamScheduler compared with this run's by Megatron's rule, when the run trains on
+    with the optimizer's state loaded (else this run's schedule starts fresh)."""
     scheduler = with_args.megatron_scheduler()
     if scheduler is None or not config.checkpoint.load_optim or not trains:
         return None

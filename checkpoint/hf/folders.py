@@ -363,36 +363,8 @@ def check_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLi
     def value(key):
         return hf.get(key, defaults.get(key))
 
-    problems = []
-    if value("model_type") != "gpt2":
-        problems.append(f"model_type is {value('model_type')!r}: only GPT-2 ('gpt2') and Llama ('llama') "
-                        f"models load here")
-    if is_llama_shaped(model_config):
-        problems.append(f"this run has {', '.join(gpt2_misfits(model_config))}, which a GPT-2 folder lacks: drop them")
-    n_embd = value("n_embd")
-    ffn = value("n_inner") or (4 * n_embd if isinstance(n_embd, int) else None)
-    activation = value("activation_function")
-    ours = [("n_layer", value("n_layer"), model_config.num_layers, "--num-layers"),
-            ("n_embd", n_embd, model_config.hidden_size, "--hidden-size"),
-            ("n_head", value("n_head"), model_config.num_attention_heads, "--num-attention-heads"),
-            ("n_inner", ffn, model_config.ffn_size, "--ffn-hidden-size"),
-            ("n_positions", value("n_positions"), model_config.max_position_embeddings,
-             "--max-position-embeddings"),
-            ("layer_norm_epsilon", value("layer_norm_epsilon"), model_config.norms.layernorm_epsilon,
-             "--layernorm-epsilon")]
-    for key, theirs, mine, flag in ours:
-        if theirs != mine:
-            problems.append(f"pass {flag} {theirs} (config.json {key}; this run has {mine})")
-    n_positions = value("n_positions")
-    if isinstance(n_positions, int) and model_config.seq_length > n_positions:
-        problems.append(f"pass --seq-length at most {n_positions} (config.json n_positions; this run has "
-                        f"{model_config.seq_length})")
-    if activation not in ACTIVATION_FROM_HF:
-        problems.append(f"activation_function {activation!r} has no counterpart here "
-                        f"(supported: {', '.join(ACTIVATION_FROM_HF)})")
-    elif ACTIVATION_FROM_HF[activation] != model_config.mlp.activation:
-        problems.append(f"pass --activation {ACTIVATION_FROM_HF[activation]} (config.json activation_function "
-                        f"{activation!r}; this run has {model_config.mlp.activation})")
+    problems = [*_family_problems(value, model_config), *_shape_problems(value, model_config),
+                *_activation_problems(value, model_config)]
     if value("vocab_size") != model_config.vocab_size:
         problems.append(f"pass the folder's tokenizer.json as --tokenizer-file: config.json vocab_size is "
                         f"{value('vocab_size')}, this run's tokenizer has {model_config.vocab_size} tokens")
@@ -401,6 +373,49 @@ def check_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLi
             problems.append(f"config.json {key} is {value(key)!r}: our model supports only {supported!r}")
     if problems:
         raise ConfigError(f"{source} does not match this run's model: {_listing(problems)}")
+
+
+def _family_problems(value: Callable[[str], object], model_config: ModelConfig) -> list[str]:
+    """A GPT-2 folder on both sides: its model_type, and no Llama-shaped setting in this run."""
+    problems = []
+    if value("model_type") != "gpt2":
+        problems.append(f"model_type is {value('model_type')!r}: only GPT-2 ('gpt2') and Llama ('llama') "
+                        f"models load here")
+    if is_llama_shaped(model_config):
+        problems.append(f"this run has {', '.join(gpt2_misfits(model_config))}, which a GPT-2 folder lacks: drop them")
+    return problems
+
+
+def _shape_problems(value: Callable[[str], object], model_config: ModelConfig) -> list[str]:
+    """The sizes every weight's shape follows from, and a sequence the position table covers."""
+    n_embd = value("n_embd")
+    ffn = value("n_inner") or (4 * n_embd if isinstance(n_embd, int) else None)  # GPT-2's n_inner None is 4 * n_embd
+    ours = [("n_layer", value("n_layer"), model_config.num_layers, "--num-layers"),
+            ("n_embd", n_embd, model_config.hidden_size, "--hidden-size"),
+            ("n_head", value("n_head"), model_config.num_attention_heads, "--num-attention-heads"),
+            ("n_inner", ffn, model_config.ffn_size, "--ffn-hidden-size"),
+            ("n_positions", value("n_positions"), model_config.max_position_embeddings,
+             "--max-position-embeddings"),
+            ("layer_norm_epsilon", value("layer_norm_epsilon"), model_config.norms.layernorm_epsilon,
+             "--layernorm-epsilon")]
+    problems = [f"pass {flag} {theirs} (config.json {key}; this run has {mine})"
+                for key, theirs, mine, flag in ours if theirs != mine]
+    n_positions = value("n_positions")
+    if isinstance(n_positions, int) and model_config.seq_length > n_positions:
+        problems.append(f"pass --seq-length at most {n_positions} (config.json n_positions; this run has "
+                        f"{model_config.seq_length})")
+    return problems
+
+
+def _activation_problems(value: Callable[[str], object], model_config: ModelConfig) -> list[str]:
+    activation = value("activation_function")
+    if activation not in ACTIVATION_FROM_HF:
+        return [f"activation_function {activation!r} has no counterpart here "
+                f"(supported: {', '.join(ACTIVATION_FROM_HF)})"]
+    if ACTIVATION_FROM_HF[activation] != model_config.mlp.activation:
+        return [f"pass --activation {ACTIVATION_FROM_HF[activation]} (config.json activation_function "
+                f"{activation!r}; this run has {model_config.mlp.activation})"]
+    return []
 
 
 def _listing(problems: list[str]) -> str:

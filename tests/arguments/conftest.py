@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
 
@@ -13,18 +11,13 @@ def parser_shape(parser) -> list[tuple]:
              repr(a.choices), repr(a.const), a.required) for a in parser._actions] + [repr(parser._defaults)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def one_parser():
-    """The flags' parser built once for a module's parses instead of once per parse (arguments/parser.py's
-    parse_arguments builds it anew each time: 60% of a parse of the tiny model's flags; as
-    tests/checkpoint/test_metadata_ranges.py does): a parse does not change it, which the teardown checks against a
-    parser built anew, so no test sees what an earlier one left. For modules of many parses whose tests change
-    nothing the parser is built from (presets, harvested flags)."""
+    """parse_arguments parses with one parser per process (arguments/parser.py's shared_parser), which a parse must
+    leave as it was built: after each module's parses its shape is checked against a parser built anew, so no test
+    sees what an earlier one left."""
     import arguments.parser
 
-    build = arguments.parser.build_parser
-    cached = functools.cache(build)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(arguments.parser, "build_parser", cached)
-        yield
-    assert parser_shape(cached()) == parser_shape(build()), "a parse changed the parser"
+    yield
+    assert parser_shape(arguments.parser.shared_parser()) == parser_shape(arguments.parser.build_parser()), \
+        "a parse changed the parser"

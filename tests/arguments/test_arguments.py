@@ -9,7 +9,7 @@ import pretrain_gpt
 from arguments.batch_schedule import batch_schedule
 from arguments.config import ConfigError, PretrainConfig, field_sections
 from arguments.megatron.flags import MEANING_DESTS
-from arguments.parser import NOT_SETTINGS, build_parser, parse_config, preset_names
+from arguments.parser import NOT_SETTINGS, build_parser, parse_config, preset_names, shared_parser
 from training.metrics import parameter_count
 
 
@@ -128,3 +128,16 @@ def test_parser_is_argparse_with_groups():
     titles = {group.title for group in parser._action_groups}
     assert {"model", "training", "data and tokenizer", "logging"} <= titles
     assert isinstance(parser, argparse.ArgumentParser)
+
+
+def test_the_shared_parser_hands_each_parse_its_own_mutable_defaults():
+    # one parser serves every parse of a process (arguments/parser.py shared_parser): a default list changed in
+    # place by one parse's reader reaches neither the parser nor the next parse
+    parser = shared_parser()
+    assert parser is shared_parser() and parser.mutable_defaults
+    first, second = parser.parse_args([]), parser.parse_args([])
+    for action in parser.mutable_defaults:
+        assert getattr(first, action.dest) == action.default and getattr(first, action.dest) is not action.default
+        assert getattr(first, action.dest) is not getattr(second, action.dest)
+    first.data_path.append("changed")
+    assert parse_config([]).data.data_path == [] and parser.parse_args([]).data_path == []

@@ -33,7 +33,6 @@ from base.errors import ConfigError
 from base.options import setting_values
 
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2"]
-pytestmark = pytest.mark.usefixtures("one_parser")  # tests/arguments/conftest.py: one parser for its parses
 
 
 def _flat(config) -> dict:

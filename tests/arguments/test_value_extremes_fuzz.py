@@ -60,7 +60,7 @@ def before_work(argv):
 
 
 @pytest.mark.parametrize("flag, nargs", FLAGS, ids=[flag for flag, _ in FLAGS])
-def test_every_numeric_flag_at_every_extreme_is_one_line_or_accepted(one_parser, tmp_path, monkeypatch, flag, nargs):
+def test_every_numeric_flag_at_every_extreme_is_one_line_or_accepted(tmp_path, monkeypatch, flag, nargs):
     monkeypatch.chdir(tmp_path)
     for value in EXTREMES:
         argv = [*TINY, "--data-cache-dir", str(tmp_path / "cache"), flag, *[value] * nargs]
