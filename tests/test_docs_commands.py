@@ -143,7 +143,8 @@ EXPENSIVE_SCRIPTS = {
                        "corpus it writes, from a user's folder (tests/training/test_first_hour.py too)",
     "training.generate": "reads the user's checkpoint; tests/test_from_any_folder.py runs docs/checkpoints.md's first "
                          "command from a user's folder on the checkpoint the README's command saved there, and "
-                         "tests/training/test_generate.py runs it on checkpoints it writes and on Megatron-LM's",
+                         "tests/training/test_generate.py runs it on checkpoints it writes and on Megatron-LM's, "
+                         "and under torchrun at TP 2",
     "training.plot": "reads the user's metrics.jsonl; tests/test_from_any_folder.py runs the command a training run "
                      "prints from a user's folder, tests/training/test_plot.py on the metrics it wrote",
 }
@@ -223,6 +224,10 @@ def classify(command: DocCommand) -> Optional[Verdict]:
                        program=argv[3])
     if argv[0] == "torchrun":
         at = next((i for i, word in enumerate(argv) if is_pretrain(word)), None)
+        if at is None and "-m" in argv and argv[argv.index("-m") + 1:][:1] == ("training.generate",):
+            at = argv.index("-m") + 1
+            return Verdict(CHECKED, f"a multi-process generation; {EXPENSIVE_SCRIPTS[argv[at]]}", program=argv[at],
+                           flags=argv[at + 1:])
         if at is None:
             return None
         return Verdict(CHECKED, "a multi-process training launch", program="pretrain_gpt.py",
