@@ -132,9 +132,13 @@ EXPENSIVE_SCRIPTS = {
     "scripts/probe_cpu_ranks.py": "times GEMMs, copies and gloo collectives on 4 ranks at once (about 20 s)",
     "scripts/zero_paper/report.py": "about 200 dry runs on a cold plan cache (about 25 minutes)",
     "scripts/zero_paper/compare.py": "about 150 dry runs of 1B-200B models on a cold plan cache (about 5 minutes)",
-    "scripts/zero_to_fp32.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
-    "scripts/reshard_checkpoint.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
-    "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
+    "scripts/zero_to_fp32.py": "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it from a "
+                               "user's folder on the checkpoint the README's command saved there",
+    "scripts/reshard_checkpoint.py": "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it "
+                                     "from a user's folder on the checkpoint the README's command saved there",
+    "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it as "
+                                "zero-gpt-convert from a user's folder on the checkpoint the README's command saved "
+                                "there",
     "scripts/deepspeed_checkpoint_fixtures.py": "trains DeepSpeed's runs (requirements-bench.txt) on gloo ranks for "
                                                 "minutes (about 5 on the shared 2-core machine)",
     "scripts/fp8_curves.py": "trains a 4-layer GPT 300 iterations in bf16 and each FP8 recipe (46 min at --jobs 5 "

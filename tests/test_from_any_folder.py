@@ -4,8 +4,9 @@ editable install's finder was asked after the working directory, whose data/ bec
 issue 34, with no install, outside the repository root at all). The repository is installed by
 requirements.txt's `-e` line, into a throwaway virtualenv that sees this interpreter's packages (tests/user_folder.py,
 shared with tests/test_docs_commands.py, which runs every cheap command of the pages from such a folder); the
-README's own-data commands then run there with tiny sizes, and the checkpoint they make is converted, generated from
-and its metrics plotted, as docs/checkpoints.md and docs/configuration.md write those commands."""
+README's own-data commands then run there with tiny sizes, and the checkpoint they make is consolidated, resharded,
+converted and generated from, and its metrics plotted, as docs/checkpoints.md and docs/configuration.md write those
+commands."""
 
 import importlib
 import json
@@ -52,7 +53,8 @@ def run(argv: list[str], cwd: Path) -> str:
 def bash_commands(text: str) -> list[list[str]]:
     """The commands of a page's ```bash blocks, one word list each (continuation lines joined)."""
     joined = re.sub(r"\\\n\s*", " ", "".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S)))
-    return [shlex.split(line) for line in joined.splitlines() if line.strip() and not line.startswith("#")]
+    return [shlex.split(line, comments=True) for line in joined.splitlines()
+            if line.strip() and not line.startswith("#")]
 
 
 @pytest.mark.slow
@@ -74,6 +76,12 @@ def test_the_readmes_commands_run_from_a_folder_holding_data_training_and_checkp
     trained = run([str(bin_dir / "zero-gpt-train"), *train[2:], *SMALL, "--train-iters", "2", "--eval-iters", "0",
                    "--device", "cpu", "--save", "checkpoint/run"], user)
     converting = start([str(bin_dir / "zero-gpt-convert"), "checkpoint/run", "hf"], user)
+    tools = bash_commands(doc_section("docs/checkpoints.md", "Tools: one fp32 file, another TP size, Hugging Face"))
+    fp32, reshard = tools[0], tools[1]
+    assert fp32[:3] == ["python", "scripts/zero_to_fp32.py", "ckpt"] and reshard[:3] == [
+        "python", "scripts/reshard_checkpoint.py", "ckpt"] and reshard[-2:] == ["--tensor-model-parallel-size", "4"]
+    run([python, str(ROOT / fp32[1]), "checkpoint/run", *fp32[3:]], user)
+    run([python, str(ROOT / reshard[1]), "checkpoint/run", *reshard[3:-1], "2"], user)  # the tiny model's 2 heads
     generate = bash_commands(doc_section("docs/checkpoints.md", "Generating text from a checkpoint"))[0]
     assert generate[:5] == ["python", "-m", "training.generate", "--load", "ckpt"]
     at = generate.index("--num-tokens-to-generate") + 1  # 40 positions past the prompt: the tiny model has 16
@@ -88,4 +96,5 @@ def test_the_readmes_commands_run_from_a_folder_holding_data_training_and_checkp
     assert "Table 1" in finish(plan)
     assert (user / "hf" / "model.safetensors").is_file() and (user / "my_data" / "my_text_document.idx").is_file()
     assert list(user.glob("runs/*/curves.png"))
+    assert (user / "model_fp32.safetensors").is_file() and (user / "ckpt_tp4" / "latest").is_file()
     assert repository_files() == before

@@ -192,7 +192,8 @@ def test_several_prompts_each_make_the_tokens_they_make_alone(tmp_path, capsys):
     stop = alone[0][1]
     batched = generate_prompts(model, prompts, 10, greedy, stop_id=stop, max_batch_size=3)
     assert len(batched[0]) == 2 and batched[0][-1] == stop
-    assert batched == [generate_one(model, torch.tensor([ids]), 10, greedy, stop_id=stop)[0].tolist() for ids in prompts]
+    assert batched == [generate_one(model, torch.tensor([ids]), 10, greedy, stop_id=stop)[0].tolist()
+                       for ids in prompts]
 
 
 @pytest.mark.slow
