@@ -197,35 +197,44 @@ def test_several_prompts_each_make_the_tokens_they_make_alone(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_torchrun_at_the_saved_tensor_parallel_size_gives_the_one_process_tokens(tmp_path, capsys):
-    """A save of ours at TP 2 (x PP 2) generated from under torchrun on 2 gloo processes, two text prompts of two
-    lengths batched: each prompt's greedy tokens are the one-process run's of it alone, and transformers' on the
-    folder convert_to_hf.py exports (tokenized by that folder's tokenizer). (Megatron-LM's TP 2 save,
-    tests/fixtures/megatron_tp2_swiglu_gqa, is no shape the export writes.)"""
+@pytest.mark.parametrize("saved", ["ours", "megatron"])
+def test_torchrun_at_the_saved_tensor_parallel_size_gives_the_one_process_tokens(tmp_path, capsys, saved):
+    """A save at TP 2 generated from under torchrun on 2 gloo processes, two prompts of two lengths batched: each
+    prompt's greedy tokens are the one-process run's of it alone. Ours (TP 2 x PP 2, two text prompts): those are also
+    transformers' on the folder convert_to_hf.py exports, tokenized by that folder's tokenizer. Megatron-LM's TP 2
+    save (two prompts of ids) is no shape the export writes; its one-process tokens are held to transformers' by
+    test_megatron_lms_torch_dist_save_gives_its_logits_and_the_exports_greedy_tokens's fixture of the same saver."""
     import json
     import os
     import subprocess
     import sys
 
-    from transformers import AutoTokenizer
-
+    from checkpoint.torch_dist.common import load_common
     from tests.readme import ROOT
 
-    folder = FIXTURES / "checkpoint_54c4492_tp2_pp2"
-    assert json.loads((folder / "iter_0000002" / "metadata.json").read_text())["tensor_parallel_size"] == 2
-    texts = ["the cat", "a dog sat"]
+    if saved == "ours":
+        folder = FIXTURES / "checkpoint_54c4492_tp2_pp2"
+        assert json.loads((folder / "iter_0000002" / "metadata.json").read_text())["tensor_parallel_size"] == 2
+        prompts = [["--prompt", "the cat"], ["--prompt", "a dog sat"]]
+    else:
+        folder = FIXTURES / "megatron_tp2_swiglu_gqa"
+        assert load_common(folder / "iter_0000002")["args"].tensor_model_parallel_size == 2
+        prompts = [["--prompt-ids", "5", "17", "100", "42"], ["--prompt-ids", "3", "9"]]
     flags = ["--load", str(folder), "--num-tokens-to-generate", "8"]
     launched = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-         "training.generate", *flags, "--prompt", texts[0], "--prompt", texts[1]],
+         "training.generate", *flags, *prompts[0], *prompts[1]],
         cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
-    alone = [generated_ids(capsys, *flags, "--prompt", text) for text in texts]
-    assert convert_to_hf.main([str(folder), str(tmp_path / "hf")]) == 0
-    hf_tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-    prompts = [hf_tokenizer(text).input_ids for text in texts]
-    assert len(set(map(len, prompts))) == 2
-    assert alone == [transformers_greedy(tmp_path / "hf", ids, 8) for ids in prompts]
+    alone = [generated_ids(capsys, *flags, *prompt) for prompt in prompts]
+    if saved == "ours":
+        from transformers import AutoTokenizer
+
+        assert convert_to_hf.main([str(folder), str(tmp_path / "hf")]) == 0
+        hf_tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+        ids = [hf_tokenizer(prompt[1]).input_ids for prompt in prompts]
+        assert len(set(map(len, ids))) == 2
+        assert alone == [transformers_greedy(tmp_path / "hf", prompt, 8) for prompt in ids]
     out, err = launched.communicate(timeout=300)
     assert launched.returncode == 0, err[-3000:]
     assert "tensor-parallel over 2 processes" in out
