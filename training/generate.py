@@ -19,9 +19,9 @@ tokenizer is known, and the generated ids on a line of their own.
 Several prompts (--prompt again, Megatron-LM's --prompts, --prompt-file with one prompt a line, or --prompt-ids
 again) run in batches of --max-batch-size (Megatron-LM's flag, default 8) as Megatron-LM's text generation batches
 them (gpt/generation.py generate_prompts): each prompt's greedy tokens are those it makes alone; each is printed in
-the order given. Under torchrun the model is split tensor-parallel over the launched processes (gloo on the CPU,
-NCCL on CUDA), its weights read as global tensors whatever layout saved them; every rank runs the same steps on
-the gathered logits and rank 0 prints.
+the order given. Under torchrun the model is split tensor-parallel over the launched processes (gloo on the CPU;
+NCCL on CUDA, untried on GPUs), its weights read as global tensors whatever layout saved them; every rank runs the
+same steps on the gathered logits and rank 0 prints.
 """
 
 from __future__ import annotations
