@@ -194,6 +194,10 @@ def test_several_prompts_each_make_the_tokens_they_make_alone(tmp_path, capsys):
     assert len(batched[0]) == 2 and batched[0][-1] == stop
     assert batched == [generate_one(model, torch.tensor([ids]), 10, greedy, stop_id=stop)[0].tolist()
                        for ids in prompts]
+    # one prompt sampled: the same draws as `generate` (the sampled commands' tokens are what they were before batching)
+    sampled = Sampling(0.8, 0, 0.9)
+    assert generate_prompts(model, prompts[:1], 10, sampled, torch.Generator().manual_seed(7)) == [
+        generate_one(model, torch.tensor(prompts[:1]), 10, sampled, torch.Generator().manual_seed(7))[0].tolist()]
 
 
 @pytest.mark.slow
