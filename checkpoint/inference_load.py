@@ -1,11 +1,13 @@
-"""A checkpoint's model, weights and tokenizer for one process with no optimizer (python -m training.generate).
+"""A checkpoint's model, weights and tokenizer with no optimizer (python -m training.generate), on one process or
+tensor-parallel.
 
 The doors are the loader's: a folder's format told once (checkpoint/formats.py), its model from what it records
 (this project's metadata, checkpoint/schema.py recorded_model; Megatron-LM's args, checkpoint/megatron_hf.py; a
 Hugging Face folder's config.json through --init-from-hf's settings layer, arguments/hf_folder.py), its files
 verified as a --load verifies them, and its weights read as global tensors (checkpoint/global_state.py) into a
-one-rank model: each parameter whole, the vocabulary's real rows (the padding rows are never scored). DeepSpeed's
-folders are refused in one line saying how to bring them over, as the offline tools do (checkpoint/tool_input.py).
+one-rank model (each parameter whole) or a tensor-parallel rank's (its slice), the vocabulary's real rows (the
+padding rows are never scored). DeepSpeed's folders are refused in one line saying how to bring them over, as the
+offline tools do (checkpoint/tool_input.py).
 """
 
 from __future__ import annotations
@@ -124,14 +126,19 @@ def open_source(checkpoint: InferenceCheckpoint, state: ParallelState) -> Iterat
 
 @torch.no_grad()
 def load_model_weights(source: GlobalStateSource, model: nn.Module, state: ParallelState) -> None:
-    """Every parameter of the one-rank `model` read whole from `source` (the fp32 master where it holds one), after
+    """Every parameter of this rank's `model` read from `source` (the fp32 master where it holds one): on one process
+    each whole, under tensor parallelism this rank's slice of it (its record's region of the global tensor), after
     checking that the checkpoint holds every parameter at its shape and nothing else; the routers' expert biases."""
     records = parameter_records(model)
     key = "master" if "master" in source.keys() else MODEL_KEY
     check_fits(source, key, records, state)
     for name, (param, record) in records.items():
-        region = [slice(0, size) for size in record.global_shape]
+        region, local = list(record.region), [slice(0, size) for size in record.local_shape]
         if record.real_rows is not None:  # the vocabulary's padding rows: the model's own (never scored)
-            region[0] = slice(0, record.real_rows)
-        param[tuple(region)] = source.read(key, name, tuple(region)).reshape(param[tuple(region)].shape)
+            rows = region[0]
+            stop = min(rows.stop, record.real_rows)
+            if stop <= rows.start:  # this rank's slice is padding only
+                continue
+            region[0], local[0] = slice(rows.start, stop), slice(0, stop - rows.start)
+        param[tuple(local)] = source.read(key, name, tuple(region)).reshape(param[tuple(local)].shape)
     restore_expert_biases(model, source.expert_biases(), state.device, str(source.path))

@@ -39,3 +39,51 @@ def generate(model: GPTModel, prompt: torch.Tensor, max_new: int, sampling: Samp
         if stop_id is not None and bool(done.all()):
             break
     return sequence[:, prompt.shape[1]:]
+
+
+@torch.no_grad()
+def generate_prompts(model: GPTModel, prompts: list[list[int]], max_new: int, sampling: Sampling,
+                     generator: Optional[torch.Generator] = None, stop_id: Optional[int] = None,
+                     use_cache: bool = True, max_batch_size: int = 8) -> list[list[int]]:
+    """Each prompt's new tokens (at most `max_new`, up to and including `stop_id`), the prompts run in batches of at
+    most `max_batch_size` as Megatron-LM's text generation batches them (megatron/inference/text_generation's
+    generate_tokens_probs_and_return_on_first_stage): the prompts right-padded, the steps starting at the batch's
+    shortest prompt, a longer prompt's own tokens taken at its positions instead of the sampled ones. The model is
+    causal, so a row's logits read its own tokens only: greedy tokens are each prompt's alone (the sampled ones draw
+    from one random stream for the batch). One prompt runs the same steps and draws as `generate`."""
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size {max_batch_size}: give at least 1")
+    made: list[list[int]] = []
+    for start in range(0, len(prompts), max_batch_size):
+        made += _generate_batch(model, prompts[start:start + max_batch_size], max_new, sampling, generator, stop_id,
+                                use_cache)
+    return made
+
+
+def _generate_batch(model: GPTModel, prompts: list[list[int]], max_new: int, sampling: Sampling,
+                    generator: Optional[torch.Generator], stop_id: Optional[int], use_cache: bool) -> list[list[int]]:
+    device = model.state.device
+    lengths = torch.tensor([len(prompt) for prompt in prompts], device=device)
+    shortest, total = min(map(len, prompts)), max(map(len, prompts)) + max_new
+    check_positions(model, total)
+    cache = new_cache(model, total) if use_cache else None
+    tokens = torch.zeros(len(prompts), total, dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        tokens[row, :len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    made = torch.zeros(len(prompts), dtype=torch.long, device=device)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    before = 0
+    for at in range(shortest, total):
+        logits = decode(model, tokens[:, before:at], cache) if cache is not None else model(tokens[:, :at])
+        chosen = next_tokens(logits[:, -1], sampling, generator)
+        in_prompt = lengths > at
+        tokens[:, at] = torch.where(in_prompt, tokens[:, at], chosen)
+        generating = ~in_prompt & ~done
+        made += generating.long()
+        if stop_id is not None:
+            done |= generating & (chosen == stop_id)
+        done |= made >= max_new
+        before = at
+        if bool(done.all()):
+            break
+    return [tokens[row, len(prompt):len(prompt) + int(made[row])].tolist() for row, prompt in enumerate(prompts)]

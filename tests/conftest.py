@@ -83,6 +83,15 @@ def single_process_reference(tmp_path_factory, corpus_cache) -> tuple:
     return tuple(single_process_losses(tmp_path_factory.mktemp("single-process"), corpus_cache))
 
 
+@pytest.fixture(scope="session")
+def installed_clone(tmp_path_factory):
+    """The bin/ of a throwaway virtualenv with this clone installed as the README installs it (tests/user_folder.py):
+    the docs' commands run with its python from a user's folder, once a worker (about 2.5 s)."""
+    from tests.user_folder import install
+
+    return install(tmp_path_factory.mktemp("user-venv") / "venv")
+
+
 def train_sentencepiece_model(path, documents, vocab_size: int = 512, **options) -> None:
     """A small SentencePiece model trained as Llama-2's was (BPE with byte fallback, digits split, no
     normalisation, unk 0 / bos 1 / eos 2 / no pad; `options` change any of these), written to `path`;

@@ -4,11 +4,14 @@ page that no longer works).
 
 A command is one of:
 - RUN: cheap as written (the planner, the performance model, a printout of launch lines, pretrain_gpt.py's
-  --help / --print-config / --dry-run): run from the repository root, exit status 0.
+  --help / --print-config / --dry-run): run as a user of a fresh clone runs it (tests/user_folder.py): the clone
+  installed by requirements.txt's `-e .` into a virtualenv, no PYTHONPATH, from a working folder of the user's own
+  holding data/, training/ and checkpoint/ folders (which a `python -m` command must not take for our packages),
+  the paths of the clone's files given with the clone's path in front; exit status 0.
 - CHECKED: expensive (multi-GPU launches, training, benchmarks, work on the user's own files): not run,
   but pretrain_gpt.py's flags are parsed by its own parser (arguments.parser.parse_arguments), so a
   renamed or removed flag fails; another script must exist and name every flag the command gives in
-  its --help.
+  its --help (run as a RUN command is, from such a folder).
 - SKIPPED: in SKIPPED_COMMANDS below with the reason (the whole test suite), or an `export`, whose
   variables the commands after it in its block get.
 Anything else fails `test_every_command_is_classified`, so a new command cannot go untested.
@@ -18,11 +21,9 @@ from __future__ import annotations
 
 import functools
 import glob
-import os
 import re
 import shlex
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -31,6 +32,7 @@ import pytest
 
 from tests.readme import DOCS, README, ROOT, doc_pages, headings
 from tests.repository_tree import repository_files
+from tests.user_folder import clean_env, in_the_clone, user_folder
 
 SHELL_FENCES = ("bash", "sh", "shell", "console")
 
@@ -130,18 +132,25 @@ EXPENSIVE_SCRIPTS = {
     "scripts/probe_cpu_ranks.py": "times GEMMs, copies and gloo collectives on 4 ranks at once (about 20 s)",
     "scripts/zero_paper/report.py": "about 200 dry runs on a cold plan cache (about 25 minutes)",
     "scripts/zero_paper/compare.py": "about 150 dry runs of 1B-200B models on a cold plan cache (about 5 minutes)",
-    "scripts/zero_to_fp32.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
-    "scripts/reshard_checkpoint.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
-    "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
+    "scripts/zero_to_fp32.py": "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it from a "
+                               "user's folder on the checkpoint the README's command saved there",
+    "scripts/reshard_checkpoint.py": "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it "
+                                     "from a user's folder on the checkpoint the README's command saved there",
+    "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it as "
+                                "zero-gpt-convert from a user's folder on the checkpoint the README's command saved "
+                                "there",
     "scripts/deepspeed_checkpoint_fixtures.py": "trains DeepSpeed's runs (requirements-bench.txt) on gloo ranks for "
                                                 "minutes (about 5 on the shared 2-core machine)",
     "scripts/fp8_curves.py": "trains a 4-layer GPT 300 iterations in bf16 and each FP8 recipe (46 min at --jobs 5 "
                              "on the shared 2-core machine; tests/scripts/test_fp8_curves.py runs it 2 iterations)",
-    "data.preprocess": "reads the user's corpus.jsonl; tests/training/test_first_hour.py runs this command on a corpus it writes",
-    "training.generate": "reads the user's checkpoint; tests/training/test_generate.py runs it on checkpoints it "
-                         "writes and on Megatron-LM's",
-    "training.plot": "reads the user's metrics.jsonl; tests/training/test_plot.py runs the command a training run "
-                     "prints on the metrics it wrote",
+    "data.preprocess": "reads the user's corpus.jsonl; tests/test_from_any_folder.py runs the README's command on a "
+                       "corpus it writes, from a user's folder (tests/training/test_first_hour.py too)",
+    "training.generate": "reads the user's checkpoint; tests/test_from_any_folder.py runs docs/checkpoints.md's first "
+                         "command from a user's folder on the checkpoint the README's command saved there, and "
+                         "tests/training/test_generate.py runs it on checkpoints it writes and on Megatron-LM's, "
+                         "and under torchrun at TP 2",
+    "training.plot": "reads the user's metrics.jsonl; tests/test_from_any_folder.py runs the command a training run "
+                     "prints from a user's folder, tests/training/test_plot.py on the metrics it wrote",
 }
 
 # Module commands run as written unless listed here (the planner and the performance model are cheap).
@@ -219,6 +228,10 @@ def classify(command: DocCommand) -> Optional[Verdict]:
                        program=argv[3])
     if argv[0] == "torchrun":
         at = next((i for i, word in enumerate(argv) if is_pretrain(word)), None)
+        if at is None and "-m" in argv and argv[argv.index("-m") + 1:][:1] == ("training.generate",):
+            at = argv.index("-m") + 1
+            return Verdict(CHECKED, f"a multi-process generation; {EXPENSIVE_SCRIPTS[argv[at]]}", program=argv[at],
+                           flags=argv[at + 1:])
         if at is None:
             return None
         return Verdict(CHECKED, "a multi-process training launch", program="pretrain_gpt.py",
@@ -296,18 +309,24 @@ def test_the_readme_holds_the_commands_ci_runs():
 
 
 @functools.lru_cache(maxsize=None)
-def help_text(program: str) -> str:
-    """A script's or module's --help output."""
-    launch = ["-m", program] if not program.endswith(".py") else [program]
-    result = subprocess.run([sys.executable, *launch, "--help"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "WANDB_MODE": "disabled"})
+def help_text(program: str, bin_dir: Path, cwd: Path) -> str:
+    """A script's or module's --help output, run by the installed clone's python from the user's folder `cwd`."""
+    launch = ["-m", program] if not program.endswith(".py") else [in_the_clone(program)]
+    result = subprocess.run([str(bin_dir / "python"), *launch, "--help"], cwd=cwd, capture_output=True, text=True,
+                            timeout=120, env=clean_env())
     assert result.returncode == 0, f"{program} --help: exit {result.returncode}: {result.stderr[-2000:]}"
     return result.stdout
 
 
+@pytest.fixture(scope="module")
+def help_folder(tmp_path_factory) -> Path:
+    """The user's folder the checked commands' --help runs from (nothing is written there)."""
+    return user_folder(tmp_path_factory.mktemp("user"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", CHECKS, ids=[command.id for command in CHECKS])
-def test_an_expensive_command_is_checked_without_running(command: DocCommand):
+def test_an_expensive_command_is_checked_without_running(command: DocCommand, installed_clone, help_folder):
     from arguments.parser import parse_arguments
 
     verdict = VERDICTS[command]
@@ -320,44 +339,43 @@ def test_an_expensive_command_is_checked_without_running(command: DocCommand):
         parse_arguments(without_placeholders(verdict.pretrain))  # a renamed or removed flag, a bad value: ConfigError
     flags = [word.split("=", 1)[0] for word in verdict.flags if word.startswith("--") and word != "--"]
     if flags:
-        text = help_text(path)
+        text = help_text(path, installed_clone, help_folder)
         missing = [flag for flag in flags if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text)]
         assert missing == [], f"{command.id}: {path} --help does not name {missing}"
 
 
-def substituted(command: DocCommand, tmp_path: Path) -> list[str]:
-    """The command as run here: `python` is this interpreter, globs are expanded from the repository
-    root, and outputs that would land in the checkout go to tmp_path instead: `--output` of the
-    performance model's calibration (it would rewrite the committed configs/hardware/calibrations/ file),
-    and run.py's launch files (its default --runs-dir is the repository's runs/)."""
+def substituted(command: DocCommand, bin_dir: Path, tmp_path: Path) -> list[str]:
+    """The command as a user of the installed clone runs it from another folder: `python` is the virtualenv's,
+    globs are expanded in the clone, and the clone's files are named with its path (tests/user_folder.py
+    in_the_clone); outputs that would land in the checkout go to tmp_path instead: `--output` of the performance
+    model's calibration (it would rewrite the committed configs/hardware/calibrations/ file), and run.py's launch
+    files (its default --runs-dir is the repository's runs/)."""
     argv = list(command.argv)
-    argv[0] = sys.executable
-    expanded = []
-    for word in argv:
-        if "*" in word:
-            matches = sorted(glob.glob(word, root_dir=ROOT))
-            assert matches, f"{command.id}: {word} matches nothing"
-            expanded += matches
-        else:
-            expanded.append(word)
-    argv = expanded
+    argv[0] = str(bin_dir / "python")
     if "--output" in argv and "zero.perf_model" in argv:
         at = argv.index("--output") + 1
         argv[at] = str(tmp_path / Path(argv[at]).name)
     if "scripts/zero_paper/run.py" in argv:
         at = argv.index("--") if "--" in argv else len(argv)
         argv[at:at] = ["--runs-dir", str(tmp_path / "runs")]
-    return argv
+    expanded = []
+    for word in argv:
+        if "*" in word:
+            matches = sorted(glob.glob(word, root_dir=ROOT))
+            assert matches, f"{command.id}: {word} matches nothing"
+            expanded += [str(ROOT / match) for match in matches]
+        else:
+            expanded.append(in_the_clone(word))
+    return expanded
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", RUNS, ids=[command.id for command in RUNS])
-def test_a_cheap_command_runs_as_written(command: DocCommand, tmp_path):
-    env = {**os.environ, **dict(command.env), "WANDB_MODE": "disabled",
-           "ZERO_GPT_PLAN_CACHE": str(tmp_path / "plans")}
+def test_a_cheap_command_runs_as_written(command: DocCommand, installed_clone, tmp_path):
+    env = clean_env(**dict(command.env), ZERO_GPT_PLAN_CACHE=str(tmp_path / "plans"))
     before = repository_files()
-    result = subprocess.run(substituted(command, tmp_path), cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(substituted(command, installed_clone, tmp_path), cwd=user_folder(tmp_path / "user"),
+                            env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{command.id}: exit {result.returncode}\n{result.stderr[-3000:]}"
     assert result.stdout.strip(), f"{command.id}: printed nothing"
     for prefix, stated in STATED_OUTPUT.items():

@@ -2,17 +2,17 @@
 folders of the user's own. Before, `python -m data.preprocess` there failed with an ImportError: the
 editable install's finder was asked after the working directory, whose data/ became the package (and before
 issue 34, with no install, outside the repository root at all). The repository is installed by
-requirements.txt's `-e` line, into a throwaway virtualenv that sees this interpreter's packages; the
-README's commands then run there with tiny sizes."""
+requirements.txt's `-e` line, into a throwaway virtualenv that sees this interpreter's packages (tests/user_folder.py,
+shared with tests/test_docs_commands.py, which runs every cheap command of the pages from such a folder); the
+README's own-data commands then run there with tiny sizes, and the checkpoint they make is consolidated, resharded,
+converted and generated from, and its metrics plotted, as docs/checkpoints.md and docs/configuration.md write those
+commands."""
 
 import importlib
 import json
-import os
 import re
 import shlex
-import site
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import pytest
 from data.corpus import default_corpus_documents
 from tests.readme import ROOT, doc_section, readme_section
 from tests.repository_tree import repository_files
+from tests.user_folder import clean_env, user_folder
 
 SMALL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
          "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "2"]
@@ -32,28 +33,6 @@ def test_every_console_command_names_a_function_that_exists():
     for name, target in SCRIPTS.items():
         module, _, function = target.partition(":")
         assert callable(getattr(importlib.import_module(module), function)), f"{name} = {target}"
-
-
-def editable_lines() -> list[str]:
-    lines = (ROOT / "requirements.txt").read_text().splitlines()
-    return [line.split("#")[0].strip() for line in lines if line.strip().startswith("-e ")]
-
-
-def install(venv: Path) -> Path:
-    """requirements.txt's `pip install -e .` into a new virtualenv at `venv` (no index, no build isolation:
-    offline); the virtualenv reads this interpreter's site-packages through a .pth of its own. Its bin/."""
-    assert editable_lines() == ["-e ."], editable_lines()
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    packages = Path(next(venv.glob("lib/python*/site-packages")))
-    outer = [entry for entry in site.getsitepackages() + sys.path if entry.endswith(("site-packages", "dist-packages"))]
-    (packages / "outer.pth").write_text("\n".join(dict.fromkeys(outer)) + "\n")
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    "--no-build-isolation", "-e", "."], cwd=ROOT, check=True, capture_output=True, env=clean_env())
-    return venv / "bin"
-
-
-def clean_env() -> dict:
-    return {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "WANDB_MODE": "disabled"}
 
 
 def start(argv: list[str], cwd: Path) -> subprocess.Popen:
@@ -74,17 +53,16 @@ def run(argv: list[str], cwd: Path) -> str:
 def bash_commands(text: str) -> list[list[str]]:
     """The commands of a page's ```bash blocks, one word list each (continuation lines joined)."""
     joined = re.sub(r"\\\n\s*", " ", "".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S)))
-    return [shlex.split(line) for line in joined.splitlines() if line.strip() and not line.startswith("#")]
+    return [shlex.split(line, comments=True) for line in joined.splitlines()
+            if line.strip() and not line.startswith("#")]
 
 
 @pytest.mark.slow
-def test_the_readmes_commands_run_from_a_folder_holding_data_training_and_checkpoint(tmp_path):
+def test_the_readmes_commands_run_from_a_folder_holding_data_training_and_checkpoint(tmp_path, installed_clone):
     before = repository_files()
-    bin_dir = install(tmp_path / "venv")
+    bin_dir = installed_clone
     assert sorted(path.name for path in bin_dir.glob("zero-gpt-*")) == sorted(SCRIPTS)
-    user = tmp_path / "user"
-    for name in ("data", "training", "checkpoint"):
-        (user / name).mkdir(parents=True)
+    user = user_folder(tmp_path / "user")
     with open(user / "data" / "corpus.jsonl", "w") as corpus:
         corpus.writelines(json.dumps({"text": text}) + "\n" for text in default_corpus_documents()[:200])
     python = str(bin_dir / "python")
@@ -95,9 +73,28 @@ def test_the_readmes_commands_run_from_a_folder_holding_data_training_and_checkp
     assert preprocess[:3] == ["python", "-m", "data.preprocess"] and train[:2] == ["python", "pretrain_gpt.py"]
     run([python, *preprocess[1:], "--input", "data/corpus.jsonl", "--workers", "1",
          "--train-tokenizer-vocab-size", "300"], user)
-    run([str(bin_dir / "zero-gpt-train"), *train[2:], *SMALL, "--train-iters", "2", "--eval-iters", "0",
-         "--device", "cpu", "--save", "checkpoint/run"], user)
-    run([str(bin_dir / "zero-gpt-convert"), "checkpoint/run", "hf"], user)
+    trained = run([str(bin_dir / "zero-gpt-train"), *train[2:], *SMALL, "--train-iters", "2", "--eval-iters", "0",
+                   "--device", "cpu", "--save", "checkpoint/run"], user)
+    converting = start([str(bin_dir / "zero-gpt-convert"), "checkpoint/run", "hf"], user)
+    tools = bash_commands(doc_section("docs/checkpoints.md", "Tools: one fp32 file, another TP size, Hugging Face"))
+    fp32, reshard = tools[0], tools[1]
+    assert fp32[:3] == ["python", "scripts/zero_to_fp32.py", "ckpt"] and reshard[:3] == [
+        "python", "scripts/reshard_checkpoint.py", "ckpt"] and reshard[-2:] == ["--tensor-model-parallel-size", "4"]
+    run([python, str(ROOT / fp32[1]), "checkpoint/run", *fp32[3:]], user)
+    run([python, str(ROOT / reshard[1]), "checkpoint/run", *reshard[3:-1], "2"], user)  # the tiny model's 2 heads
+    generate = bash_commands(doc_section("docs/checkpoints.md", "Generating text from a checkpoint"))[0]
+    assert generate[:5] == ["python", "-m", "training.generate", "--load", "ckpt"]
+    at = generate.index("--num-tokens-to-generate") + 1  # 40 positions past the prompt: the tiny model has 16
+    generated = run([python, *generate[1:4], "checkpoint/run", *generate[5:at], "4", *generate[at + 1:]], user)
+    assert "generated ids:" in generated
+    plot = [line.split(": ", 1)[1] for line in trained.splitlines() if "python -m training.plot" in line]
+    assert len(plot) == 1, trained[-2000:]  # the command the run prints, as docs/configuration.md writes it
+    plot_argv = shlex.split(plot[0])
+    assert plot_argv[:3] == ["python", "-m", "training.plot"], plot[0]
+    run([python, *plot_argv[1:]], user)
+    finish(converting)
     assert "Table 1" in finish(plan)
     assert (user / "hf" / "model.safetensors").is_file() and (user / "my_data" / "my_text_document.idx").is_file()
+    assert list(user.glob("runs/*/curves.png"))
+    assert (user / "model_fp32.safetensors").is_file() and (user / "ckpt_tp4" / "latest").is_file()
     assert repository_files() == before

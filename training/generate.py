@@ -1,8 +1,11 @@
-"""`python -m training.generate --load CK --prompt "..."`: text generated from a checkpoint, on one process.
+"""`python -m training.generate --load CK --prompt "..."`: text generated from a checkpoint, on one process or
+tensor-parallel over torchrun's processes.
 
     python -m training.generate --load runs/gpt/checkpoints --prompt "The meaning of" --num-tokens-to-generate 40
     python -m training.generate --load megatron_ckpt --prompt-ids 1 2 3 --top_k 0 --top_p 0.9 --seed 7
     python -m training.generate --init-from-hf hf-llama --prompt "Once" --temperature 0.8 --top-k 40
+    python -m training.generate --load CK --prompt "Once" --prompt "The cat" --prompt-file prompts.txt
+    torchrun --nproc_per_node 2 -m training.generate --load CK --prompts "Once" "The cat"
 
 CK is any checkpoint the loader reads (checkpoint/inference_load.py): this project's (a --save directory or one
 iteration), a Megatron-LM torch_dist folder, or a Hugging Face folder (--init-from-hf names one too); the model is
@@ -12,6 +15,13 @@ takes Megatron-LM's flags (gpt/sampling.py): greedy by default (--top_k 1, its e
 at the tokenizer's end-of-document token unless --ignore-eos. Steps run over a KV cache (gpt/kv_cache.py);
 --no-kv-cache recomputes the whole sequence each step. Prints the text (prompt then the generated text) where a
 tokenizer is known, and the generated ids on a line of their own.
+
+Several prompts (--prompt again, Megatron-LM's --prompts, --prompt-file with one prompt a line, or --prompt-ids
+again) run in batches of --max-batch-size (Megatron-LM's flag, default 8) as Megatron-LM's text generation batches
+them (gpt/generation.py generate_prompts): each prompt's greedy tokens are those it makes alone; each is printed in
+the order given. Under torchrun the model is split tensor-parallel over the launched processes (gloo on the CPU;
+NCCL on CUDA, untried on GPUs), its weights read as global tensors whatever layout saved them; every rank runs the
+same steps on the gathered logits and rank 0 prints.
 """
 
 from __future__ import annotations
@@ -34,10 +44,11 @@ from checkpoint.inference_load import (
 from data import DataError
 from data.sentencepiece_tokenizer import SENTENCEPIECE_MODEL_FILE, SENTENCEPIECE_TYPES, load_sentencepiece_tokenizer
 from data.tokenizer import load_named_tokenizer, load_tokenizer
-from gpt.generation import generate
+from gpt.generation import generate_prompts
 from gpt.model import build_gpt_model
 from gpt.sampling import Sampling
-from parallel.state import ParallelState
+from parallel.launch_environment import read_launch_environment
+from parallel.state import ParallelState, initialize
 
 PROGRAM = "training.generate"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -49,8 +60,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     where.add_argument("--load", metavar="CK", help="a checkpoint: ours, Megatron-LM torch_dist, or a Hugging Face folder")
     where.add_argument("--init-from-hf", metavar="DIR", help="a Hugging Face folder")
     prompt = parser.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", help="the prompt as text")
-    prompt.add_argument("--prompt-ids", type=int, nargs="+", metavar="ID", help="the prompt as token ids")
+    prompt.add_argument("--prompt", action="append", help="a prompt as text; again for another")
+    prompt.add_argument("--prompts", nargs="+", metavar="TEXT", help="prompts as text (Megatron-LM's flag)")
+    prompt.add_argument("--prompt-file", metavar="FILE", help="prompts as text, one a line (blank lines skipped)")
+    prompt.add_argument("--prompt-ids", type=int, nargs="+", action="append", metavar="ID",
+                        help="a prompt as token ids; again for another")
+    parser.add_argument("--max-batch-size", type=int, default=8, metavar="N",
+                        help="prompts run together at most (Megatron-LM's flag; default 8)")
     parser.add_argument("--num-tokens-to-generate", "--out-seq-length", "--max-new-tokens", dest="new_tokens",
                         type=int, default=30, metavar="N", help="tokens to generate at most (default 30)")
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
@@ -94,51 +110,90 @@ def run_tokenizer(args: argparse.Namespace, checkpoint: InferenceCheckpoint):
     return load_tokenizer(files.get("tokenizer_file"), files.get("vocab_file"), files.get("merge_file"))
 
 
-def prompt_ids(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[int]:
-    if args.prompt is not None:
+def prompt_texts(args: argparse.Namespace) -> Optional[list[str]]:
+    """The text prompts the flags give, in order (None: the prompts are ids)."""
+    if args.prompt_file is not None:
+        try:
+            lines = Path(args.prompt_file).read_text().splitlines()
+        except OSError as error:
+            raise ConfigError(f"--prompt-file {args.prompt_file}: {error.strerror or error}") from None
+        texts = [line for line in lines if line.strip()]
+        if not texts:
+            raise ConfigError(f"--prompt-file {args.prompt_file}: no prompt in it (one a line)")
+        return texts
+    return args.prompt or args.prompts
+
+
+def prompt_ids(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[list[int]]:
+    """Each prompt's token ids, in the order given."""
+    texts = prompt_texts(args)
+    if texts is not None:
         if tokenizer is None:
             raise ConfigError("--prompt: the checkpoint holds no tokenizer; give --tokenizer-file (or --vocab-file "
                               "and --merge-file, or --tokenizer-type with --tokenizer-model), or the prompt as "
                               "--prompt-ids")
-        ids = tokenizer.tokenize_batch([args.prompt])[0]
+        prompts = tokenizer.tokenize_batch(texts)
     else:
-        ids = args.prompt_ids
-    if not ids:
-        raise ConfigError("the prompt is empty: give at least one token")
-    outside = [i for i in ids if not 0 <= i < vocab_size]
-    if outside:
-        raise ConfigError(f"prompt id {outside[0]} is outside the model's vocabulary (0..{vocab_size - 1})")
-    return ids
+        prompts = args.prompt_ids
+    for ids in prompts:
+        if not ids:
+            raise ConfigError("the prompt is empty: give at least one token")
+        outside = [i for i in ids if not 0 <= i < vocab_size]
+        if outside:
+            raise ConfigError(f"prompt id {outside[0]} is outside the model's vocabulary (0..{vocab_size - 1})")
+    return prompts
 
 
-def generate_from(args: argparse.Namespace) -> tuple[list[int], list[int], Optional[object]]:
-    """(prompt ids, generated ids, tokenizer) for the parsed flags."""
+def parallel_state(device: str) -> ParallelState:
+    """One process's state, or under torchrun the launched processes as one tensor-parallel group."""
+    world_size = read_launch_environment().world_size
+    if world_size == 1:
+        return ParallelState(device=torch.device(device))
+    try:
+        return initialize(device, tensor_parallel_size=world_size)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def generate_from(args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]], Optional[object], ParallelState]:
+    """(each prompt's ids, each prompt's generated ids, tokenizer, the processes' state) for the parsed flags."""
     checkpoint = inference_checkpoint(checkpoint_path(args), verify=args.verify_checkpoint)
     config = checkpoint.model
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     sampling.validate(config.vocab_size)
     if args.new_tokens < 1:
         raise ConfigError(f"--num-tokens-to-generate {args.new_tokens}: give at least 1")
+    if args.max_batch_size < 1:
+        raise ConfigError(f"--max-batch-size {args.max_batch_size}: give at least 1")
     tokenizer = run_tokenizer(args, checkpoint)
-    ids = prompt_ids(args, tokenizer, config.vocab_size)
-    state = ParallelState(device=torch.device(args.device))
+    prompts = prompt_ids(args, tokenizer, config.vocab_size)
+    state = parallel_state(args.device)
     model = build_gpt_model(config, state, seed=args.seed, dtype=DTYPES[args.dtype])
     with open_source(checkpoint, state) as source:
         load_model_weights(source, model, state)
-    print(f"> {checkpoint.described}: {sum(p.numel() for p in model.parameters()):,} parameters, "
-          f"{args.dtype} on {args.device}", flush=True)
+    if state.rank == 0:
+        size = f"{sum(p.numel() for p in model.parameters()):,} parameters" if state.tensor_parallel_size == 1 else \
+            f"tensor-parallel over {state.tensor_parallel_size} processes"
+        print(f"> {checkpoint.described}: {size}, {args.dtype} on {args.device}", flush=True)
     stop = None if args.ignore_eos or tokenizer is None else tokenizer.eod_id
     generator = torch.Generator(device=state.device).manual_seed(args.seed)
-    new = generate(model.eval(), torch.tensor([ids], device=state.device), args.new_tokens, sampling, generator,
-                   stop_id=stop, use_cache=args.kv_cache)
-    return ids, new[0].tolist(), tokenizer
+    new = generate_prompts(model.eval(), prompts, args.new_tokens, sampling, generator, stop_id=stop,
+                           use_cache=args.kv_cache, max_batch_size=args.max_batch_size)
+    return prompts, new, tokenizer, state
 
 
 def _main(argv: Optional[Sequence[str]]) -> None:
-    ids, new, tokenizer = generate_from(parse_args(argv))
-    if tokenizer is not None and hasattr(tokenizer, "decode"):
-        print(tokenizer.decode(ids + new), flush=True)
-    print("generated ids: " + " ".join(map(str, new)), flush=True)
+    prompts, made, tokenizer, state = generate_from(parse_args(argv))
+    try:
+        if state.rank != 0:
+            return
+        for ids, new in zip(prompts, made):
+            if tokenizer is not None and hasattr(tokenizer, "decode"):
+                print(tokenizer.decode(ids + new), flush=True)
+            print("generated ids: " + " ".join(map(str, new)), flush=True)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -161,3 +161,86 @@ def test_bad_requests_are_one_line(load, argv, named, capsys):
     assert generate.main(["--load", str(FIXTURES / load), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert named in err and len(err.splitlines()) == 1
+
+
+def test_several_prompts_each_make_the_tokens_they_make_alone(tmp_path, capsys):
+    """Prompts of three lengths in batches of 2 (--max-batch-size): each prompt's greedy tokens and its stop are the
+    ones it makes alone, with the cache and without; --prompts and --prompt-file give the same prompts in order."""
+    tokenizer = train_tokenizer([TEXT], 300)
+    save_trained(tmp_path / "ckpt", tokenizer, 3)
+    texts = ["the dog sat", "the cat sat on the", "mat"]
+    load = ["--load", str(tmp_path / "ckpt"), "--num-tokens-to-generate", "10"]
+    alone = [generated_ids(capsys, *load, "--prompt", text) for text in texts]
+    assert len({len(ids) for ids in tokenizer.tokenize_batch(texts)}) == 3, "three prompt lengths"
+    (tmp_path / "prompts.txt").write_text("\n".join(texts) + "\n\n")
+    for flags in (["--prompt", texts[0], "--prompt", texts[1], "--prompt", texts[2], "--max-batch-size", "2"],
+                  ["--prompts", *texts], ["--prompt-file", str(tmp_path / "prompts.txt"), "--no-kv-cache"]):
+        assert generate.main([*load, *flags]) == 0
+        out = capsys.readouterr().out.splitlines()
+        lines = [line for line in out if line.startswith("generated ids:")]
+        assert [[int(token) for token in line.split(":")[1].split()] for line in lines] == alone, flags
+    # a stop token one row makes early: that row ends with it, the others go on, each as `generate` makes it alone
+    from gpt.generation import generate as generate_one
+    from gpt.generation import generate_prompts
+    from gpt.sampling import Sampling
+
+    checkpoint = inference_checkpoint(tmp_path / "ckpt")
+    model = build_gpt_model(checkpoint.model, CPU, seed=0).eval()
+    with open_source(checkpoint, CPU) as source:
+        load_model_weights(source, model, CPU)
+    prompts, greedy = tokenizer.tokenize_batch(texts), Sampling(1.0, 1, 0.0)
+    stop = alone[0][1]
+    batched = generate_prompts(model, prompts, 10, greedy, stop_id=stop, max_batch_size=3)
+    assert len(batched[0]) == 2 and batched[0][-1] == stop
+    assert batched == [generate_one(model, torch.tensor([ids]), 10, greedy, stop_id=stop)[0].tolist()
+                       for ids in prompts]
+    # one prompt sampled: the same draws as `generate` (the sampled commands' tokens are what they were before batching)
+    sampled = Sampling(0.8, 0, 0.9)
+    assert generate_prompts(model, prompts[:1], 10, sampled, torch.Generator().manual_seed(7)) == [
+        generate_one(model, torch.tensor(prompts[:1]), 10, sampled, torch.Generator().manual_seed(7))[0].tolist()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved", ["ours", "megatron"])
+def test_torchrun_at_the_saved_tensor_parallel_size_gives_the_one_process_tokens(tmp_path, capsys, saved):
+    """A save at TP 2 generated from under torchrun on 2 gloo processes, two prompts of two lengths batched: each
+    prompt's greedy tokens are the one-process run's of it alone. Ours (TP 2 x PP 2, two text prompts): those are also
+    transformers' on the folder convert_to_hf.py exports, tokenized by that folder's tokenizer. Megatron-LM's TP 2
+    save (two prompts of ids) is no shape the export writes; its one-process tokens are held to transformers' by
+    test_megatron_lms_torch_dist_save_gives_its_logits_and_the_exports_greedy_tokens's fixture of the same saver."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from checkpoint.torch_dist.common import load_common
+    from tests.readme import ROOT
+
+    if saved == "ours":
+        folder = FIXTURES / "checkpoint_54c4492_tp2_pp2"
+        assert json.loads((folder / "iter_0000002" / "metadata.json").read_text())["tensor_parallel_size"] == 2
+        prompts = [["--prompt", "the cat"], ["--prompt", "a dog sat"]]
+    else:
+        folder = FIXTURES / "megatron_tp2_swiglu_gqa"
+        assert load_common(folder / "iter_0000002")["args"].tensor_model_parallel_size == 2
+        prompts = [["--prompt-ids", "5", "17", "100", "42"], ["--prompt-ids", "3", "9"]]
+    flags = ["--load", str(folder), "--num-tokens-to-generate", "8"]
+    launched = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+         "training.generate", *flags, *prompts[0], *prompts[1]],
+        cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    alone = [generated_ids(capsys, *flags, *prompt) for prompt in prompts]
+    if saved == "ours":
+        from transformers import AutoTokenizer
+
+        assert convert_to_hf.main([str(folder), str(tmp_path / "hf")]) == 0
+        hf_tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+        ids = [hf_tokenizer(prompt[1]).input_ids for prompt in prompts]
+        assert len(set(map(len, ids))) == 2
+        assert alone == [transformers_greedy(tmp_path / "hf", prompt, 8) for prompt in ids]
+    out, err = launched.communicate(timeout=300)
+    assert launched.returncode == 0, err[-3000:]
+    assert "tensor-parallel over 2 processes" in out
+    lines = [line for line in out.splitlines() if line.startswith("generated ids:")]
+    assert [[int(token) for token in line.split(":")[1].split()] for line in lines] == alone
