@@ -59,6 +59,11 @@ SWIGLU_GQA_FLAGS = ["--swiglu", "--ffn-hidden-size", "32", "--group-query-attent
                     "--disable-bias-linear"]
 LLAMA_FLAGS = SWIGLU_GQA_FLAGS + ["--normalization", "RMSNorm", "--position-embedding-type", "rope",
                                   "--untie-embeddings-and-output-weights"]
+# multi-latent attention at small sizes (DeepSeek-V3's example's flags, its rope): Megatron's defaults otherwise, so
+# linear_proj and the MLP keep their biases (MLA's own projections take none); the query through --q-lora-rank's
+# down and up projections with both latent norms (--qk-layernorm), or through linear_q_proj
+MLA_FLAGS = ["--multi-latent-attention", "--kv-lora-rank", "8", "--qk-head-dim", "4", "--qk-pos-emb-head-dim", "4",
+             "--v-head-dim", "4", "--position-embedding-type", "rope"]
 TP2, PP2, DISTOPT = (["--tensor-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "2"],
                      ["--use-distributed-optimizer"])
 
@@ -100,6 +105,12 @@ FIXTURES = {
                                                   "--moe-ffn-hidden-size", "32",
                                                   "--moe-shared-expert-intermediate-size", "32",
                                                   "--expert-model-parallel-size", "2"]),
+    # MLA with a low-rank query and the latent norms: every tensor of Megatron-Core's local-spec MLASelfAttention but
+    # linear_q_proj (scripts/megatron_lm_cpu.py lets the local core attention take MLA's head widths)
+    "megatron_mla_q_lora": (1, GPT2_FLAGS + MLA_FLAGS + ["--q-lora-rank", "8", "--qk-layernorm"]),
+    # and without it: linear_q_proj. Without --qk-layernorm: Megatron-Core 0.16.1 builds no query norm without
+    # --q-lora-rank (both specs), where this project's MLA norms the hidden state before linear_q_proj
+    "megatron_mla": (1, GPT2_FLAGS + MLA_FLAGS),
 }
 
 

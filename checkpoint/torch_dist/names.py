@@ -10,7 +10,8 @@ after the layers' (`mlp.experts.experts.<name>`: the MoE layer's `experts` modul
 `mlp.experts.experts.<expert>.<name>` per expert. Under torch_dist the local
 spec's norms are saved under TransformerEngine's names (`self_attention.linear_qkv.layer_norm_weight` is the input
 norm, `mlp.linear_fc1.layer_norm_weight` the pre-MLP norm; the spec's sharded_state_dict_keys_map), so both specs'
-files read alike; the separate names are accepted too.
+files read alike; the separate names are accepted too (a multi-latent layer of the local spec saves them so, and is
+written so: MLA_LAYER_NAMES, MLA_WRITTEN_NORMS).
 
 Our layouts are Megatron-Core's: the fused QKV is [group][its query heads, key, value][head dim] (gpt/model.py), a
 linear's weight is [out, in]. SwiGLU's fc1 differs: Megatron-Core keeps [gate; up] in one weight, which its
@@ -65,6 +66,22 @@ LAYER_NAMES = {
     "mlp.shared_experts.linear_fc2.weight": "mlp.shared_experts.dense_4h_to_h.weight",
     "mlp.shared_experts.linear_fc2.bias": "mlp.shared_experts.dense_4h_to_h.bias",
 }
+# Multi-latent attention (Megatron-Core's MLASelfAttention, gpt/mla.py): the same names inside `self_attention.`
+# but for linear_proj, whose our name is MLA's own. The local spec's latent norms are q_layernorm and kv_layernorm;
+# TransformerEngine's spec fuses each into the up projection after it (TELayerNormColumnParallelLinear:
+# `linear_q_up_proj.layer_norm_weight`, `linear_kv_up_proj.layer_norm_weight`), read alike. The layouts are ours:
+# linear_q_(up_)proj's rows [head][qk_head_dim, qk_pos_emb_head_dim], linear_kv_down_proj's [kv_lora_rank,
+# qk_pos_emb_head_dim], linear_kv_up_proj's [head][qk_head_dim, v_head_dim].
+MLA_LAYER_NAMES = {
+    **{f"self_attention.{linear}.weight": f"attention.{linear}.weight" for linear in (
+        "linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj",
+        "linear_proj")},
+    "self_attention.linear_proj.bias": "attention.linear_proj.bias",
+    **{f"self_attention.{norm}.{part}": f"attention.{norm}.{part}" for norm in ("q_layernorm", "kv_layernorm")
+       for part in ("weight", "bias")},
+    **{f"self_attention.linear_{latent}_up_proj.layer_norm_{part}": f"attention.{latent}_layernorm.{part}"
+       for latent in ("q", "kv") for part in ("weight", "bias")},
+}
 EXPERT_NAMES = {  # inside `mlp.experts.experts.[<expert>.]`: -> ours inside `mlp.experts.<expert>.`
     "linear_fc1.weight": "dense_h_to_4h.weight",
     "linear_fc1.bias": "dense_h_to_4h.bias",
@@ -93,9 +110,10 @@ class Placement:
         return (*leading, first, *ours[1:])
 
 
-def our_placements(key: str, shape: tuple[int, ...], gated: bool) -> Optional[dict[str, Placement]]:
+def our_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool = False
+                   ) -> Optional[dict[str, Placement]]:
     """Our tensors inside Megatron-Core's tensor `key` of global `shape` (None: a key this mapping does not know).
-    `gated`: the model is SwiGLU's (fc1 holds [gate; up])."""
+    `gated`: the model is SwiGLU's (fc1 holds [gate; up]); `mla`: its attention is multi-latent (MLA_LAYER_NAMES)."""
     if key in MODEL_NAMES:
         return {MODEL_NAMES[key]: Placement(key, (), 0, tuple(shape))}
     if not key.startswith(LAYERS):
@@ -111,7 +129,7 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool) -> Optional[di
         template = EXPERT_NAMES.get(".".join(inner))
         template = template and "mlp.experts.{expert}." + template
     else:
-        template = LAYER_NAMES.get(name)
+        template = (mla and MLA_LAYER_NAMES.get(name)) or LAYER_NAMES.get(name)
     if template is None:
         return None
     leading = int(layer_axis) + int(expert_axis)
@@ -136,18 +154,23 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool) -> Optional[di
 # Our names -> Megatron-Core's, for writing: the first name LAYER_NAMES gives each of ours is the one torch_dist saves
 OUR_TOP_NAMES = {ours: theirs for theirs, ours in MODEL_NAMES.items()}
 OUR_LAYER_NAMES: dict[str, str] = {}
-for _theirs, _ours in LAYER_NAMES.items():
+for _theirs, _ours in (*LAYER_NAMES.items(), *MLA_LAYER_NAMES.items()):
     OUR_LAYER_NAMES.setdefault(_ours, _theirs)
+# A multi-latent layer of the local spec (gpt_layer_specs.py get_gpt_layer_local_spec) has no
+# sharded_state_dict_keys_map: its norms are saved under their modules' own names, which Megatron-LM's load asks for
+MLA_WRITTEN_NORMS = {f"{ours}.{part}": f"{theirs}.{part}" for ours, theirs in (
+    ("input_layernorm", "input_layernorm"), ("post_attention_layernorm", "pre_mlp_layernorm"))
+    for part in ("weight", "bias")}
 OUR_EXPERT_NAMES = {ours: theirs for theirs, ours in EXPERT_NAMES.items()}
 OUR_EXPERTS = "mlp.experts."
 
 
-def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_experts: Optional[int] = None
-                       ) -> Optional[tuple[Placement, tuple[int, ...]]]:
+def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_experts: Optional[int] = None,
+                       mla: bool = False) -> Optional[tuple[Placement, tuple[int, ...]]]:
     """Where our whole tensor `name` (of `shape`) goes in Megatron-Core's stacked layout, and that tensor's global
     shape; None for a name this mapping does not write (a layer of another kind). An expert's tensor (of a model
     whose every layer holds `num_experts`) goes at (layer, expert) of `mlp.experts.experts.<name>`, the layout
-    SequentialMLP saves."""
+    SequentialMLP saves. `mla`: the model's attention is multi-latent (its layers' norms by MLA_WRITTEN_NORMS)."""
     if name in OUR_TOP_NAMES:
         return Placement(OUR_TOP_NAMES[name], (), 0, tuple(shape)), tuple(shape)
     head, _, inner = name.partition(".")
@@ -166,7 +189,7 @@ def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_e
             return None
         return (Placement(LAYERS + EXPERTS + theirs, (int(layer), int(expert)), row_offset, tuple(shape)),
                 (num_layers, num_experts, *own))
-    theirs = OUR_LAYER_NAMES.get(inner)
+    theirs = (mla and MLA_WRITTEN_NORMS.get(inner)) or OUR_LAYER_NAMES.get(inner)
     if theirs is None:
         return None
     return Placement(LAYERS + theirs, (int(layer),), row_offset, tuple(shape)), (num_layers, *own)

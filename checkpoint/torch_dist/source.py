@@ -77,13 +77,14 @@ class MegatronSource(GlobalStateSource):
         self.args = saved_args(self.common)
         self.layout = sharding_type(self.common)
         gated = bool(arg(self.common, "swiglu", False))
+        mla = bool(arg(self.common, "multi_latent_attention", False))
         tensors = self.reader.tensors()
         self._placements: dict[str, Placement] = {}
         unknown = []
         for key, md in tensors.items():
             if key.startswith("optimizer."):
                 continue
-            placements = our_placements(key, tuple(md.size), gated)
+            placements = our_placements(key, tuple(md.size), gated, mla)
             if placements is None:
                 unknown.append(key)
             else:
@@ -277,6 +278,7 @@ def _refuse_unread(args) -> None:
     """The saves whose buckets this reader does not rebuild (their weights still load)."""
     unsupported = [flag for flag, value in (
         ("--num-experts", getattr(args, "num_experts", None)),
+        ("--multi-latent-attention", getattr(args, "multi_latent_attention", False)),
         ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
         ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)))
         if value]
