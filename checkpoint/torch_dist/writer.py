@@ -15,8 +15,9 @@ chained as Megatron-LM builds them at the save's EP. Each rank writes the global
 
 Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
 Megatron-LM starts its streams from --seed, as at another layout). A run with shared experts, dense layers between
-MoE ones, the routers' expert bias, MTP, MLA, optimizers other than Adam or --keep-last saves this project's
-format, said at start-up (arguments/config.py). As every save here the directory appears whole or not at all
+MoE ones, the routers' expert bias, MTP, optimizers other than Adam or --keep-last saves this project's format,
+said at start-up (arguments/config.py). Multi-latent attention is written as the local spec's MLASelfAttention
+saves it (names.py), its linears' _extra_state objects included. As every save here the directory appears whole or not at all
 (iter_NNNNNNN.partial renamed, the tracker written last and atomically); a non-finite state is never committed."""
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ ATTENTION_EXTRA_STATE_MODULES = ("self_attention.linear_proj", "self_attention.l
 EXTRA_STATE_MODULES = ATTENTION_EXTRA_STATE_MODULES + ("mlp.linear_fc1", "mlp.linear_fc2")
 EXPERT_EXTRA_STATE_MODULES = ("linear_fc1", "linear_fc2")  # an MoE layer's: each SequentialMLP expert's
 SHARED_EXPERT_EXTRA_STATE_MODULES = ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2")
+# multi-latent attention's linears (MLASelfAttention on the local spec): the query's one projection, or its down and up
+MLA_EXTRA_STATE_MODULES = {
+    False: ("self_attention.linear_proj", "self_attention.linear_q_proj", "self_attention.linear_kv_down_proj",
+            "self_attention.linear_kv_up_proj"),
+    True: ("self_attention.linear_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
+           "self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj")}
 
 
 class _Planner(DefaultSavePlanner):
@@ -139,7 +146,7 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
     for fragment in named_fragments(shard, records, coordinates(state)):
         _, record = records[fragment.name]
         placed = megatron_placement(fragment.name, record.global_shape, config.model.num_layers,
-                                    _experts_per_layer(config))
+                                    _experts_per_layer(config), config.model.mla.multi_latent_attention)
         if placed is None:
             raise CheckpointError(f"{fragment.name}: Megatron-Core's torch_dist layout has no place for it")
         placement, global_shape = placed
@@ -173,8 +180,11 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
     names = parameter_records(model)
     layers = sorted({int(name.split(".")[1]) for name in names if name.startswith("blocks.")})
     total, experts = config.model.num_layers, _experts_per_layer(config)
-    modules = EXTRA_STATE_MODULES if experts is None else ATTENTION_EXTRA_STATE_MODULES + (
-        SHARED_EXPERT_EXTRA_STATE_MODULES if config.model.experts.shared_expert_intermediate_size else ())
+    mla = config.model.mla
+    attention = MLA_EXTRA_STATE_MODULES[mla.q_lora_rank is not None] if mla.multi_latent_attention else \
+        ATTENTION_EXTRA_STATE_MODULES
+    modules = attention + (EXTRA_STATE_MODULES[len(ATTENTION_EXTRA_STATE_MODULES):] if experts is None else (
+        SHARED_EXPERT_EXTRA_STATE_MODULES if config.model.experts.shared_expert_intermediate_size else ()))
     objects = {} if state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank else {
         f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None for layer in layers for module in modules}
     if experts is None or state.experts.tensor_rank or state.experts.data_rank or state.context_parallel_rank:
