@@ -111,6 +111,9 @@ FIXTURES = {
     # and without it: linear_q_proj. Without --qk-layernorm: Megatron-Core 0.16.1 builds no query norm without
     # --q-lora-rank (both specs), where this project's MLA norms the hidden state before linear_q_proj
     "megatron_mla": (1, GPT2_FLAGS + MLA_FLAGS),
+    # one multi-token prediction layer (DeepSeek-V3's MTP; its loss scaled by Megatron's default 0.1): GPT-2's block
+    # with rope, as Megatron-LM asserts MTP is not built with learned absolute positions
+    "megatron_mtp": (1, GPT2_FLAGS + ["--mtp-num-layers", "1", "--position-embedding-type", "rope"]),
 }
 
 

@@ -11,7 +11,8 @@ after the layers' (`mlp.experts.experts.<name>`: the MoE layer's `experts` modul
 spec's norms are saved under TransformerEngine's names (`self_attention.linear_qkv.layer_norm_weight` is the input
 norm, `mlp.linear_fc1.layer_norm_weight` the pre-MLP norm; the spec's sharded_state_dict_keys_map), so both specs'
 files read alike; the separate names are accepted too (a multi-latent layer of the local spec saves them so, and is
-written so: MLA_LAYER_NAMES, MLA_WRITTEN_NORMS).
+written so: MLA_LAYER_NAMES, MLA_WRITTEN_NORMS). Multi-token prediction layers are saved unstacked, each under
+`mtp.layers.<k>.` (MTP_LAYERS), its transformer layer by a decoder layer's names.
 
 Our layouts are Megatron-Core's: the fused QKV is [group][its query heads, key, value][head dim] (gpt/model.py), a
 linear's weight is [out, in]. SwiGLU's fc1 differs: Megatron-Core keeps [gate; up] in one weight, which its
@@ -88,6 +89,12 @@ EXPERT_NAMES = {  # inside `mlp.experts.experts.[<expert>.]`: -> ours inside `ml
     "linear_fc2.weight": "dense_4h_to_h.weight",
     "linear_fc2.bias": "dense_4h_to_h.bias",
 }
+# Multi-token prediction (Megatron-Core's MultiTokenPredictionBlock, gpt/mtp.py): layer k's tensors are saved
+# unstacked under `mtp.layers.<k>.`, its own norms and projection by their names, its transformer layer's under
+# `transformer_layer.` by a decoder layer's names (LAYER_NAMES; MLA's with multi-latent attention)
+MTP_LAYERS, OUR_MTP_LAYERS, MTP_TRANSFORMER = "mtp.layers.", "mtp_layers.", "transformer_layer."
+MTP_OWN = tuple(f"{module}.{part}" for module in ("enorm", "hnorm", "final_layernorm") for part in ("weight", "bias")
+                ) + ("eh_proj.weight",)
 GATED = "dense_h_to_4h"  # with SwiGLU: its rows are [gate; up], ours two tensors
 GATED_HALVES = ("dense_h_to_4h_gate", "dense_h_to_4h_up")
 
@@ -116,6 +123,8 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool = Fa
     `gated`: the model is SwiGLU's (fc1 holds [gate; up]); `mla`: its attention is multi-latent (MLA_LAYER_NAMES)."""
     if key in MODEL_NAMES:
         return {MODEL_NAMES[key]: Placement(key, (), 0, tuple(shape))}
+    if key.startswith(MTP_LAYERS):
+        return _mtp_placements(key, tuple(shape), gated, mla)
     if not key.startswith(LAYERS):
         return None
     parts = key[len(LAYERS):].split(".")
@@ -151,6 +160,27 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool = Fa
     return placements
 
 
+def _mtp_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool) -> Optional[dict[str, Placement]]:
+    """An MTP layer's tensor (MTP_LAYERS): ours of the same name under `mtp_layers.<k>.`, no leading axis."""
+    layer, _, name = key[len(MTP_LAYERS):].partition(".")
+    if not layer.isdigit():
+        return None
+    if name in MTP_OWN:
+        return {f"{OUR_MTP_LAYERS}{layer}.{name}": Placement(key, (), 0, shape)}
+    if not name.startswith(MTP_TRANSFORMER):
+        return None
+    inner = name[len(MTP_TRANSFORMER):]
+    template = (mla and MLA_LAYER_NAMES.get(inner)) or LAYER_NAMES.get(inner)
+    if template is None:
+        return None
+    ours = f"{OUR_MTP_LAYERS}{layer}.{MTP_TRANSFORMER}{template}"
+    if gated and f".{GATED}." in ours:
+        half = shape[0] // 2
+        return {ours.replace(f".{GATED}.", f".{part}."): Placement(key, (), offset, (half, *shape[1:]))
+                for offset, part in zip((0, half), GATED_HALVES)}
+    return {ours: Placement(key, (), 0, shape)}
+
+
 # Our names -> Megatron-Core's, for writing: the first name LAYER_NAMES gives each of ours is the one torch_dist saves
 OUR_TOP_NAMES = {ours: theirs for theirs, ours in MODEL_NAMES.items()}
 OUR_LAYER_NAMES: dict[str, str] = {}
@@ -175,13 +205,22 @@ def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_e
         return Placement(OUR_TOP_NAMES[name], (), 0, tuple(shape)), tuple(shape)
     head, _, inner = name.partition(".")
     layer, _, inner = inner.partition(".")
-    if head != "blocks" or not layer.isdigit():
+    if head not in ("blocks", OUR_MTP_LAYERS[:-1]) or not layer.isdigit():
         return None
     row_offset, own = 0, tuple(shape)
     for index, half in enumerate(GATED_HALVES):
         if f".{half}." in f".{inner}":
             inner = inner.replace(half, GATED)
             row_offset, own = index * shape[0], (2 * shape[0], *shape[1:])
+    if head != "blocks":  # an MTP layer's (_mtp_placements): unstacked
+        if inner in MTP_OWN:
+            return Placement(f"{MTP_LAYERS}{layer}.{inner}", (), 0, tuple(shape)), tuple(shape)
+        if not inner.startswith(MTP_TRANSFORMER):
+            return None
+        inner = inner[len(MTP_TRANSFORMER):]
+        theirs = (mla and MLA_WRITTEN_NORMS.get(inner)) or OUR_LAYER_NAMES.get(inner)
+        return None if theirs is None else (
+            Placement(f"{MTP_LAYERS}{layer}.{MTP_TRANSFORMER}{theirs}", (), row_offset, tuple(shape)), own)
     if inner.startswith(OUR_EXPERTS) and num_experts:
         expert, _, inner = inner[len(OUR_EXPERTS):].partition(".")
         theirs = OUR_EXPERT_NAMES.get(inner)
