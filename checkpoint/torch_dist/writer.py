@@ -15,9 +15,10 @@ chained as Megatron-LM builds them at the save's EP. Each rank writes the global
 
 Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
 Megatron-LM starts its streams from --seed, as at another layout). A run with shared experts, dense layers between
-MoE ones, the routers' expert bias, MTP, optimizers other than Adam or --keep-last saves this project's format,
+MoE ones, the routers' expert bias, MTP beside MoE, optimizers other than Adam or --keep-last saves this project's format,
 said at start-up (arguments/config.py). Multi-latent attention is written as the local spec's MLASelfAttention
-saves it (names.py), its linears' _extra_state objects included. As every save here the directory appears whole or not at all
+saves it (names.py), its linears' _extra_state objects included; multi-token prediction layers (of a dense model)
+as MultiTokenPredictionBlock saves them, unstacked under `mtp.layers.<k>.`. As every save here the directory appears whole or not at all
 (iter_NNNNNNN.partial renamed, the tracker written last and atomically); a non-finite state is never committed."""
 
 from __future__ import annotations
@@ -62,7 +63,14 @@ from checkpoint.torch_dist.common import (
 )
 from checkpoint.torch_dist.dcp_failures import DCP_FAILURES, failure_line, os_cause
 from checkpoint.torch_dist.grad_scaler import GRAD_SCALER, megatron_grad_scaler
-from checkpoint.torch_dist.names import EXPERTS, LAYERS, megatron_placement
+from checkpoint.torch_dist.names import (
+    EXPERTS,
+    LAYERS,
+    MTP_LAYERS,
+    MTP_TRANSFORMER,
+    OUR_MTP_LAYERS,
+    megatron_placement,
+)
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
 
@@ -185,8 +193,13 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
         ATTENTION_EXTRA_STATE_MODULES
     modules = attention + (EXTRA_STATE_MODULES[len(ATTENTION_EXTRA_STATE_MODULES):] if experts is None else (
         SHARED_EXPERT_EXTRA_STATE_MODULES if config.model.experts.shared_expert_intermediate_size else ()))
-    objects = {} if state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank else {
+    first_replica = not (state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank)
+    objects = {} if not first_replica else {
         f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None for layer in layers for module in modules}
+    if first_replica:  # the MTP layers' (unstacked: one ShardedObject each, shard_0_1), on the stage holding them
+        for mtp_layer in sorted({int(name.split(".")[1]) for name in names if name.startswith(OUR_MTP_LAYERS)}):
+            for module in ("eh_proj", *(f"{MTP_TRANSFORMER}{module}" for module in modules)):
+                objects[f"{MTP_LAYERS}{mtp_layer}.{module}._extra_state/shard_0_1"] = None
     if experts is None or state.experts.tensor_rank or state.experts.data_rank or state.context_parallel_rank:
         return objects
     held = {tuple(int(part) for part in name.split(".")[1:5:3]) for name in names

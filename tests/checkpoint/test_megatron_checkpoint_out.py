@@ -9,7 +9,8 @@ block in bf16, whose plain optimizer Megatron-LM keeps one level down (before, i
 grad scaler (a window of 3: the scale doubles at iteration 3 only from the tracker saved at 2); and at EP 2 (issue
 92) Megatron's default MoE (biases on: the routers' and every expert's fc1 and fc2; 4 experts, top 2), plain and
 under the distributed optimizer, and the Mixtral-shaped one (SwiGLU experts without biases: one param group);
-multi-latent attention with a low-rank query and both latent norms, and with linear_q_proj (issue 92).
+multi-latent attention with a low-rank query and both latent norms, and with linear_q_proj; one multi-token
+prediction layer (issue 92).
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
@@ -50,7 +51,8 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "mixtral_ep2": ("megatron_moe_ep2", 2, [], 1, 1),
          "mixtral_shared_expert_ep2": ("megatron_moe_ep2_shared", 2, [], 1, 1),
          "mla_q_lora": ("megatron_mla_q_lora", 1, [], 1, 1),
-         "mla": ("megatron_mla", 1, [], 1, 1)}
+         "mla": ("megatron_mla", 1, [], 1, 1),
+         "mtp": ("megatron_mtp", 1, [], 1, 1)}
 # Megatron-LM's ranks where they are not its TP size: the MoE save continues at its EP 2 (at EP 1 Megatron-Core's
 # SequentialMLP with biases fails its own forward on CPU: "Output 0 of _ReduceFromModelParallelRegion is a view and
 # is being modified inplace"; and Megatron-LM reads an EP 2 save's two chained optimizers only at EP > 1)
@@ -239,12 +241,15 @@ def test_a_setting_megatron_lm_has_no_flag_for_keeps_the_save_ours():
     ("megatron_moe_ep2_biases", ["--moe-router-enable-expert-bias", "--moe-router-score-function", "sigmoid"],
      "the routers' expert bias"), ("megatron_mla_q_lora", [], None), ("megatron_mla", [], None),
     ("megatron_mla", ["--qk-layernorm"],
-     "multi-latent attention's query norm without --q-lora-rank (Megatron-Core builds none)")])
+     "multi-latent attention's query norm without --q-lora-rank (Megatron-Core builds none)"),
+    ("megatron_mtp", [], None), ("megatron_moe_ep2_biases", ["--mtp-num-layers", "1"],
+                                 "the multi-token prediction layers of an MoE model")])
 def test_megatrons_moe_is_written_in_its_layout_and_what_it_does_not_hold_is_said(name, extra, said):
     """The MoE the writer holds (every layer the same experts, SequentialMLP's layout, the router's weight and bias,
     a shared expert) saves in Megatron-LM's layout; the shared expert's gate or biases, dense layers between, the
     routers' expert bias are this project's format, said once (arguments/config.py _unwritten_experts). So is
-    multi-latent attention's: written, but for the query norm without --q-lora-rank Megatron-Core 0.16.1 lacks."""
+    multi-latent attention's: written, but for the query norm without --q-lora-rank Megatron-Core 0.16.1 lacks; and
+    multi-token prediction's: written, but beside MoE layers (an MTP layer's experts have no place in names.py)."""
     from arguments.parser import parse_arguments
 
     flags = list(record(name)["flags"]) + ["--save", "ckpt"] + extra
@@ -274,13 +279,15 @@ def test_every_tensor_of_megatrons_moe_save_is_where_our_writer_puts_it():
 
 
 @pytest.mark.parametrize("name, linears", [("megatron_mla_q_lora", ("linear_q_down_proj", "linear_q_up_proj")),
-                                           ("megatron_mla", ("linear_q_proj",))])
-def test_every_tensor_of_megatrons_mla_save_is_where_our_writer_puts_it_and_its_objects_too(name, linears):
+                                           ("megatron_mla", ("linear_q_proj",)), ("megatron_mtp", ("linear_qkv",))])
+def test_every_tensor_of_megatrons_mla_and_mtp_saves_is_where_our_writer_puts_it_and_its_objects_too(name, linears):
     """Multi-latent attention (issue 92 item 1): each tensor of Megatron-LM's own save (the local spec's
     MLASelfAttention: the query's projections, linear_kv_down_proj, linear_kv_up_proj, the latent norms,
     linear_proj's weight and bias; the layer's norms under their own names, input_layernorm and pre_mlp_layernorm,
     where a plain attention layer's are saved under TransformerEngine's) is one of our model's, and the writer puts it
-    back at its key, layer and shape; the _extra_state objects the writer plans are the ones Megatron-LM saved."""
+    back at its key, layer and shape; the _extra_state objects the writer plans are the ones Megatron-LM saved. So
+    for a multi-token prediction layer's (its enorm, hnorm, eh_proj, transformer layer and final norm, unstacked under
+    `mtp.layers.0.`)."""
     from torch.distributed.checkpoint import FileSystemReader
 
     from arguments.parser import parse_config
@@ -291,14 +298,15 @@ def test_every_tensor_of_megatrons_mla_save_is_where_our_writer_puts_it_and_its_
 
     index = FileSystemReader(str(FIXTURES / name / "iter_0000002")).read_metadata()
     config = parse_config(record(name)["flags"])
+    mla = config.model.mla.multi_latent_attention
     model = GPTModel(config.model, ParallelState(device=torch.device("cpu")))
     ours = {n: tuple(p.shape) for n, p in model.named_parameters()}
     placed = {}
     for key, entry in index.state_dict_metadata.items():
         if key.startswith("optimizer.") or not hasattr(entry, "size"):
             continue
-        for our_name, placement in our_placements(key, tuple(entry.size), gated=False, mla=True).items():
-            assert megatron_placement(our_name, placement.shape, 2, mla=True) == (placement, tuple(entry.size)), \
+        for our_name, placement in our_placements(key, tuple(entry.size), gated=False, mla=mla).items():
+            assert megatron_placement(our_name, placement.shape, 2, mla=mla) == (placement, tuple(entry.size)), \
                 our_name
             placed[our_name] = placement.shape
     assert placed == ours
