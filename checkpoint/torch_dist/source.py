@@ -279,12 +279,13 @@ def _refuse_unread(args) -> None:
     unsupported = [flag for flag, value in (
         ("--num-experts", getattr(args, "num_experts", None)),
         ("--multi-latent-attention", getattr(args, "multi_latent_attention", False)),
+        ("--mtp-num-layers", getattr(args, "mtp_num_layers", None)),
         ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
         ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)))
         if value]
     if unsupported:
-        raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense models on "
-                           f"even pipeline stages, and it was saved with {', '.join(unsupported)}")
+        raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense models of "
+                           f"plain attention on even pipeline stages, without MTP layers, and it was saved with {', '.join(unsupported)}")
 
 
 def _model_shape(args) -> ModelShape:

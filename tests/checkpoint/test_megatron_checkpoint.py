@@ -221,6 +221,21 @@ def test_interleavings_buckets_are_a_buffer_per_virtual_chunk_and_another_layout
             check_layout(unpadded, saved, 0, 1, (torch.float32, torch.float32), name)
 
 
+@pytest.mark.parametrize("field, value, flag", [("multi_latent_attention", True, "--multi-latent-attention"),
+                                               ("mtp_num_layers", 1, "--mtp-num-layers")])
+def test_dp_reshardable_buckets_of_mla_or_mtp_are_refused_with_the_flag_not_misread(field, value, flag):
+    """The buckets rebuilt here are a plain attention layer's and the decoder's (checkpoint/torch_dist/buckets.py):
+    a multi-latent attention or MTP model's dp_reshardable save is refused with its flag named (its weights load)."""
+    import types
+
+    from checkpoint.torch_dist.buckets import UnreadLayout
+    from checkpoint.torch_dist.source import _refuse_unread
+
+    _refuse_unread(types.SimpleNamespace(**{field: None if value == 1 else False}))
+    with pytest.raises(UnreadLayout, match=f"saved with {flag}$"):
+        _refuse_unread(types.SimpleNamespace(**{field: value}))
+
+
 def test_a_layout_the_reader_does_not_rebuild_is_refused_at_the_resume_with_the_ways_on():
     """Where the rebuilt buckets are not the recorded ones (UnreadLayout) the optimizer's states are not read: the
     resume names that reason, --no-load-optim and Megatron-LM's --dist-ckpt-optim-fully-reshardable in one line."""
