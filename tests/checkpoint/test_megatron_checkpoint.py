@@ -97,6 +97,25 @@ def test_the_source_is_our_tp1_model_by_name_and_shape(name):
         (2, 8, 8, 2)
 
 
+def test_transformer_engines_fused_mla_norms_read_as_the_local_specs():
+    """Megatron-Core's TransformerEngine spec fuses MLA's latent norms into the up projections after them
+    (TELayerNormColumnParallelLinear): linear_q_up_proj.layer_norm_weight is q_layernorm's weight, as the local spec
+    (the fixtures') saves it; the writer writes the local spec's names. Without `mla` linear_proj is the plain
+    attention's."""
+    from checkpoint.torch_dist.names import megatron_placement
+
+    for theirs, ours in (("linear_q_up_proj.layer_norm_weight", "q_layernorm.weight"),
+                         ("linear_kv_up_proj.layer_norm_bias", "kv_layernorm.bias")):
+        placed = our_placements(f"decoder.layers.self_attention.{theirs}", (2, 8), False, mla=True)
+        assert sorted(placed) == [f"blocks.{layer}.attention.{ours}" for layer in (0, 1)]
+        assert megatron_placement(f"blocks.1.attention.{ours}", (8,), 2, mla=True)[0].key == \
+            f"decoder.layers.self_attention.{ours}"
+    assert list(our_placements("decoder.layers.self_attention.linear_proj.weight", (1, 4, 4), False)) == \
+        ["blocks.0.attention.dense.weight"]
+    assert list(our_placements("decoder.layers.self_attention.linear_proj.weight", (1, 4, 4), False, mla=True)) == \
+        ["blocks.0.attention.linear_proj.weight"]
+
+
 @pytest.mark.parametrize("name", ["megatron_distopt_dp_reshardable", "megatron_distopt_fully_reshardable",
                                   "megatron_pp2_distopt_dp_reshardable", "megatron_pp2_vp2_distopt_dp_reshardable",
                                   "megatron_bf16_distopt_dp_reshardable", "megatron_fp16_distopt_dp_reshardable"])
