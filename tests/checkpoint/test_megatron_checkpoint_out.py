@@ -9,8 +9,8 @@ block in bf16, whose plain optimizer Megatron-LM keeps one level down (before, i
 grad scaler (a window of 3: the scale doubles at iteration 3 only from the tracker saved at 2); and at EP 2 (issue
 92) Megatron's default MoE (biases on: the routers' and every expert's fc1 and fc2; 4 experts, top 2), plain and
 under the distributed optimizer, and the Mixtral-shaped one (SwiGLU experts without biases: one param group);
-multi-latent attention with a low-rank query and both latent norms (also under the distributed optimizer at DP 2,
-and with an MTP layer), and with linear_q_proj; one multi-token prediction layer (issue 92).
+multi-latent attention with a low-rank query and both latent norms (also at TP 2, under the distributed optimizer
+at DP 2, and with an MTP layer), and with linear_q_proj; one multi-token prediction layer (issue 92).
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
@@ -55,7 +55,10 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "mtp": ("megatron_mtp", 1, [], 1, 1),
          "mla_q_lora_dp2_distributed_optimizer": ("megatron_mla_q_lora", 2, ["--use-distributed-optimizer"], 1, 1),
          # an MTP layer of multi-latent attention (its transformer layer by MLA's names)
-         "mla_q_lora_mtp": ("megatron_mla_q_lora", 1, ["--mtp-num-layers", "1"], 1, 1)}
+         "mla_q_lora_mtp": ("megatron_mla_q_lora", 1, ["--mtp-num-layers", "1"], 1, 1),
+         # heads split over TP 2 (the up projections and linear_proj; Megatron-Core's local spec splits the down
+         # projections' rows too, a layout its torch_dist save makes global)
+         "mla_q_lora_tp2": ("megatron_mla_q_lora", 2, [], 2, 2)}
 # Megatron-LM's ranks where they are not its TP size: the MoE save continues at its EP 2 (at EP 1 Megatron-Core's
 # SequentialMLP with biases fails its own forward on CPU: "Output 0 of _ReduceFromModelParallelRegion is a view and
 # is being modified inplace"; and Megatron-LM reads an EP 2 save's two chained optimizers only at EP > 1)
@@ -66,7 +69,7 @@ CONTINUED = (3, 4)
 # the plain fp16 case's scaler; the MoE's distributed optimizer the dense one's layout and the MoE's chained groups):
 # run where Megatron-LM continues them, to keep the default suite's time
 WITH_MEGATRON_LM_ONLY = ("gpt2_fp16_dp2_distributed_optimizer", "moe_biases_ep2_distributed_optimizer",
-                         "mla_q_lora_dp2_distributed_optimizer", "mla_q_lora_mtp")
+                         "mla_q_lora_dp2_distributed_optimizer", "mla_q_lora_mtp", "mla_q_lora_tp2")
 
 
 def _flags(case: str, tensor_parallel: int, one_rank: bool = False) -> list[str]:
