@@ -59,6 +59,11 @@ SWIGLU_GQA_FLAGS = ["--swiglu", "--ffn-hidden-size", "32", "--group-query-attent
                     "--disable-bias-linear"]
 LLAMA_FLAGS = SWIGLU_GQA_FLAGS + ["--normalization", "RMSNorm", "--position-embedding-type", "rope",
                                   "--untie-embeddings-and-output-weights"]
+# multi-latent attention at small sizes (DeepSeek-V3's example's flags, its rope): Megatron's defaults otherwise, so
+# linear_proj and the MLP keep their biases (MLA's own projections take none); the query through --q-lora-rank's
+# down and up projections with both latent norms (--qk-layernorm), or through linear_q_proj
+MLA_FLAGS = ["--multi-latent-attention", "--kv-lora-rank", "8", "--qk-head-dim", "4", "--qk-pos-emb-head-dim", "4",
+             "--v-head-dim", "4", "--position-embedding-type", "rope"]
 TP2, PP2, DISTOPT = (["--tensor-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "2"],
                      ["--use-distributed-optimizer"])
 
@@ -114,6 +119,15 @@ FIXTURES = {
         "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32", "--moe-layer-freq", "[0,1]",
         "--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate", "--expert-model-parallel-size",
         "2"]),
+    # MLA with a low-rank query and the latent norms: every tensor of Megatron-Core's local-spec MLASelfAttention but
+    # linear_q_proj (scripts/megatron_lm_cpu.py lets the local core attention take MLA's head widths)
+    "megatron_mla_q_lora": (1, GPT2_FLAGS + MLA_FLAGS + ["--q-lora-rank", "8", "--qk-layernorm"]),
+    # and without it: linear_q_proj. Without --qk-layernorm: Megatron-Core 0.16.1 builds no query norm without
+    # --q-lora-rank (both specs), where this project's MLA norms the hidden state before linear_q_proj
+    "megatron_mla": (1, GPT2_FLAGS + MLA_FLAGS),
+    # one multi-token prediction layer (DeepSeek-V3's MTP; its loss scaled by Megatron's default 0.1): GPT-2's block
+    # with rope, as Megatron-LM asserts MTP is not built with learned absolute positions
+    "megatron_mtp": (1, GPT2_FLAGS + ["--mtp-num-layers", "1", "--position-embedding-type", "rope"]),
 }
 
 

@@ -16,7 +16,8 @@ Megatron-Core computes otherwise without the GPU libraries: device queries answe
 "cuda" are made on the CPU (a TorchFunctionMode) and Tensor.type() answers CUDA names; streams and events are
 no-ops (a CPU runs one stream); the CUDA RNG tracker's states are CPU generator states and torch.cuda's RNG calls
 act on a separate CPU generator; the jit fuser runs eagerly, the same functions; the GPU-only builds and
-warm-ups are skipped; the router runs the torch path without TransformerEngine. Megatron-Core's optimizer path
+warm-ups are skipped; the router runs the torch path without TransformerEngine; the local core attention takes
+multi-latent attention's head widths, as TransformerEngine's does. Megatron-Core's optimizer path
 without apex or TransformerEngine cannot resume its own distributed-optimizer saves: the patches of
 scripts/megatron_lm_torch_adamw.py."""
 
@@ -181,7 +182,36 @@ def _patch_megatron_core() -> None:
     dataset_utils.compile_helpers = lambda: None
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+    _patch_local_attention_widths()
     patch_torch_adamw_resume()
+
+
+def _patch_local_attention_widths() -> None:
+    """Multi-latent attention builds its core attention with the query/key and value head widths
+    (MLASelfAttention: `k_channels=self.q_head_dim, v_channels=self.config.v_head_dim`), which only
+    TransformerEngine's TEDotProductAttention takes: the local spec's DotProductAttention (the one a TE-less run
+    builds, on a GPU as on a CPU) refuses them ("unexpected keyword argument 'k_channels'"). It takes them here:
+    the scores at MLA's softmax_scale as before, the context [sq, b, heads x v_channels] (its own computation, the
+    value's width instead of kv_channels'); k_channels changes nothing (the query's width is the tensor's)."""
+    from megatron.core.extensions import transformer_engine as te_extension
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    # without TransformerEngine its extension module still imports (its classes built over a MagicMock), so
+    # multi_latent_attention's HAVE_TE is True and `isinstance(self.linear_proj, TELinear)` (for FP8's saved inputs)
+    # raises "isinstance() arg 2 must be a type": the extension's own HAVE_TE, False, is the answer
+    multi_latent_attention.HAVE_TE = multi_latent_attention.HAVE_TE and te_extension.HAVE_TE
+    init = DotProductAttention.__init__
+    if getattr(init, "takes_head_widths", False):
+        return
+
+    def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
+        init(self, *args, **kwargs)
+        if v_channels is not None:
+            self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
+
+    __init__.takes_head_widths = True
+    DotProductAttention.__init__ = __init__
 
 
 def _patch_megatron_training(record: str | None, logits: str | None = None) -> None:

@@ -120,7 +120,18 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
         consumed_valid_samples=0, no_save_optim=None, no_save_rng=True,
         data_parallel_random_init=training.data_parallel_random_init,
         transformer_impl="local")
-    return argparse.Namespace(**{**values, **_moe_args(config)})
+    return argparse.Namespace(**{**values, **_moe_args(config), **_mla_args(model)})
+
+
+def _mla_args(model) -> dict:
+    """Multi-latent attention's and multi-token prediction's fields under Megatron-LM's dests (MLASettings keeps its
+    names), as its parser leaves them where they are off (the flags' defaults)."""
+    mla = model.mla
+    return dict(multi_latent_attention=mla.multi_latent_attention, q_lora_rank=mla.q_lora_rank,
+                kv_lora_rank=mla.kv_lora_rank, qk_head_dim=mla.qk_head_dim,
+                qk_pos_emb_head_dim=mla.qk_pos_emb_head_dim, v_head_dim=mla.v_head_dim, rope_type=mla.rope_type,
+                # multi-token prediction's: Megatron-LM's --mtp-num-layers is None where not given (ours 0)
+                mtp_num_layers=model.mtp.num_layers or None, mtp_loss_scaling_factor=model.mtp.loss_scaling_factor)
 
 
 def _moe_args(config) -> dict:

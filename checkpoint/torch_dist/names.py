@@ -10,7 +10,9 @@ after the layers' (`mlp.experts.experts.<name>`: the MoE layer's `experts` modul
 `mlp.experts.experts.<expert>.<name>` per expert. Under torch_dist the local
 spec's norms are saved under TransformerEngine's names (`self_attention.linear_qkv.layer_norm_weight` is the input
 norm, `mlp.linear_fc1.layer_norm_weight` the pre-MLP norm; the spec's sharded_state_dict_keys_map), so both specs'
-files read alike; the separate names are accepted too.
+files read alike; the separate names are accepted too (a multi-latent layer of the local spec saves them so, and is
+written so: MLA_LAYER_NAMES, MLA_WRITTEN_NORMS). Multi-token prediction layers are saved unstacked, each under
+`mtp.layers.<k>.` (MTP_LAYERS), its transformer layer by a decoder layer's names.
 
 Our layouts are Megatron-Core's: the fused QKV is [group][its query heads, key, value][head dim] (gpt/model.py), a
 linear's weight is [out, in]. SwiGLU's fc1 differs: Megatron-Core keeps [gate; up] in one weight, which its
@@ -69,12 +71,34 @@ LAYER_NAMES = {
     "mlp.shared_experts.linear_fc2.bias": "mlp.shared_experts.dense_4h_to_h.bias",
     "mlp.shared_experts.gate_weight": "mlp.shared_experts.gate_weight",  # --moe-shared-expert-gate's [1, hidden]
 }
+# Multi-latent attention (Megatron-Core's MLASelfAttention, gpt/mla.py): the same names inside `self_attention.`
+# but for linear_proj, whose our name is MLA's own. The local spec's latent norms are q_layernorm and kv_layernorm;
+# TransformerEngine's spec fuses each into the up projection after it (TELayerNormColumnParallelLinear:
+# `linear_q_up_proj.layer_norm_weight`, `linear_kv_up_proj.layer_norm_weight`), read alike. The layouts are ours:
+# linear_q_(up_)proj's rows [head][qk_head_dim, qk_pos_emb_head_dim], linear_kv_down_proj's [kv_lora_rank,
+# qk_pos_emb_head_dim], linear_kv_up_proj's [head][qk_head_dim, v_head_dim].
+MLA_LAYER_NAMES = {
+    **{f"self_attention.{linear}.weight": f"attention.{linear}.weight" for linear in (
+        "linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj",
+        "linear_proj")},
+    "self_attention.linear_proj.bias": "attention.linear_proj.bias",
+    **{f"self_attention.{norm}.{part}": f"attention.{norm}.{part}" for norm in ("q_layernorm", "kv_layernorm")
+       for part in ("weight", "bias")},
+    **{f"self_attention.linear_{latent}_up_proj.layer_norm_{part}": f"attention.{latent}_layernorm.{part}"
+       for latent in ("q", "kv") for part in ("weight", "bias")},
+}
 EXPERT_NAMES = {  # inside `mlp.experts.experts.[<expert>.]`: -> ours inside `mlp.experts.<expert>.`
     "linear_fc1.weight": "dense_h_to_4h.weight",
     "linear_fc1.bias": "dense_h_to_4h.bias",
     "linear_fc2.weight": "dense_4h_to_h.weight",
     "linear_fc2.bias": "dense_4h_to_h.bias",
 }
+# Multi-token prediction (Megatron-Core's MultiTokenPredictionBlock, gpt/mtp.py): layer k's tensors are saved
+# unstacked under `mtp.layers.<k>.`, its own norms and projection by their names, its transformer layer's under
+# `transformer_layer.` by a decoder layer's names (LAYER_NAMES; MLA's with multi-latent attention)
+MTP_LAYERS, OUR_MTP_LAYERS, MTP_TRANSFORMER = "mtp.layers.", "mtp_layers.", "transformer_layer."
+MTP_OWN = tuple(f"{module}.{part}" for module in ("enorm", "hnorm", "final_layernorm") for part in ("weight", "bias")
+                ) + ("eh_proj.weight",)
 GATED = "dense_h_to_4h"  # with SwiGLU: its rows are [gate; up], ours two tensors
 GATED_HALVES = ("dense_h_to_4h_gate", "dense_h_to_4h_up")
 
@@ -97,11 +121,14 @@ class Placement:
         return (*leading, first, *ours[1:])
 
 
-def our_placements(key: str, shape: tuple[int, ...], gated: bool) -> Optional[dict[str, Placement]]:
+def our_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool = False
+                   ) -> Optional[dict[str, Placement]]:
     """Our tensors inside Megatron-Core's tensor `key` of global `shape` (None: a key this mapping does not know).
-    `gated`: the model is SwiGLU's (fc1 holds [gate; up])."""
+    `gated`: the model is SwiGLU's (fc1 holds [gate; up]); `mla`: its attention is multi-latent (MLA_LAYER_NAMES)."""
     if key in MODEL_NAMES:
         return {MODEL_NAMES[key]: Placement(key, (), 0, tuple(shape))}
+    if key.startswith(MTP_LAYERS):
+        return _mtp_placements(key, tuple(shape), gated, mla)
     if not key.startswith(LAYERS):
         return None
     parts = key[len(LAYERS):].split(".")
@@ -115,7 +142,7 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool) -> Optional[di
         template = EXPERT_NAMES.get(".".join(inner))
         template = template and "mlp.experts.{expert}." + template
     else:
-        template = LAYER_NAMES.get(name)
+        template = (mla and MLA_LAYER_NAMES.get(name)) or LAYER_NAMES.get(name)
     if template is None:
         return None
     leading = int(layer_axis) + int(expert_axis)
@@ -137,33 +164,69 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool) -> Optional[di
     return placements
 
 
+def _mtp_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool) -> Optional[dict[str, Placement]]:
+    """An MTP layer's tensor (MTP_LAYERS): ours of the same name under `mtp_layers.<k>.`, no leading axis."""
+    layer, _, name = key[len(MTP_LAYERS):].partition(".")
+    if not layer.isdigit():
+        return None
+    if name in MTP_OWN:
+        return {f"{OUR_MTP_LAYERS}{layer}.{name}": Placement(key, (), 0, shape)}
+    if not name.startswith(MTP_TRANSFORMER):
+        return None
+    inner = name[len(MTP_TRANSFORMER):]
+    template = (mla and MLA_LAYER_NAMES.get(inner)) or LAYER_NAMES.get(inner)
+    if template is None:
+        return None
+    ours = f"{OUR_MTP_LAYERS}{layer}.{MTP_TRANSFORMER}{template}"
+    if gated and f".{GATED}." in ours:
+        half = shape[0] // 2
+        return {ours.replace(f".{GATED}.", f".{part}."): Placement(key, (), offset, (half, *shape[1:]))
+                for offset, part in zip((0, half), GATED_HALVES)}
+    return {ours: Placement(key, (), 0, shape)}
+
+
 # Our names -> Megatron-Core's, for writing: the first name LAYER_NAMES gives each of ours is the one torch_dist saves
 OUR_TOP_NAMES = {ours: theirs for theirs, ours in MODEL_NAMES.items()}
 OUR_LAYER_NAMES: dict[str, str] = {}
-for _theirs, _ours in LAYER_NAMES.items():
+for _theirs, _ours in (*LAYER_NAMES.items(), *MLA_LAYER_NAMES.items()):
     OUR_LAYER_NAMES.setdefault(_ours, _theirs)
+# A multi-latent layer of the local spec (gpt_layer_specs.py get_gpt_layer_local_spec) has no
+# sharded_state_dict_keys_map: its norms are saved under their modules' own names, which Megatron-LM's load asks for
+MLA_WRITTEN_NORMS = {f"{ours}.{part}": f"{theirs}.{part}" for ours, theirs in (
+    ("input_layernorm", "input_layernorm"), ("post_attention_layernorm", "pre_mlp_layernorm"))
+    for part in ("weight", "bias")}
 OUR_EXPERT_NAMES = {ours: theirs for theirs, ours in EXPERT_NAMES.items()}
 OUR_EXPERTS = "mlp.experts."
 
 
 def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_experts: Optional[int] = None,
-                       per_layer: bool = False) -> Optional[tuple[Placement, tuple[int, ...]]]:
+                       per_layer: bool = False, mla: bool = False) -> Optional[tuple[Placement, tuple[int, ...]]]:
     """Where our whole tensor `name` (of `shape`) goes in Megatron-Core's layout, and that tensor's global shape;
     None for a name this mapping does not write (a layer of another kind). Stacked over the layers, or under each
     layer's own key where they differ (`per_layer`: Megatron-Core's non_homogeneous_layers, which an --moe-layer-freq
     list or above 1 sets). An expert's tensor (of an MoE layer of `num_experts`) goes at its expert of
-    `mlp.experts.experts.<name>` (after the layer's index where stacked), the layout SequentialMLP saves."""
+    `mlp.experts.experts.<name>` (after the layer's index where stacked), the layout SequentialMLP saves. `mla`: the
+    model's attention is multi-latent (its layers' norms by MLA_WRITTEN_NORMS)."""
     if name in OUR_TOP_NAMES:
         return Placement(OUR_TOP_NAMES[name], (), 0, tuple(shape)), tuple(shape)
     head, _, inner = name.partition(".")
     layer, _, inner = inner.partition(".")
-    if head != "blocks" or not layer.isdigit():
+    if head not in ("blocks", OUR_MTP_LAYERS[:-1]) or not layer.isdigit():
         return None
     row_offset, own = 0, tuple(shape)
     for index, half in enumerate(GATED_HALVES):
         if f".{half}." in f".{inner}":
             inner = inner.replace(half, GATED)
             row_offset, own = index * shape[0], (2 * shape[0], *shape[1:])
+    if head != "blocks":  # an MTP layer's (_mtp_placements): unstacked
+        if inner in MTP_OWN:
+            return Placement(f"{MTP_LAYERS}{layer}.{inner}", (), 0, tuple(shape)), tuple(shape)
+        if not inner.startswith(MTP_TRANSFORMER):
+            return None
+        inner = inner[len(MTP_TRANSFORMER):]
+        theirs = (mla and MLA_WRITTEN_NORMS.get(inner)) or OUR_LAYER_NAMES.get(inner)
+        return None if theirs is None else (
+            Placement(f"{MTP_LAYERS}{layer}.{MTP_TRANSFORMER}{theirs}", (), row_offset, tuple(shape)), own)
     if inner.startswith(OUR_EXPERTS) and num_experts:
         expert, _, inner = inner[len(OUR_EXPERTS):].partition(".")
         theirs = OUR_EXPERT_NAMES.get(inner)
@@ -174,7 +237,7 @@ def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_e
                     (num_experts, *own))
         return (Placement(LAYERS + EXPERTS + theirs, (int(layer), int(expert)), row_offset, tuple(shape)),
                 (num_layers, num_experts, *own))
-    theirs = OUR_LAYER_NAMES.get(inner)
+    theirs = (mla and MLA_WRITTEN_NORMS.get(inner)) or OUR_LAYER_NAMES.get(inner)
     if theirs is None:
         return None
     if per_layer:

@@ -77,6 +77,7 @@ class MegatronSource(GlobalStateSource):
         self.args = saved_args(self.common)
         self.layout = sharding_type(self.common)
         gated = bool(arg(self.common, "swiglu", False))
+        mla = bool(arg(self.common, "multi_latent_attention", False))
         tensors = self.reader.tensors()
         self._placements: dict[str, Placement] = {}
         self._expert_bias_keys = tuple(key for key in tensors if key.startswith(LAYERS) and key.endswith(EXPERT_BIAS))
@@ -84,7 +85,7 @@ class MegatronSource(GlobalStateSource):
         for key, md in tensors.items():
             if key.startswith("optimizer.") or key in self._expert_bias_keys:
                 continue
-            placements = our_placements(key, tuple(md.size), gated)
+            placements = our_placements(key, tuple(md.size), gated, mla)
             if placements is None:
                 unknown.append(key)
             else:
@@ -290,12 +291,14 @@ def _refuse_unread(args) -> None:
     """The saves whose buckets this reader does not rebuild (their weights still load)."""
     unsupported = [flag for flag, value in (
         ("--num-experts", getattr(args, "num_experts", None)),
+        ("--multi-latent-attention", getattr(args, "multi_latent_attention", False)),
+        ("--mtp-num-layers", getattr(args, "mtp_num_layers", None)),
         ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
         ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)))
         if value]
     if unsupported:
-        raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense models on "
-                           f"even pipeline stages, and it was saved with {', '.join(unsupported)}")
+        raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense models of "
+                           f"plain attention on even pipeline stages, without MTP layers, and it was saved with {', '.join(unsupported)}")
 
 
 def _model_shape(args) -> ModelShape:

@@ -16,8 +16,11 @@ save's EP. Each rank writes the global regions of its own ZeRO partition
 (a tensor whole on every TP rank by TP rank 0 only): the working set is one copy of its shard of each state.
 
 Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
-Megatron-LM starts its streams from --seed, as at another layout). A run with the shared experts' biases, MTP, MLA,
-optimizers other than Adam or --keep-last saves this project's format, said at start-up (arguments/config.py). As every save here the directory appears whole or not at all
+Megatron-LM starts its streams from --seed, as at another layout). A run with the shared experts' biases, MTP beside
+MoE, optimizers other than Adam or --keep-last saves this project's format, said at start-up (arguments/config.py).
+Multi-latent attention is written as the local spec's MLASelfAttention saves it (names.py), its linears'
+_extra_state objects included; multi-token prediction layers (of a dense model) as MultiTokenPredictionBlock saves
+them, unstacked under `mtp.layers.<k>.`. As every save here the directory appears whole or not at all
 (iter_NNNNNNN.partial renamed, the tracker written last and atomically); a non-finite state is never committed."""
 
 from __future__ import annotations
@@ -63,7 +66,15 @@ from checkpoint.torch_dist.common import (
 )
 from checkpoint.torch_dist.dcp_failures import DCP_FAILURES, failure_line, os_cause
 from checkpoint.torch_dist.grad_scaler import GRAD_SCALER, megatron_grad_scaler
-from checkpoint.torch_dist.names import EXPERT_BIAS, EXPERTS, LAYERS, megatron_placement
+from checkpoint.torch_dist.names import (
+    EXPERT_BIAS,
+    EXPERTS,
+    LAYERS,
+    MTP_LAYERS,
+    MTP_TRANSFORMER,
+    OUR_MTP_LAYERS,
+    megatron_placement,
+)
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
 
@@ -77,6 +88,12 @@ ATTENTION_EXTRA_STATE_MODULES = ("self_attention.linear_proj", "self_attention.l
 EXTRA_STATE_MODULES = ATTENTION_EXTRA_STATE_MODULES + ("mlp.linear_fc1", "mlp.linear_fc2")
 EXPERT_EXTRA_STATE_MODULES = ("linear_fc1", "linear_fc2")  # an MoE layer's: each SequentialMLP expert's
 SHARED_EXPERT_EXTRA_STATE_MODULES = ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2")
+# multi-latent attention's linears (MLASelfAttention on the local spec): the query's one projection, or its down and up
+MLA_EXTRA_STATE_MODULES = {
+    False: ("self_attention.linear_proj", "self_attention.linear_q_proj", "self_attention.linear_kv_down_proj",
+            "self_attention.linear_kv_up_proj"),
+    True: ("self_attention.linear_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
+           "self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj")}
 
 
 class _Planner(DefaultSavePlanner):
@@ -141,7 +158,8 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
     for fragment in named_fragments(shard, records, coordinates(state)):
         _, record = records[fragment.name]
         placed = megatron_placement(fragment.name, record.global_shape, config.model.num_layers,
-                                    _experts_per_layer(config), _per_layer(config))
+                                    _experts_per_layer(config), _per_layer(config),
+                                    config.model.mla.multi_latent_attention)
         if placed is None:
             raise CheckpointError(f"{fragment.name}: Megatron-Core's torch_dist layout has no place for it")
         placement, global_shape = placed
@@ -203,14 +221,23 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
     names = parameter_records(model)
     layers = sorted({int(name.split(".")[1]) for name in names if name.startswith("blocks.")})
     total, experts, per_layer = config.model.num_layers, _experts_per_layer(config), _per_layer(config)
-    moe_layers = config.model.moe_layers()
+    mla = config.model.mla
+    attention = MLA_EXTRA_STATE_MODULES[mla.q_lora_rank is not None] if mla.multi_latent_attention else \
+        ATTENTION_EXTRA_STATE_MODULES
+    dense_mlp = EXTRA_STATE_MODULES[len(ATTENTION_EXTRA_STATE_MODULES):]
     shared = SHARED_EXPERT_EXTRA_STATE_MODULES if config.model.experts.shared_expert_intermediate_size else ()
+    moe_layers = config.model.moe_layers()
+    first_replica = not (state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank)
     objects = {}
-    if not (state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank):
+    if first_replica:
         for layer in layers:
-            modules = ATTENTION_EXTRA_STATE_MODULES + shared if moe_layers[layer] else EXTRA_STATE_MODULES
+            modules = attention + (shared if moe_layers[layer] else dense_mlp)
             objects.update({f"{LAYERS}{layer}.{module}._extra_state/shard_0_1" if per_layer else
                             f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None for module in modules})
+        # the MTP layers' (unstacked: one ShardedObject each, shard_0_1), on the stage holding them (a dense model's)
+        for mtp_layer in sorted({int(name.split(".")[1]) for name in names if name.startswith(OUR_MTP_LAYERS)}):
+            for module in ("eh_proj", *(f"{MTP_TRANSFORMER}{module}" for module in attention + dense_mlp)):
+                objects[f"{MTP_LAYERS}{mtp_layer}.{module}._extra_state/shard_0_1"] = None
     if experts is None or state.experts.tensor_rank or state.experts.data_rank or state.context_parallel_rank:
         return objects
     held = {tuple(int(part) for part in name.split(".")[1:5:3]) for name in names

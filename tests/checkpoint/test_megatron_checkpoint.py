@@ -4,7 +4,7 @@ The fixtures tests/fixtures/megatron_* were written by Megatron-LM's own pretrai
 gloo: scripts/megatron_checkpoint_fixtures.py through scripts/megatron_lm_cpu.py) over
 tests/fixtures/megatron_data/varied_docs (200 documents of 8-60 tokens): one launch trains iterations 1-4 saving at
 2 (megatron_losses.json `uninterrupted_losses`), and a second launch of Megatron-LM resumes the save at 2
-(`resumed_losses`, equal). The sixteen: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
+(`resumed_losses`, equal). The nineteen: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
 Llama-shaped model; the distributed optimizer's dp_reshardable layout at TP 2 x DP 2; its fully_reshardable layout
 at DP 2; dp_reshardable over two pipeline stages (the tied embedding on both, loaded here on one); a Mixtral-shaped
 MoE over 2 expert-parallel ranks (4 experts, top 2, SequentialMLP), also with a shared expert; Megatron's default
@@ -12,7 +12,8 @@ MoE, biases on (the router's and every expert's fc1 and fc2, issue 92); DeepSeek
 scores, each router's expert bias buffer); a dense first layer before an MoE layer with a gated shared expert
 (--moe-layer-freq [0,1]: each layer under its own key); dp_reshardable under PP 2 x VP 2 (a gradient buffer per virtual chunk);
 bf16; fp16, its dynamic loss scale doubling at iteration 3 (--loss-scale-window 3) from the tracker saved at 2; both
-under the distributed optimizer at DP 2, dp_reshardable (buckets keyed by the 16-bit dtypes).
+under the distributed optimizer at DP 2, dp_reshardable (buckets keyed by the 16-bit dtypes); multi-latent attention
+with a low-rank query and both latent norms, and with linear_q_proj; one multi-token prediction layer (issue 92).
 
 - The quick tests read the files: told from ours by content, our TP 1 model's names and shapes, the weights every
   layout holds read alike (a dp_reshardable bucket's fp32 master equals its model tensor, element by element), the
@@ -44,7 +45,8 @@ NAMES = ("megatron_tp1", "megatron_tp2_swiglu_gqa", "megatron_llama", "megatron_
          "megatron_distopt_fully_reshardable", "megatron_pp2_distopt_dp_reshardable", "megatron_moe_ep2",
          "megatron_moe_ep2_biases", "megatron_bf16", "megatron_pp2_vp2_distopt_dp_reshardable", "megatron_fp16",
          "megatron_bf16_distopt_dp_reshardable", "megatron_fp16_distopt_dp_reshardable", "megatron_moe_ep2_shared",
-         "megatron_moe_ep2_expert_bias", "megatron_moe_ep2_dense_first_gated_shared")
+         "megatron_moe_ep2_expert_bias", "megatron_moe_ep2_dense_first_gated_shared", "megatron_mla_q_lora",
+         "megatron_mla", "megatron_mtp")
 CONTINUED = (3, 4)  # the iterations after the save at 2
 
 
@@ -96,6 +98,25 @@ def test_the_source_is_our_tp1_model_by_name_and_shape(name):
     progress = source.progress()
     assert (progress.iteration, progress.consumed_samples, progress.schedule_samples, progress.optimizer_step) == \
         (2, 8, 8, 2)
+
+
+def test_transformer_engines_fused_mla_norms_read_as_the_local_specs():
+    """Megatron-Core's TransformerEngine spec fuses MLA's latent norms into the up projections after them
+    (TELayerNormColumnParallelLinear): linear_q_up_proj.layer_norm_weight is q_layernorm's weight, as the local spec
+    (the fixtures') saves it; the writer writes the local spec's names. Without `mla` linear_proj is the plain
+    attention's."""
+    from checkpoint.torch_dist.names import megatron_placement
+
+    for theirs, ours in (("linear_q_up_proj.layer_norm_weight", "q_layernorm.weight"),
+                         ("linear_kv_up_proj.layer_norm_bias", "kv_layernorm.bias")):
+        placed = our_placements(f"decoder.layers.self_attention.{theirs}", (2, 8), False, mla=True)
+        assert sorted(placed) == [f"blocks.{layer}.attention.{ours}" for layer in (0, 1)]
+        assert megatron_placement(f"blocks.1.attention.{ours}", (8,), 2, mla=True)[0].key == \
+            f"decoder.layers.self_attention.{ours}"
+    assert list(our_placements("decoder.layers.self_attention.linear_proj.weight", (1, 4, 4), False)) == \
+        ["blocks.0.attention.dense.weight"]
+    assert list(our_placements("decoder.layers.self_attention.linear_proj.weight", (1, 4, 4), False, mla=True)) == \
+        ["blocks.0.attention.linear_proj.weight"]
 
 
 @pytest.mark.parametrize("name", ["megatron_distopt_dp_reshardable", "megatron_distopt_fully_reshardable",
@@ -220,6 +241,21 @@ def test_interleavings_buckets_are_a_buffer_per_virtual_chunk_and_another_layout
         with pytest.raises(UnreadLayout, match=r"2 gradient buffers, the layout rebuilt from its args 1"):
             _, unpadded = bucket_layout(local_parameters(shape, Chunk(0, 1, pp_rank, 2)), 1, None)
             check_layout(unpadded, saved, 0, 1, (torch.float32, torch.float32), name)
+
+
+@pytest.mark.parametrize("field, value, flag", [("multi_latent_attention", True, "--multi-latent-attention"),
+                                               ("mtp_num_layers", 1, "--mtp-num-layers")])
+def test_dp_reshardable_buckets_of_mla_or_mtp_are_refused_with_the_flag_not_misread(field, value, flag):
+    """The buckets rebuilt here are a plain attention layer's and the decoder's (checkpoint/torch_dist/buckets.py):
+    a multi-latent attention or MTP model's dp_reshardable save is refused with its flag named (its weights load)."""
+    import types
+
+    from checkpoint.torch_dist.buckets import UnreadLayout
+    from checkpoint.torch_dist.source import _refuse_unread
+
+    _refuse_unread(types.SimpleNamespace(**{field: None if value == 1 else False}))
+    with pytest.raises(UnreadLayout, match=f"saved with {flag}$"):
+        _refuse_unread(types.SimpleNamespace(**{field: value}))
 
 
 def test_a_layout_the_reader_does_not_rebuild_is_refused_at_the_resume_with_the_ways_on():

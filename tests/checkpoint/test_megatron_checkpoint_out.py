@@ -1,6 +1,6 @@
 """`--ckpt-format torch_dist`: our save in Megatron-LM's layout (issues 62 and 78), continued here and by Megatron-LM.
 
-Ten runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
+Runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
 Megatron's layout and stop (--exit-interval 2), and the same runs go on uninterrupted to iteration 4: GPT-2's block
 at TP 1 with the plain optimizer, SwiGLU with GQA at TP 2, and the Llama-shaped model under the distributed
 optimizer on two data-parallel ranks, whose ZeRO partitions cut the tensors into boxes (fully_reshardable); GPT-2's
@@ -10,7 +10,9 @@ grad scaler (a window of 3: the scale doubles at iteration 3 only from the track
 92) Megatron's default MoE (biases on: the routers' and every expert's fc1 and fc2; 4 experts, top 2), plain and
 under the distributed optimizer, the Mixtral-shaped one (SwiGLU experts without biases: one param group), with a
 shared expert, with DeepSeek-V3's aux-loss-free balancing (sigmoid scores, each router's expert bias buffer), and a
-dense first layer before an MoE layer with a gated shared expert (each layer under its own key).
+dense first layer before an MoE layer with a gated shared expert (each layer under its own key); multi-latent
+attention with a low-rank query and both latent norms (also at TP 2, under the distributed optimizer at DP 2, and
+with an MTP layer), and with linear_q_proj; one multi-token prediction layer (issue 92).
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
@@ -32,6 +34,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.checkpoint.test_megatron_checkpoint import FIXTURES, data_workdir, record
 from tests.readme import ROOT as REPO_ROOT
@@ -50,7 +53,16 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "mixtral_ep2": ("megatron_moe_ep2", 2, [], 1, 1),
          "mixtral_shared_expert_ep2": ("megatron_moe_ep2_shared", 2, [], 1, 1),
          "mixtral_expert_bias_ep2": ("megatron_moe_ep2_expert_bias", 2, [], 1, 1),
-         "dense_first_gated_shared_ep2": ("megatron_moe_ep2_dense_first_gated_shared", 2, [], 1, 1)}
+         "dense_first_gated_shared_ep2": ("megatron_moe_ep2_dense_first_gated_shared", 2, [], 1, 1),
+         "mla_q_lora": ("megatron_mla_q_lora", 1, [], 1, 1),
+         "mla": ("megatron_mla", 1, [], 1, 1),
+         "mtp": ("megatron_mtp", 1, [], 1, 1),
+         "mla_q_lora_dp2_distributed_optimizer": ("megatron_mla_q_lora", 2, ["--use-distributed-optimizer"], 1, 1),
+         # an MTP layer of multi-latent attention (its transformer layer by MLA's names)
+         "mla_q_lora_mtp": ("megatron_mla_q_lora", 1, ["--mtp-num-layers", "1"], 1, 1),
+         # heads split over TP 2 (the up projections and linear_proj; Megatron-Core's local spec splits the down
+         # projections' rows too, a layout its torch_dist save makes global)
+         "mla_q_lora_tp2": ("megatron_mla_q_lora", 2, [], 2, 2)}
 # Megatron-LM's ranks where they are not its TP size: the MoE save continues at its EP 2 (at EP 1 Megatron-Core's
 # SequentialMLP with biases fails its own forward on CPU: "Output 0 of _ReduceFromModelParallelRegion is a view and
 # is being modified inplace"; and Megatron-LM reads an EP 2 save's two chained optimizers only at EP > 1)
@@ -60,7 +72,8 @@ CONTINUED = (3, 4)
 # written by the same lines as other cases here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
 # the plain fp16 case's scaler; the MoE's distributed optimizer the dense one's layout and the MoE's chained groups):
 # run where Megatron-LM continues them, to keep the default suite's time
-WITH_MEGATRON_LM_ONLY = ("gpt2_fp16_dp2_distributed_optimizer", "moe_biases_ep2_distributed_optimizer")
+WITH_MEGATRON_LM_ONLY = ("gpt2_fp16_dp2_distributed_optimizer", "moe_biases_ep2_distributed_optimizer",
+                         "mla_q_lora_dp2_distributed_optimizer", "mla_q_lora_mtp", "mla_q_lora_tp2")
 
 
 def _flags(case: str, tensor_parallel: int, one_rank: bool = False) -> list[str]:
@@ -234,12 +247,19 @@ def test_a_setting_megatron_lm_has_no_flag_for_keeps_the_save_ours():
     ("megatron_moe_ep2_biases", [], None), ("megatron_moe_ep2_shared", [], None),
     ("megatron_moe_ep2_biases", ["--moe-shared-expert-intermediate-size", "32"],
      "the shared experts' biases (Megatron-Core builds none)"),
-    ("megatron_moe_ep2_expert_bias", [], None), ("megatron_moe_ep2_dense_first_gated_shared", [], None)])
+    ("megatron_moe_ep2_expert_bias", [], None), ("megatron_moe_ep2_dense_first_gated_shared", [], None),
+    ("megatron_mla_q_lora", [], None), ("megatron_mla", [], None),
+    ("megatron_mla", ["--qk-layernorm"],
+     "multi-latent attention's query norm without --q-lora-rank (Megatron-Core builds none)"),
+    ("megatron_mtp", [], None), ("megatron_moe_ep2_biases", ["--mtp-num-layers", "1"],
+                                 "the multi-token prediction layers of an MoE model")])
 def test_megatrons_moe_is_written_in_its_layout_and_what_it_does_not_hold_is_said(name, extra, said):
     """The MoE the writer holds (MoE layers of one expert count, dense ones between, SequentialMLP's layout, the
     router's weight, bias and expert bias, a shared expert and its gate) saves in Megatron-LM's layout; the shared
     expert's biases, which Megatron-Core does not build, are this project's format, said once (arguments/config.py
-    _unwritten_experts)."""
+    _unwritten_experts). So is multi-latent attention's: written, but for the query norm without --q-lora-rank
+    Megatron-Core 0.16.1 lacks; and multi-token prediction's: written, but beside MoE layers (an MTP layer's experts
+    have no place in names.py)."""
     from arguments.parser import parse_arguments
 
     flags = list(record(name)["flags"]) + ["--save", "ckpt"] + extra
@@ -266,3 +286,42 @@ def test_every_tensor_of_megatrons_moe_save_is_where_our_writer_puts_it():
     # the embeddings and the final norm; per layer: attention's and the norms' 8, the router's weight and bias; per
     # (layer, expert): fc1's and fc2's weight and bias
     assert written == 4 + 2 * (8 + 2) + 2 * 4 * 4
+
+
+@pytest.mark.parametrize("name, linears", [("megatron_mla_q_lora", ("linear_q_down_proj", "linear_q_up_proj")),
+                                           ("megatron_mla", ("linear_q_proj",)), ("megatron_mtp", ("linear_qkv",))])
+def test_every_tensor_of_megatrons_mla_and_mtp_saves_is_where_our_writer_puts_it_and_its_objects_too(name, linears):
+    """Multi-latent attention (issue 92 item 1): each tensor of Megatron-LM's own save (the local spec's
+    MLASelfAttention: the query's projections, linear_kv_down_proj, linear_kv_up_proj, the latent norms,
+    linear_proj's weight and bias; the layer's norms under their own names, input_layernorm and pre_mlp_layernorm,
+    where a plain attention layer's are saved under TransformerEngine's) is one of our model's, and the writer puts it
+    back at its key, layer and shape; the _extra_state objects the writer plans are the ones Megatron-LM saved. So
+    for a multi-token prediction layer's (its enorm, hnorm, eh_proj, transformer layer and final norm, unstacked under
+    `mtp.layers.0.`)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from arguments.parser import parse_config
+    from checkpoint.torch_dist.names import megatron_placement, our_placements
+    from checkpoint.torch_dist.writer import _extra_states
+    from gpt.model import GPTModel
+    from parallel.state import ParallelState
+
+    index = FileSystemReader(str(FIXTURES / name / "iter_0000002")).read_metadata()
+    config = parse_config(record(name)["flags"])
+    mla = config.model.mla.multi_latent_attention
+    model = GPTModel(config.model, ParallelState(device=torch.device("cpu")))
+    ours = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    placed = {}
+    for key, entry in index.state_dict_metadata.items():
+        if key.startswith("optimizer.") or not hasattr(entry, "size"):
+            continue
+        for our_name, placement in our_placements(key, tuple(entry.size), gated=False, mla=mla).items():
+            assert megatron_placement(our_name, placement.shape, 2, mla=mla) == (placement, tuple(entry.size)), \
+                our_name
+            placed[our_name] = placement.shape
+    assert placed == ours
+    assert {f"self_attention.{linear}.weight" for linear in linears} <= {
+        key[len("decoder.layers."):] for key in index.state_dict_metadata}
+    objects = {key for key in index.state_dict_metadata if "_extra_state" in key}
+    state = ParallelState(device=torch.device("cpu"))
+    assert set(_extra_states(model, config, state)) == objects
