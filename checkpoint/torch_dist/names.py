@@ -12,6 +12,15 @@ spec's norms are saved under TransformerEngine's names (`self_attention.linear_q
 norm, `mlp.linear_fc1.layer_norm_weight` the pre-MLP norm; the spec's sharded_state_dict_keys_map), so both specs'
 files read alike; the separate names are accepted too.
 
+Megatron-Core 0.19's HybridModel (models/hybrid: HybridStack.sharded_state_dict) gives each symbol of its
+--hybrid-layer-pattern a layer of its own, always numbered in the key (`decoder.layers.<global layer>.<name>`, the
+`|` separators not counted): a `*` layer holds the attention (`self_attention.*`, its input norm under TE's name
+`self_attention.linear_qkv.layer_norm_weight`), a `-` or `E` layer the MLP or MoE (`mlp.*`, the dense MLP's norm
+`mlp.linear_fc1.layer_norm_weight`, the MoE layer's `pre_mlp_layernorm.weight`), and the final norm is
+`decoder.final_norm`. Under a pattern of GPT blocks (`*-`, `*E`: gpt/hybrid_pattern.py) the k-th `*` and the k-th
+`-`/`E` are our block k's attention and MLP (Megatron-Core's own GPT retarget, dist_checkpointing/
+gpt_checkpoint_interop.py, pairs them so); a name in a layer of the other kind is not ours.
+
 Our layouts are Megatron-Core's: the fused QKV is [group][its query heads, key, value][head dim] (gpt/model.py), a
 linear's weight is [out, in]. SwiGLU's fc1 differs: Megatron-Core keeps [gate; up] in one weight, which its
 sharded factory (transformer/mlp.py apply_swiglu_sharded_factory) saves as the two halves of one tensor of 2 x ffn
@@ -71,6 +80,15 @@ EXPERT_NAMES = {  # inside `mlp.experts.experts.[<expert>.]`: -> ours inside `ml
     "linear_fc2.weight": "dense_4h_to_h.weight",
     "linear_fc2.bias": "dense_4h_to_h.bias",
 }
+# HybridModel's (core_v0.19.0) outside its layers, where they differ from GPTModel's
+HYBRID_MODEL_NAMES = {
+    "decoder.final_norm.weight": "final_layernorm.weight",
+    "decoder.final_norm.bias": "final_layernorm.bias",
+}
+# The names a hybrid layer of each symbol holds: attention's `self_attention.` (and a separate input norm), the
+# MLP's and MoE's `mlp.` (and a separate pre-MLP norm)
+HYBRID_LAYER_PREFIXES = {"*": ("self_attention.", "input_layernorm."), "-": ("mlp.", "pre_mlp_layernorm."),
+                         "E": ("mlp.", "pre_mlp_layernorm.")}
 GATED = "dense_h_to_4h"  # with SwiGLU: its rows are [gate; up], ours two tensors
 GATED_HALVES = ("dense_h_to_4h_gate", "dense_h_to_4h_up")
 
@@ -93,17 +111,43 @@ class Placement:
         return (*leading, first, *ours[1:])
 
 
-def our_placements(key: str, shape: tuple[int, ...], gated: bool) -> Optional[dict[str, Placement]]:
+def hybrid_layer_symbols(pattern: str) -> str:
+    """HybridModel's layer symbols in global layer order: the main pattern (before any `/`), `|` left out."""
+    return pattern.split("/")[0].replace("|", "")
+
+
+def _hybrid_block(symbols: str, layer: int, name: str) -> Optional[int]:
+    """Our block of HybridModel's global `layer` holding `name`: the k-th `*` is block k's attention, the k-th `-` or
+    `E` its MLP; None where the layer is not one (another symbol, or a name of the other kind of layer)."""
+    prefixes = HYBRID_LAYER_PREFIXES.get(symbols[layer]) if 0 <= layer < len(symbols) else None
+    if prefixes is None or not name.startswith(prefixes):
+        return None
+    kinds = ("*",) if symbols[layer] == "*" else ("-", "E")
+    return sum(symbol in kinds for symbol in symbols[:layer])
+
+
+def our_placements(key: str, shape: tuple[int, ...], gated: bool, hybrid_pattern: Optional[str] = None
+                   ) -> Optional[dict[str, Placement]]:
     """Our tensors inside Megatron-Core's tensor `key` of global `shape` (None: a key this mapping does not know).
-    `gated`: the model is SwiGLU's (fc1 holds [gate; up])."""
+    `gated`: the model is SwiGLU's (fc1 holds [gate; up]). `hybrid_pattern`: the checkpoint is HybridModel's, of
+    this --hybrid-layer-pattern (its layers numbered per symbol, module docstring)."""
     if key in MODEL_NAMES:
         return {MODEL_NAMES[key]: Placement(key, (), 0, tuple(shape))}
+    if hybrid_pattern is not None and key in HYBRID_MODEL_NAMES:
+        return {HYBRID_MODEL_NAMES[key]: Placement(key, (), 0, tuple(shape))}
     if not key.startswith(LAYERS):
         return None
     parts = key[len(LAYERS):].split(".")
     layer_axis = not parts[0].isdigit()  # stacked layers: the first axis; else the layer is in the key
     layers = None if layer_axis else [int(parts.pop(0))]
     name, expert_axis, experts = ".".join(parts), False, [None]
+    block = {}  # HybridModel: its layer -> our block
+    if hybrid_pattern is not None:
+        if layer_axis:
+            return None
+        block[layers[0]] = _hybrid_block(hybrid_layer_symbols(hybrid_pattern), layers[0], name)
+        if block[layers[0]] is None:
+            return None
     if name.startswith(EXPERTS):
         inner = name[len(EXPERTS):].split(".")
         expert_axis = not inner[0].isdigit()
@@ -122,7 +166,7 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool) -> Optional[di
     for layer in layers:
         for expert in experts:
             index = (*((layer,) if layer_axis else ()), *((expert,) if expert_axis else ()))
-            ours = f"blocks.{layer}." + template.format(expert=expert)
+            ours = f"blocks.{block.get(layer, layer)}." + template.format(expert=expert)
             if gated and f".{GATED}." in ours:
                 half = own[0] // 2
                 for offset, part in zip((0, half), GATED_HALVES):

@@ -32,8 +32,16 @@ from checkpoint.inside import inside
 from checkpoint.lineage import SAMPLE_ORDER_KEY
 from checkpoint.resume_checks import agreed_problem, check_resume
 from checkpoint.resume_model import COMPARED
-from checkpoint.torch_dist.common import COMMON_FILE, FILE_DIGESTS_KEY, check_backend, load_common, saved_args
+from checkpoint.torch_dist.common import (
+    COMMON_FILE,
+    FILE_DIGESTS_KEY,
+    check_backend,
+    common_object,
+    load_common,
+    saved_args,
+)
 from checkpoint.torch_dist.dcp_reader import DcpReader
+from checkpoint.torch_dist.names import hybrid_layer_symbols
 from checkpoint.torch_dist.source import MegatronSource
 from data.megatron_order import MEGATRON_ORDER
 from parallel.state import ParallelState
@@ -46,7 +54,9 @@ RENAMED = {"norm_epsilon": "layernorm_epsilon", "layernorm_zero_centered_gamma":
 def verify_megatron(iteration_dir: Path) -> None:
     """The checkpoint's files are there, inside it, and not truncated (module docstring)."""
     check_backend(iteration_dir)
-    for name in (METADATA_FILE, COMMON_FILE, DCP_METADATA_FILE):
+    # Megatron-Core 0.19 keeps the common state inside the DCP files (checkpoint/torch_dist/common.py)
+    in_index = inside(iteration_dir, DCP_METADATA_FILE).is_file() and common_object(iteration_dir) is not None
+    for name in (METADATA_FILE, *(() if in_index else (COMMON_FILE,)), DCP_METADATA_FILE):
         if not inside(iteration_dir, name).is_file():
             raise CheckpointError(f"{iteration_dir / name}: missing; the Megatron-LM save did not finish")
     load_common(iteration_dir)
@@ -100,6 +110,8 @@ def metadata_view(common: dict, config) -> dict:
     takes this run's value (so it is not compared)."""
     args = saved_args(common)
     values = {RENAMED.get(name, name): value for name, value in vars(args).items()}
+    if values.get("hybrid_layer_pattern"):  # HybridModel's num_layers counts a layer per symbol; ours the blocks
+        values["num_layers"] = hybrid_layer_symbols(values["hybrid_layer_pattern"]).count("*")
 
     def section(ours, names) -> dict:
         return {name: values[name] if name in values and values[name] is not None else setting_value(ours, name)

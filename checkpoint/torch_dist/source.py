@@ -77,13 +77,15 @@ class MegatronSource(GlobalStateSource):
         self.args = saved_args(self.common)
         self.layout = sharding_type(self.common)
         gated = bool(arg(self.common, "swiglu", False))
+        # Megatron-Core 0.19's HybridModel: its layers, one per symbol of the pattern (names.py)
+        self.hybrid_pattern = arg(self.common, "hybrid_layer_pattern")
         tensors = self.reader.tensors()
         self._placements: dict[str, Placement] = {}
         unknown = []
         for key, md in tensors.items():
             if key.startswith("optimizer."):
                 continue
-            placements = our_placements(key, tuple(md.size), gated)
+            placements = our_placements(key, tuple(md.size), gated, self.hybrid_pattern)
             if placements is None:
                 unknown.append(key)
             else:
@@ -278,7 +280,9 @@ def _refuse_unread(args) -> None:
     unsupported = [flag for flag, value in (
         ("--num-experts", getattr(args, "num_experts", None)),
         ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
-        ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)))
+        ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)),
+        # HybridModel's buckets run over its layers, one per symbol: not the GPT blocks' order rebuilt here
+        ("--hybrid-layer-pattern", getattr(args, "hybrid_layer_pattern", None)))
         if value]
     if unsupported:
         raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense models on "

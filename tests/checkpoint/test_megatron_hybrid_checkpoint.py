@@ -1,0 +1,118 @@
+"""Megatron-Core 0.19's HybridModel torch_dist checkpoints continued here (issue 92 item 6).
+
+tests/fixtures/megatron_hybrid_dense was written by Megatron-LM core_v0.19.0's own pretrain_hybrid.py on CPU
+(scripts/megatron_checkpoint_fixtures.py HYBRID_FIXTURES through scripts/megatron_lm_cpu.py --script
+pretrain_hybrid.py) with `--hybrid-layer-pattern "*-*-"`: GPT-2's block twice as four HybridModel layers (attention,
+MLP, attention, MLP), fp32, the plain optimizer, the fixtures' corpus. One launch trained iterations 1-4 saving at 2,
+a second resumed the save (Megatron-LM's own resume: the same losses). Its folder differs from a GPTModel save: a
+layer per symbol (`decoder.layers.<0-3>.self_attention.*` / `.mlp.*`, checkpoint/torch_dist/names.py),
+`decoder.final_norm`, and no common.pt (0.19 keeps the common state as the DCP object `common_state`).
+
+- The quick tests read the files: our `--hybrid-layer-pattern "*-*-"` model's names and shapes, the progress, the
+  common state out of the DCP files, the pairing of HybridModel's layers with our blocks.
+- The continuation (committed fixture, no Megatron needed): pretrain_hybrid.py with the fixture's flags and --load
+  trains iterations 3 and 4 to the losses Megatron-LM logged (measured bitwise).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from checkpoint.torch_dist.names import our_placements
+from checkpoint.torch_dist.source import MegatronSource
+from tests.checkpoint.test_megatron_checkpoint import (
+    CONTINUED,
+    FIXTURES,
+    data_workdir,
+    iteration_dir,
+    megatrons_losses,
+    our_flags,
+    record,
+)
+
+NAME = "megatron_hybrid_dense"
+
+
+def test_the_fixture_is_hybridmodels_own_layout():
+    """What a 0.19 HybridModel save holds and a GPTModel save does not: no common.pt, a layer per symbol."""
+    folder = iteration_dir(NAME)
+    assert not (folder / "common.pt").exists()
+    keys = set(MegatronSource(folder).reader.tensors())
+    assert "decoder.layers.1.mlp.linear_fc1.weight" in keys and "decoder.final_norm.weight" in keys
+    assert "decoder.layers.self_attention.linear_qkv.weight" not in keys
+    assert record(NAME)["megatron_lm"] == "core_v0.19.0" and record(NAME)["megatron_core"] == "0.19.1"
+
+
+def test_the_source_is_our_pattern_model_by_name_and_shape():
+    from arguments.parser import parse_config
+    from gpt.model import GPTModel
+    from parallel.state import ParallelState
+
+    config = parse_config(our_flags(NAME))
+    assert config.model.hybrid_layer_pattern == "*-*-" and config.model.num_layers == 2
+    model = GPTModel(config.model, ParallelState(device=torch.device("cpu")))
+    ours = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    source = MegatronSource(iteration_dir(NAME))
+    assert source.hybrid_pattern == "*-*-"
+    assert sorted(source.keys()) == ["exp_avg", "exp_avg_sq", "master"]
+    for key in source.keys():
+        assert {n: info.shape for n, info in source.tensors(key).items()} == ours, key
+    progress = source.progress()
+    assert (progress.iteration, progress.consumed_samples, progress.schedule_samples, progress.optimizer_step) == \
+        (2, 8, 8, 2)
+
+
+def test_hybrid_layers_pair_with_our_blocks_and_other_layers_are_not_ours():
+    """The k-th `*` layer is block k's attention, the k-th `-`/`E` its MLP (Megatron-Core's own GPT retarget pairs
+    them so); a name of the other kind of layer, a layer past the pattern, an `M` layer are no tensor of ours."""
+    qkv = our_placements("decoder.layers.2.self_attention.linear_qkv.weight", (48, 16), False, "*-|*-")
+    assert list(qkv) == ["blocks.1.attention.query_key_value.weight"] and qkv[
+        "blocks.1.attention.query_key_value.weight"].index == ()
+    norm = our_placements("decoder.layers.3.mlp.linear_fc1.layer_norm_weight", (16,), False, "*-*-")
+    assert list(norm) == ["blocks.1.post_attention_layernorm.weight"]
+    router = our_placements("decoder.layers.1.mlp.router.weight", (4, 16), False, "*E*-")
+    assert list(router) == ["blocks.0.mlp.router.weight"]
+    assert list(our_placements("decoder.final_norm.weight", (16,), False, "*-")) == ["final_layernorm.weight"]
+    assert our_placements("decoder.final_norm.weight", (16,), False) is None  # GPTModel's is final_layernorm
+    assert our_placements("decoder.layers.1.self_attention.linear_qkv.weight", (48, 16), False, "*-*-") is None
+    assert our_placements("decoder.layers.0.mlp.linear_fc1.weight", (64, 16), False, "*-*-") is None
+    assert our_placements("decoder.layers.4.mlp.linear_fc1.weight", (64, 16), False, "*-*-") is None
+    assert our_placements("decoder.layers.0.mixer.in_proj.weight", (64, 16), False, "M*-") is None
+
+
+def test_the_common_state_is_read_from_the_dcp_files_without_running_code():
+    from checkpoint.torch_dist.common import arg, common_object, load_common
+
+    folder = iteration_dir(NAME)
+    assert common_object(folder) == "common_state/shard_0_1"
+    assert common_object(iteration_dir("megatron_tp1")) is None  # 0.16.1's common.pt
+    common = load_common(folder)
+    assert common["iteration"] == 2 and arg(common, "hybrid_layer_pattern") == "*-*-"
+    assert arg(common, "num_layers") == 4  # HybridModel's layers, one per symbol
+
+
+@pytest.mark.slow
+def test_pretrain_hybrid_continues_megatrons_hybrid_checkpoint_to_its_next_losses(tmp_path, monkeypatch):
+    import pretrain_hybrid
+    from tests.reliability_helpers import metrics_records, run_main
+
+    monkeypatch.chdir(data_workdir(tmp_path))
+    checkpoint = shutil.copytree(FIXTURES / NAME, tmp_path / NAME)
+    metrics = tmp_path / "metrics.jsonl"
+    outcome = run_main(pretrain_hybrid.main, our_flags(NAME) + [
+        "--load", checkpoint, "--device", "cpu", "--log-interval", "1", "--data-cache-dir", tmp_path / "cache",
+        "--metrics-file", metrics])
+    assert outcome.code == 0, outcome.err[-3000:]
+    assert "> loading Megatron-LM torch_dist checkpoint" in outcome.out
+    assert "resuming after iteration 2 (8 samples consumed)" in outcome.out
+    losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
+    assert tuple(sorted(losses)) == CONTINUED
+    assert losses == megatrons_losses(NAME)  # bitwise, as measured (the same kernels in the same order)
+
+
+def test_the_fixture_is_small():
+    assert sum(path.stat().st_size for path in Path(FIXTURES / NAME).rglob("*") if path.is_file()) < 450_000
