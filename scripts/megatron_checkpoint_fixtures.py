@@ -118,6 +118,11 @@ HYBRID_SPEC = ["--spec", "megatron.core.models.hybrid.hybrid_layer_specs", "hybr
 HYBRID_FIXTURES = {
     # GPT-2's block twice (`*-*-`), dense, fp32, the plain optimizer: the model megatron_tp1 is, as HybridModel
     "megatron_hybrid_dense": (1, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*-"] + HYBRID_SPEC),
+    # a dense block then an MoE block (`*-*E`): Megatron's default MoE, biases on, 4 experts (top 2) over 2
+    # expert-parallel ranks, as megatron_moe_ep2_biases (at EP 1 its SequentialMLP with biases fails on CPU)
+    "megatron_hybrid_moe": (2, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*E"] + HYBRID_SPEC + [
+        "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+        "--expert-model-parallel-size", "2"]),
 }
 
 

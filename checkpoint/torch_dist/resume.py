@@ -22,7 +22,7 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
-from base.errors import CheckpointError
+from base.errors import CheckpointError, ConfigError
 from base.options import setting_names, setting_value
 from checkpoint.file_names import DCP_METADATA_FILE
 from checkpoint.format import METADATA_FILE
@@ -44,6 +44,7 @@ from checkpoint.torch_dist.dcp_reader import DcpReader
 from checkpoint.torch_dist.names import hybrid_layer_symbols
 from checkpoint.torch_dist.source import MegatronSource
 from data.megatron_order import MEGATRON_ORDER
+from gpt.hybrid_pattern import parse_hybrid_pattern
 from parallel.state import ParallelState
 
 # Megatron-LM's args -> our settings of another name (the rest share Megatron's dest names)
@@ -105,13 +106,28 @@ def _activation(args: argparse.Namespace) -> Optional[str]:
     return "gelu_tanh" if fused else "gelu"
 
 
+def _hybrid_settings(values: dict) -> dict:
+    """A HybridModel checkpoint's settings as ours (gpt/hybrid_pattern.py): Megatron's num_layers counts a layer per
+    symbol, ours the blocks; its MoE layers are the pattern's `E`s, not its moe_layer_freq (left at the default)."""
+    text = values.get("hybrid_layer_pattern")
+    if not text:
+        return {}
+    try:
+        pattern = parse_hybrid_pattern(text)
+    except ConfigError:  # not GPT blocks: the tensors' mapping names what is not ours
+        return {"num_layers": hybrid_layer_symbols(text).count("*")}
+    settings = {"num_layers": pattern.num_layers}
+    if values.get("num_experts"):
+        settings["moe_layer_freq"] = pattern.moe_layer_freq()
+    return settings
+
+
 def metadata_view(common: dict, config) -> dict:
     """Megatron-LM's common.pt as the fields of our metadata.json the resume checks read. A setting its args lack
     takes this run's value (so it is not compared)."""
     args = saved_args(common)
     values = {RENAMED.get(name, name): value for name, value in vars(args).items()}
-    if values.get("hybrid_layer_pattern"):  # HybridModel's num_layers counts a layer per symbol; ours the blocks
-        values["num_layers"] = hybrid_layer_symbols(values["hybrid_layer_pattern"]).count("*")
+    values.update(_hybrid_settings(values))
 
     def section(ours, names) -> dict:
         return {name: values[name] if name in values and values[name] is not None else setting_value(ours, name)

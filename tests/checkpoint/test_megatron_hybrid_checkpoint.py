@@ -1,9 +1,10 @@
 """Megatron-Core 0.19's HybridModel torch_dist checkpoints continued here (issue 92 item 6).
 
-tests/fixtures/megatron_hybrid_dense was written by Megatron-LM core_v0.19.0's own pretrain_hybrid.py on CPU
+tests/fixtures/megatron_hybrid_dense and megatron_hybrid_moe were written by Megatron-LM core_v0.19.0's own pretrain_hybrid.py on CPU
 (scripts/megatron_checkpoint_fixtures.py HYBRID_FIXTURES through scripts/megatron_lm_cpu.py --script
 pretrain_hybrid.py) with `--hybrid-layer-pattern "*-*-"`: GPT-2's block twice as four HybridModel layers (attention,
-MLP, attention, MLP), fp32, the plain optimizer, the fixtures' corpus. One launch trained iterations 1-4 saving at 2,
+MLP, attention, MLP), fp32, the plain optimizer, the fixtures' corpus; and `*-*E`, the second block Megatron's
+default MoE (biases on, 4 experts, top 2) at EP 2. One launch trained iterations 1-4 saving at 2,
 a second resumed the save (Megatron-LM's own resume: the same losses). Its folder differs from a GPTModel save: a
 layer per symbol (`decoder.layers.<0-3>.self_attention.*` / `.mlp.*`, checkpoint/torch_dist/names.py),
 `decoder.final_norm`, and no common.pt (0.19 keeps the common state as the DCP object `common_state`).
@@ -35,6 +36,8 @@ from tests.checkpoint.test_megatron_checkpoint import (
 )
 
 NAME = "megatron_hybrid_dense"
+MOE = "megatron_hybrid_moe"
+PATTERNS = {NAME: "*-*-", MOE: "*-*E"}
 
 
 def test_the_fixture_is_hybridmodels_own_layout():
@@ -47,17 +50,18 @@ def test_the_fixture_is_hybridmodels_own_layout():
     assert record(NAME)["megatron_lm"] == "core_v0.19.0" and record(NAME)["megatron_core"] == "0.19.1"
 
 
-def test_the_source_is_our_pattern_model_by_name_and_shape():
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_the_source_is_our_pattern_model_by_name_and_shape(name):
     from arguments.parser import parse_config
     from gpt.model import GPTModel
     from parallel.state import ParallelState
 
-    config = parse_config(our_flags(NAME))
-    assert config.model.hybrid_layer_pattern == "*-*-" and config.model.num_layers == 2
+    config = parse_config(our_flags(name))
+    assert config.model.hybrid_layer_pattern == PATTERNS[name] and config.model.num_layers == 2
     model = GPTModel(config.model, ParallelState(device=torch.device("cpu")))
     ours = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    source = MegatronSource(iteration_dir(NAME))
-    assert source.hybrid_pattern == "*-*-"
+    source = MegatronSource(iteration_dir(name))
+    assert source.hybrid_pattern == PATTERNS[name]
     assert sorted(source.keys()) == ["exp_avg", "exp_avg_sq", "master"]
     for key in source.keys():
         assert {n: info.shape for n, info in source.tensors(key).items()} == ours, key
@@ -96,14 +100,16 @@ def test_the_common_state_is_read_from_the_dcp_files_without_running_code():
 
 
 @pytest.mark.slow
-def test_pretrain_hybrid_continues_megatrons_hybrid_checkpoint_to_its_next_losses(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_pretrain_hybrid_continues_megatrons_hybrid_checkpoint_to_its_next_losses(tmp_path, monkeypatch, name):
+    """The MoE one saved at EP 2 by Megatron-LM, continued here on one rank."""
     import pretrain_hybrid
     from tests.reliability_helpers import metrics_records, run_main
 
     monkeypatch.chdir(data_workdir(tmp_path))
-    checkpoint = shutil.copytree(FIXTURES / NAME, tmp_path / NAME)
+    checkpoint = shutil.copytree(FIXTURES / name, tmp_path / name)
     metrics = tmp_path / "metrics.jsonl"
-    outcome = run_main(pretrain_hybrid.main, our_flags(NAME) + [
+    outcome = run_main(pretrain_hybrid.main, our_flags(name) + [
         "--load", checkpoint, "--device", "cpu", "--log-interval", "1", "--data-cache-dir", tmp_path / "cache",
         "--metrics-file", metrics])
     assert outcome.code == 0, outcome.err[-3000:]
@@ -111,8 +117,9 @@ def test_pretrain_hybrid_continues_megatrons_hybrid_checkpoint_to_its_next_losse
     assert "resuming after iteration 2 (8 samples consumed)" in outcome.out
     losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
     assert tuple(sorted(losses)) == CONTINUED
-    assert losses == megatrons_losses(NAME)  # bitwise, as measured (the same kernels in the same order)
+    assert losses == megatrons_losses(name)  # bitwise, as measured (the same kernels in the same order)
 
 
-def test_the_fixture_is_small():
-    assert sum(path.stat().st_size for path in Path(FIXTURES / NAME).rglob("*") if path.is_file()) < 450_000
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_the_fixture_is_small(name):
+    assert sum(path.stat().st_size for path in Path(FIXTURES / name).rglob("*") if path.is_file()) < 600_000
