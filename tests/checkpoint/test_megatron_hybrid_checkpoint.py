@@ -13,6 +13,9 @@ layer per symbol (`decoder.layers.<0-3>.self_attention.*` / `.mlp.*`, checkpoint
   common state out of the DCP files, the pairing of HybridModel's layers with our blocks.
 - The continuation (committed fixture, no Megatron needed): pretrain_hybrid.py with the fixture's flags and --load
   trains iterations 3 and 4 to the losses Megatron-LM logged (measured bitwise).
+- A GPTModel checkpoint (Megatron-LM core_v0.16.1's, tests/fixtures/megatron_tp1 and megatron_moe_ep2_biases) loads
+  under the equivalent pattern (`*-*-`, `*E*E`), as Megatron-Core 0.19's load-time retarget
+  (dist_checkpointing/gpt_checkpoint_interop.py) lets pretrain_hybrid.py load it: the same next losses, bitwise.
 """
 
 from __future__ import annotations
@@ -123,3 +126,24 @@ def test_pretrain_hybrid_continues_megatrons_hybrid_checkpoint_to_its_next_losse
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_the_fixture_is_small(name):
     assert sum(path.stat().st_size for path in Path(FIXTURES / name).rglob("*") if path.is_file()) < 600_000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, pattern", [("megatron_tp1", "*-*-"), ("megatron_moe_ep2_biases", "*E*E")])
+def test_a_gpt_checkpoint_continues_under_the_equivalent_pattern(tmp_path, monkeypatch, name, pattern):
+    import pretrain_hybrid
+    from tests.reliability_helpers import metrics_records, run_main
+
+    monkeypatch.chdir(data_workdir(tmp_path))
+    checkpoint = shutil.copytree(FIXTURES / name, tmp_path / name)
+    flags = our_flags(name)
+    at = flags.index("--num-layers")
+    del flags[at:at + 2]  # the pattern gives the depth
+    metrics = tmp_path / "metrics.jsonl"
+    outcome = run_main(pretrain_hybrid.main, flags + [
+        "--hybrid-layer-pattern", pattern, "--load", checkpoint, "--device", "cpu", "--log-interval", "1",
+        "--data-cache-dir", tmp_path / "cache", "--metrics-file", metrics])
+    assert outcome.code == 0, outcome.err[-3000:]
+    assert f"--hybrid-layer-pattern {pattern}: 2 blocks" in outcome.out
+    losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
+    assert losses == megatrons_losses(name)  # bitwise, as measured
