@@ -16,11 +16,19 @@ layer per symbol (`decoder.layers.<0-3>.self_attention.*` / `.mlp.*`, checkpoint
 - A GPTModel checkpoint (Megatron-LM core_v0.16.1's, tests/fixtures/megatron_tp1 and megatron_moe_ep2_biases) loads
   under the equivalent pattern (`*-*-`, `*E*E`), as Megatron-Core 0.19's load-time retarget
   (dist_checkpointing/gpt_checkpoint_interop.py) lets pretrain_hybrid.py load it: the same next losses, bitwise.
+- With Megatron-LM core_v0.19.0 (MEGATRON_LM_0_19 naming its tree, megatron-core 0.16.1's wheel installed for the
+  prebuilt dataset helpers; skipped otherwise): our torch_dist save under the pattern (GPTModel's layout, its args
+  naming no pattern, so Megatron-Core 0.19 retargets it at load) is continued by Megatron-LM's own pretrain_hybrid.py
+  with the same flags to our uninterrupted run's iteration-3 and -4 losses (measured bitwise).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +46,7 @@ from tests.checkpoint.test_megatron_checkpoint import (
     record,
 )
 
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "megatron_checkpoint_fixtures.py"
 NAME = "megatron_hybrid_dense"
 MOE = "megatron_hybrid_moe"
 PATTERNS = {NAME: "*-*-", MOE: "*-*E"}
@@ -147,3 +156,47 @@ def test_a_gpt_checkpoint_continues_under_the_equivalent_pattern(tmp_path, monke
     assert f"--hybrid-layer-pattern {pattern}: 2 blocks" in outcome.out
     losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
     assert losses == megatrons_losses(name)  # bitwise, as measured
+
+
+@pytest.mark.slow
+def test_megatron_lm_019_continues_our_save_under_the_pattern(tmp_path):
+    pytest.importorskip("megatron.core", reason="megatron-core is a benchmark-only peer (requirements-bench.txt)")
+    tree = os.environ.get("MEGATRON_LM_0_19")
+    if not tree or not (Path(tree) / "pretrain_hybrid.py").is_file():
+        pytest.skip("MEGATRON_LM_0_19 names no Megatron-LM core_v0.19.0 tree (git archive core_v0.19.0)")
+    import pretrain_hybrid
+    from tests.reliability_helpers import metrics_records, run_main
+
+    saved, workdir = tmp_path / "save", data_workdir(tmp_path)
+    cwd = os.getcwd()
+    os.chdir(workdir)  # the flags' --data-path, relative
+    try:  # one run: saves at 2 (and 4, dropped), its iterations 3 and 4 the uninterrupted ones
+        outcome = run_main(pretrain_hybrid.main, our_flags(NAME) + [
+            "--device", "cpu", "--log-interval", "1", "--data-cache-dir", tmp_path / "c", "--save", saved,
+            "--save-interval", "2", "--metrics-file", tmp_path / "straight.jsonl"])
+    finally:
+        os.chdir(cwd)
+    assert outcome.code == 0, outcome.err[-3000:]
+    shutil.rmtree(saved / "iter_0000004")
+    (saved / "latest_checkpointed_iteration.txt").write_text("2")
+    straight = {r["iteration"]: r["loss"] for r in metrics_records(tmp_path / "straight.jsonl") if "loss" in r}
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), "continue", "--megatron-lm", tree, "--script", "pretrain_hybrid.py",
+         "--load", str(saved), "--nproc", "1", "--", *record(NAME)["flags"]],
+        capture_output=True, text=True, timeout=600, cwd=SCRIPT.parents[1])
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    continued = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert {int(i): loss for i, loss in continued["losses"].items()} == {i: straight[i] for i in CONTINUED}
+
+
+def test_the_hybrid_fixtures_flags_are_the_ones_the_driver_writes():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import megatron_checkpoint_fixtures as driver
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert sorted(driver.HYBRID_FIXTURES) == sorted(PATTERNS)
+    for name in driver.HYBRID_FIXTURES:
+        written = record(name)
+        assert (written["world_size"], written["flags"]) == (driver.fixture_ranks(name), driver.fixture_flags(name))
+        assert "--num-layers" not in written["flags"]
