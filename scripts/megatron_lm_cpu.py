@@ -2,11 +2,14 @@
 """Megatron-LM's own pretrain_gpt.py on a CPU over gloo: its training loop and command line, its device plumbing
 patched at run time (its files are never edited).
 
-    torchrun --nproc-per-node N scripts/megatron_lm_cpu.py --megatron-lm TREE [--record FILE] [--logits FILE]
-        [--count-launches FILE] -- FLAGS...
+    torchrun --nproc-per-node N scripts/megatron_lm_cpu.py --megatron-lm TREE [--script pretrain_hybrid.py]
+        [--record FILE] [--logits FILE] [--count-launches FILE] -- FLAGS...
 
 TREE is Megatron-LM's tree at core_v0.16.1 beyond megatron.core (the extracted megatron-lm-core_v0.16.1-min.tar.xz);
-megatron.core is the benchmark venv's megatron-core 0.16.1 wheel. FLAGS go to its parse_args untouched
+megatron.core is the benchmark venv's megatron-core 0.16.1 wheel. With --script pretrain_hybrid.py, TREE is
+core_v0.19.0's whole tree (`git archive core_v0.19.0`), whose own megatron.core comes first on the path (the wheel
+only lends its prebuilt dataset helpers), and four more patches apply: _patch_python_311, _patch_spawned_main,
+_dataset_helpers_of_the_wheel and _patch_hybrid_local_spec (each docstring says why). FLAGS go to its parse_args untouched
 (`--distributed-backend gloo` added when none is named). --record: the last rank appends one JSON line per logged
 iteration (the loss dict at full precision, grad norm, learning rate, loss scale). --logits: the first step's
 inputs and fp32 output-layer logits. --count-launches: the second iteration's launches (scripts/op_counter.py).
