@@ -183,6 +183,14 @@ OUR_LAYER_NAMES: dict[str, str] = {}
 for _theirs, _ours in LAYER_NAMES.items():
     OUR_LAYER_NAMES.setdefault(_ours, _theirs)
 OUR_EXPERT_NAMES = {ours: theirs for theirs, ours in EXPERT_NAMES.items()}
+# An MoE layer's pre-MLP norm is written under both names Megatron-Core loads it by: the local GPT spec's (its keys
+# map saves it as fc1's fused norm, what Megatron-LM's --transformer-impl local loads) and the module's own,
+# `pre_mlp_layernorm.*` (TransformerEngine's GPT spec, and HybridModel's MoE layer, which Megatron-Core 0.19's
+# GPT retarget looks for: without it its pretrain_hybrid.py fails "decoder.layers.pre_mlp_layernorm.weight from
+# model not in state dict", as on Megatron-LM 0.16.1's own local-spec MoE saves). A load reads the names its model
+# asks and leaves the other (Megatron-LM's default dist_ckpt_strictness, assume_ok_unexpected).
+MOE_NORM_ALIASES = {LAYERS + "mlp.linear_fc1.layer_norm_weight": LAYERS + "pre_mlp_layernorm.weight",
+                    LAYERS + "mlp.linear_fc1.layer_norm_bias": LAYERS + "pre_mlp_layernorm.bias"}
 OUR_EXPERTS = "mlp.experts."
 
 

@@ -17,9 +17,11 @@ layer per symbol (`decoder.layers.<0-3>.self_attention.*` / `.mlp.*`, checkpoint
   under the equivalent pattern (`*-*-`, `*E*E`), as Megatron-Core 0.19's load-time retarget
   (dist_checkpointing/gpt_checkpoint_interop.py) lets pretrain_hybrid.py load it: the same next losses, bitwise.
 - With Megatron-LM core_v0.19.0 (MEGATRON_LM_0_19 naming its tree, megatron-core 0.16.1's wheel installed for the
-  prebuilt dataset helpers; skipped otherwise): our torch_dist save under the pattern (GPTModel's layout, its args
-  naming no pattern, so Megatron-Core 0.19 retargets it at load) is continued by Megatron-LM's own pretrain_hybrid.py
-  with the same flags to our uninterrupted run's iteration-3 and -4 losses (measured bitwise).
+  prebuilt dataset helpers; skipped otherwise): our torch_dist save under `*-*-`, and under `*E*E` at EP 2 (biases
+  on), GPTModel's layout with args naming no pattern, so Megatron-Core 0.19 retargets it at load, is continued by
+  Megatron-LM's own pretrain_hybrid.py with the same flags to our uninterrupted run's iteration-3 and -4 losses
+  (measured bitwise). The MoE one needs its pre-MLP norm under `pre_mlp_layernorm.*` too (names.py
+  MOE_NORM_ALIASES).
 """
 
 from __future__ import annotations
@@ -158,31 +160,43 @@ def test_a_gpt_checkpoint_continues_under_the_equivalent_pattern(tmp_path, monke
     assert losses == megatrons_losses(name)  # bitwise, as measured
 
 
+def run_ours(rank: int, world_size: int, argv: list[str], workdir: str) -> None:
+    import pretrain_hybrid
+
+    os.chdir(workdir)  # the flags' --data-path, relative (data_workdir)
+    assert pretrain_hybrid.main(argv) == 0
+
+
+# (the fixture whose flags the run takes, the pattern, the ranks of both runs): the MoE one at EP 2, its layers all
+# MoE (the torch_dist writer's MoE), Megatron's default with biases
+OUT_CASES = {"dense": (NAME, "*-*-", 1), "moe_ep2": (MOE, "*E*E", 2)}
+
+
 @pytest.mark.slow
-def test_megatron_lm_019_continues_our_save_under_the_pattern(tmp_path):
+@pytest.mark.parametrize("case", sorted(OUT_CASES))
+def test_megatron_lm_019_continues_our_save_under_the_pattern(tmp_path, case):
     pytest.importorskip("megatron.core", reason="megatron-core is a benchmark-only peer (requirements-bench.txt)")
     tree = os.environ.get("MEGATRON_LM_0_19")
     if not tree or not (Path(tree) / "pretrain_hybrid.py").is_file():
         pytest.skip("MEGATRON_LM_0_19 names no Megatron-LM core_v0.19.0 tree (git archive core_v0.19.0)")
-    import pretrain_hybrid
-    from tests.reliability_helpers import metrics_records, run_main
+    from tests.distributed import run_distributed
+    from tests.reliability_helpers import metrics_records
 
-    saved, workdir = tmp_path / "save", data_workdir(tmp_path)
-    cwd = os.getcwd()
-    os.chdir(workdir)  # the flags' --data-path, relative
-    try:  # one run: saves at 2 (and 4, dropped), its iterations 3 and 4 the uninterrupted ones
-        outcome = run_main(pretrain_hybrid.main, our_flags(NAME) + [
-            "--device", "cpu", "--log-interval", "1", "--data-cache-dir", tmp_path / "c", "--save", saved,
-            "--save-interval", "2", "--metrics-file", tmp_path / "straight.jsonl"])
-    finally:
-        os.chdir(cwd)
-    assert outcome.code == 0, outcome.err[-3000:]
+    name, pattern, ranks = OUT_CASES[case]
+    flags = list(record(name)["flags"])
+    flags[flags.index("--hybrid-layer-pattern") + 1] = pattern
+    saved = tmp_path / "save"
+    # one run: saves at 2 (and 4, dropped), its iterations 3 and 4 the uninterrupted ones
+    run_distributed(run_ours, ranks, flags + [
+        "--device", "cpu", "--log-interval", "1", "--data-cache-dir", str(tmp_path / "c"), "--save", str(saved),
+        "--save-interval", "2", "--metrics-file", str(tmp_path / "straight.jsonl")], str(data_workdir(tmp_path)),
+        timeout=300)
     shutil.rmtree(saved / "iter_0000004")
     (saved / "latest_checkpointed_iteration.txt").write_text("2")
     straight = {r["iteration"]: r["loss"] for r in metrics_records(tmp_path / "straight.jsonl") if "loss" in r}
     completed = subprocess.run(
         [sys.executable, str(SCRIPT), "continue", "--megatron-lm", tree, "--script", "pretrain_hybrid.py",
-         "--load", str(saved), "--nproc", "1", "--", *record(NAME)["flags"]],
+         "--load", str(saved), "--nproc", str(ranks), "--", *flags],
         capture_output=True, text=True, timeout=600, cwd=SCRIPT.parents[1])
     assert completed.returncode == 0, completed.stderr[-3000:]
     continued = json.loads(completed.stdout.strip().splitlines()[-1])
