@@ -123,6 +123,9 @@ HYBRID_FIXTURES = {
     "megatron_hybrid_moe": (2, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*E"] + HYBRID_SPEC + [
         "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
         "--expert-model-parallel-size", "2"]),
+    # the dense one under the distributed optimizer at DP 2, its per-parameter fully_reshardable layout
+    "megatron_hybrid_distopt_fully_reshardable": (2, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*-"] + HYBRID_SPEC
+                                                  + DISTOPT + ["--dist-ckpt-optim-fully-reshardable"]),
 }
 
 

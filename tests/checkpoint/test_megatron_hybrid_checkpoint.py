@@ -4,7 +4,8 @@ tests/fixtures/megatron_hybrid_dense and megatron_hybrid_moe were written by Meg
 (scripts/megatron_checkpoint_fixtures.py HYBRID_FIXTURES through scripts/megatron_lm_cpu.py --script
 pretrain_hybrid.py) with `--hybrid-layer-pattern "*-*-"`: GPT-2's block twice as four HybridModel layers (attention,
 MLP, attention, MLP), fp32, the plain optimizer, the fixtures' corpus; and `*-*E`, the second block Megatron's
-default MoE (biases on, 4 experts, top 2) at EP 2. One launch trained iterations 1-4 saving at 2,
+default MoE (biases on, 4 experts, top 2) at EP 2; and `*-*-` under the distributed optimizer at DP 2
+(--dist-ckpt-optim-fully-reshardable: per-parameter states). One launch trained iterations 1-4 saving at 2,
 a second resumed the save (Megatron-LM's own resume: the same losses). Its folder differs from a GPTModel save: a
 layer per symbol (`decoder.layers.<0-3>.self_attention.*` / `.mlp.*`, checkpoint/torch_dist/names.py),
 `decoder.final_norm`, and no common.pt (0.19 keeps the common state as the DCP object `common_state`).
@@ -51,7 +52,8 @@ from tests.checkpoint.test_megatron_checkpoint import (
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "megatron_checkpoint_fixtures.py"
 NAME = "megatron_hybrid_dense"
 MOE = "megatron_hybrid_moe"
-PATTERNS = {NAME: "*-*-", MOE: "*-*E"}
+DISTOPT = "megatron_hybrid_distopt_fully_reshardable"
+PATTERNS = {NAME: "*-*-", MOE: "*-*E", DISTOPT: "*-*-"}
 
 
 def test_the_fixture_is_hybridmodels_own_layout():
@@ -169,7 +171,7 @@ def run_ours(rank: int, world_size: int, argv: list[str], workdir: str) -> None:
 
 # (the fixture whose flags the run takes, the pattern, the ranks of both runs): the MoE one at EP 2, its layers all
 # MoE (the torch_dist writer's MoE), Megatron's default with biases
-OUT_CASES = {"dense": (NAME, "*-*-", 1), "moe_ep2": (MOE, "*E*E", 2)}
+OUT_CASES = {"dense": (NAME, "*-*-", 1), "moe_ep2": (MOE, "*E*E", 2), "distopt_dp2": (DISTOPT, "*-*-", 2)}
 
 
 @pytest.mark.slow
