@@ -126,6 +126,9 @@ HYBRID_FIXTURES = {
     # the dense one under the distributed optimizer at DP 2, its per-parameter fully_reshardable layout
     "megatron_hybrid_distopt_fully_reshardable": (2, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*-"] + HYBRID_SPEC
                                                   + DISTOPT + ["--dist-ckpt-optim-fully-reshardable"]),
+    # and in the distributed optimizer's default dp_reshardable layout (its gradient buckets)
+    "megatron_hybrid_distopt_dp_reshardable": (2, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*-"] + HYBRID_SPEC
+                                               + DISTOPT),
 }
 
 

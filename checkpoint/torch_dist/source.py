@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from base.errors import CheckpointError
+from base.errors import CheckpointError, ConfigError
 from checkpoint.global_state import (
     MODEL_KEY,
     GlobalStateSource,
@@ -58,6 +58,7 @@ from checkpoint.torch_dist.common import (
 from checkpoint.torch_dist.dcp_reader import DcpReader
 from checkpoint.torch_dist.grad_scaler import GRAD_SCALER, STATIC, our_scaler_state
 from checkpoint.torch_dist.names import Placement, our_placements
+from gpt.hybrid_pattern import parse_hybrid_pattern
 
 OPTIMIZER_STATE = "optimizer.state."
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -281,17 +282,31 @@ def _refuse_unread(args) -> None:
         ("--num-experts", getattr(args, "num_experts", None)),
         ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
         ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)),
-        # HybridModel's buckets run over its layers, one per symbol: not the GPT blocks' order rebuilt here
-        ("--hybrid-layer-pattern", getattr(args, "hybrid_layer_pattern", None)))
+        # HybridModel's buckets are the GPT blocks' (its attention layer then its MLP layer register the parameters
+        # a GPT layer does, in that order) for a pattern of dense blocks on one stage; its `|` stages and MTP are not
+        # rebuilt here
+        ("--hybrid-layer-pattern", _unbucketed_pattern(getattr(args, "hybrid_layer_pattern", None))))
         if value]
     if unsupported:
         raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense models on "
                            f"even pipeline stages, and it was saved with {', '.join(unsupported)}")
 
 
+def _unbucketed_pattern(text: Optional[str]) -> Optional[str]:
+    """A HybridModel pattern whose buckets are not rebuilt here (_refuse_unread), or None."""
+    if not text:
+        return None
+    try:
+        pattern = parse_hybrid_pattern(text)
+    except ConfigError:
+        return text
+    return text if len(pattern.segments) > 1 or pattern.mtp_depth or any(pattern.moe_layers()) else None
+
+
 def _model_shape(args) -> ModelShape:
+    pattern = getattr(args, "hybrid_layer_pattern", None)  # HybridModel's num_layers counts a layer per symbol
     return ModelShape(
-        num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
+        num_layers=parse_hybrid_pattern(pattern).num_layers if pattern else args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
         num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups
         if getattr(args, "group_query_attention", False) else args.num_attention_heads,
         kv_channels=args.kv_channels, padded_vocab_size=args.padded_vocab_size,

@@ -5,7 +5,9 @@ tests/fixtures/megatron_hybrid_dense and megatron_hybrid_moe were written by Meg
 pretrain_hybrid.py) with `--hybrid-layer-pattern "*-*-"`: GPT-2's block twice as four HybridModel layers (attention,
 MLP, attention, MLP), fp32, the plain optimizer, the fixtures' corpus; and `*-*E`, the second block Megatron's
 default MoE (biases on, 4 experts, top 2) at EP 2; and `*-*-` under the distributed optimizer at DP 2
-(--dist-ckpt-optim-fully-reshardable: per-parameter states). One launch trained iterations 1-4 saving at 2,
+(--dist-ckpt-optim-fully-reshardable: per-parameter states), and in its default dp_reshardable layout (the
+gradient buckets, rebuilt here as a GPT model's: HybridModel's attention and MLP layers register a GPT layer's
+parameters in the same order). One launch trained iterations 1-4 saving at 2,
 a second resumed the save (Megatron-LM's own resume: the same losses). Its folder differs from a GPTModel save: a
 layer per symbol (`decoder.layers.<0-3>.self_attention.*` / `.mlp.*`, checkpoint/torch_dist/names.py),
 `decoder.final_norm`, and no common.pt (0.19 keeps the common state as the DCP object `common_state`).
@@ -53,7 +55,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "megatron_checkpoint_
 NAME = "megatron_hybrid_dense"
 MOE = "megatron_hybrid_moe"
 DISTOPT = "megatron_hybrid_distopt_fully_reshardable"
-PATTERNS = {NAME: "*-*-", MOE: "*-*E", DISTOPT: "*-*-"}
+BUCKETS = "megatron_hybrid_distopt_dp_reshardable"
+PATTERNS = {NAME: "*-*-", MOE: "*-*E", DISTOPT: "*-*-", BUCKETS: "*-*-"}
 
 
 def test_the_fixture_is_hybridmodels_own_layout():
@@ -102,6 +105,33 @@ def test_hybrid_layers_pair_with_our_blocks_and_other_layers_are_not_ours():
     assert our_placements("decoder.layers.0.mlp.linear_fc1.weight", (64, 16), False, "*-*-") is None
     assert our_placements("decoder.layers.4.mlp.linear_fc1.weight", (64, 16), False, "*-*-") is None
     assert our_placements("decoder.layers.0.mixer.in_proj.weight", (64, 16), False, "M*-") is None
+
+
+def test_the_buckets_fp32_master_is_the_model_tensor_element_for_element():
+    """The dp_reshardable buckets rebuilt from the args (its `*-*-` read as 2 GPT blocks) hold, element for element,
+    the model tensors Megatron-Core saved under their own keys: a layout rebuilt in another order would not."""
+    from checkpoint.torch_dist.dcp_reader import DcpReader
+
+    source = MegatronSource(iteration_dir(BUCKETS))
+    assert source.layout == "dp_reshardable" and source.optimizer_not_read() is None
+    reader = DcpReader(iteration_dir(BUCKETS))
+    model = {}
+    for key, md in reader.tensors().items():
+        if not key.startswith("optimizer."):
+            model.update(our_placements(key, tuple(md.size), False, "*-*-"))
+    assert sorted(model) == sorted(source.tensors("master"))
+    for ours, placement in model.items():
+        whole = tuple(slice(0, n) for n in placement.shape)
+        expected = reader.read(placement.key, placement.region(whole)).reshape(placement.shape)
+        assert torch.equal(source.read("master", ours, whole), expected), ours
+
+
+def test_a_pattern_whose_buckets_are_not_rebuilt_is_refused_with_the_reason():
+    from checkpoint.torch_dist.source import _unbucketed_pattern
+
+    assert _unbucketed_pattern("*-*-") is None and _unbucketed_pattern(None) is None
+    assert [_unbucketed_pattern(text) for text in ("*-|*-", "*-*-/*-", "*E*-", "M*-")] == \
+        ["*-|*-", "*-*-/*-", "*E*-", "M*-"]
 
 
 def test_the_common_state_is_read_from_the_dcp_files_without_running_code():
