@@ -106,7 +106,7 @@ def _activation(args: argparse.Namespace) -> Optional[str]:
     return "gelu_tanh" if fused else "gelu"
 
 
-def _hybrid_settings(values: dict) -> dict:
+def hybrid_settings(values: dict) -> dict:
     """A HybridModel checkpoint's settings as ours (gpt/hybrid_pattern.py): Megatron's num_layers counts a layer per
     symbol, ours the blocks; its MoE layers are the pattern's `E`s, not its moe_layer_freq (left at the default)."""
     text = values.get("hybrid_layer_pattern")
@@ -127,7 +127,7 @@ def metadata_view(common: dict, config) -> dict:
     takes this run's value (so it is not compared)."""
     args = saved_args(common)
     values = {RENAMED.get(name, name): value for name, value in vars(args).items()}
-    values.update(_hybrid_settings(values))
+    values.update(hybrid_settings(values))
 
     def section(ours, names) -> dict:
         return {name: values[name] if name in values and values[name] is not None else setting_value(ours, name)

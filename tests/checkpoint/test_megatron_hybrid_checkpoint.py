@@ -246,3 +246,17 @@ def test_the_hybrid_fixtures_flags_are_the_ones_the_driver_writes():
         written = record(name)
         assert (written["world_size"], written["flags"]) == (driver.fixture_ranks(name), driver.fixture_flags(name))
         assert "--num-layers" not in written["flags"]
+
+
+def test_the_hugging_face_export_reads_the_blocks_not_megatrons_layer_count():
+    """Megatron's args count a HybridModel layer per symbol (num_layers 4 for `*-*-`): the export's model is the
+    pattern's 2 blocks, GPT-2's as megatron_tp1's (before, it asked for blocks.2 and stopped)."""
+    import dataclasses
+
+    from checkpoint.megatron_hf import megatron_to_hf_state
+
+    config, weights, _ = megatron_to_hf_state(iteration_dir(NAME))
+    gpt_config, gpt_weights, _ = megatron_to_hf_state(iteration_dir("megatron_tp1"))
+    assert config.num_layers == 2 and config.hybrid_layer_pattern == "*-*-"
+    assert dataclasses.replace(config, hybrid_layer_pattern=None) == gpt_config
+    assert {n: tuple(w.shape) for n, w in weights.items()} == {n: tuple(w.shape) for n, w in gpt_weights.items()}
