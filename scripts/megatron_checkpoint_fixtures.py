@@ -129,6 +129,10 @@ HYBRID_FIXTURES = {
     # and in the distributed optimizer's default dp_reshardable layout (its gradient buckets)
     "megatron_hybrid_distopt_dp_reshardable": (2, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*-"] + HYBRID_SPEC
                                                + DISTOPT),
+    # one MTP depth after the `/` (a dense block, as the last decoder block): Megatron-Core's MTP takes rotary or
+    # no positions ("not supported with learned_absolute position embedding type")
+    "megatron_hybrid_mtp": (1, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*-/*-", "--position-embedding-type", "rope"]
+                            + HYBRID_SPEC),
 }
 
 

@@ -19,7 +19,9 @@ Megatron-Core 0.19's HybridModel (models/hybrid: HybridStack.sharded_state_dict)
 `mlp.linear_fc1.layer_norm_weight`, the MoE layer's `pre_mlp_layernorm.weight`), and the final norm is
 `decoder.final_norm`. Under a pattern of GPT blocks (`*-`, `*E`: gpt/hybrid_pattern.py) the k-th `*` and the k-th
 `-`/`E` are our block k's attention and MLP (Megatron-Core's own GPT retarget, dist_checkpointing/
-gpt_checkpoint_interop.py, pairs them so); a name in a layer of the other kind is not ours.
+gpt_checkpoint_interop.py, pairs them so); a name in a layer of the other kind is not ours. Its MTP depth d (after
+a `/`) is `mtp.layers.<d>.`: enorm, hnorm, eh_proj and final_layernorm as ours under `mtp_layers.<d>.`, and the
+MTP pattern's layers nested as `mtp_model_layer.layers.<g>.`, our MTP block's `transformer_layer`.
 
 Our layouts are Megatron-Core's: the fused QKV is [group][its query heads, key, value][head dim] (gpt/model.py), a
 linear's weight is [out, in]. SwiGLU's fc1 differs: Megatron-Core keeps [gate; up] in one weight, which its
@@ -89,6 +91,11 @@ HYBRID_MODEL_NAMES = {
 # MLP's and MoE's `mlp.` (and a separate pre-MLP norm)
 HYBRID_LAYER_PREFIXES = {"*": ("self_attention.", "input_layernorm."), "-": ("mlp.", "pre_mlp_layernorm."),
                          "E": ("mlp.", "pre_mlp_layernorm.")}
+# HybridModel's MTP depths (`mtp.layers.<d>.`): their own tensors, ours under `mtp_layers.<d>.` by the same names,
+# and the nested stack of the MTP pattern's layers
+MTP_LAYERS, MTP_INNER = "mtp.layers.", "mtp_model_layer.layers."
+MTP_OWN_NAMES = ("enorm.weight", "enorm.bias", "hnorm.weight", "hnorm.bias", "eh_proj.weight", "final_layernorm.weight",
+                 "final_layernorm.bias")
 GATED = "dense_h_to_4h"  # with SwiGLU: its rows are [gate; up], ours two tensors
 GATED_HALVES = ("dense_h_to_4h_gate", "dense_h_to_4h_up")
 
@@ -135,19 +142,51 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool, hybrid_pattern
         return {MODEL_NAMES[key]: Placement(key, (), 0, tuple(shape))}
     if hybrid_pattern is not None and key in HYBRID_MODEL_NAMES:
         return {HYBRID_MODEL_NAMES[key]: Placement(key, (), 0, tuple(shape))}
+    if hybrid_pattern is not None and key.startswith(MTP_LAYERS):
+        return _hybrid_mtp_placements(key, shape, gated, hybrid_pattern)
     if not key.startswith(LAYERS):
         return None
     parts = key[len(LAYERS):].split(".")
     layer_axis = not parts[0].isdigit()  # stacked layers: the first axis; else the layer is in the key
     layers = None if layer_axis else [int(parts.pop(0))]
-    name, expert_axis, experts = ".".join(parts), False, [None]
-    block = {}  # HybridModel: its layer -> our block
+    name = ".".join(parts)
+    prefix = {}  # HybridModel: its layer -> our block's prefix
     if hybrid_pattern is not None:
         if layer_axis:
             return None
-        block[layers[0]] = _hybrid_block(hybrid_layer_symbols(hybrid_pattern), layers[0], name)
-        if block[layers[0]] is None:
+        block = _hybrid_block(hybrid_layer_symbols(hybrid_pattern), layers[0], name)
+        if block is None:
             return None
+        prefix[layers[0]] = f"blocks.{block}."
+    return _layer_placements(key, shape, gated, name, layers, prefix)
+
+
+def _hybrid_mtp_placements(key: str, shape: tuple[int, ...], gated: bool, hybrid_pattern: str
+                           ) -> Optional[dict[str, Placement]]:
+    """HybridModel's MTP depth d (`mtp.layers.<d>.`): its own norms and projection are ours under `mtp_layers.<d>.`,
+    its inner layers (`mtp_model_layer.layers.<g>.`, one per symbol of the MTP pattern) our MTP block's
+    `transformer_layer` (module docstring)."""
+    depth, _, rest = key[len(MTP_LAYERS):].partition(".")
+    mtp_parts = hybrid_pattern.split("/")[1:]
+    if not depth.isdigit() or int(depth) >= len(mtp_parts):
+        return None
+    if rest in MTP_OWN_NAMES:
+        return {f"mtp_layers.{depth}.{rest}": Placement(key, (), 0, tuple(shape))}
+    if not rest.startswith(MTP_INNER):
+        return None
+    layer, _, name = rest[len(MTP_INNER):].partition(".")
+    if not layer.isdigit() or _hybrid_block(mtp_parts[int(depth)], int(layer), name) != 0:
+        return None  # one block per MTP depth (gpt/hybrid_pattern.py)
+    return _layer_placements(key, shape, gated, name, [int(layer)],
+                             {int(layer): f"mtp_layers.{depth}.transformer_layer."})
+
+
+def _layer_placements(key: str, shape: tuple[int, ...], gated: bool, name: str, layers, prefix: dict
+                      ) -> Optional[dict[str, Placement]]:
+    """Our tensors in a layer's tensor `name` (`layers` None: stacked on the first axis); `prefix`: our name's start
+    for a layer, `blocks.<layer>.` where it names none."""
+    expert_axis, experts = False, [None]
+    layer_axis = layers is None
     if name.startswith(EXPERTS):
         inner = name[len(EXPERTS):].split(".")
         expert_axis = not inner[0].isdigit()
@@ -166,7 +205,7 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool, hybrid_pattern
     for layer in layers:
         for expert in experts:
             index = (*((layer,) if layer_axis else ()), *((expert,) if expert_axis else ()))
-            ours = f"blocks.{block.get(layer, layer)}." + template.format(expert=expert)
+            ours = prefix.get(layer, f"blocks.{layer}.") + template.format(expert=expert)
             if gated and f".{GATED}." in ours:
                 half = own[0] // 2
                 for offset, part in zip((0, half), GATED_HALVES):

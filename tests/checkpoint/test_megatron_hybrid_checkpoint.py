@@ -7,7 +7,7 @@ MLP, attention, MLP), fp32, the plain optimizer, the fixtures' corpus; and `*-*E
 default MoE (biases on, 4 experts, top 2) at EP 2; and `*-*-` under the distributed optimizer at DP 2
 (--dist-ckpt-optim-fully-reshardable: per-parameter states), and in its default dp_reshardable layout (the
 gradient buckets, rebuilt here as a GPT model's: HybridModel's attention and MLP layers register a GPT layer's
-parameters in the same order). One launch trained iterations 1-4 saving at 2,
+parameters in the same order); and `*-*-/*-`, one MTP depth (rotary positions, which Megatron-Core's MTP needs). One launch trained iterations 1-4 saving at 2,
 a second resumed the save (Megatron-LM's own resume: the same losses). Its folder differs from a GPTModel save: a
 layer per symbol (`decoder.layers.<0-3>.self_attention.*` / `.mlp.*`, checkpoint/torch_dist/names.py),
 `decoder.final_norm`, and no common.pt (0.19 keeps the common state as the DCP object `common_state`).
@@ -56,7 +56,8 @@ NAME = "megatron_hybrid_dense"
 MOE = "megatron_hybrid_moe"
 DISTOPT = "megatron_hybrid_distopt_fully_reshardable"
 BUCKETS = "megatron_hybrid_distopt_dp_reshardable"
-PATTERNS = {NAME: "*-*-", MOE: "*-*E", DISTOPT: "*-*-", BUCKETS: "*-*-"}
+MTP = "megatron_hybrid_mtp"
+PATTERNS = {NAME: "*-*-", MOE: "*-*E", DISTOPT: "*-*-", BUCKETS: "*-*-", MTP: "*-*-/*-"}
 
 
 def test_the_fixture_is_hybridmodels_own_layout():
@@ -105,6 +106,14 @@ def test_hybrid_layers_pair_with_our_blocks_and_other_layers_are_not_ours():
     assert our_placements("decoder.layers.0.mlp.linear_fc1.weight", (64, 16), False, "*-*-") is None
     assert our_placements("decoder.layers.4.mlp.linear_fc1.weight", (64, 16), False, "*-*-") is None
     assert our_placements("decoder.layers.0.mixer.in_proj.weight", (64, 16), False, "M*-") is None
+    # an MTP depth: its own tensors, and its nested layers as our MTP block's transformer_layer
+    assert list(our_placements("mtp.layers.0.eh_proj.weight", (16, 32), False, "*-*-/*-")) == \
+        ["mtp_layers.0.eh_proj.weight"]
+    assert list(our_placements("mtp.layers.0.mtp_model_layer.layers.1.mlp.linear_fc2.weight", (16, 64), False,
+                               "*-*-/*-")) == ["mtp_layers.0.transformer_layer.mlp.dense_4h_to_h.weight"]
+    assert our_placements("mtp.layers.1.eh_proj.weight", (16, 32), False, "*-*-/*-") is None  # one depth
+    assert our_placements("mtp.layers.0.mtp_model_layer.layers.0.mlp.linear_fc2.weight", (16, 64), False,
+                          "*-*-/*-") is None  # layer 0 of the MTP pattern is its attention
 
 
 def test_the_buckets_fp32_master_is_the_model_tensor_element_for_element():
