@@ -24,7 +24,7 @@ from base.options import setting_names, with_settings
 from checkpoint.hf.folders import check_convertible, to_hf_state_dict
 from checkpoint.megatron_hf_fields import END_OF_DOCUMENT
 from checkpoint.torch_dist.common import load_common, saved_args
-from checkpoint.torch_dist.resume import RENAMED, metadata_view
+from checkpoint.torch_dist.resume import RENAMED, hybrid_settings, metadata_view
 from checkpoint.torch_dist.source import MegatronSource
 from gpt.model_config import ModelConfig
 
@@ -75,6 +75,7 @@ def megatron_settings(common: dict) -> tuple[ModelConfig, frozenset[str]]:
         elif args[ours.get(name, name)] is not None:
             given.discard(name)  # a value no setting here holds: named where config.json writes it
     model.update({name: args[name] for name in SHAPE if args.get(name) is not None})
+    model.update(hybrid_settings(args))  # a HybridModel's args count a layer per symbol (resume.py)
     model["vocab_size"] = args["padded_vocab_size"]
     given |= {"vocab_size"} | ({"activation"} if "swiglu" in args else set())  # metadata_view's _activation
     if end_of_document_id(args) is not None:

@@ -17,6 +17,12 @@ or its folder); every launch is scripts/megatron_lm_cpu.py under torchrun, Megat
         Megatron-LM --load-s DIR (a copy) with its flags FLAGS and trains to --train-iters; prints one JSON line,
         {"losses": {iteration: loss}, "grad_norms": {...}, "loss_scales": {...}}
 
+The HybridModel fixtures (HYBRID_FIXTURES, megatron_hybrid_*) are written the same way by Megatron-LM core_v0.19.0's
+own pretrain_hybrid.py: give --megatron-lm its tree (its megatron.core included; `git archive core_v0.19.0` of
+Megatron-LM), and name them with --only (or `fixtures --hybrid`, all of them):
+
+    python scripts/megatron_checkpoint_fixtures.py fixtures --megatron-lm TREE_0_19 --only megatron_hybrid_dense
+
 The flags' paths are the repository's, relative, as a launch from its root types them.
 """
 
@@ -130,6 +136,47 @@ FIXTURES = {
     "megatron_mtp": (1, GPT2_FLAGS + ["--mtp-num-layers", "1", "--position-embedding-type", "rope"]),
 }
 
+# Megatron-Core 0.19's HybridModel (pretrain_hybrid.py at core_v0.19.0): GPT blocks as a layer per symbol, `*`
+# attention then `-` MLP; the pattern sets the depth (no --num-layers), and --spec names Megatron-Core's hybrid stack
+# (TransformerEngine's; without TE, its local twin: scripts/megatron_lm_cpu.py _patch_hybrid_local_spec)
+HYBRID_SCRIPT, HYBRID_TAG = "pretrain_hybrid.py", "core_v0.19.0"
+HYBRID_COMMON_FLAGS = [flag for index, flag in enumerate(COMMON_FLAGS)
+                       if "--num-layers" not in COMMON_FLAGS[max(index - 1, 0):index + 1]]
+HYBRID_SPEC = ["--spec", "megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"]
+HYBRID_FIXTURES = {
+    # GPT-2's block twice (`*-*-`), dense, fp32, the plain optimizer: the model megatron_tp1 is, as HybridModel
+    "megatron_hybrid_dense": (1, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*-"] + HYBRID_SPEC),
+    # a dense block then an MoE block (`*-*E`): Megatron's default MoE, biases on, 4 experts (top 2) over 2
+    # expert-parallel ranks, as megatron_moe_ep2_biases (at EP 1 its SequentialMLP with biases fails on CPU)
+    "megatron_hybrid_moe": (2, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*E"] + HYBRID_SPEC + [
+        "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+        "--expert-model-parallel-size", "2"]),
+    # the dense one under the distributed optimizer at DP 2, its per-parameter fully_reshardable layout
+    "megatron_hybrid_distopt_fully_reshardable": (2, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*-"] + HYBRID_SPEC
+                                                  + DISTOPT + ["--dist-ckpt-optim-fully-reshardable"]),
+    # and in the distributed optimizer's default dp_reshardable layout (its gradient buckets)
+    "megatron_hybrid_distopt_dp_reshardable": (2, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*-"] + HYBRID_SPEC
+                                               + DISTOPT),
+    # one MTP depth after the `/` (a dense block, as the last decoder block): Megatron-Core's MTP takes rotary or
+    # no positions ("not supported with learned_absolute position embedding type")
+    "megatron_hybrid_mtp": (1, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*-/*-", "--position-embedding-type", "rope"]
+                            + HYBRID_SPEC),
+}
+
+
+def fixture_flags(name: str) -> list[str]:
+    if name in HYBRID_FIXTURES:
+        return HYBRID_COMMON_FLAGS + HYBRID_FIXTURES[name][1]
+    return COMMON_FLAGS + FIXTURES[name][1]
+
+
+def fixture_ranks(name: str) -> int:
+    return (HYBRID_FIXTURES.get(name) or FIXTURES[name])[0]
+
+
+def fixture_script(name: str) -> str:
+    return HYBRID_SCRIPT if name in HYBRID_FIXTURES else "pretrain_gpt.py"
+
 
 def megatron_tree(kit: Path, scratch: Path) -> Path:
     """Megatron-LM's tree: the folder given, or the tarball extracted under `scratch`."""
@@ -139,12 +186,14 @@ def megatron_tree(kit: Path, scratch: Path) -> Path:
     return scratch / "megatron-lm"
 
 
-def launch(tree: Path, ranks: int, flags: list[str], scratch: Path, logits: Path | None = None) -> dict:
-    """One torchrun launch of Megatron-LM's pretrain_gpt.py; its record: {iteration: the line training_log got}.
-    With `logits`, its first step's tokens and logits are written there (megatron_lm_cpu.py --logits)."""
+def launch(tree: Path, ranks: int, flags: list[str], scratch: Path, logits: Path | None = None,
+           script: str = "pretrain_gpt.py") -> dict:
+    """One torchrun launch of Megatron-LM's pretrain_gpt.py (or `script`); its record: {iteration: the line
+    training_log got}. With `logits`, its first step's tokens and logits are written there (megatron_lm_cpu.py
+    --logits)."""
     record = Path(tempfile.mkstemp(suffix=".jsonl", dir=scratch)[1])
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-               str(LAUNCHER), "--megatron-lm", str(tree), "--record", str(record),
+               str(LAUNCHER), "--megatron-lm", str(tree), "--script", script, "--record", str(record),
                *(["--logits", str(logits)] if logits else []), "--", *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -186,15 +235,14 @@ def write_corpus(out: Path) -> None:
 
 
 def write_fixture(tree: Path, name: str, out: Path, scratch: Path, keep_index: bool) -> None:
-    ranks, extra = FIXTURES[name]
-    flags = COMMON_FLAGS + extra
+    ranks, flags, script = fixture_ranks(name), fixture_flags(name), fixture_script(name)
     target = out / name
     if target.exists():
         shutil.rmtree(target)
     folder = str(target.relative_to(ROOT)) if target.is_relative_to(ROOT) else str(target)
     cache = scratch / f"{name}-cache"
     straight = launch(tree, ranks, flags + ["--save", folder, "--save-interval", str(SAVE_ITERATION),
-                                            "--data-cache-path", str(cache)], scratch)
+                                            "--data-cache-path", str(cache)], scratch, script=script)
     for later in target.glob("iter_*"):
         if later.name != f"iter_{SAVE_ITERATION:07d}":
             shutil.rmtree(later)
@@ -207,17 +255,32 @@ def write_fixture(tree: Path, name: str, out: Path, scratch: Path, keep_index: b
         for kind in ("document", "sample", "shuffle"):
             source, = cache.glob(f"*-GPTDataset-train-{kind}_index.npy")
             shutil.copyfile(source, index / f"{kind}_index.npy")
-    import megatron.core
     import torch
     record = {"world_size": ranks, "flags": flags, "save_iteration": SAVE_ITERATION,
               "uninterrupted_losses": losses(straight), "uninterrupted_grad_norms": grad_norms(straight),
               "resumed_losses": losses(resumed), "resumed_grad_norms": grad_norms(resumed),
               "uninterrupted_loss_scales": loss_scales(straight), "resumed_loss_scales": loss_scales(resumed),
-              "megatron_core": megatron.core.__version__, "megatron_lm": "core_v0.16.1", "torch": torch.__version__,
-              "written_by": "scripts/megatron_checkpoint_fixtures.py: Megatron-LM's pretrain_gpt.py (iterations 1-4, "
-                            "saving at 2), then a second launch --load-ing the save (iterations 3-4)"}
+              "megatron_core": _core_version(tree), "megatron_lm": HYBRID_TAG if script == HYBRID_SCRIPT else
+              "core_v0.16.1", "torch": torch.__version__,
+              "written_by": f"scripts/megatron_checkpoint_fixtures.py: Megatron-LM's {script} (iterations 1-4, "
+                            f"saving at 2), then a second launch --load-ing the save (iterations 3-4)"}
     (target / "megatron_losses.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"{name}: uninterrupted {record['uninterrupted_losses']}, resumed {record['resumed_losses']}")
+
+
+def _core_version(tree: Path) -> str:
+    """The Megatron-Core version the launch ran: the tree's own megatron.core (core_v0.19.0's tree holds it), else
+    the installed wheel's."""
+    info = tree / "megatron" / "core" / "package_info.py"
+    if info.is_file():
+        fields = {}
+        for line in info.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() in ("MAJOR", "MINOR", "PATCH"):
+                fields[key.strip()] = value.strip()
+        return ".".join(fields[k] for k in ("MAJOR", "MINOR", "PATCH"))
+    import megatron.core
+    return megatron.core.__version__
 
 
 def resume(tree: Path, name: str, ranks: int, flags: list[str], target: Path, scratch: Path, cache: Path) -> dict:
@@ -227,7 +290,7 @@ def resume(tree: Path, name: str, ranks: int, flags: list[str], target: Path, sc
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(target, copy)
     return launch(tree, ranks, flags + ["--load", str(copy), "--data-cache-path", str(cache)], scratch,
-                  logits=target / LOGITS)
+                  logits=target / LOGITS, script=fixture_script(name))
 
 
 def main(argv=None) -> int:
@@ -235,11 +298,15 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     fixtures, logits = sub.add_parser("fixtures"), sub.add_parser("logits")
     for command in (fixtures, logits):
-        command.add_argument("--only", choices=sorted(FIXTURES))
+        command.add_argument("--only", choices=sorted({**FIXTURES, **HYBRID_FIXTURES}))
+        command.add_argument("--hybrid", action="store_true",
+                             help="every HybridModel fixture (HYBRID_FIXTURES): --megatron-lm is core_v0.19.0's tree")
         command.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures")
     continue_ = sub.add_parser("continue")
     continue_.add_argument("--load", required=True, type=Path)
     continue_.add_argument("--nproc", type=int, default=1)
+    continue_.add_argument("--script", default="pretrain_gpt.py", choices=("pretrain_gpt.py", HYBRID_SCRIPT),
+                           help="pretrain_hybrid.py: core_v0.19.0's HybridModel (--megatron-lm its tree)")
     for command in (fixtures, logits, continue_):
         command.add_argument("--megatron-lm", required=True, type=Path,
                              help="megatron-lm-core_v0.16.1-min.tar.xz, or the folder it was extracted to")
@@ -250,15 +317,15 @@ def main(argv=None) -> int:
         tree = megatron_tree(ns.megatron_lm.resolve(), scratch)
         if ns.command == "fixtures":
             write_corpus(ns.out)
-            names = [ns.only] if ns.only else list(FIXTURES)
+            names = [ns.only] if ns.only else list(HYBRID_FIXTURES if ns.hybrid else FIXTURES)
             for name in names:
                 write_fixture(tree, name, ns.out, scratch, keep_index=name == next(iter(FIXTURES)))
             return 0
         if ns.command == "logits":
-            for name in [ns.only] if ns.only else list(FIXTURES):
-                ranks, extra = FIXTURES[name]
+            for name in [ns.only] if ns.only else list(HYBRID_FIXTURES if ns.hybrid else FIXTURES):
+                ranks = fixture_ranks(name)
                 saved = json.loads((ns.out / name / "megatron_losses.json").read_text())
-                if saved["flags"] != COMMON_FLAGS + extra:
+                if saved["flags"] != fixture_flags(name):
                     sys.exit(f"{name} was written with other flags than FIXTURES': write it again (fixtures --only)")
                 resumed = losses(resume(tree, name, ranks, saved["flags"], ns.out / name, scratch,
                                         scratch / f"{name}-cache"))
@@ -271,7 +338,7 @@ def main(argv=None) -> int:
         shutil.copytree(ns.load, copy)
         flags = [flag for flag in ns.flags if flag != "--"]
         record = launch(tree, ns.nproc, flags + ["--load", str(copy), "--data-cache-path", str(scratch / "cache")],
-                        scratch)
+                        scratch, script=ns.script)
         print(json.dumps({"losses": losses(record), "grad_norms": grad_norms(record),
                           "loss_scales": loss_scales(record)}))
     return 0

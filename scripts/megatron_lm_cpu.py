@@ -2,11 +2,14 @@
 """Megatron-LM's own pretrain_gpt.py on a CPU over gloo: its training loop and command line, its device plumbing
 patched at run time (its files are never edited).
 
-    torchrun --nproc-per-node N scripts/megatron_lm_cpu.py --megatron-lm TREE [--record FILE] [--logits FILE]
-        [--count-launches FILE] -- FLAGS...
+    torchrun --nproc-per-node N scripts/megatron_lm_cpu.py --megatron-lm TREE [--script pretrain_hybrid.py]
+        [--record FILE] [--logits FILE] [--count-launches FILE] -- FLAGS...
 
 TREE is Megatron-LM's tree at core_v0.16.1 beyond megatron.core (the extracted megatron-lm-core_v0.16.1-min.tar.xz);
-megatron.core is the benchmark venv's megatron-core 0.16.1 wheel. FLAGS go to its parse_args untouched
+megatron.core is the benchmark venv's megatron-core 0.16.1 wheel. With --script pretrain_hybrid.py, TREE is
+core_v0.19.0's whole tree (`git archive core_v0.19.0`), whose own megatron.core comes first on the path (the wheel
+only lends its prebuilt dataset helpers), and four more patches apply: _patch_python_311, _patch_spawned_main,
+_dataset_helpers_of_the_wheel and _patch_hybrid_local_spec (each docstring says why). FLAGS go to its parse_args untouched
 (`--distributed-backend gloo` added when none is named). --record: the last rank appends one JSON line per logged
 iteration (the loss dict at full precision, grad norm, learning rate, loss scale). --logits: the first step's
 inputs and fp32 output-layer logits. --count-launches: the second iteration's launches (scripts/op_counter.py).
@@ -180,6 +183,7 @@ def _patch_megatron_core() -> None:
     from megatron.core.transformer.moe import moe_utils
 
     dataset_utils.compile_helpers = lambda: None
+    _dataset_helpers_of_the_wheel()
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
     _patch_local_attention_widths()
@@ -214,16 +218,102 @@ def _patch_local_attention_widths() -> None:
     DotProductAttention.__init__ = __init__
 
 
+def _dataset_helpers_of_the_wheel() -> None:
+    """A tree with megatron.core of its own (core_v0.19.0's, whose megatron.core shadows the wheel's) holds
+    datasets/helpers.cpp unbuilt: its helpers_cpp is the wheel's prebuilt extension (helpers.cpp is the same file at
+    core_v0.16.1 and core_v0.19.0), loaded under the tree's module name instead of a `make` inside the tree."""
+    import importlib.machinery
+    import importlib.metadata
+    import importlib.util
+
+    import megatron.core.datasets as datasets
+
+    try:
+        import megatron.core.datasets.helpers_cpp  # noqa: F401  (built: nothing to do)
+        return
+    except ImportError:
+        pass
+    folder = Path(str(importlib.metadata.distribution("megatron-core").locate_file("megatron/core/datasets")))
+    built = [path for suffix in importlib.machinery.EXTENSION_SUFFIXES for path in folder.glob("helpers_cpp" + suffix)]
+    if not built:
+        sys.exit(f"megatron.core.datasets.helpers_cpp: neither built in {Path(datasets.__file__).parent} nor in the "
+                 f"installed megatron-core wheel ({folder})")
+    name = "megatron.core.datasets.helpers_cpp"
+    spec = importlib.util.spec_from_file_location(name, built[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    datasets.helpers_cpp = module
+
+
+def _patch_hybrid_local_spec() -> None:
+    """pretrain_hybrid.py (core_v0.19.0) builds HybridModel from --spec, and Megatron-Core's one training spec,
+    hybrid_layer_specs.hybrid_stack_spec, is TransformerEngine's (TELayerNormColumnParallelLinear, TEDotProductAttention,
+    TENorm; none builds without TE), as is HybridStack's final norm (TENorm, hard-wired in hybrid_block.py).
+    Without TE the spec --spec names is Megatron-Core's own local hybrid stack,
+    post_training/modelopt/hybrid/model_specs.py's _get_hybrid_stack_local_spec(local_core_attention=True,
+    remap_te_layernorm=True): ColumnParallelLinear/RowParallelLinear, DotProductAttention, SequentialMLP experts,
+    and the norms under TE's names (`self_attention.linear_qkv.layer_norm_weight`, `mlp.linear_fc1.layer_norm_weight`)
+    by its sharded_state_dict_keys_map, so the torch_dist keys are the TE spec's (less TE's _extra_state). Its norm
+    (modelopt's Norm, TE's LayerNorm) and the final norm are Megatron-Core's WrappedTorchNorm, the norm of
+    --transformer-impl local's GPT spec without apex."""
+    from megatron.core.models.hybrid import hybrid_block, hybrid_layer_specs
+    from megatron.core.post_training.modelopt.hybrid import model_specs
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    model_specs.Norm = WrappedTorchNorm
+    hybrid_block.TENorm = WrappedTorchNorm
+    local = model_specs._get_hybrid_stack_local_spec(local_core_attention=True, remap_te_layernorm=True)
+    hybrid_layer_specs.hybrid_stack_spec = hybrid_layer_specs.mamba_stack_spec = local
+
+
+def _patch_python_311() -> None:
+    """core_v0.19.0 requires Python >= 3.12 (its pyproject.toml), and its megatron/training/models (gpt.py,
+    hybrid.py, imported by pretrain_hybrid.py's megatron.training) import typing.override, new in 3.12: on an older
+    Python typing.override is the decorator 3.12 defines, which returns the function unchanged (PEP 698; it only
+    marks it for type checkers). The venv's torch 2.13.0+cpu wheel is cp311's."""
+    import typing
+
+    if not hasattr(typing, "override"):
+        def override(method):
+            try:
+                method.__override__ = True
+            except (AttributeError, TypeError):
+                pass
+            return method
+        typing.override = override
+
+
+def _patch_spawned_main() -> None:
+    """Processes multiprocessing spawns (the torch_dist writer's results queue, a Manager) import the parent's
+    __main__ file first, the training script: on Python 3.11 core_v0.19.0's imports fail there before
+    _patch_python_311 could act. They import this launcher instead, whose top level patches typing.override when
+    imported as a spawned process's __mp_main__ (and trains nothing: main() runs only as __main__)."""
+    from multiprocessing import spawn
+
+    preparation_data = spawn.get_preparation_data
+
+    def launcher_as_main(name):
+        data = preparation_data(name)
+        if "init_main_from_path" in data:
+            data["init_main_from_path"] = os.path.abspath(__file__)
+        return data
+    spawn.get_preparation_data = launcher_as_main
+
+
 def _patch_megatron_training(record: str | None, logits: str | None = None) -> None:
     """initialize_megatron's allow_no_cuda is True (the CUDA assertion is answered by the device queries);
     megatron.legacy.fused_kernels.load, which at this tag compiles nothing but reads `nvcc -V` and makes a build
     folder inside the tree, is skipped, as the GPU kit does; so is the jit warm-up (nothing is compiled, and its
     draws would come from the CPU generator, which a GPU's never touch); the recording and logits hooks wrap in."""
-    import megatron.legacy.fused_kernels as fused_kernels
     from megatron.training import initialize, training
 
-    fused_kernels.load = lambda args: None
-    initialize._warmup_jit_function = lambda: None
+    try:  # core_v0.16.1; core_v0.19.0's tree has no megatron.legacy, nor a load to skip
+        import megatron.legacy.fused_kernels as fused_kernels
+        fused_kernels.load = lambda args: None
+    except ImportError:
+        pass
+    initialize._warmup_jit_function = lambda *args, **kwargs: None  # 0.19 passes tp_size
 
     initialize_megatron = training.initialize_megatron
     training.initialize_megatron = lambda *args, **kwargs: initialize_megatron(*args,
@@ -362,22 +452,31 @@ def _patch_compile() -> None:
     torch.compile = _eager  # before megatron.core.jit binds jit_fuser to it
 
 
-def apply_cpu_patches(record: str | None = None, logits: str | None = None, count_launches: str | None = None) -> None:
-    """Every patch of the module docstring (and --count-launches'); call before pretrain_gpt.py runs."""
+def apply_cpu_patches(record: str | None = None, logits: str | None = None, count_launches: str | None = None,
+                      hybrid: bool = False) -> None:
+    """Every patch of the module docstring (and --count-launches'); call before pretrain_gpt.py runs (`hybrid`:
+    before pretrain_hybrid.py, with its local spec)."""
     _patch_compile()
+    _patch_python_311()
+    _patch_spawned_main()
     _patch_device_queries()
     _patch_placement()
     _DeviceGenerator.patch()
     _patch_rng_tracker()
     _patch_megatron_core()
     _patch_megatron_training(record, logits)
+    if hybrid:
+        _patch_hybrid_local_spec()
     if count_launches:
         _patch_launch_counting(count_launches)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--megatron-lm", required=True, type=Path, help="Megatron-LM's tree (core_v0.16.1)")
+    parser.add_argument("--megatron-lm", required=True, type=Path,
+                        help="Megatron-LM's tree (core_v0.16.1; core_v0.19.0 for pretrain_hybrid.py)")
+    parser.add_argument("--script", default="pretrain_gpt.py", choices=("pretrain_gpt.py", "pretrain_hybrid.py"),
+                        help="the tree's training script (pretrain_hybrid.py: core_v0.19.0's, HybridModel)")
     parser.add_argument("--record", help="append each logged iteration's losses here (the last rank)")
     parser.add_argument("--logits", help="write the first training step's tokens and logits here (the last rank)")
     parser.add_argument("--count-launches", help="write the second iteration's kernel launches here, by micro-batch "
@@ -391,11 +490,13 @@ def main(argv=None) -> None:
     tree = str(ns.megatron_lm.resolve())
     sys.path.insert(0, tree)
     torch.set_num_threads(1)
-    apply_cpu_patches(ns.record, ns.logits, ns.count_launches)
-    script = os.path.join(tree, "pretrain_gpt.py")
+    apply_cpu_patches(ns.record, ns.logits, ns.count_launches, hybrid=ns.script == "pretrain_hybrid.py")
+    script = os.path.join(tree, ns.script)
     sys.argv = [script, *flags]
     runpy.run_path(script, run_name="__main__")
 
 
 if __name__ == "__main__":
     main()
+elif __name__ == "__mp_main__":  # a process spawned by the run (_patch_spawned_main)
+    _patch_python_311()

@@ -7,7 +7,9 @@ writes iter_NNNNNNN/metadata.json too, with other content (a "format_version", a
 
 common.pt is what megatron.core.dist_checkpointing.save writes of the state dict beside the sharded tensors (args,
 iteration, checkpoint_version, the optimizer's param groups and step, the scheduler, the content metadata), as a
-torch.save pickle. Megatron-LM loads it with torch.load's default weights_only=True after registering the types
+torch.save pickle. Megatron-Core 0.19 (core_v0.19.0, dist_checkpointing/serialization.py save) writes no common.pt:
+the same dict is the ShardedObject `common_state` inside the DCP files (a torch.save pickle too), and its
+metadata.json names no common backend; it is read from there where common.pt is absent. Megatron-LM loads it with torch.load's default weights_only=True after registering the types
 of megatron.core.safe_globals; here the same, scoped to this load: Python's argparse.Namespace, SimpleNamespace,
 PosixPath and signal.Signals, and Megatron-Core's own enums (its args hold AttnBackend, CudaGraphScope, ...) read
 as `ForeignValue`s by name, since megatron-core is not a dependency. Anything else in it is refused in one line:
@@ -36,6 +38,7 @@ from checkpoint.torch_dist.common_check import check_common
 from checkpoint.zip_records import zip_damage
 
 COMMON_FILE = "common.pt"
+COMMON_OBJECT = "common_state"  # Megatron-Core 0.19's common state, a ShardedObject in the DCP files
 # common.pt's entry for the SHA-256 of DCP's .metadata, in our torch_dist saves (Megatron-LM reads common.pt's entries
 # by name and ignores this one)
 INDEX_DIGEST_KEY = "zero_gpt_dcp_metadata_sha256"
@@ -59,7 +62,10 @@ class ForeignValue:
 
 
 # megatron.core.safe_globals.SAFE_GLOBALS' megatron types (0.16.1), each read as a ForeignValue of its name
+# (and 0.19's: InferenceCudaGraphScope, CudaGraphModule)
 MEGATRON_ENUMS = ("megatron.core.transformer.enums.AttnBackend", "megatron.core.transformer.enums.CudaGraphScope",
+                  "megatron.core.transformer.enums.InferenceCudaGraphScope",
+                  "megatron.core.transformer.enums.CudaGraphModule",
                   "megatron.core.enums.ModelType", "megatron.core.rerun_state_machine.RerunDiagnostic",
                   "megatron.core.rerun_state_machine.RerunMode", "megatron.core.rerun_state_machine.RerunState")
 # NumPy's array pickling (the RNG states' keys are an array): data only, as megatron.core.safe_globals lists them;
@@ -113,11 +119,38 @@ def check_backend(iteration_dir: Path) -> None:
                                   f"{(action, *pair)}\"); only {LOAD_STRATEGIES[action][0]} is read here")
 
 
+def common_object(iteration_dir: Path) -> Optional[str]:
+    """The DCP item holding Megatron-Core 0.19's common state (`common_state/shard_0_1`), where the folder has no
+    common.pt and its index lists one; else None."""
+    iteration_dir = Path(iteration_dir)
+    if (iteration_dir / COMMON_FILE).exists() or not (iteration_dir / DCP_METADATA_FILE).is_file():
+        return None
+    from checkpoint.torch_dist.dcp_reader import DcpReader
+
+    return next((key for key in DcpReader(iteration_dir).objects() if key.split("/")[0] == COMMON_OBJECT), None)
+
+
+def _load_common_object(iteration_dir: Path, key: str) -> dict:
+    from checkpoint.torch_dist.dcp_reader import DcpReader
+
+    common = DcpReader(iteration_dir).read_objects([key], safe_globals())[key]
+    if isinstance(common, list) and len(common) == 1:  # a ShardedObject's data is saved as [data]
+        common = common[0]
+    where = Path(iteration_dir) / f"{DCP_METADATA_FILE}[{key}]"
+    if not isinstance(common, dict) or "iteration" not in common:
+        raise CheckpointError(f"{where}: not Megatron-LM's common state (no iteration)")
+    check_common(common, where)
+    return common
+
+
 def load_common(iteration_dir: Path) -> dict:
-    """common.pt, its records' CRC-32 checked, read without running code and its numbers range-checked (module
-    docstring, checkpoint/torch_dist/common_check.py)."""
+    """common.pt (or Megatron-Core 0.19's `common_state` object), its records' CRC-32 checked, read without running
+    code and its numbers range-checked (module docstring, checkpoint/torch_dist/common_check.py)."""
     path = Path(iteration_dir) / COMMON_FILE
     if not path.is_file():
+        key = common_object(iteration_dir)
+        if key is not None:
+            return _load_common_object(Path(iteration_dir), key)
         raise CheckpointError(f"{iteration_dir}: no {COMMON_FILE}; the Megatron-LM save did not finish")
     try:
         damage = zip_damage(path)

@@ -14,6 +14,17 @@ files read alike; the separate names are accepted too (a multi-latent layer of t
 written so: MLA_LAYER_NAMES, MLA_WRITTEN_NORMS). Multi-token prediction layers are saved unstacked, each under
 `mtp.layers.<k>.` (MTP_LAYERS), its transformer layer by a decoder layer's names.
 
+Megatron-Core 0.19's HybridModel (models/hybrid: HybridStack.sharded_state_dict) gives each symbol of its
+--hybrid-layer-pattern a layer of its own, always numbered in the key (`decoder.layers.<global layer>.<name>`, the
+`|` separators not counted): a `*` layer holds the attention (`self_attention.*`, its input norm under TE's name
+`self_attention.linear_qkv.layer_norm_weight`), a `-` or `E` layer the MLP or MoE (`mlp.*`, the dense MLP's norm
+`mlp.linear_fc1.layer_norm_weight`, the MoE layer's `pre_mlp_layernorm.weight`), and the final norm is
+`decoder.final_norm`. Under a pattern of GPT blocks (`*-`, `*E`: gpt/hybrid_pattern.py) the k-th `*` and the k-th
+`-`/`E` are our block k's attention and MLP (Megatron-Core's own GPT retarget, dist_checkpointing/
+gpt_checkpoint_interop.py, pairs them so); a name in a layer of the other kind is not ours. Its MTP depth d (after
+a `/`) is `mtp.layers.<d>.`: enorm, hnorm, eh_proj and final_layernorm as ours under `mtp_layers.<d>.`, and the
+MTP pattern's layers nested as `mtp_model_layer.layers.<g>.`, our MTP block's `transformer_layer`.
+
 Our layouts are Megatron-Core's: the fused QKV is [group][its query heads, key, value][head dim] (gpt/model.py), a
 linear's weight is [out, in]. SwiGLU's fc1 differs: Megatron-Core keeps [gate; up] in one weight, which its
 sharded factory (transformer/mlp.py apply_swiglu_sharded_factory) saves as the two halves of one tensor of 2 x ffn
@@ -99,6 +110,18 @@ EXPERT_NAMES = {  # inside `mlp.experts.experts.[<expert>.]`: -> ours inside `ml
 MTP_LAYERS, OUR_MTP_LAYERS, MTP_TRANSFORMER = "mtp.layers.", "mtp_layers.", "transformer_layer."
 MTP_OWN = tuple(f"{module}.{part}" for module in ("enorm", "hnorm", "final_layernorm") for part in ("weight", "bias")
                 ) + ("eh_proj.weight",)
+# HybridModel's (core_v0.19.0) outside its layers, where they differ from GPTModel's
+HYBRID_MODEL_NAMES = {
+    "decoder.final_norm.weight": "final_layernorm.weight",
+    "decoder.final_norm.bias": "final_layernorm.bias",
+}
+# The names a hybrid layer of each symbol holds: attention's `self_attention.` (and a separate input norm), the
+# MLP's and MoE's `mlp.` (and a separate pre-MLP norm)
+HYBRID_LAYER_PREFIXES = {"*": ("self_attention.", "input_layernorm."), "-": ("mlp.", "pre_mlp_layernorm."),
+                         "E": ("mlp.", "pre_mlp_layernorm.")}
+# HybridModel's MTP depths (`mtp.layers.<d>.`, MTP_LAYERS): their own tensors (MTP_OWN), ours under
+# `mtp_layers.<d>.` by the same names, and the nested stack of the MTP pattern's layers
+MTP_INNER = "mtp_model_layer.layers."
 GATED = "dense_h_to_4h"  # with SwiGLU: its rows are [gate; up], ours two tensors
 GATED_HALVES = ("dense_h_to_4h_gate", "dense_h_to_4h_up")
 
@@ -121,12 +144,33 @@ class Placement:
         return (*leading, first, *ours[1:])
 
 
-def our_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool = False
-                   ) -> Optional[dict[str, Placement]]:
+def hybrid_layer_symbols(pattern: str) -> str:
+    """HybridModel's layer symbols in global layer order: the main pattern (before any `/`), `|` left out."""
+    return pattern.split("/")[0].replace("|", "")
+
+
+def hybrid_block(symbols: str, layer: int, name: str) -> Optional[int]:
+    """Our block of HybridModel's global `layer` holding `name`: the k-th `*` is block k's attention, the k-th `-` or
+    `E` its MLP; None where the layer is not one (another symbol, or a name of the other kind of layer)."""
+    prefixes = HYBRID_LAYER_PREFIXES.get(symbols[layer]) if 0 <= layer < len(symbols) else None
+    if prefixes is None or not name.startswith(prefixes):
+        return None
+    kinds = ("*",) if symbols[layer] == "*" else ("-", "E")
+    return sum(symbol in kinds for symbol in symbols[:layer])
+
+
+def our_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool = False,
+                   hybrid_pattern: Optional[str] = None) -> Optional[dict[str, Placement]]:
     """Our tensors inside Megatron-Core's tensor `key` of global `shape` (None: a key this mapping does not know).
-    `gated`: the model is SwiGLU's (fc1 holds [gate; up]); `mla`: its attention is multi-latent (MLA_LAYER_NAMES)."""
+    `gated`: the model is SwiGLU's (fc1 holds [gate; up]); `mla`: its attention is multi-latent (MLA_LAYER_NAMES).
+    `hybrid_pattern`: the checkpoint is HybridModel's, of this --hybrid-layer-pattern (its layers numbered per
+    symbol, module docstring)."""
     if key in MODEL_NAMES:
         return {MODEL_NAMES[key]: Placement(key, (), 0, tuple(shape))}
+    if hybrid_pattern is not None and key in HYBRID_MODEL_NAMES:
+        return {HYBRID_MODEL_NAMES[key]: Placement(key, (), 0, tuple(shape))}
+    if hybrid_pattern is not None and key.startswith(MTP_LAYERS):
+        return _hybrid_mtp_placements(key, shape, gated, hybrid_pattern)
     if key.startswith(MTP_LAYERS):
         return _mtp_placements(key, tuple(shape), gated, mla)
     if not key.startswith(LAYERS):
@@ -134,7 +178,44 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool = Fa
     parts = key[len(LAYERS):].split(".")
     layer_axis = not parts[0].isdigit()  # stacked layers: the first axis; else the layer is in the key
     layers = None if layer_axis else [int(parts.pop(0))]
-    name, expert_axis, experts = ".".join(parts), False, [None]
+    name = ".".join(parts)
+    prefix = {}  # HybridModel: its layer -> our block's prefix
+    if hybrid_pattern is not None:
+        if layer_axis:
+            return None
+        block = hybrid_block(hybrid_layer_symbols(hybrid_pattern), layers[0], name)
+        if block is None:
+            return None
+        prefix[layers[0]] = f"blocks.{block}."
+    return _layer_placements(key, shape, gated, name, layers, prefix, mla)
+
+
+def _hybrid_mtp_placements(key: str, shape: tuple[int, ...], gated: bool, hybrid_pattern: str
+                           ) -> Optional[dict[str, Placement]]:
+    """HybridModel's MTP depth d (`mtp.layers.<d>.`): its own norms and projection are ours under `mtp_layers.<d>.`,
+    its inner layers (`mtp_model_layer.layers.<g>.`, one per symbol of the MTP pattern) our MTP block's
+    `transformer_layer` (module docstring)."""
+    depth, _, rest = key[len(MTP_LAYERS):].partition(".")
+    mtp_parts = hybrid_pattern.split("/")[1:]
+    if not depth.isdigit() or int(depth) >= len(mtp_parts):
+        return None
+    if rest in MTP_OWN:
+        return {f"mtp_layers.{depth}.{rest}": Placement(key, (), 0, tuple(shape))}
+    if not rest.startswith(MTP_INNER):
+        return None
+    layer, _, name = rest[len(MTP_INNER):].partition(".")
+    if not layer.isdigit() or hybrid_block(mtp_parts[int(depth)], int(layer), name) != 0:
+        return None  # one block per MTP depth (gpt/hybrid_pattern.py)
+    return _layer_placements(key, shape, gated, name, [int(layer)],
+                             {int(layer): f"mtp_layers.{depth}.transformer_layer."}, False)
+
+
+def _layer_placements(key: str, shape: tuple[int, ...], gated: bool, name: str, layers, prefix: dict, mla: bool
+                      ) -> Optional[dict[str, Placement]]:
+    """Our tensors in a layer's tensor `name` (`layers` None: stacked on the first axis); `prefix`: our name's start
+    for a layer, `blocks.<layer>.` where it names none; `mla`: the attention is multi-latent (MLA_LAYER_NAMES)."""
+    expert_axis, experts = False, [None]
+    layer_axis = layers is None
     if name.startswith(EXPERTS):
         inner = name[len(EXPERTS):].split(".")
         expert_axis = not inner[0].isdigit()
@@ -153,7 +234,7 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool = Fa
     for layer in layers:
         for expert in experts:
             index = (*((layer,) if layer_axis else ()), *((expert,) if expert_axis else ()))
-            ours = f"blocks.{layer}." + template.format(expert=expert)
+            ours = prefix.get(layer, f"blocks.{layer}.") + template.format(expert=expert)
             if gated and f".{GATED}." in ours:
                 half = own[0] // 2
                 for offset, part in zip((0, half), GATED_HALVES):
@@ -196,6 +277,14 @@ MLA_WRITTEN_NORMS = {f"{ours}.{part}": f"{theirs}.{part}" for ours, theirs in (
     ("input_layernorm", "input_layernorm"), ("post_attention_layernorm", "pre_mlp_layernorm"))
     for part in ("weight", "bias")}
 OUR_EXPERT_NAMES = {ours: theirs for theirs, ours in EXPERT_NAMES.items()}
+# An MoE layer's pre-MLP norm is written under both names Megatron-Core loads it by: the local GPT spec's (its keys
+# map saves it as fc1's fused norm, what Megatron-LM's --transformer-impl local loads) and the module's own,
+# `pre_mlp_layernorm.*` (TransformerEngine's GPT spec, and HybridModel's MoE layer, which Megatron-Core 0.19's
+# GPT retarget looks for: without it its pretrain_hybrid.py fails "decoder.layers.pre_mlp_layernorm.weight from
+# model not in state dict", as on Megatron-LM 0.16.1's own local-spec MoE saves). A load reads the names its model
+# asks and leaves the other (Megatron-LM's default dist_ckpt_strictness, assume_ok_unexpected).
+MOE_NORM_ALIASES = {LAYERS + "mlp.linear_fc1.layer_norm_weight": LAYERS + "pre_mlp_layernorm.weight",
+                    LAYERS + "mlp.linear_fc1.layer_norm_bias": LAYERS + "pre_mlp_layernorm.bias"}
 OUR_EXPERTS = "mlp.experts."
 
 

@@ -22,7 +22,7 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
-from base.errors import CheckpointError
+from base.errors import CheckpointError, ConfigError
 from base.options import setting_names, setting_value
 from checkpoint.file_names import DCP_METADATA_FILE
 from checkpoint.format import METADATA_FILE
@@ -32,10 +32,19 @@ from checkpoint.inside import inside
 from checkpoint.lineage import SAMPLE_ORDER_KEY
 from checkpoint.resume_checks import agreed_problem, check_resume
 from checkpoint.resume_model import COMPARED
-from checkpoint.torch_dist.common import COMMON_FILE, FILE_DIGESTS_KEY, check_backend, load_common, saved_args
+from checkpoint.torch_dist.common import (
+    COMMON_FILE,
+    FILE_DIGESTS_KEY,
+    check_backend,
+    common_object,
+    load_common,
+    saved_args,
+)
 from checkpoint.torch_dist.dcp_reader import DcpReader
+from checkpoint.torch_dist.names import hybrid_layer_symbols
 from checkpoint.torch_dist.source import MegatronSource
 from data.megatron_order import MEGATRON_ORDER
+from gpt.hybrid_pattern import parse_hybrid_pattern
 from parallel.state import ParallelState
 
 # Megatron-LM's args -> our settings of another name (the rest share Megatron's dest names)
@@ -46,7 +55,9 @@ RENAMED = {"norm_epsilon": "layernorm_epsilon", "layernorm_zero_centered_gamma":
 def verify_megatron(iteration_dir: Path) -> None:
     """The checkpoint's files are there, inside it, and not truncated (module docstring)."""
     check_backend(iteration_dir)
-    for name in (METADATA_FILE, COMMON_FILE, DCP_METADATA_FILE):
+    # Megatron-Core 0.19 keeps the common state inside the DCP files (checkpoint/torch_dist/common.py)
+    in_index = inside(iteration_dir, DCP_METADATA_FILE).is_file() and common_object(iteration_dir) is not None
+    for name in (METADATA_FILE, *(() if in_index else (COMMON_FILE,)), DCP_METADATA_FILE):
         if not inside(iteration_dir, name).is_file():
             raise CheckpointError(f"{iteration_dir / name}: missing; the Megatron-LM save did not finish")
     load_common(iteration_dir)
@@ -95,11 +106,28 @@ def _activation(args: argparse.Namespace) -> Optional[str]:
     return "gelu_tanh" if fused else "gelu"
 
 
+def hybrid_settings(values: dict) -> dict:
+    """A HybridModel checkpoint's settings as ours (gpt/hybrid_pattern.py): Megatron's num_layers counts a layer per
+    symbol, ours the blocks; its MoE layers are the pattern's `E`s, not its moe_layer_freq (left at the default)."""
+    text = values.get("hybrid_layer_pattern")
+    if not text:
+        return {}
+    try:
+        pattern = parse_hybrid_pattern(text)
+    except ConfigError:  # not GPT blocks: the tensors' mapping names what is not ours
+        return {"num_layers": hybrid_layer_symbols(text).count("*")}
+    settings = {"num_layers": pattern.num_layers}
+    if values.get("num_experts"):
+        settings["moe_layer_freq"] = pattern.moe_layer_freq()
+    return settings
+
+
 def metadata_view(common: dict, config) -> dict:
     """Megatron-LM's common.pt as the fields of our metadata.json the resume checks read. A setting its args lack
     takes this run's value (so it is not compared)."""
     args = saved_args(common)
     values = {RENAMED.get(name, name): value for name, value in vars(args).items()}
+    values.update(hybrid_settings(values))
 
     def section(ours, names) -> dict:
         return {name: values[name] if name in values and values[name] is not None else setting_value(ours, name)

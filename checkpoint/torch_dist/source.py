@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from base.errors import CheckpointError
+from base.errors import CheckpointError, ConfigError
 from checkpoint.global_state import (
     MODEL_KEY,
     GlobalStateSource,
@@ -57,7 +57,15 @@ from checkpoint.torch_dist.common import (
 )
 from checkpoint.torch_dist.dcp_reader import DcpReader
 from checkpoint.torch_dist.grad_scaler import GRAD_SCALER, STATIC, our_scaler_state
-from checkpoint.torch_dist.names import EXPERT_BIAS, LAYERS, Placement, our_placements
+from checkpoint.torch_dist.names import (
+    EXPERT_BIAS,
+    LAYERS,
+    Placement,
+    hybrid_block,
+    hybrid_layer_symbols,
+    our_placements,
+)
+from gpt.hybrid_pattern import parse_hybrid_pattern
 
 OPTIMIZER_STATE = "optimizer.state."
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -78,6 +86,8 @@ class MegatronSource(GlobalStateSource):
         self.layout = sharding_type(self.common)
         gated = bool(arg(self.common, "swiglu", False))
         mla = bool(arg(self.common, "multi_latent_attention", False))
+        # Megatron-Core 0.19's HybridModel: its layers, one per symbol of the pattern (names.py)
+        self.hybrid_pattern = arg(self.common, "hybrid_layer_pattern")
         tensors = self.reader.tensors()
         self._placements: dict[str, Placement] = {}
         self._expert_bias_keys = tuple(key for key in tensors if key.startswith(LAYERS) and key.endswith(EXPERT_BIAS))
@@ -85,7 +95,7 @@ class MegatronSource(GlobalStateSource):
         for key, md in tensors.items():
             if key.startswith("optimizer.") or key in self._expert_bias_keys:
                 continue
-            placements = our_placements(key, tuple(md.size), gated, mla)
+            placements = our_placements(key, tuple(md.size), gated, mla, self.hybrid_pattern)
             if placements is None:
                 unknown.append(key)
             else:
@@ -196,6 +206,9 @@ class MegatronSource(GlobalStateSource):
             values = self.reader.read(key, tuple(slice(0, n) for n in size)).to(torch.float32)
             layer = key[len(LAYERS):-len(EXPERT_BIAS)].rstrip(".")
             rows = {int(layer): values} if layer else dict(enumerate(values))
+            if self.hybrid_pattern is not None:  # HybridModel's layer of each MoE symbol: our block's number
+                symbols = hybrid_layer_symbols(self.hybrid_pattern)
+                rows = {hybrid_block(symbols, number, EXPERT_BIAS): row for number, row in rows.items()}
             found.update({f"blocks.{number}.{EXPERT_BIAS}": row.tolist() for number, row in rows.items()})
         return found or None
 
@@ -294,16 +307,32 @@ def _refuse_unread(args) -> None:
         ("--multi-latent-attention", getattr(args, "multi_latent_attention", False)),
         ("--mtp-num-layers", getattr(args, "mtp_num_layers", None)),
         ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
-        ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)))
+        ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)),
+        # HybridModel's buckets are the GPT blocks' (its attention layer then its MLP layer register the parameters
+        # a GPT layer does, in that order) for a pattern of dense blocks on one stage; its `|` stages and MTP are not
+        # rebuilt here
+        ("--hybrid-layer-pattern", _unbucketed_pattern(getattr(args, "hybrid_layer_pattern", None))))
         if value]
     if unsupported:
         raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense models of "
                            f"plain attention on even pipeline stages, without MTP layers, and it was saved with {', '.join(unsupported)}")
 
 
+def _unbucketed_pattern(text: Optional[str]) -> Optional[str]:
+    """A HybridModel pattern whose buckets are not rebuilt here (_refuse_unread), or None."""
+    if not text:
+        return None
+    try:
+        pattern = parse_hybrid_pattern(text)
+    except ConfigError:
+        return text
+    return text if len(pattern.segments) > 1 or pattern.mtp_depth or any(pattern.moe_layers()) else None
+
+
 def _model_shape(args) -> ModelShape:
+    pattern = getattr(args, "hybrid_layer_pattern", None)  # HybridModel's num_layers counts a layer per symbol
     return ModelShape(
-        num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
+        num_layers=parse_hybrid_pattern(pattern).num_layers if pattern else args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
         num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups
         if getattr(args, "group_query_attention", False) else args.num_attention_heads,
         kv_channels=args.kv_channels, padded_vocab_size=args.padded_vocab_size,

@@ -9,10 +9,11 @@ keys, at its global shapes (checkpoint/torch_dist/names.py): the weights, and th
 the loading Megatron run builds from the same flags: without --use-distributed-optimizer its plain optimizer's
 (`optimizer.state.exp_avg.<key>`, ..., `fp32_param`), with it the distributed optimizer's fully_reshardable layout
 (`optimizer.state.param|exp_avg|exp_avg_sq.<key>`), loadable at any TP x PP x DP; fp16's loss scaler as its grad
-scaler (checkpoint/torch_dist/grad_scaler.py); MoE layers as SequentialMLP saves them (names.py), with the routers'
-expert bias buffer and the shared expert's gate, each layer under its own key where --moe-layer-freq puts dense
-layers between (Megatron-Core's non_homogeneous_layers), the optimizers chained as Megatron-LM builds them at the
-save's EP. Each rank writes the global regions of its own ZeRO partition
+scaler (checkpoint/torch_dist/grad_scaler.py); MoE layers as SequentialMLP saves them (names.py), their pre-MLP
+norm under both names Megatron-Core loads it by (names.py MOE_NORM_ALIASES), with the routers' expert bias buffer and
+the shared expert's gate, each layer under its own key where --moe-layer-freq puts dense layers between
+(Megatron-Core's non_homogeneous_layers), the optimizers chained as Megatron-LM builds them at the save's EP. Each
+rank writes the global regions of its own ZeRO partition
 (a tensor whole on every TP rank by TP rank 0 only): the working set is one copy of its shard of each state.
 
 Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
@@ -70,6 +71,7 @@ from checkpoint.torch_dist.names import (
     EXPERT_BIAS,
     EXPERTS,
     LAYERS,
+    MOE_NORM_ALIASES,
     MTP_LAYERS,
     MTP_TRANSFORMER,
     OUR_MTP_LAYERS,
@@ -171,11 +173,14 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
             theirs = placement.region(region)
             offsets = tuple(part.start for part in theirs)
             sizes = [part.stop - part.start for part in theirs]
+            keys = (placement.key, *((MOE_NORM_ALIASES[placement.key],)
+                                     if _experts_per_layer(config) and placement.key in MOE_NORM_ALIASES else ()))
             for prefix, source in _state_keys(shard, distributed, param_dtype).items():
                 dtype = param_dtype if prefix == "" else torch.float32
                 values = shard.tensors[source][at:at + numel].to(dtype).reshape(sizes).clone()
-                tensors[prefix + placement.key].append((offsets, values))
-                shapes[prefix + placement.key] = (global_shape, dtype)
+                for key in keys:
+                    tensors[prefix + key].append((offsets, values))
+                    shapes[prefix + key] = (global_shape, dtype)
     _expert_bias_chunks(model, config, state, tensors, shapes)
     # every rank plans every tensor's shape: DCP's global plan takes each key's metadata from the ranks writing it
     return dict(tensors), shapes
