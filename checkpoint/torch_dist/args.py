@@ -144,6 +144,7 @@ def _moe_args(config) -> dict:
     return dict(num_experts=moe.num_experts, moe_ffn_hidden_size=moe.ffn_hidden_size,
                 moe_layer_freq=_layer_freq(config), moe_router_topk=moe.router_topk,
                 moe_router_score_function=moe.router_score_function, moe_router_pre_softmax=moe.router_pre_softmax,
+                moe_router_enable_expert_bias=moe.router_enable_expert_bias,
                 moe_router_topk_scaling_factor=moe.router_topk_scaling_factor,
                 moe_shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
                 moe_token_dispatcher_type=config.parallel.moe_token_dispatcher_type,

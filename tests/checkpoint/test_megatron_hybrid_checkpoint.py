@@ -93,27 +93,29 @@ def test_the_source_is_our_pattern_model_by_name_and_shape(name):
 def test_hybrid_layers_pair_with_our_blocks_and_other_layers_are_not_ours():
     """The k-th `*` layer is block k's attention, the k-th `-`/`E` its MLP (Megatron-Core's own GPT retarget pairs
     them so); a name of the other kind of layer, a layer past the pattern, an `M` layer are no tensor of ours."""
-    qkv = our_placements("decoder.layers.2.self_attention.linear_qkv.weight", (48, 16), False, "*-|*-")
+    qkv = our_placements("decoder.layers.2.self_attention.linear_qkv.weight", (48, 16), False, hybrid_pattern="*-|*-")
     assert list(qkv) == ["blocks.1.attention.query_key_value.weight"] and qkv[
         "blocks.1.attention.query_key_value.weight"].index == ()
-    norm = our_placements("decoder.layers.3.mlp.linear_fc1.layer_norm_weight", (16,), False, "*-*-")
+    norm = our_placements("decoder.layers.3.mlp.linear_fc1.layer_norm_weight", (16,), False, hybrid_pattern="*-*-")
     assert list(norm) == ["blocks.1.post_attention_layernorm.weight"]
-    router = our_placements("decoder.layers.1.mlp.router.weight", (4, 16), False, "*E*-")
+    router = our_placements("decoder.layers.1.mlp.router.weight", (4, 16), False, hybrid_pattern="*E*-")
     assert list(router) == ["blocks.0.mlp.router.weight"]
-    assert list(our_placements("decoder.final_norm.weight", (16,), False, "*-")) == ["final_layernorm.weight"]
+    assert list(our_placements("decoder.final_norm.weight", (16,), False, hybrid_pattern="*-")) == \
+        ["final_layernorm.weight"]
     assert our_placements("decoder.final_norm.weight", (16,), False) is None  # GPTModel's is final_layernorm
-    assert our_placements("decoder.layers.1.self_attention.linear_qkv.weight", (48, 16), False, "*-*-") is None
-    assert our_placements("decoder.layers.0.mlp.linear_fc1.weight", (64, 16), False, "*-*-") is None
-    assert our_placements("decoder.layers.4.mlp.linear_fc1.weight", (64, 16), False, "*-*-") is None
-    assert our_placements("decoder.layers.0.mixer.in_proj.weight", (64, 16), False, "M*-") is None
+    assert our_placements("decoder.layers.1.self_attention.linear_qkv.weight", (48, 16), False,
+                          hybrid_pattern="*-*-") is None
+    assert our_placements("decoder.layers.0.mlp.linear_fc1.weight", (64, 16), False, hybrid_pattern="*-*-") is None
+    assert our_placements("decoder.layers.4.mlp.linear_fc1.weight", (64, 16), False, hybrid_pattern="*-*-") is None
+    assert our_placements("decoder.layers.0.mixer.in_proj.weight", (64, 16), False, hybrid_pattern="M*-") is None
     # an MTP depth: its own tensors, and its nested layers as our MTP block's transformer_layer
-    assert list(our_placements("mtp.layers.0.eh_proj.weight", (16, 32), False, "*-*-/*-")) == \
+    assert list(our_placements("mtp.layers.0.eh_proj.weight", (16, 32), False, hybrid_pattern="*-*-/*-")) == \
         ["mtp_layers.0.eh_proj.weight"]
     assert list(our_placements("mtp.layers.0.mtp_model_layer.layers.1.mlp.linear_fc2.weight", (16, 64), False,
-                               "*-*-/*-")) == ["mtp_layers.0.transformer_layer.mlp.dense_4h_to_h.weight"]
-    assert our_placements("mtp.layers.1.eh_proj.weight", (16, 32), False, "*-*-/*-") is None  # one depth
+                               hybrid_pattern="*-*-/*-")) == ["mtp_layers.0.transformer_layer.mlp.dense_4h_to_h.weight"]
+    assert our_placements("mtp.layers.1.eh_proj.weight", (16, 32), False, hybrid_pattern="*-*-/*-") is None  # one depth
     assert our_placements("mtp.layers.0.mtp_model_layer.layers.0.mlp.linear_fc2.weight", (16, 64), False,
-                          "*-*-/*-") is None  # layer 0 of the MTP pattern is its attention
+                          hybrid_pattern="*-*-/*-") is None  # layer 0 of the MTP pattern is its attention
 
 
 def test_the_buckets_fp32_master_is_the_model_tensor_element_for_element():
@@ -127,7 +129,7 @@ def test_the_buckets_fp32_master_is_the_model_tensor_element_for_element():
     model = {}
     for key, md in reader.tensors().items():
         if not key.startswith("optimizer."):
-            model.update(our_placements(key, tuple(md.size), False, "*-*-"))
+            model.update(our_placements(key, tuple(md.size), False, hybrid_pattern="*-*-"))
     assert sorted(model) == sorted(source.tensors("master"))
     for ours, placement in model.items():
         whole = tuple(slice(0, n) for n in placement.shape)
