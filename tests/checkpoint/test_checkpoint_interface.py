@@ -185,7 +185,7 @@ def test_every_source_and_optimizer_declares_the_optional_parts_it_carries():
                                                                                                  part)]
                for source in (ZeroGptSource, MegatronSource, DeepSpeedSource, HFSource, WholeFolderSource)
                if GlobalStateSource in source.__mro__}
-    assert carried == {"ZeroGptSource": list(parts[:3]), "MegatronSource": list(parts[2:]), "DeepSpeedSource": [],
+    assert carried == {"ZeroGptSource": list(parts[:3]), "MegatronSource": [parts[0], *parts[2:]], "DeepSpeedSource": [],
                        "HFSource": ["expert_biases"], "WholeFolderSource": ["expert_biases"]}
     assert CheckpointableOptimizer in ShardedAdamW.__mro__ and CheckpointableOptimizer in CheckpointableChain.__mro__
     assert CheckpointableChain.expert_model_state_dict is not CheckpointableOptimizer.expert_model_state_dict
