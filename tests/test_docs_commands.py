@@ -8,7 +8,17 @@ A command is one of:
   installed by requirements.txt's `-e .` into a virtualenv, no PYTHONPATH, from a working folder of the user's own
   holding data/, training/ and checkpoint/ folders (which a `python -m` command must not take for our packages),
   the paths of the clone's files given with the clone's path in front; exit status 0.
-- CHECKED: expensive (multi-GPU launches, training, benchmarks, work on the user's own files): not run,
+- TRAINED: a pretrain_gpt.py training command a CPU can run (one process, or `torchrun --nproc_per_node 2` on gloo):
+  run as RUN commands are, from such a folder, with its own words (its placeholders handled as without_placeholders
+  does, or filled below) and tiny sizes appended (TINY: 2 layers of width 32, sequence 16, 2 iterations of 2 samples,
+  no evaluation), exit status 0 and the iterations trained. What it reads is put in the folder first, as the pages
+  make it: `--data-path my_data/...` the README's preprocess command's output (run once a worker on a corpus.jsonl
+  of 200 documents); the embedded corpus, where no data is named, from a $HOME whose cache holds it at 300 tokens; a
+  checkpoint the user brings, by a tiny run of the same command first (MADE_CHECKPOINTS), or DeepSpeed's fixture
+  (DEEPSPEED_CASE), or the HF folder the block's convert_to_hf.py command writes (`--init-from-hf ...`); a command
+  that continues an earlier one's --save in its block runs after it in the same folder.
+- CHECKED: expensive (multi-GPU and multi-node launchers, SLURM, --device cuda, --compile (NOT_TRAINED_HERE),
+  benchmarks, work on the user's own files by other tools): not run,
   but pretrain_gpt.py's flags are parsed by its own parser (arguments.parser.parse_arguments), so a
   renamed or removed flag fails; another script must exist and name every flag the command gives in
   its --help (run as a RUN command is, from such a folder).
@@ -146,7 +156,9 @@ EXPENSIVE_SCRIPTS = {
     "scripts/fp8_curves.py": "trains a 4-layer GPT 300 iterations in bf16 and each FP8 recipe (46 min at --jobs 5 "
                              "on the shared 2-core machine; tests/scripts/test_fp8_curves.py runs it 2 iterations)",
     "data.preprocess": "reads the user's corpus.jsonl; tests/test_from_any_folder.py runs the README's command on a "
-                       "corpus it writes, from a user's folder (tests/training/test_first_hour.py too)",
+                       "corpus it writes, from a user's folder (tests/training/test_first_hour.py too, and this "
+                       "module for the data its TRAINED commands read); docs/data.md's second needs Llama 3's "
+                       "tokenizer folder",
     "training.generate": "reads the user's checkpoint; tests/test_from_any_folder.py runs docs/checkpoints.md's first "
                          "command from a user's folder on the checkpoint the README's command saved there, and "
                          "tests/training/test_generate.py runs it on checkpoints it writes and on Megatron-LM's, "
@@ -257,7 +269,10 @@ def classify(command: DocCommand) -> Optional[Verdict]:
         return Verdict(CHECKED, "a multi-process training launch", program="pretrain_gpt.py",
                        pretrain=argv[at + 1:])
     if argv[0] in LAUNCHERS:
-        return Verdict(CHECKED, "a multi-GPU launch", program=argv[0], pretrain=argv[1:])
+        reason = ("a multi-node launch" if "multi_node" in argv[0] else
+                  "a multi-GPU launch, one process a visible GPU (without GPUs 2 gloo processes, as docs/zero.md's "
+                  "`torchrun --nproc_per_node 2` command, which is TRAINED, launches them)")
+        return Verdict(CHECKED, reason, program=argv[0], pretrain=argv[1:])
     if argv[0] == "sbatch":
         at = next((i for i, word in enumerate(argv) if word.endswith(".sbatch")), None)
         if at is None:
@@ -298,7 +313,8 @@ def test_every_command_is_classified():
     unclassified = [command.id for command, verdict in VERDICTS.items() if verdict is None]
     assert unclassified == [], ("commands neither run, checked nor skipped with a reason; add a rule in "
                                 f"tests/test_docs_commands.py: {unclassified}")
-    counts = {kind: sum(verdict.kind == kind for verdict in VERDICTS.values()) for kind in (RUN, CHECKED, SKIPPED)}
+    counts = {kind: sum(verdict.kind == kind for verdict in VERDICTS.values())
+              for kind in (RUN, TRAINED, CHECKED, SKIPPED)}
     print(f"docs commands: {counts}")
 
 
