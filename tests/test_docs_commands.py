@@ -8,7 +8,17 @@ A command is one of:
   installed by requirements.txt's `-e .` into a virtualenv, no PYTHONPATH, from a working folder of the user's own
   holding data/, training/ and checkpoint/ folders (which a `python -m` command must not take for our packages),
   the paths of the clone's files given with the clone's path in front; exit status 0.
-- CHECKED: expensive (multi-GPU launches, training, benchmarks, work on the user's own files): not run,
+- TRAINED: a pretrain_gpt.py training command a CPU can run (one process, or `torchrun --nproc_per_node 2` on gloo):
+  run as RUN commands are, from such a folder, with its own words (its placeholders handled as without_placeholders
+  does, or filled below) and tiny sizes appended (TINY: 2 layers of width 32, sequence 16, 2 iterations of 2 samples,
+  no evaluation), exit status 0 and the iterations trained. What it reads is put in the folder first, as the pages
+  make it: `--data-path my_data/...` the README's preprocess command's output (run once a worker on a corpus.jsonl
+  of 200 documents); the embedded corpus, where no data is named, from a $HOME whose cache holds it at 300 tokens; a
+  checkpoint the user brings, by a tiny run of the same command first (MADE_CHECKPOINTS), or DeepSpeed's fixture
+  (DEEPSPEED_CASE), or the HF folder the block's convert_to_hf.py command writes (`--init-from-hf ...`); a command
+  that continues an earlier one's --save in its block runs after it in the same folder.
+- CHECKED: expensive (multi-GPU and multi-node launchers, SLURM, --device cuda, --compile (NOT_TRAINED_HERE),
+  benchmarks, work on the user's own files by other tools): not run,
   but pretrain_gpt.py's flags are parsed by its own parser (arguments.parser.parse_arguments), so a
   renamed or removed flag fails; another script must exist and name every flag the command gives in
   its --help (run as a RUN command is, from such a folder).
@@ -21,8 +31,10 @@ from __future__ import annotations
 
 import functools
 import glob
+import json
 import re
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,7 +117,7 @@ def doc_commands() -> list[DocCommand]:
 
 # ---- classification ------------------------------------------------------------------------------
 
-RUN, CHECKED, SKIPPED = "run", "checked", "skipped"
+RUN, TRAINED, CHECKED, SKIPPED = "run", "trained", "checked", "skipped"
 
 SKIPPED_COMMANDS = {
     ("python", "-m", "pytest"): "the whole test suite, which this test is part of; .ci/run runs it",
@@ -144,7 +156,9 @@ EXPENSIVE_SCRIPTS = {
     "scripts/fp8_curves.py": "trains a 4-layer GPT 300 iterations in bf16 and each FP8 recipe (46 min at --jobs 5 "
                              "on the shared 2-core machine; tests/scripts/test_fp8_curves.py runs it 2 iterations)",
     "data.preprocess": "reads the user's corpus.jsonl; tests/test_from_any_folder.py runs the README's command on a "
-                       "corpus it writes, from a user's folder (tests/training/test_first_hour.py too)",
+                       "corpus it writes, from a user's folder (tests/training/test_first_hour.py too, and this "
+                       "module for the data its TRAINED commands read); docs/data.md's second needs Llama 3's "
+                       "tokenizer folder",
     "training.generate": "reads the user's checkpoint; tests/test_from_any_folder.py runs docs/checkpoints.md's first "
                          "command from a user's folder on the checkpoint the README's command saved there, and "
                          "tests/training/test_generate.py runs it on checkpoints it writes and on Megatron-LM's, "
@@ -177,9 +191,17 @@ STATED_OUTPUT = {
 }
 
 
+# pretrain_gpt.py commands that would train on a CPU but stay CHECKED: a word they hold, and why.
+NOT_TRAINED_HERE = {
+    "cuda": "needs a CUDA GPU (--device cuda)",
+    "--compile": "--compile: inductor compiles the blocks on the CPU, about 27 s of CPU (100 s wall at load 5) for "
+                 "docs/fp8.md's 2-layer model; tests/gpt/test_fp8_compile.py compiles FP8 blocks",
+}
+
+
 @dataclass(frozen=True)
 class Verdict:
-    kind: str                       # RUN, CHECKED or SKIPPED
+    kind: str                       # RUN, TRAINED, CHECKED or SKIPPED
     reason: str
     program: str = ""               # the script or module path checked or run
     pretrain: tuple[str, ...] = ()  # CHECKED: pretrain_gpt.py's flags, for its parser
@@ -216,6 +238,14 @@ def is_pretrain(word: str) -> bool:
     return word == "pretrain_gpt.py" or word.endswith("/pretrain_gpt.py")
 
 
+def trained_or_checked(how: str, args: tuple[str, ...]) -> Verdict:
+    """A pretrain_gpt.py training command: TRAINED with tiny sizes, or CHECKED where NOT_TRAINED_HERE says why not."""
+    for word, reason in NOT_TRAINED_HERE.items():
+        if word in args:
+            return Verdict(CHECKED, reason, program="pretrain_gpt.py", pretrain=args)
+    return Verdict(TRAINED, f"trains, {how}, with tiny sizes", program="pretrain_gpt.py", pretrain=args)
+
+
 def classify(command: DocCommand) -> Optional[Verdict]:
     argv = command.argv
     for prefix, reason in SKIPPED_COMMANDS.items():
@@ -234,10 +264,15 @@ def classify(command: DocCommand) -> Optional[Verdict]:
                            flags=argv[at + 1:])
         if at is None:
             return None
+        if argv[1:at] == ("--nproc_per_node", "2"):
+            return trained_or_checked("two gloo processes on the CPU", argv[at + 1:])
         return Verdict(CHECKED, "a multi-process training launch", program="pretrain_gpt.py",
                        pretrain=argv[at + 1:])
     if argv[0] in LAUNCHERS:
-        return Verdict(CHECKED, "a multi-GPU launch", program=argv[0], pretrain=argv[1:])
+        reason = ("a multi-node launch" if "multi_node" in argv[0] else
+                  "a multi-GPU launch, one process a visible GPU (without GPUs 2 gloo processes, as docs/zero.md's "
+                  "`torchrun --nproc_per_node 2` command, which is TRAINED, launches them)")
+        return Verdict(CHECKED, reason, program=argv[0], pretrain=argv[1:])
     if argv[0] == "sbatch":
         at = next((i for i, word in enumerate(argv) if word.endswith(".sbatch")), None)
         if at is None:
@@ -250,7 +285,7 @@ def classify(command: DocCommand) -> Optional[Verdict]:
     if is_pretrain(program):
         if {"--help", "--print-config", "--dry-run"} & set(args):
             return Verdict(RUN, "prints and exits without training", program=program)
-        return Verdict(CHECKED, "trains", program=program, pretrain=args)
+        return trained_or_checked("one process on the CPU", args)
     if "--help" in args:
         return Verdict(RUN, "--help", program=program)
     if program in RUNNABLE_MODULES:
@@ -278,7 +313,8 @@ def test_every_command_is_classified():
     unclassified = [command.id for command, verdict in VERDICTS.items() if verdict is None]
     assert unclassified == [], ("commands neither run, checked nor skipped with a reason; add a rule in "
                                 f"tests/test_docs_commands.py: {unclassified}")
-    counts = {kind: sum(verdict.kind == kind for verdict in VERDICTS.values()) for kind in (RUN, CHECKED, SKIPPED)}
+    counts = {kind: sum(verdict.kind == kind for verdict in VERDICTS.values())
+              for kind in (RUN, TRAINED, CHECKED, SKIPPED)}
     print(f"docs commands: {counts}")
 
 
@@ -383,6 +419,191 @@ def test_a_cheap_command_runs_as_written(command: DocCommand, installed_clone, t
             assert stated in result.stdout, f"{command.id}: the page says it prints {stated!r}"
     after = repository_files()
     assert after == before, f"{command.id} wrote into the repository: {sorted(set(after) - set(before))}"
+
+
+# ---- trained: pretrain_gpt.py's training commands, with tiny sizes ----------------------------------------------------
+
+# Appended to a trained command (the last of a repeated flag wins): a 2-layer model of width 32, 2 iterations a run of
+# 2 samples of 16 tokens, no evaluation. The command's own flags (its features) stay; only its sizes are replaced.
+RUN_SIZES = ("--micro-batch-size", "1", "--global-batch-size", "2", "--eval-iters", "0", "--log-interval", "1")
+TINY = ("--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+        "--max-position-embeddings", "16", *RUN_SIZES)
+ITERATIONS_A_RUN = 2
+# Where a command names no data or tokenizer it trains on the embedded corpus with its trained tokenizer; 300 tokens
+# is the vocabulary conftest's corpus_cache_300 is prepared at, which the runs' $HOME/.cache/zero-gpt links to.
+EMBEDDED = ("--tokenizer-vocab-size", "300")
+DATA_FLAGS = ("--data-path", "--mock-data", "--tokenizer-file", "--vocab-file", "--init-from-hf")
+
+FIXTURES = ROOT / "tests" / "fixtures"
+# docs/checkpoints.md's `--load ckpt_ds`: Megatron-DeepSpeed's GPTModel at ZeRO 3 with its universal form; the
+# command's `...` (the run's model and data flags) is the flags the fixture's run is continued with, its data copied
+# beside, its sizes the fixture's (the command's own model flags are its): one iteration past the save
+DEEPSPEED_CASE = "megatron_deepspeed_zero3"
+# docs/checkpoints.md's `--init-from-hf ...`: the folder the block's convert_to_hf.py command writes from the user's
+# `ckpt`, here a checkpoint of ours from an earlier commit (2 layers, width 32, 300 tokens); the folder is the model,
+# so only RUN_SIZES are appended
+OUR_CHECKPOINT = FIXTURES / "checkpoint_84ae2c6"
+# A `--load` folder a command continues that the user brings, made first by a tiny run of the same command in the
+# same folder (its --load dropped, this --save and these flags): docs/checkpoints.md's Megatron-LM run, written in
+# Megatron-LM's torch_dist layout by --ckpt-format torch_dist (Megatron-LM's fixtures were written with
+# NullTokenizer, which refuses the command's --vocab-file)
+MADE_CHECKPOINTS = {"megatron_ckpt": ("--ckpt-format", "torch_dist")}
+
+
+def flag_value(args, flag: str) -> Optional[str]:
+    return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else None
+
+
+def trained_sequences() -> list[list[DocCommand]]:
+    """The trained commands as runs in one folder each: a command of the same words as an earlier one (on another
+    page) is not run again, and one whose --load is the --save of an earlier one of its block runs after it there."""
+    sequences: list[list[DocCommand]] = []
+    seen: set = set()
+    for command, verdict in VERDICTS.items():
+        if verdict is None or verdict.kind != TRAINED or (command.argv, command.env) in seen:
+            continue
+        seen.add((command.argv, command.env))
+        load = flag_value(command.argv, "--load")
+        earlier = [sequence for sequence in sequences if (sequence[-1].page, sequence[-1].line) == (
+            command.page, command.line) and load is not None and load == flag_value(sequence[-1].argv, "--save")]
+        if earlier:
+            earlier[0].append(command)
+        else:
+            sequences.append([command])
+    return sequences
+
+
+TRAININGS = trained_sequences()
+
+
+def training_id(commands: list[DocCommand]) -> str:
+    """Where the commands are (and any of the same words elsewhere, not run again), and the last one's words."""
+    places = [f"{command.page}:{command.line}" for command in COMMANDS if VERDICTS[command].kind == TRAINED and any(
+        (command.argv, command.env) == (run.argv, run.env) for run in commands)]
+    words = " ".join(commands[-1].argv)
+    words = words if len(words) < 70 else f"{words[:40]}...{words[-25:]}"
+    return f"{' = '.join(dict.fromkeys(places))}:{words}"
+
+
+@pytest.fixture(scope="module")
+def training_home(tmp_path_factory, corpus_cache_300) -> Path:
+    """The trained commands' $HOME: its .cache/zero-gpt (the default --data-cache-dir) is the worker's embedded corpus
+    at 300 tokens, prepared once, so no run trains a tokenizer and nothing is written to the real home."""
+    home = tmp_path_factory.mktemp("home")
+    (home / ".cache").mkdir()
+    (home / ".cache" / "zero-gpt").symlink_to(corpus_cache_300)
+    return home
+
+
+def run_in(folder: Path, argv: list[str], env: dict) -> str:
+    result = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{' '.join(argv)}: exit {result.returncode}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def page_command(page: str, program: str) -> DocCommand:
+    """The first command of `page` that runs `program`."""
+    return next(command for command in COMMANDS if command.page == page and program in command.argv)
+
+
+@pytest.fixture(scope="module")
+def user_data(tmp_path_factory, installed_clone, training_home) -> Path:
+    """The user's my_data/ (my_text_document.{bin,idx} and my_tokenizer/), made by the README's preprocess command from
+    a corpus.jsonl of 200 of the embedded corpus's documents, in a user's folder, once a worker (about 1 s)."""
+    from data.corpus import default_corpus_documents
+
+    folder = user_folder(tmp_path_factory.mktemp("user-data"))
+    preprocess = page_command("README.md", "data.preprocess")
+    assert "--input" in preprocess.argv and "corpus.jsonl" in preprocess.argv, preprocess.argv
+    with open(folder / "corpus.jsonl", "w") as corpus:
+        corpus.writelines(json.dumps({"text": text}) + "\n" for text in default_corpus_documents()[:200])
+    run_in(folder, [str(installed_clone / "python"), *preprocess.argv[1:], "--workers", "1",
+                    "--train-tokenizer-vocab-size", "300"], clean_env(HOME=str(training_home)))
+    return folder / "my_data"
+
+
+def bring_user_files(args: list[str], folder: Path, user_data: Path) -> None:
+    """Put in `folder` the data and tokenizer files a command names: the README's preprocessed my_data/, or its
+    files under the names the command gives (`--data-path my-corpus_text_document`, `--vocab-file gpt2-vocab.json`,
+    `--merge-file gpt2-merges.txt`: the preprocessed corpus's tokenizer is GPT-2's byte-level BPE)."""
+    data_path = flag_value(args, "--data-path")
+    if data_path is None:
+        return
+    if data_path.startswith("my_data/"):
+        if not (folder / "my_data").exists():
+            shutil.copytree(user_data, folder / "my_data")
+        return
+    for suffix in (".bin", ".idx"):
+        if not (folder / (data_path + suffix)).exists():
+            shutil.copy(user_data / f"my_text_document{suffix}", folder / (data_path + suffix))
+    for flag, name in (("--vocab-file", "vocab.json"), ("--merge-file", "merges.txt")):
+        if flag_value(args, flag) and not (folder / flag_value(args, flag)).exists():
+            shutil.copy(user_data / "my_tokenizer" / name, folder / flag_value(args, flag))
+
+
+def trained_argv(command: DocCommand, folder: Path, bin_dir: Path, user_data: Path, env: dict,
+                 run: int = 0, runs: int = 1) -> list[str]:
+    """The command as the user of the installed clone runs it in `folder` (run `run` of `runs` there, each
+    ITERATIONS_A_RUN iterations further on: --exit-interval stops all but the last), what it reads put there first,
+    its placeholders filled or dropped (without_placeholders), tiny sizes appended. torchrun is `python -m
+    torch.distributed.run` (its console script's module) of the virtualenv's python."""
+    argv = list(command.argv)
+    at = next(i for i, word in enumerate(argv) if is_pretrain(word))
+    head = [str(bin_dir / "python"), *(["-m", "torch.distributed.run"] if argv[0] == "torchrun" else []),
+            *argv[1:at], in_the_clone(argv[at])]
+    args = argv[at + 1:]
+    sizes = [*TINY, "--train-iters", str(ITERATIONS_A_RUN * runs)]
+    if run < runs - 1:
+        sizes += ["--exit-interval", str(ITERATIONS_A_RUN * (run + 1))]
+    bring_user_files(args, folder, user_data)
+    if flag_value(args, "--load") == "ckpt_ds":
+        shutil.copytree(FIXTURES / "deepspeed_checkpoints" / DEEPSPEED_CASE, folder / "ckpt_ds")
+        shutil.copytree(FIXTURES / "deepspeed_checkpoints" / "data", folder / "ds_data")
+        record = json.loads((FIXTURES / "deepspeed_checkpoints" / "losses.json").read_text())
+        fill = [*record["cases"][DEEPSPEED_CASE]["our_flags"], "--data-path", "ds_data/tokens"]
+        args = [word for placeholder in args for word in (fill if placeholder == "..." else [placeholder])]
+        sizes = []
+    if args[:2] == ["--init-from-hf", "..."]:
+        convert = page_command(command.page, "scripts/convert_to_hf.py")
+        assert convert.argv[2:4] == ("ckpt", "gpt2_hf"), convert.argv
+        shutil.copytree(OUR_CHECKPOINT, folder / "ckpt")
+        run_in(folder, [str(bin_dir / "python"), in_the_clone(convert.argv[1]), *convert.argv[2:]], env)
+        args = ["--init-from-hf", convert.argv[3], *args[2:]]
+        sizes = [*RUN_SIZES, "--train-iters", str(ITERATIONS_A_RUN)]
+    if not any(flag in args for flag in DATA_FLAGS):
+        sizes += EMBEDDED
+    return head + without_placeholders(tuple(args)) + sizes
+
+
+def made_checkpoint(command: DocCommand) -> Optional[DocCommand]:
+    """The tiny run that makes the checkpoint `command` continues where the user brings it (MADE_CHECKPOINTS)."""
+    load = flag_value(command.argv, "--load")
+    if load not in MADE_CHECKPOINTS:
+        return None
+    argv = list(command.argv)
+    for flag in ("--load", "--save"):
+        if flag in argv:
+            del argv[argv.index(flag):argv.index(flag) + 2]
+    return DocCommand(command.page, command.line, (*argv, "--save", load, *MADE_CHECKPOINTS[load]), command.env)
+
+
+@pytest.mark.slow
+class TestTrainedCommands:
+    """A class, so that pytest-xdist's --dist loadscope may hand these runs to the other worker than the module's."""
+
+    @pytest.mark.parametrize("commands", TRAININGS, ids=[training_id(commands) for commands in TRAININGS])
+    def test_a_training_command_trains_with_tiny_sizes(self, commands, installed_clone, training_home, user_data,
+                                                       tmp_path):
+        folder = user_folder(tmp_path / "user")
+        env = clean_env(**dict(commands[0].env), HOME=str(training_home), ZERO_GPT_PLAN_CACHE=str(tmp_path / "plans"))
+        before = repository_files()
+        runs = [made for made in [made_checkpoint(commands[0])] if made is not None] + list(commands)
+        for run, command in enumerate(runs):
+            out = run_in(folder, trained_argv(command, folder, installed_clone, user_data, env, run, len(runs)), env)
+            first = ITERATIONS_A_RUN * run + 1 if flag_value(command.argv, "--load") != "ckpt_ds" else 3
+            assert re.search(rf"> trained \d+ iterations? \(iterations? {first}\b", out), (
+                f"{command.id}: did not train from iteration {first}\n{out[-3000:]}")
+        assert repository_files() == before, f"{commands[0].id} wrote into the repository"
 
 
 # ---- links ---------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 `-e .` line) into a throwaway virtualenv, and a working folder of the user's own holding `data/`, `training/` and
 `checkpoint/` folders (the names of three of our packages), with no PYTHONPATH. A `python -m` command run there has
 the working folder first on its path, as a user's has: the packages are found through the editable install's `.pth`
-line, or not at all. tests/test_docs_commands.py runs the pages' commands there, tests/test_from_any_folder.py the
-README's own-data commands, with tiny sizes.
+line, or not at all. tests/test_docs_commands.py runs the pages' cheap commands there and their CPU training commands
+with tiny sizes, tests/test_from_any_folder.py the README's own-data commands and the tools after them.
 
 The virtualenv is made once a worker (tests/conftest.py's `installed_clone`, about 2.5 s: offline, no build
 isolation); it sees this interpreter's packages through a `.pth` of its own, so nothing is downloaded.
