@@ -10,7 +10,6 @@ from typing import ClassVar, Optional
 from base.errors import ConfigError
 from base.options import flag_of_setting, option
 
-
 # What a size of 0 builds in Megatron-Core's MLA (multi_latent_attention.py; tests/arguments/test_integer_flag_bounds.py)
 _WHY_AT_LEAST_ONE = {
     "q_lora_rank": "a 0-wide query latent makes every query 0, so attention is uniform (leave the flag out for no "
