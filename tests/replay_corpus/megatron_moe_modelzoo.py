@@ -6,11 +6,12 @@ GBS, SEQ_LEN, A2A_OVERLAP, DISPATCHER, OPTIMIZER_OFFLOAD: `invocation`) and extr
 reads model_configs/benchmarking/${MODEL}.yaml's MODEL_ARGS through envsubst and yq (`true` a bare flag, `false`
 left out), runtime_configs/benchmarking/{common,runtime}.conf's per-model defaults, and appends the dispatcher's,
 the precision's (PR=fp8: blockwise with --fp8-param-gather and the precision-aware optimizer; PR=mxfp8: with
---reuse-grad-buf-for-mxfp8-param-ag too; PR=bf16: --tp-comm-overlap) and A2A_OVERLAP's flags. The lists were taken by
-running every script under bash from the repository's root at the commit named, with DRY_RUN=1 (the script prints
-the Slurm job and `Full Training Command` instead of calling sbatch), a yq answering mikefarah yq v4's three queries
-of the script, the template cluster file (cluster_configs/benchmarking/template.conf, also as CW.conf, the
-CLUSTER some scripts name), and the two site paths as placeholders (DATA_PATH=<DATA_PATH>, LOAD_PATH=<LOAD_PATH>;
+--reuse-grad-buf-for-mxfp8-param-ag too; PR=bf16: --tp-comm-overlap) and A2A_OVERLAP's flags. The lists were taken
+by scripts/harvest_megatron_moe_modelzoo.py, running every script under bash from the repository's root at the
+commit named, with DRY_RUN=1 (the script prints the Slurm job and `Full Training Command` instead of calling
+sbatch), a yq answering mikefarah yq v4's three queries of the script, the template cluster file
+(cluster_configs/benchmarking/template.conf, also as CW.conf, the CLUSTER some scripts name), the tree in
+/tmp/Megatron-MoE-ModelZoo, and the two site paths as placeholders (DATA_PATH=<DATA_PATH>, LOAD_PATH=<LOAD_PATH>;
 shrink.py replaces paths anyway). `argv` is what follows pretrain_gpt.py once the job's `bash -c ${TRAINING_CMD}`
 splits it on blanks (quotes inside a value stay, as bash leaves them); `world_size` is the job's nodes x
 --ntasks-per-node (4 a node where GB200_CLUSTER=1, else 8).
