@@ -1389,8 +1389,12 @@ class PretrainConfig:
         if self.training.step_batch_size_schedule is not None:
             self._check_step_schedule()
         if self.data.tokenizer_type == "NullTokenizer" and self.model.vocab_size < 1:
-            raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N-1; the "
-                              "end-of-document id is N)", flags=("--tokenizer-type", "--vocab-size"))
+            # Megatron-LM asserts the flag (tokenizer.py: `assert args.vocab_size is not None`); given as 0 its
+            # NullTokenizer has the end-of-document id alone (N + 1 ids) and the data's ids land in padding rows
+            typed = f", got {self.model.vocab_size}: 0 leaves only the end-of-document id, every other token id " \
+                    f"would fall in the padding rows" if self.sources["vocab_size"].kind == FLAG else ""
+            raise ConfigError(f"--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N-1; the "
+                              f"end-of-document id is N){typed}", flags=("--tokenizer-type", "--vocab-size"))
         check_bounds(self)  # last: the estimates read values the rules above have made sane
 
     def _check_hf_model_type(self) -> None:

@@ -10,6 +10,16 @@ from typing import ClassVar, Optional
 from base.errors import ConfigError
 from base.options import flag_of_setting, option
 
+# What a size of 0 builds in Megatron-Core's MLA (multi_latent_attention.py; tests/arguments/test_integer_flag_bounds.py)
+_WHY_AT_LEAST_ONE = {
+    "q_lora_rank": "a 0-wide query latent makes every query 0, so attention is uniform (leave the flag out for no "
+                   "low-rank query)",
+    "kv_lora_rank": "a 0-wide key/value latent makes every value and key content 0",
+    "qk_head_dim": "the query/key heads keep only their rotary part, scores by position alone",
+    "qk_pos_emb_head_dim": "MLA without its rotary part has no position at all",
+    "v_head_dim": "0-wide value heads make the attention's output 0",
+}
+
 
 @dataclass(frozen=True)
 class MLASettings:
@@ -46,7 +56,8 @@ class MLASettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 flag = flag_of_setting(MLASettings, name)
-                raise ConfigError(f"{flag} must be at least 1, got {value}", flags=(flag,))
+                raise ConfigError(f"{flag} must be at least 1, got {value}: {_WHY_AT_LEAST_ONE[name]} (Megatron-LM "
+                                  f"builds it without a check, silently)", flags=(flag,))
         if self.qk_pos_emb_head_dim % 2:
             raise ConfigError(f"--qk-pos-emb-head-dim {self.qk_pos_emb_head_dim} must be even: rotary positions turn "
                               f"pairs of dims", flags=("--qk-pos-emb-head-dim",))

@@ -174,7 +174,9 @@ class ModelConfig:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
                      "make_vocab_size_divisible_by", "ffn_hidden_size", "kv_channels"):
             if getattr(self, name) is not None and getattr(self, name) < 1:  # None: the two sizes' defaults
-                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}", flags=(_flag(name),))
+                why = _WHY_AT_LEAST_ONE.get(name, "")
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}{why}",
+                                  flags=(_flag(name),))
         # Megatron-LM asserts the division only where it derives the head width from it (validate_args).
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads != 0:
             raise ConfigError(f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
@@ -192,7 +194,15 @@ class ModelConfig:
             raise ConfigError(f"--init-method-std must be positive, got {self.init_method_std}",
                               flags=("--init-method-std",))
         if self.vocab_size < 0:
-            raise ConfigError(f"--vocab-size must be at least 1, got {self.vocab_size}", flags=("--vocab-size",))
+            raise ConfigError(f"--vocab-size must be at least 1 (0 or none: the tokenizer's), got {self.vocab_size}",
+                              flags=("--vocab-size",))
+
+
+# Why a size of 0 is refused where Megatron-LM does not refuse it itself (tests/arguments/test_integer_flag_bounds.py)
+_WHY_AT_LEAST_ONE = {
+    "seq_length": ": a sample of no tokens (Megatron-LM's sample index divides the tokens by it: SIGFPE)",
+    "ffn_hidden_size": ": an MLP 0 wide adds only its output bias (Megatron-LM builds it without a check, silently)",
+}
 
 
 def _flag(name: str) -> str:

@@ -323,6 +323,14 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     _resolve_precision_aware_optimizer(given, settings, option_used, resolved)
     resolve_ckpt_step(given, settings, change, resolved)
     resolve_cpu_offload_flags(given, settings, sources, option_used, change, resolved)
+    if (harvested or {}).get("--reuse-grad-buf-for-mxfp8-param-ag") and not settings["fp8_param_gather"] \
+            and not given.get("use_torch_fsdp2"):
+        # DistributedDataParallelConfig.__post_init__ (megatron/core/distributed/distributed_data_parallel_config.py
+        # :154), built for every run but torch FSDP2's (megatron/training/training.py get_model)
+        resolved.refused.append("--reuse-grad-buf-for-mxfp8-param-ag without --fp8-param-gather: Megatron-LM asserts "
+                                "'Reuse grad buffer only when keeping params in MXFP8.' (the gradient buffer holds "
+                                "the weights' all-gather only when they are kept in FP8); add --fp8-param-gather or "
+                                "drop the flag")
     _resolve_main_grads_dtype(given, settings, sources, change, resolved)
     _resolve_query_groups(given, settings, option_used, change, resolved)
     _resolve_pipe_parallel_size(given, settings, sources, change, resolved)

@@ -214,7 +214,8 @@ class MoESettings:
         """The counts of --num-experts, then each MoE layer's settings (for_layer) at each count it has."""
         counts = self.num_experts if self.per_layer else (self.num_experts or 0,)
         if min(counts) < 0:
-            raise ConfigError(f"--num-experts must be at least 1, got {min(counts)}", flags=("--num-experts",))
+            raise ConfigError(f"--num-experts must be at least 1 (0: no experts, as in Megatron-LM), got {min(counts)}",
+                              flags=("--num-experts",))
         if largest_expert_count(self.num_experts) is None:
             return
         if self.per_layer and self.deepspeed.gating != "deepspeed":
@@ -241,11 +242,14 @@ class MoESettings:
         if self.deepspeed.gating == "deepspeed":
             return
         if not 1 <= self.router_topk <= self.num_experts:
+            why = (": no token would reach an expert (Megatron-LM's load-balancing loss divides by it)"
+                   if self.router_topk < 1 else "")
             raise ConfigError(f"--moe-router-topk {self.router_topk} must be between 1 and --num-experts "
-                              f"{self.num_experts}", flags=("--moe-router-topk", "--num-experts"))
+                              f"{self.num_experts}{why}", flags=("--moe-router-topk", "--num-experts"))
         self._validate_choices()
         if self.ffn_hidden_size < 1:
-            raise ConfigError(f"--moe-ffn-hidden-size must be at least 1, got {self.ffn_hidden_size}",
+            raise ConfigError(f"--moe-ffn-hidden-size must be at least 1, got {self.ffn_hidden_size}: experts 0 wide "
+                              f"output only their bias, no expert computes (Megatron-LM builds them without a check)",
                               flags=("--moe-ffn-hidden-size",))
         if self.aux_loss_coeff < 0 or (self.z_loss_coeff or 0.0) < 0:
             raise ConfigError("--moe-aux-loss-coeff and --moe-z-loss-coeff must not be negative",
@@ -318,7 +322,9 @@ class MoESettings:
             raise ConfigError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor",
                               flags=("--moe-pad-expert-input-to-capacity", "--moe-expert-capacity-factor"))
         if self.shared_expert_intermediate_size is not None and self.shared_expert_intermediate_size < 1:
-            raise ConfigError("--moe-shared-expert-intermediate-size must be at least 1",
+            raise ConfigError(f"--moe-shared-expert-intermediate-size must be at least 1, got "
+                              f"{self.shared_expert_intermediate_size}, as Megatron-LM's TransformerConfig raises "
+                              f"(leave the flag out for no shared expert)",
                               flags=("--moe-shared-expert-intermediate-size",))
         if self.shared_expert_gate and self.shared_expert_intermediate_size is None:
             raise ConfigError("--moe-shared-expert-gate gates the shared expert: give "

@@ -123,15 +123,20 @@ def no_effect_argv():
     return argv
 
 
+# What a no-effect flag needs beside it: --reuse-grad-buf-for-mxfp8-param-ag --fp8-param-gather, as Megatron-Core's
+# DistributedDataParallelConfig asserts (tests/arguments/test_integer_flag_bounds.py)
+PARTNERS = ("--fp8-param-gather",)
+
+
 def test_every_no_effect_flag_is_accepted_and_said_in_the_one_line():
-    argv = no_effect_argv()
+    argv = [*no_effect_argv(), *PARTNERS]
     parsed = parse_arguments(argv)
     lines = [note for note in parsed.notes if note.startswith(NO_EFFECT_LINE)]
     assert len(lines) == 1 and "\n" not in lines[0]
     for option, (kind, reason) in CLASS_OF.items():
         if kind == NO_EFFECT_CLASS:
             assert option in lines[0] and reason in lines[0], option
-    assert parsed.config.to_dict() == parse_config([]).to_dict()  # no setting moved
+    assert parsed.config.to_dict() == parse_config(list(PARTNERS)).to_dict()  # no setting moved
 
 
 def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere():

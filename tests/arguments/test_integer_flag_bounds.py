@@ -135,7 +135,53 @@ BOUNDS = (
           "silently", CORE + "transformer/transformer_block.py:558",
           "and layer_idx < self.config.recompute_num_layers + recompute_skip_num_layers",
           ("--checkpoint-activations", "--recompute-method", "block")),
+    Bound("--seq-length", 1, 0, "SIGFPE: the sample index divides the tokens by 0 (its `assert(seq_length > 1)` is "
+          "compiled out of the wheel: 1 builds its index)", CORE + "datasets/helpers.cpp:174",
+          "num_samples = (num_epochs * tokens_per_epoch - add_extra_token_to_sequence) / seq_length;"),
+    Bound("--ffn-hidden-size", 1, 0, "no check (only None takes the default): an MLP 0 wide, whose output is its "
+          "second linear's bias alone, silently", CORE + "transformer/mlp.py:124", "ffn_hidden_size,"),
+    Bound("--vocab-size", 1, 0, "N + 1 ids, the end of document the last: 0 leaves that id alone, and the data's "
+          "other ids land in the padding rows of the vocabulary, silently (read only by NullTokenizer and "
+          "TikTokenizer; beside the others the value is not read)", TRAINING + "tokenizer/tokenizer.py:835",
+          "return self._vocab_size_without_eod + 1", ("--mock-data", "--tokenizer-type", "NullTokenizer")),
+    Bound("--q-lora-rank", 1, 0, "no check (only None means no low-rank query): a 0-wide latent, every query 0, "
+          "attention uniform, silently", CORE + "transformer/multi_latent_attention.py:422",
+          "self.config.q_lora_rank,", ("--multi-latent-attention",)),
+    Bound("--kv-lora-rank", 1, 0, "no check: a 0-wide key/value latent, every value and key content 0, silently",
+          CORE + "transformer/multi_latent_attention.py:485", "self.config.kv_lora_rank,",
+          ("--multi-latent-attention",)),
+    Bound("--qk-head-dim", 1, 0, "no check: heads of their rotary part alone, scores by position only, silently",
+          CORE + "transformer/multi_latent_attention.py:113",
+          "self.q_head_dim = self.config.qk_head_dim + self.config.qk_pos_emb_head_dim", ("--multi-latent-attention",)),
+    Bound("--qk-pos-emb-head-dim", 2, 1, "ValueError in the unfused RoPE: the 1-wide rotary part halves into one "
+          "chunk (0 runs MLA without any position, silently: refused here too)",
+          CORE + "models/common/embeddings/rope_utils.py:83", "x1, x2 = torch.chunk(x, 2, dim=-1)",
+          ("--multi-latent-attention",)),
+    Bound("--v-head-dim", 1, 0, "no check: value heads 0 wide, the attention's output 0, silently",
+          CORE + "transformer/multi_latent_attention.py:111",
+          "self.query_projection_size = self.config.v_head_dim * self.config.num_attention_heads",
+          ("--multi-latent-attention",)),
+    Bound("--num-experts", 0, -1, "ValueError 'num_moe_experts must be non-negative.' in TransformerConfig (0 reads "
+          "as no experts: `if args.num_experts == 0: args.num_experts = None`, arguments.py:1014)",
+          CORE + "transformer/transformer_config.py:1051",
+          "if self.num_moe_experts is not None and self.num_moe_experts <= 0:"),
+    Bound("--moe-router-topk", 1, 0, f"{ZERO_DIVIDES} in the auxiliary load-balancing loss; without one, "
+          "torch.topk(k=0) sends no token to an expert, silently", CORE + "transformer/moe/moe_utils.py:131",
+          "num_experts * moe_aux_loss_coeff / (topk * total_num_tokens * total_num_tokens)",
+          ("--num-experts", "4", "--moe-router-pre-softmax")),
+    Bound("--moe-ffn-hidden-size", 1, 0, "no check (only None takes --ffn-hidden-size): experts 0 wide, each "
+          "adding only its bias, silently", CORE + "transformer/moe/experts.py:128",
+          "fc1_output_size = self.config.moe_ffn_hidden_size * self.num_local_experts", ("--num-experts", "4")),
+    Bound("--moe-shared-expert-intermediate-size", 1, 0, "ValueError in TransformerConfig (None: no shared expert)",
+          CORE + "transformer/transformer_config.py:1084", "if self.moe_shared_expert_intermediate_size <= 0:",
+          ("--num-experts", "4")),
 )
+
+# Not a bound but a pair: Megatron-LM builds a DistributedDataParallelConfig for every run but torch FSDP2's
+# (megatron/training/training.py get_model), whose __post_init__ asserts the flag's partner.
+REUSE_GRAD_BUF = ("--reuse-grad-buf-for-mxfp8-param-ag", "--fp8-param-gather",
+                  CORE + "distributed/distributed_data_parallel_config.py:154",
+                  'assert self.fp8_param_gather, "Reuse grad buffer only when keeping params in MXFP8."')
 
 
 @pytest.mark.parametrize("bound", BOUNDS, ids=lambda bound: bound.flag)
@@ -153,7 +199,17 @@ def test_every_row_cites_a_line_of_megatron():
     assert len({bound.flag for bound in BOUNDS}) == len(BOUNDS)
     for bound in BOUNDS:
         path, line = bound.source.rsplit(":", 1)
-        assert path.startswith((TRAINING, CORE)) and path.endswith(".py") and int(line) > 0, bound.source
+        assert path.startswith((TRAINING, CORE)) and path.endswith((".py", ".cpp")) and int(line) > 0, bound.source
+
+
+def test_reuse_grad_buf_needs_fp8_param_gather_as_megatron_asserts():
+    flag, partner, _, quote = REUSE_GRAD_BUF
+    parse_config([flag, partner])
+    with pytest.raises(ConfigError) as refusal:
+        parse_config([flag])
+    message = str(refusal.value)
+    assert "\n" not in message and flag in message and partner in message, message
+    assert quote.split('"')[1] in message, message
 
 
 def test_the_cited_lines_of_megatron_core_read_as_quoted():
@@ -164,7 +220,8 @@ def test_the_cited_lines_of_megatron_core_read_as_quoted():
     version = (root / "package_info.py").read_text()
     if "MINOR = 16" not in version or "PATCH = 1" not in version:
         pytest.skip("the rows cite megatron-core 0.16.1")
-    for bound in BOUNDS:
-        if bound.source.startswith(CORE):
-            path, line = bound.source.removeprefix(CORE).rsplit(":", 1)
-            assert (root / path).read_text().splitlines()[int(line) - 1].strip() == bound.quote, bound.source
+    cited = [(bound.source, bound.quote) for bound in BOUNDS] + [REUSE_GRAD_BUF[2:]]
+    for source, quote in cited:
+        if source.startswith(CORE):
+            path, line = source.removeprefix(CORE).rsplit(":", 1)
+            assert (root / path).read_text().splitlines()[int(line) - 1].strip() == quote, source

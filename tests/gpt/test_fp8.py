@@ -222,10 +222,11 @@ def test_experts_shared_experts_and_mtp_layers_run_in_fp8_and_routers_do_not():
 def test_reuse_grad_buf_for_mxfp8_param_ag_is_accepted_as_memory_only():
     """Megatron-LM's --reuse-grad-buf-for-mxfp8-param-ag places its bf16 MXFP8 all-gather buffer in the gradient
     buffer; the gathers here write the bytes the GEMMs read (zero/fp8_params.py), so the start-up line names it as
-    changing only memory (its run: tests/gpt/test_fp8_param_gather.py)."""
+    changing only memory (its run: tests/gpt/test_fp8_param_gather.py). Beside --fp8-param-gather, as Megatron-LM
+    asserts (tests/arguments/test_integer_flag_bounds.py)."""
     from arguments.megatron.flags import NO_EFFECT_LINE
     from arguments.parser import parse_arguments
 
-    notes = parse_arguments(["--reuse-grad-buf-for-mxfp8-param-ag"]).notes
+    notes = parse_arguments(["--reuse-grad-buf-for-mxfp8-param-ag", "--fp8-param-gather"]).notes
     line = next(note for note in notes if note.startswith(NO_EFFECT_LINE))
     assert "--reuse-grad-buf-for-mxfp8-param-ag (memory only: in Megatron-LM it puts --fp8-param-gather's MXFP8" in line
