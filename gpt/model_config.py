@@ -22,6 +22,7 @@ from gpt.output_settings import OutputSettings
 from gpt.positions import PositionSettings
 from gpt.recompute_settings import RecomputeSettings
 from gpt.section_rules import check_layers_without_rotary, check_mlp_with_experts, check_multi_latent_attention
+from gpt.trunk_rules import check_trunk
 from parallel.layers import padded_vocab_size
 
 
@@ -158,8 +159,8 @@ class ModelConfig:
         self.mlp.validate_size(self.ffn_size, tensor_parallel_size)
 
     def validate(self) -> None:
-        """The trunk's rules, then each section's (its own file), then those across sections (gpt/section_rules.py)."""
-        self._validate_trunk()
+        """The trunk's rules (gpt/trunk_rules.py), each section's (its own file), those across sections (gpt/section_rules.py)."""
+        check_trunk(self)
         self.output.validate()
         self.mtp.validate(self.seq_length)
         self.validate_blocks()
@@ -169,40 +170,6 @@ class ModelConfig:
         check_layers_without_rotary(self.positions, self.mla, self.mtp)
         check_multi_latent_attention(self.mla, self.attention, self.positions, self.num_layers)
         check_mlp_with_experts(self.mlp, has_experts=self.moe is not None)
-
-    def _validate_trunk(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
-                     "make_vocab_size_divisible_by", "ffn_hidden_size", "kv_channels"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:  # None: the two sizes' defaults
-                why = _WHY_AT_LEAST_ONE.get(name, "")
-                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}{why}",
-                                  flags=(_flag(name),))
-        # Megatron-LM asserts the division only where it derives the head width from it (validate_args).
-        if self.kv_channels is None and self.hidden_size % self.num_attention_heads != 0:
-            raise ConfigError(f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
-                              f"{self.num_attention_heads}; choose sizes with hidden = heads x head_dim, or give "
-                              f"each head's width with --kv-channels",
-                              flags=("--hidden-size", "--num-attention-heads", "--kv-channels"))
-        if self.seq_length > self.max_position_embeddings:
-            raise ConfigError(f"--seq-length {self.seq_length} is larger than --max-position-embeddings "
-                              f"{self.max_position_embeddings}; raise the latter or shorten the sequence",
-                              flags=("--seq-length", "--max-position-embeddings"))
-        if not 0.0 <= self.hidden_dropout < 1.0:
-            raise ConfigError(f"--hidden-dropout must be in [0, 1), got {self.hidden_dropout}",
-                              flags=("--hidden-dropout",))
-        if self.init_method_std <= 0:
-            raise ConfigError(f"--init-method-std must be positive, got {self.init_method_std}",
-                              flags=("--init-method-std",))
-        if self.vocab_size < 0:
-            raise ConfigError(f"--vocab-size must be at least 1 (0 or none: the tokenizer's), got {self.vocab_size}",
-                              flags=("--vocab-size",))
-
-
-# Why a size of 0 is refused where Megatron-LM does not refuse it itself (tests/arguments/test_integer_flag_bounds.py)
-_WHY_AT_LEAST_ONE = {
-    "seq_length": ": a sample of no tokens (Megatron-LM's sample index divides the tokens by it: SIGFPE)",
-    "ffn_hidden_size": ": an MLP 0 wide adds only its output bias (Megatron-LM builds it without a check, silently)",
-}
 
 
 def _flag(name: str) -> str:
