@@ -52,12 +52,12 @@ def fingerprint(name: str) -> list[list]:
     with tempfile.TemporaryDirectory() as workdir:
         command = [sys.executable, str(REPO / "scripts" / "launch.py"), "--standalone", "--nnodes", "1",
                    "--nproc_per_node", str(processes), str(REPO / "pretrain_gpt.py"), "--train-iters", "3",
-                   "--log-interval", "1", "--eval-iters", "0", *flags]
+                   "--log-interval", "1", "--eval-iters", "0", "--metrics-file", "metrics.jsonl", *flags]
         done = subprocess.run(command, cwd=workdir, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
                               text=True, timeout=900)
         if done.returncode:
             raise SystemExit(f"loss_fingerprint.py: {name} exited {done.returncode}: {done.stderr.strip()[-500:]}")
-        records = [json.loads(line) for line in Path(workdir, "runs", "metrics.jsonl").read_text().splitlines()]
+        records = [json.loads(line) for line in Path(workdir, "metrics.jsonl").read_text().splitlines()]
     return [[r["iteration"], repr(r["loss"]), repr(r["grad_norm"])] for r in records if "grad_norm" in r]
 
 
