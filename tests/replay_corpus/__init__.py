@@ -15,6 +15,7 @@ from tests.replay_corpus import (
                                  megatron_lm_functional_tests,
                                  megatron_moe_modelzoo,
                                  open_runs,
+                                 rocm_megatron_lm,
                                  round6,
                                  slime,
                                  zyphra,
@@ -24,7 +25,7 @@ CORPUS = (*megatron_lm.LAUNCHES, *megatron_deepspeed.LAUNCHES, *megatron_deepspe
           *deepspeed_examples.LAUNCHES, *deepspeed.LAUNCHES,
           *bigscience.LAUNCHES, *megatron_lm_functional.LAUNCHES, *forks.LAUNCHES, *open_runs.LAUNCHES,
           *slime.LAUNCHES, *round6.LAUNCHES, *geniac.LAUNCHES,
-          *zyphra.LAUNCHES, *megatron_moe_modelzoo.LAUNCHES)
+          *zyphra.LAUNCHES, *megatron_moe_modelzoo.LAUNCHES, *rocm_megatron_lm.LAUNCHES)
 # Every GPT and MoE pretraining functional test of Megatron-LM at one commit, harvested whole: counted by outcome
 # in the docs, not listed there one by one (megatron_lm_functional_tests.py).
 HARVESTED = (*megatron_lm_functional_tests.LAUNCHES, *megatron_lm_functional_tests.MOE_HARVESTED)

@@ -324,7 +324,10 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         elif flag in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
             new = ["1"]
         elif flag == "--ffn-hidden-size" and "--hidden-size" in scalar:
-            new = [str(max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"])))]
+            # in its proportion to the hidden size, a multiple of the new TP size as the original's was of its (the
+            # MLP's columns split over the TP ranks): Qwen2-1.5B's 8960 of 1536 is 187 of 32, 188 at TP 2
+            width = max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"]))
+            new = [str(-(-width // new_tp) * new_tp if value % tp == 0 else width)]
         elif flag in MOE_WIDTHS and "--hidden-size" in scalar:
             # each expert's (and the shared expert's) width in its proportion to the hidden size, a multiple of the
             # new TP size as the original's was of its (the shared experts split over the TP ranks), and the routed
