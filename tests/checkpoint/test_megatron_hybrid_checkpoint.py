@@ -7,7 +7,8 @@ MLP, attention, MLP), fp32, the plain optimizer, the fixtures' corpus; and `*-*E
 default MoE (biases on, 4 experts, top 2) at EP 2; and `*-*-` under the distributed optimizer at DP 2
 (--dist-ckpt-optim-fully-reshardable: per-parameter states), and in its default dp_reshardable layout (the
 gradient buckets, rebuilt here as a GPT model's: HybridModel's attention and MLP layers register a GPT layer's
-parameters in the same order); and `*-*-/*-`, one MTP depth (rotary positions, which Megatron-Core's MTP needs). One launch trained iterations 1-4 saving at 2,
+parameters in the same order); and `*-*-/*-`, one MTP depth (rotary positions, which Megatron-Core's MTP needs); and
+`*-|*-` at PP 2 (megatron_hybrid_pp2, a block per stage). One launch trained iterations 1-4 saving at 2,
 a second resumed the save (Megatron-LM's own resume: the same losses). Its folder differs from a GPTModel save: a
 layer per symbol (`decoder.layers.<0-3>.self_attention.*` / `.mlp.*`, checkpoint/torch_dist/names.py),
 `decoder.final_norm`, and no common.pt (0.19 keeps the common state as the DCP object `common_state`).
@@ -57,7 +58,19 @@ MOE = "megatron_hybrid_moe"
 DISTOPT = "megatron_hybrid_distopt_fully_reshardable"
 BUCKETS = "megatron_hybrid_distopt_dp_reshardable"
 MTP = "megatron_hybrid_mtp"
-PATTERNS = {NAME: "*-*-", MOE: "*-*E", DISTOPT: "*-*-", BUCKETS: "*-*-", MTP: "*-*-/*-"}
+PP2 = "megatron_hybrid_pp2"
+PATTERNS = {NAME: "*-*-", MOE: "*-*E", DISTOPT: "*-*-", BUCKETS: "*-*-", MTP: "*-*-/*-", PP2: "*-|*-"}
+# on one rank a pattern's `|` segments would be virtual stages of one stage (refused here): the same layers without
+# them, which HybridModel numbers alike (`|` is not counted)
+ONE_STAGE = {PP2: "*-*-"}
+
+
+def one_rank_flags(name: str) -> list[str]:
+    """The fixture's flags on one rank (our_flags), its pattern on one stage (ONE_STAGE)."""
+    flags = our_flags(name)
+    if name in ONE_STAGE:
+        flags[flags.index("--hybrid-layer-pattern") + 1] = ONE_STAGE[name]
+    return flags
 
 
 def test_the_fixture_is_hybridmodels_own_layout():
@@ -76,8 +89,8 @@ def test_the_source_is_our_pattern_model_by_name_and_shape(name):
     from gpt.model import GPTModel
     from parallel.state import ParallelState
 
-    config = parse_config(our_flags(name))
-    assert config.model.hybrid_layer_pattern == PATTERNS[name] and config.model.num_layers == 2
+    config = parse_config(one_rank_flags(name))
+    assert config.model.hybrid_layer_pattern == ONE_STAGE.get(name, PATTERNS[name]) and config.model.num_layers == 2
     model = GPTModel(config.model, ParallelState(device=torch.device("cpu")))
     ours = {n: tuple(p.shape) for n, p in model.named_parameters()}
     source = MegatronSource(iteration_dir(name))
@@ -159,14 +172,15 @@ def test_the_common_state_is_read_from_the_dcp_files_without_running_code():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_pretrain_hybrid_continues_megatrons_hybrid_checkpoint_to_its_next_losses(tmp_path, monkeypatch, name):
-    """The MoE one saved at EP 2 by Megatron-LM, continued here on one rank."""
+    """The MoE one saved at EP 2 by Megatron-LM, continued here on one rank; the PP 2 one (`*-|*-`) on one rank
+    under `*-*-`, the same layers on one stage."""
     import pretrain_hybrid
     from tests.reliability_helpers import metrics_records, run_main
 
     monkeypatch.chdir(data_workdir(tmp_path))
     checkpoint = shutil.copytree(FIXTURES / name, tmp_path / name)
     metrics = tmp_path / "metrics.jsonl"
-    outcome = run_main(pretrain_hybrid.main, our_flags(name) + [
+    outcome = run_main(pretrain_hybrid.main, one_rank_flags(name) + [
         "--load", checkpoint, "--device", "cpu", "--log-interval", "1", "--data-cache-dir", tmp_path / "cache",
         "--metrics-file", metrics])
     assert outcome.code == 0, outcome.err[-3000:]
@@ -201,6 +215,22 @@ def test_a_gpt_checkpoint_continues_under_the_equivalent_pattern(tmp_path, monke
     assert f"--hybrid-layer-pattern {pattern}: 2 blocks" in outcome.out
     losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
     assert losses == megatrons_losses(name)  # bitwise, as measured
+
+
+@pytest.mark.slow
+def test_pretrain_hybrid_continues_megatrons_pp2_checkpoint_at_pp2(tmp_path):
+    """megatron_hybrid_pp2 (`*-|*-` at PP 2) continued here at PP 2 under its own pattern and flags, a block per
+    stage as in Megatron-LM: its iterations 3 and 4 (measured bitwise)."""
+    from tests.distributed import run_distributed
+    from tests.reliability_helpers import metrics_records
+
+    checkpoint = shutil.copytree(FIXTURES / PP2, tmp_path / PP2)
+    metrics = tmp_path / "metrics.jsonl"
+    run_distributed(run_ours, 2, list(record(PP2)["flags"]) + [
+        "--load", str(checkpoint), "--device", "cpu", "--log-interval", "1", "--data-cache-dir",
+        str(tmp_path / "cache"), "--metrics-file", str(metrics)], str(data_workdir(tmp_path)), timeout=300)
+    losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
+    assert losses == megatrons_losses(PP2)
 
 
 def run_ours(rank: int, world_size: int, argv: list[str], workdir: str) -> None:
