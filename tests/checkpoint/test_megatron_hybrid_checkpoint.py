@@ -23,9 +23,9 @@ layer per symbol (`decoder.layers.<0-3>.self_attention.*` / `.mlp.*`, checkpoint
 - With Megatron-LM core_v0.19.0 (MEGATRON_LM_0_19 naming its tree, megatron-core 0.16.1's wheel installed for the
   prebuilt dataset helpers; skipped otherwise): our torch_dist save under a pattern, HybridModel's own layout with
   the pattern in its args (names.py hybrid_megatron_placement), is continued by Megatron-LM's own
-  pretrain_hybrid.py with the same flags to our uninterrupted run's iteration-3 and -4 losses: `*-*-`, `*E*E` and
-  `*-*E` at EP 2 (biases on), `*-*-` under the distributed optimizer at DP 2, `*-|*-` at PP 2 (bitwise), and
-  `*-*-/*-` with an MTP depth (OUT_TOLERANCE). Our save without a pattern (GPTModel's layout) still continues
+  pretrain_hybrid.py with the same flags to our uninterrupted run's iteration-3 and -4 losses: `*-*-` (and at TP 2),
+  `*E*E` and `*-*E` at EP 2 (biases on), `*-*-` under the distributed optimizer at DP 2, `*-|*-` at PP 2 (bitwise),
+  and `*-*-/*-` with an MTP depth, plain and under the distributed optimizer at DP 2 (OUT_TOLERANCE). Our save without a pattern (GPTModel's layout) still continues
   there under `*-*-` through Megatron-Core 0.19's retarget (bitwise).
 """
 
@@ -247,8 +247,12 @@ OUT_CASES = {"dense": (NAME, "*-*-", 1), "moe_ep2": (MOE, "*E*E", 2), "distopt_d
              "mtp": (MTP, "*-*-/*-", 1), "pp2": (PP2, "*-|*-", 2), "moe_beside_dense_ep2": (MOE, "*-*E", 2),
              # our save of the same model without a pattern (GPTModel's layout), loaded under `*-*-` there
              "gpt_layout_retargeted": (NAME, None, 1)}
+# flags both runs add to the fixture's
+OUT_EXTRA = {"dense_tp2": ["--tensor-model-parallel-size", "2"],
+             "mtp_distopt_dp2": ["--use-distributed-optimizer"]}
+OUT_CASES.update(dense_tp2=(NAME, "*-*-", 2), mtp_distopt_dp2=(MTP, "*-*-/*-", 2))
 # where Megatron-LM's continuation is not our uninterrupted run bitwise, the relative difference measured
-OUT_TOLERANCE = {"mtp": 1e-6}  # iteration 4: 4.847300052642822 there, 4.847299575805664 here (9.8e-8)
+OUT_TOLERANCE = {"mtp": 1e-6, "mtp_distopt_dp2": 1e-6}  # iteration 4: 4.847300052642822 there, 4.847299575805664 here (9.8e-8)
 
 
 @pytest.mark.slow
@@ -262,7 +266,7 @@ def test_megatron_lm_019_continues_our_save_under_the_pattern(tmp_path, case):
     from tests.reliability_helpers import metrics_records
 
     name, pattern, ranks = OUT_CASES[case]
-    flags = list(record(name)["flags"])
+    flags = list(record(name)["flags"]) + OUT_EXTRA.get(case, [])
     ours = flags
     if pattern is None:  # our save without a pattern: GPTModel's layout, which Megatron-Core 0.19 retargets
         at, spec = flags.index("--hybrid-layer-pattern"), flags.index("--spec")
