@@ -357,3 +357,27 @@ def test_multi_latent_attention_under_a_pattern_saves_this_projects_format_said_
     line = parse_config(flags).megatron_format_unwritten()
     assert line is not None and "multi-latent attention under --hybrid-layer-pattern" in line
     assert parse_config(one_rank_flags(NAME) + ["--save", "ckpt"]).megatron_format_unwritten() is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [MTP, MOE])
+def test_our_hybridmodel_layout_save_resumes_here_to_our_uninterrupted_losses(tmp_path, monkeypatch, name):
+    """Our save under the fixture's pattern (HybridModel's layout) read back here by the same reader as
+    Megatron-LM's: the resumed iterations 3 and 4 are the uninterrupted run's (measured bitwise)."""
+    import pretrain_hybrid
+    from tests.reliability_helpers import metrics_records, run_main
+
+    monkeypatch.chdir(data_workdir(tmp_path))
+    common = one_rank_flags(name) + ["--device", "cpu", "--log-interval", "1", "--data-cache-dir",
+                                     tmp_path / "cache"]
+    saved, straight, resumed = tmp_path / "save", tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl"
+    outcome = run_main(pretrain_hybrid.main, common + ["--save", saved, "--save-interval", "2", "--metrics-file",
+                                                      straight])
+    assert outcome.code == 0, outcome.err[-3000:]
+    shutil.rmtree(saved / "iter_0000004")
+    (saved / "latest_checkpointed_iteration.txt").write_text("2")
+    assert "decoder.final_norm.weight" in MegatronSource(saved / "iter_0000002").reader.tensors()
+    outcome = run_main(pretrain_hybrid.main, common + ["--load", saved, "--metrics-file", resumed])
+    assert outcome.code == 0, outcome.err[-3000:]
+    losses = [{r["iteration"]: r["loss"] for r in metrics_records(path) if "loss" in r} for path in (straight, resumed)]
+    assert losses[1] == {i: losses[0][i] for i in CONTINUED}
