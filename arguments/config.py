@@ -1160,6 +1160,10 @@ class PretrainConfig:
             # gpt/mla.py norms the hidden state before linear_q_proj there; Megatron-Core 0.16.1 builds no such norm
             ("multi-latent attention's query norm without --q-lora-rank (Megatron-Core builds none)",
              model.mla.multi_latent_attention and model.attention.qk_layernorm and model.mla.q_lora_rank is None),
+            # a pattern's save is HybridModel's layout (checkpoint/torch_dist/names.py hybrid_megatron_placement),
+            # whose table holds plain attention's names only
+            ("multi-latent attention under --hybrid-layer-pattern (HybridModel's layout is written here for plain "
+             "attention)", model.mla.multi_latent_attention and bool(model.hybrid_layer_pattern)),
             (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),
             ("--keep-last's pruning", bool(self.checkpoint.keep_last))) if on]
         if not unwritten:

@@ -161,6 +161,8 @@ HYBRID_FIXTURES = {
     # no positions ("not supported with learned_absolute position embedding type")
     "megatron_hybrid_mtp": (1, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-*-/*-", "--position-embedding-type", "rope"]
                             + HYBRID_SPEC),
+    # the dense one in two pipeline segments (`*-|*-`: a block per stage) at PP 2
+    "megatron_hybrid_pp2": (2, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-|*-"] + HYBRID_SPEC + PP2),
 }
 
 

@@ -359,7 +359,9 @@ def _capturing_logits(train_step, path: str):
         tokens, logits, hooks = [], [], []
         for chunk in unwrap_model(model):
             if getattr(chunk, "post_process", False):
-                hooks.append(chunk.register_forward_pre_hook(lambda module, args: tokens.append(args[0].clone())))
+                # HybridModel's last stage is handed no input ids at PP > 1 (None): no tokens, so no file
+                hooks.append(chunk.register_forward_pre_hook(
+                    lambda module, args: tokens.append(None if args[0] is None else args[0].clone())))
                 # cloned: the loss (vocab_parallel_cross_entropy) then turns the logits into exponentials in place
                 hooks.append(chunk.output_layer.register_forward_hook(
                     lambda module, args, output: logits.append(
@@ -373,7 +375,11 @@ def _capturing_logits(train_step, path: str):
             mpu.is_pipeline_last_stage(ignore_virtual=True) and mpu.get_tensor_model_parallel_rank() == 0) else None
         everyone = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(everyone, mine)
-        if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
+        untokened = any(t is None for entry in everyone if entry is not None for t, _ in entry[1])
+        if untokened and torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
+            print(f"--logits: the last pipeline stage holds no input tokens (HybridModel's at PP > 1): {path} is "
+                  f"not written", flush=True)
+        elif torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
             ranks = dict(entry for entry in everyone if entry is not None)
             ordered = [ranks[rank][micro] for micro in range(len(ranks[0])) for rank in sorted(ranks)]
             save_file({"tokens": torch.cat([t for t, _ in ordered]).long().contiguous(),

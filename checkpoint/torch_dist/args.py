@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from checkpoint.torch_dist.common import TORCH_DIST_BACKEND
+from checkpoint.torch_dist.names import hybrid_layer_symbols
 from gpt.moe.settings import moe_layer_pattern
 from parallel.state import ParallelState
 
@@ -120,7 +121,21 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
         consumed_valid_samples=0, no_save_optim=None, no_save_rng=True,
         data_parallel_random_init=training.data_parallel_random_init,
         transformer_impl="local")
-    return argparse.Namespace(**{**values, **_moe_args(config), **_mla_args(model)})
+    return argparse.Namespace(**{**values, **_moe_args(config), **_mla_args(model), **_hybrid_args(model)})
+
+
+def _hybrid_args(model) -> dict:
+    """A --hybrid-layer-pattern run's fields as Megatron-LM 0.19's validate_args leaves them: the pattern, its
+    num_layers one per symbol of the main pattern, --moe-layer-freq at its default (the pattern's `E`s place the
+    MoE layers). The pattern in the args is what makes Megatron-Core 0.19 load the save as HybridModel's own layout
+    (training/checkpointing.py _maybe_setup_gpt_to_hybrid_load), which the writer then writes (names.py)."""
+    text = getattr(model, "hybrid_layer_pattern", None)
+    if not text:
+        return {}
+    values = dict(hybrid_layer_pattern=text, num_layers=len(hybrid_layer_symbols(text)))
+    if model.moe is not None:
+        values["moe_layer_freq"] = 1
+    return values
 
 
 def _mla_args(model) -> dict:

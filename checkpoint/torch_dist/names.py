@@ -23,7 +23,8 @@ Megatron-Core 0.19's HybridModel (models/hybrid: HybridStack.sharded_state_dict)
 `-`/`E` are our block k's attention and MLP (Megatron-Core's own GPT retarget, dist_checkpointing/
 gpt_checkpoint_interop.py, pairs them so); a name in a layer of the other kind is not ours. Its MTP depth d (after
 a `/`) is `mtp.layers.<d>.`: enorm, hnorm, eh_proj and final_layernorm as ours under `mtp_layers.<d>.`, and the
-MTP pattern's layers nested as `mtp_model_layer.layers.<g>.`, our MTP block's `transformer_layer`.
+MTP pattern's layers nested as `mtp_model_layer.layers.<g>.`, our MTP block's `transformer_layer`. A save here
+under a pattern writes this layout by the same pairing turned round (hybrid_megatron_placement).
 
 Our layouts are Megatron-Core's: the fused QKV is [group][its query heads, key, value][head dim] (gpt/model.py), a
 linear's weight is [out, in]. SwiGLU's fc1 differs: Megatron-Core keeps [gate; up] in one weight, which its
@@ -332,3 +333,68 @@ def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_e
     if per_layer:
         return Placement(f"{LAYERS}{layer}.{theirs}", (), row_offset, tuple(shape)), own
     return Placement(LAYERS + theirs, (int(layer),), row_offset, tuple(shape)), (num_layers, *own)
+
+
+# HybridModel's own layout, for writing (a run with --hybrid-layer-pattern): the reader's pairing (hybrid_block)
+# turned round, so what is written is what our_placements reads back
+OUR_HYBRID_TOP_NAMES = {**OUR_TOP_NAMES, **{ours: theirs for theirs, ours in HYBRID_MODEL_NAMES.items()}}
+# an MoE layer's pre-MLP norm is the module's own (`pre_mlp_layernorm.*`); a dense MLP's is fc1's fused norm
+HYBRID_MOE_NORMS = {f"post_attention_layernorm.{part}": f"pre_mlp_layernorm.{part}" for part in ("weight", "bias")}
+
+
+def hybrid_layer(symbols: str, block: int, attention: bool) -> int:
+    """HybridModel's global layer of our block `block`'s attention (`attention`) or MLP: the block-th `*`, or the
+    block-th `-`/`E` (hybrid_block's inverse)."""
+    kinds = ("*",) if attention else ("-", "E")
+    return [layer for layer, symbol in enumerate(symbols) if symbol in kinds][block]
+
+
+def hybrid_megatron_placement(name: str, shape: tuple[int, ...], pattern: str, num_experts: Optional[int] = None
+                              ) -> Optional[tuple[Placement, tuple[int, ...]]]:
+    """Where our whole tensor `name` goes in HybridModel's layout under --hybrid-layer-pattern `pattern` (module
+    docstring), and that tensor's global shape: each layer under its own key (`decoder.layers.<global layer>.`), its
+    experts stacked over the expert axis (`mlp.experts.experts.<name>`, SequentialMLP's), an MTP depth's nested
+    layers under `mtp.layers.<d>.mtp_model_layer.layers.<layer of the MTP pattern>.`; None for a name this layout has
+    no place for."""
+    if name in OUR_HYBRID_TOP_NAMES:
+        return Placement(OUR_HYBRID_TOP_NAMES[name], (), 0, tuple(shape)), tuple(shape)
+    head, _, inner = name.partition(".")
+    index, _, inner = inner.partition(".")
+    if head not in ("blocks", OUR_MTP_LAYERS[:-1]) or not index.isdigit():
+        return None
+    row_offset, own = 0, tuple(shape)
+    for at, half in enumerate(GATED_HALVES):
+        if f".{half}." in f".{inner}":
+            inner = inner.replace(half, GATED)
+            row_offset, own = at * shape[0], (2 * shape[0], *shape[1:])
+    mtp_parts = pattern.split("/")[1:]
+    if head == "blocks":
+        symbols, block, stem = hybrid_layer_symbols(pattern), int(index), LAYERS
+    else:
+        if int(index) >= len(mtp_parts):
+            return None
+        if inner in MTP_OWN:
+            return Placement(f"{MTP_LAYERS}{index}.{inner}", (), 0, tuple(shape)), tuple(shape)
+        if not inner.startswith(MTP_TRANSFORMER):
+            return None
+        symbols, block, stem = mtp_parts[int(index)], 0, f"{MTP_LAYERS}{index}.{MTP_INNER}"
+        inner = inner[len(MTP_TRANSFORMER):]
+    if inner.startswith(OUR_EXPERTS):
+        expert, _, rest = inner[len(OUR_EXPERTS):].partition(".")
+        theirs = OUR_EXPERT_NAMES.get(rest)
+        if theirs is None or not expert.isdigit() or not num_experts:
+            return None
+        layer = hybrid_layer(symbols, block, attention=False)
+        return (Placement(f"{stem}{layer}.{EXPERTS}{theirs}", (int(expert),), row_offset, tuple(shape)),
+                (num_experts, *own))
+    theirs = OUR_LAYER_NAMES.get(inner)
+    if theirs is None:
+        return None
+    attention = theirs.startswith(HYBRID_LAYER_PREFIXES["*"])
+    try:
+        layer = hybrid_layer(symbols, block, attention)
+    except IndexError:
+        return None
+    if not attention and symbols[layer] == "E":
+        theirs = HYBRID_MOE_NORMS.get(inner, theirs)
+    return Placement(f"{stem}{layer}.{theirs}", (), row_offset, tuple(shape)), own

@@ -12,7 +12,12 @@ the loading Megatron run builds from the same flags: without --use-distributed-o
 scaler (checkpoint/torch_dist/grad_scaler.py); MoE layers as SequentialMLP saves them (names.py), their pre-MLP
 norm under both names Megatron-Core loads it by (names.py MOE_NORM_ALIASES), with the routers' expert bias buffer and
 the shared expert's gate, each layer under its own key where --moe-layer-freq puts dense layers between
-(Megatron-Core's non_homogeneous_layers), the optimizers chained as Megatron-LM builds them at the save's EP. Each
+(Megatron-Core's non_homogeneous_layers), the optimizers chained as Megatron-LM builds them at the save's EP. A run with --hybrid-layer-pattern writes
+Megatron-Core 0.19's HybridModel layout instead (names.py hybrid_megatron_placement, the reader's table turned
+round): a layer per symbol under its own key, `decoder.final_norm`, an MTP depth's nested layers under
+`mtp.layers.<d>.mtp_model_layer.layers.<g>.`, each linear's `_extra_state` object under its layer and the output
+layer's, and the pattern in the args (num_layers one per symbol), so Megatron-LM's pretrain_hybrid.py loads it as
+its own save, not through its GPT retarget (which refuses MTP patterns). Each
 rank writes the global regions of its own ZeRO partition
 (a tensor whole on every TP rank by TP rank 0 only): the working set is one copy of its shard of each state.
 
@@ -72,9 +77,13 @@ from checkpoint.torch_dist.names import (
     EXPERTS,
     LAYERS,
     MOE_NORM_ALIASES,
+    MTP_INNER,
     MTP_LAYERS,
     MTP_TRANSFORMER,
     OUR_MTP_LAYERS,
+    hybrid_layer,
+    hybrid_layer_symbols,
+    hybrid_megatron_placement,
     megatron_placement,
 )
 from parallel.state import ParallelState
@@ -159,9 +168,7 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
     # each element once, by the first replica of its optimizer state (checkpoint/save_plan.py's rule, as ours)
     for fragment in named_fragments(shard, records, coordinates(state)):
         _, record = records[fragment.name]
-        placed = megatron_placement(fragment.name, record.global_shape, config.model.num_layers,
-                                    _experts_per_layer(config), _per_layer(config),
-                                    config.model.mla.multi_latent_attention)
+        placed = _placement(fragment.name, record.global_shape, config)
         if placed is None:
             raise CheckpointError(f"{fragment.name}: Megatron-Core's torch_dist layout has no place for it")
         placement, global_shape = placed
@@ -173,8 +180,8 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
             theirs = placement.region(region)
             offsets = tuple(part.start for part in theirs)
             sizes = [part.stop - part.start for part in theirs]
-            keys = (placement.key, *((MOE_NORM_ALIASES[placement.key],)
-                                     if _experts_per_layer(config) and placement.key in MOE_NORM_ALIASES else ()))
+            keys = (placement.key, *((MOE_NORM_ALIASES[placement.key],) if _experts_per_layer(config) and
+                                     placement.key in MOE_NORM_ALIASES and not _pattern(config) else ()))
             for prefix, source in _state_keys(shard, distributed, param_dtype).items():
                 dtype = param_dtype if prefix == "" else torch.float32
                 values = shard.tensors[source][at:at + numel].to(dtype).reshape(sizes).clone()
@@ -184,6 +191,20 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
     _expert_bias_chunks(model, config, state, tensors, shapes)
     # every rank plans every tensor's shape: DCP's global plan takes each key's metadata from the ranks writing it
     return dict(tensors), shapes
+
+
+def _pattern(config) -> Optional[str]:
+    """The run's --hybrid-layer-pattern: its saves are HybridModel's own layout (names.py
+    hybrid_megatron_placement), which Megatron-Core 0.19 loads as it saves it; None for GPTModel's."""
+    return getattr(config.model, "hybrid_layer_pattern", None)
+
+
+def _placement(name: str, shape, config):
+    """Where our tensor `name` goes: HybridModel's layout under a pattern, else GPTModel's."""
+    if _pattern(config):
+        return hybrid_megatron_placement(name, shape, _pattern(config), _experts_per_layer(config))
+    return megatron_placement(name, shape, config.model.num_layers, _experts_per_layer(config), _per_layer(config),
+                              config.model.mla.multi_latent_attention)
 
 
 def _expert_bias_chunks(model, config, state: ParallelState, tensors: dict, shapes: dict) -> None:
@@ -197,7 +218,10 @@ def _expert_bias_chunks(model, config, state: ParallelState, tensors: dict, shap
     for name, values in expert_biases(model).items():
         layer = int(name.split(".")[1])  # blocks.<global layer>.mlp.router.expert_bias
         values = torch.tensor(values, dtype=torch.float32)
-        if _per_layer(config):
+        if _pattern(config):  # HybridModel's MoE layer of our block, under its own key
+            layer = hybrid_layer(hybrid_layer_symbols(_pattern(config)), layer, attention=False)
+            key, offsets, shape = f"{LAYERS}{layer}.{EXPERT_BIAS}", (0,), (experts,)
+        elif _per_layer(config):
             key, offsets, shape = f"{LAYERS}{layer}.{EXPERT_BIAS}", (0,), (experts,)
         else:
             key, offsets, shape, values = f"{LAYERS}{EXPERT_BIAS}", (layer, 0), (config.model.num_layers, experts), \
@@ -233,6 +257,8 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
     shared = SHARED_EXPERT_EXTRA_STATE_MODULES if config.model.experts.shared_expert_intermediate_size else ()
     moe_layers = config.model.moe_layers()
     first_replica = not (state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank)
+    if _pattern(config):
+        return _hybrid_extra_states(names, config, state, attention, dense_mlp, shared, first_replica)
     objects = {}
     if first_replica:
         for layer in layers:
@@ -251,6 +277,44 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
         for module in EXPERT_EXTRA_STATE_MODULES:
             objects[f"{LAYERS}{layer}.{EXPERTS}{module}._extra_state/shard_{expert}_{experts}" if per_layer else
                     f"{LAYERS}{EXPERTS}{module}._extra_state/shard_{layer}.{expert}_{total}.{experts}"] = None
+    return objects
+
+
+def _hybrid_extra_states(names, config, state: ParallelState, attention, dense_mlp, shared, first_replica: bool
+                         ) -> dict[str, None]:
+    """HybridModel's `_extra_state` objects (a ShardedObject each, shard_0_1, under its own layer's key, as the
+    megatron_hybrid_* fixtures hold them): each `*` layer's attention linears, each `-` layer's MLP linears, each
+    `E` layer's shared expert's and SequentialMLP experts' (shard_<expert>_<experts>), an MTP depth's eh_proj and
+    nested layers', and the output layer's on the last stage."""
+    pattern = _pattern(config)
+    symbols, mtp_parts = hybrid_layer_symbols(pattern), pattern.split("/")[1:]
+    experts = _experts_per_layer(config)
+    objects = {}
+    blocks = sorted({int(name.split(".")[1]) for name in names if name.startswith("blocks.")})
+    if first_replica:
+        for block in blocks:
+            mlp_layer = hybrid_layer(symbols, block, attention=False)
+            objects.update({f"{LAYERS}{hybrid_layer(symbols, block, attention=True)}.{module}._extra_state/shard_0_1":
+                            None for module in attention})
+            objects.update({f"{LAYERS}{mlp_layer}.{module}._extra_state/shard_0_1": None
+                            for module in (shared if symbols[mlp_layer] == "E" else dense_mlp)})
+        for depth in sorted({int(name.split(".")[1]) for name in names if name.startswith(OUR_MTP_LAYERS)}):
+            inner = f"{MTP_LAYERS}{depth}.{MTP_INNER}"
+            objects[f"{MTP_LAYERS}{depth}.eh_proj._extra_state/shard_0_1"] = None
+            objects.update({f"{inner}{hybrid_layer(mtp_parts[depth], 0, attention=True)}.{module}._extra_state/"
+                            f"shard_0_1": None for module in attention})
+            objects.update({f"{inner}{hybrid_layer(mtp_parts[depth], 0, attention=False)}.{module}._extra_state/"
+                            f"shard_0_1": None for module in dense_mlp})
+        if state.is_last_stage:
+            objects["output_layer._extra_state/shard_0_1"] = None
+    if experts is None or state.experts.tensor_rank or state.experts.data_rank or state.context_parallel_rank:
+        return objects
+    held = {tuple(int(part) for part in name.split(".")[1:5:3]) for name in names
+            if name.startswith("blocks.") and name.split(".")[2:4] == ["mlp", "experts"]}
+    for block, expert in sorted(held):
+        layer = hybrid_layer(symbols, block, attention=False)
+        for module in EXPERT_EXTRA_STATE_MODULES:
+            objects[f"{LAYERS}{layer}.{EXPERTS}{module}._extra_state/shard_{expert}_{experts}"] = None
     return objects
 
 
