@@ -1155,8 +1155,6 @@ class PretrainConfig:
         unwritten = [what for what, on in (
             *((f"{flag} (Megatron-LM has no such flag)", True) for flag in beyond),
             (experts, experts is not None),
-            # an MTP layer's MoE MLP (its experts, unstacked under mtp.layers.<k>.) has no place in names.py
-            ("the multi-token prediction layers of an MoE model", bool(model.mtp.num_layers) and model.moe is not None),
             # gpt/mla.py norms the hidden state before linear_q_proj there; Megatron-Core 0.16.1 builds no such norm
             ("multi-latent attention's query norm without --q-lora-rank (Megatron-Core builds none)",
              model.mla.multi_latent_attention and model.attention.qk_layernorm and model.mla.q_lora_rank is None),
