@@ -1155,8 +1155,6 @@ class PretrainConfig:
         unwritten = [what for what, on in (
             *((f"{flag} (Megatron-LM has no such flag)", True) for flag in beyond),
             (experts, experts is not None),
-            # an MTP layer's MoE MLP (its experts, unstacked under mtp.layers.<k>.) has no place in names.py
-            ("the multi-token prediction layers of an MoE model", bool(model.mtp.num_layers) and model.moe is not None),
             # gpt/mla.py norms the hidden state before linear_q_proj there; Megatron-Core 0.16.1 builds no such norm
             ("multi-latent attention's query norm without --q-lora-rank (Megatron-Core builds none)",
              model.mla.multi_latent_attention and model.attention.qk_layernorm and model.mla.q_lora_rank is None),
@@ -1164,6 +1162,10 @@ class PretrainConfig:
             # whose table holds plain attention's names only
             ("multi-latent attention under --hybrid-layer-pattern (HybridModel's layout is written here for plain "
              "attention)", model.mla.multi_latent_attention and bool(model.hybrid_layer_pattern)),
+            # MoE MTP layers are written in GPTModel's layout (an MTP transformer layer's experts, router and expert
+            # bias); HybridModel's MTP depths holding experts were never continued by Megatron-LM
+            ("an MoE multi-token prediction depth under --hybrid-layer-pattern",
+             bool(model.hybrid_layer_pattern) and bool(model.mtp.num_layers) and model.moe is not None),
             (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),
             ("--keep-last's pruning", bool(self.checkpoint.keep_last))) if on]
         if not unwritten:

@@ -87,6 +87,12 @@ SAME_FOR_EVERY_RUN = {
 LLAMA3_FIXED = ("rope_parameters.low_freq_factor", "rope_parameters.high_freq_factor",
                 "rope_parameters.original_max_position_embeddings")
 
+# Megatron-Core 0.16.1's MLA YaRN (MLATransformerConfig; DeepSeek-V3's rope_parameters, rope_type yarn): the factor
+# from --rotary-scaling-factor alone, and betas and original length that no flag changes (gpt/mla.py MLA_YARN_*)
+MLA_YARN_FROM = {"rope_parameters.factor": ("rotary_scaling_factor",)}
+MLA_YARN_FIXED = ("rope_parameters.beta_fast", "rope_parameters.beta_slow",
+                  "rope_parameters.original_max_position_embeddings")
+
 # Why a field no argument gives has the value written (any other: the family's export sets it)
 NOT_FROM_ARGS = {
     "pad_token_id": "a GPT pads no batch", "use_cache": "transformers' generation switch",
@@ -111,11 +117,13 @@ def unsourced_fields(config: dict, given: frozenset[str]) -> list[str]:
     """One line for each field of `config` (config.json as written) that the settings `given` by the run's args
     do not determine (module docstring), with the value written."""
     lines = []
-    llama3 = (config.get("rope_parameters") or {}).get("rope_type") == "llama3"
+    rope_type = (config.get("rope_parameters") or {}).get("rope_type")
+    llama3 = rope_type == "llama3"
+    mla_yarn = rope_type == "yarn" and config.get("model_type") == "deepseek_v3"
     for key, value in sorted(_flattened(config).items()):
-        if key in SAME_FOR_EVERY_RUN or (llama3 and key in LLAMA3_FIXED):
+        if key in SAME_FOR_EVERY_RUN or (llama3 and key in LLAMA3_FIXED) or (mla_yarn and key in MLA_YARN_FIXED):
             continue
-        settings = FROM_SETTINGS.get(key)
+        settings = (mla_yarn and MLA_YARN_FROM.get(key)) or FROM_SETTINGS.get(key)
         if settings is None:
             why = NOT_FROM_ARGS.get(key, NOT_FROM_ARGS["summary_activation"] if key.startswith("summary_") else
                                     "no Megatron-LM argument gives it")

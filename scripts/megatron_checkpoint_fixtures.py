@@ -134,6 +134,25 @@ FIXTURES = {
     # one multi-token prediction layer (DeepSeek-V3's MTP; its loss scaled by Megatron's default 0.1): GPT-2's block
     # with rope, as Megatron-LM asserts MTP is not built with learned absolute positions
     "megatron_mtp": (1, GPT2_FLAGS + ["--mtp-num-layers", "1", "--position-embedding-type", "rope"]),
+    # all of them together, the DeepSeek-V3 example's launch (Megatron-MoE-ModelZoo's DeepSeek-V3) shrunk: RMSNorm
+    # (its epsilon), SwiGLU, no biases, untied output; MLA with a low-rank query and the latent norms, its YaRN rope
+    # (--rotary-scaling-factor 40, both mscales 1); a dense first layer, then an MoE layer of 4 experts (top 2 of 2
+    # groups, 1 group kept, scaled by 2.5) with a shared expert, sigmoid scores and the expert bias, the sequence
+    # aux loss at 1e-4, the router in fp32; one MTP layer (its loss scaled by 0.1); EP 2
+    "megatron_deepseek_v3": (2, ["--swiglu", "--ffn-hidden-size", "32", "--disable-bias-linear", "--normalization",
+                                 "RMSNorm", "--norm-epsilon", "1e-6", "--untie-embeddings-and-output-weights"]
+                             + MLA_FLAGS + ["--q-lora-rank", "8", "--qk-layernorm", "--rotary-scaling-factor", "40",
+                                            "--mscale", "1.0", "--mscale-all-dim", "1.0",
+                                            "--num-experts", "4", "--moe-router-topk", "2",
+                                            "--moe-ffn-hidden-size", "32", "--moe-layer-freq", "[0,1]",
+                                            "--moe-shared-expert-intermediate-size", "32",
+                                            "--moe-router-load-balancing-type", "seq_aux_loss",
+                                            "--moe-aux-loss-coeff", "1e-4", "--moe-router-num-groups", "2",
+                                            "--moe-router-group-topk", "1", "--moe-router-topk-scaling-factor", "2.5",
+                                            "--moe-router-score-function", "sigmoid",
+                                            "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
+                                            "0.01", "--moe-router-dtype", "fp32", "--mtp-num-layers", "1",
+                                            "--mtp-loss-scaling-factor", "0.1", "--expert-model-parallel-size", "2"]),
 }
 
 # Megatron-Core 0.19's HybridModel (pretrain_hybrid.py at core_v0.19.0): GPT blocks as a layer per symbol, `*`

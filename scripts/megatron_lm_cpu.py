@@ -356,16 +356,24 @@ def _capturing_logits(train_step, path: str):
         if step.done:
             return train_step(forward_step_func, data_iterator, model, *args, **kwargs)
         step.done = True
-        tokens, logits, hooks = [], [], []
+        tokens, logits, hooks, last = [], [], [], []
+
+        def inputs(module, args):
+            # HybridModel's last stage is handed no input ids at PP > 1 (None): no tokens, so no file
+            tokens.append(None if args[0] is None else args[0].clone())
+            last.clear()
+
+        def output_layer(module, args, output):
+            # cloned: the loss (vocab_parallel_cross_entropy) then turns the logits into exponentials in place. The
+            # forward's last call is the model's own: MTP layers (--mtp-num-layers) call it first, once each
+            # (GPTModel._postprocess), so each call replaces the one before
+            last[:] = [gather_from_tensor_model_parallel_region(output[0].detach().clone()).transpose(0, 1).float()]
+
         for chunk in unwrap_model(model):
             if getattr(chunk, "post_process", False):
-                # HybridModel's last stage is handed no input ids at PP > 1 (None): no tokens, so no file
-                hooks.append(chunk.register_forward_pre_hook(
-                    lambda module, args: tokens.append(None if args[0] is None else args[0].clone())))
-                # cloned: the loss (vocab_parallel_cross_entropy) then turns the logits into exponentials in place
-                hooks.append(chunk.output_layer.register_forward_hook(
-                    lambda module, args, output: logits.append(
-                        gather_from_tensor_model_parallel_region(output[0].detach().clone()).transpose(0, 1).float())))
+                hooks.append(chunk.register_forward_pre_hook(inputs))
+                hooks.append(chunk.output_layer.register_forward_hook(output_layer))
+                hooks.append(chunk.register_forward_hook(lambda module, args, output: logits.append(last[0])))
         try:
             result = train_step(forward_step_func, data_iterator, model, *args, **kwargs)
         finally:

@@ -71,12 +71,24 @@ def refuse_mtp(config: ModelConfig, what: str) -> None:
                           flags=("--mtp-num-layers",))
 
 
+def mtp_dropped(config: ModelConfig) -> Optional[str]:
+    """The one line an export of a model with MTP layers says where its family's class has none and drops a release's
+    (FamilyWeights.drops_mtp: DeepSeek-V3): their weights are left out; None where there are none to leave."""
+    family = family_of(config)
+    if not config.mtp.num_layers or family is None or not family.drops_mtp:
+        return None
+    return (f" note: --mtp-num-layers {config.mtp.num_layers}: {family.architecture} has no multi-token prediction "
+            f"layers (transformers drops a release's model.layers.{config.num_layers}.* on load): their weights "
+            f"(mtp_layers.*) are not exported, and config.json says num_nextn_predict_layers 0")
+
+
 def check_convertible(config: ModelConfig, what: str) -> None:
     """A GPT2LMHeadModel or a LlamaForCausalLM can hold this model; anything else (GPT-2's blocks with an
     untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need, and so are
-    multi-token prediction's layers (refuse_mtp)."""
-    refuse_mtp(config, what)
+    multi-token prediction's layers (refuse_mtp) but where the family's class drops them (mtp_dropped)."""
     family = family_of(config)
+    if family is None or not family.drops_mtp:
+        refuse_mtp(config, what)
     if family is not None:  # an MoE family of families/
         misfits = family.misfits(config)
         if misfits:
@@ -110,6 +122,10 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
     moe_family = family_of(config)
     if moe_family is not None:
         check_convertible(config, "the Hugging Face export")
+        dropped = mtp_dropped(config)
+        if dropped:
+            print(dropped, flush=True)
+            state_dict = {name: tensor for name, tensor in state_dict.items() if not name.startswith("mtp_layers.")}
         return moe_family.pack(moe_family.to_hf(shifted_gains(state_dict, config, None, +1), config))
     family = dense_family(config)
     if family is not None:

@@ -255,16 +255,10 @@ def _mtp_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool) ->
         return {f"{OUR_MTP_LAYERS}{layer}.{name}": Placement(key, (), 0, shape)}
     if not name.startswith(MTP_TRANSFORMER):
         return None
-    inner = name[len(MTP_TRANSFORMER):]
-    template = (mla and MLA_LAYER_NAMES.get(inner)) or LAYER_NAMES.get(inner)
-    if template is None:
-        return None
-    ours = f"{OUR_MTP_LAYERS}{layer}.{MTP_TRANSFORMER}{template}"
-    if gated and f".{GATED}." in ours:
-        half = shape[0] // 2
-        return {ours.replace(f".{GATED}.", f".{part}."): Placement(key, (), offset, (half, *shape[1:]))
-                for offset, part in zip((0, half), GATED_HALVES)}
-    return {ours: Placement(key, (), 0, shape)}
+    # its transformer layer as one decoder layer of its own key: an MoE model's (the last decoder layer's kind, as
+    # Megatron-Core's gpt_builders builds it) holds SequentialMLP's experts [experts, ...] and the router's
+    return _layer_placements(key, shape, gated, name[len(MTP_TRANSFORMER):], [0],
+                             {0: f"{OUR_MTP_LAYERS}{layer}.{MTP_TRANSFORMER}"}, mla)
 
 
 # Our names -> Megatron-Core's, for writing: the first name LAYER_NAMES gives each of ours is the one torch_dist saves
@@ -314,6 +308,13 @@ def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_e
         if not inner.startswith(MTP_TRANSFORMER):
             return None
         inner = inner[len(MTP_TRANSFORMER):]
+        if inner.startswith(OUR_EXPERTS) and num_experts:  # an MoE model's MTP layer: its experts, one key
+            expert, _, inner = inner[len(OUR_EXPERTS):].partition(".")
+            theirs = OUR_EXPERT_NAMES.get(inner)
+            if theirs is None or not expert.isdigit():
+                return None
+            return (Placement(f"{MTP_LAYERS}{layer}.{MTP_TRANSFORMER}{EXPERTS}{theirs}", (int(expert),), row_offset,
+                              tuple(shape)), (num_experts, *own))
         theirs = (mla and MLA_WRITTEN_NORMS.get(inner)) or OUR_LAYER_NAMES.get(inner)
         return None if theirs is None else (
             Placement(f"{MTP_LAYERS}{layer}.{MTP_TRANSFORMER}{theirs}", (), row_offset, tuple(shape)), own)

@@ -60,6 +60,9 @@ from checkpoint.torch_dist.grad_scaler import GRAD_SCALER, STATIC, our_scaler_st
 from checkpoint.torch_dist.names import (
     EXPERT_BIAS,
     LAYERS,
+    MTP_LAYERS,
+    MTP_TRANSFORMER,
+    OUR_MTP_LAYERS,
     Placement,
     hybrid_block,
     hybrid_layer_symbols,
@@ -90,7 +93,9 @@ class MegatronSource(GlobalStateSource):
         self.hybrid_pattern = arg(self.common, "hybrid_layer_pattern")
         tensors = self.reader.tensors()
         self._placements: dict[str, Placement] = {}
-        self._expert_bias_keys = tuple(key for key in tensors if key.startswith(LAYERS) and key.endswith(EXPERT_BIAS))
+        # the decoder's routers', and those of an MoE model's MTP layers (`mtp.layers.<k>.transformer_layer.`)
+        self._expert_bias_keys = tuple(key for key in tensors if key.endswith(EXPERT_BIAS) and (
+            key.startswith(LAYERS) or key.startswith(MTP_LAYERS) and self.hybrid_pattern is None))
         unknown = []
         for key, md in tensors.items():
             if key.startswith("optimizer.") or key in self._expert_bias_keys:
@@ -204,6 +209,10 @@ class MegatronSource(GlobalStateSource):
         for key in self._expert_bias_keys:
             size = self.reader.tensors()[key].size
             values = self.reader.read(key, tuple(slice(0, n) for n in size)).to(torch.float32)
+            if key.startswith(MTP_LAYERS):  # an MoE model's MTP layer's router: `mtp.layers.<k>.transformer_layer.`
+                depth = key[len(MTP_LAYERS):].partition(".")[0]
+                found[f"{OUR_MTP_LAYERS}{depth}.{MTP_TRANSFORMER}{EXPERT_BIAS}"] = values.tolist()
+                continue
             layer = key[len(LAYERS):-len(EXPERT_BIAS)].rstrip(".")
             rows = {int(layer): values} if layer else dict(enumerate(values))
             if self.hybrid_pattern is not None:  # HybridModel's layer of each MoE symbol: our block's number

@@ -22,11 +22,12 @@ rank writes the global regions of its own ZeRO partition
 (a tensor whole on every TP rank by TP rank 0 only): the working set is one copy of its shard of each state.
 
 Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
-Megatron-LM starts its streams from --seed, as at another layout). A run with the shared experts' biases, MTP beside
-MoE, optimizers other than Adam or --keep-last saves this project's format, said at start-up (arguments/config.py).
-Multi-latent attention is written as the local spec's MLASelfAttention saves it (names.py), its linears'
-_extra_state objects included; multi-token prediction layers (of a dense model) as MultiTokenPredictionBlock saves
-them, unstacked under `mtp.layers.<k>.`. As every save here the directory appears whole or not at all
+Megatron-LM starts its streams from --seed, as at another layout). A run with the shared experts' biases, optimizers
+other than Adam or --keep-last saves this project's format, said at start-up (arguments/config.py). Multi-latent
+attention is written as the local spec's MLASelfAttention saves it (names.py), its linears' _extra_state objects
+included; multi-token prediction layers as MultiTokenPredictionBlock saves them, unstacked under `mtp.layers.<k>.`,
+an MoE model's (its transformer layer the last decoder layer's kind) with its experts [experts, ...], router, expert
+bias and shared expert under the layer's own keys. As every save here the directory appears whole or not at all
 (iter_NNNNNNN.partial renamed, the tracker written last and atomically); a non-finite state is never committed."""
 
 from __future__ import annotations
@@ -180,8 +181,7 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
             theirs = placement.region(region)
             offsets = tuple(part.start for part in theirs)
             sizes = [part.stop - part.start for part in theirs]
-            keys = (placement.key, *((MOE_NORM_ALIASES[placement.key],) if _experts_per_layer(config) and
-                                     placement.key in MOE_NORM_ALIASES and not _pattern(config) else ()))
+            keys = (placement.key, *_norm_aliases(placement.key, config))
             for prefix, source in _state_keys(shard, distributed, param_dtype).items():
                 dtype = param_dtype if prefix == "" else torch.float32
                 values = shard.tensors[source][at:at + numel].to(dtype).reshape(sizes).clone()
@@ -196,7 +196,7 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
 def _pattern(config) -> Optional[str]:
     """The run's --hybrid-layer-pattern: its saves are HybridModel's own layout (names.py
     hybrid_megatron_placement), which Megatron-Core 0.19 loads as it saves it; None for GPTModel's."""
-    return getattr(config.model, "hybrid_layer_pattern", None)
+    return config.model.hybrid_layer_pattern
 
 
 def _placement(name: str, shape, config):
@@ -205,6 +205,26 @@ def _placement(name: str, shape, config):
         return hybrid_megatron_placement(name, shape, _pattern(config), _experts_per_layer(config))
     return megatron_placement(name, shape, config.model.num_layers, _experts_per_layer(config), _per_layer(config),
                               config.model.mla.multi_latent_attention)
+
+
+def _mtp_is_moe(config) -> bool:
+    """Whether the MTP layers' transformer layer is an MoE layer: Megatron-Core builds it as the last decoder
+    layer's kind (gpt_builders.py, gpt/model.py)."""
+    return bool(config.model.mtp.num_layers) and config.model.moe is not None and config.model.moe_layers()[-1]
+
+
+def _norm_aliases(key: str, config) -> tuple[str, ...]:
+    """The other names an MoE layer's pre-MLP norm is written under (names.py MOE_NORM_ALIASES): the stacked decoder
+    layers', and an MoE MTP layer's (its local-spec fc1 name, `pre_mlp_layernorm.` beside)."""
+    if not _experts_per_layer(config) or _pattern(config):  # HybridModel's own layout names the norm once
+        return ()
+    if key in MOE_NORM_ALIASES:
+        return (MOE_NORM_ALIASES[key],)
+    if key.startswith(MTP_LAYERS) and _mtp_is_moe(config):
+        for fused, own in MOE_NORM_ALIASES.items():
+            if key.endswith(f".{MTP_TRANSFORMER}{fused[len(LAYERS):]}"):
+                return (key[:-len(fused) + len(LAYERS)] + own[len(LAYERS):],)
+    return ()
 
 
 def _expert_bias_chunks(model, config, state: ParallelState, tensors: dict, shapes: dict) -> None:
@@ -216,8 +236,13 @@ def _expert_bias_chunks(model, config, state: ParallelState, tensors: dict, shap
         return
     experts = _experts_per_layer(config)
     for name, values in expert_biases(model).items():
-        layer = int(name.split(".")[1])  # blocks.<global layer>.mlp.router.expert_bias
+        layer = int(name.split(".")[1])  # blocks.<global layer>.mlp.router.expert_bias, or mtp_layers.<k>....
         values = torch.tensor(values, dtype=torch.float32)
+        if name.startswith(OUR_MTP_LAYERS):  # an MoE MTP layer's router: its own key, unstacked
+            key = f"{MTP_LAYERS}{layer}.{MTP_TRANSFORMER}{EXPERT_BIAS}"
+            tensors[key].append(((0,), values))
+            shapes[key] = ((experts,), torch.float32)
+            continue
         if _pattern(config):  # HybridModel's MoE layer of our block, under its own key
             layer = hybrid_layer(hybrid_layer_symbols(_pattern(config)), layer, attention=False)
             key, offsets, shape = f"{LAYERS}{layer}.{EXPERT_BIAS}", (0,), (experts,)
@@ -265,9 +290,11 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
             modules = attention + (shared if moe_layers[layer] else dense_mlp)
             objects.update({f"{LAYERS}{layer}.{module}._extra_state/shard_0_1" if per_layer else
                             f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None for module in modules})
-        # the MTP layers' (unstacked: one ShardedObject each, shard_0_1), on the stage holding them (a dense model's)
+        # the MTP layers' (unstacked: one ShardedObject each, shard_0_1), on the stage holding them: their
+        # transformer layer's modules as the last decoder layer's kind (an MoE one's shared expert)
+        mtp_mlp = shared if _mtp_is_moe(config) else dense_mlp
         for mtp_layer in sorted({int(name.split(".")[1]) for name in names if name.startswith(OUR_MTP_LAYERS)}):
-            for module in ("eh_proj", *(f"{MTP_TRANSFORMER}{module}" for module in attention + dense_mlp)):
+            for module in ("eh_proj", *(f"{MTP_TRANSFORMER}{module}" for module in attention + mtp_mlp)):
                 objects[f"{MTP_LAYERS}{mtp_layer}.{module}._extra_state/shard_0_1"] = None
     if experts is None or state.experts.tensor_rank or state.experts.data_rank or state.context_parallel_rank:
         return objects
@@ -277,6 +304,13 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
         for module in EXPERT_EXTRA_STATE_MODULES:
             objects[f"{LAYERS}{layer}.{EXPERTS}{module}._extra_state/shard_{expert}_{experts}" if per_layer else
                     f"{LAYERS}{EXPERTS}{module}._extra_state/shard_{layer}.{expert}_{total}.{experts}"] = None
+    # an MoE MTP layer's experts (`mtp_layers.<k>.transformer_layer.mlp.experts.<e>.`): one key each, unstacked
+    mtp_held = {(int(parts[1]), int(parts[5])) for parts in (name.split(".") for name in names)
+                if parts[0] == OUR_MTP_LAYERS[:-1] and parts[2:5] == [MTP_TRANSFORMER[:-1], "mlp", "experts"]}
+    for mtp_layer, expert in sorted(mtp_held):
+        for module in EXPERT_EXTRA_STATE_MODULES:
+            objects[f"{MTP_LAYERS}{mtp_layer}.{MTP_TRANSFORMER}{EXPERTS}{module}._extra_state/"
+                    f"shard_{expert}_{experts}"] = None
     return objects
 
 

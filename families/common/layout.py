@@ -45,6 +45,9 @@ class FamilyWeights:
     from_hf: Callable[[dict, ModelConfig, int], dict]
     pack: Callable[[dict], dict] = lambda tensors: tensors
     unpack: Optional[Callable[[dict, int], dict]] = None
+    # the export leaves the model's multi-token prediction layers out, said in one line (checkpoint/hf/folders.py
+    # mtp_dropped): transformers' class has none and drops a release's (DeepSeek-V3's model.layers.<num_layers>.*)
+    drops_mtp: bool = False
 
 
 # ---- what a model must be -----------------------------------------------------------------------
@@ -64,12 +67,13 @@ def needs(config: ModelConfig, wanted: dict[str, Any]) -> list[str]:
     return found
 
 
-def llama_block_misfits(config: ModelConfig, wanted: dict[str, Any], carries: tuple[str, ...] = ()) -> list[str]:
+def llama_block_misfits(config: ModelConfig, wanted: dict[str, Any], carries: tuple[str, ...] = (),
+                        drops_mtp: bool = False) -> list[str]:
     """What keeps `config` from being a Llama-shaped MoE family: the settings every one here wants (RMSNorm,
     SwiGLU's gated MLP, rotary positions in halves on every layer), then the family's own `wanted` (needs' form), any
     block feature the model sets that neither `wanted` pins nor `carries` names (families/common/features.py),
     Megatron-Core's router (not DeepSpeed-MoE's), one expert count, no residual MoE, dropless experts, no multi-token
-    prediction."""
+    prediction (`drops_mtp`: the export leaves them out, FamilyWeights.drops_mtp)."""
     wanted = {"normalization": "RMSNorm", "rotary_interleaved": False,
               "no_rope_freq": (lambda value: not value, "no --no-rope-freq"),
               "activation": (lambda value: value in ("gelu", "gelu_tanh"), "no --activation other than SwiGLU's"),
@@ -83,7 +87,7 @@ def llama_block_misfits(config: ModelConfig, wanted: dict[str, Any], carries: tu
             ("--mlp-type standard", moe.deepspeed.use_residual),
             ("no --moe-expert-capacity-factor (transformers drops no token)", moe.expert_capacity_factor is not None),
         ) if bad]
-    if config.mtp.num_layers:
+    if config.mtp.num_layers and not drops_mtp:
         found.append("no --mtp-num-layers (transformers' model has no multi-token prediction layers)")
     return found
 

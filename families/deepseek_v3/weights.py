@@ -43,7 +43,7 @@ def misfits(config: ModelConfig) -> list[str]:
         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
         "moe_shared_expert_gate": False, "window_size": None,
         "layernorm_epsilon": (lambda v: v == LATENT_NORM_EPS, f"--norm-epsilon {LATENT_NORM_EPS} (DeepseekV3's "
-                                                              f"latent norms run at it)")})
+                                                              f"latent norms run at it)")}, drops_mtp=True)
     found += first_dense_misfits(config)
     if moe.router_topk == 1:
         found.append("--moe-router-topk above 1 (DeepseekV3's norm_topk_prob renormalizes one expert's score to 1)")
@@ -95,4 +95,4 @@ def _layer_names(config: ModelConfig, layer: int) -> list[tuple[str, str]]:
 to_hf, from_hf = by_layer_names(_layer_names, fused_qkv_names=False)
 
 
-WEIGHTS = FamilyWeights(MODEL_TYPE, ARCHITECTURE, claims, misfits, hf_config, to_hf, from_hf)
+WEIGHTS = FamilyWeights(MODEL_TYPE, ARCHITECTURE, claims, misfits, hf_config, to_hf, from_hf, drops_mtp=True)

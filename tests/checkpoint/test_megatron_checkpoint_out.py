@@ -12,7 +12,8 @@ under the distributed optimizer, the Mixtral-shaped one (SwiGLU experts without 
 shared expert, with DeepSeek-V3's aux-loss-free balancing (sigmoid scores, each router's expert bias buffer), and a
 dense first layer before an MoE layer with a gated shared expert (each layer under its own key); multi-latent
 attention with a low-rank query and both latent norms (also at TP 2, under the distributed optimizer at DP 2, and
-with an MTP layer), and with linear_q_proj; one multi-token prediction layer (issue 92).
+with an MTP layer), and with linear_q_proj; one multi-token prediction layer (issue 92); DeepSeek-V3's shape
+(megatron_deepseek_v3's launch: its MTP layer an MoE layer) and Megatron's default MoE with an MTP layer, at EP 2.
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -62,18 +64,26 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "mla_q_lora_mtp": ("megatron_mla_q_lora", 1, ["--mtp-num-layers", "1"], 1, 1),
          # heads split over TP 2 (the up projections and linear_proj; Megatron-Core's local spec splits the down
          # projections' rows too, a layout its torch_dist save makes global)
-         "mla_q_lora_tp2": ("megatron_mla_q_lora", 2, [], 2, 2)}
+         "mla_q_lora_tp2": ("megatron_mla_q_lora", 2, [], 2, 2),
+         # DeepSeek-V3's shape (issue 92): MLA, a dense first layer, grouped sigmoid routing with the expert bias and a
+         # shared expert, and an MTP layer that is an MoE layer (its experts, router and expert bias its own keys)
+         "deepseek_v3_ep2": ("megatron_deepseek_v3", 2, [], 1, 1),
+         # Megatron's default MoE (biases on) with an MTP layer: its MoE MTP layer's pre-MLP norm under both names
+         "moe_biases_mtp_ep2": ("megatron_moe_ep2_biases", 2, ["--mtp-num-layers", "1", "--position-embedding-type",
+                                                               "rope"], 1, 1)}
 # Megatron-LM's ranks where they are not its TP size: the MoE save continues at its EP 2 (at EP 1 Megatron-Core's
 # SequentialMLP with biases fails its own forward on CPU: "Output 0 of _ReduceFromModelParallelRegion is a view and
 # is being modified inplace"; and Megatron-LM reads an EP 2 save's two chained optimizers only at EP > 1)
 MEGATRON_RANKS = {"moe_biases_ep2": 2, "moe_biases_ep2_distributed_optimizer": 2, "mixtral_ep2": 2,
-                  "mixtral_shared_expert_ep2": 2, "mixtral_expert_bias_ep2": 2, "dense_first_gated_shared_ep2": 2}
+                  "mixtral_shared_expert_ep2": 2, "mixtral_expert_bias_ep2": 2, "dense_first_gated_shared_ep2": 2,
+                  "deepseek_v3_ep2": 2, "moe_biases_mtp_ep2": 2}
 CONTINUED = (3, 4)
 # written by the same lines as other cases here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
 # the plain fp16 case's scaler; the MoE's distributed optimizer the dense one's layout and the MoE's chained groups):
 # run where Megatron-LM continues them, to keep the default suite's time
 WITH_MEGATRON_LM_ONLY = ("gpt2_fp16_dp2_distributed_optimizer", "moe_biases_ep2_distributed_optimizer",
-                         "mla_q_lora_dp2_distributed_optimizer", "mla_q_lora_mtp", "mla_q_lora_tp2")
+                         "mla_q_lora_dp2_distributed_optimizer", "mla_q_lora_mtp", "mla_q_lora_tp2", "deepseek_v3_ep2",
+                         "moe_biases_mtp_ep2")
 
 
 def _flags(case: str, tensor_parallel: int, one_rank: bool = False) -> list[str]:
@@ -251,15 +261,15 @@ def test_a_setting_megatron_lm_has_no_flag_for_keeps_the_save_ours():
     ("megatron_mla_q_lora", [], None), ("megatron_mla", [], None),
     ("megatron_mla", ["--qk-layernorm"],
      "multi-latent attention's query norm without --q-lora-rank (Megatron-Core builds none)"),
-    ("megatron_mtp", [], None), ("megatron_moe_ep2_biases", ["--mtp-num-layers", "1"],
-                                 "the multi-token prediction layers of an MoE model")])
+    ("megatron_mtp", [], None), ("megatron_moe_ep2_biases", ["--mtp-num-layers", "1"], None),
+    ("megatron_deepseek_v3", [], None)])
 def test_megatrons_moe_is_written_in_its_layout_and_what_it_does_not_hold_is_said(name, extra, said):
     """The MoE the writer holds (MoE layers of one expert count, dense ones between, SequentialMLP's layout, the
     router's weight, bias and expert bias, a shared expert and its gate) saves in Megatron-LM's layout; the shared
     expert's biases, which Megatron-Core does not build, are this project's format, said once (arguments/config.py
     _unwritten_experts). So is multi-latent attention's: written, but for the query norm without --q-lora-rank
-    Megatron-Core 0.16.1 lacks; and multi-token prediction's: written, but beside MoE layers (an MTP layer's experts
-    have no place in names.py)."""
+    Megatron-Core 0.16.1 lacks; and multi-token prediction's, an MoE model's too (its MTP layer an MoE layer, as
+    Megatron-Core builds it: the last decoder layer's kind)."""
     from arguments.parser import parse_arguments
 
     flags = list(record(name)["flags"]) + ["--save", "ckpt"] + extra
@@ -289,7 +299,8 @@ def test_every_tensor_of_megatrons_moe_save_is_where_our_writer_puts_it():
 
 
 @pytest.mark.parametrize("name, linears", [("megatron_mla_q_lora", ("linear_q_down_proj", "linear_q_up_proj")),
-                                           ("megatron_mla", ("linear_q_proj",)), ("megatron_mtp", ("linear_qkv",))])
+                                           ("megatron_mla", ("linear_q_proj",)), ("megatron_mtp", ("linear_qkv",)),
+                                           ("megatron_deepseek_v3", ("linear_q_down_proj", "linear_q_up_proj"))])
 def test_every_tensor_of_megatrons_mla_and_mtp_saves_is_where_our_writer_puts_it_and_its_objects_too(name, linears):
     """Multi-latent attention (issue 92 item 1): each tensor of Megatron-LM's own save (the local spec's
     MLASelfAttention: the query's projections, linear_kv_down_proj, linear_kv_up_proj, the latent norms,
@@ -297,31 +308,33 @@ def test_every_tensor_of_megatrons_mla_and_mtp_saves_is_where_our_writer_puts_it
     where a plain attention layer's are saved under TransformerEngine's) is one of our model's, and the writer puts it
     back at its key, layer and shape; the _extra_state objects the writer plans are the ones Megatron-LM saved. So
     for a multi-token prediction layer's (its enorm, hnorm, eh_proj, transformer layer and final norm, unstacked under
-    `mtp.layers.0.`)."""
+    `mtp.layers.0.`), and for DeepSeek-V3's shape, whose MTP layer is an MoE layer (its experts, router and shared
+    expert under `mtp.layers.0.transformer_layer.`, the dense first layer's and the MoE layer's each under its own
+    key; the routers' expert bias buffers are not parameters: checkpoint/torch_dist/writer.py _expert_bias_chunks)."""
     from torch.distributed.checkpoint import FileSystemReader
 
     from arguments.parser import parse_config
     from checkpoint.torch_dist.names import megatron_placement, our_placements
-    from checkpoint.torch_dist.writer import _extra_states
+    from checkpoint.torch_dist.writer import _experts_per_layer, _extra_states, _per_layer
     from gpt.model import GPTModel
     from parallel.state import ParallelState
 
     index = FileSystemReader(str(FIXTURES / name / "iter_0000002")).read_metadata()
     config = parse_config(record(name)["flags"])
-    mla = config.model.mla.multi_latent_attention
+    mla, gated = config.model.mla.multi_latent_attention, "--swiglu" in record(name)["flags"]
     model = GPTModel(config.model, ParallelState(device=torch.device("cpu")))
     ours = {n: tuple(p.shape) for n, p in model.named_parameters()}
     placed = {}
     for key, entry in index.state_dict_metadata.items():
-        if key.startswith("optimizer.") or not hasattr(entry, "size"):
+        if key.startswith("optimizer.") or not hasattr(entry, "size") or key.endswith("mlp.router.expert_bias"):
             continue
-        for our_name, placement in our_placements(key, tuple(entry.size), gated=False, mla=mla).items():
-            assert megatron_placement(our_name, placement.shape, 2, mla=mla) == (placement, tuple(entry.size)), \
-                our_name
+        for our_name, placement in our_placements(key, tuple(entry.size), gated=gated, mla=mla).items():
+            assert megatron_placement(our_name, placement.shape, 2, _experts_per_layer(config), _per_layer(config),
+                                      mla=mla) == (placement, tuple(entry.size)), our_name
             placed[our_name] = placement.shape
     assert placed == ours
-    assert {f"self_attention.{linear}.weight" for linear in linears} <= {
-        key[len("decoder.layers."):] for key in index.state_dict_metadata}
+    assert {f"self_attention.{linear}.weight" for linear in linears} <= {  # stacked, or per layer (`<layer>.`)
+        re.sub(r"^\d+\.", "", key[len("decoder.layers."):]) for key in index.state_dict_metadata}
     objects = {key for key in index.state_dict_metadata if "_extra_state" in key}
     state = ParallelState(device=torch.device("cpu"))
     assert set(_extra_states(model, config, state)) == objects

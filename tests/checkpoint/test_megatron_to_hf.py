@@ -50,7 +50,8 @@ def megatron_logits(name: str) -> tuple[torch.Tensor, torch.Tensor]:
                                            ("megatron_llama", "LlamaForCausalLM"),
                                            ("megatron_distopt_dp_reshardable", "LlamaForCausalLM"),
                                            ("megatron_pp2_distopt_dp_reshardable", "GPT2LMHeadModel"),
-                                           ("megatron_moe_ep2", "MixtralForCausalLM")])
+                                           ("megatron_moe_ep2", "MixtralForCausalLM"),
+                                           ("megatron_deepseek_v3", "DeepseekV3ForCausalLM")])
 def test_the_exported_folders_logits_and_loss_are_megatron_lms(tmp_path, capsys, name, hf_class):
     from transformers import AutoModelForCausalLM
 
@@ -59,9 +60,20 @@ def test_the_exported_folders_logits_and_loss_are_megatron_lms(tmp_path, capsys,
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [hf_class]
     assert_the_runs_args(config, vars(saved_args(load_common(iteration_dir(name)))))
-    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith(" note: config.json ")]
+    said = capsys.readouterr().out.splitlines()
+    notes = [line for line in said if line.startswith(" note: config.json ")]
     named = {line.split()[2] for line in notes}
     assert "pad_token_id" in named and not named & set(FROM_SETTINGS)  # every field of a setting: the args'
+    # DeepSeek-V3's MTP layer has no place in transformers' DeepseekV3ForCausalLM (nor in its forward): left out,
+    # said in one line; its YaRN rope's factor is the run's --rotary-scaling-factor
+    assert [line for line in said if "--mtp-num-layers" in line] == ([
+        " note: --mtp-num-layers 1: DeepseekV3ForCausalLM has no multi-token prediction layers (transformers drops a "
+        "release's model.layers.2.* on load): their weights (mtp_layers.*) are not exported, and config.json says "
+        "num_nextn_predict_layers 0"] if name == "megatron_deepseek_v3" else [])
+    if name == "megatron_deepseek_v3":
+        assert (config["num_nextn_predict_layers"], config["rope_parameters"]["rope_type"],
+                config["rope_parameters"]["factor"], config["routed_scaling_factor"], config["n_group"],
+                config["topk_group"], config["first_k_dense_replace"]) == (0, "yarn", 40.0, 2.5, 2, 1, 1)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tokens = iteration_3_tokens(tmp_path)
     with torch.no_grad():
