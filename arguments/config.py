@@ -39,6 +39,7 @@ from data import DataError
 from data.gpt_dataset import APPENDABLE_ORDER, parse_split
 from data.megatron_order import MEGATRON_ORDER
 from data.per_split import SPLIT_FLAGS, DataSources, data_sources
+from data.sampler import DATALOADER_TYPES, SINGLE
 from data.tokenizer_types import OTHER_TOKENIZER_TYPES, TOKENIZER_TYPES, tokenizer_type_name, tokenizer_type_problem
 from gpt.model_config import ModelConfig  # noqa: F401 - part of the config
 from parallel.config import ParallelismConfig, recorded_section
@@ -718,6 +719,15 @@ class DataConfig:
                                                       "~/.cache/zero-gpt)",
                                            aliases={"--data-cache-path": "Megatron-LM"})
     num_workers: int = option(0, help="data-loader worker processes")
+    # data/sampler.py CyclicSampler: Megatron-LM's MegatronPretrainingRandomSampler
+    dataloader_type: str = option(SINGLE, choices=DATALOADER_TYPES,
+                                  help="single: each rank its slice of every global batch, in the dataset's order; "
+                                       "cyclic: Megatron-LM's random sampler, a torch.randperm seeded with the epoch "
+                                       "number, epoch after epoch")
+    data_sharding: bool = option(True, help="with --dataloader-type cyclic, each data-parallel rank permutes its own "
+                                            "contiguous bucket of the samples (Megatron-LM's default); "
+                                            "--no-data-sharding: the whole dataset permuted, each rank taking every "
+                                            "data-parallel-size-th index")
     # data/documents.py: Megatron-LM's get_ltor_masks_and_position_ids, from the tokenizer's end-of-document id
     reset_position_ids: bool = option(False, help="learned positions restart at 0 after each end-of-document token "
                                                   "(rotary positions do not, as in Megatron-LM)")

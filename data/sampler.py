@@ -1,4 +1,5 @@
-"""Which samples each data-parallel rank reads (Megatron's MegatronPretrainingSampler).
+"""Which samples each data-parallel rank reads (Megatron's MegatronPretrainingSampler; with --dataloader-type
+cyclic its MegatronPretrainingRandomSampler, CyclicSampler below).
 
 The global sample sequence, from ``consumed_samples`` on, is cut into chunks of
 ``micro_batch_size * data_parallel_size``; rank r reads slice ``[r * mbs, (r + 1) * mbs)`` of each
@@ -81,6 +82,88 @@ class PretrainingSampler:
                 yield list(indices)
 
 
+SINGLE = "single"
+CYCLIC = "cyclic"
+DATALOADER_TYPES = (SINGLE, CYCLIC)
+
+
+class CyclicSampler:
+    """Megatron-LM's MegatronPretrainingRandomSampler (--dataloader-type cyclic; core_v0.16.1
+    megatron/training/datasets/data_samplers.py:251-330), iterated as its training loop iterates the loader
+    (training.py:3284 cyclic_iter: the loader restarted each time it ends, the sampler going on from the samples
+    consumed), so one iterator runs epoch after epoch.
+
+    An epoch is the first ``total - total % (mbs * dp)`` samples' worth (the last partial global batch's count left
+    out); ``consumed_samples`` gives the epoch (consumed // that) and the offset in it. Each epoch draws
+    ``torch.randperm`` from a ``torch.Generator`` seeded with the epoch number:
+
+    - data_sharding (Megatron's default; --no-data-sharding turns it off): rank r's bucket is samples
+      ``[r * B, (r + 1) * B)``, B = (total // (mbs * dp)) * mbs, read in the order randperm(B) gives, from offset
+      ``(consumed in the epoch) // dp``;
+    - without: randperm of the first (total // mbs) * mbs samples, from offset (consumed in the epoch), rank r
+      taking every dp-th index from its r-th.
+
+    A micro-batch is the next ``mbs`` of the rank's indices (a last incomplete one dropped)."""
+
+    def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int, data_parallel_rank: int,
+                 data_parallel_size: int, data_sharding: bool = True):
+        if total_samples <= 0:
+            raise ValueError(f"total_samples must be positive, got {total_samples}")
+        if micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
+        if data_parallel_size <= 0:
+            raise ValueError(f"data_parallel_size must be positive, got {data_parallel_size}")
+        if not 0 <= data_parallel_rank < data_parallel_size:
+            raise ValueError(f"data_parallel_rank={data_parallel_rank} must lie in [0, {data_parallel_size})")
+        if total_samples < micro_batch_size * data_parallel_size:
+            raise ValueError(f"total_samples={total_samples} is less than one micro-batch per data-parallel rank "
+                             f"({micro_batch_size} x {data_parallel_size}): an epoch would hold no global batch")
+        if consumed_samples < 0 or consumed_samples % (micro_batch_size * data_parallel_size):
+            raise ValueError(f"consumed_samples={consumed_samples} must be a non-negative multiple of "
+                             f"micro_batch_size x data_parallel_size = {micro_batch_size * data_parallel_size}")
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.data_parallel_rank = data_parallel_rank
+        self.data_parallel_size = data_parallel_size
+        self.data_sharding = data_sharding
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.micro_batch_size * self.data_parallel_size
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Megatron's active_total_samples."""
+        return self.total_samples - self.total_samples % self.samples_per_step
+
+    def __len__(self) -> int:
+        """Micro-batches one epoch gives each rank (the iterator itself never ends)."""
+        return self.samples_per_epoch // self.samples_per_step
+
+    def epoch_indices(self, consumed_samples: int) -> list[int]:
+        """This rank's indices from ``consumed_samples`` to the end of that epoch (MegatronPretrainingRandomSampler
+        .__iter__'s idx_range)."""
+        epoch, in_epoch = divmod(consumed_samples, self.samples_per_epoch)
+        generator = torch.Generator()
+        generator.manual_seed(epoch)
+        if self.data_sharding:
+            bucket_size = (self.total_samples // self.samples_per_step) * self.micro_batch_size
+            start = self.data_parallel_rank * bucket_size
+            order = torch.randperm(bucket_size, generator=generator).tolist()
+            return [start + i for i in order[in_epoch // self.data_parallel_size:]]
+        full_bucket_size = (self.total_samples // self.micro_batch_size) * self.micro_batch_size
+        order = torch.randperm(full_bucket_size, generator=generator).tolist()
+        return order[in_epoch:][self.data_parallel_rank::self.data_parallel_size]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while True:
+            indices = self.epoch_indices(self.consumed_samples)
+            for start in range(0, len(indices) - self.micro_batch_size + 1, self.micro_batch_size):
+                self.consumed_samples += self.samples_per_step
+                yield indices[start:start + self.micro_batch_size]
+
+
 def collate_tokens(samples: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Stack the samples' token tensors into one [micro_batch, seq_length + 1] batch."""
     return {"tokens": torch.stack([sample["tokens"] for sample in samples])}
@@ -93,14 +176,23 @@ def build_data_loader(
     dp_rank: int,
     dp_size: int,
     num_workers: int = 0,
+    dataloader_type: str = SINGLE,
+    data_sharding: bool = True,
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over this DP rank's micro-batches, starting after ``consumed_samples``.
+    """A DataLoader over this DP rank's micro-batches, starting after ``consumed_samples``: one pass in the
+    dataset's order (``single``, PretrainingSampler) or Megatron-LM's random order, epoch after epoch (``cyclic``,
+    CyclicSampler, with ``data_sharding``).
 
     A daemonic process (a rank some launchers and tests/distributed.py start) may not start worker
     processes: it loads in-process, which reads the same samples in the same order."""
     if multiprocessing.current_process().daemon:
         num_workers = 0
-    sampler = PretrainingSampler(len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_size)
+    if dataloader_type == CYCLIC:
+        sampler = CyclicSampler(len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_size, data_sharding)
+    elif dataloader_type == SINGLE:
+        sampler = PretrainingSampler(len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_size)
+    else:
+        raise ValueError(f"dataloader_type must be one of {DATALOADER_TYPES}, got {dataloader_type!r}")
     return torch.utils.data.DataLoader(
         dataset,
         batch_sampler=sampler,

@@ -15,7 +15,7 @@ from data.gpt_dataset import APPENDABLE_ORDER, GPTDataset, build_train_valid_tes
 from data.megatron_order import MEGATRON_ORDER, MegatronOrderGPTDataset
 from data.mock import build_mock_datasets
 from data.per_split import DataSources, build_per_split_datasets, describe_sources
-from data.sampler import build_data_loader
+from data.sampler import CYCLIC, build_data_loader
 from data.tokenizer import RunTokenizer, load_named_tokenizer, load_tokenizer
 from parallel.state import ParallelState
 from training.run_settings import RunSettings
@@ -121,6 +121,11 @@ def build_data(settings: RunSettings, state: ParallelState, sources: DataSources
     counts = ", ".join(f"{name} {len(dataset):,}" if dataset is not None else f"{name} none"
                        for name, dataset in zip(("train", "valid", "test"), (train_set, valid_set, test_set)))
     summary = f"> data: {summary}; samples of {config.model.seq_length + 1} tokens: {counts}"
+    if config.data.dataloader_type == CYCLIC:
+        summary += ("; read by Megatron-LM's cyclic sampler (--dataloader-type cyclic: a torch.randperm seeded with "
+                    "the epoch number, " + ("each data-parallel rank its own bucket" if config.data.data_sharding
+                                            else "--no-data-sharding: the whole split, each rank every "
+                                                 "data-parallel-size-th index") + "), every split")
 
     if config.data.fim_data:
         # Megatron-LM's pretrain_gpt.py builds GPTFIMDataset for every split under --fim-data (data/fim.py)
@@ -138,7 +143,9 @@ def build_data(settings: RunSettings, state: ParallelState, sources: DataSources
     def loader(dataset, consumed_samples=0):
         return build_data_loader(dataset, consumed_samples=consumed_samples,
                                  micro_batch_size=batch.micro_batch_size, dp_rank=state.data_parallel_rank,
-                                 dp_size=state.data_parallel_size, num_workers=config.data.num_workers)
+                                 dp_size=state.data_parallel_size, num_workers=config.data.num_workers,
+                                 dataloader_type=config.data.dataloader_type,
+                                 data_sharding=config.data.data_sharding)
 
     return DataSplits(
         make_train_loader=lambda consumed_samples: loader(train_set, consumed_samples),

@@ -109,7 +109,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("how the .bin/.idx data is read or its index built (threads, caches, storage clients, sharding of the "
      "loader); every data-parallel rank here reads its slice of the same samples", _names("""
         --num-dataset-builder-threads --dataloader-fast-cache-load --dataloader-defer-npy-index-mmap
-        --object-storage-cache-path --enable-msc --disable-msc --no-data-sharding --mid-level-dataset-surplus
+        --object-storage-cache-path --enable-msc --disable-msc --mid-level-dataset-surplus
         --per-dataset-sequences-path --repeated-dataloader --return-data-index --valid-num-workers
         --input-data-sizes-file --allow-ambiguous-pad-tokens""")),
     ("raw-text options of DeepSpeedExamples' GPT-2 loader (JSON keys, sentence splitting, shuffling); data here "
@@ -594,10 +594,6 @@ AT_VALUE: dict[str, AtValue] = {
     "--is-hybrid-model": AtValue(_with_pattern, "names the model --hybrid-layer-pattern builds",
                                  "a hybrid model is built here from --hybrid-layer-pattern (`*-` and `*E` blocks): "
                                  "give the pattern"),
-    "--dataloader-type": AtValue(_equals("single"), "one pass over shuffled samples, consumed samples resuming it, "
-                                                    "as here",
-                                 "not implemented: the sampler draws each sample once per pass in a --seed order "
-                                 "(--dataloader-type single)"),
     "--remote-device": AtValue(_equals("none"), "no offload, as here",
                                "ZeRO-Offload is not implemented (on the roadmap): use --zero-stage 3 over more GPUs"),
     "--weight-decay-incr-style": AtValue(_equals("constant"), "a constant --weight-decay, as here",

@@ -146,13 +146,13 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
     # parallel/config.py, tests/training/test_expert_parallel_training.py; --error-injection-rate too:
     # resilience/rerun_state.py, tests/resilience/test_rerun_state.py)
     no_op = {"--num-experts-switch": "1",
-             "--dataloader-type": "single", "--remote-device": "none",
+             "--remote-device": "none",
              "--weight-decay-incr-style": "constant",
              "--vocab-extra-ids": "0",
              "--num-unique-layers": "4", "--export-model-type": "GPTModel", "--export-kv-cache-quant": "none",
              "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02"}
     other = {"--num-experts-switch": "8",
-             "--dataloader-type": "cyclic", "--remote-device": "cpu",
+             "--remote-device": "cpu",
              "--weight-decay-incr-style": "linear", "--vocab-extra-ids": "100",
              "--num-unique-layers": "2", "--export-model-type": "MambaModel", "--export-kv-cache-quant": "fp8",
              "--export-real-quant-cfg": "fp8_real_quant", "--embedding-init-method-std": "0.01"}

@@ -23,16 +23,14 @@ proxy_mi355x_deepseekv3_671B.sh, 09115513), which export variables to be sourced
 train_deepseekv3.sh at their own commit (MoRI dispatch, --moe-enable-mori, the fork's; CUDA-graph scopes); no 567B MoE
 script was found in the stored copy.
 
-Each launch's target is "trains". Run once here, shrunk, by tests/scripts/test_replay_corpus.py with TRAINED_HERE
-holding all 4 (at load 9 on the 2 cores): rocm-mixtral-8x7b trains (6.4 s); rocm-llama3-70b, rocm-llama2-70b and
-rocm-qwen2-1.5b are refused for `--dataloader-type cyclic` (Megatron-LM's MegatronPretrainingRandomSampler,
-megatron/training/datasets/data_samplers.py: a random order within each data-parallel rank's bucket, reseeded each
-epoch), not implemented here: KNOWN_FAILING_TODAY in that test says so. With `single` put in its place by hand (a
-diagnosis, not the launch), llama3 and llama2 train (30.4 s and 19.2 s at load 10), and qwen2 is refused next for
---num-query-groups 2 at TP 8 (1 at TP 2, shrunk): fewer key/value groups than TP ranks, which Megatron-Core allows
-(each rank one group's replica, megatron/core/transformer/attention.py:289) and this project refuses. The qwen2
-launch also found a shrink bug (--ffn-hidden-size 8960 of 1536 became an odd 187 at TP 2), fixed in shrink.py. The
-suite trains TRAINED_HERE only; every launch goes through the shrink's and --print-config's checks.
+Each launch's target is "trains". Run here, shrunk, by tests/scripts/test_replay_corpus.py with TRAINED_HERE
+holding all 4 (2026-11-28, on the 2 cores): rocm-mixtral-8x7b trains (6.8 s); rocm-llama3-70b and rocm-llama2-70b,
+which pass `--dataloader-type cyclic` (Megatron-LM's MegatronPretrainingRandomSampler, data/sampler.py CyclicSampler),
+train (8.4 s and 5.1 s); rocm-qwen2-1.5b is refused for --num-query-groups 2 at TP 8 (1 at TP 2, shrunk): fewer
+key/value groups than TP ranks, which Megatron-Core allows (each rank one group's replica,
+megatron/core/transformer/attention.py:289) and this project refuses; KNOWN_FAILING_TODAY in that test says so.
+The qwen2 launch also found a shrink bug (--ffn-hidden-size 8960 of 1536 became an odd 187 at TP 2), fixed in
+shrink.py. The suite trains TRAINED_HERE only; every launch goes through the shrink's and --print-config's checks.
 """
 
 import json
