@@ -122,10 +122,14 @@ def build_data(settings: RunSettings, state: ParallelState, sources: DataSources
                        for name, dataset in zip(("train", "valid", "test"), (train_set, valid_set, test_set)))
     summary = f"> data: {summary}; samples of {config.model.seq_length + 1} tokens: {counts}"
     if config.data.dataloader_type == CYCLIC:
+        built = len(train_set) if train_set is not None else 0
         summary += ("; read by Megatron-LM's cyclic sampler (--dataloader-type cyclic: a torch.randperm seeded with "
                     "the epoch number, " + ("each data-parallel rank its own bucket" if config.data.data_sharding
                                             else "--no-data-sharding: the whole split, each rank every "
-                                                 "data-parallel-size-th index") + "), every split")
+                                                 "data-parallel-size-th index") + "), every split; its permutation "
+                    f"spans the {built:,} training samples built here where Megatron-LM's spans its "
+                    "GPTDataset's whole epochs, so the order is not Megatron-LM's, and each evaluation starts its "
+                    "split's order again where Megatron-LM's goes on")
 
     if config.data.fim_data:
         # Megatron-LM's pretrain_gpt.py builds GPTFIMDataset for every split under --fim-data (data/fim.py)
