@@ -46,7 +46,7 @@ NAMES = ("megatron_tp1", "megatron_tp2_swiglu_gqa", "megatron_llama", "megatron_
          "megatron_moe_ep2_biases", "megatron_bf16", "megatron_pp2_vp2_distopt_dp_reshardable", "megatron_fp16",
          "megatron_bf16_distopt_dp_reshardable", "megatron_fp16_distopt_dp_reshardable", "megatron_moe_ep2_shared",
          "megatron_moe_ep2_expert_bias", "megatron_moe_ep2_dense_first_gated_shared", "megatron_mla_q_lora",
-         "megatron_mla", "megatron_mtp")
+         "megatron_mla", "megatron_mtp", "megatron_moe_tp2_ep2", "megatron_moe_pp2_ep2_biases")
 CONTINUED = (3, 4)  # the iterations after the save at 2
 
 
