@@ -14,7 +14,7 @@ dense first layer before an MoE layer with a gated shared expert (each layer und
 attention with a low-rank query and both latent norms (also at TP 2, under the distributed optimizer at DP 2, and
 with an MTP layer), and with linear_q_proj; one multi-token prediction layer (issue 92); MoE under tensor
 parallelism (TP 2 x EP 2 with --sequence-parallel, its experts at expert TP 2 and 1) and over two pipeline stages
-(PP 2 x EP 2).
+(PP 2 x EP 2), plain and under the distributed optimizer.
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
@@ -72,13 +72,18 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "mixtral_tp2_ep2": ("megatron_moe_ep2", 4, ["--sequence-parallel"], 2, 2),
          "mixtral_tp2_etp1_ep2": ("megatron_moe_ep2", 2, ["--sequence-parallel", "--expert-tensor-parallel-size",
                                                           "1"], 2, 2),
+         # and under the distributed optimizer (fully_reshardable; TP 2 x DP 2 x EP 2, expert TP 2)
+         "mixtral_tp2_ep2_distributed_optimizer": ("megatron_moe_ep2", 4, ["--sequence-parallel",
+                                                                           "--use-distributed-optimizer"], 2, 2),
          # Megatron's default MoE (the experts' biases) at TP 2 x EP 2, at expert TP 2 and 1: continued by Megatron-LM
          # at TP 1 x EP 2 (below: why not at its own layout)
          "moe_biases_tp2_ep2": ("megatron_moe_ep2_biases", 4, ["--sequence-parallel"], 2, 1),
          "moe_biases_tp2_etp1_ep2": ("megatron_moe_ep2_biases", 2,
                                      ["--sequence-parallel", "--expert-tensor-parallel-size", "1"], 2, 1),
          # MoE over two pipeline stages (a layer each) at EP 2: PP 2 x DP 2, four ranks, continued there
-         "moe_biases_pp2_ep2": ("megatron_moe_ep2_biases", 4, ["--pipeline-model-parallel-size", "2"], 1, 1)}
+         "moe_biases_pp2_ep2": ("megatron_moe_ep2_biases", 4, ["--pipeline-model-parallel-size", "2"], 1, 1),
+         "moe_biases_pp2_ep2_distributed_optimizer": ("megatron_moe_ep2_biases", 4, [
+             "--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"], 1, 1)}
 # Megatron-LM's ranks where they are not its TP size: the MoE save continues at its EP 2 (at EP 1 Megatron-Core's
 # SequentialMLP with biases fails its own forward on CPU: "Output 0 of _ReduceFromModelParallelRegion is a view and
 # is being modified inplace"; and Megatron-LM reads an EP 2 save's two chained optimizers only at EP > 1)
@@ -90,19 +95,21 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
 # its run (a diagnostic patch, not kept)
 MEGATRON_RANKS = {"moe_biases_ep2": 2, "moe_biases_ep2_distributed_optimizer": 2, "mixtral_ep2": 2,
                   "mixtral_shared_expert_ep2": 2, "mixtral_expert_bias_ep2": 2, "dense_first_gated_shared_ep2": 2,
-                  "mixtral_tp2_ep2": 4, "mixtral_tp2_etp1_ep2": 2, "moe_biases_tp2_ep2": 2,
-                  "moe_biases_tp2_etp1_ep2": 2, "moe_biases_pp2_ep2": 4}
+                  "mixtral_tp2_ep2": 4, "mixtral_tp2_ep2_distributed_optimizer": 4, "mixtral_tp2_etp1_ep2": 2,
+                  "moe_biases_tp2_ep2": 2, "moe_biases_tp2_etp1_ep2": 2, "moe_biases_pp2_ep2": 4,
+                  "moe_biases_pp2_ep2_distributed_optimizer": 4}
 CONTINUED = (3, 4)
 # saved at PP 2 x DP 2: resumed here on one rank within 1e-7 of that run (measured 4.849052429199219 at iteration 4,
 # the run 4.849052906036377), not bitwise
-PIPELINED = ("moe_biases_pp2_ep2",)
+PIPELINED = ("moe_biases_pp2_ep2", "moe_biases_pp2_ep2_distributed_optimizer")
 # written by the same lines as other cases here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
 # the plain fp16 case's scaler; the MoE's distributed optimizer the dense one's layout and the MoE's chained groups):
 # run where Megatron-LM continues them, to keep the default suite's time
 WITH_MEGATRON_LM_ONLY = ("gpt2_fp16_dp2_distributed_optimizer", "moe_biases_ep2_distributed_optimizer",
                          "mla_q_lora_dp2_distributed_optimizer", "mla_q_lora_mtp", "mla_q_lora_tp2",
-                         "mixtral_tp2_ep2", "mixtral_tp2_etp1_ep2", "moe_biases_tp2_ep2", "moe_biases_tp2_etp1_ep2",
-                         "moe_biases_pp2_ep2")
+                         "mixtral_tp2_ep2", "mixtral_tp2_ep2_distributed_optimizer", "mixtral_tp2_etp1_ep2",
+                         "moe_biases_tp2_ep2", "moe_biases_tp2_etp1_ep2", "moe_biases_pp2_ep2",
+                         "moe_biases_pp2_ep2_distributed_optimizer")
 
 
 def _flags(case: str, tensor_parallel: int, one_rank: bool = False) -> list[str]:
