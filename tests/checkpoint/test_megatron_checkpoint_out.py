@@ -101,7 +101,8 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
 # its run (a diagnostic patch, not kept)
 MEGATRON_RANKS = {"moe_biases_ep2": 2, "moe_biases_ep2_distributed_optimizer": 2, "mixtral_ep2": 2,
                   "mixtral_shared_expert_ep2": 2, "mixtral_expert_bias_ep2": 2, "dense_first_gated_shared_ep2": 2,
-                  "mixtral_tp2_ep2": 4, "mixtral_tp2_ep2_distributed_optimizer": 4, "mixtral_etp2": 2, "mixtral_tp2_etp1_ep2": 2,
+                  "mixtral_tp2_ep2": 4, "mixtral_tp2_ep2_distributed_optimizer": 4, "mixtral_etp2": 2,
+                  "mixtral_tp2_etp1_ep2": 2,
                   "moe_biases_tp2_ep2": 2, "moe_biases_tp2_etp1_ep2": 2, "moe_biases_pp2_ep2": 4,
                   "moe_biases_pp2_ep2_distributed_optimizer": 4}
 CONTINUED = (3, 4)
