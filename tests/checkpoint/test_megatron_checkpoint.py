@@ -4,7 +4,7 @@ The fixtures tests/fixtures/megatron_* were written by Megatron-LM's own pretrai
 gloo: scripts/megatron_checkpoint_fixtures.py through scripts/megatron_lm_cpu.py) over
 tests/fixtures/megatron_data/varied_docs (200 documents of 8-60 tokens): one launch trains iterations 1-4 saving at
 2 (megatron_losses.json `uninterrupted_losses`), and a second launch of Megatron-LM resumes the save at 2
-(`resumed_losses`, equal). The nineteen: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
+(`resumed_losses`, equal). The twenty-one: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
 Llama-shaped model; the distributed optimizer's dp_reshardable layout at TP 2 x DP 2; its fully_reshardable layout
 at DP 2; dp_reshardable over two pipeline stages (the tied embedding on both, loaded here on one); a Mixtral-shaped
 MoE over 2 expert-parallel ranks (4 experts, top 2, SequentialMLP), also with a shared expert; Megatron's default
@@ -13,7 +13,9 @@ scores, each router's expert bias buffer); a dense first layer before an MoE lay
 (--moe-layer-freq [0,1]: each layer under its own key); dp_reshardable under PP 2 x VP 2 (a gradient buffer per virtual chunk);
 bf16; fp16, its dynamic loss scale doubling at iteration 3 (--loss-scale-window 3) from the tracker saved at 2; both
 under the distributed optimizer at DP 2, dp_reshardable (buckets keyed by the 16-bit dtypes); multi-latent attention
-with a low-rank query and both latent norms, and with linear_q_proj; one multi-token prediction layer (issue 92).
+with a low-rank query and both latent norms, and with linear_q_proj; one multi-token prediction layer (issue 92); the
+Mixtral-shaped MoE at TP 2 x EP 2 (expert TP 2, --sequence-parallel) and Megatron's default MoE at PP 2 x EP 2, four
+ranks each (issue 92).
 
 - The quick tests read the files: told from ours by content, our TP 1 model's names and shapes, the weights every
   layout holds read alike (a dp_reshardable bucket's fp32 master equals its model tensor, element by element), the
