@@ -22,7 +22,8 @@ ranks each (issue 92).
   progress, and the refusals (a truncated or linked-out file, a common.pt or DCP index that would run code).
 - The slow tests are the proof: pretrain_gpt.py with the fixture's Megatron-LM flags and --load trains iterations 3
   and 4 to the losses Megatron-LM's uninterrupted run logged, within 1e-6 relative: weights, samples (Megatron-Core's
-  order, data/megatron_order.py), Adam moments and step, schedule; the TP 2 checkpoints at TP 1 here, one also at TP 2."""
+  order, data/megatron_order.py), Adam moments and step, schedule; the TP 2 checkpoints at TP 1 here, one also at TP 2,
+  and the MoE one at TP 2 x EP 2 also at its layout."""
 
 from __future__ import annotations
 
@@ -371,6 +372,31 @@ def test_the_tp2_checkpoint_continues_at_tp2(tmp_path):
     checkpoint = shutil.copytree(FIXTURES / name, tmp_path / name)
     metrics = tmp_path / "metrics.jsonl"
     run_distributed(resume_at_tp2, 2, str(checkpoint), str(tmp_path / "cache"), str(metrics),
+                    str(data_workdir(tmp_path)), timeout=300)
+    losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
+    assert losses == pytest.approx(megatrons_losses(name), rel=1e-6, abs=0)
+
+
+def resume_moe_at_tp2_ep2(rank: int, world_size: int, checkpoint: str, cache: str, metrics: str, workdir: str) -> None:
+    import pretrain_gpt
+
+    os.chdir(workdir)  # the flags' --data-path, relative (data_workdir)
+    assert pretrain_gpt.main(our_flags("megatron_moe_tp2_ep2", 2) + [
+        "--expert-model-parallel-size", "2", "--load", checkpoint, "--device", "cpu", "--log-interval", "1",
+        "--data-cache-dir", cache, "--metrics-file", metrics]) == 0
+
+
+@pytest.mark.slow
+def test_the_moe_checkpoint_at_tp2_ep2_continues_at_its_layout(tmp_path):
+    """Megatron-LM's Mixtral-shaped save at TP 2 x EP 2 (expert TP 2, --sequence-parallel) continues here at its own
+    layout, four ranks: measured bitwise (4.865856170654297, 4.848658084869385)."""
+    from tests.distributed import run_distributed
+    from tests.reliability_helpers import metrics_records
+
+    name = "megatron_moe_tp2_ep2"
+    checkpoint = shutil.copytree(FIXTURES / name, tmp_path / name)
+    metrics = tmp_path / "metrics.jsonl"
+    run_distributed(resume_moe_at_tp2_ep2, 4, str(checkpoint), str(tmp_path / "cache"), str(metrics),
                     str(data_workdir(tmp_path)), timeout=300)
     losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
     assert losses == pytest.approx(megatrons_losses(name), rel=1e-6, abs=0)
