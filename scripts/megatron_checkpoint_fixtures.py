@@ -125,6 +125,16 @@ FIXTURES = {
         "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32", "--moe-layer-freq", "[0,1]",
         "--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate", "--expert-model-parallel-size",
         "2"]),
+    # MoE under tensor parallelism: the Mixtral-shaped model at TP 2 x EP 2 (TP 2 x DP 2), its experts at the default
+    # expert TP (= TP: each expert's fc1 rows and fc2 columns split), with the --sequence-parallel Megatron-Core's
+    # MoE layer requires at TP > 1 (the local spec's torch norm takes it: scripts/megatron_lm_cpu.py)
+    "megatron_moe_tp2_ep2": (4, LLAMA_FLAGS + TP2 + ["--sequence-parallel", "--num-experts", "4", "--moe-router-topk",
+                                                     "2", "--moe-ffn-hidden-size", "32",
+                                                     "--expert-model-parallel-size", "2"]),
+    # and over two pipeline stages (a layer each): Megatron's default MoE, biases on, at PP 2 x EP 2 (PP 2 x DP 2)
+    "megatron_moe_pp2_ep2_biases": (4, GPT2_FLAGS + PP2 + ["--num-experts", "4", "--moe-router-topk", "2",
+                                                           "--moe-ffn-hidden-size", "32",
+                                                           "--expert-model-parallel-size", "2"]),
     # MLA with a low-rank query and the latent norms: every tensor of Megatron-Core's local-spec MLASelfAttention but
     # linear_q_proj (scripts/megatron_lm_cpu.py lets the local core attention take MLA's head widths)
     "megatron_mla_q_lora": (1, GPT2_FLAGS + MLA_FLAGS + ["--q-lora-rank", "8", "--qk-layernorm"]),

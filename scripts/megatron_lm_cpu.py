@@ -20,7 +20,8 @@ Megatron-Core computes otherwise without the GPU libraries: device queries answe
 no-ops (a CPU runs one stream); the CUDA RNG tracker's states are CPU generator states and torch.cuda's RNG calls
 act on a separate CPU generator; the jit fuser runs eagerly, the same functions; the GPU-only builds and
 warm-ups are skipped; the router runs the torch path without TransformerEngine; the local core attention takes
-multi-latent attention's head widths, as TransformerEngine's does. Megatron-Core's optimizer path
+multi-latent attention's head widths, as TransformerEngine's does; the local spec's torch norm takes
+--sequence-parallel, as apex's FusedLayerNorm does. Megatron-Core's optimizer path
 without apex or TransformerEngine cannot resume its own distributed-optimizer saves: the patches of
 scripts/megatron_lm_torch_adamw.py."""
 
@@ -187,6 +188,7 @@ def _patch_megatron_core() -> None:
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
     _patch_local_attention_widths()
+    _patch_sequence_parallel_torch_norm()
     patch_torch_adamw_resume()
 
 
@@ -216,6 +218,35 @@ def _patch_local_attention_widths() -> None:
 
     __init__.takes_head_widths = True
     DotProductAttention.__init__ = __init__
+
+
+def _patch_sequence_parallel_torch_norm() -> None:
+    """Without apex and TransformerEngine the local spec's norm is WrappedTorchNorm, which asserts "sequence
+    parallel not supported by torch LayerNorm", while Megatron-Core's MoE layer refuses tensor parallelism without
+    --sequence-parallel in training: an MoE model at TP > 1 runs on no TE-less, apex-less machine, GPU or CPU. With
+    apex the same spec builds FusedLayerNorm, which takes it: the same LayerNorm, its weight and bias marked
+    `sequence_parallel` so finalize_model_grads sums their gradients over the TP ranks. WrappedTorchNorm does so
+    here (torch's LayerNorm or RMSNorm, built as without the flag, its parameters marked)."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    new = WrappedTorchNorm.__new__
+    if getattr(new, "takes_sequence_parallel", False):
+        return
+
+    def __new__(cls, config, *args, **kwargs):
+        if not config.sequence_parallel:
+            return new(cls, config, *args, **kwargs)
+        config.sequence_parallel = False  # only its assertion reads it
+        try:
+            norm = new(cls, config, *args, **kwargs)
+        finally:
+            config.sequence_parallel = True
+        for parameter in norm.parameters():
+            setattr(parameter, "sequence_parallel", True)
+        return norm
+
+    __new__.takes_sequence_parallel = True
+    WrappedTorchNorm.__new__ = staticmethod(__new__)
 
 
 def _dataset_helpers_of_the_wheel() -> None:

@@ -4,7 +4,7 @@ The fixtures tests/fixtures/megatron_* were written by Megatron-LM's own pretrai
 gloo: scripts/megatron_checkpoint_fixtures.py through scripts/megatron_lm_cpu.py) over
 tests/fixtures/megatron_data/varied_docs (200 documents of 8-60 tokens): one launch trains iterations 1-4 saving at
 2 (megatron_losses.json `uninterrupted_losses`), and a second launch of Megatron-LM resumes the save at 2
-(`resumed_losses`, equal). The twenty: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
+(`resumed_losses`, equal). The twenty-two: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
 Llama-shaped model; the distributed optimizer's dp_reshardable layout at TP 2 x DP 2; its fully_reshardable layout
 at DP 2; dp_reshardable over two pipeline stages (the tied embedding on both, loaded here on one); a Mixtral-shaped
 MoE over 2 expert-parallel ranks (4 experts, top 2, SequentialMLP), also with a shared expert; Megatron's default
@@ -15,14 +15,17 @@ bf16; fp16, its dynamic loss scale doubling at iteration 3 (--loss-scale-window 
 under the distributed optimizer at DP 2, dp_reshardable (buckets keyed by the 16-bit dtypes); multi-latent attention
 with a low-rank query and both latent norms, and with linear_q_proj; one multi-token prediction layer (issue 92);
 MLA, a dense first layer, grouped sigmoid routing with the expert bias, a shared expert and an MTP layer at once,
-DeepSeek-V3's shape at EP 2, its MTP layer an MoE layer (megatron_deepseek_v3).
+DeepSeek-V3's shape at EP 2, its MTP layer an MoE layer (megatron_deepseek_v3); the
+Mixtral-shaped MoE at TP 2 x EP 2 (expert TP 2, --sequence-parallel) and Megatron's default MoE at PP 2 x EP 2, four
+ranks each (issue 92).
 
 - The quick tests read the files: told from ours by content, our TP 1 model's names and shapes, the weights every
   layout holds read alike (a dp_reshardable bucket's fp32 master equals its model tensor, element by element), the
   progress, and the refusals (a truncated or linked-out file, a common.pt or DCP index that would run code).
 - The slow tests are the proof: pretrain_gpt.py with the fixture's Megatron-LM flags and --load trains iterations 3
   and 4 to the losses Megatron-LM's uninterrupted run logged, within 1e-6 relative: weights, samples (Megatron-Core's
-  order, data/megatron_order.py), Adam moments and step, schedule; the TP 2 checkpoints at TP 1 here, one also at TP 2."""
+  order, data/megatron_order.py), Adam moments and step, schedule; the TP 2 checkpoints at TP 1 here, one also at TP 2,
+  and the MoE one at TP 2 x EP 2 also at its layout."""
 
 from __future__ import annotations
 
@@ -48,7 +51,8 @@ NAMES = ("megatron_tp1", "megatron_tp2_swiglu_gqa", "megatron_llama", "megatron_
          "megatron_moe_ep2_biases", "megatron_bf16", "megatron_pp2_vp2_distopt_dp_reshardable", "megatron_fp16",
          "megatron_bf16_distopt_dp_reshardable", "megatron_fp16_distopt_dp_reshardable", "megatron_moe_ep2_shared",
          "megatron_moe_ep2_expert_bias", "megatron_moe_ep2_dense_first_gated_shared", "megatron_mla_q_lora",
-         "megatron_mla", "megatron_mtp", "megatron_deepseek_v3")
+         "megatron_mla", "megatron_mtp", "megatron_deepseek_v3", "megatron_moe_tp2_ep2",
+         "megatron_moe_pp2_ep2_biases")
 CONTINUED = (3, 4)  # the iterations after the save at 2
 
 
@@ -371,6 +375,31 @@ def test_the_tp2_checkpoint_continues_at_tp2(tmp_path):
     checkpoint = shutil.copytree(FIXTURES / name, tmp_path / name)
     metrics = tmp_path / "metrics.jsonl"
     run_distributed(resume_at_tp2, 2, str(checkpoint), str(tmp_path / "cache"), str(metrics),
+                    str(data_workdir(tmp_path)), timeout=300)
+    losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
+    assert losses == pytest.approx(megatrons_losses(name), rel=1e-6, abs=0)
+
+
+def resume_moe_at_tp2_ep2(rank: int, world_size: int, checkpoint: str, cache: str, metrics: str, workdir: str) -> None:
+    import pretrain_gpt
+
+    os.chdir(workdir)  # the flags' --data-path, relative (data_workdir)
+    assert pretrain_gpt.main(our_flags("megatron_moe_tp2_ep2", 2) + [
+        "--expert-model-parallel-size", "2", "--load", checkpoint, "--device", "cpu", "--log-interval", "1",
+        "--data-cache-dir", cache, "--metrics-file", metrics]) == 0
+
+
+@pytest.mark.slow
+def test_the_moe_checkpoint_at_tp2_ep2_continues_at_its_layout(tmp_path):
+    """Megatron-LM's Mixtral-shaped save at TP 2 x EP 2 (expert TP 2, --sequence-parallel) continues here at its own
+    layout, four ranks: measured bitwise (4.865856170654297, 4.848658084869385)."""
+    from tests.distributed import run_distributed
+    from tests.reliability_helpers import metrics_records
+
+    name = "megatron_moe_tp2_ep2"
+    checkpoint = shutil.copytree(FIXTURES / name, tmp_path / name)
+    metrics = tmp_path / "metrics.jsonl"
+    run_distributed(resume_moe_at_tp2_ep2, 4, str(checkpoint), str(tmp_path / "cache"), str(metrics),
                     str(data_workdir(tmp_path)), timeout=300)
     losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
     assert losses == pytest.approx(megatrons_losses(name), rel=1e-6, abs=0)

@@ -13,7 +13,9 @@ shared expert, with DeepSeek-V3's aux-loss-free balancing (sigmoid scores, each 
 dense first layer before an MoE layer with a gated shared expert (each layer under its own key); multi-latent
 attention with a low-rank query and both latent norms (also at TP 2, under the distributed optimizer at DP 2, and
 with an MTP layer), and with linear_q_proj; one multi-token prediction layer (issue 92); DeepSeek-V3's shape
-(megatron_deepseek_v3's launch: its MTP layer an MoE layer) and Megatron's default MoE with an MTP layer, at EP 2.
+(megatron_deepseek_v3's launch: its MTP layer an MoE layer) and Megatron's default MoE with an MTP layer, at EP 2;
+MoE under tensor parallelism (TP 2 x EP 2 with --sequence-parallel, its experts at expert TP 2 and 1) and over two
+pipeline stages (PP 2 x EP 2), plain and under the distributed optimizer.
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
@@ -22,7 +24,8 @@ with an MTP layer), and with linear_q_proj; one multi-token prediction layer (is
   extracted tree; skipped otherwise): Megatron-LM's own pretrain_gpt.py (scripts/megatron_checkpoint_fixtures.py
   continue) loads each save with the same flags and --load, no other flag, the TP 2 one and the Llama one at TP 2,
   the MoE ones at EP 2, and trains iterations 3 and 4: its losses are ours to 1e-6 relative (bf16 and fp16: 2e-5 at
-  iteration 3, 2e-4 at 4; the MoE ones measured bitwise), its fp16 loss scales ours.
+  iteration 3, 2e-4 at 4; the MoE ones measured bitwise), its fp16 loss scales ours; the MoE ones at TP 2 and PP 2 at
+  their layout, but Megatron's default MoE saved at TP 2, continued at TP 1 x EP 2 (MEGATRON_RANKS' note says why).
 """
 
 from __future__ import annotations
@@ -70,31 +73,77 @@ CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "deepseek_v3_ep2": ("megatron_deepseek_v3", 2, [], 1, 1),
          # Megatron's default MoE (biases on) with an MTP layer: its MoE MTP layer's pre-MLP norm under both names
          "moe_biases_mtp_ep2": ("megatron_moe_ep2_biases", 2, ["--mtp-num-layers", "1", "--position-embedding-type",
-                                                               "rope"], 1, 1)}
+                                                               "rope"], 1, 1),
+         # MoE under tensor parallelism (with --sequence-parallel, as Megatron-Core's MoE layer requires at TP > 1):
+         # the Mixtral-shaped one at TP 2 x EP 2, its experts at the default expert TP (= TP 2: each expert's fc1
+         # rows and fc2 columns split; TP 2 x DP 2, four ranks) and at expert TP 1 (two ranks), continued there
+         "mixtral_tp2_ep2": ("megatron_moe_ep2", 4, ["--sequence-parallel"], 2, 2),
+         "mixtral_tp2_etp1_ep2": ("megatron_moe_ep2", 2, ["--sequence-parallel", "--expert-tensor-parallel-size",
+                                                          "1"], 2, 2),
+         # expert TP above TP (MoE parallel folding: TP 1 x DP 2, the experts at expert TP 2 x EP 1): Megatron-LM
+         # there within 1e-6, not bitwise (measured: iteration 3 ours, 4 4.869940757751465 against our
+         # 4.869942665100098, 3.9e-7, its grad norms 4.8e-6 off; cause not found); the same save continued by it at
+         # TP 1 x EP 1 on one rank gives ours bitwise
+         "mixtral_etp2": ("megatron_moe_ep2", 2, ["--expert-tensor-parallel-size", "2",
+                                                  "--expert-model-parallel-size", "1"], 1, 1),
+         # and under the distributed optimizer (fully_reshardable; TP 2 x DP 2 x EP 2, expert TP 2)
+         "mixtral_tp2_ep2_distributed_optimizer": ("megatron_moe_ep2", 4, ["--sequence-parallel",
+                                                                           "--use-distributed-optimizer"], 2, 2),
+         # Megatron's default MoE (the experts' biases) at TP 2 x EP 2, at expert TP 2 and 1: continued by Megatron-LM
+         # at TP 1 x EP 2 (below: why not at its own layout)
+         "moe_biases_tp2_ep2": ("megatron_moe_ep2_biases", 4, ["--sequence-parallel"], 2, 1),
+         "moe_biases_tp2_etp1_ep2": ("megatron_moe_ep2_biases", 2,
+                                     ["--sequence-parallel", "--expert-tensor-parallel-size", "1"], 2, 1),
+         # MoE over two pipeline stages (a layer each) at EP 2: PP 2 x DP 2, four ranks, continued there
+         "moe_biases_pp2_ep2": ("megatron_moe_ep2_biases", 4, ["--pipeline-model-parallel-size", "2"], 1, 1),
+         "moe_biases_pp2_ep2_distributed_optimizer": ("megatron_moe_ep2_biases", 4, [
+             "--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"], 1, 1)}
 # Megatron-LM's ranks where they are not its TP size: the MoE save continues at its EP 2 (at EP 1 Megatron-Core's
 # SequentialMLP with biases fails its own forward on CPU: "Output 0 of _ReduceFromModelParallelRegion is a view and
 # is being modified inplace"; and Megatron-LM reads an EP 2 save's two chained optimizers only at EP > 1)
+# Megatron's default MoE saved at TP 2 continues in Megatron-LM at TP 1: at TP 2 it refuses the experts' biases at
+# expert TP 2 (transformer_config.py: "Bias in Moe is only supported when ETP==1"), and at expert TP 1 its
+# RowParallelLinear marks each expert's fc2 bias sequence_parallel, so finalize_model_grads sums that gradient over
+# the TP group, whose two ranks hold other experts (expert 0's with expert 2's): measured, iteration 3 ours bitwise,
+# iteration 4 4.849104881286621 against our 4.849052429199219 (1.1e-5), and ours bitwise with that sum left out of
+# its run (a diagnostic patch, not kept)
 MEGATRON_RANKS = {"moe_biases_ep2": 2, "moe_biases_ep2_distributed_optimizer": 2, "mixtral_ep2": 2,
                   "mixtral_shared_expert_ep2": 2, "mixtral_expert_bias_ep2": 2, "dense_first_gated_shared_ep2": 2,
-                  "deepseek_v3_ep2": 2, "moe_biases_mtp_ep2": 2}
+                  "deepseek_v3_ep2": 2, "moe_biases_mtp_ep2": 2,
+                  "mixtral_tp2_ep2": 4, "mixtral_tp2_ep2_distributed_optimizer": 4, "mixtral_etp2": 2,
+                  "mixtral_tp2_etp1_ep2": 2,
+                  "moe_biases_tp2_ep2": 2, "moe_biases_tp2_etp1_ep2": 2, "moe_biases_pp2_ep2": 4,
+                  "moe_biases_pp2_ep2_distributed_optimizer": 4}
 CONTINUED = (3, 4)
+# saved at PP 2 x DP 2: resumed here on one rank within 1e-7 of that run (measured 4.849052429199219 at iteration 4,
+# the run 4.849052906036377), not bitwise
+PIPELINED = ("moe_biases_pp2_ep2", "moe_biases_pp2_ep2_distributed_optimizer")
 # written by the same lines as other cases here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
 # the plain fp16 case's scaler; the MoE's distributed optimizer the dense one's layout and the MoE's chained groups):
 # run where Megatron-LM continues them, to keep the default suite's time
 WITH_MEGATRON_LM_ONLY = ("gpt2_fp16_dp2_distributed_optimizer", "moe_biases_ep2_distributed_optimizer",
                          "mla_q_lora_dp2_distributed_optimizer", "mla_q_lora_mtp", "mla_q_lora_tp2", "deepseek_v3_ep2",
-                         "moe_biases_mtp_ep2")
+                         "moe_biases_mtp_ep2", "mixtral_tp2_ep2", "mixtral_tp2_ep2_distributed_optimizer", "mixtral_tp2_etp1_ep2",
+                         "moe_biases_tp2_ep2", "moe_biases_tp2_etp1_ep2", "moe_biases_pp2_ep2",
+                         "moe_biases_pp2_ep2_distributed_optimizer", "mixtral_etp2")
 
 
 def _flags(case: str, tensor_parallel: int, one_rank: bool = False) -> list[str]:
-    """The case's flags at `tensor_parallel`; `one_rank`: without the fixture's expert parallelism too."""
+    """The case's flags at `tensor_parallel`; `one_rank`: without the fixture's expert parallelism, the case's
+    expert TP and pipeline stages too."""
     name, _, extra, _, _ = CASES[case]
     flags = list(record(name)["flags"])
-    for layout_flag in ("--tensor-model-parallel-size",) + (("--expert-model-parallel-size",) if one_rank else ()):
+    if "--expert-model-parallel-size" in extra:  # the case's EP in place of the fixture's
+        at = flags.index("--expert-model-parallel-size")
+        del flags[at:at + 2]
+    flags += extra
+    for layout_flag in ("--tensor-model-parallel-size",) + (("--expert-model-parallel-size",
+                                                              "--expert-tensor-parallel-size",
+                                                              "--pipeline-model-parallel-size") if one_rank else ()):
         if layout_flag in flags:
             at = flags.index(layout_flag)
             del flags[at:at + 2]
-    return flags + extra + ["--tensor-model-parallel-size", str(tensor_parallel)]
+    return flags + ["--tensor-model-parallel-size", str(tensor_parallel)]
 
 
 def save_ours(rank: int, world_size: int, argv: list[str], workdir: str) -> None:
@@ -160,9 +209,9 @@ def test_our_torch_dist_save_is_megatrons_layout_and_resumes_here_to_the_uninter
     assert outcome.code == 0, outcome.err[-3000:]
     if scales:  # the scale doubles at iteration 3 only from the growth tracker saved at 2
         assert _losses(metrics, "loss_scale") == scales == {3: 131072.0, 4: 131072.0}
-    if CASES[case][3] == 1:  # saved at TP 1: the same sums in the same order
+    if CASES[case][3] == 1 and case not in PIPELINED:  # saved at TP 1: the same sums in the same order
         assert _losses(metrics) == expected
-    else:  # the TP 2 partial sums taken whole: another order
+    else:  # the TP 2 partial sums taken whole, the stages' data-parallel halves summed whole: another order
         assert _losses(metrics) == pytest.approx(expected, rel=1e-6, abs=0)
 
 
