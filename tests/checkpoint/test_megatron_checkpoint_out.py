@@ -18,8 +18,10 @@ MoE under tensor parallelism (TP 2 x EP 2 with --sequence-parallel, its experts 
 pipeline stages (PP 2 x EP 2), plain and under the distributed optimizer.
 
 - Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
-  iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
-  in the same order; the MoE ones at EP 1), within 1e-6 for the one at TP 2; fp16's loss scales the same run's.
+  iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves of one process (the same
+  kernels in the same order), within 1e-6 for those of several (the TP 2 partial sums taken whole; the MoE ones at
+  EP 1, each expert's tokens in one GEMM: bitwise on some CPUs, 9.8e-8 at iteration 4 on an AVX-512 Xeon, where its
+  GEMM blocking rounds the two groupings apart); fp16's loss scales the same run's.
 - With Megatron-LM (the benchmark venv and MEGATRON_LM_KIT naming megatron-lm-core_v0.16.1-min.tar.xz or its
   extracted tree; skipped otherwise): Megatron-LM's own pretrain_gpt.py (scripts/megatron_checkpoint_fixtures.py
   continue) loads each save with the same flags and --load, no other flag, the TP 2 one and the Llama one at TP 2,
@@ -115,9 +117,6 @@ MEGATRON_RANKS = {"moe_biases_ep2": 2, "moe_biases_ep2_distributed_optimizer": 2
                   "moe_biases_tp2_ep2": 2, "moe_biases_tp2_etp1_ep2": 2, "moe_biases_pp2_ep2": 4,
                   "moe_biases_pp2_ep2_distributed_optimizer": 4}
 CONTINUED = (3, 4)
-# saved at PP 2 x DP 2: resumed here on one rank within 1e-7 of that run (measured 4.849052429199219 at iteration 4,
-# the run 4.849052906036377), not bitwise
-PIPELINED = ("moe_biases_pp2_ep2", "moe_biases_pp2_ep2_distributed_optimizer")
 # written by the same lines as other cases here (fp16's grad scaler is the bf16 distributed optimizer's common.pt plus
 # the plain fp16 case's scaler; the MoE's distributed optimizer the dense one's layout and the MoE's chained groups):
 # run where Megatron-LM continues them, to keep the default suite's time
@@ -209,9 +208,9 @@ def test_our_torch_dist_save_is_megatrons_layout_and_resumes_here_to_the_uninter
     assert outcome.code == 0, outcome.err[-3000:]
     if scales:  # the scale doubles at iteration 3 only from the growth tracker saved at 2
         assert _losses(metrics, "loss_scale") == scales == {3: 131072.0, 4: 131072.0}
-    if CASES[case][3] == 1 and case not in PIPELINED:  # saved at TP 1: the same sums in the same order
+    if CASES[case][1] == 1:  # saved by one process: the same sums in the same order
         assert _losses(metrics) == expected
-    else:  # the TP 2 partial sums taken whole, the stages' data-parallel halves summed whole: another order
+    else:  # the TP 2 partial sums, the data-parallel halves, each expert's tokens from two ranks taken whole
         assert _losses(metrics) == pytest.approx(expected, rel=1e-6, abs=0)
 
 
