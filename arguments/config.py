@@ -1260,7 +1260,8 @@ class PretrainConfig:
         if comm == "a2a+p2p":  # multi-latent attention's key heads are its query heads (gpt/mla.py)
             groups = model.num_attention_heads if model.mla.multi_latent_attention else \
                 (model.attention.num_query_groups or model.num_attention_heads)
-            self._check_hierarchical_context_parallel(heads, groups // tp)
+            # (fewer groups than TP ranks: each rank reads one, gpt/model.py SelfAttention)
+            self._check_hierarchical_context_parallel(heads, max(groups // tp, 1))
         if model.attention.cp_comm_type == "a2a" and heads % cp:
             # DeepSpeed's single_all_to_all asserts it: "Number of heads must be divisible by the sequence parallel
             # size"; Megatron-DeepSpeed's ParallelAttention too (num_attention_heads % sequence parallel size).
@@ -1434,6 +1435,14 @@ class PretrainConfig:
         if self.optimizer.exp_avg_dtype != "fp32" or self.optimizer.exp_avg_sq_dtype != "fp32":
             raise ConfigError("--optimizer muon keeps fp32 states: bf16 moments are Adam's only",
                               flags=("--optimizer", "--exp-avg-dtype"))
+        model, tp = self.model, self.parallel.tensor_model_parallel_size
+        groups = model.attention.query_groups(model.num_attention_heads)
+        if self.optimizer.muon_split_qkv and not model.mla.multi_latent_attention and groups < tp:
+            # a TP rank's QKV rows are then part of one group's, which Megatron-Core's muon.py also cannot split
+            raise ConfigError(f"--optimizer muon splits the QKV weight by query group, which --num-query-groups "
+                              f"{groups} below --tensor-model-parallel-size {tp} cuts over the TP ranks: not "
+                              f"implemented; add --muon-no-split-qkv",
+                              flags=("--optimizer", "--num-query-groups", "--tensor-model-parallel-size"))
 
     def _check_goldfish(self) -> None:
         """swiss-ai's fork asserts K and H positive (arguments.py: "goldfish_k (frequency) must be a positive

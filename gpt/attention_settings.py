@@ -152,10 +152,19 @@ class AttentionSettings:
             raise ConfigError(f"--num-query-groups {groups} does not divide --num-attention-heads "
                               f"{num_attention_heads}; each key/value group serves an equal number of heads",
                               flags=("--num-query-groups", "--num-attention-heads"))
-        if groups % tensor_parallel_size:
-            raise ConfigError(f"--num-query-groups {groups} is not divisible by --tensor-model-parallel-size "
-                              f"{tensor_parallel_size}; each tensor-parallel rank needs whole key/value groups",
+        # Megatron-Core's TransformerConfig: a multiple or a divisor of the TP size; a divisor's groups are each
+        # read by tp / groups ranks (gpt/model.py SelfAttention, Megatron-Core's attention.py:289)
+        if groups % tensor_parallel_size and tensor_parallel_size % groups:
+            raise ConfigError(f"--num-query-groups {groups} must be a multiple or divisor of "
+                              f"--tensor-model-parallel-size {tensor_parallel_size} (Megatron-Core's rule): each "
+                              f"tensor-parallel rank needs whole key/value groups or a share of one",
                               flags=("--num-query-groups", "--tensor-model-parallel-size"))
+        if groups < tensor_parallel_size and self.qk_layernorm_over_projection:
+            raise ConfigError(f"--qk-layernorm-over-projection with --num-query-groups {groups} below "
+                              f"--tensor-model-parallel-size {tensor_parallel_size} is not implemented: the key "
+                              f"norm's features are cut over the TP ranks, which here each read a whole group",
+                              flags=("--qk-layernorm-over-projection", "--num-query-groups",
+                                     "--tensor-model-parallel-size"))
 
     def _validate_query_key_norms(self) -> None:
         if self.qk_l2_norm and self.qk_layernorm_over_projection:  # Megatron-Core has no L2 norm over projections

@@ -57,6 +57,7 @@ from parallel.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_sequence_parallel_region,
     gather_from_tensor_parallel_region,
+    gather_last_dim_summing_backward,
     scatter_to_sequence_parallel_region,
 )
 from parallel.random import TensorParallelRNG
@@ -111,7 +112,16 @@ class SelfAttention(nn.Module):
         tp = state.tensor_parallel_size
         self.heads_per_rank = config.num_attention_heads // tp
         attention, positions = config.attention, config.positions
-        self.groups_per_rank = attention.query_groups(config.num_attention_heads) // tp
+        groups = attention.query_groups(config.num_attention_heads)
+        # Fewer key/value groups than TP ranks (Megatron-Core's attention.py:289): the QKV weight is still cut in
+        # contiguous rows, so a rank's rows are part of one group's; its output is all-gathered, and each rank
+        # reads its group (rank // replicas) and, of that group's query heads, its own heads_per_rank
+        # (get_query_key_value_tensors). The gather's backward reduce-scatters: each slice's gradient is the sum
+        # of what every rank read from it, the TP-1 gradient.
+        self.kv_replicas = tp // groups if groups < tp else 1  # the TP ranks that read one group
+        self.groups_per_rank = max(groups // tp, 1)
+        self.heads_per_group = config.num_attention_heads // groups
+        self.tp_state = state
         self.head_dim = config.head_dim
         self.dropout_p = config.attention.attention_dropout
         self.attention_backend = config.attention.attention_backend
@@ -154,13 +164,13 @@ class SelfAttention(nn.Module):
         h = config.hidden_size
         self.output_gate = attention.attention_output_gate
         query_rows = config.num_attention_heads * (2 if self.output_gate else 1)  # a gate head per query head
-        qkv_rows = (query_rows + 2 * self.groups_per_rank * tp) * config.head_dim
+        qkv_rows = (query_rows + 2 * groups) * config.head_dim
         self.query_key_value = plan.linear("attention.query_key_value", h, qkv_rows,
                                            init_std=config.init_method_std,
                                            bias=attention.qkv_bias(config.add_bias_linear))
         # One query group's rows, block by block (Megatron-Core's _get_qkv_split_shapes): --optimizer muon
         # orthogonalizes the query (and gate), key and value blocks apart (zero/muon.py).
-        group_query = config.num_attention_heads // (self.groups_per_rank * tp) * config.head_dim
+        group_query = self.heads_per_group * config.head_dim
         self.query_key_value.weight.qkv_split_shapes = \
             [group_query] * (2 if self.output_gate else 1) + [config.head_dim, config.head_dim]
         # --softmax-type (gpt/attention_sinks.py): Megatron-Core's DotProductAttention.softmax_offset, a parameter of
@@ -227,8 +237,12 @@ class SelfAttention(nn.Module):
     def _query_key_value(self, hidden: torch.Tensor, cache: Optional[LayerCache] = None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         qkv = self.query_key_value(hidden)  # the whole sequence: under sequence parallelism, gathered
+        if self.kv_replicas > 1:  # every group's rows gathered, this rank's group kept (see __init__)
+            qkv = gather_last_dim_summing_backward(qkv, self.tp_state)
+            width = qkv.shape[-1] * self.kv_replicas // self.tp_state.tensor_parallel_size
+            qkv = qkv.narrow(-1, self.tp_state.tensor_parallel_rank // self.kv_replicas * width, width)
         batch, seq, _ = qkv.shape
-        per_group = self.heads_per_rank // self.groups_per_rank
+        per_group = self.heads_per_group
         query_heads = 2 * per_group if self.output_gate else per_group  # a group's query (and gate) heads
         qkv = qkv.view(batch, seq, self.groups_per_rank, query_heads + 2, self.head_dim)
         gate = None
@@ -239,6 +253,10 @@ class SelfAttention(nn.Module):
             # where slicing and selecting each part made a zero-filled gradient of the whole per part to sum
             gated = [per_group] if self.output_gate else []
             query, *gate_part, key, value = qkv.split([per_group, *gated, 1, 1], dim=3)
+            if self.kv_replicas > 1:  # of the group's query (and gate) heads, this rank's
+                start = self.tp_state.tensor_parallel_rank % self.kv_replicas * self.heads_per_rank
+                query, *gate_part = (part.narrow(3, start, self.heads_per_rank) for part in (query, *gate_part))
+                per_group = self.heads_per_rank
             query = query.reshape(batch, seq, self.heads_per_rank, self.head_dim).transpose(1, 2)
             if gate_part:  # head g * per_group + j's gate, in the order the context's heads have
                 gate = gate_part[0].reshape(batch, seq, self.heads_per_rank * self.head_dim)

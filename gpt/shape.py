@@ -352,6 +352,12 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
             heads += module.heads_per_rank * tensor_parallel_size
         elif isinstance(module, SelfAttention):
             heads += module.heads_per_rank * tensor_parallel_size
+            if module.kv_replicas > 1:
+                # fewer key/value groups than TP ranks: attention keeps its group's key and value on each rank (the
+                # QKV output's group read from the gathered whole), not 1/TP of the groups' as counted above
+                kv_bytes = 2 * 2 * module.head_dim
+                replicated += kv_bytes
+                partitioned -= kv_bytes * (tensor_parallel_size // module.kv_replicas)
             if module.output_gate:  # the product context x sigmoid(gate) keeps both: 16-bit and fp32
                 partitioned += (2 + 4) * module.heads_per_rank * module.head_dim * tensor_parallel_size
     return LayerActivationTerms(replicated_bytes_per_token=replicated, partitioned_bytes_per_token=partitioned,

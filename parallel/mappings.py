@@ -6,6 +6,11 @@ Each function is one half of a pair whose forward and backward are each other's 
     reduce_from_tensor_parallel_region  forward: all-reduce        backward: identity
     scatter_to_tensor_parallel_region   forward: keep my chunk     backward: all-gather   (last dim)
     gather_from_tensor_parallel_region  forward: all-gather        backward: keep my chunk (last dim)
+    gather_last_dim_summing_backward    forward: all-gather        backward: reduce-scatter (last dim)
+
+The last, Megatron-Core's all_gather_last_dim_from_tensor_parallel_region, is for a gathered tensor whose ranks each
+read a different part (key/value groups fewer than the TP ranks, gpt/model.py SelfAttention): each rank's gradient of
+the whole is partial, so the slices' gradients are summed over the ranks.
 
 A column-parallel linear enters with `copy`, a row-parallel linear leaves with `reduce`; at TP=1 every function
 returns its input and adds no autograd node. Under sequence parallelism (Korthikanti et al. 2022) the regions
@@ -126,6 +131,28 @@ class _GatherFromTensorParallelRegion(torch.autograd.Function):
         return _keep_last_dim_chunk(grad_output, ctx.state), None
 
 
+def _reduce_scatter_last_dim(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    size = tensor.shape[-1]
+    if size % state.tensor_parallel_size != 0:
+        raise ValueError(f"last dimension {size} is not divisible by the tensor-parallel size "
+                         f"{state.tensor_parallel_size}")
+    leading = tensor.movedim(-1, 0).contiguous()
+    output = leading.new_empty((leading.shape[0] // state.tensor_parallel_size, *leading.shape[1:]))
+    state.comm.reduce_scatter(output, leading, state.tensor_parallel_group, "tp")
+    return output.movedim(0, -1).contiguous()
+
+
+class _GatherLastDimSummingBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+        ctx.state = state
+        return _gather_last_dim(tensor, state)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return _reduce_scatter_last_dim(grad_output, ctx.state), None
+
+
 class _ScatterToSequenceParallelRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
@@ -181,6 +208,12 @@ def gather_from_tensor_parallel_region(tensor: torch.Tensor, state: ParallelStat
     if state.tensor_parallel_size == 1:
         return tensor
     return _GatherFromTensorParallelRegion.apply(tensor, state)
+
+
+def gather_last_dim_summing_backward(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    if state.tensor_parallel_size == 1:
+        return tensor
+    return _GatherLastDimSummingBackward.apply(tensor, state)
 
 
 def scatter_to_sequence_parallel_region(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:

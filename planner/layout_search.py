@@ -7,7 +7,7 @@ ranked by predicted step time (planner/layout_perf.py).
 The model is given as pretrain_gpt.py flags; a layout flag among them fixes its dimension (planner/layout_pins.py).
 The command line is planner/search_cli.py; the top picks are checked by the dry run (planner/search_check.py).
 Enumerated with Megatron-LM's rules (validate_args, parallel_state.py initialize_model_parallel): TP dividing the heads
-and query groups, within a node (Narayanan et al. 2021, figure 13); CP only where --context-parallel-size is given
+and a multiple or divisor of the query groups, within a node (Narayanan et al. 2021, figure 13); CP only where --context-parallel-size is given
 (priced as TE's fused ring, while this repository's ring computes fp32 scores explicitly, gpt/cp_attention.py, so the
 search does not choose it); PP x VP chunks each holding a layer, split so the slowest rank is least loaded
 (planner/pipeline_split.py) and printed as the --pipeline-model-parallel-layout realising it, interleaving needing
@@ -119,7 +119,8 @@ def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, 
         return pinned is None or pinned == value
 
     for tp in _divisors(gpus):
-        if tp > gpus_per_node or heads % tp or groups % tp or not allowed(pins.tp, tp):
+        # key/value groups a multiple or a divisor of TP (Megatron-Core's TransformerConfig; gpt/model.py)
+        if tp > gpus_per_node or heads % tp or (groups % tp and tp % groups) or not allowed(pins.tp, tp):
             continue
         for cp in _divisors(gpus // tp) if pins.cp is not None else (1,):
             if (counts.seq_length % (2 * cp) and cp > 1) or not allowed(pins.cp, cp):

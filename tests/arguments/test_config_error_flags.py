@@ -50,7 +50,8 @@ INVALID = [
     ({"normalization": "BatchNorm"}, ()), ({"position_embedding_type": "alibi"}, ()),
     ({**ROPE, "rotary_base": 0.0}, ()), ({**ROPE, "use_rope_scaling": True, "rope_scaling_factor": 0.0}, ()),
     ({**ROPE, "rotary_percent": 0.01}, ()), ({"num_query_groups": 3}, ()),
-    ({"num_query_groups": 1, "tensor_model_parallel_size": 2}, ()),
+    ({"num_query_groups": 1, "tensor_model_parallel_size": 2, "qk_layernorm": True,
+      "qk_layernorm_over_projection": True}, ()),
     ({"tensor_model_parallel_size": 3}, ()),
     ({"tensor_model_parallel_size": 2, "sequence_parallel": True, "seq_length": 127}, ()),
     # optimizer

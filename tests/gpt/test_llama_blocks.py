@@ -210,10 +210,13 @@ def test_logits_equal_transformers_llama_at_tp2():
         assert all(difference <= TOLERANCE for difference in per_rank.values()), per_rank
 
 
-def test_key_value_groups_must_split_over_tensor_parallel_ranks():
-    mqa = tiny_config(**LLAMA, num_query_groups=1)
-    with pytest.raises(ConfigError, match="--num-query-groups 1 is not divisible by --tensor-model-parallel-size 2"):
-        mqa.validate_tensor_parallel(2)
+def test_key_value_groups_must_split_over_tensor_parallel_ranks_or_be_shared_by_them():
+    """Fewer groups than TP ranks are read by tp / groups ranks each (Megatron-Core, gpt/model.py SelfAttention;
+    tests/gpt/test_kv_groups_below_tp.py trains them); a norm over the whole key projection is not."""
+    tiny_config(**LLAMA, num_query_groups=1).validate_tensor_parallel(2)
+    over_projection = tiny_config(**LLAMA, num_query_groups=1, qk_layernorm=True, qk_layernorm_over_projection=True)
+    with pytest.raises(ConfigError, match="--qk-layernorm-over-projection with --num-query-groups 1 below"):
+        over_projection.validate_tensor_parallel(2)
     for groups in (3, 0):
         with pytest.raises(ConfigError, match=f"--num-query-groups {groups} does not divide --num-attention-heads 4"):
             build_gpt_model(tiny_config(**LLAMA, num_query_groups=groups), SINGLE, seed=0)

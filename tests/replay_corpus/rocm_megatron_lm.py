@@ -24,13 +24,14 @@ train_deepseekv3.sh at their own commit (MoRI dispatch, --moe-enable-mori, the f
 script was found in the stored copy.
 
 Each launch's target is "trains". Run here, shrunk, by tests/scripts/test_replay_corpus.py with TRAINED_HERE
-holding all 4 (2026-11-28, on the 2 cores): rocm-mixtral-8x7b trains (6.8 s); rocm-llama3-70b and rocm-llama2-70b,
-which pass `--dataloader-type cyclic` (Megatron-LM's MegatronPretrainingRandomSampler, data/sampler.py CyclicSampler),
-train (8.4 s and 5.1 s); rocm-qwen2-1.5b is refused for --num-query-groups 2 at TP 8 (1 at TP 2, shrunk): fewer
-key/value groups than TP ranks, which Megatron-Core allows (each rank one group's replica,
-megatron/core/transformer/attention.py:289) and this project refuses; KNOWN_FAILING_TODAY in that test says so.
-The qwen2 launch also found a shrink bug (--ffn-hidden-size 8960 of 1536 became an odd 187 at TP 2), fixed in
-shrink.py. The suite trains TRAINED_HERE only; every launch goes through the shrink's and --print-config's checks.
+holding all 4 (2026-11-28, on the 2 cores): rocm-mixtral-8x7b trains; rocm-llama3-70b and rocm-llama2-70b, which pass
+`--dataloader-type cyclic` (Megatron-LM's MegatronPretrainingRandomSampler, data/sampler.py CyclicSampler), train;
+and rocm-qwen2-1.5b, which passes it too and --num-query-groups 2 at TP 8 (1 at TP 2, shrunk), fewer key/value groups
+than TP ranks, run as Megatron-Core's attention.py:289 runs them (gpt/model.py SelfAttention;
+tests/gpt/test_kv_groups_below_tp.py), trains (once, all four in TRAINED_HERE, after the merge of both: 8.9, 19.5, 7.4 and 3.4 s at load
+4-5, the CI run beside them). The qwen2 launch also found a shrink bug (--ffn-hidden-size
+8960 of 1536 became an odd 187 at TP 2), fixed in shrink.py. The suite trains TRAINED_HERE only; every launch goes
+through the shrink's and --print-config's checks.
 """
 
 import json

@@ -61,15 +61,12 @@ from tests.replay_corpus.shrink import (
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
 _PATCH_FLAG = ("its refusal now comes with the launch's other problems (an invalid choice no longer ends the parse), "
                "and among them {flag}, {program}'s own flag, is an unrecognized argument: its flags are not harvested")
-_FEWER_GROUPS = ("--num-query-groups 2 at TP 8 (1 at TP 2, shrunk): fewer key/value groups than TP ranks, each rank "
-                 "one group's replica, as Megatron-Core's attention.py:289 allows, refused")
 KNOWN_FAILING_TODAY: dict[str, str] = {
     **{f"ling-2.0-mini-pretrain-{length}": _PATCH_FLAG.format(flag="--bias-zero-mean-update",
                                                              program="inclusionAI's Megatron-LM patch")
        for length in ("4k", "8k", "32k")},
     "opengptx-teuken-7b-part3": _PATCH_FLAG.format(flag="--t5-swiglu", program="OpenGPT-X's Megatron-LM fork"),
     "zyphra-moe-1.3b-8e-megarun": _PATCH_FLAG.format(flag="--hf_autotokenizer_model", program="Zyphra's Megatron-LM fork"),
-    "rocm-qwen2-1.5b": _FEWER_GROUPS,
 }
 
 
@@ -370,7 +367,7 @@ def test_the_docs_list_the_corpus_and_its_outcomes():
 
 # Launches of KNOWN_FAILING_TODAY whose flags themselves are still refused, so --print-config refuses them too,
 # with KNOWN_FAILING_TODAY's cause.
-FLAGS_REFUSED_TODAY: dict[str, str] = {"rocm-qwen2-1.5b": _FEWER_GROUPS}
+FLAGS_REFUSED_TODAY: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("launch", [pytest.param(launch, id=launch.name, marks=[
