@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -33,7 +32,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from scripts.harvest_megatron_moe_modelzoo import MEGATRON_CHECK  # noqa: E402
+# the same check as the ModelZoo's: its launches' paths name no Blackwell GPU, so ARCH 9 (an MI300X/MI355X's
+# compute capability as the fork reports it)
+from scripts.harvest_megatron_moe_modelzoo import megatron_verdict  # noqa: E402
 
 REPO = "ROCm/Megatron-LM"
 TREE = Path("/tmp/ROCm-Megatron-LM")
@@ -91,18 +92,6 @@ def dry_run(name: str, path: str, commit: str, text: str, scratch: Path) -> dict
     world_size = int(launcher["--nproc_per_node"]) * int(launcher["--nnodes"])
     return dict(name=name, path=path, commit=commit, world_size=world_size, argv=words[program + 1:],
                 outcome="trains")
-
-
-def megatron_verdict(launch: dict, tree: str, scratch: Path) -> str:
-    check = scratch / "megatron_check.py"
-    check.write_text(MEGATRON_CHECK)
-    env = dict(os.environ, MEGATRON_LM_TREE=tree, WORLD_SIZE=str(launch["world_size"]), RANK="0", LOCAL_RANK="0",
-               ARCH="9", CUDA_DEVICE_MAX_CONNECTIONS="1")
-    result = subprocess.run([sys.executable, str(check), *launch["argv"]], env=env, capture_output=True, text=True)
-    verdict = (result.stdout.strip().splitlines() or ["?"])[-1]
-    if verdict.startswith("EXIT"):
-        verdict += ": " + (result.stderr.strip().splitlines() or [""])[-1]
-    return verdict
 
 
 def main() -> None:
