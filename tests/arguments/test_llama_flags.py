@@ -66,8 +66,10 @@ def test_swiglu_takes_megatrons_default_ffn_size_unless_given():
 
 @pytest.mark.parametrize("argv, words", [
     (["--group-query-attention", "--num-query-groups", "3"], "--num-query-groups 3 does not divide"),
-    (["--num-key-value-heads", "2", "--tensor-model-parallel-size", "4"],  # named as typed
-     "--num-key-value-heads 2 is not divisible by --tensor-model-parallel-size 4"),
+    # named as typed; fewer groups than TP ranks are taken (Megatron-Core's attention.py:289), a non-divisor is not
+    (["--num-attention-heads", "12", "--hidden-size", "192", "--num-key-value-heads", "4",
+      "--tensor-model-parallel-size", "6"], "--num-key-value-heads 4 must be a multiple or divisor of "
+                                            "--tensor-model-parallel-size 6"),
     (["--position-embedding-type", "rope", "--rotary-percent", "1.5"], "--rotary-percent 1.5"),
     (["--swiglu", "--ffn-hidden-size", "90", "--tensor-model-parallel-size", "4"], "--ffn-hidden-size 90"),
     (["--normalization", "BatchNorm"], "--normalization"),
