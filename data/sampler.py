@@ -22,25 +22,11 @@ from typing import Iterator, Sequence
 import torch
 
 
-class PretrainingSampler:
-    """Yields this rank's micro-batches as lists of sample indices (a DataLoader batch_sampler)."""
+class _RankSampler:
+    """What both samplers hold: the dataset's size, the samples consumed, and this rank's place in the DP group."""
 
-    def __init__(
-        self,
-        total_samples: int,
-        consumed_samples: int,
-        micro_batch_size: int,
-        data_parallel_rank: int,
-        data_parallel_size: int,
-        drop_last: bool = True,
-    ):
-        if total_samples <= 0:
-            raise ValueError(f"total_samples must be positive, got {total_samples}")
-        if not 0 <= consumed_samples < total_samples:
-            raise ValueError(
-                f"consumed_samples={consumed_samples} must lie in [0, total_samples={total_samples}); "
-                f"the run has already read the whole dataset"
-            )
+    def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int, data_parallel_rank: int,
+                 data_parallel_size: int):
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
         if data_parallel_size <= 0:
@@ -52,12 +38,38 @@ class PretrainingSampler:
         self.micro_batch_size = micro_batch_size
         self.data_parallel_rank = data_parallel_rank
         self.data_parallel_size = data_parallel_size
-        self.drop_last = drop_last
 
     @property
     def samples_per_step(self) -> int:
         """Samples all DP ranks read together for one micro-batch each."""
         return self.micro_batch_size * self.data_parallel_size
+
+
+def _check_total(total_samples: int) -> None:
+    if total_samples <= 0:
+        raise ValueError(f"total_samples must be positive, got {total_samples}")
+
+
+class PretrainingSampler(_RankSampler):
+    """Yields this rank's micro-batches as lists of sample indices (a DataLoader batch_sampler)."""
+
+    def __init__(
+        self,
+        total_samples: int,
+        consumed_samples: int,
+        micro_batch_size: int,
+        data_parallel_rank: int,
+        data_parallel_size: int,
+        drop_last: bool = True,
+    ):
+        _check_total(total_samples)
+        if not 0 <= consumed_samples < total_samples:
+            raise ValueError(
+                f"consumed_samples={consumed_samples} must lie in [0, total_samples={total_samples}); "
+                f"the run has already read the whole dataset"
+            )
+        super().__init__(total_samples, consumed_samples, micro_batch_size, data_parallel_rank, data_parallel_size)
+        self.drop_last = drop_last
 
     def _chunk_starts(self) -> range:
         remaining = self.total_samples - self.consumed_samples
@@ -87,7 +99,7 @@ CYCLIC = "cyclic"
 DATALOADER_TYPES = (SINGLE, CYCLIC)
 
 
-class CyclicSampler:
+class CyclicSampler(_RankSampler):
     """Megatron-LM's MegatronPretrainingRandomSampler (--dataloader-type cyclic; core_v0.16.1
     megatron/training/datasets/data_samplers.py:251-330), iterated as its training loop iterates the loader
     (training.py:3284 cyclic_iter: the loader restarted each time it ends, the sampler going on from the samples
@@ -107,30 +119,15 @@ class CyclicSampler:
 
     def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int, data_parallel_rank: int,
                  data_parallel_size: int, data_sharding: bool = True):
-        if total_samples <= 0:
-            raise ValueError(f"total_samples must be positive, got {total_samples}")
-        if micro_batch_size <= 0:
-            raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
-        if data_parallel_size <= 0:
-            raise ValueError(f"data_parallel_size must be positive, got {data_parallel_size}")
-        if not 0 <= data_parallel_rank < data_parallel_size:
-            raise ValueError(f"data_parallel_rank={data_parallel_rank} must lie in [0, {data_parallel_size})")
+        _check_total(total_samples)
+        super().__init__(total_samples, consumed_samples, micro_batch_size, data_parallel_rank, data_parallel_size)
         if total_samples < micro_batch_size * data_parallel_size:
             raise ValueError(f"total_samples={total_samples} is less than one micro-batch per data-parallel rank "
                              f"({micro_batch_size} x {data_parallel_size}): an epoch would hold no global batch")
         if consumed_samples < 0 or consumed_samples % (micro_batch_size * data_parallel_size):
             raise ValueError(f"consumed_samples={consumed_samples} must be a non-negative multiple of "
                              f"micro_batch_size x data_parallel_size = {micro_batch_size * data_parallel_size}")
-        self.total_samples = total_samples
-        self.consumed_samples = consumed_samples
-        self.micro_batch_size = micro_batch_size
-        self.data_parallel_rank = data_parallel_rank
-        self.data_parallel_size = data_parallel_size
         self.data_sharding = data_sharding
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.micro_batch_size * self.data_parallel_size
 
     @property
     def samples_per_epoch(self) -> int:

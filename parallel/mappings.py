@@ -8,21 +8,16 @@ Each function is one half of a pair whose forward and backward are each other's 
     gather_from_tensor_parallel_region  forward: all-gather        backward: keep my chunk (last dim)
     gather_last_dim_summing_backward    forward: all-gather        backward: reduce-scatter (last dim)
 
-The last, Megatron-Core's all_gather_last_dim_from_tensor_parallel_region, is for a gathered tensor whose ranks each
-read a different part (key/value groups fewer than the TP ranks, gpt/model.py SelfAttention): each rank's gradient of
-the whole is partial, so the slices' gradients are summed over the ranks.
-
 A column-parallel linear enters with `copy`, a row-parallel linear leaves with `reduce`; at TP=1 every function
-returns its input and adds no autograd node. Under sequence parallelism (Korthikanti et al. 2022) the regions
-between hold each rank's slice of the sequence, dim 1 of our [batch, sequence, hidden] (Megatron-Core's
-tensor_parallel/mappings.py, its dim 0), moved by three more pairs:
+returns its input. Under sequence parallelism (Korthikanti et al. 2022) the regions between hold each rank's slice
+of dim 1 of our [batch, sequence, hidden] (Megatron-Core's dim 0), moved by three more pairs:
 
     scatter_to_sequence_parallel_region         forward: keep my chunk     backward: all-gather
     gather_from_sequence_parallel_region        forward: all-gather        backward: reduce-scatter
     reduce_scatter_to_sequence_parallel_region  forward: reduce-scatter    backward: all-gather
 
-The gather's backward reduce-scatters because the column-parallel linear after it hands each rank a partial gradient
-of the whole sequence: the same bytes as `copy`'s all-reduce. All run over the TP group's Communicator ("tp")."""
+A gather's backward reduce-scatters where ranks hold partial gradients of the whole (the sequence before a column-
+parallel linear; the QKV output under fewer key/value groups than TP ranks). All use the TP group's Communicator."""
 
 from __future__ import annotations
 

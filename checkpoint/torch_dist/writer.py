@@ -12,22 +12,16 @@ the loading Megatron run builds from the same flags: without --use-distributed-o
 scaler (checkpoint/torch_dist/grad_scaler.py); MoE layers as SequentialMLP saves them (names.py), their pre-MLP
 norm under both names Megatron-Core loads it by (names.py MOE_NORM_ALIASES), with the routers' expert bias buffer and
 the shared expert's gate, each layer under its own key where --moe-layer-freq puts dense layers between
-(Megatron-Core's non_homogeneous_layers), the optimizers chained as Megatron-LM builds them at the save's EP. A run with --hybrid-layer-pattern writes
-Megatron-Core 0.19's HybridModel layout instead (names.py hybrid_megatron_placement, the reader's table turned
-round): a layer per symbol under its own key, `decoder.final_norm`, an MTP depth's nested layers under
-`mtp.layers.<d>.mtp_model_layer.layers.<g>.`, each linear's `_extra_state` object under its layer and the output
-layer's, and the pattern in the args (num_layers one per symbol), so Megatron-LM's pretrain_hybrid.py loads it as
-its own save, not through its GPT retarget (which refuses MTP patterns). Each
-rank writes the global regions of its own ZeRO partition
-(a tensor whole on every TP rank by TP rank 0 only): the working set is one copy of its shard of each state.
+(Megatron-Core's non_homogeneous_layers), the optimizers chained as Megatron-LM builds them at the save's EP. Under
+--hybrid-layer-pattern, Megatron-Core 0.19's HybridModel layout (names.py hybrid_megatron_placement; the pattern in
+the args). Each rank writes the global regions of its own ZeRO partition (a tensor whole on every TP rank by TP rank
+0 only): the working set is one copy of its shard of each state.
 
 Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
 Megatron-LM starts its streams from --seed, as at another layout). A run with the shared experts' biases, optimizers
 other than Adam or --keep-last saves this project's format, said at start-up (arguments/config.py). Multi-latent
-attention is written as the local spec's MLASelfAttention saves it (names.py), its linears' _extra_state objects
-included; multi-token prediction layers as MultiTokenPredictionBlock saves them, unstacked under `mtp.layers.<k>.`,
-an MoE model's (its transformer layer the last decoder layer's kind) with its experts [experts, ...], router, expert
-bias and shared expert under the layer's own keys. As every save here the directory appears whole or not at all
+attention is written as the local spec's MLASelfAttention saves it, multi-token prediction layers (an MoE model's
+too) as MultiTokenPredictionBlock does, unstacked under `mtp.layers.<k>.` (names.py). As every save here the directory appears whole or not at all
 (iter_NNNNNNN.partial renamed, the tracker written last and atomically); a non-finite state is never committed."""
 
 from __future__ import annotations
