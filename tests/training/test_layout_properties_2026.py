@@ -8,8 +8,12 @@ batch, within the fuzz's tolerances (1e-5 and 1e-4 relative) unless said.
   norms are one rank's (measured within 2e-7 and 1e-7).
 - DeepSpeed #8224 (shipped in 0.18.3-0.19.3): ZeRO-2 with bf16 gradients gave wrong gradients for a module used twice
   in a step. Here the tied word embedding is used twice (the lookup and the output layer); in bf16 (fp32 main
-  gradients) at DP 2, ZeRO 2 and 3 give ZeRO 0's losses bit for bit and grad norms within 1e-10 (measured 7e-11: the
-  reduce-scatter sums in another order).
+  gradients) at DP 2 and 2 micro-batches, ZeRO 2 and 3 give ZeRO 0's first loss bit for bit and its first grad norm
+  within 1e-9 (measured 9e-11): the same bf16 weights and data, only the fp32 sums in another order (stages 2-3
+  reduce every micro-batch, (a1 + b1) + (a2 + b2), where stage 0 sums a1 + a2 on each rank and then reduces). Those
+  ulps reach the fp32 masters, and once one master element sits at a bf16 rounding edge the published bf16 weight
+  is one ulp apart (on an AVX-512 Xeon: one element of blocks.1's fc2 before iteration 3, its grad norm 1.8e-5 off,
+  its loss still equal), so the later iterations are held to the fuzz's tolerances.
 - DeepSpeed PR #8600: Muon under ZeRO-3 ran its update once per micro-batch (weights 1.3e-1 apart between gradient
   accumulation 1 and 4). Here ZeRO 1 and 3 at accumulation 4 give accumulation 1's losses within 1e-5 and grad norms
   within 1e-4 (measured 6.3e-6 and 5.4e-5 at iteration 3: the micro-batches' gradients summed in another order,
@@ -68,8 +72,10 @@ def test_a_module_used_twice_gets_zero_0s_gradients_at_zero_2_and_3_in_bf16(tmp_
     runs = _records(tmp_path, {stage: ([*MODEL, *BATCH, "--bf16", "--zero-stage", stage], 2)
                                for stage in ("0", "2", "3")})
     for stage in ("2", "3"):
-        assert [loss for loss, _ in runs[stage]] == [loss for loss, _ in runs["0"]], (stage, runs)
-        assert _worst(runs[stage], runs["0"])[1] <= 1e-10, (stage, runs)
+        first, reference = runs[stage][0], runs["0"][0]
+        assert first[0] == reference[0] and abs(first[1] - reference[1]) <= 1e-9 * reference[1], (stage, runs)
+        loss, norm = _worst(runs[stage][1:], runs["0"][1:])
+        assert loss <= LOSS_TOLERANCE and norm <= GRAD_NORM_TOLERANCE, (stage, loss, norm, runs)
 
 
 @pytest.mark.slow
