@@ -20,6 +20,27 @@ from base.options import setting_values
 
 NAME_WIDTH = 38
 VALUE_WIDTH = 22
+# The model's first rows in the order they printed while its settings were one flat class (until b01301b), so a
+# run's logged --print-config still diffs line for line against today's; the rest (MTP, FP8, MoE, and every setting
+# added since) follow in their sections' order. A new setting needs no line here.
+FLAT_MODEL_ORDER = (
+    "num_layers", "hybrid_layer_pattern", "hidden_size", "num_attention_heads", "kv_channels", "ffn_hidden_size",
+    "seq_length", "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by", "pad_vocab_size_to",
+    "hidden_dropout", "attention_dropout", "layernorm_epsilon", "normalization", "swiglu", "position_embedding_type",
+    "rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "rotary_interleaved",
+    "num_query_groups", "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias", "qk_layernorm",
+    "qk_l2_norm", "qk_layernorm_over_projection", "attention_output_gate", "apply_layernorm_1p", "sublayer_norms",
+    "gated_linear_unit", "scale_embeddings_by_sqrt_hidden", "softmax_scale", "attn_logit_softcapping",
+    "final_logit_softcapping", "local_rotary_base", "rotary_seq_len_interpolation_factor", "hf_model_type",
+    "softmax_type", "quick_geglu", "glu_linear_offset", "activation_func_clamp_value",
+    "yarn_original_max_position_embeddings", "yarn_beta_fast", "yarn_beta_slow",
+    "yarn_correction_range_round_to_int", "longrope_short_factor", "longrope_long_factor",
+    "longrope_original_max_position_embeddings", "longrope_factor", "longrope_attention_factor", "window_size",
+    "window_attn_skip_freq", "no_rope_freq", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+    "qk_pos_emb_head_dim", "v_head_dim", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim",
+    "init_method_std", "activation", "attention_backend", "cp_comm_type", "pad_attention_head_dim",
+    "recompute_modules", "cross_entropy_loss_fusion", "z_loss_strength",
+)
 
 
 def format_config(parsed) -> str:
@@ -32,7 +53,7 @@ def format_config(parsed) -> str:
         lines.append(_row("DeepSpeed JSON", parsed.deepspeed.source, sources["zero_config"].describe()))
     for section in config.SECTIONS:
         lines.append(section)
-        for name, value in setting_values(getattr(config, section)).items():
+        for name, value in _in_print_order(section, setting_values(getattr(config, section))).items():
             lines.append(_row(name, show_value(value), sources.get(name, Source(DEFAULT)).describe()))
     if parsed.meanings or parsed.harvested:
         lines.append("Megatron-LM and DeepSpeed flags that are not settings here")
@@ -88,6 +109,12 @@ def format_config(parsed) -> str:
         lines.append("said at the start of a run")
         lines += [note if note.startswith(">") else f"> {note}" for note in parsed.notes]
     return "\n".join(lines)
+
+
+def _in_print_order(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    if section != "model":
+        return values
+    return {**{name: values[name] for name in FLAT_MODEL_ORDER}, **values}  # a dict keeps each key's first place
 
 
 def _row(name: str, value: str, where: str) -> str:

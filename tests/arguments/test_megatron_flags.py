@@ -131,6 +131,24 @@ def test_print_config_shows_each_value_and_its_source_and_exits_without_training
     assert "bf16.enabled" in lines and "honoured: --bf16" in lines["bf16.enabled"]
 
 
+def test_print_configs_model_rows_keep_the_flat_class_order_and_name_each_setting_once():
+    """Issue 91: the model's settings became sections, its --print-config rows kept their order (a logged
+    configuration diffs line for line across the change): the first rows as the flat class had them, the rest in
+    their sections' order; each setting printed once, none lost."""
+    from arguments.print_config import FLAT_MODEL_ORDER, format_config
+    from base.options import setting_values
+
+    parsed = parse_arguments(["--print-config", "--swiglu", "--num-query-groups", "2"])
+    text = format_config(parsed).splitlines()
+    rows = [line.split()[0] for line in text[text.index("model") + 1:text.index("optimizer")]]
+    settings = list(setting_values(parsed.config.model))
+    assert sorted(rows) == sorted(settings) and len(rows) == len(set(rows))
+    assert tuple(rows[:len(FLAT_MODEL_ORDER)]) == FLAT_MODEL_ORDER
+    assert rows[len(FLAT_MODEL_ORDER):] == [name for name in settings if name not in FLAT_MODEL_ORDER]
+    assert rows[:3] == ["num_layers", "hybrid_layer_pattern", "hidden_size"]
+    assert rows.index("attention_dropout") < rows.index("layernorm_epsilon") < rows.index("num_query_groups")
+
+
 def test_the_docs_table_names_every_megatron_and_deepspeed_flag():
     import re
 
