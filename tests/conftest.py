@@ -13,6 +13,23 @@ import os
 import pytest
 
 SMOKE_MARK = "smoke"
+_COMPILED = "_zero_gpt_compiled_caches"
+
+
+def pytest_configure(config):
+    """The repository's bytecode compiled once, before any worker or test starts an interpreter (tests/bytecode.py);
+    by the controlling process only, so pytest-xdist's workers find it done."""
+    if not hasattr(config, "workerinput"):
+        from tests.bytecode import compile_repository
+        from tests.readme import ROOT
+
+        setattr(config, _COMPILED, compile_repository(ROOT))
+
+
+def pytest_unconfigure(config):
+    from tests.bytecode import remove
+
+    remove(getattr(config, _COMPILED, []))
 
 
 def pytest_ignore_collect(collection_path, config):
