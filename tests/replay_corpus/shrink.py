@@ -4,7 +4,8 @@
   TP size; --kv-channels even, its --rotary-percent share even too; --num-key-value-heads / --num-query-groups whole
   per TP rank), --seq-length 16 (positions in proportion; --goldfish-h at most 16), --pad-vocab-size-to just above the
   local vocabulary; interleaved stages one layer a chunk, an uneven end stage one layer; a --moe-layer-freq list of runs
-  or per-layer entries shrinks with the layers (else --num-layers stays); a --num-experts pyramid its first and last;
+  or per-layer entries shrinks with the layers (else --num-layers stays); a --num-experts pyramid its first and last,
+  more than 16 experts the fewest from 16 up that the new EP size and the router's groups divide (`fewest_experts`);
 - parallel sizes the 2 ranks cannot hold (4 ranks where 2 stages of 1 would leave DeepEP the TP x EP of 1 it asserts
   against: `ranks_for`): PP above 2 becomes 2, then CP, TP (1 where optimizer instances need DP ranks) and EP to what
   the ranks leave, in that order; expert TP kept where it divides a stage's ranks, else their gcd;
@@ -95,6 +96,22 @@ class Shrunk:
     argv: list[str]
     files: dict[str, str] = field(default_factory=dict)  # path -> text the test writes before the run
     added: list[str] = field(default_factory=list)  # flags added (a downloaded tokenizer's files, --eval-iters)
+
+
+# Routed experts above this many are cut to the fewest the routing still holds: the tiny model's experts cost per
+# expert, not per width (a launch of 256 took 13 s on the 2-core machine, its checkpoints most of it).
+MOST_EXPERTS = 16
+
+
+def fewest_experts(experts: int, new_ep: int, topk: int, groups: Optional[int], group_topk: Optional[int]) -> int:
+    """The routed experts of a shrunk launch: `experts` up to MOST_EXPERTS, else the fewest from MOST_EXPERTS up that
+    the new expert-parallel size and the router's groups divide (Megatron asserts both), with --moe-router-topk
+    experts inside the --moe-router-group-topk groups a token may choose. Never more than the script's."""
+    step = math.lcm(new_ep, groups or 1)
+    for count in range(-(-MOST_EXPERTS // step) * step, experts, step):
+        if count >= topk and (not groups or not group_topk or topk <= group_topk * (count // groups)):
+            return count
+    return experts
 
 
 def uses_sentencepiece(launch: Launch) -> bool:
@@ -228,6 +245,9 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         new_layers = max(new_layers, per_split - counted)
         new_layers += -(new_layers + counted) % per_split
     pyramid = len(set(given.get("--num-experts", []))) > 1
+    new_experts = None if pyramid or "--num-experts" not in scalar else \
+        fewest_experts(scalar["--num-experts"], new_ep, scalar.get("--moe-router-topk", 2),
+                       scalar.get("--moe-router-num-groups"), scalar.get("--moe-router-group-topk"))
     if pyramid:
         # Megatron-DeepSpeed's per-layer --num-experts (PR-MoE's "32 ... 32 64 64"): its first and last counts, on
         # two MoE layers (a list has one count per --expert-interval-th layer, as Megatron-DeepSpeed asserts)
@@ -317,6 +337,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [*values[:-1], shrink_layer_runs(values[-1], freq_runs, new_layers)]
         elif flag == "--num-experts" and pyramid:
             new = [values[0], values[-1]]
+        elif flag == "--num-experts" and new_experts is not None:
+            new = [str(new_experts)]
         elif flag in TINY:
             new = [str(TINY[flag])]
         elif flag == "--num-layers-per-virtual-pipeline-stage":
