@@ -57,6 +57,7 @@ from tests.replay_corpus.shrink import (
     SHORTENED_LISTS,
     WORLD_SIZE,
     LocalFiles,
+    Shrunk,
     ranks_for,
     shrink,
     split_flags,
@@ -113,13 +114,18 @@ def no_wandb(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
 
 
-def shrunk_argv(launch: Launch, prepared, out_dir: Path) -> list[str]:
+def shrunk_into(launch: Launch, prepared, out_dir: Path) -> Shrunk:
     """The launch made small, its files (the JSON, split lists) written under out_dir."""
     shrunk = shrink(launch, LocalFiles(prepared.data_prefix, prepared.tokenizer_dir, prepared.vocab_size,
                                        str(out_dir)))
     for path, text in shrunk.files.items():
         Path(path).write_text(text)
-    return shrunk.argv + ["--metrics-file", str(out_dir / "metrics.jsonl")]
+    return shrunk
+
+
+def shrunk_argv(launch: Launch, prepared, out_dir: Path) -> list[str]:
+    """The shrunk launch's command line, its metrics in out_dir/metrics.jsonl."""
+    return shrunk_into(launch, prepared, out_dir).argv + ["--metrics-file", str(out_dir / "metrics.jsonl")]
 
 
 def replay_on_rank(rank: int, world_size: int, argv: list[str], out_dir: str) -> int:
@@ -160,10 +166,7 @@ def trained_settings(launch: Launch, prepared, out_dir: Path) -> tuple:
     """What a trained launch's run follows from: its ranks, its tokenizer kind, every setting the parse gives
     (values; not where each came from), and the text of the files the shrink writes that the settings only name
     (split lists; a DeepSpeed JSON's content is in the settings)."""
-    shrunk = shrink(launch, LocalFiles(prepared.data_prefix, prepared.tokenizer_dir, prepared.vocab_size,
-                                       str(out_dir)))
-    for path, text in shrunk.files.items():
-        Path(path).write_text(text)
+    shrunk = shrunk_into(launch, prepared, out_dir)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         config = parse_arguments(shrunk.argv).config
     return (ranks_for(launch), uses_sentencepiece(launch),
