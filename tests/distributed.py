@@ -12,8 +12,9 @@ the test instead of stalling CI.
 Children come from a forkserver that has imported torch once, not from a fresh interpreter each:
 importing torch costs ~2 s of CPU per process, which on a 2-core CI machine made a 4-rank test take
 10 s instead of 0.2 s. The server also imports what every training rank imports next (PRELOAD): the
-project's modules, and torch._dynamo, which torch.optim imports on an optimizer's first parameter
-group (1.6 s a process). The server forks before any test code runs in it, so children start with no
+project's modules, torch._dynamo, which torch.optim imports on an optimizer's first parameter
+group (1.6 s a process), and what a launch imports only when it gets there: torch.distributed.checkpoint (a
+torch_dist save), TensorBoard's writer and wandb (0.5 s; most replayed launches name a W&B project). The server forks before any test code runs in it, so children start with no
 threads, no process group and no CUDA context, as spawned ones would.
 """
 
@@ -36,7 +37,8 @@ import torch.multiprocessing as mp
 # Imported once in the forkserver, so each child starts with them. None starts a thread or reads the
 # environment at import (children get the caller's environment after the fork). A module that fails
 # to import is skipped by multiprocessing, and the child imports it itself, as before.
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "pytest", "pretrain_gpt", "planner.dry_run"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "pytest", "pretrain_gpt", "planner.dry_run",
+           "checkpoint.torch_dist.writer", "torch.utils.tensorboard", "wandb"]
 
 
 class DistributedTestError(AssertionError):
