@@ -29,15 +29,12 @@ import contextlib
 import io
 import json
 import math
-import os
 import re
 import shutil
-import traceback
 from pathlib import Path
 
 import pytest
 
-import pretrain_gpt
 from arguments.parser import parse_arguments
 from base.options import setting_values
 from tests.distributed import run_distributed
@@ -63,6 +60,7 @@ from tests.replay_corpus.shrink import (
     split_flags,
     uses_sentencepiece,
 )
+from tests.replay_rank import replay_all_on_rank, replay_on_rank
 
 # Why each launch misses its target today, first error first ("then": what the next error would be once
 # the first is fixed, found by dropping the offending flags or keys by hand).
@@ -126,22 +124,6 @@ def shrunk_into(launch: Launch, prepared, out_dir: Path) -> Shrunk:
 def shrunk_argv(launch: Launch, prepared, out_dir: Path) -> list[str]:
     """The shrunk launch's command line, its metrics in out_dir/metrics.jsonl."""
     return shrunk_into(launch, prepared, out_dir).argv + ["--metrics-file", str(out_dir / "metrics.jsonl")]
-
-
-def replay_on_rank(rank: int, world_size: int, argv: list[str], out_dir: str) -> int:
-    """pretrain_gpt.main on one rank, its stdout and stderr in out_dir/rank{N}.out and .err."""
-    with open(os.path.join(out_dir, f"rank{rank}.out"), "w") as out, \
-            open(os.path.join(out_dir, f"rank{rank}.err"), "w") as err, \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            return pretrain_gpt.main(argv)
-        except Exception:  # noqa: BLE001 - a bug's traceback goes to the .err file, the next launch still runs
-            traceback.print_exc()
-            return -1
-
-
-def replay_all_on_rank(rank: int, world_size: int, launches: list[tuple[list[str], str]]) -> list[int]:
-    return [replay_on_rank(rank, world_size, argv, out_dir) for argv, out_dir in launches]
 
 
 def stderr_of_rank0(out_dir: Path) -> str:
