@@ -3,7 +3,7 @@
 With PYTHONDONTWRITEBYTECODE set (this machine's and CI's environment set it), Python never caches the project's
 bytecode, so every interpreter a test starts - a torchrun rank, a script, a docs command - compiled the ~350 modules
 `import pretrain_gpt` reaches from source again: about 1 s of CPU a process on the 2-core machine (measured: compiling
-them in one process, 1.04 s). The session compiles every .py of the repository once instead (about 3.5 s of CPU) into
+them in one process, 1.04 s). The session compiles every .py of the repository once instead (2.7 s of CPU, measured) into
 the usual __pycache__ folders, which Python reads whatever that variable says; torch's own bytecode was written when
 pip installed it. The folders the session created are removed when it ends, so the checkout is left as the variable
 asked; a __pycache__ that was there before is not touched. Python checks each .pyc against its source's size and
