@@ -7,8 +7,9 @@ collective, exit non-zero (3), promptly.
 - stalled: a rank SIGSTOPped (alive to the kernel, silent to everyone: no collective fails) is named
   by the heartbeat watchdog within --heartbeat-timeout-seconds, though the collective timeout is
   minutes away.
-- a rank failing alone (a bug) keeps its traceback; the survivor points to it. A normal run ends 0
-  with nothing on stderr.
+- a rank failing alone (a bug) keeps its traceback; the survivor points to it. A normal run of the same
+  launch ends 0 with nothing on either rank's stderr: tests/resilience/test_stragglers.py's plain run, which
+  launches it for its losses anyway.
 - the identification itself (rendezvous/liveness.py) against a fake store and a fake clock, and its
   threads at a tenth of the real pace.
 
@@ -129,19 +130,6 @@ def test_a_rank_failing_alone_keeps_its_traceback_and_the_survivor_says_so(tmp_p
     assert re.fullmatch(rf"pretrain_gpt\.py: error: rank {failing_rank} exited on an error of its own \(see its "
                         rf"output\) during \w+ on the \w+ group at iteration {KILL_AT + 1}; this rank "
                         rf"\({survivor}\) stops too", line), line
-
-
-@pytest.mark.slow
-def test_a_normal_two_rank_run_ends_zero_with_nothing_on_stderr(tmp_path, corpus):
-    """The heartbeat threads stop cleanly: no extra output, status 0, and no wait at the end."""
-    cache, _ = corpus
-    processes, files = launch_pair(tmp_path, cache, None, train_iters=3)
-    try:
-        codes = [wait_for_exit(process, 240)[0] for process in processes]
-    finally:
-        stop_all(processes, files)
-    assert codes == [0, 0], (tmp_path / "rank0.err").read_text() + (tmp_path / "rank1.err").read_text()
-    assert (tmp_path / "rank0.err").read_text() == (tmp_path / "rank1.err").read_text() == ""
 
 
 def stopped(process) -> bool:
