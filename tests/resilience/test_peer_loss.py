@@ -6,7 +6,8 @@ collective, exit non-zero (3), promptly.
   which also hosts the rendezvous store here, is named as such).
 - stalled: a rank SIGSTOPped (alive to the kernel, silent to everyone: no collective fails) is named
   by the heartbeat watchdog within --heartbeat-timeout-seconds, though the collective timeout is
-  minutes away.
+  minutes away. Rank 0 stopped here; rank 1 stopped is tests/resilience/test_flight_recorder.py's launch
+  (the same launch with the flight recorder on), which makes these checks too.
 - a rank failing alone (a bug) keeps its traceback; the survivor points to it. A normal run of the same
   launch ends 0 with nothing on either rank's stderr: tests/resilience/test_stragglers.py's plain run, which
   launches it for its losses anyway.
@@ -153,7 +154,8 @@ class StoppedRankRun:
     continued_code: int
 
 
-@pytest.fixture(scope="module", params=[1, 0])
+# rank 1 stopped: test_flight_recorder.py's stopped-rank launch (CONTINUED_LINE there too)
+@pytest.fixture(scope="module", params=[0])
 def stopped_rank_run(request, tmp_path_factory, corpus):
     """SIGSTOP one rank, let the survivor give up on it, then SIGCONT it and let it speak.
 
@@ -573,6 +575,11 @@ def test_a_continued_rank_whose_collective_fails_before_its_watchdog_wakes_says_
     assert peer_found == []
 
 
+# A stopped rank's line once it runs again (str.format's {rank}: the rank)
+CONTINUED_LINE = (r"pretrain_gpt\.py: error: this rank \({rank}\) did not run for \d+ s \(it was stopped, .*\) .*longer "
+                  r"than --heartbeat-timeout-seconds: its peers have given up on it, so it stops too")
+
+
 @pytest.mark.slow
 def test_a_continued_rank_says_it_was_stopped_and_blames_nobody(stopped_rank_run):
     """Issue 33, problem 10, end to end: SIGSTOP one rank, let the survivor give up on it, SIGCONT it:
@@ -580,9 +587,7 @@ def test_a_continued_rank_says_it_was_stopped_and_blames_nobody(stopped_rank_run
     run = stopped_rank_run
     line = the_one_line(run.tmp_path, run.stalled_rank)
     assert run.continued_code == 3, f"exit {run.continued_code}: {line}"
-    assert re.fullmatch(rf"pretrain_gpt\.py: error: this rank \({run.stalled_rank}\) did not run for \d+ s \(it was "
-                        r"stopped, .*\) .*longer than --heartbeat-timeout-seconds: its peers have given up on it, so "
-                        r"it stops too", line), line
+    assert re.fullmatch(CONTINUED_LINE.format(rank=run.stalled_rank), line), line
 
 
 class DyingHost:
