@@ -21,7 +21,16 @@ import pytest
 from arguments.parser import parse_arguments
 from base.errors import ConfigError
 from rendezvous.rank_assignment import TooFewProcesses, first_assignment, reassign
-from tests.scripts.test_restart_in_job import REPO, TWELVE, finish, free_port, launch_environment, losses, start
+from tests.scripts.test_restart_in_job import (
+    REPO,
+    TWELVE,
+    finish,
+    free_port,
+    launch_environment,
+    losses,
+    start,
+    uninterrupted_losses,
+)
 
 FAST_HEARTBEATS = ["--inprocess-restart", "--inprocess-heartbeat-interval", "0.25", "--inprocess-heartbeat-timeout",
                    "2", "--inprocess-granularity", "rank"]
@@ -54,10 +63,8 @@ def test_inprocess_flags_are_settings_and_bad_values_are_one_line():
 
 @pytest.fixture(scope="module")
 def uninterrupted(corpus_cache, tmp_path_factory) -> dict[int, float]:
-    work = tmp_path_factory.mktemp("uninterrupted")
-    code, out, err = finish(start(work, corpus_cache, [], []), work)
-    assert code == 0, err[-3000:]
-    return losses(work / "metrics.jsonl")
+    """test_restart_in_job.py's run to resume to (the in-process restarts resume the same run)."""
+    return uninterrupted_losses(corpus_cache, tmp_path_factory.mktemp("uninterrupted"))
 
 
 def incarnations(out: str) -> dict[int, set[tuple[int, int]]]:

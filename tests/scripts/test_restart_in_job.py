@@ -96,16 +96,19 @@ def finish(launcher: subprocess.Popen, workdir: Path, timeout_s: float = 180) ->
     return code, (workdir / "out").read_text(), (workdir / "err").read_text()
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(corpus_cache, tmp_path_factory) -> dict[int, float]:
+def uninterrupted_losses(corpus_cache: str, work: Path) -> dict[int, float]:
     """The losses a restarted job resumes to: the same run uninterrupted, its two ranks forked (tests/forked_runs.py),
     one thread each as under the launcher; the launches only need to be real where they are restarted."""
-    work = tmp_path_factory.mktemp("uninterrupted")
     logged_iterations(work, "metrics", [*TWELVE, "--data-cache-dir", corpus_cache, "--save", work / "ck", "--load",
                                         work / "ck"], 2)
     straight = losses(work / "metrics.jsonl")
     assert sorted(straight) == list(range(1, 13))
     return straight
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus_cache, tmp_path_factory) -> dict[int, float]:
+    return uninterrupted_losses(corpus_cache, tmp_path_factory.mktemp("uninterrupted"))
 
 
 @pytest.mark.slow
