@@ -1,10 +1,12 @@
 """The one shrink the replay corpus goes through: tiny sizes and local paths, every other flag and JSON key as written.
 - model sizes: --num-layers 2, --hidden-size 32, --num-attention-heads 2 and what follows in the script's proportions
   (--ffn-hidden-size, --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size rounded up to a multiple of the new
-  TP size; --kv-channels even, its --rotary-percent share even too; --num-key-value-heads / --num-query-groups whole
+  TP size; --kv-channels even, its --rotary-percent share even too; MLA's --q-lora-rank and --kv-lora-rank in
+  proportion to the hidden size, its head widths to the head's, even; --num-key-value-heads / --num-query-groups whole
   per TP rank), --seq-length 16 (positions in proportion; --goldfish-h at most 16), --pad-vocab-size-to just above the
-  local vocabulary; interleaved stages one layer a chunk, an uneven end stage one layer; a --moe-layer-freq list of runs
-  or per-layer entries shrinks with the layers (else --num-layers stays); a --num-experts pyramid its first and last,
+  local vocabulary, a NullTokenizer's --vocab-size the local vocabulary; interleaved stages one layer a chunk, an
+  uneven end stage one layer; a --moe-layer-freq list of runs or per-layer entries shrinks with the layers (else
+  --num-layers stays); a --num-experts pyramid its first and last,
   more than 16 experts the fewest from 16 up that the new EP size and the router's groups divide (`fewest_experts`);
 - parallel sizes the 2 ranks cannot hold (4 ranks where 2 stages of 1 would leave DeepEP the TP x EP of 1 it asserts
   against: `ranks_for`): PP above 2 becomes 2, then CP, TP (1 where optimizer instances need DP ranks) and EP to what
@@ -40,6 +42,8 @@ TINY = {"--num-layers": 2, "--hidden-size": 32, "--num-attention-heads": 2, "--s
 
 TENSOR_PARALLEL = ("--tensor-model-parallel-size", "--model-parallel-size")
 MOE_WIDTHS = ("--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size")
+MLA_RANKS = ("--q-lora-rank", "--kv-lora-rank")  # the latent widths, compressions of the hidden state
+MLA_HEAD_WIDTHS = ("--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim")  # widths a head of each
 PIPELINE_PARALLEL = ("--pipeline-model-parallel-size", "--pipe-parallel-size")
 CONTEXT_PARALLEL = ("--context-parallel-size", "--ds-sequence-parallel-size")
 HIERARCHICAL_CONTEXT_PARALLEL = ("--hierarchical-context-parallel-sizes",)
@@ -61,11 +65,13 @@ TOKENIZER_FILES = ("--vocab-file", "--merge-file", "--tokenizer-name-or-path", "
 
 # Every flag whose values the shrink may change; any other flag keeps its values token for token.
 CHANGED_FLAGS = frozenset({
-    *TINY, "--ffn-hidden-size", *MOE_WIDTHS, "--kv-channels", "--num-key-value-heads", "--num-query-groups",
+    *TINY, "--ffn-hidden-size", *MOE_WIDTHS, "--kv-channels", *MLA_RANKS, *MLA_HEAD_WIDTHS, "--num-key-value-heads",
+    "--num-query-groups",
     "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--microbatch-group-size-per-virtual-pipeline-stage",
     "--num-distributed-optimizer-instances",
-    "--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to", "--goldfish-h",
+    "--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to", "--vocab-size",
+    "--goldfish-h",
     *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *CONTEXT_PARALLEL, *HIERARCHICAL_CONTEXT_PARALLEL, *EXPERT_PARALLEL, *EXPERT_TENSOR_PARALLEL, *MICRO_BATCH,
     "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--step-batch-size-schedule", "--train-iters",
     "--train-samples",
@@ -364,6 +370,13 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             # --rotary-percent below 1: a multiple of 4 at GLM-4.5's 0.5)
             step = 2 * Fraction(float(given.get("--rotary-percent", ["1"])[-1])).limit_denominator(64).denominator
             new = [str(max(step, step * round(value / head_dim * tiny_head_dim / step)))]
+        elif flag in MLA_RANKS and "--hidden-size" in scalar:
+            new = [str(max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"])))]
+        elif flag in MLA_HEAD_WIDTHS and "--hidden-size" in scalar and "--num-attention-heads" in scalar:
+            # in proportion to the head width, as --kv-channels; even (the rotary part rotates pairs)
+            head_dim = scalar["--hidden-size"] / scalar["--num-attention-heads"]
+            tiny_head_dim = TINY["--hidden-size"] / TINY["--num-attention-heads"]
+            new = [str(max(2, 2 * round(value / head_dim * tiny_head_dim / 2)))]
         elif flag in ("--num-key-value-heads", "--num-query-groups") and "--num-attention-heads" in scalar:
             groups = max(1, value * TINY["--num-attention-heads"] // scalar["--num-attention-heads"])
             # each tensor-parallel rank holds whole groups, as it did at the original sizes
@@ -372,6 +385,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [str(max(new_seq, round(value / seq * new_seq)))]
         elif flag == "--goldfish-h":
             new = [str(min(value, new_seq))]  # swiss-ai's hash window lies within a sample
+        elif flag == "--vocab-size" and given.get("--tokenizer-type") == ["NullTokenizer"]:
+            new = [str(files.vocab_size)]  # NullTokenizer's vocabulary: the local corpus's token ids
         elif flag == "--pad-vocab-size-to":
             new = [str((files.vocab_size // 128 + 1) * 128)]
         elif flag in TENSOR_PARALLEL:
