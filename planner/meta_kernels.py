@@ -11,9 +11,13 @@ paper's 100B search (26 dry runs of up to 226 layers), 80% of the time was in th
 backward (and the saved-tensor meters count) is unchanged; only the kernel that makes the outputs is
 skipped on a repeat. It answers from the cache only where that cannot differ from running the kernel:
 - every tensor argument and output is on the meta device;
-- the op's schema aliases or mutates nothing (views, in-place and out= ops always run: their outputs
-  must share the inputs' storage);
-- each output owns a fresh storage of exactly its extent at offset 0 (what `empty_strided` makes);
+- the op's schema aliases or mutates nothing, and each output owns a fresh storage of exactly its extent at
+  offset 0 (what `empty_strided` makes); or the op is in place on its first argument alone (`add_`, `addmm_`: it
+  writes that tensor, returns it and aliases nothing else) and left that tensor's shape, strides, offset and
+  storage as they were, so that the answer is the argument itself (a meta kernel of one only checks the arguments: the same
+  metadata passes the same checks). Views and out= ops always run: their outputs share other storages, which
+  the cache cannot make. The in-place ones matter: addmm_ (gradient accumulation fusion's add into the main
+  gradient, once per linear and micro-batch) runs a Python decomposition, ~1 ms, half a small dry run's kernel time;
 - the key is the op, every tensor argument's (type, shape, stride, storage offset, dtype, layout) and
   every other argument's value, with torch's default dtype (a factory op may read it).
 Anything else (an argument that cannot be hashed, an output that is not a tensor) runs the kernel.
@@ -32,6 +36,7 @@ META = torch.device("meta")
 # a long-lived process (a test session, a search over many shapes) from growing without end.
 MAX_ENTRIES = 100_000
 _UNCACHEABLE = object()
+_FIRST_ARGUMENT = object()  # the cached answer of an in-place op: its first argument, as it was
 
 # One process-wide cache: the entries hold only metadata (no tensors), and are valid for any dry run.
 _cache: dict[tuple, tuple] = {}
@@ -41,6 +46,25 @@ _cache: dict[tuple, tuple] = {}
 def _writes_or_aliases(op: torch._ops.OpOverload) -> bool:
     schema = op._schema
     return any(argument.alias_info is not None for argument in (*schema.arguments, *schema.returns))
+
+
+@functools.cache
+def _in_place_on_first(op: torch._ops.OpOverload) -> bool:
+    """Whether `op` writes its first argument, returns it, and aliases nothing else (`Tensor(a!) self -> Tensor(a!)`)."""
+    schema = op._schema
+    if not schema.arguments or len(schema.returns) != 1 or schema.name == "aten::set_":
+        return False  # set_ takes another tensor's storage, which the schema does not mark and the key cannot see
+    written, returned = schema.arguments[0].alias_info, schema.returns[0].alias_info
+    return (written is not None and written.is_write and returned is not None
+            and returned.before_set == written.before_set
+            and all(argument.alias_info is None for argument in schema.arguments[1:]))
+
+
+def _metadata(tensor: torch.Tensor) -> tuple:
+    """What an in-place op may change besides values: shape, strides, offset, dtype, the storage and its size."""
+    storage = tensor.untyped_storage()
+    return tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), tensor.dtype, storage._cdata, \
+        storage.nbytes()
 
 
 def _key_of(value: Any):
@@ -99,19 +123,27 @@ class CachedMetaKernels(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         key = None
-        if isinstance(func, torch._ops.OpOverload) and not _writes_or_aliases(func):
-            # _key_of keeps the nesting of lists and tuples (([a, b], [c]) and ([a], [b, c]) differ),
-            # and walks them faster than a general pytree flatten (which was ~20% of a dry run).
-            positional, keywords = _key_of(args), _key_of(tuple(kwargs.values()))
-            if positional is not _UNCACHEABLE and keywords is not _UNCACHEABLE:
-                key = (func, torch.get_default_dtype(), positional, tuple(kwargs), keywords)
+        in_place = False
+        if isinstance(func, torch._ops.OpOverload):
+            in_place = _in_place_on_first(func) and bool(args) and isinstance(args[0], torch.Tensor)
+            if in_place or not _writes_or_aliases(func):
+                # _key_of keeps the nesting of lists and tuples (([a, b], [c]) and ([a], [b, c]) differ),
+                # and walks them faster than a general pytree flatten (which was ~20% of a dry run).
+                positional, keywords = _key_of(args), _key_of(tuple(kwargs.values()))
+                if positional is not _UNCACHEABLE and keywords is not _UNCACHEABLE:
+                    key = (func, torch.get_default_dtype(), positional, tuple(kwargs), keywords)
         if key is not None and key in _cache:
             self.hits += 1
-            return _make(_cache[key])
+            spec = _cache[key]
+            return args[0] if spec is _FIRST_ARGUMENT else _make(spec)
+        before = _metadata(args[0]) if in_place else None
         output = func(*args, **kwargs)
         if key is not None:
             self.misses += 1
-            spec = _output_spec(output)
+            if in_place:  # t_, resize_, set_ and the like change their argument's metadata: they run every time
+                spec = _FIRST_ARGUMENT if output is args[0] and _metadata(output) == before else None
+            else:
+                spec = _output_spec(output)
             if spec is not None and len(_cache) < MAX_ENTRIES:
                 _cache[key] = spec
         return output

@@ -52,15 +52,26 @@ def test_a_cached_dry_run_plans_what_running_every_kernel_plans(case, monkeypatc
 
 def test_a_deeper_model_adds_only_cache_hits():
     """The same block on the same shapes: the layers a deeper model adds run no meta kernel again. What a
-    warm dry run still runs are the few ops whose shapes follow the whole depth (flat ZeRO buffers)."""
+    warm dry run still runs are the few ops whose shapes follow the whole depth (flat ZeRO buffers: two of them in
+    place, the buffer's zero_ and copy_), and the in-place ops at offsets of those buffers that no earlier plan had
+    (stage 3's add_ of a layer's gradient into its slice of the flat buffer: layers 3-4 at depth 4 after depth 2, then
+    layers 5-8 at depth 8), which the cache keys by offset."""
 
-    def counts(layers: int) -> tuple[int, int]:
+    def counts(layers: int) -> tuple[int, int, int]:
         modes = []
 
         class Counted(CachedMetaKernels):
             def __init__(self):
                 super().__init__()
+                self.in_place_misses = 0
                 modes.append(self)
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                misses = self.misses
+                output = super().__torch_dispatch__(func, types, args, kwargs)
+                if self.misses > misses and meta_kernels._in_place_on_first(func):
+                    self.in_place_misses += 1
+                return output
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(dry_run_module, "CachedMetaKernels", Counted)
@@ -68,25 +79,49 @@ def test_a_deeper_model_adds_only_cache_hits():
             config = parse_config(["--config", "tiny", "--micro-batch-size", "2", "--global-batch-size", "16",
                                    "--num-layers", str(layers), "--zero-stage", "3"])
             dry_run(config, Cluster(2, 2, 80 * GB, device_type="cuda"), vocab_size=512)
-        return modes[0].misses, modes[0].hits
+        mode = modes[0]
+        return mode.misses - mode.in_place_misses, mode.in_place_misses, mode.hits
 
     cache: dict = {}  # the process's cache holds what earlier tests planned, depths included: start empty
     counts(2)  # warm the cache with every op the block runs
-    misses_at_4, hits_at_4 = counts(4)
-    misses_at_8, hits_at_8 = counts(8)
+    misses_at_4, in_place_at_4, hits_at_4 = counts(4)
+    misses_at_8, in_place_at_8, hits_at_8 = counts(8)
     assert misses_at_8 == misses_at_4 < hits_at_4 < hits_at_8
+    assert (in_place_at_4, in_place_at_8) == (2 + 2, 2 + 4)
 
 
-def test_views_in_place_and_out_ops_run_their_kernels():
-    """Their outputs share the inputs' storage: a made-up fresh tensor would break that."""
+def test_views_and_out_ops_run_their_kernels():
+    """Their outputs share other tensors' storage: a made-up fresh tensor would break that."""
     x = torch.empty(4, 6, device=META)
     outs = [torch.empty(4, 6, device=META) for _ in range(2)]
     with CachedMetaKernels() as mode:
         for out in outs:
             assert x.view(6, 4).untyped_storage()._cdata == x.untyped_storage()._cdata
-            assert x.add_(1) is x
             assert torch.add(x, x, out=out) is out
     assert mode.hits == 0
+
+
+def test_an_in_place_op_is_answered_with_its_argument_unless_it_changes_its_metadata(monkeypatch):
+    """add_ and addmm_ (gradient accumulation fusion's add into the main gradient) return their first argument as it
+    was: a repeat on the same metadata is answered with the argument itself. t_ changes its argument's shape and
+    strides, set_ its storage: they run every time (a cached t_ would leave the second transpose undone)."""
+    monkeypatch.setattr(meta_kernels, "_cache", {})
+    main_grad, grad_t, activations = (torch.empty(*shape, device=META) for shape in ((8, 4), (8, 3), (3, 4)))
+    x, source, targets = torch.empty(4, 6, device=META), torch.empty(3, 3, device=META), torch.empty(2, 3, 3)
+    with CachedMetaKernels() as mode:
+        for _ in range(3):
+            assert main_grad.addmm_(grad_t, activations) is main_grad
+            assert main_grad.add_(1) is main_grad
+    assert (mode.misses, mode.hits) == (2, 4) and main_grad.shape == (8, 4)
+    with CachedMetaKernels() as mode:
+        for target in targets.to(META):  # each a view of one storage, set_ to another's
+            x.t_()
+            target.set_(source)
+            assert target.untyped_storage()._cdata == source.untyped_storage()._cdata
+    assert x.shape == (4, 6) and mode.hits == 0
+    with pytest.raises(RuntimeError):  # a repeat that fails the kernel's checks still fails: its key differs
+        with CachedMetaKernels():
+            main_grad.add_(torch.empty(5, device=META))
 
 
 def test_a_repeated_op_gets_outputs_of_the_same_metadata_in_fresh_storage():
