@@ -327,6 +327,15 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     def share(value: float, of: float, into: float) -> str:
         return "0" if value == 0 else str(max(1, round(value / of * into)))  # 0 (none) stays 0
 
+    def hidden_share(width: int) -> float:
+        """A width in its proportion to the hidden size, at the tiny hidden size."""
+        return width / scalar["--hidden-size"] * TINY["--hidden-size"]
+
+    def head_share(width: int) -> float:
+        """A width in its proportion to a head's (hidden / heads), at the tiny head's."""
+        return width / (scalar["--hidden-size"] / scalar["--num-attention-heads"]) * \
+            (TINY["--hidden-size"] / TINY["--num-attention-heads"])
+
     # Intervals.
     log_map = rank_map([scalar.get("--log-interval"), config.get("steps_per_print")])
 
@@ -354,29 +363,25 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         elif flag == "--ffn-hidden-size" and "--hidden-size" in scalar:
             # in its proportion to the hidden size, a multiple of the new TP size as the original's was of its (the
             # MLP's columns split over the TP ranks): Qwen2-1.5B's 8960 of 1536 is 187 of 32, 188 at TP 2
-            width = max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"]))
+            width = max(1, round(hidden_share(value)))
             new = [str(-(-width // new_tp) * new_tp if value % tp == 0 else width)]
         elif flag in MOE_WIDTHS and "--hidden-size" in scalar:
             # each expert's (and the shared expert's) width in its proportion to the hidden size, a multiple of the
             # new TP size as the original's was of its (the shared experts split over the TP ranks), and the routed
             # experts' of the new expert TP size too (they split over the expert TP ranks)
-            width = max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"]))
+            width = max(1, round(hidden_share(value)))
             split = math.lcm(new_tp, new_etp or new_tp) if flag == "--moe-ffn-hidden-size" else new_tp
             new = [str(-(-width // split) * split)]
         elif flag == "--kv-channels" and "--hidden-size" in scalar and "--num-attention-heads" in scalar:
-            head_dim, tiny_head_dim = (scalar["--hidden-size"] / scalar["--num-attention-heads"],
-                                       TINY["--hidden-size"] / TINY["--num-attention-heads"])
             # even, as the original's: rotary positions rotate pairs of a head's dims (an even number of them under a
             # --rotary-percent below 1: a multiple of 4 at GLM-4.5's 0.5)
             step = 2 * Fraction(float(given.get("--rotary-percent", ["1"])[-1])).limit_denominator(64).denominator
-            new = [str(max(step, step * round(value / head_dim * tiny_head_dim / step)))]
+            new = [str(max(step, step * round(head_share(value) / step)))]
         elif flag in MLA_RANKS and "--hidden-size" in scalar:
-            new = [str(max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"])))]
+            new = [str(max(1, round(hidden_share(value))))]
         elif flag in MLA_HEAD_WIDTHS and "--hidden-size" in scalar and "--num-attention-heads" in scalar:
             # in proportion to the head width, as --kv-channels; even (the rotary part rotates pairs)
-            head_dim = scalar["--hidden-size"] / scalar["--num-attention-heads"]
-            tiny_head_dim = TINY["--hidden-size"] / TINY["--num-attention-heads"]
-            new = [str(max(2, 2 * round(value / head_dim * tiny_head_dim / 2)))]
+            new = [str(max(2, 2 * round(head_share(value) / 2)))]
         elif flag in ("--num-key-value-heads", "--num-query-groups") and "--num-attention-heads" in scalar:
             groups = max(1, value * TINY["--num-attention-heads"] // scalar["--num-attention-heads"])
             # each tensor-parallel rank holds whole groups, as it did at the original sizes
