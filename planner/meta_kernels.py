@@ -11,18 +11,12 @@ paper's 100B search (26 dry runs of up to 226 layers), 80% of the time was in th
 backward (and the saved-tensor meters count) is unchanged; only the kernel that makes the outputs is
 skipped on a repeat. It answers from the cache only where that cannot differ from running the kernel:
 - every tensor argument and output is on the meta device;
-- the op's schema aliases or mutates nothing, and each output owns a fresh storage of exactly its extent at
-  offset 0 (what `empty_strided` makes); or the op is in place on its first argument alone (`add_`, `addmm_`: it
-  writes that tensor, returns it and aliases nothing else) and left that tensor's shape, strides, offset and
-  storage as they were, so that the answer is the argument itself (a meta kernel of one only checks the arguments: the same
-  metadata passes the same checks). Views and out= ops always run: their outputs share other storages, which
-  the cache cannot make. The in-place ones matter: addmm_ (gradient accumulation fusion's add into the main
-  gradient, once per linear and micro-batch) runs a Python decomposition, ~1 ms, half a small dry run's kernel time;
+- the op aliases and mutates nothing and each output owns a fresh storage of exactly its extent at offset 0
+  (what `empty_strided` makes); or it is in place on its first argument alone (`add_`, `addmm_`) and left that
+  tensor's metadata and storage as they were: the answer is the argument itself. Views and out= ops always run;
 - the key is the op, every tensor argument's (type, shape, stride, dtype, layout) and every other argument's
-  value, with torch's default dtype (a factory op may read it). Not its storage offset: no output's metadata
-  follows it (a view's would, but views always run), and ZeRO's parameters and gradients are views of flat buffers
-  at one offset a layer, so with it each layer's ops missed (6,502 misses in the 100B max-size search, 5.7 s of
-  its CPU; 314 without).
+  value, with torch's default dtype. Not storage offsets: no output's metadata follows them, and ZeRO's
+  parameters are views of flat buffers at one offset a layer, which would make every layer miss.
 Anything else (an argument that cannot be hashed, an output that is not a tensor) runs the kernel.
 """
 
@@ -53,7 +47,7 @@ def _writes_or_aliases(op: torch._ops.OpOverload) -> bool:
 
 @functools.cache
 def _in_place_on_first(op: torch._ops.OpOverload) -> bool:
-    """Whether `op` writes its first argument, returns it, and aliases nothing else (`Tensor(a!) self -> Tensor(a!)`)."""
+    """Whether `op` writes its first argument, returns it and aliases nothing else: `Tensor(a!) self -> Tensor(a!)`."""
     schema = op._schema
     if not schema.arguments or len(schema.returns) != 1 or schema.name == "aten::set_":
         return False  # set_ takes another tensor's storage, which the schema does not mark and the key cannot see
@@ -143,7 +137,7 @@ class CachedMetaKernels(TorchDispatchMode):
         output = func(*args, **kwargs)
         if key is not None:
             self.misses += 1
-            if in_place:  # t_, resize_, set_ and the like change their argument's metadata: they run every time
+            if in_place:  # t_, resize_ and the like change their argument's metadata: they run every time
                 spec = _FIRST_ARGUMENT if output is args[0] and _metadata(output) == before else None
             else:
                 spec = _output_spec(output)
