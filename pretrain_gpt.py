@@ -49,11 +49,12 @@ def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[
     training/memory_fit.py), the run prepared once (training/prepare.py), then trained. `kept`: what an in-process
     restart keeps from one incarnation to the next (resilience/inprocess_restart.py)."""
     log = first_rank_log(state)
-    batch = check_before_claim(config, state, log)
-    if (found := kill_switch_found(config, state, log)) is not None:
-        return TrainingSummary(exit_reason=found)
     peak = RankPeak()  # one dry run of this rank serves the check and the memory line after iteration 1
-    check_memory_fits(config, state, batch, peak.before_data, log)
+    with state.comm.collective_work():  # an error on some ranks only ends every rank (parallel/comm.py)
+        batch = check_before_claim(config, state, log)
+        if (found := kill_switch_found(config, state, log)) is not None:
+            return TrainingSummary(exit_reason=found)
+        check_memory_fits(config, state, batch, peak.before_data, log)
     with prepare(config, state, batch, log, predict_peak=peak, kept=kept) as prepared:
         return train_run(prepared, fault_tolerance)
 

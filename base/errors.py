@@ -65,7 +65,12 @@ class CheckpointError(Exception):
 class PeerLostError(RuntimeError):
     """Another rank stopped answering (died, or hung). Unlike a bad input, which every rank meets and
     rank 0 reports, only the survivors know of it, and any of them may be the only one left to tell:
-    each prints its own line."""
+    each prints its own line. A peer whose collective work failed (rendezvous/liveness.py) prints its own
+    line instead: this rank then `speaks` not and ends with that peer's `status`."""
+
+    def __init__(self, message: str = "", *, speaks: bool = True, status: int = 3) -> None:
+        super().__init__(message)
+        self.speaks, self.status = speaks, status
 
 
 class InjectedFault(RuntimeError):
@@ -125,7 +130,7 @@ def run_tool(program: str, action: Callable[[], object],
     except PeerLostError as error:  # each survivor's own line, unless the survivors agreed one speaks for all
         if getattr(error, "speaks", True):
             print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
-        status = EXIT_PEER_LOST
+        status = getattr(error, "status", EXIT_PEER_LOST)
     except LaunchEnvironmentError as error:
         print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
         status = EXIT_BAD_INPUT
@@ -159,10 +164,12 @@ def _report_error(program: str, error: BaseException) -> Reporter:
     return reporter
 
 
-def exit_at_once(program: str, error: PeerLostError) -> None:
+def exit_at_once(program: str, error: Optional[PeerLostError], status: int = EXIT_PEER_LOST) -> None:
     """run_tool's line and status for a lost peer, from a watchdog thread while the main thread may be
     blocked in a collective that never returns: print, record the status, and end the process
-    without unwinding (os._exit), since no cleanup could get past that collective anyway.
+    without unwinding (os._exit), since no cleanup could get past that collective anyway. Without an
+    error, nothing is printed: a peer whose collective work failed prints its own line, and this rank ends
+    with that rank's `status` (rendezvous/liveness.py).
 
     The line is the process's last word: another thread's error from here on is the shutdown's
     consequence (a DataLoader worker resetting the connection multiprocessing's resource sharer was
@@ -172,10 +179,11 @@ def exit_at_once(program: str, error: PeerLostError) -> None:
     sys.excepthook = threading.excepthook = _silent
     try:
         sys.stdout.flush()  # what the run printed so far comes before the line, as it would in run_tool
-        print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
+        if error is not None:
+            print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
     finally:
-        _record_exit_status(EXIT_PEER_LOST)
-        os._exit(EXIT_PEER_LOST)
+        _record_exit_status(status)
+        os._exit(status)
 
 
 def _report(line: str) -> None:

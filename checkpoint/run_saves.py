@@ -46,6 +46,10 @@ class CheckpointSaves:
                                               state.device.type)
 
     def __call__(self, iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
+        with self.state.comm.collective_work():  # an error on some ranks only ends every rank (parallel/comm.py)
+            self._save(iteration, consumed_samples, lr, schedule_samples)
+
+    def _save(self, iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
         checkpoint = self.config.checkpoint
         if self.format is MEGATRON:
             from checkpoint.torch_dist.writer import save_megatron_checkpoint  # DCP: only when used
@@ -64,11 +68,13 @@ class CheckpointSaves:
 
     def poll(self, iteration: int) -> None:
         if self.background is not None:
-            self._committed(self.background.poll(iteration))
+            with self.state.comm.collective_work():
+                self._committed(self.background.poll(iteration))
 
     def finish(self) -> None:
         if self.background is not None:
-            self._committed(self.background.wait())
+            with self.state.comm.collective_work():
+                self._committed(self.background.wait())
             self.background.close()
 
     def abandon(self) -> None:

@@ -28,8 +28,11 @@ import torch
 import torch.distributed as dist
 
 from base.eager_under_compile import eager_under_compile
+from base.errors import PeerLostError
 from rendezvous.collective_log import CollectiveLog, RecordedWork
 
+# What collective_work lets pass unpublished: the process ending on purpose, or a peer already lost.
+QUIET_EXITS = (KeyboardInterrupt, SystemExit, GeneratorExit, PeerLostError)
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 P2P_KINDS = ("send", "recv")
 # What each group's counters hold: the TP and DP groups run collectives; along the pipeline, the neighbours
@@ -247,6 +250,22 @@ class Communicator:
         # The ring of the last collectives and the time spent in them (rendezvous/collective_log.py): set by
         # --flight-recorder-dump-path or --log-straggler, else None and nothing is recorded.
         self.log: Optional[CollectiveLog] = None
+        # Tells every rank that this one's collective work raised (resilience/watched_run.py sets it on a multi-rank
+        # run: rendezvous/liveness.py Liveness.publish_failure); None: nobody to tell.
+        self.publish_failure: Optional[Callable[[BaseException], None]] = None
+
+    @contextlib.contextmanager
+    def collective_work(self) -> Iterator[None]:
+        """Work the ranks do together around files (a save, a load, the checks before a run): an exception raised
+        here on some ranks only would leave the others blocked in a collective it never joins. So it is published
+        through the rendezvous store, never through a collective, before it propagates: the peers end within
+        seconds with its status, and this rank prints its line (rendezvous/liveness.py, way 3)."""
+        try:
+            yield
+        except BaseException as error:
+            if self.publish_failure is not None and not isinstance(error, QUIET_EXITS):
+                self.publish_failure(error)
+            raise
 
     @contextlib.contextmanager
     def counted_apart(self) -> Iterator[CommStats]:

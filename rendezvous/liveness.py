@@ -8,7 +8,10 @@ silent when its counter stops moving. A loss is found in one of four ways:
    (compare-and-set: all survivors name the same ranks). If every counter moves, the error is this rank's own.
 2. The neighbour's counter stands still for --heartbeat-timeout-seconds while this rank may be blocked in a
    collective only the collective timeout would end (a stopped or hung peer; NCCL never notices a dead one).
-3. A verdict appears: another survivor found the loss, or a rank wrote that it fails alone.
+3. A verdict appears: another survivor found the loss, or a rank wrote that it fails alone. A verdict may also be
+   a peer's error inside collective work (`publish_failure`, parallel/comm.py `collective_work`): a rank whose own
+   main thread is not raising too within FAILURE_GRACE_S ends with that peer's status (it may be blocked in a
+   collective the failed rank will never join); the failed rank prints the line.
 4. The store stops answering: a dead host closes its connections, which an idle socket beside the client sees
    before any call (`StoreConnection`, whose comment tells the window a SIGKILL leaves); a call to a stopped host
    blocks with no timeout, so a second thread, which never touches the store, watches when it last answered.
@@ -44,6 +47,9 @@ FINISH_WAIT_S = 10.0
 # Calls that wait for a key (the client's connect, get) give up after this; add and compare_set to a
 # stopped host block regardless, which is why the watchdog thread exists.
 STORE_TIMEOUT_S = 30.0
+# After a peer published an error of collective work, how long a rank waits for its own main thread to raise as
+# well (every rank met it: each reports through rendezvous/failure_report.py) before it ends (it is blocked).
+FAILURE_GRACE_S = 2.0
 LEFT = -1
 LEFT_AFTER_LOSS = -2
 
@@ -125,22 +131,32 @@ class PeerLoss:
     """Who is gone: ranks whose counter stopped (`silent`), ranks that left on an error of their own
     (`exited`), or the store itself (`store_host`: "rank 0" or the agent's address); or this rank,
     which did not run for `paused_for_s` seconds (stopped, then continued): its peers have given up on
-    it. Only the first three go into the verdict; the last is this rank's own finding."""
+    it; or `failed`, a rank whose collective work raised (its line and the exit status it ends with, which
+    its peers take). Only `silent`, `exited` and `failed` go into the verdict; the pause is this rank's own finding."""
     silent: tuple[int, ...] = ()
     exited: tuple[int, ...] = ()
     store_host: Optional[str] = None
     paused_for_s: Optional[float] = None
+    failed: Optional[int] = None
+    failed_line: str = ""
+    failed_status: int = 0
 
     def to_json(self) -> str:
-        return json.dumps({"silent": list(self.silent), "exited": list(self.exited)})
+        fields: dict = {"silent": list(self.silent), "exited": list(self.exited)}
+        if self.failed is not None:
+            fields.update(failed=self.failed, line=self.failed_line, status=self.failed_status)
+        return json.dumps(fields)
 
     @classmethod
     def from_json(cls, text: bytes | str) -> "PeerLoss":
         fields = json.loads(text)
-        return cls(silent=tuple(fields["silent"]), exited=tuple(fields["exited"]))
+        return cls(silent=tuple(fields["silent"]), exited=tuple(fields["exited"]), failed=fields.get("failed"),
+                   failed_line=fields.get("line", ""), failed_status=fields.get("status", 0))
 
     def describe(self, rank: int, where: str) -> str:
         """The line: who, what this rank was doing (`where`, from the Communicator), and that it stops."""
+        if self.failed is not None:
+            return f"rank {self.failed} failed {where}: {self.failed_line}; this rank ({rank}) stops too"
         if self.paused_for_s is not None:
             return (f"this rank ({rank}) did not run for {self.paused_for_s:.0f} s (it was stopped, e.g. SIGSTOP or "
                     f"a suspended job, or starved of the CPU) {where}, longer than --heartbeat-timeout-seconds: its "
@@ -222,7 +238,7 @@ def find_lost_peers(board: Board, clock: Callable[[], float], sleep: Callable[[f
     first = board.read(others)
     while True:
         verdict = board.verdict()
-        if verdict is not None:
+        if verdict is not None and verdict.failed != board.rank:  # this rank's own failure is no peer's loss
             return verdict
         latest = board.read(others)
         exited = tuple(rank for rank in others if latest[rank] == LEFT)
@@ -246,7 +262,8 @@ class Liveness:
     def __init__(self, store: Store, rank: int, world_size: int, *, prefix: str, store_host: str,
                  hosts_store: bool, stall_timeout_s: float, on_lost: Callable[[PeerLoss], None],
                  silent_after_s: float = SILENT_AFTER_S, interval_s: float = HEARTBEAT_INTERVAL_S,
-                 settle_s: float = SETTLE_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 settle_s: float = SETTLE_S, failure_grace_s: float = FAILURE_GRACE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.board = Board(store, prefix, rank, world_size)
         self.store_host = store_host  # how to name the store's host in a line
         self.hosts_store = hosts_store
@@ -255,6 +272,7 @@ class Liveness:
         self.silent_after_s = silent_after_s
         self.interval_s = interval_s
         self.settle_s = settle_s
+        self.failure_grace_s = failure_grace_s
         self.clock = clock
         self.neighbour = (rank + 1) % world_size
         self._stop = threading.Event()
@@ -276,6 +294,8 @@ class Liveness:
         self._explained = False  # the main thread has its answer: the threads report nothing more
         self._left_after_loss = False
         self._own_error = False
+        self._raising = threading.Event()  # this rank's main thread is raising an error of collective work
+        self._failure_seen_at: Optional[float] = None  # when a peer's failure verdict was first read
         self._threads: list[threading.Thread] = []
 
     # ---- the main thread's side -------------------------------------------------------------------
@@ -314,6 +334,16 @@ class Liveness:
         # A thread reported first and its on_lost ends the process: the main thread says nothing else.
         self._report_done.wait(self.silent_after_s + margin)
         return self._reported_loss
+
+    def publish_failure(self, line: str, status: int) -> None:
+        """This rank's collective work raised (`line`, ending the process with `status`): into the verdict, unless
+        one stands, so that every peer ends too (module docstring, way 3). A store that does not answer leaves
+        the peers to the heartbeat's other ways."""
+        self._raising.set()
+        try:
+            self.board.propose(PeerLoss(failed=self.board.rank, failed_line=line, failed_status=status))
+        except Exception:  # noqa: BLE001 - the error itself matters more than telling the peers
+            pass
 
     def stop(self, after_loss: bool = False, own_error: bool = False) -> None:
         """End the threads and mark this rank as left: after a loss it found (not to be blamed), or
@@ -359,7 +389,9 @@ class Liveness:
                 neighbour = self.board.read([self.neighbour])[self.neighbour]
                 previous_answer, self._answered_at = self._answered_at, self.clock()
                 if not self._suspect.is_set():
-                    if verdict is not None:  # written since the last read, maybe while this rank slept
+                    if verdict is not None and verdict.failed is not None:
+                        self._peer_failed(verdict)
+                    elif verdict is not None:  # written since the last read, maybe while this rank slept
                         self._blame(verdict, since=previous_answer)
                     elif self.stall_timeout_s > 0 and watch.stalled(neighbour, self._answered_at):
                         # the neighbour only looks still to a rank that slept: asked before proposing
@@ -381,6 +413,16 @@ class Liveness:
                 self._answer_ready.set()
             else:  # a paused rank finds the store gone: its host gave up on it
                 self._blame(PeerLoss(store_host=self.store_host), since=self._answered_at, mark=False)
+
+    def _peer_failed(self, verdict: PeerLoss) -> None:
+        """A failure verdict (module docstring, way 3): nothing while this rank raises too (or wrote it); else
+        reported once `failure_grace_s` has passed since it was first read."""
+        if verdict.failed == self.board.rank or self._raising.is_set():
+            return
+        if self._failure_seen_at is None:
+            self._failure_seen_at = self.clock()
+        elif self.clock() - self._failure_seen_at >= self.failure_grace_s:
+            self._report(verdict)
 
     def _settle(self) -> None:
         """Until SETTLE_S after the main thread asked: a store host that died (its gloo socket failed

@@ -8,10 +8,11 @@ do; whatever happens, the group is destroyed and the peers are told why this ran
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import Callable, Optional
 
 from arguments.config import PretrainConfig
-from base.errors import InjectedFault, PeerLostError, exit_at_once, one_line
+from base.errors import EXIT_BAD_INPUT, EXIT_INJECTED_FAULT, InjectedFault, PeerLostError, exit_at_once, one_line
 from parallel.launch_environment import read_launch_environment
 from parallel.state import ParallelState, destroy
 from rendezvous.failure_report import agree_on_failure
@@ -19,6 +20,7 @@ from rendezvous.flight_recorder import FlightRecorder, FlightRecorderSettings, s
 from rendezvous.liveness import Liveness, PeerLoss, start_liveness
 from resilience.fault_tolerance import FaultTolerance
 
+EXIT_UNCAUGHT = 1  # Python's status for an exception that keeps its traceback
 # The run a runner watches or restarts, to its exit status: the runners sit below training/, which they run.
 RunOnGrid = Callable[[PretrainConfig, ParallelState, Optional[FaultTolerance]], int]
 
@@ -38,6 +40,8 @@ def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, pr
             recorder = start_flight_recorder(flight, state.comm, state.rank, state.world_size,
                                              config.training.heartbeat_timeout_seconds)
         liveness = watch_peers(state, config.training.heartbeat_timeout_seconds, program, recorder)
+        if liveness is not None:
+            state.comm.publish_failure = partial(publish_failure, liveness, expected_errors)
         exit_code = run(config, state, fault_tolerance)
         if fault_tolerance is not None:  # every rank is here: the last learning of --calc-ft-timeouts
             fault_tolerance.close(finished=True)
@@ -63,8 +67,12 @@ def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, pr
                 recorder.dump_on_error(state.comm.iteration)
             raise  # every peer is alive: this rank's own failure keeps its traceback
         lost = True
+        if loss.failed is not None:  # a peer's collective work failed: it prints, this rank takes its status
+            raise PeerLostError(loss.describe(state.rank, state.comm.where()), speaks=False,
+                                status=loss.failed_status) from None
         raise PeerLostError(peer_lost_line(loss, state, recorder, liveness)) from None
     finally:
+        state.comm.publish_failure = None
         if recorder is not None:
             recorder.stop()
         # Marked as left (and an error of this rank's own in the verdict) before the group goes, so
@@ -86,11 +94,22 @@ def watch_peers(state: ParallelState, heartbeat_timeout_seconds: float, program:
     started: list[Liveness] = []  # on_lost runs only once the watch has started
 
     def on_lost(loss: PeerLoss) -> None:
+        if loss.failed is not None:  # a peer's collective work failed: it prints its line, this rank its status
+            exit_at_once(program, None, loss.failed_status)
         exit_at_once(program, PeerLostError(peer_lost_line(loss, state, recorder, started[0] if started else None)))
 
     started.append(start_liveness(state.rank, state.world_size, launch.master_addr, launch.master_port,
                                   stall_timeout_s=heartbeat_timeout_seconds, on_lost=on_lost))
     return started[0]
+
+
+def publish_failure(liveness: Liveness, expected_errors: tuple[type[BaseException], ...],
+                    error: BaseException) -> None:
+    """An error of collective work (parallel/comm.py), with the status run_tool will end this rank with, for the
+    peers to end with too."""
+    status = EXIT_INJECTED_FAULT if isinstance(error, InjectedFault) else \
+        EXIT_BAD_INPUT if isinstance(error, expected_errors) else EXIT_UNCAUGHT
+    liveness.publish_failure(one_line(error), status)
 
 
 def peer_lost_line(loss: PeerLoss, state: ParallelState, recorder: Optional[FlightRecorder],

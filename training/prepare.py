@@ -88,7 +88,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
     """`kept`: the tokenizer and data sources an in-process restart's earlier incarnation loaded."""
     # torch's intra-op threads, by the one rule (training/threads.py), before any of the run's work
     threads = set_intra_op_threads(read_launch_environment().local_world_size)
-    claimed = claim_run_start(config, state, corpus_cache_dir(config), log, batch)
+    with state.comm.collective_work():  # its checks and loads: an error on some ranks only ends every rank
+        claimed = claim_run_start(config, state, corpus_cache_dir(config), log, batch)
     with contextlib.ExitStack() as on_failure:  # popped on success: the Run owns what was made
         on_failure.callback(claimed.release)
         log("> preparing tokenizer and data")
@@ -120,7 +121,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         # the rerun state machine before the load, as Megatron-LM's initialize makes it: the load restores the random
         # states it seeded, and a pending re-run saved in the checkpoint (exit 16) goes into it
         rerun = rerun_state_machine_for(config.training, state, built.rng, log)
-        start = load_weights(config, state, built, claimed, log)
+        with state.comm.collective_work():
+            start = load_weights(config, state, built, claimed, log)
         resume_machine(rerun, start.rerun_state, start.rerun_layout_changed, state.rank, log)
         if rerun is not None:
             log(rerun_mode_line(config.training, config.sources.get("rerun_mode")))

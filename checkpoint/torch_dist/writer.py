@@ -477,9 +477,13 @@ def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samp
         except OSError as failure:
             problem = f"cannot create {staging}: {failure}"
     _raise_if_any(state, problem, staging)
-    try:
+    try:  # this rank's part, planned before DCP's collectives: a rank that cannot plan must not leave them waiting
         tensors, shapes = _chunks(model, optimizer, shard, config, state)
         objects = _extra_states(model, config, state)
+    except CheckpointError as failure:
+        problem = f"cannot write {staging}: {failure}"
+    _raise_if_any(state, problem, staging)
+    try:
         # DCP's global plan needs each key's size and dtype from whichever rank writes a chunk of it
         distributed = dist.is_available() and dist.is_initialized() and state.world_size > 1
         with warnings.catch_warnings():  # "torch.distributed is disabled ... save in a single process": yes

@@ -687,3 +687,56 @@ def test_after_a_failed_collective_no_store_call_reaches_a_host_still_closing_it
     assert host.calls_after_death == [], host.calls_after_death
     assert answer == PeerLoss(store_host="rank 0 (it hosts the rendezvous store)")
     assert found == []
+
+
+# ---- a peer's error in collective work (parallel/comm.py collective_work) ----------------------------------------
+
+def test_a_published_failure_ends_the_peers_that_do_not_raise_too_and_not_its_author():
+    from rendezvous.liveness import Liveness, PeerLoss
+
+    store, found = FakeStore(), {0: [], 1: [], 2: []}
+    ranks = [Liveness(store, rank, 3, prefix="p/", store_host="rank 0 (it hosts the rendezvous store)",
+                      hosts_store=False, stall_timeout_s=30, on_lost=found[rank].append, silent_after_s=0.5,
+                      interval_s=0.1, failure_grace_s=0.3).start() for rank in range(3)]
+    try:
+        ranks[2].publish_failure("raising too", 2)  # rank 2's main thread raises an error of its own as well
+        ranks[1].publish_failure("cannot write ck/iter_0000004.partial: disk full", 2)  # too late: rank 2's stands
+        wait_until(lambda: found[0], timeout=10)
+        time.sleep(0.5)  # well past the grace: ranks 1 and 2, raising, are not ended
+    finally:
+        for rank in ranks:
+            rank.stop()
+    failure = PeerLoss(failed=2, failed_line="raising too", failed_status=2)
+    assert found == {0: [failure], 1: [], 2: []}
+    assert PeerLoss.from_json(failure.to_json()) == failure
+    assert failure.describe(0, "during all_gather on the dp group at iteration 4") == (
+        "rank 2 failed during all_gather on the dp group at iteration 4: raising too; this rank (0) stops too")
+
+
+def test_a_rank_whose_own_failure_is_the_verdict_finds_no_lost_peer():
+    from rendezvous.liveness import PeerLoss, find_lost_peers
+
+    store, board, boards = board_of(2)
+    clock = FakeClock(store, "p/", live_ranks=[1])
+    board.propose(PeerLoss(failed=0, failed_line="a bug", failed_status=1))
+    assert find_lost_peers(board, clock, clock.sleep) is None  # its own error: not a peer's loss
+    assert find_lost_peers(boards[1], clock, clock.sleep) == PeerLoss(failed=0, failed_line="a bug", failed_status=1)
+
+
+def test_collective_work_publishes_an_error_before_it_propagates_and_lets_an_interrupt_pass():
+    from parallel.comm import Communicator
+
+    comm, published = Communicator(), []
+    with pytest.raises(OSError):
+        with comm.collective_work():  # nobody to tell: nothing published, the error as it was
+            raise OSError("disk full")
+    comm.publish_failure = published.append
+    with pytest.raises(OSError) as raised:
+        with comm.collective_work():
+            raise OSError("disk full")
+    with pytest.raises(KeyboardInterrupt):
+        with comm.collective_work():
+            raise KeyboardInterrupt
+    with comm.collective_work():
+        pass
+    assert published == [raised.value]
