@@ -43,6 +43,21 @@ def biased_routers(model: nn.Module) -> dict[str, int]:
             if isinstance(module, TopKRouter) and module.settings.router_enable_expert_bias}
 
 
+def configured_biased_routers(model_config) -> dict[str, int]:
+    """`biased_routers` of the model `model_config` (a ModelConfig) builds, without building it: each MoE block's
+    router and, where the MTP layers are MoE layers (Megatron-Core builds them as the last decoder layer's kind), each
+    MTP layer's."""
+    moe = model_config.moe
+    if moe is None or not moe.router_enable_expert_bias:
+        return {}
+    counts = model_config.experts_per_layer()
+    routers = {f"blocks.{layer}.mlp.router{SUFFIX}": count for layer, count in enumerate(counts) if count > 1}
+    if counts[-1] > 1:
+        routers.update({f"mtp_layers.{depth}.transformer_layer.mlp.router{SUFFIX}": counts[-1]
+                        for depth in range(model_config.mtp.num_layers)})
+    return routers
+
+
 def _as_vector(values, name: str, where: str) -> torch.Tensor:
     try:
         return torch.tensor(values, dtype=torch.float64)

@@ -135,3 +135,78 @@ def test_this_projects_format_refuses_a_missing_bias_and_a_finetune_starts_it_at
     finetune = _train(tmp_path, "--load", tmp_path / "ck", "--finetune", "--train-iters", "1")
     assert finetune.code == 0, finetune.err[-3000:]
     assert f"holds no {name}; the expert bias starts at 0" in finetune.out
+
+
+@pytest.mark.parametrize("flags", [
+    ["--moe-layer-freq", "[0,1]", "--mtp-num-layers", "1", "--position-embedding-type", "rope"],
+    ["--hybrid-layer-pattern", "*E*-/*-", "--position-embedding-type", "rope"],
+    ["--moe-layer-freq", "2"]], ids=["dense first, MoE MTP", "hybrid, dense MTP", "every other layer"])
+def test_the_routers_a_config_names_are_the_built_models(flags):
+    """The export checks a checkpoint's biases against the model its config builds, without building it."""
+    from arguments.parser import parse_config
+    from checkpoint.router_state import biased_routers, configured_biased_routers
+    from gpt.model import GPTModel
+    from parallel.state import ParallelState
+
+    model = parse_config([*ARGV, *flags]).model
+    built = biased_routers(GPTModel(model, ParallelState(device=torch.device("cpu"))))
+    assert configured_biased_routers(model) == built and built
+
+
+def test_a_bias_that_is_not_a_list_of_numbers_is_one_line():
+    from base.errors import CheckpointError
+    from checkpoint.router_state import check_expert_biases
+
+    wanted = {"blocks.0.mlp.router.expert_bias": 2}
+    for values, said in (([[1.0], [2.0, 3.0]], "is not a list of numbers"), (["a", "b"], "is not a list of numbers"),
+                         ([0.0, float("-inf")], "holds -inf at expert 1")):
+        with pytest.raises(CheckpointError, match=said):
+            check_expert_biases({"blocks.0.mlp.router.expert_bias": values}, wanted, "ck", required=False)
+    assert check_expert_biases({}, wanted, "ck", required=False) == ["blocks.0.mlp.router.expert_bias"]
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    """A tiny DeepSeek-V3 folder (its e_score_correction_bias is our expert bias), and a run of ours started from it
+    and saved after one iteration."""
+    from tests.checkpoint.moe_family_folders import family_folder
+    from tests.checkpoint.test_hf_folder_is_the_model import RUN
+
+    work = tmp_path_factory.mktemp("deepseek-bias")
+    folder = family_folder("deepseek_v3", work / "hf")
+    outcome = run_main(pretrain_gpt.main, ["--init-from-hf", folder, *RUN, "--data-cache-dir", work / "cache",
+                                           "--metrics-file", work / "m.jsonl", "--save", work / "ck"])
+    assert outcome.code == 0, outcome.err[-3000:]
+    return folder, work
+
+
+def test_a_hugging_face_folders_nan_bias_is_one_line_at_init(deepseek, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from tests.checkpoint.test_hf_folder_is_the_model import RUN
+
+    folder, work = deepseek
+    damaged = Path(shutil.copytree(folder, tmp_path / "hf"))
+    tensors = load_file(damaged / "model.safetensors")
+    key = "model.layers.1.mlp.gate.e_score_correction_bias"
+    tensors[key][2] = float("nan")
+    save_file(tensors, damaged / "model.safetensors", metadata={"format": "pt"})
+    outcome = run_main(pretrain_gpt.main, ["--init-from-hf", damaged, *RUN, "--data-cache-dir", work / "cache",
+                                           "--metrics-file", tmp_path / "m.jsonl"])
+    outcome.one_error_line("its blocks.1.mlp.router.expert_bias holds nan at expert 2")
+    assert not (tmp_path / "m.jsonl").exists() or not metrics_records(tmp_path / "m.jsonl")
+
+
+def test_the_export_checks_the_saved_bias_before_reading_a_weight(deepseek, tmp_path):
+    from scripts import convert_to_hf
+
+    _, work = deepseek
+    checkpoint = Path(shutil.copytree(work / "ck", tmp_path / "ck"))
+    path = resolve_checkpoint(checkpoint) / "metadata.json"
+    metadata = json.loads(path.read_text())
+    name = "blocks.1.mlp.router.expert_bias"
+    metadata["expert_bias"][name] = metadata["expert_bias"][name][:5]
+    path.write_text(json.dumps(metadata))
+    exported = run_main(convert_to_hf.main, [resolve_checkpoint(checkpoint), tmp_path / "hf"])
+    exported.one_error_line(f"its {name} is [5]; this router has 8 experts (--num-experts), one value each: [8]")
+    assert not (tmp_path / "hf").exists()
