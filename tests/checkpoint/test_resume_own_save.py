@@ -139,3 +139,42 @@ def test_megatron_lms_moe_save_resumes_without_the_experts_width_flag(tmp_path, 
                      ["--metrics-file", tmp_path / "w.jsonl"])
     assert wider.code == 2 and "--moe-ffn-hidden-size 48 (the checkpoint's: 32)" in wider.err
     assert len(wider.err.strip().splitlines()) == 1
+
+
+# More kinds than the runs above, each read back without training: the settings a torch_dist save's args hold, as a
+# resume reads them, are the command's own
+READ_BACK = {
+    "group-query-attention": ["--group-query-attention", "--num-query-groups", "1"], "kv-channels": ["--kv-channels", "8"],
+    "swiglu": ["--swiglu"], "swiglu-moe": ["--swiglu", *EXPERTS], "squared-relu": ["--squared-relu"],
+    "llama-blocks": ["--normalization", "RMSNorm", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+                     "--position-embedding-type", "rope", "--rotary-base", "500000", "--norm-epsilon", "1e-6"],
+    "rope-scaling": ["--position-embedding-type", "rope", "--use-rope-scaling", "--rotary-percent", "0.5"],
+    "yarn": ["--position-embedding-type", "yarn"], "qkv-bias": ["--disable-bias-linear", "--add-qkv-bias"],
+    "layernorm-1p": ["--apply-layernorm-1p"], "qk-layernorm": ["--qk-layernorm"],
+    "mla-default-widths": ["--multi-latent-attention", "--position-embedding-type", "rope"],
+    "mla-rope": [*MLA, "--rope-type", "rope"],
+    "moe-shared-gate": [*EXPERTS, "--moe-shared-expert-intermediate-size", "16", "--disable-bias-linear",
+                        "--moe-shared-expert-gate"],
+    "moe-groups": [*EXPERTS, "--moe-router-num-groups", "2", "--moe-router-group-topk", "1",
+                   "--moe-router-topk-scaling-factor", "2.5", "--moe-router-score-function", "sigmoid"],
+    "moe-top1-pre-softmax": [*EXPERTS, "--moe-router-topk", "1", "--moe-router-pre-softmax"],
+    "moe-every-other": [*EXPERTS, "--moe-layer-freq", "2", "--ffn-hidden-size", "48"],
+    "moe-mtp": [*EXPERTS, "--mtp-num-layers", "1", "--position-embedding-type", "rope"],
+    "hybrid-mtp": ["--hybrid-layer-pattern", "*-*-/*-", "--position-embedding-type", "rope", "--swiglu"],
+}
+
+
+@pytest.mark.parametrize("flags", READ_BACK.values(), ids=READ_BACK)
+def test_a_torch_dist_saves_args_read_back_as_the_command_that_wrote_them(flags):
+    import torch
+
+    from checkpoint.resume_model import model_differences
+    from checkpoint.torch_dist.args import megatron_args
+    from checkpoint.torch_dist.resume import metadata_view
+    from parallel.state import ParallelState
+
+    config = parse_config([*BASE, *flags, "--ckpt-format", "torch_dist", "--save", "unused"])
+    assert config.megatron_format_unwritten() is None
+    args = megatron_args(config, ParallelState(device=torch.device("cpu")), SAVED_AT, 4)
+    assert model_differences(metadata_view({"iteration": SAVED_AT, "args": args}, config)["config"]["model"],
+                             config.model) == []
