@@ -2,9 +2,9 @@
 
 For every preset of configs/models (shrunk to a tiny model: the flags below win over the YAML, and presets that
 shrink to the same model run once) and the model kinds (dense, MoE with the experts' width left to its default,
-MoE with the expert bias, MLA, MTP, a hybrid pattern with an MoE block, MLA + MoE): the same argv trains 4
-iterations straight, and 2 saved then 4 with --load, once with this project's format and once with
---ckpt-format torch_dist. Iterations 3 and 4 of the resumed run log the straight run's losses, bitwise (dropout
+MoE with the expert bias, MLA, MTP (dense, and MoE with the expert bias), a hybrid pattern with an MoE block,
+MLA + MoE): the same argv trains 4 iterations straight, and 2 saved then 4 with --load, once with this project's
+format and once with --ckpt-format torch_dist. Iterations 3 and 4 of the resumed run log the straight run's losses, bitwise (dropout
 off: Megatron-LM's torch_dist carries no random streams, checkpoint/torch_dist/args.py). A kind the torch_dist writer
 does not write says so in its start-up line and saves this project's format, which then resumes the same way.
 
@@ -44,6 +44,10 @@ KINDS = {
                          "--moe-router-bias-update-rate", "0.05"], None),
     "mla": (MLA, None),
     "mtp": (["--mtp-num-layers", "1", "--position-embedding-type", "rope"], None),
+    # an MoE MTP layer: its router's expert bias under its own key (mtp.layers.0.transformer_layer.)
+    "mtp-moe-expert-bias": (["--mtp-num-layers", "1", "--position-embedding-type", "rope", *EXPERTS,
+                             "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+                             "--moe-router-bias-update-rate", "0.05"], None),
     "hybrid-moe": (["--hybrid-layer-pattern", "*-*E", *EXPERTS], None),
     "mla-moe": ([*MLA, *EXPERTS], None),
     "hybrid-mla": (["--hybrid-layer-pattern", "*-*-", *MLA],
