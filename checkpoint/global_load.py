@@ -32,7 +32,7 @@ from base.errors import CheckpointError
 from checkpoint.fp8_state import restore_fp8_histories
 from checkpoint.global_state import MODEL_KEY, GlobalStateSource, GlobalTensorInfo
 from checkpoint.regions import flat_range_boxes, flat_start, shift
-from checkpoint.router_state import restore_expert_biases
+from checkpoint.router_state import biased_routers, check_expert_biases, restore_expert_biases
 from parallel.random import TensorParallelRNG
 from parallel.sharding import ShardingRecord, record_of
 from parallel.state import ParallelState
@@ -117,6 +117,22 @@ def check_fits(source: GlobalStateSource, weights_key: str, records: dict, state
     if problems:
         raise CheckpointError(f"{source.path} does not fit this model ({len(problems)} mismatched keys):\n  "
                               + "\n  ".join(problems))
+
+
+def _checked_expert_biases(source: GlobalStateSource, model: nn.Module, state: ParallelState, required: bool
+                           ) -> tuple[Optional[dict], list[str]]:
+    """The routers' expert biases the source holds, checked on every rank before any weight is read
+    (checkpoint/router_state.py): a resume (`required`) of a format that saves them needs every router's; returns
+    them and the routers that start at 0."""
+    biases, missing, problem = None, [], None
+    try:
+        biases = source.expert_biases()
+        missing = check_expert_biases(biases, biased_routers(model), str(source.path),
+                                      required and source.saves_expert_bias)
+    except CheckpointError as error:
+        problem = str(error)
+    raise_if_any(problem, state)
+    return biases, missing
 
 
 def raise_if_any(problem: Optional[str], state: ParallelState) -> None:
@@ -204,6 +220,7 @@ def load_from_source(source: GlobalStateSource, model: nn.Module, optimizer: Che
     # Staged in the live dtypes, as copies of the live partition: a moment saved in another dtype is converted as it
     # is read, and the vocabulary's padding rows, which no checkpoint carries, keep this run's values.
     staged = {key: shard.tensors[key].detach().to("cpu", copy=True) for key in wanted}
+    biases, missing_biases = _checked_expert_biases(source, model, state, required=not finetune)
     problem, elements, shard_bytes = None, 0, 0
     try:
         elements, shard_bytes = fill_staged(source, shard.fragments, records, staged, source_keys)
@@ -236,10 +253,11 @@ def load_from_source(source: GlobalStateSource, model: nn.Module, optimizer: Che
         log(f" note: {source.path} ({source.format_name}) does not record the optimizer's step count: Adam's bias "
             f"correction continues from the iteration, {progress.iteration}", flush=True)
 
-    missing = restore_expert_biases(model, source.expert_biases(), state.device, str(source.path))
-    if missing and state.is_first_rank:
-        log(f" note: {source.path} holds no expert bias for {missing[0]} (saved without "
-            f"--moe-router-enable-expert-bias?); it starts at 0", flush=True)
+    restore_expert_biases(model, biases, state.device)
+    if missing_biases and state.is_first_rank:
+        log(f" note: {source.path} ({source.format_name}) holds no {missing_biases[0]}"
+            f"{f' (nor {len(missing_biases) - 1} more)' if len(missing_biases) > 1 else ''}; the expert bias starts "
+            f"at 0", flush=True)
     if load_rng:
         source.restore_random_states(rng, state, log)
 

@@ -57,6 +57,9 @@ class GlobalStateSource(Protocol):
     path: Path        # the iteration directory (or file) the source reads
     format_name: str  # for messages: "zero-gpt", "megatron torch_dist", "deepspeed zero-2", ...
     bytes_read: int   # what the source has read so far, headers included (said at the load, tested)
+    # whether the format's saves hold every router's expert bias where the run used one (ours, Megatron's torch_dist):
+    # a resume that routes with a bias then needs it (checkpoint/router_state.py)
+    saves_expert_bias: bool = False
 
     def keys(self) -> tuple[str, ...]:
         """The state keys held: MODEL_KEY and/or "master", "exp_avg", "exp_avg_sq" (, "exp_avg_slow")."""

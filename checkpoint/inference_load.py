@@ -28,7 +28,7 @@ from checkpoint.formats import MEGATRON, format_of, locate
 from checkpoint.global_load import check_fits, parameter_records
 from checkpoint.global_state import MODEL_KEY, GlobalStateSource
 from checkpoint.inside import inside
-from checkpoint.router_state import restore_expert_biases
+from checkpoint.router_state import biased_routers, check_expert_biases, restore_expert_biases
 from checkpoint.schema import recorded_model
 from gpt.model_config import ModelConfig
 from parallel.state import ParallelState
@@ -132,6 +132,8 @@ def load_model_weights(source: GlobalStateSource, model: nn.Module, state: Paral
     records = parameter_records(model)
     key = "master" if "master" in source.keys() else MODEL_KEY
     check_fits(source, key, records, state)
+    biases = source.expert_biases()
+    check_expert_biases(biases, biased_routers(model), str(source.path), source.saves_expert_bias)
     for name, (param, record) in records.items():
         region, local = list(record.region), [slice(0, size) for size in record.local_shape]
         if record.real_rows is not None:  # the vocabulary's padding rows: the model's own (never scored)
@@ -141,4 +143,4 @@ def load_model_weights(source: GlobalStateSource, model: nn.Module, state: Paral
                 continue
             region[0], local[0] = slice(rows.start, stop), slice(0, stop - rows.start)
         param[tuple(local)] = source.read(key, name, tuple(region)).reshape(param[tuple(local)].shape)
-    restore_expert_biases(model, source.expert_biases(), state.device, str(source.path))
+    restore_expert_biases(model, biases, state.device)

@@ -11,6 +11,7 @@ would let such a resume through and train a different function from the saved we
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from base.errors import ConfigError
@@ -51,12 +52,16 @@ BLOCK_COMPARED = tuple(name for kind in (NormSettings, MLPSettings, PositionSett
 COMPARED = tuple(dict.fromkeys((*SHAPE_FIRST, *BLOCK_COMPARED, "untie_embeddings_and_output_weights", "add_bias_linear",
                                 "scale_embeddings_by_sqrt_hidden", "final_logit_softcapping", *MOE_COMPARED,
                                 *MLA_COMPARED, "max_position_embeddings")))
+# Read, not compared: what a compared setting's default derives from (--moe-ffn-hidden-size's is the dense MLP's
+# width, --ffn-hidden-size or its own default from --hidden-size and --swiglu)
+DEFAULTS_FROM = ("ffn_hidden_size",)
 
 
 def _compared_values(model: dict) -> dict:
     """The settings as the built model reads them: a setting a checkpoint lacks is the default (it was saved
     before the setting existed, by GPT-2's blocks); rotary settings only where positions are rotary, the
-    scaling factor only where scaling is on; one key/value group per head is None's meaning."""
+    scaling factor only where scaling is on; one key/value group per head is None's meaning, and the dense MLP's
+    width an unset --moe-ffn-hidden-size's (a resolved default and the unset flag compare equal)."""
     defaults = ModelConfig()
     values = {name: model.get(name, setting_value(defaults, name)) for name in COMPARED}
     yarn = values["position_embedding_type"] == "yarn" and not values["multi_latent_attention"]
@@ -90,9 +95,19 @@ def _compared_values(model: dict) -> dict:
             values.pop(name)
     else:
         values["moe_layer_freq"] = _layer_freq(values["moe_layer_freq"], values["num_layers"])
+        if values["moe_ffn_hidden_size"] is None:  # as the experts are built (MoESettings.for_layer)
+            values["moe_ffn_hidden_size"] = _dense_ffn_size(model, defaults)
     if values["num_query_groups"] is None:
         values["num_query_groups"] = values["num_attention_heads"]
     return values
+
+
+def _dense_ffn_size(model: dict, defaults: ModelConfig) -> int:
+    """The dense MLP's width a record implies: its --ffn-hidden-size, else Megatron-LM's default from its hidden size
+    and --swiglu (gpt/mlp.py ffn_size). Megatron-LM's validate_args sets --moe-ffn-hidden-size to it where the flag
+    is not given, and so does a torch_dist save here: the unset flag and that width are one model."""
+    mlp = dataclasses.replace(defaults.mlp, swiglu=bool(model.get("swiglu", defaults.mlp.swiglu)))
+    return mlp.ffn_size(model.get("hidden_size", defaults.hidden_size), model.get("ffn_hidden_size"))
 
 
 def _layer_freq(freq, num_layers: int):
@@ -121,7 +136,7 @@ def _flag_and_value(name: str, value) -> tuple[str, str]:
 
 def model_differences(saved_model: dict, model: ModelConfig) -> list[str]:
     """Each block setting that differs: the flag, this run's value and the checkpoint's."""
-    typed = {name: setting_value(model, name) for name in COMPARED}
+    typed = {name: setting_value(model, name) for name in (*COMPARED, *DEFAULTS_FROM)}
     saved, ours = _compared_values(saved_model), _compared_values(typed)
     unsaid = set()
     unsaid.update(name for name in SHAPE_FIRST if name not in saved_model)  # a record without them (a plain

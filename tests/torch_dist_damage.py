@@ -1,18 +1,22 @@
 """Ways to damage a torch_dist checkpoint's files, for tests/checkpoint/test_torch_dist_integrity.py and
 tests/checkpoint/test_torch_dist_fuzz.py: where a tensor's bytes lie inside a `.distcp` file (each stored item is a
 torch.save zip archive; its `archive/data/0` record holds the values), and common.pt rewritten with one entry
-changed."""
+changed; and a whole folder saved again by DCP itself with some tensors replaced (`rewrite_tensors`), so that its
+index, records and digests are consistent and only the content is what a test chose."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import struct
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 import torch
 
-from checkpoint.torch_dist.common import COMMON_FILE, safe_globals
+from checkpoint.file_names import DCP_METADATA_FILE
+from checkpoint.torch_dist.common import COMMON_FILE, FILE_DIGESTS_KEY, INDEX_DIGEST_KEY, index_digest, safe_globals
 from checkpoint.torch_dist.dcp_reader import DcpReader
 
 LOCAL_HEADER = 30  # a zip local file header's fixed part; its name and extra field follow
@@ -52,3 +56,30 @@ def read_common(iteration_dir: Path) -> dict:
 
 def write_common(iteration_dir: Path, common: dict) -> None:
     torch.save(common, iteration_dir / COMMON_FILE)
+
+
+def rewrite_tensors(iteration_dir: Path, changes: dict[str, Optional[torch.Tensor]]) -> None:
+    """Every item of the folder read by DCP (format_utils.dcp_to_torch_save), `changes` applied (key -> its new
+    tensor, of any shape, or a new key's; None drops the key), and the whole saved again by DCP's own writer in place of the old
+    files; where common.pt records our writer's digests of the index and the files, they are recomputed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    whole = iteration_dir.parent / f"{iteration_dir.name}.whole.pt"
+    dcp_to_torch_save(iteration_dir, whole)
+    state = torch.load(whole, weights_only=False)
+    whole.unlink()
+    for key, tensor in changes.items():
+        if tensor is None:
+            del state[key]
+        else:
+            state[key] = tensor
+    for old in [*iteration_dir.glob("*.distcp"), iteration_dir / DCP_METADATA_FILE]:
+        old.unlink()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(iteration_dir), no_dist=True)
+    common = read_common(iteration_dir)
+    if INDEX_DIGEST_KEY in common:
+        files = {path.name: f"sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
+                 for path in sorted(iteration_dir.glob("*.distcp"))}
+        write_common(iteration_dir, {**common, INDEX_DIGEST_KEY: index_digest(iteration_dir),
+                                     FILE_DIGESTS_KEY: files})

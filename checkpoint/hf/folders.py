@@ -33,6 +33,7 @@ from checkpoint.hf.config_check import check_llama_hf_config
 from checkpoint.inside import folder_files, inside
 from checkpoint.ours.source import consolidate
 from checkpoint.output_paths import check_replaceable_folder, install_folder
+from checkpoint.router_state import check_expert_biases, configured_biased_routers
 from checkpoint.schema import recorded_model
 from checkpoint.unpickler import unpickler_reason
 from families.common import dense_weights as hf_dense
@@ -502,8 +503,9 @@ def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = Fa
     metadata = read_metadata(iteration_dir)
     model_config = recorded_model(metadata["config"]["model"])
     check_convertible(model_config, "the Hugging Face export")  # before any weight is read
+    # the routers' expert bias (checkpoint/router_state.py), saved by name in the metadata, checked as a resume does
+    biases = metadata.get("expert_bias") or {}
+    check_expert_biases(biases, configured_biased_routers(model_config), str(iteration_dir), required=False)
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]
-    # the routers' expert bias (checkpoint/router_state.py), saved by name in the metadata
-    master.update({name: torch.tensor(values, dtype=torch.float32)
-                   for name, values in (metadata.get("expert_bias") or {}).items()})
+    master.update({name: torch.tensor(values, dtype=torch.float32) for name, values in biases.items()})
     return model_config, to_hf_state_dict(master, model_config)

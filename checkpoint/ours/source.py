@@ -91,6 +91,7 @@ class ZeroGptSource(GlobalStateSource):
     manager, or `close()` it: it keeps its files open while a load reads them."""
 
     format_name = FORMAT_NAME
+    saves_expert_bias = True
 
     def __init__(self, iteration_dir: Path, metadata: Optional[dict] = None) -> None:
         self.path = Path(iteration_dir)

@@ -31,7 +31,7 @@ from checkpoint.global_state import MODEL_KEY
 from checkpoint.inside import inside
 from checkpoint.lineage import SAMPLE_ORDER_KEY
 from checkpoint.resume_checks import agreed_problem, check_resume
-from checkpoint.resume_model import COMPARED
+from checkpoint.resume_model import COMPARED, DEFAULTS_FROM
 from checkpoint.torch_dist.common import (
     COMMON_FILE,
     FILE_DIGESTS_KEY,
@@ -133,8 +133,8 @@ def metadata_view(common: dict, config) -> dict:
         return {name: values[name] if name in values and values[name] is not None else setting_value(ours, name)
                 for name in names}
 
-    model = section(config.model, [name for name in COMPARED if name in setting_names(type(config.model))] +
-                    ["seq_length"])
+    model = section(config.model, [name for name in (*COMPARED, *DEFAULTS_FROM)
+                                   if name in setting_names(type(config.model))] + ["seq_length"])
     if not getattr(args, "group_query_attention", True):
         model["num_query_groups"] = None
     if "add_qkv_bias" in model and model.get("add_bias_linear"):

@@ -79,6 +79,7 @@ class MegatronSource(GlobalStateSource):
     """One Megatron-LM torch_dist iteration directory (module docstring)."""
 
     format_name = FORMAT_NAME
+    saves_expert_bias = True
 
     def __init__(self, iteration_dir: Path) -> None:
         self.path = Path(iteration_dir)
@@ -204,22 +205,58 @@ class MegatronSource(GlobalStateSource):
 
     def expert_biases(self) -> Optional[dict[str, list]]:
         """Each router's expert bias under our router's name (its global layer number), from Megatron-Core's
-        buffer: one row of the stacked tensor a layer, or a layer's own key."""
+        buffer: one row of the stacked tensor a layer, or a layer's own key; each tensor's shape checked against the
+        layers and experts its args save, and its values finite, first (`_expert_bias_problem`)."""
         found = {}
+        symbols = hybrid_layer_symbols(self.hybrid_pattern) if self.hybrid_pattern is not None else None
         for key in self._expert_bias_keys:
-            size = self.reader.tensors()[key].size
+            size = tuple(self.reader.tensors()[key].size)
+            problem = self._expert_bias_shape_problem(key, size, symbols)
+            if problem:
+                raise CheckpointError(f"{self.path}: its {key} is {list(size)}; {problem}")
             values = self.reader.read(key, tuple(slice(0, n) for n in size)).to(torch.float32)
+            bad = (~torch.isfinite(values)).nonzero()
+            if len(bad):
+                at = tuple(bad[0].tolist())
+                raise CheckpointError(f"{self.path}: its {key} holds {values[at].item()} at {list(at)}: an expert "
+                                      f"bias must be finite (it chooses the experts; the loss would not show the "
+                                      f"damage)")
             if key.startswith(MTP_LAYERS):  # an MoE model's MTP layer's router: `mtp.layers.<k>.transformer_layer.`
                 depth = key[len(MTP_LAYERS):].partition(".")[0]
                 found[f"{OUR_MTP_LAYERS}{depth}.{MTP_TRANSFORMER}{EXPERT_BIAS}"] = values.tolist()
                 continue
             layer = key[len(LAYERS):-len(EXPERT_BIAS)].rstrip(".")
             rows = {int(layer): values} if layer else dict(enumerate(values))
-            if self.hybrid_pattern is not None:  # HybridModel's layer of each MoE symbol: our block's number
-                symbols = hybrid_layer_symbols(self.hybrid_pattern)
+            if symbols is not None:  # HybridModel's layer of each MoE symbol: our block's number
                 rows = {hybrid_block(symbols, number, EXPERT_BIAS): row for number, row in rows.items()}
             found.update({f"blocks.{number}.{EXPERT_BIAS}": row.tolist() for number, row in rows.items()})
         return found or None
+
+    def _expert_bias_shape_problem(self, key: str, size: tuple[int, ...], symbols: Optional[str]) -> Optional[str]:
+        """Why an expert bias tensor of `size` does not fit the model the args save (Megatron-Core's router holds
+        [num_experts] per layer, megatron/core/transformer/moe/router.py; its sharded state dict stacks the layers'
+        into [num_layers, num_experts] unless each layer has its own key); None where it fits."""
+        experts = arg(self.common, "num_experts")
+        layers = arg(self.common, "num_layers")
+        experts_said = f"{experts} experts (num_experts)" if isinstance(experts, int) else None
+        width = experts if isinstance(experts, int) else size[-1] if size else 0
+        layer = key[len(LAYERS):-len(EXPERT_BIAS)].rstrip(".") if key.startswith(LAYERS) else None
+        if layer == "":  # stacked over the decoder's layers
+            if symbols is not None:
+                return "HybridModel saves each layer's expert bias under its own key (decoder.layers.<layer>.)"
+            if size != (layers, width):
+                return (f"its args' {layers} layers (num_layers) x {experts_said or f'{width} experts'} make "
+                        f"{[layers, width]}: one row of one value per expert for each layer")
+            return None
+        if size != (width,):
+            return f"a router's bias holds one value per expert, {experts_said or f'{width} experts'}: {[width]}"
+        if layer is not None:
+            number = int(layer) if layer.isdigit() else -1
+            if symbols is not None and hybrid_block(symbols, number, EXPERT_BIAS) is None:
+                return f"layer {layer} is not an MoE layer of its args' pattern {self.hybrid_pattern!r}"
+            if symbols is None and not 0 <= number < (layers or 0):
+                return f"layer {layer} is not one of its args' {layers} layers (num_layers)"
+        return None
 
     def not_carried(self) -> list[str]:
         missing = [f"its optimizer states ({self._optimizer_not_read})"] if self._optimizer_not_read else []

@@ -38,7 +38,7 @@ def test_an_expert_bias_of_another_length_is_refused_in_one_line(saved, corpus_c
     path.write_text(json.dumps(metadata))
     before = snapshot(damaged)
     outcome = train(corpus_cache_300, tmp_path, *MOE, *BIAS, "--load", damaged, "--train-iters", "3")
-    outcome.one_error_line(f"its {name} holds 3 values; this router has 4 experts")
+    outcome.one_error_line(f"its {name} is [3]; this router has 4 experts (--num-experts), one value each: [4]")
     assert snapshot(damaged) == before
 
 
