@@ -96,7 +96,9 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
             prepare_output_directory(checkpoint.save, "--save")
             if not locks:
                 claim(SaveDirectoryLock(checkpoint.save, log=log))
-            check_save_directory(checkpoint.save, decision.resume_from, checkpoint.finetune, checkpoint.overwrite_save)
+            load_source = config.sources.get("load")  # arguments/megatron/ckpt_step.py: --ckpt-step names --load's
+            check_save_directory(checkpoint.save, decision.resume_from, checkpoint.finetune, checkpoint.overwrite_save,
+                                 ckpt_step=load_source is not None and load_source.origin == "--ckpt-step")
         if config.logging.metrics_file is not None:
             claim_metrics_file(config.logging.metrics_file)
         for directory, flag in ((config.logging.tensorboard_dir, "--tensorboard-dir"), (wandb_dir, "--wandb-save-dir")):
