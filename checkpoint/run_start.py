@@ -46,6 +46,9 @@ class RunStart:
     # the checkpoint's tokenizer, compared with the run's once loaded (checkpoint/tokenizer_check.py); None: nothing to
     # compare (a fresh start, --finetune, a save without the digest)
     saved_tokenizer: Optional[SavedTokenizer] = None
+    # the data-parallel size the checkpoint was trained at, where it records one and the run continues it: the cyclic
+    # sampler's buckets follow it (training/data_splits.py sharded_cyclic_resize_note)
+    saved_data_parallel_size: Optional[int] = None
 
     def load(self, built, state: ParallelState, model_config, *, load_optimizer: bool, load_rng: bool,
              finetune: bool) -> ResumePoint:
@@ -127,6 +130,7 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
                 config, state, decision.resume_from, log, batch)
         if metadata is not None and continues_training(config):
             started.saved_tokenizer = saved_tokenizer(metadata, decision.resume_from)
+            started.saved_data_parallel_size = metadata.get("data_parallel_size")
         started.identity = identity_on_start(metadata, checkpoint.finetune, fresh_run_id, launch_id,
                                               sample_order(checkpoint.ckpt_format))
         if started.metrics_file is None:  # known now: a resume's lineage is its checkpoint's

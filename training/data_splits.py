@@ -146,6 +146,20 @@ def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set,
             + "; each evaluation starts its split's order again where Megatron-LM's goes on")
 
 
+def sharded_cyclic_resize_note(config: PretrainConfig, saved_data_parallel_size: Optional[int],
+                               data_parallel_size: int) -> Optional[str]:
+    """The start line of a resume whose cyclic sampler's buckets changed: with data sharding each rank permutes its
+    own bucket, whose width follows the data-parallel size (Megatron-LM's MegatronPretrainingRandomSampler), so a
+    resume at another size reads the rest of the epoch from other buckets, some samples again and some never, as
+    Megatron-LM does. None where nothing changed."""
+    if config.data.dataloader_type != CYCLIC or not config.data.data_sharding or saved_data_parallel_size is None \
+            or saved_data_parallel_size == data_parallel_size:
+        return None
+    return (f"> note: --dataloader-type cyclic resumed at data-parallel size {data_parallel_size}, the checkpoint's "
+            f"{saved_data_parallel_size}: each rank's bucket follows that size, so the rest of the current epoch reads "
+            "some samples again and skips others, as Megatron-LM does; --no-data-sharding keeps one order at any size")
+
+
 def build_data(settings: RunSettings, state: ParallelState, sources: DataSources,
                tokenizer: Optional[RunTokenizer] = None, order: str = APPENDABLE_ORDER) -> DataSplits:
     """Datasets sized for the run (every iteration's batch of settings.batch, a ramp's included; with --dataloader-type

@@ -36,6 +36,7 @@ from training.data_splits import (
     build_data,
     corpus_cache_dir,
     load_tokenizer_and_data_sources,
+    sharded_cyclic_resize_note,
 )
 from training.exit_conditions import ExitConditions
 from training.metrics import MemoryCheck, MetricsWriter
@@ -106,6 +107,9 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
             log(note)
         data = build_data(settings, state, data_sources, tokenizer, claimed.identity.sample_order)
         log(data.summary)
+        resized = sharded_cyclic_resize_note(config, claimed.saved_data_parallel_size, state.data_parallel_size)
+        if resized:
+            log(resized)
         if claimed.identity.sample_order != sample_order(config.checkpoint.ckpt_format):
             log(sample_order_kept_note(claimed.identity.sample_order, config.checkpoint.ckpt_format))
         predicted, predicted_host, why_not = predict_peak(config, state, settings.vocab_size, batch)

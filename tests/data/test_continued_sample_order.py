@@ -79,3 +79,22 @@ def test_the_cyclic_training_split_is_one_epoch_whatever_the_run_asks(corpus_cac
     assert lines[0] == lines[1]
     assert "spans one epoch of the split's data" in lines[0]
     assert "not in Megatron-LM's order (its samples are this project's order)" in lines[0]
+
+
+def test_a_sharded_cyclic_resume_at_another_dp_size_reads_other_samples_and_says_so(corpus_cache):
+    """Data sharding gives each rank a bucket whose width follows the DP size (Megatron-LM's sampler): a continuation
+    at another size is not the uninterrupted run's, and the resume says so in one line."""
+    from arguments.parser import parse_config
+    from training.data_splits import sharded_cyclic_resize_note
+
+    extra = TYPES["cyclic"]
+    straight = iterations_read(corpus_cache, extra, LAST, 1, 0, LAST)
+    continued = iterations_read(corpus_cache, extra, LAST, 1, FIRST, LAST - FIRST)
+    resized = iterations_read(corpus_cache, extra, LAST, 2, FIRST, LAST - FIRST)
+    assert continued == straight[FIRST:] and resized != continued
+    note = sharded_cyclic_resize_note(parse_config(extra), 2, 1)
+    assert note.startswith("> note: --dataloader-type cyclic resumed at data-parallel size 1, the checkpoint's 2")
+    assert "--no-data-sharding" in note and "\n" not in note
+    assert sharded_cyclic_resize_note(parse_config(extra), 1, 1) is None
+    assert sharded_cyclic_resize_note(parse_config(TYPES["cyclic-unsharded"]), 2, 1) is None
+    assert sharded_cyclic_resize_note(parse_config(extra), None, 1) is None  # a checkpoint recording no size
