@@ -125,7 +125,7 @@ def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set,
     if one_epoch is not None and built == one_epoch:
         span = f"one epoch of the split's data, {built:,} samples,"
         if not isinstance(train_set, MegatronOrderGPTDataset):
-            blended = sources.file_list is not None or sources.per_split is not None or len(sources.blend) > 1
+            blended = sources.file_list is not None or sources.per_split is not None or len(sources.blend or ()) > 1
             differs = (f"Megatron-LM's permutes a blend's {run_samples:,} samples, the run's" if blended
                        else "its samples are this project's order")
         elif run_samples > built:

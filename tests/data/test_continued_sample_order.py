@@ -59,7 +59,8 @@ def test_a_continued_run_reads_the_uninterrupted_runs_samples(corpus_cache, kind
     assert first + continued == straight
 
 
-def test_the_cyclic_training_split_is_one_epoch_whatever_the_run_asks(corpus_cache):
+@pytest.mark.parametrize("data", [[], ["--mock-data"]], ids=["corpus", "mock"])
+def test_the_cyclic_training_split_is_one_epoch_whatever_the_run_asks(corpus_cache, data):
     """The cyclic sampler permutes its dataset's whole length: that length is one epoch of the split's data, not the
     run's sample count."""
     from arguments.parser import parse_config
@@ -72,7 +73,7 @@ def test_the_cyclic_training_split_is_one_epoch_whatever_the_run_asks(corpus_cac
         config = parse_config(["--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache, "--seq-length", "16",
                                "--max-position-embeddings", "16", "--micro-batch-size", "1", "--global-batch-size",
                                "4", "--train-iters", str(train_iters), "--eval-iters", "0", "--dataloader-type",
-                               "cyclic"])
+                               "cyclic"] + data)
         tokenizer, sources = load_tokenizer_and_data_sources(config)
         settings = resolve_run_settings(config, tokenizer.vocab_size, 1, 1, "cpu")
         lines.append(build_data(settings, virtual_state(1), sources, tokenizer).summary)
