@@ -99,3 +99,23 @@ def test_a_sharded_cyclic_resume_at_another_dp_size_reads_other_samples_and_says
     assert sharded_cyclic_resize_note(parse_config(extra), 1, 1) is None
     assert sharded_cyclic_resize_note(parse_config(TYPES["cyclic-unsharded"]), 2, 1) is None
     assert sharded_cyclic_resize_note(parse_config(extra), None, 1) is None  # a checkpoint recording no size
+
+
+def test_an_epoch_smaller_than_a_micro_batch_per_rank_is_read_as_that_many_samples(corpus_cache):
+    """Sequences so long that one epoch of the split holds fewer samples than a micro-batch on every DP rank: the
+    cyclic training split is that many samples (the sampler needs one global micro-batch), said in the data line."""
+    from arguments.parser import parse_config
+    from parallel.state import virtual_state
+    from training.data_splits import build_data, load_tokenizer_and_data_sources
+    from training.run_settings import resolve_run_settings
+
+    config = parse_config(["--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache, "--seq-length", "16384",
+                           "--max-position-embeddings", "16384", "--micro-batch-size", "32", "--global-batch-size",
+                           "64", "--train-iters", "2", "--eval-iters", "0", "--dataloader-type", "cyclic"])
+    tokenizer, sources = load_tokenizer_and_data_sources(config)
+    settings = resolve_run_settings(config, tokenizer.vocab_size, 1, 2, "cpu")
+    data = build_data(settings, virtual_state(2, rank=1), sources, tokenizer)
+    assert "spans 64 samples (one epoch of the split's data holds less than a micro-batch per data-parallel rank)" \
+        in data.summary, data.summary
+    batch = next(iter(data.make_train_loader(0)))
+    assert batch["tokens"].shape == (32, 16385)
