@@ -2,7 +2,9 @@
 learned only under the same tokenizer, and a vocabulary of the same size passes every shape check. Our saves record
 `tokenizer_digest` (data/tokenizer.py); a resume that continues the checkpoint's training compares it with its own
 tokenizer's once that is loaded, before the data and the model are built: a differing one is one line naming both
-(a note under --override-data-on-resume, as for the data). A checkpoint saved before the digest says nothing."""
+(a note under --override-data-on-resume, as for the data). Tokenizers of different sizes are left to the load's
+vocabulary check (checkpoint/global_load.py vocabulary_problem), whose line names both sizes. A checkpoint saved before
+the digest says nothing."""
 
 from __future__ import annotations
 
@@ -14,13 +16,14 @@ from base.errors import ConfigError
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from data.tokenizer import RunTokenizer, tokenizer_digest
 
-TOKENIZER_DIGEST_KEY = "tokenizer_digest"
+TOKENIZER_DIGEST_KEY, TOKENIZER_SIZE_KEY = "tokenizer_digest", "tokenizer_vocab_size"
 SHOWN_DIGEST = len("sha256:") + 12  # enough to tell two apart in a line
 
 
 @dataclass(frozen=True)
 class SavedTokenizer:
     digest: str
+    vocab_size: Optional[int]
     named: str  # how the checkpoint's run named it (`describe_tokenizer`)
     iteration_dir: Path
 
@@ -37,19 +40,24 @@ def describe_tokenizer(setting: Callable[[str], object]) -> str:
     return " ".join(named) or f"the embedded corpus's tokenizer (--tokenizer-vocab-size {setting('tokenizer_vocab_size')})"
 
 
+def tokenizer_record(tokenizer: RunTokenizer) -> dict:
+    """What a save records of the run's tokenizer (metadata.json keys)."""
+    return {TOKENIZER_DIGEST_KEY: tokenizer_digest(tokenizer), TOKENIZER_SIZE_KEY: tokenizer.vocab_size}
+
+
 def saved_tokenizer(metadata: dict, iteration_dir: Path) -> Optional[SavedTokenizer]:
     """The tokenizer a checkpoint's metadata records; None for a save without the digest (or another format's)."""
     digest = metadata.get(TOKENIZER_DIGEST_KEY)
     if digest is None:
         return None
     data = (metadata.get("config") or {}).get("data") or {}
-    return SavedTokenizer(digest, describe_tokenizer(data.get), iteration_dir)
+    return SavedTokenizer(digest, metadata.get(TOKENIZER_SIZE_KEY), describe_tokenizer(data.get), iteration_dir)
 
 
 def check_resume_tokenizer(saved: Optional[SavedTokenizer], config, tokenizer: RunTokenizer) -> Optional[str]:
     """None when this run's tokenizer is the checkpoint's (or the checkpoint records none); a note when they differ
     and --override-data-on-resume allows it; else a ConfigError naming both."""
-    if saved is None:
+    if saved is None or saved.vocab_size not in (None, tokenizer.vocab_size):  # the load names the sizes
         return None
     ours = tokenizer_digest(tokenizer)
     if ours == saved.digest:

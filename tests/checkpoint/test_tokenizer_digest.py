@@ -38,6 +38,7 @@ def test_a_resume_with_another_tokenizer_is_one_line_naming_both(embedded_corpus
     metadata_file = save / "iter_0000002" / "metadata.json"
     metadata = json.loads(metadata_file.read_text())
     assert metadata["tokenizer_digest"] == tokenizer_digest(load_tokenizer(tokenizer_file=str(ours)))
+    assert metadata["tokenizer_vocab_size"] == 512
 
     refused = train(cache, tmp_path, *common, "--tokenizer-file", other, "--load", save, "--train-iters", "4")
     line = refused.one_error_line(f"--tokenizer-file {other}", f"the checkpoint's --tokenizer-file {ours}",
@@ -60,7 +61,7 @@ def run_config(override: bool, **data) -> SimpleNamespace:
 
 
 def test_override_data_on_resume_turns_the_refusal_into_a_note_and_the_same_tokenizer_passes(tmp_path):
-    saved = SavedTokenizer(tokenizer_digest(NullTokenizer(100)), "--tokenizer-type NullTokenizer", tmp_path)
+    saved = SavedTokenizer(tokenizer_digest(NullTokenizer(100)), None, "--tokenizer-type NullTokenizer", tmp_path)
     config = run_config(False, tokenizer_type="NullTokenizer")
     assert check_resume_tokenizer(saved, config, NullTokenizer(100)) is None
     assert check_resume_tokenizer(None, config, NullTokenizer(101)) is None
@@ -68,3 +69,7 @@ def test_override_data_on_resume_turns_the_refusal_into_a_note_and_the_same_toke
         check_resume_tokenizer(saved, config, NullTokenizer(101))
     note = check_resume_tokenizer(saved, run_config(True, tokenizer_type="NullTokenizer"), NullTokenizer(101))
     assert note.startswith("> note: resuming") and "--override-data-on-resume allows" in note
+    # another size: left to the load's vocabulary line, which names both sizes (tests/checkpoint/
+    # test_vocabulary_resume.py)
+    sized = SavedTokenizer(saved.digest, 101, saved.named, tmp_path)
+    assert check_resume_tokenizer(sized, config, NullTokenizer(150)) is None
