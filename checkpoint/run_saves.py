@@ -10,6 +10,7 @@ from checkpoint.formats import MEGATRON, writer_for
 from checkpoint.lineage import RunIdentity
 from checkpoint.ours.async_save import AsyncCheckpointSaver, saving_mode_line, writer_priorities
 from checkpoint.ours.sharded import prune_checkpoints, save_checkpoint
+from checkpoint.tokenizer_check import tokenizer_record
 from data.tokenizer import GPTTokenizer, RunTokenizer
 from parallel.state import ParallelState
 
@@ -34,6 +35,7 @@ class CheckpointSaves:
         # A NullTokenizer has no files, and a SentencePiece .model is not what scripts/convert_to_hf.py reads from
         # a checkpoint's tokenizer/ (a tokenizer.json): the checkpoint then holds no tokenizer/ copy.
         self.tokenizer = tokenizer if isinstance(tokenizer, GPTTokenizer) else None
+        self.tokenizer_record = tokenizer_record(tokenizer) if tokenizer is not None else None  # every kind's
         checkpoint = config.checkpoint
         self.background = AsyncCheckpointSaver(state, *writer_priorities(checkpoint, state.device.type)) \
             if checkpoint.saves_in_background and self.format is not MEGATRON else None
@@ -59,7 +61,7 @@ class CheckpointSaves:
             return
         arguments = (checkpoint.save, iteration, consumed_samples, self.model, self.optimizer, self.rng, self.config)
         settings = dict(tokenizer=self.tokenizer, lr=lr, identity=self.identity, schedule_samples=schedule_samples,
-                        rerun_state=self.rerun_state())
+                        rerun_state=self.rerun_state(), tokenizer_record=self.tokenizer_record)
         if self.background is None:
             save_checkpoint(*arguments, self.state, **settings)
             self._prune()

@@ -26,7 +26,8 @@ from checkpoint.global_load import ResumePoint
 from checkpoint.lineage import RunIdentity, identity_on_start, new_id
 from checkpoint.output_paths import prepare_output_directory, prepare_output_file, refuse_training_output_in_checkpoint
 from checkpoint.save_directory import SaveDirectoryLock
-from checkpoint.start_decision import StartDecision, check_save_directory, decide_start
+from checkpoint.start_decision import StartDecision, check_save_directory, continues_training, decide_start
+from checkpoint.tokenizer_check import SavedTokenizer, saved_tokenizer
 from checkpoint.unfinished_save import finish_unfinished_save, needs_finishing
 from parallel.state import ParallelState
 
@@ -42,6 +43,12 @@ class RunStart:
     identity: Optional[RunIdentity] = None
     format_name: Optional[str] = None  # resume_from's format (checkpoint/formats.py)
     metrics_file: Optional[str] = None  # --metrics-file, or the lineage's own (default_metrics_file)
+    # the checkpoint's tokenizer, compared with the run's once loaded (checkpoint/tokenizer_check.py); None: nothing to
+    # compare (a fresh start, --finetune, a save without the digest)
+    saved_tokenizer: Optional[SavedTokenizer] = None
+    # the data-parallel size the checkpoint was trained at, where it records one and the run continues it: the cyclic
+    # sampler's buckets follow it (training/data_splits.py sharded_cyclic_resize_note)
+    saved_data_parallel_size: Optional[int] = None
 
     def load(self, built, state: ParallelState, model_config, *, load_optimizer: bool, load_rng: bool,
              finetune: bool) -> ResumePoint:
@@ -96,7 +103,9 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
             prepare_output_directory(checkpoint.save, "--save")
             if not locks:
                 claim(SaveDirectoryLock(checkpoint.save, log=log))
-            check_save_directory(checkpoint.save, decision.resume_from, checkpoint.finetune, checkpoint.overwrite_save)
+            load_source = config.sources.get("load")  # arguments/megatron/ckpt_step.py: --ckpt-step names --load's
+            check_save_directory(checkpoint.save, decision.resume_from, checkpoint.finetune, checkpoint.overwrite_save,
+                                 ckpt_step=load_source is not None and load_source.origin == "--ckpt-step")
         if config.logging.metrics_file is not None:
             claim_metrics_file(config.logging.metrics_file)
         for directory, flag in ((config.logging.tensorboard_dir, "--tensorboard-dir"), (wandb_dir, "--wandb-save-dir")):
@@ -119,6 +128,9 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
             started.format_name = decision.format_name
             started.lr_schedule, metadata = format_named(decision.format_name).module().check_start(
                 config, state, decision.resume_from, log, batch)
+        if metadata is not None and continues_training(config):
+            started.saved_tokenizer = saved_tokenizer(metadata, decision.resume_from)
+            started.saved_data_parallel_size = metadata.get("data_parallel_size")
         started.identity = identity_on_start(metadata, checkpoint.finetune, fresh_run_id, launch_id,
                                               sample_order(checkpoint.ckpt_format))
         if started.metrics_file is None:  # known now: a resume's lineage is its checkpoint's

@@ -168,6 +168,10 @@ OPTIONAL = {
     "pipeline_stages": ("a list of {parameters: [names], files: [file names]}, one per stage",
                         _list_of(_pipeline_stage)),
     "tokenizer": ("a directory name or null", lambda v: v is None or _is_plain_name(v)),
+    # what defines the run's token ids (data/tokenizer.py tokenizer_digest) and its size, compared on resume
+    "tokenizer_vocab_size": (POSITIVE, lambda v: is_int(v, 1)),
+    "tokenizer_digest": ("'sha256:' and 64 hex digits",
+                         lambda v: isinstance(v, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", v) is not None),
     "config": ("an object of config sections", lambda v: isinstance(v, dict)
                and all(isinstance(section, dict) for section in v.values())),
     "run_id": ("a lineage id (32 hex digits)", lambda v: isinstance(v, str) and IDENTITY.fullmatch(v) is not None),

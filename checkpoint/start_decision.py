@@ -8,7 +8,8 @@ its data settings allow that. Pure decisions from the config and the file system
   `latest`). A `--load` directory that does not exist or is empty is a fresh start, said in one line, as Megatron-LM
   warns and starts from random weights (its scripts pass `--save $CK --load $CK` from the first run).
 - A run writes into a save directory that already holds checkpoints only when it resumed from one of them, or with
-  `--overwrite-save` (`--finetune` starts at iteration 0: not resuming).
+  `--overwrite-save` (`--finetune` starts at iteration 0: not resuming); a resume by `--ckpt-step N` from an
+  iteration older than others there only with `--overwrite-save`, since its saves would replace the later ones.
 - A resume whose data, split, sequence length or seed differ from the checkpoint's would not continue its sample
   sequence: refused without `--override-data-on-resume` (the data compared as the files' content, data/identity.py,
   where recorded, else as the paths typed).
@@ -21,6 +22,7 @@ docs/checkpoints.md tells the user's side of these rules."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -102,20 +104,41 @@ def decide_start(load: Optional[str], save: Optional[str], universal: bool = Fal
                       f"--load equal to --save, or an empty directory)")
 
 
-def check_save_directory(save: str, resume_from: Optional[Path], finetune: bool, overwrite_save: bool) -> None:
-    """Refuse to write into a save directory holding another run's checkpoints (module docstring)."""
+def check_save_directory(save: str, resume_from: Optional[Path], finetune: bool, overwrite_save: bool,
+                         ckpt_step: bool = False) -> None:
+    """Refuse to write into a save directory holding another run's checkpoints, or (`ckpt_step`: --ckpt-step named
+    the iteration resumed) later iterations its saves would replace (module docstring)."""
     existing = holds_checkpoints(Path(save))
     if not existing or overwrite_save:
         return
     save_dir = Path(save).resolve()
     resumed_here = resume_from is not None and save_dir in resume_from.resolve().parents
     if resumed_here and not finetune:
+        if ckpt_step:
+            _refuse_replacing_later_iterations(save, resume_from, existing)
         return
     how = ("--finetune starts again from iteration 0 and" if resumed_here
            else "this run does not resume from them and")
     shown = ", ".join(existing[:3]) + (", ..." if len(existing) > 3 else "")
     raise ConfigError(f"--save {save} already holds checkpoints ({shown}); {how} would replace them. "
                       f"Resume with --load {save}, choose another --save directory, or pass --overwrite-save")
+
+
+def _refuse_replacing_later_iterations(save: str, resume_from: Path, existing: list[str]) -> None:
+    """--ckpt-step N with a --save directory holding later iterations: the continued run's saves would replace them.
+    A Megatron-LM script's --save $CK --load $CK with --ckpt-step added reads as loading an old iteration, not as
+    rewriting the later ones: refused unless --overwrite-save. (--load DIR/iter_N names the rewind itself: allowed,
+    the later records counted as redone, checkpoint/lineage.py.)"""
+    resumed = re.fullmatch(r"iter_(\d+)", resume_from.name)
+    if resumed is None:
+        return
+    later = sorted({int(found.group(1)) for name in existing if (found := re.match(r"iter_(\d+)", name))
+                    and int(found.group(1)) > int(resumed.group(1))})
+    if later:
+        shown = ", ".join(map(str, later[:3])) + (", ..." if len(later) > 3 else "")
+        raise ConfigError(f"--save {save} holds iteration(s) {shown}, later than the iteration {int(resumed.group(1))} "
+                          f"--ckpt-step resumes from; this run's saves would replace them. Drop --ckpt-step to resume "
+                          f"from the newest, choose another --save directory, or pass --overwrite-save to replace them")
 
 
 def _same_setting(name: str, saved, ours) -> bool:

@@ -27,7 +27,7 @@ import torch
 from base.input_files import read_text_file
 from data import DataError
 from data.blending import BlendedDataset, build_blending_indices
-from data.gpt_dataset import SPLIT_NAMES, GPTDataset, parse_split, split_document_ranges
+from data.gpt_dataset import SPLIT_NAMES, GPTDataset, parse_split, split_document_ranges, split_epoch_samples
 from data.index_cache import cache_key, load_cached_arrays, save_cached_arrays
 from data.indexed import IndexedDataset
 from data.token_range import check_token_ids
@@ -130,11 +130,11 @@ def corpus_shuffle(size: int, seed: int, cache_dir: Optional[str]) -> np.ndarray
 
 
 def build_corpus_list_datasets(entries: Sequence[ListedDataset], split: str, seq_length: int, seed: int,
-                               num_samples: tuple[int, int, int], shuffle: bool, blended: bool,
+                               num_samples: tuple[int | None, int | None, int | None], shuffle: bool, blended: bool,
                                cache_dir: Optional[str] = None, vocab_size: Optional[int] = None
                                ) -> tuple[Optional[torch.utils.data.Dataset], ...]:
     """Train, valid and test datasets of a --data-file-list (module docstring); None for a split --split gives no
-    share, or no samples."""
+    share, or no samples. A count of None asks for one epoch of the split's data (the lines of positive weight)."""
     fractions = parse_split(split)
     opened: dict[str, IndexedDataset] = {}
     for entry in entries:
@@ -148,6 +148,10 @@ def build_corpus_list_datasets(entries: Sequence[ListedDataset], split: str, seq
         if fractions[s] == 0 or count == 0:
             datasets.append(None)
             continue
+        if count is None:
+            count = split_epoch_samples([(opened[entry.prefix],
+                                          split_document_ranges(opened[entry.prefix].num_documents, fractions)[s])
+                                         for entry in entries if entry.weight > 0], seq_length)
         counts = samples_per_line(entries, count)
         by_corpus = []
         for corpus in corpora:

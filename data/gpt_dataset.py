@@ -413,12 +413,17 @@ def epoch_samples(indexed: IndexedDataset, document_range: tuple[int, int], seq_
     return max(0, (tokens - 1) // seq_length)
 
 
+def split_epoch_samples(members: Sequence[tuple[IndexedDataset, tuple[int, int]]], seq_length: int) -> int:
+    """One epoch of a split's data: the members' `epoch_samples` summed (at least 1), a function of the data alone."""
+    return max(1, sum(epoch_samples(ds, document_range, seq_length) for ds, document_range in members))
+
+
 def build_train_valid_test_datasets(
     data_path: Sequence[str],
     split: str,
     seq_length: int,
     seed: int,
-    num_samples: tuple[int, int, int],
+    num_samples: tuple[int | None, int | None, int | None],
     cache_dir: str | None = None,
     vocab_size: int | None = None,
     dataset_class: type[GPTDataset] = GPTDataset,
@@ -430,12 +435,13 @@ def build_train_valid_test_datasets(
     without weights weigh, in each split, what one epoch of that split holds (`epoch_samples`), as
     Megatron-Core's BlendedMegatronDatasetBuilder weighs them (megatron/core/datasets/
     blended_megatron_dataset_builder.py, `_build_blended_dataset_splits`: weights None -> `len(megatron_dataset)`
-    of each one-epoch dataset); a prefix whose split holds no whole sample is left out of that split. With
+    of each one-epoch dataset); a prefix whose split holds no whole sample is left out of that split. A count of None
+    asks for one epoch of that split's data (`blend_split`). With
     `vocab_size`, every token id of every prefix is checked to be below it (data/token_range.py). `dataset_class`
     reads each prefix's samples in its order (data/megatron_order.py's for Megatron-Core's).
     """
-    if len(num_samples) != 3 or any(n < 0 for n in num_samples):
-        raise ValueError(f"num_samples must be three non-negative counts, got {num_samples}")
+    if len(num_samples) != 3 or any(n is not None and n < 0 for n in num_samples):
+        raise ValueError(f"num_samples must be three non-negative counts or None, got {num_samples}")
     prefixes, weights = parse_data_path(data_path)
     fractions = parse_split(split)
     indexed = [IndexedDataset(prefix) for prefix in prefixes]
@@ -463,13 +469,16 @@ def build_train_valid_test_datasets(
     return results[0], results[1], results[2]
 
 
-def blend_split(members: list[tuple[IndexedDataset, tuple[int, int], float | None]], weighted: bool, num_samples: int,
-                seq_length: int, seed: int, split_name: str, cache_dir: str | None,
+def blend_split(members: list[tuple[IndexedDataset, tuple[int, int], float | None]], weighted: bool,
+                num_samples: int | None, seq_length: int, seed: int, split_name: str, cache_dir: str | None,
                 dataset_class: type[GPTDataset] = GPTDataset) -> torch.utils.data.Dataset | None:
     """One split's dataset from its members (prefix, its documents in this split, its weight): one member's
     GPTDataset, or the members blended by their weights, or (`weighted` False) by the samples one epoch of each holds
     (`epoch_samples`, Megatron-Core's `len(megatron_dataset)` of one-epoch datasets), a member holding no whole
-    sample left out. None when the split gets no samples or has no member."""
+    sample left out. None when the split gets no samples or has no member. `num_samples` None: one epoch of the
+    split's data (`split_epoch_samples`), a count that depends on the data alone (the cyclic sampler's epoch)."""
+    if num_samples is None:
+        num_samples = split_epoch_samples([(ds, document_range) for ds, document_range, _ in members], seq_length)
     if not weighted:  # blended by size: one epoch's samples each, a member holding none left out
         sized = [(ds, document_range, epoch_samples(ds, document_range, seq_length))
                  for ds, document_range, _ in members]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from data.gpt_dataset import SPLIT_NAMES, GPTDataset, parse_split, split_document_ranges
+from data.gpt_dataset import SPLIT_NAMES, GPTDataset, parse_split, split_document_ranges, split_epoch_samples
 
 # MockGPTLowLevelDataset's class attributes
 MOCK_SEED, MOCK_DOCUMENTS, MOCK_MAX_SEQUENCE_LENGTH = 0, 100000, 4096
@@ -47,13 +47,16 @@ class MockDocuments:
         return tokens[offset:] if length is None else tokens[offset:offset + length]
 
 
-def build_mock_datasets(seq_length: int, seed: int, num_samples: tuple[int, int, int], vocab_size: int,
-                        eod_id: int, cache_dir: str) -> tuple[torch.utils.data.Dataset | None, ...]:
+def build_mock_datasets(seq_length: int, seed: int, num_samples: tuple[int | None, int | None, int | None],
+                        vocab_size: int, eod_id: int, cache_dir: str) -> tuple[torch.utils.data.Dataset | None, ...]:
     """Train, valid and test GPTDatasets over the mock documents split evenly (None where a split gets no
-    samples or no documents), as build_train_valid_test_datasets does for one prefix."""
+    samples or no documents), as build_train_valid_test_datasets does for one prefix; a count of None asks for one
+    epoch of the split's documents."""
     documents = MockDocuments(vocab_size, eod_id)
     ranges = split_document_ranges(documents.num_documents, parse_split(MOCK_SPLIT))
     return tuple(
-        GPTDataset(documents, np.arange(*document_range, dtype=np.int64), count, seq_length, seed, name, cache_dir)
-        if count and document_range[1] > document_range[0] else None
+        GPTDataset(documents, np.arange(*document_range, dtype=np.int64),
+                   split_epoch_samples([(documents, document_range)], seq_length) if count is None else count,
+                   seq_length, seed, name, cache_dir)
+        if count != 0 and document_range[1] > document_range[0] else None
         for name, document_range, count in zip(SPLIT_NAMES, ranges, num_samples))

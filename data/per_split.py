@@ -146,7 +146,8 @@ def data_sources(data_path: Sequence[str], data_args_path: Optional[str],
 
 
 def build_per_split_datasets(per_split: Sequence[Optional[Blend]], seq_length: int, seed: int,
-                             num_samples: tuple[int, int, int], cache_dir: Optional[str] = None,
+                             num_samples: tuple[Optional[int], Optional[int], Optional[int]],
+                             cache_dir: Optional[str] = None,
                              vocab_size: Optional[int] = None
                              ) -> tuple[Optional[torch.utils.data.Dataset], ...]:
     """Train, valid and test datasets, one blend per split, each prefix's documents all in that split (module

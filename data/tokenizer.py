@@ -12,6 +12,7 @@ Each tokenizer ends documents with its own token (data/hf_special_tokens.py): th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -240,6 +241,17 @@ class NullTokenizer:
 
 # What a run tokenizes with: the vocabulary size and end-of-document id every kind has.
 RunTokenizer = GPTTokenizer | SentencePieceTokenizer | NullTokenizer
+
+
+def tokenizer_digest(tokenizer: RunTokenizer) -> str:
+    """'sha256:<hex>' of what defines a tokenizer's token ids: its whole tokenizer.json (vocabulary, merges, added
+    tokens, normalizer) and end-of-document id, a SentencePiece model's bytes and type, or a NullTokenizer's size. A
+    checkpoint records it, and a resume compares it (checkpoint/tokenizer_check.py)."""
+    if isinstance(tokenizer, NullTokenizer):
+        defining = f"NullTokenizer {tokenizer.vocab_size}"
+    else:
+        defining = f"{tokenizer.to_json()}\n{tokenizer.eod_id}"
+    return "sha256:" + hashlib.sha256(defining.encode("utf-8")).hexdigest()
 
 
 def load_named_tokenizer(tokenizer_type: str | None, tokenizer_file: str | None, vocab_file: str | None,

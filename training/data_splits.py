@@ -77,59 +77,115 @@ def sample_dataset_class(order: str, sources: DataSources) -> type[GPTDataset]:
     return MegatronOrderGPTDataset if order == MEGATRON_ORDER and len(sources.blend) == 1 else GPTDataset
 
 
-def build_data(settings: RunSettings, state: ParallelState, sources: DataSources,
-               tokenizer: Optional[RunTokenizer] = None, order: str = APPENDABLE_ORDER) -> DataSplits:
-    """Datasets sized for the run (every iteration's batch of settings.batch, a ramp's included) and
-    loaders that start at a number of consumed samples; with --mock-data, over Megatron's mock documents in
-    `tokenizer`'s vocabulary and end-of-document id (data/mock.py). `order`: the run's sample order
-    (checkpoint/lineage.py), Megatron-Core's read for one --data-path prefix (`sample_dataset_class`)."""
-    config, batch = settings.config, settings.batch
-    training = config.training
-    eval_samples = training.eval_batches * batch.global_batch_size
-    # the resolved train_iters is arguments/schedule.py's train_iterations (--train-samples included)
-    num_samples = (batch.consumed_after(training.train_iters), eval_samples, eval_samples)
+def build_datasets(settings: RunSettings, sources: DataSources, tokenizer: Optional[RunTokenizer], order: str,
+                   num_samples: tuple[Optional[int], int, int]) -> tuple:
+    """(train, valid, test, what they read) with `num_samples` of each split, a count of None one epoch of that
+    split's data."""
+    config, training = settings.config, settings.config.training
     if config.data.mock_data:
         if tokenizer is None:
             raise ValueError("--mock-data's documents need the run's tokenizer (its vocabulary and end-of-document id)")
         train_set, valid_set, test_set = build_mock_datasets(
             config.model.seq_length, training.seed, num_samples, tokenizer.vocab_size,
             tokenizer.eod_id, corpus_cache_dir(config))
-        summary = f"Megatron-Core's mock documents (--mock-data), split {config.data.split}"
-    elif sources.file_list is not None:
+        return train_set, valid_set, test_set, f"Megatron-Core's mock documents (--mock-data), split {config.data.split}"
+    if sources.file_list is not None:
         # ALCF's --data-file-list: prefixes grouped by corpus (data/corpus_list.py)
-        train_set, valid_set, test_set = build_corpus_list_datasets(
+        datasets = build_corpus_list_datasets(
             sources.file_list, config.data.split, config.model.seq_length, training.seed, num_samples,
             shuffle=config.data.shuffle_sample_in_corpus, blended=config.data.blend_sample_in_corpus,
             cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
-        summary = describe_sources(sources, config.data.split)
-    elif sources.per_split is not None:
+        return (*datasets, describe_sources(sources, config.data.split))
+    if sources.per_split is not None:
         # Megatron-LM's --train/valid/test-data-path: one blend per split, each prefix read whole (data/per_split.py);
         # each split's indices cached under its own name in --data-cache-path
-        train_set, valid_set, test_set = build_per_split_datasets(
+        datasets = build_per_split_datasets(
             sources.per_split, config.model.seq_length, training.seed, num_samples,
             cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
-        summary = describe_sources(sources, config.data.split)
+        return (*datasets, describe_sources(sources, config.data.split))
+    # Megatron-LM's --data-cache-path (here also --data-cache-dir) is where its GPTDataset writes the index
+    # caches (megatron/core/datasets/gpt_dataset.py, _build_document_sample_shuffle_indices: path_to_cache);
+    # without it they go beside the data, as before
+    dataset_class = sample_dataset_class(order, sources)
+    datasets = build_train_valid_test_datasets(
+        list(sources.blend), config.data.split, config.model.seq_length, training.seed, num_samples,
+        cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size, dataset_class=dataset_class)
+    return (*datasets, f"{describe_sources(sources, config.data.split)}, {SAMPLE_ORDER_NAMES[dataset_class.order]}")
+
+
+def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set, one_epoch: Optional[int],
+                        run_samples: int) -> str:
+    """The data line's words on --dataloader-type cyclic. Its training permutation spans one epoch of the split's
+    data (`one_epoch` samples, more only where that holds less than a micro-batch per rank), whatever --train-iters
+    asks, so a run continued to more iterations reads what the uninterrupted one reads. Megatron-LM's spans its
+    dataset's length: a GPTDataset's whole epochs for the run's samples, a blend's the run's samples, so its order
+    changes with --train-iters beyond one epoch or with a blend; ours equals it for one --data-path prefix in
+    Megatron-Core's order whose run stays in one epoch, and the clause names why where it does not."""
+    built = len(train_set) if train_set is not None else 0
+    if one_epoch is not None and built == one_epoch:
+        span = f"one epoch of the split's data, {built:,} samples,"
+        if not isinstance(train_set, MegatronOrderGPTDataset):
+            blended = sources.file_list is not None or sources.per_split is not None or len(sources.blend or ()) > 1
+            differs = (f"Megatron-LM's permutes a blend's {run_samples:,} samples, the run's" if blended
+                       else "its samples are this project's order")
+        elif run_samples > built:
+            differs = (f"the run's {run_samples:,} samples pass one epoch, and Megatron-LM's permutes all the "
+                       "whole epochs its GPTDataset builds for them")
+        else:
+            differs = None
     else:
-        # Megatron-LM's --data-cache-path (here also --data-cache-dir) is where its GPTDataset writes the index
-        # caches (megatron/core/datasets/gpt_dataset.py, _build_document_sample_shuffle_indices: path_to_cache);
-        # without it they go beside the data, as before
-        dataset_class = sample_dataset_class(order, sources)
-        train_set, valid_set, test_set = build_train_valid_test_datasets(
-            list(sources.blend), config.data.split, config.model.seq_length, training.seed, num_samples,
-            cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size, dataset_class=dataset_class)
-        summary = f"{describe_sources(sources, config.data.split)}, {SAMPLE_ORDER_NAMES[dataset_class.order]}"
+        span = (f"{built:,} samples (one epoch of the split's data holds less than a micro-batch per data-parallel "
+                "rank),")
+        differs = "Megatron-LM's permutes the whole epochs its dataset builds for the run's samples"
+    sharding = ("each data-parallel rank its own bucket" if config.data.data_sharding
+                else "--no-data-sharding: the whole split, each rank every data-parallel-size-th index")
+    return (f"; read by Megatron-LM's cyclic sampler (--dataloader-type cyclic: a torch.randperm seeded with the epoch "
+            f"number, {sharding}), every split; its training permutation spans {span} whatever --train-iters asks, "
+            "so a continued run reads what the uninterrupted one reads, "
+            + ("in Megatron-LM's order" if differs is None else f"not in Megatron-LM's order ({differs})")
+            + "; each evaluation starts its split's order again where Megatron-LM's goes on")
+
+
+def sharded_cyclic_resize_note(config: PretrainConfig, saved_data_parallel_size: Optional[int],
+                               data_parallel_size: int) -> Optional[str]:
+    """The start line of a resume whose cyclic sampler's buckets changed: with data sharding each rank permutes its
+    own bucket, whose width follows the data-parallel size (Megatron-LM's MegatronPretrainingRandomSampler), so a
+    resume at another size reads the rest of the epoch from other buckets, some samples again and some never, as
+    Megatron-LM does. None where nothing changed."""
+    if config.data.dataloader_type != CYCLIC or not config.data.data_sharding or saved_data_parallel_size is None \
+            or saved_data_parallel_size == data_parallel_size:
+        return None
+    return (f"> note: --dataloader-type cyclic resumed at data-parallel size {data_parallel_size}, the checkpoint's "
+            f"{saved_data_parallel_size}: each rank's bucket follows that size, so the rest of the current epoch reads "
+            "some samples again and skips others, as Megatron-LM does; --no-data-sharding keeps one order at any size")
+
+
+def build_data(settings: RunSettings, state: ParallelState, sources: DataSources,
+               tokenizer: Optional[RunTokenizer] = None, order: str = APPENDABLE_ORDER) -> DataSplits:
+    """Datasets sized for the run (every iteration's batch of settings.batch, a ramp's included; with --dataloader-type
+    cyclic the training split one epoch of its data, `cyclic_order_clause`) and loaders that start at a number of
+    consumed samples; with --mock-data, over Megatron's mock documents in `tokenizer`'s vocabulary and
+    end-of-document id (data/mock.py). `order`: the run's sample order (checkpoint/lineage.py), Megatron-Core's read
+    for one --data-path prefix (`sample_dataset_class`)."""
+    config, batch = settings.config, settings.batch
+    training = config.training
+    eval_samples = training.eval_batches * batch.global_batch_size
+    # the resolved train_iters is arguments/schedule.py's train_iterations (--train-samples included)
+    run_samples = batch.consumed_after(training.train_iters)
+    cyclic = config.data.dataloader_type == CYCLIC
+    # the cyclic sampler permutes its dataset's whole length, so that length must not follow --train-iters
+    train_set, valid_set, test_set, summary = build_datasets(
+        settings, sources, tokenizer, order, (None if cyclic else run_samples, eval_samples, eval_samples))
+    micro_step = batch.micro_batch_size * state.data_parallel_size
+    one_epoch = len(train_set) if cyclic and train_set is not None else None
+    if one_epoch is not None and one_epoch < micro_step:  # too little data for one micro-batch per rank
+        train_set, valid_set, test_set, summary = build_datasets(
+            settings, sources, tokenizer, order, (micro_step, eval_samples, eval_samples))
     counts = ", ".join(f"{name} {len(dataset):,}" if dataset is not None else f"{name} none"
                        for name, dataset in zip(("train", "valid", "test"), (train_set, valid_set, test_set)))
     summary = f"> data: {summary}; samples of {config.model.seq_length + 1} tokens: {counts}"
-    if config.data.dataloader_type == CYCLIC:
-        built = len(train_set) if train_set is not None else 0
-        summary += ("; read by Megatron-LM's cyclic sampler (--dataloader-type cyclic: a torch.randperm seeded with "
-                    "the epoch number, " + ("each data-parallel rank its own bucket" if config.data.data_sharding
-                                            else "--no-data-sharding: the whole split, each rank every "
-                                                 "data-parallel-size-th index") + "), every split; its permutation "
-                    f"spans the {built:,} training samples built here where Megatron-LM's spans its "
-                    "GPTDataset's whole epochs, so the order is not Megatron-LM's, and each evaluation starts its "
-                    "split's order again where Megatron-LM's goes on")
+    if cyclic:
+        summary += cyclic_order_clause(config, sources, train_set, one_epoch, run_samples)
 
     if config.data.fim_data:
         # Megatron-LM's pretrain_gpt.py builds GPTFIMDataset for every split under --fim-data (data/fim.py)

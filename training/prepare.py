@@ -22,6 +22,7 @@ from checkpoint.formats import initialize_from_pretrained
 from checkpoint.global_load import ResumePoint
 from checkpoint.run_saves import CheckpointSaves
 from checkpoint.run_start import RunStart, claim_run_start
+from checkpoint.tokenizer_check import check_resume_tokenizer
 from data.tokenizer import RunTokenizer
 from parallel.launch_environment import read_launch_environment
 from parallel.state import ParallelState
@@ -35,6 +36,7 @@ from training.data_splits import (
     build_data,
     corpus_cache_dir,
     load_tokenizer_and_data_sources,
+    sharded_cyclic_resize_note,
 )
 from training.exit_conditions import ExitConditions
 from training.metrics import MemoryCheck, MetricsWriter
@@ -95,6 +97,9 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         log("> preparing tokenizer and data")
         tokenizer, data_sources = (kept.tokenizer_and_data_sources(config) if kept is not None
                                    else load_tokenizer_and_data_sources(config))
+        tokenizer_note = check_resume_tokenizer(claimed.saved_tokenizer, config, tokenizer)  # before the data
+        if tokenizer_note:
+            log(tokenizer_note)
         vocab_size = model_vocabulary(config, tokenizer.vocab_size)  # the tokenizer's, or an --init-from-hf folder's
         settings = resolve_run_settings(config, vocab_size, state.tensor_parallel_size, state.data_parallel_size,
                                         state.device.type, batch=batch, resumed_lr_schedule=claimed.lr_schedule)
@@ -103,6 +108,9 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
             log(note)
         data = build_data(settings, state, data_sources, tokenizer, claimed.identity.sample_order)
         log(data.summary)
+        resized = sharded_cyclic_resize_note(config, claimed.saved_data_parallel_size, state.data_parallel_size)
+        if resized:
+            log(resized)
         if claimed.identity.sample_order != sample_order(config.checkpoint.ckpt_format):
             log(sample_order_kept_note(claimed.identity.sample_order, config.checkpoint.ckpt_format))
         predicted, predicted_host, why_not = predict_peak(config, state, settings.vocab_size, batch)

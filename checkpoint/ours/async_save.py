@@ -235,7 +235,8 @@ class AsyncCheckpointSaver:
     def save(self, save_dir: str | Path, iteration: int, consumed_samples: int, model: nn.Module,
              optimizer: CheckpointableOptimizer, rng: Optional[TensorParallelRNG], config, tokenizer=None,
              lr: Optional[float] = None, identity: Optional[RunIdentity] = None,
-             schedule_samples: Optional[int] = None, rerun_state: Optional[dict] = None) -> Optional[Path]:
+             schedule_samples: Optional[int] = None, rerun_state: Optional[dict] = None,
+             tokenizer_record: Optional[dict] = None) -> Optional[Path]:
         """Begin iteration `iteration`'s save (after the previous one is committed), stage this rank's files and
         hand them to the writer; returns as soon as they are staged, with the previous checkpoint if this call
         committed it. Raises `CheckpointError` on every rank when the previous save failed or this one cannot
@@ -246,7 +247,7 @@ class AsyncCheckpointSaver:
         committed = self.wait(f"before the save of iteration {iteration}")
         waited = time.perf_counter() - started
         progress = begin_save(save_dir, iteration, consumed_samples, model, optimizer, config, self.state,
-                              tokenizer is not None, lr, identity, schedule_samples, rerun_state)
+                              tokenizer is not None, lr, identity, schedule_samples, rerun_state, tokenizer_record)
         job, live = WriteJob(progress), live_storages(progress, model)
         staging_started, from_device = time.perf_counter(), False
         try:

@@ -112,6 +112,7 @@ class SaveInProgress:
     # the rerun state machine's pending re-run, {"common": ..., "rank": this rank's part} (resilience/rerun_resume.py);
     # None when none is pending, on every rank alike
     rerun_state: Optional[dict] = None
+    tokenizer_record: Optional[dict] = None  # metadata keys on the run's tokenizer (checkpoint/tokenizer_check.py)
 
 
 @dataclass
@@ -127,7 +128,8 @@ class RankOutcome:
 def begin_save(save_dir: str | Path, iteration: int, consumed_samples: int, model: nn.Module,
                optimizer: CheckpointableOptimizer, config, state: ParallelState, has_tokenizer: bool = False,
                lr: Optional[float] = None, identity: Optional[RunIdentity] = None,
-               schedule_samples: Optional[int] = None, rerun_state: Optional[dict] = None) -> SaveInProgress:
+               schedule_samples: Optional[int] = None, rerun_state: Optional[dict] = None,
+               tokenizer_record: Optional[dict] = None) -> SaveInProgress:
     """The start of a save on every rank, before any file: the state must be finite everywhere, the stages'
     parameter tables are gathered and the first rank makes the staging directory `iter_N.partial`. Raises
     `CheckpointError` on every rank if any rank cannot go on."""
@@ -157,7 +159,7 @@ def begin_save(save_dir: str | Path, iteration: int, consumed_samples: int, mode
     return SaveInProgress(save_dir, iteration, consumed_samples, final, staging, started, stage_tables,
                           dataclasses.replace(shard, loss_scaler_state=copy.deepcopy(shard.loss_scaler_state)),
                           config, lr, has_tokenizer, identity, schedule_samples, biases, histories,
-                          rerun_state=copy.deepcopy(rerun_state))
+                          rerun_state=copy.deepcopy(rerun_state), tokenizer_record=tokenizer_record)
 
 
 def rank_files(progress: SaveInProgress, model: nn.Module, optimizer: CheckpointableOptimizer,
@@ -212,6 +214,7 @@ def finish_save(progress: SaveInProgress, outcome: RankOutcome, state: ParallelS
         metadata["lr_schedule_samples"] = progress.consumed_samples if progress.schedule_samples is None \
             else progress.schedule_samples
         metadata.update(progress.identity.metadata_fields() if progress.identity is not None else {})
+        metadata.update(progress.tokenizer_record or {})
         saved_biases = {name: values for *_, rank_biases, _ in outcomes for name, values in rank_biases.items()}
         if saved_biases:
             metadata["expert_bias"] = saved_biases
@@ -235,13 +238,13 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
                     optimizer: CheckpointableOptimizer, rng: Optional[TensorParallelRNG], config,
                     state: ParallelState, tokenizer=None, lr: Optional[float] = None,
                     identity: Optional[RunIdentity] = None, schedule_samples: Optional[int] = None,
-                    rerun_state: Optional[dict] = None) -> Path:
+                    rerun_state: Optional[dict] = None, tokenizer_record: Optional[dict] = None) -> Path:
     """Write iteration `iteration`'s checkpoint and point `latest` at it; every rank calls this, and training
     waits for it (checkpoint/ours/async_save.py writes in the background instead, through the same three steps).
     `identity` (the run's lineage and launch) goes into its metadata: --keep-last prunes only its lineage.
     Raises `CheckpointError` on every rank if any rank failed, leaving the previous checkpoint."""
     progress = begin_save(save_dir, iteration, consumed_samples, model, optimizer, config, state,
-                          tokenizer is not None, lr, identity, schedule_samples, rerun_state)
+                          tokenizer is not None, lr, identity, schedule_samples, rerun_state, tokenizer_record)
     outcome = write_rank_files(progress.staging, rank_files(progress, model, optimizer, rng, state, tokenizer))
     final = finish_save(progress, outcome, state)
     if state.is_first_rank:

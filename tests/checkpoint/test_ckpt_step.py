@@ -4,7 +4,7 @@ tracker file names (megatron/training/checkpointing.py @ d98e8a64: `if getattr(a
 
 from __future__ import annotations
 
-from tests.reliability_helpers import metrics_records, train
+from tests.reliability_helpers import metrics_records, snapshot, train
 
 
 def test_a_resume_from_the_named_iteration_logs_what_loading_its_directory_logs(tmp_path, corpus_cache):
@@ -35,3 +35,26 @@ def test_a_resume_from_the_named_iteration_logs_what_loading_its_directory_logs(
         holds = "(it holds none)" if name == "empty" else "(it does not exist)"
         assert outcome.code == 2 and f"holds no iteration 3 {holds}" in outcome.err, outcome.err
         assert not (tmp_path / name / "metrics.jsonl").exists()
+
+
+def test_a_resume_from_an_older_iteration_of_its_save_directory_replaces_nothing_without_overwrite_save(
+        tmp_path, corpus_cache):
+    """--ckpt-step 2 --save CK where CK holds iteration 4: the continued run's saves would replace iteration 4 (before,
+    silently). Refused before any work, in one line naming the later iteration and the fixes; --overwrite-save
+    allows it."""
+    save = tmp_path / "ckpt"
+    assert train(corpus_cache, tmp_path, "--train-iters", "4", "--save", save, "--save-interval", "2").code == 0
+    before = snapshot(save)
+    (tmp_path / "older").mkdir()
+    outcome = train(corpus_cache, tmp_path / "older", "--train-iters", "4", "--load", save, "--ckpt-step", "2",
+                    "--save", save)
+    last = outcome.err.strip().splitlines()[-1]
+    assert outcome.code == 2 and "holds iteration(s) 4, later than the iteration 2" in last, outcome.err[-2000:]
+    assert "Drop --ckpt-step" in last and "--overwrite-save" in last
+    assert "Traceback" not in outcome.err and not (tmp_path / "older" / "metrics.jsonl").exists()
+    assert snapshot(save) == before
+    # --overwrite-save goes on (and --load DIR/iter_N, which names the rewind itself: tests/training/test_reliability.py)
+    (tmp_path / "overwrite").mkdir()
+    outcome = train(corpus_cache, tmp_path / "overwrite", "--train-iters", "4", "--load", save, "--ckpt-step", "2",
+                    "--save", save, "--overwrite-save")
+    assert outcome.code == 0, outcome.err[-2000:]
