@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from arguments.bounds import rank_memory_bytes
 from arguments.config import DataConfig, TrainingConfig, check_device_name, check_seed
 from base.errors import ConfigError, OneLineArgumentParser, run_tool
 from base.input_files import read_text_file
@@ -56,6 +57,8 @@ from parallel.state import ParallelState, initialize, resolve_device
 
 PROGRAM = "training.generate"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MAX_TOKENS_TO_OOM = 12000  # Megatron-LM's --max-tokens-to-oom default
+TOKEN_ID_BYTES = 8  # the batch's tokens are one int64 tensor
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -73,6 +76,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="prompts run together at most (Megatron-LM's flag; default 8)")
     parser.add_argument("--num-tokens-to-generate", "--out-seq-length", "--max-new-tokens", dest="new_tokens",
                         type=int, default=30, metavar="N", help="tokens to generate at most (default 30)")
+    parser.add_argument("--max-tokens-to-oom", type=int, default=MAX_TOKENS_TO_OOM, metavar="N",
+                        help="a batch's prompt and new tokens at most, refused before memory runs out (Megatron-LM's "
+                             f"flag; default {MAX_TOKENS_TO_OOM})")
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
     parser.add_argument("--top_k", "--top-k", dest="top_k", type=int, default=1, help="1: greedy (the default); 0: off")
     parser.add_argument("--top_p", "--top-p", dest="top_p", type=float, default=0.0, help="nucleus mass; 0: off")
@@ -103,6 +109,8 @@ def check_flags(args: argparse.Namespace) -> torch.device:
         raise ConfigError(f"--num-tokens-to-generate {args.new_tokens}: give at least 1")
     if args.max_batch_size < 1:
         raise ConfigError(f"--max-batch-size {args.max_batch_size}: give at least 1")
+    if args.max_tokens_to_oom < 1:
+        raise ConfigError(f"--max-tokens-to-oom {args.max_tokens_to_oom}: give at least 1")
     try:
         return resolve_device(args.device)
     except ValueError as error:
@@ -163,16 +171,36 @@ def prompt_ids(args: argparse.Namespace, texts: Optional[list[str]], tokenizer, 
     return prompts
 
 
-def check_positions(prompts: list[list[int]], new_tokens: int, positions: int) -> None:
-    """The longest prompt and the tokens to generate fit the model's positions, as Megatron-LM's text generation
-    refuses more (megatron/inference/text_generation/generation.py: "Length of prompt + tokens_to_generate longer
-    than allowed"), rotary models too: no cache or mask is made for more."""
+def check_lengths(args: argparse.Namespace, prompts: list[list[int]], config, world_size: int) -> None:
+    """The tokens asked fit the model and the machine, checked as Megatron-LM's text generation checks them
+    (megatron/inference/text_generation/generation.py): the longest prompt and the new tokens within the model's
+    positions ("Length of prompt + tokens_to_generate longer than allowed"), rotary models too, and each batch's
+    prompt-and-new tokens within --max-tokens-to-oom ("Too many tokens"); then within this machine's memory, their ids
+    and KV cache alone (a lower bound), for a --max-tokens-to-oom raised past it."""
+    positions, new = config.max_position_embeddings, args.new_tokens
     longest = max(map(len, prompts))
-    if longest + new_tokens > positions:
-        raise ConfigError(f"--num-tokens-to-generate {new_tokens} after a prompt of {longest} tokens makes "
-                          f"{longest + new_tokens} positions, more than the model's {positions} "
-                          f"(--max-position-embeddings; Megatron-LM refuses it too): generate at most "
-                          f"{max(positions - longest, 0)}")
+    if longest + new > positions:
+        raise ConfigError(f"--num-tokens-to-generate {new} after a prompt of {longest} tokens makes {longest + new} "
+                          f"positions, more than the model's {positions} (--max-position-embeddings; Megatron-LM "
+                          f"refuses it too): generate at most {max(positions - longest, 0)}")
+    cache = 0 if not args.kv_cache or config.mla.multi_latent_attention else \
+        config.num_layers * 2 * config.attention.query_groups(config.num_attention_heads) * config.head_dim * \
+        DTYPES[args.dtype].itemsize // world_size
+    for start in range(0, len(prompts), args.max_batch_size):
+        batch = prompts[start:start + args.max_batch_size]
+        length = max(map(len, batch)) + new
+        tokens = length * len(batch)
+        if tokens > args.max_tokens_to_oom:
+            raise ConfigError(f"{len(batch)} prompt{'s' * (len(batch) > 1)} in a batch, each run to {length} positions, "
+                              f"make {tokens} tokens, "
+                              f"more than --max-tokens-to-oom {args.max_tokens_to_oom} (Megatron-LM's guard before "
+                              f"memory runs out): generate fewer tokens, lower --max-batch-size or raise "
+                              f"--max-tokens-to-oom")
+        needed, memory = tokens * (TOKEN_ID_BYTES + cache), rank_memory_bytes()
+        if needed > memory:
+            raise ConfigError(f"{tokens} tokens in a batch need at least {needed / 2**30:.3g} GiB for their ids"
+                              f"{' and KV cache' if cache else ''}, more than this machine's {memory / 2**30:.3g} GiB: "
+                              f"generate fewer tokens or lower --max-batch-size")
 
 
 def parallel_state(device: torch.device) -> ParallelState:
@@ -197,7 +225,7 @@ def generate_from(args: argparse.Namespace) -> tuple[list[list[int]], list[list[
     sampling.validate(config.vocab_size)
     tokenizer = run_tokenizer(args, checkpoint)
     prompts = prompt_ids(args, texts, tokenizer, config.vocab_size)
-    check_positions(prompts, args.new_tokens, config.max_position_embeddings)
+    check_lengths(args, prompts, config, read_launch_environment().world_size)
     state = parallel_state(device)
     model = build_gpt_model(config, state, seed=args.seed, dtype=DTYPES[args.dtype])
     with open_source(checkpoint, state) as source:

@@ -277,6 +277,11 @@ def _sparse_file(path, size: int):
      f"--num-tokens-to-generate {10**12} after a prompt of 2 tokens makes {10**12 + 2} positions, more than the "
      f"model's 32 (--max-position-embeddings"),
     (["--prompt-ids", "1", "2", "--num-tokens-to-generate", "31"], "generate at most 30"),
+    # and its next: `if max_sequence_length * batch_size > args.max_tokens_to_oom: raise ValueError("Too many tokens.
+    # ...")`, --max-tokens-to-oom's default 12000 (megatron/training/arguments.py _add_inference_args)
+    (["--prompt-ids", "1", "--prompt-ids", "2", "3", "--num-tokens-to-generate", "20", "--max-tokens-to-oom", "43"],
+     "2 prompts in a batch, each run to 22 positions, make 44 tokens, more than --max-tokens-to-oom 43"),
+    (["--prompt-ids", "1", "--max-tokens-to-oom", "0"], "--max-tokens-to-oom 0: give at least 1"),
     (["--prompt-ids", "1", "--num-tokens-to-generate", "0"], "--num-tokens-to-generate 0: give at least 1"),
     (["--prompt-ids", "1", "--temperature", "nan", "--top_k", "0"], "--temperature nan: give 0 (greedy) up to 100"),
     (["--prompt-ids", "1", "--temperature", "inf", "--top_k", "0"], "--temperature inf: give 0"),
@@ -304,3 +309,15 @@ def test_a_tiny_temperature_samples_its_greedy_limit(rotary_checkpoint, capsys):
     greedy = generated_ids(capsys, *load)
     assert generated_ids(capsys, *load, "--temperature", "1e-45", "--top_k", "0") == greedy
     assert generated_ids(capsys, *load, "--temperature", "1e-45", "--top_k", "0", "--top_p", "0.5") == greedy
+
+
+def test_a_batch_past_the_machines_memory_is_refused(rotary_checkpoint, capsys, monkeypatch):
+    """--max-tokens-to-oom raised past what the machine holds: the batch's ids (int64) and KV cache alone are refused."""
+    monkeypatch.setattr(generate, "rank_memory_bytes", lambda: 5000)
+    per_token = 8 + LLAMA["num_layers"] * 2 * LLAMA["num_query_groups"] * (32 // 4) * 4  # id; keys and values, fp32
+    argv = ["--load", str(rotary_checkpoint), "--prompt-ids", "1", "2", "--num-tokens-to-generate", "20"]
+    assert 22 * per_token > 5000 > 22 * 8
+    assert generate.main(argv) == 2
+    assert f"22 tokens in a batch need at least {22 * per_token / 2**30:.3g} GiB for their ids and KV cache" in \
+        capsys.readouterr().err
+    assert generate.main([*argv, "--no-kv-cache"]) == 0  # the ids alone fit
