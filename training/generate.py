@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from arguments.bounds import rank_memory_bytes
+from arguments.bounds import parameter_lower_bound, rank_memory_bytes
 from arguments.config import DataConfig, TrainingConfig, check_device_name, check_seed
 from base.errors import ConfigError, OneLineArgumentParser, run_tool
 from base.input_files import read_text_file
@@ -203,6 +203,19 @@ def check_lengths(args: argparse.Namespace, prompts: list[list[int]], config, wo
                               f"generate fewer tokens or lower --max-batch-size")
 
 
+def check_model_fits(checkpoint: InferenceCheckpoint, dtype: str, world_size: int) -> None:
+    """The model's weights in --dtype fit this machine's memory, before it is built: its blocks' parameters as training
+    bounds them (arguments/bounds.py) and its word embedding, a lower bound. A config.json saying a vocabulary of
+    10**12 is one line, not an allocation that fails."""
+    config = checkpoint.model
+    parameters = parameter_lower_bound(config)[0] + config.padded_vocab_size(world_size) * config.hidden_size
+    needed, memory = parameters * DTYPES[dtype].itemsize // world_size, rank_memory_bytes()
+    if needed > memory:
+        raise ConfigError(f"{checkpoint.described}: its model has at least {parameters:.3g} parameters, "
+                          f"{needed / 2**30:.3g} GiB in {dtype} on each of {world_size} process(es), more than this "
+                          f"machine's {memory / 2**30:.3g} GiB: is its model config right?")
+
+
 def parallel_state(device: torch.device) -> ParallelState:
     """One process's state, or under torchrun the launched processes as one tensor-parallel group."""
     world_size = read_launch_environment().world_size
@@ -225,7 +238,9 @@ def generate_from(args: argparse.Namespace) -> tuple[list[list[int]], list[list[
     sampling.validate(config.vocab_size)
     tokenizer = run_tokenizer(args, checkpoint)
     prompts = prompt_ids(args, texts, tokenizer, config.vocab_size)
-    check_lengths(args, prompts, config, read_launch_environment().world_size)
+    world_size = read_launch_environment().world_size
+    check_lengths(args, prompts, config, world_size)
+    check_model_fits(checkpoint, args.dtype, world_size)
     state = parallel_state(device)
     model = build_gpt_model(config, state, seed=args.seed, dtype=DTYPES[args.dtype])
     with open_source(checkpoint, state) as source:

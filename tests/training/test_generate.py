@@ -311,13 +311,22 @@ def test_a_tiny_temperature_samples_its_greedy_limit(rotary_checkpoint, capsys):
     assert generated_ids(capsys, *load, "--temperature", "1e-45", "--top_k", "0", "--top_p", "0.5") == greedy
 
 
-def test_a_batch_past_the_machines_memory_is_refused(rotary_checkpoint, capsys, monkeypatch):
-    """--max-tokens-to-oom raised past what the machine holds: the batch's ids (int64) and KV cache alone are refused."""
-    monkeypatch.setattr(generate, "rank_memory_bytes", lambda: 5000)
+def test_what_the_machines_memory_cannot_hold_is_refused(rotary_checkpoint, capsys, monkeypatch):
+    """A batch whose ids (int64) and KV cache alone pass the machine's memory (--max-tokens-to-oom raised past it), and
+    a model whose weights do, are one line each before anything is allocated."""
     per_token = 8 + LLAMA["num_layers"] * 2 * LLAMA["num_query_groups"] * (32 // 4) * 4  # id; keys and values, fp32
+    blocks = LLAMA["num_layers"] * (4 * 32 * 32 + 2 * LLAMA["ffn_hidden_size"] * 32)  # arguments/bounds.py's count
+    weights = 4 * (blocks + 384 * 32)  # and the word embedding, 300 rows padded to 384; fp32
     argv = ["--load", str(rotary_checkpoint), "--prompt-ids", "1", "2", "--num-tokens-to-generate", "20"]
-    assert 22 * per_token > 5000 > 22 * 8
+    assert 22 * 8 < 5000 < 22 * per_token < weights
+    monkeypatch.setattr(generate, "rank_memory_bytes", lambda: 5000)
     assert generate.main(argv) == 2
     assert f"22 tokens in a batch need at least {22 * per_token / 2**30:.3g} GiB for their ids and KV cache" in \
         capsys.readouterr().err
-    assert generate.main([*argv, "--no-kv-cache"]) == 0  # the ids alone fit
+    assert generate.main([*argv, "--no-kv-cache"]) == 2  # the ids alone fit; the weights do not
+    assert f"its model has at least {weights // 4:.3g} parameters, {weights / 2**30:.3g} GiB in fp32" in \
+        capsys.readouterr().err
+    monkeypatch.setattr(generate, "rank_memory_bytes", lambda: weights - 1)
+    assert generate.main(argv) == 2 and "GiB in fp32" in capsys.readouterr().err
+    monkeypatch.setattr(generate, "rank_memory_bytes", lambda: weights)
+    assert generate.main(argv) == 0
