@@ -204,11 +204,11 @@ def check_lengths(args: argparse.Namespace, prompts: list[list[int]], config, wo
 
 
 def check_model_fits(checkpoint: InferenceCheckpoint, dtype: str, world_size: int) -> None:
-    """The model's weights in --dtype fit this machine's memory, before it is built: its blocks' parameters as training
-    bounds them (arguments/bounds.py) and its word embedding, a lower bound. A config.json saying a vocabulary of
-    10**12 is one line, not an allocation that fails."""
+    """The model's weights in --dtype fit this machine's memory, before it is built: its parameters as training bounds
+    them (arguments/bounds.py parameter_lower_bound, the word embedding's included). A config.json saying a vocabulary
+    of 10**12 is one line, not an allocation that fails."""
     config = checkpoint.model
-    parameters = parameter_lower_bound(config)[0] + config.padded_vocab_size(world_size) * config.hidden_size
+    parameters = parameter_lower_bound(config)[0]
     needed, memory = parameters * DTYPES[dtype].itemsize // world_size, rank_memory_bytes()
     if needed > memory:
         raise ConfigError(f"{checkpoint.described}: its model has at least {parameters:.3g} parameters, "

@@ -316,7 +316,8 @@ def test_what_the_machines_memory_cannot_hold_is_refused(rotary_checkpoint, caps
     a model whose weights do, are one line each before anything is allocated."""
     per_token = 8 + LLAMA["num_layers"] * 2 * LLAMA["num_query_groups"] * (32 // 4) * 4  # id; keys and values, fp32
     blocks = LLAMA["num_layers"] * (4 * 32 * 32 + 2 * LLAMA["ffn_hidden_size"] * 32)  # arguments/bounds.py's count
-    weights = 4 * (blocks + 384 * 32)  # and the word embedding, 300 rows padded to 384; fp32
+    vocab = inference_checkpoint(rotary_checkpoint).model.vocab_size  # the trained tokenizer's (it stops early)
+    weights = 4 * (blocks + vocab * 32)  # and the word embedding's rows; fp32
     argv = ["--load", str(rotary_checkpoint), "--prompt-ids", "1", "2", "--num-tokens-to-generate", "20"]
     assert 22 * 8 < 5000 < 22 * per_token < weights
     monkeypatch.setattr(generate, "rank_memory_bytes", lambda: 5000)
