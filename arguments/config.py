@@ -610,9 +610,7 @@ class TrainingConfig:
         if self.ft_num_warmup_iters < 0:
             raise ConfigError(f"--ft-num-warmup-iters must be 0 or more, got {self.ft_num_warmup_iters}",
                               flags=("--ft-num-warmup-iters",))
-        if not 0 <= self.seed < SEED_LIMIT:
-            raise ConfigError(f"--seed must be in [0, 2**32), got {self.seed}; every stream (NumPy's included) "
-                              "takes a 32-bit seed", flags=("--seed",))
+        check_seed(self.seed)
         check_device_name(self.device)
         self.fault_injector.check(cuda=self.device.startswith("cuda") or (self.device == "auto" and
                                                                           torch.cuda.is_available()))
@@ -1517,6 +1515,13 @@ def check_finite_numbers(config: PretrainConfig) -> None:
         for name, value in setting_values(getattr(config, section)).items():
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{_flag(name)} must be a finite number, got {value}", flags=(_flag(name),))
+
+
+def check_seed(seed: int) -> None:
+    """--seed seeds every random stream, NumPy's too, which takes a 32-bit seed."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(f"--seed must be in [0, 2**32), got {seed}; every stream (NumPy's included) "
+                          "takes a 32-bit seed", flags=("--seed",))
 
 
 def check_device_name(name: str) -> None:

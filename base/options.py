@@ -133,6 +133,14 @@ def argparse_keywords(field: dataclasses.Field, annotation: Any, default: Any) -
     return keywords
 
 
+def add_setting_flag(parser: argparse.ArgumentParser, config_class: type, name: str) -> None:
+    """Add the setting `name` of a config dataclass to another program's parser, with the flag, type, choices and
+    default the training program gives it, so a tool that takes a training flag reads it exactly as training does."""
+    field, annotation = next((f, a) for f, a in option_fields(config_class) if f.name == name)
+    default = field.default if field.default is not MISSING else field.default_factory()
+    parser.add_argument(*option_strings(field), **argparse_keywords(field, annotation, default))
+
+
 def section(kind: type) -> Any:
     """A field holding one component's settings: `kind` is a frozen dataclass of `option()` fields whose class
     attribute SETTING_PREFIX (a `ClassVar[str]`) names its settings, `mtp_` + `num_layers` = `mtp_num_layers`. Each

@@ -110,6 +110,9 @@ def check_replaceable_folder(folder: Path, owned_names: frozenset[str], overwrit
     """`folder` may be absent or empty; with --overwrite it may also hold the files the tool writes,
     and nothing else. `--overwrite` never means "delete whatever is there": a user's other files in
     an export folder (notes, data, a subfolder) are refused by name and never touched."""
+    if folder.is_symlink() and not folder.exists():  # renaming the finished folder onto it would fail at the end
+        raise ConfigError(f"{flag} {folder} is a symbolic link to nothing (to {os.readlink(folder)}); remove it or "
+                          f"choose another path")
     if not folder.exists():
         return
     if not folder.is_dir():

@@ -15,6 +15,10 @@ import torch
 
 from base.errors import ConfigError
 
+# Megatron-LM's text generation server refuses a temperature above it ("temperature must be a positive number less
+# than or equal to 100.0"); 0 is greedy here.
+MAX_TEMPERATURE = 100.0
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -27,8 +31,9 @@ class Sampling:
         return self.top_k == 1 or self.temperature == 0
 
     def validate(self, vocab_size: int) -> None:
-        if self.temperature < 0:
-            raise ConfigError(f"--temperature {self.temperature}: give 0 (greedy) or more")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:  # NaN too
+            raise ConfigError(f"--temperature {self.temperature}: give 0 (greedy) up to {MAX_TEMPERATURE:g} (Megatron-LM's "
+                              f"text generation server's bound)")
         if self.top_k < 0 or self.top_k > vocab_size:
             raise ConfigError(f"--top-k {self.top_k}: give 0 (off) to the vocabulary's {vocab_size}")
         if not 0.0 <= self.top_p <= 1.0:
@@ -42,7 +47,9 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, generator: Optional[to
     """[batch] token ids from [batch, vocab] logits."""
     if sampling.greedy:
         return logits.argmax(dim=-1)
-    logits = logits.float() / sampling.temperature
+    # Less the largest first: a tiny temperature then sends the others to -inf (the greedy limit), never to NaN.
+    logits = logits.float()
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / sampling.temperature
     if sampling.top_k > 1:
         logits = logits.masked_fill(logits < torch.topk(logits, sampling.top_k)[0][..., -1:], float("-inf"))
     if sampling.top_p > 0:

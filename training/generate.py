@@ -33,7 +33,11 @@ from typing import Optional, Sequence
 
 import torch
 
+from arguments.bounds import parameter_lower_bound, rank_memory_bytes
+from arguments.config import DataConfig, TrainingConfig, check_device_name, check_seed
 from base.errors import ConfigError, OneLineArgumentParser, run_tool
+from base.input_files import read_text_file
+from base.options import add_setting_flag
 from checkpoint.inference_load import (
     InferenceCheckpoint,
     inference_checkpoint,
@@ -44,14 +48,17 @@ from checkpoint.inference_load import (
 from data import DataError
 from data.sentencepiece_tokenizer import SENTENCEPIECE_MODEL_FILE, SENTENCEPIECE_TYPES, load_sentencepiece_tokenizer
 from data.tokenizer import load_named_tokenizer, load_tokenizer
+from data.tokenizer_types import tokenizer_type_problem
 from gpt.generation import generate_prompts
 from gpt.model import build_gpt_model
 from gpt.sampling import Sampling
 from parallel.launch_environment import read_launch_environment
-from parallel.state import ParallelState, initialize
+from parallel.state import ParallelState, initialize, resolve_device
 
 PROGRAM = "training.generate"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MAX_TOKENS_TO_OOM = 12000  # Megatron-LM's --max-tokens-to-oom default
+TOKEN_ID_BYTES = 8  # the batch's tokens are one int64 tensor
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -69,20 +76,45 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="prompts run together at most (Megatron-LM's flag; default 8)")
     parser.add_argument("--num-tokens-to-generate", "--out-seq-length", "--max-new-tokens", dest="new_tokens",
                         type=int, default=30, metavar="N", help="tokens to generate at most (default 30)")
+    parser.add_argument("--max-tokens-to-oom", type=int, default=MAX_TOKENS_TO_OOM, metavar="N",
+                        help="a batch's prompt and new tokens at most, refused before memory runs out (Megatron-LM's "
+                             f"flag; default {MAX_TOKENS_TO_OOM})")
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
     parser.add_argument("--top_k", "--top-k", dest="top_k", type=int, default=1, help="1: greedy (the default); 0: off")
     parser.add_argument("--top_p", "--top-p", dest="top_p", type=float, default=0.0, help="nucleus mass; 0: off")
-    parser.add_argument("--seed", type=int, default=1234, help="the sampling's random stream")
+    add_setting_flag(parser, TrainingConfig, "seed")  # the sampling's random stream, bounded as training's
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-document token")
     parser.add_argument("--no-kv-cache", dest="kv_cache", action="store_false",
                         help="recompute the whole sequence each step")
     parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="the weights' dtype (default fp32)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_setting_flag(parser, TrainingConfig, "device")
     parser.add_argument("--verify-checkpoint", action=argparse.BooleanOptionalAction, default=True,
                         help="check each file's content hash first (this project's checkpoints)")
-    for flag in ("--tokenizer-type", "--tokenizer-model", "--tokenizer-file", "--vocab-file", "--merge-file"):
-        parser.add_argument(flag, help="the tokenizer, instead of the checkpoint's")
+    for setting in ("tokenizer_type", "tokenizer_file", "vocab_file", "merge_file"):  # instead of the checkpoint's
+        add_setting_flag(parser, DataConfig, setting)
     return parser.parse_args(argv)
+
+
+def check_flags(args: argparse.Namespace) -> torch.device:
+    """What the flags alone decide, before any file is read, checked as pretrain_gpt.py checks the same flags; the
+    device to run on."""
+    check_seed(args.seed)
+    check_device_name(args.device)
+    problem = tokenizer_type_problem(args.tokenizer_type, args.tokenizer_file, args.vocab_file)
+    if problem:
+        raise ConfigError(problem)
+    if bool(args.vocab_file) != bool(args.merge_file):
+        raise ConfigError("--vocab-file and --merge-file go together (GPT-2 style BPE files)")
+    if args.new_tokens < 1:
+        raise ConfigError(f"--num-tokens-to-generate {args.new_tokens}: give at least 1")
+    if args.max_batch_size < 1:
+        raise ConfigError(f"--max-batch-size {args.max_batch_size}: give at least 1")
+    if args.max_tokens_to_oom < 1:
+        raise ConfigError(f"--max-tokens-to-oom {args.max_tokens_to_oom}: give at least 1")
+    try:
+        return resolve_device(args.device)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def checkpoint_path(args: argparse.Namespace) -> Path:
@@ -97,8 +129,7 @@ def run_tokenizer(args: argparse.Namespace, checkpoint: InferenceCheckpoint):
     tokenizer.json, or GPT-2's two files), else None (the prompt must then be ids)."""
     if args.tokenizer_type == "NullTokenizer":  # ids only: no text, and no end token of a known id to stop at
         return None
-    named = load_named_tokenizer(args.tokenizer_type, args.tokenizer_file or args.tokenizer_model, args.vocab_file,
-                                 args.merge_file)
+    named = load_named_tokenizer(args.tokenizer_type, args.tokenizer_file, args.vocab_file, args.merge_file)
     folder = checkpoint.tokenizer_dir
     if named is not None or folder is None:
         return named
@@ -113,10 +144,7 @@ def run_tokenizer(args: argparse.Namespace, checkpoint: InferenceCheckpoint):
 def prompt_texts(args: argparse.Namespace) -> Optional[list[str]]:
     """The text prompts the flags give, in order (None: the prompts are ids)."""
     if args.prompt_file is not None:
-        try:
-            lines = Path(args.prompt_file).read_text().splitlines()
-        except OSError as error:
-            raise ConfigError(f"--prompt-file {args.prompt_file}: {error.strerror or error}") from None
+        lines = read_text_file(args.prompt_file, "--prompt-file").splitlines()  # bounded: not /dev/zero's stream
         texts = [line for line in lines if line.strip()]
         if not texts:
             raise ConfigError(f"--prompt-file {args.prompt_file}: no prompt in it (one a line)")
@@ -124,9 +152,8 @@ def prompt_texts(args: argparse.Namespace) -> Optional[list[str]]:
     return args.prompt or args.prompts
 
 
-def prompt_ids(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[list[int]]:
-    """Each prompt's token ids, in the order given."""
-    texts = prompt_texts(args)
+def prompt_ids(args: argparse.Namespace, texts: Optional[list[str]], tokenizer, vocab_size: int) -> list[list[int]]:
+    """Each prompt's token ids, in the order given (`texts`: prompt_texts')."""
     if texts is not None:
         if tokenizer is None:
             raise ConfigError("--prompt: the checkpoint holds no tokenizer; give --tokenizer-file (or --vocab-file "
@@ -144,37 +171,84 @@ def prompt_ids(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[lis
     return prompts
 
 
-def parallel_state(device: str) -> ParallelState:
+def check_lengths(args: argparse.Namespace, prompts: list[list[int]], config, world_size: int) -> None:
+    """The tokens asked fit the model and the machine, checked as Megatron-LM's text generation checks them
+    (megatron/inference/text_generation/generation.py): the longest prompt and the new tokens within the model's
+    positions ("Length of prompt + tokens_to_generate longer than allowed"), rotary models too, and each batch's
+    prompt-and-new tokens within --max-tokens-to-oom ("Too many tokens"); then within this machine's memory, their ids
+    and KV cache alone (a lower bound), for a --max-tokens-to-oom raised past it."""
+    positions, new = config.max_position_embeddings, args.new_tokens
+    longest = max(map(len, prompts))
+    if longest + new > positions:
+        raise ConfigError(f"--num-tokens-to-generate {new} after a prompt of {longest} tokens makes {longest + new} "
+                          f"positions, more than the model's {positions} (--max-position-embeddings; Megatron-LM "
+                          f"refuses it too): generate at most {max(positions - longest, 0)}")
+    cache = 0 if not args.kv_cache or config.mla.multi_latent_attention else \
+        config.num_layers * 2 * config.attention.query_groups(config.num_attention_heads) * config.head_dim * \
+        DTYPES[args.dtype].itemsize // world_size
+    for start in range(0, len(prompts), args.max_batch_size):
+        batch = prompts[start:start + args.max_batch_size]
+        length = max(map(len, batch)) + new
+        tokens = length * len(batch)
+        if tokens > args.max_tokens_to_oom:
+            raise ConfigError(f"{len(batch)} prompt{'s' * (len(batch) > 1)} in a batch, each run to {length} positions, "
+                              f"make {tokens} tokens, "
+                              f"more than --max-tokens-to-oom {args.max_tokens_to_oom} (Megatron-LM's guard before "
+                              f"memory runs out): generate fewer tokens, lower --max-batch-size or raise "
+                              f"--max-tokens-to-oom")
+        needed, memory = tokens * (TOKEN_ID_BYTES + cache), rank_memory_bytes()
+        if needed > memory:
+            raise ConfigError(f"{tokens} tokens in a batch need at least {needed / 2**30:.3g} GiB for their ids"
+                              f"{' and KV cache' if cache else ''}, more than this machine's {memory / 2**30:.3g} GiB: "
+                              f"generate fewer tokens or lower --max-batch-size")
+
+
+def check_model_fits(checkpoint: InferenceCheckpoint, dtype: str, world_size: int) -> None:
+    """The model's weights in --dtype fit this machine's memory, before it is built: its parameters as training bounds
+    them (arguments/bounds.py parameter_lower_bound, the word embedding's included). A config.json saying a vocabulary
+    of 10**12 is one line, not an allocation that fails."""
+    config = checkpoint.model
+    parameters = parameter_lower_bound(config)[0]
+    needed, memory = parameters * DTYPES[dtype].itemsize // world_size, rank_memory_bytes()
+    if needed > memory:
+        raise ConfigError(f"{checkpoint.described}: its model has at least {parameters:.3g} parameters, "
+                          f"{needed / 2**30:.3g} GiB in {dtype} on each of {world_size} process(es), more than this "
+                          f"machine's {memory / 2**30:.3g} GiB: is its model config right?")
+
+
+def parallel_state(device: torch.device) -> ParallelState:
     """One process's state, or under torchrun the launched processes as one tensor-parallel group."""
     world_size = read_launch_environment().world_size
     if world_size == 1:
-        return ParallelState(device=torch.device(device))
+        return ParallelState(device=device)
     try:
-        return initialize(device, tensor_parallel_size=world_size)
+        return initialize(str(device), tensor_parallel_size=world_size)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
 
 def generate_from(args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]], Optional[object], ParallelState]:
-    """(each prompt's ids, each prompt's generated ids, tokenizer, the processes' state) for the parsed flags."""
+    """(each prompt's ids, each prompt's generated ids, tokenizer, the processes' state) for the parsed flags: every
+    input checked before the model is built."""
+    device = check_flags(args)
+    texts = prompt_texts(args)
     checkpoint = inference_checkpoint(checkpoint_path(args), verify=args.verify_checkpoint)
     config = checkpoint.model
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     sampling.validate(config.vocab_size)
-    if args.new_tokens < 1:
-        raise ConfigError(f"--num-tokens-to-generate {args.new_tokens}: give at least 1")
-    if args.max_batch_size < 1:
-        raise ConfigError(f"--max-batch-size {args.max_batch_size}: give at least 1")
     tokenizer = run_tokenizer(args, checkpoint)
-    prompts = prompt_ids(args, tokenizer, config.vocab_size)
-    state = parallel_state(args.device)
+    prompts = prompt_ids(args, texts, tokenizer, config.vocab_size)
+    world_size = read_launch_environment().world_size
+    check_lengths(args, prompts, config, world_size)
+    check_model_fits(checkpoint, args.dtype, world_size)
+    state = parallel_state(device)
     model = build_gpt_model(config, state, seed=args.seed, dtype=DTYPES[args.dtype])
     with open_source(checkpoint, state) as source:
         load_model_weights(source, model, state)
     if state.rank == 0:
         size = f"{sum(p.numel() for p in model.parameters()):,} parameters" if state.tensor_parallel_size == 1 else \
             f"tensor-parallel over {state.tensor_parallel_size} processes"
-        print(f"> {checkpoint.described}: {size}, {args.dtype} on {args.device}", flush=True)
+        print(f"> {checkpoint.described}: {size}, {args.dtype} on {state.device}", flush=True)
     stop = None if args.ignore_eos or tokenizer is None else tokenizer.eod_id
     generator = torch.Generator(device=state.device).manual_seed(args.seed)
     new = generate_prompts(model.eval(), prompts, args.new_tokens, sampling, generator, stop_id=stop,

@@ -406,6 +406,21 @@ def test_overwrite_never_deletes_a_sibling_that_looks_like_a_retired_copy(traine
     assert (tmp_path / "hf.old-1" / "notes.txt").read_text() == "mine"
 
 
+def test_a_link_to_nothing_as_out_dir_is_refused_before_reading_the_checkpoint(trained, tmp_path, monkeypatch,
+                                                                               capsys):
+    """Issue 110's probe: OUT_DIR a symbolic link to a missing path passed the checks (it does not exist), and the
+    export ended, after reading and writing everything, in "[Errno 20] Not a directory" renaming onto the link."""
+    read = []
+    monkeypatch.setattr("checkpoint.convert_to_hf.checkpoint_to_hf_state",
+                        lambda *args, **kwargs: read.append(1) or checkpoint_to_hf_state(*args, **kwargs))
+    (tmp_path / "hf").symlink_to(tmp_path / "gone")
+    assert convert_to_hf.main([str(trained[1]), str(tmp_path / "hf")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"OUT_DIR {tmp_path / 'hf'} is a symbolic link to nothing (to " \
+        f"{tmp_path / 'gone'})" in error and not read
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["hf"]  # nothing staged beside it
+
+
 def test_dot_as_out_dir_is_checked_before_reading_the_checkpoint(trained, tmp_path, monkeypatch, capsys):
     """Issue 27: `.` as OUT_DIR crashed after reading the whole checkpoint ("PosixPath('.') has an
     empty name"). Occupied, it is refused up front; empty, the export lands in it."""

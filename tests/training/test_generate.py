@@ -98,10 +98,12 @@ def test_a_sentencepiece_tokenizer_saved_with_the_run_reads_the_prompt(tmp_path,
                  tokenizer_file=str(tmp_path / "sp.model"))
     prompt = tokenizer.tokenize_batch(["the dog sat"])[0]
     assert prompt[0] == 1  # Llama 2's bos
-    from_text = generated_ids(capsys, "--load", str(tmp_path / "ckpt"), "--prompt", "the dog sat", "--ignore-eos")
-    assert len(from_text) == 30
+    most = LLAMA["max_position_embeddings"] - len(prompt)  # the prompt and its new tokens fill the positions
+    from_text = generated_ids(capsys, "--load", str(tmp_path / "ckpt"), "--prompt", "the dog sat", "--ignore-eos",
+                              "--num-tokens-to-generate", str(most))
+    assert len(from_text) == most
     assert from_text == generated_ids(capsys, "--load", str(tmp_path / "ckpt"), "--prompt-ids", *map(str, prompt),
-                                      "--ignore-eos")
+                                      "--ignore-eos", "--num-tokens-to-generate", str(most))
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])  # rotary; learned positions, read at the cache's offsets
@@ -244,3 +246,88 @@ def test_torchrun_at_the_saved_tensor_parallel_size_gives_the_one_process_tokens
     assert "tensor-parallel over 2 processes" in out
     lines = [line for line in out.splitlines() if line.startswith("generated ids:")]
     assert [[int(token) for token in line.split(":")[1].split()] for line in lines] == alone
+
+
+@pytest.fixture(scope="module")
+def rotary_checkpoint(tmp_path_factory):
+    """A tiny Llama-shaped (rotary) model of 32 positions, saved untrained with its tokenizer."""
+    path = tmp_path_factory.mktemp("generate") / "ckpt"
+    save_trained(path, train_tokenizer([TEXT], 300), 0)
+    return path
+
+
+def _sparse_file(path, size: int):
+    with open(path, "wb") as file:
+        file.truncate(size)  # no bytes written: the size alone is what is refused
+    return path
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--tokenizer-type", "Bogus", "--prompt", "x"], "invalid choice: 'Bogus' (choose from 'GPT2BPETokenizer', "
+                                                     "'HuggingFaceTokenizer'"),
+    (["--tokenizer-type", "HuggingFaceTokenizer", "--prompt", "x"], "HuggingFaceTokenizer needs --tokenizer-model"),
+    (["--vocab-file", "v.json", "--prompt", "x"], "--vocab-file and --merge-file go together"),
+    (["--prompt-file", "/dev/zero"], "--prompt-file /dev/zero: cannot read it (a character device)"),
+    (["--prompt-file", "{huge}"], "more than the 64 MiB such a file can be"),
+    (["--prompt-file", "{latin1}"], "not UTF-8 text (invalid continuation byte at byte 2)"),
+    # Megatron-LM's check (megatron/inference/text_generation/generation.py,
+    # generate_tokens_probs_and_return_on_first_stage): `if max_sequence_length > args.max_position_embeddings: raise
+    # ValueError("Length of prompt + tokens_to_generate longer than allowed")`, whatever the position embedding
+    (["--prompt-ids", "1", "2", "--num-tokens-to-generate", str(10**12)],
+     f"--num-tokens-to-generate {10**12} after a prompt of 2 tokens makes {10**12 + 2} positions, more than the "
+     f"model's 32 (--max-position-embeddings"),
+    (["--prompt-ids", "1", "2", "--num-tokens-to-generate", "31"], "generate at most 30"),
+    # and its next: `if max_sequence_length * batch_size > args.max_tokens_to_oom: raise ValueError("Too many tokens.
+    # ...")`, --max-tokens-to-oom's default 12000 (megatron/training/arguments.py _add_inference_args)
+    (["--prompt-ids", "1", "--prompt-ids", "2", "3", "--num-tokens-to-generate", "20", "--max-tokens-to-oom", "43"],
+     "2 prompts in a batch, each run to 22 positions, make 44 tokens, more than --max-tokens-to-oom 43"),
+    (["--prompt-ids", "1", "--max-tokens-to-oom", "0"], "--max-tokens-to-oom 0: give at least 1"),
+    (["--prompt-ids", "1", "--num-tokens-to-generate", "0"], "--num-tokens-to-generate 0: give at least 1"),
+    (["--prompt-ids", "1", "--temperature", "nan", "--top_k", "0"], "--temperature nan: give 0 (greedy) up to 100"),
+    (["--prompt-ids", "1", "--temperature", "inf", "--top_k", "0"], "--temperature inf: give 0"),
+    (["--prompt-ids", "1", "--device", "cuda"], "--device cuda: CUDA is not available on this machine"),
+    (["--prompt-ids", "1", "--device", "tpu9"], "--device 'tpu9' is not a device this program trains on"),
+    (["--prompt-ids", "1", "--seed", "-1"], "--seed must be in [0, 2**32), got -1"),
+    (["--prompt-ids", "1", "--seed", str(2**64)], f"--seed must be in [0, 2**32), got {2**64}"),
+])
+def test_every_bad_input_is_one_line_before_the_model_is_built(rotary_checkpoint, tmp_path, capsys, monkeypatch,
+                                                                argv, named):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # --device cuda on a machine without one
+    files = {"{huge}": _sparse_file(tmp_path / "huge.txt", 64 * 2**20 + 1),
+             "{latin1}": tmp_path / "latin1.txt"}
+    files["{latin1}"].write_bytes(b"th\xe9 cat\n")  # Latin-1, not UTF-8
+    argv = [str(files.get(arg, arg)) for arg in argv]
+    assert generate.main(["--load", str(rotary_checkpoint), *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # refused before the model was built (it prints a line once built)
+    assert len(captured.err.strip().splitlines()) == 1 and named in captured.err, captured.err
+
+
+def test_a_tiny_temperature_samples_its_greedy_limit(rotary_checkpoint, capsys):
+    """1e-45 divides the logits past float32's range; less their largest first, the draw is the argmax, not NaN."""
+    load = ["--load", str(rotary_checkpoint), "--prompt", "the dog sat", "--num-tokens-to-generate", "8", "--ignore-eos"]
+    greedy = generated_ids(capsys, *load)
+    assert generated_ids(capsys, *load, "--temperature", "1e-45", "--top_k", "0") == greedy
+    assert generated_ids(capsys, *load, "--temperature", "1e-45", "--top_k", "0", "--top_p", "0.5") == greedy
+
+
+def test_what_the_machines_memory_cannot_hold_is_refused(rotary_checkpoint, capsys, monkeypatch):
+    """A batch whose ids (int64) and KV cache alone pass the machine's memory (--max-tokens-to-oom raised past it), and
+    a model whose weights do, are one line each before anything is allocated."""
+    per_token = 8 + LLAMA["num_layers"] * 2 * LLAMA["num_query_groups"] * (32 // 4) * 4  # id; keys and values, fp32
+    blocks = LLAMA["num_layers"] * (4 * 32 * 32 + 2 * LLAMA["ffn_hidden_size"] * 32)  # arguments/bounds.py's count
+    vocab = inference_checkpoint(rotary_checkpoint).model.vocab_size  # the trained tokenizer's (it stops early)
+    weights = 4 * (blocks + vocab * 32)  # and the word embedding's rows; fp32
+    argv = ["--load", str(rotary_checkpoint), "--prompt-ids", "1", "2", "--num-tokens-to-generate", "20"]
+    assert 22 * 8 < 5000 < 22 * per_token < weights
+    monkeypatch.setattr(generate, "rank_memory_bytes", lambda: 5000)
+    assert generate.main(argv) == 2
+    assert f"22 tokens in a batch need at least {22 * per_token / 2**30:.3g} GiB for their ids and KV cache" in \
+        capsys.readouterr().err
+    assert generate.main([*argv, "--no-kv-cache"]) == 2  # the ids alone fit; the weights do not
+    assert f"its model has at least {weights // 4:.3g} parameters, {weights / 2**30:.3g} GiB in fp32" in \
+        capsys.readouterr().err
+    monkeypatch.setattr(generate, "rank_memory_bytes", lambda: weights - 1)
+    assert generate.main(argv) == 2 and "GiB in fp32" in capsys.readouterr().err
+    monkeypatch.setattr(generate, "rank_memory_bytes", lambda: weights)
+    assert generate.main(argv) == 0
