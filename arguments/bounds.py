@@ -115,7 +115,8 @@ def parameter_lower_bound(model) -> tuple[int, tuple[str, ...]]:
     """Parameters the model has at least, and the flags that size them: each block's attention (4 h^2, or
     multi-latent attention's projections) and MLP (2 ffn h; in an MoE layer each expert's 2 x its width x h and the
     shared expert's), over --num-layers and the --mtp-num-layers MTP layers (each one such block at least, and its
-    2h -> h projection), and the word embedding where --vocab-size is given. Read from the settings without a per-layer list, so a count of 10^12 costs nothing."""
+    2h -> h projection), and the word embedding where --vocab-size is given. Read from the settings without a
+    per-layer list, so a count of 10^12 costs nothing."""
     hidden = model.hidden_size
     ffn = model.ffn_hidden_size or 4 * hidden
     flags = ["--num-layers", "--hidden-size"]
