@@ -157,10 +157,12 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gate, up = self.dense_h_to_4h_gate, self.dense_h_to_4h_up
-        hidden = gate.enter(hidden)  # copy, or the sequence all-gather: once for both
-        if self.joined_linear is not None:
-            return self.dense_4h_to_h(gated_halves(self.joined_linear(hidden, (gate.weight, up.weight)), self.glu))
-        activated = gate_and_up(hidden, gate, up, self.glu)  # one GEMM where the two weights are one [2 ffn, h]
-        if activated is None:
-            activated = self.glu(gate.linear(hidden, gate.weight, gate.bias), up.linear(hidden, up.weight, up.bias))
+        with gate.entered(hidden) as hidden:  # copy, or the sequence all-gather: once for both
+            if self.joined_linear is not None:
+                activated = gated_halves(self.joined_linear(hidden, (gate.weight, up.weight)), self.glu)
+            else:  # one GEMM where the two weights are one [2 ffn, h]
+                activated = gate_and_up(hidden, gate, up, self.glu)
+                if activated is None:
+                    activated = self.glu(gate.linear(hidden, gate.weight, gate.bias),
+                                         up.linear(hidden, up.weight, up.bias))
         return self.dense_4h_to_h(activated)

@@ -52,10 +52,8 @@ from parallel.context_parallel import positions_on_this_rank
 from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
 from parallel.init import InitMethod, materialize, set_init_method
-from parallel.layers import meta_parameter
+from parallel.layers import entered_region, meta_parameter
 from parallel.mappings import (
-    copy_to_tensor_parallel_region,
-    gather_from_sequence_parallel_region,
     gather_from_tensor_parallel_region,
     gather_last_dim_summing_backward,
     scatter_to_sequence_parallel_region,
@@ -659,14 +657,13 @@ class GPTModel(nn.Module):
 
     def output(self, final_hidden: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
         """The output layer (and the loss, with labels) on the final norm's output."""
-        enter = gather_from_sequence_parallel_region if self.sequence_parallel else copy_to_tensor_parallel_region
-        hidden = enter(final_hidden, self.state)
         output_weight = self.word_embeddings.weight if self.output_layer is None else self.output_layer.weight
-        if labels is not None and self.config.output.cross_entropy_loss_fusion:
-            return fused_linear_cross_entropy(hidden, output_weight, labels,
-                                              self.output_vocab_start, self.config.vocab_size,
-                                              self.state)
-        logits = F.linear(hidden, output_weight)
+        with entered_region(final_hidden, self.state, self.sequence_parallel) as hidden:
+            if labels is not None and self.config.output.cross_entropy_loss_fusion:
+                return fused_linear_cross_entropy(hidden, output_weight, labels,
+                                                  self.output_vocab_start, self.config.vocab_size,
+                                                  self.state)
+            logits = F.linear(hidden, output_weight)
         cap = self.config.output.final_logit_softcapping
         if cap is not None:  # Gemma 2's: each rank's vocabulary slice, elementwise (Gemma2ForCausalLM.forward)
             logits = torch.tanh(logits / cap) * cap

@@ -314,9 +314,9 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
     bits: XIELU_SAVED_BYTES per ffn element (split; gpt/xielu.py).
 
     Under sequence parallelism (section 4.2.2) the norms' inputs and the residual dropout masks are in the
-    split regions: 1/TP of them per rank, so they move from the whole to the split terms. The
-    column-parallel linears' inputs stay whole here: autograd keeps the gathered input (parallel/layers.py
-    says why), where Megatron keeps it split and gathers it again in backward."""
+    split regions: 1/TP of them per rank, so they move from the whole to the split terms, and so do the
+    column-parallel linears' inputs, kept split and gathered again in backward as Megatron keeps them
+    (parallel/regathered_input.py)."""
     replicated = partitioned = heads = 0
     for module in block.modules():
         if isinstance(module, (nn.LayerNorm, RMSNorm)):
@@ -330,7 +330,10 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
                 replicated += input_bytes
         elif isinstance(module, ColumnParallelLinear):
             out_features, in_features = module.weight.shape
-            replicated += 2 * in_features
+            if module.sequence_parallel:  # kept as this rank's slice, gathered again in backward
+                partitioned += 2 * in_features
+            else:
+                replicated += 2 * in_features
             partitioned += 2 * out_features * tensor_parallel_size
         elif isinstance(module, RowParallelLinear):
             out_features, in_features = module.weight.shape

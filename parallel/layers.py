@@ -12,8 +12,7 @@ A column-parallel linear enters its TP region with `copy`, a row-parallel one le
 argument) the tensors outside the TP regions hold this rank's slice of the sequence: a column-parallel linear
 all-gathers the sequence (backward: reduce-scatter), a row-parallel linear reduce-scatters its partial sums (backward:
 all-gather), and the embedding reduce-scatters its partial lookups (Megatron's `reduce_scatter_embeddings`).
-Megatron's linear keeps its input split and gathers it again in backward; here autograd keeps the gathered input,
-no extra bytes sent but the linear's input held whole (gpt/shape.py counts it so).
+As Megatron's, the linear keeps its input split and gathers it again in backward (parallel/regathered_input.py).
 
 A linear's GEMM is its `linear` attribute, a function of (input, weight, bias): F.linear as built; gradient accumulation
 fusion's LinearIntoMainGrad (parallel/grad_accumulation_fusion.py, set by zero/fused_accumulation.py once ZeRO holds
@@ -21,6 +20,7 @@ the main gradients) or the FP8 linear (gpt/fp8.py) replace it."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -30,12 +30,12 @@ from torch import nn
 from parallel.init import InitMethod, set_init_method
 from parallel.mappings import (
     copy_to_tensor_parallel_region,
-    gather_from_sequence_parallel_region,
     gather_from_tensor_parallel_region,
     reduce_from_tensor_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_parallel_region,
 )
+from parallel.regathered_input import gathered_for
 from parallel.sharding import TENSOR_PARALLEL, set_record, split_record, whole_record
 from parallel.state import ParallelState
 
@@ -83,16 +83,24 @@ class ColumnParallelLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def enter(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The input as every rank of the region needs it: whole (gathered along the sequence under
-        sequence parallelism). Layers that share one input (SwiGLU's gate and up) enter once."""
-        if self.sequence_parallel:
-            return gather_from_sequence_parallel_region(hidden, self.state)
-        return copy_to_tensor_parallel_region(hidden, self.state)
+    def entered(self, hidden: torch.Tensor) -> contextlib.AbstractContextManager[torch.Tensor]:
+        """The input as every rank of the region needs it, for the GEMMs run inside the block: whole (gathered along
+        the sequence under sequence parallelism, kept for backward as this rank's slice: parallel/regathered_input.py).
+        Layers that share one input (SwiGLU's gate and up) enter once."""
+        return entered_region(hidden, self.state, self.sequence_parallel)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        output = self.linear(self.enter(hidden), self.weight, self.bias)
+        with self.entered(hidden) as whole:
+            output = self.linear(whole, self.weight, self.bias)
         return gather_from_tensor_parallel_region(output, self.state) if self.gather_output else output
+
+
+def entered_region(hidden: torch.Tensor, state: ParallelState, sequence_parallel: bool
+                   ) -> contextlib.AbstractContextManager[torch.Tensor]:
+    """A column-parallel region's entry (ColumnParallelLinear.entered) for GEMMs that are not one linear's."""
+    if sequence_parallel:
+        return gathered_for(hidden, state)
+    return contextlib.nullcontext(copy_to_tensor_parallel_region(hidden, state))
 
 
 class RowParallelLinear(nn.Module):

@@ -64,7 +64,7 @@ def _keep_sequence_chunk(tensor: torch.Tensor, state: ParallelState) -> torch.Te
     return tensor.narrow(SEQUENCE_DIM, state.tensor_parallel_rank * chunk, chunk).contiguous()
 
 
-def _gather_sequence(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+def gather_sequence(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
     # The single-tensor all-gather concatenates along dim 0: gather with the sequence in front.
     leading = tensor.movedim(SEQUENCE_DIM, 0).contiguous()
     gathered = leading.new_empty((leading.shape[0] * state.tensor_parallel_size, *leading.shape[1:]))
@@ -156,14 +156,14 @@ class _ScatterToSequenceParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        return _gather_sequence(grad_output, ctx.state), None
+        return gather_sequence(grad_output, ctx.state), None
 
 
 class _GatherFromSequenceParallelRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
         ctx.state = state
-        return _gather_sequence(tensor, state)
+        return gather_sequence(tensor, state)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
@@ -178,7 +178,7 @@ class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        return _gather_sequence(grad_output, ctx.state), None
+        return gather_sequence(grad_output, ctx.state), None
 
 
 def copy_to_tensor_parallel_region(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:

@@ -37,13 +37,11 @@ def layer_token_bytes(counts: ModelCounts, layout: Layout) -> tuple[float, float
     # its input and its cast normed values in place of the input (4 + 2 - 2 bytes a value: gpt/norms.py,
     # tests/gpt/test_saved_activations.py), and its fp32 rsqrt per token.
     norms = BLOCK_NORMS * (FP32_BYTES * h + FP32_BYTES)
-    # Under sequence parallelism a column-parallel linear keeps the input it gathered, the whole sequence (parallel/
-    # layers.py; Megatron's gathers it again in backward), in place of the norm's output's slice: 2h x (TP - 1) more
-    # bytes per local token for the QKV and (dense) the gate-and-up GEMM. An MoE layer's experts read the slices.
-    gathered = BF16_BYTES * h * (layout.tp - 1)
+    # Under sequence parallelism a column-parallel linear keeps its input as this rank's slice and gathers it again in
+    # backward, as Megatron's (parallel/regathered_input.py): nothing beyond the norm's output counted above.
     # The CP p2p ring's output in fp32 (gpt/cp_attention.py), beside the bf16 context counted above
     ring = FP32_BYTES * h if layout.cp > 1 else 0
-    return dense + norms + 2 * gathered + ring, moe + norms + gathered + ring
+    return dense + norms + ring, moe + norms + ring
 
 
 def stacked_expert_bytes(counts: ModelCounts, layout: Layout) -> float:

@@ -85,12 +85,13 @@ class TensorParallelSharedExperts(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         first = self.dense_h_to_4h_gate if self.swiglu else self.dense_h_to_4h
-        whole = first.enter(hidden)  # the sequence all-gathered once for the input projections
-        if self.swiglu:
-            up = self.dense_h_to_4h_up
-            activated = self.glu(first.linear(whole, first.weight, first.bias), up.linear(whole, up.weight, up.bias))
-        else:
-            activated = self.activation(first.linear(whole, first.weight, first.bias))
+        with first.entered(hidden) as whole:  # the sequence all-gathered once for the input projections
+            if self.swiglu:
+                up = self.dense_h_to_4h_up
+                activated = self.glu(first.linear(whole, first.weight, first.bias),
+                                     up.linear(whole, up.weight, up.bias))
+            else:
+                activated = self.activation(first.linear(whole, first.weight, first.bias))
         output = self.dense_4h_to_h(activated)
         if self.gate_weight is not None:
             gate = copy_to_tensor_parallel_region(self.gate_weight, self.state)

@@ -1,0 +1,80 @@
+"""A sequence-parallel column-parallel linear's gathered input, kept for backward as this rank's slice only.
+
+Under sequence parallelism a column-parallel linear all-gathers its input along the sequence before the GEMM; the
+weight gradient needs that whole input again in backward. Megatron-Core's LinearWithGradAccumulationAndAsyncCommuni-
+cation saves the *sharded* input and all-gathers it again in backward; autograd alone would keep the gathered one, TP
+times the bytes. `gathered_for(hidden, state)` gathers, and while its block is open, every tensor autograd saves that
+is the gathered tensor (or a view of it: F.linear saves a 2-d view) is kept as the slice `hidden` and a re-gather:
+the first unpack in backward gathers once for every consumer of that entry (SwiGLU's gate and up, the output layer's
+cross entropy), the same bits, so losses are unchanged. One all-gather per entry in backward, in order (gloo runs one
+stream; the GEMMs it feeds wait on it either way).
+
+It is a saved-tensor hook that composes: the hooks outside (zero/activations.py's SavedTensorMeter) pack what is kept,
+the slice, so they count the bytes actually held. Under torch.compile (compiled blocks) and outside autograd the
+gathered input is returned as it is, saved whole (gpt/shape.py counts it so under --compile)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+import torch
+
+from parallel.mappings import gather_from_sequence_parallel_region, gather_sequence
+from parallel.state import ParallelState
+
+
+class _Regather:
+    """The slice (packed by the hooks outside, if any) and the whole gathered from it at most once."""
+
+    __slots__ = ("packed_slice", "outer_unpack", "state", "whole")
+
+    def __init__(self, packed_slice, outer_unpack, state: ParallelState) -> None:
+        self.packed_slice, self.outer_unpack, self.state = packed_slice, outer_unpack, state
+        self.whole: Optional[torch.Tensor] = None
+
+    def get(self) -> torch.Tensor:
+        if self.whole is None:
+            hidden = self.packed_slice if self.outer_unpack is None else self.outer_unpack(self.packed_slice)
+            with torch.no_grad():
+                self.whole = gather_sequence(hidden, self.state)
+        return self.whole
+
+
+class _View:
+    __slots__ = ("regather", "size", "stride", "offset")
+
+    def __init__(self, regather: _Regather, tensor: torch.Tensor) -> None:
+        self.regather, self.size, self.stride, self.offset = \
+            regather, tensor.size(), tensor.stride(), tensor.storage_offset()
+
+
+@contextlib.contextmanager
+def gathered_for(hidden: torch.Tensor, state: ParallelState) -> Iterator[torch.Tensor]:
+    """`hidden` (this rank's slice of the sequence) gathered, its consumers inside the block saving only the slice
+    (module docstring)."""
+    whole = gather_from_sequence_parallel_region(hidden, state)
+    if (state.tensor_parallel_size == 1 or not torch.is_grad_enabled() or not whole.requires_grad
+            or torch.compiler.is_compiling()):
+        yield whole
+        return
+    outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    outer_pack, outer_unpack = outer if outer is not None else (None, None)
+    slice_ = hidden.detach()
+    regather = None
+
+    def pack(tensor: torch.Tensor):
+        nonlocal regather
+        if tensor.device == whole.device and torch._C._is_alias_of(tensor, whole):
+            if regather is None:
+                regather = _Regather(slice_ if outer_pack is None else outer_pack(slice_), outer_unpack, state)
+            return _View(regather, tensor)
+        return tensor if outer_pack is None else (outer_pack(tensor),)
+
+    def unpack(packed):
+        if isinstance(packed, _View):
+            return packed.regather.get().as_strided(packed.size, packed.stride, packed.offset)
+        return packed if outer_unpack is None else outer_unpack(packed[0])
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield whole
