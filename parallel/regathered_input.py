@@ -58,6 +58,7 @@ def gathered_for(hidden: torch.Tensor, state: ParallelState) -> Iterator[torch.T
             or torch.compiler.is_compiling()):
         yield whole
         return
+    whole._regathered_from = state  # for a GEMM that keeps a cast of its input (regathered_state)
     outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
     outer_pack, outer_unpack = outer if outer is not None else (None, None)
     slice_ = hidden.detach()
@@ -65,7 +66,7 @@ def gathered_for(hidden: torch.Tensor, state: ParallelState) -> Iterator[torch.T
 
     def pack(tensor: torch.Tensor):
         nonlocal regather
-        if tensor.device == whole.device and torch._C._is_alias_of(tensor, whole):
+        if tensor.dtype == whole.dtype and tensor.device == whole.device and torch._C._is_alias_of(tensor, whole):
             if regather is None:
                 regather = _Regather(slice_ if outer_pack is None else outer_pack(slice_), outer_unpack, state)
             return _View(regather, tensor)
@@ -78,3 +79,23 @@ def gathered_for(hidden: torch.Tensor, state: ParallelState) -> Iterator[torch.T
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield whole
+
+
+def regathered_state(tensor: torch.Tensor) -> Optional[ParallelState]:
+    """Where `tensor` is an entry's gathered input whose consumers keep this rank's slice, the TP state it was gathered
+    over (a GEMM keeping a cast of it, the FP8 linear's, keeps the cast's slice and gathers that: `keep_slice`)."""
+    return getattr(tensor, "_regathered_from", None)
+
+
+def keep_slice(rows: torch.Tensor, batch: int, state: ParallelState) -> torch.Tensor:
+    """This rank's slice of the sequence of `rows` ([batch x sequence, width], a cast of a gathered input), contiguous."""
+    whole = rows.reshape(batch, -1, rows.shape[-1])
+    chunk = whole.shape[1] // state.tensor_parallel_size
+    return whole.narrow(1, state.tensor_parallel_rank * chunk, chunk).contiguous()
+
+
+def gather_slice(kept: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """`keep_slice`'s rows gathered again, [batch x sequence, width], the same bytes (FP8 travels as uint8)."""
+    as_bytes = kept.view(torch.uint8) if kept.element_size() == 1 else kept
+    whole = gather_sequence(as_bytes, state).view(kept.dtype)
+    return whole.reshape(-1, kept.shape[-1])

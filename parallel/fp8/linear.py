@@ -31,6 +31,7 @@ from parallel.fp8.kernel import ALIGNMENT, scaled_matmul
 from parallel.fp8.recipes import GRAD_OUTPUT, INPUT, WEIGHT, DelayedScaling, Fp8Recipe
 from parallel.fp8.weight_cache import WeightCache
 from parallel.grad_accumulation_fusion import LinearIntoMainGrad, MainGradients, accumulate_weight_gradient
+from parallel.regathered_input import gather_slice, keep_slice, regathered_state
 
 
 class Fp8LinearState:
@@ -295,6 +296,13 @@ class _Fp8LinearFunction(torch.autograd.Function):
             kept = (x2, weight.clone() if len(weights) == 1 else weight)
             result = torch.nn.functional.linear(x2, weight.to(x2.dtype),
                                                 None if bias is None else bias.detach().to(x2.dtype))
+        # Under sequence parallelism x is an entry's gathered input: a per-tensor cast keeps this rank's rows only, and
+        # the backward gathers the FP8 bytes again (parallel/regathered_input.py; TE's FP8 all-gather of its input)
+        ctx.regathered = regathered_state(x) if state.recipe.recipe in ("delayed", "tensorwise") and \
+            state.recipe.wgrad_in_fp8 else None
+        if ctx.regathered is not None:
+            x_t, x_scale = saved
+            saved = (keep_slice(x_t.t(), x.shape[0], ctx.regathered), x_scale)
         # Through autograd's saved tensors, so what a step keeps for the backward (the FP8 copies of x) is what the
         # saved-tensor meter measures, live and in the planner's dry run; the weight's copies are the cache's.
         ctx.save_for_backward(*saved, *kept)
@@ -311,6 +319,8 @@ class _Fp8LinearFunction(torch.autograd.Function):
         g2 = grad_out.reshape(-1, grad_out.size(-1))
         state, guard = ctx.state, ctx.state.guard
         saved = ctx.saved_tensors
+        if ctx.regathered is not None:  # x's transposed FP8 copy, its rows gathered again: the forward's bytes
+            saved = (gather_slice(saved[0], ctx.regathered).t().contiguous(), *saved[1:])
         figures = None if guard is None else guard.backward_figures
         # Gradient accumulation fusion: the weight gradient's GEMM writes fp32 and the epilogue adds it into the main
         # gradient (fetched here, in the backward, as LinearIntoMainGrad does: a ZeRO 2-3 bucket is taken then); in

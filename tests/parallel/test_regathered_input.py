@@ -4,9 +4,11 @@ backward (parallel/regathered_input.py), as Megatron-Core's LinearWithGradAccumu
 sequence_parallel, and `_gather_along_first_dim` of it again in backward before the weight gradient).
 
 Checked at TP 2 in one 2-rank run: gradients equal the plain gather's bit for bit (fp32, the same ops on the same
-bits); an outer SavedTensorMeter counts the slice's bytes, once for the entry's every consumer; one all-gather per
+bits; and the FP8 linear's per-tensor recipes, which keep their FP8 rows of the slice and gather those bytes); an outer SavedTensorMeter counts the slice's bytes, once for the entry's every consumer; one all-gather per
 entry in backward; a GPT-2 and a Llama block in bf16 keep the plain gather's bytes less half of each entry's gathered
 input, and gpt/shape.py's per-rank count follows."""
+
+import contextlib
 
 import torch
 
@@ -52,6 +54,35 @@ def _entry_checks(state) -> dict:
             "plain_gathers": plain_gathers, "gathers": gathers}
 
 
+def _fp8_entry_checks(state, recipe: str) -> dict:
+    """One FP8 linear (bf16, per-tensor recipe) on the entry's gathered input: it keeps its FP8 rows of the slice."""
+    from parallel.fp8.linear import Fp8LinearState, fp8_linear
+    from parallel.fp8.recipes import Fp8Recipe
+    from parallel.mappings import gather_from_sequence_parallel_region
+    from parallel.regathered_input import gathered_for
+    from zero.activations import SavedTensorMeter
+
+    generator = torch.Generator().manual_seed(state.tensor_parallel_rank)
+    shard = torch.randn(BATCH, 16, 32, generator=generator).bfloat16().requires_grad_()
+    weight = torch.nn.Parameter(torch.randn(48, 32, generator=generator).bfloat16() * 0.1)
+
+    def run(regather: bool):
+        fp8 = Fp8LinearState(Fp8Recipe(fp8_format="hybrid", recipe=recipe))  # each run its own first scales
+        meter = SavedTensorMeter(torch.device("cpu"))
+        with meter.hooks():
+            with (gathered_for(shard, state) if regather else
+                  contextlib.nullcontext(gather_from_sequence_parallel_region(shard, state))) as whole:
+                out = fp8_linear(whole, weight, None, fp8)
+            saved = meter.live["device"]
+        state.comm.stats.snapshot_and_reset()
+        grads = torch.autograd.grad(out.float().square().sum(), (shard, weight))
+        return saved, state.comm.stats.snapshot()["tp"]["all_gather"], grads
+
+    (plain_saved, _, plain_grads), (saved, gathers, grads) = run(False), run(True)
+    return {"equal": all(torch.equal(a, b) for a, b in zip(grads, plain_grads)), "saved": plain_saved - saved,
+            "gathers": gathers, "fp8_whole": BATCH * 32 * 32}
+
+
 def _block_saved(state, config, sequence_parallel: bool, regather: bool) -> int:
     import contextlib
 
@@ -86,7 +117,8 @@ def _per_rank(rank, world_size):
 
     state = initialize("cpu", tensor_parallel_size=2)
     try:
-        figures = {"entry": _entry_checks(state)}
+        figures = {"entry": _entry_checks(state),
+                   "fp8": {recipe: _fp8_entry_checks(state, recipe) for recipe in ("delayed", "tensorwise")}}
         # the Llama block as tests/gpt/test_kv_groups_below_tp.py plans it exactly: its norms keep only their input
         for name, config in CONFIGS.items():
             terms = model_shape(config, 2, sequence_parallel=True).activations
@@ -107,6 +139,10 @@ def test_the_entry_keeps_its_slice_and_blocks_keep_what_the_planner_predicts():
         assert entry["plain_input"] == entry["whole"] and entry["input"] == entry["whole"] // 2, entry
         # in backward: nothing for the plain gather, one all-gather for both consumers of the regathered one
         assert entry["plain_gathers"] == 0 and entry["gathers"] == ring_bytes_sent("all_gather", entry["whole"], 2)
+        for recipe, fp8 in figures["fp8"].items():  # half the FP8 rows kept; their bytes (1 each) gathered again
+            assert fp8["equal"], (rank, recipe)
+            assert fp8["saved"] == fp8["fp8_whole"] // 2, (recipe, fp8)
+            assert fp8["gathers"] == ring_bytes_sent("all_gather", fp8["fp8_whole"], 2), (recipe, fp8)
         for name in ("gpt2", "llama"):
             block = figures[name]
             # gpt/shape.py's count (Korthikanti's terms, an upper bound: it counts dropout's masks at dropout 0) moved
