@@ -191,9 +191,13 @@ def _layout(row: dict) -> str:
 def markdown_table(result: dict) -> str:
     """docs/performance.md's tables from an --output file: per configuration both programs' bytes saved per layer
     and per s*b*h (s*b*h/t under SP), then each saved tensor of the Llama bf16 TP 1 and TP 2 SP layers."""
-    lines = ["| shape | precision | layout | this project: bytes a layer | per s*b*h | Megatron-LM: bytes a layer | "
-             "per s*b*h |", "|---|---|---|---:|---:|---:|---:|"]
-    ours, megatron = result["ours"], result.get("megatron", [])
+    lines = ["| shape | precision | layout | this project: bytes a layer | per s*b*h (/t under SP) | "
+             "Megatron-LM: bytes a layer | per s*b*h (/t under SP) |", "|---|---|---|---:|---:|---:|---:|"]
+
+    def order(row: dict) -> tuple:
+        return list(SHAPES).index(row["shape"]), list(PRECISIONS).index(row["precision"]), row["tp"], row["sp"]
+
+    ours, megatron = sorted(result["ours"], key=order), sorted(result.get("megatron", []), key=order)
 
     def cells(row: Optional[dict]) -> list[str]:
         if row is None:
@@ -215,7 +219,8 @@ def markdown_table(result: dict) -> str:
     for tp, sp in ((1, False), (2, True)):
         lines += ["", f"Each saved tensor of a Llama-shaped bf16 layer at {_layout({'tp': tp, 'sp': sp})} "
                       f"(made by: module, op; bytes a layer; per s*b*h{'/t' if sp else ''}):", "",
-                  "| program | made by | saved by | bytes a layer | per s*b*h |", "|---|---|---|---:|---:|"]
+                  f"| program | made by | saved by | bytes a layer | per s*b*h{'/t' if sp else ''} |",
+                  "|---|---|---|---:|---:|"]
         for among in (ours, megatron):
             row = next((row for row in among if (row["shape"], row["precision"], row["tp"], row["sp"]) ==
                         ("llama", "bf16", tp, sp) and "per_layer" in row), None)

@@ -132,9 +132,6 @@ EXPENSIVE_SCRIPTS = {
     "scripts/benchmark_host_ops.py": "builds and counts 40 models, half of them compiled, and 8 Megatron-LM launches "
                                      "with --megatron-lm (about 25 minutes on the shared 2-core machine); "
                                      "tests/scripts/test_host_op_counts.py counts 2-layer models",
-    "scripts/benchmark_saved_bytes.py": "trains 32 models under torchrun, half of them Megatron-LM's, with "
-                                        "--megatron-lm (about 15 minutes on the shared 2-core machine); "
-                                        "tests/scripts/test_saved_bytes.py counts 2-layer models",
     "scripts/benchmark_gpu.py": "needs a CUDA GPU: rounds of a 1.5B model's training steps (docs/performance.md)",
     "scripts/layout_fuzz.py": "trains each draw on 2-8 gloo ranks and on one rank (about 15 s a draw on 2 cores); "
                               "tests/scripts/test_layout_fuzz.py runs 3 draws, and 8 in the slow tier",
