@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,7 @@ MEGATRON = "Megatron-LM core_v0.16.1 (torch path)"
 OURS = "this project"
 # (tensor-parallel size, --sequence-parallel)
 LAYOUTS = [(1, False), (2, False), (2, True), (4, True)]
+_EXCEPTION = re.compile(r"^[\w.]*(Error|Exception)(:.*)?$")
 
 
 def flags(shape: str, precision: str, layers: int, tp: int, sp: bool, hidden: Optional[int] = None,
@@ -137,8 +139,9 @@ def _torchrun(ranks: int, program: list[str], what: str) -> Optional[str]:
     if done.returncode == 0:
         return None
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-    reasons = [line.strip() for line in lines if "Error" in line or "error:" in line or "assert" in line.lower()]
-    return f"{what}: " + (reasons[0] if reasons else "\n".join(lines[-5:]))
+    # a rank's exception line (`module.SomeError: why`), not torchrun's own ChildFailedError after it
+    reasons = [line.strip() for line in lines if _EXCEPTION.match(line) and "ChildFailedError" not in line]
+    return f"{what}: " + (reasons[0] if reasons else " / ".join(line.strip() for line in lines[-3:]))
 
 
 def _count(program: str, line: list[str], out: Path, kit_tree: Optional[Path]) -> Optional[str]:
