@@ -3,7 +3,7 @@
 patched at run time (its files are never edited).
 
     torchrun --nproc-per-node N scripts/megatron_lm_cpu.py --megatron-lm TREE [--script pretrain_hybrid.py]
-        [--record FILE] [--logits FILE] [--count-launches FILE] -- FLAGS...
+        [--record FILE] [--logits FILE] [--count-launches FILE] [--count-saved FILE] -- FLAGS...
 
 TREE is Megatron-LM's tree at core_v0.16.1 beyond megatron.core (the extracted megatron-lm-core_v0.16.1-min.tar.xz);
 megatron.core is the benchmark venv's megatron-core 0.16.1 wheel. With --script pretrain_hybrid.py, TREE is
@@ -13,6 +13,7 @@ _dataset_helpers_of_the_wheel and _patch_hybrid_local_spec (each docstring says 
 (`--distributed-backend gloo` added when none is named). --record: the last rank appends one JSON line per logged
 iteration (the loss dict at full precision, grad norm, learning rate, loss scale). --logits: the first step's
 inputs and fp32 output-layer logits. --count-launches: the second iteration's launches (scripts/op_counter.py).
+--count-saved: what the second iteration's second micro-batch saves for backward (scripts/saved_tensor_counter.py).
 
 The patches (`apply_cpu_patches`; each _patch_* says why), each for a CUDA call with no CPU meaning or for what
 Megatron-Core computes otherwise without the GPU libraries: device queries answer one H100; tensors asked on
@@ -40,6 +41,7 @@ import torch
 
 from megatron_lm_torch_adamw import patch_torch_adamw_resume
 from op_counter import OUTSIDE, LaunchCounter
+from saved_tensor_counter import SavedTensorCounter
 
 CPU = torch.device("cpu")
 
@@ -485,6 +487,46 @@ def _write_counts(counter: LaunchCounter, path: str, micro_batches: int) -> None
     Path(path).write_text(json.dumps(figures) + "\n", encoding="utf-8")
 
 
+def _patch_saved_counting(path: str) -> None:
+    """--count-saved: what the second train_step's second micro-batch saves for backward, at the end of its
+    forward_step (the loss made), by scripts/saved_tensor_counter.py's rule, as scripts/benchmark_saved_bytes.py
+    counts this project's: storages named while that train_step runs, modules by their paths in the model's chunks;
+    rank 0 writes {"total", "by_name", "saved_by"} to `path`."""
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.training import training
+
+    counter = SavedTensorCounter()
+    forward_step, train_step = schedules.forward_step, training.train_step
+    where = {"counting": False, "micro_batch": -1}
+
+    def counted_forward(*args, **kwargs):
+        where["micro_batch"] += 1
+        if not (where["counting"] and where["micro_batch"] == 1):
+            return forward_step(*args, **kwargs)
+        with counter.saving():
+            output = forward_step(*args, **kwargs)
+        if torch.distributed.get_rank() == 0:
+            Path(path).write_text(json.dumps(counter.saved().as_json()) + "\n", encoding="utf-8")
+        return output
+
+    def step(*args, **kwargs):
+        step.calls += 1
+        if step.calls != 2:
+            return train_step(*args, **kwargs)
+        model = kwargs["model"] if "model" in kwargs else args[2]
+        for chunk in model:
+            counter.name_modules(chunk)
+        where.update(counting=True, micro_batch=-1)
+        try:
+            with counter.naming():
+                return train_step(*args, **kwargs)
+        finally:
+            where["counting"] = False
+
+    step.calls = 0
+    schedules.forward_step, training.train_step = counted_forward, step
+
+
 def _eager(model=None, **options):
     """torch.compile standing aside: the function itself, as a decorator with or without options."""
     return model if model is not None else (lambda function: function)
@@ -498,8 +540,8 @@ def _patch_compile() -> None:
 
 
 def apply_cpu_patches(record: str | None = None, logits: str | None = None, count_launches: str | None = None,
-                      hybrid: bool = False) -> None:
-    """Every patch of the module docstring (and --count-launches'); call before pretrain_gpt.py runs (`hybrid`:
+                      hybrid: bool = False, count_saved: str | None = None) -> None:
+    """Every patch of the module docstring (and --count-launches' and --count-saved's); call before pretrain_gpt.py runs (`hybrid`:
     before pretrain_hybrid.py, with its local spec)."""
     _patch_compile()
     _patch_python_311()
@@ -514,6 +556,8 @@ def apply_cpu_patches(record: str | None = None, logits: str | None = None, coun
         _patch_hybrid_local_spec()
     if count_launches:
         _patch_launch_counting(count_launches)
+    if count_saved:
+        _patch_saved_counting(count_saved)
 
 
 def main(argv=None) -> None:
@@ -526,6 +570,8 @@ def main(argv=None) -> None:
     parser.add_argument("--logits", help="write the first training step's tokens and logits here (the last rank)")
     parser.add_argument("--count-launches", help="write the second iteration's kernel launches here, by micro-batch "
                                                  "and phase (scripts/op_counter.py; one rank)")
+    parser.add_argument("--count-saved", help="write the bytes the second iteration's second micro-batch saves for "
+                                              "backward here (scripts/saved_tensor_counter.py; rank 0)")
     parser.add_argument("flags", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     flags = [flag for flag in ns.flags if flag != "--"] if ns.flags[:1] == ["--"] else ns.flags
@@ -535,7 +581,8 @@ def main(argv=None) -> None:
     tree = str(ns.megatron_lm.resolve())
     sys.path.insert(0, tree)
     torch.set_num_threads(1)
-    apply_cpu_patches(ns.record, ns.logits, ns.count_launches, hybrid=ns.script == "pretrain_hybrid.py")
+    apply_cpu_patches(ns.record, ns.logits, ns.count_launches, hybrid=ns.script == "pretrain_hybrid.py",
+                      count_saved=ns.count_saved)
     script = os.path.join(tree, ns.script)
     sys.argv = [script, *flags]
     runpy.run_path(script, run_name="__main__")
