@@ -2,19 +2,20 @@
 layout_search.py) prunes with and ranks its dry-run check by (planner/search_check.py), the dry run being the truth.
 
 The count follows the dry run's sum (planner/dry_run.py): model states and ZeRO's buffers, then the larger of the
-optimizer step's temporaries and the pass's peak: the activations saved by the forwards still awaiting their
-backward, the logits' tensors on the last stage, the gradients a block's backward holds and the largest parameter
-gradient before the reducer takes it. Each pipeline stage is counted with its own layers (the printed split,
-planner/pipeline_split.py), its own parameters (the embedding on the first, the output layer on the last) and the
-layer-forwards its schedule holds at its peak (parallel/pipeline_schedules.py, over the micro-batches the dry run
-simulates). Issue 94 found the count 1.2-2.4x under the dry run on Llama 3 70B at sequence 8192 (TP 4 x PP 4 x VP
-16: 70.8 GiB counted, 121.3 planned), from both a stage taken as layers / PP with a uniform share of the parameters
-(the balanced split's first stage is heavier, the interleaved warm-up holds more) and a block taken as Megatron-
-Core's (planner/layout_activations.py).
+optimizer step's temporaries and the pass's peak: the activations saved by the forwards still awaiting their backward,
+the logits' tensors on the last stage, the gradients a block's backward holds, the largest parameter gradient before
+the reducer takes it and the blocks' FP8 weight copies. Each pipeline stage is counted with its own layers (the
+printed split, planner/pipeline_split.py), its own parameters (the embedding on the first, the output layer on the
+last) and the layer-forwards its schedule holds at its peak (parallel/pipeline_schedules.py, over the micro-batches
+the dry run simulates). Issue 94 found the count 1.2-2.4x under the dry run on Llama 3 70B at sequence 8192 (TP 4 x PP
+4 x VP 16: 70.8 GiB counted, 121.3 planned), from both a stage taken as layers / PP with a uniform share of the
+parameters (the balanced split's first stage is heavier, the interleaved warm-up holds more) and a block taken as
+Megatron-Core's (planner/layout_activations.py).
 
 What is left out keeps the count under the dry run's (it prunes, so it must not drop a layout that fits): stage 1's
 and plain DDP's constant buffers, the pipeline's held sends, an MoE layer's gradients in flight, MTP layers' own
-activations.
+activations, an MoE model's FP8 weight copies, rotary's tables and the attention's log-sum-exp (planner/
+layout_activations.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import functools
 
 from parallel.pipeline_schedules import peak_held_by_forwards, schedule
-from planner.layout_activations import layer_token_bytes, stacked_expert_bytes
+from planner.layout_activations import BLOCK_NORMS, FP8_VALUE_BYTES, layer_token_bytes, stacked_expert_bytes
 from planner.layout_perf import BF16_BYTES, FP32_BYTES, Layout, ModelCounts
 from planner.layout_zero import sharded_state_bytes
 from planner.pipeline_plan import simulated_micro_batches
@@ -108,7 +109,18 @@ def stage_memory_bytes(counts: ModelCounts, layout: Layout, stage: int) -> float
     largest = FP32_BYTES * counts.hidden * (counts.padded_vocab if vocabulary else 2 * counts.gated_width_dense) / \
         layout.tp
     states, step = state_bytes(counts, layout, dense, experts)
-    return states + max(peak + largest, step)
+    return states + max(peak + largest + fp8_weight_bytes(counts, layout, sum(chunks)), step)
+
+
+def fp8_weight_bytes(counts: ModelCounts, layout: Layout, layers: int) -> float:
+    """The FP8 copies of the blocks' linear weights (data and transpose, or MXFP8's rows and columns with their scales
+    per 32 values; blockwise's 128 x 128 blocks' scales left out), cast in an iteration's first micro-batch and kept
+    through its last (parallel/fp8/weight_cache.py; the dry run's "FP8 weights cast once an iteration"), for `layers`
+    blocks on this rank; an MoE model's left out (which of its weights run in FP8 is not counted here)."""
+    if layout.precision != "fp8" or counts.moe_layers:
+        return 0.0
+    value = FP8_VALUE_BYTES["mxfp8"] if layout.fp8_recipe == "mxfp8" else 1.0
+    return 2 * value * layers * (counts.block_dense_parameters - BLOCK_NORMS * counts.hidden) / layout.tp
 
 
 def block_gradient_bytes(counts: ModelCounts, layout: Layout) -> float:

@@ -110,4 +110,4 @@ def layout_of_config(config: PretrainConfig, gpus: int, counts: ModelCounts, tra
         moe_dispatcher=_dispatcher(config, megatron),
         ep_overlap=megatron and "--overlap-moe-expert-parallel-comm" in flags,
         overlap_grad_reduce=config.zero.overlap_comm, overlap_param_gather=config.zero.overlap_param_gather,
-        stage_counts=stage_counts)
+        stage_counts=stage_counts, fp8_recipe=config.model.fp8.recipe, fp8_wgrad=config.model.fp8.wgrad)

@@ -80,6 +80,10 @@ class Layout:
     # The layers of each pipeline rank's model chunks where the split is given (planner/pipeline_split.py, the
     # search's --pipeline-model-parallel-layout): the step is priced at its slowest rank's load.
     stage_counts: Optional[tuple[tuple[int, ...], ...]] = None
+    # Under fp8, --fp8-recipe and whether the weight gradient's GEMM takes FP8 (--no-fp8-wgrad, delayed scaling only):
+    # what an FP8 linear keeps for backward (planner/layout_activations.py)
+    fp8_recipe: str = "delayed"
+    fp8_wgrad: bool = True
 
     def __post_init__(self) -> None:
         if self.zero_stage is not None and (self.zero_stage not in (2, 3) or not self.distributed_optimizer):

@@ -46,6 +46,8 @@ class Pins:
     sequence_parallel: bool = False          # --sequence-parallel given
     sixteen_bit: bool = False                # --bf16 or --fp16 given: the precision flag is the user's
     precision: str = "bf16"                  # what the search prices: fp8 where --fp8-format is given
+    fp8_recipe: str = "delayed"              # --fp8-recipe and --no-fp8-wgrad, which decide what FP8 linears keep
+    fp8_wgrad: bool = True
 
     def names(self) -> list[str]:
         """The pinned dimensions, for the search's header line."""
@@ -90,4 +92,5 @@ def pins_of(config: PretrainConfig) -> Pins:
         expert_tp=given(config, "expert_tensor_parallel_size"),
         sequence_parallel=given(config, "sequence_parallel"),
         sixteen_bit=given(config, "bf16") or given(config, "fp16"),
-        precision="fp8" if precision_of(config) == "fp8" else "bf16")
+        precision="fp8" if precision_of(config) == "fp8" else "bf16", fp8_recipe=config.model.fp8.recipe,
+        fp8_wgrad=config.model.fp8.wgrad)

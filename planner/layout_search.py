@@ -154,7 +154,8 @@ def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, 
                                         overlap_grad_reduce=True if pins.overlap_grad_reduce is None
                                         else pins.overlap_grad_reduce,
                                         overlap_param_gather=gathers_behind_forward(stage)
-                                        if pins.overlap_param_gather is None else pins.overlap_param_gather)
+                                        if pins.overlap_param_gather is None else pins.overlap_param_gather,
+                                        fp8_recipe=pins.fp8_recipe, fp8_wgrad=pins.fp8_wgrad)
                                     if pp == 1:
                                         yield layout
                                     for split in _splits(counts, layout, pins) if pp > 1 else ():

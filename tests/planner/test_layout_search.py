@@ -78,9 +78,8 @@ def test_bridge_layout_fits_and_the_top_pick_is_not_slower(row, searches):
     assert candidates[0].fits
     if layout_memory_bytes(counts, bridge) > hardware.gpu_memory_bytes:
         # Bridge's own choices (its recompute, ZeRO and split) are over an H100 as this trainer runs them: its blocks
-        # keep more than Megatron-Core's (sequence parallelism's gathered inputs, the norms' fp32 copies: planner/
-        # layout_activations.py, issue 94). The ranking is held to Bridge's on a GPU just big enough for it here, as
-        # the search runs it (its split) too.
+        # keep more than Megatron-Core's (the norms' fp32 copies: planner/layout_activations.py, issues 94 and 111).
+        # The ranking is held to Bridge's on a GPU just big enough for it here, as the search runs it (its split) too.
         needed = max([layout_memory_bytes(counts, bridge)] + [
             c.memory_bytes for c in same if (c.layout.recompute_fraction, c.layout.stage) == (bridge.recompute_fraction,
                                                                                               bridge.stage)])
