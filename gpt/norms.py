@@ -22,7 +22,8 @@ from torch import nn
 
 from base.errors import ConfigError
 from base.options import option
-from gpt.recomputed import recomputed_in_backward
+from gpt.recomputed import plain_call, recomputed_in_backward
+from gpt.rms_norm_backward import rms_norm_keeping_input
 from parallel.init import InitMethod, set_init_method
 from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region
@@ -119,8 +120,9 @@ class RMSNorm(nn.Module):
     transformers' LlamaRMSNorm and Megatron-LM's legacy RMSNorm (`self._norm(x.float()).type_as(x) *
     self.weight`) do, so 16-bit runs round where theirs do. With `zero_centered` (--apply-layernorm-1p) the
     gain is 1 + weight, applied in fp32 before the cast, as Gemma's RMSNorm. With `recompute` (a block's input and
-    pre-MLP norms under --recompute-modules layernorm) it keeps only its input for backward (rms_norm); otherwise
-    autograd keeps what its ops need, the same values either way."""
+    pre-MLP norms under --recompute-modules layernorm) it keeps only its input for backward (rms_norm); otherwise its
+    input and per-token rsqrt (gpt/rms_norm_backward.py, Transformer Engine's); the same values and gradients either
+    way."""
 
     def __init__(self, hidden_size: int, eps: float, sequence_parallel_state: Optional[ParallelState] = None,
                  zero_centered: bool = False, recompute: bool = False):
@@ -131,7 +133,8 @@ class RMSNorm(nn.Module):
         self.weight.sequence_parallel = sequence_parallel_state is not None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        norm = rms_norm if self.recompute else rms_norm_math
+        norm = rms_norm if self.recompute else rms_norm_math if plain_call(hidden, self.weight) else \
+            rms_norm_keeping_input
         return norm(hidden, _summed_over_sequence_slices(self.weight, self.sequence_parallel_state), self.eps,
                     self.zero_centered)
 

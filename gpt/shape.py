@@ -304,8 +304,8 @@ def _block_matmuls(block: nn.Module) -> tuple[BlockMatmul, ...]:
 
 def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActivationTerms:
     """What each module of the block keeps for backward, as Korthikanti et al. 2022 (section 4.1)
-    count it in 16-bit: a LayerNorm its input (2 bytes per element; an RMSNorm 6, 2 under --recompute-modules
-    layernorm); a column-parallel linear its input
+    count it in 16-bit: a norm its input (2 bytes per element; an RMSNorm its fp32 rsqrt besides, 4 bytes per token,
+    but under --recompute-modules layernorm); a column-parallel linear its input
     (whole on every TP rank) and, for the op that consumes it (attention, the activation function), its
     output (split); a row-parallel linear its input (split) and the 1-byte dropout mask of the residual
     branch it ends (whole); attention 5 bytes per score (softmax output, dropout mask, dropout output);
@@ -320,10 +320,10 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
     replicated = partitioned = heads = 0
     for module in block.modules():
         if isinstance(module, (nn.LayerNorm, RMSNorm)):
-            # LayerNorm's aten kernel and a recomputed RMSNorm keep the input; autograd through RMSNorm's ops keeps its
-            # fp32 copy and the normed values (16-bit, or fp32 with the gain 1 + weight: gpt/norms.py rms_norm)
-            recomputed = not isinstance(module, RMSNorm) or module.recompute
-            input_bytes = (2 if recomputed else 8 if module.zero_centered else 6) * module.weight.shape[-1]
+            # LayerNorm's aten kernel and a recomputed RMSNorm keep the input; an RMSNorm otherwise its per-token fp32
+            # rsqrt too (gpt/rms_norm_backward.py)
+            rsqrt_kept = isinstance(module, RMSNorm) and not module.recompute
+            input_bytes = 2 * module.weight.shape[-1] + (4 if rsqrt_kept else 0)
             if getattr(module.weight, "sequence_parallel", False):
                 partitioned += input_bytes
             else:

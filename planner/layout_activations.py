@@ -45,10 +45,9 @@ def layer_token_bytes(counts: ModelCounts, layout: Layout) -> tuple[float, float
     # per token one more 16-bit copy of the token's k rows (two under EP: the all-to-all's received rows) and two more
     # ffn-wide values a row (its stacked expert weights: stacked_expert_bytes).
     moe += BF16_BYTES * ((2 if layout.ep > 1 else 1) * counts.topk * h + 2 * counts.gated_width_moe)
-    # Each RMSNorm, without --recompute-modules layernorm (which the search does not set), keeps autograd's fp32 copy of
-    # its input and its cast normed values in place of the input (4 + 2 - 2 bytes a value: gpt/norms.py,
-    # tests/gpt/test_saved_activations.py), and its fp32 rsqrt per token.
-    norms = BLOCK_NORMS * (FP32_BYTES * h + FP32_BYTES)
+    # Each RMSNorm, without --recompute-modules layernorm (which the search does not set), keeps its fp32 rsqrt per
+    # token beside its input, as Transformer Engine's rsigma (gpt/rms_norm_backward.py)
+    norms = BLOCK_NORMS * FP32_BYTES
     # Under sequence parallelism a column-parallel linear keeps its 16-bit input as this rank's slice and gathers it
     # again in backward, as Megatron's (parallel/regathered_input.py): nothing beyond the norm's output counted above.
     # The CP p2p ring's output in fp32 (gpt/cp_attention.py), beside the bf16 context counted above

@@ -13,9 +13,10 @@ MLP width f: each norm's input (h) and output (h, which the next linear keeps), 
 each, the output projection keeping a view of the latter), K and V (kv), the gate and up projections and their
 product (f each): 2 x (6h + kv + 3f) bytes, what planner/layout_search.py counts for Megatron-Core's blocks, plus
 SDPA's fp32 log-sum-exp per head and one bf16 cos and sin [seq, head dim]. Without the norms' recompute (the
-default, as Megatron-Core's) each norm keeps, besides, its fp32 copy of its input and its cast normed values in place
-of the input (4h + 2h - 2h bytes) and its fp32 per-token rsqrt (4); the plain activation the gate's activation (2f);
-and, before the rotary cast (not put back here), a cos and a sin for k apart from q's.
+default, as Megatron-Core's) each norm keeps, besides, its fp32 per-token rsqrt (4: gpt/rms_norm_backward.py, as
+Transformer Engine's rsigma); autograd through its ops (put back here) its fp32 copy of its input and its cast normed
+values in place of the input (4h + 2h - 2h bytes) too; the plain activation the gate's activation (2f); and, before
+the rotary cast (not put back here), a cos and a sin for k apart from q's.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def plain(monkeypatch):
     as one GEMM, gpt/gate_up_gemm.py, the same GEMM and GatedActivation.math under autograd: one_gemm_math)."""
     def put_back():
         monkeypatch.setattr(gpt.norms, "rms_norm", gpt.norms.rms_norm_math)
+        monkeypatch.setattr(gpt.norms, "rms_norm_keeping_input", gpt.norms.rms_norm_math)
         monkeypatch.setattr(GatedActivation, "__call__", GatedActivation.math)
         monkeypatch.setattr(gpt.gate_up_gemm, "one_gemm", gpt.gate_up_gemm.one_gemm_math)
     return put_back
@@ -81,11 +83,11 @@ def test_a_llama_block_keeps_what_megatrons_blocks_keep(plain):
     expected = tokens * bf16 * (6 * h + kv + 3 * f) + lse + rotary
     recomputed = replace_settings(LLAMA, recompute_modules=("layernorm",))
     assert _block_saved_bytes(torch.bfloat16, recomputed) == expected == 2_252_800
-    norms_kept = expected + tokens * 2 * (4 * h + 4)
-    assert _block_saved_bytes(torch.bfloat16) == norms_kept == 2_779_136
+    rsqrt_kept = expected + tokens * 2 * 4
+    assert _block_saved_bytes(torch.bfloat16) == rsqrt_kept == 2_254_848
     plain()
-    before = norms_kept + tokens * bf16 * f
-    assert _block_saved_bytes(torch.bfloat16, recomputed) == before == 3_237_888
+    before = expected + tokens * 2 * (4 * h + 4) + tokens * bf16 * f  # the norms' fp32 copies and normed values
+    assert _block_saved_bytes(torch.bfloat16) == _block_saved_bytes(torch.bfloat16, recomputed) == before == 3_237_888
     # and the parent commit's (2e60db1) rotary copies for k besides: 3,254,272, 1.44x
 
 
@@ -101,6 +103,9 @@ SMALL = replace_settings(LLAMA, num_layers=2, hidden_size=64, num_attention_head
                          seq_length=32, max_position_embeddings=32, recompute_modules=("layernorm",))
 VARIANTS = {
     "llama": SMALL,
+    # the norms keeping their input and rsqrt (gpt/rms_norm_backward.py), plain and zero-centered
+    "llama-rsqrt-kept": replace_settings(SMALL, recompute_modules=()),
+    "norm-1p-rsqrt-kept": replace_settings(SMALL, recompute_modules=(), apply_layernorm_1p=True),
     # Gemma's zero-centered gains on every norm, the per-head query and key norms
     "norm-1p-qk-layernorm": replace_settings(SMALL, apply_layernorm_1p=True, qk_layernorm=True),
     # GPT-OSS's gated activation: quick GeLU, the clamp, the offset on the linear half
@@ -136,11 +141,13 @@ def _random(*shape, dtype, seed):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("zero_centered", [False, True])
-def test_rms_norm_equals_the_plain_one_bit_for_bit(dtype, zero_centered):
+@pytest.mark.parametrize("keeping", ["input", "input-and-rsqrt"])
+def test_rms_norm_equals_the_plain_one_bit_for_bit(dtype, zero_centered, keeping):
     """Also on a transposed input (--qk-layernorm's heads, a view of the QKV projection)."""
     hidden = _random(3, 5, 16, 8, dtype=dtype, seed=1).transpose(1, 2)
     weight = _random(8, dtype=dtype, seed=2)
-    norm = functools.partial(gpt.norms.rms_norm, eps=1e-5, zero_centered=zero_centered)
+    kept = gpt.norms.rms_norm if keeping == "input" else gpt.norms.rms_norm_keeping_input
+    norm = functools.partial(kept, eps=1e-5, zero_centered=zero_centered)
     reference = functools.partial(gpt.norms.rms_norm_math, eps=1e-5, zero_centered=zero_centered)
     output, grads = _function_and_gradients(norm, hidden, weight)
     plain_output, plain_grads = _function_and_gradients(reference, hidden, weight)

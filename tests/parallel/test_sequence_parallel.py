@@ -145,16 +145,17 @@ def test_with_tp_1_it_is_accepted_and_said_once():
 
 @pytest.mark.parametrize("name", MODELS)
 def test_the_predicted_activations_per_rank_hold_1_over_tp_of_the_split_regions(name):
-    """Korthikanti et al. 2022, section 4.2.2: the norms' inputs (2 bytes per element at 16 bits, two norms;
-    an RMSNorm's autograd keeps 6, its fp32 copy and normed values, unless --recompute-modules layernorm: gpt/norms.py)
-    and the residual dropout masks (1 byte, two branches) are in the split regions: 6h bytes per token of
-    the block (14h with RMSNorm's 6), of which each rank now keeps 1/TP. (Megatron also keeps the column-parallel linears' inputs
-    split; here autograd keeps them gathered, whole, as without SP: parallel/layers.py.)"""
+    """Korthikanti et al. 2022, section 4.2.2: the norms' inputs (2 bytes per element at 16 bits, two norms; an
+    RMSNorm its fp32 rsqrt per token besides: gpt/rms_norm_backward.py), the residual dropout masks (1 byte, two
+    branches) and, as Megatron keeps them, the column-parallel linears' inputs (2 bytes each: QKV and fc1, or QKV,
+    gate and up, counted apart) are in the split regions, of which each rank now keeps 1/TP."""
     config = MODELS[name]
     plain = model_shape(config, TP).activations
     split = model_shape(config, TP, sequence_parallel=True).activations
-    norm_bytes = 6 if config.norms.normalization == "RMSNorm" else 2
-    split_regions = (2 * norm_bytes + 2 * 1) * config.hidden_size
+    rms = config.norms.normalization == "RMSNorm"
+    column_parallel_linears = 3 if rms else 2
+    split_regions = 2 * (2 * config.hidden_size + (4 if rms else 0)) + 2 * config.hidden_size + \
+        column_parallel_linears * 2 * config.hidden_size
     assert plain.replicated_bytes_per_token - split.replicated_bytes_per_token == split_regions
     assert split.partitioned_bytes_per_token - plain.partitioned_bytes_per_token == split_regions
     per_rank = {terms: predict_saved_activation_bytes(
