@@ -42,7 +42,7 @@ from planner.layout_perf import (
 from planner.layout_pins import Pins, pins_of
 from planner.layout_zero import zero_label, zero_stages
 from planner.perf_model import Hardware
-from planner.pipeline_split import balanced_stage_counts
+from planner.pipeline_split import balanced_stage_counts, even_stage_counts
 from planner.search_progress import SearchProgress
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -96,14 +96,19 @@ def _virtual_stages(layers: int, pp: int) -> list[int]:
 
 
 def _splits(counts: ModelCounts, layout: Layout, pins: Pins) -> Iterator[tuple[tuple[int, ...], ...]]:
-    """The pipeline split a pipelined layout is priced and printed with: the user's (pinned), or the balanced one,
-    where it leaves no model chunk without a layer (an empty chunk only adds a hop and a bubble slot)."""
+    """The pipeline splits a pipelined layout is priced and printed with: the user's (pinned), or the balanced one,
+    where it leaves no model chunk without a layer (an empty chunk only adds a hop and a bubble slot), and Megatron's
+    even split beside it (the balanced one moves layers to the first rank, which also holds the embedding and the
+    most forwards in flight: where that does not fit, the even split may)."""
     if pins.stage_counts is not None:
         yield pins.stage_counts
         return
     split = balanced_stage_counts(counts.layers, layout.pp, layout.vp, output_layer_units(counts, layout))
     if all(layers for chunks in split for layers in chunks):
         yield split
+    even = even_stage_counts(counts.layers, layout.pp, layout.vp)
+    if even is not None and even != split:
+        yield even
 
 
 def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, pins: Pins,

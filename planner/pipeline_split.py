@@ -42,6 +42,13 @@ def balanced_stage_counts(layers: int, pp: int, vp: int, output_layer_units: flo
     return tuple(tuple(total // vp + (1 if chunk < total % vp else 0) for chunk in range(vp)) for total in totals)
 
 
+def even_stage_counts(layers: int, pp: int, vp: int) -> StageCounts | None:
+    """Megatron's even split (no layout string): every model chunk the same layers; None where they do not divide."""
+    if layers % (pp * vp):
+        return None
+    return tuple((layers // (pp * vp),) * vp for _ in range(pp))
+
+
 def layout_string(counts: StageCounts) -> str:
     """Megatron-Core's --pipeline-model-parallel-layout for `counts`: the virtual stages in order (chunk-major),
     E before the first layer and L after the last, `|` between stages; a run of n > 3 layers written `t*n`."""
