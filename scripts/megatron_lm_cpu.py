@@ -20,7 +20,8 @@ Megatron-Core computes otherwise without the GPU libraries: device queries answe
 "cuda" are made on the CPU (a TorchFunctionMode) and Tensor.type() answers CUDA names; streams and events are
 no-ops (a CPU runs one stream); the CUDA RNG tracker's states are CPU generator states and torch.cuda's RNG calls
 act on a separate CPU generator; the jit fuser runs eagerly, the same functions; the GPU-only builds and
-warm-ups are skipped; the router runs the torch path without TransformerEngine; the local core attention takes
+warm-ups are skipped; the router runs the torch path without TransformerEngine; the all-to-all dispatcher's
+split sizes reach the host as numpy arrays, as from a GPU; the local core attention takes
 multi-latent attention's head widths, as TransformerEngine's does; the local spec's torch norm takes
 --sequence-parallel, as apex's FusedLayerNorm does. Megatron-Core's optimizer path
 without apex or TransformerEngine cannot resume its own distributed-optimizer saves: the patches of
@@ -76,6 +77,8 @@ class _NoStream:
         return False
 
     def __getattr__(self, name):
+        if name == "record_event":  # an event, which the all-to-all dispatcher synchronizes on later
+            return lambda *args, **kwargs: _NoStream()
         return lambda *args, **kwargs: None if name != "query" else True
 
 
@@ -189,9 +192,26 @@ def _patch_megatron_core() -> None:
     _dataset_helpers_of_the_wheel()
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+    _patch_moe_host_copies()
     _patch_local_attention_widths()
     _patch_sequence_parallel_torch_norm()
     patch_torch_adamw_resume()
+
+
+def _patch_moe_host_copies() -> None:
+    """The all-to-all dispatcher copies its split sizes to the host as numpy arrays (moe_utils.
+    maybe_move_tensor_to_cpu, for `tensor.is_cuda` alone): on the CPU they stayed tensors, which all_to_all_single
+    refuses as split sizes ("incompatible function arguments"); they become numpy arrays here too, as on a GPU."""
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    move = moe_utils.maybe_move_tensor_to_cpu
+
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+        if as_numpy and torch.is_tensor(tensor) and tensor.device.type == "cpu":
+            return tensor.numpy()
+        return move(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
 
 def _patch_local_attention_widths() -> None:
