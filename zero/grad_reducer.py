@@ -159,13 +159,20 @@ class GradientReducer(ABC):
     def _issue_reduction(self, unit: Unit) -> _PendingReduction:
         """Start averaging `unit`'s gradient over the DP group."""
 
-    def _averaged_collective(self, unit: Unit, bucket: torch.Tensor, released: list
+    def _averaged_collective(self, unit: Unit, bucket: torch.Tensor, released: list, in_place: bool = False
                              ) -> tuple[object, torch.Tensor]:
         """Start averaging `bucket` (this rank's gradient of `unit`) over the DP group; returns the work
-        handle and where this rank's averaged shard will be once it completes."""
+        handle and where this rank's averaged shard will be once it completes. `in_place`: the reduce-scatter writes
+        the shard over this rank's own chunk of `bucket` (its slice `unit.shard_bounds(part)`), as Megatron-Core's
+        distributed optimizer reduce-scatters inside its gradient buffer (param_and_grad_buffer.py start_grad_sync:
+        `local_data_view`, NCCL's in-place form), with no staging buffer."""
         if self.dp_size > 1:
             bucket.div_(self.dp_size)  # average before summing: keeps 16-bit sums in range
-        if self.scatter:
+        if self.scatter and in_place:
+            lo, hi = unit.shard_bounds(self.layout.part)
+            shard = bucket[lo:hi]
+            work = self.comm.reduce_scatter(shard, bucket, self.group, "dp", async_op=True)
+        elif self.scatter:
             staging = self._staging_buffer()
             released.append((self._staging, staging))
             shard = staging[:unit.shard_numel]
@@ -295,7 +302,7 @@ class FullGradients(GradientReducer):
     def _issue_reduction(self, unit: Unit) -> _PendingReduction:
         bucket = unit.in_buffer(self.buffer)
         released: list = []
-        work, shard = self._averaged_collective(unit, bucket, released)
+        work, shard = self._averaged_collective(unit, bucket, released, in_place=True)
         if self.host_partition is not None:  # the reduced shard goes to the host, where the step reads it
             target = unit.in_partition(self.host_partition)
             return _PendingReduction(work, lambda: target.copy_(self._to_host(shard, target)),
