@@ -272,9 +272,15 @@ class SelfAttention(nn.Module):
             cos, sin = self._cos_sin(seq, hidden.device, query.dtype, cache)
             query = apply_rotary(query, cos, sin, self.rotary_interleaved)
             key = apply_rotary(key, cos, sin, self.rotary_interleaved)
+        repeated = per_group > 1 and not self.native_gqa
+        if not repeated and _only_view_left(value, query, key):
+            # q and k left the projection's output through their own ops (rotary, norms): attention would keep that
+            # output whole for the value, a view of it; the value's own copy keeps its heads only, as Megatron-Core
+            # keeps its value
+            value = value.contiguous()
         if cache is not None:  # stored before the copies per query head: one head per group
             key, value = cache.extend(key, value)
-        if per_group > 1 and not self.native_gqa:
+        if repeated:
             # Query head i reads group i // per_group (transformers' repeat_kv, Megatron-Core's GQA).
             key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
         return query, key, value, gate
@@ -672,6 +678,14 @@ class GPTModel(nn.Module):
         # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.
         return vocab_parallel_cross_entropy(logits, labels, self.output_vocab_start,
                                             self.config.vocab_size, self.state, self.config.output.z_loss_strength)
+
+
+def _only_view_left(value: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Whether `value` is a view that none of `others` shares its storage with (outside torch.compile, whose graph
+    keeps what it chooses)."""
+    if torch.compiler.is_compiling() or value._base is None:
+        return False
+    return not any(torch._C._is_alias_of(value, other) for other in others)
 
 
 def dropout_stream(rng: Optional[TensorParallelRNG]):

@@ -18,14 +18,15 @@ from scripts.saved_tensor_counter import SavedTensorCounter, per_layer
 from tests.distributed import run_distributed
 
 # this project's bytes saved per layer in one micro-batch, bf16, hidden 128, sequence 128, micro-batch 1 (s*b*h =
-# 16,384), at the commit that made them: GPT-2 shape 527,360 (32.2 per s*b*h), Llama shape 658,432 (40.2); Llama
-# at TP 2 with --sequence-parallel, rank 0: 329,216 (40.2 per s*b*h/t; 361,984 when the column-parallel linears
-# saved their gathered input, before they kept its slice: parallel/regathered_input.py)
-GPT2_BF16, LLAMA_BF16, LLAMA_BF16_TP2_SP = 527_360, 658_432, 329_216
-# the "mla" and "moe" shapes (scripts/benchmark_saved_bytes.py) at TP 1: multi-latent attention 1,165,312 (71.1 per
-# s*b*h; CPU SDPA's math kernel, its values not padded to the query's width); 4 experts, top 2, 2,096,912 (128.0), of
+# 16,384), at the commit that made them: GPT-2 shape 527,360 (32.2 per s*b*h), Llama shape 478,208 (29.2); Llama at TP
+# 2 with --sequence-parallel, rank 0: 239,104 (29.2 per s*b*h/t). Issue 111 took Llama's from 658,432 (40.2) and
+# 361,984 (44.2 per s*b*h/t): the column-parallel linears keep their input's slice (parallel/regathered_input.py), the
+# RMSNorms their input and rsqrt (gpt/rms_norm_backward.py), the value its own copy (gpt/model.py _only_view_left)
+GPT2_BF16, LLAMA_BF16, LLAMA_BF16_TP2_SP = 527_360, 478_208, 239_104
+# the "mla" and "moe" shapes (scripts/benchmark_saved_bytes.py) at TP 1: multi-latent attention 989,184 (60.4 per
+# s*b*h; CPU SDPA's math kernel, its values not padded to the query's width); 4 experts, top 2, 1,916,688 (117.0), of
 # which 983,040 are the 4 experts' bf16 weights stacked for F.grouped_mm (2 x 4 x 3 x 320 x 128)
-MLA_BF16, MOE_BF16, MOE_STACKED_WEIGHTS = 1_165_312, 2_096_912, 983_040
+MLA_BF16, MOE_BF16, MOE_STACKED_WEIGHTS = 989_184, 1_916_688, 983_040
 
 
 def test_a_storage_counts_once_and_whole_and_parameters_not_at_all():
