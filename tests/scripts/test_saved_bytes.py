@@ -86,3 +86,31 @@ def test_an_mla_and_an_moe_layer_save_what_they_did():
         assert layer["total"] == held, (shape, layer)
     # the experts' weights stacked for the grouped matmul, saved with the layer (docs/performance.md)
     assert layer["by_name"]["blocks.*.mlp.experts aten.stack"] == MOE_STACKED_WEIGHTS
+
+
+def test_the_planners_meter_counts_a_block_as_the_storage_counter_does():
+    """The dry run's SavedTensorMeter (zero/activations.py) counts each saved tensor's own bytes; the counter, each
+    storage whole: they agree where no saved view keeps a larger storage alive, as on a Llama and a GPT-2 block since
+    attention's value got its own copy (gpt/model.py _only_view_left; before, the meter missed 3 bytes per s*b*h)."""
+    from base.options import replace_settings
+    from gpt.model import build_gpt_model
+    from parallel.state import ParallelState
+    from tests.gpt.test_saved_activations import BATCH, LLAMA
+    from zero.activations import SavedTensorMeter
+
+    gpt2 = replace_settings(LLAMA, normalization="LayerNorm", swiglu=False, position_embedding_type="learned_absolute",
+                            num_query_groups=LLAMA.num_attention_heads)
+    for config in (LLAMA, gpt2):
+        block = build_gpt_model(config, ParallelState(device=torch.device("cpu")), seed=3, dtype=torch.bfloat16
+                                ).blocks[0]
+        hidden = torch.randn(BATCH, config.seq_length, config.hidden_size).to(torch.bfloat16).requires_grad_()
+        meter, counter = SavedTensorMeter(torch.device("cpu")), SavedTensorCounter()
+        with meter.hooks():
+            output = block(hidden)
+            metered = meter.live["device"]
+        del output
+        with counter.saving():
+            output = block(hidden)
+            counted = counter.saved().total
+        del output
+        assert metered == counted > 0, (config.norms.normalization, metered, counted)
