@@ -42,9 +42,10 @@ def layer_token_bytes(counts: ModelCounts, layout: Layout) -> tuple[float, float
         dense += value * (2 * entry + h + counts.gated_width_dense) - BF16_BYTES * (2 * h + counts.gated_width_dense)
         moe += value * (entry + 2 * h + counts.gated_width_moe) - BF16_BYTES * (2 * h + counts.gated_width_moe)
     # This repository's MoE layer, by its dry run (Qwen3 30B-A3B at MBS 1-2, EP 1-8, TP 1-2: within 3% of its block):
-    # per token one more 16-bit copy of the token's k rows (two under EP: the all-to-all's received rows) and two more
-    # ffn-wide values a row (its stacked expert weights: stacked_expert_bytes).
-    moe += BF16_BYTES * ((2 if layout.ep > 1 else 1) * counts.topk * h + 2 * counts.gated_width_moe)
+    # per token two more ffn-wide values a row and, under EP, one more 16-bit copy of the token's k rows (the
+    # all-to-all's received rows). The combine keeps no weighted copy of the rows (it scatter-adds, as Megatron's), and
+    # the grouped matmul no stacked copy of the experts' weights (gpt/moe/experts.py).
+    moe += BF16_BYTES * ((1 if layout.ep > 1 else 0) * counts.topk * h + 2 * counts.gated_width_moe)
     # Each RMSNorm, without --recompute-modules layernorm (which the search does not set), keeps its fp32 rsqrt per
     # token beside its input, as Transformer Engine's rsigma (gpt/rms_norm_backward.py)
     norms = BLOCK_NORMS * FP32_BYTES
@@ -54,7 +55,3 @@ def layer_token_bytes(counts: ModelCounts, layout: Layout) -> tuple[float, float
     ring = FP32_BYTES * h if layout.cp > 1 else 0
     return dense + norms + ring, moe + norms + ring
 
-
-def stacked_expert_bytes(counts: ModelCounts, layout: Layout) -> float:
-    """An MoE layer's local experts' weights stacked for the grouped matmul (gpt/moe/experts.py), kept per micro-batch."""
-    return BF16_BYTES * counts.block_expert_parameters / layout.ep

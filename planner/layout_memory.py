@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 
 from parallel.pipeline_schedules import peak_held_by_forwards, schedule
-from planner.layout_activations import BLOCK_NORMS, FP8_VALUE_BYTES, layer_token_bytes, stacked_expert_bytes
+from planner.layout_activations import BLOCK_NORMS, FP8_VALUE_BYTES, layer_token_bytes
 from planner.layout_perf import BF16_BYTES, FP32_BYTES, Layout, ModelCounts
 from planner.layout_zero import sharded_state_bytes
 from planner.pipeline_plan import simulated_micro_batches
@@ -88,21 +88,20 @@ def stage_memory_bytes(counts: ModelCounts, layout: Layout, stage: int) -> float
     dense_layer, moe_layer = layer_token_bytes(counts, layout)
     per_layer = tokens * ((1 - moe_share) * dense_layer + moe_share * moe_layer)
     held = layers_in_flight(layout.micro_batches, layout.pp, stage, chunks)
-    stacked = stacked_expert_bytes(counts, layout)
     last = stage == layout.pp - 1
     logits = layout.micro_batch_size * counts.seq_length / layout.cp * counts.padded_vocab / layout.tp * LOGIT_BYTES \
         if last else 0.0
     if layout.recompute_fraction >= 1.0:
         # each layer's input kept per micro-batch; one block recomputed at a time, in backward, after the logits
         kept = tokens * held * BF16_BYTES * counts.hidden
-        working = tokens * (moe_layer if counts.moe_layers else dense_layer) + (stacked if counts.moe_layers else 0)
+        working = tokens * (moe_layer if counts.moe_layers else dense_layer)
         peak = kept + max(working, logits)
     else:
         # A block's backward gradients add to the dry run's peak only without pipeline stages (a stage's peak is over
         # its schedule's slots; with them the count ran up to 1% over the dry run on Llama 3 70B's pipelined layouts)
         # and without recompute (a recomputed block's peak is its own: 0.9% over on a ZeRO-3 layout with them).
         gradients = block_gradient_bytes(counts, layout) if layout.pp == 1 else 0.0
-        peak = held * (per_layer + moe_share * stacked) + logits + gradients
+        peak = held * per_layer + logits + gradients
     # the largest gradient autograd hands the reducer at once, fp32: a vocabulary matrix where the stage has one,
     # else one block's gate and up projection
     vocabulary = stage == 0 or last

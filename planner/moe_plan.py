@@ -7,7 +7,7 @@ plan's peak and bytes are a balanced step's. A live step is not balanced; what t
 
 - rows: `ExpertRowProbe` watches each MoE layer's experts in the first micro-batch's forward (or its recompute) and
   reads the rows they receive on this rank and the bytes they save for backward (--report-memory's saved-tensor
-  meter), less the grouped matmul's stacked weights: bytes per row, measured on the real experts;
+  meter): bytes per row, measured on the real experts;
 - the worst case, dropless: every token the dispatcher brings to this rank routes its k choices to this rank's
   experts as far as they reach: tokens x min(k, local experts) rows a layer (an expert takes each token at most once);
 - with a capacity (Megatron-Core's --moe-expert-capacity-factor: ceil(T x k / E x factor) per rank's T tokens;
@@ -64,11 +64,8 @@ class ExpertRowProbe:
         saved = self.live() - before
         if saved <= 0:  # a forward under activation checkpointing saves nothing: its recompute in backward does
             return
-        # the grouped matmul also saves the experts' weights stacked: a copy whose size is not the rows'
-        stacked = sum(param.numel() * param.element_size() for param in module.parameters() if param.dim() >= 2) \
-            if grouped else 0
         if key not in self.layers:
-            self.layers[key] = (rows.shape[0], max(0, saved - stacked))
+            self.layers[key] = (rows.shape[0], saved)
 
     def remove(self) -> None:
         for handle in self._handles:

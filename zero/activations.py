@@ -51,6 +51,13 @@ def _set_rng_states(rng, device: torch.device, states: dict) -> None:
         torch.cuda.set_rng_state(states["default_cuda"], device)
 
 
+def _held_bytes(tensor: torch.Tensor) -> int:
+    """The bytes a saved tensor holds: an expanded dimension (stride 0, as a scatter's index expanded over the
+    hidden size) repeats the same elements and holds no more of them."""
+    repeats = math.prod(size for size, stride in zip(tensor.shape, tensor.stride()) if stride == 0 and size > 1)
+    return tensor.numel() // repeats * tensor.element_size()
+
+
 class SavedTensorMeter:
     """Peak bytes of tensors autograd saves for backward, by location ("device" or "host"), and the
     peak of those that are checkpointed block inputs. Parameters (model states, not activations) are
@@ -90,7 +97,7 @@ class SavedTensorMeter:
         location = "host" if tensor.device.type == "cpu" and self.device.type != "cpu" else "device"
         location, in_buffer = self._expected.pop(self._where(tensor), (location, None))
         checkpointed = in_buffer is not None
-        key = (self._where(tensor), tensor.numel() * tensor.element_size(), location, checkpointed, bool(in_buffer))
+        key = (self._where(tensor), _held_bytes(tensor), location, checkpointed, bool(in_buffer))
         self._counts[key] = self._counts.get(key, 0) + 1
         if self._counts[key] == 1:
             self._add(key, +1)

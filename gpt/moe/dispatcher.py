@@ -78,7 +78,9 @@ class LocalDispatcher:
         else:
             output = torch.zeros(self._num_tokens, expert_outputs.shape[-1], dtype=expert_outputs.dtype,
                                  device=expert_outputs.device)
-            output.index_add_(0, self._tokens, weighted)
+            # scatter_add_ keeps only the index for backward, where index_add_ keeps `weighted` too (Megatron-Core's
+            # unpermute scatter_adds); the same sums on a CPU (tests/gpt/test_moe_combine_saved.py)
+            output.scatter_add_(0, self._tokens.unsqueeze(-1).expand_as(weighted), weighted)
         self._tokens = self._weights = self._capacity_tokens = None
         return output
 

@@ -79,7 +79,9 @@ def _weighted_sum_over_choices(rows: torch.Tensor, order: torch.Tensor, probs: t
     at its (token, choice) (zeros where no row is), and sum over the K choices, in k order."""
     tokens, k = probs.shape
     weighted = rows * probs.reshape(-1)[order].unsqueeze(-1)  # promotes to the probs' dtype, as Megatron's unpermute
-    placed = weighted.new_zeros((num_rows, rows.shape[-1])).index_copy(0, order, weighted)
+    # scatter keeps only the index for backward (index_copy keeps `weighted` too); each row is written once
+    placed = weighted.new_zeros((num_rows, rows.shape[-1])).scatter(0, order.unsqueeze(-1).expand_as(weighted),
+                                                                    weighted)
     return placed.view(tokens, k, rows.shape[-1]).sum(dim=1)
 
 

@@ -7,8 +7,8 @@ They run as one grouped matmul per projection where torch has one for the tensor
 (torch.nn.functional.grouped_mm: on CPU rows whose byte widths are multiples of 16; Megatron-Core's TEGroupedMLP /
 --moe-grouped-gemm), else as a loop over the experts (SequentialMLP); tests/gpt/test_moe.py checks that they agree.
 On the meta device (the planner's dry run) the choice is the planned device's (`planned_device`, set by
-planner/moe_plan.py), so the plan keeps what that path saves for backward (the grouped matmul's stacked weights
-among them); torch's meta grouped_mm takes bf16 only, so `_GroupedMatmulShapes` stands in for it.
+planner/moe_plan.py), so the plan keeps what that path saves for backward. The grouped matmul keeps the rows and
+the experts' weights, not a stacked copy of them (`_GroupedMatmulOverStacked`), as Megatron-Core's grouped GEMM.
 
 Expert tensor parallelism (--expert-tensor-parallel-size ETP > 1, Megatron-Core's experts.py: linear_fc1
 column-parallel and linear_fc2 row-parallel over the expert tensor-parallel group, with no communication of their
@@ -192,11 +192,7 @@ class Experts(nn.Module):
         offsets = torch.cumsum(tokens_per_expert, 0).to(torch.int32)
 
         def grouped_linear(inputs: torch.Tensor, linears: list[nn.Module], last: bool = False) -> torch.Tensor:
-            weight = torch.stack([linear.weight for linear in linears]).transpose(-2, -1)  # [E, in, out]
-            output = _GroupedMatmulShapes.apply(inputs, weight) if inputs.is_meta and inputs.dtype != torch.bfloat16 \
-                else F.grouped_mm(inputs, weight, offs=offsets)
-            if output.requires_grad:  # its CPU backward takes a dense gradient only
-                output.register_hook(lambda grad: grad.contiguous())
+            output = _GroupedMatmulOverStacked.apply(inputs, offsets, *[linear.weight for linear in linears])
             if linears[0].bias is not None:
                 bias = torch.stack([self._output_bias(linear.bias) if last else linear.bias for linear in linears])
                 output = output + bias.repeat_interleave(tokens_per_expert, dim=0, output_size=inputs.shape[0])
@@ -224,19 +220,41 @@ def counts_on(device: torch.device, sizes: list[int]) -> torch.Tensor:
     return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
 
 
-class _GroupedMatmulShapes(torch.autograd.Function):
-    """F.grouped_mm on the meta device for a dtype its meta kernel refuses: the output's shape, and the operands
-    saved for backward as grouped_mm's autograd saves them (the row gradient [N, in], the weights' [E, in, out])."""
+def _stacked(weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The local experts' [out, in] weights as grouped_mm's [E, in, out] operand."""
+    return torch.stack(list(weights)).transpose(-2, -1)
+
+
+class _GroupedMatmulOverStacked(torch.autograd.Function):
+    """F.grouped_mm(inputs, the experts' weights stacked) keeping only the inputs and the weights themselves for
+    backward: autograd's own graph would keep the stacked copy (E x in x out, made every micro-batch), which
+    Megatron-Core's grouped GEMM does not; backward stacks the weights again and runs torch's derivative of
+    grouped_mm as GroupedMmBackward0 does (the operand is column-major: the same two grouped matmuls), so the
+    gradients are bitwise autograd's (tests/gpt/test_moe_grouped_saved.py). On the meta device (the planner's dry
+    run) it gives the shapes only: torch's meta grouped_mm takes bf16 only."""
 
     @staticmethod
-    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(inputs, weight)
-        return inputs.new_empty((inputs.shape[0], weight.shape[-1]))
+    def forward(ctx, inputs: torch.Tensor, offsets: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inputs, offsets, *weights)
+        if inputs.is_meta:
+            return inputs.new_empty((inputs.shape[0], weights[0].shape[0]))
+        return F.grouped_mm(inputs, _stacked(weights), offs=offsets)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        inputs, weight = ctx.saved_tensors
-        return inputs.new_empty(inputs.shape), weight.new_empty(weight.shape)
+        inputs, offsets, *weights = ctx.saved_tensors
+        if inputs.is_meta:
+            return (inputs.new_empty(inputs.shape) if ctx.needs_input_grad[0] else None, None,
+                    *(weight.new_empty(weight.shape) for weight in weights))
+        grad = grad.contiguous()  # grouped_mm's CPU kernel takes a dense gradient only
+        grad_inputs = F.grouped_mm(grad, _stacked(weights).transpose(-2, -1), offs=offsets) \
+            if ctx.needs_input_grad[0] else None
+        if not any(ctx.needs_input_grad[2:]):
+            return grad_inputs, None, *(None for _ in weights)
+        # the stacked operand is column-major, so torch computes its gradient transposed: [E, out, in], expert e's
+        # weight gradient at [e]
+        grad_weights = F.grouped_mm(grad.transpose(-2, -1), inputs, offs=offsets)
+        return grad_inputs, None, *grad_weights.unbind(0)
 
 
 def can_group(rows: torch.Tensor, experts: list[nn.Module], planned_device: Optional[str] = None) -> bool:

@@ -77,8 +77,9 @@ def test_dropless_worst_case_is_every_token_of_the_ep_group_to_this_ranks_expert
     assert moe.worst_expert_rows == EP * TOKENS  # a token picks an expert once
     # what the experts save a row: the grouped matmuls' row inputs (the rows, the activation's output), the
     # activation's input, and for each of the two biases the int64 row index its repeat_interleave (an
-    # index_select) keeps for backward
-    per_row = (HIDDEN + 2 * FFN) * 4 + 2 * 8
+    # index_select) keeps for backward; and the grouped matmuls' int32 offsets, one a local expert (a layer's, not a
+    # row's: gpt/moe/experts.py keeps them as torch's grouped_mm does)
+    per_row = (HIDDEN + 2 * FFN) * 4 + 2 * 8 + (EXPERTS // EP) * 4 / moe.balanced_rows
     assert moe.saved_bytes_per_row == per_row
     assert moe.layers_held == LAYERS  # no activation checkpointing: every layer's saved tensors live at the peak
     assert moe.worst_extra_bytes == (moe.worst_rows - moe.balanced_rows) * per_row * LAYERS
@@ -99,7 +100,7 @@ def test_with_activation_checkpointing_one_layers_experts_are_recomputed_at_a_ti
     plan, _ = plan_of("--checkpoint-activations")
     assert plan.moe.layers_held == 1
     # the forward saves nothing there; the recompute in backward saves what a plain forward does
-    assert plan.moe.saved_bytes_per_row == (HIDDEN + 2 * FFN) * 4 + 2 * 8
+    assert plan.moe.saved_bytes_per_row == (HIDDEN + 2 * FFN) * 4 + 2 * 8 + (EXPERTS // EP) * 4 / plan.moe.balanced_rows
 
 
 def test_under_block_recompute_the_layers_not_recomputed_hold_their_experts_rows():

@@ -10,8 +10,8 @@ group (zero/experts.py). The model: 8 x 256 with experts of ffn 1024, sequence 2
 a step: about 540 MiB planned a rank, the saved activations (about 330 MiB) the larger part. Activation blocks ([3,
 256, 256] fp32, 768 KiB) sit below one expert matrix (1 MiB) and above the router's: the malloc threshold must be
 the model's smallest weight (zero/host_memory.py), not the experts' part's (with the experts' threshold freed
-activations stayed in glibc's heap, 1.20-1.21), and the dry run must take the grouped matmul the run takes, which
-also saves the experts' weights stacked (gpt/moe/experts.py). Measured against iteration 1's peak
+activations stayed in glibc's heap, 1.20-1.21), and the dry run must take the grouped matmul the run takes
+(gpt/moe/experts.py). Measured against iteration 1's peak
 (RankPlan.first_iteration_bytes): 1.00-1.01. The plan routes uniformly (gpt/moe/layer.py _balanced_on_meta); the live
 router's imbalance moves only the experts' activations, a few MiB of them."""
 
