@@ -11,7 +11,9 @@ stream; the GEMMs it feeds wait on it either way).
 
 It is a saved-tensor hook that composes: the hooks outside (zero/activations.py's SavedTensorMeter) pack what is kept,
 the slice, so they count the bytes actually held. Under torch.compile (compiled blocks) and outside autograd the
-gathered input is returned as it is, saved whole (gpt/shape.py counts it so under --compile)."""
+gathered input is returned as it is, saved whole (gpt/shape.py's count does not know --compile yet). A GEMM that keeps
+a cast of its input rather than the input (the FP8 linear's per-tensor recipes) asks `regathered_state` and keeps its
+cast's slice (`keep_slice`, `gather_slice`)."""
 
 from __future__ import annotations
 
