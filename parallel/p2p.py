@@ -3,12 +3,13 @@ waited before use.
 
 Megatron-Core's p2p_communication.py batches a slot's sends with the next receive and waits them together, so a rank
 holds no send for long. Here a send is posted at once, tagged with its slot; a receive posts its irecv first, then
-waits for the sends of every slot before the previous one (`SEND_LAG`), then for itself; the sends left complete at
-the iteration's end (`finish_sends`). Posting the receive first lets two neighbours that send to each other both
+waits for the sends of every slot before the previous one (`SEND_LAG`), then for itself, and a slot that receives
+nothing (the first stage's forwards, the last stage's backwards) waits for them before its own send; the sends left
+complete at the iteration's end (`finish_sends`). Posting the receive first lets two neighbours that send to each other both
 complete; leaving the previous slot's sends open is what interleaved 1F1B needs. tests/parallel/
-test_pipeline_schedules.py simulates this rule on every schedule up to 8 stages x 4 chunks: none deadlocks, and the
-sends held at once stay at most P + 1 (held to the iteration's end they grew with the micro-batches: 144 GiB a GPU
-at Megatron's GPT-3 175B). The shapes are known on both sides ([micro-batch, sequence, hidden], the sequence a TP
+test_pipeline_schedules.py simulates this rule on every schedule up to 8 stages x 5 chunks: none deadlocks, and a
+rank holds at most two sends at once (waited only at receives, the first stage held its whole warm-up's: 9 at PP 8
+VP 5; held to the iteration's end they grew with the micro-batches: 144 GiB a GPU at Megatron's GPT-3 175B). The shapes are known on both sides ([micro-batch, sequence, hidden], the sequence a TP
 rank's slice under SP: the caller says), so none is exchanged; activations and gradients travel with different tags.
 
 The messages go through the Communicator (parallel/comm.py's `send` / `receive`), counted on the "pp" group like
@@ -48,6 +49,7 @@ class PipelineP2P:
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
         tensor = tensor.detach().contiguous()
+        self._complete_sends(up_to_slot=self.slot - self.lag)  # a slot without a receive waits here (see above)
         works = self.comm.send(tensor, peer, tag)
         self._sends.append((self.slot, works, tensor))
 

@@ -5,8 +5,10 @@ loop (training/loop.py) does not know which it runs.
 A forward slot receives its input from the previous stage (unless it starts the model), runs its model chunk
 and sends the output on (unless it ends the model, where it becomes the micro-batch's loss). A backward slot
 receives the gradient of that output (unless it is the loss), runs backward and sends the input's gradient
-back. This follows Megatron-Core's forward_step / backward_step (megatron/core/pipeline_parallel/schedules.py):
-the loss of each micro-batch is divided by the number of micro-batches, and the loss scale is applied on the
+back. A sent output keeps only its place in the autograd graph (`SentOutput`): its bytes live on only while its
+send is held, as Megatron-Core's deallocate_output_tensor frees an output once sent (deallocate_pipeline_outputs, set
+by Megatron-LM's training). This follows Megatron-Core's forward_step / backward_step
+(megatron/core/pipeline_parallel/schedules.py): the loss of each micro-batch is divided by the number of micro-batches, and the loss scale is applied on the
 last stage only (its gradient carries the scale to the others).
 
 Every stage takes each micro-batch from the data loader, so the sampler's consumed samples stay the same on all
@@ -22,9 +24,11 @@ record.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from dataclasses import dataclass
+from typing import Iterator, Optional, Union
 
 import torch
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from data.documents import DocumentMasking, DocumentMasks
 from gpt.model import GPTModel
@@ -81,7 +85,7 @@ class PipelineTrainStep(DataParallelTrainStep):
         observer.schedule(slots)
         last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
         inputs: dict[tuple[int, int], Optional[torch.Tensor]] = {}
-        outputs: dict[tuple[int, int], torch.Tensor] = {}
+        outputs: dict[tuple[int, int], Union[torch.Tensor, SentOutput]] = {}
         iteration_loss = torch.zeros((), device=state.device)
         for index, slot in enumerate(slots):
             observer.slot_start(index, slot)
@@ -117,7 +121,7 @@ class PipelineTrainStep(DataParallelTrainStep):
         return self.virtual.ends_model(slot.chunk)
 
     def _forward(self, slot: Slot, tokens: torch.Tensor, labels: torch.Tensor, inputs: dict,
-                 accumulation_steps: int, masks: Optional[DocumentMasks] = None) -> torch.Tensor:
+                 accumulation_steps: int, masks: Optional[DocumentMasks] = None) -> Union[torch.Tensor, "SentOutput"]:
         if self._starts_model(slot):
             received, chunk_input = None, tokens
         else:
@@ -135,10 +139,10 @@ class PipelineTrainStep(DataParallelTrainStep):
             output = self.model.chunk_forward(slot.chunk, chunk_input) if masks is None else \
                 self.model.chunk_forward(slot.chunk, chunk_input, None, masks)
         self.p2p.send(output, self.state.stage_rank(self._virtual_stage(slot) + 1), ACTIVATION)
-        return output
+        return SentOutput(get_gradient_edge(output), output.shape, output.dtype)
 
     def _backward(self, slot: Slot, received: Optional[torch.Tensor],
-                  output: torch.Tensor) -> None:
+                  output: Union[torch.Tensor, SentOutput]) -> None:
         if self._ends_model(slot):
             with self.observer.phase("backward"):
                 self.zero.scale_loss(output).backward()
@@ -146,9 +150,17 @@ class PipelineTrainStep(DataParallelTrainStep):
             grad = self.p2p.receive(output.shape, output.dtype,
                                     self.state.stage_rank(self._virtual_stage(slot) + 1), GRADIENT)
             with self.observer.phase("backward"):
-                torch.autograd.backward(output, grad_tensors=grad)
+                torch.autograd.backward(output.edge, grad_tensors=grad)
         if received is not None:
             self.p2p.send(received.grad, self.state.stage_rank(self._virtual_stage(slot) - 1), GRADIENT)
+
+
+@dataclass(frozen=True)
+class SentOutput:
+    """A forward's output once sent on: where its gradient enters the graph, and the gradient's shape and dtype."""
+    edge: GradientEdge
+    shape: torch.Size
+    dtype: torch.dtype
 
 
 class PipelineForward:

@@ -94,7 +94,8 @@ def test_every_schedule_completes_as_a_data_flow(pp, vp, m):
 def _most_sends_held(pp: int, vp: int, m: int, group: int | None = None, lag: int | None = None) -> int:
     """Walk every rank's slots under parallel/p2p.py's rule: a slot that receives posts its receive, then waits
     for the sends of its slots before the previous one (SEND_LAG; each send completes once its receiver has
-    posted the matching receive) and for its message; a slot's own sends are posted when it ends. Returns the
+    posted the matching receive) and for its message; a slot that receives nothing waits for those sends too;
+    a slot's own sends are posted when it ends. Returns the
     most sends one rank held at once; fails on a deadlock, or if a send is never received."""
     from parallel.p2p import SEND_LAG
 
@@ -118,10 +119,10 @@ def _most_sends_held(pp: int, vp: int, m: int, group: int | None = None, lag: in
             if needs is not None:
                 moved |= needs not in posted  # a receive posted is progress: a neighbour's send can complete
                 posted.add(needs)
-                due = [message for message, sender in held[rank] if sender <= index - SEND_LAG]
-                if needs not in sent or any(message not in posted for message in due):
-                    continue
-                held[rank] = [(message, sender) for message, sender in held[rank] if sender > index - SEND_LAG]
+            due = [message for message, sender in held[rank] if sender <= index - SEND_LAG]
+            if (needs is not None and needs not in sent) or any(message not in posted for message in due):
+                continue
+            held[rank] = [(message, sender) for message, sender in held[rank] if sender > index - SEND_LAG]
             if slot.kind == "F" and virtual != stages - 1:
                 held[rank].append((("activation", slot.micro_batch, virtual + 1), index))
             if slot.kind == "B" and virtual != 0:
@@ -135,14 +136,14 @@ def _most_sends_held(pp: int, vp: int, m: int, group: int | None = None, lag: in
     return most
 
 
-@pytest.mark.parametrize("pp,vp", [(2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (2, 3), (4, 4)])
-def test_sends_complete_at_a_later_receive_without_deadlock_and_without_growing_with_micro_batches(pp, vp):
-    """PipelineP2P holds a send only until a receive of its rank two slots on (Megatron-Core waits a slot's
-    sends with its receives): no schedule deadlocks under that rule, and the sends held at once do not grow
-    with the micro-batches (they did when every send was held to the iteration's end: 144 GiB a GPU at GPT-3
-    175B), staying at most P + 1."""
+@pytest.mark.parametrize("pp,vp", [(2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (2, 3), (4, 4), (8, 5)])
+def test_sends_complete_two_slots_on_without_deadlock_and_without_growing_with_micro_batches(pp, vp):
+    """PipelineP2P holds a send only until its rank's slot two on (Megatron-Core waits a slot's sends with its
+    receives): no schedule deadlocks under that rule, and a rank holds at most two sends at once, whatever the
+    micro-batches (held to the iteration's end they grew with them: 144 GiB a GPU at GPT-3 175B; waited only at
+    receives, the first stage held its warm-up's chunk-0 sends: 9 at PP 8 VP 5, 288 MiB at Bridge's Llama 3 70B)."""
     held = [_most_sends_held(pp, vp, m) for m in (pp, 2 * pp, 4 * pp, 8 * pp)]
-    assert len(set(held[1:])) == 1 and held[-1] <= pp + 1, held
+    assert max(held) <= 2, held
     if vp == 1:  # 1F1B with any count of micro-batches, fewer than the stages included
         for m in (1, 2, 3, 5):
             _most_sends_held(pp, vp, m)

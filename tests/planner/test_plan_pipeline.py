@@ -73,6 +73,8 @@ def test_interleaving_holds_megatrons_warmup_forwards():
         # every chunk-forward but the model's last sends an activation, every chunk-backward but the first's a gradient
         assert planned.pipeline.p2p_sent_bytes == (2 * 8 * chunks - 8) * MESSAGE
         assert planned.pipeline.bubble_fraction == pytest.approx(bubble_fraction(2, 8, 2)) == pytest.approx(1 / 17)
+        # a send is held two slots on, also where no receive comes (the first stage's chunk-0 warm-up held three)
+        assert planned.pipeline.p2p_held_bytes == 2 * MESSAGE
 
 
 @pytest.mark.parametrize("rank, world, flags", [
