@@ -368,6 +368,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
                                                       state.tensor_parallel_size))
         step = PipelineTrainStep(model, zero, batches, plan, state, monitor, observer=observer)
         observer.p2p = step.p2p
+        fused = fused_weights(model)
+        observer.watch_parameter_gradients(p for p in model.parameters() if p.requires_grad and id(p) not in fused)
     else:
         observer = PlanObserver(state.comm, monitor, probe)
         step = DataParallelTrainStep(model, zero, batches, plan, state, monitor, observer=observer)
@@ -409,11 +411,12 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # (the checkpoint's backward holds it until autograd has run through the block), and the MLP's activation
     # gradients (gpt/shape.py mlp_gradient_features: one ffn-wide for GPT-2, two for SwiGLU). A CPU profile of one
     # block's recompute and backward read these, 6 hidden-wide for GPT-2 and 7 for SwiGLU at ffn 2.5 x hidden
-    # (whole sequences: under sequence parallelism the boundaries are 1/TP of it, an upper bound here).
+    # (whole sequences; under sequence parallelism the boundaries are this rank's slice, 1/TP of the sequence).
     # An MoE block's MLP is its experts (each its own --moe-ffn-hidden-size, on the rows an expert matmul takes at
     # once under the dry run's uniform routing: ExpertRowProbe) and the shared expert (every token); the widest
     # MLP backward among the model's blocks is the peak.
-    boundaries = (2 if config.activations.checkpoint_activations else 1) * hidden_bytes
+    boundaries = (2 if config.activations.checkpoint_activations else 1) * hidden_bytes \
+        // (tp if config.parallel.sequence_parallel else 1)
     mlp_features = micro * seq * shape.mlp_gradient_features if shape.dense_layers or not shape.moe_blocks else 0
     if shape.moe_blocks and expert_rows is not None:
         mlp_features = max(mlp_features, expert_rows.rows_at_once * shape.moe_expert_gradient_features,
@@ -478,9 +481,11 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     in_backward = transients - 2 * logits
     copied = bool(copies["passes"])
     if pipeline is not None:
+        # a parameter's gradient counts where it arrives (read at that moment), not on top of the schedule's peak;
         # a recompute in a backward slot: beside the checkpoints of every chunk-forward in flight then (the meter's),
         # and at most the sends held (an upper bound: the schedule's peak of the three is read at its slots)
-        passes = max(transients + pipeline.pass_peak_bytes,
+        passes = max(transients - result.parameter_gradient_bytes
+                     + max(pipeline.pass_peak_bytes, pipeline.gradient_arrival_peak_bytes),
                      in_backward + probe.samples["recompute"]["any"] + pipeline.p2p_held_bytes
                      if probe.samples["recompute"]["any"] else 0)
     else:

@@ -18,6 +18,7 @@ activations peak, and adds the sends and the TP and DP traffic of the M - M' it 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -42,6 +43,7 @@ class PipelineFigures:
     p2p_message_bytes: int       # one activation or gradient [micro_batch, seq, hidden]
     p2p_held_bytes: int          # the most sends held at once (PipelineP2P: until a receive SEND_LAG slots on)
     pass_peak_bytes: int         # saved activations, held sends, a received gradient and gloo's copy, at their peak
+    gradient_arrival_peak_bytes: int  # what is live as a parameter's gradient arrives, with it, at the most
     p2p_sent_bytes: int          # sent by this rank per iteration (activations forward, gradients back)
     bubble_fraction: float       # of the iteration's time, see bubble_fraction()
 
@@ -83,6 +85,8 @@ class PipelinePlanObserver(PlanObserver):
         self.last_backward = -1
         self.most_held = self.forward_peak = 0
         self.backward_points: list[int] = []  # bytes live at a backward's start and at each collective inside one
+        self.gradient_arrivals: list[int] = []  # bytes live as each parameter gradient arrives, with it
+        self._beside = 0
         # (F or B, chunk): the TP and DP bytes of that chunk's first forward, and of its first backward under no_sync,
         # which each micro-batch not simulated sends again
         self.slot_repeated: dict[tuple[str, int], dict[str, dict[str, int]]] = {}
@@ -98,6 +102,19 @@ class PipelinePlanObserver(PlanObserver):
         if self.progress is not None:
             self.progress.planned = self.steps
         return self.steps
+
+    def watch_parameter_gradients(self, parameters) -> None:
+        """A parameter's gradient exists from its arrival until the reducer's hook takes it: read what is live then
+        (the embedding's arrives last in its chunk's backward, when that chunk's saved tensors are freed), and a
+        gradient accumulated before it in the same backward."""
+        for parameter in parameters:
+            parameter.register_hook(functools.partial(self._gradient_arrives, parameter))
+
+    def _gradient_arrives(self, parameter, grad) -> None:
+        held = grad.numel() * grad.element_size()
+        if parameter.grad is not None:
+            held += parameter.grad.numel() * parameter.grad.element_size()
+        self.gradient_arrivals.append(self.monitor.meter.live["device"] + self._beside + held)
 
     def schedule(self, slots) -> None:
         self.slots = list(slots)
@@ -122,6 +139,7 @@ class PipelinePlanObserver(PlanObserver):
             return
         ends = self._virtual_stages().ends_model(slot.chunk)
         beside = self.p2p.held_sends * self.message + (0 if ends else self.message)  # held sends, received gradient
+        self._beside = beside
         self.backward_points.append(self.monitor.meter.live["device"] + beside)
         self._before = self.comm.stats.snapshot()
 
@@ -175,6 +193,7 @@ class PipelinePlanObserver(PlanObserver):
             # the micro-batches not simulated repeat the steady state: they hold no more sends at once
             p2p_held_bytes=self.most_held * self.message,
             pass_peak_bytes=max([self.forward_peak] + self.backward_points),
+            gradient_arrival_peak_bytes=max(self.gradient_arrivals, default=0),
             p2p_sent_bytes=self.point_to_point["send"],
             bubble_fraction=bubble_fraction(self.stages, self.micro_batches_total, self.chunks))
 

@@ -144,6 +144,8 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                  stages.pass_peak_bytes)] if stages is not None else []),
              ("gradients in flight: logits, block boundaries and the MLP's", plan.gradient_working_bytes),
              ("largest parameter gradient before the reducer takes it (tied: both)", plan.parameter_gradient_bytes),
+             *([("  what is live as a parameter gradient arrives, with it, at the most (in the total instead)",
+                 stages.gradient_arrival_peak_bytes)] if stages is not None else []),
              *([("FP8 weights cast once an iteration, kept through its micro-batches (data and transpose)",
                  plan.fp8_weight_cache_bytes)] if plan.fp8_weight_cache_bytes else [])]
     if any(plan.transport_copy_bytes.values()):

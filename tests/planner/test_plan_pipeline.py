@@ -58,6 +58,12 @@ def test_each_stage_plans_its_own_layers_and_its_schedules_activations():
     assert first.pipeline.p2p_sent_bytes == last.pipeline.p2p_sent_bytes == 4 * MESSAGE
     assert first.pipeline.p2p_held_bytes == 2 * MESSAGE
     assert first.pipeline.bubble_fraction == pytest.approx(1 / 5)
+    # the largest parameter gradient, the word embedding's, is read where it arrives: last in the first stage's
+    # backward, once that micro-batch's saved tensors are freed, so below the schedule's peak with it on top
+    embedding_gradient = word_embedding * 4
+    assert first.parameter_gradient_bytes == embedding_gradient
+    assert embedding_gradient < first.pipeline.gradient_arrival_peak_bytes < \
+        first.pipeline.pass_peak_bytes + embedding_gradient
 
 
 def test_interleaving_holds_megatrons_warmup_forwards():
