@@ -140,37 +140,42 @@ class AttentionSettings:
             raise ConfigError(f"--softmax-type {self.softmax_type} with --attn-logit-softcapping is not implemented: "
                               f"the sink's score joins SDPA's, which cannot cap the others",
                               flags=("--softmax-type", "--attn-logit-softcapping"))
-        self._validate_groups(num_attention_heads, tensor_parallel_size)
-        self._validate_query_key_norms()
+        _check_groups(self, num_attention_heads, tensor_parallel_size)
+        _check_query_key_norms(self)
         check_window_size(self.window_size)
         if self.window_attn_skip_freq is not None and "[" in str(self.window_attn_skip_freq):
             self.attention_windows(num_layers)  # a list of one 0 or 1 per layer (refused otherwise, naming both flags)
 
-    def _validate_groups(self, num_attention_heads: int, tensor_parallel_size: int) -> None:
-        groups = self.query_groups(num_attention_heads)
-        if groups < 1 or num_attention_heads % groups:  # 0 is refused here, not read as "one per head"
-            raise ConfigError(f"--num-query-groups {groups} does not divide --num-attention-heads "
-                              f"{num_attention_heads}; each key/value group serves an equal number of heads",
-                              flags=("--num-query-groups", "--num-attention-heads"))
-        # Megatron-Core's TransformerConfig: a multiple or a divisor of the TP size; a divisor's groups are each
-        # read by tp / groups ranks (gpt/model.py SelfAttention, Megatron-Core's attention.py:289)
-        if groups % tensor_parallel_size and tensor_parallel_size % groups:
-            raise ConfigError(f"--num-query-groups {groups} must be a multiple or divisor of "
-                              f"--tensor-model-parallel-size {tensor_parallel_size} (Megatron-Core's rule): each "
-                              f"tensor-parallel rank needs whole key/value groups or a share of one",
-                              flags=("--num-query-groups", "--tensor-model-parallel-size"))
-        if groups < tensor_parallel_size and self.qk_layernorm_over_projection:
-            raise ConfigError(f"--qk-layernorm-over-projection with --num-query-groups {groups} below "
-                              f"--tensor-model-parallel-size {tensor_parallel_size} is not implemented: the key "
-                              f"norm's features are cut over the TP ranks, which here each read a whole group",
-                              flags=("--qk-layernorm-over-projection", "--num-query-groups",
-                                     "--tensor-model-parallel-size"))
 
-    def _validate_query_key_norms(self) -> None:
-        if self.qk_l2_norm and self.qk_layernorm_over_projection:  # Megatron-Core has no L2 norm over projections
-            raise ConfigError("--qk-l2-norm with --qk-layernorm-over-projection is not implemented: the L2 norm acts "
-                              "over each head of multi-head or grouped-query attention, as in Megatron-Core",
-                              flags=("--qk-l2-norm", "--qk-layernorm-over-projection"))
-        if self.qk_layernorm_over_projection and not self.qk_layernorm:
-            raise ConfigError("--qk-layernorm-over-projection says where --qk-layernorm's query and key norms act: add "
-                              "--qk-layernorm", flags=("--qk-layernorm-over-projection", "--qk-layernorm"))
+def _check_groups(attention: AttentionSettings, num_attention_heads: int, tensor_parallel_size: int) -> None:
+    """The key/value groups: dividing the heads, and fitting the tensor-parallel ranks."""
+    groups = attention.query_groups(num_attention_heads)
+    if groups < 1 or num_attention_heads % groups:  # 0 is refused here, not read as "one per head"
+        raise ConfigError(f"--num-query-groups {groups} does not divide --num-attention-heads "
+                          f"{num_attention_heads}; each key/value group serves an equal number of heads",
+                          flags=("--num-query-groups", "--num-attention-heads"))
+    # Megatron-Core's TransformerConfig: a multiple or a divisor of the TP size; a divisor's groups are each
+    # read by tp / groups ranks (gpt/model.py SelfAttention, Megatron-Core's attention.py:289)
+    if groups % tensor_parallel_size and tensor_parallel_size % groups:
+        raise ConfigError(f"--num-query-groups {groups} must be a multiple or divisor of "
+                          f"--tensor-model-parallel-size {tensor_parallel_size} (Megatron-Core's rule): each "
+                          f"tensor-parallel rank needs whole key/value groups or a share of one",
+                          flags=("--num-query-groups", "--tensor-model-parallel-size"))
+    if groups < tensor_parallel_size and attention.qk_layernorm_over_projection:
+        raise ConfigError(f"--qk-layernorm-over-projection with --num-query-groups {groups} below "
+                          f"--tensor-model-parallel-size {tensor_parallel_size} is not implemented: the key "
+                          f"norm's features are cut over the TP ranks, which here each read a whole group",
+                          flags=("--qk-layernorm-over-projection", "--num-query-groups",
+                                 "--tensor-model-parallel-size"))
+
+
+def _check_query_key_norms(attention: AttentionSettings) -> None:
+    """The query/key norms' kinds together."""
+    # Megatron-Core has no L2 norm over projections
+    if attention.qk_l2_norm and attention.qk_layernorm_over_projection:
+        raise ConfigError("--qk-l2-norm with --qk-layernorm-over-projection is not implemented: the L2 norm acts "
+                          "over each head of multi-head or grouped-query attention, as in Megatron-Core",
+                          flags=("--qk-l2-norm", "--qk-layernorm-over-projection"))
+    if attention.qk_layernorm_over_projection and not attention.qk_layernorm:
+        raise ConfigError("--qk-layernorm-over-projection says where --qk-layernorm's query and key norms act: add "
+                          "--qk-layernorm", flags=("--qk-layernorm-over-projection", "--qk-layernorm"))

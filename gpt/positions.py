@@ -137,81 +137,86 @@ class PositionSettings:
                               f"positions here are {', '.join(POSITION_EMBEDDING_TYPES)}",
                               flags=("--position-embedding-type",))
         if self.position_embedding_type == "yarn":
-            self._validate_yarn()
+            _check_yarn(self)
         if self.rotary:
-            self._validate_rotary(head_dim)
-        self._validate_longrope(self.rotary_dim(head_dim))
+            _check_rotary(self, head_dim)
+        _check_longrope(self, self.rotary_dim(head_dim))
         for name in ("local_rotary_base", "rotary_seq_len_interpolation_factor"):
             _positive_or_none(name, getattr(self, name))
         if self.no_rope_freq:
             check_no_rope_freq(self.no_rope_freq, num_layers)
 
-    def _validate_yarn(self) -> None:
-        """YaRN as Megatron-Core's YarnRotaryEmbedding computes it: halves, the whole head, one set of frequencies."""
-        if self.rotary_interleaved:  # YarnRotaryEmbedding.get_emb asserts it
-            raise ConfigError("--position-embedding-type yarn with --rotary-interleaved is not implemented: YaRN "
-                              "rotates halves (Megatron-Core's YarnRotaryEmbedding asserts it)",
-                              flags=("--position-embedding-type", "--rotary-interleaved"))
-        if self.rotary_percent != 1.0:
-            raise ConfigError(f"--position-embedding-type yarn with --rotary-percent {self.rotary_percent} is not "
-                              f"implemented: Megatron-Core's YarnRotaryEmbedding computes its frequencies over "
-                              f"the whole head", flags=("--position-embedding-type", "--rotary-percent"))
-        if not self.rotary_scaling_factor > 0:
-            raise ConfigError(f"--rotary-scaling-factor must be positive, got {self.rotary_scaling_factor}",
-                              flags=("--rotary-scaling-factor",))
-        given = [_flag(name) for name in ("local_rotary_base", "rotary_seq_len_interpolation_factor")
-                 if getattr(self, name) is not None]
-        if given:
-            raise ConfigError(f"--position-embedding-type yarn with {', '.join(given)} is not implemented: YaRN's "
-                              f"frequencies are Megatron-Core's YarnRotaryEmbedding's, one set for every layer",
-                              flags=("--position-embedding-type", *given))
 
-    def _validate_rotary(self, head_dim: int) -> None:
-        if not self.rotary_base > 0:
-            raise ConfigError(f"--rotary-base must be positive, got {self.rotary_base}", flags=("--rotary-base",))
-        if self.use_rope_scaling and not self.rope_scaling_factor > 0:
-            raise ConfigError(f"--rope-scaling-factor must be positive, got {self.rope_scaling_factor}",
-                              flags=("--rope-scaling-factor",))
-        if not 0.0 < self.rotary_percent <= 1.0 or self.rotary_dim(head_dim) < 2 or self.rotary_dim(head_dim) % 2:
-            raise ConfigError(f"--rotary-percent {self.rotary_percent} of head dim {head_dim} must rotate an "
-                              "even number of dims, at least 2; choose a percent in (0, 1] that does",
-                              flags=("--rotary-percent",))
+def _check_yarn(positions: PositionSettings) -> None:
+    """YaRN as Megatron-Core's YarnRotaryEmbedding computes it: halves, the whole head, one set of frequencies."""
+    if positions.rotary_interleaved:  # YarnRotaryEmbedding.get_emb asserts it
+        raise ConfigError("--position-embedding-type yarn with --rotary-interleaved is not implemented: YaRN "
+                          "rotates halves (Megatron-Core's YarnRotaryEmbedding asserts it)",
+                          flags=("--position-embedding-type", "--rotary-interleaved"))
+    if positions.rotary_percent != 1.0:
+        raise ConfigError(f"--position-embedding-type yarn with --rotary-percent {positions.rotary_percent} is not "
+                          f"implemented: Megatron-Core's YarnRotaryEmbedding computes its frequencies over "
+                          f"the whole head", flags=("--position-embedding-type", "--rotary-percent"))
+    if not positions.rotary_scaling_factor > 0:
+        raise ConfigError(f"--rotary-scaling-factor must be positive, got {positions.rotary_scaling_factor}",
+                          flags=("--rotary-scaling-factor",))
+    given = [_flag(name) for name in ("local_rotary_base", "rotary_seq_len_interpolation_factor")
+             if getattr(positions, name) is not None]
+    if given:
+        raise ConfigError(f"--position-embedding-type yarn with {', '.join(given)} is not implemented: YaRN's "
+                          f"frequencies are Megatron-Core's YarnRotaryEmbedding's, one set for every layer",
+                          flags=("--position-embedding-type", *given))
 
-    def _validate_longrope(self, rotary_dim: int) -> None:
-        """--position-embedding-type longrope needs both factor lists, one factor per rotary frequency (Phi3Config's
-        validate_rope: `len(short_factor) == rotary_ndims // 2`), and the original context; it is one set of
-        frequencies in halves (Phi3RotaryEmbedding), so no other scaling, local base or interleaving beside it."""
-        given = [name for name in LONGROPE_SETTINGS if getattr(self, name) is not None]
-        if self.position_embedding_type != "longrope":
-            if given:  # they would do nothing
-                flags = tuple(_flag(name) for name in given)
-                raise ConfigError(f"{', '.join(flags)} set LongRoPE, which only --position-embedding-type longrope "
-                                  f"reads (this model's is {self.position_embedding_type})", flags=flags)
-            return
-        for name in LONGROPE_SETTINGS[:3]:
-            if getattr(self, name) is None:
-                raise ConfigError(f"--position-embedding-type longrope needs {_flag(name)}", flags=(_flag(name),))
-        for name in LONGROPE_SETTINGS[:2]:
-            factors = getattr(self, name)
-            if len(factors) != rotary_dim // 2 or not all(0 < value < float("inf") for value in factors):
-                raise ConfigError(f"{_flag(name)} has {len(factors)} factors; LongRoPE takes one positive factor per "
-                                  f"rotary frequency, {rotary_dim // 2} here (rotary dims {rotary_dim} / 2)",
-                                  flags=(_flag(name),))
-        if self.longrope_original_max_position_embeddings < 2:  # its log divides the attention factor's
-            raise ConfigError(f"--longrope-original-max-position-embeddings must be at least 2, got "
-                              f"{self.longrope_original_max_position_embeddings}",
-                              flags=("--longrope-original-max-position-embeddings",))
-        for name in LONGROPE_SETTINGS[3:]:
-            _positive_or_none(name, getattr(self, name))
-        others = [flag for flag, on in (("--rotary-interleaved", self.rotary_interleaved),
-                                        ("--use-rope-scaling", self.use_rope_scaling),
-                                        ("--rotary-seq-len-interpolation-factor",
-                                         self.rotary_seq_len_interpolation_factor is not None),
-                                        ("--local-rotary-base", self.local_rotary_base is not None)) if on]
-        if others:
-            raise ConfigError(f"--position-embedding-type longrope with {', '.join(others)} is not implemented: "
-                              f"LongRoPE is Phi3RotaryEmbedding's one set of frequencies, rotating halves",
-                              flags=("--position-embedding-type", *others))
+
+def _check_rotary(positions: PositionSettings, head_dim: int) -> None:
+    """The rotary's base, Llama 3's scaling factor, and the dims that rotate."""
+    if not positions.rotary_base > 0:
+        raise ConfigError(f"--rotary-base must be positive, got {positions.rotary_base}", flags=("--rotary-base",))
+    if positions.use_rope_scaling and not positions.rope_scaling_factor > 0:
+        raise ConfigError(f"--rope-scaling-factor must be positive, got {positions.rope_scaling_factor}",
+                          flags=("--rope-scaling-factor",))
+    rotary_dim = positions.rotary_dim(head_dim)
+    if not 0.0 < positions.rotary_percent <= 1.0 or rotary_dim < 2 or rotary_dim % 2:
+        raise ConfigError(f"--rotary-percent {positions.rotary_percent} of head dim {head_dim} must rotate an "
+                          "even number of dims, at least 2; choose a percent in (0, 1] that does",
+                          flags=("--rotary-percent",))
+
+
+def _check_longrope(positions: PositionSettings, rotary_dim: int) -> None:
+    """--position-embedding-type longrope needs both factor lists, one factor per rotary frequency (Phi3Config's
+    validate_rope: `len(short_factor) == rotary_ndims // 2`), and the original context; it is one set of
+    frequencies in halves (Phi3RotaryEmbedding), so no other scaling, local base or interleaving beside it."""
+    given = [name for name in LONGROPE_SETTINGS if getattr(positions, name) is not None]
+    if positions.position_embedding_type != "longrope":
+        if given:  # they would do nothing
+            flags = tuple(_flag(name) for name in given)
+            raise ConfigError(f"{', '.join(flags)} set LongRoPE, which only --position-embedding-type longrope "
+                              f"reads (this model's is {positions.position_embedding_type})", flags=flags)
+        return
+    for name in LONGROPE_SETTINGS[:3]:
+        if getattr(positions, name) is None:
+            raise ConfigError(f"--position-embedding-type longrope needs {_flag(name)}", flags=(_flag(name),))
+    for name in LONGROPE_SETTINGS[:2]:
+        factors = getattr(positions, name)
+        if len(factors) != rotary_dim // 2 or not all(0 < value < float("inf") for value in factors):
+            raise ConfigError(f"{_flag(name)} has {len(factors)} factors; LongRoPE takes one positive factor per "
+                              f"rotary frequency, {rotary_dim // 2} here (rotary dims {rotary_dim} / 2)",
+                              flags=(_flag(name),))
+    if positions.longrope_original_max_position_embeddings < 2:  # its log divides the attention factor's
+        raise ConfigError(f"--longrope-original-max-position-embeddings must be at least 2, got "
+                          f"{positions.longrope_original_max_position_embeddings}",
+                          flags=("--longrope-original-max-position-embeddings",))
+    for name in LONGROPE_SETTINGS[3:]:
+        _positive_or_none(name, getattr(positions, name))
+    others = [flag for flag, on in (("--rotary-interleaved", positions.rotary_interleaved),
+                                    ("--use-rope-scaling", positions.use_rope_scaling),
+                                    ("--rotary-seq-len-interpolation-factor",
+                                     positions.rotary_seq_len_interpolation_factor is not None),
+                                    ("--local-rotary-base", positions.local_rotary_base is not None)) if on]
+    if others:
+        raise ConfigError(f"--position-embedding-type longrope with {', '.join(others)} is not implemented: "
+                          f"LongRoPE is Phi3RotaryEmbedding's one set of frequencies, rotating halves",
+                          flags=("--position-embedding-type", *others))
 
 
 def _positive_or_none(name: str, value: Optional[float]) -> None:

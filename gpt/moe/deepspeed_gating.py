@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from base.errors import ConfigError
 from base.options import Const, option
+from gpt.moe.balancing import attach
 
 MLP_TYPES = ("standard", "residual")  # Megatron-DeepSpeed's --mlp-type choices
 
@@ -163,3 +164,26 @@ def topkgating(logits: torch.Tensor, k: int, capacity_factor: float, min_capacit
     kept = torch.gather(mask, 1, top_indices)
     probs = torch.gather(gates_masked, 1, top_indices)
     return probs, torch.where(kept, top_indices, -1), l_aux
+
+
+def deepspeed_gate(router, tokens: torch.Tensor, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSpeed-MoE's TopKGate over `router`'s weight (gpt/moe/router.py TopKRouter; its settings, tracker and
+    layer number): fp32 logits, its gating for k, l_aux x --moe-loss-coeff attached to the weights' gradient and
+    logged as moe_loss."""
+    settings, gating = router.settings, router.settings.deepspeed
+    logits = F.linear(tokens.float(), router.weight.float())
+    factor = gating.train_capacity_factor if training else gating.eval_capacity_factor
+    k = settings.router_topk
+    if k == 1:
+        probs, indices, l_aux = top1gating(logits, factor, gating.min_capacity, gating.token_dropping)
+    elif k == 2:
+        probs, indices, l_aux = top2gating(logits, factor, gating.min_capacity, gating.token_dropping,
+                                           gating.top2_2nd_expert_sampling)
+    else:
+        probs, indices, l_aux = topkgating(logits, k, factor, gating.min_capacity, gating.token_dropping)
+    if training and torch.is_grad_enabled():
+        moe_loss = l_aux * gating.loss_coeff
+        probs = attach(probs, moe_loss, router.tracker)
+        if router.tracker is not None:
+            router.tracker.record("moe_loss", router.layer_number, moe_loss)
+    return probs, indices

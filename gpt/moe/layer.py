@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt.glu import SWIGLU, GatedActivation
-from gpt.moe.balancing import MoELossTracker, attach
-from gpt.moe.deepspeed_gating import top1gating, top2gating, topkgating
+from gpt.moe.balancing import MoELossTracker
+from gpt.moe.deepspeed_gating import deepspeed_gate
 from gpt.moe.dispatcher import LocalDispatcher, TokenDispatcher, choices_of
 from gpt.moe.expert_rows import capacity_routing, choices_per_expert
 from gpt.moe.experts import ExpertMLP, Experts, expert_linear
@@ -99,6 +99,37 @@ class TensorParallelSharedExperts(nn.Module):
         return output
 
 
+def shared_experts_of(hidden_size: int, settings: MoESettings, *, state: ParallelState, plan, xielu: bool,
+                      **mlp) -> Optional[nn.Module]:
+    """The MoE layer's shared experts (--moe-shared-expert-intermediate-size; None without it): under tensor
+    parallelism split through the sequence-parallel `plan`, else whole. `mlp`: the experts' activation, init
+    stds, bias and gated activation."""
+    size = settings.shared_expert_intermediate_size
+    if size is not None and state.tensor_parallel_size > 1:
+        if plan is None or not plan.sequence_parallel:
+            raise ValueError("shared experts under tensor parallelism are built through a sequence-parallel plan")
+        return TensorParallelSharedExperts(hidden_size, size, plan=plan, gate=settings.shared_expert_gate, **mlp)
+    if size is not None:
+        return SharedExperts(hidden_size, size, gate=settings.shared_expert_gate, xielu=xielu, **mlp)
+    return None
+
+
+def residual_moe_of(hidden_size: int, settings: MoESettings, *, init_std: float,
+                    **mlp) -> tuple[Optional[SharedExperts], Optional[nn.Module]]:
+    """--mlp-type residual's dense MLP and its mixing coefficient (DeepSpeed's MoE(use_residual=True)), or (None,
+    None). DeepSpeed's MoE keeps the expert module it was given as `mlp` (the experts are its copies): an MLP like
+    each expert, dense (every rank holds it, reduced over data parallelism as any dense weight)."""
+    if not settings.deepspeed.use_residual:
+        return None, None
+    residual_mlp = SharedExperts(hidden_size, settings.ffn_hidden_size, init_std=init_std, gate=False, **mlp)
+    # nn.Linear(hidden_size, 2) there, with its bias; drawn here as every weight (normal(init_std), the bias zero:
+    # the two outputs start mixed half and half), not by torch's default uniform draw
+    coefficient = nn.Module()
+    coefficient.weight = meta_parameter((2, hidden_size), InitMethod.normal(init_std))
+    coefficient.bias = meta_parameter((2,), InitMethod.zeros())
+    return residual_mlp, coefficient
+
+
 class MoELayer(nn.Module):
     def __init__(self, hidden_size: int, settings: MoESettings, *, state: ParallelState,
                  activation: Callable[[torch.Tensor], torch.Tensor], swiglu: bool, init_std: float,
@@ -131,33 +162,10 @@ class MoELayer(nn.Module):
                                tensor_parallel=state.experts if dispatcher is not None else None, comm=state.comm,
                                expert_parallel=expert_parallel, glu=glu)
         self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(settings.num_experts)
-        if settings.shared_expert_intermediate_size is not None and state.tensor_parallel_size > 1:
-            if plan is None or not plan.sequence_parallel:
-                raise ValueError("shared experts under tensor parallelism are built through a sequence-parallel plan")
-            self.shared_experts = TensorParallelSharedExperts(
-                hidden_size, settings.shared_expert_intermediate_size, plan=plan, activation=activation, swiglu=swiglu,
-                init_std=init_std, output_init_std=output_init_std, bias=bias, gate=settings.shared_expert_gate,
-                glu=glu)
-        elif settings.shared_expert_intermediate_size is not None:
-            self.shared_experts = SharedExperts(hidden_size, settings.shared_expert_intermediate_size,
-                                                activation=activation, swiglu=swiglu, init_std=init_std,
-                                                output_init_std=output_init_std, bias=bias,
-                                                gate=settings.shared_expert_gate, xielu=xielu, glu=glu)
-        else:
-            self.shared_experts = None
-        if settings.deepspeed.use_residual:
-            # DeepSpeed's MoE keeps the expert module it was given as `mlp` (the experts are its copies): an MLP
-            # like each expert, dense (every rank holds it, reduced over data parallelism as any dense weight).
-            self.residual_mlp = SharedExperts(hidden_size, settings.ffn_hidden_size, activation=activation,
-                                              swiglu=swiglu, init_std=init_std, output_init_std=output_init_std,
-                                              bias=bias, gate=False, glu=glu)
-            # nn.Linear(hidden_size, 2) there, with its bias; drawn here as every weight (normal(init_std), the
-            # bias zero: the two outputs start mixed half and half), not by torch's default uniform draw
-            self.coefficient = nn.Module()
-            self.coefficient.weight = meta_parameter((2, hidden_size), InitMethod.normal(init_std))
-            self.coefficient.bias = meta_parameter((2,), InitMethod.zeros())
-        else:
-            self.residual_mlp = self.coefficient = None
+        mlp = dict(activation=activation, swiglu=swiglu, init_std=init_std, output_init_std=output_init_std,
+                   bias=bias, glu=glu)
+        self.shared_experts = shared_experts_of(hidden_size, settings, state=state, plan=plan, xielu=xielu, **mlp)
+        self.residual_mlp, self.coefficient = residual_moe_of(hidden_size, settings, **mlp)
         self.last_tokens_per_expert: Optional[torch.Tensor] = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -168,7 +176,7 @@ class MoELayer(nn.Module):
                 k = self.settings.router_topk
                 output = self._balanced_on_meta(tokens, tokens.new_ones(tokens.shape[0], k) / k)
             else:
-                output = self._experts_of(tokens, *self._deepspeed_gated(tokens))
+                output = self._experts_of(tokens, *deepspeed_gate(self.router, tokens, self.training))
         else:
             probs, routing_map = self.router(tokens, seq, batch)
             if tokens.is_meta:
@@ -200,27 +208,6 @@ class MoELayer(nn.Module):
             return self.dispatcher.combine(self.experts(rows, tokens_per_expert))
         # at most k choices a token without padding (dropless, or dropping past the capacity)
         return self._experts_of(tokens, *choices_of(probs, routing_map, settings.router_topk))
-
-    def _deepspeed_gated(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """DeepSpeed-MoE's TopKGate (gpt/moe/deepspeed_gating.py): fp32 logits, its gating for k, l_aux x
-        --moe-loss-coeff attached to the weights' gradient and logged as moe_loss."""
-        settings, router = self.settings, self.router
-        logits = F.linear(tokens.float(), router.weight.float())
-        factor = settings.deepspeed.train_capacity_factor if self.training else settings.deepspeed.eval_capacity_factor
-        k = settings.router_topk
-        if k == 1:
-            probs, indices, l_aux = top1gating(logits, factor, settings.deepspeed.min_capacity, settings.deepspeed.token_dropping)
-        elif k == 2:
-            probs, indices, l_aux = top2gating(logits, factor, settings.deepspeed.min_capacity, settings.deepspeed.token_dropping,
-                                               settings.deepspeed.top2_2nd_expert_sampling)
-        else:
-            probs, indices, l_aux = topkgating(logits, k, factor, settings.deepspeed.min_capacity, settings.deepspeed.token_dropping)
-        if self.training and torch.is_grad_enabled():
-            moe_loss = l_aux * settings.deepspeed.loss_coeff
-            probs = attach(probs, moe_loss, router.tracker)
-            if router.tracker is not None:
-                router.tracker.record("moe_loss", router.layer_number, moe_loss)
-        return probs, indices
 
     def _experts_of(self, tokens: torch.Tensor, choice_probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         rows, tokens_per_expert = self.dispatcher.dispatch(tokens, choice_probs, indices)

@@ -212,20 +212,7 @@ class MoESettings:
 
     def validate_layers(self, num_layers: int, dense_ffn_size: int) -> None:
         """The counts of --num-experts, then each MoE layer's settings (for_layer) at each count it has."""
-        counts = self.num_experts if self.per_layer else (self.num_experts or 0,)
-        if min(counts) < 0:
-            raise ConfigError(f"--num-experts must be at least 1 (0: no experts, as in Megatron-LM), got {min(counts)}",
-                              flags=("--num-experts",))
-        if largest_expert_count(self.num_experts) is None:
-            return
-        if self.per_layer and self.deepspeed.gating != "deepspeed":
-            raise ConfigError(f"--num-experts {' '.join(map(str, counts))}: a count per MoE layer is "
-                              f"Megatron-DeepSpeed's (DeepSpeed-MoE's gating, a --deepspeed launch or --moe-gating "
-                              f"deepspeed); Megatron-Core's router takes one count, and --moe-layer-freq chooses "
-                              f"the MoE layers", flags=("--num-experts", "--moe-gating"))
-        self.validate_gating()
-        for count in self.distinct_counts(num_layers):
-            self.for_layer(count, dense_ffn_size).validate()
+        _check_counts_and_layers(self, num_layers, dense_ffn_size)
 
     def validate_tensor_parallel(self, tensor_parallel_size: int) -> None:
         """Megatron-DeepSpeed's residual MLP is the experts' template (ParallelMLP(moe=True)), not split over TP."""
@@ -238,119 +225,7 @@ class MoESettings:
     def validate(self) -> None:
         """TransformerConfig.__post_init__'s MoE checks of one layer's settings (for_layer), each as one line naming
         the flags."""
-        self.deepspeed.validate_layer(self.num_experts)
-        if self.deepspeed.gating == "deepspeed":
-            return
-        if not 1 <= self.router_topk <= self.num_experts:
-            why = (": no token would reach an expert (Megatron-LM's load-balancing loss divides by it)"
-                   if self.router_topk < 1 else "")
-            raise ConfigError(f"--moe-router-topk {self.router_topk} must be between 1 and --num-experts "
-                              f"{self.num_experts}{why}", flags=("--moe-router-topk", "--num-experts"))
-        self._validate_choices()
-        if self.ffn_hidden_size < 1:
-            raise ConfigError(f"--moe-ffn-hidden-size must be at least 1, got {self.ffn_hidden_size}: experts 0 wide "
-                              f"output only their bias, no expert computes (Megatron-LM builds them without a check)",
-                              flags=("--moe-ffn-hidden-size",))
-        if self.aux_loss_coeff < 0 or (self.z_loss_coeff or 0.0) < 0:
-            raise ConfigError("--moe-aux-loss-coeff and --moe-z-loss-coeff must not be negative",
-                              flags=("--moe-aux-loss-coeff", "--moe-z-loss-coeff"))
-        self._validate_balancing()
-        self._validate_groups()
-        self._validate_capacity()
-
-    def _validate_choices(self) -> None:
-        if self.router_score_function not in SCORE_FUNCTIONS:
-            raise ConfigError(f"--moe-router-score-function {self.router_score_function} is not implemented: "
-                              f"use {' or '.join(SCORE_FUNCTIONS)}", flags=("--moe-router-score-function",))
-        if self.router_load_balancing_type not in LOAD_BALANCING_TYPES:
-            raise ConfigError(f"--moe-router-load-balancing-type {self.router_load_balancing_type} is not "
-                              f"implemented: use one of {', '.join(LOAD_BALANCING_TYPES)}",
-                              flags=("--moe-router-load-balancing-type",))
-        if self.router_dtype is not None and self.router_dtype not in ROUTER_DTYPES:
-            raise ConfigError(f"--moe-router-dtype {self.router_dtype} is not one of {', '.join(ROUTER_DTYPES)}",
-                              flags=("--moe-router-dtype",))
-        if self.token_drop_policy not in DROP_POLICIES:
-            raise ConfigError(f"--moe-token-drop-policy {self.token_drop_policy} is not one of "
-                              f"{', '.join(DROP_POLICIES)}", flags=("--moe-token-drop-policy",))
-
-    def _validate_balancing(self) -> None:
-        # Megatron: "Please use --moe-router-pre-softmax when topk is 1" (a softmax over one score has no gradient)
-        if (self.router_topk == 1 and self.router_score_function == "softmax" and not self.router_pre_softmax
-                and self.router_load_balancing_type != "sinkhorn"):
-            raise ConfigError("--moe-router-topk 1 with the softmax score needs --moe-router-pre-softmax: a softmax "
-                              "over the one chosen score is 1 and gives the router no gradient (as Megatron-LM "
-                              "asserts)", flags=("--moe-router-topk", "--moe-router-pre-softmax"))
-        if self.router_load_balancing_type == "sinkhorn" and self.aux_loss_coeff > 0:
-            raise ConfigError("--moe-router-load-balancing-type sinkhorn balances without an auxiliary loss: set "
-                              "--moe-aux-loss-coeff 0 (as Megatron-LM asserts)",
-                              flags=("--moe-router-load-balancing-type", "--moe-aux-loss-coeff"))
-        if self.router_enable_expert_bias and self.router_score_function != "sigmoid":
-            raise ConfigError("--moe-router-enable-expert-bias (aux-loss-free balancing) needs "
-                              "--moe-router-score-function sigmoid (as Megatron-LM requires)",
-                              flags=("--moe-router-enable-expert-bias", "--moe-router-score-function"))
-
-    def _validate_groups(self) -> None:
-        """Group-limited routing: both sizes, the groups dividing the experts and the top-k."""
-        if self.router_group_topk is None and self.router_num_groups is None:
-            return
-        experts, groups, group_topk = self.num_experts, self.router_num_groups, self.router_group_topk
-        if not groups or not group_topk:
-            raise ConfigError("group-limited routing needs both --moe-router-num-groups and "
-                              "--moe-router-group-topk", flags=("--moe-router-num-groups", "--moe-router-group-topk"))
-        if experts % groups or not 1 <= group_topk <= groups or self.router_topk % group_topk:
-            raise ConfigError(f"--moe-router-num-groups {groups} must divide --num-experts {experts}, "
-                              f"--moe-router-group-topk {group_topk} must be at most the groups and divide "
-                              f"--moe-router-topk {self.router_topk}",
-                              flags=("--moe-router-num-groups", "--moe-router-group-topk"))
-        if self.router_topk // group_topk > experts // groups:
-            # Megatron-Core's group_limited_topk takes the top topk/group_topk scores of each group: past the
-            # group's experts it is torch.topk's "selected index k out of range" (a traceback, there and before)
-            raise ConfigError(f"--moe-router-topk {self.router_topk} over --moe-router-group-topk {group_topk} "
-                              f"groups takes {self.router_topk // group_topk} experts of each, more than the "
-                              f"{experts // groups} of a group (--num-experts {experts} / --moe-router-num-groups "
-                              f"{groups})", flags=("--moe-router-topk", "--moe-router-group-topk",
-                                                   "--moe-router-num-groups"))
-
-    def _validate_capacity(self) -> None:
-        """The capacity and the shared expert."""
-        if self.expert_capacity_factor is not None:
-            if self.router_load_balancing_type == "sinkhorn":
-                raise ConfigError("--moe-expert-capacity-factor works with aux_loss, seq_aux_loss, global_aux_loss "
-                                  "or none load balancing (as Megatron-LM requires), not sinkhorn",
-                                  flags=("--moe-expert-capacity-factor", "--moe-router-load-balancing-type"))
-        elif self.pad_expert_input_to_capacity:
-            raise ConfigError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor",
-                              flags=("--moe-pad-expert-input-to-capacity", "--moe-expert-capacity-factor"))
-        if self.shared_expert_intermediate_size is not None and self.shared_expert_intermediate_size < 1:
-            raise ConfigError(f"--moe-shared-expert-intermediate-size must be at least 1, got "
-                              f"{self.shared_expert_intermediate_size}, as Megatron-LM's TransformerConfig raises "
-                              f"(leave the flag out for no shared expert)",
-                              flags=("--moe-shared-expert-intermediate-size",))
-        if self.shared_expert_gate and self.shared_expert_intermediate_size is None:
-            raise ConfigError("--moe-shared-expert-gate gates the shared expert: give "
-                              "--moe-shared-expert-intermediate-size", flags=("--moe-shared-expert-gate",))
-
-    def validate_gating(self) -> None:
-        """DeepSpeed-MoE (a Megatron-DeepSpeed launch) reads --topk, --moe-train-capacity-factor, ...; Megatron-Core's
-        router reads --moe-router-topk, --moe-aux-loss-coeff, ...: the other side's flags would do nothing, so a
-        launch giving them is told in one line. DeepSpeed-MoE's own choices first."""
-        self.deepspeed.validate()
-        deepspeed = self.deepspeed.gating == "deepspeed"
-        defaults = MoESettings()
-        if deepspeed:
-            other = [_flag(self, name) for name in ROUTER_SETTINGS if getattr(self, name) != getattr(defaults, name)]
-        else:
-            other = [_flag(self.deepspeed, f.name) for f in dataclasses.fields(DeepSpeedMoESettings)
-                     if f.name != "gating" and getattr(self.deepspeed, f.name) != getattr(defaults.deepspeed, f.name)]
-        if other:
-            raise ConfigError(
-                f"{', '.join(other)} " + (
-                    "set Megatron-Core's router, but this Megatron-DeepSpeed launch gates by DeepSpeed-MoE "
-                    "(--topk, --moe-train-capacity-factor, --moe-loss-coeff, ...): drop them, or pass --moe-gating "
-                    "megatron" if deepspeed else
-                    "set DeepSpeed-MoE's gating, which a Megatron-DeepSpeed launch (--deepspeed) or --moe-gating "
-                    "deepspeed takes; this launch uses Megatron-Core's router (--moe-router-topk, ...)"),
-                flags=tuple(other))
+        _check_layer_settings(self)
 
     @property
     def per_layer(self) -> bool:
@@ -366,7 +241,151 @@ class MoESettings:
         return self.aux_loss_coeff if self.router_load_balancing_type == kind else 0.0
 
 
-# Megatron-Core's router's settings: a launch gating by DeepSpeed-MoE that gives them is told (validate_gating)
+def _check_counts_and_layers(moe: MoESettings, num_layers: int, dense_ffn_size: int) -> None:
+    """MoESettings.validate_layers: no negative count, a count per layer only under DeepSpeed-MoE's gating, the
+    gating's flags, then one MoE layer's settings at each count."""
+    counts = moe.num_experts if moe.per_layer else (moe.num_experts or 0,)
+    if min(counts) < 0:
+        raise ConfigError(f"--num-experts must be at least 1 (0: no experts, as in Megatron-LM), got {min(counts)}",
+                          flags=("--num-experts",))
+    if largest_expert_count(moe.num_experts) is None:
+        return
+    if moe.per_layer and moe.deepspeed.gating != "deepspeed":
+        raise ConfigError(f"--num-experts {' '.join(map(str, counts))}: a count per MoE layer is "
+                          f"Megatron-DeepSpeed's (DeepSpeed-MoE's gating, a --deepspeed launch or --moe-gating "
+                          f"deepspeed); Megatron-Core's router takes one count, and --moe-layer-freq chooses "
+                          f"the MoE layers", flags=("--num-experts", "--moe-gating"))
+    _check_gating(moe)
+    for count in moe.distinct_counts(num_layers):
+        moe.for_layer(count, dense_ffn_size).validate()
+
+
+def _check_layer_settings(moe: MoESettings) -> None:
+    """MoESettings.validate: DeepSpeed-MoE's layer (its gating stops there), else the top-k, the choices, the
+    experts' width, the losses' coefficients, balancing, groups and capacity, in that order."""
+    moe.deepspeed.validate_layer(moe.num_experts)
+    if moe.deepspeed.gating == "deepspeed":
+        return
+    if not 1 <= moe.router_topk <= moe.num_experts:
+        why = (": no token would reach an expert (Megatron-LM's load-balancing loss divides by it)"
+               if moe.router_topk < 1 else "")
+        raise ConfigError(f"--moe-router-topk {moe.router_topk} must be between 1 and --num-experts "
+                          f"{moe.num_experts}{why}", flags=("--moe-router-topk", "--num-experts"))
+    _check_choices(moe)
+    if moe.ffn_hidden_size < 1:
+        raise ConfigError(f"--moe-ffn-hidden-size must be at least 1, got {moe.ffn_hidden_size}: experts 0 wide "
+                          f"output only their bias, no expert computes (Megatron-LM builds them without a check)",
+                          flags=("--moe-ffn-hidden-size",))
+    if moe.aux_loss_coeff < 0 or (moe.z_loss_coeff or 0.0) < 0:
+        raise ConfigError("--moe-aux-loss-coeff and --moe-z-loss-coeff must not be negative",
+                          flags=("--moe-aux-loss-coeff", "--moe-z-loss-coeff"))
+    _check_balancing(moe)
+    _check_groups(moe)
+    _check_capacity(moe)
+
+
+def _check_choices(moe: MoESettings) -> None:
+    """The router's named choices, each among those built (refused here rather than by argparse's choices)."""
+    if moe.router_score_function not in SCORE_FUNCTIONS:
+        raise ConfigError(f"--moe-router-score-function {moe.router_score_function} is not implemented: "
+                          f"use {' or '.join(SCORE_FUNCTIONS)}", flags=("--moe-router-score-function",))
+    if moe.router_load_balancing_type not in LOAD_BALANCING_TYPES:
+        raise ConfigError(f"--moe-router-load-balancing-type {moe.router_load_balancing_type} is not "
+                          f"implemented: use one of {', '.join(LOAD_BALANCING_TYPES)}",
+                          flags=("--moe-router-load-balancing-type",))
+    if moe.router_dtype is not None and moe.router_dtype not in ROUTER_DTYPES:
+        raise ConfigError(f"--moe-router-dtype {moe.router_dtype} is not one of {', '.join(ROUTER_DTYPES)}",
+                          flags=("--moe-router-dtype",))
+    if moe.token_drop_policy not in DROP_POLICIES:
+        raise ConfigError(f"--moe-token-drop-policy {moe.token_drop_policy} is not one of "
+                          f"{', '.join(DROP_POLICIES)}", flags=("--moe-token-drop-policy",))
+
+
+def _check_balancing(moe: MoESettings) -> None:
+    """What Megatron-LM asserts of the scores and the balancing together."""
+    # Megatron: "Please use --moe-router-pre-softmax when topk is 1" (a softmax over one score has no gradient)
+    if (moe.router_topk == 1 and moe.router_score_function == "softmax" and not moe.router_pre_softmax
+            and moe.router_load_balancing_type != "sinkhorn"):
+        raise ConfigError("--moe-router-topk 1 with the softmax score needs --moe-router-pre-softmax: a softmax "
+                          "over the one chosen score is 1 and gives the router no gradient (as Megatron-LM "
+                          "asserts)", flags=("--moe-router-topk", "--moe-router-pre-softmax"))
+    if moe.router_load_balancing_type == "sinkhorn" and moe.aux_loss_coeff > 0:
+        raise ConfigError("--moe-router-load-balancing-type sinkhorn balances without an auxiliary loss: set "
+                          "--moe-aux-loss-coeff 0 (as Megatron-LM asserts)",
+                          flags=("--moe-router-load-balancing-type", "--moe-aux-loss-coeff"))
+    if moe.router_enable_expert_bias and moe.router_score_function != "sigmoid":
+        raise ConfigError("--moe-router-enable-expert-bias (aux-loss-free balancing) needs "
+                          "--moe-router-score-function sigmoid (as Megatron-LM requires)",
+                          flags=("--moe-router-enable-expert-bias", "--moe-router-score-function"))
+
+
+def _check_groups(moe: MoESettings) -> None:
+    """Group-limited routing: both sizes, the groups dividing the experts and the top-k."""
+    if moe.router_group_topk is None and moe.router_num_groups is None:
+        return
+    experts, groups, group_topk = moe.num_experts, moe.router_num_groups, moe.router_group_topk
+    if not groups or not group_topk:
+        raise ConfigError("group-limited routing needs both --moe-router-num-groups and "
+                          "--moe-router-group-topk", flags=("--moe-router-num-groups", "--moe-router-group-topk"))
+    if experts % groups or not 1 <= group_topk <= groups or moe.router_topk % group_topk:
+        raise ConfigError(f"--moe-router-num-groups {groups} must divide --num-experts {experts}, "
+                          f"--moe-router-group-topk {group_topk} must be at most the groups and divide "
+                          f"--moe-router-topk {moe.router_topk}",
+                          flags=("--moe-router-num-groups", "--moe-router-group-topk"))
+    if moe.router_topk // group_topk > experts // groups:
+        # Megatron-Core's group_limited_topk takes the top topk/group_topk scores of each group: past the
+        # group's experts it is torch.topk's "selected index k out of range" (a traceback, there and before)
+        raise ConfigError(f"--moe-router-topk {moe.router_topk} over --moe-router-group-topk {group_topk} "
+                          f"groups takes {moe.router_topk // group_topk} experts of each, more than the "
+                          f"{experts // groups} of a group (--num-experts {experts} / --moe-router-num-groups "
+                          f"{groups})", flags=("--moe-router-topk", "--moe-router-group-topk",
+                                               "--moe-router-num-groups"))
+
+
+def _check_capacity(moe: MoESettings) -> None:
+    """The capacity and the shared expert."""
+    if moe.expert_capacity_factor is not None:
+        if moe.router_load_balancing_type == "sinkhorn":
+            raise ConfigError("--moe-expert-capacity-factor works with aux_loss, seq_aux_loss, global_aux_loss "
+                              "or none load balancing (as Megatron-LM requires), not sinkhorn",
+                              flags=("--moe-expert-capacity-factor", "--moe-router-load-balancing-type"))
+    elif moe.pad_expert_input_to_capacity:
+        raise ConfigError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor",
+                          flags=("--moe-pad-expert-input-to-capacity", "--moe-expert-capacity-factor"))
+    if moe.shared_expert_intermediate_size is not None and moe.shared_expert_intermediate_size < 1:
+        raise ConfigError(f"--moe-shared-expert-intermediate-size must be at least 1, got "
+                          f"{moe.shared_expert_intermediate_size}, as Megatron-LM's TransformerConfig raises "
+                          f"(leave the flag out for no shared expert)",
+                          flags=("--moe-shared-expert-intermediate-size",))
+    if moe.shared_expert_gate and moe.shared_expert_intermediate_size is None:
+        raise ConfigError("--moe-shared-expert-gate gates the shared expert: give "
+                          "--moe-shared-expert-intermediate-size", flags=("--moe-shared-expert-gate",))
+
+
+def _check_gating(moe: MoESettings) -> None:
+    """DeepSpeed-MoE (a Megatron-DeepSpeed launch) reads --topk, --moe-train-capacity-factor, ...; Megatron-Core's
+    router reads --moe-router-topk, --moe-aux-loss-coeff, ...: the other side's flags would do nothing, so a
+    launch giving them is told in one line. DeepSpeed-MoE's own choices first."""
+    moe.deepspeed.validate()
+    deepspeed = moe.deepspeed.gating == "deepspeed"
+    defaults = MoESettings()
+    if deepspeed:
+        other = [_flag(moe, name) for name in ROUTER_SETTINGS if getattr(moe, name) != getattr(defaults, name)]
+    else:
+        other = [_flag(moe.deepspeed, f.name) for f in dataclasses.fields(DeepSpeedMoESettings)
+                 if f.name != "gating" and getattr(moe.deepspeed, f.name) != getattr(defaults.deepspeed, f.name)]
+    if other:
+        raise ConfigError(
+            f"{', '.join(other)} " + (
+                "set Megatron-Core's router, but this Megatron-DeepSpeed launch gates by DeepSpeed-MoE "
+                "(--topk, --moe-train-capacity-factor, --moe-loss-coeff, ...): drop them, or pass --moe-gating "
+                "megatron" if deepspeed else
+                "set DeepSpeed-MoE's gating, which a Megatron-DeepSpeed launch (--deepspeed) or --moe-gating "
+                "deepspeed takes; this launch uses Megatron-Core's router (--moe-router-topk, ...)"),
+            flags=tuple(other))
+
+
+# Megatron-Core's router's settings: a launch gating by DeepSpeed-MoE that gives them is told (_check_gating)
 ROUTER_SETTINGS = ("router_topk", "router_score_function", "router_pre_softmax", "router_topk_scaling_factor",
                    "router_dtype", "router_num_groups", "router_group_topk", "router_enable_expert_bias",
                    "router_bias_update_rate", "router_force_load_balancing", "router_load_balancing_type",
