@@ -18,7 +18,6 @@ activations peak, and adds the sends and the TP and DP traffic of the M - M' it 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -104,17 +103,14 @@ class PipelinePlanObserver(PlanObserver):
         return self.steps
 
     def watch_parameter_gradients(self, parameters) -> None:
-        """A parameter's gradient exists from its arrival until the reducer's hook takes it: read what is live then
-        (the embedding's arrives last in its chunk's backward, when that chunk's saved tensors are freed), and a
-        gradient accumulated before it in the same backward."""
+        """A parameter's gradient exists from its arrival until the reducer's hook takes it (into its main gradient,
+        or added in place where the gradients are views of the buffer): read what is live then, the embedding's
+        last in its chunk's backward, when that chunk's saved tensors are freed."""
         for parameter in parameters:
-            parameter.register_hook(functools.partial(self._gradient_arrives, parameter))
+            parameter.register_hook(self._gradient_arrives)
 
-    def _gradient_arrives(self, parameter, grad) -> None:
-        held = grad.numel() * grad.element_size()
-        if parameter.grad is not None:
-            held += parameter.grad.numel() * parameter.grad.element_size()
-        self.gradient_arrivals.append(self.monitor.meter.live["device"] + self._beside + held)
+    def _gradient_arrives(self, grad: torch.Tensor) -> None:
+        self.gradient_arrivals.append(self.monitor.meter.live["device"] + self._beside + grad.numel() * grad.element_size())
 
     def schedule(self, slots) -> None:
         self.slots = list(slots)

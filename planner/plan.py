@@ -139,7 +139,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                  plan.contiguous_checkpoint_buffer_bytes["device"])] if plan.contiguous_checkpoint_buffer_bytes["device"]
                else []),
              ("logits of one micro-batch (transient)", plan.logits_bytes),
-             *([("pipeline sends held at once (until a receive two slots on)", plan.p2p_held_bytes),
+             *([("pipeline sends held at once (each until its rank's slot two on)", plan.p2p_held_bytes),
                 ("  peak of saved activations, held sends and gloo's copy over the schedule",
                  stages.pass_peak_bytes)] if stages is not None else []),
              ("gradients in flight: logits, block boundaries and the MLP's", plan.gradient_working_bytes),

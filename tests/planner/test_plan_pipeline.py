@@ -53,7 +53,7 @@ def test_each_stage_plans_its_own_layers_and_its_schedules_activations():
     # only the last stage has logits and a loss
     assert first.logits_bytes == 0 and last.logits_bytes == whole.logits_bytes > 0
     # each stage sends one message per micro-batch: activations forward from the first, gradients back from the last,
-    # each held until a receive of its rank two slots on (parallel/p2p.py): the first stage's warm-up forward and
+    # each held until its rank's slot two on (parallel/p2p.py): the first stage's warm-up forward and
     # the next, not all four
     assert first.pipeline.p2p_sent_bytes == last.pipeline.p2p_sent_bytes == 4 * MESSAGE
     assert first.pipeline.p2p_held_bytes == 2 * MESSAGE
