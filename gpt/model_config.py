@@ -4,6 +4,7 @@ pipeline or the flag parser from here (arguments/config.py holds one as `Pretrai
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -125,6 +126,11 @@ class ModelConfig:
     def ffn_size(self) -> int:
         """--ffn-hidden-size, else Megatron-LM's default: 4h, or SwiGLU's two thirds of it (gpt/mlp.py)."""
         return self.mlp.ffn_size(self.hidden_size, self.ffn_hidden_size)
+
+    @property
+    def output_init_std(self) -> float:
+        """The residual branches' output projections' std: GPT-2's and Megatron's init_method_std / sqrt(2 layers)."""
+        return self.init_method_std / math.sqrt(2.0 * self.num_layers)
 
     @property
     def head_dim(self) -> int:

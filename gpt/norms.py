@@ -75,6 +75,11 @@ class NormSettings:
             raise ConfigError(f"--layernorm-epsilon must be positive, got {self.layernorm_epsilon}",
                               flags=("--layernorm-epsilon",))
 
+    def build(self, hidden_size: int, sequence_parallel_state=None, recompute: bool = False) -> nn.Module:
+        """A norm of this kind, epsilon and gain over `hidden_size` features (normalization's arguments)."""
+        return normalization(self.normalization, hidden_size, self.layernorm_epsilon, sequence_parallel_state,
+                             self.apply_layernorm_1p, recompute)
+
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
     """RMSNorm keeping only its input (and the gain) for backward, the fp32 work done again there
