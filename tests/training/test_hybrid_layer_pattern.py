@@ -101,3 +101,30 @@ def test_attention_and_mla_in_one_model_train_at_tp2_and_pp2_as_on_one_rank():
                                                                 abs=0), name
         assert [norm for _, norm in outcomes] == pytest.approx([norm for _, norm in one_rank],
                                                                 rel=GRAD_NORM_TOLERANCE, abs=0), name
+
+
+@pytest.mark.slow
+def test_a_mixed_pattern_saved_on_one_rank_resumes_at_tp2_with_the_straight_runs_losses(corpus_cache_300, tmp_path):
+    """Both mixers' parameters are saved under their own names (this project's format): the mixed model saved at
+    iteration 2 on one rank continues at TP 2 + SP to the straight one-rank run's losses (fp32 tolerance)."""
+    import pretrain_gpt
+    from scripts.layout_fuzz import LOSS_TOLERANCE
+    from tests.reliability_helpers import TINY, metrics_records
+    from tests.training.test_moe_training import launch_rank
+
+    tiny = TINY[2:] if TINY[:2] == ["--num-layers", "1"] else TINY  # the pattern sets the depth
+    argv = [*tiny, *MIXED, "--train-iters", "4", "--data-cache-dir", corpus_cache_300]
+    straight, parts, save = tmp_path / "straight.jsonl", tmp_path / "parts.jsonl", tmp_path / "ckpt"
+    assert pretrain_gpt.main([*argv, "--metrics-file", str(straight)]) == 0
+    assert pretrain_gpt.main([*argv, "--metrics-file", str(parts), "--save", str(save), "--exit-interval", "2"]) == 0
+    resumed = [*argv, "--tensor-model-parallel-size", "2", "--sequence-parallel", "--load", str(save),
+               "--metrics-file", str(tmp_path / "resumed.jsonl")]
+    run_distributed(launch_rank, 2, [resumed], [free_port()], timeout=300)
+
+    def losses(path):
+        return {r["iteration"]: r["loss"] for r in metrics_records(path) if "loss" in r and "split" not in r}
+
+    after = losses(tmp_path / "resumed.jsonl")
+    assert sorted(after) == [3, 4]  # continued, not restarted
+    assert [after[i] for i in (3, 4)] == pytest.approx([losses(straight)[i] for i in (3, 4)], rel=LOSS_TOLERANCE,
+                                                       abs=0)
