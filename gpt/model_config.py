@@ -33,9 +33,10 @@ class ModelConfig:
     # Megatron-LM's HybridModel pattern, read as GPT blocks (gpt/hybrid_pattern.py, arguments/megatron/)
     hybrid_layer_pattern: Optional[str] = option(
         None, aliases={"--hybrid-override-pattern": "Megatron-LM (deprecated)"},
-        help="Megatron-LM's layer pattern: `*-` a dense block, `*E` an MoE block, `|` between pipeline segments "
-             "(segment k: model chunk k // PP of rank k mod PP), `/` then one block per MTP depth, e.g. '*-*E|*E*E/*E'; "
-             "sets --num-layers, --moe-layer-freq, the stages and --mtp-num-layers")
+        help="Megatron-LM's layer pattern: `*-` a dense block, `*E` an MoE block, `+-` and `+E` their multi-latent "
+             "attention (with --multi-latent-attention's sizes), `|` between pipeline segments (segment k: model "
+             "chunk k // PP of rank k mod PP), `/` then one block per MTP depth, e.g. '*-*E|*E*E/*E'; sets "
+             "--num-layers, --moe-layer-freq, the stages and --mtp-num-layers")
     hidden_size: int = 128
     num_attention_heads: int = 4
     # Megatron-Core's kv_channels, transformers' head_dim: heads x width may differ from hidden (Qwen3's 32 x 128, 2560)
