@@ -377,24 +377,23 @@ class TransformerBlock(nn.Module):
         recomputed_norms = ("input_layernorm", "post_attention_layernorm") \
             if "layernorm" in config.recompute.modules else ()
 
-        def norm(region: str) -> nn.Module:
-            return norms.build(h, plan.norm_state(region), recompute=region in recomputed_norms)
-
         # --sublayer-norms: the norms on each sublayer's input (GPT-2, Llama), on its output inside the residual
         # branch (OLMo 2: transformers' Olmo2DecoderLayer, residual + norm(attn(x))), or both (Gemma 2/3)
-        places = norms.sublayer_norms
-        self.input_layernorm = norm("input_layernorm") if places != "output" else None
+        def norm(place: str, region: str) -> Optional[nn.Module]:
+            return norms.build_sublayer(place, h, plan.norm_state(region), recompute=region in recomputed_norms)
+
+        self.input_layernorm = norm("input", "input_layernorm")
         # the spec's mixer: attention at its window and rotary, or multi-latent attention (gpt/mla.py)
         self.attention = MIXERS[spec.mixer](config, plan, rng, spec, rotary_cache)
-        self.post_attention_layernorm = norm("post_attention_layernorm") if places != "output" else None
+        self.post_attention_layernorm = norm("input", "post_attention_layernorm")
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
         # the spec's MLP: dense or gated (gpt/mlp.py), or an MoE layer (gpt/moe/layer.py) with its experts and, under
         # expert parallelism, the plan's dispatcher
         self.mlp = MLPS[spec.mlp](config, plan, spec, layer_number, moe_tracker)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
         # registered after the rest, so that a model without them keeps its parameters' order
-        self.attention_output_layernorm = norm("attention_output_layernorm") if places != "input" else None
-        self.mlp_output_layernorm = norm("mlp_output_layernorm") if places != "input" else None
+        self.attention_output_layernorm = norm("output", "attention_output_layernorm")
+        self.mlp_output_layernorm = norm("output", "mlp_output_layernorm")
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                 cache: Optional[LayerCache] = None) -> torch.Tensor:
