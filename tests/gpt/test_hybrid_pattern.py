@@ -137,3 +137,16 @@ def test_each_refusal_is_one_line(name):
     message = str(refused.value)
     assert "\n" not in message and "problems:" not in message, message  # one line, one problem
     assert words in message, message
+
+
+@pytest.mark.parametrize("symbol, family", [("M", "Mamba"), ("G", "Gated DeltaNet (GDN)"),
+                                            ("D", "DeepSeek sparse attention (DSA)")])
+def test_pretrain_hybrid_refuses_a_layer_family_not_built_in_one_line_exit_2(symbol, family):
+    """Through the command line (base.errors.run_tool): one line on stderr naming the symbol, exit 2."""
+    import pretrain_hybrid
+    from tests.reliability_helpers import run_main
+
+    outcome = run_main(pretrain_hybrid.main, ["--hybrid-layer-pattern", f"*-{symbol}-", "--device", "cpu"])
+    lines = outcome.err.strip().splitlines()
+    assert outcome.code == 2 and len(lines) == 1 and "Traceback" not in outcome.err, outcome.err
+    assert f"`{symbol}` ({family}) layers are not built here" in lines[0]
