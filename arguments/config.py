@@ -1167,9 +1167,11 @@ class PretrainConfig:
             ("multi-latent attention's query norm without --q-lora-rank (Megatron-Core builds none)",
              model.mla.multi_latent_attention and model.attention.qk_layernorm and model.mla.q_lora_rank is None),
             # a pattern's save is HybridModel's layout (checkpoint/torch_dist/names.py hybrid_megatron_placement),
-            # whose table holds plain attention's names only
-            ("multi-latent attention under --hybrid-layer-pattern (HybridModel's layout is written here for plain "
-             "attention)", model.mla.multi_latent_attention and bool(model.hybrid_layer_pattern)),
+            # whose `+` layers (hybrid_layer_specs.py mla_layer: q_layernorm and kv_layernorm IdentityOp) hold no
+            # latent norms
+            ("multi-latent attention's latent norms (--qk-layernorm) under --hybrid-layer-pattern (HybridModel's "
+             "MLA layers build none)", model.mla.multi_latent_attention and bool(model.hybrid_layer_pattern)
+             and model.attention.qk_layernorm),
             # MoE MTP layers are written in GPTModel's layout (an MTP transformer layer's experts, router and expert
             # bias); HybridModel's MTP depths holding experts were never continued by Megatron-LM
             ("an MoE multi-token prediction depth under --hybrid-layer-pattern",

@@ -1,16 +1,18 @@
 """Megatron-LM's --hybrid-layer-pattern, read as the GPT blocks it names.
 
 Megatron-Core's HybridModel (megatron/core/models/hybrid/hybrid_layer_allocation.py @ d98e8a64) builds one layer
-per symbol: `*` attention, `-` MLP, `E` MoE (and `M` Mamba, `G` Gated DeltaNet, `D` DeepSeek sparse attention, `+`
-multi-latent attention); `|` separates pipeline segments, segment vp * PP + pp_rank being model chunk vp of
+per symbol: `*` attention, `+` multi-latent attention, `-` MLP, `E` MoE (and `M` Mamba, `G` Gated DeltaNet, `D`
+DeepSeek sparse attention); `|` separates pipeline segments, segment vp * PP + pp_rank being model chunk vp of
 pipeline rank pp_rank (select_pipeline_segment); `/` starts the MTP patterns, "<main>/<mtp>/<mtp>", one per MTP
-depth, all identical (parse_hybrid_pattern). A block here is attention then its MLP, so the patterns built here
-are those made of `*-` (a dense block) and `*E` (an MoE block): `*-*E` is two blocks, the second an MoE block.
-What no block here is (another layer family, an attention layer without its MLP, an MLP without its attention, a
-`|` between a block's two layers) is refused in one line.
+depth, all identical (parse_hybrid_pattern). A block here is a mixer then its MLP, so the patterns built here are
+those made of `*-`, `*E`, `+-` and `+E`: `*-+E` is two blocks, the second MLA then MoE. What no block here is
+(another layer family, a mixer without its MLP, an MLP without its mixer, a `|` between a block's two layers) is
+refused in one line.
 
 The settings the pattern gives are the GPT path's own (the depth, --moe-layer-freq's per-layer list, the stages as
---pipeline-model-parallel-layout, --mtp-num-layers); arguments/megatron/hybrid_layer_pattern.py sets them.
+--pipeline-model-parallel-layout, --mtp-num-layers); arguments/megatron/hybrid_layer_pattern.py sets them, and
+gpt/layer_spec.py reads each block's mixer. `+` layers take multi-latent attention's sizes from
+--multi-latent-attention's flags, as Megatron-LM builds them only under it (MLATransformerConfig).
 """
 
 from __future__ import annotations
@@ -21,20 +23,20 @@ from typing import Optional
 from base.errors import ConfigError
 
 FLAG = "--hybrid-layer-pattern"
-ATTENTION, MLP, MOE, PIPE, MTP_SEPARATOR = "*", "-", "E", "|", "/"
-BLOCKS = (ATTENTION + MLP, ATTENTION + MOE)
+ATTENTION, MLA, MLP, MOE, PIPE, MTP_SEPARATOR = "*", "+", "-", "E", "|", "/"
+MIXERS = (ATTENTION, MLA)
+BLOCKS = tuple(mixer + mlp for mixer in MIXERS for mlp in (MLP, MOE))
 # Megatron-Core's other layer symbols (Symbols, hybrid_layer_allocation.py @ d98e8a64), each a layer family not
 # built here
-NOT_BUILT = {"M": "Mamba", "G": "Gated DeltaNet (GDN)", "D": "DeepSeek sparse attention (DSA)",
-             "+": "multi-latent attention (MLA)"}
-BLOCKS_HERE = ("the layers here are attention-then-MLP blocks: a block is `*-` (dense) or `*E` (MoE), so a `*` "
-               "is followed by its `-` or `E` and each `-` or `E` follows its `*`")
+NOT_BUILT = {"M": "Mamba", "G": "Gated DeltaNet (GDN)", "D": "DeepSeek sparse attention (DSA)"}
+BLOCKS_HERE = ("the layers here are mixer-then-MLP blocks: a block is `*-`, `*E` (attention), `+-` or `+E` (MLA), so "
+               "a `*` or `+` is followed by its `-` or `E` and each `-` or `E` follows its mixer")
 
 
 @dataclass(frozen=True)
 class HybridPattern:
     text: str
-    segments: tuple[tuple[str, ...], ...]  # the main pattern's `|` segments, each its blocks ("*-" or "*E")
+    segments: tuple[tuple[str, ...], ...]  # the main pattern's `|` segments, each its blocks ("*-", "+E", ...)
     mtp_block: Optional[str]               # the block of each MTP depth, None without MTP
     mtp_depth: int
 
@@ -53,7 +55,11 @@ class HybridPattern:
         return 2 * self.num_layers
 
     def moe_layers(self) -> tuple[bool, ...]:
-        return tuple(block == ATTENTION + MOE for block in self.blocks)
+        return tuple(block[1] == MOE for block in self.blocks)
+
+    def mixers(self) -> tuple[str, ...]:
+        """Each block's mixer symbol, `*` (attention) or `+` (MLA)."""
+        return tuple(block[0] for block in self.blocks)
 
     def moe_layer_freq(self) -> str:
         """--moe-layer-freq as a list expression, one 0 (dense) or 1 (MoE) per block."""
@@ -76,8 +82,8 @@ def _check_symbols(text: str) -> None:
     for symbol in text:
         if symbol in NOT_BUILT:
             raise _refuse(text, f"`{symbol}` ({NOT_BUILT[symbol]}) layers are not built here; the pattern builds "
-                                f"`*` attention, `-` MLP and `E` MoE layers")
-        if symbol not in (ATTENTION, MLP, MOE, PIPE, MTP_SEPARATOR):
+                                f"`*` attention, `+` MLA, `-` MLP and `E` MoE layers")
+        if symbol not in (*MIXERS, MLP, MOE, PIPE, MTP_SEPARATOR):
             raise _refuse(text, f"{symbol!r} is not a layer symbol (Megatron-Core's: `*` attention, `-` MLP, `E` MoE, "
                                 f"`M` Mamba, `G` GDN, `D` DSA, `+` MLA; `|` a pipeline segment boundary, `/` MTP)")
 
@@ -105,22 +111,22 @@ def parse_hybrid_pattern(text: str) -> HybridPattern:
         mtp = _blocks(text, mtp_parts[0])
         if len(mtp) != 1:
             raise _refuse(text, f"the MTP pattern {mtp_parts[0]!r} holds {len(mtp)} blocks: an MTP layer here is one "
-                                f"block (Megatron-Core's GPT MTP layer), `*-` or `*E`")
+                                f"block (Megatron-Core's GPT MTP layer), `*-`, `*E`, `+-` or `+E`")
         mtp_block = mtp[0]
     segments = main.split(PIPE)
     for left, right in zip(segments, segments[1:]):
-        if left.endswith(ATTENTION) and right[:1] in (MLP, MOE):
-            raise _refuse(text, f"`|` splits the block {ATTENTION + right[0]!r} between two pipeline segments: a "
-                                f"segment holds whole blocks (attention then its MLP)")
+        if left[-1:] in MIXERS and right[:1] in (MLP, MOE):
+            raise _refuse(text, f"`|` splits the block {left[-1] + right[0]!r} between two pipeline segments: a "
+                                f"segment holds whole blocks (a mixer then its MLP)")
     pattern = HybridPattern(text, tuple(_blocks(text, segment) for segment in segments), mtp_block,
                             len(mtp_parts) if mtp_block else 0)
     if pattern.num_layers == 0:
-        raise _refuse(text, "no decoder blocks before the MTP patterns: give at least one `*-` or `*E`")
+        raise _refuse(text, "no decoder blocks before the MTP patterns: give at least one `*-`, `*E`, `+-` or `+E`")
     if mtp_block is not None and mtp_block != pattern.blocks[-1]:
         # gpt/model.py builds each MTP layer's block of the last decoder layer's kind, as Megatron-Core's GPT MTP
         raise _refuse(text, f"the MTP block {mtp_block!r} differs from the last decoder block "
                             f"{pattern.blocks[-1]!r}: an MTP layer here is a block of the last decoder layer's kind "
-                            f"(Megatron-Core's GPT MTP), dense or MoE as it is")
+                            f"(Megatron-Core's GPT MTP), its mixer and its MLP (dense or MoE) as they are")
     return pattern
 
 
@@ -136,6 +142,16 @@ def check_model_follows_pattern(model) -> None:
         raise ConfigError(f"{FLAG} {pattern.text} gives {pattern.mtp_depth} MTP layers (one per `/`), not "
                           f"--mtp-num-layers {model.mtp.num_layers}: drop --mtp-num-layers, or write its depths in "
                           f"the pattern", flags=(FLAG, "--mtp-num-layers"))
+    mla = MLA in pattern.mixers()
+    if mla != model.mla.multi_latent_attention:
+        # Megatron-LM's `+` layers read MLATransformerConfig's sizes, which it builds only under
+        # --multi-latent-attention (megatron/training/arguments.py core_transformer_config_from_args); here a pattern
+        # names its MLA layers itself, so the flag without a `+` would name nothing
+        raise ConfigError(f"{FLAG} {pattern.text}: " + (
+            "its `+` (MLA) layers need --multi-latent-attention, whose flags (--kv-lora-rank, --q-lora-rank, "
+            "--qk-head-dim, ...) give their sizes (as in Megatron-LM)" if mla else
+            "--multi-latent-attention beside a pattern without `+`: its `*` layers are plain attention; write `+` "
+            "for the MLA layers, or drop --multi-latent-attention"), flags=(FLAG, "--multi-latent-attention"))
     if any(pattern.moe_layers()) and model.moe is None:
         raise ConfigError(f"{FLAG} {pattern.text}: its `E` (MoE) layers need --num-experts",
                           flags=(FLAG, "--num-experts"))

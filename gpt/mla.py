@@ -263,3 +263,10 @@ def _dropout_stream(rng: Optional[TensorParallelRNG]):
 def _deinterleaved(x: torch.Tensor) -> torch.Tensor:
     """rope_utils._apply_rotary_pos_emb_bshd with mla_rotary_interleaved: (x[0::2], x[1::2]) then halves rotate."""
     return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+
+
+def build_mla(config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG], spec,
+              rotary_cache: Optional[RotaryCache]) -> MLASelfAttention:
+    """A `+` layer's multi-latent attention (gpt/layer_spec.py): the whole causal context, always rotating (the
+    flags that would give it a window or skip its rotary are refused: gpt/section_rules.py)."""
+    return MLASelfAttention(config, plan, rng, config.output_init_std, rotary_cache=rotary_cache)

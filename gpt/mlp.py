@@ -1,4 +1,5 @@
-"""The gated MLP: down(act(gate(x)) * up(x)), SwiGLU's (act SiLU), quick-GeGLU's or GeGLU's (--gated-linear-unit:
+"""The MLP's settings and its modules: the dense MLP, h -> ffn -> h through --activation, and the gated MLP:
+down(act(gate(x)) * up(x)), SwiGLU's (act SiLU), quick-GeGLU's or GeGLU's (--gated-linear-unit:
 Gemma's tanh GeLU) (gpt/glu.py).
 
 Gate and up are two column-parallel weights rather than one of 2 x ffn rows: each TP rank holds the
@@ -13,18 +14,21 @@ scale as TE casts linear_fc1 (`joined_linear`, gpt/fp8.py).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from base.errors import ConfigError
 from base.options import option
 from gpt.gate_up_gemm import gate_and_up, gated_halves
-from gpt.glu import SWIGLU, GatedActivation
+from gpt.glu import SWIGLU, GatedActivation, gated_activation
 from gpt.parallel_plan import TensorParallelPlan
+from gpt.xielu import XIELU
 
 # squared_relu is Megatron-LM's --squared-relu (megatron/core/activations.py: relu(x)^2); xielu swiss-ai's
 # Megatron-LM fork's --xielu (gpt/xielu.py).
@@ -34,8 +38,8 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "squared_relu", "xielu")
 @dataclass(frozen=True)
 class MLPSettings:
     """The MLP's section of the model's settings (base/options.py section()): its activation and gating, Megatron-LM's
-    flags named as their dests; gpt/model.py's MLP, this module's SwiGLUMLP and gpt/moe's experts build what they
-    choose. The rules here read these settings alone (those across sections: gpt/section_rules.py)."""
+    flags named as their dests; this module's MLP and SwiGLUMLP and gpt/moe's experts build what they choose. The
+    rules here read these settings alone (those across sections: gpt/section_rules.py)."""
     SETTING_PREFIX: ClassVar[str] = ""
 
     swiglu: bool = option(False, action="store_true",
@@ -133,6 +137,16 @@ class MLPSettings:
             raise ConfigError(f"--glu-linear-offset must be finite, got {self.glu_linear_offset}",
                               flags=("--glu-linear-offset",))
 
+    def build(self, config, plan: TensorParallelPlan) -> nn.Module:
+        """A layer's dense MLP: gated (SiLU's gate for --swiglu, quick-GeLU's for --quick-geglu, --activation's GeLU
+        for --gated-linear-unit: Gemma's GeGLU, with --glu-linear-offset and --activation-func-clamp-value,
+        gpt/glu.py), else h -> ffn -> h through --activation."""
+        if self.gated:
+            return SwiGLUMLP(config.hidden_size, config.ffn_size, plan=plan, init_std=config.init_method_std,
+                             output_init_std=config.output_init_std, bias=config.add_bias_linear,
+                             glu=gated_activation(self, functools.partial(activation_function, self.activation)))
+        return MLP(config, plan, bias=config.add_bias_linear)
+
 
 class SwiGLUMLP(nn.Module):
     def __init__(self, hidden_size: int, ffn_size: int, *, plan: TensorParallelPlan, init_std: float,
@@ -166,3 +180,36 @@ class SwiGLUMLP(nn.Module):
                     activated = self.glu(gate.linear(hidden, gate.weight, gate.bias),
                                          up.linear(hidden, up.weight, up.bias))
         return self.dense_4h_to_h(activated)
+
+
+class MLP(nn.Module):
+    """h -> 4h -> GeLU (or squared ReLU, or xIELU with its learned scalars) -> h; the 4h dimension is what
+    tensor parallelism splits."""
+
+    def __init__(self, config, plan: TensorParallelPlan, bias: bool = True):
+        super().__init__()
+        self.activation = config.mlp.activation
+        self.dense_h_to_4h = plan.linear("mlp.dense_h_to_4h", config.hidden_size, config.ffn_size,
+                                         init_std=config.init_method_std, bias=bias)
+        if config.mlp.activation == "xielu":  # Megatron's MLP.activation_func, a module of its own (gpt/xielu.py)
+            self.activation_func = XIELU(plan.state)
+        self.dense_4h_to_h = plan.linear("mlp.dense_4h_to_h", config.ffn_size, config.hidden_size,
+                                         init_std=config.output_init_std, bias=bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.activation == "xielu":
+            return self.dense_4h_to_h(self.activation_func(self.dense_h_to_4h(hidden)))
+        return self.dense_4h_to_h(activation_function(self.activation, self.dense_h_to_4h(hidden)))
+
+
+def activation_function(name: str, hidden: torch.Tensor) -> torch.Tensor:
+    """--activation: GeLU exact or in GPT-2's tanh form, or Megatron-LM's --squared-relu, relu(x)^2
+    (megatron/core/activations.py squared_relu: `torch.pow(F.relu(x), 2)`)."""
+    if name == "squared_relu":
+        return torch.pow(F.relu(hidden), 2)
+    return F.gelu(hidden, approximate="tanh" if name == "gelu_tanh" else "none")
+
+
+def build_mlp(config, plan: TensorParallelPlan, spec, layer_number: int, tracker) -> nn.Module:
+    """A `-` layer's MLP (gpt/layer_spec.py): the MLP section's."""
+    return config.mlp.build(config, plan)

@@ -21,7 +21,6 @@ comes afterwards, only for what this rank owns: `zero.apply.apply_zero` fills Ze
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from typing import TYPE_CHECKING, Optional
 
@@ -35,19 +34,20 @@ from gpt.attention_sinks import attention_with_sinks, sink_logits
 from gpt.attention_softcap import softcapped_attention
 from gpt.attention_window import causal_window_mask
 from gpt.cp_attention import context_parallel_attention
-from gpt.glu import gated_activation
+from gpt.hybrid_pattern import ATTENTION, MLA, MOE
+from gpt.hybrid_pattern import MLP as DENSE_MLP
 from gpt.kv_cache import LayerCache
-from gpt.mla import MLASelfAttention
-from gpt.mlp import SwiGLUMLP
+from gpt.layer_spec import LayerSpec, layer_specs
+from gpt.mla import build_mla
+from gpt.mlp import build_mlp
 from gpt.model_config import ModelConfig
 from gpt.moe.balancing import MoELossTracker
-from gpt.moe.layer import MoELayer
+from gpt.moe.layer import build_moe_layer
 from gpt.mtp import MTPLossTracker, MultiTokenPredictionLayer, attach_mtp_loss
-from gpt.norms import HeadNorm, L2HeadNorm, ProjectionNorm, normalization
+from gpt.norms import HeadNorm, L2HeadNorm, ProjectionNorm
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import RotaryCache, apply_rotary, rotary_angles, yarn_angles
 from gpt.stage_layers import StageLayers, whole_model
-from gpt.xielu import XIELU
 from parallel.context_parallel import positions_on_this_rank
 from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
@@ -337,39 +337,22 @@ class SelfAttention(nn.Module):
                              self.rotary_interleaved, self.rotary_interpolation)
 
 
+def build_attention(config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
+                    spec: LayerSpec, rotary_cache: Optional[RotaryCache]) -> SelfAttention:
+    """A `*` layer's attention (gpt/layer_spec.py), at its window and rotary."""
+    return SelfAttention(config, plan, rng, window=spec.window, rotary=spec.rotary, rotary_cache=rotary_cache)
+
+
+# Each part's builder by its symbol (gpt/layer_spec.py): a layer kind is its module, its builder and one entry here
+MIXERS = {ATTENTION: build_attention, MLA: build_mla}
+MLPS = {DENSE_MLP: build_mlp, MOE: build_moe_layer}
+
+
 def _heads_as_features(norm: nn.Module, heads: torch.Tensor) -> torch.Tensor:
     """`norm` applied to [batch, heads, seq, d] as the projection's [batch, seq, heads x d] features."""
     batch, count, seq, dim = heads.shape
     features = norm(heads.transpose(1, 2).reshape(batch, seq, count * dim))
     return features.view(batch, seq, count, dim).transpose(1, 2)
-
-
-class MLP(nn.Module):
-    """h -> 4h -> GeLU (or squared ReLU, or xIELU with its learned scalars) -> h; the 4h dimension is what
-    tensor parallelism splits."""
-
-    def __init__(self, config: ModelConfig, plan: TensorParallelPlan, bias: bool = True):
-        super().__init__()
-        self.activation = config.mlp.activation
-        self.dense_h_to_4h = plan.linear("mlp.dense_h_to_4h", config.hidden_size, config.ffn_size,
-                                         init_std=config.init_method_std, bias=bias)
-        if config.mlp.activation == "xielu":  # Megatron's MLP.activation_func, a module of its own (gpt/xielu.py)
-            self.activation_func = XIELU(plan.state)
-        self.dense_4h_to_h = plan.linear("mlp.dense_4h_to_h", config.ffn_size, config.hidden_size,
-                                         init_std=_output_layer_std(config), bias=bias)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.activation == "xielu":
-            return self.dense_4h_to_h(self.activation_func(self.dense_h_to_4h(hidden)))
-        return self.dense_4h_to_h(activation_function(self.activation, self.dense_h_to_4h(hidden)))
-
-
-def activation_function(name: str, hidden: torch.Tensor) -> torch.Tensor:
-    """--activation: GeLU exact or in GPT-2's tanh form, or Megatron-LM's --squared-relu, relu(x)^2
-    (megatron/core/activations.py squared_relu: `torch.pow(F.relu(x), 2)`)."""
-    if name == "squared_relu":
-        return torch.pow(F.relu(hidden), 2)
-    return F.gelu(hidden, approximate="tanh" if name == "gelu_tanh" else "none")
 
 
 class TransformerBlock(nn.Module):
@@ -380,65 +363,37 @@ class TransformerBlock(nn.Module):
     private stream."""
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
-                 layer_number: int = 0, moe_tracker: Optional[MoELossTracker] = None, kind_of: Optional[int] = None,
-                 rotary_cache: Optional[RotaryCache] = None):
-        """`kind_of`: the decoder layer whose kind (dense or MoE, its experts) this block takes, where it is not
-        `layer_number` itself (an MTP layer's block takes the last decoder layer's, gpt/mtp.py); `rotary_cache`: the
-        model's cos and sin, shared by its layers (gpt/rotary.py)."""
+                 layer_number: int = 0, moe_tracker: Optional[MoELossTracker] = None,
+                 spec: Optional[LayerSpec] = None, rotary_cache: Optional[RotaryCache] = None):
+        """`spec`: this block's parts (gpt/layer_spec.py), by default decoder layer `layer_number`'s (an MTP layer's
+        block is given the last decoder layer's, gpt/mtp.py); `rotary_cache`: the model's cos and sin, shared by its
+        layers (gpt/rotary.py)."""
         super().__init__()
-        kind_of = layer_number if kind_of is None else kind_of
-        h, norms, mlp = config.hidden_size, config.norms, config.mlp
+        spec = spec or layer_specs(config)[layer_number]
+        h, norms = config.hidden_size, config.norms
 
         # --recompute-modules layernorm: the input and pre-MLP norms (Megatron-Core's recompute_input_layernorm and
         # recompute_pre_mlp_layernorm, transformer_layer.py) keep only their input and run again in backward
         recomputed_norms = ("input_layernorm", "post_attention_layernorm") \
             if "layernorm" in config.recompute.modules else ()
 
-        def norm(region: str) -> nn.Module:
-            return normalization(norms.normalization, h, norms.layernorm_epsilon, plan.norm_state(region),
-                                 norms.apply_layernorm_1p, recompute=region in recomputed_norms)
-
         # --sublayer-norms: the norms on each sublayer's input (GPT-2, Llama), on its output inside the residual
         # branch (OLMo 2: transformers' Olmo2DecoderLayer, residual + norm(attn(x))), or both (Gemma 2/3)
-        places = norms.sublayer_norms
-        self.input_layernorm = norm("input_layernorm") if places != "output" else None
-        # Megatron-LM's --multi-latent-attention: DeepSeek's MLA in the attention's place (gpt/mla.py)
-        # the sliding window of this layer's kind (--window-size, --window-attn-skip-freq), or None
-        window = config.attention_windows()[kind_of]
-        self.attention = MLASelfAttention(config, plan, rng, _output_layer_std(config), rotary_cache=rotary_cache) \
-            if config.mla.multi_latent_attention else SelfAttention(
-                config, plan, rng, window=window, rotary=config.positions.rotary_layers(config.num_layers)[kind_of],
-                rotary_cache=rotary_cache)
-        self.post_attention_layernorm = norm("post_attention_layernorm") if places != "output" else None
+        def norm(place: str, region: str) -> Optional[nn.Module]:
+            return norms.build_sublayer(place, h, plan.norm_state(region), recompute=region in recomputed_norms)
+
+        self.input_layernorm = norm("input", "input_layernorm")
+        # the spec's mixer: attention at its window and rotary, or multi-latent attention (gpt/mla.py)
+        self.attention = MIXERS[spec.mixer](config, plan, rng, spec, rotary_cache)
+        self.post_attention_layernorm = norm("input", "post_attention_layernorm")
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
-        if config.moe_layers()[kind_of]:
-            # Megatron-Core's MoE layer in the MLP's place (gpt/moe/layer.py); its experts' MLPs are this block's
-            # under expert parallelism its share of the experts and the plan's dispatcher (gpt/parallel_plan.py)
-            # (a Megatron-DeepSpeed --num-experts list gives each MoE layer its own count, split over the same group)
-            if plan.state.tensor_parallel_size > 1 and not plan.sequence_parallel:
-                raise ValueError("an MoE layer under tensor parallelism runs on the sequence-parallel slices "
-                                 "(Megatron-Core's MoELayer requires --sequence-parallel with TP)")
-            moe = config.moe_of(kind_of)
-            dispatcher, local_experts = plan.experts(moe.num_experts)
-            self.mlp = MoELayer(h, moe, state=plan.state,
-                                activation=functools.partial(activation_function, mlp.activation),
-                                swiglu=mlp.gated, glu=gated_activation(mlp),
-                                init_std=config.init_method_std,
-                                output_init_std=_output_layer_std(config), bias=config.add_bias_linear,
-                                layer_number=layer_number, tracker=moe_tracker, dispatcher=dispatcher,
-                                local_experts=local_experts, xielu=mlp.activation == "xielu", plan=plan)
-        elif mlp.gated:
-            # SiLU's gate (--swiglu), quick-GeLU's (--quick-geglu) or --activation's GeLU (--gated-linear-unit:
-            # Gemma's GeGLU), with --glu-linear-offset and --activation-func-clamp-value (gpt/glu.py)
-            self.mlp = SwiGLUMLP(h, config.ffn_size, plan=plan, init_std=config.init_method_std,
-                                 output_init_std=_output_layer_std(config), bias=config.add_bias_linear,
-                                 glu=gated_activation(mlp, functools.partial(activation_function, mlp.activation)))
-        else:
-            self.mlp = MLP(config, plan, bias=config.add_bias_linear)
+        # the spec's MLP: dense or gated (gpt/mlp.py), or an MoE layer (gpt/moe/layer.py) with its experts and, under
+        # expert parallelism, the plan's dispatcher
+        self.mlp = MLPS[spec.mlp](config, plan, spec, layer_number, moe_tracker)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
         # registered after the rest, so that a model without them keeps its parameters' order
-        self.attention_output_layernorm = norm("attention_output_layernorm") if places != "input" else None
-        self.mlp_output_layernorm = norm("mlp_output_layernorm") if places != "input" else None
+        self.attention_output_layernorm = norm("output", "attention_output_layernorm")
+        self.mlp_output_layernorm = norm("output", "mlp_output_layernorm")
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                 cache: Optional[LayerCache] = None) -> torch.Tensor:
@@ -531,14 +486,13 @@ class GPTModel(nn.Module):
         self.moe_tracker = MoELossTracker() if config.moe is not None else None
         # cos and sin made once and read by every layer (gpt/rotary.py): a plain object, no module state
         self.rotary_cache = RotaryCache()
+        specs = layer_specs(config)  # each layer's parts, from the GPT flags or the hybrid pattern
         for layer in stage.layer_ids:
             self.blocks.add_module(str(layer), TransformerBlock(config, plan, rng, layer, self.moe_tracker,
-                                                                rotary_cache=self.rotary_cache))
+                                                                spec=specs[layer], rotary_cache=self.rotary_cache))
         by_layer = dict(zip(stage.layer_ids, self.blocks))
         self.chunk_blocks = [nn.ModuleList(by_layer[layer] for layer in chunk) for chunk in stage.chunks]
-        norms = config.norms
-        self.final_layernorm = normalization(norms.normalization, config.hidden_size, norms.layernorm_epsilon,
-                                             plan.norm_state("final_layernorm"), norms.apply_layernorm_1p) \
+        self.final_layernorm = config.norms.build(config.hidden_size, plan.norm_state("final_layernorm")) \
             if stage.last else None
         if config.output.untie_embeddings_and_output_weights and stage.last:
             # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
@@ -558,7 +512,7 @@ class GPTModel(nn.Module):
         if self.mtp_tracker is not None:
             for k in range(config.mtp.num_layers):
                 block = TransformerBlock(config, plan, rng, config.num_layers + k, self.moe_tracker,
-                                         kind_of=config.num_layers - 1, rotary_cache=self.rotary_cache)
+                                         spec=specs[-1], rotary_cache=self.rotary_cache)
                 self.mtp_layers.append(MultiTokenPredictionLayer(block, config, plan))
         # How the blocks run: in a plain loop, or under activation checkpointing once
         # zero.activations.apply_activation_checkpointing has replaced it.
@@ -721,4 +675,4 @@ def build_gpt_model(config: ModelConfig, state: ParallelState, seed: int, rng: O
 
 
 def _output_layer_std(config: ModelConfig) -> float:
-    return config.init_method_std / math.sqrt(2.0 * config.num_layers)
+    return config.output_init_std

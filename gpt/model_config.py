@@ -4,6 +4,7 @@ pipeline or the flag parser from here (arguments/config.py holds one as `Pretrai
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,9 +33,10 @@ class ModelConfig:
     # Megatron-LM's HybridModel pattern, read as GPT blocks (gpt/hybrid_pattern.py, arguments/megatron/)
     hybrid_layer_pattern: Optional[str] = option(
         None, aliases={"--hybrid-override-pattern": "Megatron-LM (deprecated)"},
-        help="Megatron-LM's layer pattern: `*-` a dense block, `*E` an MoE block, `|` between pipeline segments "
-             "(segment k: model chunk k // PP of rank k mod PP), `/` then one block per MTP depth, e.g. '*-*E|*E*E/*E'; "
-             "sets --num-layers, --moe-layer-freq, the stages and --mtp-num-layers")
+        help="Megatron-LM's layer pattern: `*-` a dense block, `*E` an MoE block, `+-` and `+E` their multi-latent "
+             "attention (with --multi-latent-attention's sizes), `|` between pipeline segments (segment k: model "
+             "chunk k // PP of rank k mod PP), `/` then one block per MTP depth, e.g. '*-*E|*E*E/*E'; sets "
+             "--num-layers, --moe-layer-freq, the stages and --mtp-num-layers")
     hidden_size: int = 128
     num_attention_heads: int = 4
     # Megatron-Core's kv_channels, transformers' head_dim: heads x width may differ from hidden (Qwen3's 32 x 128, 2560)
@@ -125,6 +127,11 @@ class ModelConfig:
     def ffn_size(self) -> int:
         """--ffn-hidden-size, else Megatron-LM's default: 4h, or SwiGLU's two thirds of it (gpt/mlp.py)."""
         return self.mlp.ffn_size(self.hidden_size, self.ffn_hidden_size)
+
+    @property
+    def output_init_std(self) -> float:
+        """The residual branches' output projections' std: GPT-2's and Megatron's init_method_std / sqrt(2 layers)."""
+        return self.init_method_std / math.sqrt(2.0 * self.num_layers)
 
     @property
     def head_dim(self) -> int:

@@ -30,7 +30,6 @@ from torch import nn
 from base.errors import ConfigError
 from base.options import option
 from gpt.moe.balancing import AuxLossAutoScaler
-from gpt.norms import normalization
 from parallel.context_parallel import positions_on_this_rank, roll_left_across_chunks
 from parallel.mappings import gather_from_tensor_parallel_region, scatter_to_sequence_parallel_region
 
@@ -88,16 +87,13 @@ class MTPLossTracker:
 class MultiTokenPredictionLayer(nn.Module):
     def __init__(self, block: nn.Module, config, plan):
         super().__init__()
-        h, norms, eps = config.hidden_size, config.norms, config.norms.layernorm_epsilon
-        self.enorm = normalization(norms.normalization, h, eps, plan.norm_state("mtp_norm"),
-                                   norms.apply_layernorm_1p)
-        self.hnorm = normalization(norms.normalization, h, eps, plan.norm_state("mtp_norm"),
-                                   norms.apply_layernorm_1p)
+        h, norms = config.hidden_size, config.norms
+        self.enorm = norms.build(h, plan.norm_state("mtp_norm"))
+        self.hnorm = norms.build(h, plan.norm_state("mtp_norm"))
         # Megatron-Core: init_method (the plain std), bias=False, gather_output=False
         self.eh_proj = plan.linear("mtp.eh_proj", 2 * h, h, init_std=config.init_method_std, bias=False)
         self.transformer_layer = block
-        self.final_layernorm = normalization(norms.normalization, h, eps, plan.norm_state("mtp_norm"),
-                                             norms.apply_layernorm_1p)
+        self.final_layernorm = norms.build(h, plan.norm_state("mtp_norm"))
         self.state = plan.state
         self.sequence_parallel = plan.sequence_parallel
 

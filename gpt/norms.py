@@ -75,6 +75,18 @@ class NormSettings:
             raise ConfigError(f"--layernorm-epsilon must be positive, got {self.layernorm_epsilon}",
                               flags=("--layernorm-epsilon",))
 
+    def build(self, hidden_size: int, sequence_parallel_state=None, recompute: bool = False) -> nn.Module:
+        """A norm of this kind, epsilon and gain over `hidden_size` features (normalization's arguments)."""
+        return normalization(self.normalization, hidden_size, self.layernorm_epsilon, sequence_parallel_state,
+                             self.apply_layernorm_1p, recompute)
+
+    def build_sublayer(self, place: str, hidden_size: int, sequence_parallel_state=None, recompute: bool = False
+                       ) -> Optional[nn.Module]:
+        """A block's norm at `place` ("input": on a sublayer's input, "output": on its output inside the residual
+        branch), or None where --sublayer-norms puts none there."""
+        wanted = self.sublayer_norms in (place, "input_and_output")
+        return self.build(hidden_size, sequence_parallel_state, recompute) if wanted else None
+
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
     """RMSNorm keeping only its input (and the gain) for backward, the fp32 work done again there

@@ -24,8 +24,8 @@ from torch import nn
 from base.options import replace_settings
 from gpt.glu import GatedActivation
 from gpt.mla import MLASelfAttention, ReplicatedLinear
-from gpt.mlp import SwiGLUMLP
-from gpt.model import MLP, GPTModel, SelfAttention
+from gpt.mlp import MLP, SwiGLUMLP
+from gpt.model import GPTModel, SelfAttention
 from gpt.model_config import ModelConfig
 from gpt.norms import RMSNorm
 from gpt.parallel_plan import tensor_parallel_plan

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 from arguments.config_sources import DEFAULT, FLAG, PRESET, Source
 from base.errors import ConfigError
 from gpt.hybrid_pattern import FLAG as PATTERN_FLAG
-from gpt.hybrid_pattern import HybridPattern, parse_hybrid_pattern
+from gpt.hybrid_pattern import MIXERS, HybridPattern, parse_hybrid_pattern
 from gpt.moe.settings import largest_expert_count, moe_layer_pattern
 from gpt.pipeline_layout import LAYOUT_FLAG, layout_chunks
 
@@ -62,9 +62,15 @@ def apply_hybrid_pattern(settings: dict[str, Any], sources: dict[str, Source], t
                if name == "num_layers" or value != before.get(name)}
     for name, value in changes.items():
         settings[name], sources[name] = value, given
-    return [], [f"> {PATTERN_FLAG} {text}: {pattern.num_layers} blocks of attention then MLP (Megatron's "
-                f"{pattern.megatron_layers} layers), " + ", ".join(f"{_flag(name)} {value}"
-                                                                 for name, value in changes.items())]
+    notes = [f"> {PATTERN_FLAG} {text}: {pattern.num_layers} blocks of attention then MLP (Megatron's "
+             f"{pattern.megatron_layers} layers), " + ", ".join(f"{_flag(name)} {value}"
+                                                              for name, value in changes.items())]
+    if set(MIXERS) <= set(pattern.mixers()):
+        # Megatron-Core's hybrid_layer_allocation.py raises "Not supported to have both Attention and MLA/DSA in one
+        # model"; each block here builds its own mixer, so the mix is a model like any other
+        notes.append(f"> {PATTERN_FLAG} {text}: `*` attention and `+` MLA layers in one model, which Megatron-LM "
+                     f"refuses (\"Not supported to have both Attention and MLA/DSA in one model\"); built here")
+    return [], notes
 
 
 def _flag(name: str) -> str:

@@ -19,9 +19,10 @@ Megatron-Core 0.19's HybridModel (models/hybrid: HybridStack.sharded_state_dict)
 `|` separators not counted): a `*` layer holds the attention (`self_attention.*`, its input norm under TE's name
 `self_attention.linear_qkv.layer_norm_weight`), a `-` or `E` layer the MLP or MoE (`mlp.*`, the dense MLP's norm
 `mlp.linear_fc1.layer_norm_weight`, the MoE layer's `pre_mlp_layernorm.weight`), and the final norm is
-`decoder.final_norm`. Under a pattern of GPT blocks (`*-`, `*E`: gpt/hybrid_pattern.py) the k-th `*` and the k-th
-`-`/`E` are our block k's attention and MLP (Megatron-Core's own GPT retarget, dist_checkpointing/
-gpt_checkpoint_interop.py, pairs them so); a name in a layer of the other kind is not ours. Its MTP depth d (after
+`decoder.final_norm`; a `+` layer holds multi-latent attention (`self_attention.*` by MLA_LAYER_NAMES, its input
+norm `input_layernorm.*`). Under a pattern of GPT blocks (`*-`, `*E`, `+-`, `+E`: gpt/hybrid_pattern.py) the k-th
+mixer (`*` or `+`) and the k-th `-`/`E` are our block k's attention and MLP (Megatron-Core's own GPT retarget,
+dist_checkpointing/gpt_checkpoint_interop.py, pairs them so); a name in a layer of the other kind is not ours. Its MTP depth d (after
 a `/`) is `mtp.layers.<d>.`: enorm, hnorm, eh_proj and final_layernorm as ours under `mtp_layers.<d>.`, and the
 MTP pattern's layers nested as `mtp_model_layer.layers.<g>.`, our MTP block's `transformer_layer`. A save here
 under a pattern writes this layout by the same pairing turned round (hybrid_megatron_placement).
@@ -116,10 +117,11 @@ HYBRID_MODEL_NAMES = {
     "decoder.final_norm.weight": "final_layernorm.weight",
     "decoder.final_norm.bias": "final_layernorm.bias",
 }
-# The names a hybrid layer of each symbol holds: attention's `self_attention.` (and a separate input norm), the
-# MLP's and MoE's `mlp.` (and a separate pre-MLP norm)
-HYBRID_LAYER_PREFIXES = {"*": ("self_attention.", "input_layernorm."), "-": ("mlp.", "pre_mlp_layernorm."),
-                         "E": ("mlp.", "pre_mlp_layernorm.")}
+# The names a hybrid layer of each symbol holds: attention's and multi-latent attention's `self_attention.` (and a
+# separate input norm), the MLP's and MoE's `mlp.` (and a separate pre-MLP norm)
+HYBRID_MIXERS, HYBRID_MLPS = ("*", "+"), ("-", "E")
+HYBRID_LAYER_PREFIXES = {"*": ("self_attention.", "input_layernorm."), "+": ("self_attention.", "input_layernorm."),
+                         "-": ("mlp.", "pre_mlp_layernorm."), "E": ("mlp.", "pre_mlp_layernorm.")}
 # HybridModel's MTP depths (`mtp.layers.<d>.`, MTP_LAYERS): their own tensors (MTP_OWN), ours under
 # `mtp_layers.<d>.` by the same names, and the nested stack of the MTP pattern's layers
 MTP_INNER = "mtp_model_layer.layers."
@@ -151,12 +153,12 @@ def hybrid_layer_symbols(pattern: str) -> str:
 
 
 def hybrid_block(symbols: str, layer: int, name: str) -> Optional[int]:
-    """Our block of HybridModel's global `layer` holding `name`: the k-th `*` is block k's attention, the k-th `-` or
-    `E` its MLP; None where the layer is not one (another symbol, or a name of the other kind of layer)."""
+    """Our block of HybridModel's global `layer` holding `name`: the k-th `*` or `+` is block k's mixer, the k-th `-`
+    or `E` its MLP; None where the layer is not one (another symbol, or a name of the other kind of layer)."""
     prefixes = HYBRID_LAYER_PREFIXES.get(symbols[layer]) if 0 <= layer < len(symbols) else None
     if prefixes is None or not name.startswith(prefixes):
         return None
-    kinds = ("*",) if symbols[layer] == "*" else ("-", "E")
+    kinds = HYBRID_MIXERS if symbols[layer] in HYBRID_MIXERS else HYBRID_MLPS
     return sum(symbol in kinds for symbol in symbols[:layer])
 
 
@@ -165,7 +167,7 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool = Fa
     """Our tensors inside Megatron-Core's tensor `key` of global `shape` (None: a key this mapping does not know).
     `gated`: the model is SwiGLU's (fc1 holds [gate; up]); `mla`: its attention is multi-latent (MLA_LAYER_NAMES).
     `hybrid_pattern`: the checkpoint is HybridModel's, of this --hybrid-layer-pattern (its layers numbered per
-    symbol, module docstring)."""
+    symbol, module docstring; a `+` layer's attention is multi-latent, a `*` layer's not, whatever `mla` says)."""
     if key in MODEL_NAMES:
         return {MODEL_NAMES[key]: Placement(key, (), 0, tuple(shape))}
     if hybrid_pattern is not None and key in HYBRID_MODEL_NAMES:
@@ -184,10 +186,11 @@ def our_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool = Fa
     if hybrid_pattern is not None:
         if layer_axis:
             return None
-        block = hybrid_block(hybrid_layer_symbols(hybrid_pattern), layers[0], name)
+        symbols = hybrid_layer_symbols(hybrid_pattern)
+        block = hybrid_block(symbols, layers[0], name)
         if block is None:
             return None
-        prefix[layers[0]] = f"blocks.{block}."
+        prefix[layers[0]], mla = f"blocks.{block}.", symbols[layers[0]] == "+"
     return _layer_placements(key, shape, gated, name, layers, prefix, mla)
 
 
@@ -208,7 +211,8 @@ def _hybrid_mtp_placements(key: str, shape: tuple[int, ...], gated: bool, hybrid
     if not layer.isdigit() or hybrid_block(mtp_parts[int(depth)], int(layer), name) != 0:
         return None  # one block per MTP depth (gpt/hybrid_pattern.py)
     return _layer_placements(key, shape, gated, name, [int(layer)],
-                             {int(layer): f"mtp_layers.{depth}.transformer_layer."}, False)
+                             {int(layer): f"mtp_layers.{depth}.transformer_layer."},
+                             mtp_parts[int(depth)][int(layer)] == "+")
 
 
 def _layer_placements(key: str, shape: tuple[int, ...], gated: bool, name: str, layers, prefix: dict, mla: bool
@@ -341,12 +345,18 @@ def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int, num_e
 OUR_HYBRID_TOP_NAMES = {**OUR_TOP_NAMES, **{ours: theirs for theirs, ours in HYBRID_MODEL_NAMES.items()}}
 # an MoE layer's pre-MLP norm is the module's own (`pre_mlp_layernorm.*`); a dense MLP's is fc1's fused norm
 HYBRID_MOE_NORMS = {f"post_attention_layernorm.{part}": f"pre_mlp_layernorm.{part}" for part in ("weight", "bias")}
+# a `+` layer's names (HybridModel's mla_layer: MLASelfAttention's linears, and its input norm a TENorm of its own,
+# `input_layernorm.*`); its latent norms under the local GPT spec's names (HybridModel's MLA builds none: such a
+# model's save is said at start-up to be this project's format, arguments/config.py)
+OUR_HYBRID_MLA_NAMES = {f"input_layernorm.{part}": f"input_layernorm.{part}" for part in ("weight", "bias")}
+for _theirs, _ours in MLA_LAYER_NAMES.items():
+    OUR_HYBRID_MLA_NAMES.setdefault(_ours, _theirs)
 
 
 def hybrid_layer(symbols: str, block: int, attention: bool) -> int:
-    """HybridModel's global layer of our block `block`'s attention (`attention`) or MLP: the block-th `*`, or the
+    """HybridModel's global layer of our block `block`'s mixer (`attention`) or MLP: the block-th `*`/`+`, or the
     block-th `-`/`E` (hybrid_block's inverse)."""
-    kinds = ("*",) if attention else ("-", "E")
+    kinds = HYBRID_MIXERS if attention else HYBRID_MLPS
     return [layer for layer, symbol in enumerate(symbols) if symbol in kinds][block]
 
 
@@ -398,4 +408,8 @@ def hybrid_megatron_placement(name: str, shape: tuple[int, ...], pattern: str, n
         return None
     if not attention and symbols[layer] == "E":
         theirs = HYBRID_MOE_NORMS.get(inner, theirs)
+    if symbols[layer] == "+":
+        theirs = OUR_HYBRID_MLA_NAMES.get(inner)
+        if theirs is None:
+            return None
     return Placement(f"{stem}{layer}.{theirs}", (), row_offset, tuple(shape)), own

@@ -276,8 +276,9 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
     shared = SHARED_EXPERT_EXTRA_STATE_MODULES if config.model.experts.shared_expert_intermediate_size else ()
     moe_layers = config.model.moe_layers()
     first_replica = not (state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank)
-    if _pattern(config):
-        return _hybrid_extra_states(names, config, state, attention, dense_mlp, shared, first_replica)
+    if _pattern(config):  # each mixer's own linears: a `*` layer's attention, a `+` layer's MLA
+        mixers = {"*": ATTENTION_EXTRA_STATE_MODULES, "+": MLA_EXTRA_STATE_MODULES[mla.q_lora_rank is not None]}
+        return _hybrid_extra_states(names, config, state, mixers, dense_mlp, shared, first_replica)
     objects = {}
     if first_replica:
         for layer in layers:
@@ -308,10 +309,10 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
     return objects
 
 
-def _hybrid_extra_states(names, config, state: ParallelState, attention, dense_mlp, shared, first_replica: bool
+def _hybrid_extra_states(names, config, state: ParallelState, mixers, dense_mlp, shared, first_replica: bool
                          ) -> dict[str, None]:
     """HybridModel's `_extra_state` objects (a ShardedObject each, shard_0_1, under its own layer's key, as the
-    megatron_hybrid_* fixtures hold them): each `*` layer's attention linears, each `-` layer's MLP linears, each
+    megatron_hybrid_* fixtures hold them): each `*` or `+` layer's attention linears (`mixers`, by symbol), each `-` layer's MLP linears, each
     `E` layer's shared expert's and SequentialMLP experts' (shard_<expert>_<experts>), an MTP depth's eh_proj and
     nested layers', and the output layer's on the last stage."""
     pattern = _pattern(config)
@@ -321,16 +322,17 @@ def _hybrid_extra_states(names, config, state: ParallelState, attention, dense_m
     blocks = sorted({int(name.split(".")[1]) for name in names if name.startswith("blocks.")})
     if first_replica:
         for block in blocks:
-            mlp_layer = hybrid_layer(symbols, block, attention=False)
-            objects.update({f"{LAYERS}{hybrid_layer(symbols, block, attention=True)}.{module}._extra_state/shard_0_1":
-                            None for module in attention})
+            mlp_layer, mixer_layer = (hybrid_layer(symbols, block, attention) for attention in (False, True))
+            objects.update({f"{LAYERS}{mixer_layer}.{module}._extra_state/shard_0_1": None
+                            for module in mixers[symbols[mixer_layer]]})
             objects.update({f"{LAYERS}{mlp_layer}.{module}._extra_state/shard_0_1": None
                             for module in (shared if symbols[mlp_layer] == "E" else dense_mlp)})
         for depth in sorted({int(name.split(".")[1]) for name in names if name.startswith(OUR_MTP_LAYERS)}):
             inner = f"{MTP_LAYERS}{depth}.{MTP_INNER}"
             objects[f"{MTP_LAYERS}{depth}.eh_proj._extra_state/shard_0_1"] = None
-            objects.update({f"{inner}{hybrid_layer(mtp_parts[depth], 0, attention=True)}.{module}._extra_state/"
-                            f"shard_0_1": None for module in attention})
+            mixer_layer = hybrid_layer(mtp_parts[depth], 0, attention=True)
+            objects.update({f"{inner}{mixer_layer}.{module}._extra_state/shard_0_1": None
+                            for module in mixers[mtp_parts[depth][mixer_layer]]})
             objects.update({f"{inner}{hybrid_layer(mtp_parts[depth], 0, attention=False)}.{module}._extra_state/"
                             f"shard_0_1": None for module in dense_mlp})
         if state.is_last_stage:

@@ -14,13 +14,16 @@ takes (gpt/moe/experts.py), the dispatcher gathering the peers' rows.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt.glu import SWIGLU, GatedActivation
+from base.errors import ConfigError
+from gpt.glu import SWIGLU, GatedActivation, gated_activation
+from gpt.mlp import activation_function
 from gpt.moe.balancing import MoELossTracker
 from gpt.moe.deepspeed_gating import deepspeed_gate
 from gpt.moe.dispatcher import LocalDispatcher, TokenDispatcher, choices_of
@@ -242,3 +245,20 @@ class MoELayer(nn.Module):
         outputs = self.experts(rows, sizes)  # a list of sizes: the loop (through the module: hooks see it)
         weights = probs.sum(dim=-1, keepdim=True).repeat_interleave(k, dim=0).to(outputs.dtype) / k
         return (outputs * weights).view(tokens.shape[0], k, -1).sum(dim=1)
+
+
+def build_moe_layer(config, plan, spec, layer_number: int, tracker: Optional[MoELossTracker]) -> MoELayer:
+    """An `E` layer's MoE layer (gpt/layer_spec.py) of its settings `spec.moe`: its experts this rank's share under
+    expert parallelism, dispatched as the plan says (gpt/parallel_plan.py), each the MLP section's (gated or not)."""
+    if plan.state.tensor_parallel_size > 1 and not plan.sequence_parallel:
+        raise ConfigError("an MoE layer under tensor parallelism runs on the sequence-parallel slices: add "
+                          "--sequence-parallel (Megatron-Core's MoELayer requires it with TP)",
+                          flags=("--sequence-parallel", "--num-experts"))
+    mlp = config.mlp
+    dispatcher, local_experts = plan.experts(spec.moe.num_experts)
+    return MoELayer(config.hidden_size, spec.moe, state=plan.state,
+                    activation=functools.partial(activation_function, mlp.activation), swiglu=mlp.gated,
+                    glu=gated_activation(mlp), init_std=config.init_method_std,
+                    output_init_std=config.output_init_std, bias=config.add_bias_linear, layer_number=layer_number,
+                    tracker=tracker, dispatcher=dispatcher, local_experts=local_experts,
+                    xielu=mlp.activation == "xielu", plan=plan)

@@ -346,17 +346,50 @@ def test_the_hugging_face_export_reads_the_blocks_not_megatrons_layer_count():
     assert {n: tuple(w.shape) for n, w in weights.items()} == {n: tuple(w.shape) for n, w in gpt_weights.items()}
 
 
-def test_multi_latent_attention_under_a_pattern_saves_this_projects_format_said_at_start_up():
-    """HybridModel's layout is written for plain attention (names.py hybrid_megatron_placement): MLA under a pattern
-    is said once at start-up and saved in this project's format."""
+MLA = ["--multi-latent-attention", "--kv-lora-rank", "8", "--qk-head-dim", "4", "--qk-pos-emb-head-dim", "4",
+       "--v-head-dim", "4", "--position-embedding-type", "rope"]
+
+
+def test_mla_latent_norms_under_a_pattern_save_this_projects_format_said_at_start_up():
+    """HybridModel's `+` layers build no latent norms (hybrid_layer_specs.py mla_layer: q_layernorm and kv_layernorm
+    IdentityOp): MLA with --qk-layernorm under a pattern is said once at start-up and saved in this project's
+    format; without them, HybridModel's layout is written."""
     from arguments.parser import parse_config
 
-    flags = one_rank_flags(NAME) + ["--multi-latent-attention", "--kv-lora-rank", "8", "--qk-head-dim", "4",
-                                    "--qk-pos-emb-head-dim", "4", "--v-head-dim", "4", "--position-embedding-type",
-                                    "rope", "--save", "ckpt"]
-    line = parse_config(flags).megatron_format_unwritten()
-    assert line is not None and "multi-latent attention under --hybrid-layer-pattern" in line
-    assert parse_config(one_rank_flags(NAME) + ["--save", "ckpt"]).megatron_format_unwritten() is None
+    flags = [*one_rank_flags(NAME), *MLA, "--hybrid-layer-pattern", "+-+-", "--save", "ckpt"]
+    line = parse_config([*flags, "--qk-layernorm"]).megatron_format_unwritten()
+    assert line is not None and "latent norms (--qk-layernorm) under --hybrid-layer-pattern" in line
+    assert parse_config(flags).megatron_format_unwritten() is None
+
+
+@pytest.mark.parametrize("pattern, q_lora_rank", [("*-+E+-*-/*-", []), ("+E+-/+-", ["--q-lora-rank", "8"])])
+def test_mla_layers_write_megatrons_hybrid_names_and_read_back(pattern, q_lora_rank):
+    """Each `+` layer's tensors are HybridModel's mla_layer names (MLASelfAttention's linears under
+    `self_attention.`, its input norm `input_layernorm.*`), each `*` layer's attention's, every place one
+    parameter's, and the reader pairs each back with the parameter it came from, beside attention blocks and in an MTP depth."""
+    from arguments.parser import parse_config
+    from checkpoint.torch_dist.names import hybrid_megatron_placement
+    from gpt.model import GPTModel
+    from parallel.state import ParallelState
+
+    flags = [*one_rank_flags(NAME), *MLA, *q_lora_rank, "--num-experts", "4", "--hybrid-layer-pattern", pattern]
+    config = parse_config(flags)
+    written, taken = {}, set()
+    for ours, parameter in GPTModel(config.model, ParallelState(device=torch.device("cpu"))).named_parameters():
+        placement, shape = hybrid_megatron_placement(ours, tuple(parameter.shape), pattern, 4)
+        assert our_placements(placement.key, shape, False, hybrid_pattern=pattern)[ours] == placement, ours
+        assert (placement.key, placement.index, placement.row_offset) not in taken, ours
+        taken.add((placement.key, placement.index, placement.row_offset))
+        written[placement.key] = ours
+    down = "linear_q_down_proj" if q_lora_rank else "linear_q_proj"
+    first_mla = pattern.index("+")
+    assert written[f"decoder.layers.{first_mla}.self_attention.{down}.weight"].endswith(f"attention.{down}.weight")
+    assert written[f"decoder.layers.{first_mla}.input_layernorm.weight"].endswith(".input_layernorm.weight")
+    if pattern.startswith("*"):  # the attention block's input norm under TE's fused name, as before
+        assert written["decoder.layers.0.self_attention.linear_qkv.layer_norm_weight"] == \
+            "blocks.0.input_layernorm.weight"
+    if "/+" in pattern:
+        assert "mtp.layers.0.mtp_model_layer.layers.0.self_attention.linear_kv_down_proj.weight" in written
 
 
 @pytest.mark.slow
@@ -377,6 +410,33 @@ def test_our_hybridmodel_layout_save_resumes_here_to_our_uninterrupted_losses(tm
     shutil.rmtree(saved / "iter_0000004")
     (saved / "latest_checkpointed_iteration.txt").write_text("2")
     assert "decoder.final_norm.weight" in MegatronSource(saved / "iter_0000002").reader.tensors()
+    outcome = run_main(pretrain_hybrid.main, common + ["--load", saved, "--metrics-file", resumed])
+    assert outcome.code == 0, outcome.err[-3000:]
+    losses = [{r["iteration"]: r["loss"] for r in metrics_records(path) if "loss" in r} for path in (straight, resumed)]
+    assert losses[1] == {i: losses[0][i] for i in CONTINUED}
+
+
+@pytest.mark.slow
+def test_a_mixed_attention_and_mla_save_in_hybridmodels_layout_resumes_to_the_uninterrupted_losses(tmp_path,
+                                                                                                     monkeypatch):
+    """`*-+-/+-` saved in HybridModel's layout (a `*` layer's attention names, a `+` layer's MLA names, an MTP depth
+    of MLA) and read back by the reader of Megatron-LM's checkpoints: iterations 3 and 4 are the uninterrupted
+    run's, bitwise."""
+    import pretrain_hybrid
+    from tests.reliability_helpers import metrics_records, run_main
+
+    monkeypatch.chdir(data_workdir(tmp_path))
+    common = one_rank_flags(NAME) + [*MLA, "--hybrid-layer-pattern", "*-+-/+-", "--device", "cpu", "--log-interval",
+                                     "1", "--data-cache-dir", tmp_path / "cache"]
+    saved, straight, resumed = tmp_path / "save", tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl"
+    outcome = run_main(pretrain_hybrid.main, common + ["--save", saved, "--save-interval", "2", "--metrics-file",
+                                                      straight])
+    assert outcome.code == 0, outcome.err[-3000:]
+    shutil.rmtree(saved / "iter_0000004")
+    (saved / "latest_checkpointed_iteration.txt").write_text("2")
+    tensors = MegatronSource(saved / "iter_0000002").reader.tensors()
+    assert {"decoder.layers.2.self_attention.linear_kv_down_proj.weight", "decoder.layers.2.input_layernorm.weight",
+            "decoder.layers.0.self_attention.linear_qkv.weight"} <= set(tensors)
     outcome = run_main(pretrain_hybrid.main, common + ["--load", saved, "--metrics-file", resumed])
     assert outcome.code == 0, outcome.err[-3000:]
     losses = [{r["iteration"]: r["loss"] for r in metrics_records(path) if "loss" in r} for path in (straight, resumed)]

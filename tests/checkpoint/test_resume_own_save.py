@@ -3,7 +3,7 @@
 For every preset of configs/models (shrunk to a tiny model: the flags below win over the YAML, and presets that
 shrink to the same model run once) and the model kinds (dense, MoE with the experts' width left to its default,
 MoE with the expert bias, MLA, MTP (dense, and MoE with the expert bias), a hybrid pattern with an MoE block,
-MLA + MoE): the same argv trains 4 iterations straight, and 2 saved then 4 with --load, once with this project's
+MLA + MoE, a pattern mixing MLA and attention blocks): the same argv trains 4 iterations straight, and 2 saved then 4 with --load, once with this project's
 format and once with --ckpt-format torch_dist. Iterations 3 and 4 of the resumed run log the straight run's losses, bitwise (dropout
 off: Megatron-LM's torch_dist carries no random streams, checkpoint/torch_dist/args.py). A kind the torch_dist writer
 does not write says so in its start-up line and saves this project's format, which then resumes the same way.
@@ -50,10 +50,12 @@ KINDS = {
                              "--moe-router-bias-update-rate", "0.05"], None),
     "hybrid-moe": (["--hybrid-layer-pattern", "*-*E", *EXPERTS], None),
     "mla-moe": ([*MLA, *EXPERTS], None),
-    "hybrid-mla": (["--hybrid-layer-pattern", "*-*-", *MLA],
-                   "multi-latent attention under --hybrid-layer-pattern (HybridModel's layout is written here for "
-                   "plain attention): not written in Megatron-LM's layout here; --save writes this project's "
-                   "checkpoints"),
+    # `+` (MLA) and `*` blocks in one model: HybridModel's layout, each layer under its mixer's names
+    "hybrid-mla": (["--hybrid-layer-pattern", "+-*-", *MLA], None),
+    "hybrid-mla-latent-norms": (["--hybrid-layer-pattern", "+-+-", *MLA, "--qk-layernorm"],
+                                "multi-latent attention's latent norms (--qk-layernorm) under --hybrid-layer-pattern "
+                                "(HybridModel's MLA layers build none): not written in Megatron-LM's layout here; "
+                                "--save writes this project's checkpoints"),
 }
 # A preset's setting -> its tiny value (BASE's widths: 2 heads of 16); MLA's head widths where MLA is on
 SHRUNK = {"kv_channels": "16", "num_query_groups": "1", "ffn_hidden_size": "64", "num_experts": "4",

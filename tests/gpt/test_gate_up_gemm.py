@@ -23,8 +23,7 @@ import gpt.mlp
 from arguments.parser import parse_config
 from gpt.gate_up_gemm import back_to_back, gate_and_up, gated_gradients_into, one_gemm, one_gemm_math
 from gpt.glu import GatedActivation
-from gpt.mlp import SwiGLUMLP
-from gpt.model import activation_function
+from gpt.mlp import SwiGLUMLP, activation_function
 from gpt.parallel_plan import tensor_parallel_plan
 from parallel.init import materialize
 from parallel.state import ParallelState, destroy, initialize_grid

@@ -62,8 +62,43 @@ def test_the_pattern_sets_the_gpt_settings(argv, settings):
     assert config.model.hybrid_layer_pattern is not None
 
 
+# multi-latent attention's sizes, which `+` layers take from --multi-latent-attention's flags
+MLA = ["--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4",
+       "--v-head-dim", "8", "--position-embedding-type", "rope"]
+
+
+def test_plus_is_an_mla_block_alone_or_beside_attention():
+    pattern = parse_hybrid_pattern("*-+E|+-*E/*E")
+    assert pattern.blocks == ("*-", "+E", "+-", "*E") and pattern.mixers() == ("*", "+", "+", "*")
+    assert pattern.moe_layers() == (False, True, False, True)
+    config = parse_arguments(["--hybrid-layer-pattern", "+-+E", "--num-experts", "4", *MLA]).config.model
+    from gpt.layer_spec import layer_specs
+
+    assert [(spec.mixer, spec.mlp, spec.moe and spec.moe.num_experts) for spec in layer_specs(config)] == \
+        [("+", "-", None), ("+", "E", 4)]
+
+
+def test_a_mix_of_attention_and_mla_is_said_at_start_up_as_megatron_refuses_it():
+    notes = parse_arguments(["--hybrid-layer-pattern", "*-+-", *MLA]).notes
+    assert any("which Megatron-LM refuses" in note for note in notes), notes
+    assert not any("Megatron-LM refuses" in note
+                   for note in parse_arguments(["--hybrid-layer-pattern", "+-+-", *MLA]).notes)
+
+
 REFUSED = {
     "mamba": (["--hybrid-layer-pattern", "M*M*"], "`M` (Mamba) layers are not built here"),
+    "gated deltanet": (["--hybrid-layer-pattern", "G-*-"], "`G` (Gated DeltaNet (GDN)) layers are not built here"),
+    "deepseek sparse attention": (["--hybrid-layer-pattern", "*-D-"],
+                                  "`D` (DeepSeek sparse attention (DSA)) layers are not built here"),
+    # Megatron-LM builds MLATransformerConfig, whose sizes `+` layers read, only under --multi-latent-attention
+    # (megatron/training/arguments.py core_transformer_config_from_args: `if args.multi_latent_attention:
+    # config_class = MLATransformerConfig`); without it MLASelfAttention finds no q_lora_rank
+    "mla without its flag": (["--hybrid-layer-pattern", "+-+-"], "its `+` (MLA) layers need --multi-latent-attention"),
+    "mla flag without plus": (["--hybrid-layer-pattern", "*-*-", *MLA],
+                              "--multi-latent-attention beside a pattern without `+`"),
+    "mla alone": (["--hybrid-layer-pattern", "+-++-", *MLA], "'++' in '+-++-' is not a block"),
+    "pipe inside an mla block": (["--hybrid-layer-pattern", "*-+|-*-", "--pipeline-model-parallel-size", "2", *MLA],
+                                 "`|` splits the block '+-'"),
     "unknown symbol": (["--hybrid-layer-pattern", "*-x-"], "'x' is not a layer symbol"),
     "lone mlp": (["--hybrid-layer-pattern=-*-*"], "'-*' in '-*-*' is not a block"),
     "attention alone": (["--hybrid-layer-pattern", "*-**-"], "'**' in '*-**-' is not a block"),
@@ -102,3 +137,16 @@ def test_each_refusal_is_one_line(name):
     message = str(refused.value)
     assert "\n" not in message and "problems:" not in message, message  # one line, one problem
     assert words in message, message
+
+
+@pytest.mark.parametrize("symbol, family", [("M", "Mamba"), ("G", "Gated DeltaNet (GDN)"),
+                                            ("D", "DeepSeek sparse attention (DSA)")])
+def test_pretrain_hybrid_refuses_a_layer_family_not_built_in_one_line_exit_2(symbol, family):
+    """Through the command line (base.errors.run_tool): one line on stderr naming the symbol, exit 2."""
+    import pretrain_hybrid
+    from tests.reliability_helpers import run_main
+
+    outcome = run_main(pretrain_hybrid.main, ["--hybrid-layer-pattern", f"*-{symbol}-", "--device", "cpu"])
+    lines = outcome.err.strip().splitlines()
+    assert outcome.code == 2 and len(lines) == 1 and "Traceback" not in outcome.err, outcome.err
+    assert f"`{symbol}` ({family}) layers are not built here" in lines[0]

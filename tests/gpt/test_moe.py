@@ -458,3 +458,20 @@ def test_operands_the_grouped_kernel_does_not_take_run_as_the_loop():
                                double.forward_loop(rows.double(), tokens_per_expert), rtol=0, atol=0)
     narrow = Experts(4, 6, 16, activation=F.gelu, swiglu=False, init_std=0.5, output_init_std=0.5, bias=False)
     assert not can_group(torch.zeros(3, 6), list(narrow.children()))  # 6 x 4 bytes
+
+
+def test_an_moe_layer_built_under_tp_without_sequence_parallel_is_refused_in_one_line():
+    """The MoE build's own refusal (gpt/moe/layer.py build_moe_layer), for a model built in code: the launch's
+    flags are refused earlier (arguments/config.py), as Megatron-Core's MoELayer refuses TP without SP."""
+    from base.errors import ConfigError
+    from gpt.model import TransformerBlock
+    from gpt.parallel_plan import TensorParallelPlan
+    from parallel.state import virtual_state
+    from tests.gpt.test_llama_blocks import tiny_config
+
+    config = tiny_config(num_experts=4, moe_layer_freq=1)
+    state = virtual_state(2, tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="add --sequence-parallel") as refused:
+        TransformerBlock(config, TensorParallelPlan(state, False), None)
+    assert "\n" not in str(refused.value)
+    TransformerBlock(config, TensorParallelPlan(state, True), None)  # with SP it builds

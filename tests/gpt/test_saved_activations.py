@@ -30,7 +30,8 @@ import gpt.gate_up_gemm
 import gpt.norms
 from base.options import replace_settings
 from gpt.glu import GatedActivation
-from gpt.model import activation_function, build_gpt_model
+from gpt.mlp import activation_function
+from gpt.model import build_gpt_model
 from gpt.model_config import ModelConfig
 from parallel.state import ParallelState
 from zero.activations import SavedTensorMeter

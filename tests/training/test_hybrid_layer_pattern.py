@@ -18,10 +18,15 @@ from tests.training.test_pipeline_training import _records, _train, train_config
 # tests/training/test_pipeline_training.py's MODEL (4 blocks, hidden 32, 5 iterations of 8 micro-batches) gives
 # --num-layers 4 itself, which each pattern below agrees with (4 blocks)
 EXPERTS = ["--num-experts", "4"]
+# multi-latent attention's sizes: `+` layers take them from --multi-latent-attention's flags (gpt/hybrid_pattern.py)
+MLA = ["--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4",
+       "--v-head-dim", "8", "--position-embedding-type", "rope"]
 SINGLE = {  # name: (the pattern's flags, the GPT flags)
     "dense": (["--hybrid-layer-pattern", "*-*-*-*-"], []),
     "moe-first-dense": (["--hybrid-layer-pattern", "*-*E*E*E", *EXPERTS], [*EXPERTS, "--moe-layer-freq", "[0]+[1]*3"]),
     "mtp": (["--hybrid-layer-pattern", "*-*-*-*-/*-"], ["--mtp-num-layers", "1"]),
+    "all-mla": (["--hybrid-layer-pattern", "+-+-+-+-", *MLA], MLA),
+    "mla-moe": (["--hybrid-layer-pattern", "+-+E+-+E", *EXPERTS, *MLA], [*EXPERTS, "--moe-layer-freq", "[0,1]*2", *MLA]),
 }
 PP2 = ["--pipeline-model-parallel-size", "2"]
 PIPELINED = {  # name: (the pattern's flags, the GPT flags), each at PP 2
@@ -75,3 +80,51 @@ def test_pretrain_hybrid_takes_a_megatron_hybrid_launch(tmp_path, corpus_cache):
     assert len(_records(hybrid, "loss")) == 3
     assert _records(hybrid, "loss") == _records(gpt, "loss")
 
+
+MIXED = ["--hybrid-layer-pattern", "*-+-*-+-", *MLA]  # attention and MLA blocks in one model
+
+
+@pytest.mark.slow
+def test_attention_and_mla_in_one_model_train_at_tp2_and_pp2_as_on_one_rank():
+    """The mixed pattern at TP 2 with --sequence-parallel, and at PP 2 with `|` as the stage boundary, logs its
+    one-rank losses and gradient norms within the layout fuzz's fp32 tolerances; and it is not the all-MLA model."""
+    from scripts.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+
+    one_rank = _train(MIXED, 1).outcomes
+    assert one_rank != _train(SINGLE["all-mla"][0], 1).outcomes
+    configs = {"tp2-sp": ([*MIXED, "--sequence-parallel"], 2),
+               "pp2": (["--hybrid-layer-pattern", "*-+-|*-+-", *MLA, *PP2], 1)}
+    per_rank = run_distributed(train_configurations, 2, configs, [free_port() for _ in configs], timeout=300)
+    for name in configs:
+        outcomes = per_rank[0][name].outcomes
+        assert [loss for loss, _ in outcomes] == pytest.approx([loss for loss, _ in one_rank], rel=LOSS_TOLERANCE,
+                                                                abs=0), name
+        assert [norm for _, norm in outcomes] == pytest.approx([norm for _, norm in one_rank],
+                                                                rel=GRAD_NORM_TOLERANCE, abs=0), name
+
+
+@pytest.mark.slow
+def test_a_mixed_pattern_saved_on_one_rank_resumes_at_tp2_with_the_straight_runs_losses(corpus_cache_300, tmp_path):
+    """Both mixers' parameters are saved under their own names (this project's format): the mixed model saved at
+    iteration 2 on one rank continues at TP 2 + SP to the straight one-rank run's losses (fp32 tolerance)."""
+    import pretrain_gpt
+    from scripts.layout_fuzz import LOSS_TOLERANCE
+    from tests.reliability_helpers import TINY, metrics_records
+    from tests.training.test_moe_training import launch_rank
+
+    tiny = TINY[2:] if TINY[:2] == ["--num-layers", "1"] else TINY  # the pattern sets the depth
+    argv = [*tiny, *MIXED, "--train-iters", "4", "--data-cache-dir", corpus_cache_300]
+    straight, parts, save = tmp_path / "straight.jsonl", tmp_path / "parts.jsonl", tmp_path / "ckpt"
+    assert pretrain_gpt.main([*argv, "--metrics-file", str(straight)]) == 0
+    assert pretrain_gpt.main([*argv, "--metrics-file", str(parts), "--save", str(save), "--exit-interval", "2"]) == 0
+    resumed = [*argv, "--tensor-model-parallel-size", "2", "--sequence-parallel", "--load", str(save),
+               "--metrics-file", str(tmp_path / "resumed.jsonl")]
+    run_distributed(launch_rank, 2, [resumed], [free_port()], timeout=300)
+
+    def losses(path):
+        return {r["iteration"]: r["loss"] for r in metrics_records(path) if "loss" in r and "split" not in r}
+
+    after = losses(tmp_path / "resumed.jsonl")
+    assert sorted(after) == [3, 4]  # continued, not restarted
+    assert [after[i] for i in (3, 4)] == pytest.approx([losses(straight)[i] for i in (3, 4)], rel=LOSS_TOLERANCE,
+                                                       abs=0)
