@@ -20,7 +20,6 @@ chunks' global positions, and attention runs through gpt/cp_attention.py at MLA'
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import TYPE_CHECKING, Optional
 
@@ -41,7 +40,7 @@ from parallel.context_parallel import positions_on_this_rank
 from parallel.init import InitMethod
 from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region, gather_from_sequence_parallel_region
-from parallel.random import TensorParallelRNG
+from parallel.random import TensorParallelRNG, dropout_stream
 
 if TYPE_CHECKING:
     from data.documents import DocumentMasks
@@ -179,7 +178,7 @@ class MLASelfAttention(nn.Module):
             attention_mask = cache.visible(seq, None, query.device)
         dropout_p = self.dropout_p if self.training else 0.0
         pad_value = value_needs_padding(self.attention_backend, query.device.type, self.q_head_dim, config.mla.v_head_dim)
-        with _dropout_stream(self.rng), attention_kernels(self.attention_backend):
+        with dropout_stream(self.rng), attention_kernels(self.attention_backend):
             if self.context_parallel is not None:
                 context = self._context_parallel_attention(query, key, value, documents, dropout_p, pad_value)
             elif self.softmax_type != "vanilla":
@@ -252,12 +251,6 @@ def mla_core_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         value = F.pad(value, (0, query.shape[-1] - v_head_dim))
     context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, scale=scale, **masking)
     return context[..., :v_head_dim] if pad_value else context
-
-
-def _dropout_stream(rng: Optional[TensorParallelRNG]):
-    """As gpt/model.py's dropout_stream (which imports this module): each TP rank's heads draw their attention
-    dropout from the rank's own stream."""
-    return rng.fork() if rng is not None else contextlib.nullcontext()
 
 
 def _deinterleaved(x: torch.Tensor) -> torch.Tensor:

@@ -20,12 +20,9 @@ comes afterwards, only for what this rank owns: `zero.apply.apply_zero` fills Ze
 
 from __future__ import annotations
 
-import contextlib
-import math
 from typing import TYPE_CHECKING, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gpt.attention_backend import attention_kernels
@@ -34,6 +31,7 @@ from gpt.attention_sinks import attention_with_sinks, sink_logits
 from gpt.attention_softcap import softcapped_attention
 from gpt.attention_window import causal_window_mask
 from gpt.cp_attention import context_parallel_attention
+from gpt.embedding import build_position_embedding, build_word_embedding, embed_tokens
 from gpt.hybrid_pattern import ATTENTION, MLA, MOE
 from gpt.hybrid_pattern import MLP as DENSE_MLP
 from gpt.kv_cache import LayerCache
@@ -45,21 +43,18 @@ from gpt.moe.balancing import MoELossTracker
 from gpt.moe.layer import build_moe_layer
 from gpt.mtp import MTPLossTracker, MultiTokenPredictionLayer, attach_mtp_loss
 from gpt.norms import HeadNorm, L2HeadNorm, ProjectionNorm
+from gpt.output_head import build_output_layer, output_of, output_vocab_start
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import RotaryCache, apply_rotary, rotary_angles, yarn_angles
 from gpt.stage_layers import StageLayers, whole_model
 from parallel.context_parallel import positions_on_this_rank
-from parallel.cross_entropy import vocab_parallel_cross_entropy
-from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
-from parallel.init import InitMethod, materialize, set_init_method
-from parallel.layers import entered_region, meta_parameter
+from parallel.init import InitMethod, materialize
+from parallel.layers import meta_parameter
 from parallel.mappings import (
-    gather_from_tensor_parallel_region,
     gather_last_dim_summing_backward,
-    scatter_to_sequence_parallel_region,
 )
-from parallel.random import TensorParallelRNG
-from parallel.sharding import also_replicated_over, check_recorded, record_whole
+from parallel.random import TensorParallelRNG, dropout_stream
+from parallel.sharding import check_recorded
 from parallel.state import ParallelState
 from zero.gated_parameters import wait_at_region_entry
 
@@ -423,9 +418,8 @@ def _normed(norm: Optional[nn.Module], hidden: torch.Tensor) -> torch.Tensor:
 
 
 class GPTModel(nn.Module):
-    """Built on the meta device (see the module docstring). `rng` supplies the per-TP-rank dropout
-    stream for attention; without it (TP=1 tools, tests) attention dropout draws from torch's default
-    generator. The config's sections (its norms, MLP, positions, attention, MLA, MTP) pick the blocks.
+    """Built on the meta device (see the module docstring), each layer's parts from its LayerSpec. `rng`: the per-TP
+    rank dropout streams; without it (TP=1 tools, tests) dropout draws from torch's default generator.
 
     `plan` (gpt/parallel_plan.py) is how the layers split over `state`'s tensor-parallel group and whether the
     sequence is split; by default, no sequence parallelism (training/build.py's `parallelize` passes the run's).
@@ -449,35 +443,14 @@ class GPTModel(nn.Module):
             raise ValueError("the tensor-parallel plan is for another ParallelState than the model's")
         self.sequence_parallel = plan.sequence_parallel
         self.split_dropout_rng = plan.dropout_rng("embedding_dropout", rng)
-        padded_vocab = config.padded_vocab_size(state.tensor_parallel_size)
-        tied = not config.output.untie_embeddings_and_output_weights
-        # Whether the word embedding is also the output layer: then a first and a last pipeline stage each hold
-        # a copy whose gradients are summed (an untied first stage's output_layer is None too: not a tie).
-        self.tied_output = tied
-        # Whether a first and a last pipeline stage each hold a copy of the word embedding whose gradients the
-        # embedding group sums: tied, or the last stage's MTP layers embed the rolled tokens (Megatron-Core builds
-        # its embedding where `pre_process or mtp_process` and ties the copies: tie_word_embeddings_state_dict)
-        self.shares_word_embedding = tied or config.mtp.num_layers > 0
-        learned_positions = config.positions.position_embedding_type == "learned_absolute"
-        # With nothing to add after the lookup, the lookup's sum over TP ranks is a reduce-scatter along the
-        # sequence (Megatron-Core's LanguageModelEmbedding: reduce_scatter_embeddings); learned positions
-        # are added to the whole sequence first and then split, as there, so their gradient stays whole.
-        self.word_embeddings = plan.embedding(
-            "word_embeddings", config.vocab_size, padded_vocab, config.hidden_size, init_std=config.init_method_std,
-            scatter_in_lookup=not learned_positions) \
-            if stage.first or (stage.last and self.shares_word_embedding) else None
-        if self.word_embeddings is not None and not stage.first:
-            # the last stage's copy of the first stage's word embedding (their gradients summed): a replica over the
-            # pipeline stages, the first stage's the one a checkpoint saves (parallel/sharding.py)
-            also_replicated_over(self.word_embeddings.weight, "pp")
-        if learned_positions and stage.first:
-            # `_weight` skips nn.Embedding's own (pointless, on meta) initialisation.
-            self.position_embeddings = nn.Embedding(
-                config.max_position_embeddings, config.hidden_size,
-                _weight=torch.empty(config.max_position_embeddings, config.hidden_size, device="meta"))
-            set_init_method(record_whole(self.position_embeddings.weight), InitMethod.normal(config.init_method_std))
-        else:
-            self.position_embeddings = None
+        # Whether the word embedding is also the output layer (an untied first stage's output_layer is None too), and
+        # whether a first and a last pipeline stage each hold a copy whose gradients the embedding group sums: tied,
+        # or the last stage's MTP layers embed the rolled tokens (Megatron-Core builds its embedding where
+        # `pre_process or mtp_process` and ties the copies: tie_word_embeddings_state_dict)
+        self.tied_output = not config.output.untie_embeddings_and_output_weights
+        self.shares_word_embedding = self.tied_output or config.mtp.num_layers > 0
+        self.word_embeddings = build_word_embedding(config, plan, stage, self.shares_word_embedding)
+        self.position_embeddings = build_position_embedding(config, stage)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
         # Named by their global layer number ("blocks.5." on any stage), so their weights are drawn as the
         # one-stage model's; iteration follows the stage's chunks in order.
@@ -494,17 +467,8 @@ class GPTModel(nn.Module):
         self.chunk_blocks = [nn.ModuleList(by_layer[layer] for layer in chunk) for chunk in stage.chunks]
         self.final_layernorm = config.norms.build(config.hidden_size, plan.norm_state("final_layernorm")) \
             if stage.last else None
-        if config.output.untie_embeddings_and_output_weights and stage.last:
-            # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
-            # start at zero as the embedding's do, so they are the same at every TP size.
-            self.output_layer = plan.output_linear("output_layer", config.hidden_size, padded_vocab,
-                                                   init_std=config.init_method_std, vocab_size=config.vocab_size)
-            set_init_method(self.output_layer.weight, InitMethod.normal(config.init_method_std, rows=config.vocab_size))
-        else:
-            self.output_layer = None
-        # The global vocabulary index of this rank's first output column: the embedding's row split, also on
-        # a last pipeline stage whose untied output layer is its only vocabulary shard (no embedding there).
-        self.output_vocab_start = state.tensor_parallel_rank * (padded_vocab // state.tensor_parallel_size)
+        self.output_layer = build_output_layer(config, plan, stage)
+        self.output_vocab_start = output_vocab_start(config, state)
         # Megatron-Core's MTP block (gpt/mtp.py) on the last stage: --mtp-num-layers layers, each with one block of
         # the last decoder layer's kind, numbered after the decoder's (num_layers + k, as get_mtp_layer_offset)
         self.mtp_layers = nn.ModuleList()
@@ -529,25 +493,7 @@ class GPTModel(nn.Module):
         """The first block's input, [batch, seq, hidden] (under sequence parallelism, this rank's slice of the
         sequence: [batch, seq / TP, hidden]). Learned positions are 0..seq-1, or `documents.position_ids`
         [batch, seq] where given (--reset-position-ids), or `positions` (an MTP layer's, rolled: gpt/mtp.py)."""
-        hidden = self.word_embeddings(tokens)
-        if self.config.output.scale_embeddings_by_sqrt_hidden:
-            # Gemma's normalizer sqrt(hidden), rounded to the embedding's dtype as transformers' ScaledWordEmbedding
-            # (`self.embed_scale.to(self.weight.dtype)`); elementwise, so also on a sequence-parallel slice
-            hidden = hidden * torch.tensor(math.sqrt(self.config.hidden_size), dtype=hidden.dtype)
-        if self.position_embeddings is not None:
-            # --reset-position-ids' per-document positions (with context parallelism, this rank's chunks of the
-            # whole sample's: data/documents_cp.py); else, with context parallelism, its chunks' global positions
-            if positions is None:
-                positions = documents.position_ids if documents is not None else None
-            if positions is None:
-                positions = positions_on_this_rank(tokens.shape[1], self.state, tokens.device)
-            if positions is None:
-                positions = torch.arange(tokens.shape[1], device=tokens.device)
-            hidden = hidden + self.position_embeddings(positions)
-            if self.sequence_parallel:
-                hidden = scatter_to_sequence_parallel_region(hidden, self.state)
-        with dropout_stream(self.split_dropout_rng):
-            return self.embedding_dropout(hidden)
+        return embed_tokens(self, tokens, documents, positions)
 
     def hidden_states(self, tokens: torch.Tensor, documents: Optional[DocumentMasks] = None,
                       fp8_parts: tuple = (0,)) -> torch.Tensor:
@@ -616,22 +562,8 @@ class GPTModel(nn.Module):
         return self.output(final_hidden, labels)
 
     def output(self, final_hidden: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
-        """The output layer (and the loss, with labels) on the final norm's output."""
-        output_weight = self.word_embeddings.weight if self.output_layer is None else self.output_layer.weight
-        with entered_region(final_hidden, self.state, self.sequence_parallel) as hidden:
-            if labels is not None and self.config.output.cross_entropy_loss_fusion:
-                return fused_linear_cross_entropy(hidden, output_weight, labels,
-                                                  self.output_vocab_start, self.config.vocab_size,
-                                                  self.state)
-            logits = F.linear(hidden, output_weight)
-        cap = self.config.output.final_logit_softcapping
-        if cap is not None:  # Gemma 2's: each rank's vocabulary slice, elementwise (Gemma2ForCausalLM.forward)
-            logits = torch.tanh(logits / cap) * cap
-        if labels is None:
-            return gather_from_tensor_parallel_region(logits, self.state)[..., : self.config.vocab_size]
-        # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.
-        return vocab_parallel_cross_entropy(logits, labels, self.output_vocab_start,
-                                            self.config.vocab_size, self.state, self.config.output.z_loss_strength)
+        """The output layer (and the loss, with labels) on the final norm's output (gpt/output_head.py)."""
+        return output_of(self, final_hidden, labels)
 
 
 def _only_view_left(value: torch.Tensor, *others: torch.Tensor) -> bool:
@@ -640,11 +572,6 @@ def _only_view_left(value: torch.Tensor, *others: torch.Tensor) -> bool:
     if torch.compiler.is_compiling() or value._base is None:
         return False
     return not any(torch._C._is_alias_of(value, other) for other in others)
-
-
-def dropout_stream(rng: Optional[TensorParallelRNG]):
-    """The rank's private dropout stream where `rng` is given (a split region), else the shared one."""
-    return rng.fork() if rng is not None else contextlib.nullcontext()
 
 
 def compile_blocks(model: GPTModel, options: Optional[dict] = None) -> None:

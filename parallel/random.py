@@ -128,3 +128,9 @@ class TensorParallelRNG:
                 self._tp_cuda.set_state(states["tensor_parallel_cuda"])
             else:
                 self._tp_cuda = states["tensor_parallel_cuda"].clone()
+
+
+def dropout_stream(rng: "TensorParallelRNG | None"):
+    """The rank's private dropout stream where `rng` is given (a split region: the heads of attention, a
+    sequence-parallel slice), else the shared one."""
+    return rng.fork() if rng is not None else contextlib.nullcontext()

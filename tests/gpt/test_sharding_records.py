@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-import gpt.model
+import gpt.mlp
 from arguments.parser import parse_config
 from base.errors import ConfigError
 from gpt.model import GPTModel
@@ -53,18 +53,18 @@ def test_every_parameter_of_a_built_model_has_its_own_record(name, tensor_parall
 
 
 def test_a_parameter_without_a_record_is_refused_in_one_line_naming_it_and_its_module(monkeypatch):
-    made = gpt.model.MLP.__init__
+    made = gpt.mlp.MLP.__init__
 
     def with_a_stray(self, *args, **kwargs):
         made(self, *args, **kwargs)
         self.stray = nn.Parameter(torch.empty(3, device="meta"))  # as the sinks were: made, never recorded
 
-    monkeypatch.setattr(gpt.model.MLP, "__init__", with_a_stray)
+    monkeypatch.setattr(gpt.mlp.MLP, "__init__", with_a_stray)
     with pytest.raises(ConfigError) as error:
         GPTModel(parse_config(SMALL).model, ParallelState(device=torch.device("meta")))
     line = str(error.value)
     assert "\n" not in line
-    assert "blocks.0.mlp.stray (made by gpt.model.MLP) has no sharding record" in line
+    assert "blocks.0.mlp.stray (made by gpt.mlp.MLP) has no sharding record" in line
 
 
 def test_an_experts_xielu_scalars_are_held_as_its_weights_under_expert_parallelism():

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import gpt.model
+import gpt.output_head
 from arguments.config import ModelConfig
 from base.options import replace_settings
 from gpt.model import build_gpt_model
@@ -100,7 +100,7 @@ def test_the_flag_switches_the_models_loss_path_and_changes_no_value(monkeypatch
         return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
 
     reference_loss, reference_grads = loss_and_grads(config)
-    monkeypatch.setattr(gpt.model, "vocab_parallel_cross_entropy",
+    monkeypatch.setattr(gpt.output_head, "vocab_parallel_cross_entropy",
                         lambda *args: pytest.fail("the fused path built the logits"))
     fused_loss, fused_grads = loss_and_grads(replace_settings(config, cross_entropy_loss_fusion=True))
     torch.testing.assert_close(fused_loss, reference_loss, **TOLERANCE)
