@@ -15,7 +15,7 @@ use_cudagraphable_rng, which Megatron-LM turns on with --cuda-graph-impl. Outsid
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
@@ -128,3 +128,8 @@ class TensorParallelRNG:
                 self._tp_cuda.set_state(states["tensor_parallel_cuda"])
             else:
                 self._tp_cuda = states["tensor_parallel_cuda"].clone()
+
+
+def dropout_stream(rng: Optional[TensorParallelRNG]):
+    """The rank's private dropout stream where `rng` is given (a split region), else the shared one."""
+    return rng.fork() if rng is not None else contextlib.nullcontext()
