@@ -41,3 +41,49 @@ def test_no_refusal_function_is_over_40_lines():
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}, "
                                 f"{node.end_lineno - node.lineno + 1} lines")
     assert long == []
+
+
+# The attention module and the files of its parts (issue 112): each part is chosen once, at build, so the module reads
+# top to bottom without a branch per setting. (The attention's settings section, gpt/attention_settings.py, is held
+# by the bound on every class in gpt/.)
+ATTENTION_PARTS = ("gpt/attention.py", "gpt/attention_*.py", "gpt/qkv_projection.py", "gpt/qk_norm.py",
+                   "gpt/rotary_positions.py")
+
+
+def conditionals(node: ast.AST) -> int:
+    """The branches a reader follows in `node`: each `if` and `while`, ternary, comprehension `if`, match case and
+    `and`/`or` operator."""
+    count = 0
+    for inner in ast.walk(node):
+        if isinstance(inner, (ast.If, ast.IfExp, ast.While, ast.match_case)):
+            count += 1
+        elif isinstance(inner, ast.comprehension):
+            count += len(inner.ifs)
+        elif isinstance(inner, ast.BoolOp):
+            count += len(inner.values) - 1
+    return count
+
+
+def classes(pattern: str):
+    for path in sorted(ROOT.glob(pattern)):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                yield f"{path.relative_to(ROOT)} {node.name}", node
+
+
+def test_conditionals_counts_every_kind_of_branch():
+    source = "def f(a, b):\n    if a and b or a:\n        return [x for x in b if x if a]\n    return a if b else 0\n"
+    assert conditionals(ast.parse(source)) == 6
+
+
+def test_self_attention_is_at_most_100_lines_with_at_most_10_conditionals():
+    (name, node), = [(name, node) for name, node in classes("gpt/attention.py") if name.endswith(" SelfAttention")]
+    lines = node.end_lineno - node.lineno + 1
+    assert lines <= 100 and conditionals(node) <= 10, f"{name}: {lines} lines, {conditionals(node)} conditionals"
+
+
+def test_no_class_of_the_attentions_parts_is_over_150_lines():
+    sizes = {name: node.end_lineno - node.lineno + 1 for pattern in ATTENTION_PARTS for name, node in classes(pattern)
+             if not name.startswith("gpt/attention_settings.py")}
+    assert len(sizes) >= 5, sizes  # the parts' classes are found at all
+    assert {name: size for name, size in sizes.items() if size > 150} == {}
