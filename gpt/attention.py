@@ -34,9 +34,10 @@ def output_layer_std(config: ModelConfig) -> float:
 
 class SelfAttention(nn.Module):
     """Causal attention with one fused QKV projection; multi-head, or grouped-query (a key/value head per group of
-    query heads; one group is multi-query). Its parameters, in this order, are what checkpoints and the Hugging Face
-    families name: q_layernorm, k_layernorm (--qk-layernorm), query_key_value, softmax_offset (--softmax-type
-    learnable) and dense; its other parts hold none."""
+    query heads; one group is multi-query). Its parameters are what checkpoints and the Hugging Face families name,
+    registered in this order: q_layernorm, k_layernorm (--qk-layernorm), query_key_value, softmax_offset
+    (--softmax-type learnable: named_parameters() lists it, the module's own, first) and dense; its other parts
+    hold none."""
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
                  window: Optional[int] = None, rotary: bool = True, rotary_cache: Optional[RotaryCache] = None):
@@ -46,7 +47,7 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.rng = rng  # this TP rank's stream, from which its heads draw their attention dropout
         self.layout = QKVLayout(config, plan.state)
-        self.treatment = QKTreatment(config)
+        self.qk_treatment = QKTreatment(config)
         self.q_layernorm, self.k_layernorm = qk_norms(config, plan.state)
         self.query_key_value = self.layout.projection(plan, config)
         self.softmax_offset = softmax_offset(config, self.layout)
@@ -67,7 +68,7 @@ class SelfAttention(nn.Module):
         of q.k depends only on the positions' difference, which a reset does not change."""
         # the whole sequence: under sequence parallelism the projection gathers it
         query, key, value, gate = self.layout.split(self.query_key_value(hidden))
-        query, key, value = self.treatment(self.q_layernorm, self.k_layernorm, query, key, value)
+        query, key, value = self.qk_treatment(self.q_layernorm, self.k_layernorm, query, key, value)
         query, key = self.positions.rotated(query, key, cache)
         context = self.kernel(query, key, value, documents, cache, self.rng, self.training, self.softmax_offset)
         return self.dense(output_gated(context, gate))
