@@ -1262,7 +1262,7 @@ class PretrainConfig:
         if comm == "a2a+p2p":  # multi-latent attention's key heads are its query heads (gpt/mla.py)
             groups = model.num_attention_heads if model.mla.multi_latent_attention else \
                 (model.attention.num_query_groups or model.num_attention_heads)
-            # (fewer groups than TP ranks: each rank reads one, gpt/model.py SelfAttention)
+            # (fewer groups than TP ranks: each rank reads one, gpt/qkv_projection.py QKVLayout)
             self._check_hierarchical_context_parallel(heads, max(groups // tp, 1))
         if model.attention.cp_comm_type == "a2a" and heads % cp:
             # DeepSpeed's single_all_to_all asserts it: "Number of heads must be divisible by the sequence parallel

@@ -22,10 +22,11 @@ from typing import Optional, Union
 from torch import nn
 
 from base.options import replace_settings
+from gpt.attention import SelfAttention
 from gpt.glu import GatedActivation
 from gpt.mla import MLASelfAttention, ReplicatedLinear
 from gpt.mlp import MLP, SwiGLUMLP
-from gpt.model import GPTModel, SelfAttention
+from gpt.model import GPTModel
 from gpt.model_config import ModelConfig
 from gpt.norms import RMSNorm
 from gpt.parallel_plan import tensor_parallel_plan
@@ -289,7 +290,7 @@ def _block_matmuls(block: nn.Module) -> tuple[BlockMatmul, ...]:
     for name, module in block.named_modules():
         if isinstance(module, SelfAttention):
             # Its scores and context run between its projections and its output (the first row-parallel linear).
-            attention_before_output = AttentionShape(module.heads_per_rank, module.head_dim)
+            attention_before_output = AttentionShape(module.layout.heads_per_rank, module.layout.head_dim)
         elif isinstance(module, MLASelfAttention):  # multi-latent: scores over q_head_dim, context over v_head_dim
             attention_before_output = AttentionShape(module.heads_per_rank, module.q_head_dim,
                                                      module.config.mla.v_head_dim)
@@ -354,14 +355,15 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
         elif isinstance(module, MLASelfAttention):
             heads += module.heads_per_rank * tensor_parallel_size
         elif isinstance(module, SelfAttention):
-            heads += module.heads_per_rank * tensor_parallel_size
-            if module.kv_replicas > 1:
+            layout = module.layout
+            heads += layout.heads_per_rank * tensor_parallel_size
+            if layout.kv_replicas > 1:
                 # fewer key/value groups than TP ranks: attention keeps its group's key and value on each rank (the
                 # QKV output's group read from the gathered whole), not 1/TP of the groups' as counted above
-                kv_bytes = 2 * 2 * module.head_dim
+                kv_bytes = 2 * 2 * layout.head_dim
                 replicated += kv_bytes
-                partitioned -= kv_bytes * (tensor_parallel_size // module.kv_replicas)
-            if module.output_gate:  # the product context x sigmoid(gate) keeps both: 16-bit and fp32
-                partitioned += (2 + 4) * module.heads_per_rank * module.head_dim * tensor_parallel_size
+                partitioned -= kv_bytes * (tensor_parallel_size // layout.kv_replicas)
+            if layout.output_gate:  # the product context x sigmoid(gate) keeps both: 16-bit and fp32
+                partitioned += (2 + 4) * layout.heads_per_rank * layout.head_dim * tensor_parallel_size
     return LayerActivationTerms(replicated_bytes_per_token=replicated, partitioned_bytes_per_token=partitioned,
                                 bytes_per_attention_score=5, attention_heads=heads)

@@ -4,7 +4,7 @@ from each checkpoint in losses.json), read without DeepSpeed installed.
 
 - The fused query/key/value rows: Megatron-DeepSpeed's split after commit 676a482c (three blocks per TP rank,
   megatron/model/transformer.py ParallelAttention.forward, copied below as the reference) gives each head the rows
-  our grouped split (gpt/model.py SelfAttention._query_key_value) gives it after the reorder; transformers' [q | k | v]
+  our grouped split (gpt/qkv_projection.py QKVLayout.split) gives it after the reorder; transformers' [q | k | v]
   reorder equals checkpoint/hf/folders.py's own.
 - Every layout reads the same tensors: ZeRO 1 and 2 of one run bitwise, ZeRO 3 and its universal form (DeepSpeed's
   own consolidation, ds_to_universal) bitwise, ZeRO 3 against ZeRO 1 to DeepSpeed's rounding (1e-6 relative), the

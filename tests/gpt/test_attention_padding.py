@@ -15,7 +15,7 @@ So 8 is the multiple and 256 the largest padded head dim worth asking for.
 import pytest
 import torch
 
-import gpt.model
+import gpt.attention_kernel
 from arguments.config import ModelConfig
 from gpt.attention_padding import attention_at_head_dim, padded_head_dim
 from gpt.model import build_gpt_model
@@ -74,7 +74,7 @@ def test_the_model_runs_the_padded_path_where_the_selection_says_so(monkeypatch)
         seen.append(query.shape[-1])
         return real_sdpa(query, *args, **kwargs)
 
-    monkeypatch.setattr(gpt.model, "padded_head_dim", lambda head_dim, *rest: 24)
+    monkeypatch.setattr(gpt.attention_kernel, "padded_head_dim", lambda head_dim, *rest: 24)
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
     torch.testing.assert_close(loss(), reference, rtol=1e-5, atol=1e-6)
     assert seen == [24]

@@ -211,7 +211,7 @@ def test_logits_equal_transformers_llama_at_tp2():
 
 
 def test_key_value_groups_must_split_over_tensor_parallel_ranks_or_be_shared_by_them():
-    """Fewer groups than TP ranks are read by tp / groups ranks each (Megatron-Core, gpt/model.py SelfAttention;
+    """Fewer groups than TP ranks are read by tp / groups ranks each (Megatron-Core, gpt/qkv_projection.py QKVLayout;
     tests/gpt/test_kv_groups_below_tp.py trains them); a norm over the whole key projection is not."""
     tiny_config(**LLAMA, num_query_groups=1).validate_tensor_parallel(2)
     over_projection = tiny_config(**LLAMA, num_query_groups=1, qk_layernorm=True, qk_layernorm_over_projection=True)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from base.options import replace_settings
-from gpt.model import build_gpt_model, sdpa_takes_grouped_kv
+from gpt.attention_kernel import sdpa_takes_grouped_kv
+from gpt.model import build_gpt_model
 from gpt.model_config import ModelConfig
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
@@ -25,8 +26,8 @@ def logits_and_gradients(config: ModelConfig, native: bool) -> tuple[torch.Tenso
     model.rng = None
     for block in model.blocks:
         block.attention.rng = TensorParallelRNG(5, CPU) if config.attention.attention_dropout else None
-        assert block.attention.native_gqa  # what the default chooses for grouped heads
-        block.attention.native_gqa = native
+        assert block.attention.kernel.native_gqa  # what the default chooses for grouped heads
+        block.attention.kernel.native_gqa = native
     tokens = torch.randint(0, config.vocab_size, (2, config.seq_length + 1), generator=torch.Generator().manual_seed(1))
     torch.manual_seed(7)  # SDPA's dropout draws from the default generator
     logits = model(tokens[:, :-1])
@@ -45,7 +46,7 @@ def test_native_grouped_attention_is_bit_identical_to_the_copies(groups, dropout
 
 
 def test_copies_stay_for_multi_head_attention_and_the_fused_backend():
-    assert not build_gpt_model(LLAMA, CPU, seed=0).blocks[0].attention.native_gqa  # one group per head
+    assert not build_gpt_model(LLAMA, CPU, seed=0).blocks[0].attention.kernel.native_gqa  # one group per head
     fused = replace_settings(LLAMA, num_query_groups=2, attention_backend="fused")
-    assert not build_gpt_model(fused, CPU, seed=0).blocks[0].attention.native_gqa
+    assert not build_gpt_model(fused, CPU, seed=0).blocks[0].attention.kernel.native_gqa
     assert not sdpa_takes_grouped_kv("fused")

@@ -119,7 +119,7 @@ def megatron_attention(attention, x: torch.Tensor, heads: int, groups: int, gate
     `controls`: the same with the gate read but not applied, and rotary in halves where it is interleaved
     (a computation the settings must change)."""
     batch, seq, _ = x.shape
-    hn = attention.head_dim
+    hn = attention.layout.head_dim
     per_group = heads // groups
     mixed = F.linear(x, attention.query_key_value.weight, attention.query_key_value.bias)
     mixed = mixed.view(batch, seq, groups, ((2 if gate else 1) * per_group + 2) * hn)

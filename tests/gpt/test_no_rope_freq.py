@@ -56,7 +56,7 @@ def test_skipped_layers_attend_without_positions_and_the_others_rotate():
     nope, _ = losses(position_embedding_type="none")
     torch.testing.assert_close(skipped, nope, rtol=0, atol=0)
     second, model = losses(no_rope_freq=2)
-    assert [block.attention.rotary for block in model.blocks] == [True, False]
+    assert [block.attention.positions.rotary for block in model.blocks] == [True, False]
     rope, _ = losses()
     assert not torch.allclose(second, rope) and not torch.allclose(second, nope)
 

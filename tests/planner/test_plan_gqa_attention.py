@@ -121,11 +121,11 @@ def test_the_attention_stand_in_keeps_grouped_kv_where_the_planned_kernel_takes_
 
 
 def test_a_cuda_gqa_plan_differs_from_the_repeated_kv_one_by_the_copies_alone(corpus_cache):
-    """--attention-backend fused repeats k and v per query head before SDPA (gpt/model.py sdpa_takes_grouped_kv: the
-    memory-efficient and cuDNN kernels it allows do not take enable_gqa in every torch), and its kernel keeps the
-    copies; auto (flash on CUDA in bf16) keeps k and v a head per group. The plans of one bf16 GQA model for CUDA
-    differ by those copies alone, [b, heads - groups, s, d] twice a layer: before, auto's GQA call took the meta math
-    path and planned the [b, heads, s, s] weights besides."""
+    """--attention-backend fused repeats k and v per query head before SDPA (gpt/attention_kernel.py
+    sdpa_takes_grouped_kv: the memory-efficient and cuDNN kernels it allows do not take enable_gqa in every torch),
+    and its kernel keeps the copies; auto (flash on CUDA in bf16) keeps k and v a head per group. The plans of one
+    bf16 GQA model for CUDA differ by those copies alone, [b, heads - groups, s, d] twice a layer: before, auto's GQA
+    call took the meta math path and planned the [b, heads, s, s] weights besides."""
     layers, batch, heads, groups, seq, dim = 2, 2, 8, 2, 256, 16
     base = [arg for arg in MODEL if arg not in ("--device", "cpu", "--report-memory")]
     saved = {}

@@ -27,7 +27,7 @@ Each launch's target is "trains". Run here, shrunk, by tests/scripts/test_replay
 holding all 4 (2026-11-28, on the 2 cores): rocm-mixtral-8x7b trains; rocm-llama3-70b and rocm-llama2-70b, which pass
 `--dataloader-type cyclic` (Megatron-LM's MegatronPretrainingRandomSampler, data/sampler.py CyclicSampler), train;
 and rocm-qwen2-1.5b, which passes it too and --num-query-groups 2 at TP 8 (1 at TP 2, shrunk), fewer key/value groups
-than TP ranks, run as Megatron-Core's attention.py:289 runs them (gpt/model.py SelfAttention;
+than TP ranks, run as Megatron-Core's attention.py:289 runs them (gpt/qkv_projection.py QKVLayout;
 tests/gpt/test_kv_groups_below_tp.py), trains (once, all four in TRAINED_HERE, after the merge of both: 8.9, 19.5, 7.4 and 3.4 s at load
 4-5, the CI run beside them). The qwen2 launch also found a shrink bug (--ffn-hidden-size
 8960 of 1536 became an odd 187 at TP 2), fixed in shrink.py. The suite trains TRAINED_HERE only; every launch goes

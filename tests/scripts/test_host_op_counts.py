@@ -18,7 +18,8 @@ from scripts.op_counter import count_calls, inductor_kernel_events
 # GPT-2 shape 10 + 28; Llama shape 37 + 62 (rope made once, one q/k/v split, RMSNorm not recomputed, gate and up one
 # GEMM, the weight gradients accumulated into the fp32 main gradients inside their GEMMs; each RMSNorm's backward one
 # op more than autograd's, making its normed values again from its kept input and rsqrt: gpt/rms_norm_backward.py; the
-# value's own copy, so that attention does not keep the whole QKV output for it: gpt/model.py _only_view_left)
+# value's own copy, so that attention does not keep the whole QKV output for it: gpt/attention_kernel.py
+# _only_view_left)
 GPT2_BF16, LLAMA_BF16 = 38, 99
 # the ceilings: GPT-2 at or under today's 51, Llama under Megatron-LM's torch path
 GPT2_CEILING, LLAMA_CEILING = 51, 120

@@ -21,7 +21,8 @@ from tests.distributed import run_distributed
 # 16,384), at the commit that made them: GPT-2 shape 527,360 (32.2 per s*b*h), Llama shape 478,208 (29.2); Llama at TP
 # 2 with --sequence-parallel, rank 0: 239,104 (29.2 per s*b*h/t). Issue 111 took Llama's from 658,432 (40.2) and
 # 361,984 (44.2 per s*b*h/t): the column-parallel linears keep their input's slice (parallel/regathered_input.py), the
-# RMSNorms their input and rsqrt (gpt/rms_norm_backward.py), the value its own copy (gpt/model.py _only_view_left)
+# RMSNorms their input and rsqrt (gpt/rms_norm_backward.py), the value its own copy (gpt/attention_kernel.py
+# _only_view_left)
 GPT2_BF16, LLAMA_BF16, LLAMA_BF16_TP2_SP = 527_360, 478_208, 239_104
 # the "mla" and "moe" shapes (scripts/benchmark_saved_bytes.py) at TP 1: multi-latent attention 989,184 (60.4 per
 # s*b*h; CPU SDPA's math kernel, its values not padded to the query's width); 4 experts, top 2, 868,112 (53.0;
@@ -92,7 +93,8 @@ def test_an_mla_and_an_moe_layer_save_what_they_did():
 def test_the_planners_meter_counts_a_block_as_the_storage_counter_does():
     """The dry run's SavedTensorMeter (zero/activations.py) counts each saved tensor's own bytes; the counter, each
     storage whole: they agree where no saved view keeps a larger storage alive, as on a Llama and a GPT-2 block since
-    attention's value got its own copy (gpt/model.py _only_view_left; before, the meter missed 3 bytes per s*b*h)."""
+    attention's value got its own copy (gpt/attention_kernel.py _only_view_left; before, the meter missed 3 bytes
+    per s*b*h)."""
     from base.options import replace_settings
     from gpt.model import build_gpt_model
     from parallel.state import ParallelState

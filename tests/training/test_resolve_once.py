@@ -77,7 +77,7 @@ def test_a_live_run_builds_its_model_from_the_resolved_settings_with_frozen_conf
     def build(settings, state, **kwargs):
         seen["settings"] = settings
         built = real_build(settings, state, **kwargs)
-        seen["kernels"] = {block.attention.attention_backend for block in built.model.blocks}
+        seen["kernels"] = {block.attention.kernel.attention_backend for block in built.model.blocks}
         return built
 
     monkeypatch.setattr(pretrain_gpt, "run", run)
