@@ -15,7 +15,7 @@ use_cudagraphable_rng, which Megatron-LM turns on with --cuda-graph-impl. Outsid
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Iterator
 
 import torch
 
