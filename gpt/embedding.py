@@ -21,7 +21,6 @@ from parallel.sharding import also_replicated_over, record_whole
 
 if TYPE_CHECKING:
     from data.documents import DocumentMasks
-    from gpt.model import GPTModel
 
 
 def _learned_positions(config: ModelConfig) -> bool:
@@ -56,7 +55,7 @@ def build_position_embedding(config: ModelConfig, stage: StageLayers) -> Optiona
     return embedding
 
 
-def embed_tokens(model: "GPTModel", tokens: torch.Tensor, documents: Optional["DocumentMasks"] = None,
+def embed_tokens(model: nn.Module, tokens: torch.Tensor, documents: Optional["DocumentMasks"] = None,
                  positions: Optional[torch.Tensor] = None) -> torch.Tensor:
     """GPTModel.embed: see there."""
     config, state = model.config, model.state

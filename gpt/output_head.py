@@ -5,10 +5,11 @@ that its parameters keep their names."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from gpt.model_config import ModelConfig
 from gpt.parallel_plan import TensorParallelPlan
@@ -19,9 +20,6 @@ from parallel.init import InitMethod, set_init_method
 from parallel.layers import entered_region
 from parallel.mappings import gather_from_tensor_parallel_region
 from parallel.state import ParallelState
-
-if TYPE_CHECKING:
-    from gpt.model import GPTModel
 
 
 def build_output_layer(config: ModelConfig, plan: TensorParallelPlan, stage: StageLayers):
@@ -43,7 +41,7 @@ def output_vocab_start(config: ModelConfig, state: ParallelState) -> int:
                                          // state.tensor_parallel_size)
 
 
-def output_of(model: "GPTModel", final_hidden: torch.Tensor, labels: Optional[torch.Tensor]) -> torch.Tensor:
+def output_of(model: nn.Module, final_hidden: torch.Tensor, labels: Optional[torch.Tensor]) -> torch.Tensor:
     """GPTModel.output: logits [batch, seq, vocab] without labels, the per-token loss with them."""
     config, state = model.config, model.state
     weight = model.word_embeddings.weight if model.output_layer is None else model.output_layer.weight
