@@ -392,27 +392,35 @@ def test_mla_layers_write_megatrons_hybrid_names_and_read_back(pattern, q_lora_r
         assert "mtp.layers.0.mtp_model_layer.layers.0.self_attention.linear_kv_down_proj.weight" in written
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", [MTP, MOE])
-def test_our_hybridmodel_layout_save_resumes_here_to_our_uninterrupted_losses(tmp_path, monkeypatch, name):
-    """Our save under the fixture's pattern (HybridModel's layout) read back here by the same reader as
-    Megatron-LM's: the resumed iterations 3 and 4 are the uninterrupted run's (measured bitwise)."""
+def _saved_at_2_and_resumed(tmp_path, common: list) -> tuple[set, list]:
+    """`common` trained to iteration 4 saving every 2 iterations, the save of 4 removed, then resumed from the save of
+    2 by the reader of Megatron-LM's checkpoints: the save's tensor names and both runs' losses by iteration."""
     import pretrain_hybrid
     from tests.reliability_helpers import metrics_records, run_main
 
-    monkeypatch.chdir(data_workdir(tmp_path))
-    common = one_rank_flags(name) + ["--device", "cpu", "--log-interval", "1", "--data-cache-dir",
-                                     tmp_path / "cache"]
     saved, straight, resumed = tmp_path / "save", tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl"
     outcome = run_main(pretrain_hybrid.main, common + ["--save", saved, "--save-interval", "2", "--metrics-file",
                                                       straight])
     assert outcome.code == 0, outcome.err[-3000:]
     shutil.rmtree(saved / "iter_0000004")
     (saved / "latest_checkpointed_iteration.txt").write_text("2")
-    assert "decoder.final_norm.weight" in MegatronSource(saved / "iter_0000002").reader.tensors()
+    tensors = set(MegatronSource(saved / "iter_0000002").reader.tensors())
     outcome = run_main(pretrain_hybrid.main, common + ["--load", saved, "--metrics-file", resumed])
     assert outcome.code == 0, outcome.err[-3000:]
-    losses = [{r["iteration"]: r["loss"] for r in metrics_records(path) if "loss" in r} for path in (straight, resumed)]
+    return tensors, [{r["iteration"]: r["loss"] for r in metrics_records(path) if "loss" in r}
+                     for path in (straight, resumed)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [MTP, MOE])
+def test_our_hybridmodel_layout_save_resumes_here_to_our_uninterrupted_losses(tmp_path, monkeypatch, name):
+    """Our save under the fixture's pattern (HybridModel's layout) read back here by the same reader as
+    Megatron-LM's: the resumed iterations 3 and 4 are the uninterrupted run's (measured bitwise)."""
+    monkeypatch.chdir(data_workdir(tmp_path))
+    common = one_rank_flags(name) + ["--device", "cpu", "--log-interval", "1", "--data-cache-dir",
+                                     tmp_path / "cache"]
+    tensors, losses = _saved_at_2_and_resumed(tmp_path, common)
+    assert "decoder.final_norm.weight" in tensors
     assert losses[1] == {i: losses[0][i] for i in CONTINUED}
 
 
@@ -422,22 +430,10 @@ def test_a_mixed_attention_and_mla_save_in_hybridmodels_layout_resumes_to_the_un
     """`*-+-/+-` saved in HybridModel's layout (a `*` layer's attention names, a `+` layer's MLA names, an MTP depth
     of MLA) and read back by the reader of Megatron-LM's checkpoints: iterations 3 and 4 are the uninterrupted
     run's, bitwise."""
-    import pretrain_hybrid
-    from tests.reliability_helpers import metrics_records, run_main
-
     monkeypatch.chdir(data_workdir(tmp_path))
     common = one_rank_flags(NAME) + [*MLA, "--hybrid-layer-pattern", "*-+-/+-", "--device", "cpu", "--log-interval",
                                      "1", "--data-cache-dir", tmp_path / "cache"]
-    saved, straight, resumed = tmp_path / "save", tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl"
-    outcome = run_main(pretrain_hybrid.main, common + ["--save", saved, "--save-interval", "2", "--metrics-file",
-                                                      straight])
-    assert outcome.code == 0, outcome.err[-3000:]
-    shutil.rmtree(saved / "iter_0000004")
-    (saved / "latest_checkpointed_iteration.txt").write_text("2")
-    tensors = MegatronSource(saved / "iter_0000002").reader.tensors()
+    tensors, losses = _saved_at_2_and_resumed(tmp_path, common)
     assert {"decoder.layers.2.self_attention.linear_kv_down_proj.weight", "decoder.layers.2.input_layernorm.weight",
-            "decoder.layers.0.self_attention.linear_qkv.weight"} <= set(tensors)
-    outcome = run_main(pretrain_hybrid.main, common + ["--load", saved, "--metrics-file", resumed])
-    assert outcome.code == 0, outcome.err[-3000:]
-    losses = [{r["iteration"]: r["loss"] for r in metrics_records(path) if "loss" in r} for path in (straight, resumed)]
+            "decoder.layers.0.self_attention.linear_qkv.weight"} <= tensors
     assert losses[1] == {i: losses[0][i] for i in CONTINUED}
