@@ -160,7 +160,7 @@ def _moe_layers_and_experts(model) -> tuple[int, int]:
         return model.num_layers // max(model.experts.deepspeed.expert_interval, 1), max(experts, 1)
     freq = model.experts.layer_freq
     if isinstance(freq, int):
-        return -(-model.num_layers // max(freq, 1)), experts
+        return -(-model.num_layers // abs(freq)), experts  # -N places as N (Python's %, as Megatron-LM's)
     return str(freq).count("1"), experts  # validated: one 0 or 1 per layer
 
 

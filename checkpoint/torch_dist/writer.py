@@ -257,9 +257,11 @@ def _experts_per_layer(config) -> Optional[int]:
 
 def _per_layer(config) -> bool:
     """Whether Megatron-Core saves each layer under its own key (TransformerBlock.sharded_state_dict's
-    non_homogeneous_layers): an MoE model whose --moe-layer-freq is a list, or an integer above 1."""
+    non_homogeneous_layers): an MoE model whose --moe-layer-freq is a list, or an integer above 1. A negative
+    -N below -1 places the layers N does, so they get their own keys too (Megatron-Core's own test, `> 1`, would
+    stack its dense and MoE layers under one key)."""
     freq = config.model.experts.layer_freq
-    return config.model.moe is not None and (isinstance(freq, str) or freq > 1)
+    return config.model.moe is not None and (isinstance(freq, str) or abs(freq) > 1)
 
 
 def _extra_states(model, config, state: ParallelState) -> dict[str, None]:

@@ -68,7 +68,7 @@ def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
     fields["rope_parameters"] = _rope(config)
     return DeepseekV3Config(**fields, intermediate_size=config.ffn_size, moe_intermediate_size=moe.ffn_hidden_size,
                             n_routed_experts=moe.num_experts, n_shared_experts=(shared or 0) // moe.ffn_hidden_size,
-                            num_experts_per_tok=moe.router_topk, n_group=moe.router_num_groups or 1,
+                            num_experts_per_tok=moe.router_topk, n_group=_groups(moe),
                             topk_group=moe.router_group_topk or 1,
                             routed_scaling_factor=moe.router_topk_scaling_factor or 1.0, norm_topk_prob=True,
                             first_k_dense_replace=first_dense_count(config), q_lora_rank=config.mla.q_lora_rank,
@@ -96,3 +96,9 @@ to_hf, from_hf = by_layer_names(_layer_names, fused_qkv_names=False)
 
 
 WEIGHTS = FamilyWeights(MODEL_TYPE, ARCHITECTURE, claims, misfits, hf_config, to_hf, from_hf, drops_mtp=True)
+
+
+def _groups(moe) -> int:
+    """n_group: the routing groups, 1 without a group top-k (a group count alone does not group Megatron-Core's
+    router, and transformers' would group by it)."""
+    return (moe.router_num_groups or 1) if moe.router_group_topk else 1

@@ -105,8 +105,10 @@ def moe_layer_pattern(freq: str, num_layers: int) -> tuple[bool, ...]:
         except ValueError:
             raise ConfigError(f"--moe-layer-freq {text!r} is neither an integer nor a list expression such as "
                               f"'([1]*3+[0]*1)*2'", flags=("--moe-layer-freq",)) from None
-        if every < 1:
-            raise ConfigError(f"--moe-layer-freq must be at least 1, got {every}", flags=("--moe-layer-freq",))
+        if every == 0:  # Megatron-LM's `i % 0` is a ZeroDivisionError
+            raise ConfigError("--moe-layer-freq 0 places no layer: give N for an MoE layer every N layers",
+                              flags=("--moe-layer-freq",))
+        # Python's `%` as Megatron-LM's: a negative -N places the layers N does (-1: every layer)
         return tuple(layer % every == 0 for layer in range(num_layers))
     pattern = layer_flags(text, "--moe-layer-freq", num_layers, "0 (dense) or 1 (MoE)")
     return tuple(bool(value) for value in pattern)
@@ -320,13 +322,15 @@ def _check_balancing(moe: MoESettings) -> None:
 
 
 def _check_groups(moe: MoESettings) -> None:
-    """Group-limited routing: both sizes, the groups dividing the experts and the top-k."""
-    if moe.router_group_topk is None and moe.router_num_groups is None:
+    """Group-limited routing: the group top-k with a group count, the groups dividing the experts and the top-k.
+    As TransformerConfig.__post_init__ checks only under moe_router_group_topk, a group count alone is taken
+    and changes nothing (the router groups only with a group top-k)."""
+    if not moe.router_group_topk:
         return
     experts, groups, group_topk = moe.num_experts, moe.router_num_groups, moe.router_group_topk
-    if not groups or not group_topk:
-        raise ConfigError("group-limited routing needs both --moe-router-num-groups and "
-                          "--moe-router-group-topk", flags=("--moe-router-num-groups", "--moe-router-group-topk"))
+    if not groups:
+        raise ConfigError("--moe-router-group-topk (group-limited routing) needs --moe-router-num-groups (as "
+                          "Megatron-Core requires)", flags=("--moe-router-group-topk", "--moe-router-num-groups"))
     if experts % groups or not 1 <= group_topk <= groups or moe.router_topk % group_topk:
         raise ConfigError(f"--moe-router-num-groups {groups} must divide --num-experts {experts}, "
                           f"--moe-router-group-topk {group_topk} must be at most the groups and divide "
