@@ -63,6 +63,8 @@ LAYER_NAMES = {
     "self_attention.linear_qkv.weight": "attention.query_key_value.weight",
     "self_attention.linear_qkv.bias": "attention.query_key_value.bias",
     "self_attention.linear_proj.weight": "attention.dense.weight",
+    # --softmax-type learnable: DotProductAttention's (and TE's) per-head offsets [heads], split over TP by head
+    "self_attention.core_attention.softmax_offset": "attention.softmax_offset",
     "self_attention.linear_proj.bias": "attention.dense.bias",
     "self_attention.q_layernorm.weight": "attention.q_layernorm.weight",
     "self_attention.q_layernorm.bias": "attention.q_layernorm.bias",
@@ -95,6 +97,7 @@ MLA_LAYER_NAMES = {
         "linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj",
         "linear_proj")},
     "self_attention.linear_proj.bias": "attention.linear_proj.bias",
+    "self_attention.core_attention.softmax_offset": "attention.softmax_offset",
     **{f"self_attention.{norm}.{part}": f"attention.{norm}.{part}" for norm in ("q_layernorm", "kv_layernorm")
        for part in ("weight", "bias")},
     **{f"self_attention.linear_{latent}_up_proj.layer_norm_{part}": f"attention.{latent}_layernorm.{part}"

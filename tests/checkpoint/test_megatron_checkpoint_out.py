@@ -281,10 +281,8 @@ def test_torch_dist_beside_what_its_layout_does_not_hold_writes_ours_and_says_so
     assert [n for n in parsed.notes if "--ckpt-format torch_dist:" in n] == [
         "> --ckpt-format torch_dist: --keep-last's pruning: not written in Megatron-LM's layout here; "
         "--save writes this project's checkpoints"]
-    # Megatron-LM 0.19's flag: its per-head offsets have no torch_dist name here yet (its first save would fail)
-    assert parse_arguments(flags + ["--softmax-type", "learnable"]).config.megatron_format_unwritten() == (
-        "> --ckpt-format torch_dist: --softmax-type learnable's offsets: not written in Megatron-LM's layout here; "
-        "--save writes this project's checkpoints")
+    # Megatron-LM 0.19's flag: its per-head offsets are written as core_attention.softmax_offset (issue 114)
+    assert parse_arguments(flags + ["--softmax-type", "learnable"]).config.megatron_format_unwritten() is None
 
 
 def test_a_setting_megatron_lm_has_no_flag_for_keeps_the_save_ours():

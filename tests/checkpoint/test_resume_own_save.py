@@ -49,6 +49,9 @@ KINDS = {
                              "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
                              "--moe-router-bias-update-rate", "0.05"], None),
     "hybrid-moe": (["--hybrid-layer-pattern", "*-*E", *EXPERTS], None),
+    # the per-head offsets as `self_attention.core_attention.softmax_offset` (DotProductAttention's, and MLA's)
+    "softmax-learnable": (["--softmax-type", "learnable"], None),
+    "mla-softmax-learnable": ([*MLA, "--softmax-type", "learnable"], None),
     "mla-moe": ([*MLA, *EXPERTS], None),
     # `+` (MLA) and `*` blocks in one model: HybridModel's layout, each layer under its mixer's names
     "hybrid-mla": (["--hybrid-layer-pattern", "+-*-", *MLA], None),
