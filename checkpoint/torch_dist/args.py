@@ -92,6 +92,7 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
         use_rotary_position_embeddings=False, rotary_base=_integral(model.positions.rotary_base),
         rotary_percent=model.positions.rotary_percent, rotary_interleaved=model.positions.rotary_interleaved,
         normalization=model.norms.normalization, layernorm_epsilon=model.norms.layernorm_epsilon, swiglu=model.mlp.swiglu,
+        quick_geglu=model.mlp.quick_geglu,  # --quick-geglu: gated too, its fc1 [gate; up] (source.py gated_mlp)
         # --apply-layernorm-1p's dest: the norms store gain - 1, which every reader and exporter adds back
         layernorm_zero_centered_gamma=model.norms.apply_layernorm_1p,
         squared_relu=model.mlp.activation == "squared_relu", openai_gelu=False, bias_gelu_fusion=gated_gelu,

@@ -88,7 +88,7 @@ class MegatronSource(GlobalStateSource):
         self.reader = DcpReader(self.path)
         self.args = saved_args(self.common)
         self.layout = sharding_type(self.common)
-        gated = bool(arg(self.common, "swiglu", False))
+        gated = gated_mlp(self.args)
         mla = bool(arg(self.common, "multi_latent_attention", False))
         # Megatron-Core 0.19's HybridModel: its layers, one per symbol of the pattern (names.py)
         self.hybrid_pattern = arg(self.common, "hybrid_layer_pattern")
@@ -375,6 +375,12 @@ def _unbucketed_pattern(text: Optional[str]) -> Optional[str]:
     return text if len(pattern.segments) > 1 or pattern.mtp_depth or any(pattern.moe_layers()) else None
 
 
+def gated_mlp(args) -> bool:
+    """Whether the MLP's linear_fc1 holds [gate; up] (Megatron-Core's gated_linear_unit): --swiglu's, and
+    --quick-geglu's (GPT-OSS's; argument_utils.py core_transformer_config_from_args sets gated_linear_unit for both)."""
+    return bool(getattr(args, "swiglu", False) or getattr(args, "quick_geglu", False))
+
+
 def _model_shape(args) -> ModelShape:
     pattern = getattr(args, "hybrid_layer_pattern", None)  # HybridModel's num_layers counts a layer per symbol
     return ModelShape(
@@ -384,7 +390,7 @@ def _model_shape(args) -> ModelShape:
         kv_channels=args.kv_channels, padded_vocab_size=args.padded_vocab_size,
         max_position_embeddings=args.max_position_embeddings,
         learned_positions=getattr(args, "position_embedding_type", "learned_absolute") == "learned_absolute",
-        layernorm=getattr(args, "normalization", "LayerNorm") == "LayerNorm", gated=bool(args.swiglu),
+        layernorm=getattr(args, "normalization", "LayerNorm") == "LayerNorm", gated=gated_mlp(args),
         add_bias_linear=bool(args.add_bias_linear), add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
         qk_layernorm=bool(getattr(args, "qk_layernorm", False)),
         tied=not getattr(args, "untie_embeddings_and_output_weights", False))

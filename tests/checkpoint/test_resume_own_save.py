@@ -52,6 +52,8 @@ KINDS = {
     # the per-head offsets as `self_attention.core_attention.softmax_offset` (DotProductAttention's, and MLA's)
     "softmax-learnable": (["--softmax-type", "learnable"], None),
     "mla-softmax-learnable": ([*MLA, "--softmax-type", "learnable"], None),
+    # GPT-OSS's gated MLP: its fc1 [gate; up] read back as two halves (args quick_geglu, as --swiglu's)
+    "quick-geglu": (["--quick-geglu", "--glu-linear-offset", "1"], None),
     "mla-moe": ([*MLA, *EXPERTS], None),
     # `+` (MLA) and `*` blocks in one model: HybridModel's layout, each layer under its mixer's names
     "hybrid-mla": (["--hybrid-layer-pattern", "+-*-", *MLA], None),
