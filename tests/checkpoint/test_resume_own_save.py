@@ -170,6 +170,7 @@ READ_BACK = {
                    "--moe-router-topk-scaling-factor", "2.5", "--moe-router-score-function", "sigmoid"],
     "moe-top1-pre-softmax": [*EXPERTS, "--moe-router-topk", "1", "--moe-router-pre-softmax"],
     "moe-every-other": [*EXPERTS, "--moe-layer-freq", "2", "--ffn-hidden-size", "48"],
+    "moe-freq-minus-one": [*EXPERTS, "--moe-layer-freq", "-1"],  # Megatron-LM's int: every layer (i % -1 == 0)
     "moe-mtp": [*EXPERTS, "--mtp-num-layers", "1", "--position-embedding-type", "rope"],
     "hybrid-mtp": ["--hybrid-layer-pattern", "*-*-/*-", "--position-embedding-type", "rope", "--swiglu"],
 }
