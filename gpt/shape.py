@@ -76,6 +76,7 @@ class MixerDifference:
     parameters: int
     linear_flops: int  # forward linear FLOPs per token
     attention: AttentionShape
+    block_matmuls: tuple[BlockMatmul, ...]  # its block's, one TP rank's, in forward order (as ModelShape's)
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,8 @@ def _mixer_difference(symbol: str, probe: ModelConfig, shape: ModelShape, state,
 
     (attention,) = (m for m in other.block_matmuls if isinstance(m, AttentionShape))
     return MixerDifference(symbol, other.parameters_per_block - shape.parameters_per_block,
-                           linear_flops(other.block_matmuls) - linear_flops(shape.block_matmuls), attention)
+                           linear_flops(other.block_matmuls) - linear_flops(shape.block_matmuls), attention,
+                           other.block_matmuls)
 
 
 def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:
