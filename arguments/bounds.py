@@ -127,7 +127,9 @@ def parameter_lower_bound(model) -> tuple[int, tuple[str, ...]]:
             hidden * (model.mla.q_lora_rank or 0)
         key_value = hidden * (model.mla.kv_lora_rank + model.mla.qk_pos_emb_head_dim) + \
             model.mla.kv_lora_rank * heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
-        attention = query + key_value + heads * model.mla.v_head_dim * hidden
+        mla = query + key_value + heads * model.mla.v_head_dim * hidden
+        # a pattern mixing `*` layers among the `+` ones: each layer at least the smaller mixer
+        attention = min(mla, attention) if "*" in (model.hybrid_layer_pattern or "") else mla
         flags += ["--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"]
     dense = attention + 2 * ffn * hidden
     moe_layers, experts = _moe_layers_and_experts(model)

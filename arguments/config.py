@@ -41,6 +41,8 @@ from data.megatron_order import MEGATRON_ORDER
 from data.per_split import SPLIT_FLAGS, DataSources, data_sources
 from data.sampler import DATALOADER_TYPES, SINGLE
 from data.tokenizer_types import OTHER_TOKENIZER_TYPES, TOKENIZER_TYPES, tokenizer_type_name, tokenizer_type_problem
+from gpt.hybrid_pattern import ATTENTION, MLA
+from gpt.layer_spec import mixer_symbols
 from gpt.model_config import ModelConfig  # noqa: F401 - part of the config
 from parallel.config import ParallelismConfig, recorded_section
 from rendezvous.fault_injector import FaultInjectorSettings
@@ -1257,11 +1259,12 @@ class PretrainConfig:
                               f"--context-parallel-size {cp}", flags=("--window-size", "--cp-comm-type"))
         tp = self.parallel.tensor_model_parallel_size
         heads = model.num_attention_heads // tp
-        if comm == "a2a+p2p":  # multi-latent attention's key heads are its query heads (gpt/mla.py)
-            groups = model.num_attention_heads if model.mla.multi_latent_attention else \
-                (model.attention.num_query_groups or model.num_attention_heads)
-            # (fewer groups than TP ranks: each rank reads one, gpt/qkv_projection.py QKVLayout)
-            self._check_hierarchical_context_parallel(heads, max(groups // tp, 1))
+        if comm == "a2a+p2p":  # each layer's key heads: multi-latent attention's are its query heads (gpt/mla.py)
+            key_heads = {MLA: model.num_attention_heads,
+                         ATTENTION: model.attention.num_query_groups or model.num_attention_heads}
+            for groups in sorted({key_heads[mixer] for mixer in mixer_symbols(model)}):
+                # (fewer groups than TP ranks: each rank reads one, gpt/qkv_projection.py QKVLayout)
+                self._check_hierarchical_context_parallel(heads, max(groups // tp, 1))
         if model.attention.cp_comm_type == "a2a" and heads % cp:
             # DeepSpeed's single_all_to_all asserts it: "Number of heads must be divisible by the sequence parallel
             # size"; Megatron-DeepSpeed's ParallelAttention too (num_attention_heads % sequence parallel size).
@@ -1437,7 +1440,7 @@ class PretrainConfig:
                               flags=("--optimizer", "--exp-avg-dtype"))
         model, tp = self.model, self.parallel.tensor_model_parallel_size
         groups = model.attention.query_groups(model.num_attention_heads)
-        if self.optimizer.muon_split_qkv and not model.mla.multi_latent_attention and groups < tp:
+        if self.optimizer.muon_split_qkv and ATTENTION in mixer_symbols(model) and groups < tp:
             # a TP rank's QKV rows are then part of one group's, which Megatron-Core's muon.py also cannot split
             raise ConfigError(f"--optimizer muon splits the QKV weight by query group, which --num-query-groups "
                               f"{groups} below --tensor-model-parallel-size {tp} cuts over the TP ranks: not "

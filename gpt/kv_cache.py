@@ -15,6 +15,19 @@ from typing import Optional
 import torch
 
 from base.errors import ConfigError
+from gpt.hybrid_pattern import MLA
+from gpt.layer_spec import mixer_symbols
+from gpt.model_config import ModelConfig
+
+
+def cached_elements_per_token(config: ModelConfig) -> int:
+    """The keys' and values' elements a cache holds per token, every layer's and TP rank's, each layer by its own
+    mixer (a pattern mixes them, `*-+-`): attention's a head each per group, multi-latent attention's every head's
+    whole key (qk_head_dim + qk_pos_emb_head_dim) and value (v_head_dim; gpt/mla.py caches them so)."""
+    groups = config.attention.query_groups(config.num_attention_heads)
+    mla = config.mla
+    widths = {MLA: config.num_attention_heads * (mla.qk_head_dim + mla.qk_pos_emb_head_dim + mla.v_head_dim)}
+    return sum(widths.get(mixer, 2 * groups * config.head_dim) for mixer in mixer_symbols(config))
 
 
 class KVCache:

@@ -5,8 +5,9 @@ changes a block (its norm, MLP, positions or output layer) changes what this wal
 formula written down elsewhere.
 
 `model_shape` builds a GPTModel on the meta device with one block and one vocabulary row per TP rank:
-milliseconds whatever the model's size. The blocks of a GPTModel are identical, so the whole model is
-what lies outside the blocks plus num_layers x one block, and the vocabulary's part is its padded rows x
+milliseconds whatever the model's size. The blocks of a GPTModel are alike, so the whole model is
+what lies outside the blocks plus num_layers x one block (a pattern's layers of another mixer, `*` beside `+`, add
+what their mixer differs by: MixerDifference), and the vocabulary's part is its padded rows x
 the parameters of one row (a tied output layer is the token embedding's weight: counted once; an untied
 one, --untie-embeddings-and-output-weights, adds its own row). The model's options (norm, MLP, positions,
 query groups, biases, output layer) come with the config, so every count follows them.
@@ -24,6 +25,8 @@ from torch import nn
 from base.options import replace_settings
 from gpt.attention import SelfAttention
 from gpt.glu import GatedActivation
+from gpt.hybrid_pattern import ATTENTION, MLA
+from gpt.layer_spec import mixer_symbols
 from gpt.mla import MLASelfAttention, ReplicatedLinear
 from gpt.mlp import MLP, SwiGLUMLP
 from gpt.model import GPTModel
@@ -62,6 +65,18 @@ class AttentionShape:
 
 
 BlockMatmul = Union[LinearShape, AttentionShape]
+
+
+@dataclass(frozen=True)
+class MixerDifference:
+    """A layer whose mixer (gpt/layer_spec.py's symbol) is not the probe block's, in a pattern mixing them (`*-+-`):
+    what its block holds and computes beyond the probe's (every TP rank's; negative where it is smaller), and its
+    own scores and context on one TP rank. The MLP is the same either way, so one figure serves dense and MoE."""
+    symbol: str
+    parameters: int
+    linear_flops: int  # forward linear FLOPs per token
+    attention: AttentionShape
+    block_matmuls: tuple[BlockMatmul, ...]  # its block's, one TP rank's, in forward order (as ModelShape's)
 
 
 @dataclass(frozen=True)
@@ -106,6 +121,23 @@ class ModelShape:
     mtp_layers: int = 0
     mtp_layers_are_moe: bool = False
     parameters_per_mtp_extra: int = 0
+    # A pattern mixing mixers: each layer's mixer symbol (the MTP layers' after the decoder's), and each mixer other
+    # than the probe block's; empty where every layer's mixer is the probe's
+    layer_mixers: tuple[str, ...] = ()
+    other_mixers: tuple[MixerDifference, ...] = ()
+
+    def other_mixer_layers(self) -> list[MixerDifference]:
+        """For each layer (MTP layers included) whose mixer is not the probe's, its difference."""
+        others = {mixer.symbol: mixer for mixer in self.other_mixers}
+        return [others[symbol] for symbol in self.layer_mixers if symbol in others]
+
+    def layer_flops_per_key(self) -> tuple[int, ...]:
+        """Each layer's (MTP layers included) scores-and-context FLOPs per query token and key, every TP rank's."""
+        probe = sum(matmul.flops_per_key for matmul in self.block_matmuls if isinstance(matmul, AttentionShape))
+        others = {mixer.symbol: mixer.attention.flops_per_key for mixer in self.other_mixers}
+        per_layer = [others.get(symbol, probe) for symbol in self.layer_mixers] or \
+            [probe] * (self.num_layers + self.mtp_layers)
+        return tuple(flops * self.tensor_parallel_size for flops in per_layer)
 
     @property
     def dense_layers(self) -> int:
@@ -119,22 +151,26 @@ class ModelShape:
     def parameter_count(self, padded_vocab_size: int) -> int:
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
                 + self.dense_layers * self.parameters_per_block + self.moe_blocks * self.parameters_per_moe_block
-                - self.moe_parameters_below_largest + self.mtp_layers * self.parameters_per_mtp_extra)
+                - self.moe_parameters_below_largest + self.mtp_layers * self.parameters_per_mtp_extra
+                + sum(mixer.parameters for mixer in self.other_mixer_layers()))
 
     def active_parameter_count(self, padded_vocab_size: int) -> int:
         """The parameters one token's forward uses: with MoE layers, k experts of each instead of all."""
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
                 + self.dense_layers * self.parameters_per_block
                 + self.moe_blocks * self.active_parameters_per_moe_block - self.moe_active_parameters_below_largest
-                + self.mtp_layers * self.parameters_per_mtp_extra)
+                + self.mtp_layers * self.parameters_per_mtp_extra + sum(mixer.parameters for mixer in self.other_mixer_layers()))
 
     def blocks_forward_flops_per_token(self) -> int:
         """Every block's forward matmul FLOPs per token: dense blocks and MoE blocks (their active part)."""
         attention = sum(matmul.flops_per_key * self.seq_length for matmul in self.block_matmuls
                         if isinstance(matmul, AttentionShape)) * self.tensor_parallel_size
+        # each layer's attention at its own mixer's shape, where the terms above count the probe block's in each
+        mixed_attention = sum(self.layer_flops_per_key()) * self.seq_length - (self.num_layers + self.mtp_layers) * attention
         return (self.dense_layers * self.block_forward_flops_per_token()
                 + self.moe_blocks * (self.moe_block_linear_flops + attention)
-                + self.mtp_layers * 2 * 2 * self.hidden_size * self.hidden_size)  # each MTP layer's eh_proj
+                + self.mtp_layers * 2 * 2 * self.hidden_size * self.hidden_size  # each MTP layer's eh_proj
+                + sum(mixer.linear_flops for mixer in self.other_mixer_layers()) + mixed_attention)
 
     def output_matmul(self, padded_vocab_size: int) -> LinearShape:
         """The logits' matmul on one TP rank (each scores its slice of the padded vocabulary)."""
@@ -161,6 +197,7 @@ class ModelShape:
 # planner's max-size and scripts/zero_paper/compare.py ask for a thousand depths of one model.)
 _BUILT: dict[tuple, ModelShape] = {}
 _MOE_BLOCKS: dict[tuple, dict] = {}  # per key, {experts: (parameters, active parameters)} of one MoE block
+_OTHER_MIXERS: dict[tuple, tuple[MixerDifference, ...]] = {}  # per key, the mixers beside the probe block's
 _SCALING_FIELDS = ("num_layers", "seq_length", "vocab_size", "pad_vocab_size_to", "make_vocab_size_divisible_by")
 _SHAPING_FIELDS = tuple(field.name for field in dataclasses.fields(ModelConfig) if field.name not in _SCALING_FIELDS)
 
@@ -196,6 +233,8 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
             if count == config.moe.num_experts:  # the largest
                 shape = dataclasses.replace(shape, **block)
         _BUILT[key], _MOE_BLOCKS[key] = shape, blocks
+        _OTHER_MIXERS[key] = tuple(_mixer_difference(symbol, probe, shape, state, plan, tensor_parallel_size)
+                                   for symbol in sorted(set(mixer_symbols(config)) - {probe_mixer(config)}))
     moe_layers = sum(config.moe_layers())
     below = [0, 0]
     if config.experts.per_layer:
@@ -206,7 +245,35 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
     return dataclasses.replace(_BUILT[key], num_layers=config.num_layers, seq_length=config.seq_length,
                                moe_layers=moe_layers, mtp_layers=config.mtp.num_layers,
                                mtp_layers_are_moe=config.moe_layers()[-1], moe_parameters_below_largest=below[0],
-                               moe_active_parameters_below_largest=below[1])
+                               moe_active_parameters_below_largest=below[1], other_mixers=_OTHER_MIXERS[key],
+                               layer_mixers=_layer_mixers(config) if _OTHER_MIXERS[key] else ())
+
+
+def probe_mixer(config: ModelConfig) -> str:
+    """The mixer of model_shape's one-block probe (built from the GPT flags, without the pattern)."""
+    return MLA if config.mla.multi_latent_attention else ATTENTION
+
+
+def _layer_mixers(config: ModelConfig) -> tuple[str, ...]:
+    """Each layer's mixer, the MTP layers' (a block of the last layer's kind) after the decoder's."""
+    mixers = mixer_symbols(config)
+    return mixers + mixers[-1:] * config.mtp.num_layers
+
+
+def _mixer_difference(symbol: str, probe: ModelConfig, shape: ModelShape, state, plan,
+                      tensor_parallel_size: int) -> MixerDifference:
+    """A one-block probe with `symbol`'s mixer, read against the probe block's `shape`."""
+    other = _read_shape(GPTModel(replace_settings(probe, multi_latent_attention=symbol == MLA), state, plan=plan),
+                        tensor_parallel_size)
+
+    def linear_flops(matmuls) -> int:
+        return sum(2 * m.in_features * m.out_features for m in matmuls if isinstance(m, LinearShape)) \
+            * tensor_parallel_size
+
+    (attention,) = (m for m in other.block_matmuls if isinstance(m, AttentionShape))
+    return MixerDifference(symbol, other.parameters_per_block - shape.parameters_per_block,
+                           linear_flops(other.block_matmuls) - linear_flops(shape.block_matmuls), attention,
+                           other.block_matmuls)
 
 
 def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:

@@ -30,8 +30,9 @@ import yaml
 
 from arguments.config import ConfigError
 from gpt.attention_window import layer_windows
+from gpt.hybrid_pattern import MLA
 from gpt.model_config import ModelConfig
-from gpt.shape import AttentionShape, LinearShape, model_shape
+from gpt.shape import AttentionShape, LinearShape, ModelShape, model_shape, probe_mixer
 from parallel.layers import padded_vocab_size
 from planner.layout_ep import copies_per_token, exposed_ep_seconds, unpaired_fraction
 from planner.layout_zero import sharded_dp_seconds, stage3_opening_elements
@@ -183,12 +184,13 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
     shape = model_shape(model, 1)
     vocab = padded_vocab_size(vocab, model.make_vocab_size_divisible_by, 1, model.pad_vocab_size_to) \
         if vocab else model.padded_vocab_size()
-    flops_per_key = sum(m.flops_per_key for m in shape.block_matmuls if isinstance(m, AttentionShape))
     attention_layers = shape.dense_layers + shape.moe_blocks  # the blocks and any multi-token-prediction layers
-    attention = flops_per_key * model.seq_length * attention_layers
+    flops_per_key = shape.layer_flops_per_key()  # each layer's, at its own mixer's shape (TP 1)
+    attention = sum(flops_per_key) * model.seq_length
     windows = layer_windows(model.attention.window_size, model.attention.window_attn_skip_freq, model.num_layers)
     windows += (None,) * (attention_layers - len(windows))  # an MTP layer's attention has no window
-    attention_executed = flops_per_key * sum(visible_keys_per_query(model.seq_length, w) for w in windows)
+    attention_executed = sum(flops * visible_keys_per_query(model.seq_length, w)
+                             for flops, w in zip(flops_per_key, windows))
     def linear_flops(chosen) -> int:  # one dense block's forward FLOPs per token in the linears `chosen` names
         return sum(2 * m.in_features * m.out_features for m in shape.block_matmuls
                    if isinstance(m, LinearShape) and chosen(m.name))
@@ -207,20 +209,17 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
         if moe is not None else 0
     expert_parameters = per_expert * experts * shape.moe_blocks
     shared = (moe.shared_expert_intermediate_size or 0) if moe is not None else 0
-    attention_matmul = next(m for m in shape.block_matmuls if isinstance(m, AttentionShape))
-    # the keys and values the ring passes: a head each per group, or multi-latent attention's per head (its keys
-    # qk_head_dim + qk_pos_emb_head_dim wide, its values v_head_dim: gpt/mla.py)
-    kv_heads = model.num_attention_heads if model.mla.multi_latent_attention else \
-        (model.attention.num_query_groups or model.num_attention_heads)
+    mla_layers = shape.layer_mixers.count(MLA) if shape.layer_mixers else attention_layers  # where mla_up runs
+    mixer_linear = attention_linear * attention_layers + sum(m.linear_flops for m in shape.other_mixer_layers())
     return ModelCounts(
         layers=model.num_layers, moe_layers=shape.moe_blocks, hidden=model.hidden_size, seq_length=model.seq_length,
         padded_vocab=vocab, linear_flops_per_token=float(blocks - attention + logits),
         attention_flops_per_token=float(attention), attention_executed_flops_per_token=float(attention_executed),
         blocks_flops_per_token=float(blocks),
-        mlp_flops_per_token=float(blocks - attention - attention_linear * (shape.dense_layers + shape.moe_blocks)),
+        mlp_flops_per_token=float(blocks - attention - mixer_linear),
         logits_flops_per_token=float(logits), dense_parameters=total - expert_parameters,
         expert_parameters=expert_parameters,
-        kv_width=kv_heads * (attention_matmul.head_dim + (attention_matmul.value_head_dim or attention_matmul.head_dim)),
+        kv_width=_kv_width(model, shape),
         gated_width_dense=model.ffn_hidden_size or 4 * model.hidden_size,
         gated_width_moe=topk * moe_ffn + shared, topk=topk,
         root_parameters=vocab * shape.parameters_per_vocabulary_row + shape.parameters_outside_blocks,
@@ -229,13 +228,31 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
         tied_output=shape.parameters_per_vocabulary_row == model.hidden_size,
         mlp_gradient_features=shape.mlp_gradient_features if shape.dense_layers else 0,
         gated_mlp=any(getattr(m, "name", "") == "mlp.dense_h_to_4h_gate" for m in shape.block_matmuls),
+        # the largest block's, a pattern's larger mixer (`*` beside `+`) included
         block_dense_parameters=max(shape.parameters_per_block if shape.dense_layers else 0,
-                                   shape.parameters_per_moe_block - per_expert * experts if moe is not None else 0),
+                                   shape.parameters_per_moe_block - per_expert * experts if moe is not None else 0)
+        + max([0, *(m.parameters for m in shape.other_mixers)]),
         block_expert_parameters=per_expert * experts, experts=experts,
         dense_mlp_flops_per_token=float(dense_mlp * shape.dense_layers),
-        mla_up_flops_per_token=float(mla_up * attention_layers),
+        mla_up_flops_per_token=float(mla_up * mla_layers),
         router_groups=moe.router_num_groups if moe is not None else None,
         router_group_topk=moe.router_group_topk if moe is not None else None)
+
+
+def _kv_width(model: ModelConfig, shape: ModelShape) -> int:
+    """The keys' and values' features per token the CP ring passes, the layers' mean: attention's a head each per
+    group, multi-latent attention's per head (its keys qk_head_dim + qk_pos_emb_head_dim wide, its values v_head_dim:
+    gpt/mla.py); a pattern mixing them (`*-+-`) each layer by its own mixer."""
+    probe = next(m for m in shape.block_matmuls if isinstance(m, AttentionShape))
+    shapes = {probe_mixer(model): probe, **{m.symbol: m.attention for m in shape.other_mixers}}
+    groups = model.attention.num_query_groups or model.num_attention_heads
+
+    def width(symbol: str) -> int:
+        kv = shapes[symbol]
+        return (model.num_attention_heads if symbol == MLA else groups) * (kv.head_dim + (kv.value_head_dim or kv.head_dim))
+
+    mixers = shape.layer_mixers or (probe_mixer(model),)
+    return round(sum(map(width, mixers)) / len(mixers))
 
 
 def _link(spans_nodes: bool, hardware: Hardware) -> float:

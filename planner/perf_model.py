@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -29,7 +30,8 @@ from typing import Optional, Sequence
 import yaml
 
 from arguments.config import ConfigError, PretrainConfig
-from gpt.shape import LinearShape, model_shape
+from gpt.layer_spec import mixer_symbols
+from gpt.shape import LinearShape, model_shape, probe_mixer
 from parallel.comm import ring_bytes_sent
 from parallel.fp8.linear import shape_rule_broken
 from planner.dry_run import RankPlan
@@ -186,16 +188,32 @@ class Gemm:
         return 2.0 * self.m * self.k * self.n * self.count
 
 
-def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int) -> tuple[list[Gemm], Gemm]:
+def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int,
+                  mixers: Optional[Sequence[str]] = None) -> tuple[list[Gemm], Gemm]:
     """One TP rank's matrix products in one micro-batch's forward, read from the model's shape
     (gpt/shape.py): the blocks' (per layer x layers), in forward order, and the logits'. Their FLOPs x 3
-    (x 4 blocks with recompute) are training.metrics.flops_per_iteration."""
+    (x 4 blocks with recompute) are training.metrics.flops_per_iteration. `mixers`: the blocks' mixer symbols
+    (gpt/layer_spec.py) where a pattern mixes them (`*-+-`), each block then by its own mixer; else every one of
+    --num-layers blocks the shape's probe block."""
     model, micro = config.model, config.training.micro_batch_size
     shape = model_shape(model, tp)
-    tokens, layers, s = micro * model.seq_length, model.num_layers, model.seq_length
+    layers = len(mixers) if mixers else model.num_layers
     fp8_layers = layers_in_fp8(model, layers)
+    kinds = {probe_mixer(model): shape.block_matmuls, **{m.symbol: m.block_matmuls for m in shape.other_mixers}}
     blocks = []
-    for matmul in shape.block_matmuls:
+    for symbol, count in (Counter(mixers) if mixers else Counter({probe_mixer(model): layers})).items():
+        # (FP8's bf16 first and last blocks shared out over the mixers by their counts)
+        blocks += _block_gemms(kinds[symbol], model, micro, count, fp8_layers * count // layers)
+    logits = shape.output_matmul(padded_vocab)
+    return blocks, Gemm(micro * model.seq_length, logits.in_features, logits.out_features, 1)
+
+
+def _block_gemms(matmuls, model, micro: int, layers: int, fp8_layers: int) -> list[Gemm]:
+    """`layers` blocks of one kind: each linear (in FP8 on `fp8_layers` of them where its shape allows), and
+    attention's scores and context per head and sequence."""
+    tokens, s = micro * model.seq_length, model.seq_length
+    blocks = []
+    for matmul in matmuls:
         if isinstance(matmul, LinearShape):
             in_fp8 = fp8_layers if shape_rule_broken(matmul.in_features, matmul.out_features, tokens,
                                                       model.fp8.recipe) is None else 0
@@ -207,8 +225,7 @@ def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int) -> tuple[l
         else:  # multi-latent attention: the context's value heads have their own width
             blocks += [Gemm(s, matmul.head_dim, s, matmul.heads * micro * layers),
                        Gemm(s, s, matmul.value_head_dim, matmul.heads * micro * layers)]
-    logits = shape.output_matmul(padded_vocab)
-    return blocks, Gemm(tokens, logits.in_features, logits.out_features, 1)
+    return blocks
 
 
 def layers_in_fp8(model, layers: int) -> int:
@@ -269,8 +286,13 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     pp, chunks = (stages.pipeline_parallel_size, stages.chunks) if stages is not None else (1, 1)
     layers = model.num_layers // pp  # this rank's stage (Megatron's split is even)
     # (the GEMMs of a stage's layers; a per-layer window list, of the whole model's layers, shapes none of them)
-    stage_model = model.with_layers(layers)
-    blocks, logits = forward_gemms(dataclasses.replace(config, model=stage_model), run.padded_vocab_size, tp)
+    if model.hybrid_layer_pattern is not None:  # each block by its own mixer: this rank's share of the even split
+        rank = stages.pipeline_parallel_rank if stages is not None else 0
+        blocks, logits = forward_gemms(config, run.padded_vocab_size, tp,
+                                       mixer_symbols(model)[rank * layers:(rank + 1) * layers])
+    else:
+        blocks, logits = forward_gemms(dataclasses.replace(config, model=model.with_layers(layers)),
+                                       run.padded_vocab_size, tp)
     holds_logits = stages is None or stages.pipeline_parallel_rank == pp - 1
     block_s, logits_s = (gemm_seconds(blocks, element, hardware, constants),
                          gemm_seconds([logits], element, hardware, constants) if holds_logits else 0.0)

@@ -50,6 +50,7 @@ from data.sentencepiece_tokenizer import SENTENCEPIECE_MODEL_FILE, SENTENCEPIECE
 from data.tokenizer import load_named_tokenizer, load_tokenizer
 from data.tokenizer_types import tokenizer_type_problem
 from gpt.generation import generate_prompts
+from gpt.kv_cache import cached_elements_per_token
 from gpt.model import build_gpt_model
 from gpt.sampling import Sampling
 from parallel.launch_environment import read_launch_environment
@@ -183,9 +184,7 @@ def check_lengths(args: argparse.Namespace, prompts: list[list[int]], config, wo
         raise ConfigError(f"--num-tokens-to-generate {new} after a prompt of {longest} tokens makes {longest + new} "
                           f"positions, more than the model's {positions} (--max-position-embeddings; Megatron-LM "
                           f"refuses it too): generate at most {max(positions - longest, 0)}")
-    cache = 0 if not args.kv_cache or config.mla.multi_latent_attention else \
-        config.num_layers * 2 * config.attention.query_groups(config.num_attention_heads) * config.head_dim * \
-        DTYPES[args.dtype].itemsize // world_size
+    cache = cached_elements_per_token(config) * DTYPES[args.dtype].itemsize // world_size if args.kv_cache else 0
     for start in range(0, len(prompts), args.max_batch_size):
         batch = prompts[start:start + args.max_batch_size]
         length = max(map(len, batch)) + new

@@ -40,6 +40,7 @@ from families.common import dense_weights as hf_dense
 from families.common import llama_shaped as hf_llama
 from families.common.layout import canonical_names, tensor_shapes
 from families.registry import export_family, fallback_family, family_of, family_weights, llama_families
+from gpt.layer_spec import mixer_symbols
 from parallel.state import ParallelState
 
 # GPT-2's mapping (families/gpt2/weights.py): what a model no other family claims exports as, under the names this
@@ -83,10 +84,23 @@ def mtp_dropped(config: ModelConfig) -> Optional[str]:
             f"(mtp_layers.*) are not exported, and config.json says num_nextn_predict_layers 0")
 
 
+def refuse_mixed_mixers(config: ModelConfig, what: str) -> None:
+    """A --hybrid-layer-pattern with both `*` (attention) and `+` (MLA) layers: every transformers class holds one
+    attention kind in all its layers (DeepseekV3's MLA; Llama's and the other families' attention)."""
+    mixers = set(mixer_symbols(config))
+    if len(mixers) > 1:
+        raise ConfigError(f"{what} of --hybrid-layer-pattern {config.hybrid_layer_pattern} is not implemented: its "
+                          f"`*` (attention) and `+` (MLA) layers in one model are no transformers class (each holds "
+                          f"one attention kind in every layer); export a pattern of `*` or of `+` layers alone",
+                          flags=("--hybrid-layer-pattern",))
+
+
 def check_convertible(config: ModelConfig, what: str) -> None:
     """A GPT2LMHeadModel or a LlamaForCausalLM can hold this model; anything else (GPT-2's blocks with an
     untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need, and so are
-    multi-token prediction's layers (refuse_mtp) but where the family's class drops them (mtp_dropped)."""
+    multi-token prediction's layers (refuse_mtp) but where the family's class drops them (mtp_dropped), and a
+    pattern mixing attention and MLA layers (refuse_mixed_mixers)."""
+    refuse_mixed_mixers(config, what)
     family = family_of(config)
     if family is None or not family.drops_mtp:
         refuse_mtp(config, what)

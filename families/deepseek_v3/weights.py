@@ -18,6 +18,8 @@ from families.common.layout import (
     layer_mlp_names,
     llama_block_misfits,
 )
+from gpt.hybrid_pattern import MLA
+from gpt.layer_spec import mixer_symbols
 from gpt.model_config import ModelConfig
 
 MODEL_TYPE, ARCHITECTURE = "deepseek_v3", "DeepseekV3ForCausalLM"
@@ -32,7 +34,9 @@ LATENT_NORM_EPS = 1e-6  # DeepseekV3RMSNorm's default, at which its latent norms
 
 
 def claims(config: ModelConfig) -> bool:
-    return config.moe is not None and config.mla.multi_latent_attention
+    """An MoE model whose every layer is multi-latent attention (DeepseekV3Attention in each; a pattern mixing `*` and
+    `+` layers is none of transformers' classes: checkpoint/hf/folders.py refuses it)."""
+    return config.moe is not None and set(mixer_symbols(config)) == {MLA}
 
 
 def misfits(config: ModelConfig) -> list[str]:

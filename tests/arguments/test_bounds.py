@@ -115,3 +115,18 @@ def test_a_full_data_cache_dir_is_named(tmp_path, monkeypatch):
     lines = outcome.err.strip().splitlines()
     assert outcome.code == 2 and len(lines) == 1 and f"--data-cache-dir {cache}" in lines[0], outcome.err
     assert "No space left on device" in lines[0] and list(cache.iterdir()) == []  # no partial corpus left
+
+
+def test_the_parameter_lower_bound_of_a_mixed_pattern_stays_below_its_model():
+    """A `*-+-` model whose MLA projections outweigh attention's 4h^2: the bound takes the smaller mixer for each
+    layer (it took MLA's for all, above the model's own count, so a machine that holds it could be refused)."""
+    from arguments.bounds import parameter_lower_bound
+    from gpt.shape import model_shape
+
+    mla = ["--multi-latent-attention", "--kv-lora-rank", "256", "--q-lora-rank", "256", "--qk-head-dim", "128",
+           "--qk-pos-emb-head-dim", "64", "--v-head-dim", "128", "--position-embedding-type", "rope"]
+    base = ["--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "64", "--max-position-embeddings",
+            "64", "--vocab-size", "512", "--micro-batch-size", "1", "--global-batch-size", "1"]
+    for extra in (["--num-layers", "4", *mla], ["--hybrid-layer-pattern", "*-+-*-+-", *mla]):
+        model = parse_config([*base, *extra]).model
+        assert parameter_lower_bound(model)[0] <= model_shape(model).parameter_count(model.padded_vocab_size()), extra

@@ -8,6 +8,8 @@ trains the patterns against the GPT flags.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from arguments.config import ConfigError
@@ -83,6 +85,26 @@ def test_a_mix_of_attention_and_mla_is_said_at_start_up_as_megatron_refuses_it()
     assert any("which Megatron-LM refuses" in note for note in notes), notes
     assert not any("Megatron-LM refuses" in note
                    for note in parse_arguments(["--hybrid-layer-pattern", "+-+-", *MLA]).notes)
+
+
+ONE_GROUP = ["--group-query-attention", "--num-query-groups", "1", "--seq-length", "64", "--max-position-embeddings",
+             "64", "--micro-batch-size", "1", "--global-batch-size", "4"]
+GROUP_CHECKS = {  # what reads an attention layer's query groups, and its refusal
+    "a2a+p2p": (["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes",
+                 "2", "2"], "1 key/value groups over the all-to-all level's 2 ranks"),
+    "muon qkv split": (["--optimizer", "muon", "--tensor-model-parallel-size", "2"],
+                       "--num-query-groups 1 below --tensor-model-parallel-size 2"),
+}
+
+
+@pytest.mark.parametrize("check", GROUP_CHECKS)
+def test_the_attention_layers_of_a_mixed_pattern_have_their_query_groups_checked(check):
+    """An MLA layer's key heads are its query heads, an attention layer's its --num-query-groups: the checks read
+    each layer's mixer, so `*-+-` is refused where its `*` layers' one group cannot be split, and `+-+-` is not."""
+    extra, refusal = GROUP_CHECKS[check]
+    parse_arguments(["--hybrid-layer-pattern", "+-+-", *MLA, *ONE_GROUP, *extra])
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        parse_arguments(["--hybrid-layer-pattern", "*-+-", *MLA, *ONE_GROUP, *extra])
 
 
 REFUSED = {

@@ -14,6 +14,7 @@ import torch
 from base.errors import ConfigError
 from gpt.decode import decode, new_cache
 from gpt.generation import generate
+from gpt.kv_cache import cached_elements_per_token
 from gpt.model import build_gpt_model
 from gpt.model_config import ModelConfig
 from gpt.sampling import Sampling
@@ -33,6 +34,7 @@ VARIANTS = {
     "llama-experts": {**LLAMA, "num_experts": 4, "moe_router_topk": 2},
     "mla-rope": {**MLA, "rope_type": "rope"},
     "mla-yarn-sinks": {**MLA, "rope_type": "yarn", "softmax_type": "off-by-one"},
+    "attention-then-mla": {**MLA, "rope_type": "rope", "hybrid_layer_pattern": "*-+-"},  # both mixers in one model
 }
 GREEDY = Sampling(top_k=1)
 
@@ -97,3 +99,16 @@ def test_what_the_cache_cannot_serve_is_refused_in_one_line():
     cache = new_cache(tiny_model(**LLAMA), 4)
     with pytest.raises(ConfigError, match="holds 4 positions, and 5 were asked"):
         decode(tiny_model(**LLAMA), torch.zeros(1, 5, dtype=torch.long), cache)
+
+
+@pytest.mark.parametrize("variant", ["llama-gqa2", "mla-rope", "attention-then-mla"])
+def test_the_cache_size_generation_checks_is_what_the_cache_holds(variant):
+    """training/generate.py bounds a batch's memory by cached_elements_per_token: each layer by its own mixer (the
+    mixed model's `*` layer a head per group, its `+` layer every head's whole key and value), as the cache holds."""
+    config = tiny(**VARIANTS[variant])
+    model = build_gpt_model(config, CPU, seed=11).eval()
+    cache = new_cache(model, 12)
+    with torch.no_grad():
+        decode(model, torch.zeros(3, 12, dtype=torch.long), cache)
+    held = sum(t.numel() for buffers in (cache._keys, cache._values) for t in buffers.values())
+    assert held == 3 * 12 * cached_elements_per_token(config) > 0

@@ -184,6 +184,25 @@ def test_mla_refusals_rope_type_and_hf_export():
         check_convertible(mla_config(swiglu=True), "the Hugging Face export")
 
 
+@pytest.mark.parametrize("experts", [{}, {"num_experts": 4}], ids=["dense", "moe"])
+def test_a_pattern_mixing_attention_and_mla_is_refused_by_the_hf_export_in_one_line(experts):
+    """No transformers class holds `*` and `+` layers in one model: the MoE one is not claimed as a DeepseekV3 (whose
+    every layer is MLA, as the all-`+` pattern's is), and the export refuses both, naming the pattern."""
+    from checkpoint.hf.folders import check_convertible
+    from families.registry import family_of
+
+    swiglu = dict(swiglu=True, **experts)
+    all_mla = mla_config(**swiglu, hybrid_layer_pattern="+-+E" if experts else "+-+-")
+    if experts:
+        assert family_of(all_mla).model_type == "deepseek_v3"
+    mixed = mla_config(**swiglu, hybrid_layer_pattern="*-+E" if experts else "*-+-")
+    assert family_of(mixed) is None
+    with pytest.raises(ConfigError, match=r"--hybrid-layer-pattern \*-\+. is not implemented: its `\*` \(attention\) "
+                                          r"and `\+` \(MLA\) layers in one model are no transformers class") as raised:
+        check_convertible(mixed, "the Hugging Face export")
+    assert "\n" not in str(raised.value)
+
+
 def _tp2_against_tp1(rank, world_size, sequence_parallel):
     from gpt.parallel_plan import tensor_parallel_plan
     from parallel.config import ParallelismConfig

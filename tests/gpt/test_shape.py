@@ -151,3 +151,23 @@ def test_the_shape_is_built_once_per_model_options_and_tp_size():
     deeper = model_shape(dataclasses.replace(config, num_layers=40, vocab_size=7))
     assert deeper.num_layers == 40 and deeper.block_matmuls is first.block_matmuls  # the same build
     assert model_shape(config, 2).block_matmuls is not first.block_matmuls
+
+
+MLA_SIZES = dict(multi_latent_attention=True, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=32,
+                 position_embedding_type="rope")
+
+
+@pytest.mark.parametrize("pattern", ["*-+-*-+-", "+-*-*-*-", "*-+-*-+-/+-"])
+def test_a_pattern_mixing_attention_and_mla_counts_each_layers_own_mixer(pattern):
+    """`*` and `+` blocks in one model: the one-block probe is an MLA block, the attention layers add what their
+    mixer differs by (gpt/shape.py MixerDifference), so the counts are the meta model's own, and its forward FLOPs
+    the counter's over the whole model (the MTP pattern: parameters, its MTP layer a `+-` block)."""
+    config = ModelConfig.of(**{**SMALL, "num_layers": 4}, **MLA_SIZES, hybrid_layer_pattern=pattern,
+                            mtp_num_layers=pattern.count("/"))
+    padded = config.padded_vocab_size()
+    assert parameter_count(config, padded) == sum(p.numel() for p in GPTModel(config, META).parameters())
+    all_mla = ModelConfig.of(**{**SMALL, "num_layers": 4}, **MLA_SIZES, mtp_num_layers=pattern.count("/"))
+    assert parameter_count(config, padded) != parameter_count(all_mla, padded)
+    if "/" not in pattern:
+        blocks, logits = forward_flops_per_token(config, padded)
+        assert (blocks + logits) * config.seq_length == counted_forward_flops(config)

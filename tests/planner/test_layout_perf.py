@@ -107,3 +107,20 @@ def test_ranks_sharing_cores_lose_nothing_to_a_pipelines_waits(llama):
     assert on_cpu.terms["gemm"] == on_gpu.terms["gemm"]
     deep = predict_layout(llama, Layout(gpus=4, pp=4, global_batch_size=8, stage_counts=((8,),) * 4), cpu, CONSTANTS)
     assert deep.terms["pp_bubble"] > 0
+
+
+def test_a_pattern_mixing_attention_and_mla_counts_each_layers_mixer():
+    """`*-+-*-+-`: half the layers attention, half MLA. The CP ring's keys and values per token are the layers'
+    mean (attention 4 heads x 2 x 64, MLA 4 heads x (48 + 64)), its attention FLOPs and MLA's up-projections the
+    two models' halves, where it counted every layer as MLA (the flag --multi-latent-attention)."""
+    mla = ["--multi-latent-attention", "--kv-lora-rank", "32", "--qk-head-dim", "32", "--qk-pos-emb-head-dim", "16",
+           "--v-head-dim", "64"]
+    base = ["--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "256", "--max-position-embeddings",
+            "256", "--vocab-size", "512", "--position-embedding-type", "rope"]
+    attention, all_mla, mixed = (model_counts(parse_config([*base, *flags]).model) for flags in (
+        ["--num-layers", "4"], ["--num-layers", "4", *mla], ["--hybrid-layer-pattern", "*-+-*-+-", *mla]))
+    assert (attention.kv_width, all_mla.kv_width, mixed.kv_width) == (512, 448, 480)
+    for name in ("attention_flops_per_token", "blocks_flops_per_token", "mla_up_flops_per_token",
+                 "mlp_flops_per_token", "dense_parameters"):
+        assert getattr(mixed, name) == (getattr(attention, name) + getattr(all_mla, name)) / 2, name
+    assert mixed.block_dense_parameters == attention.block_dense_parameters  # the larger block, attention's

@@ -210,3 +210,32 @@ def test_fp8_gemms_run_at_the_fp8_peak_with_one_byte_operands():
     assert sum(g.flops for g in blocks) == sum(g.flops for g in bf16_blocks) and not any(g.fp8 for g in bf16_blocks)
     assert perf_model.gemm_seconds(blocks, 2, h100, CONSTANTS) < perf_model.gemm_seconds(bf16_blocks, 2, h100,
                                                                                           CONSTANTS)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_mixed_patterns_gemms_are_each_blocks_own_mixers(tp):
+    """`*-+-*-+-`: the attention blocks' GEMMs and the MLA blocks', each by its own mixer (gpt/shape.py's probe is
+    MLA): half of 4 attention blocks' and half of 4 MLA blocks', and at TP 1 Megatron's FLOPs of the mixed model
+    (at TP 2 MLA's down projections run whole on each rank); every block as the probe's would be the MLA model's."""
+    from gpt.layer_spec import mixer_symbols
+
+    mla = ["--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4",
+           "--v-head-dim", "8"]
+    small = [*SMALL[2:], "--position-embedding-type", "rope", "--tensor-model-parallel-size", str(tp),
+             "--micro-batch-size", "3"]
+
+    def gemm_flops(flags, mixers=False):
+        config = parse_config([*small, *flags])
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=VOCAB))
+        padded = config.model.padded_vocab_size(tp)
+        blocks, logits = forward_gemms(config, padded, tp, mixer_symbols(config.model) if mixers else None)
+        return sum(g.flops for g in blocks), logits.flops, config, padded
+
+    attention, _, _, _ = gemm_flops(["--num-layers", "4"])
+    all_mla, _, _, _ = gemm_flops(["--num-layers", "4", *mla])
+    mixed, logits, config, padded = gemm_flops(["--hybrid-layer-pattern", "*-+-*-+-", *mla], mixers=True)
+    assert mixed == (attention + all_mla) / 2 and attention != all_mla
+    assert gemm_flops(["--hybrid-layer-pattern", "*-+-*-+-", *mla])[0] == all_mla  # no mixers: all the probe's
+    if tp == 1:
+        assert 3 * (mixed + logits) == pytest.approx(flops_per_iteration(config.model, 3, padded_vocab_size=padded),
+                                                     rel=1e-12)

@@ -128,3 +128,26 @@ def test_a_mixed_pattern_saved_on_one_rank_resumes_at_tp2_with_the_straight_runs
     assert sorted(after) == [3, 4]  # continued, not restarted
     assert [after[i] for i in (3, 4)] == pytest.approx([losses(straight)[i] for i in (3, 4)], rel=LOSS_TOLERANCE,
                                                        abs=0)
+
+
+MIXED_SMALL = ["--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+               "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "4", *MIXED]
+
+
+@pytest.mark.slow
+def test_a_mixed_pattern_at_cp2_and_at_zero3_dp2_trains_to_its_one_rank_losses(tmp_path):
+    """The mixed pattern at --context-parallel-size 2 (both mixers' CP paths: attention's ring and MLA's) and at
+    --zero-stage 3 over DP 2 (both mixers' parameters partitioned) logs its one-rank fp32 losses and gradient norms
+    within the layout fuzz's tolerances."""
+    from scripts.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+    from tests.forked_runs import logged_iterations
+
+    one = logged_iterations(tmp_path, "one", [*COMMON, *MIXED_SMALL], 1)
+    assert len(one) > 0
+    for name, flags in {"cp2": ["--context-parallel-size", "2"], "zero3-dp2": ["--zero-stage", "3"]}.items():
+        two = logged_iterations(tmp_path, name, [*COMMON, *MIXED_SMALL, *flags], 2)
+        assert len(two) == len(one), name
+        for mine, theirs in zip(two, one):
+            assert mine["loss"] == pytest.approx(theirs["loss"], rel=LOSS_TOLERANCE, abs=0), (name, mine, theirs)
+            assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=GRAD_NORM_TOLERANCE, abs=0), \
+                (name, mine, theirs)
