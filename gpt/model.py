@@ -60,7 +60,8 @@ MLPS = {DENSE_MLP: build_mlp, MOE: build_moe_layer}
 
 
 class TransformerBlock(nn.Module):
-    """Pre-LayerNorm residual block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x))).
+    """Pre-LayerNorm residual block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x))). A hybrid pattern's one-part
+    block (spec.mixer or spec.mlp None: `M` or `-` alone) has neither that half nor its norms, and passes x through it.
 
     The residual stream is identical on every TP rank, so its dropout uses the shared stream; under
     sequence parallelism each rank holds its own slice of it, and the dropout draws from the rank's
@@ -86,18 +87,20 @@ class TransformerBlock(nn.Module):
         def norm(place: str, region: str) -> Optional[nn.Module]:
             return norms.build_sublayer(place, h, plan.norm_state(region), recompute=region in recomputed_norms)
 
-        self.input_layernorm = norm("input", "input_layernorm")
-        # the spec's mixer: attention at its window and rotary, or multi-latent attention (gpt/mla.py)
-        self.attention = MIXERS[spec.mixer](config, plan, rng, spec, rotary_cache)
-        self.post_attention_layernorm = norm("input", "post_attention_layernorm")
+        mixer, mlp = spec.mixer is not None, spec.mlp is not None
+        self.input_layernorm = norm("input", "input_layernorm") if mixer else None
+        # the spec's mixer: attention at its window and rotary, multi-latent attention (gpt/mla.py) or Mamba-2
+        # (gpt/mamba.py)
+        self.attention = MIXERS[spec.mixer](config, plan, rng, spec, rotary_cache) if mixer else None
+        self.post_attention_layernorm = norm("input", "post_attention_layernorm") if mlp else None
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
         # the spec's MLP: dense or gated (gpt/mlp.py), or an MoE layer (gpt/moe/layer.py) with its experts and, under
         # expert parallelism, the plan's dispatcher
-        self.mlp = MLPS[spec.mlp](config, plan, spec, layer_number, moe_tracker)
+        self.mlp = MLPS[spec.mlp](config, plan, spec, layer_number, moe_tracker) if mlp else None
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
         # registered after the rest, so that a model without them keeps its parameters' order
-        self.attention_output_layernorm = norm("output", "attention_output_layernorm")
-        self.mlp_output_layernorm = norm("output", "mlp_output_layernorm")
+        self.attention_output_layernorm = norm("output", "attention_output_layernorm") if mixer else None
+        self.mlp_output_layernorm = norm("output", "mlp_output_layernorm") if mlp else None
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                 cache: Optional[LayerCache] = None) -> torch.Tensor:
@@ -109,10 +112,14 @@ class TransformerBlock(nn.Module):
     # (training/cuda_graphs.py).
     def attention_half(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                        cache: Optional[LayerCache] = None) -> torch.Tensor:
+        if self.attention is None:
+            return hidden
         branch = self.attention(_normed(self.input_layernorm, hidden), documents, cache)
         return hidden + self._residual_dropout(_normed(self.attention_output_layernorm, branch))
 
     def mlp_half(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.mlp is None:
+            return hidden
         branch = self.mlp(_normed(self.post_attention_layernorm, hidden))
         return hidden + self._residual_dropout(_normed(self.mlp_output_layernorm, branch))
 
