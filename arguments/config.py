@@ -1176,6 +1176,8 @@ class PretrainConfig:
             # bias); HybridModel's MTP depths holding experts were never continued by Megatron-LM
             ("an MoE multi-token prediction depth under --hybrid-layer-pattern",
              bool(model.hybrid_layer_pattern) and bool(model.mtp.num_layers) and model.moe is not None),
+            # gpt/mamba.py's tensors: HybridModel's `M` layer names are not in checkpoint/torch_dist/names.py yet
+            ("Mamba (`M`) layers", "M" in (model.hybrid_layer_pattern or "")),
             # a learnable softmax's per-head offsets: no name in checkpoint/torch_dist/names.py's table yet
             ("--softmax-type learnable's offsets", model.attention.softmax_type == "learnable"),
             (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),

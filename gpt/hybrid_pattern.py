@@ -35,7 +35,7 @@ MLPS = (MLP, MOE)
 BLOCKS = tuple(mixer + mlp for mixer in (ATTENTION, MLA) for mlp in MLPS)
 # Megatron-Core's other layer symbols (Symbols, hybrid_layer_allocation.py @ d98e8a64), each a layer family not
 # built here
-NOT_BUILT = {"M": "Mamba", "G": "Gated DeltaNet (GDN)", "D": "DeepSeek sparse attention (DSA)"}
+NOT_BUILT = {"G": "Gated DeltaNet (GDN)", "D": "DeepSeek sparse attention (DSA)"}
 
 
 @dataclass(frozen=True)

@@ -219,7 +219,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --linear-num-value-heads --linear-value-head-dim --gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute
         --gdp-num-householder --use-fused-weighted-squared-relu
         --fused-residual-rmsnorm --mhc-init-gating-factor --mhc-num-residual-streams --mhc-recompute-layer-num
-        --mhc-sinkhorn-iterations --mamba-head-dim --mamba-num-groups --mamba-num-heads --mamba-state-dim
+        --mhc-sinkhorn-iterations
         --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-training-ssm-states-dtype
         --disable-mamba-mem-eff-path --hybrid-attention-ratio --hybrid-mlp-ratio""")),
     ("a knob of an FP8/FP4 feature that is off here (--fp8-interval is deprecated in Megatron-LM; the custom "

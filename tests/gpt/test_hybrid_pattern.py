@@ -95,7 +95,6 @@ def test_a_mix_of_attention_and_mla_is_said_at_start_up_as_megatron_refuses_it()
 
 
 REFUSED = {
-    "mamba": (["--hybrid-layer-pattern", "M*M*"], "`M` (Mamba) layers are not built here"),
     "gated deltanet": (["--hybrid-layer-pattern", "G-*-"], "`G` (Gated DeltaNet (GDN)) layers are not built here"),
     "deepseek sparse attention": (["--hybrid-layer-pattern", "*-D-"],
                                   "`D` (DeepSeek sparse attention (DSA)) layers are not built here"),
@@ -144,8 +143,7 @@ def test_each_refusal_is_one_line(name):
     assert words in message, message
 
 
-@pytest.mark.parametrize("symbol, family", [("M", "Mamba"), ("G", "Gated DeltaNet (GDN)"),
-                                            ("D", "DeepSeek sparse attention (DSA)")])
+@pytest.mark.parametrize("symbol, family", [("G", "Gated DeltaNet (GDN)"), ("D", "DeepSeek sparse attention (DSA)")])
 def test_pretrain_hybrid_refuses_a_layer_family_not_built_in_one_line_exit_2(symbol, family):
     """Through the command line (base.errors.run_tool): one line on stderr naming the symbol, exit 2."""
     import pretrain_hybrid
