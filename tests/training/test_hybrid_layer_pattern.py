@@ -128,3 +128,21 @@ def test_a_mixed_pattern_saved_on_one_rank_resumes_at_tp2_with_the_straight_runs
     assert sorted(after) == [3, 4]  # continued, not restarted
     assert [after[i] for i in (3, 4)] == pytest.approx([losses(straight)[i] for i in (3, 4)], rel=LOSS_TOLERANCE,
                                                        abs=0)
+
+
+# Mamba-2 layers (gpt/mamba.py) at a small size: 8 heads of 16 (2 x hidden 64), 2 groups, a state of 16
+MAMBA = ["--mamba-head-dim", "16", "--mamba-num-groups", "2", "--mamba-state-dim", "16"]
+
+
+def test_pretrain_hybrid_trains_mamba_layers_as_megatron_writes_them(tmp_path, corpus_cache):
+    """A Nemotron-H-shaped launch (`M` layers without an MLP, `-` MLP layers without a mixer, attention with its MLP)
+    through pretrain_hybrid.py as written (no --num-layers): it trains and its loss falls."""
+    import pretrain_hybrid
+
+    metrics = tmp_path / "mamba.jsonl"
+    launch = HYBRID_LAUNCH[:HYBRID_LAUNCH.index("--num-experts")]
+    launch[launch.index("--train-iters") + 1] = "6"
+    assert pretrain_hybrid.main([*launch, "--hybrid-layer-pattern", "M-M*-", "--is-hybrid-model", *MAMBA,
+                                 "--lr", "3e-3", "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics)]) == 0
+    losses = _records(metrics, "loss")
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.1, losses
