@@ -45,13 +45,9 @@ class MambaSettings:
 
     def validate(self, pattern: Optional[str], hidden_size: int, tensor_parallel_size: int = 1) -> None:
         """Under a pattern with `M` layers: the sizes Megatron-Core's MambaMixer asserts, each refused in one line
-        naming its flag, and TP 1 (gpt/mamba.py does not split the heads and groups yet)."""
+        naming its flag, and heads and groups that split evenly over the tensor-parallel ranks."""
         if pattern is None or "M" not in pattern:
             return
-        if tensor_parallel_size > 1:
-            raise ConfigError(f"--tensor-model-parallel-size {tensor_parallel_size} with `M` (Mamba) layers in "
-                              f"{pattern}: Mamba's tensor parallelism is not built; run them at TP 1",
-                              flags=("--tensor-model-parallel-size", "--hybrid-layer-pattern"))
         for name in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -66,3 +62,8 @@ class MambaSettings:
             raise ConfigError(f"--mamba-num-groups {self.mamba_num_groups} does not divide the {heads} Mamba heads: "
                               f"each group takes an equal share of the heads (as Megatron-Core asserts)",
                               flags=("--mamba-num-groups", "--mamba-num-heads"))
+        if self.mamba_num_groups % tensor_parallel_size:  # heads are a multiple of the groups
+            raise ConfigError(f"--mamba-num-groups {self.mamba_num_groups} does not split over "
+                              f"--tensor-model-parallel-size {tensor_parallel_size}: each rank takes whole groups "
+                              f"and their heads (as Megatron-Core asserts)",
+                              flags=("--mamba-num-groups", "--tensor-model-parallel-size"))

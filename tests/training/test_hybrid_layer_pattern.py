@@ -146,3 +146,23 @@ def test_pretrain_hybrid_trains_mamba_layers_as_megatron_writes_them(tmp_path, c
                                  "--lr", "3e-3", "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics)]) == 0
     losses = _records(metrics, "loss")
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.1, losses
+
+
+@pytest.mark.slow
+def test_mamba_layers_train_at_tp2_with_and_without_sp_as_on_one_rank():
+    """Heads and groups split over TP (in_proj's and the conv's parts each on its own), out_proj row-parallel: a
+    Mamba pattern at TP 2, and with --sequence-parallel, logs its one-rank losses and gradient norms within the layout
+    fuzz's fp32 tolerances."""
+    from scripts.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+
+    pattern = ["--hybrid-layer-pattern", "M-*-M-*-", "--mamba-head-dim", "8", "--mamba-num-groups", "2",
+               "--mamba-state-dim", "8"]
+    one_rank = _train(pattern, 1).outcomes
+    configs = {"tp2": (pattern, 2), "tp2-sp": ([*pattern, "--sequence-parallel"], 2)}
+    per_rank = run_distributed(train_configurations, 2, configs, [free_port() for _ in configs], timeout=300)
+    for name in configs:
+        outcomes = per_rank[0][name].outcomes
+        assert [loss for loss, _ in outcomes] == pytest.approx([loss for loss, _ in one_rank], rel=LOSS_TOLERANCE,
+                                                                abs=0), name
+        assert [norm for _, norm in outcomes] == pytest.approx([norm for _, norm in one_rank],
+                                                                rel=GRAD_NORM_TOLERANCE, abs=0), name
