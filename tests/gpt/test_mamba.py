@@ -122,3 +122,16 @@ def test_a_torch_dist_save_of_mamba_layers_is_said_to_write_this_projects_format
     notes = parse_arguments(["--hybrid-layer-pattern", "M-*-", *TINY, "--save", str(tmp_path / "ckpt"),
                              "--ckpt-format", "torch_dist"]).notes
     assert any("Mamba (`M`) layers" in note and "this project's checkpoints" in note for note in notes), notes
+
+
+@pytest.mark.parametrize("pattern, extra", [("M-M*-", []), ("*--*", []), ("M*E-ME", ["--num-experts", "4"])])
+def test_the_shapes_parameter_count_is_the_models(pattern, extra):
+    """gpt/shape.py probes one attention block; a pattern's `M` and one-part blocks are counted beyond it, so the
+    start-up line and the planner count the model's parameters."""
+    from gpt.model import GPTModel
+    from gpt.shape import model_shape
+
+    config = parse_config(["--hybrid-layer-pattern", pattern, *TINY, *extra]).model
+    model = GPTModel(config, ParallelState(device=torch.device("meta")))
+    assert model_shape(config).parameter_count(config.padded_vocab_size()) == \
+        sum(param.numel() for param in model.parameters())
