@@ -149,16 +149,18 @@ def test_pretrain_hybrid_trains_mamba_layers_as_megatron_writes_them(tmp_path, c
 
 
 @pytest.mark.slow
-def test_mamba_layers_train_at_tp2_with_and_without_sp_as_on_one_rank():
+def test_mamba_layers_train_at_tp2_pp2_and_zero3_as_on_one_rank():
     """Heads and groups split over TP (in_proj's and the conv's parts each on its own), out_proj row-parallel: a
-    Mamba pattern at TP 2, and with --sequence-parallel, logs its one-rank losses and gradient norms within the layout
-    fuzz's fp32 tolerances."""
+    Mamba pattern at TP 2, with --sequence-parallel, on two pipeline stages (`|` between segments) and
+    under ZeRO-3 at DP 2 logs its one-rank losses and gradient norms within the layout fuzz's fp32 tolerances."""
     from scripts.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
 
-    pattern = ["--hybrid-layer-pattern", "M-*-M-*-", "--mamba-head-dim", "8", "--mamba-num-groups", "2",
-               "--mamba-state-dim", "8"]
+    mamba = ["--mamba-head-dim", "8", "--mamba-num-groups", "2", "--mamba-state-dim", "8"]
+    pattern = ["--hybrid-layer-pattern", "M-*-M-*-", *mamba]
     one_rank = _train(pattern, 1).outcomes
-    configs = {"tp2": (pattern, 2), "tp2-sp": ([*pattern, "--sequence-parallel"], 2)}
+    configs = {"tp2": (pattern, 2), "tp2-sp": ([*pattern, "--sequence-parallel"], 2),
+               "pp2": (["--hybrid-layer-pattern", "M-*-|M-*-", *mamba, *PP2], 1),
+               "zero3-dp2": ([*pattern, "--zero-stage", "3"], 1)}
     per_rank = run_distributed(train_configurations, 2, configs, [free_port() for _ in configs], timeout=300)
     for name in configs:
         outcomes = per_rank[0][name].outcomes
