@@ -168,3 +168,30 @@ def test_mamba_layers_train_at_tp2_pp2_and_zero3_as_on_one_rank():
                                                                 abs=0), name
         assert [norm for _, norm in outcomes] == pytest.approx([norm for _, norm in one_rank],
                                                                 rel=GRAD_NORM_TOLERANCE, abs=0), name
+
+
+# Megatron-LM core_v0.19.0's examples/mamba/train.sh, its 800M launch's flags as written (its pattern: Mamba layers
+# without an MLP, MLP layers alone, attention alone), shrunk in size only: hidden 256 (so that Megatron's default
+# 128-wide state, 64-wide heads and 8 groups give 8 heads), sequence 32, 2 iterations, no checkpoints or data paths
+MAMBA_800M = ["--tensor-model-parallel-size", "1", "--sequence-parallel", "--pipeline-model-parallel-size", "1",
+              "--use-distributed-optimizer", "--overlap-param-gather", "--overlap-grad-reduce",
+              "--untie-embeddings-and-output-weights", "--init-method-std", "0.02", "--position-embedding-type", "none",
+              "--hidden-size", "256", "--num-attention-heads", "16", "--group-query-attention", "--num-query-groups",
+              "8", "--hybrid-layer-pattern", "M-M-M--M-*M-M-M-M--*M-M-M-M-*M--M-M-M-*M-M--M-M-", "--seq-length", "32",
+              "--max-position-embeddings", "32", "--train-iters", "2", "--split", "99,1,0", "--micro-batch-size", "2",
+              "--global-batch-size", "4", "--lr", "2.5e-4", "--min-lr", "2.5e-5", "--lr-decay-style", "cosine",
+              "--weight-decay", "0.1", "--clip-grad", "1.0", "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
+              "--disable-bias-linear", "--normalization", "RMSNorm", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+              "--log-interval", "1", "--eval-iters", "0", "--bf16", "--use-mcore-models",
+              "--spec", "megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec",
+              "--no-create-attention-mask-in-dataloader", "--tokenizer-vocab-size", "512", "--device", "cpu"]
+
+
+@pytest.mark.slow
+def test_megatron_examples_mamba_800m_launch_trains_as_written(tmp_path, corpus_cache):
+    import pretrain_hybrid
+
+    metrics = tmp_path / "mamba-800m.jsonl"
+    assert pretrain_hybrid.main([*MAMBA_800M, "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics)]) == 0
+    losses = _records(metrics, "loss")
+    assert len(losses) == 2 and all(0 < loss < 10 for loss in losses), losses
