@@ -103,17 +103,25 @@ def test_attention_and_mla_in_one_model_train_at_tp2_and_pp2_as_on_one_rank():
                                                                 rel=GRAD_NORM_TOLERANCE, abs=0), name
 
 
+# Mamba layers and one-part blocks beside attention (gpt/mamba.py): 8 heads of 8 in 2 groups at hidden 32
+MAMBA_MIXED = ["--hybrid-layer-pattern", "M-*M--*-", "--mamba-head-dim", "8", "--mamba-num-groups", "2",
+               "--mamba-state-dim", "8"]
+
+
 @pytest.mark.slow
-def test_a_mixed_pattern_saved_on_one_rank_resumes_at_tp2_with_the_straight_runs_losses(corpus_cache_300, tmp_path):
-    """Both mixers' parameters are saved under their own names (this project's format): the mixed model saved at
-    iteration 2 on one rank continues at TP 2 + SP to the straight one-rank run's losses (fp32 tolerance)."""
+@pytest.mark.parametrize("mixed", [MIXED, MAMBA_MIXED], ids=["attention-mla", "mamba"])
+def test_a_mixed_pattern_saved_on_one_rank_resumes_at_tp2_with_the_straight_runs_losses(corpus_cache_300, tmp_path,
+                                                                                        mixed):
+    """The mixers' parameters are saved under their own names (this project's format; a Mamba layer's split parts
+    each by its record): the mixed model saved at iteration 2 on one rank continues at TP 2 + SP to the straight
+    one-rank run's losses (fp32 tolerance)."""
     import pretrain_gpt
     from scripts.layout_fuzz import LOSS_TOLERANCE
     from tests.reliability_helpers import TINY, metrics_records
     from tests.training.test_moe_training import launch_rank
 
     tiny = TINY[2:] if TINY[:2] == ["--num-layers", "1"] else TINY  # the pattern sets the depth
-    argv = [*tiny, *MIXED, "--train-iters", "4", "--data-cache-dir", corpus_cache_300]
+    argv = [*tiny, *mixed, "--train-iters", "4", "--data-cache-dir", corpus_cache_300]
     straight, parts, save = tmp_path / "straight.jsonl", tmp_path / "parts.jsonl", tmp_path / "ckpt"
     assert pretrain_gpt.main([*argv, "--metrics-file", str(straight)]) == 0
     assert pretrain_gpt.main([*argv, "--metrics-file", str(parts), "--save", str(save), "--exit-interval", "2"]) == 0
