@@ -143,6 +143,14 @@ def parse_hybrid_pattern(text: str) -> HybridPattern:
     return pattern
 
 
+def residual_branches(text: Optional[str], num_layers: int) -> int:
+    """What the output projections' std divides over, sqrt of it (Megatron's output_layer_init_method,
+    scaled_init_method_normal): GPT-2's and Megatron's 2 per GPT layer, or a hybrid model's 1 per layer, one per
+    symbol (TransformerConfig's multiplier 1.0 under is_hybrid_model), the same for patterns of mixer-then-MLP
+    blocks."""
+    return 2 * num_layers if text is None else parse_hybrid_pattern(text).megatron_layers
+
+
 def check_model_follows_pattern(model) -> None:
     """A ModelConfig with a pattern holds the depth, MoE layers and MTP depth the pattern gives (set from the flags
     by arguments/megatron/hybrid_layer_pattern.py; a config built in code must give them too)."""

@@ -12,7 +12,8 @@ ones reduce-scatter it, the output layer gathers it before the vocab-parallel lo
 under `get_cuda_rng_tracker().fork()`.
 
 Initialisation follows GPT-2/Megatron: normal(0, 0.02) weights, zero biases, unit LayerNorm gains, and each
-residual branch's output projection (attention `dense`, MLP `dense_4h_to_h`) scaled by 1/sqrt(2 * num_layers).
+residual branch's output projection (attention `dense`, MLP `dense_4h_to_h`) scaled by 1/sqrt(2 * num_layers) (a
+hybrid pattern's by 1/sqrt(its layers, one per symbol), as Megatron-Core: gpt/hybrid_pattern.py residual_branches).
 `GPTModel(...)` builds the structure on the meta device (no memory, no draws: milliseconds even at 170B); each
 parameter carries its initialisation, a pure function of (seed, name, element index) (parallel/init.py). Memory
 comes afterwards, only for what this rank owns: `zero.apply.apply_zero` fills ZeRO's flat buffers directly, and

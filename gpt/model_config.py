@@ -12,7 +12,7 @@ from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option, replace_settings, section, with_settings
 from gpt.attention_settings import AttentionSettings
 from gpt.fp8_settings import FP8Settings
-from gpt.hybrid_pattern import check_model_follows_pattern
+from gpt.hybrid_pattern import check_model_follows_pattern, residual_branches
 from gpt.longrope import LongRope
 from gpt.mamba_settings import MambaSettings
 from gpt.mla_settings import MLASettings
@@ -131,8 +131,8 @@ class ModelConfig:
 
     @property
     def output_init_std(self) -> float:
-        """The residual branches' output projections' std: GPT-2's and Megatron's init_method_std / sqrt(2 layers)."""
-        return self.init_method_std / math.sqrt(2.0 * self.num_layers)
+        """The residual branches' output projections' std: init_method_std / sqrt(the residual branches)."""
+        return self.init_method_std / math.sqrt(residual_branches(self.hybrid_layer_pattern, self.num_layers))
 
     @property
     def head_dim(self) -> int:

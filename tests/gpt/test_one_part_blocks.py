@@ -4,6 +4,7 @@ stream through the other half untouched."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from arguments.parser import parse_config
@@ -26,6 +27,9 @@ def test_a_mixer_pairs_only_with_the_mlp_right_after_it():
 def test_one_part_blocks_hold_their_half_and_skip_the_other():
     config = parse_config(["--hybrid-layer-pattern", "*--*", *SMALL]).model
     assert [(spec.mixer, spec.mlp) for spec in layer_specs(config)] == [("*", "-"), (None, "-"), ("*", None)]
+    # Megatron's hybrid output projections: init_method_std / sqrt(its 4 layers, one residual branch each), where
+    # the GPT rule over 3 blocks would say sqrt(6)
+    assert config.output_init_std == pytest.approx(0.02 / 2)
     model = build_gpt_model(config, ParallelState(device=torch.device("cpu")), seed=3).eval()
     names = {name.split(".")[2] for name, _ in model.named_parameters() if name.startswith("blocks.1.")}
     assert names == {"post_attention_layernorm", "mlp"}
