@@ -136,3 +136,11 @@ def test_the_shapes_parameter_count_is_the_models(pattern, extra):
     model = GPTModel(config, ParallelState(device=torch.device("meta")))
     assert model_shape(config).parameter_count(config.padded_vocab_size()) == \
         sum(param.numel() for param in model.parameters())
+
+
+def test_a_hugging_face_export_of_mamba_layers_is_refused_in_one_line():
+    from checkpoint.hf.folders import check_convertible
+
+    with pytest.raises(ConfigError) as refused:
+        check_convertible(parse_config(["--hybrid-layer-pattern", "M-*-", *TINY]).model, "scripts/convert_to_hf.py")
+    assert "\n" not in str(refused.value) and "no Hugging Face family here yet" in str(refused.value)
