@@ -101,7 +101,8 @@ class MambaMixer(nn.Module):
                                   {"weight": InitMethod.normal(config.init_method_std)}, state)
         bound = 1.0 / math.sqrt(MambaSettings.CONV_WIDTH)  # kaiming_uniform(a=sqrt(5)) over a fan-in of 1 x width
         self.conv1d = SplitParts(conv_parts, (1, MambaSettings.CONV_WIDTH),
-                                 {"weight": InitMethod.uniform(-bound, bound), "bias": InitMethod.uniform(-bound, bound)},
+                                 {"weight": InitMethod.uniform(-bound, bound),
+                                  "bias": InitMethod.uniform(-bound, bound)},
                                  state)
         log_dt = (math.log(MambaSettings.DT_MIN), math.log(MambaSettings.DT_MAX))
         self.dt_bias = meta_parameter((self.heads,), InitMethod.uniform(
@@ -110,7 +111,8 @@ class MambaMixer(nn.Module):
                                     state, split_dim=0)
         self.D = meta_parameter((self.heads,), InitMethod.ones(), state, split_dim=0)
         self.norm = GatedGroupRMSNorm(self.inner, self.groups, MambaSettings.NORM_EPSILON, state)
-        self.out_proj = plan.linear("attention.out_proj", whole_inner, hidden, init_std=config.output_init_std, bias=False)
+        self.out_proj = plan.linear("attention.out_proj", whole_inner, hidden, init_std=config.output_init_std,
+                                    bias=False)
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                 cache: Optional[LayerCache] = None) -> torch.Tensor:

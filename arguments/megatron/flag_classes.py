@@ -536,8 +536,8 @@ def _null_tokenizer_eod(value: Any, settings: Optional[Mapping[str, Any]]) -> bo
 HYBRID_STACK_SPECS = tuple((module, name) for module in ("megatron.core.models.hybrid.hybrid_layer_specs",
                                                          "megatron.core.models.mamba.mamba_layer_specs")
                            for name in ("hybrid_stack_spec", "mamba_stack_spec"))
-HYBRID_STACK = ("Megatron-Core's hybrid stack of attention, Mamba, MLP and MoE layers: here the blocks --hybrid-layer-pattern "
-                "chooses")
+HYBRID_STACK = ("Megatron-Core's hybrid stack of attention, Mamba, MLP and MoE layers: here the blocks "
+                "--hybrid-layer-pattern chooses")
 
 
 def _with_pattern(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:

@@ -62,9 +62,9 @@ def apply_hybrid_pattern(settings: dict[str, Any], sources: dict[str, Source], t
                if name == "num_layers" or value != before.get(name)}
     for name, value in changes.items():
         settings[name], sources[name] = value, given
-    notes = [f"> {PATTERN_FLAG} {text}: {pattern.num_layers} blocks of a mixer then its MLP (Megatron's "
-             f"{pattern.megatron_layers} layers), " + ", ".join(f"{_flag(name)} {value}"
-                                                              for name, value in changes.items())]
+    notes = [f"> {PATTERN_FLAG} {text}: {pattern.num_layers} blocks, a mixer and the MLP after it or either alone "
+             f"(Megatron's {pattern.megatron_layers} layers), " + ", ".join(f"{_flag(name)} {value}"
+                                                                           for name, value in changes.items())]
     if {ATTENTION, MLA} <= set(pattern.mixers()):
         # Megatron-Core's hybrid_layer_allocation.py raises "Not supported to have both Attention and MLA/DSA in one
         # model"; each block here builds its own mixer, so the mix is a model like any other
@@ -90,8 +90,9 @@ def _depths(pattern: HybridPattern, settings: dict[str, Any], sources: dict[str,
     """The blocks and the MTP depth, or one line for a --num-layers or --mtp-num-layers that names another model."""
     layers = settings["num_layers"]
     if _explicit(sources, "num_layers") and layers not in (pattern.num_layers, pattern.megatron_layers):
-        raise _refuse(pattern, f"{pattern.num_layers} blocks of a mixer then its MLP (Megatron's "
-                               f"{pattern.megatron_layers} layers, one per symbol), not --num-layers {layers}: drop "
+        raise _refuse(pattern, f"{pattern.num_layers} blocks, a mixer and the MLP after it or either alone "
+                               f"(Megatron's {pattern.megatron_layers} layers, one per symbol), not --num-layers "
+                               f"{layers}: drop "
                                f"--num-layers, the pattern sets the depth (as in Megatron-LM)", "--num-layers")
     mtp = settings.get("mtp_num_layers") or 0
     if _explicit(sources, "mtp_num_layers") and mtp not in (0, pattern.mtp_depth):

@@ -374,7 +374,8 @@ def _unbucketed_pattern(text: Optional[str]) -> Optional[str]:
         return text
     # rebuilt: one stage of attention-then-dense-MLP blocks (no `M` layer, no mixer or MLP alone)
     plain = all(block in BLOCKS for block in pattern.blocks)
-    return text if len(pattern.segments) > 1 or pattern.mtp_depth or any(pattern.moe_layers()) or not plain else None
+    staged_or_moe = len(pattern.segments) > 1 or pattern.mtp_depth or any(pattern.moe_layers())
+    return text if staged_or_moe or not plain else None
 
 
 def _model_shape(args) -> ModelShape:
