@@ -43,11 +43,16 @@ class MambaSettings:
         """d_inner: the heads times their width (x, z and the gated norm's width)."""
         return self.heads(hidden_size) * self.mamba_head_dim
 
-    def validate(self, pattern: Optional[str], hidden_size: int, tensor_parallel_size: int = 1) -> None:
-        """Under a pattern with `M` layers: the sizes Megatron-Core's MambaMixer asserts, each refused in one line
-        naming its flag, and heads and groups that split evenly over the tensor-parallel ranks."""
+    def validate(self, model, tensor_parallel_size: int = 1) -> None:
+        """Under `model`'s pattern with `M` layers: the sizes Megatron-Core's MambaMixer asserts, each refused in one
+        line naming its flag, heads and groups that split evenly over the tensor-parallel ranks, and no FP8 (whose
+        in_proj gpt/mamba.py runs in high precision: the math would differ from Megatron's FP8 in_proj)."""
+        pattern, hidden_size = model.hybrid_layer_pattern, model.hidden_size
         if pattern is None or "M" not in pattern:
             return
+        if model.fp8.enabled:
+            raise ConfigError(f"--fp8-format with `M` (Mamba) layers in {pattern}: their FP8 in-projection is not "
+                              f"built; train them without --fp8-format", flags=("--fp8-format", "--hybrid-layer-pattern"))
         for name in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -164,7 +164,7 @@ class ModelConfig:
         self.positions.validate(self.head_dim, self.num_layers)
         self.attention.validate(self.num_attention_heads, self.num_layers, tensor_parallel_size)
         self.mla.validate()
-        self.mamba.validate(self.hybrid_layer_pattern, self.hidden_size, tensor_parallel_size)
+        self.mamba.validate(self, tensor_parallel_size)
         self.mlp.validate_size(self.ffn_size, tensor_parallel_size)
 
     def validate(self) -> None:

@@ -110,6 +110,7 @@ def test_megatron_flags_and_defaults():
     (["--mamba-num-groups", "3"], "--mamba-num-groups 3 does not divide the 8 Mamba heads"),
     (["--mamba-head-dim", "7"], "--mamba-head-dim 7 does not divide 2 x --hidden-size"),
     (["--tensor-model-parallel-size", "4"], "--mamba-num-groups 2 does not split over --tensor-model-parallel-size 4"),
+    (["--fp8-format", "hybrid"], "--fp8-format with `M` (Mamba) layers in M-*-: their FP8 in-projection is not built"),
 ])
 def test_each_refusal_is_one_line(argv, words):
     with pytest.raises(ConfigError) as refused:
