@@ -1178,6 +1178,8 @@ class PretrainConfig:
             # bias); HybridModel's MTP depths holding experts were never continued by Megatron-LM
             ("an MoE multi-token prediction depth under --hybrid-layer-pattern",
              bool(model.hybrid_layer_pattern) and bool(model.mtp.num_layers) and model.moe is not None),
+            # gpt/mamba.py's tensors: HybridModel's `M` layer names are not in checkpoint/torch_dist/names.py yet
+            ("Mamba (`M`) layers", "M" in (model.hybrid_layer_pattern or "")),
             (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),
             ("--keep-last's pruning", bool(self.checkpoint.keep_last))) if on]
         if not unwritten:

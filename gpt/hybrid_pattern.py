@@ -1,17 +1,22 @@
 """Megatron-LM's --hybrid-layer-pattern, read as the GPT blocks it names.
 
 Megatron-Core's HybridModel (megatron/core/models/hybrid/hybrid_layer_allocation.py @ d98e8a64) builds one layer
-per symbol: `*` attention, `+` multi-latent attention, `-` MLP, `E` MoE (and `M` Mamba, `G` Gated DeltaNet, `D`
+per symbol: `*` attention, `+` multi-latent attention, `M` Mamba-2, `-` MLP, `E` MoE (and `G` Gated DeltaNet, `D`
 DeepSeek sparse attention); `|` separates pipeline segments, segment vp * PP + pp_rank being model chunk vp of
 pipeline rank pp_rank (select_pipeline_segment); `/` starts the MTP patterns, "<main>/<mtp>/<mtp>", one per MTP
-depth, all identical (parse_hybrid_pattern). A block here is a mixer then its MLP, so the patterns built here are
-those made of `*-`, `*E`, `+-` and `+E`: `*-+E` is two blocks, the second MLA then MoE. What no block here is
-(another layer family, a mixer without its MLP, an MLP without its mixer, a `|` between a block's two layers) is
-refused in one line.
+depth, all identical (parse_hybrid_pattern).
 
-The settings the pattern gives are the GPT path's own (the depth, --moe-layer-freq's per-layer list, the stages as
---pipeline-model-parallel-layout, --mtp-num-layers); arguments/megatron/hybrid_layer_pattern.py sets them, and
-gpt/layer_spec.py reads each block's mixer. `+` layers take multi-latent attention's sizes from
+A block here is a pre-norm residual mixer then its MLP, either half of which may be absent. A mixer followed at
+once by an MLP symbol is one block (`*-`, `*E`, `+-`, `M-`: so the patterns built before one-part blocks, all of
+`*-`, `*E`, `+-` and `+E`, keep their blocks and parameter names); every other symbol is a block of its own half,
+`M` a Mamba block without an MLP, a lone `-` an MLP block without a mixer. Two Megatron layers x + f(norm(x)) then
+x + g(norm(x)) are exactly the one block's two halves, so the pairing changes no math: block k starts at Megatron's
+layer `layer_offsets()[k]` (one per symbol), which is how names and counts map between the two numberings. What
+no block here is (another layer family) is refused in one line.
+
+The settings the pattern gives are the GPT path's own (the depth in blocks, --moe-layer-freq's per-block list, the
+stages as --pipeline-model-parallel-layout, --mtp-num-layers); arguments/megatron/hybrid_layer_pattern.py sets them,
+and gpt/layer_spec.py reads each block's mixer and MLP. `+` layers take multi-latent attention's sizes from
 --multi-latent-attention's flags, as Megatron-LM builds them only under it (MLATransformerConfig).
 """
 
@@ -23,20 +28,20 @@ from typing import Optional
 from base.errors import ConfigError
 
 FLAG = "--hybrid-layer-pattern"
-ATTENTION, MLA, MLP, MOE, PIPE, MTP_SEPARATOR = "*", "+", "-", "E", "|", "/"
-MIXERS = (ATTENTION, MLA)
-BLOCKS = tuple(mixer + mlp for mixer in MIXERS for mlp in (MLP, MOE))
+ATTENTION, MLA, MAMBA, MLP, MOE, PIPE, MTP_SEPARATOR = "*", "+", "M", "-", "E", "|", "/"
+MIXERS = (ATTENTION, MLA, MAMBA)
+MLPS = (MLP, MOE)
+# the attention blocks an MTP layer is (Megatron-Core's GPT MTP layer: attention then its MLP)
+BLOCKS = tuple(mixer + mlp for mixer in (ATTENTION, MLA) for mlp in MLPS)
 # Megatron-Core's other layer symbols (Symbols, hybrid_layer_allocation.py @ d98e8a64), each a layer family not
 # built here
-NOT_BUILT = {"M": "Mamba", "G": "Gated DeltaNet (GDN)", "D": "DeepSeek sparse attention (DSA)"}
-BLOCKS_HERE = ("the layers here are mixer-then-MLP blocks: a block is `*-`, `*E` (attention), `+-` or `+E` (MLA), so "
-               "a `*` or `+` is followed by its `-` or `E` and each `-` or `E` follows its mixer")
+NOT_BUILT = {"G": "Gated DeltaNet (GDN)", "D": "DeepSeek sparse attention (DSA)"}
 
 
 @dataclass(frozen=True)
 class HybridPattern:
     text: str
-    segments: tuple[tuple[str, ...], ...]  # the main pattern's `|` segments, each its blocks ("*-", "+E", ...)
+    segments: tuple[tuple[str, ...], ...]  # the main pattern's `|` segments, each its blocks ("*-", "M", "-", ...)
     mtp_block: Optional[str]               # the block of each MTP depth, None without MTP
     mtp_depth: int
 
@@ -52,14 +57,25 @@ class HybridPattern:
     @property
     def megatron_layers(self) -> int:
         """Megatron's num_layers for the pattern (get_hybrid_total_layer_count): one per symbol of the main pattern."""
-        return 2 * self.num_layers
+        return sum(len(block) for block in self.blocks)
+
+    def layer_offsets(self) -> tuple[int, ...]:
+        """Each block's first Megatron layer (0-based; a block is one or two of Megatron's layers)."""
+        offsets = [0]
+        for block in self.blocks[:-1]:
+            offsets.append(offsets[-1] + len(block))
+        return tuple(offsets)
 
     def moe_layers(self) -> tuple[bool, ...]:
-        return tuple(block[1] == MOE for block in self.blocks)
+        return tuple(block[-1] == MOE for block in self.blocks)
 
-    def mixers(self) -> tuple[str, ...]:
-        """Each block's mixer symbol, `*` (attention) or `+` (MLA)."""
-        return tuple(block[0] for block in self.blocks)
+    def mixers(self) -> tuple[Optional[str], ...]:
+        """Each block's mixer symbol, `*` (attention), `+` (MLA) or `M` (Mamba); None for an MLP block."""
+        return tuple(block[0] if block[0] in MIXERS else None for block in self.blocks)
+
+    def mlps(self) -> tuple[Optional[str], ...]:
+        """Each block's MLP symbol, `-` (dense) or `E` (MoE); None for a mixer block."""
+        return tuple(block[-1] if block[-1] in MLPS else None for block in self.blocks)
 
     def moe_layer_freq(self) -> str:
         """--moe-layer-freq as a list expression, one 0 (dense) or 1 (MoE) per block."""
@@ -82,19 +98,20 @@ def _check_symbols(text: str) -> None:
     for symbol in text:
         if symbol in NOT_BUILT:
             raise _refuse(text, f"`{symbol}` ({NOT_BUILT[symbol]}) layers are not built here; the pattern builds "
-                                f"`*` attention, `+` MLA, `-` MLP and `E` MoE layers")
-        if symbol not in (*MIXERS, MLP, MOE, PIPE, MTP_SEPARATOR):
+                                f"`*` attention, `+` MLA, `M` Mamba, `-` MLP and `E` MoE layers")
+        if symbol not in (*MIXERS, *MLPS, PIPE, MTP_SEPARATOR):
             raise _refuse(text, f"{symbol!r} is not a layer symbol (Megatron-Core's: `*` attention, `-` MLP, `E` MoE, "
                                 f"`M` Mamba, `G` GDN, `D` DSA, `+` MLA; `|` a pipeline segment boundary, `/` MTP)")
 
 
-def _blocks(text: str, part: str) -> tuple[str, ...]:
-    """The blocks of one segment, or one line saying why they are not blocks here."""
-    pairs = tuple(part[i:i + 2] for i in range(0, len(part), 2))  # an odd part ends in a lone symbol
-    wrong = next((pair for pair in pairs if pair not in BLOCKS), None)
-    if wrong is not None:
-        raise _refuse(text, f"{wrong!r} in {part!r} is not a block: {BLOCKS_HERE}")
-    return pairs
+def pattern_blocks(part: str) -> tuple[str, ...]:
+    """The blocks of one segment: a mixer with the MLP symbol right after it, else each symbol alone."""
+    blocks, at = [], 0
+    while at < len(part):
+        take = 2 if part[at] in MIXERS and part[at + 1:at + 2] in MLPS else 1
+        blocks.append(part[at:at + take])
+        at += take
+    return tuple(blocks)
 
 
 def parse_hybrid_pattern(text: str) -> HybridPattern:
@@ -108,26 +125,30 @@ def parse_hybrid_pattern(text: str) -> HybridPattern:
     if mtp_parts and mtp_parts[0]:  # "<main>/" alone (or "/" parts all empty) is no MTP, as Megatron reads it
         if PIPE in mtp_parts[0]:
             raise _refuse(text, "`|` in an MTP pattern: pipeline segments are the main pattern's (before the `/`)")
-        mtp = _blocks(text, mtp_parts[0])
-        if len(mtp) != 1:
-            raise _refuse(text, f"the MTP pattern {mtp_parts[0]!r} holds {len(mtp)} blocks: an MTP layer here is one "
-                                f"block (Megatron-Core's GPT MTP layer), `*-`, `*E`, `+-` or `+E`")
+        mtp = pattern_blocks(mtp_parts[0])
+        if len(mtp) != 1 or mtp[0] not in BLOCKS:
+            raise _refuse(text, f"the MTP pattern {mtp_parts[0]!r} is not one attention block: an MTP layer here is "
+                                f"one block (Megatron-Core's GPT MTP layer), `*-`, `*E`, `+-` or `+E`")
         mtp_block = mtp[0]
-    segments = main.split(PIPE)
-    for left, right in zip(segments, segments[1:]):
-        if left[-1:] in MIXERS and right[:1] in (MLP, MOE):
-            raise _refuse(text, f"`|` splits the block {left[-1] + right[0]!r} between two pipeline segments: a "
-                                f"segment holds whole blocks (a mixer then its MLP)")
-    pattern = HybridPattern(text, tuple(_blocks(text, segment) for segment in segments), mtp_block,
+    segments = main.split(PIPE)  # a `|` between a mixer and an MLP makes them two blocks, as Megatron's two layers
+    pattern = HybridPattern(text, tuple(pattern_blocks(segment) for segment in segments), mtp_block,
                             len(mtp_parts) if mtp_block else 0)
     if pattern.num_layers == 0:
-        raise _refuse(text, "no decoder blocks before the MTP patterns: give at least one `*-`, `*E`, `+-` or `+E`")
+        raise _refuse(text, "no decoder layers before the MTP patterns: give at least one layer symbol")
     if mtp_block is not None and mtp_block != pattern.blocks[-1]:
         # gpt/model.py builds each MTP layer's block of the last decoder layer's kind, as Megatron-Core's GPT MTP
         raise _refuse(text, f"the MTP block {mtp_block!r} differs from the last decoder block "
                             f"{pattern.blocks[-1]!r}: an MTP layer here is a block of the last decoder layer's kind "
                             f"(Megatron-Core's GPT MTP), its mixer and its MLP (dense or MoE) as they are")
     return pattern
+
+
+def residual_branches(text: Optional[str], num_layers: int) -> int:
+    """What the output projections' std divides over, sqrt of it (Megatron's output_layer_init_method,
+    scaled_init_method_normal): GPT-2's and Megatron's 2 per GPT layer, or a hybrid model's 1 per layer, one per
+    symbol (TransformerConfig's multiplier 1.0 under is_hybrid_model), the same for patterns of mixer-then-MLP
+    blocks."""
+    return 2 * num_layers if text is None else parse_hybrid_pattern(text).megatron_layers
 
 
 def check_model_follows_pattern(model) -> None:

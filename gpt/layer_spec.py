@@ -1,12 +1,14 @@
 """Each decoder layer's parts, chosen once when the model is built: its mixer and its MLP, each named by its
---hybrid-layer-pattern symbol (`*` attention, `+` multi-latent attention; `-` the dense or gated MLP, `E` an MoE
-layer with its settings), its sliding window and whether its attention rotates.
+--hybrid-layer-pattern symbol (`*` attention, `+` multi-latent attention, `M` Mamba-2; `-` the dense or gated MLP,
+`E` an MoE layer with its settings) or None where the pattern's block has only the other half, its sliding window
+and whether its attention rotates.
 
 One path computes them for every layer, from the GPT flags (--multi-latent-attention for every layer,
 --moe-layer-freq, --window-size and --window-attn-skip-freq, --no-rope-freq) or from --hybrid-layer-pattern, whose
-blocks give each layer's mixer (gpt/hybrid_pattern.py) and, through --moe-layer-freq, its MLP. The block
+blocks give each layer's mixer and MLP (gpt/hybrid_pattern.py; --moe-layer-freq says the same MoE blocks). The block
 (gpt/model.py TransformerBlock) builds each part by its symbol, one builder per symbol beside the module it builds
-(gpt/model.py build_attention, gpt/mla.py build_mla, gpt/mlp.py build_mlp, gpt/moe/layer.py build_moe_layer), so a
+(gpt/model.py build_attention, gpt/mla.py build_mla, gpt/mamba.py build_mamba, gpt/mlp.py build_mlp,
+gpt/moe/layer.py build_moe_layer), so a
 layer's parts are chosen here once, as Megatron-Core's ModuleSpec chooses them, and never tested at a call.
 """
 
@@ -22,19 +24,19 @@ from gpt.moe.settings import MoESettings
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """One layer: its mixer's and its MLP's symbols (both given here; Megatron's one-part layers, `M` or `-` alone,
-    would leave one None), an `E` layer's MoE settings (ModelConfig.moe_of), its window (the keys before each query
-    it sees, None for the whole causal context) and whether its attention rotates (--no-rope-freq)."""
-    mixer: str
-    mlp: str
+    """One layer: its mixer's and its MLP's symbols (one None for a pattern's one-part block, `M` or `-` alone), an
+    `E` layer's MoE settings (ModelConfig.moe_of), its window (the keys before each query it sees, None for the whole
+    causal context) and whether its attention rotates (--no-rope-freq)."""
+    mixer: Optional[str]
+    mlp: Optional[str]
     moe: Optional[MoESettings] = None
     window: Optional[int] = None
     rotary: bool = True
 
 
-def mixer_symbols(config: ModelConfig) -> tuple[str, ...]:
-    """Each layer's mixer symbol: the pattern's, or the GPT flags' (`+` on every layer with --multi-latent-attention,
-    else `*`)."""
+def mixer_symbols(config: ModelConfig) -> tuple[Optional[str], ...]:
+    """Each layer's mixer symbol: the pattern's (None for an MLP block), or the GPT flags' (`+` on every layer with
+    --multi-latent-attention, else `*`)."""
     if config.hybrid_layer_pattern is not None:
         return parse_hybrid_pattern(config.hybrid_layer_pattern).mixers()
     return (MLA if config.mla.multi_latent_attention else ATTENTION,) * config.num_layers
@@ -44,5 +46,7 @@ def layer_specs(config: ModelConfig) -> tuple[LayerSpec, ...]:
     """Every decoder layer's spec, in order (an MTP layer's block takes the last one's, as Megatron-Core's GPT MTP)."""
     windows, rotary = config.attention_windows(), config.positions.rotary_layers(config.num_layers)
     moe = config.moe_layers()
-    return tuple(LayerSpec(mixer, MOE if moe[layer] else MLP, config.moe_of(layer) if moe[layer] else None,
+    mlps = tuple(MOE if layer_moe else MLP for layer_moe in moe) if config.hybrid_layer_pattern is None else \
+        parse_hybrid_pattern(config.hybrid_layer_pattern).mlps()
+    return tuple(LayerSpec(mixer, mlps[layer], config.moe_of(layer) if moe[layer] else None,
                            windows[layer], rotary[layer]) for layer, mixer in enumerate(mixer_symbols(config)))

@@ -12,7 +12,8 @@ ones reduce-scatter it, the output layer gathers it before the vocab-parallel lo
 under `get_cuda_rng_tracker().fork()`.
 
 Initialisation follows GPT-2/Megatron: normal(0, 0.02) weights, zero biases, unit LayerNorm gains, and each
-residual branch's output projection (attention `dense`, MLP `dense_4h_to_h`) scaled by 1/sqrt(2 * num_layers).
+residual branch's output projection (attention `dense`, MLP `dense_4h_to_h`) scaled by 1/sqrt(2 * num_layers) (a
+hybrid pattern's by 1/sqrt(its layers, one per symbol), as Megatron-Core: gpt/hybrid_pattern.py residual_branches).
 `GPTModel(...)` builds the structure on the meta device (no memory, no draws: milliseconds even at 170B); each
 parameter carries its initialisation, a pure function of (seed, name, element index) (parallel/init.py). Memory
 comes afterwards, only for what this rank owns: `zero.apply.apply_zero` fills ZeRO's flat buffers directly, and
@@ -27,10 +28,11 @@ from torch import nn
 
 from gpt.attention import build_attention
 from gpt.embedding import build_position_embedding, build_word_embedding, embed_tokens
-from gpt.hybrid_pattern import ATTENTION, MLA, MOE
+from gpt.hybrid_pattern import ATTENTION, MAMBA, MLA, MOE
 from gpt.hybrid_pattern import MLP as DENSE_MLP
 from gpt.kv_cache import LayerCache
 from gpt.layer_spec import LayerSpec, layer_specs
+from gpt.mamba import build_mamba
 from gpt.mla import build_mla
 from gpt.mlp import build_mlp
 from gpt.model_config import ModelConfig
@@ -55,12 +57,13 @@ MTP_PASS = "mtp"
 
 
 # Each part's builder by its symbol (gpt/layer_spec.py): a layer kind is its module, its builder and one entry here
-MIXERS = {ATTENTION: build_attention, MLA: build_mla}
+MIXERS = {ATTENTION: build_attention, MLA: build_mla, MAMBA: build_mamba}
 MLPS = {DENSE_MLP: build_mlp, MOE: build_moe_layer}
 
 
 class TransformerBlock(nn.Module):
-    """Pre-LayerNorm residual block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x))).
+    """Pre-LayerNorm residual block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x))). A hybrid pattern's one-part
+    block (spec.mixer or spec.mlp None: `M` or `-` alone) has neither that half nor its norms, and passes x through it.
 
     The residual stream is identical on every TP rank, so its dropout uses the shared stream; under
     sequence parallelism each rank holds its own slice of it, and the dropout draws from the rank's
@@ -86,18 +89,20 @@ class TransformerBlock(nn.Module):
         def norm(place: str, region: str) -> Optional[nn.Module]:
             return norms.build_sublayer(place, h, plan.norm_state(region), recompute=region in recomputed_norms)
 
-        self.input_layernorm = norm("input", "input_layernorm")
-        # the spec's mixer: attention at its window and rotary, or multi-latent attention (gpt/mla.py)
-        self.attention = MIXERS[spec.mixer](config, plan, rng, spec, rotary_cache)
-        self.post_attention_layernorm = norm("input", "post_attention_layernorm")
+        mixer, mlp = spec.mixer is not None, spec.mlp is not None
+        self.input_layernorm = norm("input", "input_layernorm") if mixer else None
+        # the spec's mixer: attention at its window and rotary, multi-latent attention (gpt/mla.py) or Mamba-2
+        # (gpt/mamba.py)
+        self.attention = MIXERS[spec.mixer](config, plan, rng, spec, rotary_cache) if mixer else None
+        self.post_attention_layernorm = norm("input", "post_attention_layernorm") if mlp else None
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
         # the spec's MLP: dense or gated (gpt/mlp.py), or an MoE layer (gpt/moe/layer.py) with its experts and, under
         # expert parallelism, the plan's dispatcher
-        self.mlp = MLPS[spec.mlp](config, plan, spec, layer_number, moe_tracker)
+        self.mlp = MLPS[spec.mlp](config, plan, spec, layer_number, moe_tracker) if mlp else None
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
         # registered after the rest, so that a model without them keeps its parameters' order
-        self.attention_output_layernorm = norm("output", "attention_output_layernorm")
-        self.mlp_output_layernorm = norm("output", "mlp_output_layernorm")
+        self.attention_output_layernorm = norm("output", "attention_output_layernorm") if mixer else None
+        self.mlp_output_layernorm = norm("output", "mlp_output_layernorm") if mlp else None
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                 cache: Optional[LayerCache] = None) -> torch.Tensor:
@@ -109,10 +114,14 @@ class TransformerBlock(nn.Module):
     # (training/cuda_graphs.py).
     def attention_half(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                        cache: Optional[LayerCache] = None) -> torch.Tensor:
+        if self.attention is None:
+            return hidden
         branch = self.attention(_normed(self.input_layernorm, hidden), documents, cache)
         return hidden + self._residual_dropout(_normed(self.attention_output_layernorm, branch))
 
     def mlp_half(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.mlp is None:
+            return hidden
         branch = self.mlp(_normed(self.post_attention_layernorm, hidden))
         return hidden + self._residual_dropout(_normed(self.mlp_output_layernorm, branch))
 

@@ -12,8 +12,9 @@ from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option, replace_settings, section, with_settings
 from gpt.attention_settings import AttentionSettings
 from gpt.fp8_settings import FP8Settings
-from gpt.hybrid_pattern import check_model_follows_pattern
+from gpt.hybrid_pattern import check_model_follows_pattern, residual_branches
 from gpt.longrope import LongRope
+from gpt.mamba_settings import MambaSettings
 from gpt.mla_settings import MLASettings
 from gpt.mlp import MLPSettings
 from gpt.moe.settings import MoESettings, largest_expert_count
@@ -33,10 +34,9 @@ class ModelConfig:
     # Megatron-LM's HybridModel pattern, read as GPT blocks (gpt/hybrid_pattern.py, arguments/megatron/)
     hybrid_layer_pattern: Optional[str] = option(
         None, aliases={"--hybrid-override-pattern": "Megatron-LM (deprecated)"},
-        help="Megatron-LM's layer pattern: `*-` a dense block, `*E` an MoE block, `+-` and `+E` their multi-latent "
-             "attention (with --multi-latent-attention's sizes), `|` between pipeline segments (segment k: model "
-             "chunk k // PP of rank k mod PP), `/` then one block per MTP depth, e.g. '*-*E|*E*E/*E'; sets "
-             "--num-layers, --moe-layer-freq, the stages and --mtp-num-layers")
+        help="Megatron-LM's layer pattern: `*` attention, `+` MLA (--multi-latent-attention's sizes), `M` Mamba, `-` "
+             "MLP, `E` MoE (a mixer and the MLP right after it one block), `|` between pipeline segments (segment k: "
+             "chunk k // PP of rank k mod PP), `/` then one block per MTP depth, e.g. 'M-*E|*E/*E'; sets the depth")
     hidden_size: int = 128
     num_attention_heads: int = 4
     # Megatron-Core's kv_channels, transformers' head_dim: heads x width may differ from hidden (Qwen3's 32 x 128, 2560)
@@ -79,6 +79,7 @@ class ModelConfig:
     mtp: MTPSettings = section(MTPSettings)
     fp8: FP8Settings = section(FP8Settings)
     experts: MoESettings = section(MoESettings)  # Megatron-LM's --num-experts and --moe-*, DeepSpeed-MoE's inside
+    mamba: MambaSettings = section(MambaSettings)  # an `M` layer's sizes (--mamba-*), read only by a pattern's `M`
 
     @classmethod
     def of(cls, **settings) -> "ModelConfig":
@@ -130,8 +131,8 @@ class ModelConfig:
 
     @property
     def output_init_std(self) -> float:
-        """The residual branches' output projections' std: GPT-2's and Megatron's init_method_std / sqrt(2 layers)."""
-        return self.init_method_std / math.sqrt(2.0 * self.num_layers)
+        """The residual branches' output projections' std: init_method_std / sqrt(the residual branches)."""
+        return self.init_method_std / math.sqrt(residual_branches(self.hybrid_layer_pattern, self.num_layers))
 
     @property
     def head_dim(self) -> int:
@@ -163,6 +164,7 @@ class ModelConfig:
         self.positions.validate(self.head_dim, self.num_layers)
         self.attention.validate(self.num_attention_heads, self.num_layers, tensor_parallel_size)
         self.mla.validate()
+        self.mamba.validate(self, tensor_parallel_size)
         self.mlp.validate_size(self.ffn_size, tensor_parallel_size)
 
     def validate(self) -> None:

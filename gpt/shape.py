@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -25,7 +26,8 @@ from torch import nn
 from base.options import replace_settings
 from gpt.attention import SelfAttention
 from gpt.glu import GatedActivation
-from gpt.hybrid_pattern import ATTENTION, MLA
+from gpt.hybrid_pattern import ATTENTION, MAMBA, MLA, parse_hybrid_pattern
+from gpt.hybrid_pattern import MLP as MLP_SYMBOL
 from gpt.layer_spec import mixer_symbols
 from gpt.mla import MLASelfAttention, ReplicatedLinear
 from gpt.mlp import MLP, SwiGLUMLP
@@ -138,6 +140,8 @@ class ModelShape:
         per_layer = [others.get(symbol, probe) for symbol in self.layer_mixers] or \
             [probe] * (self.num_layers + self.mtp_layers)
         return tuple(flops * self.tensor_parallel_size for flops in per_layer)
+    # a hybrid pattern's `M` blocks and one-part blocks: their parameters beyond as many probe blocks
+    parameters_beyond_uniform_blocks: int = 0
 
     @property
     def dense_layers(self) -> int:
@@ -152,14 +156,16 @@ class ModelShape:
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
                 + self.dense_layers * self.parameters_per_block + self.moe_blocks * self.parameters_per_moe_block
                 - self.moe_parameters_below_largest + self.mtp_layers * self.parameters_per_mtp_extra
-                + sum(mixer.parameters for mixer in self.other_mixer_layers()))
+                + sum(mixer.parameters for mixer in self.other_mixer_layers())
+                + self.parameters_beyond_uniform_blocks)
 
     def active_parameter_count(self, padded_vocab_size: int) -> int:
         """The parameters one token's forward uses: with MoE layers, k experts of each instead of all."""
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
                 + self.dense_layers * self.parameters_per_block
                 + self.moe_blocks * self.active_parameters_per_moe_block - self.moe_active_parameters_below_largest
-                + self.mtp_layers * self.parameters_per_mtp_extra + sum(mixer.parameters for mixer in self.other_mixer_layers()))
+                + self.mtp_layers * self.parameters_per_mtp_extra + sum(mixer.parameters for mixer in self.other_mixer_layers())
+                + self.parameters_beyond_uniform_blocks)
 
     def blocks_forward_flops_per_token(self) -> int:
         """Every block's forward matmul FLOPs per token: dense blocks and MoE blocks (their active part)."""
@@ -232,9 +238,12 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
             blocks[count] = (block["parameters_per_moe_block"], block["active_parameters_per_moe_block"])
             if count == config.moe.num_experts:  # the largest
                 shape = dataclasses.replace(shape, **block)
+        if config.hybrid_layer_pattern is not None:
+            shape = dataclasses.replace(shape, parameters_beyond_uniform_blocks=_pattern_block_parameters(
+                config, probe, state, plan, shape.parameters_per_block))
         _BUILT[key], _MOE_BLOCKS[key] = shape, blocks
         _OTHER_MIXERS[key] = tuple(_mixer_difference(symbol, probe, shape, state, plan, tensor_parallel_size)
-                                   for symbol in sorted(set(mixer_symbols(config)) - {probe_mixer(config)}))
+                                   for symbol in sorted(set(mixer_symbols(config)) & {ATTENTION, MLA} - {probe_mixer(config)}))
     moe_layers = sum(config.moe_layers())
     below = [0, 0]
     if config.experts.per_layer:
@@ -274,6 +283,23 @@ def _mixer_difference(symbol: str, probe: ModelConfig, shape: ModelShape, state,
     return MixerDifference(symbol, other.parameters_per_block - shape.parameters_per_block,
                            linear_flops(other.block_matmuls) - linear_flops(shape.block_matmuls), attention,
                            other.block_matmuls)
+
+
+def _pattern_block_parameters(config: ModelConfig, probe: ModelConfig, state, plan, uniform: int) -> int:
+    """What a hybrid pattern's blocks hold beyond num_layers probe blocks (an attention mixer then its MLP): an `M`
+    block's Mamba mixer in place of attention, a one-part block without the other half. A block's two halves are
+    counted apart (its mixer and input norm, its MLP and pre-MLP norm), so `M` with an MoE MLP differs from the MoE
+    probe as `M-` from `*-`. Parameters only: the FLOPs and activations are still the probe block's."""
+    pattern = parse_hybrid_pattern(config.hybrid_layer_pattern)
+    kinds = Counter((mixer if mixer in (MAMBA, None) else ATTENTION, mlp is not None)
+                    for mixer, mlp in zip(pattern.mixers(), pattern.mlps()))
+    extra = 0
+    for (mixer, has_mlp), count in kinds.items():
+        if mixer != ATTENTION or not has_mlp:
+            text = (mixer or "") + (MLP_SYMBOL if has_mlp else "")
+            block = GPTModel(replace_settings(probe, hybrid_layer_pattern=text), state, plan=plan).blocks[0]
+            extra += count * (_parameters(block) - uniform)
+    return extra
 
 
 def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:

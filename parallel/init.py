@@ -38,14 +38,42 @@ _MIX2 = 0x94D049BB133111EB - (1 << 64)
 CHUNK_ELEMENTS = 1 << 20
 
 
+# What a uniform draw u becomes (InitMethod.uniform's `then`): Mamba-2's A_log = log(A) for A ~ U[1, 16], and its
+# dt_bias, softplus's inverse of dt = exp(u) for u ~ U[log dt_min, log dt_max], dt at least a floor (Megatron-Core's
+# MambaMixer.__init__)
+UNIFORM_TRANSFORMS = ("log", "exp_floor_inverse_softplus")
+
+
 @dataclass(frozen=True)
 class InitMethod:
-    """How a parameter starts: normal(0, std) when std > 0, else the constant. With `rows`, only the
-    first `rows` rows (dimension 0 of the whole tensor: the real vocabulary of a padded embedding)
-    are drawn and later rows are zero, so padding does not change any drawn value."""
+    """How a parameter starts: normal(0, std) when std > 0, uniform on [low, high) (then `transform`d) when
+    high > low, else the constant. With `rows`, only the first `rows` rows (dimension 0 of the whole tensor: the
+    real vocabulary of a padded embedding) are drawn and later rows are zero, so padding does not change any drawn
+    value."""
     std: float = 0.0
     constant: float = 0.0
     rows: Optional[int] = None
+    low: float = 0.0
+    high: float = 0.0
+    transform: Optional[str] = None
+    floor: float = 0.0
+
+    @classmethod
+    def uniform(cls, low: float, high: float, then: Optional[str] = None, floor: float = 0.0) -> "InitMethod":
+        if not high > low or then not in (None, *UNIFORM_TRANSFORMS):
+            raise ValueError(f"a uniform initialisation needs high > low and a transform of {UNIFORM_TRANSFORMS}, "
+                             f"got [{low}, {high}), {then!r}")
+        return cls(low=low, high=high, transform=then, floor=floor)
+
+    def from_uniform(self, unit: torch.Tensor) -> torch.Tensor:
+        """Values from float64 uniforms on [0, 1): scaled to [low, high), then transformed, as float32."""
+        values = unit.mul_(self.high - self.low).add_(self.low)
+        if self.transform == "log":
+            values = values.log_()
+        elif self.transform == "exp_floor_inverse_softplus":
+            dt = values.exp_().clamp_(min=self.floor)
+            values = dt + torch.log(-torch.expm1(-dt))
+        return values.to(torch.float32)
 
     @classmethod
     def normal(cls, std: float, rows: Optional[int] = None) -> "InitMethod":
@@ -72,12 +100,22 @@ def _logical_shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
     return (z >> bits).bitwise_and_((1 << (64 - bits)) - 1)
 
 
-def standard_normals(key: int, counters: torch.Tensor) -> torch.Tensor:
-    """float32 standard normals, one per int64 counter, for the stream `key` (a signed 64-bit int)."""
+def _splitmix(key: int, counters: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's outputs (as int64) at the int64 counters of the stream `key`."""
     z = (counters + 1).mul_(_GAMMA).add_(key)
     z.bitwise_xor_(_logical_shift_right(z, 30)).mul_(_MIX1)
     z.bitwise_xor_(_logical_shift_right(z, 27)).mul_(_MIX2)
-    z.bitwise_xor_(_logical_shift_right(z, 31))
+    return z.bitwise_xor_(_logical_shift_right(z, 31))
+
+
+def unit_uniforms(key: int, counters: torch.Tensor) -> torch.Tensor:
+    """float64 uniforms on [0, 1) with 53 random bits, one per int64 counter, for the stream `key`."""
+    return _logical_shift_right(_splitmix(key, counters), 11).to(torch.float64).mul_(2.0 ** -53)
+
+
+def standard_normals(key: int, counters: torch.Tensor) -> torch.Tensor:
+    """float32 standard normals, one per int64 counter, for the stream `key` (a signed 64-bit int)."""
+    z = _splitmix(key, counters)
     # u1 in (0, 1] (log stays finite), u2 in [0, 1): 24 bits each.
     u1 = _logical_shift_right(z, 40).add_(1).to(torch.float64).mul_(2.0 ** -24)
     u2 = (z >> 8).bitwise_and_(0xFFFFFF).to(torch.float64).mul_(2.0 * math.pi * 2.0 ** -24)
@@ -110,7 +148,7 @@ class ParameterInitializer:
         if local_start < 0 or count < 0 or local_start + count > param.numel():
             raise ValueError(f"elements [{local_start}, {local_start + count}) are outside {name!r} "
                              f"({param.numel()} elements)")
-        if method.std == 0.0:
+        if method.std == 0.0 and not method.high > method.low:
             return torch.full((count,), method.constant, dtype=torch.float32, device=device)
         record = record_of(param)
         key = stream_key(self.seed, name)
@@ -118,7 +156,8 @@ class ParameterInitializer:
         for begin in range(0, count, CHUNK_ELEMENTS):
             n = min(CHUNK_ELEMENTS, count - begin)
             indices = self._whole_indices(record, local_start + begin, n, device)
-            chunk = standard_normals(key, indices).mul_(method.std)
+            chunk = standard_normals(key, indices).mul_(method.std) if method.std > 0 else \
+                method.from_uniform(unit_uniforms(key, indices))
             if method.rows is not None:
                 row_numel = math.prod(record.global_shape[1:])
                 chunk.masked_fill_(indices >= method.rows * row_numel, 0.0)

@@ -212,6 +212,20 @@ def _draw_rampup(seed: int, index: int, per_step: int, accumulation: int, pipeli
     return ["--rampup-batch-size", str(start), str(start), str(increments * start)]
 
 
+def _draw_mamba(seed: int, index: int, flags: Sequence[str], pipeline: int, context_parallel: int) -> list[str]:
+    """Mamba-2 layers (gpt/mamba.py), from a stream of their own: the drawn blocks as a hybrid pattern whose even
+    blocks are `M-` (8 heads of 8 in 4 groups at hidden 32, so TP 1, 2 or 4 splits whole groups), beside --num-layers
+    (which a pattern may repeat). Not on pipeline stages or CP ranks (a pattern's stages are its `|` segments; Mamba
+    has no CP), nor beside MoE, MTP, MLA or Muon, whose layers or parameters a pattern would have to spell."""
+    rng = random.Random(f"layout-fuzz mamba {seed} {index}")
+    excluded = ("--num-experts", "--mtp-num-layers", "--multi-latent-attention", "--optimizer")
+    if pipeline > 1 or context_parallel > 1 or any(flag in flags for flag in excluded) or rng.random() >= 0.2:
+        return []
+    layers = int(flags[flags.index("--num-layers") + 1])
+    return ["--hybrid-layer-pattern", "".join("M-" if layer % 2 == 0 else "*-" for layer in range(layers)),
+            "--mamba-head-dim", "8", "--mamba-num-groups", "4", "--mamba-state-dim", "8"]
+
+
 def _draw_resume(seed: int, index: int, ranks: int, model: Sequence[str], batch: Sequence[str],
                  share: float) -> Optional[Layout]:
     """With probability `share`, for a dense model without FP8, another layout of the same ranks to resume iteration
@@ -316,6 +330,8 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, res
     elif model_flags is None:
         flags += _draw_extras(seed, index, flags, layout)
         flags += _draw_precision(seed, index, flags, layout)
+    if model_flags is None and not fp8:
+        flags += _draw_mamba(seed, index, flags, pipeline, context_parallel)
     micro = rng.choice([1, 2])
     accumulation = pipeline * rng.choice([1, 2]) if pipeline > 1 else rng.choice([1, 2, 3])
     batch = ["--micro-batch-size", str(micro), "--global-batch-size", str(micro * data_parallel * accumulation),

@@ -219,7 +219,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --linear-num-value-heads --linear-value-head-dim --gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute
         --gdp-num-householder --use-fused-weighted-squared-relu
         --fused-residual-rmsnorm --mhc-init-gating-factor --mhc-num-residual-streams --mhc-recompute-layer-num
-        --mhc-sinkhorn-iterations --mamba-head-dim --mamba-num-groups --mamba-num-heads --mamba-state-dim
+        --mhc-sinkhorn-iterations
         --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-training-ssm-states-dtype
         --disable-mamba-mem-eff-path --hybrid-attention-ratio --hybrid-mlp-ratio""")),
     ("a knob of an FP8/FP4 feature that is off here (--fp8-interval is deprecated in Megatron-LM; the custom "
@@ -536,8 +536,8 @@ def _null_tokenizer_eod(value: Any, settings: Optional[Mapping[str, Any]]) -> bo
 HYBRID_STACK_SPECS = tuple((module, name) for module in ("megatron.core.models.hybrid.hybrid_layer_specs",
                                                          "megatron.core.models.mamba.mamba_layer_specs")
                            for name in ("hybrid_stack_spec", "mamba_stack_spec"))
-HYBRID_STACK = ("Megatron-Core's hybrid stack of attention, MLP and MoE layers: here the blocks --hybrid-layer-pattern "
-                "chooses")
+HYBRID_STACK = ("Megatron-Core's hybrid stack of attention, Mamba, MLP and MoE layers: here the blocks "
+                "--hybrid-layer-pattern chooses")
 
 
 def _with_pattern(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:

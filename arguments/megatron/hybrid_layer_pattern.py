@@ -9,7 +9,7 @@ per block), --pipeline-model-parallel-layout (the segments) and --mtp-num-layers
 
 Where Megatron-LM warns and takes the pattern's count over a --num-layers or --mtp-num-layers that differs, a
 disagreeing one is refused here in one line: the launch names two models. --num-layers agrees when it is the
-pattern's blocks or Megatron's count of its layers (one per symbol, twice the blocks).
+pattern's blocks or Megatron's count of its layers (one per symbol; a block is one or two of them).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any, Optional, Sequence
 
 from arguments.config_sources import DEFAULT, FLAG, PRESET, Source
 from base.errors import ConfigError
+from gpt.hybrid_pattern import ATTENTION, MLA, HybridPattern, parse_hybrid_pattern
 from gpt.hybrid_pattern import FLAG as PATTERN_FLAG
-from gpt.hybrid_pattern import MIXERS, HybridPattern, parse_hybrid_pattern
 from gpt.moe.settings import largest_expert_count, moe_layer_pattern
 from gpt.pipeline_layout import LAYOUT_FLAG, layout_chunks
 
@@ -62,10 +62,10 @@ def apply_hybrid_pattern(settings: dict[str, Any], sources: dict[str, Source], t
                if name == "num_layers" or value != before.get(name)}
     for name, value in changes.items():
         settings[name], sources[name] = value, given
-    notes = [f"> {PATTERN_FLAG} {text}: {pattern.num_layers} blocks of attention then MLP (Megatron's "
-             f"{pattern.megatron_layers} layers), " + ", ".join(f"{_flag(name)} {value}"
-                                                              for name, value in changes.items())]
-    if set(MIXERS) <= set(pattern.mixers()):
+    notes = [f"> {PATTERN_FLAG} {text}: {pattern.num_layers} blocks, a mixer and the MLP after it or either alone "
+             f"(Megatron's {pattern.megatron_layers} layers), " + ", ".join(f"{_flag(name)} {value}"
+                                                                           for name, value in changes.items())]
+    if {ATTENTION, MLA} <= set(pattern.mixers()):
         # Megatron-Core's hybrid_layer_allocation.py raises "Not supported to have both Attention and MLA/DSA in one
         # model"; each block here builds its own mixer, so the mix is a model like any other
         notes.append(f"> {PATTERN_FLAG} {text}: `*` attention and `+` MLA layers in one model, which Megatron-LM "
@@ -90,8 +90,9 @@ def _depths(pattern: HybridPattern, settings: dict[str, Any], sources: dict[str,
     """The blocks and the MTP depth, or one line for a --num-layers or --mtp-num-layers that names another model."""
     layers = settings["num_layers"]
     if _explicit(sources, "num_layers") and layers not in (pattern.num_layers, pattern.megatron_layers):
-        raise _refuse(pattern, f"{pattern.num_layers} blocks of attention then MLP (Megatron's "
-                               f"{pattern.megatron_layers} layers, one per symbol), not --num-layers {layers}: drop "
+        raise _refuse(pattern, f"{pattern.num_layers} blocks, a mixer and the MLP after it or either alone "
+                               f"(Megatron's {pattern.megatron_layers} layers, one per symbol), not --num-layers "
+                               f"{layers}: drop "
                                f"--num-layers, the pattern sets the depth (as in Megatron-LM)", "--num-layers")
     mtp = settings.get("mtp_num_layers") or 0
     if _explicit(sources, "mtp_num_layers") and mtp not in (0, pattern.mtp_depth):
@@ -143,16 +144,20 @@ def _stages(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _uneven_split(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str, Any]:
-    """A pattern without `|` splits Megatron's layers (two per block) over the stages: evenly, or with
-    --decoder-first/last-pipeline-num-layers counted in those layers (select_pipeline_segment), so halved here."""
+    """A pattern without `|` splits Megatron's layers (one per symbol) over the stages: evenly, or with
+    --decoder-first/last-pipeline-num-layers counted in those layers (select_pipeline_segment), here in blocks."""
     changes: dict[str, Optional[int]] = {}
+    boundaries = (*pattern.layer_offsets(), pattern.megatron_layers)  # Megatron's layer count before each block
     for name, flag in UNEVEN_FLAGS.items():
         value = settings.get(name)
         if value is not None:
-            if value % 2:
+            before = value if name == "decoder_first_pipeline_num_layers" else pattern.megatron_layers - value
+            if before not in boundaries:
                 raise _refuse(pattern, f"{flag} {value} counts Megatron's layers (one per symbol), so it ends the "
-                                       f"stage inside a block: give an even count, 2 per block", flag)
-            changes[name] = value // 2
+                                       f"stage inside a block (a mixer and the MLP right after it): give a count "
+                                       f"that ends between blocks", flag)
+            blocks = boundaries.index(before)
+            changes[name] = blocks if name == "decoder_first_pipeline_num_layers" else pattern.num_layers - blocks
     # (Megatron's even split of 2 x blocks layers ends every stage between blocks exactly where the blocks split
-    # evenly, which gpt/stage_layers.py checks for the GPT flags)
+    # evenly, which gpt/stage_layers.py checks for the GPT flags; patterns with one-part blocks split by blocks)
     return changes

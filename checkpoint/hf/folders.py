@@ -40,6 +40,7 @@ from families.common import dense_weights as hf_dense
 from families.common import llama_shaped as hf_llama
 from families.common.layout import canonical_names, tensor_shapes
 from families.registry import export_family, fallback_family, family_of, family_weights, llama_families
+from gpt.hybrid_pattern import BLOCKS, parse_hybrid_pattern
 from gpt.layer_spec import mixer_symbols
 from parallel.state import ParallelState
 
@@ -73,6 +74,16 @@ def refuse_mtp(config: ModelConfig, what: str) -> None:
                           flags=("--mtp-num-layers",))
 
 
+def refuse_hybrid_layers(config: ModelConfig, what: str) -> None:
+    """A --hybrid-layer-pattern with Mamba (`M`) layers or a mixer or an MLP alone (gpt/hybrid_pattern.py) has no
+    family here yet (transformers' NemotronH): refused in one line rather than written as a Llama without them."""
+    if config.hybrid_layer_pattern is not None and \
+            any(block not in BLOCKS for block in parse_hybrid_pattern(config.hybrid_layer_pattern).blocks):
+        raise ConfigError(f"{what} of --hybrid-layer-pattern {config.hybrid_layer_pattern} is not implemented: its "
+                          f"Mamba layers or one-part blocks have no Hugging Face family here yet (NemotronH)",
+                          flags=("--hybrid-layer-pattern",))
+
+
 def mtp_dropped(config: ModelConfig) -> Optional[str]:
     """The one line an export of a model with MTP layers says where its family's class has none and drops a release's
     (FamilyWeights.drops_mtp: DeepSeek-V3): their weights are left out; None where there are none to leave."""
@@ -98,9 +109,11 @@ def refuse_mixed_mixers(config: ModelConfig, what: str) -> None:
 def check_convertible(config: ModelConfig, what: str) -> None:
     """A GPT2LMHeadModel or a LlamaForCausalLM can hold this model; anything else (GPT-2's blocks with an
     untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need, and so are
-    multi-token prediction's layers (refuse_mtp) but where the family's class drops them (mtp_dropped), and a
-    pattern mixing attention and MLA layers (refuse_mixed_mixers)."""
+    multi-token prediction's layers (refuse_mtp) but where the family's class drops them (mtp_dropped), a pattern
+    mixing attention and MLA layers (refuse_mixed_mixers) and a pattern's Mamba or one-part layers
+    (refuse_hybrid_layers)."""
     refuse_mixed_mixers(config, what)
+    refuse_hybrid_layers(config, what)
     family = family_of(config)
     if family is None or not family.drops_mtp:
         refuse_mtp(config, what)

@@ -313,6 +313,7 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
     """The folder as a source for `model_config` at this run's TP size, after its config and tensor shapes are
     checked (ConfigError naming every misfit); `held_experts` as checkpoint/hf/folders.py's `read_whole_folder`."""
     hf.refuse_mtp(model_config, "--init-from-hf")
+    hf.refuse_hybrid_layers(model_config, "--init-from-hf")
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
     files = safetensors_files(hf_dir)

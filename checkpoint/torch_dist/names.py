@@ -39,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from gpt.hybrid_pattern import pattern_blocks
+
 LAYERS = "decoder.layers."
 EXPERTS = "mlp.experts.experts."
 # Megatron-Core's TopKRouter's persistent buffer under --moe-router-enable-expert-bias (checkpoint/router_state.py),
@@ -155,14 +157,19 @@ def hybrid_layer_symbols(pattern: str) -> str:
     return pattern.split("/")[0].replace("|", "")
 
 
+def _layer_blocks(symbols: str) -> list[int]:
+    """Each HybridModel layer's block here (gpt/hybrid_pattern.py: a mixer pairs with the MLP right after it)."""
+    return [block for block, part in enumerate(pattern_blocks(symbols)) for _ in part]
+
+
 def hybrid_block(symbols: str, layer: int, name: str) -> Optional[int]:
-    """Our block of HybridModel's global `layer` holding `name`: the k-th `*` or `+` is block k's mixer, the k-th `-`
-    or `E` its MLP; None where the layer is not one (another symbol, or a name of the other kind of layer)."""
+    """Our block of HybridModel's global `layer` holding `name` (a mixer and the MLP right after it are one block, any
+    other layer a block of its own); None where the layer is not one (another symbol, or a name of the other kind of
+    layer)."""
     prefixes = HYBRID_LAYER_PREFIXES.get(symbols[layer]) if 0 <= layer < len(symbols) else None
     if prefixes is None or not name.startswith(prefixes):
         return None
-    kinds = HYBRID_MIXERS if symbols[layer] in HYBRID_MIXERS else HYBRID_MLPS
-    return sum(symbol in kinds for symbol in symbols[:layer])
+    return _layer_blocks(symbols)[layer]
 
 
 def our_placements(key: str, shape: tuple[int, ...], gated: bool, mla: bool = False,
@@ -357,10 +364,10 @@ for _theirs, _ours in MLA_LAYER_NAMES.items():
 
 
 def hybrid_layer(symbols: str, block: int, attention: bool) -> int:
-    """HybridModel's global layer of our block `block`'s mixer (`attention`) or MLP: the block-th `*`/`+`, or the
-    block-th `-`/`E` (hybrid_block's inverse)."""
+    """HybridModel's global layer of our block `block`'s mixer (`attention`) or MLP (hybrid_block's inverse)."""
     kinds = HYBRID_MIXERS if attention else HYBRID_MLPS
-    return [layer for layer, symbol in enumerate(symbols) if symbol in kinds][block]
+    return next(layer for layer, (symbol, at) in enumerate(zip(symbols, _layer_blocks(symbols)))
+                if at == block and symbol in kinds)
 
 
 def hybrid_megatron_placement(name: str, shape: tuple[int, ...], pattern: str, num_experts: Optional[int] = None

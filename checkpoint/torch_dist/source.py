@@ -68,7 +68,7 @@ from checkpoint.torch_dist.names import (
     hybrid_layer_symbols,
     our_placements,
 )
-from gpt.hybrid_pattern import parse_hybrid_pattern
+from gpt.hybrid_pattern import BLOCKS, parse_hybrid_pattern
 
 OPTIMIZER_STATE = "optimizer.state."
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -372,7 +372,10 @@ def _unbucketed_pattern(text: Optional[str]) -> Optional[str]:
         pattern = parse_hybrid_pattern(text)
     except ConfigError:
         return text
-    return text if len(pattern.segments) > 1 or pattern.mtp_depth or any(pattern.moe_layers()) else None
+    # rebuilt: one stage of attention-then-dense-MLP blocks (no `M` layer, no mixer or MLP alone)
+    plain = all(block in BLOCKS for block in pattern.blocks)
+    staged_or_moe = len(pattern.segments) > 1 or pattern.mtp_depth or any(pattern.moe_layers())
+    return text if staged_or_moe or not plain else None
 
 
 def gated_mlp(args) -> bool:

@@ -155,8 +155,8 @@ def test_a_pattern_whose_buckets_are_not_rebuilt_is_refused_with_the_reason():
     from checkpoint.torch_dist.source import _unbucketed_pattern
 
     assert _unbucketed_pattern("*-*-") is None and _unbucketed_pattern(None) is None
-    assert [_unbucketed_pattern(text) for text in ("*-|*-", "*-*-/*-", "*E*-", "M*-")] == \
-        ["*-|*-", "*-*-/*-", "*E*-", "M*-"]
+    assert [_unbucketed_pattern(text) for text in ("*-|*-", "*-*-/*-", "*E*-", "M*-", "M-*-", "*--*")] == \
+        ["*-|*-", "*-*-/*-", "*E*-", "M*-", "M-*-", "*--*"]
 
 
 def test_the_common_state_is_read_from_the_dcp_files_without_running_code():

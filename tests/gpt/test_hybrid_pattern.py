@@ -80,6 +80,15 @@ def test_plus_is_an_mla_block_alone_or_beside_attention():
         [("+", "-", None), ("+", "E", 4)]
 
 
+def test_one_part_blocks_set_the_depth_in_blocks_and_stages_at_block_boundaries():
+    """`*` then `|` then `-` are two blocks, as Megatron's two layers; --decoder-first-pipeline-num-layers counts
+    Megatron's layers, here the blocks before that boundary."""
+    assert parse_hybrid_pattern("*-*|-*-").blocks == ("*-", "*", "-", "*-")
+    config = parse_arguments(["--hybrid-layer-pattern", "*--*-", "--pipeline-model-parallel-size", "2",
+                              "--decoder-first-pipeline-num-layers", "3"]).config
+    assert (config.model.num_layers, config.parallel.decoder_first_pipeline_num_layers) == (3, 2)
+
+
 def test_a_mix_of_attention_and_mla_is_said_at_start_up_as_megatron_refuses_it():
     notes = parse_arguments(["--hybrid-layer-pattern", "*-+-", *MLA]).notes
     assert any("which Megatron-LM refuses" in note for note in notes), notes
@@ -108,7 +117,6 @@ def test_the_attention_layers_of_a_mixed_pattern_have_their_query_groups_checked
 
 
 REFUSED = {
-    "mamba": (["--hybrid-layer-pattern", "M*M*"], "`M` (Mamba) layers are not built here"),
     "gated deltanet": (["--hybrid-layer-pattern", "G-*-"], "`G` (Gated DeltaNet (GDN)) layers are not built here"),
     "deepseek sparse attention": (["--hybrid-layer-pattern", "*-D-"],
                                   "`D` (DeepSeek sparse attention (DSA)) layers are not built here"),
@@ -118,17 +126,13 @@ REFUSED = {
     "mla without its flag": (["--hybrid-layer-pattern", "+-+-"], "its `+` (MLA) layers need --multi-latent-attention"),
     "mla flag without plus": (["--hybrid-layer-pattern", "*-*-", *MLA],
                               "--multi-latent-attention beside a pattern without `+`"),
-    "mla alone": (["--hybrid-layer-pattern", "+-++-", *MLA], "'++' in '+-++-' is not a block"),
-    "pipe inside an mla block": (["--hybrid-layer-pattern", "*-+|-*-", "--pipeline-model-parallel-size", "2", *MLA],
-                                 "`|` splits the block '+-'"),
     "unknown symbol": (["--hybrid-layer-pattern", "*-x-"], "'x' is not a layer symbol"),
-    "lone mlp": (["--hybrid-layer-pattern=-*-*"], "'-*' in '-*-*' is not a block"),
-    "attention alone": (["--hybrid-layer-pattern", "*-**-"], "'**' in '*-**-' is not a block"),
-    "pipe inside a block": (["--hybrid-layer-pattern", "*-*|-*-", "--pipeline-model-parallel-size", "2"],
-                            "`|` splits the block '*-'"),
     "unequal mtp": (["--hybrid-layer-pattern", "*-*E/*E/*-", "--num-experts", "4"], "the MTP patterns after `/` differ"),
     "mtp of another kind": (["--hybrid-layer-pattern", "*-*-/*E", "--num-experts", "4"],
                             "an MTP layer here is a block of the last decoder layer's kind"),
+    "mtp of two blocks": (["--hybrid-layer-pattern", "*-*-/*-*-"], "the MTP pattern '*-*-' is not one attention block"),
+    "even split inside a pair": (["--hybrid-layer-pattern", "*--*-", "--pipeline-model-parallel-size", "2",
+                                  "--decoder-first-pipeline-num-layers", "1"], "ends the stage inside a block"),
     "segments over pp": (["--hybrid-layer-pattern", "*-*-|*-*-|*-*-", "--pipeline-model-parallel-size", "2"],
                          "3 pipeline segments, not a multiple of --pipeline-model-parallel-size 2"),
     # Megatron's even split of its 6 layers would end a stage inside a block: the GPT split's own refusal
@@ -161,8 +165,7 @@ def test_each_refusal_is_one_line(name):
     assert words in message, message
 
 
-@pytest.mark.parametrize("symbol, family", [("M", "Mamba"), ("G", "Gated DeltaNet (GDN)"),
-                                            ("D", "DeepSeek sparse attention (DSA)")])
+@pytest.mark.parametrize("symbol, family", [("G", "Gated DeltaNet (GDN)"), ("D", "DeepSeek sparse attention (DSA)")])
 def test_pretrain_hybrid_refuses_a_layer_family_not_built_in_one_line_exit_2(symbol, family):
     """Through the command line (base.errors.run_tool): one line on stderr naming the symbol, exit 2."""
     import pretrain_hybrid

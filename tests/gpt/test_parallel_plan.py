@@ -67,7 +67,10 @@ def test_every_tensor_parallel_module_and_linear_is_named_in_the_plan_with_its_s
     # and multi-latent attention's projections (gpt/mla.py), with and without a query LoRA rank
     mla = dict(multi_latent_attention=True, num_query_groups=None, kv_lora_rank=16, qk_head_dim=8,
                qk_pos_emb_head_dim=4, v_head_dim=8)
-    for config in (*MODELS.values(), replace_settings(LLAMA, mtp_num_layers=1),
+    # and Mamba-2's out_proj (gpt/mamba.py), an `M` block's mixer
+    mamba = replace_settings(GPT2, hybrid_layer_pattern="M-*-", mamba_head_dim=8, mamba_num_groups=2,
+                             mamba_state_dim=8)
+    for config in (*MODELS.values(), replace_settings(LLAMA, mtp_num_layers=1), mamba,
                    replace_settings(LLAMA, **mla), replace_settings(LLAMA, **mla, q_lora_rank=24),
                    *(MOE_MODELS.values() if sequence_parallel else ())):
         for name, module in _model(config, sequence_parallel).named_modules():

@@ -68,7 +68,8 @@ def test_two_hundred_draws_parse_and_cover_every_dimension():
                   "--num-virtual-stages-per-pipeline-rank", "--recompute-method block", "--eod-mask-loss",
                   "--goldfish-loss", "--calculate-per-token-loss", "--reset-attention-mask", "--mtp-num-layers",
                   "--optimizer", "--muon-tp-mode", "--multi-latent-attention", "--cp-comm-type a2a+p2p",
-                  "--hierarchical-context-parallel-sizes", "--fp16", "--fp8-param-gather"]
+                  "--hierarchical-context-parallel-sizes", "--fp16", "--fp8-param-gather",
+                  "--hybrid-layer-pattern"]
     seen.update(flag for each in map(lambda index: draw(11, index), range(200)) for flag in each.batch
                 if flag.startswith("--"))
     dimensions += ["--rampup-batch-size", "several layers a virtual chunk"]
@@ -217,3 +218,11 @@ def test_more_draws_train_as_one_rank(tmp_path, monkeypatch):
     draw 0 keeps an 8-rank launch in the suite."""
     results = _fuzz(tmp_path, 78, list(range(5)), monkeypatch)
     assert {result["verdict"] for result in results} <= {"bitwise", "equal"}, results
+
+
+def test_a_mamba_draw_trains_as_one_rank(tmp_path, monkeypatch):
+    """Seed 79's draw 14: Mamba layers (a hybrid pattern, gpt/mamba.py) at TP 2 with --sequence-parallel, resumed at
+    TP 1 with selective recompute, equal to its one-rank run."""
+    (result,) = _fuzz(tmp_path, 79, [14], monkeypatch)
+    assert "--hybrid-layer-pattern M-" in result["model"] and "--tensor-model-parallel-size 2" in result["layout"]
+    assert "resumed_at" in result and result["verdict"] in ("bitwise", "equal"), result

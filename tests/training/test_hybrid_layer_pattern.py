@@ -103,17 +103,25 @@ def test_attention_and_mla_in_one_model_train_at_tp2_and_pp2_as_on_one_rank():
                                                                 rel=GRAD_NORM_TOLERANCE, abs=0), name
 
 
+# Mamba layers and one-part blocks beside attention (gpt/mamba.py): 8 heads of 8 in 2 groups at hidden 32
+MAMBA_MIXED = ["--hybrid-layer-pattern", "M-*M--*-", "--mamba-head-dim", "8", "--mamba-num-groups", "2",
+               "--mamba-state-dim", "8"]
+
+
 @pytest.mark.slow
-def test_a_mixed_pattern_saved_on_one_rank_resumes_at_tp2_with_the_straight_runs_losses(corpus_cache_300, tmp_path):
-    """Both mixers' parameters are saved under their own names (this project's format): the mixed model saved at
-    iteration 2 on one rank continues at TP 2 + SP to the straight one-rank run's losses (fp32 tolerance)."""
+@pytest.mark.parametrize("mixed", [MIXED, MAMBA_MIXED], ids=["attention-mla", "mamba"])
+def test_a_mixed_pattern_saved_on_one_rank_resumes_at_tp2_with_the_straight_runs_losses(corpus_cache_300, tmp_path,
+                                                                                        mixed):
+    """The mixers' parameters are saved under their own names (this project's format; a Mamba layer's split parts
+    each by its record): the mixed model saved at iteration 2 on one rank continues at TP 2 + SP to the straight
+    one-rank run's losses (fp32 tolerance)."""
     import pretrain_gpt
     from scripts.layout_fuzz import LOSS_TOLERANCE
     from tests.reliability_helpers import TINY, metrics_records
     from tests.training.test_moe_training import launch_rank
 
     tiny = TINY[2:] if TINY[:2] == ["--num-layers", "1"] else TINY  # the pattern sets the depth
-    argv = [*tiny, *MIXED, "--train-iters", "4", "--data-cache-dir", corpus_cache_300]
+    argv = [*tiny, *mixed, "--train-iters", "4", "--data-cache-dir", corpus_cache_300]
     straight, parts, save = tmp_path / "straight.jsonl", tmp_path / "parts.jsonl", tmp_path / "ckpt"
     assert pretrain_gpt.main([*argv, "--metrics-file", str(straight)]) == 0
     assert pretrain_gpt.main([*argv, "--metrics-file", str(parts), "--save", str(save), "--exit-interval", "2"]) == 0
@@ -151,3 +159,70 @@ def test_a_mixed_pattern_at_cp2_and_at_zero3_dp2_trains_to_its_one_rank_losses(t
             assert mine["loss"] == pytest.approx(theirs["loss"], rel=LOSS_TOLERANCE, abs=0), (name, mine, theirs)
             assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=GRAD_NORM_TOLERANCE, abs=0), \
                 (name, mine, theirs)
+
+
+# Mamba-2 layers (gpt/mamba.py) at a small size: 8 heads of 16 (2 x hidden 64), 2 groups, a state of 16
+MAMBA = ["--mamba-head-dim", "16", "--mamba-num-groups", "2", "--mamba-state-dim", "16"]
+
+
+def test_pretrain_hybrid_trains_mamba_layers_as_megatron_writes_them(tmp_path, corpus_cache):
+    """A Nemotron-H-shaped launch (`M` layers without an MLP, `-` MLP layers without a mixer, attention with its MLP)
+    through pretrain_hybrid.py as written (no --num-layers): it trains and its loss falls."""
+    import pretrain_hybrid
+
+    metrics = tmp_path / "mamba.jsonl"
+    launch = HYBRID_LAUNCH[:HYBRID_LAUNCH.index("--num-experts")]
+    launch[launch.index("--train-iters") + 1] = "6"
+    assert pretrain_hybrid.main([*launch, "--hybrid-layer-pattern", "M-M*-", "--is-hybrid-model", *MAMBA,
+                                 "--lr", "3e-3", "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics)]) == 0
+    losses = _records(metrics, "loss")
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.1, losses
+
+
+@pytest.mark.slow
+def test_mamba_layers_train_at_tp2_pp2_and_zero3_as_on_one_rank():
+    """Heads and groups split over TP (in_proj's and the conv's parts each on its own), out_proj row-parallel: a
+    Mamba pattern at TP 2, with --sequence-parallel, on two pipeline stages (`|` between segments) and
+    under ZeRO-3 at DP 2 logs its one-rank losses and gradient norms within the layout fuzz's fp32 tolerances."""
+    from scripts.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+
+    mamba = ["--mamba-head-dim", "8", "--mamba-num-groups", "2", "--mamba-state-dim", "8"]
+    pattern = ["--hybrid-layer-pattern", "M-*-M-*-", *mamba]
+    one_rank = _train(pattern, 1).outcomes
+    configs = {"tp2": (pattern, 2), "tp2-sp": ([*pattern, "--sequence-parallel"], 2),
+               "pp2": (["--hybrid-layer-pattern", "M-*-|M-*-", *mamba, *PP2], 1),
+               "zero3-dp2": ([*pattern, "--zero-stage", "3"], 1)}
+    per_rank = run_distributed(train_configurations, 2, configs, [free_port() for _ in configs], timeout=300)
+    for name in configs:
+        outcomes = per_rank[0][name].outcomes
+        assert [loss for loss, _ in outcomes] == pytest.approx([loss for loss, _ in one_rank], rel=LOSS_TOLERANCE,
+                                                                abs=0), name
+        assert [norm for _, norm in outcomes] == pytest.approx([norm for _, norm in one_rank],
+                                                                rel=GRAD_NORM_TOLERANCE, abs=0), name
+
+
+# Megatron-LM core_v0.19.0's examples/mamba/train.sh, its 800M launch's flags as written (its pattern: Mamba layers
+# without an MLP, MLP layers alone, attention alone), shrunk in size only: hidden 256 (so that Megatron's default
+# 128-wide state, 64-wide heads and 8 groups give 8 heads), sequence 32, 2 iterations, no checkpoints or data paths
+MAMBA_800M = ["--tensor-model-parallel-size", "1", "--sequence-parallel", "--pipeline-model-parallel-size", "1",
+              "--use-distributed-optimizer", "--overlap-param-gather", "--overlap-grad-reduce",
+              "--untie-embeddings-and-output-weights", "--init-method-std", "0.02", "--position-embedding-type", "none",
+              "--hidden-size", "256", "--num-attention-heads", "16", "--group-query-attention", "--num-query-groups",
+              "8", "--hybrid-layer-pattern", "M-M-M--M-*M-M-M-M--*M-M-M-M-*M--M-M-M-*M-M--M-M-", "--seq-length", "32",
+              "--max-position-embeddings", "32", "--train-iters", "2", "--split", "99,1,0", "--micro-batch-size", "2",
+              "--global-batch-size", "4", "--lr", "2.5e-4", "--min-lr", "2.5e-5", "--lr-decay-style", "cosine",
+              "--weight-decay", "0.1", "--clip-grad", "1.0", "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
+              "--disable-bias-linear", "--normalization", "RMSNorm", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+              "--log-interval", "1", "--eval-iters", "0", "--bf16", "--use-mcore-models",
+              "--spec", "megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec",
+              "--no-create-attention-mask-in-dataloader", "--tokenizer-vocab-size", "512", "--device", "cpu"]
+
+
+@pytest.mark.slow
+def test_megatron_examples_mamba_800m_launch_trains_as_written(tmp_path, corpus_cache):
+    import pretrain_hybrid
+
+    metrics = tmp_path / "mamba-800m.jsonl"
+    assert pretrain_hybrid.main([*MAMBA_800M, "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics)]) == 0
+    losses = _records(metrics, "loss")
+    assert len(losses) == 2 and all(0 < loss < 10 for loss in losses), losses
