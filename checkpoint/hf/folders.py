@@ -40,7 +40,7 @@ from families.common import dense_weights as hf_dense
 from families.common import llama_shaped as hf_llama
 from families.common.layout import canonical_names, tensor_shapes
 from families.registry import export_family, fallback_family, family_of, family_weights, llama_families
-from gpt.hybrid_pattern import BLOCKS, parse_hybrid_pattern
+from gpt.hybrid_pattern import ATTENTION, BLOCKS, MLA, parse_hybrid_pattern
 from gpt.layer_spec import mixer_symbols
 from parallel.state import ParallelState
 
@@ -98,8 +98,7 @@ def mtp_dropped(config: ModelConfig) -> Optional[str]:
 def refuse_mixed_mixers(config: ModelConfig, what: str) -> None:
     """A --hybrid-layer-pattern with both `*` (attention) and `+` (MLA) layers: every transformers class holds one
     attention kind in all its layers (DeepseekV3's MLA; Llama's and the other families' attention)."""
-    mixers = set(mixer_symbols(config))
-    if len(mixers) > 1:
+    if {ATTENTION, MLA} <= set(mixer_symbols(config)):
         raise ConfigError(f"{what} of --hybrid-layer-pattern {config.hybrid_layer_pattern} is not implemented: its "
                           f"`*` (attention) and `+` (MLA) layers in one model are no transformers class (each holds "
                           f"one attention kind in every layer); export a pattern of `*` or of `+` layers alone",
@@ -112,8 +111,8 @@ def check_convertible(config: ModelConfig, what: str) -> None:
     multi-token prediction's layers (refuse_mtp) but where the family's class drops them (mtp_dropped), a pattern
     mixing attention and MLA layers (refuse_mixed_mixers) and a pattern's Mamba or one-part layers
     (refuse_hybrid_layers)."""
-    refuse_mixed_mixers(config, what)
     refuse_hybrid_layers(config, what)
+    refuse_mixed_mixers(config, what)
     family = family_of(config)
     if family is None or not family.drops_mtp:
         refuse_mtp(config, what)
