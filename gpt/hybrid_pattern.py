@@ -1,18 +1,20 @@
 """Megatron-LM's --hybrid-layer-pattern, read as the GPT blocks it names.
 
 Megatron-Core's HybridModel (megatron/core/models/hybrid/hybrid_layer_allocation.py @ d98e8a64) builds one layer
-per symbol: `*` attention, `+` multi-latent attention, `-` MLP, `E` MoE (and `M` Mamba, `G` Gated DeltaNet, `D`
+per symbol: `*` attention, `+` multi-latent attention, `G` Gated DeltaNet, `-` MLP, `E` MoE (and `M` Mamba, `D`
 DeepSeek sparse attention); `|` separates pipeline segments, segment vp * PP + pp_rank being model chunk vp of
 pipeline rank pp_rank (select_pipeline_segment); `/` starts the MTP patterns, "<main>/<mtp>/<mtp>", one per MTP
 depth, all identical (parse_hybrid_pattern). A block here is a mixer then its MLP, so the patterns built here are
-those made of `*-`, `*E`, `+-` and `+E`: `*-+E` is two blocks, the second MLA then MoE. What no block here is
+those made of `*-`, `*E`, `+-`, `+E`, `G-` and `GE` (Qwen3-Next's layers): `*-+E` is two blocks, the second MLA
+then MoE. What no block here is
 (another layer family, a mixer without its MLP, an MLP without its mixer, a `|` between a block's two layers) is
 refused in one line.
 
 The settings the pattern gives are the GPT path's own (the depth, --moe-layer-freq's per-layer list, the stages as
 --pipeline-model-parallel-layout, --mtp-num-layers); arguments/megatron/hybrid_layer_pattern.py sets them, and
 gpt/layer_spec.py reads each block's mixer. `+` layers take multi-latent attention's sizes from
---multi-latent-attention's flags, as Megatron-LM builds them only under it (MLATransformerConfig).
+--multi-latent-attention's flags, as Megatron-LM builds them only under it (MLATransformerConfig); `G` layers
+their sizes from the --linear-* flags (gpt/gdn_settings.py).
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ from typing import Optional
 from base.errors import ConfigError
 
 FLAG = "--hybrid-layer-pattern"
-ATTENTION, MLA, MLP, MOE, PIPE, MTP_SEPARATOR = "*", "+", "-", "E", "|", "/"
-MIXERS = (ATTENTION, MLA)
+ATTENTION, MLA, GDN, MLP, MOE, PIPE, MTP_SEPARATOR = "*", "+", "G", "-", "E", "|", "/"
+MIXERS = (ATTENTION, MLA, GDN)
 BLOCKS = tuple(mixer + mlp for mixer in MIXERS for mlp in (MLP, MOE))
 # Megatron-Core's other layer symbols (Symbols, hybrid_layer_allocation.py @ d98e8a64), each a layer family not
 # built here
-NOT_BUILT = {"M": "Mamba", "G": "Gated DeltaNet (GDN)", "D": "DeepSeek sparse attention (DSA)"}
-BLOCKS_HERE = ("the layers here are mixer-then-MLP blocks: a block is `*-`, `*E` (attention), `+-` or `+E` (MLA), so "
-               "a `*` or `+` is followed by its `-` or `E` and each `-` or `E` follows its mixer")
+NOT_BUILT = {"M": "Mamba", "D": "DeepSeek sparse attention (DSA)"}
+BLOCKS_HERE = ("the layers here are mixer-then-MLP blocks: a block is `*-`, `*E` (attention), `+-`, `+E` (MLA), "
+               "`G-` or `GE` (Gated DeltaNet), so a `*`, `+` or `G` is followed by its `-` or `E` and each `-` or `E` "
+               "follows its mixer")
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class HybridPattern:
         return tuple(block[1] == MOE for block in self.blocks)
 
     def mixers(self) -> tuple[str, ...]:
-        """Each block's mixer symbol, `*` (attention) or `+` (MLA)."""
+        """Each block's mixer symbol, `*` (attention), `+` (MLA) or `G` (Gated DeltaNet)."""
         return tuple(block[0] for block in self.blocks)
 
     def moe_layer_freq(self) -> str:
@@ -82,7 +85,7 @@ def _check_symbols(text: str) -> None:
     for symbol in text:
         if symbol in NOT_BUILT:
             raise _refuse(text, f"`{symbol}` ({NOT_BUILT[symbol]}) layers are not built here; the pattern builds "
-                                f"`*` attention, `+` MLA, `-` MLP and `E` MoE layers")
+                                f"`*` attention, `+` MLA, `G` Gated DeltaNet, `-` MLP and `E` MoE layers")
         if symbol not in (*MIXERS, MLP, MOE, PIPE, MTP_SEPARATOR):
             raise _refuse(text, f"{symbol!r} is not a layer symbol (Megatron-Core's: `*` attention, `-` MLP, `E` MoE, "
                                 f"`M` Mamba, `G` GDN, `D` DSA, `+` MLA; `|` a pipeline segment boundary, `/` MTP)")
@@ -111,7 +114,7 @@ def parse_hybrid_pattern(text: str) -> HybridPattern:
         mtp = _blocks(text, mtp_parts[0])
         if len(mtp) != 1:
             raise _refuse(text, f"the MTP pattern {mtp_parts[0]!r} holds {len(mtp)} blocks: an MTP layer here is one "
-                                f"block (Megatron-Core's GPT MTP layer), `*-`, `*E`, `+-` or `+E`")
+                                f"block (Megatron-Core's GPT MTP layer), `*-`, `*E`, `+-`, `+E`, `G-` or `GE`")
         mtp_block = mtp[0]
     segments = main.split(PIPE)
     for left, right in zip(segments, segments[1:]):
@@ -121,7 +124,8 @@ def parse_hybrid_pattern(text: str) -> HybridPattern:
     pattern = HybridPattern(text, tuple(_blocks(text, segment) for segment in segments), mtp_block,
                             len(mtp_parts) if mtp_block else 0)
     if pattern.num_layers == 0:
-        raise _refuse(text, "no decoder blocks before the MTP patterns: give at least one `*-`, `*E`, `+-` or `+E`")
+        raise _refuse(text, "no decoder blocks before the MTP patterns: give at least one `*-`, `*E`, `+-`, `+E`, "
+                            "`G-` or `GE`")
     if mtp_block is not None and mtp_block != pattern.blocks[-1]:
         # gpt/model.py builds each MTP layer's block of the last decoder layer's kind, as Megatron-Core's GPT MTP
         raise _refuse(text, f"the MTP block {mtp_block!r} differs from the last decoder block "

@@ -12,6 +12,7 @@ from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option, replace_settings, section, with_settings
 from gpt.attention_settings import AttentionSettings
 from gpt.fp8_settings import FP8Settings
+from gpt.gdn_settings import GatedDeltaNetSettings
 from gpt.hybrid_pattern import check_model_follows_pattern
 from gpt.longrope import LongRope
 from gpt.mla_settings import MLASettings
@@ -22,7 +23,12 @@ from gpt.norms import NormSettings
 from gpt.output_settings import OutputSettings
 from gpt.positions import PositionSettings
 from gpt.recompute_settings import RecomputeSettings
-from gpt.section_rules import check_layers_without_rotary, check_mlp_with_experts, check_multi_latent_attention
+from gpt.section_rules import (
+    check_gated_delta_net_layers,
+    check_layers_without_rotary,
+    check_mlp_with_experts,
+    check_multi_latent_attention,
+)
 from gpt.trunk_rules import check_trunk
 from parallel.layers import padded_vocab_size
 
@@ -79,6 +85,7 @@ class ModelConfig:
     mtp: MTPSettings = section(MTPSettings)
     fp8: FP8Settings = section(FP8Settings)
     experts: MoESettings = section(MoESettings)  # Megatron-LM's --num-experts and --moe-*, DeepSpeed-MoE's inside
+    gdn: GatedDeltaNetSettings = section(GatedDeltaNetSettings)  # Gated DeltaNet's `G` layers (gpt/gdn_settings.py)
 
     @classmethod
     def of(cls, **settings) -> "ModelConfig":
@@ -97,11 +104,10 @@ class ModelConfig:
         return None if largest is None else self.experts.for_layer(largest, self.ffn_size)
 
     def with_layers(self, num_layers: int, **changes) -> "ModelConfig":
-        """This model at another layer count, for counting (a one-block shape probe, a pipeline stage's GEMMs): the
-        per-layer pattern flags, written for the real model's layers and shaping no parameter, are dropped rather
-        than checked again against the probe's count (--no-rope-freq 4 is valid at 8 layers, not at 1)."""
+        """This model at another layer count, for counting (a shape probe, a pipeline stage's GEMMs): the per-layer
+        pattern flags, written for the real model's layers, are dropped rather than checked against the probe's."""
         return replace_settings(self, num_layers=num_layers, window_attn_skip_freq=None, no_rope_freq=None,
-                                hybrid_layer_pattern=None, **changes)
+                                hybrid_layer_pattern=None, experimental_attention_variant=None, **changes)
 
     def moe_layers(self) -> tuple[bool, ...]:
         """Per layer, whether it is an MoE layer (--moe-layer-freq); all False for a dense model."""
@@ -164,6 +170,7 @@ class ModelConfig:
         self.attention.validate(self.num_attention_heads, self.num_layers, tensor_parallel_size)
         self.mla.validate()
         self.mlp.validate_size(self.ffn_size, tensor_parallel_size)
+        check_gated_delta_net_layers(self.gdn, self.mlp, self.hybrid_layer_pattern, self.num_layers, tensor_parallel_size)
 
     def validate(self) -> None:
         """The trunk's rules (gpt/trunk_rules.py), each section's (its own file), those across sections (gpt/section_rules.py)."""

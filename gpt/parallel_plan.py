@@ -45,6 +45,9 @@ LAYER_STYLES = {
     "attention.linear_q_up_proj": COLUMN,
     "attention.linear_kv_up_proj": COLUMN,
     "attention.linear_proj": ROW,
+    # Gated DeltaNet (gpt/gated_delta_net.py, Megatron-Core's GatedDeltaNet), built at TP 1 here
+    "attention.in_proj": COLUMN,
+    "attention.out_proj": ROW,
     "mlp.dense_h_to_4h": COLUMN,           # GPT-2's MLP
     "mlp.dense_h_to_4h_gate": COLUMN,      # SwiGLU's gate and up (gpt/mlp.py)
     "mlp.dense_h_to_4h_up": COLUMN,

@@ -40,18 +40,28 @@ CHUNK_ELEMENTS = 1 << 20
 
 @dataclass(frozen=True)
 class InitMethod:
-    """How a parameter starts: normal(0, std) when std > 0, else the constant. With `rows`, only the
-    first `rows` rows (dimension 0 of the whole tensor: the real vocabulary of a padded embedding)
-    are drawn and later rows are zero, so padding does not change any drawn value."""
+    """How a parameter starts: normal(0, std) when std > 0, uniform(low, high) with `uniform` (its log with
+    `log`: Gated DeltaNet's A_log), else the constant. With `rows`, only the first `rows` rows (dimension 0 of the
+    whole tensor: the real vocabulary of a padded embedding) are drawn and later rows are zero, so padding does not
+    change any drawn value."""
     std: float = 0.0
     constant: float = 0.0
     rows: Optional[int] = None
+    uniform: Optional[tuple[float, float]] = None
+    log: bool = False
 
     @classmethod
     def normal(cls, std: float, rows: Optional[int] = None) -> "InitMethod":
         if not std > 0:
             raise ValueError(f"a normal initialisation needs std > 0, got {std}")
         return cls(std=std, rows=rows)
+
+    @classmethod
+    def uniform_between(cls, low: float, high: float, log: bool = False) -> "InitMethod":
+        """uniform(low, high), or its log (log-uniform values need 0 < low)."""
+        if not low < high or (log and not low > 0):
+            raise ValueError(f"a uniform initialisation needs low < high (and 0 < low for its log), got {low}, {high}")
+        return cls(uniform=(low, high), log=log)
 
     @classmethod
     def zeros(cls) -> "InitMethod":
@@ -72,16 +82,29 @@ def _logical_shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
     return (z >> bits).bitwise_and_((1 << (64 - bits)) - 1)
 
 
-def standard_normals(key: int, counters: torch.Tensor) -> torch.Tensor:
-    """float32 standard normals, one per int64 counter, for the stream `key` (a signed 64-bit int)."""
+def _splitmix64(key: int, counters: torch.Tensor) -> torch.Tensor:
+    """The stream `key`'s outputs at `counters`, as int64 with the bits of SplitMix64's unsigned ones."""
     z = (counters + 1).mul_(_GAMMA).add_(key)
     z.bitwise_xor_(_logical_shift_right(z, 30)).mul_(_MIX1)
     z.bitwise_xor_(_logical_shift_right(z, 27)).mul_(_MIX2)
-    z.bitwise_xor_(_logical_shift_right(z, 31))
+    return z.bitwise_xor_(_logical_shift_right(z, 31))
+
+
+def standard_normals(key: int, counters: torch.Tensor) -> torch.Tensor:
+    """float32 standard normals, one per int64 counter, for the stream `key` (a signed 64-bit int)."""
+    z = _splitmix64(key, counters)
     # u1 in (0, 1] (log stays finite), u2 in [0, 1): 24 bits each.
     u1 = _logical_shift_right(z, 40).add_(1).to(torch.float64).mul_(2.0 ** -24)
     u2 = (z >> 8).bitwise_and_(0xFFFFFF).to(torch.float64).mul_(2.0 * math.pi * 2.0 ** -24)
     return u1.log_().mul_(-2.0).sqrt_().mul_(u2.cos_()).to(torch.float32)
+
+
+def uniform_values(key: int, counters: torch.Tensor, low: float, high: float, log: bool) -> torch.Tensor:
+    """float32 uniforms in [low, high) (or their logs), one per int64 counter: 48 bits of the stream's output in
+    float64 before the rounding, so CPU and CUDA agree."""
+    unit = _logical_shift_right(_splitmix64(key, counters), 16).to(torch.float64).mul_(2.0 ** -48)
+    values = unit.mul_(high - low).add_(low)
+    return (values.log_() if log else values).to(torch.float32)
 
 
 def stream_key(seed: int, name: str) -> int:
@@ -110,7 +133,7 @@ class ParameterInitializer:
         if local_start < 0 or count < 0 or local_start + count > param.numel():
             raise ValueError(f"elements [{local_start}, {local_start + count}) are outside {name!r} "
                              f"({param.numel()} elements)")
-        if method.std == 0.0:
+        if method.std == 0.0 and method.uniform is None:
             return torch.full((count,), method.constant, dtype=torch.float32, device=device)
         record = record_of(param)
         key = stream_key(self.seed, name)
@@ -118,7 +141,8 @@ class ParameterInitializer:
         for begin in range(0, count, CHUNK_ELEMENTS):
             n = min(CHUNK_ELEMENTS, count - begin)
             indices = self._whole_indices(record, local_start + begin, n, device)
-            chunk = standard_normals(key, indices).mul_(method.std)
+            chunk = standard_normals(key, indices).mul_(method.std) if method.uniform is None else \
+                uniform_values(key, indices, *method.uniform, method.log)
             if method.rows is not None:
                 row_numel = math.prod(record.global_shape[1:])
                 chunk.masked_fill_(indices >= method.rows * row_numel, 0.0)

@@ -18,8 +18,8 @@ from typing import Any, Optional, Sequence
 
 from arguments.config_sources import DEFAULT, FLAG, PRESET, Source
 from base.errors import ConfigError
+from gpt.hybrid_pattern import ATTENTION, MLA, HybridPattern, parse_hybrid_pattern
 from gpt.hybrid_pattern import FLAG as PATTERN_FLAG
-from gpt.hybrid_pattern import MIXERS, HybridPattern, parse_hybrid_pattern
 from gpt.moe.settings import largest_expert_count, moe_layer_pattern
 from gpt.pipeline_layout import LAYOUT_FLAG, layout_chunks
 
@@ -62,10 +62,10 @@ def apply_hybrid_pattern(settings: dict[str, Any], sources: dict[str, Source], t
                if name == "num_layers" or value != before.get(name)}
     for name, value in changes.items():
         settings[name], sources[name] = value, given
-    notes = [f"> {PATTERN_FLAG} {text}: {pattern.num_layers} blocks of attention then MLP (Megatron's "
+    notes = [f"> {PATTERN_FLAG} {text}: {pattern.num_layers} blocks of a mixer then its MLP (Megatron's "
              f"{pattern.megatron_layers} layers), " + ", ".join(f"{_flag(name)} {value}"
                                                               for name, value in changes.items())]
-    if set(MIXERS) <= set(pattern.mixers()):
+    if {ATTENTION, MLA} <= set(pattern.mixers()):
         # Megatron-Core's hybrid_layer_allocation.py raises "Not supported to have both Attention and MLA/DSA in one
         # model"; each block here builds its own mixer, so the mix is a model like any other
         notes.append(f"> {PATTERN_FLAG} {text}: `*` attention and `+` MLA layers in one model, which Megatron-LM "
@@ -90,7 +90,7 @@ def _depths(pattern: HybridPattern, settings: dict[str, Any], sources: dict[str,
     """The blocks and the MTP depth, or one line for a --num-layers or --mtp-num-layers that names another model."""
     layers = settings["num_layers"]
     if _explicit(sources, "num_layers") and layers not in (pattern.num_layers, pattern.megatron_layers):
-        raise _refuse(pattern, f"{pattern.num_layers} blocks of attention then MLP (Megatron's "
+        raise _refuse(pattern, f"{pattern.num_layers} blocks of a mixer then its MLP (Megatron's "
                                f"{pattern.megatron_layers} layers, one per symbol), not --num-layers {layers}: drop "
                                f"--num-layers, the pattern sets the depth (as in Megatron-LM)", "--num-layers")
     mtp = settings.get("mtp_num_layers") or 0

@@ -78,6 +78,16 @@ def test_plus_is_an_mla_block_alone_or_beside_attention():
         [("+", "-", None), ("+", "E", 4)]
 
 
+def test_g_is_a_gated_delta_net_block_beside_attention():
+    """Qwen3-Next's layers: Gated DeltaNet then its MLP or MoE (`G-`, `GE`), attention between."""
+    pattern = parse_hybrid_pattern("G-GE*E")
+    assert pattern.blocks == ("G-", "GE", "*E") and pattern.mixers() == ("G", "G", "*")
+    config = parse_arguments(["--hybrid-layer-pattern", "G-GE*E", "--num-experts", "4", "--swiglu"]).config.model
+    from gpt.layer_spec import layer_specs
+
+    assert [(spec.mixer, spec.mlp) for spec in layer_specs(config)] == [("G", "-"), ("G", "E"), ("*", "E")]
+
+
 def test_a_mix_of_attention_and_mla_is_said_at_start_up_as_megatron_refuses_it():
     notes = parse_arguments(["--hybrid-layer-pattern", "*-+-", *MLA]).notes
     assert any("which Megatron-LM refuses" in note for note in notes), notes
@@ -87,7 +97,9 @@ def test_a_mix_of_attention_and_mla_is_said_at_start_up_as_megatron_refuses_it()
 
 REFUSED = {
     "mamba": (["--hybrid-layer-pattern", "M*M*"], "`M` (Mamba) layers are not built here"),
-    "gated deltanet": (["--hybrid-layer-pattern", "G-*-"], "`G` (Gated DeltaNet (GDN)) layers are not built here"),
+    # Megatron-Core's GatedDeltaNet runs its conv and gate through the MLP's activation, SiLU only in its kernels
+    "gated deltanet without swiglu": (["--hybrid-layer-pattern", "G-*-"], "add --swiglu"),
+    "gated deltanet alone": (["--hybrid-layer-pattern", "G*-", "--swiglu"], "'G*' in 'G*-' is not a block"),
     "deepseek sparse attention": (["--hybrid-layer-pattern", "*-D-"],
                                   "`D` (DeepSeek sparse attention (DSA)) layers are not built here"),
     # Megatron-LM builds MLATransformerConfig, whose sizes `+` layers read, only under --multi-latent-attention
@@ -139,8 +151,7 @@ def test_each_refusal_is_one_line(name):
     assert words in message, message
 
 
-@pytest.mark.parametrize("symbol, family", [("M", "Mamba"), ("G", "Gated DeltaNet (GDN)"),
-                                            ("D", "DeepSeek sparse attention (DSA)")])
+@pytest.mark.parametrize("symbol, family", [("M", "Mamba"), ("D", "DeepSeek sparse attention (DSA)")])
 def test_pretrain_hybrid_refuses_a_layer_family_not_built_in_one_line_exit_2(symbol, family):
     """Through the command line (base.errors.run_tool): one line on stderr naming the symbol, exit 2."""
     import pretrain_hybrid

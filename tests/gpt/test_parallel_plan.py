@@ -37,6 +37,8 @@ LLAMA = replace_settings(GPT2, normalization="RMSNorm", swiglu=True, position_em
                             qk_layernorm=True)
 # Gemma's blocks: norms on each sublayer's input and output (--sublayer-norms input_and_output)
 MODELS = {"gpt2": GPT2, "llama": LLAMA, "gemma": replace_settings(LLAMA, sublayer_norms="input_and_output")}
+GDN = replace_settings(LLAMA, hybrid_layer_pattern="G-*-", linear_num_key_heads=2, linear_num_value_heads=2,
+                       linear_key_head_dim=8, linear_value_head_dim=8)
 OUTPUT_NORMS = {"attention_output_layernorm", "mlp_output_layernorm"}
 # MoE layers with shared experts (TP-parallel as the MLP, gpt/moe/layer.py): built under sequence parallelism only,
 # as Megatron-Core's MoE layer requires it with TP
@@ -77,6 +79,11 @@ def test_every_tensor_parallel_module_and_linear_is_named_in_the_plan_with_its_s
                 named.add(_plan_name(name))
                 if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and name != "output_layer":
                     assert module.sequence_parallel is sequence_parallel, name
+    # Gated DeltaNet's projections (gpt/gated_delta_net.py), built at TP 1 (TP is refused with `G` layers)
+    for name, module in GPTModel(GDN, virtual_state(1, 1)).named_modules():
+        if isinstance(module, PARALLEL_LAYERS) and _plan_name(name).startswith("attention."):
+            assert type(module) is STYLE_CLASSES[LAYER_STYLES[_plan_name(name)]], name
+            named.add(_plan_name(name))
     # and the table names nothing the models do not build
     assert named == {name for name in LAYER_STYLES if sequence_parallel or "shared_experts" not in name}
 

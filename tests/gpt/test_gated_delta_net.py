@@ -1,0 +1,132 @@
+"""Gated DeltaNet, a `G` layer's mixer (gpt/gated_delta_net.py), against transformers' Qwen3NextGatedDeltaNet (5.24,
+transformers/models/qwen3_next/modeling_qwen3_next.py, its torch path) on the same weights, its initialisation as
+Megatron-Core's GatedDeltaNet, and the flags that place it (gpt/gdn_settings.py, gpt/layer_spec.py).
+
+Megatron-Core's in_proj rows are [q | k | v | z | beta | alpha], each part whole; Qwen3-Next's in_proj_qkvz holds
+per key head [q_i | k_i | its value heads' v | their z], and in_proj_ba per key head [their b | their a]. conv1d
+(channels [q | k | v]), dt_bias, A_log, the gated norm's weight and out_proj are the same tensors in both.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from base.errors import ConfigError
+from gpt.layer_spec import mixer_symbols
+from gpt.model import build_gpt_model
+from parallel.state import ParallelState
+from tests.gpt.test_llama_blocks import tiny_config
+
+SINGLE = ParallelState(device=torch.device("cpu"))
+GDN = dict(swiglu=True, normalization="RMSNorm", add_bias_linear=False, position_embedding_type="rope",
+           linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+           linear_conv_kernel_dim=4)
+
+
+def gdn_config(**overrides):
+    return tiny_config(**{**GDN, "hybrid_layer_pattern": "G-*-", **overrides})
+
+
+def qwen3_next_gated_delta_net(ours, config):
+    """transformers' Qwen3NextGatedDeltaNet holding `ours`' weights, rearranged into its per-key-head layout."""
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    gdn = config.gdn
+    hf_config = Qwen3NextConfig(
+        hidden_size=config.hidden_size, linear_num_key_heads=gdn.linear_num_key_heads,
+        linear_num_value_heads=gdn.linear_num_value_heads, linear_key_head_dim=gdn.linear_key_head_dim,
+        linear_value_head_dim=gdn.linear_value_head_dim, linear_conv_kernel_dim=gdn.linear_conv_kernel_dim,
+        hidden_act="silu", rms_norm_eps=config.norms.layernorm_epsilon, num_hidden_layers=1,
+        layer_types=["linear_attention"])
+    theirs = Qwen3NextGatedDeltaNet(hf_config, layer_idx=0)
+    nk, nv, dk, dv = gdn.linear_num_key_heads, gdn.linear_num_value_heads, gdn.linear_key_head_dim, \
+        gdn.linear_value_head_dim
+    group = nv // nk
+    q, k, v, z, b, a = ours.in_proj.weight.detach().split([nk * dk, nk * dk, nv * dv, nv * dv, nv, nv])
+    per_head = [torch.cat([q[i * dk:(i + 1) * dk], k[i * dk:(i + 1) * dk],
+                           v[i * group * dv:(i + 1) * group * dv], z[i * group * dv:(i + 1) * group * dv]])
+                for i in range(nk)]
+    ba = [torch.cat([b[i * group:(i + 1) * group], a[i * group:(i + 1) * group]]) for i in range(nk)]
+    with torch.no_grad():
+        theirs.in_proj_qkvz.weight.copy_(torch.cat(per_head))
+        theirs.in_proj_ba.weight.copy_(torch.cat(ba))
+        theirs.conv1d.weight.copy_(ours.conv1d.weight)
+        theirs.dt_bias.copy_(ours.dt_bias)
+        theirs.A_log.copy_(ours.A_log)
+        theirs.norm.weight.copy_(ours.out_norm.weight)
+        theirs.out_proj.weight.copy_(ours.out_proj.weight)
+    return theirs
+
+
+def test_forward_equals_qwen3_next_gated_delta_net():
+    """fp32, within 1e-5 relative: 100 tokens (a chunk of 64 and a padded one), two key heads of two value heads
+    each; dt_bias and the norm's weight moved off their initial values so that each reaches the output."""
+    torch.manual_seed(0)
+    config = gdn_config()
+    ours = build_gpt_model(config, SINGLE, seed=3).blocks[0].attention
+    with torch.no_grad():
+        ours.dt_bias.copy_(torch.randn(4))
+        ours.out_norm.weight.copy_(1 + 0.1 * torch.randn(12))
+    theirs = qwen3_next_gated_delta_net(ours, config)
+    hidden = torch.randn(2, 100, config.hidden_size)
+    with torch.no_grad():
+        expected, got = theirs(hidden), ours(hidden)
+    assert got.shape == expected.shape == hidden.shape
+    relative = ((got - expected).norm() / expected.norm()).item()
+    assert relative < 1e-5, relative
+
+
+def test_initialisation_is_megatrons():
+    """GatedDeltaNet.reset_parameters: dt_bias ones, A_log log(uniform(1, 16)); conv1d nn.Conv1d's
+    uniform(+-1/sqrt(width)); in_proj normal(0, --init-method-std); out_proj normal(0, std / sqrt(2 layers))."""
+    config = gdn_config(linear_num_key_heads=8, linear_num_value_heads=64, linear_value_head_dim=32)
+    gdn = build_gpt_model(config, SINGLE, seed=1).blocks[0].attention
+    assert torch.equal(gdn.dt_bias, torch.ones(64))
+    a = gdn.A_log.exp()
+    assert a.min() >= 1 and a.max() < 16 and a.std() > 3  # uniform(1, 16)'s std is 4.3
+    conv, bound = gdn.conv1d.weight, 1 / math.sqrt(4)
+    assert conv.shape == (2 * 64 + 64 * 32, 1, 4)
+    assert conv.abs().max() <= bound and conv.abs().max() > 0.95 * bound and abs(conv.mean()) < 0.02
+    assert gdn.in_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert gdn.out_proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * 2), rel=0.05)
+
+
+def test_parameter_names_are_megatrons():
+    """GatedDeltaNet's state_dict order: its own parameters, then its submodules' in Megatron's order."""
+    names = [name for name, _ in build_gpt_model(gdn_config(), SINGLE, seed=1).blocks[0].attention.named_parameters()]
+    assert names == ["dt_bias", "A_log", "in_proj.weight", "conv1d.weight", "out_norm.weight", "out_proj.weight"]
+
+
+def test_linear_attention_freq_places_the_layers():
+    """Megatron-Core's get_linear_attention_pattern: N puts attention at each layer i with (i + 1) % N == 0."""
+    flags = dict(hybrid_layer_pattern=None, experimental_attention_variant="gated_delta_net")
+    assert mixer_symbols(gdn_config(num_layers=8, linear_attention_freq=4, **flags)) == tuple("GGG*GGG*")
+    assert mixer_symbols(gdn_config(num_layers=4, linear_attention_freq="[1,0,0,1]", **flags)) == tuple("G**G")
+    assert mixer_symbols(gdn_config(num_layers=3, linear_attention_freq=4, **flags)) == tuple("GGG")
+    assert mixer_symbols(gdn_config(num_layers=2, hybrid_layer_pattern=None)) == tuple("**")
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (dict(swiglu=False), "add --swiglu"),
+    (dict(linear_num_value_heads=3), "must be a multiple of --linear-num-key-heads 2"),
+    (dict(linear_conv_kernel_dim=0), "--linear-conv-kernel-dim must be at least 1"),
+    (dict(hybrid_layer_pattern=None, experimental_attention_variant="gated_delta_net"),
+     "needs --linear-attention-freq"),
+    (dict(hybrid_layer_pattern=None, experimental_attention_variant="dsa"), "is not implemented here"),
+    (dict(hybrid_layer_pattern=None, experimental_attention_variant="gdn", linear_attention_freq="[1]"),
+     "gives 1 values; it needs one 1 (Gated DeltaNet) or 0 (attention) per layer"),
+])
+def test_refused_in_one_line(overrides, words):
+    with pytest.raises(ConfigError, match=None) as error:
+        gdn_config(**overrides).validate()
+    assert words in str(error.value) and "\n" not in str(error.value)
+
+
+def test_tensor_parallel_refused_with_gdn_layers():
+    with pytest.raises(ConfigError, match="--tensor-model-parallel-size 2 with Gated DeltaNet layers"):
+        gdn_config().validate_tensor_parallel(2)
+    gdn_config(swiglu=False, hybrid_layer_pattern="*-*-").validate_tensor_parallel(2)  # no G layer: no refusal
