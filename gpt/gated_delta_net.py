@@ -1,7 +1,7 @@
 """Gated DeltaNet (Yang, Kautz and Hatamizadeh, 2024), a `G` layer's mixer, as Megatron-Core 0.19's GatedDeltaNet
 (megatron/core/ssm/gated_delta_net.py) computes it on its torch path, the math of transformers' Qwen3NextGatedDeltaNet.
 
-One projection `in_proj` gives, in Megatron's order, the queries, keys and values (each key head serving
+One projection `in_proj` gives the queries, keys and values (each query/key head serving
 linear_num_value_heads / linear_num_key_heads value heads), the output gate z, and per value head beta and alpha.
 The queries, keys and values pass a causal depthwise convolution (`conv1d`, width --linear-conv-kernel-dim) and
 SiLU; queries and keys are L2-normalised. Each value head keeps a [key dim x value dim] state S that decays by
@@ -13,8 +13,9 @@ back (`out_proj`). Initialisation as Megatron's: in_proj normal(0, --init-method
 projections' scaled std, conv1d nn.Conv1d's default uniform(+-1/sqrt(width)), dt_bias ones, A_log
 log(uniform(1, 16)); no biases (Megatron-Core builds GatedDeltaNet with bias=False).
 
-Built at TP 1 (Megatron's TP splits the heads; the flag is refused with `G` layers: gpt/gdn_settings.py). As
-Megatron-Core's, the layer reads no attention mask: its state runs over the whole sequence."""
+Tensor parallelism splits the query/key heads, each with its value heads (in_proj column-parallel, out_proj
+row-parallel), as Megatron's. As Megatron-Core's, the layer reads no attention mask (its state runs over the whole
+sequence) and takes no context parallelism (refused in one line)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from base.errors import ConfigError
 from gpt.kv_cache import LayerCache
 from gpt.model_config import ModelConfig
-from gpt.norms import normalization
+from gpt.norms import HeadNorm
 from gpt.parallel_plan import TensorParallelPlan
 from parallel.init import InitMethod
 from parallel.layers import meta_parameter
@@ -104,47 +106,58 @@ class CausalConv1d(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """Megatron-Core's GatedDeltaNet (the module docstring), its parameters named and registered as there (dt_bias
-    and A_log, then in_proj, conv1d, out_norm and out_proj). Tensors [batch, seq, hidden]."""
+    """Megatron-Core's GatedDeltaNet (the module docstring), its parameters named as there (dt_bias and A_log, then
+    in_proj, conv1d, out_norm and out_proj). in_proj's rows and conv1d's channels lie per query/key head, each with
+    its value heads ([q_i | k_i | v_i | z_i | b_i | a_i], as Qwen3-Next's in_proj_qkvz and in_proj_ba), so that TP
+    splits them into whole heads (Megatron-Core's TP split) and a rank's slice is the same rows at any TP size.
+    Tensors [batch, seq, hidden]; under sequence parallelism in_proj gathers the sequence, out_proj scatters it."""
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan):
         super().__init__()
-        gdn, h = config.gdn, config.hidden_size
-        self.key_heads, self.value_heads = gdn.linear_num_key_heads, gdn.linear_num_value_heads
+        gdn, h, tp = config.gdn, config.hidden_size, plan.state.tensor_parallel_size
         self.key_head_dim, self.value_head_dim = gdn.linear_key_head_dim, gdn.linear_value_head_dim
-        self.qk_dim, self.v_dim = self.key_heads * self.key_head_dim, self.value_heads * self.value_head_dim
-        in_dim = 2 * self.qk_dim + 2 * self.v_dim + 2 * self.value_heads
-        self.in_proj = plan.linear("attention.in_proj", h, in_dim, init_std=config.init_method_std, bias=False)
-        self.conv1d = CausalConv1d(2 * self.qk_dim + self.v_dim, gdn.linear_conv_kernel_dim, plan)
-        self.dt_bias = meta_parameter((self.value_heads,), InitMethod.ones(), plan.state, split_dim=0)
-        self.A_log = meta_parameter((self.value_heads,), InitMethod.uniform_between(*A_LOG_INIT_RANGE, log=True),
+        self.group = gdn.linear_num_value_heads // gdn.linear_num_key_heads  # value heads per query/key head
+        self.local_key_heads = gdn.linear_num_key_heads // tp
+        dk, group_v = self.key_head_dim, self.group * self.value_head_dim
+        self.per_head = [2 * dk + group_v, group_v, self.group, self.group]  # conv's q k v, then z, beta, alpha
+        self.in_proj = plan.linear("attention.in_proj", h, gdn.linear_num_key_heads * sum(self.per_head),
+                                   init_std=config.init_method_std, bias=False)
+        self.conv1d = CausalConv1d(self.local_key_heads * self.per_head[0], gdn.linear_conv_kernel_dim, plan)
+        local_value_heads = self.local_key_heads * self.group
+        self.dt_bias = meta_parameter((local_value_heads,), InitMethod.ones(), plan.state, split_dim=0)
+        self.A_log = meta_parameter((local_value_heads,), InitMethod.uniform_between(*A_LOG_INIT_RANGE, log=True),
                                     plan.state, split_dim=0)
-        norms = config.norms
-        self.out_norm = normalization(norms.normalization, self.value_head_dim, norms.layernorm_epsilon, None,
-                                      norms.apply_layernorm_1p)
-        self.out_proj = plan.linear("attention.out_proj", self.v_dim, h, init_std=config.output_init_std, bias=False)
+        norms = config.norms  # one gain over each value head's dims, its gradient summed over the TP ranks' heads
+        self.out_norm = HeadNorm(norms.normalization, self.value_head_dim, norms.layernorm_epsilon, plan.state,
+                                 norms.apply_layernorm_1p)
+        self.out_proj = plan.linear("attention.out_proj", gdn.linear_num_value_heads * self.value_head_dim, h,
+                                    init_std=config.output_init_std, bias=False)
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                 cache: Optional[LayerCache] = None) -> torch.Tensor:
         """`documents` is not read (Megatron-Core's GatedDeltaNet takes no mask); a KV cache is not kept here."""
         if cache is not None:
             raise ValueError("Gated DeltaNet layers keep no decoding cache here: generate without the KV cache")
-        batch, seq, _ = hidden.shape
-        qkv, gate, beta, alpha = self.in_proj(hidden).split(
-            [2 * self.qk_dim + self.v_dim, self.v_dim, self.value_heads, self.value_heads], dim=-1)
-        query, key, value = F.silu(self.conv1d(qkv)).split([self.qk_dim, self.qk_dim, self.v_dim], dim=-1)
-        group = self.value_heads // self.key_heads  # value heads per query/key head, consecutive
-        query, key = (l2_normalized(x.reshape(batch, seq, self.key_heads, self.key_head_dim))
-                      .repeat_interleave(group, dim=2) for x in (query, key))
-        value = value.reshape(batch, seq, self.value_heads, self.value_head_dim)
+        projected = self.in_proj(hidden)  # the whole sequence, this rank's heads
+        batch, seq, heads = projected.shape[0], projected.shape[1], self.local_key_heads
+        qkv, gate, beta, alpha = projected.view(batch, seq, heads, -1).split(self.per_head, dim=-1)
+        qkv = F.silu(self.conv1d(qkv.reshape(batch, seq, -1))).view(batch, seq, heads, -1)
+        dk = self.key_head_dim
+        query, key, value = qkv.split([dk, dk, self.group * self.value_head_dim], dim=-1)
+        query, key = (l2_normalized(x).repeat_interleave(self.group, dim=2) for x in (query, key))
+        value, gate = (x.reshape(batch, seq, heads * self.group, self.value_head_dim) for x in (value, gate))
+        beta, alpha = (x.reshape(batch, seq, heads * self.group) for x in (beta, alpha))
         g = -self.A_log.float().exp() * F.softplus(alpha.float() + self.dt_bias)  # in fp32, as Megatron's
         out = chunk_gated_delta_rule(query, key, value, g, beta.sigmoid())
-        gate = gate.reshape(batch, seq, self.value_heads, self.value_head_dim)
         out = (self.out_norm(out) * F.silu(gate.float())).to(hidden.dtype)
-        return self.out_proj(out.reshape(batch, seq, self.v_dim))
+        return self.out_proj(out.reshape(batch, seq, -1))
 
 
 def build_gated_delta_net(config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG], spec,
                           rotary_cache) -> GatedDeltaNet:
     """A `G` layer's Gated DeltaNet (gpt/layer_spec.py): no positions, no dropout."""
+    if plan.state.context_parallel_size > 1:  # Megatron-Core's GatedDeltaNet: "TODO: support CP"
+        raise ConfigError(f"--context-parallel-size {plan.state.context_parallel_size} with Gated DeltaNet layers "
+                          f"(`G`) is not implemented (nor in Megatron-Core): their state runs over the whole "
+                          f"sequence; train them without context parallelism", flags=("--context-parallel-size",))
     return GatedDeltaNet(config, plan)

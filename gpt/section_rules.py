@@ -96,8 +96,7 @@ def check_gated_delta_net_layers(gdn: GatedDeltaNetSettings, mlp: MLPSettings, h
                                  num_layers: int, tensor_parallel_size: int) -> None:
     """Gated DeltaNet x MLP x TP (gpt/gated_delta_net.py), where some layer is `G` (of the pattern, or of
     --linear-attention-freq): Megatron-Core's GatedDeltaNet runs its convolution and output gate through the MLP's
-    activation, which its causal_conv1d kernel takes only as SiLU (--swiglu's); its heads are not split over TP
-    here."""
+    activation, which its causal_conv1d kernel takes only as SiLU (--swiglu's); TP splits its query/key heads."""
     has_layers = GDN in hybrid_layer_pattern if hybrid_layer_pattern is not None else any(gdn.gdn_layers(num_layers))
     gdn.validate(has_layers)
     if not has_layers:
@@ -106,7 +105,8 @@ def check_gated_delta_net_layers(gdn: GatedDeltaNetSettings, mlp: MLPSettings, h
         raise ConfigError("Gated DeltaNet layers (`G`, --experimental-attention-variant gated_delta_net) take the "
                           "MLP's activation, SiLU under --swiglu (as Megatron-Core's causal_conv1d kernel requires): "
                           "add --swiglu", flags=("--swiglu",))
-    if tensor_parallel_size > 1:
-        raise ConfigError(f"--tensor-model-parallel-size {tensor_parallel_size} with Gated DeltaNet layers (`G`) is "
-                          f"not implemented: their heads are built at TP 1 here; train them at TP 1",
-                          flags=("--tensor-model-parallel-size",))
+    if gdn.linear_num_key_heads % tensor_parallel_size:
+        raise ConfigError(f"--linear-num-key-heads {gdn.linear_num_key_heads} is not divisible by "
+                          f"--tensor-model-parallel-size {tensor_parallel_size}: each TP rank takes whole query/key "
+                          f"heads with their value heads (as Megatron-Core splits them)",
+                          flags=("--linear-num-key-heads", "--tensor-model-parallel-size"))

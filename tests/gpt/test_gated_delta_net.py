@@ -2,9 +2,10 @@
 transformers/models/qwen3_next/modeling_qwen3_next.py, its torch path) on the same weights, its initialisation as
 Megatron-Core's GatedDeltaNet, and the flags that place it (gpt/gdn_settings.py, gpt/layer_spec.py).
 
-Megatron-Core's in_proj rows are [q | k | v | z | beta | alpha], each part whole; Qwen3-Next's in_proj_qkvz holds
-per key head [q_i | k_i | its value heads' v | their z], and in_proj_ba per key head [their b | their a]. conv1d
-(channels [q | k | v]), dt_bias, A_log, the gated norm's weight and out_proj are the same tensors in both.
+Our in_proj rows lie per query/key head, [q_i | k_i | its value heads' v | their z | their b | their a] (so that TP
+splits whole heads, as Megatron-Core's TP split); Qwen3-Next's in_proj_qkvz holds per key head [q_i | k_i | v_i |
+z_i], and in_proj_ba [b_i | a_i]; our conv1d channels lie per head [q_i | k_i | v_i], theirs [q | k | v]. dt_bias,
+A_log, the gated norm's weight and out_proj are the same tensors in both.
 """
 
 from __future__ import annotations
@@ -46,15 +47,15 @@ def qwen3_next_gated_delta_net(ours, config):
     nk, nv, dk, dv = gdn.linear_num_key_heads, gdn.linear_num_value_heads, gdn.linear_key_head_dim, \
         gdn.linear_value_head_dim
     group = nv // nk
-    q, k, v, z, b, a = ours.in_proj.weight.detach().split([nk * dk, nk * dk, nv * dv, nv * dv, nv, nv])
-    per_head = [torch.cat([q[i * dk:(i + 1) * dk], k[i * dk:(i + 1) * dk],
-                           v[i * group * dv:(i + 1) * group * dv], z[i * group * dv:(i + 1) * group * dv]])
-                for i in range(nk)]
-    ba = [torch.cat([b[i * group:(i + 1) * group], a[i * group:(i + 1) * group]]) for i in range(nk)]
+    # ours per query/key head: [q_i | k_i | v_i | z_i | b_i | a_i]; theirs [q_i | k_i | v_i | z_i] and [b_i | a_i]
+    per_head = ours.in_proj.weight.detach().view(nk, -1, config.hidden_size)
+    qkvz, ba = per_head.split([2 * dk + 2 * group * dv, 2 * group], dim=1)
+    # our conv channels per head [q_i | k_i | v_i], theirs [q | k | v]
+    q, k, v = ours.conv1d.weight.detach().view(nk, -1, 1, gdn.linear_conv_kernel_dim).split([dk, dk, group * dv], 1)
     with torch.no_grad():
-        theirs.in_proj_qkvz.weight.copy_(torch.cat(per_head))
-        theirs.in_proj_ba.weight.copy_(torch.cat(ba))
-        theirs.conv1d.weight.copy_(ours.conv1d.weight)
+        theirs.in_proj_qkvz.weight.copy_(qkvz.reshape(-1, config.hidden_size))
+        theirs.in_proj_ba.weight.copy_(ba.reshape(-1, config.hidden_size))
+        theirs.conv1d.weight.copy_(torch.cat([part.reshape(-1, 1, gdn.linear_conv_kernel_dim) for part in (q, k, v)]))
         theirs.dt_bias.copy_(ours.dt_bias)
         theirs.A_log.copy_(ours.A_log)
         theirs.norm.weight.copy_(ours.out_norm.weight)
@@ -126,7 +127,8 @@ def test_refused_in_one_line(overrides, words):
     assert words in str(error.value) and "\n" not in str(error.value)
 
 
-def test_tensor_parallel_refused_with_gdn_layers():
-    with pytest.raises(ConfigError, match="--tensor-model-parallel-size 2 with Gated DeltaNet layers"):
-        gdn_config().validate_tensor_parallel(2)
-    gdn_config(swiglu=False, hybrid_layer_pattern="*-*-").validate_tensor_parallel(2)  # no G layer: no refusal
+def test_tensor_parallel_takes_whole_key_heads():
+    with pytest.raises(ConfigError, match="--linear-num-key-heads 2 is not divisible by --tensor-model-parallel-size 4"):
+        gdn_config().validate_tensor_parallel(4)
+    gdn_config().validate_tensor_parallel(2)
+    gdn_config(swiglu=False, hybrid_layer_pattern="*-*-").validate_tensor_parallel(4)  # no G layer: no refusal

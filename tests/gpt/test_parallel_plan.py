@@ -66,11 +66,12 @@ def _plan_name(name: str) -> str:
 def test_every_tensor_parallel_module_and_linear_is_named_in_the_plan_with_its_style(sequence_parallel):
     named = set()
     # with an MTP layer (gpt/mtp.py): its eh_proj and its block's linears are the plan's too
-    # and multi-latent attention's projections (gpt/mla.py), with and without a query LoRA rank
+    # and multi-latent attention's projections (gpt/mla.py), with and without a query LoRA rank, and Gated
+    # DeltaNet's (gpt/gated_delta_net.py)
     mla = dict(multi_latent_attention=True, num_query_groups=None, kv_lora_rank=16, qk_head_dim=8,
                qk_pos_emb_head_dim=4, v_head_dim=8)
     for config in (*MODELS.values(), replace_settings(LLAMA, mtp_num_layers=1),
-                   replace_settings(LLAMA, **mla), replace_settings(LLAMA, **mla, q_lora_rank=24),
+                   replace_settings(LLAMA, **mla), replace_settings(LLAMA, **mla, q_lora_rank=24), GDN,
                    *(MOE_MODELS.values() if sequence_parallel else ())):
         for name, module in _model(config, sequence_parallel).named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding, *PARALLEL_LAYERS)) and name != "position_embeddings":
@@ -79,11 +80,6 @@ def test_every_tensor_parallel_module_and_linear_is_named_in_the_plan_with_its_s
                 named.add(_plan_name(name))
                 if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and name != "output_layer":
                     assert module.sequence_parallel is sequence_parallel, name
-    # Gated DeltaNet's projections (gpt/gated_delta_net.py), built at TP 1 (TP is refused with `G` layers)
-    for name, module in GPTModel(GDN, virtual_state(1, 1)).named_modules():
-        if isinstance(module, PARALLEL_LAYERS) and _plan_name(name).startswith("attention."):
-            assert type(module) is STYLE_CLASSES[LAYER_STYLES[_plan_name(name)]], name
-            named.add(_plan_name(name))
     # and the table names nothing the models do not build
     assert named == {name for name in LAYER_STYLES if sequence_parallel or "shared_experts" not in name}
 

@@ -77,6 +77,27 @@ def test_a_gated_delta_net_pattern_learns(tmp_path):
 
 
 @pytest.mark.slow
+def test_gated_delta_net_layers_train_at_tp2_sp_pp2_and_zero3_as_on_one_rank():
+    """`G-*-G-*-` at TP 2 with --sequence-parallel (each rank one query/key head with its two value heads), at PP 2
+    (`|` as the stage boundary) and under ZeRO stage 3 at DP 2 logs its one-rank losses and gradient norms within the
+    layout fuzz's fp32 tolerances."""
+    from scripts.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+
+    pattern = ["--hybrid-layer-pattern", "G-*-G-*-", *GDN]
+    one_rank = _train(pattern, 1).outcomes
+    configs = {"tp2-sp": ([*pattern, "--sequence-parallel"], 2),
+               "pp2": (["--hybrid-layer-pattern", "G-*-|G-*-", *GDN, *PP2], 1),
+               "zero3-dp2": ([*pattern, "--zero-stage", "3"], 1)}
+    per_rank = run_distributed(train_configurations, 2, configs, [free_port() for _ in configs], timeout=300)
+    for name in configs:
+        outcomes = per_rank[0][name].outcomes
+        assert [loss for loss, _ in outcomes] == pytest.approx([loss for loss, _ in one_rank], rel=LOSS_TOLERANCE,
+                                                                abs=0), name
+        assert [norm for _, norm in outcomes] == pytest.approx([norm for _, norm in one_rank],
+                                                                rel=GRAD_NORM_TOLERANCE, abs=0), name
+
+
+@pytest.mark.slow
 def test_pipelined_patterns_train_their_gpt_flags_losses_bitwise():
     configs = {f"{name}-{side}": (flags, 1) for name, sides in PIPELINED.items()
                for side, flags in zip(("pattern", "gpt"), sides)}
