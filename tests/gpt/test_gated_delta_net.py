@@ -132,3 +132,19 @@ def test_tensor_parallel_takes_whole_key_heads():
         gdn_config().validate_tensor_parallel(4)
     gdn_config().validate_tensor_parallel(2)
     gdn_config(swiglu=False, hybrid_layer_pattern="*-*-").validate_tensor_parallel(4)  # no G layer: no refusal
+
+
+def test_reset_attention_mask_is_said_not_to_reach_the_gdn_layers():
+    """Megatron-Core's GatedDeltaNet takes attention_mask and reads none ("TODO: Deal with attention_mask"): its
+    state runs over the whole sequence, and so does ours, said once at the start."""
+    from arguments.parser import parse_config
+    from training.run_settings import resolve_run_settings
+
+    def notes(*flags):
+        return [note for note in resolve_run_settings(parse_config(list(flags)), 128, 1, 1, "cpu").notes
+                if "Gated DeltaNet" in note]
+
+    assert notes("--hybrid-layer-pattern", "G-*-", "--swiglu") == []
+    assert notes("--hybrid-layer-pattern", "*-*-", "--reset-attention-mask") == []
+    (line,) = notes("--hybrid-layer-pattern", "G-*-", "--swiglu", "--reset-attention-mask")
+    assert line.startswith("> --reset-attention-mask does not reach the Gated DeltaNet (`G`) layers")
