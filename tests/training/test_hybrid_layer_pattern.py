@@ -153,16 +153,19 @@ def test_attention_and_mla_in_one_model_train_at_tp2_and_pp2_as_on_one_rank():
 
 
 @pytest.mark.slow
-def test_a_mixed_pattern_saved_on_one_rank_resumes_at_tp2_with_the_straight_runs_losses(corpus_cache_300, tmp_path):
-    """Both mixers' parameters are saved under their own names (this project's format): the mixed model saved at
-    iteration 2 on one rank continues at TP 2 + SP to the straight one-rank run's losses (fp32 tolerance)."""
+@pytest.mark.parametrize("pattern", [MIXED, ["--hybrid-layer-pattern", "G-*-", *GDN]], ids=["mla", "gdn"])
+def test_a_mixed_pattern_saved_on_one_rank_resumes_at_tp2_with_the_straight_runs_losses(pattern, corpus_cache_300,
+                                                                                       tmp_path):
+    """Both mixers' parameters are saved under their own names (this project's format): the mixed model (attention
+    beside MLA, or beside Gated DeltaNet) saved at iteration 2 on one rank continues at TP 2 + SP to the straight
+    one-rank run's losses (fp32 tolerance)."""
     import pretrain_gpt
     from scripts.layout_fuzz import LOSS_TOLERANCE
     from tests.reliability_helpers import TINY, metrics_records
     from tests.training.test_moe_training import launch_rank
 
     tiny = TINY[2:] if TINY[:2] == ["--num-layers", "1"] else TINY  # the pattern sets the depth
-    argv = [*tiny, *MIXED, "--train-iters", "4", "--data-cache-dir", corpus_cache_300]
+    argv = [*tiny, *pattern, "--train-iters", "4", "--data-cache-dir", corpus_cache_300]
     straight, parts, save = tmp_path / "straight.jsonl", tmp_path / "parts.jsonl", tmp_path / "ckpt"
     assert pretrain_gpt.main([*argv, "--metrics-file", str(straight)]) == 0
     assert pretrain_gpt.main([*argv, "--metrics-file", str(parts), "--save", str(save), "--exit-interval", "2"]) == 0
