@@ -26,6 +26,10 @@ GDN = ["--swiglu", "--linear-num-key-heads", "2", "--linear-num-value-heads", "4
        "--linear-value-head-dim", "8"]
 # the GPT flags' GDN layers: every layer but each second one (Megatron-Core's get_linear_attention_pattern)
 GDN_FLAGS = ["--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq", "2", *GDN]
+QWEN3_NEXT = ["--attention-output-gate", "--qk-layernorm", "--apply-layernorm-1p", "--normalization", "RMSNorm",
+              "--group-query-attention", "--num-query-groups", "2", "--position-embedding-type", "rope",
+              "--rotary-percent", "0.5", "--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate",
+              "--disable-bias-linear"]
 SINGLE = {  # name: (the pattern's flags, the GPT flags)
     "dense": (["--hybrid-layer-pattern", "*-*-*-*-"], []),
     "moe-first-dense": (["--hybrid-layer-pattern", "*-*E*E*E", *EXPERTS], [*EXPERTS, "--moe-layer-freq", "[0]+[1]*3"]),
@@ -33,8 +37,10 @@ SINGLE = {  # name: (the pattern's flags, the GPT flags)
     "all-mla": (["--hybrid-layer-pattern", "+-+-+-+-", *MLA], MLA),
     "mla-moe": (["--hybrid-layer-pattern", "+-+E+-+E", *EXPERTS, *MLA], [*EXPERTS, "--moe-layer-freq", "[0,1]*2", *MLA]),
     "gdn": (["--hybrid-layer-pattern", "G-*-G-*-", *GDN], GDN_FLAGS),
-    "gdn-moe": (["--hybrid-layer-pattern", "G-*EGE*E", *EXPERTS, *GDN],
-                [*EXPERTS, "--moe-layer-freq", "[0,1,1,1]", *GDN_FLAGS]),
+    # Qwen3-Next's blocks: Gated DeltaNet and gated attention (--attention-output-gate) beside it, MoE with a gated
+    # shared expert, zero-centered RMSNorm, q/k norms, partial rotary
+    "qwen3-next-like": (["--hybrid-layer-pattern", "G-*EGE*E", *EXPERTS, *GDN, *QWEN3_NEXT],
+                        [*EXPERTS, "--moe-layer-freq", "[0,1,1,1]", *GDN_FLAGS, *QWEN3_NEXT]),
 }
 PP2 = ["--pipeline-model-parallel-size", "2"]
 PIPELINED = {  # name: (the pattern's flags, the GPT flags), each at PP 2
@@ -78,15 +84,16 @@ def test_a_gated_delta_net_pattern_learns(tmp_path):
 
 @pytest.mark.slow
 def test_gated_delta_net_layers_train_at_tp2_sp_pp2_and_zero3_as_on_one_rank():
-    """`G-*-G-*-` at TP 2 with --sequence-parallel (each rank one query/key head with its two value heads), at PP 2
-    (`|` as the stage boundary) and under ZeRO stage 3 at DP 2 logs its one-rank losses and gradient norms within the
-    layout fuzz's fp32 tolerances."""
+    """Qwen3-Next's blocks (`G-*EGE*E`: Gated DeltaNet, gated attention, MoE) at TP 2 with --sequence-parallel (each
+    rank one query/key head with its two value heads), at PP 2 (`|` as the stage boundary) and under ZeRO stage 3 at
+    DP 2 log their one-rank losses and gradient norms within the layout fuzz's fp32 tolerances."""
     from scripts.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
 
-    pattern = ["--hybrid-layer-pattern", "G-*-G-*-", *GDN]
+    model = [*EXPERTS, *GDN, *QWEN3_NEXT]
+    pattern = ["--hybrid-layer-pattern", "G-*EGE*E", *model]
     one_rank = _train(pattern, 1).outcomes
     configs = {"tp2-sp": ([*pattern, "--sequence-parallel"], 2),
-               "pp2": (["--hybrid-layer-pattern", "G-*-|G-*-", *GDN, *PP2], 1),
+               "pp2": (["--hybrid-layer-pattern", "G-*E|GE*E", *model, *PP2], 1),
                "zero3-dp2": ([*pattern, "--zero-stage", "3"], 1)}
     per_rank = run_distributed(train_configurations, 2, configs, [free_port() for _ in configs], timeout=300)
     for name in configs:
