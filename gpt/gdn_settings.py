@@ -69,6 +69,14 @@ class GatedDeltaNetSettings:
         return tuple(bool(value) for value in layer_flags(str(freq), FREQ_FLAG, num_layers,
                                                             "1 (Gated DeltaNet) or 0 (attention)"))
 
+    def has_layers(self, num_layers: int) -> bool:
+        """Whether the GPT flags make some layer Gated DeltaNet, without a tuple per layer (--num-layers may be
+        huge in a dry run)."""
+        freq = self.linear_attention_freq
+        if self.gated_delta_net and isinstance(freq, int) and freq >= 1:
+            return freq > 1 and num_layers > 0
+        return self.gated_delta_net and any(self.gdn_layers(num_layers))
+
     def validate(self, has_gdn_layers: bool) -> None:
         """The variant, and the sizes where some layer is Gated DeltaNet (TransformerConfig.__post_init__'s gated
         delta net checks)."""

@@ -97,7 +97,7 @@ def check_gated_delta_net_layers(gdn: GatedDeltaNetSettings, mlp: MLPSettings, h
     """Gated DeltaNet x MLP x TP (gpt/gated_delta_net.py), where some layer is `G` (of the pattern, or of
     --linear-attention-freq): Megatron-Core's GatedDeltaNet runs its convolution and output gate through the MLP's
     activation, which its causal_conv1d kernel takes only as SiLU (--swiglu's); TP splits its query/key heads."""
-    has_layers = GDN in hybrid_layer_pattern if hybrid_layer_pattern is not None else any(gdn.gdn_layers(num_layers))
+    has_layers = GDN in hybrid_layer_pattern if hybrid_layer_pattern is not None else gdn.has_layers(num_layers)
     gdn.validate(has_layers)
     if not has_layers:
         return

@@ -148,3 +148,15 @@ def test_reset_attention_mask_is_said_not_to_reach_the_gdn_layers():
     assert notes("--hybrid-layer-pattern", "*-*-", "--reset-attention-mask") == []
     (line,) = notes("--hybrid-layer-pattern", "G-*-", "--swiglu", "--reset-attention-mask")
     assert line.startswith("> --reset-attention-mask does not reach the Gated DeltaNet (`G`) layers")
+
+
+def test_whether_some_layer_is_gdn_needs_no_tuple_per_layer():
+    """A dry run may ask for 10^12 layers: the check over the GPT flags' GDN layers reads the frequency alone."""
+    def settings(**values):
+        return gdn_config(hybrid_layer_pattern=None, experimental_attention_variant="gated_delta_net", **values).gdn
+
+    assert settings(linear_attention_freq=4).has_layers(10 ** 12)
+    assert not settings(linear_attention_freq=1).has_layers(10 ** 12)  # attention at every layer
+    assert settings(linear_attention_freq="[0,1]").has_layers(2) and not settings(
+        linear_attention_freq="[0,0]").has_layers(2)
+    assert not gdn_config().gdn.has_layers(10 ** 12)  # no variant: the pattern's `G`s are the GDN layers
