@@ -160,3 +160,24 @@ def test_whether_some_layer_is_gdn_needs_no_tuple_per_layer():
     assert settings(linear_attention_freq="[0,1]").has_layers(2) and not settings(
         linear_attention_freq="[0,0]").has_layers(2)
     assert not gdn_config().gdn.has_layers(10 ** 12)  # no variant: the pattern's `G`s are the GDN layers
+
+
+def test_flags_and_defaults_are_megatron_lms():
+    """megatron/training/arguments.py @ d98e8a64 (harvested in arguments/megatron/flags_harvested.json): the
+    --linear-* sizes' dests and defaults (conv 4, key/value head dims 128, 16 key and 32 value heads),
+    --linear-attention-freq without a default, and the variant's choices (gdn, gdn2, dsa, gated_delta_net)."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from gpt.gdn_settings import GatedDeltaNetSettings
+
+    harvested = json.loads((Path(__file__).parents[2] / "arguments/megatron/flags_harvested.json").read_text())["flags"]
+    ours = {field.name: field.default for field in dataclasses.fields(GatedDeltaNetSettings)}
+    for name, default in ours.items():
+        flag = harvested["--" + name.replace("_", "-")]
+        assert flag["shapes"][0]["dest"] == name
+        assert flag.get("defaults", {}).get("megatron-lm") == default, name
+    variant = harvested["--experimental-attention-variant"]["shapes"][0]["choices"]
+    assert set(variant) == {"gdn", "gdn2", "dsa", "gated_delta_net"}
+    assert ours["linear_conv_kernel_dim"] == 4 and ours["linear_num_value_heads"] == 32
