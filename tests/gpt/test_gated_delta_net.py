@@ -19,6 +19,7 @@ from base.errors import ConfigError
 from gpt.layer_spec import mixer_symbols
 from gpt.model import build_gpt_model
 from parallel.state import ParallelState
+from tests.distributed import run_distributed
 from tests.gpt.test_llama_blocks import tiny_config
 
 SINGLE = ParallelState(device=torch.device("cpu"))
@@ -181,3 +182,35 @@ def test_flags_and_defaults_are_megatron_lms():
     variant = harvested["--experimental-attention-variant"]["shapes"][0]["choices"]
     assert set(variant) == {"gdn", "gdn2", "dsa", "gated_delta_net"}
     assert ours["linear_conv_kernel_dim"] == 4 and ours["linear_num_value_heads"] == 32
+
+
+def _tp2_against_tp1(rank, world_size, sequence_parallel):
+    from gpt.parallel_plan import tensor_parallel_plan
+    from parallel.config import ParallelismConfig
+    from parallel.state import destroy, initialize
+    from tests.gpt.test_llama_blocks import check_gradients_are_tp1_slices, tokens_for
+
+    state = initialize("cpu", tensor_parallel_size=2)
+    try:
+        config = gdn_config(seq_length=80, max_position_embeddings=80, num_attention_heads=4)
+        plan = tensor_parallel_plan(state, ParallelismConfig(tensor_model_parallel_size=2,
+                                                             sequence_parallel=sequence_parallel))
+        ours = build_gpt_model(config, state, seed=11, plan=plan)
+        reference = build_gpt_model(config, SINGLE, seed=11)
+        tokens = tokens_for(config)
+        with torch.no_grad():
+            difference = (ours(tokens[:, :-1], tokens[:, 1:]) - reference(tokens[:, :-1], tokens[:, 1:])).abs().max()
+        check_gradients_are_tp1_slices(ours, reference, tokens, state)
+        return difference.item()
+    finally:
+        destroy(state)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_gdn_at_tp2_equals_tp1(sequence_parallel):
+    """Megatron-Core's GatedDeltaNet under TP: each rank one query/key head with its two value heads (in_proj
+    column-parallel, conv1d, dt_bias and A_log split with them, out_proj row-parallel). Per-token losses equal the
+    TP 1 model's (<= 1e-6) and each rank's gradients are its slices of TP 1's (the gated norm's gain the whole: its
+    gradient summed over the ranks' heads)."""
+    assert all(difference <= 1e-6 for difference in run_distributed(_tp2_against_tp1, 2, sequence_parallel,
+                                                                     timeout=300))
