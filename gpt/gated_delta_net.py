@@ -135,7 +135,8 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                 cache: Optional[LayerCache] = None) -> torch.Tensor:
-        """`documents` is not read (Megatron-Core's GatedDeltaNet takes no mask); a KV cache is not kept here."""
+        """`documents` is not read (Megatron-Core's GatedDeltaNet takes no mask); a KV cache is not kept here
+        (gpt/decode.py refuses one before any step)."""
         if cache is not None:
             raise ValueError("Gated DeltaNet layers keep no decoding cache here: generate without the KV cache")
         projected = self.in_proj(hidden)  # the whole sequence, this rank's heads

@@ -214,3 +214,14 @@ def test_gdn_at_tp2_equals_tp1(sequence_parallel):
     gradient summed over the ranks' heads)."""
     assert all(difference <= 1e-6 for difference in run_distributed(_tp2_against_tp1, 2, sequence_parallel,
                                                                      timeout=300))
+
+
+def test_generation_with_a_kv_cache_is_refused_in_one_line_and_runs_without():
+    from gpt.generation import generate
+    from gpt.sampling import Sampling
+
+    model = build_gpt_model(gdn_config(), SINGLE, seed=1).eval()
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ConfigError, match="Gated DeltaNet .* keep no decoding state here"):
+        generate(model, prompt, 2, Sampling(top_k=1))
+    assert generate(model, prompt, 2, Sampling(top_k=1), use_cache=False).shape == (1, 2)
