@@ -35,7 +35,7 @@ def cache_refusal(model: GPTModel) -> Optional[str]:
         return "a KV cache runs the whole model on one process (no pipeline stages)"
     if any(isinstance(block.attention, GatedDeltaNet) for block in model.blocks):
         return ("Gated DeltaNet (`G`) layers keep no decoding state here (their convolution and recurrent state): "
-                "generate without the KV cache")
+                "generate without the KV cache (--no-kv-cache)")
     return None
 
 
