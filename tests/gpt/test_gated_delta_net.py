@@ -225,3 +225,18 @@ def test_generation_with_a_kv_cache_is_refused_in_one_line_and_runs_without():
     with pytest.raises(ConfigError, match="Gated DeltaNet .* keep no decoding state here"):
         generate(model, prompt, 2, Sampling(top_k=1))
     assert generate(model, prompt, 2, Sampling(top_k=1), use_cache=False).shape == (1, 2)
+
+
+def test_a_torch_dist_save_writes_this_projects_format_said_at_start(tmp_path):
+    """Megatron-Core's GatedDeltaNet names (its in_proj and conv1d split into parts) are not in the torch_dist table
+    yet: --ckpt-format torch_dist with `G` layers saves this project's format, said in one start line."""
+    from arguments.parser import parse_config
+
+    def unwritten(*flags):
+        return parse_config([*flags, "--swiglu", "--ckpt-format", "torch_dist", "--save", str(tmp_path)]) \
+            .megatron_format_unwritten() or ""
+
+    assert "Gated DeltaNet (`G`) layers" in unwritten("--hybrid-layer-pattern", "G-*-")
+    assert "Gated DeltaNet (`G`) layers" in unwritten("--experimental-attention-variant", "gated_delta_net",
+                                                      "--linear-attention-freq", "2", "--num-layers", "2")
+    assert "Gated DeltaNet" not in unwritten("--hybrid-layer-pattern", "*-*-")

@@ -73,10 +73,6 @@ KNOWN_FAILING_TODAY: dict[str, str] = {
        for length in ("4k", "8k", "32k")},
     "opengptx-teuken-7b-part3": _PATCH_FLAG.format(flag="--t5-swiglu", program="OpenGPT-X's Megatron-LM fork"),
     "zyphra-moe-1.3b-8e-megarun": _PATCH_FLAG.format(flag="--hf_autotokenizer_model", program="Zyphra's Megatron-LM fork"),
-    # Gated DeltaNet trains (gpt/gated_delta_net.py); its save in Megatron's torch_dist layout waits for the `G`
-    # layers' Megatron-Core names (issue 113, item 4)
-    **{f"megatron-lm-ft-gpt3_mcore_te_tp2_pp1_gdn{variant}": "--ckpt-format torch_dist has no names for `G` layers yet"
-       for variant in ("", "_1node", "_no_nvrx_async", "_no_nvrx_async_mcore", "_no_nvrx_sync")},
 }
 
 
