@@ -1,23 +1,25 @@
 """Megatron-LM's --hybrid-layer-pattern, read as the GPT blocks it names.
 
 Megatron-Core's HybridModel (megatron/core/models/hybrid/hybrid_layer_allocation.py @ d98e8a64) builds one layer
-per symbol: `*` attention, `+` multi-latent attention, `M` Mamba-2, `-` MLP, `E` MoE (and `G` Gated DeltaNet, `D`
+per symbol: `*` attention, `+` multi-latent attention, `M` Mamba-2, `G` Gated DeltaNet, `-` MLP, `E` MoE (and `D`
 DeepSeek sparse attention); `|` separates pipeline segments, segment vp * PP + pp_rank being model chunk vp of
 pipeline rank pp_rank (select_pipeline_segment); `/` starts the MTP patterns, "<main>/<mtp>/<mtp>", one per MTP
 depth, all identical (parse_hybrid_pattern).
 
 A block here is a pre-norm residual mixer then its MLP, either half of which may be absent. A mixer followed at
-once by an MLP symbol is one block (`*-`, `*E`, `+-`, `M-`: so the patterns built before one-part blocks, all of
-`*-`, `*E`, `+-` and `+E`, keep their blocks and parameter names); every other symbol is a block of its own half,
-`M` a Mamba block without an MLP, a lone `-` an MLP block without a mixer. Two Megatron layers x + f(norm(x)) then
-x + g(norm(x)) are exactly the one block's two halves, so the pairing changes no math: block k starts at Megatron's
-layer `layer_offsets()[k]` (one per symbol), which is how names and counts map between the two numberings. What
-no block here is (another layer family) is refused in one line.
+once by an MLP symbol is one block (`*-`, `*E`, `+-`, `M-`, `G-`, `GE`: so the patterns built before one-part
+blocks, all of `*-`, `*E`, `+-`, `+E`, `G-` and `GE` (Qwen3-Next's layers), keep their blocks and parameter names);
+every other symbol is a block of its own half, `M` a Mamba block without an MLP, a lone `-` an MLP block without a
+mixer. Two Megatron layers x + f(norm(x)) then x + g(norm(x)) are exactly the one block's two halves, so the
+pairing changes no math: block k starts at Megatron's layer `layer_offsets()[k]` (one per symbol), which is how
+names and counts map between the two numberings. What no block here is (another layer family) is refused in one
+line.
 
 The settings the pattern gives are the GPT path's own (the depth in blocks, --moe-layer-freq's per-block list, the
 stages as --pipeline-model-parallel-layout, --mtp-num-layers); arguments/megatron/hybrid_layer_pattern.py sets them,
 and gpt/layer_spec.py reads each block's mixer and MLP. `+` layers take multi-latent attention's sizes from
---multi-latent-attention's flags, as Megatron-LM builds them only under it (MLATransformerConfig).
+--multi-latent-attention's flags, as Megatron-LM builds them only under it (MLATransformerConfig); `G` layers
+their sizes from the --linear-* flags (gpt/gdn_settings.py).
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ from typing import Optional
 from base.errors import ConfigError
 
 FLAG = "--hybrid-layer-pattern"
-ATTENTION, MLA, MAMBA, MLP, MOE, PIPE, MTP_SEPARATOR = "*", "+", "M", "-", "E", "|", "/"
-MIXERS = (ATTENTION, MLA, MAMBA)
+ATTENTION, MLA, MAMBA, GDN, MLP, MOE, PIPE, MTP_SEPARATOR = "*", "+", "M", "G", "-", "E", "|", "/"
+MIXERS = (ATTENTION, MLA, MAMBA, GDN)
 MLPS = (MLP, MOE)
-# the attention blocks an MTP layer is (Megatron-Core's GPT MTP layer: attention then its MLP)
-BLOCKS = tuple(mixer + mlp for mixer in (ATTENTION, MLA) for mlp in MLPS)
+# the blocks an MTP layer may be (Megatron-Core's GPT MTP layer: attention, or here Gated DeltaNet, then its MLP)
+BLOCKS = tuple(mixer + mlp for mixer in (ATTENTION, MLA, GDN) for mlp in MLPS)
 # Megatron-Core's other layer symbols (Symbols, hybrid_layer_allocation.py @ d98e8a64), each a layer family not
 # built here
-NOT_BUILT = {"G": "Gated DeltaNet (GDN)", "D": "DeepSeek sparse attention (DSA)"}
+NOT_BUILT = {"D": "DeepSeek sparse attention (DSA)"}
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,8 @@ class HybridPattern:
         return tuple(block[-1] == MOE for block in self.blocks)
 
     def mixers(self) -> tuple[Optional[str], ...]:
-        """Each block's mixer symbol, `*` (attention), `+` (MLA) or `M` (Mamba); None for an MLP block."""
+        """Each block's mixer symbol, `*` (attention), `+` (MLA), `M` (Mamba) or `G` (Gated DeltaNet); None for an
+        MLP block."""
         return tuple(block[0] if block[0] in MIXERS else None for block in self.blocks)
 
     def mlps(self) -> tuple[Optional[str], ...]:
@@ -98,7 +101,8 @@ def _check_symbols(text: str) -> None:
     for symbol in text:
         if symbol in NOT_BUILT:
             raise _refuse(text, f"`{symbol}` ({NOT_BUILT[symbol]}) layers are not built here; the pattern builds "
-                                f"`*` attention, `+` MLA, `M` Mamba, `-` MLP and `E` MoE layers")
+                                f"`*` attention, `+` MLA, `M` Mamba, `G` Gated DeltaNet, `-` MLP and `E` MoE "
+                                f"layers")
         if symbol not in (*MIXERS, *MLPS, PIPE, MTP_SEPARATOR):
             raise _refuse(text, f"{symbol!r} is not a layer symbol (Megatron-Core's: `*` attention, `-` MLP, `E` MoE, "
                                 f"`M` Mamba, `G` GDN, `D` DSA, `+` MLA; `|` a pipeline segment boundary, `/` MTP)")
@@ -127,8 +131,9 @@ def parse_hybrid_pattern(text: str) -> HybridPattern:
             raise _refuse(text, "`|` in an MTP pattern: pipeline segments are the main pattern's (before the `/`)")
         mtp = pattern_blocks(mtp_parts[0])
         if len(mtp) != 1 or mtp[0] not in BLOCKS:
-            raise _refuse(text, f"the MTP pattern {mtp_parts[0]!r} is not one attention block: an MTP layer here is "
-                                f"one block (Megatron-Core's GPT MTP layer), `*-`, `*E`, `+-` or `+E`")
+            raise _refuse(text, f"the MTP pattern {mtp_parts[0]!r} is not one attention or GDN block: an MTP layer "
+                                f"here is one block (Megatron-Core's GPT MTP layer), `*-`, `*E`, `+-`, `+E`, `G-` "
+                                f"or `GE`")
         mtp_block = mtp[0]
     segments = main.split(PIPE)  # a `|` between a mixer and an MLP makes them two blocks, as Megatron's two layers
     pattern = HybridPattern(text, tuple(pattern_blocks(segment) for segment in segments), mtp_block,

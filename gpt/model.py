@@ -28,7 +28,8 @@ from torch import nn
 
 from gpt.attention import build_attention
 from gpt.embedding import build_position_embedding, build_word_embedding, embed_tokens
-from gpt.hybrid_pattern import ATTENTION, MAMBA, MLA, MOE
+from gpt.gated_delta_net import build_gated_delta_net
+from gpt.hybrid_pattern import ATTENTION, GDN, MAMBA, MLA, MOE
 from gpt.hybrid_pattern import MLP as DENSE_MLP
 from gpt.kv_cache import LayerCache
 from gpt.layer_spec import LayerSpec, layer_specs
@@ -57,7 +58,7 @@ MTP_PASS = "mtp"
 
 
 # Each part's builder by its symbol (gpt/layer_spec.py): a layer kind is its module, its builder and one entry here
-MIXERS = {ATTENTION: build_attention, MLA: build_mla, MAMBA: build_mamba}
+MIXERS = {ATTENTION: build_attention, MLA: build_mla, MAMBA: build_mamba, GDN: build_gated_delta_net}
 MLPS = {DENSE_MLP: build_mlp, MOE: build_moe_layer}
 
 

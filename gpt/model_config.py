@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from base.errors import ConfigError
-from base.options import Const, flag_of_setting, option, replace_settings, section, with_settings
+from base.options import Const, option, replace_settings, section, with_settings
 from gpt.attention_settings import AttentionSettings
 from gpt.fp8_settings import FP8Settings
+from gpt.gdn_settings import GatedDeltaNetSettings
 from gpt.hybrid_pattern import check_model_follows_pattern, residual_branches
 from gpt.longrope import LongRope
 from gpt.mamba_settings import MambaSettings
@@ -23,8 +24,13 @@ from gpt.norms import NormSettings
 from gpt.output_settings import OutputSettings
 from gpt.positions import PositionSettings
 from gpt.recompute_settings import RecomputeSettings
-from gpt.section_rules import check_layers_without_rotary, check_mlp_with_experts, check_multi_latent_attention
-from gpt.trunk_rules import check_trunk
+from gpt.section_rules import (
+    check_gated_delta_net_layers,
+    check_layers_without_rotary,
+    check_mlp_with_experts,
+    check_multi_latent_attention,
+)
+from gpt.trunk_rules import check_trunk, check_trunk_tensor_parallel
 from parallel.layers import padded_vocab_size
 
 
@@ -80,6 +86,7 @@ class ModelConfig:
     fp8: FP8Settings = section(FP8Settings)
     experts: MoESettings = section(MoESettings)  # Megatron-LM's --num-experts and --moe-*, DeepSpeed-MoE's inside
     mamba: MambaSettings = section(MambaSettings)  # an `M` layer's sizes (--mamba-*), read only by a pattern's `M`
+    gdn: GatedDeltaNetSettings = section(GatedDeltaNetSettings)  # Gated DeltaNet's `G` layers (gpt/gdn_settings.py)
 
     @classmethod
     def of(cls, **settings) -> "ModelConfig":
@@ -98,11 +105,10 @@ class ModelConfig:
         return None if largest is None else self.experts.for_layer(largest, self.ffn_size)
 
     def with_layers(self, num_layers: int, **changes) -> "ModelConfig":
-        """This model at another layer count, for counting (a one-block shape probe, a pipeline stage's GEMMs): the
-        per-layer pattern flags, written for the real model's layers and shaping no parameter, are dropped rather
-        than checked again against the probe's count (--no-rope-freq 4 is valid at 8 layers, not at 1)."""
+        """This model at another layer count, for counting (a shape probe, a pipeline stage's GEMMs): the per-layer
+        pattern flags, written for the real model's layers, are dropped rather than checked against the probe's."""
         return replace_settings(self, num_layers=num_layers, window_attn_skip_freq=None, no_rope_freq=None,
-                                hybrid_layer_pattern=None, **changes)
+                                hybrid_layer_pattern=None, experimental_attention_variant=None, **changes)
 
     def moe_layers(self) -> tuple[bool, ...]:
         """Per layer, whether it is an MoE layer (--moe-layer-freq); all False for a dense model."""
@@ -147,13 +153,8 @@ class ModelConfig:
             raise ConfigError(str(error), flags=("--pad-vocab-size-to", "--tensor-model-parallel-size")) from None
 
     def validate_tensor_parallel(self, tensor_parallel_size: int) -> None:
-        """Each TP rank takes whole attention heads and an equal slice of hidden and 4h."""
-        for name, size in (("num_attention_heads", self.num_attention_heads), ("hidden_size", self.hidden_size),
-                           ("ffn_hidden_size", self.ffn_size)):
-            if size % tensor_parallel_size != 0:
-                raise ConfigError(f"{_flag(name)} {size} is not divisible by --tensor-model-parallel-size "
-                                  f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share",
-                                  flags=(_flag(name), "--tensor-model-parallel-size"))
+        """Each TP rank takes whole attention heads and an equal slice of hidden and 4h, and the blocks' parts."""
+        check_trunk_tensor_parallel(self, tensor_parallel_size)
         self.validate_blocks(tensor_parallel_size)
         self.experts.validate_tensor_parallel(tensor_parallel_size)
 
@@ -166,6 +167,7 @@ class ModelConfig:
         self.mla.validate()
         self.mamba.validate(self, tensor_parallel_size)
         self.mlp.validate_size(self.ffn_size, tensor_parallel_size)
+        check_gated_delta_net_layers(self.gdn, self.mlp, self.hybrid_layer_pattern, self.num_layers, tensor_parallel_size)
 
     def validate(self) -> None:
         """The trunk's rules (gpt/trunk_rules.py), each section's (its own file), those across sections (gpt/section_rules.py)."""
@@ -179,7 +181,3 @@ class ModelConfig:
         check_layers_without_rotary(self.positions, self.mla, self.mtp)
         check_multi_latent_attention(self.mla, self.attention, self.positions, self.num_layers)
         check_mlp_with_experts(self.mlp, has_experts=self.moe is not None)
-
-
-def _flag(name: str) -> str:
-    return flag_of_setting(ModelConfig, name)

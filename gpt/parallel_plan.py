@@ -45,8 +45,10 @@ LAYER_STYLES = {
     "attention.linear_q_up_proj": COLUMN,
     "attention.linear_kv_up_proj": COLUMN,
     "attention.linear_proj": ROW,
-    # Mamba-2, an `M` block's mixer (gpt/mamba.py, Megatron-Core's MambaMixer): the heads' output (its in_proj's
-    # parts split themselves)
+    # Gated DeltaNet (gpt/gated_delta_net.py, Megatron-Core's GatedDeltaNet): its in_proj's rows per head split
+    "attention.in_proj": COLUMN,
+    # out_proj: Mamba-2's (an `M` block's mixer, gpt/mamba.py, Megatron-Core's MambaMixer, whose in_proj's parts
+    # split themselves) and Gated DeltaNet's, the heads' output
     "attention.out_proj": ROW,
     "mlp.dense_h_to_4h": COLUMN,           # GPT-2's MLP
     "mlp.dense_h_to_4h_gate": COLUMN,      # SwiGLU's gate and up (gpt/mlp.py)

@@ -5,9 +5,13 @@ those, then these."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from base.errors import ConfigError
 from base.options import features, flag_of_setting
 from gpt.attention_settings import AttentionSettings
+from gpt.gdn_settings import GatedDeltaNetSettings
+from gpt.hybrid_pattern import GDN
 from gpt.mla_settings import MLASettings
 from gpt.mlp import MLPSettings
 from gpt.mtp import MTPSettings
@@ -86,3 +90,23 @@ def check_mlp_with_experts(mlp: MLPSettings, has_experts: bool) -> None:
         raise ConfigError("--activation-func-clamp-value with --swiglu clamps the experts' SwiGLU only: add "
                           "--num-experts (Megatron-Core's TransformerConfig requires MoE)",
                           flags=("--activation-func-clamp-value", "--swiglu"))
+
+
+def check_gated_delta_net_layers(gdn: GatedDeltaNetSettings, mlp: MLPSettings, hybrid_layer_pattern: Optional[str],
+                                 num_layers: int, tensor_parallel_size: int) -> None:
+    """Gated DeltaNet x MLP x TP (gpt/gated_delta_net.py), where some layer is `G` (of the pattern, or of
+    --linear-attention-freq): Megatron-Core's GatedDeltaNet runs its convolution and output gate through the MLP's
+    activation, which its causal_conv1d kernel takes only as SiLU (--swiglu's); TP splits its query/key heads."""
+    has_layers = GDN in hybrid_layer_pattern if hybrid_layer_pattern is not None else gdn.has_layers(num_layers)
+    gdn.validate(has_layers)
+    if not has_layers:
+        return
+    if not mlp.swiglu:
+        raise ConfigError("Gated DeltaNet layers (`G`, --experimental-attention-variant gated_delta_net) take the "
+                          "MLP's activation, SiLU under --swiglu (as Megatron-Core's causal_conv1d kernel requires): "
+                          "add --swiglu", flags=("--swiglu",))
+    if gdn.linear_num_key_heads % tensor_parallel_size:
+        raise ConfigError(f"--linear-num-key-heads {gdn.linear_num_key_heads} is not divisible by "
+                          f"--tensor-model-parallel-size {tensor_parallel_size}: each TP rank takes whole query/key "
+                          f"heads with their value heads (as Megatron-Core splits them)",
+                          flags=("--linear-num-key-heads", "--tensor-model-parallel-size"))

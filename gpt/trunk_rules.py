@@ -41,3 +41,14 @@ def check_trunk(config) -> None:
     if config.vocab_size < 0:
         raise ConfigError(f"--vocab-size must be at least 1 (0 or none: the tokenizer's), got {config.vocab_size}",
                           flags=("--vocab-size",))
+
+
+def check_trunk_tensor_parallel(config, tensor_parallel_size: int) -> None:
+    """Each TP rank takes whole attention heads and an equal slice of hidden and 4h (`config` a ModelConfig)."""
+    for name, size in (("num_attention_heads", config.num_attention_heads), ("hidden_size", config.hidden_size),
+                       ("ffn_hidden_size", config.ffn_size)):
+        if size % tensor_parallel_size != 0:
+            flag = flag_of_setting(type(config), name)
+            raise ConfigError(f"{flag} {size} is not divisible by --tensor-model-parallel-size "
+                              f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share",
+                              flags=(flag, "--tensor-model-parallel-size"))

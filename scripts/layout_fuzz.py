@@ -7,7 +7,7 @@
     python scripts/layout_fuzz.py --seed 1 --draws 20 --resumes 1      # every draw resumes at another layout
 
 Each draw is a seeded choice (draw i of seed s always gives the same launch) of a model (dense or MoE, block
-features, FP8, Muon, MLA, fp16) and of a `Layout` of the combination table (tests/training/combinations.py) over 2-8
+features, FP8, Muon, MLA, Gated DeltaNet, fp16) and of a `Layout` of the combination table (tests/training/combinations.py) over 2-8
 gloo ranks: TP, SP, CP, PP, ZeRO 0-3, offload, EP, recomputation; the rarer options each from a stream of their own.
 It trains 3 iterations of fp32 on `--mock-data`, as does the same model on one rank with the same global batch; some
 dense draws resume iteration 3 at another layout (`--resumes`), some train with hidden dropout against the layout
@@ -19,6 +19,7 @@ is a finding. Results go to `--output` as JSON lines, one a draw, and a summary 
 from __future__ import annotations
 
 import json
+import math
 import random
 import shlex
 import shutil
@@ -174,6 +175,19 @@ def _draw_extras(seed: int, index: int, flags: Sequence[str], layout: Layout) ->
     return []
 
 
+def _draw_gated_delta_net(seed: int, index: int, flags: Sequence[str], layout: Layout) -> list[str]:
+    """Gated DeltaNet layers (gpt/gated_delta_net.py) on every layer but each second one (Megatron-LM's
+    --experimental-attention-variant gated_delta_net --linear-attention-freq 2), from a stream of their own: with
+    Llama's blocks (their SiLU), two query/key heads over TP 1 or 2, and no context parallelism (refused, as
+    Megatron-Core has none)."""
+    rng = random.Random(f"layout-fuzz gated delta net {seed} {index}")
+    if rng.random() >= 0.25 or "--swiglu" not in flags or (layout.cp or 1) > 1 or 2 % (layout.tp or 1):
+        return []
+    return ["--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq", "2",
+            "--linear-num-key-heads", "2", "--linear-num-value-heads", rng.choice(["2", "4"]),
+            "--linear-key-head-dim", "8", "--linear-value-head-dim", "8"]
+
+
 def _draw_hierarchical_cp(seed: int, index: int, model: _Model, tensor_parallel: int, context_parallel: int,
                           data_parallel: int) -> bool:
     """Whether a CP 2 draw with data-parallel ranks to spare becomes CP 4 of `--cp-comm-type a2a+p2p` (the all-to-all
@@ -216,9 +230,11 @@ def _draw_mamba(seed: int, index: int, flags: Sequence[str], pipeline: int, cont
     """Mamba-2 layers (gpt/mamba.py), from a stream of their own: the drawn blocks as a hybrid pattern whose even
     blocks are `M-` (8 heads of 8 in 4 groups at hidden 32, so TP 1, 2 or 4 splits whole groups), beside --num-layers
     (which a pattern may repeat). Not on pipeline stages or CP ranks (a pattern's stages are its `|` segments; Mamba
-    has no CP), nor beside MoE, MTP, MLA or Muon, whose layers or parameters a pattern would have to spell."""
+    has no CP), nor beside MoE, MTP, MLA, Muon or the GPT flags' Gated DeltaNet layers, whose layers or parameters a
+    pattern would have to spell."""
     rng = random.Random(f"layout-fuzz mamba {seed} {index}")
-    excluded = ("--num-experts", "--mtp-num-layers", "--multi-latent-attention", "--optimizer")
+    excluded = ("--num-experts", "--mtp-num-layers", "--multi-latent-attention", "--optimizer",
+                "--experimental-attention-variant")
     if pipeline > 1 or context_parallel > 1 or any(flag in flags for flag in excluded) or rng.random() >= 0.2:
         return []
     layers = int(flags[flags.index("--num-layers") + 1])
@@ -229,7 +245,7 @@ def _draw_mamba(seed: int, index: int, flags: Sequence[str], pipeline: int, cont
 def _draw_resume(seed: int, index: int, ranks: int, model: Sequence[str], batch: Sequence[str],
                  share: float) -> Optional[Layout]:
     """With probability `share`, for a dense model without FP8, another layout of the same ranks to resume iteration
-    3 at (module docstring), from a stream of its own: TP (the heads and query groups divide), SP, PP (the layers
+    3 at (module docstring), from a stream of its own: TP (the heads, query groups and GDN key heads divide), SP, PP (the layers
     divide; MTP beside stages with rotary positions only), ZeRO, recompute; the global batch (and a ramp's sizes)
     divide over its DP."""
     rng = random.Random(f"layout-fuzz resume {seed} {index}")
@@ -238,6 +254,8 @@ def _draw_resume(seed: int, index: int, ranks: int, model: Sequence[str], batch:
     flags = list(model)
     layers = int(flags[flags.index("--num-layers") + 1])
     groups = int(flags[flags.index("--num-query-groups") + 1]) if "--num-query-groups" in flags else 4
+    if "--linear-num-key-heads" in flags:  # Gated DeltaNet's query/key heads, whole on each TP rank too
+        groups = math.gcd(groups, int(flags[flags.index("--linear-num-key-heads") + 1]))
     micro = int(batch[batch.index("--micro-batch-size") + 1])
     global_batch = int(batch[batch.index("--global-batch-size") + 1])
     # a batch ramp's START and INCREMENT split into micro-batches over the DP ranks, as Megatron-LM asserts
@@ -329,6 +347,7 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, res
         flags += _draw_precision(seed, index, flags, layout)
     elif model_flags is None:
         flags += _draw_extras(seed, index, flags, layout)
+        flags += _draw_gated_delta_net(seed, index, flags, layout)
         flags += _draw_precision(seed, index, flags, layout)
     if model_flags is None and not fp8:
         flags += _draw_mamba(seed, index, flags, pipeline, context_parallel)

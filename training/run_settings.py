@@ -31,6 +31,8 @@ from arguments.hf_config import read_hf_config
 from arguments.schedule import LearningRateSchedule, build_lr_schedule, train_iterations
 from base.options import replace_settings
 from gpt.attention_backend import backend_for_device
+from gpt.hybrid_pattern import GDN
+from gpt.layer_spec import mixer_symbols
 from training.moe_notes import moe_notes
 from zero.optimizer import PRECISION_DTYPES
 
@@ -157,14 +159,19 @@ def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:
     """--reset-position-ids restarts the learned position embedding's positions only: Megatron-Core's GPTModel hands
     position_ids to its embedding, and for rope computes the rotary angles of positions 0..seq-1
     (GPTModel._preprocess: `self.rotary_pos_emb(rotary_seq_len, ...)`), as Megatron-DeepSpeed does
-    (`self.rotary_pos_emb(self.seq_length)`). Under rope or no positions the flag changes nothing, said once."""
+    (`self.rotary_pos_emb(self.seq_length)`). Under rope or no positions the flag changes nothing, said once; and
+    --reset-attention-mask leaves Gated DeltaNet layers as Megatron-Core's leaves them, said once."""
     kind = config.model.positions.position_embedding_type
+    notes = ()
+    if config.data.reset_attention_mask and GDN in mixer_symbols(config.model):
+        notes = ("> --reset-attention-mask does not reach the Gated DeltaNet (`G`) layers: their state runs over the "
+                 "whole sequence, as Megatron-Core's GatedDeltaNet reads no attention mask",)
     if not config.data.reset_position_ids or kind == "learned_absolute":
-        return ()
-    return (f"> --reset-position-ids has no effect with --position-embedding-type {kind}: Megatron-LM restarts only "
-            f"learned positions after each end-of-document token; rotary angles stay those of positions 0..seq-1 "
-            f"(within a document, which --reset-attention-mask keeps attention to, rotary q.k depends only on the "
-            f"positions' difference)",)
+        return notes
+    return notes + (f"> --reset-position-ids has no effect with --position-embedding-type {kind}: Megatron-LM restarts "
+                    f"only learned positions after each end-of-document token; rotary angles stay those of positions "
+                    f"0..seq-1 (within a document, which --reset-attention-mask keeps attention to, rotary q.k "
+                    f"depends only on the positions' difference)",)
 
 
 def masked_loss_log_notes(config: PretrainConfig) -> tuple[str, ...]:

@@ -215,8 +215,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --dsa-indexer-n-heads --dsa-indexer-rope-interleaved --dsa-indexer-skip-topk-offset --dsa-indexer-topk
         --dsa-indexer-topk-freq --dsa-indexer-use-sparse-loss --dsa-kernel-backend --no-dsa-indexer-rotate-activation
         --disable-dsa-indexer-rotate-activation --no-dsa-indexer-scoring-relu --disable-dsa-indexer-scoring-relu
-        --linear-attention-freq --linear-conv-kernel-dim --linear-key-head-dim --linear-num-key-heads
-        --linear-num-value-heads --linear-value-head-dim --gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute
+        --gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute
         --gdp-num-householder --use-fused-weighted-squared-relu
         --fused-residual-rmsnorm --mhc-init-gating-factor --mhc-num-residual-streams --mhc-recompute-layer-num
         --mhc-sinkhorn-iterations
@@ -366,12 +365,8 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("not implemented: the residual here is each sublayer's input; Megatron-LM's legacy models and Megatron-DeepSpeed "
      "take it after the input norm (BERT's order), while Megatron-Core never reads the flag: drop it",
      _names("--apply-residual-connection-post-layernorm")),
-    ("not implemented: multi-head, grouped-query (--num-query-groups) or multi-latent (--multi-latent-attention) "
-     "attention over the causal context (or a sliding window of it, --window-size)",
-     _names("""
-        --experimental-attention-variant""")),
-    ("not implemented: every block is attention then its MLP, chosen by the model flags or --hybrid-layer-pattern "
-     "(`*-`, `*E`)", _names("""
+    ("not implemented: every block is a mixer then its MLP, chosen by the model flags or --hybrid-layer-pattern "
+     "(`*-`, `*E`, `G-`, ...)", _names("""
         --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --enable-mhc-connections""")),
     # Megatron-Core's muP (megatron/core/transformer/transformer_config.py __post_init__, megatron/core/utils.py
     # mup_scaled_init_method_normal, language_module.py _scale_logits, optimizer/__init__.py

@@ -89,6 +89,19 @@ def test_one_part_blocks_set_the_depth_in_blocks_and_stages_at_block_boundaries(
     assert (config.model.num_layers, config.parallel.decoder_first_pipeline_num_layers) == (3, 2)
 
 
+def test_g_is_a_gated_delta_net_block_beside_attention():
+    """Qwen3-Next's layers: Gated DeltaNet then its MLP or MoE (`G-`, `GE`), attention between."""
+    pattern = parse_hybrid_pattern("G-GE*E")
+    assert pattern.blocks == ("G-", "GE", "*E") and pattern.mixers() == ("G", "G", "*")
+    config = parse_arguments(["--hybrid-layer-pattern", "G-GE*E", "--num-experts", "4", "--swiglu"]).config.model
+    from gpt.layer_spec import layer_specs
+
+    assert [(spec.mixer, spec.mlp) for spec in layer_specs(config)] == [("G", "-"), ("G", "E"), ("*", "E")]
+    # a `G` without its MLP is a one-part block, as any mixer alone
+    config = parse_arguments(["--hybrid-layer-pattern", "G*-", "--swiglu"]).config.model
+    assert [(spec.mixer, spec.mlp) for spec in layer_specs(config)] == [("G", None), ("*", "-")]
+
+
 def test_a_mix_of_attention_and_mla_is_said_at_start_up_as_megatron_refuses_it():
     notes = parse_arguments(["--hybrid-layer-pattern", "*-+-", *MLA]).notes
     assert any("which Megatron-LM refuses" in note for note in notes), notes
@@ -117,7 +130,8 @@ def test_the_attention_layers_of_a_mixed_pattern_have_their_query_groups_checked
 
 
 REFUSED = {
-    "gated deltanet": (["--hybrid-layer-pattern", "G-*-"], "`G` (Gated DeltaNet (GDN)) layers are not built here"),
+    # Megatron-Core's GatedDeltaNet runs its conv and gate through the MLP's activation, SiLU only in its kernels
+    "gated deltanet without swiglu": (["--hybrid-layer-pattern", "G-*-"], "add --swiglu"),
     "deepseek sparse attention": (["--hybrid-layer-pattern", "*-D-"],
                                   "`D` (DeepSeek sparse attention (DSA)) layers are not built here"),
     # Megatron-LM builds MLATransformerConfig, whose sizes `+` layers read, only under --multi-latent-attention
@@ -130,7 +144,7 @@ REFUSED = {
     "unequal mtp": (["--hybrid-layer-pattern", "*-*E/*E/*-", "--num-experts", "4"], "the MTP patterns after `/` differ"),
     "mtp of another kind": (["--hybrid-layer-pattern", "*-*-/*E", "--num-experts", "4"],
                             "an MTP layer here is a block of the last decoder layer's kind"),
-    "mtp of two blocks": (["--hybrid-layer-pattern", "*-*-/*-*-"], "the MTP pattern '*-*-' is not one attention block"),
+    "mtp of two blocks": (["--hybrid-layer-pattern", "*-*-/*-*-"], "the MTP pattern '*-*-' is not one attention or GDN block"),
     "even split inside a pair": (["--hybrid-layer-pattern", "*--*-", "--pipeline-model-parallel-size", "2",
                                   "--decoder-first-pipeline-num-layers", "1"], "ends the stage inside a block"),
     "segments over pp": (["--hybrid-layer-pattern", "*-*-|*-*-|*-*-", "--pipeline-model-parallel-size", "2"],
@@ -165,7 +179,7 @@ def test_each_refusal_is_one_line(name):
     assert words in message, message
 
 
-@pytest.mark.parametrize("symbol, family", [("G", "Gated DeltaNet (GDN)"), ("D", "DeepSeek sparse attention (DSA)")])
+@pytest.mark.parametrize("symbol, family", [("D", "DeepSeek sparse attention (DSA)")])
 def test_pretrain_hybrid_refuses_a_layer_family_not_built_in_one_line_exit_2(symbol, family):
     """Through the command line (base.errors.run_tool): one line on stderr naming the symbol, exit 2."""
     import pretrain_hybrid

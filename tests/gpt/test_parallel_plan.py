@@ -37,6 +37,8 @@ LLAMA = replace_settings(GPT2, normalization="RMSNorm", swiglu=True, position_em
                             qk_layernorm=True)
 # Gemma's blocks: norms on each sublayer's input and output (--sublayer-norms input_and_output)
 MODELS = {"gpt2": GPT2, "llama": LLAMA, "gemma": replace_settings(LLAMA, sublayer_norms="input_and_output")}
+GDN = replace_settings(LLAMA, hybrid_layer_pattern="G-*-", linear_num_key_heads=2, linear_num_value_heads=2,
+                       linear_key_head_dim=8, linear_value_head_dim=8)
 OUTPUT_NORMS = {"attention_output_layernorm", "mlp_output_layernorm"}
 # MoE layers with shared experts (TP-parallel as the MLP, gpt/moe/layer.py): built under sequence parallelism only,
 # as Megatron-Core's MoE layer requires it with TP
@@ -64,14 +66,15 @@ def _plan_name(name: str) -> str:
 def test_every_tensor_parallel_module_and_linear_is_named_in_the_plan_with_its_style(sequence_parallel):
     named = set()
     # with an MTP layer (gpt/mtp.py): its eh_proj and its block's linears are the plan's too
-    # and multi-latent attention's projections (gpt/mla.py), with and without a query LoRA rank
+    # and multi-latent attention's projections (gpt/mla.py), with and without a query LoRA rank, and Gated
+    # DeltaNet's (gpt/gated_delta_net.py)
     mla = dict(multi_latent_attention=True, num_query_groups=None, kv_lora_rank=16, qk_head_dim=8,
                qk_pos_emb_head_dim=4, v_head_dim=8)
     # and Mamba-2's out_proj (gpt/mamba.py), an `M` block's mixer
     mamba = replace_settings(GPT2, hybrid_layer_pattern="M-*-", mamba_head_dim=8, mamba_num_groups=2,
                              mamba_state_dim=8)
     for config in (*MODELS.values(), replace_settings(LLAMA, mtp_num_layers=1), mamba,
-                   replace_settings(LLAMA, **mla), replace_settings(LLAMA, **mla, q_lora_rank=24),
+                   replace_settings(LLAMA, **mla), replace_settings(LLAMA, **mla, q_lora_rank=24), GDN,
                    *(MOE_MODELS.values() if sequence_parallel else ())):
         for name, module in _model(config, sequence_parallel).named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding, *PARALLEL_LAYERS)) and name != "position_embeddings":

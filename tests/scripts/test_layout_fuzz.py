@@ -69,7 +69,7 @@ def test_two_hundred_draws_parse_and_cover_every_dimension():
                   "--goldfish-loss", "--calculate-per-token-loss", "--reset-attention-mask", "--mtp-num-layers",
                   "--optimizer", "--muon-tp-mode", "--multi-latent-attention", "--cp-comm-type a2a+p2p",
                   "--hierarchical-context-parallel-sizes", "--fp16", "--fp8-param-gather",
-                  "--hybrid-layer-pattern"]
+                  "--hybrid-layer-pattern", "--experimental-attention-variant"]
     seen.update(flag for each in map(lambda index: draw(11, index), range(200)) for flag in each.batch
                 if flag.startswith("--"))
     dimensions += ["--rampup-batch-size", "several layers a virtual chunk"]

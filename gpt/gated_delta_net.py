@@ -1,0 +1,164 @@
+"""Gated DeltaNet (Yang, Kautz and Hatamizadeh, 2024), a `G` layer's mixer, as Megatron-Core 0.19's GatedDeltaNet
+(megatron/core/ssm/gated_delta_net.py) computes it on its torch path, the math of transformers' Qwen3NextGatedDeltaNet.
+
+One projection `in_proj` gives the queries, keys and values (each query/key head serving
+linear_num_value_heads / linear_num_key_heads value heads), the output gate z, and per value head beta and alpha.
+The queries, keys and values pass a causal depthwise convolution (`conv1d`, width --linear-conv-kernel-dim) and
+SiLU; queries and keys are L2-normalised. Each value head keeps a [key dim x value dim] state S that decays by
+exp(g), g = -exp(A_log) * softplus(alpha + dt_bias), and learns by the delta rule at rate sigmoid(beta):
+S_t = exp(g_t) S_{t-1} (I - beta_t k_t k_t^T) + beta_t k_t v_t^T, o_t = S_t^T q_t / sqrt(key dim). The sequence is
+scanned in chunks of 64 (`chunk_gated_delta_rule`: within a chunk by a triangular solve, between chunks by the
+state). The output is normed per head (`out_norm`, the model's --normalization), gated by SiLU(z) and projected
+back (`out_proj`). Initialisation as Megatron's: in_proj normal(0, --init-method-std), out_proj the output
+projections' scaled std, conv1d nn.Conv1d's default uniform(+-1/sqrt(width)), dt_bias ones, A_log
+log(uniform(1, 16)); no biases (Megatron-Core builds GatedDeltaNet with bias=False).
+
+Tensor parallelism splits the query/key heads, each with its value heads (in_proj column-parallel, out_proj
+row-parallel), as Megatron's. As Megatron-Core's, the layer reads no attention mask (its state runs over the whole
+sequence) and takes no context parallelism (refused in one line)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from base.errors import ConfigError
+from gpt.kv_cache import LayerCache
+from gpt.model_config import ModelConfig
+from gpt.norms import HeadNorm
+from gpt.parallel_plan import TensorParallelPlan
+from parallel.init import InitMethod
+from parallel.layers import meta_parameter
+from parallel.random import TensorParallelRNG
+
+if TYPE_CHECKING:
+    from data.documents import DocumentMasks
+
+CHUNK_SIZE = 64  # Megatron-Core's and transformers' torch_chunk_gated_delta_rule
+A_LOG_INIT_RANGE = (1.0, 16.0)  # GatedDeltaNet's A_init_range
+L2NORM_EPS = 1e-6  # fla's l2norm, and transformers' copy of it
+
+
+def l2_normalized(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + 1e-6) over the head's dims, in fp32 and cast back (fla's l2norm)."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt((x32 * x32).sum(dim=-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
+
+
+def chunk_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                           beta: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> torch.Tensor:
+    """The gated delta rule's outputs [batch, seq, heads, value dim] from query and key [batch, seq, heads, key
+    dim] (normalised, one per value head), value [batch, seq, heads, value dim], the log decays g and the rates
+    beta [batch, seq, heads]; in fp32, cast back to the query's dtype, from a zero state."""
+    dtype, seq = query.dtype, query.shape[1]
+    query, key, value, beta, g = (x.transpose(1, 2).float() for x in (query, key, value, beta, g))
+    query = query * query.shape[-1] ** -0.5
+    pad = (chunk_size - seq % chunk_size) % chunk_size  # zero rows at the end change no earlier output
+    query, key, value = (F.pad(x, (0, 0, 0, pad)) for x in (query, key, value))
+    beta, g = F.pad(beta, (0, pad)), F.pad(g, (0, pad))
+    batch, heads, length, _ = key.shape
+    chunks = length // chunk_size
+
+    def chunked(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(batch, heads, chunks, chunk_size, x.shape[-1])
+
+    k_beta, v_beta = chunked(key * beta.unsqueeze(-1)), chunked(value * beta.unsqueeze(-1))
+    query, key = chunked(query), chunked(key)
+    decay = g.reshape(batch, heads, chunks, chunk_size).cumsum(dim=-1)  # log decay from the chunk's start
+    later = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=query.device).triu(1)
+    pairwise = (decay.unsqueeze(-1) - decay.unsqueeze(-2)).masked_fill(later, float("-inf")).exp()
+    # within a chunk the delta rule's updates are one unit lower-triangular system (the UT transform)
+    system = (k_beta @ key.transpose(-1, -2)) * pairwise
+    new_values = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    k_cumdecay = torch.linalg.solve_triangular(system, k_beta * decay.exp().unsqueeze(-1), upper=False,
+                                               unitriangular=True)
+    intra = (query @ key.transpose(-1, -2)) * pairwise
+    query = query * decay.exp().unsqueeze(-1)
+    key = key * (decay[..., -1:] - decay).exp().unsqueeze(-1)
+    state = query.new_zeros(batch, heads, query.shape[-1], value.shape[-1])
+    outputs = []
+    for i in range(chunks):  # the state carries each chunk's writes to the next
+        v_new = new_values[:, :, i] - k_cumdecay[:, :, i] @ state
+        outputs.append(query[:, :, i] @ state + intra[:, :, i] @ v_new)
+        state = state * decay[:, :, i, -1, None, None].exp() + key[:, :, i].transpose(-1, -2) @ v_new
+    out = torch.stack(outputs, dim=2).reshape(batch, heads, length, -1)[:, :, :seq]
+    return out.transpose(1, 2).contiguous().to(dtype)
+
+
+class CausalConv1d(nn.Module):
+    """The depthwise causal convolution over the sequence (Megatron's `conv1d`, an nn.Conv1d without bias, whose
+    default initialisation is uniform(+-1/sqrt(width))); its input and output [batch, seq, channels]."""
+
+    def __init__(self, channels: int, width: int, plan: TensorParallelPlan):
+        super().__init__()
+        bound = 1.0 / math.sqrt(width)
+        self.weight = meta_parameter((channels, 1, width), InitMethod.uniform(-bound, bound), plan.state,
+                                     split_dim=0)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        seq, width = hidden.shape[1], self.weight.shape[-1]
+        out = F.conv1d(hidden.transpose(1, 2), self.weight, padding=width - 1, groups=self.weight.shape[0])
+        return out[..., :seq].transpose(1, 2)
+
+
+class GatedDeltaNet(nn.Module):
+    """Megatron-Core's GatedDeltaNet (the module docstring), its parameters named as there (dt_bias and A_log, then
+    in_proj, conv1d, out_norm and out_proj). in_proj's rows and conv1d's channels lie per query/key head, each with
+    its value heads ([q_i | k_i | v_i | z_i | b_i | a_i], as Qwen3-Next's in_proj_qkvz and in_proj_ba), so that TP
+    splits them into whole heads (Megatron-Core's TP split) and a rank's slice is the same rows at any TP size.
+    Tensors [batch, seq, hidden]; under sequence parallelism in_proj gathers the sequence, out_proj scatters it."""
+
+    def __init__(self, config: ModelConfig, plan: TensorParallelPlan):
+        super().__init__()
+        gdn, h, tp = config.gdn, config.hidden_size, plan.state.tensor_parallel_size
+        self.key_head_dim, self.value_head_dim = gdn.linear_key_head_dim, gdn.linear_value_head_dim
+        self.group = gdn.linear_num_value_heads // gdn.linear_num_key_heads  # value heads per query/key head
+        self.local_key_heads = gdn.linear_num_key_heads // tp
+        dk, group_v = self.key_head_dim, self.group * self.value_head_dim
+        self.per_head = [2 * dk + group_v, group_v, self.group, self.group]  # conv's q k v, then z, beta, alpha
+        self.in_proj = plan.linear("attention.in_proj", h, gdn.linear_num_key_heads * sum(self.per_head),
+                                   init_std=config.init_method_std, bias=False)
+        self.conv1d = CausalConv1d(self.local_key_heads * self.per_head[0], gdn.linear_conv_kernel_dim, plan)
+        local_value_heads = self.local_key_heads * self.group
+        self.dt_bias = meta_parameter((local_value_heads,), InitMethod.ones(), plan.state, split_dim=0)
+        self.A_log = meta_parameter((local_value_heads,), InitMethod.uniform(*A_LOG_INIT_RANGE, then="log"),
+                                    plan.state, split_dim=0)
+        norms = config.norms  # one gain over each value head's dims, its gradient summed over the TP ranks' heads
+        self.out_norm = HeadNorm(norms.normalization, self.value_head_dim, norms.layernorm_epsilon, plan.state,
+                                 norms.apply_layernorm_1p)
+        self.out_proj = plan.linear("attention.out_proj", gdn.linear_num_value_heads * self.value_head_dim, h,
+                                    init_std=config.output_init_std, bias=False)
+
+    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
+                cache: Optional[LayerCache] = None) -> torch.Tensor:
+        """`documents` is not read (Megatron-Core's GatedDeltaNet takes no mask); a KV cache is not kept here
+        (gpt/decode.py refuses one before any step)."""
+        if cache is not None:
+            raise ValueError("Gated DeltaNet layers keep no decoding cache here: generate without the KV cache")
+        projected = self.in_proj(hidden)  # the whole sequence, this rank's heads
+        batch, seq, heads = projected.shape[0], projected.shape[1], self.local_key_heads
+        qkv, gate, beta, alpha = projected.view(batch, seq, heads, -1).split(self.per_head, dim=-1)
+        qkv = F.silu(self.conv1d(qkv.reshape(batch, seq, -1))).view(batch, seq, heads, -1)
+        dk = self.key_head_dim
+        query, key, value = qkv.split([dk, dk, self.group * self.value_head_dim], dim=-1)
+        query, key = (l2_normalized(x).repeat_interleave(self.group, dim=2) for x in (query, key))
+        value, gate = (x.reshape(batch, seq, heads * self.group, self.value_head_dim) for x in (value, gate))
+        beta, alpha = (x.reshape(batch, seq, heads * self.group) for x in (beta, alpha))
+        g = -self.A_log.float().exp() * F.softplus(alpha.float() + self.dt_bias)  # in fp32, as Megatron's
+        out = chunk_gated_delta_rule(query, key, value, g, beta.sigmoid())
+        out = (self.out_norm(out) * F.silu(gate.float())).to(hidden.dtype)
+        return self.out_proj(out.reshape(batch, seq, -1))
+
+
+def build_gated_delta_net(config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG], spec,
+                          rotary_cache) -> GatedDeltaNet:
+    """A `G` layer's Gated DeltaNet (gpt/layer_spec.py): no positions, no dropout."""
+    if plan.state.context_parallel_size > 1:  # Megatron-Core's GatedDeltaNet: "TODO: support CP"
+        raise ConfigError(f"--context-parallel-size {plan.state.context_parallel_size} with Gated DeltaNet layers "
+                          f"(`G`) is not implemented (nor in Megatron-Core): their state runs over the whole "
+                          f"sequence; train them without context parallelism", flags=("--context-parallel-size",))
+    return GatedDeltaNet(config, plan)
