@@ -102,6 +102,30 @@ def test_g_is_a_gated_delta_net_block_beside_attention():
     assert [(spec.mixer, spec.mlp) for spec in layer_specs(config)] == [("G", None), ("*", "-")]
 
 
+def test_mamba_and_gated_delta_net_share_one_model():
+    """`M` and `G` are two mixers of the one block structure: `M-G*-GE` is four blocks, the `G` after `M-` alone,
+    and the model builds each block's mixer by its symbol and runs."""
+    import torch
+
+    from gpt.gated_delta_net import GatedDeltaNet
+    from gpt.layer_spec import layer_specs
+    from gpt.mamba import MambaMixer
+    from gpt.model import build_gpt_model
+    from parallel.state import ParallelState
+
+    config = parse_arguments([
+        "--hybrid-layer-pattern", "M-G*-GE", "--num-experts", "2", "--swiglu", "--mamba-head-dim", "8",
+        "--mamba-num-groups", "2", "--mamba-state-dim", "8", "--linear-num-key-heads", "2", "--linear-num-value-heads",
+        "4", "--linear-key-head-dim", "8", "--linear-value-head-dim", "8", "--hidden-size", "32",
+        "--num-attention-heads", "4", "--seq-length", "16", "--max-position-embeddings", "16",
+        "--vocab-size", "64"]).config.model
+    assert [(spec.mixer, spec.mlp) for spec in layer_specs(config)] == [("M", "-"), ("G", None), ("*", "-"), ("G", "E")]
+    model = build_gpt_model(config, ParallelState(device=torch.device("cpu")), seed=1)
+    assert [type(block.attention) for block in model.blocks][:2] == [MambaMixer, GatedDeltaNet]
+    hidden = model.hidden_states(torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0)))
+    assert hidden.shape == (2, 16, 32) and torch.isfinite(hidden).all()
+
+
 def test_a_mix_of_attention_and_mla_is_said_at_start_up_as_megatron_refuses_it():
     notes = parse_arguments(["--hybrid-layer-pattern", "*-+-", *MLA]).notes
     assert any("which Megatron-LM refuses" in note for note in notes), notes
