@@ -19,7 +19,7 @@ from arguments.bounds import _moe_layers_and_experts
 from arguments.parser import parse_config
 from base.errors import ConfigError
 from checkpoint.torch_dist.writer import _per_layer
-from families.glm4_moe.weights import hf_config
+from families.registry import family_weights
 from gpt.model import build_gpt_model
 from gpt.model_config import ModelConfig
 from gpt.moe.settings import moe_layer_pattern
@@ -47,6 +47,7 @@ def test_a_group_count_without_a_group_topk_is_taken_and_routes_as_without_it():
     launch = [*TINY, "--swiglu", "--normalization", "RMSNorm", "--ffn-hidden-size", "32"]
     assert parse_config([*launch, "--moe-router-num-groups", "2"]).model.moe.router_num_groups == 2
     # exported, transformers' router must not group either (its n_group groups by itself)
+    hf_config = family_weights()["glm4_moe"].hf_config
     assert hf_config(parse_config([*launch, "--moe-router-num-groups", "2"]).model).n_group == 1
     assert hf_config(parse_config([*launch, "--moe-router-num-groups", "2", "--moe-router-group-topk", "1"]
                                   ).model).n_group == 2
