@@ -14,7 +14,7 @@ from base.errors import ConfigError
 from base.options import option
 from gpt.attention_sinks import SOFTMAX_TYPES
 from gpt.attention_window import any_layer_windowed, check_window_size, layer_windows, window_size_value
-from gpt.moe.settings import moe_freq_value
+from gpt.layer_pattern import freq_value
 
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 # Megatron-LM's --cp-comm-type choices (megatron/training/arguments.py)
@@ -78,7 +78,7 @@ class AttentionSettings:
         help="sliding-window attention: a query sees itself and the LEFT keys before it (-1: no limit; attention "
              "is causal, so RIGHT is 0 whatever it says); default: the whole causal context")
     window_attn_skip_freq: Union[None, int, str] = option(
-        None, type=moe_freq_value,
+        None, type=freq_value,
         help="with --window-size, which layers have the window: N gives every layer but each N-th (1-based) a "
              "window; a list expression gives one 1 (window) or 0 (full attention) per layer, e.g. '([1]*5+[0])*4'; "
              "default: every layer")

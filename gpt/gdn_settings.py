@@ -10,24 +10,13 @@ from typing import ClassVar, Optional, Union
 
 from base.errors import ConfigError
 from base.options import flag_of_setting, option
-from gpt.layer_pattern import layer_flags
+from gpt.layer_pattern import freq_value, layer_flags
 
 VARIANT_FLAG, FREQ_FLAG = "--experimental-attention-variant", "--linear-attention-freq"
 # Megatron-LM's spellings of the GDN variant: `gated_delta_net` (0.19's, deprecated after) and `gdn`
 GDN_VARIANTS = ("gated_delta_net", "gdn")
 # what else the flag names in Megatron-LM, each not built here
 OTHER_VARIANTS = {"gdn2": "Gated DeltaNet 2", "dsa": "DeepSeek sparse attention (DSA)"}
-
-
-def linear_attention_freq_value(text: str):
-    """--linear-attention-freq as Megatron-LM's la_freq_type keeps it: an int, or the list expression's text."""
-    text = str(text).strip()
-    if "[" in text:
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        return text  # refused with the launch's other problems (GatedDeltaNetSettings.gdn_layers)
 
 
 @dataclass(frozen=True)
@@ -40,7 +29,7 @@ class GatedDeltaNetSettings:
         help="gated_delta_net (or gdn): Gated DeltaNet layers where --linear-attention-freq says, attention on the "
              "others (Megatron-LM's experimental layer specs)")
     linear_attention_freq: Union[None, int, str] = option(
-        None, type=linear_attention_freq_value,
+        None, type=freq_value,
         help="with --experimental-attention-variant gated_delta_net: N, a Gated DeltaNet layer except at every N-th "
              "layer (attention); or a list expression, one 1 (GDN) or 0 (attention) per layer")
     linear_conv_kernel_dim: int = option(4, help="the Gated DeltaNet layers' causal convolution width")

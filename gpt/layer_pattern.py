@@ -10,6 +10,18 @@ import ast
 from base.errors import ConfigError
 
 
+def freq_value(text: str):
+    """A layer frequency flag's value as Megatron-LM's moe_freq_type and la_freq_type keep it (--moe-layer-freq,
+    --linear-attention-freq, --window-attn-skip-freq, --no-rope-freq): an int, or the list expression's text."""
+    text = str(text).strip()
+    if "[" in text:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        return text  # refused with the launch's other problems, where the flag's list is read
+
+
 def _read(text: str, flag: str) -> ast.AST:
     try:
         return ast.parse(text, mode="eval").body

@@ -10,9 +10,8 @@ from typing import ClassVar, Optional, Union
 
 from base.errors import ConfigError
 from base.options import flag_of_setting, option
-from gpt.layer_pattern import check_no_rope_freq, no_rope_layers
+from gpt.layer_pattern import check_no_rope_freq, freq_value, no_rope_layers
 from gpt.longrope import LongRope, factor_list_value
-from gpt.moe.settings import moe_freq_value
 
 # of Megatron-LM's --position-embedding-type; yarn is Megatron-Core's YarnRotaryEmbedding (gpt/rotary.py yarn_angles);
 # longrope is not Megatron's: Phi-3's LongRoPE as transformers computes it (gpt/longrope.py), a Hugging Face folder's
@@ -83,7 +82,7 @@ class PositionSettings:
                    "ln(original context)), 1 for a factor at most 1)")
     # Megatron-LM's --no-rope-freq: the layers whose attention skips the rotary positions (Llama 4's NoPE layers)
     no_rope_freq: Union[None, int, str] = option(
-        None, feature=True, type=moe_freq_value,
+        None, feature=True, type=freq_value,
         help="layers whose attention skips the rotary positions (Llama 4's NoPE layers): N skips each N-th layer "
              "(1-based; N divides --num-layers); a list expression gives one 1 (skip) or 0 per layer, e.g. "
              "'([0]*3+[1])*2'; default: none")

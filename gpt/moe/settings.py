@@ -13,7 +13,7 @@ from typing import ClassVar, Optional, Union
 
 from base.errors import ConfigError
 from base.options import SETTING, option, section
-from gpt.layer_pattern import layer_flags
+from gpt.layer_pattern import freq_value, layer_flags
 from gpt.moe.deepspeed_gating import DeepSpeedMoESettings
 
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
@@ -80,18 +80,6 @@ def experts_per_layer(counts, num_layers: int, expert_interval: int) -> tuple[in
                  for layer in range(1, num_layers + 1))
 
 
-def moe_freq_value(text: str):
-    """--moe-layer-freq's value as Megatron-LM's moe_freq_type keeps it: an int, or the list expression's text
-    (read by moe_layer_pattern)."""
-    text = str(text).strip()
-    if "[" in text:
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        return text  # refused with the launch's other problems (moe_layer_pattern)
-
-
 def moe_layer_pattern(freq: str, num_layers: int) -> tuple[bool, ...]:
     """Which layers are MoE layers, from --moe-layer-freq as Megatron-LM reads it (arguments.py moe_freq_type,
     and TransformerBlock's get_transformer_block_with_experimental_attention_variant_spec / the layer specs:
@@ -131,7 +119,7 @@ class MoESettings:
     ffn_hidden_size: Optional[int] = option(None, help="each expert's hidden size (default: "
                                                                         "--ffn-hidden-size)")
     layer_freq: Union[int, str] = option(
-        1, type=moe_freq_value, help="N: an MoE layer at every layer i with i mod N == 0, dense between; or a list "
+        1, type=freq_value, help="N: an MoE layer at every layer i with i mod N == 0, dense between; or a list "
                                "expression with one 0 (dense) or 1 (MoE) per layer, e.g. '([1]*3+[0]*1)*2'")
     router_topk: int = option(2, help="experts per token")
     router_score_function: str = option("softmax",
