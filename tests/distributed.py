@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import os
 import queue
 import random
@@ -103,12 +104,21 @@ def _child(module: str, name: str, sys_path: list, environ: dict, rank: int, wor
     torch.set_num_threads(1)
     try:
         fn = getattr(importlib.import_module(module), name)
-        results.put((rank, "ok", fn(rank, world_size, *args)))
+        results.put((rank, "ok", _as_bytes(fn(rank, world_size, *args))))
     except BaseException:  # noqa: BLE001 - every failure must reach the parent with its traceback
         results.put((rank, "error", traceback.format_exc()))
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _as_bytes(result) -> bytes:
+    """The result pickled with its tensors' bytes inside. Put on the queue as it is, a tensor is shared by a file
+    descriptor the child must still serve when the parent reads it; a child that had already exited failed the
+    test with FileNotFoundError (CI, 2026-11-29)."""
+    buffer = io.BytesIO()
+    torch.save(result, buffer)
+    return buffer.getvalue()
 
 
 def run_distributed(fn, world_size: int, *args, timeout: float = 120) -> list:
@@ -142,7 +152,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120) -> list:
                 continue
             if status == "error":
                 raise DistributedTestError(_failures(rank, payload, world_size, results, processes, outputs))
-            outputs[rank] = payload
+            outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
         for process in processes:
             process.join(timeout=max(1.0, deadline - time.monotonic()))
     finally:
@@ -168,7 +178,7 @@ def _failures(rank: int, payload: str, world_size: int, results, processes, outp
         if status == "error":
             reports[other] = text
         else:
-            outputs[other] = text
+            outputs[other] = torch.load(io.BytesIO(text), weights_only=False)
     return "\n".join(f"rank {failed} of {world_size} failed:\n{text}" for failed, text in sorted(reports.items()))
 
 
