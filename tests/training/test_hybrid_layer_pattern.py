@@ -258,21 +258,29 @@ def test_mamba_layers_train_at_tp2_pp2_and_zero3_as_on_one_rank():
                                                                 rel=GRAD_NORM_TOLERANCE, abs=0), name
 
 
-# Megatron-LM core_v0.19.0's examples/mamba/train.sh, its 800M launch's flags as written (its pattern: Mamba layers
-# without an MLP, MLP layers alone, attention alone), shrunk in size only: hidden 256 (so that Megatron's default
-# 128-wide state, 64-wide heads and 8 groups give 8 heads), sequence 32, 2 iterations, no checkpoints or data paths
-MAMBA_800M = ["--tensor-model-parallel-size", "1", "--sequence-parallel", "--pipeline-model-parallel-size", "1",
-              "--use-distributed-optimizer", "--overlap-param-gather", "--overlap-grad-reduce",
-              "--untie-embeddings-and-output-weights", "--init-method-std", "0.02", "--position-embedding-type", "none",
-              "--hidden-size", "256", "--num-attention-heads", "16", "--group-query-attention", "--num-query-groups",
-              "8", "--hybrid-layer-pattern", "M-M-M--M-*M-M-M-M--*M-M-M-M-*M--M-M-M-*M-M--M-M-", "--seq-length", "32",
-              "--max-position-embeddings", "32", "--train-iters", "2", "--split", "99,1,0", "--micro-batch-size", "2",
-              "--global-batch-size", "4", "--lr", "2.5e-4", "--min-lr", "2.5e-5", "--lr-decay-style", "cosine",
-              "--weight-decay", "0.1", "--clip-grad", "1.0", "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
-              "--disable-bias-linear", "--normalization", "RMSNorm", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
-              "--log-interval", "1", "--eval-iters", "0", "--bf16", "--use-mcore-models",
-              "--spec", "megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec",
-              "--no-create-attention-mask-in-dataloader", "--tokenizer-vocab-size", "512", "--device", "cpu"]
+# Megatron-LM core_v0.19.0's examples/mamba/train.sh as written, both of its MODEL_SCALE cases, shrunk in size only:
+# hidden 256 (Megatron's default 128-wide state, 64-wide heads and 8 groups then give 8 Mamba heads), sequence 32,
+# 2 iterations, the 800M's global batch 32 -> 4; a vocabulary-size tokenizer, no checkpoints or data paths
+TRAIN_SH_SCALES = {  # scale: (TP, pattern, attention heads, micro batch, global batch)
+    "800M": (1, "M-M-M--M-*M-M-M-M--*M-M-M-M-*M--M-M-M-*M-M--M-M-", 16, 2, 4),
+    "8B": (4, "M-M-M--M-M*-M-M-M-M--M*-M-M-M-M-M*--M-M-M-M-M*-M--M-M-M-", 32, 4, 8),
+}
+
+
+def mamba_train_sh(scale: str) -> list[str]:
+    tp, pattern, heads, micro_batch, global_batch = TRAIN_SH_SCALES[scale]
+    return ["--tensor-model-parallel-size", str(tp), "--sequence-parallel", "--pipeline-model-parallel-size", "1",
+            "--use-distributed-optimizer", "--overlap-param-gather", "--overlap-grad-reduce",
+            "--untie-embeddings-and-output-weights", "--init-method-std", "0.02", "--position-embedding-type", "none",
+            "--hybrid-layer-pattern", pattern, "--hidden-size", "256", "--num-attention-heads", str(heads),
+            "--group-query-attention", "--num-query-groups", "8", "--seq-length", "32",
+            "--max-position-embeddings", "32", "--train-iters", "2", "--split", "99,1,0", "--micro-batch-size",
+            str(micro_batch), "--global-batch-size", str(global_batch), "--lr", "2.5e-4", "--min-lr", "2.5e-5",
+            "--lr-decay-style", "cosine", "--weight-decay", "0.1", "--clip-grad", "1.0", "--attention-dropout", "0.0",
+            "--hidden-dropout", "0.0", "--disable-bias-linear", "--normalization", "RMSNorm", "--adam-beta1", "0.9",
+            "--adam-beta2", "0.95", "--log-interval", "1", "--eval-iters", "0", "--bf16", "--use-mcore-models",
+            "--spec", "megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec",
+            "--no-create-attention-mask-in-dataloader", "--tokenizer-vocab-size", "512", "--device", "cpu"]
 
 
 @pytest.mark.slow
@@ -280,6 +288,26 @@ def test_megatron_examples_mamba_800m_launch_trains_as_written(tmp_path, corpus_
     import pretrain_hybrid
 
     metrics = tmp_path / "mamba-800m.jsonl"
-    assert pretrain_hybrid.main([*MAMBA_800M, "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics)]) == 0
+    assert pretrain_hybrid.main([*mamba_train_sh("800M"), "--data-cache-dir", corpus_cache,
+                                 "--metrics-file", str(metrics)]) == 0
+    losses = _records(metrics, "loss")
+    assert len(losses) == 2 and all(0 < loss < 10 for loss in losses), losses
+
+
+@pytest.mark.slow
+def test_megatron_examples_mamba_8b_launch_trains_at_tp4_through_launch_py(tmp_path, corpus_cache):
+    """The 8B case on train.sh's 8 processes (TP 4 x DP 2, SP), through scripts/launch.py in torchrun's place."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    metrics = tmp_path / "mamba-8b.jsonl"
+    launched = subprocess.run(
+        [sys.executable, str(repo / "scripts" / "launch.py"), "--nproc-per-node", "8", "--master-port",
+         str(free_port()), str(repo / "pretrain_hybrid.py"), *mamba_train_sh("8B"), "--data-cache-dir", corpus_cache,
+         "--metrics-file", str(metrics)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "TP 4, SP on, PP 1, DP 2" in launched.stdout, launched.stdout[-3000:]
     losses = _records(metrics, "loss")
     assert len(losses) == 2 and all(0 < loss < 10 for loss in losses), losses
