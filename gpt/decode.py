@@ -14,7 +14,6 @@ from typing import Optional
 import torch
 
 from base.errors import ConfigError
-from gpt.gated_delta_net import GatedDeltaNet
 from gpt.kv_cache import KVCache
 from gpt.model import GPTModel
 
@@ -33,9 +32,10 @@ def cache_refusal(model: GPTModel) -> Optional[str]:
         return "a KV cache runs on one process (no context or sequence parallelism)"
     if not (model.stage.first and model.stage.last):
         return "a KV cache runs the whole model on one process (no pipeline stages)"
-    if any(isinstance(block.attention, GatedDeltaNet) for block in model.blocks):
-        return ("Gated DeltaNet (`G`) layers keep no decoding state here (their convolution and recurrent state): "
-                "generate without the KV cache (--no-kv-cache)")
+    for block in model.blocks:
+        reason = getattr(block.attention, "no_decoding_cache", None)  # a mixer that keeps no state says why
+        if reason is not None:
+            return f"{reason}: generate without the KV cache (--no-kv-cache)"
     return None
 
 

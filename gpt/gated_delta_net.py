@@ -112,6 +112,9 @@ class GatedDeltaNet(nn.Module):
     splits them into whole heads (Megatron-Core's TP split) and a rank's slice is the same rows at any TP size.
     Tensors [batch, seq, hidden]; under sequence parallelism in_proj gathers the sequence, out_proj scatters it."""
 
+    # why generation over a KV cache cannot run through this mixer (gpt/decode.py asks before any step)
+    no_decoding_cache = "Gated DeltaNet (`G`) layers keep no decoding state here (their convolution and recurrent state)"
+
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan):
         super().__init__()
         gdn, h, tp = config.gdn, config.hidden_size, plan.state.tensor_parallel_size
@@ -138,7 +141,7 @@ class GatedDeltaNet(nn.Module):
         """`documents` is not read (Megatron-Core's GatedDeltaNet takes no mask); a KV cache is not kept here
         (gpt/decode.py refuses one before any step)."""
         if cache is not None:
-            raise ValueError("Gated DeltaNet layers keep no decoding cache here: generate without the KV cache")
+            raise ValueError(self.no_decoding_cache)
         projected = self.in_proj(hidden)  # the whole sequence, this rank's heads
         batch, seq, heads = projected.shape[0], projected.shape[1], self.local_key_heads
         qkv, gate, beta, alpha = projected.view(batch, seq, heads, -1).split(self.per_head, dim=-1)

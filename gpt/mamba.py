@@ -83,6 +83,9 @@ class MambaMixer(nn.Module):
     split along them) and out_proj is row-parallel, as Megatron splits them; under --sequence-parallel in_proj
     gathers the sequence once and out_proj reduce-scatters it."""
 
+    # why generation over a KV cache cannot run through this mixer (gpt/decode.py asks before any step)
+    no_decoding_cache = "Mamba (`M`) layers keep no decoding state here (their convolution and scan state)"
+
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan):
         super().__init__()
         state = plan.state
@@ -120,7 +123,7 @@ class MambaMixer(nn.Module):
         `documents`: not read, as Megatron-Core's MambaMixer reads no attention mask (the state runs on across a
         document boundary); a KV cache (generation) has no Mamba state here."""
         if cache is not None:
-            raise ValueError("generation through `M` (Mamba) layers is not built: they keep no recurrent state cache")
+            raise ValueError(self.no_decoding_cache)
         with entered_region(hidden, self.state, self.sequence_parallel) as whole:
             projected = F.linear(whole, self.in_proj.joined("weight"))
         batch, seq, _ = projected.shape

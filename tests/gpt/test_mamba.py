@@ -139,6 +139,18 @@ def test_the_shapes_parameter_count_is_the_models(pattern, extra):
         sum(param.numel() for param in model.parameters())
 
 
+def test_generation_with_a_kv_cache_is_refused_in_one_line_and_runs_without():
+    from gpt.generation import generate
+    from gpt.sampling import Sampling
+
+    config = parse_config(["--hybrid-layer-pattern", "M-*-", *TINY]).model
+    model = build_gpt_model(config, SINGLE, seed=1).eval()
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ConfigError, match=r"^Mamba \(`M`\) layers keep no decoding state here.*--no-kv-cache\)$"):
+        generate(model, prompt, 2, Sampling(top_k=1))
+    assert generate(model, prompt, 2, Sampling(top_k=1), use_cache=False).shape == (1, 2)
+
+
 def test_a_hugging_face_export_of_mamba_layers_is_refused_in_one_line():
     from checkpoint.hf.folders import check_convertible
 
