@@ -70,6 +70,12 @@ def apply_hybrid_pattern(settings: dict[str, Any], sources: dict[str, Source], t
         # model"; each block here builds its own mixer, so the mix is a model like any other
         notes.append(f"> {PATTERN_FLAG} {text}: `*` attention and `+` MLA layers in one model, which Megatron-LM "
                      f"refuses (\"Not supported to have both Attention and MLA/DSA in one model\"); built here")
+    variant = settings.get("experimental_attention_variant")
+    if variant is not None:
+        # HybridModel's layers are its symbols (megatron/core/models/hybrid/hybrid_layer_specs.py); only GPTModel's
+        # experimental specs read the variant and --linear-attention-freq
+        notes.append(f"> --experimental-attention-variant {variant}: not read beside {PATTERN_FLAG}, whose symbols "
+                     f"place the layers (as Megatron-Core's HybridModel): write `G` for a Gated DeltaNet layer")
     return [], notes
 
 

@@ -126,6 +126,20 @@ def test_mamba_and_gated_delta_net_share_one_model():
     assert hidden.shape == (2, 16, 32) and torch.isfinite(hidden).all()
 
 
+def test_the_gdn_variant_beside_a_pattern_is_said_not_read_as_hybrid_model_reads_symbols():
+    """Megatron-Core 0.19's HybridModel builds its layers from the pattern's symbols (hybrid_layer_specs.py); the
+    variant and --linear-attention-freq choose layers only in GPTModel's experimental specs."""
+    from gpt.layer_spec import layer_specs
+
+    gdn = ["--linear-num-key-heads", "2", "--linear-num-value-heads", "4", "--linear-key-head-dim", "8",
+           "--linear-value-head-dim", "8", "--swiglu", "--hidden-size", "32", "--num-attention-heads", "4"]
+    parsed = parse_arguments(["--hybrid-layer-pattern", "*-G-", "--experimental-attention-variant",
+                              "gated_delta_net", "--linear-attention-freq", "2", *gdn])
+    assert [spec.mixer for spec in layer_specs(parsed.config.model)] == ["*", "G"]
+    assert any("--experimental-attention-variant gated_delta_net: not read beside --hybrid-layer-pattern" in note
+               for note in parsed.notes), parsed.notes
+
+
 def test_a_mix_of_attention_and_mla_is_said_at_start_up_as_megatron_refuses_it():
     notes = parse_arguments(["--hybrid-layer-pattern", "*-+-", *MLA]).notes
     assert any("which Megatron-LM refuses" in note for note in notes), notes
