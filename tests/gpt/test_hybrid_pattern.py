@@ -89,6 +89,22 @@ def test_one_part_blocks_set_the_depth_in_blocks_and_stages_at_block_boundaries(
     assert (config.model.num_layers, config.parallel.decoder_first_pipeline_num_layers) == (3, 2)
 
 
+def test_without_bars_the_stages_split_megatrons_layers_evenly_not_the_blocks():
+    """select_pipeline_segment (core_v0.19.0 hybrid_layer_allocation.py) gives each stage symbols / PP layers:
+    `M-M--*-M` at PP 2 is `M-M-` and `-*-M`, two blocks and three, the model `M-M-|-*-M` builds."""
+    def layout(pattern):
+        return parse_arguments(["--hybrid-layer-pattern", pattern, "--pipeline-model-parallel-size", "2",
+                                "--mamba-head-dim", "8", "--mamba-num-groups", "2"]).config.parallel
+
+    split, marked = layout("M-M--*-M"), layout("M-M-|-*-M")
+    assert split.pipeline_model_parallel_layout == marked.pipeline_model_parallel_layout == "Ett|tttL"
+    assert layout("M-M-*-*-").pipeline_model_parallel_layout is None  # two blocks a stage: the even block split
+    # 7 layers do not split over 2 stages (Megatron-LM refuses); the 4 blocks do, said in one line
+    notes = parse_arguments(["--hybrid-layer-pattern", "M-M-*-M", "--pipeline-model-parallel-size", "2",
+                             "--mamba-head-dim", "8", "--mamba-num-groups", "2"]).notes
+    assert any("Megatron-LM refuses it" in note and "2 blocks a stage" in note for note in notes), notes
+
+
 def test_g_is_a_gated_delta_net_block_beside_attention():
     """Qwen3-Next's layers: Gated DeltaNet then its MLP or MoE (`G-`, `GE`), attention between."""
     pattern = parse_hybrid_pattern("G-GE*E")
@@ -187,7 +203,7 @@ REFUSED = {
                                   "--decoder-first-pipeline-num-layers", "1"], "ends the stage inside a block"),
     "segments over pp": (["--hybrid-layer-pattern", "*-*-|*-*-|*-*-", "--pipeline-model-parallel-size", "2"],
                          "3 pipeline segments, not a multiple of --pipeline-model-parallel-size 2"),
-    # Megatron's even split of its 6 layers would end a stage inside a block: the GPT split's own refusal
+    # Megatron's even split of its 6 layers would end a stage inside a block, and the 3 blocks do not split either
     "even split inside a block": (["--hybrid-layer-pattern", "*-*-*-", "--pipeline-model-parallel-size", "2"],
                                   "--num-layers 3 is not divisible by --pipeline-model-parallel-size 2"),
     "num layers": (["--hybrid-layer-pattern", "*-*-", "--num-layers", "3"], "not --num-layers 3: drop --num-layers"),
