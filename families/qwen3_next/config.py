@@ -1,9 +1,8 @@
-"""Qwen3-Next (model_type qwen3_next, transformers' Qwen3NextForCausalLM): layer_types' linear_attention layers are
-Gated DeltaNet (`G`, the --linear-* sizes), its full_attention layers gated attention (`*`: q_proj also gives each
-head's output gate, --attention-output-gate; q_norm / k_norm, --qk-layernorm; partial_rotary_factor,
---rotary-percent), each followed by the MoE block with a sigmoid-gated shared expert (`E`) or, in mlp_only_layers or
-off decoder_sparse_step, a dense MLP (`-`): one --hybrid-layer-pattern. Its RMSNorm scales by 1 + weight
-(--apply-layernorm-1p). router_aux_loss_coef is a training choice, as for the other MoE families, not read."""
+"""Qwen3-Next's config.json (transformers' Qwen3NextForCausalLM) as one --hybrid-layer-pattern: layer_types'
+linear_attention layers Gated DeltaNet (`G`, the --linear-* sizes), full_attention layers gated attention (`*`),
+each followed by MoE with a gated shared expert (`E`) or a dense MLP (`-`). Its RMSNorm scales by 1 + weight
+(--apply-layernorm-1p). router_aux_loss_coef is checked, not applied: a training choice, as for the other MoE
+families."""
 
 from __future__ import annotations
 

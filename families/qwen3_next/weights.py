@@ -1,11 +1,7 @@
-"""Qwen3-Next's weights (transformers' Qwen3NextForCausalLM; families/qwen3_next/config.py reads its config.json).
-
-A `G` layer's linear_attn: in_proj_qkvz holds per key head [q_i | k_i | its value heads' v | their z] and
-in_proj_ba [b_i | a_i], where our in_proj holds both per head; its conv1d channels are [q | k | v] over all heads,
-ours per head [q_i | k_i | v_i]; its gated norm stores the gain itself, ours (--apply-layernorm-1p) the gain less
-one (FamilyWeights.gain_norms). A `*` layer's q_proj holds per head [query | gate], our fused QKV per group [its
-queries | their gates | k | v]. The MoE layers: mlp.gate (the router), mlp.experts.<e>, mlp.shared_expert and
-mlp.shared_expert_gate."""
+"""Qwen3-Next's weights (transformers' Qwen3NextForCausalLM). linear_attn's in_proj_qkvz [q_i | k_i | v_i | z_i]
+and in_proj_ba [b_i | a_i] per key head are our in_proj's rows per head; its conv1d channels [q | k | v], ours per
+head; its gated norm stores the gain, ours the gain less one (FamilyWeights.gain_norms). self_attn's q_proj holds
+per head [query | gate]; our fused QKV per group [queries | gates | k | v]."""
 
 from __future__ import annotations
 
