@@ -153,7 +153,7 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
         if dropped:
             print(dropped, flush=True)
             state_dict = {name: tensor for name, tensor in state_dict.items() if not name.startswith("mtp_layers.")}
-        return moe_family.pack(moe_family.to_hf(shifted_gains(state_dict, config, None, +1), config))
+        return moe_family.pack(moe_family.to_hf(shifted_gains(state_dict, config, moe_family, +1), config))
     family = dense_family(config)
     if family is not None:
         return hf_dense.to_hf(shifted_gains(state_dict, config, family, +1), config, family)
@@ -167,10 +167,13 @@ def shifted_gains(state_dict: dict[str, torch.Tensor], config: ModelConfig, fami
                   ) -> dict[str, torch.Tensor]:
     """--apply-layernorm-1p stores each norm's gain less one; a family that stores the gain itself (all but
     Gemma's, whose RMSNorm weights are also the gain less one) gets it with one added (`sign` +1, the export), and
-    gives it with one taken away (-1, the import), in fp32."""
-    if not config.norms.apply_layernorm_1p or (family is not None and family.fixed.get("apply_layernorm_1p")):
+    gives it with one taken away (-1, the import), in fp32; an MoE family's gain_norms name the norms it stores so
+    (FamilyWeights: Qwen3-Next's gated DeltaNet norm alone)."""
+    if not config.norms.apply_layernorm_1p or (family is not None and getattr(family, "fixed", {}).get(
+            "apply_layernorm_1p")):
         return state_dict
-    return {name: (tensor.float() + sign).to(tensor.dtype) if name.endswith("layernorm.weight") else tensor
+    gains = getattr(family, "gain_norms", ("layernorm.weight",))
+    return {name: (tensor.float() + sign).to(tensor.dtype) if name.endswith(gains) else tensor
             for name, tensor in state_dict.items()}
 
 
@@ -505,7 +508,7 @@ def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, stat
         shapes = tensor_shapes(moe_family, model_config)
         check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
                           "model.embed_tokens.weight", tied=not model_config.output.untie_embeddings_and_output_weights)
-        return shifted_gains(moe_family.from_hf(hf_state, model_config, padded_vocab), model_config, None, -1)
+        return shifted_gains(moe_family.from_hf(hf_state, model_config, padded_vocab), model_config, moe_family, -1)
     family = registered_family(config.family)
     if family is not None or config.family in llama_families():
         check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)

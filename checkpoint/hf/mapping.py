@@ -57,7 +57,7 @@ def hf_mapping(model_type: str, model: ModelConfig, padded_vocab: int) -> HFMapp
     tied = not model.output.untie_embeddings_and_output_weights
 
     def shift(name: str, values: torch.Tensor) -> torch.Tensor:
-        return hf.shifted_gains({name: values}, model, family, -1)[name]
+        return hf.shifted_gains({name: values}, model, family or moe, -1)[name]
     if moe is not None:
         return HFMapping(model_type, lambda tensors: canonical_names(tensors, model.num_layers),
                          lambda: tensor_shapes(moe, model), lambda ids: moe.from_hf(ids, model, padded_vocab), shift,
@@ -91,6 +91,8 @@ def read_whole_because(model_type: str) -> Optional[str]:
     moves rows): GPT-OSS's experts are [hidden, 2 x ffn] with gate and up columns interleaved, transposed and split
     by its conversion; Apertus's xIELU beta and eps (buffers) are checked by value."""
     moe = family_weights().get(model_type)
+    if moe is not None and moe.read_whole is not None:
+        return moe.read_whole
     if moe is not None and moe.unpack is not None:
         return (f"{moe.architecture}'s experts are stored [hidden, 2 x ffn] with gate and up columns interleaved, "
                 f"which its conversion transposes and splits: more than moving rows")

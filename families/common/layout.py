@@ -48,6 +48,11 @@ class FamilyWeights:
     # the export leaves the model's multi-token prediction layers out, said in one line (checkpoint/hf/folders.py
     # mtp_dropped): transformers' class has none and drops a release's (DeepSeek-V3's model.layers.<num_layers>.*)
     drops_mtp: bool = False
+    # our norms (name suffixes) whose family tensor is the gain itself, shifted by one under --apply-layernorm-1p
+    # (checkpoint/hf/folders.py shifted_gains); Qwen3-Next's other norms store the gain less one, as ours
+    gain_norms: tuple[str, ...] = ("layernorm.weight",)
+    # why the conversion is more than moving rows (checkpoint/hf/mapping.py read_whole_because), or None
+    read_whole: Optional[str] = None
 
 
 # ---- what a model must be -----------------------------------------------------------------------
