@@ -91,6 +91,8 @@ def read_whole_because(model_type: str) -> Optional[str]:
     moves rows): GPT-OSS's experts are [hidden, 2 x ffn] with gate and up columns interleaved, transposed and split
     by its conversion; Apertus's xIELU beta and eps (buffers) are checked by value."""
     moe = family_weights().get(model_type)
+    if moe is not None and moe.whole_because is not None:
+        return moe.whole_because
     if moe is not None and moe.unpack is not None:
         return (f"{moe.architecture}'s experts are stored [hidden, 2 x ffn] with gate and up columns interleaved, "
                 f"which its conversion transposes and splits: more than moving rows")

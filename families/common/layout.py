@@ -48,6 +48,12 @@ class FamilyWeights:
     # the export leaves the model's multi-token prediction layers out, said in one line (checkpoint/hf/folders.py
     # mtp_dropped): transformers' class has none and drops a release's (DeepSeek-V3's model.layers.<num_layers>.*)
     drops_mtp: bool = False
+    # why --init-from-hf reads the folder whole (checkpoint/hf/mapping.py read_whole_because), where its conversion
+    # is more than moving rows for another reason than fused experts
+    whole_because: Optional[str] = None
+    # its class holds a --hybrid-layer-pattern's Mamba layers and one-part blocks (checkpoint/hf/folders.py
+    # refuse_hybrid_layers refuses them for every other family)
+    holds_hybrid_blocks: bool = False
 
 
 # ---- what a model must be -----------------------------------------------------------------------
