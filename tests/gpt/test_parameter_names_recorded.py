@@ -187,6 +187,7 @@ def family_folders(path: Path) -> dict[str, tuple[str, Path]]:
     from tests.checkpoint.test_hf_dense_families import COMMON, FAMILIES
     from tests.checkpoint.test_hf_folder_is_the_model import gpt2_folder, llama_folder
     from tests.checkpoint.test_hf_moe import mixtral_folder, qwen2_moe_folder
+    from tests.checkpoint.test_hf_nemotron_h import nemotron_h_folder
 
     folders = {}
     for case, (config_class, _, extra) in FAMILIES.items():
@@ -197,7 +198,8 @@ def family_folders(path: Path) -> dict[str, tuple[str, Path]]:
     for family in moe_family_folders.FAMILIES:
         folders[family] = (family, moe_family_folders.family_folder(family, path / family))
     for family, make in {"gpt2": gpt2_folder, "llama": llama_folder, "mixtral": mixtral_folder,
-                         "qwen2_moe": qwen2_moe_folder, "apertus": random_apertus_folder}.items():
+                         "qwen2_moe": qwen2_moe_folder, "apertus": random_apertus_folder,
+                         "nemotron_h": nemotron_h_folder}.items():
         folders[family] = (family, make(path / family))
     return folders
 
