@@ -4,4 +4,4 @@ settings; weights.py: its weights)."""
 from families.common.family import Family
 from families.nemotron_h import config, weights
 
-FAMILY = Family(claim_order=60, readers=(config.READER,), weights=weights.WEIGHTS)
+FAMILY = Family(claim_order=5, readers=(config.READER,), weights=weights.WEIGHTS)

@@ -1,7 +1,8 @@
 """NemotronH's config.json (model_type nemotron_h, transformers' NemotronHForCausalLM): one layer per symbol of its
 pattern (layers_block_type, or hybrid_override_pattern in older files), Megatron's own symbols, so the pattern is
---hybrid-layer-pattern as written: `M` Mamba-2, `*` attention without positions, `-` an MLP of relu2 without a gate.
-What its model computes and our blocks cannot (`E` MoE layers, biases, another conv width) is refused in one line.
+--hybrid-layer-pattern as written: `M` Mamba-2, `*` attention without positions, `-` an MLP of relu2 without a gate,
+`E` DeepSeek-V3's router over relu2 experts and a shared expert. What its model computes and our blocks cannot
+(biases, another conv width, latent expert projections) is refused in one line.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from families.common.fields import (
     HFConfig,
     Kind,
 )
+from families.common.moe import sigmoid_router_settings
 from families.common.reader import FamilyReader
 from gpt.hybrid_pattern import MAMBA, MOE, parse_hybrid_pattern
 from gpt.mamba_settings import MambaSettings
@@ -66,6 +68,15 @@ FIELDS = (
     Field("time_step_min", NON_NEGATIVE_NUMBER, 0.001, aliases=("mamba_dt_min",)),
     Field("use_conv_bias", BOOLEAN, True, aliases=("mamba_conv_bias",)),
     Field("use_bias", BOOLEAN, False),
+    Field("n_routed_experts", POSITIVE_INT, 8, aliases=("num_local_experts",)),
+    Field("num_experts_per_tok", POSITIVE_INT, 2),
+    Field("moe_intermediate_size", POSITIVE_INT, 7688),
+    Field("moe_shared_expert_intermediate_size", POSITIVE_INT, 7688),
+    Field("moe_latent_size", POSITIVE_INT, None, nullable=True),
+    Field("n_group", POSITIVE_INT, 1),
+    Field("topk_group", POSITIVE_INT, 1),
+    Field("norm_topk_prob", BOOLEAN, True),
+    Field("routed_scaling_factor", POSITIVE_NUMBER, 1.0),
     Field("num_nextn_predict_layers", INTEGER, 0),
     Field("initializer_range", PROBABILITY, 0.02),
     Field("layer_norm_epsilon", POSITIVE_NUMBER, 1e-5),
@@ -101,7 +112,12 @@ def read(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
                     norm_epsilon=float(values["layer_norm_epsilon"]), activation=values["mlp_hidden_act"],
                     tie_word_embeddings=values["tie_word_embeddings"], attention_bias=values["attention_bias"],
                     mlp_bias=values["mlp_bias"], initializer_range=float(values["initializer_range"]), rope=None,
-                    fields=fields, values=values, notes=_notes(values, path))
+                    fields=fields, values=values, notes=_notes(values, path),
+                    **(dict(num_experts=values["n_routed_experts"], experts_per_token=values["num_experts_per_tok"],
+                            moe_ffn_hidden_size=values["moe_intermediate_size"],
+                            shared_expert_size=values["moe_shared_expert_intermediate_size"],
+                            norm_topk_prob=values["norm_topk_prob"],
+                            moe_layers=parse_hybrid_pattern(pattern).moe_layers()) if MOE in pattern else {}))
 
 
 def _notes(values: dict, path: Path) -> tuple[str, ...]:
@@ -129,9 +145,9 @@ def settings(config: HFConfig) -> dict[str, FolderValue]:
     values, v = config.values, FolderValue
     pattern = values["pattern"]
     problems = []
+    moe = {}
     if MOE in pattern:
-        problems.append(f"`E` (MoE) layers in its pattern {pattern} (NemotronH's MoE, relu2 experts behind a "
-                        f"sigmoid router, is not mapped here)")
+        moe = _moe_settings(config, problems)
     if values["mlp_hidden_act"] != "relu2":
         problems.append(f"mlp_hidden_act {values['mlp_hidden_act']!r} (its MLP here is relu2's: --squared-relu)")
     if values["mlp_bias"]:
@@ -171,7 +187,22 @@ def settings(config: HFConfig) -> dict[str, FolderValue]:
         "mamba_head_dim": v(values["mamba_head_dim"], "mamba_head_dim"),
         "mamba_num_groups": v(values["n_groups"], "n_groups"),
         "mamba_num_heads": v(values["mamba_num_heads"], "mamba_num_heads"),
-        "init_method_std": v(config.initializer_range, "initializer_range")}
+        "init_method_std": v(config.initializer_range, "initializer_range"), **moe}
+
+
+def _moe_settings(config: HFConfig, problems: list[str]) -> dict[str, FolderValue]:
+    """An `E` layer: DeepSeek-V3's router (families/common/moe.py) over relu2 experts without a gate, and a shared
+    expert of its own width always beside them (NemotronHMoE); the latent projections are not built."""
+    values, v = config.values, FolderValue
+    if values["moe_latent_size"] is not None:
+        problems.append(f"moe_latent_size {values['moe_latent_size']} (the experts' latent projections are not "
+                        f"built)")
+    return {**sigmoid_router_settings(config, problems),
+            "num_experts": v(config.num_experts, "n_routed_experts"),
+            "moe_router_topk": v(config.experts_per_token, "num_experts_per_tok"),
+            "moe_ffn_hidden_size": v(config.moe_ffn_hidden_size, "moe_intermediate_size"),
+            "moe_shared_expert_intermediate_size": v(config.shared_expert_size,
+                                                     "moe_shared_expert_intermediate_size")}
 
 
 READER = FamilyReader(MODEL_TYPE, ARCHITECTURES, FIELDS, read, settings)
