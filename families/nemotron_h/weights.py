@@ -1,8 +1,9 @@
 """NemotronH's weights (transformers' NemotronHForCausalLM; families/nemotron_h/config.py reads its config.json):
 one layer per pattern symbol, model.layers.<j>.norm before its mixer, which is the Mamba mixer (in_proj rows
 [z, x, B, C, dt] and conv1d rows [x, B, C], our parts in order), the attention (q, k, v, o_proj), the MLP
-(up_proj, down_proj) or the MoE (gate, experts.<e>, shared_experts). A block here is one or two of those layers (gpt/hybrid_pattern.py layer_offsets). The file
-names them backbone.* (save_pretrained's), transformers in memory model.*."""
+(up_proj, down_proj) or the MoE (gate, experts.<e>, shared_experts). A block here is one or two of those layers
+(gpt/hybrid_pattern.py layer_offsets). The file names them backbone.* (save_pretrained's), transformers' memory
+model.*."""
 
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ def _moe_misfits(config: ModelConfig) -> list[str]:
         found.append(f"--moe-router-topk {GROUP_SCORE_EXPERTS} x --moe-router-group-topk (transformers scores a group "
                      f"by its {GROUP_SCORE_EXPERTS} best experts)")
     return found + [phrase for phrase, bad in (
-        ("--moe-gating megatron (DeepSpeed-MoE's capacity and sampling are not theirs)", moe.deepspeed.gating != "megatron"),
+        ("--moe-gating megatron (DeepSpeed-MoE's capacity and sampling are not theirs)",
+         moe.deepspeed.gating != "megatron"),
         ("one --num-experts for every MoE layer", config.experts.per_layer),
         ("--mlp-type standard", moe.deepspeed.use_residual),
         ("no --moe-expert-capacity-factor (transformers drops no token)", moe.expert_capacity_factor is not None),
@@ -130,7 +132,8 @@ def _layers(config: ModelConfig):
 
 
 MAMBA_SAME = ("dt_bias", "A_log", "D", "norm.weight", "out_proj.weight")
-MLP_SAME = (("mlp.dense_h_to_4h.weight", "mixer.up_proj.weight"), ("mlp.dense_4h_to_h.weight", "mixer.down_proj.weight"))
+MLP_SAME = (("mlp.dense_h_to_4h.weight", "mixer.up_proj.weight"),
+            ("mlp.dense_4h_to_h.weight", "mixer.down_proj.weight"))
 
 
 def _mlp_names(config: ModelConfig, block: str) -> list[tuple[str, str]]:
@@ -164,7 +167,8 @@ def to_hf(state: dict, config: ModelConfig) -> dict:
         elif block[0] == ATTENTION:
             q, k, v = split_qkv(state[ours + "attention.query_key_value.weight"], config)
             out.update({mixer + "mixer.q_proj.weight": q, mixer + "mixer.k_proj.weight": k,
-                        mixer + "mixer.v_proj.weight": v, mixer + "mixer.o_proj.weight": state[ours + "attention.dense.weight"]})
+                        mixer + "mixer.v_proj.weight": v,
+                        mixer + "mixer.o_proj.weight": state[ours + "attention.dense.weight"]})
         if mlp is not None:
             out[mlp + "norm.weight"] = state[ours + "post_attention_layernorm.weight"]
             out.update({mlp + theirs: state[ours + our] for our, theirs in _mlp_names(config, block)
