@@ -39,7 +39,8 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike, family: Optional[st
         CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else LlamaConfig
     _check_dtype(hf, source)
     try:
-        return config_class.from_dict(hf)
+        # as transformers reads the file: `{"__float__": "Infinity"}` objects are floats (NemotronH's time_step_limit)
+        return config_class.from_dict(config_class._decode_special_floats(hf))
     except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
         reason = " ".join(str(error).split())
         raise ConfigError(f"{source}: transformers cannot read it as a {config_class.__name__} ({reason})") from None

@@ -75,12 +75,15 @@ def refuse_mtp(config: ModelConfig, what: str) -> None:
 
 
 def refuse_hybrid_layers(config: ModelConfig, what: str) -> None:
-    """A --hybrid-layer-pattern with Mamba (`M`) layers or a mixer or an MLP alone (gpt/hybrid_pattern.py) has no
-    family here yet (transformers' NemotronH): refused in one line rather than written as a Llama without them."""
-    if config.hybrid_layer_pattern is not None and \
+    """A --hybrid-layer-pattern with Mamba (`M`) layers or a mixer or an MLP alone (gpt/hybrid_pattern.py), unless the
+    family claiming it holds them (FamilyWeights.holds_hybrid_blocks: NemotronH's `M`, `*`, `-` and `E` layers):
+    refused in one line rather than written as a Llama without them."""
+    family = family_of(config)
+    if config.hybrid_layer_pattern is not None and not (family is not None and family.holds_hybrid_blocks) and \
             any(block not in BLOCKS for block in parse_hybrid_pattern(config.hybrid_layer_pattern).blocks):
         raise ConfigError(f"{what} of --hybrid-layer-pattern {config.hybrid_layer_pattern} is not implemented: its "
-                          f"Mamba layers or one-part blocks have no Hugging Face family here yet (NemotronH)",
+                          f"Mamba layers or one-part blocks beside its other layers are no Hugging Face family here "
+                          f"(NemotronH's holds `M`, `*`, `-` and `E` layers alone)",
                           flags=("--hybrid-layer-pattern",))
 
 

@@ -53,6 +53,9 @@ class FamilyWeights:
     gain_norms: tuple[str, ...] = ("layernorm.weight",)
     # why the conversion is more than moving rows (checkpoint/hf/mapping.py read_whole_because), or None
     read_whole: Optional[str] = None
+    # its class holds a --hybrid-layer-pattern's Mamba layers and one-part blocks (checkpoint/hf/folders.py
+    # refuse_hybrid_layers refuses them for every other family)
+    holds_hybrid_blocks: bool = False
 
 
 # ---- what a model must be -----------------------------------------------------------------------

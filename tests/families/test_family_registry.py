@@ -34,7 +34,8 @@ def test_every_family_folder_is_registered_in_its_claim_order():
     # every table comes from it: each model_type read here is one folder's
     assert set(registry.architectures()) == {model_type for family in found for model_type in family.model_types}
     assert registry.llama_families() == ("apertus", "mixtral", "qwen2_moe", "llama")
-    assert list(registry.family_weights()) == ["qwen3_next", "gpt_oss", "deepseek_v3", "olmoe", "glm4_moe", "qwen3_moe"]
+    assert list(registry.family_weights()) == \
+        ["nemotron_h", "qwen3_next", "gpt_oss", "deepseek_v3", "olmoe", "glm4_moe", "qwen3_moe"]
     assert registry.fallback_family().name == "gpt2"
 
 

@@ -151,9 +151,10 @@ def test_generation_with_a_kv_cache_is_refused_in_one_line_and_runs_without():
     assert generate(model, prompt, 2, Sampling(top_k=1), use_cache=False).shape == (1, 2)
 
 
-def test_a_hugging_face_export_of_mamba_layers_is_refused_in_one_line():
+def test_a_hugging_face_export_of_mamba_layers_names_what_nemotron_h_needs_in_one_line():
+    """NemotronH (families/nemotron_h/) holds `M` layers beside relu2 MLPs and attention without positions."""
     from checkpoint.hf.folders import check_convertible
 
     with pytest.raises(ConfigError) as refused:
         check_convertible(parse_config(["--hybrid-layer-pattern", "M-*-", *TINY]).model, "scripts/convert_to_hf.py")
-    assert "\n" not in str(refused.value) and "no Hugging Face family here yet" in str(refused.value)
+    assert "\n" not in str(refused.value) and "as a NemotronHForCausalLM this one would need" in str(refused.value)

@@ -187,6 +187,7 @@ def family_folders(path: Path) -> dict[str, tuple[str, Path]]:
     from tests.checkpoint.test_hf_dense_families import COMMON, FAMILIES
     from tests.checkpoint.test_hf_folder_is_the_model import gpt2_folder, llama_folder
     from tests.checkpoint.test_hf_moe import mixtral_folder, qwen2_moe_folder
+    from tests.checkpoint.test_hf_nemotron_h import nemotron_h_folder
     from tests.checkpoint.test_hf_qwen3_next import qwen3_next_folder
 
     folders = {}
@@ -199,7 +200,7 @@ def family_folders(path: Path) -> dict[str, tuple[str, Path]]:
         folders[family] = (family, moe_family_folders.family_folder(family, path / family))
     for family, make in {"gpt2": gpt2_folder, "llama": llama_folder, "mixtral": mixtral_folder,
                          "qwen2_moe": qwen2_moe_folder, "apertus": random_apertus_folder,
-                         "qwen3_next": qwen3_next_folder}.items():
+                         "qwen3_next": qwen3_next_folder, "nemotron_h": nemotron_h_folder}.items():
         folders[family] = (family, make(path / family))
     return folders
 
