@@ -257,7 +257,15 @@ def test_the_tp2_saves_chunks_are_the_per_rank_shards_megatron_core_declares(tp2
         local = tuple(size // ranks if dim == axis else size for dim, size in enumerate(shape))
         expected[key] = {(tuple(rank * local[dim] if dim == axis else 0 for dim in range(len(shape))), local)
                          for rank in range(ranks)}
-    assert _chunks(tp2_work / "torch_dist" / "iter_0000002") == expected
+    folder = tp2_work / "torch_dist" / "iter_0000002"
+    assert _chunks(folder) == expected
+    # each TE linear's _extra_state, a ShardedObject of its own layer (transformer/utils.py:95-107, 193-217)
+    from checkpoint.torch_dist.dcp_reader import DcpReader
+
+    linears = {f"decoder.layers.{layer}.{module}.{linear}._extra_state/shard_0_1"
+               for layers, module in ((MAMBA_LAYERS, "mixer"), (GDN_LAYERS, "self_attention"))
+               for layer in layers for linear in ("in_proj", "out_proj")}
+    assert linears == {key for key in DcpReader(folder).objects() if _mixer_key(key)}
 
 
 @pytest.mark.slow
