@@ -41,7 +41,7 @@ from data.megatron_order import MEGATRON_ORDER
 from data.per_split import SPLIT_FLAGS, DataSources, data_sources
 from data.sampler import DATALOADER_TYPES, SINGLE
 from data.tokenizer_types import OTHER_TOKENIZER_TYPES, TOKENIZER_TYPES, tokenizer_type_name, tokenizer_type_problem
-from gpt.hybrid_pattern import ATTENTION, GDN, MLA
+from gpt.hybrid_pattern import ATTENTION, MLA
 from gpt.layer_spec import mixer_symbols
 from gpt.model_config import ModelConfig  # noqa: F401 - part of the config
 from parallel.config import ParallelismConfig, recorded_section
@@ -1178,11 +1178,9 @@ class PretrainConfig:
             # bias); HybridModel's MTP depths holding experts were never continued by Megatron-LM
             ("an MoE multi-token prediction depth under --hybrid-layer-pattern",
              bool(model.hybrid_layer_pattern) and bool(model.mtp.num_layers) and model.moe is not None),
-            # gpt/mamba.py's tensors: HybridModel's `M` layer names are not in checkpoint/torch_dist/names.py yet
-            ("Mamba (`M`) layers", "M" in (model.hybrid_layer_pattern or "")),
-            # Megatron-Core's GatedDeltaNet names (in_proj's and conv1d's parts): not in names.py's table yet
-            ("Gated DeltaNet (`G`) layers", GDN in (model.hybrid_layer_pattern or "")
-             or (model.hybrid_layer_pattern is None and model.gdn.has_layers(model.num_layers))),
+            # names.py places the GPT path's Gated DeltaNet decoder layers, not its MTP layers' (nor their spec)
+            ("multi-token prediction beside --experimental-attention-variant gated_delta_net",
+             model.hybrid_layer_pattern is None and bool(model.mtp.num_layers) and model.gdn.gated_delta_net),
             (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),
             ("--keep-last's pruning", bool(self.checkpoint.keep_last))) if on]
         if not unwritten:

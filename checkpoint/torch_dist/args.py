@@ -44,14 +44,13 @@ READ_AT_LOAD = (
     "seq_length", "spec", "squared_relu", "swiglu", "tiktoken_pattern", "tokenizer_model",
     "untie_embeddings_and_output_weights", "use_rotary_position_embeddings", "virtual_pipeline_model_parallel_size")
 # Megatron-LM's defaults (arguments.py) of fields its load reads that name nothing this project's torch_dist save
-# holds (Mamba and hybrid stacks, heterogeneous layers; a dense model's MoE fields): written as its
+# holds (hybrid stacks' older fields, heterogeneous layers; a dense model's MoE fields): written as its
 # parser leaves them where the command line does not give them
 NOT_OURS = dict(
     apply_query_key_layer_scaling=False, heterogeneous_layers_config_encoded_json=None,
     heterogeneous_layers_config_path=None, hybrid_attention_ratio=0.0, hybrid_mlp_ratio=0.0,
-    hybrid_override_pattern=None, is_hybrid_model=False, mamba_head_dim=64, mamba_num_groups=8, mamba_num_heads=None,
-    mamba_state_dim=128, spec=None, tiktoken_pattern=None, tokenizer_model=None, expert_model_parallel_size=1,
-    num_experts=None, moe_ffn_hidden_size=None, moe_grouped_gemm=False, moe_latent_size=None, moe_layer_freq=1,
+    hybrid_override_pattern=None, is_hybrid_model=False, spec=None, tiktoken_pattern=None, tokenizer_model=None,
+    expert_model_parallel_size=1, num_experts=None, moe_ffn_hidden_size=None, moe_grouped_gemm=False, moe_latent_size=None, moe_layer_freq=1,
     moe_router_enable_expert_bias=False, moe_router_pre_softmax=False, moe_router_score_function="softmax",
     moe_router_topk=2, moe_router_topk_scaling_factor=None, moe_shared_expert_intermediate_size=None,
     moe_token_dispatcher_type="allgather")
@@ -122,7 +121,25 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
         consumed_valid_samples=0, no_save_optim=None, no_save_rng=True,
         data_parallel_random_init=training.data_parallel_random_init,
         transformer_impl="local")
-    return argparse.Namespace(**{**values, **_moe_args(config), **_mla_args(model), **_hybrid_args(model)})
+    return argparse.Namespace(**{**values, **_moe_args(config), **_mla_args(model), **_mixer_args(model),
+                                 **_hybrid_args(model)})
+
+
+def _mixer_args(model) -> dict:
+    """The Mamba and Gated DeltaNet sizes, TransformerConfig's fields in Megatron-LM 0.19's args (its load sets the
+    mamba_* from them; names.py places a Gated DeltaNet's in_proj and conv1d rows by the linear_* heads), and the
+    GPT path's variant with --linear-attention-freq as its parser keeps it (an int, or the list of 1s and 0s)."""
+    mamba, gdn = model.mamba, model.gdn
+    variant = "gated_delta_net" if gdn.gated_delta_net and not model.hybrid_layer_pattern else None
+    freq = gdn.linear_attention_freq if variant else None
+    if isinstance(freq, str):
+        freq = [int(layer) for layer in gdn.gdn_layers(model.num_layers)]
+    return dict(mamba_state_dim=mamba.mamba_state_dim, mamba_head_dim=mamba.mamba_head_dim,
+                mamba_num_groups=mamba.mamba_num_groups, mamba_num_heads=mamba.mamba_num_heads,
+                experimental_attention_variant=variant, linear_attention_freq=freq,
+                linear_conv_kernel_dim=gdn.linear_conv_kernel_dim, linear_key_head_dim=gdn.linear_key_head_dim,
+                linear_value_head_dim=gdn.linear_value_head_dim, linear_num_key_heads=gdn.linear_num_key_heads,
+                linear_num_value_heads=gdn.linear_num_value_heads)
 
 
 def _hybrid_args(model) -> dict:

@@ -63,12 +63,13 @@ from checkpoint.torch_dist.names import (
     MTP_LAYERS,
     MTP_TRANSFORMER,
     OUR_MTP_LAYERS,
+    GdnHeads,
     Placement,
     hybrid_block,
     hybrid_layer_symbols,
     our_placements,
 )
-from gpt.hybrid_pattern import BLOCKS, parse_hybrid_pattern
+from gpt.hybrid_pattern import BLOCKS, GDN, parse_hybrid_pattern
 
 OPTIMIZER_STATE = "optimizer.state."
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -93,7 +94,9 @@ class MegatronSource(GlobalStateSource):
         # Megatron-Core 0.19's HybridModel: its layers, one per symbol of the pattern (names.py)
         self.hybrid_pattern = arg(self.common, "hybrid_layer_pattern")
         tensors = self.reader.tensors()
-        self._placements: dict[str, Placement] = {}
+        # our name -> where it lies: one tensor, or the parts of a Gated DeltaNet in_proj or conv1d (names.py)
+        self._placements: dict[str, tuple[Placement, ...]] = {}
+        gdn = GdnHeads.of(self.args) if hasattr(self.args, "linear_num_key_heads") else None
         # the decoder's routers', and those of an MoE model's MTP layers (`mtp.layers.<k>.transformer_layer.`)
         self._expert_bias_keys = tuple(key for key in tensors if key.endswith(EXPERT_BIAS) and (
             key.startswith(LAYERS) or key.startswith(MTP_LAYERS) and self.hybrid_pattern is None))
@@ -101,17 +104,18 @@ class MegatronSource(GlobalStateSource):
         for key, md in tensors.items():
             if key.startswith("optimizer.") or key in self._expert_bias_keys:
                 continue
-            placements = our_placements(key, tuple(md.size), gated, mla, self.hybrid_pattern)
+            placements = our_placements(key, tuple(md.size), gated, mla, self.hybrid_pattern, gdn)
             if placements is None:
                 unknown.append(key)
-            else:
-                self._placements.update(placements)
+            for name, placement in (placements or {}).items():
+                parts = self._placements.get(name, ()) if placement.stride else ()
+                self._placements[name] = (*parts, placement)
         if unknown:
             raise CheckpointError(f"{self.path}: holds model tensors this project has no layer for ({len(unknown)}: "
                                   f"{', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}); it cannot be "
                                   f"continued here")
         self._dtypes = {key: md.properties.dtype for key, md in tensors.items()}
-        model_dtype = next((self._dtypes[p.key] for p in self._placements.values()), torch.float32)
+        model_dtype = next((self._dtypes[p[0].key] for p in self._placements.values()), torch.float32)
         # where each state is read: a tensor prefix of the optimizer's per-parameter layout, the buckets, or the model
         self._states: dict[str, str] = {}
         self._buckets: Optional[_Buckets] = None
@@ -148,9 +152,9 @@ class MegatronSource(GlobalStateSource):
         if key not in self._states:
             return {}
         if self._buckets is not None and key != MODEL_KEY:
-            return {name: GlobalTensorInfo(p.shape, self._buckets.dtype) for name, p in self._placements.items()}
+            return {name: GlobalTensorInfo(p[0].shape, self._buckets.dtype) for name, p in self._placements.items()}
         prefix = self._states[key]
-        return {name: GlobalTensorInfo(p.shape, self._dtypes.get(prefix + p.key, self._dtypes[p.key]),
+        return {name: GlobalTensorInfo(p[0].shape, self._dtypes.get(prefix + p[0].key, self._dtypes[p[0].key]),
                                        real_rows=self._real_rows, rows_multiple=megatron_rows_multiple(self.args))
                 for name, p in self._placements.items()}
 
@@ -164,13 +168,22 @@ class MegatronSource(GlobalStateSource):
         return size + 1
 
     def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
-        placement = self._placements.get(name)
-        if placement is None:
+        placements = self._placements.get(name)
+        if placements is None:
             raise CheckpointError(f"{self.path}: holds no {name}")
         if self._buckets is not None and key != MODEL_KEY:
             return self._buckets.read(self._states[key], name, region)
-        values = self.reader.read(self._states[key] + placement.key, placement.region(region))
-        return values.reshape([part.stop - part.start for part in region])
+        if len(placements) == 1 and not placements[0].stride:
+            values = self.reader.read(self._states[key] + placements[0].key, placements[0].region(region))
+            return values.reshape([part.stop - part.start for part in region])
+        values = None  # a Gated DeltaNet part's rows, gathered from each part's tensor
+        for placement in placements:
+            for theirs, within in placement.pieces(region):
+                piece = self.reader.read(self._states[key] + placement.key, theirs)
+                if values is None:
+                    values = piece.new_empty([part.stop - part.start for part in region])
+                values[within] = piece.reshape(values[within].shape)
+        return values if values is not None else torch.empty([part.stop - part.start for part in region])
 
     def progress(self) -> SourceProgress:
         common, args = self.common, self.args
@@ -351,6 +364,8 @@ def _refuse_unread(args) -> None:
     unsupported = [flag for flag, value in (
         ("--num-experts", getattr(args, "num_experts", None)),
         ("--multi-latent-attention", getattr(args, "multi_latent_attention", False)),
+        # Gated DeltaNet's local in_proj and conv1d are [q|k|v|...] per rank, not our per-head rows
+        ("--experimental-attention-variant", getattr(args, "experimental_attention_variant", None)),
         ("--mtp-num-layers", getattr(args, "mtp_num_layers", None)),
         ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
         ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)),
@@ -372,8 +387,8 @@ def _unbucketed_pattern(text: Optional[str]) -> Optional[str]:
         pattern = parse_hybrid_pattern(text)
     except ConfigError:
         return text
-    # rebuilt: one stage of attention-then-dense-MLP blocks (no `M` layer, no mixer or MLP alone)
-    plain = all(block in BLOCKS for block in pattern.blocks)
+    # rebuilt: one stage of attention-then-dense-MLP blocks (no `M` or `G` layer, no mixer or MLP alone)
+    plain = all(block in BLOCKS and GDN not in block for block in pattern.blocks)
     staged_or_moe = len(pattern.segments) > 1 or pattern.mtp_depth or any(pattern.moe_layers())
     return text if staged_or_moe or not plain else None
 

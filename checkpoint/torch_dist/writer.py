@@ -76,10 +76,12 @@ from checkpoint.torch_dist.names import (
     MTP_LAYERS,
     MTP_TRANSFORMER,
     OUR_MTP_LAYERS,
+    GdnHeads,
     hybrid_layer,
     hybrid_layer_symbols,
     hybrid_megatron_placement,
     megatron_placement,
+    split_gdn_parts,
 )
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
@@ -91,6 +93,9 @@ BACKEND_CONFIG = {"sharded_backend": TORCH_DIST_BACKEND, "sharded_backend_versio
                   "common_backend_version": 1}
 # Megatron-Core's local-spec linears whose sharded state holds an `_extra_state` object per layer (None for them)
 ATTENTION_EXTRA_STATE_MODULES = ("self_attention.linear_proj", "self_attention.linear_qkv")
+# a Mamba layer's and a Gated DeltaNet layer's TE linears (MambaMixer's and GatedDeltaNet's in_proj and out_proj)
+MAMBA_EXTRA_STATE_MODULES = ("mixer.in_proj", "mixer.out_proj")
+GDN_EXTRA_STATE_MODULES = ("self_attention.in_proj", "self_attention.out_proj")
 EXTRA_STATE_MODULES = ATTENTION_EXTRA_STATE_MODULES + ("mlp.linear_fc1", "mlp.linear_fc2")
 EXPERT_EXTRA_STATE_MODULES = ("linear_fc1", "linear_fc2")  # an MoE layer's: each SequentialMLP expert's
 SHARED_EXPERT_EXTRA_STATE_MODULES = ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2")
@@ -163,25 +168,26 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
     # each element once, by the first replica of its optimizer state (checkpoint/save_plan.py's rule, as ours)
     for fragment in named_fragments(shard, records, coordinates(state)):
         _, record = records[fragment.name]
-        placed = _placement(fragment.name, record.global_shape, config)
+        placed = _placements(fragment.name, record.global_shape, config)
         if placed is None:
             raise CheckpointError(f"{fragment.name}: Megatron-Core's torch_dist layout has no place for it")
-        placement, global_shape = placed
         for box in flat_range_boxes(record.local_shape, fragment.param_offset,
                                     fragment.param_offset + fragment.numel):
             at = fragment.partition_offset + flat_start(record.local_shape, box) - fragment.param_offset
             region = shift(box, record.global_offset)
-            numel = box_numel(region)
-            theirs = placement.region(region)
-            offsets = tuple(part.start for part in theirs)
-            sizes = [part.stop - part.start for part in theirs]
-            keys = (placement.key, *_norm_aliases(placement.key, config))
-            for prefix, source in _state_keys(shard, distributed, param_dtype).items():
-                dtype = param_dtype if prefix == "" else torch.float32
-                values = shard.tensors[source][at:at + numel].to(dtype).reshape(sizes).clone()
-                for key in keys:
-                    tensors[prefix + key].append((offsets, values))
-                    shapes[prefix + key] = (global_shape, dtype)
+            numel, ours = box_numel(region), [part.stop - part.start for part in region]
+            for placement, global_shape in placed:
+                keys = (placement.key, *_norm_aliases(placement.key, config))
+                for theirs, within in placement.pieces(region):
+                    offsets = tuple(part.start for part in theirs)
+                    sizes = [part.stop - part.start for part in theirs]
+                    for prefix, source in _state_keys(shard, distributed, param_dtype).items():
+                        dtype = param_dtype if prefix == "" else torch.float32
+                        values = shard.tensors[source][at:at + numel].to(dtype).reshape(ours)[within]
+                        values = values.reshape(sizes).clone()
+                        for key in keys:
+                            tensors[prefix + key].append((offsets, values))
+                            shapes[prefix + key] = (global_shape, dtype)
     _expert_bias_chunks(model, config, state, tensors, shapes)
     # every rank plans every tensor's shape: DCP's global plan takes each key's metadata from the ranks writing it
     return dict(tensors), shapes
@@ -194,11 +200,27 @@ def _pattern(config) -> Optional[str]:
 
 
 def _placement(name: str, shape, config):
-    """Where our tensor `name` goes: HybridModel's layout under a pattern, else GPTModel's."""
+    """Where our tensor `name` goes: HybridModel's layout under a pattern, else GPTModel's (a Gated DeltaNet
+    in_proj or conv1d whole, before _placements splits it)."""
     if _pattern(config):
         return hybrid_megatron_placement(name, shape, _pattern(config), _experts_per_layer(config))
     return megatron_placement(name, shape, config.model.num_layers, _experts_per_layer(config), _per_layer(config),
-                              config.model.mla.multi_latent_attention)
+                              config.model.mla.multi_latent_attention, _gdn_layers(config))
+
+
+def _placements(name: str, shape, config):
+    """Each Megatron-Core tensor holding a part of our tensor `name`, and its global shape (names.py
+    split_gdn_parts: a Gated DeltaNet in_proj or conv1d in Megatron-Core's parts); None where none does."""
+    placed = _placement(name, shape, config)
+    return None if placed is None else split_gdn_parts(*placed, GdnHeads.of(config.model.gdn))
+
+
+def _gdn_layers(config) -> frozenset[int]:
+    """The GPT path's Gated DeltaNet layers (--experimental-attention-variant gated_delta_net)."""
+    model = config.model
+    if model.hybrid_layer_pattern or not model.gdn.gated_delta_net:
+        return frozenset()
+    return frozenset(layer for layer, gdn in enumerate(model.gdn.gdn_layers(model.num_layers)) if gdn)
 
 
 def _mtp_is_moe(config) -> bool:
@@ -260,8 +282,10 @@ def _per_layer(config) -> bool:
     non_homogeneous_layers): an MoE model whose --moe-layer-freq is a list, or an integer above 1. A negative
     -N below -1 places the layers N does, so they get their own keys too (Megatron-Core's own test, `> 1`, would
     stack its dense and MoE layers under one key)."""
-    freq = config.model.experts.layer_freq
-    return config.model.moe is not None and (isinstance(freq, str) or abs(freq) > 1)
+    freq, gdn = config.model.experts.layer_freq, config.model.gdn
+    # and under --linear-attention-freq, a list or above 1 (its layers differ: attention among Gated DeltaNet)
+    return config.model.moe is not None and (isinstance(freq, str) or abs(freq) > 1) or gdn.gated_delta_net and (
+        isinstance(gdn.linear_attention_freq, str) or (gdn.linear_attention_freq or 1) > 1)
 
 
 def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
@@ -278,13 +302,15 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
     shared = SHARED_EXPERT_EXTRA_STATE_MODULES if config.model.experts.shared_expert_intermediate_size else ()
     moe_layers = config.model.moe_layers()
     first_replica = not (state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank)
-    if _pattern(config):  # each mixer's own linears: a `*` layer's attention, a `+` layer's MLA
-        mixers = {"*": ATTENTION_EXTRA_STATE_MODULES, "+": MLA_EXTRA_STATE_MODULES[mla.q_lora_rank is not None]}
+    if _pattern(config):  # each mixer's own linears: a `*` layer's attention, a `+` layer's MLA, `M`'s, `G`'s
+        mixers = {"*": ATTENTION_EXTRA_STATE_MODULES, "+": MLA_EXTRA_STATE_MODULES[mla.q_lora_rank is not None],
+                  "M": MAMBA_EXTRA_STATE_MODULES, "G": GDN_EXTRA_STATE_MODULES}
         return _hybrid_extra_states(names, config, state, mixers, dense_mlp, shared, first_replica)
-    objects = {}
+    objects, gdn_layers = {}, _gdn_layers(config)
     if first_replica:
         for layer in layers:
-            modules = attention + (shared if moe_layers[layer] else dense_mlp)
+            mixer = GDN_EXTRA_STATE_MODULES if layer in gdn_layers else attention
+            modules = mixer + (shared if moe_layers[layer] else dense_mlp)
             objects.update({f"{LAYERS}{layer}.{module}._extra_state/shard_0_1" if per_layer else
                             f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None for module in modules})
         # the MTP layers' (unstacked: one ShardedObject each, shard_0_1), on the stage holding them: their
@@ -314,7 +340,7 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
 def _hybrid_extra_states(names, config, state: ParallelState, mixers, dense_mlp, shared, first_replica: bool
                          ) -> dict[str, None]:
     """HybridModel's `_extra_state` objects (a ShardedObject each, shard_0_1, under its own layer's key, as the
-    megatron_hybrid_* fixtures hold them): each `*` or `+` layer's attention linears (`mixers`, by symbol), each `-` layer's MLP linears, each
+    megatron_hybrid_* fixtures hold them): each mixer layer's linears (`mixers`, by symbol), each `-` layer's MLP linears, each
     `E` layer's shared expert's and SequentialMLP experts' (shard_<expert>_<experts>), an MTP depth's eh_proj and
     nested layers', and the output layer's on the last stage."""
     pattern = _pattern(config)
@@ -323,12 +349,12 @@ def _hybrid_extra_states(names, config, state: ParallelState, mixers, dense_mlp,
     objects = {}
     blocks = sorted({int(name.split(".")[1]) for name in names if name.startswith("blocks.")})
     if first_replica:
-        for block in blocks:
+        for block in blocks:  # a block may lack its mixer or its MLP (`M`, `G` or `-` alone)
             mlp_layer, mixer_layer = (hybrid_layer(symbols, block, attention) for attention in (False, True))
             objects.update({f"{LAYERS}{mixer_layer}.{module}._extra_state/shard_0_1": None
-                            for module in mixers[symbols[mixer_layer]]})
-            objects.update({f"{LAYERS}{mlp_layer}.{module}._extra_state/shard_0_1": None
-                            for module in (shared if symbols[mlp_layer] == "E" else dense_mlp)})
+                            for module in (mixers[symbols[mixer_layer]] if mixer_layer is not None else ())})
+            objects.update({f"{LAYERS}{mlp_layer}.{module}._extra_state/shard_0_1": None for module in (
+                () if mlp_layer is None else shared if symbols[mlp_layer] == "E" else dense_mlp)})
         for depth in sorted({int(name.split(".")[1]) for name in names if name.startswith(OUR_MTP_LAYERS)}):
             inner = f"{MTP_LAYERS}{depth}.{MTP_INNER}"
             objects[f"{MTP_LAYERS}{depth}.eh_proj._extra_state/shard_0_1"] = None

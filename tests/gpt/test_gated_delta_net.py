@@ -227,16 +227,18 @@ def test_generation_with_a_kv_cache_is_refused_in_one_line_and_runs_without():
     assert generate(model, prompt, 2, Sampling(top_k=1), use_cache=False).shape == (1, 2)
 
 
-def test_a_torch_dist_save_writes_this_projects_format_said_at_start(tmp_path):
-    """Megatron-Core's GatedDeltaNet names (its in_proj and conv1d split into parts) are not in the torch_dist table
-    yet: --ckpt-format torch_dist with `G` layers saves this project's format, said in one start line."""
+def test_a_torch_dist_save_writes_megatron_lms_layout(tmp_path):
+    """Megatron-Core's GatedDeltaNet names (checkpoint/torch_dist/names.py; tests/checkpoint/
+    test_torch_dist_mamba_gdn.py): --ckpt-format torch_dist with `G` layers writes Megatron-LM's layout, with no
+    start line; multi-token prediction beside the GPT path's Gated DeltaNet layers saves this project's format."""
     from arguments.parser import parse_config
 
     def unwritten(*flags):
         return parse_config([*flags, "--swiglu", "--ckpt-format", "torch_dist", "--save", str(tmp_path)]) \
             .megatron_format_unwritten() or ""
 
-    assert "Gated DeltaNet (`G`) layers" in unwritten("--hybrid-layer-pattern", "G-*-")
-    assert "Gated DeltaNet (`G`) layers" in unwritten("--experimental-attention-variant", "gated_delta_net",
-                                                      "--linear-attention-freq", "2", "--num-layers", "2")
-    assert "Gated DeltaNet" not in unwritten("--hybrid-layer-pattern", "*-*-")
+    gpt_path = ("--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq", "2",
+                "--num-layers", "2")
+    assert unwritten("--hybrid-layer-pattern", "G-*-") == "" and unwritten(*gpt_path) == ""
+    assert "multi-token prediction beside --experimental-attention-variant" in unwritten(
+        *gpt_path, "--mtp-num-layers", "1", "--position-embedding-type", "rope")
