@@ -1083,6 +1083,9 @@ class PretrainConfig:
     # DeepSpeed checks them against the data-parallel size at initialize, and so does
     # arguments/batch_schedule.py, whichever values the command line made the run use. Not a setting.
     deepspeed_batch: dict = field(default_factory=dict, compare=False, repr=False)
+    # One line per DeepSpeed JSON optimizer or scheduler value the run does not use (arguments/deepspeed/
+    # differences.py), said last before the first iteration. Not a setting.
+    json_differences: tuple = field(default=(), compare=False, repr=False)
 
     SECTIONS = ("model", "optimizer", "training", "parallel", "data", "logging", "zero", "activations", "checkpoint")
 
@@ -1494,8 +1497,8 @@ class PretrainConfig:
         return record
 
     @classmethod
-    def from_flat(cls, values: dict, sources: Optional[dict] = None,
-                  deepspeed_batch: Optional[dict] = None) -> "PretrainConfig":
+    def from_flat(cls, values: dict, sources: Optional[dict] = None, deepspeed_batch: Optional[dict] = None,
+                  json_differences: tuple = ()) -> "PretrainConfig":
         """Build from a flat {field_name: value} mapping (what argparse and YAML presets give): each section
         constructed once from its values, the defaults for the rest."""
         sections = field_sections()
@@ -1506,6 +1509,7 @@ class PretrainConfig:
             by_section[sections[name]][name] = value
         kinds = {f.name: f.default_factory for f in fields(cls) if f.name in cls.SECTIONS}
         return cls(sources=dict(sources or {}), deepspeed_batch=dict(deepspeed_batch or {}),
+                   json_differences=tuple(json_differences),
                    **{section: with_settings(kinds[section], given) for section, given in by_section.items()})
 
 
