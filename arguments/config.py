@@ -960,6 +960,9 @@ class CheckpointConfig:
              "the run starts fresh, so restarts can use the same command")
     load_optim: bool = option(True, help="--no-load-optim: take the weights only, with fresh Adam moments")
     load_rng: bool = option(True, help="--no-load-rng: random streams from --seed instead of the checkpoint's")
+    # Megatron-LM's flag, which exits 0 there (checkpointing.py load_checkpoint: sys.exit()); here an error, exit 2.
+    exit_on_missing_checkpoint: bool = option(False, help="refuse a --load that holds no checkpoint (without it: "
+                                                          "a warning, and the run starts from random weights)")
     # Also with a fresh data order.
     finetune: bool = option(False, help="load weights only and start at iteration 0")
     init_from_hf: Optional[str] = option(None, metavar="DIR", help="start from a transformers GPT2LMHeadModel "
