@@ -718,12 +718,13 @@ def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv
     set_aside = scheduler_dests_not_used(scheduler, set(flag_values), deepspeed)
     whole_block = deepspeed and bool(set_aside)
     for dest, winner in set_aside.items():
+        if not whole_block and winner == dest:
+            continue  # a flag of the setting itself meets the JSON's value below (_precedence)
         option = typed.get(winner, winner)
         why = f"{NOT_READ_UNDER_DEEPSPEED} beside {option}" if whole_block else f"{option} on the command line wins"
         layers.unused.append(UnusedJsonValue(dest, _first_option(parser, dest), json_values[dest][0], why,
                                              None if whole_block else option))
-        if whole_block or winner != dest:  # a flag of the setting itself meets the JSON's value below
-            not_used(dest)
+        not_used(dest)
     if whole_block:
         rule = precedence_of("scheduler.params")
         text = (f"Megatron's schedule from the command line ({', '.join(schedule_flags)}) wins over the whole "

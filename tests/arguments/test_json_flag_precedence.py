@@ -249,6 +249,11 @@ def test_without_deepspeed_a_schedule_flag_wins_over_the_jsons_scheduler_only_fo
     assert parsed.config.json_differences == (
         "> lr_warmup_iters 20 (preset tiny) where ds.json says 100: --lr-warmup-fraction on the command line wins; "
         "drop --lr-warmup-fraction to use it",)
+    peak = parsed_with(tmp_path, SCHEDULER_BLOCK, ["--lr", "1e-4"])  # the block's warmup and decay still run
+    assert (peak.config.optimizer.lr, peak.config.optimizer.lr_warmup_iters, peak.config.optimizer.lr_decay_iters) == \
+        (1e-4, 100, 1000)
+    assert peak.config.json_differences == (
+        "> lr 0.0001 (--lr) where ds.json says 0.0005: the command line wins; drop --lr to use it",)
 
 
 SCHEDULER_BLOCK = {"scheduler": {"type": "WarmupDecayLR", "params": {
