@@ -82,6 +82,8 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
         for note in notes:  # flags and JSON keys taken with no effect, and how Megatron's map here
             print(note if note.startswith(">") else f"> {note}", flush=True)
     if config.training.dry_run:
+        for line in config.json_differences if reporting_process() else ():
+            print(line, flush=True)
         dry_run_launch(config)
         return
     check_machine_bounds(config)  # before the process group, the data index or the model

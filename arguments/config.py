@@ -960,6 +960,9 @@ class CheckpointConfig:
              "the run starts fresh, so restarts can use the same command")
     load_optim: bool = option(True, help="--no-load-optim: take the weights only, with fresh Adam moments")
     load_rng: bool = option(True, help="--no-load-rng: random streams from --seed instead of the checkpoint's")
+    # Megatron-LM's flag, which exits 0 there (checkpointing.py load_checkpoint: sys.exit()); here an error, exit 2.
+    exit_on_missing_checkpoint: bool = option(False, help="refuse a --load that holds no checkpoint (without it: "
+                                                          "a warning, and the run starts from random weights)")
     # Also with a fresh data order.
     finetune: bool = option(False, help="load weights only and start at iteration 0")
     init_from_hf: Optional[str] = option(None, metavar="DIR", help="start from a transformers GPT2LMHeadModel "
@@ -1083,6 +1086,9 @@ class PretrainConfig:
     # DeepSpeed checks them against the data-parallel size at initialize, and so does
     # arguments/batch_schedule.py, whichever values the command line made the run use. Not a setting.
     deepspeed_batch: dict = field(default_factory=dict, compare=False, repr=False)
+    # One line per DeepSpeed JSON optimizer or scheduler value the run does not use (arguments/deepspeed/
+    # differences.py), said last before the first iteration. Not a setting.
+    json_differences: tuple = field(default=(), compare=False, repr=False)
 
     SECTIONS = ("model", "optimizer", "training", "parallel", "data", "logging", "zero", "activations", "checkpoint")
 
@@ -1492,8 +1498,8 @@ class PretrainConfig:
         return record
 
     @classmethod
-    def from_flat(cls, values: dict, sources: Optional[dict] = None,
-                  deepspeed_batch: Optional[dict] = None) -> "PretrainConfig":
+    def from_flat(cls, values: dict, sources: Optional[dict] = None, deepspeed_batch: Optional[dict] = None,
+                  json_differences: tuple = ()) -> "PretrainConfig":
         """Build from a flat {field_name: value} mapping (what argparse and YAML presets give): each section
         constructed once from its values, the defaults for the rest."""
         sections = field_sections()
@@ -1504,6 +1510,7 @@ class PretrainConfig:
             by_section[sections[name]][name] = value
         kinds = {f.name: f.default_factory for f in fields(cls) if f.name in cls.SECTIONS}
         return cls(sources=dict(sources or {}), deepspeed_batch=dict(deepspeed_batch or {}),
+                   json_differences=tuple(json_differences),
                    **{section: with_settings(kinds[section], given) for section, given in by_section.items()})
 
 

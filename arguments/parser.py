@@ -48,6 +48,7 @@ from arguments.config_sources import (
 )
 from arguments.deepspeed.client_objects import NotRead, set_aside_client_blocks
 from arguments.deepspeed.clipping import apply_json_clipping
+from arguments.deepspeed.differences import NOT_READ_UNDER_DEEPSPEED, UnusedJsonValue, difference_lines
 from arguments.deepspeed.keys import precedence_of
 from arguments.deepspeed.loss_scale import apply_json_loss_scaling
 from arguments.deepspeed.precedence import INDEPENDENT, JSON_WINS, MUST_AGREE
@@ -343,7 +344,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         megatron_launch = is_megatron_launch("config" in options_typed(parser, argv), values_set_by(parser, argv))
         not_read = set_aside_client_blocks(translation, megatron_launch, generation,
                                            bool(known.deepspeed_activation_checkpointing),
-                                           bool(known.checkpoint_activations), also_fitting=fitting[1:])
+                                           bool(known.checkpoint_activations), also_fitting=fitting[1:],
+                                           deepspeed=bool(known.deepspeed))
         problems += translation.problems
         try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
             json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(translation.argv))))
@@ -356,7 +358,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
             translation.settings = []  # a JSON that cannot be read as settings adds none
     json_argv = translation.argv if translation is not None else []
     preset_path = resolve_preset(known.config)
-    dests_given = set(values_set_by(parser, argv)) | _json_dests_kept(parser, translation, argv)
+    dests_given = set(values_set_by(parser, argv)) | _json_dests_kept(parser, translation, argv, bool(known.deepspeed))
     megatron_launch = is_megatron_launch("config" in options_typed(parser, argv), dests_given)
     if megatron_launch:
         # Megatron's defaults, of the generation the flags belong to, sit where a preset would
@@ -376,7 +378,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         raise ConfigError(f"{preset_name}: {error}", flags=error.flags) from None
 
     namespace = vars(parser.parse_args(preset_argv + json_argv + argv))
-    layers = layer_sources(parser, preset_name, preset_argv, translation, argv)
+    layers = layer_sources(parser, preset_name, preset_argv, translation, argv, bool(known.deepspeed))
     namespace.update(layers.values)
     problems += layers.problems
     sources = layers.sources
@@ -432,7 +434,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         # config.moe_token_dropping is False`); Megatron-Core's router here drops by --moe-expert-capacity-factor
         problems.append("--moe-token-dropping with Megatron-Core's router: llm-jp's Megatron-LM fork asserts it off "
                         "(unsupported there); drop tokens with --moe-expert-capacity-factor, or drop the flag")
-    config = PretrainConfig.from_flat(settings, sources, deepspeed_batch)
+    unused = layers.unused + not_read.unused(lambda flags: _flag_values(parser, flags))
+    differences = difference_lines(unused, settings, sources, translation.source) if translation is not None else ()
+    config = PretrainConfig.from_flat(settings, sources, deepspeed_batch, differences)
     if deepspeed_batch:
         unfit = deepspeed_batch_fits_no_size(config.deepspeed_batch)
         if unfit:
@@ -611,6 +615,7 @@ class Layers:
     independent: dict[str, list[str]] = field(default_factory=dict)  # JSON key -> the flags beside it (info)
     outcomes: dict[str, str] = field(default_factory=dict)  # JSON key -> what became of it, for --print-config
     problems: list[str] = field(default_factory=list)
+    unused: list[UnusedJsonValue] = field(default_factory=list)  # optimizer and scheduler values a flag won over
 
     def said_once(self, source: str) -> list[str]:
         """The lines the start of the run says: one warning for every key where a side won, one info line
@@ -627,30 +632,60 @@ class Layers:
 
 
 # The learning-rate schedule's settings: Megatron-DeepSpeed always hands DeepSpeed its own scheduler,
-# built from these flags, so a JSON scheduler block beside any of them is not used at all.
+# built from these flags, so under --deepspeed a JSON scheduler block beside any of them is not used at all.
 SCHEDULE_SETTINGS = ("lr", "min_lr", "lr_warmup_iters", "lr_warmup_fraction", "lr_warmup_samples",
                      "lr_warmup_tokens", "lr_warmup_init", "lr_decay_style", "lr_decay_iters", "lr_decay_samples",
                      "lr_decay_tokens", "train_samples")
+# Without --deepspeed a schedule flag wins over the JSON's scheduler only for what it sets: a warmup or decay
+# length in any unit replaces the block's length, and a run counted in samples its lengths in iterations.
+_SCHEDULE_GROUPS = (("lr_warmup_iters", "lr_warmup_fraction", "lr_warmup_samples", "lr_warmup_tokens"),
+                    ("lr_decay_iters", "lr_decay_samples", "lr_decay_tokens"))
 BATCH_SETTINGS = ("micro_batch_size", "global_batch_size", "accumulation_steps")
 
 
+def scheduler_dests_not_used(json_dests: Sequence[str], flag_dests: set[str], deepspeed: bool) -> dict[str, str]:
+    """{dest the JSON's scheduler block sets: the dest of the typed flag that wins over it} beside the command
+    line's schedule flags `flag_dests`: every one under --deepspeed (the real pair drops the block as a whole),
+    else those a flag sets itself, or in another unit of the same length."""
+    typed = [dest for dest in SCHEDULE_SETTINGS if dest in flag_dests]
+    if not typed:
+        return {}
+    if deepspeed:
+        return {dest: typed[0] for dest in json_dests}
+    winners = {}
+    for dest in json_dests:
+        group = next((group for group in _SCHEDULE_GROUPS if dest in group), (dest,))
+        rival = next((other for other in group if other in flag_dests), None)
+        if rival is None and "train_samples" in flag_dests and dest.endswith("_iters"):
+            rival = "train_samples"
+        if rival is not None:
+            winners[dest] = rival
+    return winners
+
+
 def _json_dests_kept(parser: argparse.ArgumentParser, translation: Optional[DeepSpeedTranslation],
-                     argv: list[str]) -> set[str]:
-    """The settings the JSON sets that stand beside the command line `argv`: all, but a scheduler block's
-    beside a schedule flag, which layer_sources sets aside as a whole (so Megatron's defaults fill them)."""
+                     argv: list[str], deepspeed: bool) -> set[str]:
+    """The settings the JSON sets that stand beside the command line `argv`: all, but those of a scheduler block
+    a schedule flag sets aside (`scheduler_dests_not_used`), so Megatron's defaults fill them."""
     if translation is None:
         return set()
-    schedule_flag = any(dest in SCHEDULE_SETTINGS for dest in values_set_by(parser, argv))
-    return {dest for setting in translation.settings if not (schedule_flag and setting.key == "scheduler.params")
-            for dest in values_set_by(parser, list(setting.flags))}
+    flag_dests = set(values_set_by(parser, argv))
+    kept = set()
+    for setting in translation.settings:
+        dests = list(values_set_by(parser, list(setting.flags)))
+        if setting.key == "scheduler.params":
+            dests = [d for d in dests if d not in scheduler_dests_not_used(dests, flag_dests, deepspeed)]
+        kept |= set(dests)
+    return kept
 
 
 def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv: list[str],
-                  translation: Optional[DeepSpeedTranslation], argv: list[str]) -> Layers:
+                  translation: Optional[DeepSpeedTranslation], argv: list[str], deepspeed: bool = False) -> Layers:
     """The source of every setting (the last layer that set it), and, where the JSON and the command
     line both set one, the side the real pair uses: the command line's value stands where the flag
-    wins, or the setting is independent; `values` holds the JSON's where it wins. A JSON scheduler
-    block beside any schedule flag is not used as a whole; a JSON batch value beside the batch flags
+    wins, or the setting is independent; `values` holds the JSON's where it wins. Under `deepspeed` a JSON
+    scheduler block beside any schedule flag is not used as a whole (without it, beside the flags that set
+    its settings: `scheduler_dests_not_used`); a JSON batch value beside the batch flags
     is not used where the flags and the rest of the JSON determine it (arguments/batch_schedule.py). Two
     JSON keys that ask for different values of one setting are a problem."""
     base_values = _settings(vars(parser.parse_args(preset_argv)))
@@ -680,13 +715,20 @@ def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv
 
     schedule_flags = [typed.get(dest, dest) for dest in SCHEDULE_SETTINGS if dest in flag_values]
     scheduler = [dest for dest, (_, key, _) in json_values.items() if key == "scheduler.params"]
-    if schedule_flags and scheduler:
-        for dest in scheduler:
-            not_used(dest)
+    set_aside = scheduler_dests_not_used(scheduler, set(flag_values), deepspeed)
+    whole_block = deepspeed and bool(set_aside)
+    for dest, winner in set_aside.items():
+        if not whole_block and winner == dest:
+            continue  # a flag of the setting itself meets the JSON's value below (_precedence)
+        option = typed.get(winner, winner)
+        why = f"{NOT_READ_UNDER_DEEPSPEED} beside {option}" if whole_block else f"{option} on the command line wins"
+        layers.unused.append(UnusedJsonValue(dest, _first_option(parser, dest), json_values[dest][0], why,
+                                             None if whole_block else option))
+        not_used(dest)
+    if whole_block:
         rule = precedence_of("scheduler.params")
         text = (f"Megatron's schedule from the command line ({', '.join(schedule_flags)}) wins over the whole "
                 f"scheduler block in {translation.source}, as in Megatron-DeepSpeed, {rule.why}")
-        layers.won["scheduler.params"] = [text]
         layers.outcomes["scheduler.params"] = f"not used: {text}"
     if flag_values.get("checkpoint_activations") is False and "checkpoint_activations" in json_values:
         # --no-checkpoint-activations wins over the block (below); its options then configure nothing
@@ -724,7 +766,7 @@ def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv
             source = dataclasses.replace(source, overrides=f"wins over {', '.join(earlier)} typed before it "
                                                            f"(the last flag for one setting wins)")
         sources[dest] = source
-    if "scheduler.params" in layers.won:
+    if whole_block:
         real = f"as in Megatron-DeepSpeed, {precedence_of('scheduler.params').why}"
         for dest in SCHEDULE_SETTINGS:
             if dest in flag_values:
@@ -751,9 +793,17 @@ def _precedence(layers: Layers, key: str, flag: str, json: str, flag_source: Sou
     if rule.winner == MUST_AGREE:
         layers.problems.append(f"{flag} on the command line and {json} must agree: {rule.why}")
         return flag_source
-    layers.won.setdefault(key, []).append(f"{json}: {flag} wins, {real}")
+    if key.startswith(("optimizer.", "scheduler.")):  # said in a short line of its own (arguments/deepspeed/differences.py)
+        option = flag.split(" ")[0]
+        layers.unused.append(UnusedJsonValue(dest, option, json_value, "the command line wins", option))
+    else:
+        layers.won.setdefault(key, []).append(f"{json}: {flag} wins, {real}")
     layers.outcomes[key] = f"{flag} on the command line wins, {real}"
     return Source(FLAG, flag_source.origin, overrides=f"wins over {json}, {real}")
+
+
+def _first_option(parser: argparse.ArgumentParser, dest: str) -> str:
+    return next(action.option_strings[0] for action in option_table(parser) if action.dest == dest)
 
 
 def _json_value(key: str, value: Any, flags: str) -> str:

@@ -105,9 +105,10 @@ def format_config(parsed) -> str:
     if training.step_batch_size_schedule is not None:
         lines.append(_row("global batch", batch.describe(), "--step-batch-size-schedule (thresholds in tokens, "
                           "as samples here); the learning-rate schedule follows consumed samples"))
-    if parsed.notes:
+    if parsed.notes or config.json_differences:
         lines.append("said at the start of a run")
         lines += [note if note.startswith(">") else f"> {note}" for note in parsed.notes]
+        lines += config.json_differences  # last before the first iteration
     return "\n".join(lines)
 
 

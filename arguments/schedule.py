@@ -216,6 +216,9 @@ def resumed_schedule(config: PretrainConfig, ours: LearningRateSchedule, theirs:
     if config.optimizer.use_checkpoint_opt_param_scheduler:
         return theirs, f"> resuming {iteration_dir} with the checkpoint's learning-rate schedule instead of this " \
                        f"run's ({listed}), as --use-checkpoint-opt_param-scheduler asks"
+    length = "--train-samples" if config.training.train_samples is not None else "--train-iters"
     raise ConfigError(f"resuming {iteration_dir}: the learning-rate schedule differs from the checkpoint's ({listed}); "
-                      f"as in Megatron, pass --override-opt_param-scheduler to use this run's, or "
+                      f"to stop and resume one run, give every part the final length and stop early: {length} FINAL "
+                      f"--exit-interval K (docs/checkpoints.md); for this checkpoint, as in Megatron, pass "
+                      f"--override-opt_param-scheduler to use this run's schedule, or "
                       f"--use-checkpoint-opt_param-scheduler to keep the checkpoint's")

@@ -97,7 +97,8 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
         if needs_finishing(checkpoint.load, checkpoint.save):  # a requeued job whose first save was killed
             claim(SaveDirectoryLock(checkpoint.save, log=log))
             finish_unfinished_save(Path(checkpoint.save), log)
-        decision = decide_start(checkpoint.load, checkpoint.save, checkpoint.universal_checkpoint)
+        decision = decide_start(checkpoint.load, checkpoint.save, checkpoint.universal_checkpoint,
+                                checkpoint.exit_on_missing_checkpoint)
         if checkpoint.save:
             refuse_save_into_deepspeed(checkpoint.save)
             prepare_output_directory(checkpoint.save, "--save")

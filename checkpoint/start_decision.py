@@ -5,8 +5,9 @@ its data settings allow that. Pure decisions from the config and the file system
   directory with `latest` or Megatron-LM's tracker file (where they differ, the one written last wins, said in one
   line: checkpoint/format.py), or an iteration directory with metadata.json; anything else holding something is an
   error (except `--load` equal to `--save`, where checkpoint/unfinished_save.py first finishes a save killed before
-  `latest`). A `--load` directory that does not exist or is empty is a fresh start, said in one line, as Megatron-LM
-  warns and starts from random weights (its scripts pass `--save $CK --load $CK` from the first run).
+  `latest`). A `--load` directory that does not exist or is empty is a fresh start, said in one line that stands
+  out, as Megatron-LM warns and starts from random weights (its scripts pass `--save $CK --load $CK` from the first
+  run); under --exit-on-missing-checkpoint an error.
 - A run writes into a save directory that already holds checkpoints only when it resumed from one of them, or with
   `--overwrite-save` (`--finetune` starts at iteration 0: not resuming); a resume by `--ckpt-step N` from an
   iteration older than others there only with `--overwrite-save`, since its saves would replace the later ones.
@@ -67,9 +68,11 @@ def _resume(resume_from: Path, note: Optional[str] = None) -> StartDecision:
     return StartDecision(resume_from, note, format_of(resume_from).name)
 
 
-def decide_start(load: Optional[str], save: Optional[str], universal: bool = False) -> StartDecision:
+def decide_start(load: Optional[str], save: Optional[str], universal: bool = False,
+                 exit_on_missing: bool = False) -> StartDecision:
     """Which checkpoint `--load` names, if any (see the module docstring): one of DeepSpeed's (its tag folder;
-    `universal`: --universal-checkpoint, the folder `latest_universal` names) or ours."""
+    `universal`: --universal-checkpoint, the folder `latest_universal` names) or ours. `exit_on_missing`
+    (--exit-on-missing-checkpoint): a --load holding no checkpoint is an error, as Megatron-LM stops there."""
     if not load:
         return StartDecision(None)
     located = locate(Path(load), universal)  # a format whose save directories point their own way (DeepSpeed's)
@@ -93,13 +96,19 @@ def decide_start(load: Optional[str], save: Optional[str], universal: bool = Fal
             raise CheckpointError(f"--load {load} holds checkpoints ({', '.join(complete[-3:])}) but no "
                                   f"'{LATEST_FILE}' or '{TRACKER_FILE}'; pass --load {path / complete[-1]} to resume "
                                   f"from the newest")
+    if exit_on_missing and (also_save or not path.exists() or not any(path.iterdir())):
+        # Megatron-LM exits 0 here (checkpointing.py load_checkpoint: sys.exit()); 2 lets a script's `&&` stop
+        raise ConfigError(f"--load {load}: {'no such directory' if not path.exists() else 'no checkpoint in it'}, "
+                          f"and --exit-on-missing-checkpoint refuses to start from random weights (exit 2; "
+                          f"Megatron-LM exits 0)", flags=("--load", "--exit-on-missing-checkpoint"))
     if also_save:
         return StartDecision(None, f"> no checkpoint in {load} yet: starting a fresh run (--load is the --save "
                                f"directory)")
     if not path.exists() or not any(path.iterdir()):
         what = "no such directory" if not path.exists() else "an empty directory"
-        return StartDecision(None, f"warning: --load {load}: {what}, no checkpoint to load; starting from random "
-                               f"weights, as Megatron-LM does")
+        return StartDecision(None, f"WARNING: --load {load}: {what}, not --save: NOTHING IS RESUMED, training "
+                               f"starts from random weights, as in Megatron-LM (--exit-on-missing-checkpoint "
+                               f"refuses it)")
     raise ConfigError(f"--load {load} holds no checkpoint; check the path (a fresh run passes no --load, "
                       f"--load equal to --save, or an empty directory)")
 

@@ -11,7 +11,8 @@ Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes 
 - torchrun's failure report (a ChildFailedError traceback) is not printed. A rank that said what went wrong needs
   nothing more; a rank killed or crashed is said in one line ("launch.py: error: rank 1 (local rank 1 on host h)
   died: killed by SIGKILL; torchrun stopped the other ranks"); a rank's own error ends in a summary naming the
-  first rank to fail and its line.
+  first rank to fail and its line. Under --max-restarts the same is said before each restart, then "restarting, 1
+  of 2" (torchrun's agent restarts without a word).
 - SIGTERM, SIGINT and SIGUSR1 (SLURM's `--signal=USR1@120`) are forwarded to every rank, and the launcher (which
   serves the rendezvous store) stays until the ranks exit: a run with --exit-signal-handler saves and exits 0, and
   so does the launcher (torchrun alone dies of SIGUSR1, taking the store with it). A repeated SIGTERM or SIGUSR1
@@ -152,15 +153,63 @@ def failure_status(failure) -> int:
 def failure_line(failure, host: str) -> str:
     """torchrun's report of its root-cause rank (the first to fail) in one line: who, where, how."""
     rank, process = failure.get_first_failure()
-    if process.exitcode < 0:
+    return death_line(rank, process.local_rank, process.exitcode, host)
+
+
+def death_line(rank: int | None, local_rank: int, exitcode: int, host: str) -> str:
+    """One rank's end in one line: which rank, on which host, the signal or exit status."""
+    if exitcode < 0:
         try:
-            how = f"killed by {signal.Signals(-process.exitcode).name}"
+            how = f"killed by {signal.Signals(-exitcode).name}"
         except ValueError:
-            how = f"killed by signal {-process.exitcode}"
+            how = f"killed by signal {-exitcode}"
     else:
-        how = f"exited with status {process.exitcode} (see its output above)"
-    return (f"launch.py: error: rank {rank} (local rank {process.local_rank} on host {host}) died: {how}; "
-            f"torchrun stopped the other ranks")
+        how = f"exited with status {exitcode} (see its output above)"
+    who = f"rank {rank} (local rank {local_rank} on host {host})" if rank is not None else \
+        f"local rank {local_rank} on host {host}"
+    return f"launch.py: error: {who} died: {how}; torchrun stopped the other ranks"
+
+
+def say_failure(death: str, status_dir: Path) -> None:
+    """The death line where no rank said a word (it was killed or crashed), else the first rank's own error."""
+    if not any(recorded_statuses(status_dir).values()):
+        print(death, file=sys.stderr, flush=True)
+    elif (summary := first_failure(status_dir)) is not None:
+        print(summary, file=sys.stderr, flush=True)
+
+
+class RestartReporter(logging.Handler):
+    """Under --max-restarts torchrun's agent restarts a failed job itself, without a word. Before each restart this
+    says which rank died first and how, the first error line a rank recorded (if one did), then "restarting, 1 of
+    2". It reads the two records torch logs: its process context's first failure, its agent's "will restart"."""
+
+    def __init__(self, status_dir: Path, host: str, node_rank: int | None, ranks_per_node: int) -> None:
+        super().__init__(logging.INFO)
+        self.status_dir, self.host, self.node_rank, self.ranks_per_node = status_dir, host, node_rank, ranks_per_node
+        self.failure: tuple[int, int] | None = None  # the first failed process's (exit code, local rank)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("failed (exitcode") and len(record.args) >= 2:
+            self.failure = (int(record.args[0]), int(record.args[1]))
+        elif "will restart worker group" in str(record.msg) and len(record.args) == 4 and self.failure is not None:
+            exitcode, local_rank = self.failure
+            rank = None if self.node_rank is None else self.node_rank * self.ranks_per_node + local_rank
+            print(death_line(rank, local_rank, exitcode, self.host), file=sys.stderr, flush=True)
+            if (summary := first_failure(self.status_dir)) is not None:  # a rank's own last error line
+                print(summary, file=sys.stderr, flush=True)
+            remaining, most = int(record.args[2]), int(record.args[3])
+            print(f"launch.py: restarting, {most - remaining + 1} of {most}", file=sys.stderr, flush=True)
+            for path in self.status_dir.iterdir():  # said: the restarted ranks record their own
+                path.unlink(missing_ok=True)
+            self.failure = None
+
+    def listen(self) -> None:
+        """Take the two loggers' records (torch's elastic loggers have no handler of their own)."""
+        for name, level in (("torch.distributed.elastic.multiprocessing.api", logging.ERROR),
+                            ("torch.distributed.elastic.agent.server.api", logging.INFO)):
+            logger = logging.getLogger(name)
+            logger.setLevel(level)
+            logger.handlers, logger.propagate = [self], False
 
 
 # ft_launcher's (nvidia-resiliency-ext fault_tolerance/launcher.py) section timeouts, for --enable-ft-package
@@ -219,6 +268,8 @@ def main(argv=None) -> int:
     status_dir = Path(tempfile.mkdtemp(prefix="launch-status-"))
     os.environ[EXIT_STATUS_DIR_VARIABLE] = str(status_dir)
     ranks_started = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else -1
+    one_node = str(args.nnodes) in ("1", "1:1")
+    RestartReporter(status_dir, socket.gethostname(), 0 if one_node else None, ranks_started).listen()
     failure = None
     forwarder = SignalForwarder()
     try:
@@ -234,12 +285,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # SIGINT is the forwarder's: only other code could raise this
         status = 128 + int(signal.SIGINT)
     try:
-        statuses = recorded_statuses(status_dir)
-        if failure is not None and not any(statuses.values()):  # no rank said a word: say who died
-            print(failure_line(failure, socket.gethostname()), file=sys.stderr, flush=True)
+        if failure is not None:
+            say_failure(failure_line(failure, socket.gethostname()), status_dir)
         elif (summary := first_failure(status_dir)) is not None:
             print(summary, file=sys.stderr, flush=True)
-        return job_status(statuses, ranks_started, status)
+        return job_status(recorded_statuses(status_dir), ranks_started, status)
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
         # The ranks have exited. Python's exit puts the default action back for each signal that has a

@@ -47,7 +47,8 @@ def check_load(config: PretrainConfig) -> None:
     """--load names a checkpoint, a missing or empty folder, or the --save folder (checkpoint/start_decision.py).
     A killed first save is left for claim_run_start to finish (checkpoint/unfinished_save.py)."""
     if not needs_finishing(config.checkpoint.load, config.checkpoint.save):
-        decide_start(config.checkpoint.load, config.checkpoint.save, config.checkpoint.universal_checkpoint)
+        decide_start(config.checkpoint.load, config.checkpoint.save, config.checkpoint.universal_checkpoint,
+                     config.checkpoint.exit_on_missing_checkpoint)
 
 
 # --init-from-hf's folder is read with the flags themselves (arguments/hf_folder.py): its architecture is the

@@ -141,6 +141,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         if save is not None:
             on_failure.callback(save.abandon)
             log(save.mode_line)
+        for line in config.json_differences:  # last, where a user looks for the learning rate the JSON asked for
+            log(line)
         run = Run(settings=settings, state=state, tokenizer=tokenizer, data=data, built=built, start=start,
                   writer=writer, memory_check=memory_check,
                   exit_conditions=ExitConditions(config.checkpoint, state, log_interval=config.training.log_interval),

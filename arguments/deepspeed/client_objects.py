@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from arguments.config_sources import Source, show_value
+from arguments.deepspeed.differences import NOT_READ_UNDER_DEEPSPEED, UnusedJsonValue
 from arguments.deepspeed.keys import NO_EFFECT, UNSUPPORTED, Verdict
 from arguments.deepspeed.translation import DeepSpeedTranslation, JsonSetting, refused_line
 
@@ -48,6 +49,7 @@ PARAM_GROUP_GENERATIONS = ("dse-megatron-lm",)
 # num_checkpoints=args.num_layers)).
 JSON_CHECKPOINTING_GENERATIONS = ("dse-megatron-lm",)
 CHECKPOINTING_BLOCK = "activation_checkpointing"
+CLIENT_BLOCKS = ("optimizer.", "scheduler.")  # the blocks Megatron's own objects replace
 _SWITCH_WHY = ("not read as a switch: the block only configures DeepSpeed's checkpoint function, and Megatron "
                "checkpoints only under --checkpoint-activations")
 _UNFLAGGED_WHY = ("not read: Megatron configures DeepSpeed's activation checkpointing only under "
@@ -83,6 +85,8 @@ class NotRead:
             if not differ:
                 continue
             named.add(setting.key)
+            if setting.key.startswith(CLIENT_BLOCKS):
+                continue  # said a value a line (`unused`)
             written = ", ".join(f"{option} {show_value(value)}" for option, value in asked.values())
             runs = ", ".join(f"{option} {show_value(settings[dest])} ({sources[dest].describe()})"
                              for dest, (option, _) in differ.items())
@@ -98,16 +102,26 @@ class NotRead:
                 f"DeepSpeed pair: " + "; ".join(clauses)), named
 
 
+    def unused(self, flag_values: Callable[[Sequence[str]], dict[str, tuple[str, Any]]]) -> list[UnusedJsonValue]:
+        """The optimizer and scheduler values set aside, for a short line each (arguments/deepspeed/differences.py)."""
+        return [UnusedJsonValue(dest, option, value, NOT_READ_UNDER_DEEPSPEED)
+                for setting in self.settings if setting.key.startswith(CLIENT_BLOCKS)
+                for dest, (option, value) in flag_values(setting.flags).items()]
+
+
 def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatron_launch: bool,
                             generation: Optional[str], deepspeed_activation_checkpointing: bool = False,
-                            checkpoint_activations: bool = False, also_fitting: Sequence[str] = ()) -> NotRead:
+                            checkpoint_activations: bool = False, also_fitting: Sequence[str] = (),
+                            deepspeed: bool = True) -> NotRead:
     """Under a Megatron launch, take the optimizer block's settings (and the scheduler's, outside the
-    JSON_SCHEDULER_GENERATIONS, and the activation_checkpointing block's where `checkpointing_block_reasons`
-    says, from the two flags as the command line gives them) out of `translation` and mark their keys as not
-    read; nothing otherwise. `also_fitting`: the generations the launch's flags fit as well as `generation`."""
+    JSON_SCHEDULER_GENERATIONS; both only under `deepspeed`, the flag that hands DeepSpeed Megatron's own
+    objects), and the activation_checkpointing block's where `checkpointing_block_reasons` says, from the two
+    flags as the command line gives them, out of `translation` and mark their keys as not read; nothing
+    otherwise. `also_fitting`: the generations the launch's flags fit as well as `generation`."""
     if translation is None or not megatron_launch:
         return NotRead(translation.source if translation is not None else "")
-    prefixes = ("optimizer.",) if generation in JSON_SCHEDULER_GENERATIONS else ("optimizer.", "scheduler.")
+    prefixes = () if not deepspeed else ("optimizer.",) if generation in JSON_SCHEDULER_GENERATIONS \
+        else ("optimizer.", "scheduler.")
     keys = [s.key for s in translation.settings] + [v.key for v in translation.verdicts]
     flags = (deepspeed_activation_checkpointing, checkpoint_activations)
     reasons = checkpointing_block_reasons(keys, generation, *flags)

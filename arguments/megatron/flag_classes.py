@@ -131,7 +131,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --distrib-optim-fully-reshardable-mem-efficient --use-dist-ckpt
         --non-persistent-ckpt-type --non-persistent-global-ckpt-dir --non-persistent-local-ckpt-algo
         --non-persistent-local-ckpt-dir --non-persistent-save-interval --replication --replication-factor
-        --replication-jump --save-retain-interval --no-save-optim --no-save-rng --exit-on-missing-checkpoint
+        --replication-jump --save-retain-interval --no-save-optim --no-save-rng
         --no-ckpt-load-validate-sharding-integrity --disable-ckpt-load-validate-sharding-integrity
         --no-strict-fsdp-dtensor-load --disable-strict-fsdp-dtensor-load --load-main-params-from-ckpt
         --ckpt-convert-update-legacy-dist-opt-format --verify-integrity --no-save-tokenizer-assets

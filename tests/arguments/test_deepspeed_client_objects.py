@@ -47,6 +47,11 @@ def _not_read_warnings(parsed) -> list[str]:
     return [note for note in parsed.notes if note.startswith("warning:") and "not read" in note]
 
 
+def _not_read_lines(parsed) -> list[str]:
+    """The short lines (arguments/deepspeed/differences.py) naming optimizer and scheduler values not read."""
+    return [line for line in parsed.config.json_differences if "not read under --deepspeed" in line]
+
+
 def _row(parsed, name: str) -> str:
     return next(line for line in format_config(parsed).splitlines() if line.split()[:1] == [name])
 
@@ -62,11 +67,13 @@ def test_a_megatron_deepspeed_launch_reads_neither_block_and_says_so_in_one_line
         (0.9, 0.999, 1e-8, 0.01)
     assert (optimizer.lr_decay_style, optimizer.lr_warmup_iters, optimizer.lr_decay_iters) == ("linear", 0, None)
     assert optimizer.lr != 0.0002  # the scheduler's warmup_max_lr is not the peak either
-    warnings = _not_read_warnings(parsed)
-    assert len(warnings) == 1, parsed.notes
-    for key in ("optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.params"):
-        assert key in warnings[0]
-    assert "--adam-beta2 0.999 (Megatron-LM's default" in warnings[0]
+    assert not _not_read_warnings(parsed)  # a line a value, not one long warning
+    lines = _not_read_lines(parsed)
+    assert [line.split(" ")[1] for line in lines] == ["adam_beta1", "adam_beta2", "adam_eps", "weight_decay", "lr",
+                                                      "lr_warmup_iters", "lr_decay_iters"], lines
+    assert all(len(line) < 160 for line in lines)
+    assert "> adam_beta2 0.999 (Megatron's default) where ds.json says 0.95: not read under --deepspeed, as in " \
+           "Megatron-DeepSpeed; pass --adam-beta2 0.95 to use it" in lines
     # the info line does not say the same keys again
     assert not [note for note in parsed.notes if "accepted with no effect" in note and "optimizer.params.betas" in note]
     # --print-config: the setting's row names where its value came from, the key's row that it is not read
@@ -90,8 +97,8 @@ def test_a_v115_fork_launch_reads_the_jsons_scheduler_but_not_its_optimizer(tmp_
     # the JSON's WarmupDecayLR, which the fork's DeepSpeed took before Megatron's AnnealingLR
     assert (optimizer.lr, optimizer.lr_warmup_iters, optimizer.lr_decay_style, optimizer.lr_decay_iters) == \
         (0.0002, 7, "linear", 100)
-    warnings = _not_read_warnings(parsed)
-    assert len(warnings) == 1 and "optimizer.params.betas" in warnings[0] and "scheduler" not in warnings[0]
+    lines = _not_read_lines(parsed)
+    assert [line.split(" ")[1] for line in lines] == ["adam_beta1", "adam_beta2", "adam_eps", "weight_decay"]
 
 
 def test_the_2020_forks_param_groups_carry_its_flags_values(tmp_path):
@@ -105,8 +112,10 @@ def test_the_2020_forks_param_groups_carry_its_flags_values(tmp_path):
     # --weight-decay 1e-2 from the script; FusedAdam's betas and eps, which are Megatron's defaults
     assert (optimizer.adam_beta1, optimizer.adam_beta2, optimizer.adam_eps, optimizer.weight_decay) == \
         (0.9, 0.999, 1e-8, 0.01)
-    warnings = _not_read_warnings(parsed)
-    assert len(warnings) == 1 and "the param groups that Adam already filled" in warnings[0]
+    # --weight-decay 1e-2 is the script's: the JSON's 0.1 is not read either
+    assert [line.split(" ")[1] for line in _not_read_lines(parsed)] == ["adam_beta1", "adam_beta2", "adam_eps",
+                                                                       "weight_decay"]
+    assert "the param groups that Adam already filled" in _row(parsed, "optimizer.params.betas")
 
 
 def test_a_preset_launch_is_deepspeeds_own_use_and_reads_both_blocks(tmp_path):
@@ -128,12 +137,12 @@ def test_a_block_the_real_pair_does_not_read_is_not_refused_but_an_optimizer_typ
     dynamic loss scaling; line 2245: 1-bit Adam's fp16 path)."""
     ds = _json(tmp_path, {"optimizer": {"type": "Adam", "params": {"amsgrad": True}},
                           "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0}}})
-    parsed = parse_arguments([*MODEL, "--deepspeed_config", ds])  # was refused: amsgrad, OneCycle
+    parsed = parse_arguments([*MODEL, "--deepspeed", "--deepspeed_config", ds])  # was refused: amsgrad, OneCycle
     assert "not read" in _row(parsed, "optimizer.params.amsgrad") and "not read" in _row(parsed, "scheduler.type")
     lamb = _json(tmp_path, {"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}},
                             "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e-3}}})
     with pytest.raises(ConfigError) as refused:
-        parse_arguments([*MODEL, "--deepspeed_config", lamb])
+        parse_arguments([*MODEL, "--deepspeed", "--deepspeed_config", lamb])
     assert "1 key(s) not supported" in str(refused.value) and "optimizer.type" in str(refused.value)
     assert "warmup_type" not in str(refused.value)  # the log warmup of a scheduler that is not read
 
@@ -191,12 +200,11 @@ def test_a_scheduler_set_aside_beside_a_schedule_flag_leaves_megatrons_defaults_
 
 def test_where_a_fork_fits_as_well_the_tie_rules_choice_is_named_with_the_scheduler(tmp_path):
     """Issue 34 round 2: a launch whose flags fit a fork as well as a later generation keeps the tie rule (the
-    newest), but the scheduler it sets aside is one the fork's DeepSpeed would have run: the line says so."""
+    newest), but the scheduler it sets aside is one the fork's DeepSpeed would have run: --print-config says so."""
     ds = _json(tmp_path, {"scheduler": SCHEDULER})
-    warnings = _not_read_warnings(parse_arguments([*MODEL, "--deepspeed", "--deepspeed_config", ds]))
-    assert len(warnings) == 1 and "fit dse-megatron-lm-v1.1.5-zero3 as well, which ran the JSON's scheduler" in \
-        warnings[0]
+    parsed = parse_arguments([*MODEL, "--deepspeed", "--deepspeed_config", ds])
+    assert _not_read_lines(parsed)
+    assert "fit dse-megatron-lm-v1.1.5-zero3 as well, which ran the JSON's scheduler" in _row(parsed, "scheduler.params")
     # a flag no fork defines: no tie, nothing more to say
-    warnings = _not_read_warnings(parse_arguments([*MODEL, "--micro-batch-size", "2", "--deepspeed",
-                                                   "--deepspeed_config", ds]))
-    assert len(warnings) == 1 and "as well" not in warnings[0]
+    parsed = parse_arguments([*MODEL, "--micro-batch-size", "2", "--deepspeed", "--deepspeed_config", ds])
+    assert _not_read_lines(parsed) and "as well" not in _row(parsed, "scheduler.params")

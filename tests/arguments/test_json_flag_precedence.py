@@ -193,6 +193,13 @@ def test_the_documented_winner_runs_and_is_said(tmp_path, key):
     assert got == expected and type(got) is type(expected), (key, got)
     rule, ds = PRECEDENCE[key], str(tmp_path / "ds.json")
     warnings = warning_lines(parsed)
+    if key.startswith(("optimizer.", "scheduler.")):  # a short line of its own, last before the first iteration
+        assert warnings == [] and len(parsed.config.json_differences) == 1, parsed.config.json_differences
+        line = parsed.config.json_differences[0]
+        assert f"({flags[0]}) where ds.json says " in line and line.endswith(f"the command line wins; drop {flags[0]} "
+                                                                           f"to use it")
+        assert f"{flags[0]} (command line); " in config_row(parsed, name) and rule.why in config_row(parsed, name)
+        return
     assert len(warnings) == 1 and "and the command line set 1 setting(s) differently" in warnings[0]
     assert f" in {ds}" in warnings[0] and rule.why in warnings[0]
     row = config_row(parsed, name)
@@ -215,19 +222,42 @@ def test_the_warning_names_the_json_value_and_the_flag_that_won(tmp_path):
     assert warning_lines(parsed_with(tmp_path, {"train_micro_batch_size_per_gpu": 2}, ["--batch-size", "2"])) == []
 
 
-def test_a_json_scheduler_beside_any_schedule_flag_is_not_used_as_a_whole(tmp_path):
+def test_a_json_scheduler_beside_any_schedule_flag_is_not_used_as_a_whole_under_deepspeed(tmp_path):
     """Megatron-DeepSpeed hands DeepSpeed its own scheduler: none of the block's values mixes with the
     command line's schedule (the preset's or defaults fill what the flags leave open)."""
-    scheduler = {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 5e-4, "warmup_num_steps": 100,
-                                                                   "total_num_steps": 1000, "warmup_type": "linear"}}}
-    alone = parsed_with(tmp_path, scheduler, []).config.optimizer
+    alone = parsed_with(tmp_path, SCHEDULER_BLOCK, ["--deepspeed"]).config.optimizer
     assert (alone.lr, alone.lr_warmup_iters, alone.lr_decay_iters, alone.lr_decay_style) == (5e-4, 100, 1000, "linear")
-    parsed = parsed_with(tmp_path, scheduler, ["--lr-warmup-fraction", "0.01"])  # no "give one of" error either
-    optimizer = parsed.config.optimizer
+    parsed = parsed_with(tmp_path, SCHEDULER_BLOCK, ["--deepspeed", "--lr-warmup-fraction", "0.01"])
+    optimizer = parsed.config.optimizer  # no "give one of" error either
     assert (optimizer.lr, optimizer.lr_warmup_iters, optimizer.lr_warmup_fraction, optimizer.lr_decay_iters,
             optimizer.lr_decay_style) == (1e-3, 20, 0.01, None, "cosine")  # the tiny preset's and defaults
     assert "Megatron's schedule from the command line (--lr-warmup-fraction) wins over the whole scheduler block" \
-        in warning_lines(parsed)[0]
+        in config_row(parsed, "scheduler.params")
+    assert sorted(line.split(" ")[1] for line in parsed.config.json_differences) == \
+        ["lr", "lr_decay_iters", "lr_decay_style", "lr_warmup_iters", "min_lr"]
+    assert all("not read under --deepspeed, as in Megatron-DeepSpeed beside --lr-warmup-fraction" in line
+               for line in parsed.config.json_differences)
+
+
+def test_without_deepspeed_a_schedule_flag_wins_over_the_jsons_scheduler_only_for_what_it_sets(tmp_path):
+    """With --zero-config alone no client scheduler replaces the JSON's: a warmup flag in any unit replaces
+    the block's warmup, and the block's peak, decay and floor still run (issue 115, item 1)."""
+    parsed = parsed_with(tmp_path, SCHEDULER_BLOCK, ["--lr-warmup-fraction", "0.01"])
+    optimizer = parsed.config.optimizer
+    assert (optimizer.lr, optimizer.lr_warmup_iters, optimizer.lr_warmup_fraction, optimizer.lr_decay_iters,
+            optimizer.lr_decay_style) == (5e-4, 20, 0.01, 1000, "linear")  # the warmup iters: the tiny preset's
+    assert parsed.config.json_differences == (
+        "> lr_warmup_iters 20 (preset tiny) where ds.json says 100: --lr-warmup-fraction on the command line wins; "
+        "drop --lr-warmup-fraction to use it",)
+    peak = parsed_with(tmp_path, SCHEDULER_BLOCK, ["--lr", "1e-4"])  # the block's warmup and decay still run
+    assert (peak.config.optimizer.lr, peak.config.optimizer.lr_warmup_iters, peak.config.optimizer.lr_decay_iters) == \
+        (1e-4, 100, 1000)
+    assert peak.config.json_differences == (
+        "> lr 0.0001 (--lr) where ds.json says 0.0005: the command line wins; drop --lr to use it",)
+
+
+SCHEDULER_BLOCK = {"scheduler": {"type": "WarmupDecayLR", "params": {
+    "warmup_max_lr": 5e-4, "warmup_num_steps": 100, "total_num_steps": 1000, "warmup_type": "linear"}}}
 
 
 def test_gradient_clipping_is_the_clip_and_the_optimizers_max_grad_norm_has_no_effect(tmp_path):
@@ -373,13 +403,14 @@ def test_3d_parallelism_script_zero_stage_0_beside_the_jsons_stage_2_runs_stage_
     assert (batch.micro_batch_size, batch.accumulation_steps_at(0), batch.global_batch_at(0)) == (2, 1, 2)
     assert config.training.log_interval == 100  # steps_per_print 1 is DeepSpeed's own
     warnings = warning_lines(parsed)
-    assert len(warnings) == 3 and f"zero_optimization.stage 2 in {ds} wins over --zero-stage 0, as in " \
+    assert len(warnings) == 2 and f"zero_optimization.stage 2 in {ds} wins over --zero-stage 0, as in " \
                                   f"Megatron-DeepSpeed, where DeepSpeed's engine runs the JSON's stage" in warnings[0]
     # chkp_opt without --deepspeed-activation-checkpointing: the fork never configures DeepSpeed's checkpointing
     # (tests/arguments/test_deepspeed_checkpointing_flags.py)
     assert warnings[1].startswith("warning: --partition-activations, --contigious-checkpointing, "
                                   "--synchronize-each-layer set nothing")
-    assert f"1 value(s) in {ds} not read" in warnings[2] and "optimizer.params.betas" in warnings[2]
+    assert [line.split(" ")[1] for line in config.json_differences] == ["adam_beta2"]
+    assert "not read under --deepspeed" in config.json_differences[0]
     assert f"# {ds}: zero_optimization.stage; wins over --zero-stage 0 on the command line" in \
         config_row(parsed, "stage")
 

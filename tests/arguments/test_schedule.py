@@ -45,6 +45,21 @@ def test_iteration_based_lengths_are_iterations_times_the_global_batch():
     assert (fraction.warmup_samples, fraction.decay_samples) == (4, 20)
 
 
+def test_a_resume_to_a_longer_run_names_the_stop_and_resume_recipe_first():
+    """Issue 115, item 5: `--load ckpt --train-iters 100` after a 50-iteration run is refused, as in Megatron-LM;
+    the line names what a run meant to stop and resume passes before the two scheduler flags."""
+    from arguments.schedule import resumed_schedule
+
+    longer = parse_config([*BATCH, "--train-iters", "100"])
+    shorter = parse_config([*BATCH, "--train-iters", "50"])
+    with pytest.raises(ConfigError) as refused:
+        resumed_schedule(longer, build_lr_schedule(longer, batch_schedule(longer, 1)),
+                         build_lr_schedule(shorter, batch_schedule(shorter, 1)), "ckpt/iter_0000050")
+    message = str(refused.value)
+    assert message.startswith("resuming ckpt/iter_0000050: the learning-rate schedule differs from the checkpoint's (")
+    assert message.index("--train-iters FINAL --exit-interval K") < message.index("--override-opt_param-scheduler")
+
+
 @pytest.mark.parametrize("style, expected", [("linear", 1e-4 + 0.9e-3 * (1 - 16 / 32)), ("constant", 1e-3)])
 def test_linear_and_constant(style, expected):
     schedule, _, _ = schedule_of(*BATCH, "--train-iters", "10", "--lr-warmup-iters", "2", "--lr-decay-style", style)
@@ -141,6 +156,8 @@ def test_a_resume_with_another_schedule_follows_megatrons_rule(token_runs, tmp_p
     error = capsys.readouterr().err
     assert "decay (samples) 40 (the checkpoint's: 30)" in error and "--override-opt_param-scheduler" in error
     assert error.count("\n") == 1
+    # issue 115, item 5: the recipe first (a run counted in samples names its own length flag)
+    assert error.index("--train-samples FINAL --exit-interval K") < error.index("--override-opt_param-scheduler")
 
     assert pretrain_gpt.main(common + ["--metrics-file", str(tmp_path / "b.jsonl"), "--override-opt_param-scheduler"]) == 0
     assert "with this run's learning-rate schedule" in capsys.readouterr().out

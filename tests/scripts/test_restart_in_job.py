@@ -124,6 +124,11 @@ def test_a_rank_killed_at_iteration_5_is_restarted_by_torchrun_and_the_job_resum
     assert "Connection refused" not in err and "connectFullMesh" not in err, err[-3000:]
     assert losses(tmp_path / "metrics.jsonl") == uninterrupted
     assert_recovery_said(out)
+    # issue 115, item 2: before the restart, the line a launch without restarts ends with, then the restart's count
+    lines = err.splitlines()
+    died = next(i for i, line in enumerate(lines) if line.startswith("launch.py: error: rank 1 (local rank 1 on host "))
+    assert "died: killed by SIGKILL" in lines[died], lines[died]
+    assert lines.index("launch.py: restarting, 1 of 2") > died, err[-3000:]
 
 
 def assert_recovery_said(out: str) -> None:
@@ -163,3 +168,29 @@ def test_a_rank_hung_past_its_step_timeout_is_ended_by_its_monitor_and_the_job_r
     assert "> FT (--enable-ft-package): section timeouts setup 120 s, step 3 s, checkpointing 6 s, out_of_section 3 s" in out
     assert losses(tmp_path / "metrics.jsonl") == uninterrupted
     assert_recovery_said(out)
+
+
+def test_before_a_restart_the_launcher_names_the_rank_that_died_and_a_ranks_own_error_line(tmp_path, capsys):
+    """Issue 115, item 2, the part a kill does not show: a rank's own last error line (base/errors.py records it)
+    is said with the death line, and what was said is cleared so the next attempt's failure is its own. The records
+    are the two torch logs (the kill above checks their real text)."""
+    import json
+    import logging
+
+    from scripts.launch import RestartReporter
+
+    (tmp_path / "failure0").write_text(json.dumps({"time": 1.0, "line": "pretrain_gpt.py: error: rank 0: boom"}))
+    (tmp_path / "rank0").write_text("1\n")
+    reporter = RestartReporter(tmp_path, "h", 0, 2)
+    for name, msg, args in (
+            ("torch.distributed.elastic.multiprocessing.api", "failed (exitcode: %s) local_rank: %s (pid: %s) of "
+                                                              "binary: %s", (1, 0, 123, "pretrain_gpt.py")),
+            ("torch.distributed.elastic.agent.server.api", "[%s] Worker group %s. %s/%s attempts left; will restart "
+                                                           "worker group", ("default", "FAILED", 1, 2))):
+        reporter.handle(logging.LogRecord(name, logging.INFO, __file__, 0, msg, args, None))
+    assert capsys.readouterr().err.splitlines() == [
+        "launch.py: error: rank 0 (local rank 0 on host h) died: exited with status 1 (see its output above); "
+        "torchrun stopped the other ranks",
+        "launch.py: rank 0 failed first: pretrain_gpt.py: error: rank 0: boom",
+        "launch.py: restarting, 2 of 2"]
+    assert list(tmp_path.iterdir()) == []

@@ -3,6 +3,8 @@ found on the way (each test names the surprise it guards against)."""
 
 import re
 
+import pytest
+
 import pretrain_gpt
 from arguments.batch_schedule import BatchSchedule
 from base.progress import ProgressLines
@@ -169,3 +171,35 @@ def test_between_iteration_lines_far_apart_a_short_line_gives_the_eta(tmp_path, 
     assert len(lines) == 1 and lines[0].startswith(" iteration        1/       2, ETA: "), lines
     assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("iteration ")][0].startswith(
         "iteration        2/")  # the logged iteration has its own line, and no heartbeat
+
+
+def test_a_deepspeed_jsons_lr_runs_under_zero_config_and_not_under_deepspeed_each_said_last(tmp_path, capsys,
+                                                                                          corpus_cache_300):
+    """Issue 115, item 1: under --zero-config alone the JSON's optimizer lr 3e-4 ran at --lr 0.001 (default), said
+    only inside a long warning. Now it runs (the logged lr follows its linear decay); under --deepspeed the real
+    pair's rule stays (Megatron's own optimizer, tests/arguments/test_deepspeed_client_objects.py cites the code),
+    and the differing value is one short line, the last before the first iteration."""
+    import json
+
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps({"optimizer": {"type": "Adam", "params": {"lr": 3e-4}}}))
+    launch = SMALL + ["--train-iters", "3", "--data-cache-dir", corpus_cache_300, "--log-interval", "1",
+                      "--zero-config", str(ds)]
+    for extra, lrs, said in (([], [3e-4, 2e-4, 1e-4], None),
+                             (["--deepspeed"], [1e-3, 2e-3 / 3, 1e-3 / 3],
+                              "> lr 0.001 (default) where ds_config.json says 0.0003: not read under --deepspeed, as "
+                              "in Megatron-DeepSpeed; pass --lr 0.0003 to use it"),
+                             (["--lr", "1e-3"], [1e-3, 2e-3 / 3, 1e-3 / 3],
+                              "> lr 0.001 (--lr) where ds_config.json says 0.0003: the command line wins; drop --lr "
+                              "to use it")):
+        metrics = tmp_path / f"m{len(extra)}{extra[:1]}.jsonl"
+        assert pretrain_gpt.main(launch + extra + ["--metrics-file", str(metrics)]) == 0
+        out = capsys.readouterr().out.splitlines()
+        logged = [json.loads(line)["lr"] for line in metrics.read_text().splitlines() if '"lr"' in line]
+        assert logged == pytest.approx(lrs), extra
+        before_first = [line for line in out[:next(i for i, line in enumerate(out) if line.startswith("iteration "))]
+                        if line.startswith(">")]
+        said_lines = [line for line in out if "ds_config.json says" in line]
+        assert said_lines == ([said] if said else []) and all(len(line) < 160 for line in said_lines)
+        if said:
+            assert before_first[-1] == said

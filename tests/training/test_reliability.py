@@ -202,14 +202,20 @@ def test_a_load_of_a_missing_or_empty_folder_starts_from_random_weights_with_one
     """Issue 34, point 3: every Megatron-LM functional-test config passes `--load` of an empty folder other
     than `--save`; Megatron-LM (github:NVIDIA/Megatron-LM megatron/training/checkpointing.py, load_checkpoint
     via _load_base_checkpoint: "WARNING: could not find the metadata file {tracker_filename} ... will not
-    load any checkpoints and will start from random") returns iteration 0 and trains. Was: refused."""
+    load any checkpoints and will start from random") returns iteration 0 and trains. Was: refused. Issue 115,
+    item 5: the line stands out, and Megatron-LM's --exit-on-missing-checkpoint makes it an error before any work
+    (exit 2 here; Megatron-LM's sys.exit() is 0)."""
     target = tmp_path / "checkpoints"
     if what == "empty":
         target.mkdir()
+    refused = train(cache, tmp_path, "--load", target, "--save", tmp_path / "out", "--exit-on-missing-checkpoint")
+    assert "--exit-on-missing-checkpoint refuses" in refused.one_error_line(f"--load {target}")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "metrics.jsonl").exists()
     outcome = train(cache, tmp_path, "--load", target, "--save", tmp_path / "out")
     assert outcome.code == 0, outcome.err
     assert [line for line in outcome.out.splitlines() + outcome.err.splitlines()
-            if line.startswith("warning: --load") and str(target) in line and "random weights" in line]
+            if line.startswith("WARNING: --load") and str(target) in line and "NOTHING IS RESUMED" in line
+            and "random weights" in line and "--exit-on-missing-checkpoint" in line]
     assert [r["iteration"] for r in metrics_records(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
