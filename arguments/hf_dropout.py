@@ -1,5 +1,4 @@
-"""The dropouts a Hugging Face folder's model trains with, as --attention-dropout and --hidden-dropout, and an MoE
-family's router_aux_loss_coef as --moe-aux-loss-coeff.
+"""The dropouts a Hugging Face folder's model trains with, as --attention-dropout and --hidden-dropout.
 
 Dropout changes the math of every training step, so `--init-from-hf` takes it from config.json as it takes the
 architecture (arguments/hf_folder.py), and the export writes the run's values back (checkpoint/hf/folders.py,
@@ -32,15 +31,6 @@ OTHERS = (None, None, "attention_dropout", (0.0, 0.0, 0.0))
 def _value(config: HFConfig, key: str, default: float) -> Any:
     value = config.values.get(key, config.fields.get(key, default))
     return default if value is None else float(value)
-
-
-def folder_aux_loss(config: HFConfig) -> dict[str, FolderValue]:
-    """An MoE family's router_aux_loss_coef (transformers' default where the file leaves it out) as
-    --moe-aux-loss-coeff: like a dropout, a training choice a flag that differs overrides; none for a family
-    without the field."""
-    if "router_aux_loss_coef" not in config.values:
-        return {}
-    return {"moe_aux_loss_coeff": FolderValue(float(config.values["router_aux_loss_coef"]), "router_aux_loss_coef")}
 
 
 def folder_dropouts(config: HFConfig) -> tuple[dict[str, FolderValue], list[str]]:

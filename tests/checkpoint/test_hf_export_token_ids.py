@@ -100,3 +100,19 @@ def test_a_tokenizer_without_a_model_gives_the_ids_it_declares(shape, tmp_path):
     bos = SHAPES[shape].bos
     assert tokenizer_ids(folder) == {"bos_token_id": vocabulary[bos] if bos else None, "eos_token_id": vocabulary[SHAPES[shape].eos],
                                      "pad_token_id": None}
+
+
+def test_initializer_range_is_read_and_a_switch_that_is_not_is_named(tmp_path):
+    import transformers
+
+    from arguments.parser import parse_arguments
+
+    folder = hf_folder(tmp_path / "hf", "mistral")
+    assert parse_arguments(["--init-from-hf", str(folder)]).config.model.init_method_std == 0.02
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "initializer_range": 0.006, "use_cache": False}))
+    assert transformers.AutoConfig.from_pretrained(str(folder)).initializer_range == 0.006
+    parsed = parse_arguments(["--init-from-hf", str(folder)])
+    assert parsed.config.model.init_method_std == 0.006
+    assert [note for note in parsed.notes if "use_cache false not read" in note] and \
+        not [note for note in parsed.notes if "output_router_logits" in note]
