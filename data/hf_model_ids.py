@@ -24,7 +24,7 @@ def _is_ids(value) -> bool:
 
 def folder_token_ids(directory: str) -> Optional[dict]:
     """config.json's token ids in the model folder `directory` ({key: id, list of ids or None}, a key left out as
-    None, transformers' default); None where no config.json sits there."""
+    None, transformers' default); None where no model's config.json (one with a model_type) sits there."""
     path = os.path.join(directory, MODEL_CONFIG_FILE)
     if not os.path.isfile(path):
         return None
@@ -33,8 +33,8 @@ def folder_token_ids(directory: str) -> Optional[dict]:
             content = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise DataError(f"{path}: unreadable or not JSON ({error})") from None
-    if not isinstance(content, dict):
-        return None  # not a model's config: the tokenizer came without one
+    if not isinstance(content, dict) or "model_type" not in content:
+        return None  # not a transformers model's config: the tokenizer came without one
     ids = {key: content.get(key) for key in TOKEN_ID_KEYS}
     wrong = next((key for key, value in ids.items() if not _is_ids(value)), None)
     if wrong is not None:
