@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 
 from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, registered_family
 from arguments.hf_dropout import folder_dropouts
+from arguments.hf_training_choices import folder_training_choices
 from data import DataError
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from data.tokenizer import MERGES_FILE, MIN_VOCAB_SIZE, TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
@@ -91,14 +92,15 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
     for name, given in architecture_settings(config).items():
         offer(name, given.value, f"{where}: {given.key}")
     dropouts, dropout_notes = folder_dropouts(config)
-    for name, given in dropouts.items():  # a training choice: a flag that differs wins, said (arguments/hf_dropout.py)
+    choices, choice_notes = folder_training_choices(config)
+    for name, given in {**dropouts, **choices}.items():  # a training choice: a flag that differs wins, said (hf_dropout.py, hf_training_choices.py)
         origin = f"{where}: {given.key}"
         if name in explicit and settings[name] != given.value:
             layer.notes.append(f"> {explicit[name]} overrides the folder's {as_flag(name, given.value)} ({origin}): "
                                f"the run trains with the flag's, and an export writes it")
         else:
             offer(name, given.value, origin)
-    layer.notes += dropout_notes
+    layer.notes += dropout_notes + choice_notes
     seq_length, positions = settings["seq_length"], config.max_position_embeddings
     if "max_position_embeddings" in explicit and "max_position_embeddings" in may_change:
         positions = settings["max_position_embeddings"]

@@ -11,7 +11,7 @@ CKPT is a `--save` directory (its `latest` iteration, or Megatron-LM's tracker f
 ours or a Megatron-LM torch_dist one (any TP x PP x EP: its args' model, its saved fp32 weights,
 checkpoint/megatron_hf.py; no tokenizer, which Megatron-LM does not save). The weights are the fp32 master copy,
 consolidated over every TP and DP rank: no GPU or process group, only safetensors and JSON read. OUT_DIR gets
-config.json, model.safetensors in --dtype and the run's tokenizer files when saved. Every file is verified first
+config.json (its token ids the source folder's, under --init-from-hf), generation_config.json, model.safetensors in --dtype and the run's tokenizer files when saved. Every file is verified first
 (--no-verify-checkpoint skips the content hashes). The folder appears only once complete, never inside a
 checkpoint. A non-empty OUT_DIR is replaced only with --overwrite and only when it holds nothing but an earlier
 export's files: any other file there is named and the conversion refused before any weight is read. Errors are
@@ -36,6 +36,7 @@ from checkpoint.hf.folders import check_output_folder, checkpoint_to_hf_state, c
 from checkpoint.inside import inside
 from checkpoint.integrity import verify_or_raise
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint
+from checkpoint.tokenizer_check import FOLDER_IDS_KEY
 from checkpoint.tool_input import tool_checkpoint_and_format
 from checkpoint.torch_dist.common import load_common, saved_args
 
@@ -67,11 +68,13 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, 
         check_output_folder(Path(out_dir), overwrite, tokenizer_dir)
         prepare_output_directory(Path(os.path.abspath(out_dir)).parent, "OUT_DIR's parent")
         model_config, hf_state, given, eod = read_megatron(iteration_dir)
+        folder_ids = None
     else:
         metadata = read_metadata(iteration_dir)
         tokenizer = metadata.get("tokenizer")
         tokenizer_dir = inside(iteration_dir, tokenizer) if tokenizer is not None else None
         eod = None  # the tokenizer's own
+        folder_ids = metadata.get(FOLDER_IDS_KEY)  # the model folder's the run started from, where it did
         # Checked before any weight is read, so a refused OUT_DIR costs nothing; write_hf_folder checks
         # again just before the old folder goes.
         check_output_folder(Path(out_dir), overwrite, tokenizer_dir)
@@ -82,7 +85,8 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, 
         model_config, hf_state = checkpoint_to_hf_state(iteration_dir, progress=True)
     print(f"writing {out_dir} ({len(hf_state)} tensors in {dtype}, "
           f"{'with the tokenizer' if tokenizer_dir else 'no tokenizer in the checkpoint'})", flush=True)
-    write_hf_folder(out_dir, hf_state, model_config, tokenizer_dir, dtype=dtype, overwrite=overwrite, eod_token_id=eod)
+    write_hf_folder(out_dir, hf_state, model_config, tokenizer_dir, dtype=dtype, overwrite=overwrite, eod_token_id=eod,
+                   folder_ids=folder_ids)
     if fmt is MEGATRON:  # each config.json field the run's args do not give, named with the value written
         from checkpoint.megatron_hf_fields import unsourced_fields
 

@@ -170,6 +170,10 @@ OPTIONAL = {
     "tokenizer": ("a directory name or null", lambda v: v is None or _is_plain_name(v)),
     # what defines the run's token ids (data/tokenizer.py tokenizer_digest) and its size, compared on resume
     "tokenizer_vocab_size": (POSITIVE, lambda v: is_int(v, 1)),
+    # config.json's bos/eos/pad ids of the model folder the tokenizer came from (data/hf_model_ids.py)
+    "hf_token_ids": ("an object of bos_token_id, eos_token_id, pad_token_id -> id, list of ids or null",
+                     lambda v: isinstance(v, dict) and set(v) <= {"bos_token_id", "eos_token_id", "pad_token_id"}
+                     and all(e is None or is_int(e) or _list_of(is_int)(e) for e in v.values())),
     "tokenizer_digest": ("'sha256:' and 64 hex digits",
                          lambda v: isinstance(v, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", v) is not None),
     "config": ("an object of config sections", lambda v: isinstance(v, dict)

@@ -17,6 +17,8 @@ from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from data.tokenizer import RunTokenizer, tokenizer_digest
 
 TOKENIZER_DIGEST_KEY, TOKENIZER_SIZE_KEY = "tokenizer_digest", "tokenizer_vocab_size"
+# config.json's bos/eos/pad ids of the model folder the tokenizer came from, which the HF export writes back
+FOLDER_IDS_KEY = "hf_token_ids"
 SHOWN_DIGEST = len("sha256:") + 12  # enough to tell two apart in a line
 
 
@@ -42,7 +44,11 @@ def describe_tokenizer(setting: Callable[[str], object]) -> str:
 
 def tokenizer_record(tokenizer: RunTokenizer) -> dict:
     """What a save records of the run's tokenizer (metadata.json keys)."""
-    return {TOKENIZER_DIGEST_KEY: tokenizer_digest(tokenizer), TOKENIZER_SIZE_KEY: tokenizer.vocab_size}
+    record = {TOKENIZER_DIGEST_KEY: tokenizer_digest(tokenizer), TOKENIZER_SIZE_KEY: tokenizer.vocab_size}
+    folder_ids = getattr(tokenizer, "folder_ids", None)
+    if folder_ids is not None:
+        record[FOLDER_IDS_KEY] = folder_ids
+    return record
 
 
 def saved_tokenizer(metadata: dict, iteration_dir: Path) -> Optional[SavedTokenizer]:

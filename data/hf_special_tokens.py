@@ -21,6 +21,8 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 # transformers reads them in this order, a later file's eos_token winning.
 SIDE_FILES = (TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE)
+# kept with a saved tokenizer too, so an export of a folder's model writes its generation settings back
+GENERATION_CONFIG_FILE = "generation_config.json"
 
 
 def read_json_object(path: str, where: str, holding: str) -> dict:
@@ -37,13 +39,13 @@ def read_json_object(path: str, where: str, holding: str) -> dict:
 
 
 def read_side_files(directory: str) -> dict[str, dict]:
-    """The folder's tokenizer_config.json and special_tokens_map.json, each as read (left out where absent): kept
-    so a saved copy of the tokenizer carries them and transformers reads it the same way."""
-    paths = {name: os.path.join(directory, name) for name in SIDE_FILES}
+    """The folder's tokenizer_config.json, special_tokens_map.json and generation_config.json, each as read (left out
+    where absent): kept so a saved copy of the tokenizer carries them and transformers reads it the same way."""
+    paths = {name: os.path.join(directory, name) for name in (*SIDE_FILES, GENERATION_CONFIG_FILE)}
     return {name: read_json_object(path, path, "settings") for name, path in paths.items() if os.path.isfile(path)}
 
 
-def _token_text(value, path: str) -> Optional[str]:
+def token_text(value, path: str) -> Optional[str]:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, dict) and isinstance(value.get("content"), str):
@@ -56,7 +58,7 @@ def end_of_document_token(side_files: dict[str, dict], vocabulary: dict[str, int
     refused in one line when neither names a token of `vocabulary` (`where` names the tokenizer)."""
     declared = None
     for name in SIDE_FILES:
-        token = _token_text(side_files.get(name, {}).get("eos_token"), f"{where} {name}")
+        token = token_text(side_files.get(name, {}).get("eos_token"), f"{where} {name}")
         declared = token if token is not None else declared
     if declared is not None:
         if declared not in vocabulary:

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from base.input_files import check_input_file
 from base.progress import ProgressLines
 from data import DataError
+from data.hf_model_ids import declared_token_ids, folder_token_ids
 from data.hf_special_tokens import (
     GPT2_END_OF_DOCUMENT,
     TOKENIZER_CONFIG_FILE,
@@ -65,7 +66,8 @@ class GPTTokenizer:
     """A `tokenizers.Tokenizer` with the token that ends its documents; thin layer over the library.
     `side_files` are the tokenizer_config.json and special_tokens_map.json it came with, saved beside it."""
 
-    def __init__(self, tokenizer: Tokenizer, eod_token: str = EOD_TOKEN, side_files: Optional[dict] = None):
+    def __init__(self, tokenizer: Tokenizer, eod_token: str = EOD_TOKEN, side_files: Optional[dict] = None,
+                 folder_ids: Optional[dict] = None):
         eod_id = tokenizer.token_to_id(eod_token)
         if eod_id is None:
             raise DataError(f"tokenizer has no {eod_token!r} token; it is needed to separate documents")
@@ -73,6 +75,8 @@ class GPTTokenizer:
         self._eod_id = eod_id
         self._side_files = side_files or {}
         self._vocab_size: int | None = None
+        # config.json's token ids where the tokenizer sits in a model's folder (data/hf_model_ids.py)
+        self.folder_ids = folder_ids
 
     @property
     def vocab_size(self) -> int:
@@ -88,6 +92,11 @@ class GPTTokenizer:
     @property
     def eod_id(self) -> int:
         return self._eod_id
+
+    def declared_ids(self) -> dict:
+        """The bos, eos and pad ids its own files declare (data/hf_model_ids.py declared_token_ids)."""
+        return declared_token_ids(self._side_files or {TOKENIZER_CONFIG_FILE: _GPT2_CONFIG},
+                                  self._tokenizer.get_vocab(with_added_tokens=True), self._eod_id)
 
     @property
     def backend(self) -> Tokenizer:
@@ -161,7 +170,7 @@ def _load_tokenizer_json(tokenizer_file: str) -> GPTTokenizer:
     side_files = read_side_files(os.path.dirname(tokenizer_file))
     eod_token = end_of_document_token(side_files, tokenizer.get_vocab(with_added_tokens=True),
                                       f"--tokenizer-file {tokenizer_file}")
-    return GPTTokenizer(tokenizer, eod_token, side_files)
+    return GPTTokenizer(tokenizer, eod_token, side_files, folder_token_ids(os.path.dirname(tokenizer_file)))
 
 
 def _load_gpt2_files(vocab_file: str, merges_file: str) -> GPTTokenizer:

@@ -1,7 +1,7 @@
 """What a run reports: model size, FLOPs, throughput, and where the records go.
 
-Records go to three sinks with the same keys: a Megatron-style console line, one JSON object per line
-in `metrics.jsonl`, and Weights & Biases when a project is given. Only the first rank writes.
+Records go to a Megatron-style console line, one JSON object per line in `metrics.jsonl` (this project's keys), and
+Weights & Biases and TensorBoard when asked, under Megatron-LM's names (scalar_values). Only the first rank writes.
 """
 
 from __future__ import annotations
@@ -315,6 +315,8 @@ class MetricsWriter:
             _log_to_wandb(self.wandb_run, record)
         if self.tensorboard is not None and "iteration" in record:
             self.tensorboard.write(scalar_values(record), record["iteration"])
+            if "consumed_samples" in record:
+                self.tensorboard.write(samples_values(record), record["consumed_samples"])
 
     def close(self) -> None:
         if self._file is not None:
@@ -331,10 +333,27 @@ class MetricsWriter:
             self.tensorboard = None
 
 
+# Megatron-LM's names for what its training_log and evaluate_and_print_results log (megatron/training/training.py):
+# a training record's keys, a valid record's, and the test split's (which Megatron-LM logs as validation's)
+MEGATRON_TRAIN_NAMES = {"loss": "lm loss", "lr": "learning-rate", "grad_norm": "grad-norm", "loss_scale": "loss-scale",
+                        "global_batch_size": "batch-size", "iter_time_s": "iteration-time",
+                        "tflops_per_gpu": "throughput", "memory_bytes": "mem-max-allocated-bytes",
+                        "consumed_samples": "samples vs steps"}
+MEGATRON_EVAL_NAMES = {"valid": {"loss": "lm loss validation", "ppl": "lm loss validation ppl"},
+                       "test": {"loss": "lm loss test", "ppl": "lm loss test ppl"}}
+# the names Megatron-LM also writes to TensorBoard against the consumed samples, as `<name> vs samples`
+VS_SAMPLES = ("lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size", "lm loss validation",
+              "lm loss validation ppl", "lm loss test", "lm loss test ppl")
+
+
 def scalar_values(record: dict[str, Any]) -> dict[str, float]:
-    """A record's numbers as W&B and TensorBoard get them: `<split>/<key>` (`train/` for training
-    records), nested numbers flattened with slashes, the iteration left out (it is the step)."""
-    prefix = f"{record['split']}/" if "split" in record else "train/"
+    """A record's numbers as W&B and TensorBoard get them, at the record's iteration: what Megatron-LM logs under its
+    names (MEGATRON_TRAIN_NAMES, MEGATRON_EVAL_NAMES); the rest under `<split>/<key>` (`train/` for training
+    records), nested numbers flattened with slashes, the collective byte counters only where non-zero. W&B's
+    end-of-run summary lists its first ten keys by name: Megatron-LM's (loss, learning rate, grad norm among them)
+    before `train/...`."""
+    split = record.get("split", "train")
+    names = MEGATRON_EVAL_NAMES.get(split, {}) if "split" in record else MEGATRON_TRAIN_NAMES
     values: dict[str, float] = {}
 
     def add(name: str, value: Any) -> None:
@@ -345,12 +364,20 @@ def scalar_values(record: dict[str, Any]) -> dict[str, float]:
             for index, item in enumerate(value):  # the straggler report's ranks: straggler/slowest/0/rank
                 add(f"{name}/{index}", item)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            values[name] = value
+            if value or not name.startswith(f"{split}/comm_bytes/"):
+                values[name] = value
 
     for key, value in record.items():
-        if key not in ("iteration", "split"):
-            add(prefix + key, value)
+        if key in ("iteration", "split") or (key == "consumed_samples" and "split" in record):
+            continue
+        add(names.get(key, f"{split}/{key}"), value)
     return values
+
+
+def samples_values(record: dict[str, Any]) -> dict[str, float]:
+    """The `<name> vs samples` scalars Megatron-LM writes to TensorBoard beside its per-iteration ones, to be written
+    at the record's consumed samples."""
+    return {f"{name} vs samples": value for name, value in scalar_values(record).items() if name in VS_SAMPLES}
 
 
 def _log_to_wandb(run: Any, record: dict[str, Any]) -> None:

@@ -30,12 +30,14 @@ from base.errors import ConfigError
 from base.output_locks import process_is_running
 from checkpoint.format import read_metadata, save_tensors
 from checkpoint.hf.config_check import check_llama_hf_config
+from checkpoint.hf.export_ids import set_token_ids, write_generation_config
 from checkpoint.inside import folder_files, inside
 from checkpoint.ours.source import consolidate
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from checkpoint.router_state import check_expert_biases, configured_biased_routers
 from checkpoint.schema import recorded_model
 from checkpoint.unpickler import unpickler_reason
+from data.hf_special_tokens import GENERATION_CONFIG_FILE
 from families.common import dense_weights as hf_dense
 from families.common import llama_shaped as hf_llama
 from families.common.layout import canonical_names, tensor_shapes
@@ -196,7 +198,7 @@ def owned_names(tokenizer_dir: Optional[Path] = None) -> frozenset[str]:
     tokenizer_files = {TOKENIZER_FILE, VOCAB_FILE, MERGES_FILE, TOKENIZER_CONFIG_FILE}
     if tokenizer_dir is not None and tokenizer_dir.is_dir():
         tokenizer_files |= {path.name for path in tokenizer_dir.iterdir() if path.is_file()}
-    return frozenset({CONFIG_FILE, SAFETENSORS_FILE, *tokenizer_files})
+    return frozenset({CONFIG_FILE, GENERATION_CONFIG_FILE, SAFETENSORS_FILE, *tokenizer_files})
 
 
 def check_output_folder(out_dir: Path, overwrite: bool, tokenizer_dir: Optional[Path] = None) -> None:
@@ -207,10 +209,12 @@ def check_output_folder(out_dir: Path, overwrite: bool, tokenizer_dir: Optional[
 
 def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor], model_config: ModelConfig,
                     tokenizer_dir: Optional[str | os.PathLike] = None, dtype: torch.dtype = torch.float32,
-                    overwrite: bool = False, eod_token_id: Optional[int] = None) -> Path:
+                    overwrite: bool = False, eod_token_id: Optional[int] = None,
+                    folder_ids: Optional[dict] = None) -> Path:
     """Write a folder `GPT2LMHeadModel.from_pretrained` (and, with `tokenizer_dir`,
-    `AutoTokenizer.from_pretrained`) loads: config.json, model.safetensors in `dtype`, tokenizer files.
-    `eod_token_id`: the end-of-document id where no tokenizer folder gives it (a Megatron-LM run's NullTokenizer)."""
+    `AutoTokenizer.from_pretrained`) loads: config.json, generation_config.json, model.safetensors in `dtype`,
+    tokenizer files. `eod_token_id`: the end-of-document id where no tokenizer folder gives it (a Megatron-LM run's
+    NullTokenizer); `folder_ids`: config.json's token ids of the folder the run started from (export_ids.py)."""
     out_dir = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to stage beside
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
     check_output_folder(out_dir, overwrite, tokenizer_dir)
@@ -224,7 +228,9 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
     staging = out_dir.with_name(f"{staging_prefix}{os.getpid()}")
     staging.mkdir()
     try:
-        folder_config(model_config, tokenizer_dir, dtype, eod_token_id).save_pretrained(str(staging))
+        hf = folder_config(model_config, tokenizer_dir, dtype, eod_token_id, folder_ids)
+        hf.save_pretrained(str(staging))
+        write_generation_config(hf, staging, tokenizer_dir)
         save_tensors(staging / SAFETENSORS_FILE, tensors)
         if tokenizer_dir is not None:
             _copy_tokenizer(tokenizer_dir, staging)
@@ -252,9 +258,9 @@ def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype, tie
 
 
 def folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype,
-                   eod: Optional[int] = None):
+                  eod: Optional[int] = None, folder_ids: Optional[dict] = None):
     """The transformers config the export writes as config.json (the family's class, its fields from the model's
-    settings), BOS and EOS the tokenizer folder's end-of-document id, else `eod`."""
+    settings), its token ids the source folder's or the tokenizer's (export_ids.py), else BOS and EOS `eod`."""
     # generate() stops at the EOS id, which must be our tokenizer's.
     eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else eod
     moe_family = family_of(model_config)
@@ -270,6 +276,7 @@ def folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtyp
     else:
         hf = hf_config(model_config, eod)
         hf.architectures = ["GPT2LMHeadModel"]
+    set_token_ids(hf, tokenizer_dir, folder_ids)
     # from_pretrained(dtype="auto") loads in the dtype the weights were written in.
     if hasattr(hf, "dtype"):
         hf.dtype = dtype

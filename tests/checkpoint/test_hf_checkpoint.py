@@ -122,7 +122,8 @@ def converted(trained, tmp_path_factory):
 def test_converted_checkpoint_loads_in_transformers_with_our_logits(trained, converted, tokenizer):
     model, _ = trained
     assert sorted(p.name for p in converted.iterdir()) == sorted(
-        ["config.json", SAFETENSORS_FILE, "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"])
+        ["config.json", "generation_config.json", SAFETENSORS_FILE, "tokenizer.json", "vocab.json", "merges.txt",
+         "tokenizer_config.json"])
     assert not list(converted.parent.glob(".*")), "a staging folder was left behind"
     tokens = random_tokens(tokenizer.vocab_size)
     with torch.no_grad():
