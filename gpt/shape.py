@@ -76,11 +76,13 @@ class ScanShape:
     gpt/gated_delta_net.py): its causal depthwise convolution, `conv_width` multiply-adds per channel and output (the
     sequence's, and the width - 1 its causal slice drops), and the chunked scan's matmuls, `chunk_flops_per_token` per
     token of whole chunks (the last one padded). Their elementwise work (decays, gates, the state's carry) and G's
-    triangular solves are not counted, as torch's FlopCounterMode counts none of them."""
+    triangular solves are not counted, as torch's FlopCounterMode counts none of them. `backward_bytes_per_token`:
+    the fp32 temporaries its backward holds at once beside the saved tensors (its working memory)."""
     conv_channels: int
     conv_width: int
     chunk: int
     chunk_flops_per_token: int
+    backward_bytes_per_token: int = 0
 
     def flops_per_token(self, seq_length: int) -> int:
         padded = -(-seq_length // self.chunk) * self.chunk
@@ -163,6 +165,9 @@ class ModelShape:
     # a pattern's mixer-only blocks (`M` or `*` alone): how many, and what each lacks (the probe's MLP half, negative)
     layers_without_mlp: int = 0
     without_mlp: Optional[MixerDifference] = None
+    # the most a mixer-only block of `M` or `G` holds at once in its backward beside the saved tensors, per token on
+    # one TP rank (its scan's working memory: ScanShape), where no MLP's backward ran first to free that block's part
+    mixer_only_gradient_bytes: int = 0
 
     def other_mixer_layers(self) -> list[MixerDifference]:
         """For each layer (MTP layers included) whose mixer is not the probe's, its difference."""
@@ -290,6 +295,7 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
             if is_moe:
                 below = [below[i] + largest[i] - _MOE_BLOCKS[key][count][i] for i in (0, 1)]
     return dataclasses.replace(_BUILT[key], num_layers=config.num_layers, seq_length=config.seq_length,
+                               mixer_only_gradient_bytes=_mixer_only_gradient_bytes(config, _OTHER_MIXERS[key]),
                                moe_layers=moe_layers, mtp_layers=config.mtp.num_layers,
                                mtp_layers_are_moe=config.moe_layers()[-1], moe_parameters_below_largest=below[0],
                                moe_active_parameters_below_largest=below[1], other_mixers=_OTHER_MIXERS[key],
@@ -325,6 +331,15 @@ def _mixer_difference(symbol: str, probe: ModelConfig, shape: ModelShape, state,
                            - _linear_flops(shape.block_matmuls, tensor_parallel_size),
                            next((m for m in matmuls if isinstance(m, AttentionShape)), None), matmuls,
                            next((m for m in matmuls if isinstance(m, ScanShape)), None))
+
+
+def _mixer_only_gradient_bytes(config: ModelConfig, others: tuple[MixerDifference, ...]) -> int:
+    """The largest scan working memory among the pattern's mixer-only blocks (`M` or `G` alone)."""
+    if config.hybrid_layer_pattern is None:
+        return 0
+    pattern = parse_hybrid_pattern(config.hybrid_layer_pattern)
+    alone = {mixer for mixer, mlp in zip(pattern.mixers(), pattern.mlps()) if mlp is None}
+    return max([0, *(m.scan.backward_bytes_per_token for m in others if m.symbol in alone and m.scan)])
 
 
 def _without_mlp(block: nn.Module, tensor_parallel_size: int) -> MixerDifference:
@@ -443,20 +458,27 @@ def _block_matmuls(block: nn.Module) -> tuple[BlockMatmul, ...]:
 
 def _mamba_scan(mixer: MambaMixer) -> ScanShape:
     """gpt/mamba_scan.py's matmuls per token and head: C.B over the chunk's positions (chunk x state), the scores
-    times x (chunk x head_dim), each chunk's state (head_dim x state) and the entering state read by C (the same)."""
+    times x (chunk x head_dim), each chunk's state (head_dim x state) and the entering state read by C (the same).
+    Its backward's peak, beside the saved tensors (a CPU profile of an `M` block's recompute and backward,
+    tests/planner/test_plan_recurrent_mixers.py): the gated norm's, three fp32 inner-wide tensors, or the scan's decay
+    products, one [chunk x heads] fp32 per token, whichever is larger (3 x head_dim against the chunk: the norm's
+    at Megatron's head_dim 64)."""
     heads, head_dim, state, chunk = mixer.heads, mixer.head_dim, mixer.state_size, MambaSettings.CHUNK_SIZE
     return ScanShape(mixer.inner + 2 * mixer.groups * state, MambaSettings.CONV_WIDTH, chunk,
-                     2 * heads * (chunk * (state + head_dim) + 2 * head_dim * state))
+                     2 * heads * (chunk * (state + head_dim) + 2 * head_dim * state),
+                     4 * max(3 * mixer.inner, chunk * heads))
 
 
 def _delta_rule_scan(mixer: GatedDeltaNet) -> ScanShape:
     """gpt/gated_delta_net.py chunk_gated_delta_rule's matmuls per token and value head: k_beta k^T and q k^T over the
     chunk (2 x chunk x key dim), the intra-chunk product with the new values (chunk x value dim) and three products
-    with the state (key dim x value dim: the values' correction, the query's read, the state's update)."""
+    with the state (key dim x value dim: the values' correction, the query's read, the state's update). Its backward
+    holds 1.75 fp32 [chunk x value heads] per token beside the saved tensors (a CPU profile of a `G` block, three
+    sizes)."""
     dk, dv, chunk = mixer.key_head_dim, mixer.value_head_dim, GDN_CHUNK_SIZE
     heads = mixer.local_key_heads * mixer.group
     channels, _, width = mixer.conv1d.weight.shape
-    return ScanShape(channels, width, chunk, heads * (4 * chunk * dk + 2 * chunk * dv + 6 * dk * dv))
+    return ScanShape(channels, width, chunk, heads * (4 * chunk * dk + 2 * chunk * dv + 6 * dk * dv), 7 * chunk * heads)
 
 
 def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActivationTerms:
