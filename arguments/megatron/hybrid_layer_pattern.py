@@ -140,7 +140,7 @@ def _stages(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str, Any]:
         except ConfigError as error:
             raise _refuse(pattern, f"its segments as {error}", "--pipeline-model-parallel-size") from None
         return {"pipeline_model_parallel_layout": layout}
-    return _uneven_split(pattern, settings)
+    return _uneven_split(pattern, settings) or _even_symbol_split(pattern, stages)
 
 
 def _uneven_split(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +158,27 @@ def _uneven_split(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str,
                                        f"that ends between blocks", flag)
             blocks = boundaries.index(before)
             changes[name] = blocks if name == "decoder_first_pipeline_num_layers" else pattern.num_layers - blocks
-    # (Megatron's even split of 2 x blocks layers ends every stage between blocks exactly where the blocks split
-    # evenly, which gpt/stage_layers.py checks for the GPT flags; patterns with one-part blocks split by blocks)
     return changes
+
+
+def _even_symbol_split(pattern: HybridPattern, stages: int) -> dict[str, Any]:
+    """A pattern without `|` over `stages` stages: Megatron's even split of its layers (one per symbol), as the stages'
+    blocks in --pipeline-model-parallel-layout where one-part blocks make it differ from an even split of the blocks;
+    refused where a stage would end inside a block."""
+    total = pattern.megatron_layers
+    if stages <= 1:
+        return {}
+    boundaries = (*pattern.layer_offsets(), total)  # Megatron's layer count before each block
+    if total % stages or any(total // stages * k not in boundaries for k in range(1, stages)):
+        if pattern.num_layers % stages:
+            return {}  # the GPT flags' even split of the blocks refuses it, naming the sizes
+        raise _refuse(pattern, f"Megatron's even split of its {total} layers (one per symbol) over "
+                               f"--pipeline-model-parallel-size {stages} ends a stage inside a block (a mixer and the "
+                               f"MLP right after it): add `|` where each stage ends", "--pipeline-model-parallel-size")
+    ends = [boundaries.index(total // stages * k) for k in range(1, stages + 1)]
+    counts = [end - start for start, end in zip([0, *ends], ends)]
+    if len(set(counts)) == 1:  # the blocks split evenly there: the GPT flags' even split is the same
+        return {}
+    layout = ["t" * count for count in counts]
+    layout[0], layout[-1] = "E" + layout[0], layout[-1] + "m" * pattern.mtp_depth + "L"
+    return {"pipeline_model_parallel_layout": "|".join(layout)}
