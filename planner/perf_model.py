@@ -215,6 +215,16 @@ def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int,
     return blocks, Gemm(micro * model.seq_length, logits.in_features, logits.out_features, 1)
 
 
+def block_kinds(model, stage: slice) -> tuple[Optional[Sequence[Optional[str]]], Optional[Sequence[Optional[str]]]]:
+    """The mixers and MLPs (forward_gemms' `mixers` and `mlps`) of the blocks in `stage` where they may differ from
+    the shape's probe block: a pattern's, or the GPT flags' Gated DeltaNet layers; (None, None) where all are alike."""
+    if model.hybrid_layer_pattern is not None:
+        return mixer_symbols(model)[stage], parse_hybrid_pattern(model.hybrid_layer_pattern).mlps()[stage]
+    if model.gdn.gated_delta_net:
+        return mixer_symbols(model)[stage], None
+    return None, None
+
+
 def _block_gemms(matmuls, model, micro: int, layers: int, fp8_layers: int) -> list[Gemm]:
     """`layers` blocks of one kind: each linear (in FP8 on `fp8_layers` of them where its shape allows), and
     attention's scores and context per head and sequence; a recurrent mixer's conv and scan as products of the
@@ -296,11 +306,10 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     pp, chunks = (stages.pipeline_parallel_size, stages.chunks) if stages is not None else (1, 1)
     layers = model.num_layers // pp  # this rank's stage (Megatron's split is even)
     # (the GEMMs of a stage's layers; a per-layer window list, of the whole model's layers, shapes none of them)
-    if model.hybrid_layer_pattern is not None:  # each block by its own mixer: this rank's share of the even split
-        rank = stages.pipeline_parallel_rank if stages is not None else 0
-        stage = slice(rank * layers, (rank + 1) * layers)
-        blocks, logits = forward_gemms(config, run.padded_vocab_size, tp, mixer_symbols(model)[stage],
-                                       parse_hybrid_pattern(model.hybrid_layer_pattern).mlps()[stage])
+    rank = stages.pipeline_parallel_rank if stages is not None else 0
+    mixers, mlps = block_kinds(model, slice(rank * layers, (rank + 1) * layers))
+    if mixers is not None:  # each block by its own mixer: this rank's share of the even split
+        blocks, logits = forward_gemms(config, run.padded_vocab_size, tp, mixers, mlps)
     else:
         blocks, logits = forward_gemms(dataclasses.replace(config, model=model.with_layers(layers)),
                                        run.padded_vocab_size, tp)

@@ -15,9 +15,7 @@ import dataclasses
 import pytest
 
 from arguments.parser import parse_config
-from gpt.hybrid_pattern import parse_hybrid_pattern
-from gpt.layer_spec import mixer_symbols
-from planner.perf_model import forward_gemms
+from planner.perf_model import block_kinds, forward_gemms
 from tests.planner.live_memory import measured_over_predicted
 from training.metrics import flops_per_iteration
 
@@ -52,21 +50,25 @@ def test_the_planned_peak_matches_the_measured_one_with_m_and_g_layers(case, cor
     assert 0.95 <= low <= high <= 1.05, line
 
 
+GDN_FLAGS = ["--num-layers", "4", "--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq", "2",
+             "--swiglu", "--linear-num-key-heads", "2", "--linear-num-value-heads", "4", "--linear-key-head-dim", "32",
+             "--linear-value-head-dim", "32"]
+
+
 @pytest.mark.parametrize("tp", [1, 2])
-def test_the_gemms_of_m_blocks_and_one_part_blocks_are_the_models_flops(tp):
-    """Every block by its mixer and whether it has an MLP (`M` alone runs none): at TP 1, 3 x the GEMMs are the
-    model's FLOPs (the scan's GEMMs round their width down, hence the tolerance); at TP 2 one rank's are half of them
-    but for the replicated ones (none here)."""
-    config = parse_config([*LIVE, *NEMOTRON_H, "--seq-length", "32", "--max-position-embeddings", "32",
+@pytest.mark.parametrize("flags", [NEMOTRON_H, GDN_FLAGS], ids=["nemotron-h", "gdn-flags"])
+def test_the_gemms_of_m_and_g_blocks_and_one_part_blocks_are_the_models_flops(tp, flags):
+    """Every block by its mixer and whether it has an MLP (`M` alone runs none; the GPT flags' G layers by theirs): 3 x
+    the GEMMs of every TP rank are the model's FLOPs (the scan's GEMMs round their width down, hence the tolerance)."""
+    config = parse_config([*LIVE, *flags, "--seq-length", "32", "--max-position-embeddings", "32",
                            "--tensor-model-parallel-size", str(tp), "--micro-batch-size", "3"])
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=512))
     model, padded = config.model, config.model.padded_vocab_size(tp)
-    blocks, logits = forward_gemms(config, padded, tp, mixer_symbols(model),
-                                   parse_hybrid_pattern(model.hybrid_layer_pattern).mlps())
+    blocks, logits = forward_gemms(config, padded, tp, *block_kinds(model, slice(None)))
     every_rank = 3 * tp * (sum(g.flops for g in blocks) + logits.flops)
     assert every_rank == pytest.approx(flops_per_iteration(model, 3, padded_vocab_size=padded), rel=1e-3)
-    with_mlps, _ = forward_gemms(config, padded, tp, mixer_symbols(model))  # as if every block had its MLP
-    assert sum(g.flops for g in with_mlps) > sum(g.flops for g in blocks)
+    as_probe, _ = forward_gemms(config, padded, tp)  # every block as the probe's (attention, with its MLP)
+    assert sum(g.flops for g in as_probe) != sum(g.flops for g in blocks)
 
 
 # one mixer-only block of each: Mamba at Megatron's head width (64), Gated DeltaNet
