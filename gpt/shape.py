@@ -6,11 +6,11 @@ formula written down elsewhere.
 
 `model_shape` builds a GPTModel on the meta device with one block and one vocabulary row per TP rank:
 milliseconds whatever the model's size. The blocks of a GPTModel are alike, so the whole model is
-what lies outside the blocks plus num_layers x one block (a layer of another mixer, `+`, `*`, `M`, `G` or none, adds
-what its mixer differs by: MixerDifference; a pattern's mixer-only block takes its MLP half away), and the vocabulary's part is its padded rows x
-the parameters of one row (a tied output layer is the token embedding's weight: counted once; an untied
-one, --untie-embeddings-and-output-weights, adds its own row). The model's options (norm, MLP, positions,
-query groups, biases, output layer) come with the config, so every count follows them.
+what lies outside the blocks plus num_layers x one block (a layer of another mixer, `+`, `*`, `M`, `G` or none,
+adds what its mixer differs by: MixerDifference; a pattern's mixer-only block takes its MLP half away), and the
+vocabulary's part is its padded rows x the parameters of one row (a tied output layer is the token embedding's
+weight: counted once; an untied one, --untie-embeddings-and-output-weights, adds its own row). The model's options
+(norm, MLP, positions, query groups, biases, output layer) come with the config, so every count follows them.
 """
 
 from __future__ import annotations
@@ -219,7 +219,8 @@ class ModelShape:
                 + self.moe_blocks * (self.moe_block_linear_flops + attention)
                 + self.mtp_layers * 2 * 2 * self.hidden_size * self.hidden_size  # each MTP layer's eh_proj
                 + sum(mixer.linear_flops + self.scan_flops_per_token(mixer) for mixer in self.other_mixer_layers())
-                + (self.layers_without_mlp * self.without_mlp.linear_flops if self.without_mlp else 0) + mixed_attention)
+                + (self.layers_without_mlp * self.without_mlp.linear_flops if self.without_mlp else 0)
+                + mixed_attention)
 
     def scan_flops_per_token(self, mixer: MixerDifference) -> int:
         """A recurrent mixer's conv and scan forward FLOPs per token, every TP rank's (0 for another mixer)."""

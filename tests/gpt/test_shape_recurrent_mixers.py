@@ -22,7 +22,8 @@ from parallel.state import ParallelState
 from training.metrics import forward_flops_per_token, parameter_count
 
 META = ParallelState(device=torch.device("meta"))
-COMMON = ["--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "256", "--max-position-embeddings", "256",
+COMMON = ["--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "256",
+          "--max-position-embeddings", "256",
           "--micro-batch-size", "1", "--global-batch-size", "1", "--vocab-size", "1000", "--tokenizer-type",
           "NullTokenizer", "--mock-data", "--normalization", "RMSNorm", "--disable-bias-linear",
           "--untie-embeddings-and-output-weights", "--hidden-dropout", "0", "--attention-dropout", "0"]

@@ -76,7 +76,8 @@ MIXER_ONLY = {
     "mamba": ["--hybrid-layer-pattern", "M", "--mamba-head-dim", "64", "--mamba-num-groups", "2", "--mamba-state-dim",
               "32"],
     "gated-delta-net": ["--hybrid-layer-pattern", "G", "--swiglu", "--linear-num-key-heads", "2",
-                        "--linear-num-value-heads", "8", "--linear-key-head-dim", "32", "--linear-value-head-dim", "32"],
+                        "--linear-num-value-heads", "8", "--linear-key-head-dim", "32",
+                        "--linear-value-head-dim", "32"],
 }
 
 
