@@ -6,18 +6,17 @@ formula written down elsewhere.
 
 `model_shape` builds a GPTModel on the meta device with one block and one vocabulary row per TP rank:
 milliseconds whatever the model's size. The blocks of a GPTModel are alike, so the whole model is
-what lies outside the blocks plus num_layers x one block (a pattern's layers of another mixer, `*` beside `+`, add
-what their mixer differs by: MixerDifference), and the vocabulary's part is its padded rows x
-the parameters of one row (a tied output layer is the token embedding's weight: counted once; an untied
-one, --untie-embeddings-and-output-weights, adds its own row). The model's options (norm, MLP, positions,
-query groups, biases, output layer) come with the config, so every count follows them.
+what lies outside the blocks plus num_layers x one block (a layer of another mixer, `+`, `*`, `M`, `G` or none,
+adds what its mixer differs by: MixerDifference; a pattern's mixer-only block takes its MLP half away), and the
+vocabulary's part is its padded rows x the parameters of one row (a tied output layer is the token embedding's
+weight: counted once; an untied one, --untie-embeddings-and-output-weights, adds its own row). The model's options
+(norm, MLP, positions, query groups, biases, output layer) come with the config, so every count follows them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -25,16 +24,21 @@ from torch import nn
 
 from base.options import replace_settings
 from gpt.attention import SelfAttention
+from gpt.gated_delta_net import CHUNK_SIZE as GDN_CHUNK_SIZE
+from gpt.gated_delta_net import GatedDeltaNet
 from gpt.glu import GatedActivation
-from gpt.hybrid_pattern import ATTENTION, MAMBA, MLA, parse_hybrid_pattern
+from gpt.hybrid_pattern import ATTENTION, MLA, parse_hybrid_pattern
 from gpt.hybrid_pattern import MLP as MLP_SYMBOL
-from gpt.layer_spec import mixer_symbols
+from gpt.layer_spec import LayerSpec, mixer_symbols
+from gpt.mamba import MambaMixer
+from gpt.mamba_settings import MambaSettings
 from gpt.mla import MLASelfAttention, ReplicatedLinear
 from gpt.mlp import MLP, SwiGLUMLP
-from gpt.model import GPTModel
+from gpt.model import GPTModel, TransformerBlock
 from gpt.model_config import ModelConfig
 from gpt.norms import RMSNorm
 from gpt.parallel_plan import tensor_parallel_plan
+from gpt.rotary import RotaryCache
 from gpt.xielu import XIELU, XIELU_SAVED_BYTES
 from parallel.config import ParallelismConfig
 from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
@@ -66,19 +70,50 @@ class AttentionShape:
         return 2 * self.heads * (self.head_dim + (self.value_head_dim or self.head_dim))
 
 
-BlockMatmul = Union[LinearShape, AttentionShape]
+@dataclass(frozen=True)
+class ScanShape:
+    """A recurrent mixer's work between its projections on one TP rank (`M`: gpt/mamba_scan.py; `G`:
+    gpt/gated_delta_net.py): its causal depthwise convolution, `conv_width` multiply-adds per channel and output (the
+    sequence's, and the width - 1 its causal slice drops), and the chunked scan's matmuls, `chunk_flops_per_token` per
+    token of whole chunks (the last one padded). Their elementwise work (decays, gates, the state's carry) and G's
+    triangular solves are not counted, as torch's FlopCounterMode counts none of them. `backward_bytes_per_token`:
+    the fp32 temporaries its backward holds at once beside the saved tensors (its working memory)."""
+    conv_channels: int
+    conv_width: int
+    chunk: int
+    chunk_flops_per_token: int
+    backward_bytes_per_token: int = 0
+
+    def flops_per_token(self, seq_length: int) -> int:
+        padded = -(-seq_length // self.chunk) * self.chunk
+        conv = 2 * self.conv_channels * self.conv_width * (seq_length + self.conv_width - 1)
+        return (conv + self.chunk_flops_per_token * padded) // seq_length
+
+
+BlockMatmul = Union[LinearShape, AttentionShape, ScanShape]
+
+
+def forward_flops(matmul: BlockMatmul, seq_length: int) -> int:
+    """One block matmul's forward FLOPs per token on one TP rank."""
+    if isinstance(matmul, LinearShape):
+        return 2 * matmul.in_features * matmul.out_features
+    if isinstance(matmul, ScanShape):
+        return matmul.flops_per_token(seq_length)
+    return matmul.flops_per_key * seq_length  # scores and context: each a head_dim x seq_length product per head
 
 
 @dataclass(frozen=True)
 class MixerDifference:
-    """A layer whose mixer (gpt/layer_spec.py's symbol) is not the probe block's, in a pattern mixing them (`*-+-`):
-    what its block holds and computes beyond the probe's (every TP rank's; negative where it is smaller), and its
-    own scores and context on one TP rank. The MLP is the same either way, so one figure serves dense and MoE."""
-    symbol: str
+    """A layer whose mixer (gpt/layer_spec.py's symbol: `*`, `+`, `M`, `G`, or None for a pattern's MLP-only block)
+    is not the probe block's: what its block holds and computes beyond the probe's (every TP rank's; negative where it
+    is smaller), and its own scores and context (None without attention) and scan on one TP rank. The MLP is the same
+    either way, so one figure serves dense and MoE."""
+    symbol: Optional[str]
     parameters: int
     linear_flops: int  # forward linear FLOPs per token
-    attention: AttentionShape
+    attention: Optional[AttentionShape]
     block_matmuls: tuple[BlockMatmul, ...]  # its block's, one TP rank's, in forward order (as ModelShape's)
+    scan: Optional[ScanShape] = None
 
 
 @dataclass(frozen=True)
@@ -125,8 +160,14 @@ class ModelShape:
     parameters_per_mtp_extra: int = 0
     # A pattern mixing mixers: each layer's mixer symbol (the MTP layers' after the decoder's), and each mixer other
     # than the probe block's; empty where every layer's mixer is the probe's
-    layer_mixers: tuple[str, ...] = ()
+    layer_mixers: tuple[Optional[str], ...] = ()
     other_mixers: tuple[MixerDifference, ...] = ()
+    # a pattern's mixer-only blocks (`M` or `*` alone): how many, and what each lacks (the probe's MLP half, negative)
+    layers_without_mlp: int = 0
+    without_mlp: Optional[MixerDifference] = None
+    # the most a mixer-only block of `M` or `G` holds at once in its backward beside the saved tensors, per token on
+    # one TP rank (its scan's working memory: ScanShape), where no MLP's backward ran first to free that block's part
+    mixer_only_gradient_bytes: int = 0
 
     def other_mixer_layers(self) -> list[MixerDifference]:
         """For each layer (MTP layers included) whose mixer is not the probe's, its difference."""
@@ -136,12 +177,15 @@ class ModelShape:
     def layer_flops_per_key(self) -> tuple[int, ...]:
         """Each layer's (MTP layers included) scores-and-context FLOPs per query token and key, every TP rank's."""
         probe = sum(matmul.flops_per_key for matmul in self.block_matmuls if isinstance(matmul, AttentionShape))
-        others = {mixer.symbol: mixer.attention.flops_per_key for mixer in self.other_mixers}
+        others = {mixer.symbol: mixer.attention.flops_per_key if mixer.attention else 0 for mixer in self.other_mixers}
         per_layer = [others.get(symbol, probe) for symbol in self.layer_mixers] or \
             [probe] * (self.num_layers + self.mtp_layers)
         return tuple(flops * self.tensor_parallel_size for flops in per_layer)
-    # a hybrid pattern's `M` blocks and one-part blocks: their parameters beyond as many probe blocks
-    parameters_beyond_uniform_blocks: int = 0
+
+    def blocks_differing_parameters(self) -> int:
+        """What the layers of another mixer, and the mixer-only blocks, hold beyond as many probe blocks."""
+        return sum(mixer.parameters for mixer in self.other_mixer_layers()) + \
+            (self.layers_without_mlp * self.without_mlp.parameters if self.without_mlp else 0)
 
     @property
     def dense_layers(self) -> int:
@@ -156,16 +200,14 @@ class ModelShape:
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
                 + self.dense_layers * self.parameters_per_block + self.moe_blocks * self.parameters_per_moe_block
                 - self.moe_parameters_below_largest + self.mtp_layers * self.parameters_per_mtp_extra
-                + sum(mixer.parameters for mixer in self.other_mixer_layers())
-                + self.parameters_beyond_uniform_blocks)
+                + self.blocks_differing_parameters())
 
     def active_parameter_count(self, padded_vocab_size: int) -> int:
         """The parameters one token's forward uses: with MoE layers, k experts of each instead of all."""
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
                 + self.dense_layers * self.parameters_per_block
                 + self.moe_blocks * self.active_parameters_per_moe_block - self.moe_active_parameters_below_largest
-                + self.mtp_layers * self.parameters_per_mtp_extra + sum(mixer.parameters for mixer in self.other_mixer_layers())
-                + self.parameters_beyond_uniform_blocks)
+                + self.mtp_layers * self.parameters_per_mtp_extra + self.blocks_differing_parameters())
 
     def blocks_forward_flops_per_token(self) -> int:
         """Every block's forward matmul FLOPs per token: dense blocks and MoE blocks (their active part)."""
@@ -176,7 +218,13 @@ class ModelShape:
         return (self.dense_layers * self.block_forward_flops_per_token()
                 + self.moe_blocks * (self.moe_block_linear_flops + attention)
                 + self.mtp_layers * 2 * 2 * self.hidden_size * self.hidden_size  # each MTP layer's eh_proj
-                + sum(mixer.linear_flops for mixer in self.other_mixer_layers()) + mixed_attention)
+                + sum(mixer.linear_flops + self.scan_flops_per_token(mixer) for mixer in self.other_mixer_layers())
+                + (self.layers_without_mlp * self.without_mlp.linear_flops if self.without_mlp else 0)
+                + mixed_attention)
+
+    def scan_flops_per_token(self, mixer: MixerDifference) -> int:
+        """A recurrent mixer's conv and scan forward FLOPs per token, every TP rank's (0 for another mixer)."""
+        return mixer.scan.flops_per_token(self.seq_length) * self.tensor_parallel_size if mixer.scan else 0
 
     def output_matmul(self, padded_vocab_size: int) -> LinearShape:
         """The logits' matmul on one TP rank (each scores its slice of the padded vocabulary)."""
@@ -186,13 +234,7 @@ class ModelShape:
         """One block's forward matmul FLOPs per token, every TP rank's: 2 per multiply-add, biases and
         elementwise work not counted, and attention's products over the whole s x s square (not halved
         for the causal mask), as Megatron counts them."""
-        flops = 0
-        for matmul in self.block_matmuls:
-            if isinstance(matmul, LinearShape):
-                flops += 2 * matmul.in_features * matmul.out_features
-            else:  # scores and context: each a head_dim x seq_length product per token and head
-                flops += matmul.flops_per_key * self.seq_length
-        return flops * self.tensor_parallel_size
+        return sum(forward_flops(matmul, self.seq_length) for matmul in self.block_matmuls) * self.tensor_parallel_size
 
     def logits_forward_flops_per_token(self, padded_vocab_size: int) -> int:
         output = self.output_matmul(padded_vocab_size)  # the final logits and each MTP layer's
@@ -220,7 +262,8 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
         state = virtual_state(tensor_parallel_size, tensor_parallel_size)
         plan = tensor_parallel_plan(state, ParallelismConfig(tensor_model_parallel_size=tensor_parallel_size,
                                                              sequence_parallel=sequence_parallel))
-        shape = _read_shape(GPTModel(probe, state, plan=plan), tensor_parallel_size)
+        probe_model = GPTModel(probe, state, plan=plan)
+        shape = _read_shape(probe_model, tensor_parallel_size)
         if config.mtp.num_layers:  # one MTP layer's norms and eh_proj: all it holds beyond its (dense) block
             with_mtp = _read_shape(GPTModel(replace_settings(probe, mtp_num_layers=1), state, plan=plan),
                                    tensor_parallel_size)
@@ -239,11 +282,12 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
             if count == config.moe.num_experts:  # the largest
                 shape = dataclasses.replace(shape, **block)
         if config.hybrid_layer_pattern is not None:
-            shape = dataclasses.replace(shape, parameters_beyond_uniform_blocks=_pattern_block_parameters(
-                config, probe, state, plan, shape.parameters_per_block))
+            shape = dataclasses.replace(shape, without_mlp=_without_mlp(probe_model.blocks[0], tensor_parallel_size),
+                                        layers_without_mlp=parse_hybrid_pattern(config.hybrid_layer_pattern).mlps()
+                                        .count(None))
         _BUILT[key], _MOE_BLOCKS[key] = shape, blocks
         _OTHER_MIXERS[key] = tuple(_mixer_difference(symbol, probe, shape, state, plan, tensor_parallel_size)
-                                   for symbol in sorted(set(mixer_symbols(config)) & {ATTENTION, MLA} - {probe_mixer(config)}))
+                                   for symbol in sorted(set(mixer_symbols(config)) - {probe_mixer(config)}, key=str))
     moe_layers = sum(config.moe_layers())
     below = [0, 0]
     if config.experts.per_layer:
@@ -252,6 +296,7 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
             if is_moe:
                 below = [below[i] + largest[i] - _MOE_BLOCKS[key][count][i] for i in (0, 1)]
     return dataclasses.replace(_BUILT[key], num_layers=config.num_layers, seq_length=config.seq_length,
+                               mixer_only_gradient_bytes=_mixer_only_gradient_bytes(config, _OTHER_MIXERS[key]),
                                moe_layers=moe_layers, mtp_layers=config.mtp.num_layers,
                                mtp_layers_are_moe=config.moe_layers()[-1], moe_parameters_below_largest=below[0],
                                moe_active_parameters_below_largest=below[1], other_mixers=_OTHER_MIXERS[key],
@@ -271,35 +316,45 @@ def _layer_mixers(config: ModelConfig) -> tuple[str, ...]:
 
 def _mixer_difference(symbol: str, probe: ModelConfig, shape: ModelShape, state, plan,
                       tensor_parallel_size: int) -> MixerDifference:
-    """A one-block probe with `symbol`'s mixer, read against the probe block's `shape`."""
-    other = _read_shape(GPTModel(replace_settings(probe, multi_latent_attention=symbol == MLA), state, plan=plan),
-                        tensor_parallel_size)
+    """A one-block probe with `symbol`'s mixer, read against the probe block's `shape`: attention and MLA as a
+    model of that mixer; Mamba, Gated DeltaNet or no mixer (a pattern's MLP-only block) as one block of it and the
+    dense MLP. A block's two halves are apart (its mixer and input norm, its MLP and pre-MLP norm), so a mixer
+    differs from the MoE probe as from the dense one."""
+    if symbol in (ATTENTION, MLA):
+        other = _read_shape(GPTModel(replace_settings(probe, multi_latent_attention=symbol == MLA), state, plan=plan),
+                            tensor_parallel_size)
+        parameters, matmuls = other.parameters_per_block, other.block_matmuls
+    else:
+        block = TransformerBlock(probe, plan, None, spec=LayerSpec(symbol, MLP_SYMBOL), rotary_cache=RotaryCache())
+        parameters, matmuls = _parameters(block), _block_matmuls(block)
+    return MixerDifference(symbol, parameters - shape.parameters_per_block,
+                           _linear_flops(matmuls, tensor_parallel_size)
+                           - _linear_flops(shape.block_matmuls, tensor_parallel_size),
+                           next((m for m in matmuls if isinstance(m, AttentionShape)), None), matmuls,
+                           next((m for m in matmuls if isinstance(m, ScanShape)), None))
 
-    def linear_flops(matmuls) -> int:
-        return sum(2 * m.in_features * m.out_features for m in matmuls if isinstance(m, LinearShape)) \
-            * tensor_parallel_size
 
-    (attention,) = (m for m in other.block_matmuls if isinstance(m, AttentionShape))
-    return MixerDifference(symbol, other.parameters_per_block - shape.parameters_per_block,
-                           linear_flops(other.block_matmuls) - linear_flops(shape.block_matmuls), attention,
-                           other.block_matmuls)
-
-
-def _pattern_block_parameters(config: ModelConfig, probe: ModelConfig, state, plan, uniform: int) -> int:
-    """What a hybrid pattern's blocks hold beyond num_layers probe blocks (an attention mixer then its MLP): an `M`
-    block's Mamba mixer in place of attention, a one-part block without the other half. A block's two halves are
-    counted apart (its mixer and input norm, its MLP and pre-MLP norm), so `M` with an MoE MLP differs from the MoE
-    probe as `M-` from `*-`. Parameters only: the FLOPs and activations are still the probe block's."""
+def _mixer_only_gradient_bytes(config: ModelConfig, others: tuple[MixerDifference, ...]) -> int:
+    """The largest scan working memory among the pattern's mixer-only blocks (`M` or `G` alone)."""
+    if config.hybrid_layer_pattern is None:
+        return 0
     pattern = parse_hybrid_pattern(config.hybrid_layer_pattern)
-    kinds = Counter((mixer if mixer in (MAMBA, None) else ATTENTION, mlp is not None)
-                    for mixer, mlp in zip(pattern.mixers(), pattern.mlps()))
-    extra = 0
-    for (mixer, has_mlp), count in kinds.items():
-        if mixer != ATTENTION or not has_mlp:
-            text = (mixer or "") + (MLP_SYMBOL if has_mlp else "")
-            block = GPTModel(replace_settings(probe, hybrid_layer_pattern=text), state, plan=plan).blocks[0]
-            extra += count * (_parameters(block) - uniform)
-    return extra
+    alone = {mixer for mixer, mlp in zip(pattern.mixers(), pattern.mlps()) if mlp is None}
+    return max([0, *(m.scan.backward_bytes_per_token for m in others if m.symbol in alone and m.scan)])
+
+
+def _without_mlp(block: nn.Module, tensor_parallel_size: int) -> MixerDifference:
+    """What a mixer-only block lacks beside the probe `block`: its MLP half (the MLP, its norms), negative."""
+    half = [module for module in (block.post_attention_layernorm, block.mlp, block.mlp_output_layernorm)
+            if module is not None]
+    matmuls = tuple(matmul for module in half for matmul in _block_matmuls(module))
+    return MixerDifference("", -sum(_parameters(module) for module in half),
+                           -_linear_flops(matmuls, tensor_parallel_size), None, matmuls)
+
+
+def _linear_flops(matmuls, tensor_parallel_size: int) -> int:
+    """The linears' forward FLOPs per token among `matmuls`, every TP rank's."""
+    return sum(2 * m.in_features * m.out_features for m in matmuls if isinstance(m, LinearShape)) * tensor_parallel_size
 
 
 def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:
@@ -379,9 +434,15 @@ def _parameters(module: nn.Module) -> int:
 
 def _block_matmuls(block: nn.Module) -> tuple[BlockMatmul, ...]:
     matmuls: list[BlockMatmul] = []
-    attention_before_output = None
+    attention_before_output = None  # attention's, or a recurrent mixer's scan: before its output projection
     for name, module in block.named_modules():
-        if isinstance(module, SelfAttention):
+        if isinstance(module, MambaMixer):  # in_proj's parts are one GEMM; conv and scan before out_proj
+            parts = [getattr(module.in_proj, f"{part}_weight") for part in module.in_proj.parts]
+            matmuls.append(LinearShape(f"{name}.in_proj", parts[0].shape[1], sum(part.shape[0] for part in parts)))
+            attention_before_output = _mamba_scan(module)
+        elif isinstance(module, GatedDeltaNet):
+            attention_before_output = _delta_rule_scan(module)
+        elif isinstance(module, SelfAttention):
             # Its scores and context run between its projections and its output (the first row-parallel linear).
             attention_before_output = AttentionShape(module.layout.heads_per_rank, module.layout.head_dim)
         elif isinstance(module, MLASelfAttention):  # multi-latent: scores over q_head_dim, context over v_head_dim
@@ -394,6 +455,31 @@ def _block_matmuls(block: nn.Module) -> tuple[BlockMatmul, ...]:
             out_features, in_features = module.weight.shape
             matmuls.append(LinearShape(name, in_features, out_features))
     return tuple(matmuls)
+
+
+def _mamba_scan(mixer: MambaMixer) -> ScanShape:
+    """gpt/mamba_scan.py's matmuls per token and head: C.B over the chunk's positions (chunk x state), the scores
+    times x (chunk x head_dim), each chunk's state (head_dim x state) and the entering state read by C (the same).
+    Its backward's peak, beside the saved tensors (a CPU profile of an `M` block's recompute and backward,
+    tests/planner/test_plan_recurrent_mixers.py): the gated norm's, three fp32 inner-wide tensors, or the scan's decay
+    products, one [chunk x heads] fp32 per token, whichever is larger (3 x head_dim against the chunk: the norm's
+    at Megatron's head_dim 64)."""
+    heads, head_dim, state, chunk = mixer.heads, mixer.head_dim, mixer.state_size, MambaSettings.CHUNK_SIZE
+    return ScanShape(mixer.inner + 2 * mixer.groups * state, MambaSettings.CONV_WIDTH, chunk,
+                     2 * heads * (chunk * (state + head_dim) + 2 * head_dim * state),
+                     4 * max(3 * mixer.inner, chunk * heads))
+
+
+def _delta_rule_scan(mixer: GatedDeltaNet) -> ScanShape:
+    """gpt/gated_delta_net.py chunk_gated_delta_rule's matmuls per token and value head: k_beta k^T and q k^T over the
+    chunk (2 x chunk x key dim), the intra-chunk product with the new values (chunk x value dim) and three products
+    with the state (key dim x value dim: the values' correction, the query's read, the state's update). Its backward
+    holds 1.75 fp32 [chunk x value heads] per token beside the saved tensors (a CPU profile of a `G` block, three
+    sizes)."""
+    dk, dv, chunk = mixer.key_head_dim, mixer.value_head_dim, GDN_CHUNK_SIZE
+    heads = mixer.local_key_heads * mixer.group
+    channels, _, width = mixer.conv1d.weight.shape
+    return ScanShape(channels, width, chunk, heads * (4 * chunk * dk + 2 * chunk * dv + 6 * dk * dv), 7 * chunk * heads)
 
 
 def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActivationTerms:

@@ -417,11 +417,13 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # MLP backward among the model's blocks is the peak.
     boundaries = (2 if config.activations.checkpoint_activations else 1) * hidden_bytes \
         // (tp if config.parallel.sequence_parallel else 1)
-    mlp_features = micro * seq * shape.mlp_gradient_features if shape.dense_layers or not shape.moe_blocks else 0
+    # (a pattern's mixer-only blocks run no MLP)
+    mlp_features = micro * seq * shape.mlp_gradient_features if shape.dense_layers > shape.layers_without_mlp else 0
     if shape.moe_blocks and expert_rows is not None:
         mlp_features = max(mlp_features, expert_rows.rows_at_once * shape.moe_expert_gradient_features,
                            micro * seq * shape.moe_shared_gradient_features)
-    block_gradients = boundaries + mlp_features * param_bytes
+    # A mixer-only `M` or `G` block's backward: its scan's working memory in fp32 (gpt/shape.py ScanShape), if larger
+    block_gradients = boundaries + max(mlp_features * param_bytes, micro * seq * shape.mixer_only_gradient_bytes)
     result = RankPlan(
         rank=rank, tensor_parallel_rank=state.tensor_parallel_rank, data_parallel_rank=state.data_parallel_rank,
         tensor_parallel_size=tp, data_parallel_size=state.data_parallel_size, stage=optimizer.stage,

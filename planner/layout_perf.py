@@ -210,7 +210,8 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
     expert_parameters = per_expert * experts * shape.moe_blocks
     shared = (moe.shared_expert_intermediate_size or 0) if moe is not None else 0
     mla_layers = shape.layer_mixers.count(MLA) if shape.layer_mixers else attention_layers  # where mla_up runs
-    mixer_linear = attention_linear * attention_layers + sum(m.linear_flops for m in shape.other_mixer_layers())
+    mixer_linear = attention_linear * attention_layers + sum(m.linear_flops + shape.scan_flops_per_token(m)
+                                                             for m in shape.other_mixer_layers())
     return ModelCounts(
         layers=model.num_layers, moe_layers=shape.moe_blocks, hidden=model.hidden_size, seq_length=model.seq_length,
         padded_vocab=vocab, linear_flops_per_token=float(blocks - attention + logits),
@@ -242,13 +243,15 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
 def _kv_width(model: ModelConfig, shape: ModelShape) -> int:
     """The keys' and values' features per token the CP ring passes, the layers' mean: attention's a head each per
     group, multi-latent attention's per head (its keys qk_head_dim + qk_pos_emb_head_dim wide, its values v_head_dim:
-    gpt/mla.py); a pattern mixing them (`*-+-`) each layer by its own mixer."""
+    gpt/mla.py); a pattern mixing them (`*-+-`) each layer by its own mixer, none for a layer without attention."""
     probe = next(m for m in shape.block_matmuls if isinstance(m, AttentionShape))
     shapes = {probe_mixer(model): probe, **{m.symbol: m.attention for m in shape.other_mixers}}
     groups = model.attention.num_query_groups or model.num_attention_heads
 
     def width(symbol: str) -> int:
         kv = shapes[symbol]
+        if kv is None:  # `M`, `G`, an MLP-only block
+            return 0
         return (model.num_attention_heads if symbol == MLA else groups) * (kv.head_dim + (kv.value_head_dim or kv.head_dim))
 
     mixers = shape.layer_mixers or (probe_mixer(model),)

@@ -30,8 +30,9 @@ from typing import Optional, Sequence
 import yaml
 
 from arguments.config import ConfigError, PretrainConfig
+from gpt.hybrid_pattern import parse_hybrid_pattern
 from gpt.layer_spec import mixer_symbols
-from gpt.shape import LinearShape, model_shape, probe_mixer
+from gpt.shape import LinearShape, ScanShape, model_shape, probe_mixer
 from parallel.comm import ring_bytes_sent
 from parallel.fp8.linear import shape_rule_broken
 from planner.dry_run import RankPlan
@@ -189,28 +190,45 @@ class Gemm:
 
 
 def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int,
-                  mixers: Optional[Sequence[str]] = None) -> tuple[list[Gemm], Gemm]:
+                  mixers: Optional[Sequence[Optional[str]]] = None,
+                  mlps: Optional[Sequence[Optional[str]]] = None) -> tuple[list[Gemm], Gemm]:
     """One TP rank's matrix products in one micro-batch's forward, read from the model's shape
     (gpt/shape.py): the blocks' (per layer x layers), in forward order, and the logits'. Their FLOPs x 3
     (x 4 blocks with recompute) are training.metrics.flops_per_iteration. `mixers`: the blocks' mixer symbols
     (gpt/layer_spec.py) where a pattern mixes them (`*-+-`), each block then by its own mixer; else every one of
-    --num-layers blocks the shape's probe block."""
+    --num-layers blocks the shape's probe block. `mlps`: their MLP symbols, None for a mixer-only block (`M` alone),
+    which runs no MLP GEMMs."""
     model, micro = config.model, config.training.micro_batch_size
     shape = model_shape(model, tp)
     layers = len(mixers) if mixers else model.num_layers
     fp8_layers = layers_in_fp8(model, layers)
     kinds = {probe_mixer(model): shape.block_matmuls, **{m.symbol: m.block_matmuls for m in shape.other_mixers}}
     blocks = []
-    for symbol, count in (Counter(mixers) if mixers else Counter({probe_mixer(model): layers})).items():
+    kinds_of_blocks = Counter(zip(mixers, mlps or [True] * layers)) if mixers else \
+        Counter({(probe_mixer(model), True): layers})
+    for (symbol, mlp), count in kinds_of_blocks.items():
+        matmuls = kinds[symbol] if mlp is not None else \
+            tuple(m for m in kinds[symbol] if not (isinstance(m, LinearShape) and m.name.startswith("mlp.")))
         # (FP8's bf16 first and last blocks shared out over the mixers by their counts)
-        blocks += _block_gemms(kinds[symbol], model, micro, count, fp8_layers * count // layers)
+        blocks += _block_gemms(matmuls, model, micro, count, fp8_layers * count // layers)
     logits = shape.output_matmul(padded_vocab)
     return blocks, Gemm(micro * model.seq_length, logits.in_features, logits.out_features, 1)
 
 
+def block_kinds(model, stage: slice) -> tuple[Optional[Sequence[Optional[str]]], Optional[Sequence[Optional[str]]]]:
+    """The mixers and MLPs (forward_gemms' `mixers` and `mlps`) of the blocks in `stage` where they may differ from
+    the shape's probe block: a pattern's, or the GPT flags' Gated DeltaNet layers; (None, None) where all are alike."""
+    if model.hybrid_layer_pattern is not None:
+        return mixer_symbols(model)[stage], parse_hybrid_pattern(model.hybrid_layer_pattern).mlps()[stage]
+    if model.gdn.gated_delta_net:
+        return mixer_symbols(model)[stage], None
+    return None, None
+
+
 def _block_gemms(matmuls, model, micro: int, layers: int, fp8_layers: int) -> list[Gemm]:
     """`layers` blocks of one kind: each linear (in FP8 on `fp8_layers` of them where its shape allows), and
-    attention's scores and context per head and sequence."""
+    attention's scores and context per head and sequence; a recurrent mixer's conv and scan as products of the
+    chunk's width (tokens x its FLOPs per token / 2 chunk x chunk)."""
     tokens, s = micro * model.seq_length, model.seq_length
     blocks = []
     for matmul in matmuls:
@@ -220,6 +238,8 @@ def _block_gemms(matmuls, model, micro: int, layers: int, fp8_layers: int) -> li
             blocks += [gemm for gemm in (Gemm(tokens, matmul.in_features, matmul.out_features, in_fp8, fp8=True),
                                          Gemm(tokens, matmul.in_features, matmul.out_features, layers - in_fp8))
                        if gemm.count]
+        elif isinstance(matmul, ScanShape):
+            blocks.append(Gemm(tokens, matmul.flops_per_token(s) // (2 * matmul.chunk), matmul.chunk, layers))
         elif matmul.value_head_dim is None:  # scores and context, per head and sequence: [s, d] x [d, s], [s, s] x [s, d]
             blocks.append(Gemm(s, matmul.head_dim, s, 2 * matmul.heads * micro * layers))
         else:  # multi-latent attention: the context's value heads have their own width
@@ -286,10 +306,10 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     pp, chunks = (stages.pipeline_parallel_size, stages.chunks) if stages is not None else (1, 1)
     layers = model.num_layers // pp  # this rank's stage (Megatron's split is even)
     # (the GEMMs of a stage's layers; a per-layer window list, of the whole model's layers, shapes none of them)
-    if model.hybrid_layer_pattern is not None:  # each block by its own mixer: this rank's share of the even split
-        rank = stages.pipeline_parallel_rank if stages is not None else 0
-        blocks, logits = forward_gemms(config, run.padded_vocab_size, tp,
-                                       mixer_symbols(model)[rank * layers:(rank + 1) * layers])
+    rank = stages.pipeline_parallel_rank if stages is not None else 0
+    mixers, mlps = block_kinds(model, slice(rank * layers, (rank + 1) * layers))
+    if mixers is not None:  # each block by its own mixer: this rank's share of the even split
+        blocks, logits = forward_gemms(config, run.padded_vocab_size, tp, mixers, mlps)
     else:
         blocks, logits = forward_gemms(dataclasses.replace(config, model=model.with_layers(layers)),
                                        run.padded_vocab_size, tp)

@@ -70,12 +70,6 @@ def apply_hybrid_pattern(settings: dict[str, Any], sources: dict[str, Source], t
         # model"; each block here builds its own mixer, so the mix is a model like any other
         notes.append(f"> {PATTERN_FLAG} {text}: `*` attention and `+` MLA layers in one model, which Megatron-LM "
                      f"refuses (\"Not supported to have both Attention and MLA/DSA in one model\"); built here")
-    stages = settings.get("pipeline_model_parallel_size") or 1
-    if (stages > 1 and len(pattern.segments) == 1 and not any(settings.get(name) for name in UNEVEN_FLAGS)
-            and _megatron_split(pattern, stages) is None and pattern.num_layers % stages == 0):
-        notes.append(f"> {PATTERN_FLAG} {text} at --pipeline-model-parallel-size {stages}: Megatron-LM refuses it "
-                     f"(its {pattern.megatron_layers} layers do not split evenly at block ends); here "
-                     f"{pattern.num_layers // stages} blocks a stage")
     variant = settings.get("experimental_attention_variant")
     if variant is not None:
         # HybridModel's layers are its symbols (megatron/core/models/hybrid/hybrid_layer_specs.py); only GPTModel's
@@ -152,31 +146,7 @@ def _stages(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str, Any]:
         except ConfigError as error:
             raise _refuse(pattern, f"its segments as {error}", "--pipeline-model-parallel-size") from None
         return {"pipeline_model_parallel_layout": layout}
-    if any(settings.get(name) is not None for name in UNEVEN_FLAGS):
-        return _uneven_split(pattern, settings)
-    return _even_split(pattern, stages)
-
-
-def _megatron_split(pattern: HybridPattern, stages: int) -> Optional[list[int]]:
-    """The blocks on each stage of Megatron's split of a pattern without `|` (select_pipeline_segment: its layers,
-    one per symbol, evenly over the stages); None where it has none (the layers do not divide, or a stage would end
-    inside a block)."""
-    layers = pattern.megatron_layers
-    boundaries = (*pattern.layer_offsets(), layers)  # Megatron's layer count before each block, and the total
-    cuts = [stage * layers // stages for stage in range(stages + 1)]
-    if layers % stages or any(cut not in boundaries for cut in cuts):
-        return None
-    return [boundaries.index(cuts[stage + 1]) - boundaries.index(cuts[stage]) for stage in range(stages)]
-
-
-def _even_split(pattern: HybridPattern, stages: int) -> dict[str, Any]:
-    """Megatron's even split as a layout where a stage holds more blocks than another (one-part blocks); where the
-    blocks split evenly, or Megatron has no split, the GPT flags' even split of the blocks."""
-    blocks = _megatron_split(pattern, stages) if stages > 1 else None
-    if blocks is None or len(set(blocks)) == 1:
-        return {}
-    layout = "|".join("t" * count for count in blocks)
-    return {"pipeline_model_parallel_layout": f"E{layout}{'m' * pattern.mtp_depth}L"}
+    return _uneven_split(pattern, settings) or _even_symbol_split(pattern, stages)
 
 
 def _uneven_split(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str, Any]:
@@ -195,3 +165,26 @@ def _uneven_split(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str,
             blocks = boundaries.index(before)
             changes[name] = blocks if name == "decoder_first_pipeline_num_layers" else pattern.num_layers - blocks
     return changes
+
+
+def _even_symbol_split(pattern: HybridPattern, stages: int) -> dict[str, Any]:
+    """A pattern without `|` over `stages` stages: Megatron's even split of its layers (one per symbol), as the stages'
+    blocks in --pipeline-model-parallel-layout where one-part blocks make it differ from an even split of the blocks;
+    refused where a stage would end inside a block."""
+    total = pattern.megatron_layers
+    if stages <= 1:
+        return {}
+    boundaries = (*pattern.layer_offsets(), total)  # Megatron's layer count before each block
+    if total % stages or any(total // stages * k not in boundaries for k in range(1, stages)):
+        if pattern.num_layers % stages:
+            return {}  # the GPT flags' even split of the blocks refuses it, naming the sizes
+        raise _refuse(pattern, f"Megatron's even split of its {total} layers (one per symbol) over "
+                               f"--pipeline-model-parallel-size {stages} ends a stage inside a block (a mixer and the "
+                               f"MLP right after it): add `|` where each stage ends", "--pipeline-model-parallel-size")
+    ends = [boundaries.index(total // stages * k) for k in range(1, stages + 1)]
+    counts = [end - start for start, end in zip([0, *ends], ends)]
+    if len(set(counts)) == 1:  # the blocks split evenly there: the GPT flags' even split is the same
+        return {}
+    layout = ["t" * count for count in counts]
+    layout[0], layout[-1] = "E" + layout[0], layout[-1] + "m" * pattern.mtp_depth + "L"
+    return {"pipeline_model_parallel_layout": "|".join(layout)}

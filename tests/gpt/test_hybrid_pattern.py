@@ -54,6 +54,11 @@ def test_segment_k_is_chunk_k_over_pp_of_rank_k_mod_pp():
     # without `|`, --decoder-first-pipeline-num-layers counts Megatron's layers, two a block
     (["--hybrid-layer-pattern", "*-*-*-*-", "--pipeline-model-parallel-size", "2",
       "--decoder-first-pipeline-num-layers", "2"], {"decoder_first_pipeline_num_layers": 1}),
+    # and its even split is of those layers: `M` alone is one, so 4 blocks then 2 (Megatron's 4 layers a stage)
+    (["--hybrid-layer-pattern", "MMMM*-M-", "--pipeline-model-parallel-size", "2", "--mamba-num-groups", "1"],
+     {"num_layers": 6, "pipeline_model_parallel_layout": "Etttt|ttL"}),
+    (["--hybrid-layer-pattern", "M-M-M-M-", "--pipeline-model-parallel-size", "2", "--mamba-num-groups", "1"],
+     {"num_layers": 4, "pipeline_model_parallel_layout": None}),
     # its deprecated spelling, and Megatron's hybrid launch flags beside it
     (["--hybrid-override-pattern", "*-*-*-", "--is-hybrid-model", *MEGATRON_SPEC], {"num_layers": 3}),
 ])
@@ -99,10 +104,9 @@ def test_without_bars_the_stages_split_megatrons_layers_evenly_not_the_blocks():
     split, marked = layout("M-M--*-M"), layout("M-M-|-*-M")
     assert split.pipeline_model_parallel_layout == marked.pipeline_model_parallel_layout == "Ett|tttL"
     assert layout("M-M-*-*-").pipeline_model_parallel_layout is None  # two blocks a stage: the even block split
-    # 7 layers do not split over 2 stages (Megatron-LM refuses); the 4 blocks do, said in one line
-    notes = parse_arguments(["--hybrid-layer-pattern", "M-M-*-M", "--pipeline-model-parallel-size", "2",
-                             "--mamba-head-dim", "8", "--mamba-num-groups", "2"]).notes
-    assert any("Megatron-LM refuses it" in note and "2 blocks a stage" in note for note in notes), notes
+    # 7 layers do not split over 2 stages: refused as Megatron-LM refuses it, though the 4 blocks would split
+    with pytest.raises(ConfigError, match="Megatron's even split of its 7 layers"):
+        layout("M-M-*-M")
 
 
 def test_g_is_a_gated_delta_net_block_beside_attention():
@@ -206,6 +210,9 @@ REFUSED = {
     # Megatron's even split of its 6 layers would end a stage inside a block, and the 3 blocks do not split either
     "even split inside a block": (["--hybrid-layer-pattern", "*-*-*-", "--pipeline-model-parallel-size", "2"],
                                   "--num-layers 3 is not divisible by --pipeline-model-parallel-size 2"),
+    # the blocks split evenly (2 and 2), Megatron's 6 layers (3 a stage) inside the second `M-`
+    "symbol split inside a block": (["--hybrid-layer-pattern", "M-M-MM", "--pipeline-model-parallel-size", "2",
+                                    "--mamba-num-groups", "1"], "ends a stage inside a block"),
     "num layers": (["--hybrid-layer-pattern", "*-*-", "--num-layers", "3"], "not --num-layers 3: drop --num-layers"),
     "mtp num layers": (["--hybrid-layer-pattern", "*-*-/*-", "--mtp-num-layers", "2"],
                        "1 MTP layers (one block after each `/`), not --mtp-num-layers 2"),
