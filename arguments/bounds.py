@@ -94,7 +94,7 @@ def largest_tensor(config, vocab_size: Optional[int] = None) -> tuple[int, str, 
     vocab = vocab_size or model.vocab_size
     tp = max(config.parallel.tensor_model_parallel_size, 1)
     hidden, seq, micro = model.hidden_size, model.seq_length, training.micro_batch_size
-    ffn = model.ffn_hidden_size or 4 * hidden
+    ffn = model.ffn_size
     candidates = [
         (ffn * hidden // tp, "one MLP weight (--ffn-hidden-size x --hidden-size / TP)",
          ("--ffn-hidden-size", "--hidden-size")),
@@ -118,7 +118,7 @@ def parameter_lower_bound(model) -> tuple[int, tuple[str, ...]]:
     2h -> h projection), and the word embedding where --vocab-size is given. Read from the settings without a
     per-layer list, so a count of 10^12 costs nothing."""
     hidden = model.hidden_size
-    ffn = model.ffn_hidden_size or 4 * hidden
+    ffn = model.ffn_size
     flags = ["--num-layers", "--hidden-size"]
     attention = 4 * hidden * hidden
     if model.mla.multi_latent_attention:

@@ -204,7 +204,7 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
     moe = model.moe
     topk = moe.router_topk if moe is not None else 0
     experts = moe.num_experts if moe is not None else 0
-    moe_ffn = (moe.ffn_hidden_size or model.ffn_hidden_size) if moe is not None else 0
+    moe_ffn = (moe.ffn_hidden_size or model.ffn_size) if moe is not None else 0
     per_expert = (shape.parameters_per_moe_block - shape.active_parameters_per_moe_block) // max(experts - topk, 1) \
         if moe is not None else 0
     expert_parameters = per_expert * experts * shape.moe_blocks
@@ -221,7 +221,7 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
         logits_flops_per_token=float(logits), dense_parameters=total - expert_parameters,
         expert_parameters=expert_parameters,
         kv_width=_kv_width(model, shape),
-        gated_width_dense=model.ffn_hidden_size or 4 * model.hidden_size,
+        gated_width_dense=model.ffn_size,
         gated_width_moe=topk * moe_ffn + shared, topk=topk,
         root_parameters=vocab * shape.parameters_per_vocabulary_row + shape.parameters_outside_blocks,
         # a vocabulary row is the embedding's alone when the output layer is tied to it (gpt/shape.py)

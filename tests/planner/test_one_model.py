@@ -163,3 +163,24 @@ def test_the_users_data_and_checkpoint_flags_reach_the_command_and_several_nodes
     command = next(line for line in out.splitlines() if line.startswith("   torchrun"))
     assert shlex.join(data) in command and "as printed" not in out
     assert launch_command(16, 8, ["--bf16"]) == "NNODES=2 GPUS_PER_NODE=8 scripts/launch_multi_node.sh --bf16"
+
+
+def test_the_search_counts_the_mlp_width_the_model_builds():
+    """A SwiGLU model without --ffn-hidden-size (llama-tiny, as a Megatron launch without the flag) builds Megatron's
+    int(4h x 2/3 / 64) x 64 wide MLP; the search's activations and the bounds' largest tensor read that width, not
+    4h."""
+    import torch
+
+    from arguments.bounds import largest_tensor
+    from gpt.model import GPTModel
+    from parallel.state import ParallelState
+    from planner.layout_perf import model_counts
+
+    config = parse_config([*DENSE, "--vocab-size", "256"])
+    model = GPTModel(config.model, ParallelState(device=torch.device("meta")))
+    width = dict(model.named_parameters())["blocks.0.mlp.dense_h_to_4h_up.weight"].shape[0]
+    assert width == 320 != 4 * config.model.hidden_size
+    assert model_counts(config.model).gated_width_dense == width
+    micro, seq = config.training.micro_batch_size, config.model.seq_length
+    assert largest_tensor(config)[0] == max(micro * seq * width, micro * seq * 256, config.model.seq_length * 128,
+                                            width * 128)
