@@ -73,16 +73,23 @@ def test_refusals_are_megatrons_in_one_line(tmp_path):
         assert said in str(error.value) and "\n" not in str(error.value)
 
 
-def test_a_save_directory_holding_a_checkpoint_is_refused_as_megatron_asserts(tmp_path, monkeypatch):
-    """Megatron-LM's setup_model_and_optimizer: "The upcycling destination directory already exists"."""
+@pytest.mark.parametrize("case", ["taken save", "no dense checkpoint"])
+def test_a_save_directory_holding_a_checkpoint_or_a_load_without_one_is_refused_in_one_line(tmp_path, monkeypatch,
+                                                                                             case):
+    """Megatron-LM's setup_model_and_optimizer: "The upcycling destination directory already exists"; and a --load
+    with nothing to upcycle (Megatron-LM would upcycle random weights) is no fresh start either."""
     import pretrain_gpt
 
     monkeypatch.chdir(data_workdir(tmp_path))
-    flags = megatron_llama_flags(tmp_path)
-    taken = shutil.copytree(FIXTURES / "megatron_llama", tmp_path / "taken")
-    outcome = run_main(pretrain_gpt.main, flags + ["--num-experts", "8", "--moe-use-upcycling", "--save", taken,
-                                                   "--device", "cpu", "--data-cache-dir", tmp_path / "cache"])
-    assert outcome.code == 2 and "already holds a checkpoint: --moe-use-upcycling converts" in outcome.err
+    flags = megatron_llama_flags(tmp_path) + ["--num-experts", "8", "--moe-use-upcycling"]
+    if case == "taken save":
+        flags += ["--save", shutil.copytree(FIXTURES / "megatron_llama", tmp_path / "taken")]
+        said = "already holds a checkpoint: --moe-use-upcycling converts"
+    else:
+        flags += ["--save", tmp_path / "moe", "--load", tmp_path / "nothing"]
+        said = "holds no checkpoint: --moe-use-upcycling needs the dense model's"
+    outcome = run_main(pretrain_gpt.main, flags + ["--device", "cpu", "--data-cache-dir", tmp_path / "cache"])
+    assert outcome.code == 2 and said in outcome.err
     assert len(outcome.err.strip().splitlines()) == 1
 
 
