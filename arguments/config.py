@@ -32,6 +32,7 @@ from arguments.megatron.beyond_megatron import settings_beyond_megatron
 from arguments.megatron.defaults import DEFAULT_SOURCES
 from arguments.megatron.harvested_flags import harvested
 from arguments.step_batch_schedule import parse_step_schedule
+from arguments.upcycling_rules import check_upcycling
 from base.errors import ConfigError
 from base.options import Const, count, flag_of, option, option_fields, setting_names, setting_values, with_settings
 from base.waits import LONGEST_WAIT_TEXT, is_wait
@@ -965,6 +966,13 @@ class CheckpointConfig:
                                                           "a warning, and the run starts from random weights)")
     # Also with a fresh data order.
     finetune: bool = option(False, help="load weights only and start at iteration 0")
+    # Megatron-LM's MoE upcycling (checkpoint/upcycling.py; the rules: arguments/upcycling_rules.py)
+    moe_use_upcycling: bool = option(
+        False, help="--load a dense checkpoint into this MoE model: each MLP copied into every expert, the router "
+                    "as built; training starts at iteration 0 with a fresh optimizer and schedule")
+    moe_upcycling_granularity: int = option(
+        1, help="with --moe-use-upcycling: split each dense MLP into this many fine-grained experts (the dense FFN "
+                "is --ffn-hidden-size times this)")
     init_from_hf: Optional[str] = option(None, metavar="DIR", help="start from a transformers GPT2LMHeadModel "
                                                                    "or LlamaForCausalLM folder (config.json + "
                                                                    "model.safetensors)")
@@ -1405,6 +1413,7 @@ class PretrainConfig:
                               f"choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
         self._check_goldfish()
+        check_upcycling(self)
         self._check_muon()
         self._check_expert_parallel()
         self._check_flex_dispatcher()

@@ -14,6 +14,7 @@ from base.errors import CheckpointError
 from checkpoint.agreement import agree, attempt
 from checkpoint.resume_model import check_resume_model
 from checkpoint.start_decision import check_resume_matches, check_samples_fit, continues_training
+from checkpoint.upcycling import dense_model_config
 from parallel.state import ParallelState
 
 Log = Callable[[str], None]
@@ -45,7 +46,10 @@ def check_resume(read_metadata: ReadMetadata, verify: Verify, config, state: Par
         if note:
             log(note)
         agree(state, attempt(lambda: check_samples_fit(metadata, config, batch, iteration_dir))[1])
-    if not checkpoint.finetune:
+    if checkpoint.moe_use_upcycling:  # the checkpoint is the dense model the MoE one is made from
+        dense = dense_model_config(config.model, checkpoint.moe_upcycling_granularity)
+        agree(state, attempt(lambda: check_resume_model(metadata, dense, iteration_dir))[1])
+    elif not checkpoint.finetune:
         agree(state, attempt(lambda: check_resume_model(metadata, config.model, iteration_dir))[1])
     if continues_training(config) and checkpoint.load_optim:  # as Megatron: only when it loads the scheduler
         outcome, error = attempt(lambda: schedule_on_resume(config, batch, metadata.get("config") or {},

@@ -29,6 +29,7 @@ from checkpoint.save_directory import SaveDirectoryLock
 from checkpoint.start_decision import StartDecision, check_save_directory, continues_training, decide_start
 from checkpoint.tokenizer_check import SavedTokenizer, saved_tokenizer
 from checkpoint.unfinished_save import finish_unfinished_save, needs_finishing
+from checkpoint.upcycling import check_upcycling_start
 from parallel.state import ParallelState
 
 
@@ -99,6 +100,8 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
             finish_unfinished_save(Path(checkpoint.save), log)
         decision = decide_start(checkpoint.load, checkpoint.save, checkpoint.universal_checkpoint,
                                 checkpoint.exit_on_missing_checkpoint)
+        if checkpoint.moe_use_upcycling:
+            check_upcycling_start(checkpoint.save, checkpoint.load, decision.resume_from, decision.format_name)
         if checkpoint.save:
             refuse_save_into_deepspeed(checkpoint.save)
             prepare_output_directory(checkpoint.save, "--save")
@@ -132,7 +135,8 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
         if metadata is not None and continues_training(config):
             started.saved_tokenizer = saved_tokenizer(metadata, decision.resume_from)
             started.saved_data_parallel_size = metadata.get("data_parallel_size")
-        started.identity = identity_on_start(metadata, checkpoint.finetune, fresh_run_id, launch_id,
+        started.identity = identity_on_start(metadata, checkpoint.finetune or checkpoint.moe_use_upcycling,
+                                              fresh_run_id, launch_id,
                                               sample_order(checkpoint.ckpt_format))
         if started.metrics_file is None:  # known now: a resume's lineage is its checkpoint's
             path = default_metrics_file(started.identity.run_id)

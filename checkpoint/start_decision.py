@@ -211,8 +211,10 @@ def _show(value) -> str:
 def continues_training(config) -> bool:
     """Whether a resume continues its checkpoint's training, so that its sample sequence, batch and learning-rate
     schedule are checked against the checkpoint's: not under --finetune (a new sample sequence) nor --skip-train
-    (no step at all: evaluating a checkpoint needs only the model's flags and --load)."""
-    return not config.checkpoint.finetune and not config.training.skip_train
+    (no step at all: evaluating a checkpoint needs only the model's flags and --load) nor --moe-use-upcycling (a new
+    MoE run from a dense model's weights)."""
+    checkpoint = config.checkpoint
+    return not checkpoint.finetune and not checkpoint.moe_use_upcycling and not config.training.skip_train
 
 
 def check_samples_fit(metadata: dict, config, batch: BatchSchedule, iteration_dir: Path) -> None:

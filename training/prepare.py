@@ -23,6 +23,7 @@ from checkpoint.global_load import ResumePoint
 from checkpoint.run_saves import CheckpointSaves
 from checkpoint.run_start import RunStart, claim_run_start
 from checkpoint.tokenizer_check import check_resume_tokenizer
+from checkpoint.upcycling import load_upcycled
 from data.tokenizer import RunTokenizer
 from parallel.launch_environment import read_launch_environment
 from parallel.state import ParallelState
@@ -161,6 +162,9 @@ def load_weights(config: PretrainConfig, state: ParallelState, built: Built, cla
         initialize_from_pretrained(built.zero.optimizer, built.model, checkpoint.init_from_hf, config.model, state)
     if claimed.resume_from is None:
         return ResumePoint(0, 0, None)
+    if checkpoint.moe_use_upcycling:
+        return load_upcycled(claimed.format_name, claimed.resume_from, built.model, built.zero.optimizer, state,
+                             config.model, checkpoint.moe_upcycling_granularity, config.training.seed, log)
     start = claimed.load(built, state, config.model, load_optimizer=checkpoint.load_optim,
                          load_rng=checkpoint.load_rng, finetune=checkpoint.finetune)
     log(f"> loaded {start.path}: " + (f"resuming after iteration {start.iteration} "

@@ -562,7 +562,7 @@ AT_VALUE: dict[str, AtValue] = {
         --moe-routing-trace-capture-hidden-states --moe-routing-trace-capture-logits
         --moe-routing-trace-dump-weights --moe-routing-trace-max-training-iters --moe-routing-trace-path
         --moe-shared-expert-glu-interleave-size --moe-single-grouped-bias --moe-single-grouped-weight
-        --moe-upcycling-granularity --moe-use-grouped-tensor --moe-use-upcycling
+        --moe-use-grouped-tensor
         --expert-tensor-parallel-num-weight-shards --gtp-expert-remat-nccl-ub""")},
     "--moe-router-padding-for-fp8": ROUTER_PADDING,
     "--moe-router-padding-for-quantization": ROUTER_PADDING,  # its name since core_v0.16 (FP4 too, not built here)

@@ -234,7 +234,7 @@ def test_moe_knobs_not_implemented_have_no_effect_on_a_dense_model_and_are_refus
     """Issue 51: Megatron-Core's MoE knobs this layer lacks change nothing without experts and are refused with
     them, each in the one line."""
     knobs = [option for option, at in AT_VALUE.items() if at.refused == NOT_IN_MOE]
-    assert {"--moe-input-jitter-eps", "--moe-use-upcycling"} <= set(knobs)
+    assert {"--moe-input-jitter-eps", "--moe-latent-size"} <= set(knobs)
     argv = [token for option in knobs for token in (option, *sample_values(option))]
     line = next(note for note in parse_arguments(argv).notes if note.startswith(NO_EFFECT_LINE))
     assert all(option in line for option in knobs)
