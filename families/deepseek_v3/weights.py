@@ -47,8 +47,8 @@ def misfits(config: ModelConfig) -> list[str]:
                                      "moe_shared_expert_gate": False}
     found = llama_block_misfits(config, {
         "swiglu": True, "qk_layernorm": True, "add_bias_linear": False, "multi_latent_attention": True,
-        "q_lora_rank": (lambda v: v is not None, "--q-lora-rank (without it our query's norm, --qk-layernorm's, runs "
-                                                 "before linear_q_proj, where DeepseekV3's q_proj has none)"),
+        "q_lora_rank": (lambda v: v is not None, "--q-lora-rank (under --qk-layernorm a query without it is normed "
+                                                 "before linear_q_proj, DeepseekV3's q_proj is not)"),
         **router, "window_size": None,
         "layernorm_epsilon": (lambda v: v == LATENT_NORM_EPS, f"--norm-epsilon {LATENT_NORM_EPS} (DeepseekV3's "
                                                               f"latent norms run at it)")}, drops_mtp=True)
