@@ -8,8 +8,8 @@ loss is Megatron-LM's. Every other setting its args hold is theirs too (dropout,
 and the settings they gave are returned beside the model, so that the export names each config.json field they do
 not give (checkpoint/megatron_hf_fields.py). The weights: the fp32 weights Megatron-Core saved (an fp32 run's model
 tensors, a 16-bit run's fp32 master copies; its stacked layers, fused QKV and SwiGLU halves, at any TP x PP x EP),
-read whole by our names through checkpoint/torch_dist/source.py, then written under transformers' names
-(checkpoint/hf/folders.py to_hf_state_dict).
+read whole by our names through checkpoint/torch_dist/source.py with the routers' expert biases, then written under
+transformers' names (checkpoint/hf/folders.py to_hf_state_dict).
 """
 
 from __future__ import annotations
@@ -93,4 +93,7 @@ def megatron_to_hf_state(iteration_dir: Path) -> tuple[ModelConfig, dict[str, to
     source = MegatronSource(iteration_dir)
     weights = {name: source.read(MASTER, name, tuple(slice(0, n) for n in info.shape)).reshape(info.shape)
                for name, info in source.tensors(MASTER).items()}
+    # the routers' expert bias, a buffer beside the weights: the family's e_score_correction_bias
+    weights.update({name: torch.tensor(values, dtype=torch.float32)
+                    for name, values in (source.expert_biases() or {}).items()})
     return config, to_hf_state_dict(weights, config), given

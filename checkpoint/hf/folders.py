@@ -89,15 +89,16 @@ def refuse_hybrid_layers(config: ModelConfig, what: str) -> None:
                           flags=("--hybrid-layer-pattern",))
 
 
-def mtp_dropped(config: ModelConfig) -> Optional[str]:
-    """The one line an export of a model with MTP layers says where its family's class has none and drops a release's
-    (FamilyWeights.drops_mtp: DeepSeek-V3): their weights are left out; None where there are none to leave."""
+def mtp_unloaded(config: ModelConfig) -> Optional[str]:
+    """The one line an export of a model with MTP layers says where its family's class runs none (FamilyWeights.
+    drops_mtp: DeepSeek-V3): their weights are written under a release's names, which transformers leaves unloaded;
+    None where there are none."""
     family = family_of(config)
     if not config.mtp.num_layers or family is None or not family.drops_mtp:
         return None
-    return (f" note: --mtp-num-layers {config.mtp.num_layers}: {family.architecture} has no multi-token prediction "
-            f"layers (transformers drops a release's model.layers.{config.num_layers}.* on load): their weights "
-            f"(mtp_layers.*) are not exported, and config.json says num_nextn_predict_layers 0")
+    return (f" note: --mtp-num-layers {config.mtp.num_layers}: {family.architecture} runs no multi-token prediction "
+            f"layer: their weights are written as a release's model.layers.{config.num_layers}.* (num_nextn_predict_layers "
+            f"{config.mtp.num_layers}), which transformers does not load; its logits are the main model's")
 
 
 def refuse_mixed_mixers(config: ModelConfig, what: str) -> None:
@@ -113,21 +114,21 @@ def refuse_mixed_mixers(config: ModelConfig, what: str) -> None:
 def check_convertible(config: ModelConfig, what: str) -> None:
     """A GPT2LMHeadModel or a LlamaForCausalLM can hold this model; anything else (GPT-2's blocks with an
     untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need, and so are
-    multi-token prediction's layers (refuse_mtp) but where the family's class drops them (mtp_dropped), a pattern
+    multi-token prediction's layers (refuse_mtp) but where the family writes them (mtp_unloaded), a pattern
     mixing attention and MLA layers (refuse_mixed_mixers) and a pattern's Mamba or one-part layers
     (refuse_hybrid_layers)."""
     refuse_hybrid_layers(config, what)
     refuse_mixed_mixers(config, what)
     family = family_of(config)
-    if family is None or not family.drops_mtp:
-        refuse_mtp(config, what)
-    if family is not None:  # an MoE family of families/
+    if family is not None:  # a family of families/ with weights of its own (MoE, or DeepSeek-V3's MLA)
         misfits = family.misfits(config)
         if misfits:
             raise ConfigError(f"{what} converts each model as the transformers class it is; as a "
                               f"{family.architecture} this one would need {', '.join(misfits)}")
     elif dense_family(config) is None and is_llama_shaped(config):
-        hf_llama.check_llama_shaped(config, what)
+        hf_llama.check_llama_shaped(config, what, ("no --mtp-num-layers",) if config.mtp.num_layers else ())
+    if family is None or not family.drops_mtp:  # after the blocks: dropping MTP alone must be the whole fix
+        refuse_mtp(config, what)
 
 
 def class_of(config: ModelConfig) -> str:
@@ -154,10 +155,9 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
     moe_family = family_of(config)
     if moe_family is not None:
         check_convertible(config, "the Hugging Face export")
-        dropped = mtp_dropped(config)
-        if dropped:
-            print(dropped, flush=True)
-            state_dict = {name: tensor for name, tensor in state_dict.items() if not name.startswith("mtp_layers.")}
+        unloaded = mtp_unloaded(config)
+        if unloaded:
+            print(unloaded, flush=True)
         return moe_family.pack(moe_family.to_hf(shifted_gains(state_dict, config, moe_family, +1), config))
     family = dense_family(config)
     if family is not None:

@@ -45,8 +45,8 @@ class FamilyWeights:
     from_hf: Callable[[dict, ModelConfig, int], dict]
     pack: Callable[[dict], dict] = lambda tensors: tensors
     unpack: Optional[Callable[[dict, int], dict]] = None
-    # the export leaves the model's multi-token prediction layers out, said in one line (checkpoint/hf/folders.py
-    # mtp_dropped): transformers' class has none and drops a release's (DeepSeek-V3's model.layers.<num_layers>.*)
+    # transformers' class runs no multi-token prediction layer and drops a release's (DeepSeek-V3's
+    # model.layers.<num_layers>.*): the export writes them there (to_hf), said in one line (folders.py mtp_unloaded)
     drops_mtp: bool = False
     # our norms (name suffixes) whose family tensor is the gain itself, shifted by one under --apply-layernorm-1p
     # (checkpoint/hf/folders.py shifted_gains); Qwen3-Next's other norms store the gain less one, as ours
@@ -81,7 +81,7 @@ def llama_block_misfits(config: ModelConfig, wanted: dict[str, Any], carries: tu
     SwiGLU's gated MLP, rotary positions in halves on every layer), then the family's own `wanted` (needs' form), any
     block feature the model sets that neither `wanted` pins nor `carries` names (families/common/features.py),
     Megatron-Core's router (not DeepSpeed-MoE's), one expert count, no residual MoE, dropless experts, no multi-token
-    prediction (`drops_mtp`: the export leaves them out, FamilyWeights.drops_mtp)."""
+    prediction (`drops_mtp`: the export writes them where transformers does not load them, FamilyWeights.drops_mtp)."""
     wanted = {"normalization": "RMSNorm", "rotary_interleaved": False,
               "no_rope_freq": (lambda value: not value, "no --no-rope-freq"),
               "activation": (lambda value: value in ("gelu", "gelu_tanh"), "no --activation other than SwiGLU's"),

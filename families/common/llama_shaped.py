@@ -131,11 +131,12 @@ def moe_misfits(config: ModelConfig) -> list[str]:
     return [need for need, missing in needs.items() if missing]
 
 
-def check_llama_shaped(config: ModelConfig, what: str) -> None:
+def check_llama_shaped(config: ModelConfig, what: str, also: tuple[str, ...] = ()) -> None:
+    """Refused in one line naming what a Llama-shaped class would need, and `also` (the caller's other needs)."""
     misfits = llama_misfits(config)
     if misfits:
         raise ConfigError(f"{what} converts GPT-2- or Llama-shaped models; as a {architecture_of(config)} this one "
-                          f"would need {', '.join(misfits)}")
+                          f"would need {', '.join((*misfits, *also))}")
 
 
 def architecture_of(config: ModelConfig) -> str:

@@ -2,7 +2,8 @@
 config.json): multi-latent attention's projections and latent norms under their names (gpt/mla.py lays out the
 heads as DeepseekV3Attention does: each query/key head [nope, rope], each kv_b_proj head [k_nope, v], the positional
 key after the latent in kv_a_proj_with_mqa), then mlp.gate with its e_score_correction_bias (our router's expert
-bias), mlp.experts.<e>.{gate,up,down}_proj and mlp.shared_experts; dense MLPs in the first layers."""
+bias), mlp.experts.<e>.{gate,up,down}_proj and mlp.shared_experts; dense MLPs in the first layers (in every layer
+of a dense MLA model); an MTP layer as the release's model.layers.<num_layers + k>, which transformers does not load."""
 
 from __future__ import annotations
 
@@ -34,20 +35,25 @@ LATENT_NORM_EPS = 1e-6  # DeepseekV3RMSNorm's default, at which its latent norms
 
 
 def claims(config: ModelConfig) -> bool:
-    """An MoE model whose every layer is multi-latent attention (DeepseekV3Attention in each; a pattern mixing `*` and
-    `+` layers is none of transformers' classes: checkpoint/hf/folders.py refuses it)."""
-    return config.moe is not None and set(mixer_symbols(config)) == {MLA}
+    """A model whose every layer is multi-latent attention (DeepseekV3Attention in each; a pattern mixing `*` and `+`
+    layers is none of transformers' classes: checkpoint/hf/folders.py refuses it), MoE or dense (first_k_dense_replace
+    covering every layer)."""
+    return set(mixer_symbols(config)) == {MLA}
 
 
 def misfits(config: ModelConfig) -> list[str]:
     moe = config.moe
+    router = {} if moe is None else {"moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                                     "moe_shared_expert_gate": False}
     found = llama_block_misfits(config, {
         "swiglu": True, "qk_layernorm": True, "add_bias_linear": False, "multi_latent_attention": True,
-        "q_lora_rank": (lambda v: v is not None, "--q-lora-rank"),
-        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-        "moe_shared_expert_gate": False, "window_size": None,
+        "q_lora_rank": (lambda v: v is not None, "--q-lora-rank (under --qk-layernorm a query without it is normed "
+                                                 "before linear_q_proj, DeepseekV3's q_proj is not)"),
+        **router, "window_size": None,
         "layernorm_epsilon": (lambda v: v == LATENT_NORM_EPS, f"--norm-epsilon {LATENT_NORM_EPS} (DeepseekV3's "
                                                               f"latent norms run at it)")}, drops_mtp=True)
+    if moe is None:
+        return found
     found += first_dense_misfits(config)
     if moe.router_topk == 1:
         found.append("--moe-router-topk above 1 (DeepseekV3's norm_topk_prob renormalizes one expert's score to 1)")
@@ -60,6 +66,12 @@ def misfits(config: ModelConfig) -> list[str]:
 def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
     from transformers import DeepseekV3Config
 
+    if config.moe is None:  # every layer dense: no expert is built past first_k_dense_replace
+        return DeepseekV3Config(**_fields(config, eod_token_id), intermediate_size=config.ffn_size,
+                                moe_intermediate_size=config.ffn_size, n_routed_experts=1, n_shared_experts=0,
+                                num_experts_per_tok=1, norm_topk_prob=False, n_group=1, topk_group=1,
+                                first_k_dense_replace=config.num_layers,
+                                **_mla_fields(config))
     moe, shared = config.moe, config.moe.shared_expert_intermediate_size
     if shared is not None and shared % moe.ffn_hidden_size:
         from base.errors import ConfigError
@@ -67,18 +79,26 @@ def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
         raise ConfigError(f"--moe-shared-expert-intermediate-size {shared} is not a multiple of the experts' "
                           f"{moe.ffn_hidden_size}: DeepseekV3Config gives the shared expert n_shared_experts x "
                           f"moe_intermediate_size", flags=("--moe-shared-expert-intermediate-size",))
+    return DeepseekV3Config(**_fields(config, eod_token_id), intermediate_size=config.ffn_size,
+                            moe_intermediate_size=moe.ffn_hidden_size, n_routed_experts=moe.num_experts,
+                            n_shared_experts=(shared or 0) // moe.ffn_hidden_size, num_experts_per_tok=moe.router_topk,
+                            n_group=_groups(moe), topk_group=moe.router_group_topk or 1,
+                            routed_scaling_factor=moe.router_topk_scaling_factor or 1.0, norm_topk_prob=True,
+                            first_k_dense_replace=first_dense_count(config), **_mla_fields(config))
+
+
+def _fields(config: ModelConfig, eod_token_id: Optional[int]) -> dict:
     fields = common_fields(config, eod_token_id)
     fields["num_key_value_heads"] = config.num_attention_heads
     fields["rope_parameters"] = _rope(config)
-    return DeepseekV3Config(**fields, intermediate_size=config.ffn_size, moe_intermediate_size=moe.ffn_hidden_size,
-                            n_routed_experts=moe.num_experts, n_shared_experts=(shared or 0) // moe.ffn_hidden_size,
-                            num_experts_per_tok=moe.router_topk, n_group=_groups(moe),
-                            topk_group=moe.router_group_topk or 1,
-                            routed_scaling_factor=moe.router_topk_scaling_factor or 1.0, norm_topk_prob=True,
-                            first_k_dense_replace=first_dense_count(config), q_lora_rank=config.mla.q_lora_rank,
-                            kv_lora_rank=config.mla.kv_lora_rank, qk_nope_head_dim=config.mla.qk_head_dim,
-                            qk_rope_head_dim=config.mla.qk_pos_emb_head_dim, v_head_dim=config.mla.v_head_dim,
-                            rope_interleave=True, attention_bias=False, num_nextn_predict_layers=0)
+    return fields
+
+
+def _mla_fields(config: ModelConfig) -> dict:
+    return dict(q_lora_rank=config.mla.q_lora_rank, kv_lora_rank=config.mla.kv_lora_rank,
+                qk_nope_head_dim=config.mla.qk_head_dim, qk_rope_head_dim=config.mla.qk_pos_emb_head_dim,
+                v_head_dim=config.mla.v_head_dim, rope_interleave=True, attention_bias=False,
+                num_nextn_predict_layers=config.mtp.num_layers)
 
 
 def _rope(config: ModelConfig) -> dict:
@@ -92,11 +112,31 @@ def _rope(config: ModelConfig) -> dict:
             "beta_slow": MLA_YARN_BETA_SLOW, "original_max_position_embeddings": MLA_YARN_ORIGINAL_MAX_POSITIONS}
 
 
+# an MTP layer's tensors beside its transformer layer's, under the release's names for model.layers.<num_layers + k>
+MTP_NAMES = (("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"), ("eh_proj.weight", "eh_proj.weight"),
+             ("final_layernorm.weight", "shared_head.norm.weight"))
+
+
 def _layer_names(config: ModelConfig, layer: int) -> list[tuple[str, str]]:
     return attention_names(config)[:2] + list(MLA_NAMES) + layer_mlp_names(config, layer)
 
 
-to_hf, from_hf = by_layer_names(_layer_names, fused_qkv_names=False)
+decoder_to_hf, from_hf = by_layer_names(_layer_names, fused_qkv_names=False)
+
+
+def to_hf(state: dict, config: ModelConfig) -> dict:
+    """The decoder's tensors, then each MTP layer's as DeepSeek-V3's release holds it: model.layers.<num_layers + k>
+    with its own copies of the embedding and output layer (embed_tokens, shared_head.head), a layer transformers'
+    class does not load (FamilyWeights.drops_mtp)."""
+    out = decoder_to_hf(state, config)
+    last = config.num_layers - 1  # an MTP layer is of the decoder's last layer's kind (gpt/mtp.py)
+    for k in range(config.mtp.num_layers):
+        ours, theirs = f"mtp_layers.{k}.", f"model.layers.{config.num_layers + k}."
+        names = [*MTP_NAMES, *((f"transformer_layer.{our}", their) for our, their in _layer_names(config, last))]
+        out.update({theirs + their: state[ours + our].contiguous() for our, their in names if ours + our in state})
+        out[theirs + "embed_tokens.weight"] = out["model.embed_tokens.weight"].clone()
+        out[theirs + "shared_head.head.weight"] = out.get("lm_head.weight", out["model.embed_tokens.weight"]).clone()
+    return out
 
 
 WEIGHTS = FamilyWeights(MODEL_TYPE, ARCHITECTURE, claims, misfits, hf_config, to_hf, from_hf, drops_mtp=True)

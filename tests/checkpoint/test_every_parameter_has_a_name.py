@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from arguments.parser import parse_config
-from checkpoint.hf.folders import mtp_dropped, to_hf_state_dict
+from checkpoint.hf.folders import to_hf_state_dict
 from checkpoint.torch_dist.args import megatron_args
 from checkpoint.torch_dist.names import our_placements
 from checkpoint.torch_dist.source import gated_mlp
@@ -86,7 +86,5 @@ def test_every_parameter_of_a_family_model_has_an_hf_name(name, tmp_path):
     found = set()
     for tensor in exported.values():
         found.update(torch.round(tensor.double() / 10).long().unique().tolist())
-    dropped = mtp_dropped(config) is not None
-    missing = [parameter for k, (parameter, _) in enumerate(rows) if k + 1 not in found
-               and not (dropped and parameter.startswith("mtp_layers."))]
+    missing = [parameter for k, (parameter, _) in enumerate(rows) if k + 1 not in found]
     assert missing == [], f"{name}: no HF name for {missing[:5]}"

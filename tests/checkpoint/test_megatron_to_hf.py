@@ -64,16 +64,16 @@ def test_the_exported_folders_logits_and_loss_are_megatron_lms(tmp_path, capsys,
     notes = [line for line in said if line.startswith(" note: config.json ")]
     named = {line.split()[2] for line in notes}
     assert "pad_token_id" in named and not named & set(FROM_SETTINGS)  # every field of a setting: the args'
-    # DeepSeek-V3's MTP layer has no place in transformers' DeepseekV3ForCausalLM (nor in its forward): left out,
-    # said in one line; its YaRN rope's factor is the run's --rotary-scaling-factor
+    # DeepSeek-V3's MTP layer has no place in transformers' DeepseekV3ForCausalLM (nor in its forward): written as a
+    # release's, said in one line; its YaRN rope's factor is the run's --rotary-scaling-factor
     assert [line for line in said if "--mtp-num-layers" in line] == ([
-        " note: --mtp-num-layers 1: DeepseekV3ForCausalLM has no multi-token prediction layers (transformers drops a "
-        "release's model.layers.2.* on load): their weights (mtp_layers.*) are not exported, and config.json says "
-        "num_nextn_predict_layers 0"] if name == "megatron_deepseek_v3" else [])
+        " note: --mtp-num-layers 1: DeepseekV3ForCausalLM runs no multi-token prediction layer: their weights are "
+        "written as a release's model.layers.2.* (num_nextn_predict_layers 1), which transformers does not load; its "
+        "logits are the main model's"] if name == "megatron_deepseek_v3" else [])
     if name == "megatron_deepseek_v3":
         assert (config["num_nextn_predict_layers"], config["rope_parameters"]["rope_type"],
                 config["rope_parameters"]["factor"], config["routed_scaling_factor"], config["n_group"],
-                config["topk_group"], config["first_k_dense_replace"]) == (0, "yarn", 40.0, 2.5, 2, 1, 1)
+                config["topk_group"], config["first_k_dense_replace"]) == (1, "yarn", 40.0, 2.5, 2, 1, 1)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tokens = iteration_3_tokens(tmp_path)
     with torch.no_grad():
