@@ -215,3 +215,42 @@ def search(config: PretrainConfig, gpus: int, hardware: Hardware, vocab: Optiona
     progress.ranked(len(fitting) + len(rest), len(fitting), fitting[0].layout if fitting else None,
                     fitting[0].prediction.step_s if fitting else 0.0)
     return counts, fitting + rest
+
+
+def first_fit_by_count(config: PretrainConfig, counts: ModelCounts, gpus: int, hardware: Hardware) -> Optional[Layout]:
+    """The first layout of `config` on `gpus` GPUs (the search's enumeration, the user's pins kept) that fits by the
+    count, unpriced: what the no-fit answer asks of each larger count."""
+    for layout in enumerate_layouts(config.model, counts, gpus, config.training.global_batch_size, pins_of(config),
+                                    hardware.gpus_per_node):
+        if layout_memory_bytes(counts, layout) <= hardware.gpu_memory_bytes:
+            return layout
+    return None
+
+
+# The no-fit answer's walk upward stops here: past it the count of layouts makes each step seconds (planner/
+# input_bounds.py), and a model that fits on no count below 65,536 GPUs is one to shrink rather than place.
+MAX_COUNT_WALKED = 2**16
+
+
+def smallest_fitting_gpus(config: PretrainConfig, counts: ModelCounts, gpus: int, hardware: Hardware,
+                          parameter_bytes: float = 0.0) -> Optional[tuple[int, Layout]]:
+    """The smallest GPU count above `gpus` (a power of two or a multiple of the node size) on which a layout fits by
+    the count, with that layout; None up to MAX_COUNT_WALKED. Powers of two first (each step halves the walk), then
+    the node multiples between the last power that did not fit and the first that did. `parameter_bytes`: a bound
+    under the model's 16-bit parameters, which skips counts that cannot hold them fully sharded."""
+    below, power = gpus, 1 << gpus.bit_length()
+    while power <= MAX_COUNT_WALKED:
+        if parameter_bytes <= power * hardware.gpu_memory_bytes:
+            found = first_fit_by_count(config, counts, power, hardware)
+            if found is not None:
+                break
+        below, power = power, power * 2
+    else:
+        return None
+    node = hardware.gpus_per_node
+    for count in range((below // node + 1) * node, power, node):
+        if parameter_bytes <= count * hardware.gpu_memory_bytes:
+            layout = first_fit_by_count(config, counts, count, hardware)
+            if layout is not None:
+                return count, layout
+    return power, found

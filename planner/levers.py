@@ -22,6 +22,8 @@ from typing import Callable, Optional
 
 from arguments.config import ConfigError, PretrainConfig
 from planner.dry_run import Cluster, RankPlan
+from planner.layout_flags import ZERO_WORDS
+from planner.layout_perf import Layout
 from training.recompute_share import recomputed_share
 from zero.memory import format_bytes
 
@@ -175,3 +177,46 @@ def format_levers(levers: list[Lever]) -> list[str]:
     if not levers:
         return ["levers: none of recompute, a higher ZeRO stage, offload or a wider grid applies to this run"]
     return ["levers (each re-planned; the worst stage's peak):"] + [f"  {lever.describe()}" for lever in levers]
+
+
+# The search's levers, by the dimension of its layouts each moves (recompute is the layout's fraction, 0 or 1)
+SEARCH_LEVER_DIMENSIONS = ("stage", "recompute_fraction", "micro_batch_size", "tp", "pp")
+
+
+def _lever_key(layout: Layout, leave_out: str) -> tuple:
+    return tuple(getattr(layout, name) for name in (*SEARCH_LEVER_DIMENSIONS, "cp", "ep") if name != leave_out)
+
+
+def _lever_flags(dimension: str, layout: Layout) -> str:
+    if dimension == "stage":
+        return " ".join(ZERO_WORDS[layout.stage]) or "no ZeRO"
+    if dimension == "recompute_fraction":
+        return "--recompute-granularity full" if layout.recompute_fraction >= 1.0 else "no recompute"
+    if dimension == "micro_batch_size":
+        return f"--micro-batch-size {layout.micro_batch_size}"
+    if dimension == "tp":
+        return f"--tensor-model-parallel-size {layout.tp}"
+    return f"--pipeline-model-parallel-size {layout.pp}" + (f" (VP {layout.vp})" if layout.vp > 1 else "")
+
+
+def plainest_layout(layouts: list[tuple[Layout, float]]) -> tuple[Layout, float]:
+    """The layout (with its bytes) that pulls no lever the user's flags leave to the search: the fewest
+    model-parallel ranks, the smallest micro batch, no recompute, plain DDP."""
+    return min(layouts, key=lambda item: (item[0].tp * item[0].pp, item[0].pp, item[0].vp,
+                                          item[0].micro_batch_size, item[0].recompute_fraction, item[0].stage))
+
+
+def search_levers(layouts: list[tuple[Layout, float]], baseline: Layout,
+                  baseline_bytes: float) -> list[tuple[str, float]]:
+    """Of the search's counted `layouts` (each with its bytes), for each dimension the search moves (ZeRO stage,
+    recompute, micro batch, TP, PP), the one that differs from `baseline` in that dimension alone and needs the
+    least memory, where that is less than `baseline_bytes`: (its flags, its bytes), least first. Offload is no
+    choice of the search: the dry run's levers plan it."""
+    best: dict[str, tuple[str, float]] = {}
+    for dimension in SEARCH_LEVER_DIMENSIONS:
+        key = _lever_key(baseline, dimension)
+        for layout, memory in layouts:
+            if getattr(layout, dimension) != getattr(baseline, dimension) and _lever_key(layout, dimension) == key \
+                    and memory < min(baseline_bytes, best.get(dimension, ("", memory + 1))[1]):
+                best[dimension] = (_lever_flags(dimension, layout), memory)
+    return sorted(best.values(), key=lambda lever: lever[1])

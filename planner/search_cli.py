@@ -1,6 +1,6 @@
 """`python -m zero.plan search`: its own flags, the trainer's flags for the model (and any layout the user fixes), the
 search (planner/layout_search.py), the dry-run check of its picks (planner/search_check.py) and the report
-(planner/search_report.py).
+(planner/search_report.py); where no layout fits, the smallest GPU count that does and the closest lever.
 
     python -m zero.plan search --config llama3-8b --gpus 8 --hardware h100-sxm --global-batch-size 128 \\
         --seq-length 8192 [--zero-stage 1] [--top 5] [--json] [--no-dry-run-check]
@@ -16,16 +16,20 @@ import json
 import time
 from typing import Sequence
 
+from arguments.bounds import MIN_PARAMETER_BYTES, parameter_lower_bound
+from arguments.config import PretrainConfig
 from arguments.parser import build_parser, parse_arguments
 from base.errors import OneLineArgumentParser
 from planner.input_bounds import check_gpu_count, check_model_fits_gpus, check_search_counts
 from planner.layout_flags import drop_no_effect_flags, launch_command, planned_batch_flags
+from planner.layout_perf import ModelCounts
 from planner.layout_pins import pins_of
-from planner.layout_search import search
-from planner.perf_model import load_hardware
+from planner.layout_search import Candidate, search, smallest_fitting_gpus
+from planner.levers import plainest_layout, search_levers
+from planner.perf_model import Hardware, load_hardware
 from planner.search_check import check_picks
 from planner.search_progress import SearchProgress
-from planner.search_report import answer_terms, explain_losses, format_picks
+from planner.search_report import answer_terms, explain_losses, format_picks, no_fit_lines
 from planner.vocabulary import launch_vocab
 
 MODEL_FLAGS_NOTE = ("Every other flag is pretrain_gpt.py's (the model: --config, --init-from-hf or the shape flags; "
@@ -66,6 +70,41 @@ def data_note(config) -> list[str]:
             f"{' and '.join(missing)} (docs/data.md), or give them to search, which passes them on"]
 
 
+# A dry run builds each layer on the meta device, about 0.1 s a layer on a CI core (13 s for Llama 3.1 405B's 126):
+# the no-fit answer confirms its smallest count by the dry run only where that stays a few seconds.
+CONFIRM_MAX_LAYERS = 24
+CONFIRM_DRY_RUNS = 3
+
+
+def no_fit_answer(config: PretrainConfig, counts: ModelCounts, gpus: int, hardware: Hardware, vocab: int,
+                  model_flags: list[str], candidates: list[Candidate], dry_run_check: bool,
+                  progress: SearchProgress) -> list[str]:
+    """Where no layout fits: the smallest GPU count that does (by the count, then its best by the dry run where
+    that is cheap) and the lever that gets closest on `gpus` (planner/search_report.py no_fit_lines)."""
+    progress.emit(f"search: no layout fits on {gpus:,} GPUs; looking for the smallest count that fits")
+    parameters, _ = parameter_lower_bound(config.model)
+    smallest = smallest_fitting_gpus(config, counts, gpus, hardware, parameters * MIN_PARAMETER_BYTES)
+    checked = "by the count"
+    if smallest is not None and not dry_run_check:
+        checked += "; not checked by the dry run (--no-dry-run-check)"
+    elif smallest is not None and config.model.num_layers > CONFIRM_MAX_LAYERS:
+        checked += (f"; not checked by the dry run, whose {config.model.num_layers} layers take tens of seconds: "
+                    f"search --gpus {smallest[0]} checks it")
+    elif smallest is not None:
+        _, found = search(config, smallest[0], hardware, vocab)
+        summary = check_picks(found, model_flags, hardware, 1, CONFIRM_DRY_RUNS)
+        if summary.fit:
+            checked, smallest = "by the count and the dry run", (smallest[0], found[0].layout)
+        else:
+            checked += f"; its best {summary.checked} by the dry run do not fit: more may be needed"
+    layouts = [(c.layout, c.memory_bytes) for c in candidates]
+    baseline = plainest_layout(layouts) if layouts else None
+    levers = search_levers(layouts, *baseline) if baseline else []
+    closest = min(candidates, key=lambda c: c.memory_bytes) if candidates else None
+    return no_fit_lines(gpus, hardware.gpu_memory_bytes, config.model.seq_length, smallest, checked, closest,
+                        baseline, levers)
+
+
 def search_command(argv: Sequence[str]) -> int:
     own = search_arguments()
     if {"-h", "--help"} & set(argv):
@@ -85,7 +124,7 @@ def search_command(argv: Sequence[str]) -> int:
     start = time.perf_counter()
     vocab, _ = launch_vocab(config)  # an --init-from-hf model's comes from its folder: the output layer counts
     progress = SearchProgress()
-    _, candidates = search(config, args.gpus, hardware, vocab, progress)
+    counts, candidates = search(config, args.gpus, hardware, vocab, progress)
     fitting = sum(c.fits for c in candidates)
     checked = "; not checked by the dry run (--no-dry-run-check): the count runs a few % under it"
     if args.dry_run_check:
@@ -94,18 +133,20 @@ def search_command(argv: Sequence[str]) -> int:
                    f"{summary.fit} fit" + (f" (stopped at --max-dry-runs {args.max_dry_runs}: raise it to print "
                                            f"{args.top})" if summary.capped else ""))
     explain_losses(candidates)
-    seconds = time.perf_counter() - start
     if args.json:
         print(json.dumps([c.to_json() | {"flags": [*model_flags, *c.flag_words],
                                          "command": launch_command(args.gpus, hardware.gpus_per_node,
                                                                    [*model_flags, *c.flag_words])}
                           for c in candidates if c.fits]))
         return 0
+    no_fit = [] if any(c.fits for c in candidates) else \
+        no_fit_answer(config, counts, args.gpus, hardware, vocab, model_flags, candidates, args.dry_run_check, progress)
+    seconds = time.perf_counter() - start
     pins = pins_of(config)
     pinned = pins.names()
     header = (f"{len(candidates):,} layouts enumerated, {fitting:,} fit by the count{checked}; {seconds:.1f} s"
               + (f"; fixed by your flags: {', '.join(pinned)}" if pinned else ""))
-    notes = [answer_terms(config, pins, hardware.precision == "fp32")] + data_note(config) + ([f"left out of the commands: {' '.join(dropped)} (pretrain_gpt.py accepts "
+    notes = no_fit + [answer_terms(config, pins, hardware.precision == "fp32")] + data_note(config) + ([f"left out of the commands: {' '.join(dropped)} (pretrain_gpt.py accepts "
                                   f"{'them' if len(dropped) > 1 else 'it'} with no effect)"] if dropped else [])
     print(format_picks(candidates, args.top, model_flags, hardware.gpus_per_node, hardware.gpu_memory_bytes, header,
                        notes, checked_only=args.dry_run_check))

@@ -13,8 +13,10 @@ from typing import Optional
 from arguments.config import PretrainConfig
 from arguments.config_sources import DEFAULT, FLAG
 from planner.layout_flags import launch_command
+from planner.layout_perf import Layout
 from planner.layout_pins import Pins
-from planner.layout_search import Candidate, model_parallel_ranks, rank_key
+from planner.layout_search import MAX_COUNT_WALKED, Candidate, model_parallel_ranks, rank_key
+from planner.search_progress import layout_label
 from zero.memory import format_bytes
 
 
@@ -63,6 +65,29 @@ def explain_losses(candidates: list[Candidate]) -> None:
     fitting = [c for c in candidates if c.fits]
     for candidate in fitting[1:]:
         candidate.lost_to = loss_reason(candidate, fitting[0])
+
+
+def no_fit_lines(gpus: int, budget: int, seq_length: int, smallest: Optional[tuple[int, Layout]], checked: str,
+                 closest: Optional[Candidate], baseline: Optional[tuple[Layout, float]],
+                 levers: list[tuple[str, float]]) -> list[str]:
+    """The answer where no layout fits on `gpus` GPUs: the smallest count that fits (`smallest`, found by the
+    count; `checked` says whether the dry run confirmed it) and, at the count asked, the single lever that cuts the
+    worst stage's memory most from the plainest layout (`baseline`), and every lever together (`closest`)."""
+    gb, on = f"{budget / 1e9:,.0f} GB", f"{gpus:,} GPU{'s' if gpus > 1 else ''}"
+    where = f"no layout fits on {on} of {gb} at sequence {seq_length:,}: "
+    if smallest is None:
+        where += f"nor on any count up to {MAX_COUNT_WALKED:,} GPUs by the count (a shorter sequence, or --context-parallel-size)"
+    else:
+        count, layout = smallest
+        where += f"the smallest count that fits is {count:,} GPUs ({checked}), as {layout_label(layout)}"
+    if closest is None:
+        return [where]
+    together = f"every lever together at best {layout_label(closest.layout)}, {closest.memory_bytes / 1e9:,.0f} GB"
+    if not levers or baseline is None:
+        return [where, f"closest on {on}: {together} counted against {gb}"]
+    (flags, lever_bytes), (plain, plain_bytes) = levers[0], baseline
+    return [where, f"closest on {on}: from {layout_label(plain)} ({plain_bytes / 1e9:,.0f} GB) the lever "
+                   f"that cuts the most is {flags}, {lever_bytes / 1e9:,.0f} GB counted against {gb}; {together}"]
 
 
 def memory_text(candidate: Candidate, budget: int) -> str:
