@@ -80,3 +80,10 @@ PRETRAINED_HANDLER = "checkpoint.hf.source"
 def initialize_from_pretrained(optimizer, model, folder, model_config, state) -> None:
     """Fill the built model and its optimizer's master from the pretrained `folder` (--init-from-hf)."""
     importlib.import_module(PRETRAINED_HANDLER).initialize_from_hf(optimizer, model, folder, model_config, state)
+
+
+def pretrained_vocab_size(folder) -> int:
+    """The embedding rows of the pretrained `folder` (--init-from-hf: its config.json's vocab_size)."""
+    from arguments.hf_config import read_hf_config
+
+    return read_hf_config(folder).vocab_size

@@ -47,9 +47,24 @@ class InferenceCheckpoint:
     format_name: str  # "hf", "megatron", "ours": which source `open_source` makes
     tokenizer_type: Optional[str] = None  # the run's --tokenizer-type (a SentencePiece type reads tokenizer.model)
 
+    def tokenizer_files(self) -> dict[str, Path]:
+        """The tokenizer files beside the weights as the settings that name them (tokenizer.json, or GPT-2's
+        vocab.json and merges.txt); none without them."""
+        from arguments.hf_folder import folder_tokenizer
+
+        return folder_tokenizer(self.tokenizer_dir) if self.tokenizer_dir is not None else {}
+
 
 def is_hf_folder(path: Path) -> bool:
     return (path / CONFIG_FILE).is_file() and not has_checkpoint(path)
+
+
+def inference_path(load: Optional[str], pretrained: Optional[str]) -> Path:
+    """The checkpoint a generation reads: --load's, else the --init-from-hf folder, which must be one."""
+    if pretrained is not None and not is_hf_folder(Path(pretrained)):
+        raise CheckpointError(f"--init-from-hf {pretrained}: no Hugging Face folder there (no config.json); "
+                              f"give another checkpoint as --load")
+    return Path(load if load is not None else pretrained)
 
 
 def inference_checkpoint(path: str | os.PathLike, verify: bool = True) -> InferenceCheckpoint:

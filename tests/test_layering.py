@@ -9,6 +9,7 @@ entry points into the planner on the top floor, so they alone may import upward.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,33 @@ def test_the_test_folders_mirror_the_packages():
     assert folders - set(PACKAGES) == {"scripts", "fixtures", "replay_corpus"}, sorted(folders)
     for folder in folders & set(PACKAGES):
         assert any((ROOT / "tests" / folder).glob("test_*.py")), f"tests/{folder}/ holds no tests"
+
+
+# The foreign formats' modules (Hugging Face folders, Megatron-LM's torch_dist, DeepSpeed's, DCP) and the names that
+# carry them: the training floor reaches them through checkpoint/formats.py and checkpoint/inference_load.py only
+FORMAT_MODULE = re.compile(r"^(checkpoint\.(hf|torch_dist|deepspeed|dcp\w*|megatron\w*)|arguments\.(hf_\w+|megatron|"
+                           r"deepspeed)|families)(\.|$)")
+FORMAT_NAME = re.compile(r"(^|_)(hf|torch_dist|dcp|deepspeed)(_|$)", re.IGNORECASE)
+
+
+def format_imports(path: Path) -> list[str]:
+    """The format modules and names `path` imports."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if FORMAT_MODULE.match(alias.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if FORMAT_MODULE.match(node.module):
+                found.append(node.module)
+            found += [f"{node.module}.{alias.name}" for alias in node.names if FORMAT_NAME.search(alias.name)]
+    return found
+
+
+def test_the_training_floor_names_no_checkpoint_format(tmp_path):
+    """training/ asks the checkpoint registry (checkpoint/formats.py) which format a folder holds; it imports no
+    format's module or name (a Megatron-LM convention of data order or reruns is no format)."""
+    assert {str(path.relative_to(ROOT)): format_imports(path) for path in sorted((ROOT / "training").rglob("*.py"))
+            if format_imports(path)} == {}
+    bad = tmp_path / "bad.py"
+    bad.write_text("from checkpoint.inference_load import is_hf_folder\nimport checkpoint.torch_dist.names\n")
+    assert format_imports(bad) == ["checkpoint.inference_load.is_hf_folder", "checkpoint.torch_dist.names"]

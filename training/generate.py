@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
@@ -41,7 +40,7 @@ from base.options import add_setting_flag
 from checkpoint.inference_load import (
     InferenceCheckpoint,
     inference_checkpoint,
-    is_hf_folder,
+    inference_path,
     load_model_weights,
     open_source,
 )
@@ -118,13 +117,6 @@ def check_flags(args: argparse.Namespace) -> torch.device:
         raise ConfigError(str(error)) from None
 
 
-def checkpoint_path(args: argparse.Namespace) -> Path:
-    if args.init_from_hf is not None and not is_hf_folder(Path(args.init_from_hf)):
-        raise ConfigError(f"--init-from-hf {args.init_from_hf}: no Hugging Face folder there (no config.json); "
-                          f"give another checkpoint as --load")
-    return Path(args.load if args.load is not None else args.init_from_hf)
-
-
 def run_tokenizer(args: argparse.Namespace, checkpoint: InferenceCheckpoint):
     """The tokenizer the flags name, else the checkpoint's (a SentencePiece model by the run's --tokenizer-type, or
     tokenizer.json, or GPT-2's two files), else None (the prompt must then be ids)."""
@@ -136,9 +128,7 @@ def run_tokenizer(args: argparse.Namespace, checkpoint: InferenceCheckpoint):
         return named
     if checkpoint.tokenizer_type in SENTENCEPIECE_TYPES and (folder / SENTENCEPIECE_MODEL_FILE).is_file():
         return load_sentencepiece_tokenizer(checkpoint.tokenizer_type, str(folder / SENTENCEPIECE_MODEL_FILE))
-    from arguments.hf_folder import folder_tokenizer
-
-    files = {setting: str(path) for setting, path in folder_tokenizer(folder).items()}
+    files = {setting: str(path) for setting, path in checkpoint.tokenizer_files().items()}
     return load_tokenizer(files.get("tokenizer_file"), files.get("vocab_file"), files.get("merge_file"))
 
 
@@ -231,7 +221,7 @@ def generate_from(args: argparse.Namespace) -> tuple[list[list[int]], list[list[
     input checked before the model is built."""
     device = check_flags(args)
     texts = prompt_texts(args)
-    checkpoint = inference_checkpoint(checkpoint_path(args), verify=args.verify_checkpoint)
+    checkpoint = inference_checkpoint(inference_path(args.load, args.init_from_hf), verify=args.verify_checkpoint)
     config = checkpoint.model
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     sampling.validate(config.vocab_size)

@@ -27,9 +27,9 @@ import torch
 from arguments.batch_schedule import BatchSchedule, batch_schedule
 from arguments.config import ConfigError, PretrainConfig
 from arguments.config_sources import FLAG, JSON, PRESET
-from arguments.hf_config import read_hf_config
 from arguments.schedule import LearningRateSchedule, build_lr_schedule, train_iterations
 from base.options import replace_settings
+from checkpoint.formats import pretrained_vocab_size
 from gpt.attention_backend import backend_for_device
 from gpt.hybrid_pattern import GDN
 from gpt.layer_spec import mixer_symbols
@@ -131,7 +131,7 @@ def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
     whatever the tokenizer (Qwen's folders hold more rows than tokens); the tokenizer's ids must fall inside it."""
     folder = config.checkpoint.init_from_hf
     if folder:
-        hf_vocab = read_hf_config(folder).vocab_size
+        hf_vocab = pretrained_vocab_size(folder)
         if tokenizer_vocab_size > hf_vocab:
             raise ConfigError(f"the run's tokenizer has {tokenizer_vocab_size} tokens, more than {folder}/config.json's "
                               f"vocab_size {hf_vocab}: its ids past {hf_vocab - 1} have no row in the model; give the "
