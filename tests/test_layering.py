@@ -178,3 +178,24 @@ def test_the_training_floor_names_no_checkpoint_format(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("from checkpoint.inference_load import is_hf_folder\nimport checkpoint.torch_dist.names\n")
     assert format_imports(bad) == ["checkpoint.inference_load.is_hf_folder", "checkpoint.torch_dist.names"]
+
+
+# The foreign ring: the packages that translate Megatron-LM's and DeepSpeed's flags and files and Hugging Face's
+# folders, and the doors through which the rest reaches them (each imports the ring where the user names a format:
+# a flag, a JSON, a folder, a save format). Nothing else imports the ring; a new door is one line here.
+RING = re.compile(r"^(arguments\.megatron|arguments\.deepspeed|checkpoint\.torch_dist|checkpoint\.deepspeed|"
+                  r"checkpoint\.hf|families)(\.|$)")
+RING_DOORS = {
+    "arguments.parser", "arguments.config", "arguments.print_config", "arguments.batch_schedule",  # the flags
+    "arguments.hf_config", "arguments.hf_dropout", "arguments.hf_folder", "arguments.hf_training_choices",  # a folder
+    "checkpoint.formats", "checkpoint.run_start", "checkpoint.run_saves", "checkpoint.unfinished_save",  # --load/--save
+    "checkpoint.inference_load", "checkpoint.convert_to_hf", "checkpoint.megatron_hf", "checkpoint.upcycling",  # tools
+}
+
+
+def test_only_the_doors_import_the_foreign_ring():
+    graph = import_graph(ROOT)
+    outside = {name: sorted(imp for imp in imports if RING.match(imp)) for name, imports in graph.items()
+               if not RING.match(name) and name not in RING_DOORS}
+    assert {name: imports for name, imports in outside.items() if imports} == {}
+    assert all(any(RING.match(imp) for imp in graph[door]) for door in RING_DOORS)  # no door left open unused
