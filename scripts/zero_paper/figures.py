@@ -182,7 +182,7 @@ def plot_fig4(rows_by_profile: dict, max_sizes: dict, searched: dict, path: Path
         ax.set_xlabel("model size (billions of parameters)")
         ax.set_ylabel(TFLOPS_LABEL)
         ax.set_title(f"{PROFILE_TITLES[profile]}, {_gpus(rows)} GPUs, no MP", fontsize=10)
-        _headroom(ax)
+        _headroom(ax, 2.0)  # a legend of seven lines above the points
         ax.legend(fontsize=7, loc="upper right")
     ax = axes[-1]
     profiles = list(rows_by_profile)
@@ -316,10 +316,10 @@ def plot_fig8(rows_by_profile: dict, largest_by_profile: dict, path: Path) -> No
             ax.plot(*zip(*measured), color="black", label="measured (fixed micro batch)", **MEASURED)
         ax.set_xticks(xs, [f"{r.point.series}\n{format_parameters(r.plan.parameters_total)}" for r in fixed], fontsize=7)
         ax.set_ylabel(TFLOPS_LABEL)
-        ax.set_ylim(0, max(heights + [y for _, y in at_fixed] + [1]) * 1.3)
+        ax.set_ylim(0, max(heights + [y for _, y in at_fixed] + [1]) * 1.45)  # room for the legend
         ax.set_title(f"{PROFILE_TITLES[profile]}, {_gpus(rows)} GPUs", fontsize=10)
         ax.legend(fontsize=7, loc="upper left")
-        ax.text(0.98, 0.97, "paper (no numbers): a larger batch fits as memory falls;\nC5 slower than C4 at 60B; "
+        ax.text(0.98, 0.97, "paper (no numbers): a larger batch\nfits as memory falls; C5 slower\nthan C4 at 60B; "
                 "170B runs only with C5", transform=ax.transAxes, fontsize=7, va="top", ha="right",
                 bbox=dict(facecolor="white", alpha=0.8))
     _title(fig, "Figure 8: throughput per GPU of C1-C5 at the largest micro batch each fits",

@@ -98,14 +98,14 @@ def fig4_max_sizes(rows_by_profile: dict, planner: Planner) -> tuple[dict[tuple[
 
 def fig8_largest_batch(rows_by_profile: dict, planner: Planner) -> dict[str, list[PointResult]]:
     """Figure 8 as the paper ran it: each point at the largest micro batch the planner fits (what a
-    configuration's freed memory buys), with its predicted throughput; a point that fits at no micro
-    batch keeps its own, marked as not fitting."""
+    configuration's freed memory buys), with its predicted throughput; a point that fits no micro batch
+    with the headroom is planned at 1, where its table row says whether it fits at all."""
     results = {}
     for profile, rows in rows_by_profile.items():
         results[profile] = []
         for row in rows:
             largest = planner.largest_micro_batch(row.point)
-            point = row.point.with_micro_batch(largest) if largest else row.point
+            point = row.point.with_micro_batch(largest or 1)
             plan = planner.plan(point)
             results[profile].append(PointResult(point, plan, planner.predict(point, plan), None))
     return results
