@@ -118,6 +118,8 @@ def test_the_mini_reproduction_measures_every_configuration_in_one_launch(tmp_pa
                                    "--data-cache-dir", corpus_cache, "--timeout", "300"]) == 0
     summary = json.loads(output.read_text())
     assert len(summary["runs"]) == 10
+    assert "--output mini.json " in summary["command"] and str(tmp_path) not in summary["command"]  # no machine path
+    assert summary["date"] == time.strftime("%Y-%m-%d", time.gmtime())
     for run in summary["runs"]:
         assert [r["rank"] for r in run["measured"]] == [0, 1, 2, 3]
         for measured, planned in zip(run["measured"], run["planned"]):
