@@ -114,6 +114,23 @@ class Point:
         return dataclasses.replace(self, micro_batch=micro_batch, global_batch=micro_batch * data_parallel)
 
 
+def portable_argv(argv) -> list[str]:
+    """`argv` as a committed file may record it: an absolute path inside the repository made relative
+    to its root, one outside it cut to its file name, so no machine's folders are written down."""
+    def portable(text: str) -> str:
+        flag, equals, value = text.partition("=") if text.startswith("--") and "=" in text else ("", "", text)
+        path = Path(value)
+        if not path.is_absolute():
+            return text
+        try:
+            value = path.resolve().relative_to(REPO_ROOT.resolve()).as_posix()
+        except ValueError:
+            value = path.name
+        return f"{flag}{equals}{value}"
+
+    return [portable(str(item)) for item in argv]
+
+
 def _flag(name: str, on: int) -> str:
     return f"--{name}" if on else f"--no-{name}"
 

@@ -28,6 +28,7 @@ from planner.paper_tables import PAPER_FIGURE6, format_parameters  # noqa: E402
 PREDICTED = dict(marker="o", markerfacecolor="white", linestyle="--")
 MEASURED = dict(marker="o", linestyle="none", markersize=8)
 PAPER = dict(marker="*", color="black", markersize=14, linestyle="none", zorder=5)
+SEARCHED = dict(marker="D", markersize=8, linestyle="none", zorder=4)
 NOT_FIT = dict(marker="x", color="red", markersize=9, linestyle="none", clip_on=False, zorder=5)
 SERIES_COLORS = {"zero": "tab:blue", "megatron": "tab:orange", "ddp": "tab:orange", "C1": "tab:gray",
                  "C2": "tab:olive", "C3": "tab:cyan", "C4": "tab:blue", "C5": "tab:purple"}
@@ -160,11 +161,19 @@ def plot_fig3(rows_by_profile: dict, path: Path) -> None:
     _save(fig, path)
 
 
-def plot_fig4(rows_by_profile: dict, max_sizes: dict, path: Path) -> None:
-    """max_sizes: {(profile, series): parameters} from the planner's search without MP."""
+def plot_fig4(rows_by_profile: dict, max_sizes: dict, searched: dict, path: Path) -> None:
+    """max_sizes: {(profile, series): parameters} from the planner's search without MP; searched:
+    {(profile, series): (parameters, predicted TFLOP/s)} of those models at micro batch 1, drawn
+    beside the points as the table beside them lists them."""
     fig, axes = _panels(len(rows_by_profile) + 1, 6.5)
     for ax, (profile, rows) in zip(axes, rows_by_profile.items()):
         _throughput_panel(ax, rows, _parameters_b, ("zero", "ddp"))
+        for series in ("zero", "ddp"):
+            if (profile, series) in searched:
+                parameters, tflops = searched[(profile, series)]
+                ax.plot([parameters / 1e9], [tflops], color=SERIES_COLORS[series],
+                        label=f"{SERIES_NAMES[series]}: predicted at its largest, micro batch 1 (planner search)",
+                        **SEARCHED)
         if profile == "dgx2":
             zero, ddp = stated("fig4", "throughput per GPU without MP"), stated("fig4", "DDP throughput")
             ax.hlines(zero.value, 1.16, 13, colors="black", linestyles=":", label=f"paper: ZeRO > {zero.value:g} up to 13B")
@@ -173,7 +182,7 @@ def plot_fig4(rows_by_profile: dict, max_sizes: dict, path: Path) -> None:
         ax.set_xlabel("model size (billions of parameters)")
         ax.set_ylabel(TFLOPS_LABEL)
         ax.set_title(f"{PROFILE_TITLES[profile]}, {_gpus(rows)} GPUs, no MP", fontsize=10)
-        _headroom(ax)
+        _headroom(ax, 2.0)  # a legend of seven lines above the points
         ax.legend(fontsize=7, loc="upper right")
     ax = axes[-1]
     profiles = list(rows_by_profile)
@@ -197,10 +206,11 @@ def plot_fig4(rows_by_profile: dict, max_sizes: dict, path: Path) -> None:
     _save(fig, path)
 
 
-def plot_fig6(max_sizes: dict, measured_max: dict, in_c1_budget: Optional[dict], setting: str, path: Path) -> None:
+def plot_fig6(max_sizes: dict, measured_max: dict, in_c1_budget: Optional[dict], setting: str, path: Path,
+              cpu_source: Optional[str] = None) -> None:
     """max_sizes: {(profile, C): parameters} (planner search); measured_max: {(profile, C): parameters}
     of the largest run that completed; in_c1_budget: the mini-reproduction's layers per configuration;
-    setting: the grid and batch, in words."""
+    setting: the grid and batch, in words; cpu_source: the mini-reproduction's command and date."""
     profiles = sorted({p for p, _ in max_sizes}, key=lambda p: list(PROFILE_TITLES).index(p))
     names = ["C1", "C2", "C3", "C4", "C5"]
     fig, axes = _panels(1 + (in_c1_budget is not None))
@@ -228,15 +238,16 @@ def plot_fig6(max_sizes: dict, measured_max: dict, in_c1_budget: Optional[dict],
         _measured_and_planned_bars(ax, [c for c in names if c in in_c1_budget],
                                    lambda name, which: in_c1_budget[name][which], "{:.1f}")
         ax.set_ylabel("layers that fit in C1's memory at the deeper depth")
-        ax.set_title("mini-reproduction: measured bytes per layer on this machine's CPU", fontsize=10)
+        ax.set_title("mini-reproduction: bytes per layer measured on a CPU (TP 2 x DP 2, gloo)", fontsize=10)
         ax.legend(fontsize=7, loc="upper left")
     _title(fig, "Figure 6: the largest model each ZeRO configuration trains", len(measured_max),
-           cpu_panel=in_c1_budget is not None)
+           cpu_source if in_c1_budget is not None else None)
     _save(fig, path)
 
 
-def plot_fig7(rows_by_profile: dict, memory: Optional[dict], path: Path) -> None:
-    """memory: mini_analysis.memory_by_configuration of the CPU mini-reproduction, or None."""
+def plot_fig7(rows_by_profile: dict, memory: Optional[dict], path: Path, cpu_source: Optional[str] = None) -> None:
+    """memory: mini_analysis.memory_by_configuration of the CPU mini-reproduction, or None;
+    cpu_source: its command and date."""
     fig, axes = _panels(len(rows_by_profile) + (memory is not None), 6.5)
     for ax, (profile, rows) in zip(axes, rows_by_profile.items()):
         rows = sorted(rows, key=lambda r: (r.plan.parameters_total, r.point.series))
@@ -268,44 +279,56 @@ def plot_fig7(rows_by_profile: dict, memory: Optional[dict], path: Path) -> None
         _measured_and_planned_bars(ax, names, lambda name, which: getattr(memory[name], which)[1] / 2**20, "{:.1f}")
         depth = memory[names[0]].layers[1]
         ax.set_ylabel("per-rank device memory (MiB)")
-        ax.set_title(f"mini-reproduction on this CPU, TP 2 x DP 2, {depth} layers:\nmodel states + buffers + "
+        ax.set_title(f"mini-reproduction measured on a CPU, TP 2 x DP 2, {depth} layers:\nmodel states + buffers + "
                      "saved for backward", fontsize=10)
         ax.legend(fontsize=7, loc="upper right")
     _title(fig, "Figure 7: per-GPU memory of C1-C5 for a 40B and a 100B model", measured_points("fig7", rows_by_profile),
-           cpu_panel=memory is not None)
+           cpu_source if memory is not None else None)
     _save(fig, path)
 
 
-def plot_fig8(rows_by_profile: dict, path: Path) -> None:
+def plot_fig8(rows_by_profile: dict, largest_by_profile: dict, path: Path) -> None:
+    """Bars: each point at the largest micro batch the planner fits (largest_by_profile, report.py's
+    fig8_largest_batch, as the paper ran Figure 8); diamonds: the same point at the definitions' fixed
+    micro batch (rows_by_profile), so the gain a configuration's freed memory buys is the gap."""
     fig, axes = _panels(len(rows_by_profile))
     for ax, (profile, rows) in zip(axes, rows_by_profile.items()):
-        rows = sorted(rows, key=lambda r: (r.plan.parameters_total, r.point.series))
-        xs = list(range(len(rows)))
-        heights = [r.prediction.hardware_tflops_per_gpu if r.plan.fits else 0.0 for r in rows]
-        bars = ax.bar(xs, heights, 0.7, color=[SERIES_COLORS[r.point.series] for r in rows], alpha=0.8,
-                      label="predicted (micro batch under each bar)")
+        order = sorted(range(len(rows)), key=lambda i: (rows[i].plan.parameters_total, rows[i].point.series))
+        fixed = [rows[i] for i in order]
+        largest = [largest_by_profile[profile][i] for i in order]
+        xs = list(range(len(fixed)))
+        heights = [r.prediction.hardware_tflops_per_gpu if r.plan.fits else 0.0 for r in largest]
+        bars = ax.bar(xs, heights, 0.7, color=[SERIES_COLORS[r.point.series] for r in largest], alpha=0.8,
+                      label="predicted at the largest micro batch that fits (under each bar)")
         ax.bar_label(bars, labels=[f"{h:.1f}\nmb {r.point.micro_batch}" if r.plan.fits else ""
-                                   for h, r in zip(heights, rows)], fontsize=7)
-        out = [x for x, r in zip(xs, rows) if not r.plan.fits]
+                                   for h, r in zip(heights, largest)], fontsize=7)
+        at_fixed = [(x, r.prediction.hardware_tflops_per_gpu) for x, r in zip(xs, fixed) if r.plan.fits]
+        if at_fixed:
+            batches = "/".join(sorted({str(r.point.micro_batch) for r in fixed}))
+            ax.plot(*zip(*at_fixed), color="black", label=f"predicted at the fixed micro batch {batches}",
+                    **{**SEARCHED, "markersize": 6})
+        out = [x for x, r in zip(xs, largest) if not r.plan.fits]
         if out:
-            ax.plot(out, [0] * len(out), label="planner: does not fit", **NOT_FIT)
-        measured = [(x, r.measured.tflops_per_gpu) for x, r in zip(xs, rows)
+            ax.plot(out, [0] * len(out), label="planner: does not fit at micro batch 1", **NOT_FIT)
+        measured = [(x, r.measured.tflops_per_gpu) for x, r in zip(xs, fixed)
                     if r.measured is not None and r.measured.completed]
         if measured:
-            ax.plot(*zip(*measured), color="black", label="measured", **MEASURED)
-        ax.set_xticks(xs, [f"{r.point.series}\n{format_parameters(r.plan.parameters_total)}" for r in rows], fontsize=7)
+            ax.plot(*zip(*measured), color="black", label="measured (fixed micro batch)", **MEASURED)
+        ax.set_xticks(xs, [f"{r.point.series}\n{format_parameters(r.plan.parameters_total)}" for r in fixed], fontsize=7)
         ax.set_ylabel(TFLOPS_LABEL)
-        ax.set_ylim(0, max(heights + [1]) * 1.3)
+        ax.set_ylim(0, max(heights + [y for _, y in at_fixed] + [1]) * 1.45)  # room for the legend
         ax.set_title(f"{PROFILE_TITLES[profile]}, {_gpus(rows)} GPUs", fontsize=10)
         ax.legend(fontsize=7, loc="upper left")
-        ax.text(0.98, 0.97, "paper (no numbers): C5 slower than C4 at 60B;\n170B runs only with C5",
-                transform=ax.transAxes, fontsize=7, va="top", ha="right", bbox=dict(facecolor="white", alpha=0.8))
-    _title(fig, "Figure 8: throughput per GPU of C1-C5 (fixed micro batch)", measured_points("fig8", rows_by_profile))
+        ax.text(0.98, 0.97, "paper (no numbers): a larger batch\nfits as memory falls; C5 slower\nthan C4 at 60B; "
+                "170B runs only with C5", transform=ax.transAxes, fontsize=7, va="top", ha="right",
+                bbox=dict(facecolor="white", alpha=0.8))
+    _title(fig, "Figure 8: throughput per GPU of C1-C5 at the largest micro batch each fits",
+           measured_points("fig8", rows_by_profile))
     _save(fig, path)
 
 
-def _title(fig, title: str, measured: int, cpu_panel: bool = False) -> None:
-    _wrap_to(fig.suptitle(f"{title}\n{provenance(measured, cpu_panel)}"), fig.bbox.width * 0.98)
+def _title(fig, title: str, measured: int, cpu_source: Optional[str] = None) -> None:
+    _wrap_to(fig.suptitle(f"{title}\n{provenance(measured, cpu_source)}"), fig.bbox.width * 0.98)
 
 
 def _wrap_to(text, width: float) -> None:

@@ -112,11 +112,11 @@ def measured_points(figure: str, rows_by_profile: dict, fig6_measured: Optional[
     return sum(1 for row in rows if row.measured.completed)
 
 
-def provenance(measured: int, cpu_panel: bool = False) -> str:
+def provenance(measured: int, cpu_source: Optional[str] = None) -> str:
     """Where a figure's marks come from, in one line (under its title, and its caption in report.md), so
     that a figure of predictions is never read as a result."""
     source = ("PREDICTED by the planner (memory) and the performance model (time), not measured: no measured "
               "run" if measured == 0 else
               f"predicted by the planner and the performance model, with {measured} measured "
               f"point{'s' if measured != 1 else ''} (black)")
-    return source + ("; the right panel is measured on this machine's CPU (the mini-reproduction)" if cpu_panel else "")
+    return source + (f"; the right panel is measured on a CPU ({cpu_source})" if cpu_source else "")

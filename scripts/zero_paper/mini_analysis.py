@@ -17,6 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def cpu_source(mini: dict) -> str:
+    """Where the mini-reproduction's numbers come from, for a caption: its command and date."""
+    return f"`{mini['command']}`, {mini.get('date', 'date not recorded')}"
+
+
 def device_bytes(rank: dict) -> int:
     return rank["model_state_bytes"] + rank["buffer_bytes"] + rank["saved_activation_device_bytes"]
 

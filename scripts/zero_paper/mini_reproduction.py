@@ -38,6 +38,7 @@ sys.path[:0] = [str(REPO_ROOT), str(HERE)]
 from arguments.config import ConfigError  # noqa: E402
 from arguments.deepspeed.translation import deepspeed_config_to_flags, resolve_zero_config  # noqa: E402
 from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from experiments import portable_argv  # noqa: E402
 from planner.plan import CONFIGURATIONS  # noqa: E402
 
 WORLD_SIZE, TENSOR_PARALLEL = 4, 2
@@ -192,7 +193,8 @@ def reproduce(args, argv: Sequence[str]) -> dict:
             "data_parallel_size": WORLD_SIZE // TENSOR_PARALLEL, "hidden_size": args.hidden_size,
             "seq_length": args.seq_length, "micro_batch_size": args.micro_batch_size, "precision": "bf16",
             "configurations": {name: CONFIGURATIONS[name] for name in args.configurations},
-            "command": "python scripts/zero_paper/mini_reproduction.py " + " ".join(argv),
+            "command": "python scripts/zero_paper/mini_reproduction.py " + " ".join(portable_argv(argv)),
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
             "launch_seconds": round(seconds, 1), "runs": results}
 
 

@@ -10,7 +10,7 @@ and the performance model's iteration time, planner/perf_model.py with the profi
 run in RUNS_DIR/PROFILE/FIGURE/POINT, run.py's layout, when one exists); the paper's stated values
 (planner/paper_tables.py, paper_values.py); and every stated value under dgx2 and dgx2-2019 side by side
 (compare.py; --no-compare leaves it out). Figures 4 and 6 add the search for the largest model
-(planner.plan.largest_layers); Figures 6 and 7 the CPU mini-reproduction (docs/zero-paper/mini-reproduction.json)
+(planner.plan.largest_layers), Figure 8 each point at the largest micro batch it fits; Figures 6 and 7 the CPU mini-reproduction (docs/zero-paper/mini-reproduction.json)
 when it exists. Dry runs are cached under ~/.cache/zero-gpt/plans (--no-cache plans afresh): a first report plans
 about 200 large models (tens of minutes on two cores), a later one takes seconds.
 
@@ -35,9 +35,9 @@ from arguments.parser import parse_config  # noqa: E402
 from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
 from base.input_files import check_input_directory, read_json_file  # noqa: E402
 from checkpoint.output_paths import check_output_directory, prepare_output_directory  # noqa: E402
-from experiments import DEFINITION_DIR, FIGURES, GPT2_VOCAB, PROFILES, REPO_ROOT, Point, load_points  # noqa: E402
+from experiments import DEFINITION_DIR, FIGURES, GPT2_VOCAB, PROFILES, REPO_ROOT, Point, load_points, portable_argv  # noqa: E402
 from measurements import Measured, read_runs  # noqa: E402
-from mini_analysis import layers_in_c1_budget, memory_by_configuration  # noqa: E402
+from mini_analysis import cpu_source, layers_in_c1_budget, memory_by_configuration  # noqa: E402
 from planner.dry_run import RankPlan  # noqa: E402
 from planner.perf_model import Prediction  # noqa: E402
 from planner.plan import CONFIGURATIONS, largest_layers  # noqa: E402
@@ -78,10 +78,10 @@ def largest_model(planner: Planner, point: Point, configuration: Optional[dict])
 
 
 def fig4_max_sizes(rows_by_profile: dict, planner: Planner) -> tuple[dict[tuple[str, str], int], dict]:
-    """Without MP, at micro batch 1: ZeRO's largest at the shape of its largest point, DDP's likewise;
-    and, per profile, DDP's largest model with its predicted TFLOP/s per GPU (the paper's "1.4B ... less
-    than 20 TFlops")."""
-    sizes, ddp_searched = {}, {}
+    """Without MP, at micro batch 1: per profile and series (zero, ddp), the largest model of the shape
+    of its widest point, and that model's (parameters, predicted TFLOP/s per GPU): Figure 4 draws it
+    beside the points and its table lists it (the paper's DDP "1.4B ... less than 20 TFlops")."""
+    sizes, searched = {}, {}
     for profile, rows in rows_by_profile.items():
         for series in ("zero", "ddp"):
             candidates = [r.point for r in rows if r.point.series == series]
@@ -90,10 +90,25 @@ def fig4_max_sizes(rows_by_profile: dict, planner: Planner) -> tuple[dict[tuple[
                 config = parse_config(widest.pretrain_argv())
                 layers, plan = largest_layers(config, widest.cluster(), GPT2_VOCAB, None, plan_run=planner.plan_config)
                 sizes[(profile, series)] = plan.parameters_total if plan is not None else 0
-                if series == "ddp" and plan is not None:
+                if plan is not None:
                     prediction = planner.predict_depth(widest, plan, layers)
-                    ddp_searched[profile] = (plan.parameters_total, prediction.hardware_tflops_per_gpu)
-    return sizes, ddp_searched
+                    searched[(profile, series)] = (plan.parameters_total, prediction.hardware_tflops_per_gpu)
+    return sizes, searched
+
+
+def fig8_largest_batch(rows_by_profile: dict, planner: Planner) -> dict[str, list[PointResult]]:
+    """Figure 8 as the paper ran it: each point at the largest micro batch the planner fits (what a
+    configuration's freed memory buys), with its predicted throughput; a point that fits no micro batch
+    with the headroom is planned at 1, where its table row says whether it fits at all."""
+    results = {}
+    for profile, rows in rows_by_profile.items():
+        results[profile] = []
+        for row in rows:
+            largest = planner.largest_micro_batch(row.point)
+            point = row.point.with_micro_batch(largest or 1)
+            plan = planner.plan(point)
+            results[profile].append(PointResult(point, plan, planner.predict(point, plan), None))
+    return results
 
 
 def fig6_max_sizes(rows_by_profile: dict, planner: Planner) -> dict[tuple[str, str], int]:
@@ -186,8 +201,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         figures.plot_fig3(results["fig3"], output / "fig3.png")
     if "fig4" in results:
         progress("fig4: the largest model without MP (planner search)")
-        extras["fig4"], extras["fig4_ddp_searched"] = fig4_max_sizes(results["fig4"], planner)
-        figures.plot_fig4(results["fig4"], extras["fig4"], output / "fig4.png")
+        extras["fig4"], extras["fig4_searched"] = fig4_max_sizes(results["fig4"], planner)
+        extras["fig4_ddp_searched"] = {p: found for (p, series), found in extras["fig4_searched"].items()
+                                       if series == "ddp"}
+        figures.plot_fig4(results["fig4"], extras["fig4"], extras["fig4_searched"], output / "fig4.png")
     if "fig6" in results:
         progress("fig6: the largest model per configuration (planner search)")
         extras["fig6"] = fig6_max_sizes(results["fig6"], planner)
@@ -197,11 +214,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    f"{'/'.join(sorted({str(p.mp) for p in points}))} (in a node), micro batch "
                    f"{'/'.join(sorted({str(p.micro_batch) for p in points}))}")
         figures.plot_fig6(extras["fig6"], extras["fig6_measured"],
-                          layers_in_c1_budget(memory) if memory else None, setting, output / "fig6.png")
+                          layers_in_c1_budget(memory) if memory else None, setting, output / "fig6.png",
+                          cpu_source(mini) if mini else None)
     if "fig7" in results:
-        figures.plot_fig7(results["fig7"], memory, output / "fig7.png")
+        figures.plot_fig7(results["fig7"], memory, output / "fig7.png", cpu_source(mini) if mini else None)
     if "fig8" in results:
-        figures.plot_fig8(results["fig8"], output / "fig8.png")
+        progress("fig8: the largest micro batch of each point (planner)")
+        extras["fig8_largest_batch"] = fig8_largest_batch(results["fig8"], planner)
+        figures.plot_fig8(results["fig8"], extras["fig8_largest_batch"], output / "fig8.png")
     compared = {}
     if not args.no_compare and "dgx2" in args.profiles:
         import compare  # it imports this module's helpers' neighbours; loaded only when it is used
@@ -210,7 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             progress(f"the paper's stated values under {name} (compare.py)")
             compared[name] = compare.compare(compare.make_profile(name, None if args.no_cache else default_cache_dir()),
                                              progress, definitions)
-    text = report_tables.report(results, extras, memory, mini, runs, argv if argv is not None else sys.argv[1:],
+    text = report_tables.report(results, extras, memory, mini, runs, portable_argv(argv if argv is not None else sys.argv[1:]),
                                 compared)
     (output / "report.md").write_text(text, encoding="utf-8")
     print(f"wrote {output / 'report.md'} and {len(results)} figures ({len(runs)} measured runs)")

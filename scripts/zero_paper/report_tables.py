@@ -12,7 +12,7 @@ from typing import Optional
 
 from experiments import PROFILES
 from measurements import measured_points, provenance
-from mini_analysis import layers_in_c1_budget
+from mini_analysis import cpu_source, layers_in_c1_budget
 from paper_values import PAPER_STATED
 from planner.paper_tables import PAPER_FIGURE6, format_parameters
 from planner.perf_model import load_constants
@@ -153,9 +153,11 @@ def claims_section(results) -> list[str]:
     return lines
 
 
-def points_section(figure: str, by_profile) -> list[str]:
+def points_section(figure: str, by_profile, heading: str = "") -> list[str]:
+    """A table of `by_profile`'s points under `### figure: heading` (by default what in it is measured)."""
     measured = measured_points(figure, by_profile)
-    lines = [f"### {figure}: {'predicted (no measured run)' if not measured else f'predicted, {measured} measured'}", "",
+    heading = heading or ('predicted (no measured run)' if not measured else f'predicted, {measured} measured')
+    lines = [f"### {figure}: {heading}", "",
              "| profile | point | parameters | grid | micro / global batch | stage, ZeRO-R | "
              "predicted per-GPU memory | predicted to fit | predicted s/iteration | predicted TFLOP/s (model FLOPs) | "
              "measured TFLOP/s | measured memory |", "|---|---|---:|---|---:|---|---:|---|---:|---:|---:|---:|"]
@@ -178,10 +180,13 @@ def max_size_section(extras) -> list[str]:
     lines = []
     if "fig4" in extras:
         lines += ["### Largest model without MP (Figure 4): predicted, planner search at micro batch 1", "",
-                  "| profile | system | predicted largest | paper |", "|---|---|---:|---:|"]
+                  "| profile | system | predicted largest | predicted TFLOP/s at micro batch 1 | paper |",
+                  "|---|---|---:|---:|---:|"]
         for (profile, series), size in sorted(extras["fig4"].items()):
             paper = {"zero": "13B", "ddp": "1.4B"}[series] if profile == "dgx2" else "-"
-            lines.append(f"| {profile} | {'ZeRO stage 2' if series == 'zero' else 'plain DP'} | {format_parameters(size)} | {paper} |")
+            searched = extras.get("fig4_searched", {}).get((profile, series))
+            lines.append(f"| {profile} | {'ZeRO stage 2' if series == 'zero' else 'plain DP'} | {format_parameters(size)} | "
+                         f"{f'{searched[1]:.1f}' if searched else '-'} | {paper} |")
         lines.append("")
     if "fig6" in extras:
         lines += ["### Largest model per configuration (Figure 6): predicted, planner search at micro batch 8", "",
@@ -199,7 +204,7 @@ def mini_section(memory, mini) -> list[str]:
     if memory is None:
         return []
     budget = layers_in_c1_budget(memory)
-    lines = ["## CPU mini-reproduction of Figures 6-7 (measured on this machine)", "",
+    lines = [f"## CPU mini-reproduction of Figures 6-7 (measured on a CPU, {mini.get('date', 'date not recorded')})", "",
              f"`{mini['command']}`: TP {mini['tensor_parallel_size']} x DP {mini['data_parallel_size']} gloo processes, "
              f"hidden {mini['hidden_size']}, sequence {mini['seq_length']}, micro batch {mini['micro_batch_size']}, "
              f"{mini['precision']}. Device memory per rank = model states + constant buffers + bytes saved for "
@@ -309,16 +314,17 @@ FIGURE_TITLES = {"fig2": "Figure 2: throughput per GPU by model size, ZeRO again
                  "fig4": "Figure 4: ZeRO without model parallelism, against plain data parallelism",
                  "fig6": "Figure 6: the largest model each ZeRO configuration trains",
                  "fig7": "Figure 7: per-GPU memory of C1-C5 for a 40B and a 100B model",
-                 "fig8": "Figure 8: throughput per GPU of C1-C5"}
+                 "fig8": "Figure 8: throughput per GPU of C1-C5 at the largest micro batch each fits"}
 
 
-def figures_section(results, extras, memory) -> list[str]:
+def figures_section(results, extras, memory, mini=None) -> list[str]:
     """Each figure drawn (report.py writes FIGURE.png beside report.md) under a caption that says what
     in it is predicted and what measured (measurements.provenance, the line under its title too)."""
     lines = ["## The figures", ""]
     for figure in results:
         measured = measured_points(figure, results[figure], extras.get("fig6_measured"))
-        caption = f"{FIGURE_TITLES.get(figure, figure)}. {provenance(measured, figure in ('fig6', 'fig7') and memory is not None)}."
+        cpu = cpu_source(mini) if figure in ("fig6", "fig7") and memory is not None and mini else None
+        caption = f"{FIGURE_TITLES.get(figure, figure)}. {provenance(measured, cpu)}."
         lines += [f"![{figure}, {'predicted' if not measured else 'predicted and measured'}]({figure}.png)", "",
                   f"*{caption}*", ""]
     return lines
@@ -340,10 +346,13 @@ def report(results, extras, memory, mini, runs, argv, compared=None) -> str:
               "TFLOP/s per GPU count the activation recompute (what the GPU executes; model FLOPs in brackets). "
               "Predicted per-GPU memory is the planner's peak before what a dry run cannot see (the CUDA context, "
               "NCCL's buffers, fragmentation).", ""]
-    lines += figures_section(results, extras, memory)
+    lines += figures_section(results, extras, memory, mini)
     lines += comparison_section(results, extras) + [""] + side_by_side_section(compared or {}) + constants_section()
     lines += ["## Every point", ""]
     for figure, by_profile in results.items():
         lines += points_section(figure, by_profile)
+        if figure == "fig8" and "fig8_largest_batch" in extras:  # what Figure 8's bars draw
+            lines += points_section(figure, extras["fig8_largest_batch"],
+                                    "predicted at the largest micro batch that fits (the figure's bars)")
     lines += max_size_section(extras) + mini_section(memory, mini)
     return "\n".join(lines) + "\n"

@@ -118,6 +118,8 @@ def test_the_mini_reproduction_measures_every_configuration_in_one_launch(tmp_pa
                                    "--data-cache-dir", corpus_cache, "--timeout", "300"]) == 0
     summary = json.loads(output.read_text())
     assert len(summary["runs"]) == 10
+    assert "--output mini.json " in summary["command"] and str(tmp_path) not in summary["command"]  # no machine path
+    assert summary["date"] == time.strftime("%Y-%m-%d", time.gmtime())
     for run in summary["runs"]:
         assert [r["rank"] for r in run["measured"]] == [0, 1, 2, 3]
         for measured, planned in zip(run["measured"], run["planned"]):
@@ -308,3 +310,71 @@ def report_rows(text: str, heading: str) -> list[list[str]]:
     """The cells of each data row of the table under `heading` in report.md."""
     section = text.split(heading, 1)[1].split("\n\n", 2)[1]
     return [[cell.strip() for cell in line.split("|")] for line in section.splitlines()[2:] if line.startswith("|")]
+
+
+def _drawn_points(ax) -> list[tuple[str, str, str]]:
+    """(legend label, x, y) of every marker an axes draws as a line (not the paper's), x in billions of
+    parameters written as the tables write them."""
+    from planner.paper_tables import format_parameters
+
+    return sorted((line.get_label(), format_parameters(x * 1e9), f"{y:.1f}") for line in ax.lines
+                  if not line.get_label().startswith("paper") for x, y in zip(line.get_xdata(), line.get_ydata()))
+
+
+def test_figures_4_and_8_draw_every_row_of_their_tables_and_nothing_else(small_world, tmp_path, monkeypatch):
+    """Issue 115 item 7: Figure 4 left out the table's searched largest DDP model (micro batch 1), and Figure 8
+    drew a fixed micro batch that hid what freed memory buys. Every marker of Figure 4's throughput panel is now
+    a row of its tables (a point, or a searched largest model), and Figure 8's bars are the table of each point
+    at the largest micro batch that fits, its diamonds the fixed-batch table's."""
+    import figures
+
+    profile = tmp_path / "small-v100.yaml"  # GPUs of 8 GB: the 1.16B points fit, DDP's does not
+    profile.write_text(profile.read_text().replace("gpu_memory_bytes: 2e9", "gpu_memory_bytes: 8e9"))
+    experiments._hardware.cache_clear()
+    drawn = {}
+    save = figures._save
+    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.setdefault(Path(path).stem, fig) and save(fig, path))
+    monkeypatch.setattr(figures.plt, "close", lambda fig: None)
+    output = tmp_path / "report"
+    assert report.main(["--output-dir", str(output), "--definitions", str(small_world), "--profiles", "dgx2",
+                        "--quiet", "--no-compare", "--figures", "fig4", "fig8"]) == 0
+    text = (output / "report.md").read_text()
+
+    points = report_rows(text, "### fig4:")
+    searched = report_rows(text, "### Largest model without MP")
+    expected = [(f"{'ZeRO' if row[2].startswith('zero') else 'plain DP (DDP baseline)'}: "
+                 + ("predicted" if row[8] == "yes" else "planner says it does not fit"), row[3],
+                 row[10].split()[0] if row[8] == "yes" else "0.0") for row in points]
+    expected += [(f"{'ZeRO' if row[2].startswith('ZeRO') else 'plain DP (DDP baseline)'}: predicted at its largest, "
+                  "micro batch 1 (planner search)", row[3], row[4]) for row in searched if row[4] != "-"]
+    assert [row[8] for row in points] == ["yes", "**no**"] and len(expected) == 4, (points, searched)
+    assert _drawn_points(drawn["fig4"].axes[0]) == sorted(
+        (label.replace("**no**", "no"), x, y) for label, x, y in expected)
+
+    fixed, largest = report_rows(text, "### fig8: predicted (no"), report_rows(text, "### fig8: predicted at the largest")
+    ax = drawn["fig8"].axes[0]
+    ticks = [tick.get_text().replace("\n", " ") for tick in ax.get_xticklabels()]
+    labels = ax.texts[:len(ax.patches)]  # each bar's label ("41.1\nmb 4"), drawn before the paper's note
+    bars = {tick: (f"{patch.get_height():.1f}", label.get_text().split("mb ")[-1])
+            for tick, patch, label in zip(ticks, ax.patches, labels) if label.get_text()}
+    assert bars == {f"{row[2].split('-')[0].upper()} {row[3]}": (row[10].split()[0], row[5].split(" / ")[0])
+                    for row in largest if row[8] == "yes"}
+    assert any(int(b) > int(f[5].split(" / ")[0]) for (_, b), f in zip(bars.values(), fixed))  # a larger batch
+    diamonds = [line for line in ax.lines if line.get_label().startswith("predicted at the fixed micro batch")]
+    assert sorted(f"{y:.1f}" for y in diamonds[0].get_ydata()) == sorted(row[10].split()[0] for row in fixed
+                                                                          if row[8] == "yes")
+    for fig in drawn.values():
+        figures.plt.close(fig)
+
+
+def test_recorded_commands_name_no_machine_path():
+    """Issue 115 item 7: the committed mini-reproduction recorded `--output /tmp/...`, and the figures said
+    "this machine's CPU". A recorded command keeps repo-relative paths and drops folders outside the repo,
+    and a CPU panel's caption names the command and the date."""
+    argv = ["--output", "/tmp/somewhere/mini.json", f"--definitions={ROOT}/scripts/zero_paper/experiments", "a/b"]
+    assert experiments.portable_argv(argv) == ["--output", "mini.json", "--definitions=scripts/zero_paper/experiments",
+                                               "a/b"]
+    mini = json.loads((ROOT / "docs" / "zero-paper" / "mini-reproduction.json").read_text())
+    assert "/" not in mini["command"].replace("scripts/zero_paper/", "") and mini["date"]
+    line = measurements.provenance(0, mini_analysis.cpu_source(mini))
+    assert line.endswith(f"measured on a CPU (`{mini['command']}`, {mini['date']})") and "this machine" not in line
