@@ -1,8 +1,9 @@
 """What one transformer layer saves for backward per token, counted from the model's shape for the layout search's
 memory count (planner/layout_memory.py): Megatron-Core's blocks' tensors, and what this repository's blocks keep
 beyond them, as its dry run measures them (issue 94: on Llama 3 70B at TP 4 with sequence parallelism a block keeps
-860 MiB, 1.6x Megatron's 536 MiB, and the search that counted Megatron's printed a top pick 34 GiB over an H100).
-tests/planner/test_layout_activations.py holds a block's count to its dry run, in bf16 and each FP8 recipe.
+860 MiB, 1.6x Megatron's 536 MiB, and the search that counted Megatron's printed a top pick 34 GiB over an H100);
+a pattern's `M` and `G` mixers as measured (planner/recurrent_activations.py). tests/planner/test_layout_activations.py
+holds a block's count to its dry run, in bf16 and each FP8 recipe, and `M`, `G` and one-part blocks.
 """
 
 from __future__ import annotations
