@@ -30,7 +30,8 @@ import yaml
 
 from arguments.config import ConfigError
 from gpt.attention_window import layer_windows
-from gpt.hybrid_pattern import MLA
+from gpt.hybrid_pattern import ATTENTION, MLA
+from gpt.layer_spec import mixer_symbols
 from gpt.model_config import ModelConfig
 from gpt.shape import AttentionShape, LinearShape, ModelShape, model_shape, probe_mixer
 from parallel.layers import padded_vocab_size
@@ -38,6 +39,7 @@ from planner.layout_ep import copies_per_token, exposed_ep_seconds, unpaired_fra
 from planner.layout_zero import sharded_dp_seconds, stage3_opening_elements
 from planner.perf_model import CALIBRATION_DIR, Hardware, gemm_peak_flops
 from planner.pipeline_split import rank_loads
+from planner.recurrent_activations import RecurrentSavedBytes, recurrent_saved_bytes
 
 BF16_BYTES, FP32_BYTES = 2, 4
 # Elementwise bytes per token per layer in forward, in units of h (bf16): each norm reads and writes h
@@ -166,6 +168,11 @@ class ModelCounts:
     mla_up_flops_per_token: float = 0.0      # forward, MLA's q and kv up-projections, every layer ("mla_up_proj")
     router_groups: Optional[int] = None      # group-limited routing: the groups and those a token may use
     router_group_topk: Optional[int] = None
+    # A pattern's layers by their halves (planner/layout_activations.py): those with an attention mixer (`*`, `+`) and
+    # those with an MLP (None: every layer), and what the `M` and `G` mixer halves save
+    attention_mixers: Optional[int] = None
+    mlp_halves: Optional[int] = None
+    recurrent_saved: RecurrentSavedBytes = RecurrentSavedBytes()
 
 
 def visible_keys_per_query(seq_length: int, window_left: Optional[int]) -> float:
@@ -237,7 +244,9 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
         dense_mlp_flops_per_token=float(dense_mlp * shape.dense_layers),
         mla_up_flops_per_token=float(mla_up * mla_layers),
         router_groups=moe.router_num_groups if moe is not None else None,
-        router_group_topk=moe.router_group_topk if moe is not None else None)
+        router_group_topk=moe.router_group_topk if moe is not None else None,
+        attention_mixers=sum(symbol in (ATTENTION, MLA) for symbol in mixer_symbols(model)),
+        mlp_halves=model.num_layers - shape.layers_without_mlp, recurrent_saved=recurrent_saved_bytes(model))
 
 
 def _kv_width(model: ModelConfig, shape: ModelShape) -> int:
