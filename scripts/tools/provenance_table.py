@@ -1,0 +1,52 @@
+"""Renders docs/provenance.toml, where each behaviour follows the real pair, into the table of
+docs/coming-from-megatron-deepspeed.md; `--write` rewrites it, tests/test_provenance_table.py checks it."""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "docs" / "provenance.toml"
+PAGE = ROOT / "docs" / "coming-from-megatron-deepspeed.md"
+START, END = "<!-- provenance:start -->", "<!-- provenance:end -->"
+FIELDS = ("setting", "ours", "theirs", "function", "release")
+
+
+def load_rows(path: Path = DATA) -> list[dict[str, str]]:
+    rows = tomllib.loads(path.read_text()).get("row", [])
+    for row in rows:
+        if set(row) != set(FIELDS):
+            raise ValueError(f"{path}: a row has {sorted(row)}, not {list(FIELDS)}")
+    return rows
+
+
+def render(rows: list[dict[str, str]]) -> str:
+    lines = ["| setting | here | Megatron-LM / DeepSpeed | function | release |", "|---|---|---|---|---|"]
+    lines += [f"| `{r['setting']}` | `{r['ours']}` | `{r['theirs']}` | `{r['function']}` | {r['release']} |"
+              for r in sorted(rows, key=lambda r: (r["ours"], r["setting"]))]
+    return "\n".join(lines)
+
+
+def page_with_table(page: str, table: str) -> str:
+    head, rest = page.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table}\n{END}{tail}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--write", action="store_true", help="rewrite the page's table")
+    args = parser.parse_args()
+    page = PAGE.read_text()
+    new = page_with_table(page, render(load_rows()))
+    if args.write and new != page:
+        PAGE.write_text(new)
+        print(f"wrote {PAGE.name}")
+    else:
+        print("up to date" if new == page else "stale: run with --write")
+
+
+if __name__ == "__main__":
+    main()
