@@ -1,6 +1,6 @@
 """What ALCF's Megatron-DeepSpeed fork (argonne-lcf/Megatron-DeepSpeed at ffa3456d) means by its optimizer and data
 choices, where that needs a line at the start or a refusal (the flags themselves: arguments/config.py,
-arguments/megatron/fork_flag_classes.py).
+arguments/megatron/flag_classes.toml).
 
 Its megatron/optimizer/__init__.py builds `--optimizer adamw` as `torch.optim.AdamW` (this repository's adam),
 `--optimizer adam` as `torch.optim.Adam` (its weight decay an L2 term added to the gradient: not AdamW, and not built

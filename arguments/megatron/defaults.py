@@ -125,7 +125,7 @@ PRETRAINING_FORKS = ("llm-jp-megatron-lm-v4", "llm-jp-megatron-lm-nii-geniac", "
 # --batch-size, --warmup and --model-parallel-size as Megatron-DeepSpeed's does; a launch it fits no better than
 # Megatron-DeepSpeed's own file is Megatron-DeepSpeed's
 ALCF_FORK = "alcf-megatron-deepspeed"
-LOLA_FORK = "lola-megatron-deepspeed"  # dice-group/LOLA's Megatron-DeepSpeed fork, its own flags only (fork_flag_classes.py)
+LOLA_FORK = "lola-megatron-deepspeed"  # dice-group/LOLA's Megatron-DeepSpeed fork, its own flags only (flag_classes.toml)
 PAI_MEGATRON_PATCH = "pai-megatron-patch"  # its own flags only (megatron_patch/arguments.py), all refused
 
 # Flags a generation parses only to refuse them: from Megatron-LM v2.6 on, and in Megatron-DeepSpeed and
@@ -138,7 +138,7 @@ REFUSED_WHERE_PARSED = {flag: REFUSING_GENERATIONS for flag in ("--batch-size", 
 # DeepSpeedExamples' forks, newest Megatron-LM first (their harvested files share one commit date): the v1.1.5
 # forks before the 2020 fork of an older Megatron-LM, so a tie goes to the newest code, as between Megatron-LM's.
 FORKS_NEWEST_FIRST = ("dse-megatron-lm-v1.1.5-zero3", "dse-megatron-lm-v1.1.5-3d", "dse-megatron-lm")
-# The pretraining forks of Megatron-LM (arguments/megatron/fork_flag_classes.py) come last: a launch they fit no
+# The pretraining forks of Megatron-LM (arguments/megatron/flag_classes.toml) come last: a launch they fit no
 # better than Megatron-LM's own files or DeepSpeedExamples' is one of those; one typing a fork's own flag
 # (--trigger-path, --use-mpi) fits its fork best and takes its defaults (swiss-ai's --lr-wsd-decay-style 1-sqrt).
 

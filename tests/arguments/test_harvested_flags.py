@@ -13,13 +13,13 @@ from arguments.flag_equivalents import nearest_flag, unknown_flags_message
 from arguments.megatron.flag_classes import (
     AT_VALUE,
     CLASS_OF,
+    FORK_AT_VALUE,
     NO_EFFECT_CLASS,
     NO_PIPELINE_SPLIT,
     NOT_IN_MOE,
     REFUSED_CLASS,
 )
 from arguments.megatron.flags import NO_EFFECT_LINE, classify_harvested
-from arguments.megatron.fork_flag_classes import FORK_AT_VALUE
 from arguments.megatron.harvested_flags import harvested, harvested_options
 from arguments.parser import build_parser, parse_arguments, parse_config
 
@@ -156,7 +156,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--weight-decay-incr-style": "linear", "--vocab-extra-ids": "100",
              "--num-unique-layers": "2", "--export-model-type": "MambaModel", "--export-kv-cache-quant": "fp8",
              "--export-real-quant-cfg": "fp8_real_quant", "--embedding-init-method-std": "0.01"}
-    # the forks' (arguments/megatron/fork_flag_classes.py) are tested in tests/arguments/test_fork_flags.py
+    # the forks' (arguments/megatron/flag_classes.toml) are tested in tests/arguments/test_fork_flags.py
     assert set(no_op) == set(other) == {option for option, at in AT_VALUE.items()
                                         if at.refused not in (NO_PIPELINE_SPLIT, NOT_IN_MOE)
                                         and option != "--enable-expert-tensor-parallelism"
