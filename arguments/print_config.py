@@ -12,7 +12,7 @@ from typing import Any
 
 from arguments.batch_schedule import batch_schedule
 from arguments.config_sources import DEFAULT, Source, show_value
-from arguments.deepspeed.keys import HONOURED
+from arguments.deepspeed.verdicts import HONOURED
 from arguments.megatron.flags import MEANINGS, NO_EFFECT_FLAGS
 from arguments.megatron.harvested_flags import resolve_harvested
 from arguments.schedule import build_lr_schedule, train_iterations

@@ -25,8 +25,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from arguments.config_sources import Source, show_value
 from arguments.deepspeed.differences import NOT_READ_UNDER_DEEPSPEED, UnusedJsonValue
-from arguments.deepspeed.keys import NO_EFFECT, UNSUPPORTED, Verdict
 from arguments.deepspeed.translation import DeepSpeedTranslation, JsonSetting, refused_line
+from arguments.deepspeed.verdicts import NO_EFFECT, UNSUPPORTED, Verdict
 
 # Megatron generations (arguments/megatron/flags_harvested.json labels) whose engine step passes no
 # lr_kwargs, paired with a DeepSpeed older than v0.14.5, whose _configure_lr_scheduler took the JSON's

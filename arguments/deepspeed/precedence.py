@@ -12,7 +12,7 @@ micro-steps, the optimizer's hyperparameters, the schedule) from the flags. Four
 - INDEPENDENT: two settings that only look alike; neither changes the other.
 - MUST_AGREE: DeepSpeed itself refuses a disagreement, so this program refuses it too.
 
-Each JSON key that `arguments/deepspeed/keys.py` turns into flags points at one of these on its own row
+Each JSON key that `arguments/deepspeed/keys.toml` turns into flags points at one of these on its own row
 (`to_flag(..., wins=ZERO)`, `@wins({...})`), so a key's classification and precedence are read in one place, and a
 new key cannot overlap a flag without a decision (a test checks it). A behaviour's `why` finishes the sentence "as
 in Megatron-DeepSpeed, ..." in the warning line; `code` names the real code path."""

@@ -24,19 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from arguments.deepspeed.keys import (
-    HONOURED,
-    NO_EFFECT,
-    SECTION_ALIASES,
-    SECTION_KEYS,
-    SECTIONS,
-    TOP_LEVEL_KEYS,
-    UNSUPPORTED,
-    Verdict,
-    block,
-    classify_legacy_zero,
-    nearest_key,
-)
+from arguments.deepspeed.blocks import classify_legacy_zero
+from arguments.deepspeed.keys import SECTION_ALIASES, SECTION_KEYS, SECTIONS, TOP_LEVEL_KEYS, nearest_key
+from arguments.deepspeed.verdicts import HONOURED, NO_EFFECT, UNSUPPORTED, Verdict, block
 from base.errors import ConfigError
 from base.input_files import read_text_file
 

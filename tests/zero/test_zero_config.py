@@ -7,8 +7,8 @@ import pytest
 import pretrain_gpt
 from arguments.batch_schedule import batch_schedule
 from arguments.config import ConfigError, PretrainConfig, field_sections
-from arguments.deepspeed.keys import HONOURED
 from arguments.deepspeed.translation import EXAMPLE_DIR, deepspeed_config_to_flags, load_deepspeed_config
+from arguments.deepspeed.verdicts import HONOURED
 from arguments.parser import parse_arguments, parse_config
 from zero.config import ZeroConfig
 
