@@ -1,2 +1,1 @@
-"""The ground floor: errors that become one line on stderr, file modes, input-file checks and progress
-lines. It imports nothing of ours, so every other package may import it."""
+"""The ground floor: one-line errors, file modes, input-file checks and progress lines; it imports nothing of ours."""

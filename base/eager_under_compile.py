@@ -1,12 +1,5 @@
-"""Methods that must run eagerly inside a torch.compile'd block, marked without importing torch._dynamo.
-
-`torch.compiler.disable` imports torch._dynamo (1.5 s on an idle machine, 6 s on a loaded one), so
-decorating at class definition made every `pretrain_gpt.py --help` and `--print-config` pay for a
-compiler they never use. `@eager_under_compile` only records the method; `keep_marked_methods_eager()`
-wraps every recorded method in `torch.compiler.disable` once, and a run with --compile calls it before
-it builds anything: hooks bind methods when they are registered (ZeRO stage 3's gather hooks are
-`functools.partial`s of bound methods), so the wrapping must already be in place by then.
-"""
+"""Methods that must run eagerly inside a torch.compile'd block, marked without importing torch._dynamo (seconds of
+start-up): a run with --compile wraps them in torch.compiler.disable before it registers any hook."""
 
 from __future__ import annotations
 
@@ -23,7 +16,7 @@ class eager_under_compile:
 
     def __set_name__(self, owner: type, name: str) -> None:
         _marked.append((owner, name))
-        setattr(owner, name, self.method)  # until a run compiles, the plain method: no wrapper cost
+        setattr(owner, name, self.method)
 
 
 def keep_marked_methods_eager() -> None:

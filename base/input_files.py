@@ -1,15 +1,5 @@
-"""Input files checked before they are read: a regular file of a sane size, or a directory.
-
-`open()` on a named pipe waits for a writer that may never come, and /dev/zero (or a typo'd path
-that happens to be a device) never ends: either given as a config, a JSON or a definition file hung a
-command instead of failing. A multi-gigabyte file where a config is expected is a wrong path, not a
-config. So every command reads its small inputs through `read_text_file` / `read_json_file`, and
-checks large ones (corpora, tokenizer files read by a library) with `check_input_file`, which stats
-the path first and never opens anything that is not a regular file. Failures are one `ConfigError`
-(or the caller's error class) naming the flag, the path and what it is instead.
-
-Base floor: imports nothing of ours but base.errors.
-"""
+"""Input files checked before they are read: a regular file of a sane size, or a directory, so a FIFO, device or huge
+wrong path fails in one line instead of hanging."""
 
 from __future__ import annotations
 
@@ -22,9 +12,7 @@ from typing import Any, Optional
 from base.errors import ConfigError
 
 MIB = 2**20
-# Configs, DeepSpeed JSON, experiment definitions, launch files, reports' JSON inputs. The largest
-# we write (a mini-reproduction summary, a 170B checkpoint's metadata) are a few MB; 64 MiB is ten
-# times that and still reads in well under a second.
+# The largest config-like file we write is a few MB; 64 MiB is ten times that.
 MAX_CONFIG_BYTES = 64 * MIB
 
 
@@ -43,8 +31,7 @@ def _kind(mode: int) -> str:
 
 
 def irregularity(path: str | os.PathLike) -> Optional[str]:
-    """Why `path` is not a readable regular file ("no such file", "a named pipe (FIFO)", ...), or
-    None when it is one. Symbolic links are followed, as open() would."""
+    """Why `path` is not a readable regular file, or None."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -58,8 +45,7 @@ def irregularity(path: str | os.PathLike) -> Optional[str]:
 
 def check_input_file(path: str | os.PathLike, flag: str, max_bytes: Optional[int] = MAX_CONFIG_BYTES,
                      error: type[Exception] = ConfigError, fix: str = "give a regular file") -> Path:
-    """`path` as a Path, if it is a regular file of at most `max_bytes` (None: any size); otherwise
-    raise `error` naming `flag`."""
+    """`path` if it is a regular file of at most `max_bytes` (None: any size); else raise `error` naming `flag`."""
     reason = irregularity(path)
     if reason is not None:
         raise error(f"{flag} {path}: {reason}; {fix}")
@@ -75,7 +61,6 @@ def _check_size(path, flag: str, max_bytes: Optional[int], error: type[Exception
 
 
 def check_input_directory(path: str | os.PathLike, flag: str, error: type[Exception] = ConfigError) -> Path:
-    """`path` as a Path, if it is an existing directory; otherwise raise `error` naming `flag`."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -87,8 +72,7 @@ def check_input_directory(path: str | os.PathLike, flag: str, error: type[Except
 
 def read_text_file(path: str | os.PathLike, flag: str, max_bytes: int = MAX_CONFIG_BYTES,
                    error: type[Exception] = ConfigError) -> str:
-    """The UTF-8 text of a regular file of at most `max_bytes`. At most `max_bytes` + 1 bytes are
-    read, so a file that grows while it is read (or a /proc file that reports size 0) is still bounded."""
+    """The UTF-8 text of a regular file; at most `max_bytes` + 1 bytes are read, so a growing file stays bounded."""
     reason = irregularity(path)
     if reason is not None:
         raise error(f"{flag} {path}: cannot read it ({reason}); give a regular file")
@@ -108,8 +92,7 @@ def read_text_file(path: str | os.PathLike, flag: str, max_bytes: int = MAX_CONF
 
 def read_json_file(path: str | os.PathLike, flag: str, max_bytes: int = MAX_CONFIG_BYTES,
                    error: type[Exception] = ConfigError, what: str = "JSON", **loads_options: Any) -> Any:
-    """The parsed JSON of a regular file (see `read_text_file`); empty, malformed or absurdly nested
-    text is one `error` naming `flag` and `what` the file should have been."""
+    """The parsed JSON of a regular file; empty, malformed or too nested text is one `error` naming `flag`."""
     text = read_text_file(path, flag, max_bytes, error)
     if not text.strip():
         raise error(f"{flag} {path}: the file is empty; expected {what}")

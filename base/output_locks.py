@@ -1,23 +1,6 @@
-"""A run's outputs belong to one run: the lock file every output is claimed with.
-
-A run owns each output it writes through a lock file: JSON with the owner's host, pid, start time
-and a random token. checkpoint/save_directory.py locks a `--save` directory (`DIR/.lock`; a tool
-writing a checkpoint, such as reshard_checkpoint.py, takes the same lock), `MetricsFileLock` here a
-`--metrics-file` (`FILE.lock` beside it: two runs appending to one metrics.jsonl would interleave
-their records). The lock is created with a hard link from a complete temporary file, which is atomic
-even on NFS, so two writers that start together cannot both get it. While held, a daemon thread
-touches the file every `heartbeat_s` seconds.
-
-A lock is *stale*, and taken over with a message, when its owner is provably gone: on this host, its
-pid no longer runs, or is our own pid (a restarted container: same hostname, a fresh pid namespace
-where the dead owner's pid, often 1, is now ours), or the machine booted since (the lock's
-/proc/sys/kernel/random/boot_id differs), or the pid now belongs to a process started at another
-time (/proc/<pid>/stat field 22, the start time in clock ticks since boot); on any host, its
-heartbeat is older than `stale_after_s` (a node that died, where the pid cannot be checked). Locks
-written before the boot id and start time were recorded keep the other rules. Anything else is a
-live run, and a second writer fails at start, before any work, naming the owner (a CheckpointError,
-the error every ownership conflict of a run's outputs has always raised).
-"""
+"""A run owns each output it writes (--save, --metrics-file) through a lock file, created atomically with a hard link
+and kept alive by a heartbeat. A lock whose owner is provably gone (dead pid, reboot, reused pid, stale heartbeat) is
+taken over; otherwise a second writer fails at start."""
 
 from __future__ import annotations
 
@@ -45,9 +28,8 @@ def boot_id() -> Optional[str]:
 
 
 def process_start_ticks(pid: int) -> Optional[int]:
-    """When process `pid` started, in clock ticks since boot (/proc/<pid>/stat field 22); None when
-    unknown. The command name (field 2) may hold spaces and parentheses, so the fields are counted
-    from its closing parenthesis."""
+    """When `pid` started, in clock ticks since boot (/proc/<pid>/stat field 22, counted after the command's closing
+    parenthesis)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
         return int(stat[stat.rindex(")") + 2:].split()[22 - 3])
@@ -55,8 +37,7 @@ def process_start_ticks(pid: int) -> Optional[int]:
         return None
 
 
-# The tokens of the locks this process holds now: a lock naming our pid with another token was
-# written by a previous life of this container, not by us.
+# Tokens of the locks this process holds: a lock with our pid but another token is a previous container life's.
 _HELD_TOKENS: set[str] = set()
 
 
@@ -73,8 +54,8 @@ def process_is_running(pid: int) -> bool:
 
 
 class RunLock:
-    """Exclusive ownership of one output for the life of a run (a context manager): the lock file
-    `path`, described to a second writer as `what`, with `alternative` saying what to do instead."""
+    """Exclusive ownership of one output for a run's life; `what` and `alternative` word the message a second writer
+    gets."""
 
     def __init__(self, path: str | os.PathLike, what: str, alternative: str, *,
                  log: Callable[[str], None] = print, heartbeat_s: float = HEARTBEAT_S,
@@ -97,7 +78,6 @@ class RunLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    # ---- acquiring -----------------------------------------------------------------------------
 
     def acquire(self) -> None:
         """Take the lock, taking over a stale one; raise CheckpointError if a live run holds it."""
@@ -115,7 +95,6 @@ class RunLock:
         raise CheckpointError(f"{self.path}: could not take the lock; another run keeps taking it")
 
     def _create(self) -> bool:
-        """Create the lock file complete, or return False if one exists."""
         temporary = self.path.with_name(f"{self.path.name}.tmp-{self.owner['token']}")
         temporary.write_text(json.dumps(self.owner) + "\n", encoding="utf-8")
         try:
@@ -131,7 +110,7 @@ class RunLock:
             holder = json.loads(self.path.read_text(encoding="utf-8"))
             holder["heartbeat_age_s"] = time.time() - self.path.stat().st_mtime
         except FileNotFoundError:
-            return {}  # released meanwhile: the next round creates it
+            return {}
         except (OSError, ValueError, RecursionError, TypeError):
             return None
         if not isinstance(holder.get("host"), str) or not isinstance(holder.get("pid"), int):
@@ -189,7 +168,6 @@ class RunLock:
                 f"If that run is gone, delete {self.path} (or wait {self.stale_after_s:.0f} s for its heartbeat "
                 f"to go stale)")
 
-    # ---- holding and releasing -----------------------------------------------------------------
 
     def _start_heartbeat(self) -> None:
         self._stop.clear()
@@ -201,10 +179,9 @@ class RunLock:
             try:
                 os.utime(self.path)
             except OSError:
-                pass  # a missed beat only makes the lock look older
+                pass
 
     def release(self) -> None:
-        """Stop the heartbeat and delete the lock if it is still ours."""
         self._stop.set()
         if self._heartbeat is not None:
             self._heartbeat.join()
@@ -219,8 +196,7 @@ class RunLock:
 
 
 class MetricsFileLock(RunLock):
-    """A `--metrics-file`'s lock, `FILE.lock` beside the file it really is (a symbolic link's target,
-    so a run through the link and one naming the target share it): one run appends at a time."""
+    """A `--metrics-file`'s lock, `FILE.lock` beside its real path, so a symlink and its target share it."""
 
     def __init__(self, metrics_file: str | os.PathLike, **kwargs) -> None:
         path, target = Path(metrics_file), Path(os.path.realpath(metrics_file))

@@ -1,5 +1,4 @@
-"""How long this process has run, from the kernel's record of its start (Linux's /proc), so that the time
-Python took to import torch counts too; elsewhere from when this module was first imported."""
+"""How long this process has run, from the kernel's record of its start, so torch's import counts too."""
 
 from __future__ import annotations
 

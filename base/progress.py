@@ -1,11 +1,5 @@
-"""Progress lines for work that can take minutes: tokenizer training, index building, the token scan.
-
-Each piece of such work says when it starts, at most one line every `interval_s` seconds while it runs
-(so a short job prints only its start and end, a long one shows it is alive), and when it ends, with
-the time it took. Lines go to stdout, with the run's other progress lines ("> loaded ...", the
-iteration lines): stderr holds only what went wrong, one line for a bad input. Under torchrun or
-SLURM every rank does the same work; only the rank that reports errors (rank 0) prints.
-"""
+"""Progress lines for long work (tokenizer training, index building): a start line, at most one update every
+`interval_s`, and an end line with the time taken; on stdout, from rank 0."""
 
 from __future__ import annotations
 
@@ -18,14 +12,11 @@ REPORT_EVERY_S = 10.0
 
 
 def print_line(line: str) -> None:
-    """Where progress goes by default: one flushed line on stdout, from rank 0 only."""
     if reporting_process():
         print(line, flush=True)
 
 
 class ProgressLines:
-    """`start`, any number of `update`s (printed at most every `interval_s`), then `done`."""
-
     def __init__(self, emit: Optional[Callable[[str], None]] = print_line, interval_s: float = REPORT_EVERY_S,
                  clock: Callable[[], float] = time.perf_counter):
         self.emit = emit or (lambda line: None)
