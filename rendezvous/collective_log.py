@@ -1,16 +1,6 @@
-"""Each rank's record of its last collectives (the ring a flight recorder dumps) and of the time it spent
-inside them (what the straggler report takes out of an iteration's time).
-
-PyTorch's Flight Recorder keeps the same record for NCCL in C++ (torch/csrc/distributed/c10d/FlightRecorder:
-per entry the collective, its process group, a sequence number within the group, sizes, the state
-scheduled/started/completed, and the call stack); gloo has none, so the Communicator (parallel/comm.py), the one
-door every collective of the training goes through, keeps it here, for every backend alike.
-
-The cost per collective, when on, is a few attribute stores, two clock reads and a walk up the Python frames
-to the first caller outside this door (a handful of hops): no allocation beyond the entry's small list, no
-communication. When off (no --flight-recorder-dump-path, no --log-straggler) the Communicator holds no log and
-pays one `is None` test per collective.
-"""
+"""Each rank's record of its last collectives (the ring a flight recorder dumps) and of the time spent inside them (the
+straggler report's wait). PyTorch keeps this only for NCCL, so the Communicator keeps it here for every backend; when
+off it costs one `is None` test per collective."""
 
 from __future__ import annotations
 
@@ -19,16 +9,13 @@ import sys
 import time
 from typing import Any, Optional
 
-# An entry is a list, mutated in place when its collective completes: [seq, kind, group name, bytes,
-# (code, line) of the call site, started_at, completed_at or None, point-to-point or not]. Slots by index:
+# An entry is a list, completed in place: [seq, kind, group, bytes, call site, started_at, completed_at or None, p2p].
 SEQ, KIND, GROUP, BYTES, SITE, STARTED, COMPLETED, P2P = range(8)
-# Frames of these files are the door itself, not the caller the record should name.
 _DOOR_FILES = ("comm.py", "collective_log.py", "p2p.py", "eager_under_compile.py", "eval_frame.py")
 
 
 def _call_site():
-    """(code, line) of the first frame outside the collective door, for the entry to name where it was
-    called ('zero/grad_reducer.py:120 in reduce_bucket'). The string is made only when a dump reads it."""
+    """(code, line) of the first frame outside the collective door; the string is made only when a dump reads it."""
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.endswith(_DOOR_FILES):
         frame = frame.f_back
@@ -47,14 +34,13 @@ def describe_site(site) -> str:
 
 
 class CollectiveLog:
-    """The last `capacity` collectives of this rank (0: none kept, only the wait clock), the next sequence
-    number of each group, the members (global ranks) of each group, and the seconds spent inside
-    collectives since the last `take_wait_s()`."""
+    """The last `capacity` collectives of this rank (0: only the wait clock), each group's next sequence number and
+    members, and the seconds spent in collectives since `take_wait_s()`."""
 
     def __init__(self, capacity: int, clock=time.perf_counter) -> None:
         self.capacity = capacity
         self.ring: list[Optional[list]] = [None] * capacity
-        self.count = 0  # entries ever recorded; the newest is at (count - 1) % capacity
+        self.count = 0
         self.sequence: dict[str, int] = {}
         self.members: dict[str, tuple[int, ...]] = {}
         self.clock = clock
@@ -69,8 +55,8 @@ class CollectiveLog:
         return self._record(seq, kind, group_name, num_bytes)
 
     def start_p2p(self, kind: str, peer: int, group_name: str, num_bytes: int) -> list:
-        """A point-to-point message, numbered per direction and peer ('send to 3' #12 here is 'recv from 0' #12
-        on rank 3), apart from the group's collectives, whose numbers every member shares."""
+        """A point-to-point message, numbered per direction and peer ('send to 3' #12 is 'recv from 0' #12 on rank
+        3)."""
         kind = f"send to {peer}" if kind == "send" else f"recv from {peer}"
         key = (group_name, kind)
         seq = self.sequence.get(key, 0) + 1
@@ -90,7 +76,7 @@ class CollectiveLog:
             self.wait_s += now - entry[STARTED]
 
     def completed_after_wait(self, entry: list, waited_from: float) -> None:
-        """An async collective's wait() returned: only the time inside wait() was this rank's wait."""
+        """An async collective's wait() returned: only the time inside wait() counts as waiting."""
         if entry[COMPLETED] is None:
             entry[COMPLETED] = now = self.clock()
             self.wait_s += now - waited_from
@@ -100,7 +86,6 @@ class CollectiveLog:
         return waited
 
     def entries(self) -> list[list]:
-        """Oldest first."""
         if self.capacity == 0:
             return []
         if self.count <= self.capacity:
@@ -109,8 +94,7 @@ class CollectiveLog:
         return self.ring[start:] + self.ring[:start]
 
     def to_records(self, only_active: bool = False) -> list[dict]:
-        """The ring as JSON-able records (PyTorch's FR fields where they exist: collective_seq_id,
-        profiling_name, process_group, state, time_created; and the call site)."""
+        """The ring as JSON records, with PyTorch Flight Recorder's field names where they exist."""
         records = []
         for entry in self.entries():
             if only_active and entry[COMPLETED] is not None:
@@ -123,8 +107,7 @@ class CollectiveLog:
         return records
 
     def last_per_group(self) -> dict[str, dict]:
-        """Each group's newest collective (started or completed) and its newest completed sequence number;
-        point-to-point messages are `waiting_p2p`'s."""
+        """Each group's newest collective and newest completed sequence number."""
         last: dict[str, dict] = {}
         for record in self.to_records():
             if record["p2p"]:
@@ -136,13 +119,11 @@ class CollectiveLog:
         return last
 
     def waiting_p2p(self) -> list[dict]:
-        """The point-to-point messages posted and not yet waited for to the end (a pipeline stage blocked on
-        its neighbour)."""
+        """Point-to-point messages posted and not yet waited for (a pipeline stage blocked on its neighbour)."""
         return [record for record in self.to_records(only_active=True) if record["p2p"]]
 
 
 def _members(group: Any) -> tuple[int, ...]:
-    """Global ranks of a process group; () when not known (no group: the whole world, or a virtual one)."""
     if group is None:
         return ()
     try:
@@ -154,7 +135,7 @@ def _members(group: Any) -> tuple[int, ...]:
 
 
 class RecordedWork:
-    """An async collective's handle: wait() marks the entry completed and counts the time waited."""
+    """An async collective's handle: wait() completes the entry and counts the time waited."""
 
     def __init__(self, work: Any, log: CollectiveLog, entry: list) -> None:
         self.work, self.log, self.entry = work, log, entry

@@ -1,18 +1,6 @@
-"""The abort of an in-process restart on gloo: this process's collective connections shut down, so that every
-peer blocked in a collective with it fails at once.
-
-nvidia-resiliency-ext's `AbortTorchDistributed` calls `abort()` on each NCCL backend, then
-`destroy_process_group()`. Neither unblocks a gloo peer: `ProcessGroupGloo.abort()` in torch 2.13 leaves a wait in
-progress waiting, and destroying the group closes its sockets only once nothing refers to them, while a
-forked data-loader worker (data/sampler.py) holds a copy of every socket the rank had when it was forked
-(measured: after destroy_process_group on the failed rank, a peer blocked in its all-reduce was still blocked 30 s
-later). shutdown(2) ends the connection itself, whoever else holds a descriptor of it: the peer reads "Connection
-closed by peer" at once, fails its own collective, and aborts in turn.
-
-Which sockets: this process's established TCP connections (Linux's /proc/self/fd and /proc/net/tcp{,6}) but those
-to or from the rendezvous stores (`keep_ports`), which outlive the groups. Elsewhere than Linux nothing is shut
-down and a blocked peer waits for --distributed-timeout-minutes.
-"""
+"""The abort of an in-process restart on gloo: shutdown(2) of this process's TCP connections, except to the rendezvous
+stores, so every peer blocked in a collective with it fails at once. gloo's abort and destroy_process_group do not
+unblock a peer while a forked data-loader worker holds the sockets. Linux only."""
 
 from __future__ import annotations
 
@@ -25,8 +13,7 @@ ESTABLISHED = "01"
 
 
 def shut_down_connections(keep_ports: Iterable[int]) -> int:
-    """Shut down this process's established TCP connections whose local or remote port is not in `keep_ports`;
-    how many."""
+    """Shut down this process's established TCP connections whose ports are not in `keep_ports`; how many."""
     keep = set(keep_ports)
     descriptors = _socket_descriptors()
     count = 0
@@ -39,12 +26,12 @@ def shut_down_connections(keep_ports: Iterable[int]) -> int:
                 duplicate.shutdown(socket.SHUT_RDWR)
             count += 1
         except OSError:
-            continue  # closed meanwhile
+            continue
     return count
 
 
 def _socket_descriptors() -> dict[str, int]:
-    """socket inode -> one of this process's descriptors of it."""
+    """socket inode -> one of this process's descriptors for it."""
     found: dict[str, int] = {}
     directory = Path("/proc/self/fd")
     if not directory.exists():
@@ -60,7 +47,7 @@ def _socket_descriptors() -> dict[str, int]:
 
 
 def _established() -> list[tuple[str, int, int]]:
-    """(inode, local port, remote port) of every established TCP connection in this network namespace."""
+    """(inode, local port, remote port) of every established TCP connection here."""
     rows = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:

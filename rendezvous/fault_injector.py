@@ -1,22 +1,6 @@
-"""Megatron-Core's fault injector (megatron/core/fault_injector.py) with nvidia-resiliency-ext's faults
-(nvidia_resiliency_ext/shared_utils/inject_fault.py), for testing what a run does when a rank fails.
-
-The plan is Megatron-Core's: injection is on when --fault-injector-ranks or --fault-injector-num-ranks is
-given; from a `random.Random(--fault-injector-seed)` the ranks are drawn first (num-ranks of ranks 1..N-1,
-rank 0 spared), then one fault type by --fault-injector-fault-probabilities (normalized; even without), then
-the delay: --fault-injector-fault-delay, or --fault-injector-offset-seconds plus an exponential draw of mean
---fault-injector-mtti-seconds. The clock starts at the start of training, or after the step at which
-Megatron's 0-based iteration counter equals --fault-injector-delay-start-iteration (training.py: the check
-follows train_step, before `iteration += 1`; so N starts it after the step logged as iteration N + 1).
-Each fault acts as nvidia-resiliency-ext's does, from a daemon thread after the delay: workload_exc sets a
-flag the training loop polls after each step (not the run's first, as Megatron polls) and raises
-InjectedFault there; async_exc raises it in the main thread wherever it is; signal_exc sends SIGUSR1 with a
-handler that raises it; os_abort, segfault and lock_gil abort, crash and hold the GIL; sigint, sigkill,
-sigterm and sigstop send the signal to this process. (nvidia-resiliency-ext sends the signals from a forked
-child; a thread sends the same signal here, and a fork of a process running gloo's threads is avoided.)
-The gpu_* faults need CUDA and are refused without it. Nothing here imports torch: the driver that draws
-the plan on every rank and arms it is resilience/fault_injection.py.
-"""
+"""Megatron-Core's fault injector with nvidia-resiliency-ext's faults, for testing what a run does when a rank fails:
+the same seeded draws of ranks, fault type and delay, each fault acting from a daemon thread after its delay. It imports
+no torch; resilience/fault_injection.py arms it."""
 
 from __future__ import annotations
 
@@ -34,7 +18,7 @@ from typing import Callable, Optional
 from base.errors import ConfigError, InjectedFault
 from base.waits import LONGEST_WAIT_TEXT, is_wait
 
-# nvidia-resiliency-ext's Fault enum, in its order (lower case, as the flag is written; Megatron upper-cases it).
+# nvidia-resiliency-ext's Fault enum, in order (lower case, as the flag is written).
 FAULT_TYPES = ("gpu_error", "gpu_sleep", "workload_exc", "async_exc", "signal_exc", "os_abort", "lock_gil",
                "segfault", "sigint", "sigkill", "sigterm", "sigstop")
 GPU_FAULTS = ("gpu_error", "gpu_sleep")
@@ -44,7 +28,7 @@ SIGNAL_FAULTS = {"sigint": signal.SIGINT, "sigkill": signal.SIGKILL, "sigterm": 
 
 @dataclass(frozen=True)
 class FaultInjectorSettings:
-    """The nine --fault-injector-* flags as Megatron-Core's FaultInjectorConfig holds them (all None by default)."""
+    """The --fault-injector-* flags as Megatron-Core's FaultInjectorConfig holds them."""
     ranks: Optional[str] = None
     num_ranks: Optional[int] = None
     fault_types: Optional[str] = None
@@ -57,7 +41,7 @@ class FaultInjectorSettings:
 
     @property
     def enabled(self) -> bool:
-        """Megatron-LM's training.py sets the injector up only when ranks or num-ranks is given."""
+        """On when ranks or num-ranks is given, as in Megatron-LM."""
         return self.ranks is not None or self.num_ranks is not None
 
     def fault_types_list(self) -> list[str]:
@@ -71,9 +55,7 @@ class FaultInjectorSettings:
         return [w / sum(weights) for w in weights]
 
     def check(self, cuda: bool) -> None:
-        """What Megatron-Core asserts when it sets the injector up (get_fault_ranks, get_fault,
-        get_fault_delay), refused before any work, in one line naming the flag; the checks run in this order, so a
-        launch with several faults is told of the same one first."""
+        """Megatron-Core's set-up asserts, as one-line errors before any work, in its order."""
         if not self.enabled:
             return
         self._check_ranks()
@@ -86,7 +68,6 @@ class FaultInjectorSettings:
         self._check_delays()
 
     def _check_ranks(self) -> None:
-        """Which ranks are hit (get_fault_ranks): one way of naming them, and a way that names at least one."""
         if self.ranks is not None and self.num_ranks is not None:
             raise ConfigError("--fault-injector-ranks and --fault-injector-num-ranks are exclusive (Megatron-Core: "
                               "'Cannot specify both force_ranks and num_ranks'): give one",
@@ -104,7 +85,6 @@ class FaultInjectorSettings:
                               flags=("--fault-injector-num-ranks",))
 
     def _check_fault_types(self, cuda: bool) -> None:
-        """Which fault (get_fault): named, one nvidia-resiliency-ext knows, and one this run's device can take."""
         if self.fault_types is None:
             raise ConfigError("--fault-injector-ranks/--fault-injector-num-ranks need --fault-injector-fault-types "
                               f"(Megatron-Core asserts it), one or more of {', '.join(FAULT_TYPES)}",
@@ -120,7 +100,6 @@ class FaultInjectorSettings:
                               "device and this run has none", flags=("--fault-injector-fault-types",))
 
     def _check_probabilities(self) -> None:
-        """The weights random.choices draws the fault by (probabilities()): one per type, and a sum to divide by."""
         if self.fault_probabilities is None:
             return
         try:
@@ -132,14 +111,13 @@ class FaultInjectorSettings:
                               f"fault type ({len(self.fault_types_list())}; Megatron-Core: 'Number of fault types "
                               f"and fault probabilities must match')",
                               flags=("--fault-injector-fault-probabilities", "--fault-injector-fault-types"))
-        # NaN compares false with everything, so `min(weights) < 0` let it through to random.choices
+        # NaN compares false with everything, so `min(weights) < 0` would let it through
         if not all(math.isfinite(w) and w >= 0 for w in weights) or not 0 < sum(weights) < math.inf:
             raise ConfigError(f"--fault-injector-fault-probabilities {self.fault_probabilities}: finite, "
                               f"non-negative weights, not all zero (they are normalized by their sum)",
                               flags=("--fault-injector-fault-probabilities",))
 
     def _check_delays(self) -> None:
-        """When the fault comes (get_fault_delay): a fixed delay or a mean, each a finite wait (base/waits.py)."""
         if self.fault_delay is None and self.mtti_seconds is None:
             raise ConfigError("give --fault-injector-fault-delay or --fault-injector-mtti-seconds (Megatron-Core "
                               "asserts one): when the fault comes", flags=("--fault-injector-fault-delay",
@@ -152,8 +130,8 @@ class FaultInjectorSettings:
                                   f"{LONGEST_WAIT_TEXT}, got {value:g}", flags=(flag,))
 
     def check_world(self, world_size: int) -> None:
-        """The checks that need the world size (Megatron-Core's get_fault_ranks), in its words; called before any
-        work with the world the launch will train on (arguments/resiliency_bounds.py) and again by every rank."""
+        """The checks that need the world size, in Megatron-Core's words; run before any work and again by every
+        rank."""
         if not self.enabled:
             return
         if self.ranks is not None:
@@ -183,10 +161,8 @@ class FaultPlan:
 
 
 def draw_plan(settings: FaultInjectorSettings, world_size: int, seed: Optional[int], index: int = 0) -> FaultPlan:
-    """Megatron-Core's draws in its order (get_fault_ranks, get_fault, get_fault_delay) from one
-    random.Random(seed): the same plan on every rank for the same seed. `index`: the plan of the index-th set-up of
-    the job (a restart's), drawn on from the same stream, as Megatron-Core's module-level rng, made once per process,
-    draws on at each setup_fault_injection."""
+    """Megatron-Core's draws in its order from one random.Random(seed): the same plan on every rank. `index`: the plan
+    of the index-th set-up (a restart's), drawn on from the same stream."""
     rng = random.Random(seed)
     for _ in range(index):
         _draw(settings, world_size, rng)
@@ -206,26 +182,24 @@ def _draw(settings: FaultInjectorSettings, world_size: int, rng: random.Random) 
 
 
 class FaultInjector:
-    """Arms one fault on this rank (`arm`) and raises a workload exception where the loop polls it (`poll`); `cancel`
-    when training is over, so a fault not yet due never lands in what follows it (the run's last lines and exit, or an
-    in-process restart's next incarnation): a daemon thread's sleep would fire into either, an async_exc there ending
-    the process with status 1 and no line."""
+    """Arms one fault on this rank and raises a workload fault where the loop polls it; `cancel` at the end of training,
+    so a fault not yet due never lands in the exit or the next incarnation."""
 
     def __init__(self, describe: str, gpu_faults: Optional[dict[str, Callable[[], None]]] = None) -> None:
-        self.describe = describe  # begins the exception's message
+        self.describe = describe
         self.gpu_faults = gpu_faults or {}
         self._workload_raise = threading.Event()
         self._cancelled = threading.Event()
 
     def poll(self, where: str) -> None:
-        """Megatron's maybe_raise_workload_exception: raise the workload exception once it is due."""
+        """Megatron's maybe_raise_workload_exception."""
         if self._workload_raise.is_set():
             self._workload_raise.clear()
             raise InjectedFault(f"{self.describe}: workload_exc raised {where} (--fault-injector-fault-types)")
 
     def arm(self, fault: str, delay_s: float) -> threading.Thread:
         act = self._action(fault)
-        if fault == "signal_exc":  # installed now, from the main thread, as nvidia-resiliency-ext does
+        if fault == "signal_exc":
             signal.signal(signal.SIGUSR1, self._raise_on_signal)
 
         def fire() -> None:
@@ -237,7 +211,6 @@ class FaultInjector:
         return thread
 
     def cancel(self) -> None:
-        """A fault armed and not yet due is never injected."""
         self._cancelled.set()
 
     def _action(self, fault: str) -> Callable[[], None]:
@@ -251,15 +224,15 @@ class FaultInjector:
             "signal_exc": lambda: os.kill(me, signal.SIGUSR1),
             "os_abort": os.abort,
             "segfault": lambda: ctypes.string_at(1),
-            # nvidia-resiliency-ext's lock_gil: a regular expression that backtracks for hours in C, holding the GIL
+            # a regular expression that backtracks for hours in C, holding the GIL
             "lock_gil": lambda: re.match(r"(a?){40}a{40}", "a" * 40),
             **self.gpu_faults,
         }
         return actions[fault]
 
     def _async_fault(self) -> type[InjectedFault]:
-        """InjectedFault with this injector's message: an exception raised in another thread is a class, built
-        there without arguments."""
+        """An exception raised in another thread is a class built there without arguments: this one carries the
+        message."""
         message = f"{self.describe}: async_exc raised in the main thread (--fault-injector-fault-types)"
 
         class AsyncInjectedFault(InjectedFault):
@@ -274,7 +247,6 @@ class FaultInjector:
 
 
 def _raise_in_thread(thread_id: int, exception: type[BaseException]) -> None:
-    """nvidia-resiliency-ext's async_raise: `exception` raised in the thread at its next bytecode."""
     set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
     set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
     set_async_exc.restype = ctypes.c_int

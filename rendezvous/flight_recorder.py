@@ -1,21 +1,8 @@
-"""A hang traced to its collective: each rank's ring of collectives (rendezvous/collective_log.py) and all its
-threads' Python stacks, written to --flight-recorder-dump-path when the heartbeat watch or a failed collective
-ends the run, and the one analysis that names where the ranks of each group disagree.
+"""A hang traced to its collective: each rank's ring of collectives and its threads' Python stacks are dumped to
+--flight-recorder-dump-path when the heartbeat watch or a failed collective ends the run, and one analysis names where
+each group's ranks disagree. PyTorch's Flight Recorder variables are exported for NCCL as Megatron-LM does.
 
-Megatron-LM's flags (megatron/training/initialize.py, _initialize_distributed) only export PyTorch's Flight
-Recorder variables for NCCL: TORCH_FR_DUMP_TEMP_FILE (the dump path; a directory gets the per-rank prefix
-`<dir>/_dump_`), TORCH_NCCL_TRACE_BUFFER_SIZE (--flight-recorder-trace-buffer-size; exported here under
-torch 2.13's name for it, TORCH_FR_BUFFER_SIZE, since the old one warns on every rank), TORCH_NCCL_DUMP_ON_TIMEOUT,
-TORCH_INCLUDE_STACK_TRACE, TORCH_INCLUDE_ONLY_ACTIVE, TORCH_NCCL_EXTRA_DUMP_ON_EXEC. The same variables are
-exported here (for a CUDA run's NCCL), and the same record is kept for every backend, gloo included, by the
-Communicator: one JSON file per rank, `<prefix><rank>.json`, and its stacks, `<prefix><rank>.stacks`.
-
-Stacks come from faulthandler, which writes from C: `dump_traceback(all_threads=True)` at the dump, and a
-watch armed again every second by a thread (`StackWatch`): when this process's Python does not run for the
-heartbeat timeout (a thread holding the GIL), faulthandler's own C thread writes every thread's stack anyway.
-
-    python -m rendezvous.flight_recorder DUMP_PATH      # re-reads the dumps and prints the analysis
-"""
+python -m rendezvous.flight_recorder DUMP_PATH   # re-reads the dumps and prints the analysis"""
 
 from __future__ import annotations
 
@@ -33,8 +20,8 @@ from typing import Optional, Sequence
 
 from rendezvous.collective_log import COMPLETED, CollectiveLog
 
-DIRECTORY_PREFIX = "_dump_"  # Megatron-LM's per-rank prefix inside a directory dump path
-# How long a rank that reports a loss waits for the other live ranks' summaries in the store.
+DIRECTORY_PREFIX = "_dump_"
+# How long a reporting rank waits for the other live ranks' summaries.
 GATHER_WAIT_S = 5.0
 
 
@@ -54,8 +41,7 @@ class FlightRecorderSettings:
 
 
 def dump_prefix(dump_path: str) -> str:
-    """The per-rank file prefix: Megatron's `<dir>/_dump_` for a directory (made when the path ends in a
-    separator), else the path itself as the prefix (PyTorch's TORCH_FR_DUMP_TEMP_FILE)."""
+    """The per-rank file prefix: `<dir>/_dump_` for a directory, else the path itself (TORCH_FR_DUMP_TEMP_FILE)."""
     if dump_path.endswith(os.sep):
         os.makedirs(dump_path, exist_ok=True)
     if os.path.isdir(dump_path):
@@ -67,9 +53,8 @@ DUMP_PATH_VARIABLES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FI
 
 
 def with_environment_path(settings: FlightRecorderSettings, environ) -> tuple[FlightRecorderSettings, list[str]]:
-    """Megatron-LM takes the dump path from the flag or, without it, from PyTorch's variables
-    (megatron/training/initialize.py: `args.flight_recorder_dump_path or os.environ.get('TORCH_FR_DUMP_TEMP_FILE')
-    or os.environ.get('TORCH_NCCL_DEBUG_INFO_TEMP_FILE')`); the recorder is then on, said in one line."""
+    """Without the flag, the dump path comes from TORCH_FR_DUMP_TEMP_FILE or TORCH_NCCL_DEBUG_INFO_TEMP_FILE, as in
+    Megatron-LM; said in one line."""
     if settings.on:
         return settings, []
     for name in DUMP_PATH_VARIABLES:
@@ -81,8 +66,7 @@ def with_environment_path(settings: FlightRecorderSettings, environ) -> tuple[Fl
 
 
 def check_dump_path(dump_path: str) -> None:
-    """Before any work: the dumps' directory exists (a path ending in a separator is made) and is writable,
-    so that a hang hours later does not find it missing."""
+    """Before any work: the dumps' directory exists and is writable, so a hang hours later does not find it missing."""
     directory = os.path.dirname(dump_prefix(dump_path)) or "."
     if not (os.path.isdir(directory) and os.access(directory, os.W_OK)):
         raise NotADirectoryError(f"--flight-recorder-dump-path {dump_path}: {directory} is not a writable directory "
@@ -90,8 +74,7 @@ def check_dump_path(dump_path: str) -> None:
 
 
 def torch_environment(settings: FlightRecorderSettings, environ: dict) -> list[str]:
-    """Export PyTorch's Flight Recorder variables as Megatron-LM does (a variable already set wins); the
-    names of those it kept from the environment."""
+    """Export PyTorch's Flight Recorder variables (a variable already set wins); the names of those kept."""
     if not settings.on:
         return []
     prefix = dump_prefix(settings.dump_path)
@@ -108,14 +91,13 @@ def torch_environment(settings: FlightRecorderSettings, environ: dict) -> list[s
 
 
 def summary(log: CollectiveLog, rank: int, iteration: Optional[int]) -> dict:
-    """What one rank says of itself in the analysis: per group, its members and its newest collective."""
     return {"rank": rank, "iteration": iteration, "members": {name: list(ranks) for name, ranks in log.members.items()},
             "groups": log.last_per_group(), "waiting_p2p": log.waiting_p2p()[-2:]}
 
 
 def write_dump(log: CollectiveLog, settings: FlightRecorderSettings, rank: int, world_size: int,
                iteration: Optional[int], reason: str) -> str:
-    """This rank's ring (JSON) and all its threads' stacks; the JSON file's path."""
+    """This rank's ring (JSON) and its threads' stacks; the JSON file's path."""
     prefix = dump_prefix(settings.dump_path)
     path = f"{prefix}{rank}.json"
     record = {**summary(log, rank, iteration), "world_size": world_size, "reason": reason, "time": time.time(),
@@ -151,10 +133,9 @@ def _span(ranks: Sequence[int]) -> str:
 
 
 def analyze(summaries: dict[int, dict], world_size: int, silent: Sequence[int] = (), quiet: Sequence[int] = ()) -> str:
-    """One line: per group, where its ranks stand ('ep group (0-3): ranks 0-2 wait in all_to_all #411
-    (gpt/moe/dispatch.py:88 in dispatch), rank 3 last completed #410 or later'); a rank with no summary (silent,
-    stopped, dead) is placed by what its peers completed: a collective completes on a rank only once every
-    member entered it (a broadcast's source excepted). Groups where every rank with a record stands at the same completed collective are left out."""
+    """One line: per group, where its ranks stand; a rank with no summary is placed by what its peers completed (a
+    collective completes only once every member entered it). Groups all at the same completed collective are left
+    out."""
     parts = []
     for group in sorted({name for record in summaries.values() for name in record["groups"]}):
         instances: dict[tuple[int, ...], list[int]] = {}
@@ -166,12 +147,12 @@ def analyze(summaries: dict[int, dict], world_size: int, silent: Sequence[int] =
             part = _group_line(group, members, {rank: summaries[rank]["groups"][group] for rank in reporting})
             if part:
                 parts.append(part)
-    for rank, record in sorted(summaries.items()):  # a pipeline stage blocked on its neighbour
+    for rank, record in sorted(summaries.items()):
         for message in record.get("waiting_p2p", []):
             parts.append(f"rank {rank} waits in {message['kind']} #{message['seq']} of the {message['group']} "
                          f"group ({message['site']})")
     silent_part = f"{_span(silent)} silent (no record)" if silent else ""
-    # alive (beating) but it shared nothing: stuck outside any collective, where only its stacks can tell
+    # alive but shared nothing: stuck outside any collective, where only its stacks can tell
     quiet_part = f"{_span(quiet)} alive but shared no record (stuck outside a collective? see its stacks)" if quiet \
         else ""
     return "; ".join(part for part in [silent_part, quiet_part, *parts] if part) \
@@ -179,7 +160,6 @@ def analyze(summaries: dict[int, dict], world_size: int, silent: Sequence[int] =
 
 
 def own_position(record: dict, world_size: int) -> str:
-    """This rank's newest collective in each group, with nothing to compare it with."""
     parts = []
     for group, state in sorted(record["groups"].items()):
         members = _span(record["members"].get(group) or range(world_size)).split(" ", 1)[1]
@@ -201,7 +181,7 @@ def _group_line(group: str, members: tuple[int, ...], states: dict[int, dict]) -
         where.setdefault(key, []).append(rank)
     missing = [rank for rank in members if rank not in states]
     if len(where) == 1 and next(iter(where))[0] == "completed":
-        return ""  # the ranks that speak agree and none waits: nothing a missing rank could hold up here
+        return ""  # the ranks agree and none waits: a missing rank holds nothing up here
     pieces = []
     for (state, seq, kind, site), ranks in sorted(where.items(), key=lambda item: (item[0][1], item[0][0])):
         verb = "wait" if len(ranks) > 1 else "waits"
@@ -217,8 +197,8 @@ def _group_line(group: str, members: tuple[int, ...], states: dict[int, dict]) -
 
 
 class FlightRecorder:
-    """One rank's recorder in a run: the log the Communicator fills, the stack watch, and the report made
-    when a rank is lost or a collective fails."""
+    """One rank's recorder: the Communicator's log, the stack watch, and the report made when a rank is lost or a
+    collective fails."""
 
     def __init__(self, settings: FlightRecorderSettings, log: CollectiveLog, rank: int, world_size: int,
                  stack_watch: Optional["StackWatch"] = None) -> None:
@@ -228,9 +208,8 @@ class FlightRecorder:
 
     def report(self, reason: str, iteration: Optional[int], silent: Sequence[int] = (), exited: Sequence[int] = (),
                store=None, key_prefix: str = "") -> str:
-        """Dump (unless --no-flight-recorder-dump-on-timeout), share this rank's summary through the
-        rendezvous store, wait briefly for the other live ranks' summaries, and return the analysis for
-        the line ('' when another thread of this rank reported already)."""
+        """Dump, share this rank's summary through the store, wait briefly for the others', and return the analysis (''
+        when another thread reported already)."""
         if not self._reported.acquire(blocking=False):
             return ""
         dumped = ""
@@ -241,10 +220,10 @@ class FlightRecorder:
             except OSError as error:
                 dumped = f" (no dump: {error.strerror or error})"
         mine = summary(self.log, self.rank, iteration)
-        if store is None:  # nobody to compare with (this rank was stopped, or the store went): where it stands
+        if store is None:
             return "flight recorder: " + own_position(mine, self.world_size) + dumped
         summaries = {self.rank: mine}
-        # a rank that exited on its own error shared its record first when it came out of a collective
+        # a rank that exited on its own error shared its record when it came out of a collective
         others = [r for r in range(self.world_size) if r != self.rank and r not in silent]
         summaries.update(_exchange(store, key_prefix, self.rank, mine, others))
         quiet = [r for r in others if r not in summaries and r not in exited]
@@ -256,18 +235,15 @@ class FlightRecorder:
             try:
                 write_dump(self.log, self.settings, self.rank, self.world_size, iteration, "an error of this rank's own")
             except OSError:
-                pass  # the error itself is what the rank reports
+                pass
 
     def in_collective(self) -> bool:
-        """Whether this rank's newest collective never completed: an error now came out of it (a collective
-        timeout, with every peer alive: a peer stuck elsewhere, or the ranks in different collectives)."""
+        """Whether this rank's newest collective never completed (a timeout with every peer alive)."""
         entries = self.log.entries()
         return bool(entries) and entries[-1][COMPLETED] is None
 
     def report_failed_collective(self, iteration: Optional[int], store, key_prefix: str) -> str:
-        """Every peer is alive and this rank's collective failed (its timeout): the same dump, exchange and
-        analysis as for a lost rank, over every rank; a rank that shares nothing within GATHER_WAIT_S is
-        named as alive but silent about its collectives."""
+        """Every peer is alive and this rank's collective timed out: the same dump and analysis over every rank."""
         return self.report("a collective failed with every peer alive (its timeout)", iteration, (), (), store,
                            key_prefix)
 
@@ -277,8 +253,8 @@ class FlightRecorder:
 
 
 def _exchange(store, key_prefix: str, rank: int, mine: dict, others: Sequence[int]) -> dict[int, dict]:
-    """Publish this rank's summary; read the others' as they arrive, for up to GATHER_WAIT_S. A store
-    that fails (its host is the lost rank) leaves only what was read."""
+    """Publish this rank's summary and read the others' for up to GATHER_WAIT_S; a failing store leaves what was
+    read."""
     found: dict[int, dict] = {}
     try:
         store.set(f"{key_prefix}flight/{rank}", json.dumps(mine))
@@ -296,8 +272,6 @@ def _exchange(store, key_prefix: str, rank: int, mine: dict, others: Sequence[in
 
 def start_flight_recorder(settings: FlightRecorderSettings, comm, rank: int, world_size: int,
                           stack_timeout_s: float) -> FlightRecorder:
-    """Give the Communicator its ring and start the stack watch (when the heartbeat watch is on and dumps are
-    written)."""
     check_dump_path(settings.dump_path)
     log = comm.log if comm.log is not None else CollectiveLog(settings.trace_buffer_size)
     log.capacity = settings.trace_buffer_size
@@ -310,9 +284,8 @@ def start_flight_recorder(settings: FlightRecorderSettings, comm, rank: int, wor
 
 
 class StackWatch:
-    """Every second re-arms faulthandler's watch (`dump_traceback_later`, a C thread that needs no GIL):
-    if this process's Python does not run for `timeout_s` -- a thread holding the GIL -- every thread's
-    stack is written to the rank's .stacks file anyway. A file left empty is removed at the end."""
+    """Re-arms faulthandler's watch every second (a C thread needing no GIL), so a process whose Python stalls for
+    `timeout_s` still writes every thread's stack."""
 
     def __init__(self, path: str, timeout_s: float, interval_s: float = 1.0) -> None:
         self.path, self.timeout_s, self.interval_s = path, timeout_s, interval_s

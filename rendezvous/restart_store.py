@@ -1,21 +1,6 @@
-"""The store an in-process restart coordinates through: it outlives every process group of the job.
-
-Megatron-LM (megatron/training/inprocess_restart.py, `maybe_wrap_for_inprocess_restart`) opens a TCPStore at
-MASTER_PORT + 1, hosted by launch rank 0, and builds each incarnation's process group on
-`PrefixStore(str(iteration), store)` (megatron/training/training.py, `pretrain`); nvidia-resiliency-ext's Wrapper
-keeps its own bookkeeping in a second store at MASTER_PORT + 2. Here one store at MASTER_PORT + 1 holds both, under
-separate prefixes: `inprocess/<incarnation>/pg/` for the process group, and beside it
-
-- `beat/<launch rank>`: each process's last heartbeat, its wall-clock time, set every --inprocess-heartbeat-interval
-  by a thread with its own client (so a main thread blocked in a collective still beats; a SIGKILLed process does
-  not);
-- `<incarnation>/end`: "fault" once any process of the incarnation failed (the spares wait on it), or "done";
-- `<incarnation>/failed/<launch rank>`: what a failed process met (rank, error, iteration, time);
-- `<incarnation>/arrived/<launch rank>` and `<incarnation>/terminated`: the rendezvous of the next incarnation, where
-  the survivors wait for each other and the first to conclude writes who is gone (compare-and-set, so all agree).
-
-Launch rank 0 hosts the store, as in Megatron-LM: its death ends the job.
-"""
+"""The store an in-process restart coordinates through, at MASTER_PORT + 1 hosted by launch rank 0 as in Megatron-LM: it
+outlives every process group and holds each incarnation's group keys, heartbeats, failures and the next incarnation's
+rendezvous."""
 
 from __future__ import annotations
 
@@ -31,16 +16,15 @@ import torch.distributed as dist
 from base.errors import PeerLostError
 
 PREFIX = "inprocess"
-POLL_S = 0.05  # how often a waiting process reads the store: a few small round trips, on a store no one else loads
+POLL_S = 0.05
 
 
 class RestartTimeout(PeerLostError):
-    """The survivors did not all arrive within --inprocess-barrier-timeout (a process alive but stuck)."""
+    """The survivors did not all arrive within --inprocess-barrier-timeout."""
 
 
 @dataclass(frozen=True)
 class Failure:
-    """What one process met in an incarnation, as it recorded it."""
     launch_rank: int
     rank: int
     error: str
@@ -62,20 +46,18 @@ class RestartStore:
         self._beats.start()
 
     def ports(self) -> tuple[int, int]:
-        """The ports whose connections outlive the process groups: this store's, and MASTER_PORT's (torchrun's
-        agent store)."""
+        """The ports whose connections outlive the process groups: this store's and MASTER_PORT's."""
         return self.address[1], self.address[1] - 1
 
     def key(self, incarnation: int, name: str) -> str:
         return f"{PREFIX}/{incarnation}/{name}"
 
     def group_store(self, incarnation: int) -> dist.Store:
-        """The store this incarnation's process group is built on: a key space of its own, as Megatron's prefix."""
+        """This incarnation's process-group store: a key space of its own."""
         return dist.PrefixStore(self.key(incarnation, "pg"), self.store)
 
     def record_failure(self, incarnation: int, rank: int, error: str, iteration: Optional[int]) -> None:
-        """Before this process destroys its group (which unblocks the peers waiting on it): what it met, and the
-        incarnation's end for the spares."""
+        """Record what this process met before it destroys its group, and the incarnation's end for the spares."""
         record = {"launch_rank": self.launch_rank, "rank": rank, "error": error, "iteration": iteration,
                   "time": self.clock()}
         self.store.set(self.key(incarnation, f"failed/{self.launch_rank}"), json.dumps(record))
@@ -85,10 +67,8 @@ class RestartStore:
         self.store.compare_set(self.key(incarnation, "end"), "", "done")
 
     def wait_for_end(self, incarnation: int, trainers: Sequence[int], heartbeat_timeout_s: float) -> str:
-        """A spare's wait: "done" or "fault", whichever the incarnation's trainers write; "fault" too once every
-        trainer's heartbeat is older than `heartbeat_timeout_s` (trainers killed at once, a node lost, write
-        nothing; one trainer's stale heartbeat alone is not enough: a live trainer's beat can starve on a busy
-        host, and a dead one's peers record the fault)."""
+        """A spare's wait: "done" or "fault" as the trainers write; "fault" too once every trainer's heartbeat is stale
+        (one stale beat may be a starved live trainer)."""
         key = self.key(incarnation, "end")
         while True:
             if self.store.check([key]):
@@ -99,18 +79,15 @@ class RestartStore:
             time.sleep(POLL_S)
 
     def failures(self, incarnation: int, launch_ranks: Sequence[int]) -> list[Failure]:
-        """The failures recorded in `incarnation`, first in time first (the first is the cause; the others met
-        its consequence: a collective broken when the failed rank left its group)."""
+        """The failures recorded in `incarnation`, earliest (the cause) first."""
         keys = [self.key(incarnation, f"failed/{launch}") for launch in launch_ranks]
         found = [json.loads(self.store.get(key)) for key in keys if self.store.check([key])]
         return sorted((Failure(**record) for record in found), key=lambda failure: failure.time)
 
     def rendezvous(self, incarnation: int, alive_before: Sequence[int], heartbeat_timeout_s: float,
                    barrier_timeout_s: float) -> list[int]:
-        """Arrive at `incarnation` and wait until each process of `alive_before` has arrived too or is gone: its
-        heartbeat older than `heartbeat_timeout_s` and no failure recorded in the incarnation before (a process
-        that recorded one is alive, on its way here through its clean-up, and on a loaded machine its heartbeat
-        thread can wait seconds for the CPU); the launch ranks found gone, as the first to conclude wrote them."""
+        """Arrive at `incarnation` and wait until each of `alive_before` arrived or is gone (stale heartbeat and no
+        recorded failure); the launch ranks gone, as the first to conclude wrote them."""
         self.store.set(self.key(incarnation, f"arrived/{self.launch_rank}"), "1")
         decided_key = self.key(incarnation, "terminated")
         started = self.clock()
@@ -131,8 +108,7 @@ class RestartStore:
         return json.loads(self.store.get(decided_key))
 
     def finish(self, live: int, completion_timeout_s: float) -> None:
-        """Every process says it is done; the store's host waits for them all (bounded), so that none is left
-        talking to a store that went away."""
+        """Every process says it is done; the store's host waits (bounded) so none talks to a vanished store."""
         self.store.add(f"{PREFIX}/finished", 1)
         if self.launch_rank != 0:
             return
@@ -155,4 +131,4 @@ class RestartStore:
                 client.set(f"{PREFIX}/beat/{self.launch_rank}", repr(self.clock()))
                 self._stop.wait(interval_s)
         except (RuntimeError, OSError):
-            return  # the store's host is gone: the job is ending, and the main thread learns it from its own call
+            return  # the store's host is gone: the main thread learns it from its own call

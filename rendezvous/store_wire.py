@@ -1,20 +1,6 @@
-"""The rendezvous store's calls that the liveness threads make (rendezvous/liveness.py), over a socket of
-our own instead of torch's TCPStore client.
-
-torch's client writes a dozen lines of C++ warnings to stderr whenever a call fails, before it raises
-(torch/csrc/distributed/c10d/TCPStore.cpp, `TCPClient::receiveValue`: "recvValue failed on
-SocketImpl(...)" and the frames). A store host killed by SIGKILL is silent for tens of milliseconds
-before its kernel closes its sockets (the process's memory goes first), so a heartbeat that happens to
-call in that window fails that way, above the one line naming the host. The same call made here fails
-as a Python exception and prints nothing.
-
-The protocol is torch's (TCPStore.cpp's `SendBuffer` and the commands, TCPStoreBackend.hpp's
-`QueryType`): a command byte, then its arguments in the machine's byte order, strings as a uint64
-length and the bytes. Keys carry TCPStore's "/" prefix, so that torch's clients see the same keys.
-`WireStore.connect` checks that the server speaks it (validate, then a ping that must come back) and
-raises WireMismatch otherwise: a torch whose protocol changed gets its own client back
-(`connect_store_client`), not a store that looks dead.
-"""
+"""The liveness threads' store calls over a socket of our own, speaking torch's TCPStore protocol: torch's client prints
+a dozen lines of C++ warnings when a call to a dying host fails, ours raises quietly. A server speaking another protocol
+gets torch's client back."""
 
 from __future__ import annotations
 
@@ -24,15 +10,15 @@ import struct
 import threading
 from datetime import timedelta
 
-# TCPStoreBackend.hpp: `validationMagicNumber` and `enum class QueryType : uint8_t`.
+# TCPStoreBackend.hpp's validationMagicNumber and QueryType.
 VALIDATION_MAGIC = 0x3C85F7CE
 VALIDATE, SET, COMPARE_SET, ADD, CHECK, MULTI_GET, PING = 0, 1, 2, 4, 5, 10, 13
-CHECK_READY = 0  # CheckResponseType::READY
+CHECK_READY = 0
 KEY_PREFIX = b"/"  # TCPStore::keyPrefix_
 
 
 class WireMismatch(ConnectionError):
-    """The server did not answer the protocol this module speaks (another torch version)."""
+    """The server does not speak this module's protocol (another torch version)."""
 
 
 def _string(value: bytes) -> bytes:
@@ -44,13 +30,12 @@ def _bytes(value: str | bytes) -> bytes:
 
 
 class WireStore:
-    """add, set, compare_set, check and multi_get of torch's TCPStore client, with its semantics.
-    A call to a stopped host blocks with no timeout, as torch's does (the liveness watchdog is what
-    notices); a closed or reset connection raises ConnectionError and prints nothing."""
+    """torch's TCPStore client's add, set, compare_set, check and multi_get. A call to a stopped host blocks, as torch's
+    does; a closed connection raises ConnectionError quietly."""
 
     def __init__(self, connection: socket.socket) -> None:
         self.socket = connection
-        self._lock = threading.Lock()  # one call at a time: the heartbeat and the watchdog share it
+        self._lock = threading.Lock()
 
     @classmethod
     def connect(cls, host: str, port: int, timeout_s: float) -> "WireStore":
@@ -67,7 +52,7 @@ class WireStore:
         if answered != nonce:
             connection.close()
             raise WireMismatch(f"the store at {host}:{port} answered a ping with {answered}, not {nonce}")
-        connection.settimeout(None)  # blocking, as torch's client: a stopped host is the watchdog's
+        connection.settimeout(None)  # blocking, as torch's client: a stopped host is the watchdog's to notice
         return store
 
     def add(self, key: str, amount: int) -> int:
@@ -87,7 +72,7 @@ class WireStore:
         return reply[0] == CHECK_READY
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        """A missing key reads as b"" (torch's client waits for it first): the liveness checks first."""
+        """A missing key reads as b"" (torch's client would wait for it)."""
         return self._call(self._keys_command(MULTI_GET, keys), lambda: [self._receive_bytes() for _ in keys])
 
     def close(self) -> None:
@@ -115,8 +100,6 @@ class WireStore:
 
 
 def connect_store_client(host: str, port: int, timeout_s: float):
-    """A client of the store at host:port for the liveness threads: ours, or torch's where the server
-    does not speak the protocol this module knows (its failed calls then print torch's warning)."""
     try:
         return WireStore.connect(host, port, timeout_s)
     except WireMismatch:
