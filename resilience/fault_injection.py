@@ -1,23 +1,6 @@
-"""The fault injector driven from the training loop (training/loop.py), as Megatron-LM's train() drives
-Megatron-Core's (megatron/training/training.py): the plan drawn once on every rank from
---fault-injector-seed (rendezvous/fault_injector.py), a start-up line saying what will be injected where and
-when, the fault armed on its ranks at the start of training or once the iteration of
---fault-injector-delay-start-iteration is done, its save included, and the workload exception polled after every
-step but the run's first. The gpu_* faults act as nvidia-resiliency-ext's do (an out-of-bounds index on the device; a
-kernel that sleeps forever).
-
-An injected fault is one fault. After a recovery (an in-process restart's next incarnation, a torchrun restart)
-Megatron-LM sets the injector up again: with --fault-injector-fault-delay the same fault at the same point, which
-fires again and again (a run reached in-process restart 547 that way), and with the delay-start iteration inside the
-checkpoint interval every restart resumes from the save before it and meets it again. Here:
-- a plan with a fixed delay is armed in the job's first start only; a restart says in one line that it is not armed
-  again;
-- an MTTI plan draws the next fault from the recovery on: the restart's plan is the next one of the seed's stream,
-  as Megatron-Core's module-level rng draws on at each set-up in one process;
-- the clock of --fault-injector-delay-start-iteration starts once that iteration's save (if it saves) has
-  completed, not before it as in Megatron-LM, where a fault of delay 0 lands inside the save and a restart resumes
-  from the save before (with --async-save, once the save is staged: its background write may be lost with the
-  fault, and the restart resumes from the save before it, which the rule above keeps from looping)."""
+"""The fault injector driven from the training loop, as Megatron-LM's train() drives Megatron-Core's. Unlike
+Megatron-LM, a fixed-delay fault is armed only in the job's first start and the delay-start clock begins after that
+iteration's save, so a restart does not meet the same fault for ever."""
 
 from __future__ import annotations
 
@@ -39,28 +22,25 @@ class FaultSchedule:
         self.settings, self.plan, self.start_iteration = settings, plan, start_iteration
         self.targeted = state.rank in plan.ranks
         self.injector = FaultInjector("fault injector", gpu_faults=_gpu_faults(state.device))
-        self.armed_at: Optional[float] = None  # time.monotonic() when the clock started
+        self.armed_at: Optional[float] = None
 
     def start(self) -> None:
-        """At the start of training: the clock starts now unless --fault-injector-delay-start-iteration is given."""
         if self.settings.delay_start_iteration is None:
             self._arm()
 
     def after_step(self, iteration: int) -> None:
-        """After the step logged as `iteration` (1-based; Megatron's counter is iteration - 1 there): the workload
-        exception's poll, before the step is logged or saved."""
+        """After the step logged as `iteration` (1-based; Megatron's counter is iteration - 1 there): poll the workload
+        fault before the step is logged or saved."""
         if iteration - 1 != self.start_iteration:
             self.injector.poll(f"after iteration {iteration}")
 
     def after_iteration(self, iteration: int) -> None:
-        """Once iteration `iteration` is done, its save included: the clock of --fault-injector-delay-start-iteration
-        starts (module docstring)."""
+        """Once `iteration` is done, its save included, the delay-start clock starts."""
         if self.settings.delay_start_iteration == iteration - 1:
             self._arm()
 
     def end(self, log: Optional[Callable[[str], None]] = None) -> None:
-        """Training is over (returned, or raised): a fault not yet due is not injected. `log` (when it returned): one
-        line where the plan's delay had not run out, on every rank, since every rank holds the plan."""
+        """A fault not yet due is not injected; `log`: say so in one line where the delay had not run out."""
         self.injector.cancel()
         if log is not None and self.armed_at is not None and time.monotonic() - self.armed_at < self.plan.delay_s:
             log(f"> fault injector: training ended {time.monotonic() - self.armed_at:.3f} s after the injector was "
@@ -74,9 +54,8 @@ class FaultSchedule:
 
 def plan_faults(settings: FaultInjectorSettings, state: ParallelState, start_iteration: int,
                 log: Callable[[str], None], restart: int = 0) -> Optional[FaultSchedule]:
-    """The run's schedule, or None when the injector is off or, at `restart` > 0, its one fault was planned already
-    (module docstring). Without --fault-injector-seed rank 0 draws a seed every rank takes (Megatron-Core draws on
-    rank 0 and broadcasts the plan)."""
+    """The run's schedule, or None when off or (at `restart` > 0) the one fault was planned already. Without
+    --fault-injector-seed, rank 0 draws a seed every rank takes."""
     if not settings.enabled:
         return None
     settings.check_world(state.world_size)
@@ -94,7 +73,7 @@ def plan_faults(settings: FaultInjectorSettings, state: ParallelState, start_ite
 
 def _gpu_faults(device: torch.device) -> dict[str, Callable[[], None]]:
     if device.type != "cuda":
-        return {}  # refused before any work (rendezvous/fault_injector.py, check)
+        return {}
 
     def gpu_error() -> None:
         index = torch.ones(1, dtype=torch.int64, device=device)

@@ -1,22 +1,6 @@
-"""--enable-ft-package, --calc-ft-timeouts, --ft-num-warmup-iters: Megatron-LM's fault tolerance sections
-(megatron/training/ft_integration.py) over nvidia-resiliency-ext's semantics, with the monitor of
-resilience/ft_monitor.py in the place of its rank monitor server.
-
-Sections, as Megatron-LM opens them: "setup" from the start until the first training step; "step" around each
-training step after the first --ft-num-warmup-iters (5) of this incarnation; "checkpointing" around each save.
-Their timeouts come from the launcher, as ft_launcher's `--ft-rank-section-timeouts setup:600,step:180,...` and
-`--ft-rank-out-of-section-timeout S` (scripts/launch.py takes both and hands them to the ranks in
-FT_TIMEOUTS_VARIABLE); a section without a timeout is not watched (nvidia-resiliency-ext's config default: none
-is). With --calc-ft-timeouts each is learned from this run's own times, as ft_integration.py does: after each
-save and at the end, the longest time every rank spent in a section (all ranks' maximum) times the safety factor
-5 (FaultToleranceConfig.safety_factor), merged with an earlier learned value by an even average
-(timeouts_calc.py `_ema`), once there is enough to learn from (the step after 16 iterations, setup after a
-checkpoint was loaded, checkpointing after a save, out-of-section at the end when all three were); kept in
-`<save>/ft_state.json`, which the next start (a restart) reads.
-
-A rank past a timeout is ended by its monitor; a rank that died or went silent is named by the heartbeat watch
-(rendezvous/liveness.py), whose survivors exit; either way torchrun's agent restarts the job (--max-restarts) and
-it resumes from the latest checkpoint in --load (= --save, Megatron's way)."""
+"""--enable-ft-package: Megatron-LM's fault tolerance sections (setup, step, checkpointing) with nvidia-resiliency-ext's
+semantics, watched by resilience/ft_monitor.py. Timeouts come from the launcher, or with --calc-ft-timeouts are learned
+from the run's own times (x5) and kept in `<save>/ft_state.json` for a restart."""
 
 from __future__ import annotations
 
@@ -39,12 +23,11 @@ FT_TIMEOUTS_VARIABLE = "ZERO_GPT_FT_TIMEOUTS"  # JSON: {"setup": s, "step": s, "
 SECTIONS = ("setup", "step", "checkpointing")
 SAFETY_FACTOR = 5.0  # nvidia-resiliency-ext's FaultToleranceConfig.safety_factor
 MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE = 16  # ft_integration.py's _MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE
-STATE_FILE = "ft_state.json"  # ft_integration.py's name, in --save
+STATE_FILE = "ft_state.json"
 
 
 def parse_section_timeouts(text: str) -> dict[str, Optional[float]]:
-    """ft_launcher's `name1:value1,name2:value2` (FaultToleranceConfig._parse_section_timeouts_arg); a value of
-    null, none or nothing is no timeout."""
+    """ft_launcher's `name:value,...`; null, none or nothing is no timeout."""
     timeouts: dict[str, Optional[float]] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = item.partition(":")
@@ -64,14 +47,13 @@ def parse_timeout(value: str) -> Optional[float]:
 
 
 def launch_timeouts(environ: Mapping[str, str]) -> dict[str, Optional[float]]:
-    """The timeouts the launcher handed over; every one None where it handed none."""
     given = json.loads(environ.get(FT_TIMEOUTS_VARIABLE, "{}"))
     return {name: given.get(name) for name in (*SECTIONS, "out_of_section")}
 
 
 @dataclass
 class LearnedTimes:
-    """The longest time this rank spent in each section (and outside all), as timeouts_calc.py's TimeoutsCalc."""
+    """The longest time this rank spent in each section and outside all (timeouts_calc.py's TimeoutsCalc)."""
     longest: dict[str, float] = field(default_factory=lambda: {name: -1.0 for name in (*SECTIONS, "out_of_section")})
     open: dict[str, float] = field(default_factory=dict)
     last_close: float = field(default_factory=time.monotonic)
@@ -88,13 +70,11 @@ class LearnedTimes:
 
 
 def merged(current: Optional[float], new: float, current_learned: bool) -> float:
-    """timeouts_calc.py `_get_merged_section_timeouts`: an even average with a learned value, else the new one."""
+    """An even average with a learned value, else the new one (timeouts_calc.py)."""
     return 0.5 * new + 0.5 * current if current_learned and current is not None else new
 
 
 class FaultTolerance:
-    """This rank's sections, reported to its monitor process, and the timeouts learned with --calc-ft-timeouts."""
-
     def __init__(self, rank: int, save_dir: str, calc_timeouts: bool, warmup_iterations: int,
                  timeouts: dict[str, Optional[float]], log=print) -> None:
         self.rank, self.calc_timeouts, self.warmup_iterations = rank, calc_timeouts, warmup_iterations
@@ -102,13 +82,13 @@ class FaultTolerance:
         self.log = log
         self.timeouts = dict(timeouts)
         self.learned: set[str] = set()
-        if self.state_path.exists():  # ft_integration.py `_load_state_if_exists`: what an earlier start learned
+        if self.state_path.exists():  # what an earlier start learned
             state = json.loads(self.state_path.read_text())
             self.timeouts.update(state["timeouts"])
             self.learned = set(state["learned"])
             log(f"> FT: loaded timeouts from {self.state_path}")
         self.times = LearnedTimes()
-        self.iterations = 0  # training steps this incarnation finished
+        self.iterations = 0
         self.saves = 0
         self.loaded_checkpoint = False
         self._closed = False
@@ -129,7 +109,6 @@ class FaultTolerance:
                 f"{self.warmup_iterations} warm-up iterations; evaluation and an --async-save's commit count as "
                 f"out-of-section time here (Megatron-LM times evaluation steps as step and the commit as checkpointing)")
 
-    # ---- the loop's events (ft_integration.py's on_* calls) ---------------------------------------------------
 
     def step_start(self) -> None:
         if "setup" in self.times.open:
@@ -155,8 +134,7 @@ class FaultTolerance:
         self._maybe_learn(closing=False, group=group)
 
     def close(self, group: Optional[dist.ProcessGroup] = None, finished: bool = True) -> None:
-        """At the run's end (`finished`: every rank there, the process group up): the last learning, then the
-        monitor goes (ft_integration.py `shutdown`). Once only: later calls do nothing."""
+        """The last learning, then the monitor goes; later calls do nothing."""
         if self._closed:
             return
         self._closed = True
@@ -170,7 +148,6 @@ class FaultTolerance:
                 self._monitor.stdin.close()
             self._monitor.wait()
 
-    # ---- internals ----------------------------------------------------------------------------------------------
 
     def _open(self, section: str) -> None:
         self.times.opened(section, time.monotonic())
@@ -184,10 +161,10 @@ class FaultTolerance:
         try:
             self._monitor.stdin.write(line + "\n")
         except (BrokenPipeError, ValueError):
-            pass  # the monitor is gone (it ended this rank, which is on its way out)
+            pass
 
     def _maybe_learn(self, closing: bool, group: Optional[dist.ProcessGroup]) -> None:
-        """ft_integration.py `_maybe_update_timeouts`: which sections have been seen enough to learn from."""
+        """Learn the sections seen enough (ft_integration.py's _maybe_update_timeouts)."""
         if not self.calc_timeouts:
             return
         sections = [name for name, ready in (("setup", self.loaded_checkpoint),
@@ -196,7 +173,7 @@ class FaultTolerance:
         if closing and {"setup", "step"} <= set(sections) and self.saves > 0:
             sections.append("out_of_section")
         longest = torch.tensor([self.times.longest[name] for name in (*SECTIONS, "out_of_section")], dtype=torch.float64)
-        if dist.is_initialized():  # timeouts_calc.py synchronize_all: every rank's longest
+        if dist.is_initialized():  # every rank's longest
             dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
         longest_of = dict(zip((*SECTIONS, "out_of_section"), longest.tolist()))
         updated = [name for name in sections if longest_of[name] > 0]
@@ -216,9 +193,8 @@ class FaultTolerance:
 
 
 def start_fault_tolerance(config: PretrainConfig, rank: int) -> Optional[FaultTolerance]:
-    """--enable-ft-package's sections and monitor for this rank (None without it), the setup section open. Like
-    ft_integration.py `setup`, refused without --save ("checkpointing save dir must be set to enable fault
-    tolerance"), which it creates."""
+    """This rank's sections and monitor (None without --enable-ft-package), setup open; refused without --save, as in
+    Megatron-LM."""
     training = config.training
     if not training.enable_ft_package:
         return None

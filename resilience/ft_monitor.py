@@ -1,22 +1,8 @@
-"""The rank monitor of --enable-ft-package: a small process beside each rank that ends the rank when one of its
-sections (setup, step, checkpointing) or the time outside them runs past its timeout.
+"""The rank monitor of --enable-ft-package, as nvidia-resiliency-ext's rank monitor server: a process beside each rank
+that kills it when a section or the time outside them overruns, so a stopped or GIL-stuck rank still ends.
 
-nvidia-resiliency-ext's fault tolerance works this way (fault_tolerance/rank_monitor_server.py, one monitor
-process per rank that ft_launcher starts): the rank reports each section's start and end, the monitor, which is
-not the rank, watches the clock, so a rank that is stopped (SIGSTOP), stuck holding the GIL or blocked in a
-collective on such a peer is still ended, with the config's `rank_termination_signal` (SIGKILL by default); the
-launcher then sees a failed rank and restarts the job (--max-restarts). Here the rank starts its monitor itself
-(resilience/fault_tolerance.py) and talks to it over a pipe, one line per event:
-
-    open <section>            close <section>            timeouts <json: {"setup": s, ..., "out_of_section": s}>
-    iterations <n>            (the training iterations this incarnation has finished)
-
-and the out-of-section time is watched only after the warm-up iterations (nvidia-resiliency-ext's
-`num_warmup_iterations`, Megatron-LM's --ft-num-warmup-iters), as the server does. The monitor exits when the
-pipe closes (the rank ended). Standard library only: it starts in a few tens of milliseconds.
-
-    python -m resilience.ft_monitor <rank pid> <rank> <warm-up iterations> <timeouts json>
-"""
+python -m resilience.ft_monitor PID RANK WARMUP_ITERS TIMEOUTS_JSON
+stdin lines: open|close <section>, timeouts <json>, iterations <n>"""
 
 from __future__ import annotations
 
@@ -32,8 +18,6 @@ CHECK_INTERVAL_S = 0.1
 
 
 class SectionClock:
-    """Which sections are open since when, and whether one (or the time outside all) is past its timeout."""
-
     def __init__(self, timeouts: dict[str, Optional[float]], warmup_iterations: int, now: float) -> None:
         self.timeouts = dict(timeouts)
         self.warmup_iterations = warmup_iterations
@@ -55,7 +39,7 @@ class SectionClock:
             self.iterations = int(rest)
 
     def overrun(self, now: float) -> Optional[tuple[str, float, float]]:
-        """(section, how long it has been open, its timeout) for the first past its timeout, else None."""
+        """(section, how long open, its timeout) for the first past its timeout, else None."""
         for section, since in self.open.items():
             timeout = self.timeouts.get(section)
             if timeout is not None and now - since > timeout:
@@ -75,7 +59,7 @@ def monitor(events: TextIO, rank_pid: int, rank: int, clock: SectionClock) -> in
         if readable:
             chunk = os.read(events.fileno(), 65536).decode()
             if not chunk:
-                return 0  # the rank closed the pipe: it ended
+                return 0
             buffer += chunk
             *lines, buffer = buffer.split("\n")
             for line in lines:
@@ -97,7 +81,7 @@ def monitor(events: TextIO, rank_pid: int, rank: int, clock: SectionClock) -> in
 def main(argv: list[str]) -> int:
     rank_pid, rank, warmup, timeouts = int(argv[0]), int(argv[1]), int(argv[2]), json.loads(argv[3])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the rank's to handle; the pipe's end ends this
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # likewise torchrun's SIGTERM to the rank's process group
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # likewise torchrun's SIGTERM
     return monitor(sys.stdin, rank_pid, rank, SectionClock(timeouts, warmup, time.monotonic()))
 
 

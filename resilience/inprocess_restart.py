@@ -1,23 +1,6 @@
-"""--inprocess-restart: the training re-run in the same processes after a fault, as Megatron-LM wraps `pretrain` in
-nvidia-resiliency-ext's `inprocess.Wrapper` (megatron/training/inprocess_restart.py). nvidia-resiliency-ext needs
-CUDA and NCCL pieces (its NCCL abort, CUDA health check, monitor process); this module builds the same behaviour on
-torch.distributed alone, tested on gloo. Each incarnation (Megatron's in-process "iteration"):
-1. the processes' assignment (rendezvous/rank_assignment.py: the first --inprocess-active-world-size launch ranks
-   train, the rest wait as hot spares); RANK and WORLD_SIZE are set to this incarnation's, as the Wrapper sets them
-   (nvidia_resiliency_ext/inprocess/state.py `set_distributed_vars`);
-2. a trainer builds its process group on the incarnation's own prefix of the restart store
-   (rendezvous/restart_store.py) and runs the training (`run`: the checks, prepare, train);
-3. on an exception the trainer records it in the store and destroys its group: its gloo connections close, so every
-   peer blocked in a collective with it fails at once, records its own and destroys its group too (Megatron's
-   `AbortTorchDistributed`);
-4. every live process, trainers and spares, meets at the next incarnation's rendezvous; a process that neither
-   arrives nor beats within --inprocess-heartbeat-timeout is gone; a spare takes each gone trainer's rank.
-A new incarnation rebuilds the process group and everything `prepare` makes from it: model, optimizer and state
-reloaded from the latest checkpoint in --load (the failed state is past it, and on a spare absent), data loaders
-(resumed at its consumed samples), metrics writer and save locks. It keeps the modules, the checked configuration,
-the restart store and its heartbeat, the tokenizer and data sources (training/data_splits.py's KeptAcrossRestarts,
-bound into `run` by pretrain_gpt.py: loaded once per process, a spare at its first incarnation); the dataset index
-is read back from its cache on disk (data/index_cache.py)."""
+"""--inprocess-restart: training re-run in the same processes after a fault, as Megatron-LM wraps `pretrain` in
+nvidia-resiliency-ext's Wrapper, built on torch.distributed alone. Each incarnation assigns ranks (hot spares take gone
+ones), builds its process group on the restart store, and reloads from the latest checkpoint."""
 
 from __future__ import annotations
 
@@ -44,15 +27,14 @@ from resilience.watched_run import RunOnGrid
 NOT_RESTARTED = (ConfigError, DataError)
 
 
-# Without --inprocess-max-iterations Megatron-LM hands nvidia-resiliency-ext's RetryController no bound, so a fault
-# met again at every restart restarts for ever (an injected one reached restart 547): bounded here by default
+# Megatron-LM hands RetryController no bound, so a fault met at every restart restarts for ever: bounded here by
+# default.
 DEFAULT_MAX_INCARNATIONS = 10
 
 
 class RestartsExhausted(PeerLostError):
-    """The incarnations' bound is reached, or too few processes are left to train: the job ends with exit 3, as when a
-    peer is lost without --inprocess-restart. Every live process decides it alike from the store, so one of them
-    (`speaks`: the lowest live launch rank) prints the line; a process taken for gone says its own."""
+    """Too many incarnations or too few processes: exit 3, as a lost peer without --inprocess-restart. The lowest live
+    launch rank prints the line."""
 
     def __init__(self, message: str, speaks: bool = True) -> None:
         super().__init__(message)
@@ -60,12 +42,11 @@ class RestartsExhausted(PeerLostError):
 
 
 def incarnation_bound(training: TrainingConfig) -> int:
-    """The most incarnations (the first run and its restarts): --inprocess-max-iterations, or the default here."""
     return training.inprocess_max_iterations or DEFAULT_MAX_INCARNATIONS
 
 
 def inprocess_notes(training: TrainingConfig) -> list[str]:
-    """The start-up lines that say what --inprocess-restart does here where Megatron-LM's would differ."""
+    """The start-up lines where --inprocess-restart differs from Megatron-LM's."""
     if not training.inprocess_restart:
         return []
     bound = incarnation_bound(training)
@@ -88,7 +69,7 @@ def inprocess_notes(training: TrainingConfig) -> list[str]:
 
 def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
                    fault_tolerance: Optional[FaultTolerance]) -> int:
-    """`run` in this process until the job is done, re-run after each fault; the exit status of the last run."""
+    """`run` in this process until the job is done, re-run after each fault; the last run's exit status."""
     training, launch = config.training, read_launch_environment()
     store = RestartStore(launch.master_addr, launch.master_port, launch.rank, launch.world_size,
                          training.inprocess_heartbeat_interval, training.inprocess_barrier_timeout)
@@ -117,16 +98,16 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
             if launch.rank in gone:  # taken for dead by the others (nvidia-resiliency-ext's RankDiscarded)
                 raise RestartsExhausted(f"launch rank {launch.rank} was taken for gone at in-process restart "
                                         f"{incarnation + 1} (its heartbeat older than --inprocess-heartbeat-timeout)")
-            speaks = launch.rank == min(launch for launch in alive if launch not in gone)  # one line for the job
+            speaks = launch.rank == min(launch for launch in alive if launch not in gone)
             try:
                 following = reassign(assignment, gone)
-            except TooFewProcesses as error:  # the cause first: which rank stopped, or failed, and how
+            except TooFewProcesses as error:  # the cause first: which rank stopped or failed, and how
                 raise RestartsExhausted(f"in-process restart {incarnation + 1}: "
                                         f"{restart_cause(store, incarnation, assignment, gone)}; {error}",
                                         speaks) from None
             cause = restart_line(store, incarnation, assignment, following, gone, config.checkpoint.load)
-            # nvidia-resiliency-ext's RetryController(max_iterations): Megatron-LM's inprocess_restart.py passes it
-            # only min_world_size, so there the flag bounds nothing; here it bounds the incarnations, as its help says
+            # Megatron-LM passes RetryController only min_world_size, so there the flag bounds nothing; here it bounds
+            # the incarnations, as its help says.
             if incarnation + 1 >= bound:
                 raise RestartsExhausted(f"{cause}: no restart left (--inprocess-max-iterations {bound}"
                                         f"{'' if training.inprocess_max_iterations else ', the default here'})",
@@ -140,13 +121,13 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
 
 def _train_once(config: PretrainConfig, run: RunOnGrid, store: RestartStore, incarnation: int, rank: int,
                 fault_tolerance: Optional[FaultTolerance]) -> tuple[str, int]:
-    """One incarnation on this trainer: ("done", exit status) or ("fault", 0) after an exception here or a peer's."""
+    """One incarnation on this trainer: ("done", status), or ("fault", 0) after an exception here or a peer's."""
     state: Optional[ParallelState] = None
     try:
         state = initialize_grid(config.training.device, config.parallel, config.training.distributed_timeout_minutes,
                                 config.zero.distributed_optimizer_instances, store=store.group_store(incarnation))
         exit_code = run(config, state, fault_tolerance)
-        if fault_tolerance is not None:  # every trainer is here: the last learning of --calc-ft-timeouts
+        if fault_tolerance is not None:
             fault_tolerance.close(finished=True)
         store.record_done(incarnation)
         return "done", exit_code
@@ -155,18 +136,18 @@ def _train_once(config: PretrainConfig, run: RunOnGrid, store: RestartStore, inc
     except Exception as error:  # recorded before the abort: the first record in time is the cause
         store.record_failure(incarnation, rank, f"{type(error).__name__}: {one_line(error)}",
                              state.comm.iteration if state is not None else None)
-        # the abort: every peer blocked in a collective with this rank fails at once (rendezvous/connection_abort.py)
+        # every peer blocked in a collective with this rank fails at once
         shut_down_connections(store.ports())
         return "fault", 0
     finally:
         if state is not None:
             destroy(state)
             state = None
-            gc.collect()  # the failed run's model, optimizer and loaders go before the next are built
+            gc.collect()
 
 
 def restart_cause(store: RestartStore, incarnation: int, before: Assignment, gone: list[int]) -> str:
-    """Which rank is gone (stopped or dead: no heartbeat), or which failed, with what, at which iteration."""
+    """Which rank is gone or failed, with what, at which iteration."""
     causes = []
     for launch in gone:
         who = f"rank {before.rank_of(launch)}" if before.rank_of(launch) is not None else "a spare"
@@ -181,7 +162,6 @@ def restart_cause(store: RestartStore, incarnation: int, before: Assignment, gon
 
 def restart_line(store: RestartStore, incarnation: int, before: Assignment, after: Assignment, gone: list[int],
                  load: Optional[str]) -> str:
-    """One line: which rank failed, with what, at which iteration; who takes a gone rank's place; from where."""
     spares = [f"launch rank {launch} (a spare) becomes rank {after.rank_of(launch)}" for launch in after.active_ranks
               if before.rank_of(launch) is None and after.rank_of(launch) is not None]
     return (f"in-process restart {incarnation + 1}: {restart_cause(store, incarnation, before, gone)}"
@@ -197,8 +177,7 @@ def _latest_checkpoint(load: Optional[str]) -> str:
 
 
 def _set_incarnation(assignment: Assignment, launch_rank: int, incarnation: int, max_iterations: int) -> None:
-    """The launch variables of this incarnation, as nvidia-resiliency-ext sets RANK and WORLD_SIZE for each of its
-    iterations; the restart count for the recovery line (resilience/restart_progress.py)."""
+    """This incarnation's RANK and WORLD_SIZE, as nvidia-resiliency-ext sets them, and its restart count."""
     rank = assignment.rank_of(launch_rank)
     if rank is not None:
         os.environ["RANK"] = str(rank)

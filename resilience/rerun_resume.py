@@ -1,21 +1,6 @@
-"""The rerun state machine's state in a checkpoint, so that a job that exited 16 (a result reproduced on this
-node and device: re-run it elsewhere) re-runs that iteration once more when it is resumed, and decides.
-
-Megatron-Core's RerunStateMachine.state_dict / load_state_dict (megatron/core/rerun_state_machine.py) and
-Megatron-LM's checkpointing.py around them: the state common to every rank (mode, state, iteration) and each
-rank's own (its verdict flags, its error injector's pending injection, the validation call that failed and its
-result, the node and device that reproduced it, the spiky-loss maxima). Here they go into metadata.json's
-`rerun_state_machine` (checkpoint/ours/sharded.py: {mode, state, current_iteration, ranks: [one per rank]}), written
-when a re-run is pending. A resume takes them, as Megatron-LM's load_checkpoint does, only when the state is not
-NOT_RUNNING_YET, the world, tensor-, pipeline- and data-parallel sizes are the checkpoint's and the load is no
---finetune; the machine then runs the iteration from the checkpoint (RERUNNING_FROM_CHECKPOINT).
-
-Not saved, as in Megatron: the RNG states the re-run starts from (the checkpoint's own random states are those,
-restored before the exit-16 save), the validation counts and report_stats' records. Megatron also saves the data
-iterator's kept micro-batches; its resumed job drops them (loaded at the next NOT_RUNNING_YET, then cleared by
-advance() before any is read), and here, as there, the resumed data loader starts at the checkpoint's consumed
-samples: the same micro-batches.
-"""
+"""The rerun state machine's state in a checkpoint (metadata.json's `rerun_state_machine`), so a job that exited 16
+re-runs that iteration once more when resumed, and decides. As Megatron-LM, a resume takes it only with the same
+parallel sizes and no --finetune."""
 
 from __future__ import annotations
 
@@ -29,8 +14,7 @@ def common_state(machine: RerunStateMachine) -> dict:
 
 
 def rank_state(machine: RerunStateMachine) -> dict:
-    """This rank's part, JSON-ready: a NaN or Inf result is kept as its repr ("nan", "inf"), which JSON numbers
-    cannot carry; float() reads it back."""
+    """This rank's part, JSON-ready: NaN and Inf kept as "nan" and "inf"."""
     injector = machine.injector
     return {
         "rerun_requested": machine.rerun_requested,
@@ -49,16 +33,15 @@ def rank_state(machine: RerunStateMachine) -> dict:
 
 
 def machine_checkpoint_state(machine: Optional[RerunStateMachine]) -> Optional[dict]:
-    """What a save writes for `machine`: {"common": ..., "rank": ...} while a re-run is pending (every rank's
-    machine is in the same state: its verdicts are all-reduced), else None."""
+    """What a save writes: {"common": ..., "rank": ...} while a re-run is pending, else None."""
     if machine is None or machine.state == RerunState.NOT_RUNNING_YET:
         return None
     return {"common": common_state(machine), "rank": rank_state(machine)}
 
 
 def load_machine_state(machine: RerunStateMachine, saved: dict, rank: int) -> None:
-    """Megatron's load_state_dict: the checkpoint's mode (it overrides this run's, as there), state and iteration,
-    and rank `rank`'s own part."""
+    """Megatron's load_state_dict: the checkpoint's mode (it overrides this run's), state, iteration and rank `rank`'s
+    part."""
     mine = saved["ranks"][rank]
     machine.mode, machine.state = RerunMode(saved["mode"]), RerunState[saved["state"]]
     machine.current_iteration = saved["current_iteration"]
@@ -83,9 +66,8 @@ def load_machine_state(machine: RerunStateMachine, saved: dict, rank: int) -> No
 
 def resume_machine(machine: Optional[RerunStateMachine], saved: Optional[dict], layout_changed: Optional[str],
                    rank: int, log: Callable[[str], None]) -> None:
-    """After the load: the checkpoint's pending re-run (`saved`, metadata.json's entry; None without one) into
-    `machine` (None: --rerun-mode disabled), or one line saying why it is ignored. `layout_changed`: how this job's
-    grid differs from the checkpoint's, None when it is the same."""
+    """The checkpoint's pending re-run into `machine`, or one line saying why it is ignored (`layout_changed`: how the
+    grid differs)."""
     if saved is None or saved["state"] == RerunState.NOT_RUNNING_YET.name:
         return
     pending = f"a pending re-run of iteration {saved['current_iteration']} ({saved['state']})"

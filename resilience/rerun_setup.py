@@ -18,10 +18,8 @@ from resilience.rerun_stats import REPORTING_INTERVAL_ITERATIONS
 
 
 def rerun_mode_line(training, source: Optional[Source]) -> str:
-    """What --rerun-mode does in this run, in one start-up line ("" when disabled). Megatron says only "Result
-    validation enabled", and that at the first validated loss (said here too: its functional tests look for it).
-    `source`: where --rerun-mode's value came from (arguments/config_sources.py): Megatron-LM's default under a
-    launch that sets the model by flags (arguments/megatron/defaults.py), or as given."""
+    """What --rerun-mode does in this run, in one start-up line ("" when disabled); `source` says where its value came
+    from."""
     mode = training.rerun_mode
     if mode == "disabled":
         return ""
@@ -48,16 +46,15 @@ def rerun_mode_line(training, source: Optional[Source]) -> str:
 
 
 def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) -> Optional[RerunStateMachine]:
-    """The machine a run's TrainingConfig (`training`) asks for (None when --rerun-mode disabled), on `state`'s
-    ranks: its verdicts are OR-ed over every rank (one all-reduce of at most two int32 per decision, as Megatron's
-    _reduce_any over the world), report_stats' records gathered to the first rank (Megatron's gather_object)."""
+    """The machine --rerun-mode asks for (None when disabled): verdicts OR-ed over every rank, report_stats' records
+    gathered to the first."""
     if training.rerun_mode == "disabled":
         return None
     world = dist.group.WORLD if dist.is_available() and dist.is_initialized() and state.world_size > 1 else None
 
     def reduce_any(flags: list[bool]) -> list[bool]:
         votes = torch.tensor([int(flag) for flag in flags], dtype=torch.int32, device=state.device)
-        if world is not None:  # a vote over every rank, as resilience/fault_tolerance.py's: no group of the mesh's
+        if world is not None:  # a vote over every rank: no group of the mesh's
             dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=world)
         return [vote > 0 for vote in votes.tolist()]
 
@@ -71,9 +68,8 @@ def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) ->
     def say(line: str) -> None:
         print(f" {line}", flush=True)
 
-    # Megatron-LM's _set_random_seed (initialize.py) seeds Python's and NumPy's generators with --seed + 100 x the
-    # pipeline rank before the checkpoint is loaded (a resume then takes the saved states); the injector draws from
-    # Python's, so a run's injections follow from its --seed as there
+    # As Megatron-LM's _set_random_seed, Python's generator is seeded with --seed + 100 x the pipeline rank before the
+    # load, so injections follow from --seed.
     seed = training.seed + 100 * state.pipeline_parallel_rank
     random.seed(seed)
     np.random.seed(seed)

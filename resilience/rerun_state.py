@@ -1,22 +1,6 @@
-"""Megatron-Core's rerun state machine (megatron/core/rerun_state_machine.py, RerunStateMachine): a NaN, Inf or
-spiky loss re-runs the iteration on the same data and RNG state to tell a transient fault from a reproducible one.
-
-Driven from the train step (training/train_step.py; the pipeline's last stage validates) as Megatron-LM's:
-    while machine.should_run_forward_backward():   # the batches replay, the RNG states are restored
-        zero grads; micro-batches, each loss kept on the device;
-        then each loss -> machine.validate_result(...)  (resilience/loss_checks.py: one read after the micro-batches)
-    should_checkpoint, should_exit, exit_code = machine.should_checkpoint_and_exit()
-    (exit before the optimizer step: the checkpoint holds the weights the suspect iteration started from)
-
-The decisions are Megatron-Core's, state for state (tests/resilience/test_rerun_state.py drives both machines with
-one sequence): an unexpected result re-runs in place; a re-run that differs ("Possible transient error!") ends the
-job with 17 before the update when the check is fatal (NaN/Inf) and goes on when not (spiky loss); one that
-reproduces asks, for a fatal check, for a checkpoint and exit 16 to re-run it on another GPU. A process's first
-iteration is never validated, as in Megatron. The exit-16 checkpoint holds this machine's state
-(resilience/rerun_resume.py), so the resumed job runs the iteration once more and ends with 17 ("Possible
-persistent error" / "Correct result") or, on the node and device that reproduced it, 16 again with no new
-checkpoint. --rerun-mode report_stats re-runs every iteration and records how much each validated result differs
-(resilience/rerun_stats.py); nothing is rejected."""
+"""Megatron-Core's rerun state machine: a NaN, Inf or spiky loss re-runs the iteration on the same data and RNG state to
+tell a transient fault (exit 17) from a reproducible one (checkpoint and exit 16, to re-run elsewhere), state for state
+as Megatron-Core decides. The train step drives it before the optimizer step."""
 
 from __future__ import annotations
 
@@ -35,16 +19,15 @@ from resilience.rerun_stats import REPORTING_INTERVAL_ITERATIONS, GatherToFirst,
 
 EXIT_CODE_RESUME_TO_DISAMBIGUATE = 16
 EXIT_CODE_FAILED_ON_RESULT_VALIDATION = 17
-SPIKY_LOSS_FACTOR = 10  # Megatron-LM's pretrain_gpt.py: a loss 10x the largest of the first 100 is a spike
-SPIKY_LOSS_SAMPLES = 100  # is_unexpectedly_large's num_samples
+SPIKY_LOSS_FACTOR = 10  # Megatron-LM's pretrain_gpt.py: 10x the largest of the first 100 is a spike
+SPIKY_LOSS_SAMPLES = 100
 COMPARISON_MATCH, COMPARISON_MISMATCH = 0.0, math.inf
 
 
 class RerunMode(str, Enum):
     DISABLED = "disabled"
     VALIDATE_RESULTS = "validate_results"
-    # Megatron-Core's member is REPORT_DETERMINISM_STATS = "report_determinism_stats"; Megatron-LM's flag takes
-    # "report_stats" (its RerunStateMachineConfig), the value here
+    # Megatron-LM's flag value; Megatron-Core's member is "report_determinism_stats".
     REPORT_DETERMINISM_STATS = "report_stats"
 
 
@@ -53,8 +36,8 @@ class RerunState(Enum):
     INITIAL_RUN = 1
     RERUNNING_IN_PLACE = 2
     WILL_RERUN_FROM_CHECKPOINT = 3  # after the exit-16 checkpoint, and in the job resumed from it
-    RERUNNING_FROM_CHECKPOINT = 4  # the resumed job's run of that iteration
-    RERUNNING_AGAIN_FROM_CHECKPOINT = 5  # it ran on the node and device that reproduced the result: exit 16 again
+    RERUNNING_FROM_CHECKPOINT = 4
+    RERUNNING_AGAIN_FROM_CHECKPOINT = 5  # on the node and device that reproduced the result: exit 16 again
 
 
 class RerunDiagnostic(str, Enum):  # --error-injection-type
@@ -68,8 +51,7 @@ _ERROR_NAMES = {RerunDiagnostic.CORRECT_RESULT: "Expected result", RerunDiagnost
 
 
 class RerunExit(Exception):
-    """The machine's verdict to end the job before the optimizer step: the process exits with `code` (16 or 17)
-    once the loop (training/loop.py) has saved, when `checkpoint`, the weights the iteration started from."""
+    """End the job before the optimizer step with `code` (16 or 17), after a save when `checkpoint`."""
 
     def __init__(self, code: int, checkpoint: bool) -> None:
         super().__init__(f"exit {code}")
@@ -77,8 +59,8 @@ class RerunExit(Exception):
 
 
 class ErrorInjector:
-    """Megatron-Core's RerunErrorInjector: on average one validation in `rate` (per rank: the draw is offset by the
-    rank) is rejected whatever its value, and the re-runs' comparisons are forced to what `kind` would give."""
+    """Megatron-Core's RerunErrorInjector: on average one validation in `rate` per rank is rejected, and the re-runs'
+    comparisons forced to what `kind` gives."""
 
     def __init__(self, rate: int, kind: RerunDiagnostic, rank: int, log: Callable[[str], None]) -> None:
         self.rate, self.kind, self.rank, self.log = rate, kind, rank, log
@@ -95,8 +77,8 @@ class ErrorInjector:
 
     def maybe_miscompare(self, compare: Callable[[Any, Any], float], initial: Any, result: Any,
                          state: RerunState) -> float:
-        """In place, a transient error mismatches (and is done) and the other two match; on the resumed job's
-        re-run a persistent error mismatches and a correct result matches (both are done then)."""
+        """A transient error mismatches in place; on the resumed job's re-run a persistent error mismatches and a
+        correct result matches."""
         if self.injected is None:
             return compare(initial, result)
         if state == RerunState.RERUNNING_IN_PLACE:
@@ -111,8 +93,7 @@ class ErrorInjector:
 
 
 def compare_floats(a: float, b: float) -> float:
-    """Megatron-Core's _compare_floats: 0 when equal (NaN equals NaN), inf when one is finite and the other not,
-    else the relative difference."""
+    """0 when equal (NaN equals NaN), inf when one is finite and the other not, else the relative difference."""
     if a == b or (math.isnan(a) and math.isnan(b)):
         return COMPARISON_MATCH
     if math.isnan(a) or math.isnan(b) or math.isinf(a) or math.isinf(b):
@@ -121,8 +102,8 @@ def compare_floats(a: float, b: float) -> float:
 
 
 class ReplayingBatches:
-    """Megatron-Core's RerunDataIterator: the micro-batches an iteration drew, kept so that a re-run draws the
-    same ones (`rewind`), dropped when the next iteration starts (`advance`)."""
+    """Megatron-Core's RerunDataIterator: an iteration's micro-batches, replayed by a re-run (`rewind`) and dropped at
+    the next iteration (`advance`)."""
 
     def __init__(self, batches: Iterator[dict]) -> None:
         self.batches, self.saved, self.replaying, self.position = batches, [], False, 0
@@ -147,11 +128,8 @@ class ReplayingBatches:
 
 
 class RerunStateMachine:
-    """One per process. `reduce_any(flags)`: each flag OR-ed over every rank (one all-reduce); `save_rng` /
-    `restore_rng`: the generator states a re-run starts from (the model's dropout streams included);
-    `where`: this rank's node and device, named in each failure line and in the tracker file, and compared by the
-    resumed job's re-run with those that reproduced the result; `gather_to_first`: every rank's report_stats
-    records to the first (resilience/rerun_stats.py)."""
+    """One per process. `reduce_any` ORs flags over every rank; `save_rng`/`restore_rng` hold the states a re-run starts
+    from; `where` names this rank's node and device."""
 
     def __init__(self, mode: RerunMode, *, rank: int, reduce_any: Callable[[list[bool]], list[bool]],
                  save_rng: Callable[[], Any], restore_rng: Callable[[Any], None], where: tuple[str, str],
@@ -168,7 +146,7 @@ class RerunStateMachine:
             with open(tracker_file, "a"):  # Megatron refuses a file it cannot append to, before training
                 pass
         self.state = RerunState.NOT_RUNNING_YET
-        self.current_iteration = 0  # 1-based here: the loop's own iteration number
+        self.current_iteration = 0
         self.first_iteration_complete = False
         self.rerun_requested = self.checkpoint_requested = self.continue_requested = False
         self.restart_again_requested = False
@@ -179,8 +157,8 @@ class RerunStateMachine:
         self.saved_rng: Any = None
         self.max_values: dict[str, float] = {}
         self.value_counts: dict[str, int] = {}
-        self.saved_results: dict[tuple[str, int], float] = {}  # report_stats: the first run's, by call
-        self.stats: dict[str, QuickStats] = {}  # report_stats: the differences, by validation message
+        self.saved_results: dict[tuple[str, int], float] = {}
+        self.stats: dict[str, QuickStats] = {}
         self.logged_enabled = False
 
     @property
@@ -192,7 +170,6 @@ class RerunStateMachine:
         return self.mode == RerunMode.REPORT_DETERMINISM_STATS
 
     def should_run_forward_backward(self, iteration: int, batches: Optional[ReplayingBatches]) -> bool:
-        """Megatron's should_run_forward_backward: True to (re-)run the iteration's micro-batches."""
         self.validation_counts = {}
         if self.state == RerunState.NOT_RUNNING_YET:
             self.current_iteration = iteration
@@ -214,7 +191,7 @@ class RerunStateMachine:
             self._rewind(batches)
             return True
         if self.state == RerunState.RERUNNING_IN_PLACE:
-            if self.reporting_stats:  # every iteration runs twice, then goes on
+            if self.reporting_stats:
                 self.state = RerunState.NOT_RUNNING_YET
                 if self.current_iteration % REPORTING_INTERVAL_ITERATIONS == 0:
                     report_stats(self.stats, self.gather_to_first, self.log_once)
@@ -229,7 +206,7 @@ class RerunStateMachine:
                 self.state = RerunState.WILL_RERUN_FROM_CHECKPOINT
             self._rewind(batches)
             return False
-        if self.state == RerunState.WILL_RERUN_FROM_CHECKPOINT:  # the job resumed from the exit-16 checkpoint
+        if self.state == RerunState.WILL_RERUN_FROM_CHECKPOINT:
             self.current_iteration = iteration
             self.state = RerunState.RERUNNING_FROM_CHECKPOINT
             return True
@@ -247,9 +224,7 @@ class RerunStateMachine:
         raise RuntimeError(f"the rerun state machine cannot run an iteration in state {self.state.name}")
 
     def discard_run(self) -> None:
-        """The run now under way is thrown away and its micro-batches start again (--fp8-guard's replay,
-        training/fp8_guard_replay.py): what it validated and asked for is forgotten, so that the run that stands is
-        the one judged (its log lines and tracker entries stay written)."""
+        """Throw away the run under way (--fp8-guard's replay): the run that stands is the one judged."""
         self.validation_counts = {}
         if self.state == RerunState.INITIAL_RUN:
             self.rerun_requested = False
@@ -259,7 +234,6 @@ class RerunStateMachine:
             self.continue_requested = self.checkpoint_requested = self.restart_again_requested = False
 
     def should_checkpoint_and_exit(self) -> tuple[bool, bool, int]:
-        """Megatron's should_checkpoint_and_exit, after the micro-batches and before the optimizer step."""
         self.first_iteration_complete = True
         if not self.enabled or self.reporting_stats:
             return False, False, 0
@@ -282,15 +256,13 @@ class RerunStateMachine:
 
     def validate_result(self, result: float, rejected: Callable[[float], bool], message: str, *,
                         tolerance: float = 0.0, fatal: bool = True) -> None:
-        """Megatron's validate_result for one float: `rejected(result)` flags it; the re-runs compare. (Disabled,
-        Megatron still raises on a fatal rejection; here no machine exists then, and the step's own check stops a
-        non-finite loss: training/train_step.py.)"""
+        """Megatron's validate_result for one float: `rejected(result)` flags it; the re-runs compare."""
         if not self.enabled:
             return
         count = self.validation_counts.get(message, 0) + 1
         self.validation_counts[message] = count
         call = (message, count)
-        if self.reporting_stats:  # every result of the first run kept, every re-run's difference recorded
+        if self.reporting_stats:
             if self.state == RerunState.INITIAL_RUN:
                 self.rerun_requested = True
                 self.saved_results[call] = result
@@ -329,14 +301,13 @@ class RerunStateMachine:
             self.checkpoint_requested = True
         else:
             self.continue_requested = True
-        self.suspicious_where = self.where  # the resumed job checks that it is not on them again
+        self.suspicious_where = self.where  # the resumed job checks it is not on them again
         self._track("first_rerun_reproducible", result, message)
         self._fail("First rerun: unexpected result is reproducible within the tolerance "
                    f"({result} = {self.initial_result}). Need to rerun on a different GPU to verify correctness.")
 
     def _judge_second_rerun(self, result: float, message: str, differs: bool, fatal: bool) -> None:
-        """The resumed job's re-run of the iteration: on another node or device, a different result says the first
-        machine computed it wrongly, the same one that it was right."""
+        """The resumed job's re-run: on another machine, a different result means the first computed wrongly."""
         if self.where == self.suspicious_where:
             self.log(f"Got rescheduled on the same GPU. Need to resume again from the same checkpoint "
                      f"(node: {self.where[0]}, gpu: {self.where[1]})")
@@ -357,8 +328,8 @@ class RerunStateMachine:
 
     def is_unexpectedly_large(self, value: float, threshold: float, context: str,
                               num_samples: int = SPIKY_LOSS_SAMPLES) -> bool:
-        """Megatron's is_unexpectedly_large: the first `num_samples` values set the maximum; a later value at
-        least `threshold` times it is a spike. NaN and Inf are left to the NaN/Inf checks."""
+        """The first `num_samples` values set the maximum; a later value `threshold` times it is a spike. NaN and Inf
+        are left to their own checks."""
         value = math.fabs(value)
         if math.isnan(value) or math.isinf(value):
             return False
@@ -379,8 +350,7 @@ class RerunStateMachine:
                  f"#{self.current_iteration}: {message}!")
 
     def _track(self, status: str, result: float, message: str) -> None:
-        """One line per event in --result-rejected-tracker-filename, Megatron's format (its
-        get_skipped_iterations_from_tracker_file parses it)."""
+        """One line per event in --result-rejected-tracker-filename, in Megatron's format."""
         if self.tracker_file is None:
             return
         with open(self.tracker_file, "a") as tracker:
@@ -395,9 +365,8 @@ SKIPPING_STATUSES = ("RERUN_DISABLED", "FIRST_RERUN_REPRODUCIBLE", "SECOND_RERUN
 
 
 def iterations_megatron_skips(tracker_file: str) -> list[int]:
-    """Megatron-Core's get_skipped_iterations_from_tracker_file: the iterations a tracker file records as
-    reproducible (or rejected with reruns off) twice on the same rank, less those more than one rank of one job
-    met. Megatron-LM adds them to --iterations-to-skip at start (arguments.py, validate_args)."""
+    """Megatron-Core's get_skipped_iterations_from_tracker_file: iterations recorded reproducible twice on one rank,
+    less those several ranks of one job met."""
     potentially, ignored, seen, by_job = set(), set(), set(), {}
     if not os.path.exists(tracker_file):
         return []
@@ -418,7 +387,6 @@ def iterations_megatron_skips(tracker_file: str) -> list[int]:
 
 
 def python_rng_state() -> dict:
-    """The generators Megatron's _save_state keeps besides torch's (those are the model's, saved apart)."""
     return {"random": random.getstate(), "numpy": np.random.get_state()}
 
 
@@ -428,8 +396,8 @@ def restore_python_rng_state(saved: dict) -> None:
 
 
 def torch_rng_saver(rng, device: torch.device) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-    """Save and restore every generator a micro-batch draws from: Python's, NumPy's, torch's default (CPU and this
-    device's) and, when the model has dropout streams (`rng`, parallel/random.py), their private ones."""
+    """Save and restore every generator a micro-batch draws from: Python's, NumPy's, torch's (CPU and device) and the
+    model's dropout streams."""
     on_cuda = device.type == "cuda"
 
     def save() -> dict:

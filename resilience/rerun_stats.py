@@ -1,19 +1,6 @@
-"""--rerun-mode report_stats: how much a re-run of the same iteration differs from its first run, as Megatron-Core's
-rerun state machine reports it in its REPORT_DETERMINISM_STATS mode (megatron/core/rerun_state_machine.py,
-QuickStats and RerunStateMachine._maybe_report_stats).
-
-Every iteration runs twice from the same micro-batches and RNG states (resilience/rerun_state.py); each validated
-result of the re-run is compared with the first run's (the relative difference, 0 when equal) and the difference
-recorded under its validation's message. Every REPORTING_INTERVAL_ITERATIONS iterations the first rank gathers
-every rank's records, adds them to its own (kept from the start of the job; the other ranks forget what they
-sent) and prints, per message, Megatron's line:
-
-    Stats on computation determinism in validation calls
-      From validation call 'found NaN in local forward loss calculation':
-        16/12 total/identical samples, rel. variability: avg= 1.250E-08, p50= 0.0, p90= ..., max: 5.960E-08
-
-(or "16 samples, all identical"). On a CPU in fp32 the re-run is bitwise the first run: every sample is identical.
-"""
+"""--rerun-mode report_stats: how much a re-run of an iteration differs from its first run, per validation message,
+printed in Megatron-Core's words every REPORTING_INTERVAL_ITERATIONS iterations after the first rank gathers every
+rank's records."""
 
 from __future__ import annotations
 
@@ -24,8 +11,8 @@ QUICK_STATS_MAX_SIZE = 100000  # QuickStats' max_size
 
 
 class QuickStats:
-    """Megatron-Core's QuickStats: the non-zero differences (at most `max_size`, the oldest overwritten in a ring)
-    and the count of zero ones, their maximum, and a one-line summary of their distribution."""
+    """Megatron-Core's QuickStats: the non-zero differences (a ring of `max_size`), the count of zero ones, their
+    maximum and a one-line summary."""
 
     def __init__(self, max_size: int = QUICK_STATS_MAX_SIZE) -> None:
         self.samples: list[float] = []
@@ -46,8 +33,7 @@ class QuickStats:
         self.max = max(self.max, data)
 
     def combine(self, others: list["QuickStats"]) -> None:
-        """Other ranks' records added to these. As Megatron's: their samples are appended only while the whole
-        stays within max_size (else only their zero counts and maxima are taken)."""
+        """Add other ranks' records; as Megatron's, their samples only while the whole fits max_size."""
         if not others:
             return
         n = len(self.samples) + sum(len(other.samples) for other in others)
@@ -62,8 +48,7 @@ class QuickStats:
         self.samples, self.pos, self.zero_cnt, self.max = [], 0, 0, 0.0
 
     def print_stats(self) -> str:
-        """Megatron's summary, character for character: the percentiles count the identical samples as the lowest
-        (a percentile that falls among them prints 0.0)."""
+        """Megatron's summary, character for character (identical samples count as the lowest percentiles)."""
         self.samples.sort()
         z, n = self.zero_cnt, len(self.samples)
         if n == 0:
@@ -77,13 +62,13 @@ class QuickStats:
                 f"p99.9= {percentiles[0.999]}, max: {self.max:.3E}")
 
 
-# Every rank's {message: QuickStats}, the list on the first rank, None on the others (one process: [its own]).
+# Every rank's {message: QuickStats}: the list on the first rank, None on the others.
 GatherToFirst = Callable[[dict], Optional[list]]
 
 
 def report_stats(stats: dict[str, QuickStats], gather_to_first: GatherToFirst, log: Callable[[str], None]) -> None:
-    """Megatron's _maybe_report_stats once the interval is due: every rank's records to the first, which combines
-    them into its own and logs one summary per validation message; the other ranks start afresh."""
+    """Once the interval is due: every rank's records to the first, which logs one summary per message; the others start
+    afresh."""
     gathered = gather_to_first(dict(stats))
     if gathered is None:
         for recorded in stats.values():

@@ -1,14 +1,5 @@
-"""What a torchrun restart or an in-process restart cost: the iterations redone and the time from the fault to
-training again.
-
-Under torchrun with --max-restarts (TORCHELASTIC_MAX_RESTARTS > 0), or --inprocess-restart (which sets
-INPROCESS_RESTART_ITERATION for each incarnation, resilience/inprocess_restart.py), and with --save, rank 0 keeps the last
-finished iteration and its wall-clock time in `<save>/restart_progress.json` (a few bytes, replaced after each
-iteration). A restarted incarnation (TORCHELASTIC_RESTART_COUNT > 0) reads it before it trains: the iterations
-after the checkpoint it resumed from up to that one are redone, and once it is back at that iteration it says so
-in one line with two times, both from the previous incarnation's last finished iteration (the fault came after
-it, within an iteration): to this incarnation's first finished iteration, and to the lost iteration again.
-"""
+"""What a restart cost: rank 0 keeps the last finished iteration and its time in `<save>/restart_progress.json`, and a
+restarted incarnation says, once back at that iteration, how many iterations were redone and how long recovery took."""
 
 from __future__ import annotations
 
@@ -28,8 +19,7 @@ def restarts_possible(environ: Mapping[str, str]) -> bool:
 
 
 def restart_count(environ: Mapping[str, str]) -> tuple[int, str]:
-    """This start's restart number and how the line names it: an in-process restart's incarnation, else
-    torchrun's restart count."""
+    """This start's restart number and how the line names it."""
     if INPROCESS_RESTART in environ:
         bound = int(environ.get(INPROCESS_MAX_ITERATIONS, "0") or 0)
         restart = int(environ[INPROCESS_RESTART])
@@ -47,12 +37,12 @@ class RestartProgress:
         self.restart, self.restart_name = restart_count(environ)
         self.start_iteration = start_iteration
         self.log, self.clock = log, clock
-        self.before: Optional[dict] = None  # the previous incarnation's last record
+        self.before: Optional[dict] = None
         if self.restart > 0 and self.path.exists():
             try:
                 self.before = json.loads(self.path.read_text())
             except (OSError, ValueError):
-                self.before = None  # half-written by a rank killed mid-write: nothing to say
+                self.before = None  # half-written by a rank killed mid-write
         self.first_done_after_s: Optional[float] = None
 
     def finished(self, iteration: int) -> None:

@@ -1,9 +1,5 @@
-"""One rank's run inside its process group, watched: the heartbeats that name a dead or silent peer
-(rendezvous/liveness.py), the flight recorder that says where each group's ranks stood (rendezvous/flight_recorder.py),
-the agreement on who prints an error met by some ranks only (rendezvous/failure_report.py), and the fault-tolerance
-sections (resilience/fault_tolerance.py). pretrain_gpt.py makes the process group and hands it here with the run to
-do; whatever happens, the group is destroyed and the peers are told why this rank left.
-"""
+"""One rank's run inside its process group, watched: heartbeats, the flight recorder, failure agreement and
+fault-tolerance sections. Whatever happens, the group is destroyed and the peers are told why this rank left."""
 
 from __future__ import annotations
 
@@ -21,17 +17,15 @@ from rendezvous.liveness import Liveness, PeerLoss, start_liveness
 from resilience.fault_tolerance import FaultTolerance
 
 EXIT_UNCAUGHT = 1  # Python's status for an exception that keeps its traceback
-# The run a runner watches or restarts, to its exit status: the runners sit below training/, which they run.
+# The run a runner watches or restarts, to its exit status.
 RunOnGrid = Callable[[PretrainConfig, ParallelState, Optional[FaultTolerance]], int]
 
 
 def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, program: str,
                 expected_errors: tuple[type[BaseException], ...], flight: FlightRecorderSettings,
                 fault_tolerance: Optional[FaultTolerance]) -> int:
-    """`run` on this rank's initialized grid `state`; its exit status (0, or 16 and 17 when the rerun
-    state machine ended the job, resilience/rerun_state.py). An error every peer is alive for keeps its own report (its
-    traceback, or its line by the agreement), a collective failed because a peer is gone ends in the one line
-    naming it (PeerLostError); the group is destroyed at the end either way."""
+    """`run` on this rank's grid; its exit status (0, 16 or 17). An error every peer is alive for keeps its own report;
+    a collective failed because a peer is gone ends in one line naming it."""
     liveness: Optional[Liveness] = None
     recorder: Optional[FlightRecorder] = None
     lost = own_error = False
@@ -43,29 +37,27 @@ def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, pr
         if liveness is not None:
             state.comm.publish_failure = partial(publish_failure, liveness, expected_errors)
         exit_code = run(config, state, fault_tolerance)
-        if fault_tolerance is not None:  # every rank is here: the last learning of --calc-ft-timeouts
+        if fault_tolerance is not None:
             fault_tolerance.close(finished=True)
         return exit_code
     except expected_errors + (InjectedFault,) as error:
-        # Not a lost peer: an error met by every rank alike (the ranks agree on their checks), or by this rank
-        # alone; the store decides who prints it (rendezvous/failure_report.py).
+        # An error every rank met, or this rank alone: the store decides who prints it.
         if liveness is not None and not isinstance(error, KeyboardInterrupt):
             error.reporter = agree_on_failure(liveness.board.store, liveness.board.prefix, state.rank,
                                               state.world_size, one_line(error), state.place())
         raise
     except Exception:
-        # Anything else on a multi-rank run may be a collective that failed because a peer is gone
-        # (in the loop, an autograd hook, a work handle's wait): the heartbeats say whether one is.
+        # Anything else may be a collective that failed because a peer is gone: the heartbeats say.
         loss = liveness.explain_failure() if liveness is not None else None
         if loss is None:
             own_error = True
             if recorder is not None and liveness is not None and recorder.in_collective():
-                # a collective's timeout with every peer alive: where each rank stands, above the traceback
+                # a timeout with every peer alive: where each rank stands, above the traceback
                 print(f"{program}: " + recorder.report_failed_collective(
                     state.comm.iteration, liveness.board.store, liveness.board.prefix), file=sys.stderr, flush=True)
             elif recorder is not None:
                 recorder.dump_on_error(state.comm.iteration)
-            raise  # every peer is alive: this rank's own failure keeps its traceback
+            raise  # this rank's own failure keeps its traceback
         lost = True
         if loss.failed is not None:  # a peer's collective work failed: it prints, this rank takes its status
             raise PeerLostError(loss.describe(state.rank, state.comm.where()), speaks=False,
@@ -75,8 +67,7 @@ def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, pr
         state.comm.publish_failure = None
         if recorder is not None:
             recorder.stop()
-        # Marked as left (and an error of this rank's own in the verdict) before the group goes, so
-        # that the peers blocked on this rank read why; then the store's host waits for them to leave.
+        # Marked as left before the group goes, so peers blocked on this rank read why.
         if liveness is not None:
             liveness.stop(after_loss=lost, own_error=own_error)
         destroy(state)
@@ -86,15 +77,15 @@ def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, pr
 
 def watch_peers(state: ParallelState, heartbeat_timeout_seconds: float, program: str,
                 recorder: Optional[FlightRecorder] = None) -> Optional[Liveness]:
-    """This rank's heartbeat (rendezvous/liveness.py) on a multi-rank run; a peer found dead or stalled
-    while the main thread may be blocked in a collective ends the process with the one line."""
+    """This rank's heartbeat on a multi-rank run; a peer found lost while the main thread may be blocked ends the
+    process with one line."""
     if state.world_size == 1:
         return None
     launch = read_launch_environment()
-    started: list[Liveness] = []  # on_lost runs only once the watch has started
+    started: list[Liveness] = []
 
     def on_lost(loss: PeerLoss) -> None:
-        if loss.failed is not None:  # a peer's collective work failed: it prints its line, this rank its status
+        if loss.failed is not None:  # a peer's collective work failed: it prints, this rank takes its status
             exit_at_once(program, None, loss.failed_status)
         exit_at_once(program, PeerLostError(peer_lost_line(loss, state, recorder, started[0] if started else None)))
 
@@ -105,8 +96,7 @@ def watch_peers(state: ParallelState, heartbeat_timeout_seconds: float, program:
 
 def publish_failure(liveness: Liveness, expected_errors: tuple[type[BaseException], ...],
                     error: BaseException) -> None:
-    """An error of collective work (parallel/comm.py), with the status run_tool will end this rank with, for the
-    peers to end with too."""
+    """Publish an error of collective work, with the status run_tool will end with, for the peers to take."""
     status = EXIT_INJECTED_FAULT if isinstance(error, InjectedFault) else \
         EXIT_BAD_INPUT if isinstance(error, expected_errors) else EXIT_UNCAUGHT
     liveness.publish_failure(one_line(error), status)
@@ -114,9 +104,7 @@ def publish_failure(liveness: Liveness, expected_errors: tuple[type[BaseExceptio
 
 def peer_lost_line(loss: PeerLoss, state: ParallelState, recorder: Optional[FlightRecorder],
                    liveness: Optional[Liveness]) -> str:
-    """The lost peer's line; with --flight-recorder-dump-path, every live rank dumps and the line goes on with
-    where each group's ranks stand (rendezvous/flight_recorder.py), the live ranks' records shared through the
-    rendezvous store unless it is the store that went."""
+    """The lost peer's line; with --flight-recorder-dump-path, followed by where each group's ranks stand."""
     line = loss.describe(state.rank, state.comm.where())
     if recorder is None:
         return line
