@@ -1,6 +1,6 @@
-"""The errors a bad setting ends in, and `run_tool`, the boundary every entry point runs through: an expected error is
-one line on stderr and exit 2, Ctrl-C 130, a lost peer 3, an injected fault 1. It imports neither torch nor the repo, so
-it works when those imports fail."""
+"""The errors a bad setting ends in, and `run_tool`, the boundary every entry point runs through: one line on stderr and
+exit 2 (Ctrl-C 130, lost peer 3, injected fault 1). It imports neither torch nor the repo, so it works when those
+imports fail."""
 
 from __future__ import annotations
 
@@ -27,8 +27,7 @@ EXIT_STATUS_DIR_VARIABLE = "ZERO_GPT_EXIT_STATUS_DIR"
 
 
 class ConfigError(ValueError):
-    """A setting that cannot work; `flags` holds the option strings whose values it is about, in the message's order, so
-    a caller can say where they came from."""
+    """A setting that cannot work; `flags`: the option strings it is about, so a caller can say where they came from."""
 
     def __init__(self, message: str = "", *, flags: tuple[str, ...] = ()) -> None:
         super().__init__(message)
@@ -44,8 +43,7 @@ class CheckpointError(Exception):
 
 
 class PeerLostError(RuntimeError):
-    """Another rank died or hung: each survivor prints its own line, unless a peer whose work failed speaks for all
-    (`speaks` False, its `status`)."""
+    """Another rank died or hung: each survivor prints its own line unless a failed peer speaks for all."""
 
     def __init__(self, message: str = "", *, speaks: bool = True, status: int = 3) -> None:
         super().__init__(message)
@@ -53,14 +51,12 @@ class PeerLostError(RuntimeError):
 
 
 class InjectedFault(RuntimeError):
-    """A fault the fault injector raised on purpose (nvidia-resiliency-ext's InjectedException): the
-    message names the fault and the flags that asked for it."""
+    """A fault the fault injector raised on purpose."""
 
 
 @dataclass(frozen=True)
 class Reporter:
-    """Who prints an error raised after the process group exists: `speaks` on this rank, `place` prefixes the
-    message."""
+    """Who prints an error raised after the process group exists, and the prefix naming the ranks."""
     speaks: bool
     place: str = ""
 
@@ -72,13 +68,12 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-# Input or environment failures every entry point reports in one line (OSError: paths, full disks; FloatingPointError:
-# divergence).
+# Failures every entry point reports in one line.
 ALWAYS_EXPECTED: tuple[type[BaseException], ...] = (ConfigError, CheckpointError, OSError, FloatingPointError)
 
 
 def reporting_process() -> bool:
-    """A fault the fault injector raised on purpose."""
+    """Whether this process prints the error line: rank 0, since every rank meets the same bad input."""
     rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
     return rank.strip() in ("", "0")
 
@@ -89,8 +84,8 @@ def one_line(error: BaseException) -> str:
 
 def run_tool(program: str, action: Callable[[], object],
              expected: tuple[type[BaseException], ...] = ()) -> int:
-    """Run an entry point's work: its returned int or 0; an expected error is one line and 2, Ctrl-C 130; anything else
-    keeps its traceback."""
+    """Run an entry point's work: its int or 0; an expected error is one line and 2; anything else keeps its
+    traceback."""
     reporter: Optional[Reporter] = None
     try:
         try:
@@ -101,7 +96,7 @@ def run_tool(program: str, action: Callable[[], object],
     except KeyboardInterrupt:
         _report(f"{program}: interrupted (SIGINT); stopped without saving")
         status = EXIT_INTERRUPTED
-    except PeerLostError as error:  # each survivor's own line, unless the survivors agreed one speaks for all
+    except PeerLostError as error:
         if getattr(error, "speaks", True):
             print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
         status = getattr(error, "status", EXIT_PEER_LOST)
@@ -123,7 +118,6 @@ def run_tool(program: str, action: Callable[[], object],
 
 
 def _report_error(program: str, error: BaseException) -> Reporter:
-    """Print an expected error as its Reporter says; a rank's own error is also left for scripts/launch.py."""
     reporter = getattr(error, "reporter", None)
     if not isinstance(reporter, Reporter):
         reporter = Reporter(speaks=reporting_process())
@@ -136,9 +130,8 @@ def _report_error(program: str, error: BaseException) -> Reporter:
 
 
 def exit_at_once(program: str, error: Optional[PeerLostError], status: int = EXIT_PEER_LOST) -> None:
-    """run_tool's line and status for a lost peer, from a watchdog thread while the main thread may be stuck in a
-    collective: print, record, os._exit. Later exception hooks are silenced: other threads' errors are the shutdown's
-    consequence."""
+    """run_tool's line and status for a lost peer, from a watchdog thread: print, record, os._exit; other threads' later
+    errors are silenced."""
     _EXITING_AT_ONCE.set()
     sys.excepthook = threading.excepthook = _silent
     try:
@@ -156,12 +149,11 @@ def _report(line: str) -> None:
 
 
 def _silent(*args) -> None:
-    """An exception hook that prints nothing and leaves the end to exit_at_once."""
     _wait_for_exit_at_once()
 
 
 def _wait_for_exit_at_once() -> None:
-    """Once a thread is in exit_at_once, no other thread may end the process with another status or line."""
+    """Once a thread is in exit_at_once, no other ends the process first."""
     if _EXITING_AT_ONCE.is_set():
         time.sleep(EXIT_AT_ONCE_WAIT_S)
         os._exit(EXIT_PEER_LOST)

@@ -1,8 +1,8 @@
-"""A hang traced to its collective: each rank's ring of collectives and its threads' Python stacks are dumped to
---flight-recorder-dump-path when the heartbeat watch or a failed collective ends the run, and one analysis names where
-each group's ranks disagree. PyTorch's Flight Recorder variables are exported for NCCL as Megatron-LM does.
+"""A hang traced to its collective: each rank's ring of collectives and its threads' stacks are dumped to
+--flight-recorder-dump-path when a lost peer or failed collective ends the run, and one analysis names where each
+group's ranks disagree. PyTorch's Flight Recorder variables are exported as Megatron-LM does.
 
-python -m rendezvous.flight_recorder DUMP_PATH   # re-reads the dumps and prints the analysis"""
+python -m rendezvous.flight_recorder DUMP_PATH   # prints the analysis again"""
 
 from __future__ import annotations
 

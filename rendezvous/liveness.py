@@ -1,6 +1,5 @@
-"""Who stopped answering: each rank beats a counter in the rendezvous store once a second and watches its ring
-neighbour's, so the survivors of a dead or stalled peer name it in one line instead of a transport traceback or the
-collective timeout. A rank is silent when its counter stops; the transport's error text never decides."""
+"""Who stopped answering: each rank beats a counter in the rendezvous store and watches its ring neighbour's, so the
+survivors of a dead or stalled peer name it in one line, never from a transport's error text."""
 
 from __future__ import annotations
 
@@ -22,17 +21,14 @@ SILENT_AFTER_S = 5.0
 # then.
 SETTLE_S = 0.25
 FINISH_WAIT_S = 10.0
-# add and compare_set to a stopped host block regardless, which is why the watchdog thread exists.
 STORE_TIMEOUT_S = 30.0
-# After a peer published a collective-work error, how long this rank waits for its own main thread to raise too.
+# How long to wait for this rank's own main thread to raise a peer's published error too.
 FAILURE_GRACE_S = 2.0
 LEFT = -1
 LEFT_AFTER_LOSS = -2
 
 
 class Store(Protocol):
-    """The part of torch.distributed.Store used here (a fake one in the tests)."""
-
     def add(self, key: str, amount: int) -> int: ...
     def set(self, key: str, value: str) -> None: ...
     def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
@@ -44,8 +40,7 @@ class StoreGone(ConnectionError):
     """The store's host closed its connections: it died."""
 
 
-# A SIGKILLed store host is first silent, then closed (35-120 ms measured); a call sent in between is reset at the
-# close. The idle socket opens before the client, so the host closes it first, and calls wait SETTLE_S after a failure.
+# A SIGKILLed store host is silent 35-120 ms before its sockets close; the idle socket opens first, so it closes first.
 class StoreConnection:
     """An idle TCP connection to the store's port: a zero-timeout select sees the dead host's kernel close it, with no
     byte sent."""
@@ -95,8 +90,7 @@ class GuardedStore:
 @dataclass(frozen=True)
 class PeerLoss:
     """Who is gone: silent ranks, ranks that `exited` on their own error, the store's host, this rank itself
-    (`paused_for_s`), or a rank whose collective work `failed` (its line and status, which its peers take). Only silent,
-    exited and failed go into the verdict."""
+    (`paused_for_s`), or a rank whose collective work `failed`."""
     silent: tuple[int, ...] = ()
     exited: tuple[int, ...] = ()
     store_host: Optional[str] = None
@@ -192,8 +186,7 @@ class StallWatch:
 def find_lost_peers(board: Board, clock: Callable[[], float], sleep: Callable[[float], None],
                     silent_after_s: float = SILENT_AFTER_S, poll_s: float = HEARTBEAT_INTERVAL_S / 2,
                     ) -> Optional[PeerLoss]:
-    """After a collective failed here: the peers that are gone, agreed through the verdict, or None when all are alive.
-    Beats while it watches, so other survivors see this rank alive."""
+    """After a collective failed here: the lost peers agreed through the verdict, or None when all are alive."""
     others = [rank for rank in range(board.world_size) if rank != board.rank]
     started = clock()
     first = board.read(others)
@@ -214,10 +207,9 @@ def find_lost_peers(board: Board, clock: Callable[[], float], sleep: Callable[[f
 
 
 class Liveness:
-    """One rank's heartbeat and watchdog threads. A loss is found four ways: a collective raises (explain_failure); the
-    neighbour's counter stands still for the timeout; a verdict appears (another survivor's, or a peer's collective-work
-    failure); the store stops answering (the watchdog). `on_lost(loss)` is called once, from a thread, and is expected
-    not to return."""
+    """One rank's heartbeat and watchdog threads. A loss is found when a collective raises, the neighbour's counter
+    stalls, a verdict appears, or the store stops answering; `on_lost(loss)` is called once, from a thread, and does not
+    return."""
 
     def __init__(self, store: Store, rank: int, world_size: int, *, prefix: str, store_host: str,
                  hosts_store: bool, stall_timeout_s: float, on_lost: Callable[[PeerLoss], None],
@@ -237,7 +229,7 @@ class Liveness:
         self.neighbour = (rank + 1) % world_size
         self._stop = threading.Event()
         self._suspect = threading.Event()
-        self._suspected_at = 0.0  # a dying store host's sockets close soon after
+        self._suspected_at = 0.0
         self._answer_ready = threading.Event()
         self._answer: Optional[PeerLoss] = None
         self._reported = threading.Event()
@@ -246,7 +238,7 @@ class Liveness:
         self._awake_at = clock()  # a long gap between wakes means this process did not run
         # At least three intervals, so a late wake on a loaded machine is no pause.
         self._pause_s = max(stall_timeout_s - 2 * interval_s, 3 * interval_s)
-        self._last_pause: tuple[float, float] = (0.0, float("-inf"))  # (length, when it ended)
+        self._last_pause: tuple[float, float] = (0.0, float("-inf"))
         self._reported_loss: Optional[PeerLoss] = None
         self._report_done = threading.Event()
         self._explained = False
@@ -267,8 +259,8 @@ class Liveness:
         return self
 
     def explain_failure(self) -> Optional[PeerLoss]:
-        """After a collective failed: the lost peers, or None when all are alive; takes up to SETTLE_S + SILENT_AFTER_S.
-        A continued rank's collective fails before its watchdog wakes, so its own pause is checked first."""
+        """After a collective failed: the lost peers, or None when all are alive. This rank's own pause is checked
+        first."""
         since = self.clock() - self.stall_timeout_s
         margin = self.settle_s + 3 * self.interval_s
         answer = self._own_pause(since)
@@ -277,19 +269,19 @@ class Liveness:
             self._suspect.set()
             if self._answer_ready.wait(self.silent_after_s + margin):
                 answer = self._own_pause(since) or self._answer
-            elif self.clock() - self._answered_at >= self.silent_after_s:  # blocked on a store that stopped
+            elif self.clock() - self._answered_at >= self.silent_after_s:
                 answer = self._own_pause(since) or PeerLoss(store_host=self.store_host)
         with self._report_lock:
             if not self._reported.is_set():
                 self._explained = True
                 if answer is not None and answer.paused_for_s is not None:
-                    self._reported.set()  # this rank's own finding: not marked in the store
+                    self._reported.set()
                 return answer
         self._report_done.wait(self.silent_after_s + margin)
         return self._reported_loss
 
     def publish_failure(self, line: str, status: int) -> None:
-        """Put this rank's collective-work failure into the verdict, unless one stands, so every peer ends too."""
+        """Put this rank's collective-work failure into the verdict, so every peer ends too."""
         self._raising.set()
         try:
             self.board.propose(PeerLoss(failed=self.board.rank, failed_line=line, failed_status=status))
@@ -297,8 +289,8 @@ class Liveness:
             pass
 
     def stop(self, after_loss: bool = False, own_error: bool = False) -> None:
-        """End the threads and mark this rank as left, after a loss (not to be blamed) or after its own error, which
-        goes into the verdict so blocked peers stop at once."""
+        """End the threads and mark this rank as left; its own error goes into the verdict so blocked peers stop at
+        once."""
         self._left_after_loss = after_loss or self._answer is not None
         self._own_error = own_error and not self._left_after_loss
         self._stop.set()
@@ -306,8 +298,7 @@ class Liveness:
             thread.join(timeout=2 * self.interval_s + 1)
 
     def linger(self) -> None:
-        """After the process group is gone, the store's host waits (bounded) until every other rank has left, then
-        closes its connection."""
+        """The store's host waits (bounded) for every other rank to leave, then closes its connection."""
         if any(thread.is_alive() for thread in self._threads):
             return
         try:
@@ -361,7 +352,7 @@ class Liveness:
                 self._blame(PeerLoss(store_host=self.store_host), since=self._answered_at, mark=False)
 
     def _peer_failed(self, verdict: PeerLoss) -> None:
-        """A peer's failure verdict: reported once `failure_grace_s` has passed, unless this rank raises too."""
+        """A peer's failure verdict, reported after `failure_grace_s` unless this rank raises too."""
         if verdict.failed == self.board.rank or self._raising.is_set():
             return
         if self._failure_seen_at is None:
@@ -370,14 +361,12 @@ class Liveness:
             self._report(verdict)
 
     def _settle(self) -> None:
-        """Wait until SETTLE_S after the main thread asked, so a dead host's closed socket is seen before a call."""
         settle_until = self._suspected_at + self.settle_s
         while not self._stop.is_set() and self.clock() < settle_until:
             self._stop.wait(settle_until - self.clock())
 
     def _wait_for_everyone_to_leave(self, loss: Optional[PeerLoss]) -> None:
-        """The store's host waits (bounded) until every rank but the lost ones has left, so none finds the store gone
-        early."""
+        """The store's host waits (bounded) for every rank but the lost ones to leave."""
         lost = set(loss.silent + loss.exited) if loss is not None else set()
         others = [rank for rank in range(self.board.world_size) if rank != self.board.rank and rank not in lost]
         deadline = self.clock() + FINISH_WAIT_S
@@ -393,7 +382,7 @@ class Liveness:
             gap = woke_at - self._awake_at
             if gap >= self._pause_s:
                 self._last_pause = (gap, woke_at)
-            if self.stall_timeout_s <= gap:  # this process did not run for the timeout: say so at once
+            if self.stall_timeout_s <= gap:
                 self._report(PeerLoss(paused_for_s=gap), mark=False)
                 return
             self._awake_at = woke_at
@@ -402,10 +391,9 @@ class Liveness:
             if self.clock() - self._answered_at >= self.stall_timeout_s:
                 self._blame(PeerLoss(store_host=self.store_host), since=self._answered_at, mark=False)
 
-    # A rank that was itself stopped and continued must not blame a healthy peer: every blame first asks whether this
-    # process had a gap since the silence began; if so, the pause is the report.
+    # A rank that was itself stopped must not blame a healthy peer: a pause since the silence began is the report
+    # instead.
     def _paused_since(self, since: float) -> Optional[float]:
-        """How long this process did not run, if at or after `since`; None when it ran throughout."""
         if self.stall_timeout_s <= 0:
             return None
         length, ended_at = self._last_pause
@@ -419,8 +407,7 @@ class Liveness:
         return None if paused_for is None else PeerLoss(paused_for_s=paused_for)
 
     def _blame(self, loss: PeerLoss, since: float, mark: bool = True) -> None:
-        """Report `loss` (a silence since `since`) unless this process itself did not run meanwhile; then report that
-        pause instead."""
+        """Report `loss` unless this process itself paused since `since`; then report the pause."""
         paused = self._own_pause(since)
         if paused is not None:
             self._report(paused, mark=False)
@@ -433,7 +420,7 @@ class Liveness:
                 return
             self._reported.set()
             self._reported_loss = loss
-        if mark:  # the store answers: this rank leaves because of the loss, not as its cause
+        if mark:  # this rank leaves because of the loss, not as its cause
             try:
                 self.board.leave(after_loss=True)
                 if self.hosts_store:
@@ -451,13 +438,11 @@ def start_liveness(rank: int, world_size: int, master_addr: str, master_port: in
                    on_lost: Callable[[PeerLoss], None]) -> Liveness:
     environ = os.environ if environ is None else environ
     agent = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    # The idle connection first: a killed rank 0 hosting the store then closes it before the client's.
     connection = StoreConnection(master_addr, master_port)
     store = GuardedStore(connect_store_client(master_addr, master_port, STORE_TIMEOUT_S), connection)
     store_host = (f"the rendezvous store at {master_addr}:{master_port} (torchrun's agent)" if agent
                   else "rank 0 (it hosts the rendezvous store)")
-    # The store outlives a run (torchrun's agent keeps it; tests re-init), so each run keys under its attempt and its
-    # number among the runs on this store.
+    # The store outlives a run, so each run keys under its attempt and run number.
     attempt = f"zero_gpt/liveness/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     run = (store.add(f"{attempt}arrivals", 1) - 1) // world_size
     prefix = f"{attempt}{run}/"
