@@ -1,20 +1,5 @@
-"""Megatron's --attention-backend (and --use-flash-attn) as PyTorch's SDPA kernel choice.
-
-Megatron picks among Transformer Engine's kernels; here every kernel is one of
-`torch.nn.functional.scaled_dot_product_attention`'s, chosen with `torch.nn.attention.sdpa_kernel`:
-
-    flash          the flash-attention kernel
-    fused          a fused kernel: cuDNN's (what Transformer Engine's fused attention runs), else the
-                   memory-efficient one; CUDA only
-    unfused, local the math kernel (scores materialized), the reference
-    auto           PyTorch's choice (the default)
-
-All compute the same attention; they differ in speed, memory and rounding. A choice is a kernel only,
-never the math, so one the device cannot run for this model and precision falls back, before any work, to
-PyTorch's choice among the kernels it can run (`auto`: math or SDPA on a CPU), said in one info line naming
-the flag the user typed (`--use-flash-attn`), rather than failing in the first forward or refusing a launch
-the real pair runs.
-"""
+"""Megatron's --attention-backend (and --use-flash-attn) as a choice among PyTorch SDPA's kernels: flash, fused (cuDNN,
+else memory-efficient), unfused/local (math) or auto."""
 
 from __future__ import annotations
 
@@ -36,16 +21,15 @@ KERNELS = {
 
 
 def attention_kernels(backend: str):
-    """A context in which SDPA uses only the kernels of `backend` (no restriction for auto)."""
+    """A context in which SDPA uses only `backend`'s kernels."""
     kernels = KERNELS[backend]
     return contextlib.nullcontext() if kernels is None else sdpa_kernel(kernels)
 
 
 def backend_for_device(config: ModelConfig, precision: str, device: torch.device,
                        flag: str = "", attention_mask: bool = False) -> tuple[str, Optional[str]]:
-    """The backend to run on `device`: the one asked for, or `auto` with the info line saying why, naming
-    `flag` (the option as typed; `--attention-backend X` when empty). `attention_mask`: attention takes an
-    explicit mask (--reset-attention-mask), which SDPA's flash kernel on CUDA does not take (its CPU one does)."""
+    """The backend to run on `device`: the one asked for, or `auto` with a line saying why (CUDA's flash kernel takes no
+    explicit mask)."""
     asked = flag if flag not in ("", "--attention-backend") else f"--attention-backend {config.attention.attention_backend}"
     why = None
     if device.type == "cuda":
@@ -55,7 +39,7 @@ def backend_for_device(config: ModelConfig, precision: str, device: torch.device
             why = ("the flash kernel on CUDA takes no attention mask and --reset-attention-mask needs one "
                    "(each document's block of causal attention)")
         elif config.attention.attention_backend == "flash" and config.has_windows():
-            # SDPA has no window argument: the sliding window is a mask here (gpt/attention_window.py)
+            # SDPA has no window argument: the sliding window is a mask
             why = "the flash kernel on CUDA takes no attention mask and --window-size's sliding window is one here"
     elif config.attention.attention_backend == "fused":
         why = "the fused kernels need CUDA"

@@ -1,9 +1,5 @@
-"""The attention's section of the model's settings (base/options.py section()): key/value groups, the query/key
-norms, the output gate, the softmax's scale, sinks and soft-capping, sliding windows, the kernel and the context-
-parallel exchange, Megatron-LM's flags named as their dests. gpt/model.py's SelfAttention builds what they choose
-(in a module of its own because gpt/model.py reads ModelConfig, which composes this); multi-latent attention has
-its own section (gpt/mla_settings.py). The rules here read these settings alone (those across sections:
-gpt/section_rules.py)."""
+"""The attention section of the model settings: key/value groups, query/key norms, output gate, softmax scale, sinks and
+soft-capping, sliding windows, kernel and CP exchange, as Megatron-LM's flags."""
 
 from __future__ import annotations
 
@@ -17,62 +13,59 @@ from gpt.attention_window import any_layer_windowed, check_window_size, layer_wi
 from gpt.layer_pattern import freq_value
 
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
-# Megatron-LM's --cp-comm-type choices (megatron/training/arguments.py)
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
 @dataclass(frozen=True)
 class AttentionSettings:
     SETTING_PREFIX: ClassVar[str] = ""
-    # how the attention is computed, not what: a resume may change them (checkpoint/resume_model.py)
+    # how attention is computed, not what: a resume may change them
     NOT_THE_MATH: ClassVar[tuple[str, ...]] = ("attention_backend", "cp_comm_type", "pad_attention_head_dim")
 
     attention_dropout: float = 0.1
-    # None: one key/value head per query head (multi-head attention); 1 is multi-query attention
+    # None: one key/value head per query head; 1 is multi-query
     num_query_groups: Optional[int] = option(
         None, aliases={"--num-key-value-heads": "Megatron-DeepSpeed"},
         help="key/value heads (grouped-query attention; 1 is multi-query); default: one per attention head. "
              "Megatron-LM reads it only with --group-query-attention, which is refused without it here")
-    # Megatron-LM's --add-qkv-bias: the QKV projection keeps its bias when the other linears have none
+    # the QKV projection keeps its bias when the other linears have none
     add_qkv_bias: bool = option(False, feature=True, action="store_true",
                                 help="keep the query-key-value bias when --disable-bias-linear drops the others (Qwen)")
-    # Megatron-LM's --qk-layernorm: the model's normalization over each query and key head (Qwen3)
+    # the model's normalization over each query and key head (Qwen3)
     qk_layernorm: bool = option(False, feature=True, action="store_true",
                                 help="--normalization over each query and key head before attention (Qwen3)")
-    # Megatron-LM's --qk-l2-norm: each query and key head over its root mean square, no gain (gpt/norms.py
-    # L2HeadNorm); it takes --qk-layernorm's place where both are given, as Megatron-Core's SelfAttention picks L2Norm
+    # RMS over each head, no gain; takes --qk-layernorm's place, as Megatron-Core picks L2Norm
     qk_l2_norm: bool = option(False, feature=True, action="store_true",
                               help="each query and key head scaled to a mean square of 1 before attention, no gain "
                                    "(Megatron-Core's L2Norm; Llama 4); with --qk-layernorm it takes that norm's place")
-    # the norms over the whole query and key projections instead of each head (OLMo 2; gpt/norms.py ProjectionNorm)
+    # norms over the whole query and key projections (OLMo 2)
     qk_layernorm_over_projection: bool = option(
         False, feature=True, action="store_true",
         help="with --qk-layernorm: the norms act over the whole query projection (heads x head dim) and the whole "
              "key projection, one gain per feature, instead of over each head (OLMo 2, OLMoE)")
-    # Megatron-LM's --attention-output-gate: a gate per query head from the QKV projection (gpt/model.py)
+    # a gate per query head from the QKV projection
     attention_output_gate: bool = option(
         False, feature=True, action="store_true",
         help="the QKV projection also yields a gate per query head; attention's output is multiplied by its "
              "sigmoid before the output projection (Megatron-LM, Qwen3-Next)")
-    # Megatron-Core's TransformerConfig softmax_scale; Megatron-Bridge's provider field (Gemma 2)
+    # Megatron-Core's softmax_scale (Gemma 2)
     softmax_scale: Optional[float] = option(
         None, feature=True,
         help="attention scores' scale (default 1/sqrt(head width)); Gemma's query_pre_attn_scalar q is q^-0.5")
     attn_logit_softcapping: Optional[float] = option(
         None, feature="attn_logit_softcapping",
         help="attention scores become c x tanh(score / c) before the mask and softmax (Gemma 2)")
-    # transformers' OlmoeAttention (and OLMo's, DBRX's): config.clip_qkv; no Megatron-LM flag
+    # transformers' config.clip_qkv (OLMoE, DBRX); no Megatron-LM flag
     clip_qkv: Optional[float] = option(
         None, feature="clip_qkv",
         help="the queries, keys and values clamped to [-C, C] after their projections and query/key norms, "
              "before rotary (OLMoE's clip_qkv)")
-    # Megatron-Core's TransformerConfig.softmax_type (gpt/attention_sinks.py)
+    # Megatron-Core's softmax_type (attention sinks)
     softmax_type: str = option(
         "vanilla", feature=True, choices=SOFTMAX_TYPES,
         help="attention's softmax: vanilla; off-by-one (each row's denominator + 1); learnable (a learned logit per "
              "head in each row's denominator: attention sinks, GPT-OSS)")
-    # Megatron-LM's sliding-window attention (Megatron-Core's TransformerConfig window_size, window_attn_skip_freq;
-    # gpt/attention_window.py): Mistral, Gemma 2/3, GPT-OSS, Phi-3
+    # Megatron-Core's window_size and window_attn_skip_freq (Mistral, Gemma 2/3, GPT-OSS)
     window_size: Optional[tuple] = option(
         None, type=window_size_value, metavar="LEFT,RIGHT",
         help="sliding-window attention: a query sees itself and the LEFT keys before it (-1: no limit; attention "
@@ -82,44 +75,40 @@ class AttentionSettings:
         help="with --window-size, which layers have the window: N gives every layer but each N-th (1-based) a "
              "window; a list expression gives one 1 (window) or 0 (full attention) per layer, e.g. '([1]*5+[0])*4'; "
              "default: every layer")
-    # Megatron's --attention-backend; Megatron's other names for its values are SPELLINGS in
-    # arguments/megatron/flags.py (--use-flash-attn).
+    # Megatron's other spellings (--use-flash-attn) are in arguments/megatron/flags.py
     attention_backend: str = option(
         "auto", choices=ATTENTION_BACKENDS,
         help="the SDPA kernel (Megatron's names): flash = flash attention, fused = cuDNN or the memory-efficient "
              "kernel, unfused/local = the math kernel, auto = PyTorch's choice")
-    # Megatron-Core's TransformerConfig.cp_comm_type (gpt/cp_attention.py); only read with --context-parallel-size > 1.
-    # Megatron takes one value, or one per layer (nargs "+"); here one, for every layer.
+    # read only with --context-parallel-size > 1; one value for every layer (Megatron also takes one per layer)
     cp_comm_type: str = option(
         "p2p", choices=CP_COMM_TYPES, group="training",
         help="with --context-parallel-size > 1, how attention reaches the other ranks' keys and values: p2p (the "
              "ring, partial softmaxes merged), all_gather (gathered once), a2a (DeepSpeed-Ulysses: heads split "
              "over the CP ranks) or a2a+p2p (a2a over the first of --hierarchical-context-parallel-sizes, the ring "
              "over the second), for every layer")
-    # Issue 40's lever 1 (gpt/attention_padding.py): acts only on CUDA, so CPU math is unchanged.
+    # acts only on CUDA: CPU math is unchanged
     pad_attention_head_dim: bool = option(
         True, help="on CUDA, zero-pad a head dim that is not a multiple of 8 (the paper's 1.5B: 100 -> 104) so "
                    "SDPA's fused kernels take it; the attention is the same (scale 1/sqrt(original head dim)); "
                    "no effect on a CPU or with --attention-backend unfused/local")
 
     def __post_init__(self) -> None:
-        if isinstance(self.window_size, list):  # a recorded config's (JSON) two sides: the tuple parsed
+        if isinstance(self.window_size, list):
             object.__setattr__(self, "window_size", tuple(self.window_size))
 
     def query_groups(self, num_attention_heads: int) -> int:
         return num_attention_heads if self.num_query_groups is None else self.num_query_groups
 
     def qkv_bias(self, add_bias_linear: bool) -> bool:
-        """Whether the QKV projection has a bias: every linear's (--add-bias-linear), or its own (--add-qkv-bias)."""
+        """Whether the QKV projection has a bias (--add-bias-linear or --add-qkv-bias)."""
         return add_bias_linear or self.add_qkv_bias
 
     def attention_windows(self, num_layers: int) -> tuple[Optional[int], ...]:
-        """Per layer (0-based): the keys before each query its attention sees (--window-size's left side), or None
-        for the whole causal context (gpt/attention_window.py)."""
+        """Per layer: the keys before each query it sees, or None for the whole causal context."""
         return layer_windows(self.window_size, self.window_attn_skip_freq, num_layers)
 
     def has_windows(self, num_layers: int) -> bool:
-        """Whether some layer has a sliding window (cheap at any depth)."""
         return any_layer_windowed(self.window_size, self.window_attn_skip_freq, num_layers)
 
     def validate(self, num_attention_heads: int, num_layers: int, tensor_parallel_size: int = 1) -> None:
@@ -144,18 +133,17 @@ class AttentionSettings:
         _check_query_key_norms(self)
         check_window_size(self.window_size)
         if self.window_attn_skip_freq is not None and "[" in str(self.window_attn_skip_freq):
-            self.attention_windows(num_layers)  # a list of one 0 or 1 per layer (refused otherwise, naming both flags)
+            self.attention_windows(num_layers)  # one 0 or 1 per layer
 
 
 def _check_groups(attention: AttentionSettings, num_attention_heads: int, tensor_parallel_size: int) -> None:
-    """The key/value groups: dividing the heads, and fitting the tensor-parallel ranks."""
+    """Key/value groups divide the heads and fit the TP ranks."""
     groups = attention.query_groups(num_attention_heads)
-    if groups < 1 or num_attention_heads % groups:  # 0 is refused here, not read as "one per head"
+    if groups < 1 or num_attention_heads % groups:  # 0 is refused, not read as one per head
         raise ConfigError(f"--num-query-groups {groups} does not divide --num-attention-heads "
                           f"{num_attention_heads}; each key/value group serves an equal number of heads",
                           flags=("--num-query-groups", "--num-attention-heads"))
-    # Megatron-Core's TransformerConfig: a multiple or a divisor of the TP size; a divisor's groups are each
-    # read by tp / groups ranks (gpt/model.py SelfAttention, Megatron-Core's attention.py:289)
+    # a multiple or divisor of TP, as Megatron-Core requires; a divisor's groups are read by tp / groups ranks each
     if groups % tensor_parallel_size and tensor_parallel_size % groups:
         raise ConfigError(f"--num-query-groups {groups} must be a multiple or divisor of "
                           f"--tensor-model-parallel-size {tensor_parallel_size} (Megatron-Core's rule): each "
@@ -170,7 +158,6 @@ def _check_groups(attention: AttentionSettings, num_attention_heads: int, tensor
 
 
 def _check_query_key_norms(attention: AttentionSettings) -> None:
-    """The query/key norms' kinds together."""
     # Megatron-Core has no L2 norm over projections
     if attention.qk_l2_norm and attention.qk_layernorm_over_projection:
         raise ConfigError("--qk-l2-norm with --qk-layernorm-over-projection is not implemented: the L2 norm acts "

@@ -1,9 +1,5 @@
-"""Attention with soft-capped scores (Gemma 2's attn_logit_softcapping; --attn-logit-softcapping): each score
-becomes c x tanh(score / c) before the mask and the softmax, which no SDPA kernel takes, so the scores are
-computed explicitly here, as transformers' Gemma2 eager_attention_forward (the path it runs them on: its SDPA
-integration refuses soft-capping) computes them: q.k^T x scale in the inputs' dtype, /c, tanh, x c, the mask, the
-softmax in fp32 cast back, dropout, the weighted values. It keeps the [batch, heads, seq, keys] weights for
-backward, as the math kernel does; the dry run, which runs this same code on meta tensors, counts them."""
+"""Attention with soft-capped scores (Gemma 2's --attn-logit-softcapping): c x tanh(score / c) before the mask and
+softmax. No SDPA kernel takes it, so the scores are explicit, as transformers' Gemma 2 eager attention computes them."""
 
 from __future__ import annotations
 
@@ -17,9 +13,8 @@ import torch.nn.functional as F
 def softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, softcap: float,
                          scale: Optional[float] = None, visible: Optional[torch.Tensor] = None,
                          dropout_p: float = 0.0) -> torch.Tensor:
-    """[batch, heads, seq, d] queries over [batch, groups, keys, d] keys and values (a group's key/value head read
-    by its heads / groups query heads, as repeat_kv); `visible` the bool mask (True where a query sees the key,
-    broadcast over batch and heads), causal over equal lengths when None; `scale` 1/sqrt(d) when None."""
+    """Queries [batch, heads, seq, d] over grouped keys and values; `visible` the bool mask (causal where None); `scale`
+    1/sqrt(d) where None."""
     heads, groups = query.shape[1], key.shape[1]
     if groups != heads:
         key, value = key.repeat_interleave(heads // groups, dim=1), value.repeat_interleave(heads // groups, dim=1)

@@ -1,23 +1,6 @@
-"""Sliding-window attention: Megatron-LM's --window-size and --window-attn-skip-freq, as Megatron-Core's
-TransformerConfig reads them (window_size, window_attn_skip_freq; megatron/core/transformer/utils.py
-is_layer_window_attention picks the layers).
-
-`--window-size L,R` is Transformer Engine's (left, right) window: a query at position i attends to the keys at
-positions i - L ... i + R, -1 meaning no limit on that side. GPT attention is causal, so the right side is 0
-whatever R says (Transformer Engine's check_set_window_size sets it to 0 for a causal mask; a launch giving another
-R is told so at start-up), and a query sees itself and the L keys before it: L + 1 keys. transformers'
-`sliding_window` W counts the query itself (masking_utils.sliding_window_overlay: `kv_idx > q_idx -
-sliding_window`; its flash path passes window_size (W - 1, W - 1)), so a folder's W is --window-size W-1,0 here.
-
-Which layers: none without --window-size (or with L = -1: an unlimited window); every layer without
---window-attn-skip-freq; with an integer N every layer but each N-th (1-based layer numbers, layer_number % N != 0:
-N - 1 windowed layers then one full one); with a list expression one 1 (windowed) or 0 (full) per layer.
-
-The window is a mask over (query, key) positions, so it composes with what else masks attention: the causal
-order, --reset-attention-mask's documents, and context parallelism's global positions (all_gather and a2a; the
-ring's half-visible blocks assume plain causal attention, so `--cp-comm-type p2p` is refused with a window, as
-Transformer Engine runs sliding windows under context parallelism only with all_gather or a2a).
-"""
+"""Sliding-window attention: Megatron-LM's --window-size and --window-attn-skip-freq as Megatron-Core reads them. A
+query sees the L keys before it (causal, so the right side is 0); every N-th layer, or those a 0/1 list marks, attends
+to the whole context."""
 
 from __future__ import annotations
 
@@ -31,7 +14,7 @@ from gpt.layer_pattern import layer_flags
 
 
 def window_size_value(text) -> tuple[int, int]:
-    """--window-size as Megatron-LM's tuple_type reads it: "L,R" or "(L,R)" (a YAML or recorded list too)."""
+    """--window-size as Megatron-LM's tuple_type reads it: "L,R" or "(L,R)"."""
     if isinstance(text, (tuple, list)):
         values = list(text)
     else:
@@ -55,8 +38,7 @@ def check_window_size(window_size: Optional[tuple[int, int]]) -> None:
 
 def layer_windows(window_size: Optional[tuple[int, int]], skip_freq: Union[None, int, str],
                   num_layers: int) -> tuple[Optional[int], ...]:
-    """Per layer (0-based), how many keys before the query its attention sees (the window's left side), or None
-    for attention over the whole causal context."""
+    """Per layer, how many keys before the query it sees, or None for the whole causal context."""
     if window_size is None or window_size[0] < 0:
         return (None,) * num_layers
     left = window_size[0]
@@ -79,28 +61,26 @@ def layer_windows(window_size: Optional[tuple[int, int]], skip_freq: Union[None,
 
 def any_layer_windowed(window_size: Optional[tuple[int, int]], skip_freq: Union[None, int, str],
                        num_layers: int) -> bool:
-    """Whether some layer has a window, without a tuple per layer (a planner's million-layer model)."""
+    """Whether some layer has a window, without a tuple per layer."""
     if window_size is None or window_size[0] < 0 or num_layers < 1:
         return False
     if skip_freq is None:
         return True
     text = str(skip_freq).strip()
     if "[" not in text:
-        return text != "1"  # every layer but each N-th: N = 1 leaves none (a bad N is refused by layer_windows)
+        return text != "1"  # every layer but each N-th: N = 1 leaves none
     return any(window is not None for window in layer_windows(window_size, skip_freq, num_layers))
 
 
 def window_visible(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
-    """[queries, keys] bool: the key is the query or one of the `window` positions before it (causal order
-    included)."""
+    """[queries, keys] bool: the key is the query or one of `window` before it."""
     distance = query_positions[:, None] - key_positions[None, :]
     return (distance >= 0) & (distance <= window)
 
 
 def causal_window_mask(seq_length: int, window: int, device: torch.device,
                        attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The window over positions 0..seq-1 as SDPA's bool mask (True where visible), combined with
-    `attention_mask` ([batch, 1, seq, seq], --reset-attention-mask's, causal included) where one is given."""
+    """The window as SDPA's bool mask, combined with `attention_mask` where given."""
     positions = torch.arange(seq_length, device=device)
     band = window_visible(positions, positions, window)
     return band if attention_mask is None else attention_mask & band

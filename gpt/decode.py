@@ -1,11 +1,5 @@
-"""One forward of a GPTModel over new tokens with a KV cache (gpt/kv_cache.py): the prompt once, then one token a
-step, each seeing the keys and values of every token before it (python -m training.generate).
-
-The model runs as its forward does (embedding, blocks, final norm, output layer), the new tokens at positions
-cache.length onwards: the learned position embedding reads those positions, rotary turns queries and keys by them.
-What the cache cannot serve yet is refused before any step, in one line naming it; multi-token prediction's
-layers are not run (their predictions are a training loss here).
-"""
+"""One forward of a GPTModel over new tokens with a KV cache: the prompt once, then one token a step, at positions
+cache.length onwards, each seeing every earlier token's keys and values."""
 
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ from gpt.model import GPTModel
 
 
 def check_positions(model: GPTModel, length: int) -> None:
-    """A learned position embedding has a row for each of `length` positions (rotary turns any position)."""
+    """A learned position embedding has a row for each of `length` positions."""
     rows = model.config.max_position_embeddings
     if model.position_embeddings is not None and length > rows:
         raise ConfigError(f"{length} positions asked, and the learned position embedding has {rows} "
@@ -27,7 +21,6 @@ def check_positions(model: GPTModel, length: int) -> None:
 
 
 def cache_refusal(model: GPTModel) -> Optional[str]:
-    """Why `model` cannot run over a KV cache (None: it can)."""
     if model.state.context_parallel_size > 1 or model.sequence_parallel:
         return "a KV cache runs on one process (no context or sequence parallelism)"
     if not (model.stage.first and model.stage.last):
@@ -40,8 +33,7 @@ def cache_refusal(model: GPTModel) -> Optional[str]:
 
 
 def new_cache(model: GPTModel, capacity: int) -> KVCache:
-    """A cache for `capacity` positions of `model`, after `cache_refusal`'s and `check_positions`' checks
-    (ConfigError)."""
+    """A cache for `capacity` positions of `model`, after the checks (ConfigError)."""
     refusal = cache_refusal(model)
     if refusal is not None:
         raise ConfigError(refusal)
@@ -51,12 +43,12 @@ def new_cache(model: GPTModel, capacity: int) -> KVCache:
 
 @torch.no_grad()
 def decode(model: GPTModel, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """Logits [batch, new, vocab] of `tokens` [batch, new], the tokens after the `cache.length` the cache holds,
-    whose keys and values it then holds too. The model must be in eval mode (no dropout)."""
+    """Logits [batch, new, vocab] of `tokens` after the cached ones, whose keys and values the cache then holds too.
+    Eval mode only."""
     start, new = cache.length, tokens.shape[1]
     cache.check_room(new)
     positions = torch.arange(start, start + new, device=tokens.device)
-    hidden = model.embed(tokens, positions=positions)  # (read only by a learned position embedding)
+    hidden = model.embed(tokens, positions=positions)
     for index, block in enumerate(model.blocks):
         hidden = block(hidden, cache=cache.layer(index))
     cache.advance(new)

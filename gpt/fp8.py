@@ -1,22 +1,6 @@
-"""FP8 training (issue 65): Megatron-Core's --fp8-format and --fp8-recipe (with --fp8-margin,
---fp8-amax-history-len, --fp8-amax-compute-algo, --no-fp8-wgrad, --first-last-layers-bf16) applied through
-parallel/fp8's one kernel path, and every combination not built yet refused before any work, in one line naming why.
-
-Which GEMMs run in FP8 follows Megatron-Core with TransformerEngine: each block's attention and MLP linears, a shared
-expert's projections, the routed experts' (TEGroupedMLP's GroupedLinear: one FP8 GEMM per local expert, rows padded
-as Fp8Padding, parallel/fp8/grouped.py) and the MTP layers' eh_proj and block; never the embedding, the output
-layer, the norms or a router. --first-last-layers-bf16 keeps the first and last --num-layers-at-{start,end}-in-bf16
-blocks in high precision (fp8_utils.py is_first_last_bf16_layer: global layer numbers). A linear whose shape breaks
-CUDA's FP8 rules (multiples of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision, named at start-up,
-as are MLA's replicated down-projections (TE linears in Megatron).
-
-Built and checked on the CPU: TP (and SP), ZeRO 0-3 (--fp8-param-gather gathers FP8 bytes, zero/fp8_params.py), PP
-(virtual too), CP, EP, dense and MoE, MTP, --compile (docs/fp8.md). Under recomputation delayed scaling reuses the
-forward's scales and updates no history twice (parallel/fp8/recompute.py); its histories are in our checkpoints
-(checkpoint/fp8_state.py), not in a torch_dist save (said at start-up). Delayed scaling's amax is all-reduced (max) over Megatron-Core's amax reduction group, the TP x CP x DP ranks of a
-stage; under EP that mixes the experts at the same local index across EP ranks, as TE does (said at start-up). The
-stateless recipes reduce nothing, as TE's: under TP each rank casts its shard with its own amax, so tensorwise and
-blockwise TP N differ from TP 1 by FP8 rounding (said at start-up); MXFP8's 1x32 blocks never cross a shard boundary."""
+"""FP8 training: Megatron-Core's --fp8-format and --fp8-recipe flags applied through parallel/fp8's kernels to the GEMMs
+Megatron-Core with TransformerEngine runs in FP8 (block linears, experts, MTP layers; never embeddings, output, norms or
+routers), and every combination not built refused before any work in one line."""
 
 from __future__ import annotations
 
@@ -56,16 +40,16 @@ def recipe_of(model_config) -> Fp8Recipe:
 
 @dataclass(frozen=True)
 class Fp8Launch:
-    """What the refusals read besides the model's settings (arguments/ is above this floor)."""
+    """What the refusals read besides the model's settings."""
     pipeline_parallel: int
     context_parallel: int
     expert_parallel: int
-    recompute: bool  # no refusal reads it since delayed scaling recomputes as TE does (parallel/fp8/recompute.py)
+    recompute: bool
     zero_stage: int = 0
 
 
 def check_fp8(model_config, launch: Fp8Launch) -> None:
-    """Refuse, in one line, every FP8 combination not built yet; nothing without --fp8-format."""
+    """Refuse, in one line, every FP8 combination not built; nothing without --fp8-format."""
     fp8 = model_config.fp8
     fp8.validate(model_config.num_layers)
     if fp8.enabled and fp8.param_gather:
@@ -73,19 +57,14 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
 
 
 def _check_param_gather(what: str, zero_stage: int) -> None:
-    """--fp8-param-gather where it is not built. Megatron-LM asserts the distributed optimizer or FSDP
-    (megatron/training/arguments.py: "--fp8-param-gather only supported with distributed optimizer, torch fsdp2,
-    megatron fsdp"): ZeRO 0 is refused as there (stage 1 is the distributed optimizer, stage 3 FSDP). Every recipe
-    a run accepts is gathered (parallel/fp8/param_gather.py GATHERED_RECIPES; custom is refused before, in
-    gpt/fp8_settings.py)."""
+    """--fp8-param-gather needs ZeRO 1 or 3, as Megatron-LM asserts the distributed optimizer or FSDP."""
     if zero_stage == 0:
         raise ConfigError(f"{what} --fp8-param-gather needs sharded parameters, as in Megatron-LM (distributed "
                           f"optimizer or FSDP): use --use-distributed-optimizer or --zero-stage 1, 2 or 3")
 
 
 def fp8_gathered_weights(model: nn.Module) -> dict:
-    """{id(weight): Fp8LinearState} of the linears apply_fp8 put in FP8, for ZeRO to keep and gather as FP8 bytes
-    (--fp8-param-gather, zero/fp8_params.py)."""
+    """{id(weight): Fp8LinearState} of the FP8 linears, for ZeRO to gather as FP8 bytes."""
     return {id(module.weight): module.fp8_state for module in model.modules()
             if getattr(module, "fp8_state", None) is not None}
 
@@ -96,8 +75,7 @@ def _tp_linears(block: nn.Module):
 
 
 def _shared_expert_linears(block: nn.Module):
-    """A TP 1 shared expert's projections (gpt/moe/layer.py SharedExperts; under TP they are TP linears): Megatron's
-    SharedExpertMLP is built of TE linears, so they run in FP8. DeepSpeed's residual MLP (--use-residual) is not."""
+    """A TP 1 shared expert's projections: Megatron's SharedExpertMLP is TE linears, so they run in FP8."""
     return [(f"{name}.{part}", getattr(module, part)) for name, module in block.named_modules()
             if isinstance(module, SharedExperts) and name.endswith("shared_experts")
             for part in ("dense_h_to_4h_gate", "dense_h_to_4h_up", "dense_h_to_4h", "dense_4h_to_h")
@@ -105,11 +83,8 @@ def _shared_expert_linears(block: nn.Module):
 
 
 def _joined_gate_up(block: nn.Module, model_config) -> dict:
-    """{gate's name: (the gated MLP, up's name)} of the gated MLPs whose gate and up run as one FP8 linear of their
-    rows one after the other: Megatron-Core's linear_fc1, one [2 ffn, h] weight a TE linear casts with one scale (one
-    amax over both, one delayed-scaling state), one GEMM each way, as this project's bf16 runs them
-    (gpt/gate_up_gemm.py). Not with biases (their fp32 epilogue takes one bias), nor under --fp8-param-gather, where
-    ZeRO casts and gathers each parameter with its own scale: there the two run as two FP8 linears."""
+    """{gate name: (gated MLP, up name)} whose gate and up run as one FP8 linear with one scale, as Megatron-Core's
+    linear_fc1. Not with biases, nor under --fp8-param-gather, where each parameter has its own scale."""
     if model_config.fp8.param_gather:
         return {}
     return {f"{name}.dense_h_to_4h_gate": (mlp, f"{name}.dense_h_to_4h_up") for name, mlp in block.named_modules()
@@ -121,32 +96,28 @@ def _routed_experts(block: nn.Module):
 
 
 def amax_reduction(parallel: Optional[ParallelState]):
-    """Delayed scaling's in-place max all-reduce of an amax over Megatron-Core's amax reduction group
-    (parallel_state.get_amax_reduction_group(with_context_parallel=True), megatron/core/fp8_utils.py's
-    get_fp8_context; tp_only_amax_red off, its default): the tensor x context x data parallel ranks of this
-    pipeline stage, never another stage's (each stage casts its own layers). None where that group is one rank."""
+    """Delayed scaling's max all-reduce of an amax over Megatron-Core's amax reduction group: this stage's TP x CP x DP
+    ranks. None for one rank."""
     if parallel is None or parallel.world_size == 1:
         return None
     if parallel.pipeline_parallel_size == 1:
         group = dist.group.WORLD
     elif parallel.stage_group is not None:
         group = parallel.stage_group
-    else:  # a stage of one rank
+    else:
         return None
     comm = parallel.comm
     return lambda amax: comm.all_reduce(amax, group, "amax", op=dist.ReduceOp.MAX)
 
 
 def amax_group_size(parallel: Optional[ParallelState]) -> int:
-    """How many ranks amax_reduction reduces over (1: none)."""
     if parallel is None:
         return 1
     return parallel.world_size // parallel.pipeline_parallel_size
 
 
 def verdict_reduction(parallel: Optional[ParallelState]):
-    """The guard's verdicts all-reduced (max) over the TP group, so every TP rank of a layer takes the same
-    path (a rank in high precision beside one in FP8 would compute another layer); None at TP 1."""
+    """The guard's verdicts max-reduced over TP, so every TP rank of a layer takes the same path; None at TP 1."""
     if parallel is None or parallel.tensor_parallel_size == 1:
         return None
     comm, group = parallel.comm, parallel.tensor_parallel_group
@@ -154,9 +125,7 @@ def verdict_reduction(parallel: Optional[ParallelState]):
 
 
 def expert_verdict_reduction(parallel: Optional[ParallelState]):
-    """verdict_reduction for a routed expert's projections: over the expert tensor-parallel group, whose ranks hold
-    the shards of the same experts (the dense TP group where the experts have no grid of their own); None at
-    ETP 1."""
+    """verdict_reduction for routed experts, over the expert TP group; None at ETP 1."""
     if parallel is None or parallel.experts.tensor_size == 1:
         return None
     comm, group = parallel.comm, parallel.experts.tensor_group
@@ -164,9 +133,7 @@ def expert_verdict_reduction(parallel: Optional[ParallelState]):
 
 
 def guard_monitor(model_config, parallel: Optional[ParallelState], device: torch.device) -> GuardMonitor:
-    """--fp8-guard's monitor for this rank (apply_fp8 adds each FP8 linear's guard): the threshold, each verdict's
-    reduction (the TP group; a routed expert's expert-TP group), and the vote over every rank on running the
-    iteration again (parallel/fp8/guard.py)."""
+    """--fp8-guard's monitor for this rank: threshold, verdict reductions and the vote on re-running the iteration."""
     any_rank = None
     if parallel is not None and parallel.world_size > 1:
         any_rank = parallel.comm.max_over_world
@@ -177,9 +144,8 @@ def guard_monitor(model_config, parallel: Optional[ParallelState], device: torch
 
 def delayed_scaling_passes(model: nn.Module, model_config,
                            parallel: Optional[ParallelState]) -> Optional[DelayedScalingPasses]:
-    """Delayed scaling's per-pass update (parallel/fp8/delayed_updates.py) over this rank's model: each model chunk's
-    blocks (by chunk index) and the MTP layers ("mtp"), reduced over Megatron-Core's amax reduction group
-    (amax_reduction); None without delayed scaling."""
+    """Delayed scaling's per-pass update over each model chunk's blocks and the MTP layers; None without delayed
+    scaling."""
     if not model_config.fp8.enabled or model_config.fp8.recipe != "delayed":
         return None
     groups = {chunk: delayed_scalings_in(blocks) for chunk, blocks in enumerate(model.chunk_blocks)}
@@ -190,23 +156,18 @@ def delayed_scaling_passes(model: nn.Module, model_config,
 
 
 def fp8_weight_caches(model: nn.Module) -> list[WeightCache]:
-    """The weight caches of the linears apply_fp8 put in FP8 (parallel/fp8/weight_cache.py)."""
     return [state.weight_cache for state in fp8_states(model).values()]
 
 
 def forget_fp8_weight_casts(model: nn.Module) -> None:
-    """Where an iteration's micro-batches start (a re-run of them too) and where they end: every FP8 weight's cast
-    forgotten, so that the first micro-batch casts it again, as Megatron-Core's forward_step calls
-    set_is_first_microbatch (TE's is_first_microbatch), and nothing after them (the optimizer step writes the weights
-    through ZeRO's flat buffers, which their version counters do not see: parallel/fp8/weight_cache.py) reads a cast
-    of the weights before the step. The caches are found once (`model.fp8_weight_caches`, training/build.py)."""
+    """Forget every FP8 weight cast where an iteration's micro-batches start and end, so the first micro-batch casts
+    again (TE's is_first_microbatch) and the optimizer step's in-place writes are never missed."""
     for cache in getattr(model, "fp8_weight_caches", ()):
         cache.forget()
 
 
 def guard_log(parallel: Optional[ParallelState]):
-    """The guard's lines: from the first TP rank of each data-parallel rank (its verdict is its TP group's),
-    named by rank when there are several."""
+    """The guard's lines, from the first TP rank of each DP rank."""
     if parallel is None or parallel.world_size == 1:
         return lambda line: print(line, flush=True)
     if parallel.tensor_parallel_rank != 0:
@@ -218,21 +179,15 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
               device: torch.device, parallel: Optional[ParallelState] = None,
               monitor: Optional[GuardMonitor] = None, mtp_layers: Optional[nn.ModuleList] = None,
               compiled: bool = False) -> Optional[str]:
-    """Run the GEMMs Megatron-Core runs in FP8 in FP8 (each linear, and each expert's projection, its own state,
-    Fp8LinearState) and return the start-up line naming the format, recipe, kernel and layers; None without
-    --fp8-format. `blocks`: this pipeline rank's blocks, named by their global layer number; `mtp_layers`: its
-    multi-token prediction layers (the last stage's), in FP8 whatever --first-last-layers-bf16 says, as Megatron's
-    MultiTokenPredictionLayer enters get_fp8_context(config) with no layer number. `tokens_per_micro_batch`: the
-    rows of this rank's dense GEMMs. `parallel` (None: one process) gives the line its words (delayed scaling's
-    amax reduction is delayed_scaling_passes'). With --fp8-guard each linear gets a guard (parallel/fp8/guard.py),
-    gathered in `monitor` (guard_monitor), which takes the verdicts and the metrics. `compiled`: the blocks will be
-    compiled (--compile), said in the line."""
+    """Run in FP8 the GEMMs Megatron-Core runs in FP8, each linear with its own Fp8LinearState, and return the start-up
+    line; None without --fp8-format. MTP layers are FP8 whatever --first-last-layers-bf16 says, as in Megatron. With
+    --fp8-guard each linear gets a guard gathered in `monitor`."""
     if not model_config.fp8.enabled:
         return None
     recipe = recipe_of(model_config)
     reduced = recipe.recipe == "delayed" and amax_reduction(parallel) is not None
     guarded = model_config.fp8.guard and device.type != "meta"  # a planner's meta rank: no values to check
-    if guarded and monitor is None:  # a caller that reads no verdicts: the guards count, nothing falls back
+    if guarded and monitor is None:  # no verdict reader: the guards count, nothing falls back
         monitor = guard_monitor(model_config, parallel, device)
     threshold = model_config.fp8.guard_saturation_threshold
 
@@ -243,8 +198,7 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         if guarded:
             guard = LayerGuard(name, EXPERT if expert else DENSE, guard_log(parallel), device)
             monitor.layers.append(guard)
-        # the weight cast once an iteration, as Megatron-Core's TE linears (is_first_microbatch); compiled blocks
-        # keep its semantics in their graphs (parallel/fp8/weight_cache.py)
+        # the weight is cast once an iteration, as Megatron-Core's TE linears (is_first_microbatch)
         return Fp8LinearState(recipe, device, guard, fused=fused, cache_weight=True, compiled=compiled)
 
     in_fp8, experts_in_fp8, high_precision_layers, off_shape, replicated = [], [], [], [], set()
@@ -260,9 +214,8 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         joined = {gate: (mlp, up) for gate, (mlp, up) in _joined_gate_up(module, model_config).items()
                   if not any(_broken(linears[name], tokens_per_micro_batch, recipe) for name in (gate, up))}
         for gate, (mlp, up) in joined.items():
-            name = gate[:-len("_gate")]  # mlp.dense_h_to_4h, Megatron-DeepSpeed's name of the joined projection
-            # one state on both (gradient accumulation fusion gives it their main gradients); delayed_states and the
-            # checkpoint find it once, under the joined name
+            name = gate[:-len("_gate")]  # Megatron-DeepSpeed's name of the joined projection
+            # one state on both, found once under the joined name
             state = state_for(f"{prefix}.{name}")
             linears[gate].fp8_state = linears[up].fp8_state = state
             linears[gate].fp8_state_name = name.split(".")[-1]
@@ -272,17 +225,17 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         for name, linear in linears.items():
             if name in skipped:
                 continue
-            # A linear's GEMMs take its local shape: the weight (out, in) and the micro-batch's tokens.
+            # a linear's GEMMs take its local shape
             broken = _broken(linear, tokens_per_micro_batch, recipe)
             if broken:
                 off_shape.append(f"{prefix}.{name} ({broken})")
                 continue
-            linear.fp8_state = state_for(f"{prefix}.{name}")  # found by delayed_states and the checkpoint
+            linear.fp8_state = state_for(f"{prefix}.{name}")
             if isinstance(linear, (ColumnParallelLinear, RowParallelLinear)):
                 linear.linear = partial(_fp8_linear_call, state=linear.fp8_state)
             in_fp8.append(name)
         for name, experts in _routed_experts(module):
-            # each expert's rows are padded to the alignment (parallel/fp8/grouped.py): only the weights' shape rules
+            # each expert's rows are padded to the alignment: only the weights' shape rules
             projections = [(f"{expert_id}.{part}", linear) for expert_id, expert in experts.named_children()
                            for part, linear in expert.named_children() if hasattr(linear, "weight")]
             broken = next(filter(None, (shape_rule_broken(linear.weight.shape[1], linear.weight.shape[0],
@@ -309,8 +262,7 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
                  experts_in_fp8: list, high_precision_layers: list, off_shape: list, reduced: bool, guarded: bool,
                  threshold: float, mtp: bool, replicated: list, param_gather: bool, compiled: bool = False,
                  fusion: tuple[bool, str] = (False, "")) -> str:
-    """apply_fp8's one line: format, recipe, the layers in FP8, the kernel, the casts' path (`fusion`: fused or
-    not, and the clause saying so: parallel/fp8/fused.py), and every difference from Megatron."""
+    """apply_fp8's line: format, recipe, layers, kernel, cast path, and every difference from Megatron."""
     names = sorted(set(in_fp8))
     words = [f"> FP8: --fp8-format {recipe.fp8_format} --fp8-recipe {recipe.recipe}: {len(in_fp8)} linears in FP8 "
              f"({', '.join(names) or 'none'})"]
@@ -390,8 +342,7 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
 
 
 def _param_gather_words(recipe: Fp8Recipe) -> str:
-    """The start-up line's --fp8-param-gather clause: how the recipe's weights are cast from the master, and what
-    the gathers move."""
+    """The line's --fp8-param-gather clause."""
     scaled = {"blockwise": "each 128x128 block's scale from the whole block's amax of the fp32 master, max "
                            "all-reduced over the shard owners, and the fp32 master cast to e4m3 as "
                            "TransformerEngine's blockwise cast does, where without the flag the forward casts the "
@@ -413,29 +364,25 @@ def _param_gather_words(recipe: Fp8Recipe) -> str:
                "parameters)" if recipe.recipe == "delayed" else ""))
 
 
-# inductor's options for blocks holding FP8 linears compiled for a CPU: torch 2.13's vectorized C++ kernels give
-# non-finite data and weight gradients in the compiled FP8 backward (tensorwise, blockwise, MXFP8, bias-free linears:
-# tests/gpt/test_fp8_compile.py); scalar kernels give eager's bits. A CPU run is for correctness, not speed.
+# torch 2.13's vectorized CPU kernels give non-finite gradients in the compiled FP8 backward; scalar kernels give
+# eager's bits.
 CPU_FP8_COMPILE_OPTIONS = {"cpp.simdlen": 1}
 
 
 def compile_options(model_config, device: torch.device) -> Optional[dict]:
-    """inductor's options for compiling the blocks (gpt/model.py compile_blocks), or None for its defaults."""
     return dict(CPU_FP8_COMPILE_OPTIONS) if model_config.fp8.enabled and device.type == "cpu" else None
 
 
 def delayed_states(model: nn.Module) -> dict:
-    """{module name: DelayedScaling} of the linears apply_fp8 put in delayed scaling (the checkpoint's
-    histories, checkpoint/fp8_state.py); {} for the other recipes and without FP8."""
+    """{module name: DelayedScaling} of the delayed-scaling linears (the checkpoint's histories); {} otherwise."""
     return {name: state.delayed for name, state in fp8_states(model).items() if state.delayed is not None}
 
 
 def _fp8_linear_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                      state: Fp8LinearState) -> torch.Tensor:
-    """F.linear's signature (the TP layers call self.linear(x, weight, bias)), in FP8."""
     return fp8_linear(x, weight, bias, state)
 
 
 def _fp8_joined_call(x: torch.Tensor, weights: tuple, *, state: Fp8LinearState) -> torch.Tensor:
-    """A gated MLP's gate and up as one FP8 linear (_joined_gate_up): [gate(x), up(x)] along the last dimension."""
+    """A gated MLP's gate and up as one FP8 linear: [gate(x), up(x)] along the last dimension."""
     return fp8_linear(x, weights, None, state)

@@ -1,8 +1,5 @@
-"""The FP8 section of the model's settings (base/options.py section()): Megatron-LM's --fp8-format (its dest `fp8`)
-and the --fp8-* knobs, Megatron-Core's TransformerConfig fields and defaults; DeepSpeed-Megatron's --fp8-e4m3 /
---fp8-hybrid; --first-last-layers-bf16. gpt/fp8.py applies them; the rules here read these settings and the depth
-alone, and gpt/fp8.py check_fp8 adds the launch's (in a module of its own because gpt/fp8.py imports the blocks,
-which read ModelConfig, which composes this)."""
+"""The FP8 section of the model settings: Megatron-LM's --fp8-* flags with TransformerConfig's defaults,
+DeepSpeed-Megatron's --fp8-e4m3 / --fp8-hybrid, and --first-last-layers-bf16; gpt/fp8.py applies them."""
 
 from __future__ import annotations
 
@@ -12,9 +9,9 @@ from typing import ClassVar, Optional
 from base.errors import ConfigError
 from base.options import Const, option
 
-FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
-FP8_RECIPE_CHOICES = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")  # Megatron-LM's --fp8-recipe
-# the largest margin whose 2**margin is an int64, as torch takes the divisor (2**63 raises "int too big to convert")
+FP8_FORMATS = ("e4m3", "hybrid")
+FP8_RECIPE_CHOICES = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")
+# the largest margin whose 2**margin fits int64, as torch takes the divisor
 MAX_FP8_MARGIN = 62
 
 
@@ -46,7 +43,7 @@ class FP8Settings:
         False, action="store_true", group="zero",
         help="with --fp8-format and ZeRO stages 1-3, the FP8 linears' weights cast to e4m3 from the fp32 master after "
              "each step and all-gathered as FP8 bytes (1 byte per element, mxfp8 2: its rowwise and columnwise casts)")
-    # Not Megatron-LM's: the guard of issue 65 (parallel/fp8/guard.py, docs/fp8.md "The guard")
+    # not Megatron-LM's: see docs/fp8.md "The guard"
     guard: bool = option(
         True, group="zero",
         help="with --fp8-format, count each FP8 cast's saturated and flushed values per layer into the metrics, and "
@@ -57,7 +54,7 @@ class FP8Settings:
         help="--fp8-guard: the fraction of one cast's values saturated above which its layer falls back to high "
              "precision (default 0.05: a well scaled cast clips at most the values above its last amax; a scale "
              "2x too large clips about 8%% of a normal tensor)")
-    # Not Megatron-LM's: issue 87's fused casts (parallel/fp8/fused.py, docs/fp8.md "Fused casts")
+    # not Megatron-LM's: see docs/fp8.md "Fused casts"
     fused_casts: str = option(
         "auto", choices=("auto", "on", "off"), group="zero",
         help="with --fp8-format, each FP8 cast (amax, scale, quantize, its transpose, the guard's counts) and each "
@@ -73,17 +70,15 @@ class FP8Settings:
 
     @property
     def enabled(self) -> bool:
-        """--fp8-format was given: the blocks' linears run in FP8."""
         return self.format is not None
 
     def keeps_high_precision(self, layer: int, num_layers: int) -> bool:
-        """Whether block `layer` (0-based, global) stays in high precision: Megatron's is_first_last_bf16_layer."""
+        """Whether block `layer` stays in high precision (Megatron's is_first_last_bf16_layer)."""
         if not self.first_last_layers_bf16:
             return False
         return layer < self.num_layers_at_start_in_bf16 or layer >= num_layers - self.num_layers_at_end_in_bf16
 
     def validate(self, num_layers: int) -> None:
-        """This section's rules at a depth of `num_layers` blocks; nothing without --fp8-format."""
         if not self.enabled:
             return
         what = f"--fp8-format {self.format} --fp8-recipe {self.recipe}"

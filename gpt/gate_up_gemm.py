@@ -1,22 +1,6 @@
-"""The gated MLP's gate and up as one GEMM of width 2 x ffn, as Megatron-Core's linear_fc1 (one [2 ffn / TP, h] weight
-per TP rank), while the model keeps its two parameters (gpt/mlp.py says why): where the two weights lie back to back
-in one storage ([first; second] rows, as ZeRO's flat buffers lay a unit's parameters of one kind and
-parallel/init.py's materialize lays a module's `adjacent_parameters`), that [2 ffn, h] view is the one weight.
-
-Forward: one mm (addmm with the two biases, when they lie back to back too) into [tokens, 2 ffn], the gate and up
-halves views of it, then GatedActivation.math on them: the same values as two GEMMs. Backward (`_GateUpGemm`): both
-halves' gradients written into one [tokens, 2 ffn] buffer by the ops `_GatedProduct.backward` (gpt/glu.py) runs, in
-their out= forms (so the same bits), ordered so that no more of the MLP's width is alive at once than there
-(GatedActivation.backward_widths: the buffer's two halves stand for the two gradients); then the input gradient is ONE
-mm over 2 ffn (a reordering of the two GEMMs' sum) and the weight gradient ONE mm, or under gradient accumulation
-fusion (parallel/grad_accumulation_fusion.py) one op adding into the two main gradients, adjacent too when the
-weights are (else one op each).
-
-Where the weights are not adjacent (a reduce bucket's boundary between them, a model materialized otherwise), under
-torch.compile (whose graph would break at the storage checks), or where a linear runs its own GEMM (FP8 with biases or
---fp8-param-gather, gpt/fp8.py; other FP8 runs join gate and up in one FP8 linear, `gated_halves` its activation),
-`gate_and_up` returns None and the caller runs the two GEMMs as before.
-"""
+"""The gated MLP's gate and up as one GEMM of width 2 x ffn, as Megatron-Core's linear_fc1, while the model keeps two
+parameters: where the two weights lie back to back in one storage (ZeRO's flat buffers), that view is the one weight,
+and forward and backward run one GEMM each."""
 
 from __future__ import annotations
 
@@ -33,9 +17,8 @@ from parallel.grad_accumulation_fusion import LinearIntoMainGrad, accumulate_wei
 
 
 def back_to_back(first: torch.Tensor, second: torch.Tensor) -> bool:
-    """Whether `second`'s elements start where `first`'s end in the same storage, both contiguous with the same
-    trailing shape and dtype: then `joined(first, second)` is [first; second]. (On a gated parameter each of these
-    reads waits for its unit's gather, zero/gated_parameters.py, as the GEMM's own read would.)"""
+    """Whether `second` starts where `first` ends in one storage, both contiguous with the same trailing shape and
+    dtype."""
     if first.dtype != second.dtype or first.shape[1:] != second.shape[1:] or first.device != second.device:
         return False
     if not (first.is_contiguous() and second.is_contiguous()) or not torch._C._is_alias_of(first, second):
@@ -44,7 +27,7 @@ def back_to_back(first: torch.Tensor, second: torch.Tensor) -> bool:
 
 
 def joined(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """[first; second] as one tensor, a view of their storage (they are `back_to_back`)."""
+    """[first; second] as one view of their storage."""
     return first.as_strided((first.shape[0] + second.shape[0], *first.shape[1:]), first.stride())
 
 
@@ -53,8 +36,7 @@ def _plain_gemm(linear) -> bool:
 
 
 def gate_and_up(hidden: torch.Tensor, gate: nn.Module, up: nn.Module, glu: GatedActivation) -> Optional[torch.Tensor]:
-    """glu(gate(hidden), up(hidden)) through one GEMM (module docstring), `hidden` already in the TP region; None
-    where the two weights cannot be one."""
+    """glu(gate(hidden), up(hidden)) through one GEMM; None where the two weights cannot be one."""
     if torch.compiler.is_compiling() or not (_plain_gemm(gate.linear) and _plain_gemm(up.linear)):
         return None
     if (gate.bias is None) != (up.bias is None):
@@ -66,7 +48,7 @@ def gate_and_up(hidden: torch.Tensor, gate: nn.Module, up: nn.Module, glu: Gated
     if first.bias is not None and not back_to_back(first.bias, second.bias):
         return None
     weight = joined(first.weight, second.weight)
-    main_grads = None  # gradient accumulation fusion's owner of both main gradients, where both linears fuse
+    main_grads = None  # gradient accumulation fusion's owner of both main gradients
     if isinstance(first.linear, LinearIntoMainGrad) or isinstance(second.linear, LinearIntoMainGrad):
         if getattr(first.linear, "main_grads", None) is not getattr(second.linear, "main_grads", None):
             return None
@@ -81,9 +63,8 @@ def gate_and_up(hidden: torch.Tensor, gate: nn.Module, up: nn.Module, glu: Gated
 def one_gemm(hidden: torch.Tensor, first_weight: nn.Parameter, second_weight: nn.Parameter,
              first_bias: Optional[nn.Parameter], second_bias: Optional[nn.Parameter], glu: GatedActivation,
              gate_first: bool, main_grads=None) -> torch.Tensor:
-    """The gated product of the [first; second] projection of `hidden` (the two weights back to back), keeping its
-    input and the projection for `_GateUpGemm`'s backward; `main_grads`: where the weight gradients are added
-    (gradient accumulation fusion), None: autograd's."""
+    """The gated product of the joined projection, keeping its input and the projection for backward; `main_grads`:
+    where weight gradients are added (None: autograd's)."""
     return _GateUpGemm.apply(hidden, first_weight, second_weight, first_bias, second_bias, glu, gate_first,
                              main_grads)
 
@@ -91,9 +72,7 @@ def one_gemm(hidden: torch.Tensor, first_weight: nn.Parameter, second_weight: nn
 def one_gemm_math(hidden: torch.Tensor, first_weight: nn.Parameter, second_weight: nn.Parameter,
                   first_bias: Optional[nn.Parameter], second_bias: Optional[nn.Parameter], glu: GatedActivation,
                   gate_first: bool, main_grads=None) -> torch.Tensor:
-    """`one_gemm` as the plain formulation: the same GEMM (`_JoinedLinear`, autograd's linear over the two weights
-    joined) and autograd through GatedActivation.math on its halves, keeping what those ops keep: what `one_gemm`
-    equals bit for bit (tests/gpt/test_gate_up_gemm.py, test_saved_activations.py). Weight gradients are autograd's."""
+    """`one_gemm` as plain autograd: what `one_gemm` equals bit for bit."""
     projected = _JoinedLinear.apply(hidden.reshape(-1, hidden.shape[-1]), first_weight, second_weight, first_bias,
                                     second_bias)
     gate, up = _halves(projected, gate_first)
@@ -101,9 +80,7 @@ def one_gemm_math(hidden: torch.Tensor, first_weight: nn.Parameter, second_weigh
 
 
 class _JoinedLinear(torch.autograd.Function):
-    """rows @ [first; second]^T (+ [first_bias; second_bias]) with autograd's backward of it (AddmmBackward0 /
-    MmBackward0: the input's gradient one mm, the joined weight's one mm, the bias's a sum), split between the two
-    parameters: what autograd would do if the two were one parameter."""
+    """rows @ [first; second]^T (+ biases) with autograd's backward split between the two parameters."""
 
     @staticmethod
     def forward(ctx, rows, first_weight, second_weight, first_bias, second_bias):
@@ -126,7 +103,6 @@ class _JoinedLinear(torch.autograd.Function):
 
 def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], glu: GatedActivation,
              gate_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the activated product, shaped as `hidden` but ffn wide; the [tokens, 2 ffn] projection)."""
     rows = hidden.reshape(-1, hidden.shape[-1])
     projected = torch.mm(rows, weight.t()) if bias is None else torch.addmm(bias, rows, weight.t())
     gate, up = _halves(projected, gate_first)
@@ -134,7 +110,6 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 
 
 def _halves(both: torch.Tensor, gate_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gate, up): the column halves of a [tokens, 2 ffn] tensor."""
     first, second = both.chunk(2, dim=-1)
     return (first, second) if gate_first else (second, first)
 
@@ -145,10 +120,10 @@ class _GateUpGemm(torch.autograd.Function):
         weight = joined(first_weight, second_weight)
         bias = None if first_bias is None else joined(first_bias, second_bias)
         activated, projected = _forward(hidden, weight, bias, glu, gate_first)
-        # the input and the projection, as the two linears and the activation kept them (gate and up are its halves)
+        # the input and the projection, as the two linears and the activation kept them
         ctx.save_for_backward(hidden, projected, first_weight, second_weight)
         ctx.glu, ctx.gate_first, ctx.main_grads, ctx.has_bias = glu, gate_first, main_grads, first_bias is not None
-        ctx.params = (first_weight, second_weight)  # the parameters themselves: their main gradients' keys
+        ctx.params = (first_weight, second_weight)
         return activated
 
     @staticmethod
@@ -168,7 +143,7 @@ class _GateUpGemm(torch.autograd.Function):
         grad_weights: tuple = (None, None)
         if ctx.main_grads is not None and (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
             main = [ctx.main_grads.main_grad(param) for param in ctx.params]
-            if back_to_back(*main):  # the main gradients lie as the weights do, in ZeRO's buffers
+            if back_to_back(*main):
                 accumulate_weight_gradient(joined(*main), both, rows)
             else:
                 for part, halve in zip(main, both.chunk(2, dim=-1)):
@@ -179,11 +154,8 @@ class _GateUpGemm(torch.autograd.Function):
 
 
 def gated_halves(both: torch.Tensor, glu: GatedActivation) -> torch.Tensor:
-    """glu(gate, up) of a [..., 2 ffn] projection whose halves are gate and up (a linear that ran them as one,
-    gpt/fp8.py): the same values and gradients as glu on the two chunks, the backward writing both halves'
-    gradients into one buffer (`gated_gradients_into`, as _GateUpGemm's) where autograd through the chunks would
-    concatenate them. Under torch.compile autograd's own: dynamo cannot trace out= into a half (a graph break at
-    every layer), and inductor writes the concatenated gradients in the kernel that computes them."""
+    """glu(gate, up) of a [..., 2 ffn] projection, writing both halves' gradients into one buffer instead of
+    concatenating them. Under torch.compile autograd's own (dynamo cannot trace out= into a half)."""
     if not torch.is_grad_enabled() or not both.requires_grad or torch.compiler.is_compiling():
         return glu.math(*_halves(both, True))
     return _GatedHalves.apply(both, glu)
@@ -207,13 +179,11 @@ class _GatedHalves(torch.autograd.Function):
 
 def gated_gradients_into(glu: GatedActivation, grad: torch.Tensor, gate: torch.Tensor, linear: torch.Tensor,
                          grad_gate: torch.Tensor, grad_linear: torch.Tensor) -> None:
-    """_GatedProduct.backward's two gradients (gpt/glu.py), op for op in out= form, written into `grad_gate` and
-    `grad_linear` (the halves of one buffer): the gate's gradient at the activation first, into its own half, before
-    the gate's factors are made again, then the linear half's, then the gate's from its half in place, so that beside
-    the buffer at most backward_widths() - 2 tensors of the MLP's width are alive (the buffer is the other two)."""
+    """_GatedProduct.backward's two gradients in out= form into the halves of one buffer, ordered so at most
+    backward_widths() - 2 MLP-wide tensors live beside it."""
     clamp, offset = glu.clamp, glu.offset
     factor = linear if clamp is None else linear.clamp(min=-clamp, max=clamp)
-    torch.mul(grad, factor + offset if offset else factor, out=grad_gate)  # the gradient at the activation
+    torch.mul(grad, factor + offset if offset else factor, out=grad_gate)
     del factor
     gate_in = gate if clamp is None else gate.clamp(max=clamp)
     sigmoid = torch.sigmoid(QUICK_GELU_ALPHA * gate_in) if glu.quick and glu.activation is None else None
@@ -226,7 +196,7 @@ def gated_gradients_into(glu: GatedActivation, grad: torch.Tensor, gate: torch.T
         (made_again,) = gradients_made_again(glu.activation, (gate_in,), (True,), grad_gate)
         grad_gate.copy_(made_again)
     elif sigmoid is not None:
-        direct = grad_gate * sigmoid  # quick_gelu's two gradients at the gate, summed as autograd summed them
+        direct = grad_gate * sigmoid  # quick_gelu's two gradients at the gate, summed as autograd sums them
         through = grad_gate.mul_(gate_in)
         del gate_in
         torch.ops.aten.sigmoid_backward.grad_input(through, sigmoid, grad_input=through)
@@ -239,7 +209,7 @@ def gated_gradients_into(glu: GatedActivation, grad: torch.Tensor, gate: torch.T
 
 
 def _clamp_gradient_(grad: torch.Tensor, before: torch.Tensor, low: Optional[float], high: float) -> None:
-    """gpt/glu.py's _clamp_gradient (ClampBackward1), in place."""
+    """gpt/glu.py's _clamp_gradient, in place."""
     zero = torch.zeros((), dtype=grad.dtype, device=grad.device)
     inside = before <= high if low is None else (before >= low).logical_and_(before <= high)
     torch.where(inside, grad, zero, out=grad)

@@ -1,21 +1,6 @@
-"""Gated DeltaNet (Yang, Kautz and Hatamizadeh, 2024), a `G` layer's mixer, as Megatron-Core 0.19's GatedDeltaNet
-(megatron/core/ssm/gated_delta_net.py) computes it on its torch path, the math of transformers' Qwen3NextGatedDeltaNet.
-
-One projection `in_proj` gives the queries, keys and values (each query/key head serving
-linear_num_value_heads / linear_num_key_heads value heads), the output gate z, and per value head beta and alpha.
-The queries, keys and values pass a causal depthwise convolution (`conv1d`, width --linear-conv-kernel-dim) and
-SiLU; queries and keys are L2-normalised. Each value head keeps a [key dim x value dim] state S that decays by
-exp(g), g = -exp(A_log) * softplus(alpha + dt_bias), and learns by the delta rule at rate sigmoid(beta):
-S_t = exp(g_t) S_{t-1} (I - beta_t k_t k_t^T) + beta_t k_t v_t^T, o_t = S_t^T q_t / sqrt(key dim). The sequence is
-scanned in chunks of 64 (`chunk_gated_delta_rule`: within a chunk by a triangular solve, between chunks by the
-state). The output is normed per head (`out_norm`, the model's --normalization), gated by SiLU(z) and projected
-back (`out_proj`). Initialisation as Megatron's: in_proj normal(0, --init-method-std), out_proj the output
-projections' scaled std, conv1d nn.Conv1d's default uniform(+-1/sqrt(width)), dt_bias ones, A_log
-log(uniform(1, 16)); no biases (Megatron-Core builds GatedDeltaNet with bias=False).
-
-Tensor parallelism splits the query/key heads, each with its value heads (in_proj column-parallel, out_proj
-row-parallel), as Megatron's. As Megatron-Core's, the layer reads no attention mask (its state runs over the whole
-sequence) and takes no context parallelism (refused in one line)."""
+"""Gated DeltaNet, a `G` layer's mixer, as Megatron-Core 0.19's GatedDeltaNet computes it on its torch path (the math of
+transformers' Qwen3NextGatedDeltaNet): projections, a causal depthwise conv and SiLU, L2-normalized queries and keys,
+the chunked gated delta rule, a gated norm and the output projection."""
 
 from __future__ import annotations
 
@@ -39,21 +24,20 @@ if TYPE_CHECKING:
     from data.documents import DocumentMasks
 
 CHUNK_SIZE = 64  # Megatron-Core's and transformers' torch_chunk_gated_delta_rule
-A_LOG_INIT_RANGE = (1.0, 16.0)  # GatedDeltaNet's A_init_range
-L2NORM_EPS = 1e-6  # fla's l2norm, and transformers' copy of it
+A_LOG_INIT_RANGE = (1.0, 16.0)
+L2NORM_EPS = 1e-6  # fla's l2norm
 
 
 def l2_normalized(x: torch.Tensor) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + 1e-6) over the head's dims, in fp32 and cast back (fla's l2norm)."""
+    """x / sqrt(sum(x^2) + 1e-6) over the head's dims, in fp32 and cast back."""
     x32 = x.float()
     return (x32 * torch.rsqrt((x32 * x32).sum(dim=-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
 
 
 def chunk_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
                            beta: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> torch.Tensor:
-    """The gated delta rule's outputs [batch, seq, heads, value dim] from query and key [batch, seq, heads, key
-    dim] (normalised, one per value head), value [batch, seq, heads, value dim], the log decays g and the rates
-    beta [batch, seq, heads]; in fp32, cast back to the query's dtype, from a zero state."""
+    """The gated delta rule's outputs [batch, seq, heads, value dim] from normalized query and key, values, log decays g
+    and rates beta; in fp32 from a zero state."""
     dtype, seq = query.dtype, query.shape[1]
     query, key, value, beta, g = (x.transpose(1, 2).float() for x in (query, key, value, beta, g))
     query = query * query.shape[-1] ** -0.5
@@ -68,7 +52,7 @@ def chunk_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.
 
     k_beta, v_beta = chunked(key * beta.unsqueeze(-1)), chunked(value * beta.unsqueeze(-1))
     query, key = chunked(query), chunked(key)
-    decay = g.reshape(batch, heads, chunks, chunk_size).cumsum(dim=-1)  # log decay from the chunk's start
+    decay = g.reshape(batch, heads, chunks, chunk_size).cumsum(dim=-1)
     later = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=query.device).triu(1)
     pairwise = (decay.unsqueeze(-1) - decay.unsqueeze(-2)).masked_fill(later, float("-inf")).exp()
     # within a chunk the delta rule's updates are one unit lower-triangular system (the UT transform)
@@ -90,8 +74,8 @@ def chunk_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.
 
 
 class CausalConv1d(nn.Module):
-    """The depthwise causal convolution over the sequence (Megatron's `conv1d`, an nn.Conv1d without bias, whose
-    default initialisation is uniform(+-1/sqrt(width))); its input and output [batch, seq, channels]."""
+    """Depthwise causal conv over the sequence (Megatron's `conv1d`, no bias, nn.Conv1d's default init); [batch, seq,
+    channels]."""
 
     def __init__(self, channels: int, width: int, plan: TensorParallelPlan):
         super().__init__()
@@ -106,13 +90,10 @@ class CausalConv1d(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """Megatron-Core's GatedDeltaNet (the module docstring), its parameters named as there (dt_bias and A_log, then
-    in_proj, conv1d, out_norm and out_proj). in_proj's rows and conv1d's channels lie per query/key head, each with
-    its value heads ([q_i | k_i | v_i | z_i | b_i | a_i], as Qwen3-Next's in_proj_qkvz and in_proj_ba), so that TP
-    splits them into whole heads (Megatron-Core's TP split) and a rank's slice is the same rows at any TP size.
-    Tensors [batch, seq, hidden]; under sequence parallelism in_proj gathers the sequence, out_proj scatters it."""
+    """Megatron-Core's GatedDeltaNet, its parameters named as there. in_proj's rows and conv1d's channels lie per
+    query/key head with its value heads, so TP splits whole heads and a rank's rows are the same at any TP size."""
 
-    # why generation over a KV cache cannot run through this mixer (gpt/decode.py asks before any step)
+    # why generation over a KV cache cannot run through this mixer
     no_decoding_cache = "Gated DeltaNet (`G`) layers keep no decoding state here (their convolution and recurrent state)"
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan):
@@ -130,7 +111,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = meta_parameter((local_value_heads,), InitMethod.ones(), plan.state, split_dim=0)
         self.A_log = meta_parameter((local_value_heads,), InitMethod.uniform(*A_LOG_INIT_RANGE, then="log"),
                                     plan.state, split_dim=0)
-        norms = config.norms  # one gain over each value head's dims, its gradient summed over the TP ranks' heads
+        norms = config.norms  # one gain over each value head's dims, its gradient summed over TP
         self.out_norm = HeadNorm(norms.normalization, self.value_head_dim, norms.layernorm_epsilon, plan.state,
                                  norms.apply_layernorm_1p)
         self.out_proj = plan.linear("attention.out_proj", gdn.linear_num_value_heads * self.value_head_dim, h,
@@ -138,11 +119,10 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                 cache: Optional[LayerCache] = None) -> torch.Tensor:
-        """`documents` is not read (Megatron-Core's GatedDeltaNet takes no mask); a KV cache is not kept here
-        (gpt/decode.py refuses one before any step)."""
+        """`documents` is not read (Megatron-Core's takes no mask); no KV cache is kept."""
         if cache is not None:
             raise ValueError(self.no_decoding_cache)
-        projected = self.in_proj(hidden)  # the whole sequence, this rank's heads
+        projected = self.in_proj(hidden)
         batch, seq, heads = projected.shape[0], projected.shape[1], self.local_key_heads
         qkv, gate, beta, alpha = projected.view(batch, seq, heads, -1).split(self.per_head, dim=-1)
         qkv = F.silu(self.conv1d(qkv.reshape(batch, seq, -1))).view(batch, seq, heads, -1)
@@ -159,8 +139,8 @@ class GatedDeltaNet(nn.Module):
 
 def build_gated_delta_net(config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG], spec,
                           rotary_cache) -> GatedDeltaNet:
-    """A `G` layer's Gated DeltaNet (gpt/layer_spec.py): no positions, no dropout."""
-    if plan.state.context_parallel_size > 1:  # Megatron-Core's GatedDeltaNet: "TODO: support CP"
+    """A `G` layer's Gated DeltaNet: no positions, no dropout."""
+    if plan.state.context_parallel_size > 1:  # Megatron-Core: "TODO: support CP"
         raise ConfigError(f"--context-parallel-size {plan.state.context_parallel_size} with Gated DeltaNet layers "
                           f"(`G`) is not implemented (nor in Megatron-Core): their state runs over the whole "
                           f"sequence; train them without context parallelism", flags=("--context-parallel-size",))

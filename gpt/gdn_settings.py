@@ -1,7 +1,5 @@
-"""Gated DeltaNet's section of the model's settings (gpt/gated_delta_net.py builds the mixer it sets): Megatron-LM
-0.19's --experimental-attention-variant gated_delta_net, --linear-attention-freq and the --linear-* sizes, named
-as their dests and TransformerConfig's fields, with megatron/training/arguments.py's defaults. The sizes also give
-the `G` layers of --hybrid-layer-pattern theirs, as Megatron-Core's HybridModel reads the same config fields."""
+"""Gated DeltaNet's section of the model settings: Megatron-LM 0.19's --experimental-attention-variant gated_delta_net,
+--linear-attention-freq and --linear-* sizes, which also size a pattern's `G` layers."""
 
 from __future__ import annotations
 
@@ -13,15 +11,15 @@ from base.options import flag_of_setting, option
 from gpt.layer_pattern import freq_value, layer_flags
 
 VARIANT_FLAG, FREQ_FLAG = "--experimental-attention-variant", "--linear-attention-freq"
-# Megatron-LM's spellings of the GDN variant: `gated_delta_net` (0.19's, deprecated after) and `gdn`
+# Megatron-LM's spellings of the variant
 GDN_VARIANTS = ("gated_delta_net", "gdn")
-# what else the flag names in Megatron-LM, each not built here
+# what else the flag names in Megatron-LM, not built here
 OTHER_VARIANTS = {"gdn2": "Gated DeltaNet 2", "dsa": "DeepSeek sparse attention (DSA)"}
 
 
 @dataclass(frozen=True)
 class GatedDeltaNetSettings:
-    """The Gated DeltaNet layers' section (base/options.py section()); defaults: megatron/training/arguments.py's."""
+    """The Gated DeltaNet section; defaults are Megatron-LM's."""
     SETTING_PREFIX: ClassVar[str] = ""
 
     experimental_attention_variant: Optional[str] = option(
@@ -43,8 +41,8 @@ class GatedDeltaNetSettings:
         return self.experimental_attention_variant in GDN_VARIANTS
 
     def gdn_layers(self, num_layers: int) -> tuple[bool, ...]:
-        """Per layer, whether the GPT flags make it a Gated DeltaNet layer: Megatron-Core's
-        get_linear_attention_pattern (an int N: attention at each layer i with (i + 1) % N == 0, GDN elsewhere)."""
+        """Per layer, whether it is Gated DeltaNet: an int N puts attention at each (i + 1) % N == 0 and GDN elsewhere,
+        as Megatron-Core."""
         if not self.gated_delta_net:
             return (False,) * num_layers
         freq = self.linear_attention_freq
@@ -59,16 +57,14 @@ class GatedDeltaNetSettings:
                                                             "1 (Gated DeltaNet) or 0 (attention)"))
 
     def has_layers(self, num_layers: int) -> bool:
-        """Whether the GPT flags make some layer Gated DeltaNet, without a tuple per layer (--num-layers may be
-        huge in a dry run)."""
+        """Whether some layer is Gated DeltaNet, without a tuple per layer."""
         freq = self.linear_attention_freq
         if self.gated_delta_net and isinstance(freq, int) and freq >= 1:
             return freq > 1 and num_layers > 0
         return self.gated_delta_net and any(self.gdn_layers(num_layers))
 
     def validate(self, has_gdn_layers: bool) -> None:
-        """The variant, and the sizes where some layer is Gated DeltaNet (TransformerConfig.__post_init__'s gated
-        delta net checks)."""
+        """The variant, and the sizes where some layer is Gated DeltaNet."""
         variant = self.experimental_attention_variant
         if variant in OTHER_VARIANTS:
             raise ConfigError(f"{VARIANT_FLAG} {variant}: {OTHER_VARIANTS[variant]} is not implemented here; the "

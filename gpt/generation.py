@@ -1,10 +1,6 @@
-"""Autoregressive generation: the prompt's forward, then one new token a step, each picked from the last
-position's logits (gpt/sampling.py), until `max_new` tokens or the stop token.
-
-With a KV cache (gpt/kv_cache.py, gpt/decode.py) a step runs the one new token; without (`use_cache=False`)
-every step runs the model's forward over the whole sequence so far, which is also the
-reference the cache is tested against (tests/gpt/test_kv_cache.py).
-"""
+"""Autoregressive generation: the prompt's forward, then one new token a step from the last position's logits until
+`max_new` or the stop token; with a KV cache a step runs one token, without it the whole sequence (the cache's
+reference)."""
 
 from __future__ import annotations
 
@@ -21,8 +17,8 @@ from gpt.sampling import Sampling, next_tokens
 def generate(model: GPTModel, prompt: torch.Tensor, max_new: int, sampling: Sampling,
              generator: Optional[torch.Generator] = None, stop_id: Optional[int] = None,
              use_cache: bool = True) -> torch.Tensor:
-    """The new tokens [batch, <= max_new] after `prompt` [batch, length]; a batch stops when every row has made
-    `stop_id` (kept), and a row's tokens after its stop are `stop_id` again. `model` must be in eval mode."""
+    """The new tokens [batch, <= max_new] after `prompt`; a row's tokens after its stop are `stop_id` again. `model`
+    must be in eval mode."""
     sequence = prompt
     check_positions(model, prompt.shape[1] + max_new)
     cache = new_cache(model, prompt.shape[1] + max_new) if use_cache else None
@@ -45,12 +41,8 @@ def generate(model: GPTModel, prompt: torch.Tensor, max_new: int, sampling: Samp
 def generate_prompts(model: GPTModel, prompts: list[list[int]], max_new: int, sampling: Sampling,
                      generator: Optional[torch.Generator] = None, stop_id: Optional[int] = None,
                      use_cache: bool = True, max_batch_size: int = 8) -> list[list[int]]:
-    """Each prompt's new tokens (at most `max_new`, up to and including `stop_id`), the prompts run in batches of at
-    most `max_batch_size` as Megatron-LM's text generation batches them (megatron/inference/text_generation's
-    generate_tokens_probs_and_return_on_first_stage): the prompts right-padded, the steps starting at the batch's
-    shortest prompt, a longer prompt's own tokens taken at its positions instead of the sampled ones. The model is
-    causal, so a row's logits read its own tokens only: greedy tokens are each prompt's alone (the sampled ones draw
-    from one random stream for the batch). One prompt runs the same steps and draws as `generate`."""
+    """Each prompt's new tokens, the prompts run in right-padded batches as Megatron-LM's text generation batches
+    them."""
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size {max_batch_size}: give at least 1")
     made: list[list[int]] = []

@@ -1,12 +1,6 @@
-"""A KV cache: each attention layer's keys and values of the tokens already run, so that generation
-(gpt/decode.py, python -m training.generate) runs only the new tokens' forward at each step, as
-Megatron-Core's StaticInferenceContext (key_value_memory_dict) and transformers' DynamicCache do.
-
-Each layer's keys are kept after rotary (rotated at their own positions, which never change) and before
-grouped-query attention's copies (one head per group), in buffers made at the first step for `capacity`
-positions. The new tokens' queries see the cached keys through an explicit mask over positions (causal,
-and the layer's sliding window), which every attention path here takes (SDPA, soft-capping, sinks).
-"""
+"""A KV cache, so generation runs only the new tokens at each step (as Megatron-Core's StaticInferenceContext and
+transformers' DynamicCache): each layer's keys after rotary and before grouped-query copies, in buffers made at the
+first step for `capacity` tokens."""
 
 from __future__ import annotations
 
@@ -21,9 +15,7 @@ from gpt.model_config import ModelConfig
 
 
 def cached_elements_per_token(config: ModelConfig) -> int:
-    """The keys' and values' elements a cache holds per token, every layer's and TP rank's, each layer by its own
-    mixer (a pattern mixes them, `*-+-`): attention's a head each per group, multi-latent attention's every head's
-    whole key (qk_head_dim + qk_pos_emb_head_dim) and value (v_head_dim; gpt/mla.py caches them so)."""
+    """Key and value elements a cache holds per token over all layers and TP ranks, each layer by its own mixer."""
     groups = config.attention.query_groups(config.num_attention_heads)
     mla = config.mla
     widths = {MLA: config.num_attention_heads * (mla.qk_head_dim + mla.qk_pos_emb_head_dim + mla.v_head_dim)}
@@ -37,7 +29,7 @@ class KVCache:
         if capacity < 1:
             raise ConfigError(f"a KV cache needs room for at least one token, got {capacity}")
         self.capacity = capacity
-        self.length = 0  # the positions every layer holds; the next tokens' first position
+        self.length = 0  # the next tokens' first position
         self._keys: dict[int, torch.Tensor] = {}
         self._values: dict[int, torch.Tensor] = {}
 
@@ -45,19 +37,18 @@ class KVCache:
         return LayerCache(self, index)
 
     def check_room(self, new: int) -> None:
-        """Before a step: `new` more tokens fit."""
         if self.length + new > self.capacity:
             raise ConfigError(f"the KV cache holds {self.capacity} positions, and {self.length + new} were asked: "
                               f"generate fewer tokens or give the cache more room")
 
     def advance(self, count: int) -> None:
-        """Every layer has stored `count` more tokens (gpt/decode.py calls it after the blocks ran)."""
+        """Every layer has stored `count` more tokens."""
         self.length += count
 
     def extend(self, index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `index`'s keys and values [batch, heads, new, d] stored after the held ones; all of them returned."""
+        """Store layer `index`'s new keys and values after the held ones; return all of them."""
         end = self.length + key.shape[2]
-        if index not in self._keys:  # made at the first step, when the heads, dtype and device are known
+        if index not in self._keys:  # made at the first step, when heads, dtype and device are known
             self._keys[index] = key.new_empty(*key.shape[:2], self.capacity, key.shape[3])
             self._values[index] = value.new_empty(*value.shape[:2], self.capacity, value.shape[3])
         keys, values = self._keys[index], self._values[index]
@@ -66,8 +57,7 @@ class KVCache:
         return keys[:, :, :end], values[:, :, :end]
 
     def visible(self, new: int, window: Optional[int], device: torch.device) -> torch.Tensor:
-        """[new, length + new] bool, True where a new token's query sees the key: the keys at or before its position,
-        and within the layer's sliding window (gpt/attention_window.py: the query and the `window` keys before it)."""
+        """[new, length + new] bool: keys at or before each new query's position, within the layer's window."""
         queries = torch.arange(self.length, self.length + new, device=device)
         distance = queries[:, None] - torch.arange(self.length + new, device=device)[None, :]
         seen = distance >= 0
@@ -75,14 +65,13 @@ class KVCache:
 
 
 class LayerCache:
-    """One layer's view of the model's cache: what its attention reads and extends."""
+    """One layer's view of the model's cache."""
 
     def __init__(self, cache: KVCache, index: int) -> None:
         self.cache, self.index = cache, index
 
     @property
     def start(self) -> int:
-        """The position of the first new token."""
         return self.cache.length
 
     @property

@@ -1,7 +1,6 @@
-"""Megatron-LM's per-layer patterns given as a list expression (its moe_freq_type, the type of --moe-layer-freq and
---window-attn-skip-freq, and no_rope_freq_type, --no-rope-freq's): "([1]*3+[0]*1)*2" is one 0 or 1 per layer. Megatron evaluates the text with eval(); here
-only list literals of integers, +, * and parentheses are read, and the list's length is worked out from the
-expression before it is built, so "[1]*10**9"-sized patterns are refused at once instead of filling the memory."""
+"""Megatron-LM's per-layer patterns given as a list expression ("([1]*3+[0]*1)*2": one 0/1 per layer). Only list
+literals of integers, +, * and parentheses are read (Megatron uses eval()), and the length is worked out before the list
+is built."""
 
 from __future__ import annotations
 
@@ -11,15 +10,14 @@ from base.errors import ConfigError
 
 
 def freq_value(text: str):
-    """A layer frequency flag's value as Megatron-LM's moe_freq_type and la_freq_type keep it (--moe-layer-freq,
-    --linear-attention-freq, --window-attn-skip-freq, --no-rope-freq): an int, or the list expression's text."""
+    """A layer frequency flag's value as Megatron-LM keeps it: an int, or the expression's text."""
     text = str(text).strip()
     if "[" in text:
         return text
     try:
         return int(text)
     except ValueError:
-        return text  # refused with the launch's other problems, where the flag's list is read
+        return text  # refused with the launch's other problems
 
 
 def _read(text: str, flag: str) -> ast.AST:
@@ -39,7 +37,7 @@ def _is_int(node: ast.AST) -> bool:
 
 
 def _length(node: ast.AST) -> tuple[bool, int]:
-    """(True, the list's length) or (False, the integer's value), worked out without building the list."""
+    """(True, the list's length) or (False, the integer), without building the list."""
     if isinstance(node, ast.List):
         if not all(_is_int(item) for item in node.elts):
             raise ValueError(node)
@@ -54,7 +52,7 @@ def _length(node: ast.AST) -> tuple[bool, int]:
             return left_list, left + right
         if left_list and right_list:
             raise ValueError(node)
-        if left_list or right_list:  # a list times n repeats it n times (none for n <= 0)
+        if left_list or right_list:
             return True, (left * max(right, 0) if left_list else right * max(left, 0))
         return False, left * right
     raise ValueError(node)
@@ -70,8 +68,7 @@ def _value(node: ast.AST):
 
 
 def layer_flags(text: str, flag: str, num_layers: int, meaning: str) -> list[int]:
-    """The one 0/1 per layer that `text` writes; anything else is one ConfigError naming `flag` (`meaning`: what
-    each value says, e.g. "0 (dense) or 1 (MoE)")."""
+    """The one 0/1 per layer that `text` writes; anything else is one ConfigError naming `flag`."""
     try:
         is_list, length = _length(_read(text, flag))
     except (ValueError, RecursionError):
@@ -89,9 +86,8 @@ def layer_flags(text: str, flag: str, num_layers: int, meaning: str) -> list[int
 
 
 def no_rope_layers(freq, num_layers: int) -> tuple[bool, ...]:
-    """--no-rope-freq per layer (0-based): True where attention skips the rotary positions. As Megatron-Core's
-    TransformerConfig.__post_init__ (@ d98e8a64): an integer N, which must divide the layers, is `[0] * (N - 1) + [1]`
-    repeated (each N-th layer skips); a list expression one 0 or 1 per layer; None or 0 none."""
+    """--no-rope-freq per layer: True where attention skips rotary. An integer N (dividing the layers) makes each N-th
+    layer skip, as Megatron-Core."""
     if not freq:
         return (False,) * num_layers
     every = check_no_rope_freq(freq, num_layers)
@@ -104,8 +100,7 @@ NO_ROPE_VALUES = "1 (no rotary) or 0 (rotary)"
 
 
 def check_no_rope_freq(freq, num_layers: int):
-    """A bad --no-rope-freq as one ConfigError, without a value per layer for an integer (any --num-layers stays
-    cheap); the integer, or None for a list expression."""
+    """A bad --no-rope-freq as one ConfigError, cheap for an integer; the integer, or None for a list."""
     text = str(freq).strip()
     if "[" in text:
         layer_flags(text, "--no-rope-freq", num_layers, NO_ROPE_VALUES)

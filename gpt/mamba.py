@@ -1,17 +1,6 @@
-"""Mamba-2, an `M` layer's mixer, as Megatron-Core's MambaMixer computes it (megatron/core/ssm/mamba_mixer.py) and
-transformers' NemotronHMamba2Mixer's torch path: one input projection to [z, x, B, C, dt]; a causal depthwise
-convolution (width 4, with a bias) and SiLU over [x, B, C]; the SSD chunked scan (gpt/mamba_scan.py) with
-dt = softplus(dt + dt_bias), A = -exp(A_log) and the skip D, one per head; the gated RMSNorm, norm(y * silu(z))
-over each group's share of the width; the output projection. No biases in the projections, as MambaMixer asserts.
-
-Initialisation as MambaMixer's: in_proj normal(--init-method-std), out_proj the residual branches' scaled std,
-the conv's weight and bias uniform within 1/sqrt(width) (torch's Conv1d default, which Megatron keeps), A from
-U[1, 16] kept as its log, dt_bias softplus's inverse of dt log-uniform in [dt_min, dt_max] (floored), D and the
-norm's gain ones. Each is a function of the parameter's name (parallel/init.py), as every weight here.
-
-Tensor parallelism as Megatron's: heads and groups split over the ranks (in_proj's and the conv's parts each split
-on its own), out_proj row-parallel, --sequence-parallel around them. Context parallelism is not built for it (one
-line refuses it)."""
+"""Mamba-2, an `M` layer's mixer, as Megatron-Core's MambaMixer computes it: an input projection to [z, x, B, C, dt], a
+causal conv and SiLU, the SSD chunked scan, a gated group RMSNorm and the output projection, initialized as
+MambaMixer."""
 
 from __future__ import annotations
 
@@ -40,10 +29,8 @@ if TYPE_CHECKING:
 
 
 class SplitParts(nn.Module):
-    """Weights made of parts that tensor parallelism splits each on its own (Megatron's in_proj holds [z, x, B, C, dt]
-    and its conv [x, B, C], each rank a slice of every part: z and x by heads, B and C by groups, dt by heads): one
-    parameter a part, `<part>_<kind>`, each this rank's slice along dim 0 of its whole tensor, concatenated for
-    the one GEMM or conv."""
+    """Weights whose parts TP splits each on its own (in_proj's [z, x, B, C, dt], conv's [x, B, C]): one parameter per
+    part, `<part>_<kind>`, joined for the one GEMM or conv."""
 
     def __init__(self, parts: dict[str, int], shape: tuple[int, ...], kinds: dict[str, InitMethod],
                  state: ParallelState):
@@ -56,17 +43,16 @@ class SplitParts(nn.Module):
                 setattr(self, f"{part}_{kind}", meta_parameter(local, init, state, split_dim=0))
 
     def joined(self, kind: str) -> torch.Tensor:
-        """This rank's parts of `kind` in order, as one tensor (Megatron's layout of its local slice)."""
+        """This rank's parts of `kind` as one tensor, Megatron's local layout."""
         return torch.cat([getattr(self, f"{part}_{kind}") for part in self.parts])
 
 
 class GatedGroupRMSNorm(nn.Module):
-    """RMSNorm of y * silu(z) over each of `groups` equal slices of the width, times a gain, in fp32 (Megatron's
-    RMSNormGated with norm_before_gate False and group_size d_inner / ngroups)."""
+    """RMSNorm of y * silu(z) over each of `groups` slices, times a gain, in fp32 (Megatron's RMSNormGated)."""
 
     def __init__(self, width: int, groups: int, eps: float, state: ParallelState):
         super().__init__()
-        self.groups, self.eps = groups, eps  # this rank's width and groups: whole groups, so no reduction over TP
+        self.groups, self.eps = groups, eps  # whole groups per rank: no reduction over TP
         self.weight = meta_parameter((width,), InitMethod.ones(), state, split_dim=0)
 
     def forward(self, hidden: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -78,12 +64,10 @@ class GatedGroupRMSNorm(nn.Module):
 
 
 class MambaMixer(nn.Module):
-    """An `M` layer's mixer; its parameters in MambaMixer's order, in_proj and conv1d one parameter per part
-    (SplitParts). Under TP each rank holds its heads and groups (in_proj, conv, dt_bias, A_log, D, the norm's gain
-    split along them) and out_proj is row-parallel, as Megatron splits them; under --sequence-parallel in_proj
-    gathers the sequence once and out_proj reduce-scatters it."""
+    """An `M` layer's mixer, parameters in MambaMixer's order. Under TP each rank holds its heads and groups and
+    out_proj is row-parallel, as Megatron splits them."""
 
-    # why generation over a KV cache cannot run through this mixer (gpt/decode.py asks before any step)
+    # why generation over a KV cache cannot run through this mixer
     no_decoding_cache = "Mamba (`M`) layers keep no decoding state here (their convolution and scan state)"
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan):
@@ -95,7 +79,7 @@ class MambaMixer(nn.Module):
                               flags=("--context-parallel-size", "--hybrid-layer-pattern"))
         settings, hidden, tp = config.mamba, config.hidden_size, state.tensor_parallel_size
         self.state, self.sequence_parallel = state, plan.sequence_parallel
-        self.heads, self.head_dim = settings.heads(hidden) // tp, settings.mamba_head_dim   # this rank's
+        self.heads, self.head_dim = settings.heads(hidden) // tp, settings.mamba_head_dim
         self.groups, self.state_size = settings.mamba_num_groups // tp, settings.mamba_state_dim
         self.inner = self.heads * self.head_dim
         whole_inner, whole_bc = self.inner * tp, self.groups * tp * self.state_size
@@ -119,9 +103,8 @@ class MambaMixer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None,
                 cache: Optional[LayerCache] = None) -> torch.Tensor:
-        """[batch, seq, hidden] (this rank's slice of the sequence under --sequence-parallel) -> the same.
-        `documents`: not read, as Megatron-Core's MambaMixer reads no attention mask (the state runs on across a
-        document boundary); a KV cache (generation) has no Mamba state here."""
+        """[batch, seq, hidden] -> the same. `documents` is not read, as Megatron-Core's MambaMixer reads no mask; no
+        decoding state is kept."""
         if cache is not None:
             raise ValueError(self.no_decoding_cache)
         with entered_region(hidden, self.state, self.sequence_parallel) as whole:
@@ -141,5 +124,5 @@ class MambaMixer(nn.Module):
 
 def build_mamba(config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
                 spec: "LayerSpec", rotary_cache: Optional[RotaryCache]) -> MambaMixer:
-    """An `M` layer's mixer (gpt/layer_spec.py); it has no dropout stream, window or rotary."""
+    """An `M` layer's mixer; no dropout, window or rotary."""
     return MambaMixer(config, plan)

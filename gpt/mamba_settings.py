@@ -1,6 +1,5 @@
-"""Mamba-2's section of the model's settings (gpt/mamba.py builds the mixer it sets): Megatron-LM's --mamba-* flags
-and their defaults, and the MambaMixer constructor defaults no Megatron-LM flag reaches, in a module of its own so
-that gpt/model_config.py composes it without importing the mixer (which reads ModelConfig)."""
+"""Mamba-2's section of the model settings: Megatron-LM's --mamba-* flags and the MambaMixer defaults no flag reaches,
+apart from the mixer so ModelConfig need not import it."""
 
 from __future__ import annotations
 
@@ -13,12 +12,9 @@ from base.options import flag_of_setting, option
 
 @dataclass(frozen=True)
 class MambaSettings:
-    """An `M` layer's sizes (base/options.py section()): Megatron-LM's flags, named as their dests and
-    TransformerConfig's fields (defaults: megatron/training/arguments.py's)."""
+    """An `M` layer's sizes, named as Megatron-LM's dests."""
     SETTING_PREFIX: ClassVar[str] = ""
-    # MambaMixer.__init__'s defaults (megatron/core/ssm/mamba_mixer.py), which Megatron-LM's hybrid stack spec
-    # keeps: d_conv, expand, chunk_size, dt_min, dt_max, dt_init_floor, A_init_range; no bias in in_proj/out_proj,
-    # a bias in the conv, the gated RMSNorm (eps 1e-5) after the gate, D one per head
+    # MambaMixer.__init__'s defaults, which Megatron-LM's hybrid stack spec keeps
     CONV_WIDTH: ClassVar[int] = 4
     EXPAND: ClassVar[int] = 2
     CHUNK_SIZE: ClassVar[int] = 128
@@ -35,18 +31,17 @@ class MambaSettings:
         None, help="an `M` layer's heads (default: 2 x --hidden-size / --mamba-head-dim, MambaMixer's expand 2)")
 
     def heads(self, hidden_size: int) -> int:
-        """--mamba-num-heads, else MambaMixer's d_inner (expand x hidden) over the head width."""
+        """--mamba-num-heads, else d_inner (expand x hidden) over the head width."""
         return self.mamba_num_heads if self.mamba_num_heads is not None else \
             self.EXPAND * hidden_size // self.mamba_head_dim
 
     def inner_size(self, hidden_size: int) -> int:
-        """d_inner: the heads times their width (x, z and the gated norm's width)."""
+        """d_inner: heads times their width."""
         return self.heads(hidden_size) * self.mamba_head_dim
 
     def validate(self, model, tensor_parallel_size: int = 1) -> None:
-        """Under `model`'s pattern with `M` layers: the sizes Megatron-Core's MambaMixer asserts, each refused in one
-        line naming its flag, heads and groups that split evenly over the tensor-parallel ranks, and no FP8 (whose
-        in_proj gpt/mamba.py runs in high precision: the math would differ from Megatron's FP8 in_proj)."""
+        """Under a pattern with `M` layers: the sizes MambaMixer asserts, heads and groups splitting over TP, and no FP8
+        (whose in_proj would differ from Megatron's)."""
         pattern, hidden_size = model.hybrid_layer_pattern, model.hidden_size
         if pattern is None or "M" not in pattern:
             return

@@ -1,6 +1,5 @@
-"""Multi-latent attention's section of the model's settings (gpt/mla.py builds the attention it sets): Megatron-LM's
---multi-latent-attention and its sizes, in a module of its own so that gpt/model_config.py composes it without
-importing the attention's layers (which read ModelConfig)."""
+"""Multi-latent attention's section of the model settings: --multi-latent-attention and its sizes, apart from the layers
+so ModelConfig need not import them."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import ClassVar, Optional
 from base.errors import ConfigError
 from base.options import flag_of_setting, option
 
-# What a size of 0 builds in Megatron-Core's MLA (multi_latent_attention.py; tests/arguments/test_integer_flag_bounds.py)
+# what a size of 0 builds in Megatron-Core's MLA
 _WHY_AT_LEAST_ONE = {
     "q_lora_rank": "a 0-wide query latent makes every query 0, so attention is uniform (leave the flag out for no "
                    "low-rank query)",
@@ -23,12 +22,10 @@ _WHY_AT_LEAST_ONE = {
 
 @dataclass(frozen=True)
 class MLASettings:
-    """The attention's multi-latent section (base/options.py section()): Megatron-LM's flags, named as their dests
-    and MLATransformerConfig's fields (defaults: megatron/training/arguments.py's, kv_lora_rank 32 there)."""
+    """The MLA section, named as MLATransformerConfig's fields, with Megatron-LM's defaults."""
     SETTING_PREFIX: ClassVar[str] = ""
-    # the attention section's block features (base/options.py `feature=`) multi-latent attention takes: its latent
-    # norms (--qk-layernorm), attention sinks, and --add-qkv-bias, which Megatron-Core's MLASelfAttention reads as
-    # nothing (its projections take --add-bias-linear's bias) and gpt/mla.py likewise; any other is refused with it
+    # the attention features MLA takes (norms, sinks, --add-qkv-bias, which it reads as nothing); any other is refused
+    # with it
     ATTENTION_FEATURES: ClassVar[tuple[str, ...]] = ("qk_layernorm", "softmax_type", "add_qkv_bias")
 
     multi_latent_attention: bool = option(
@@ -45,9 +42,9 @@ class MLASettings:
                                       help="with --multi-latent-attention: rope, or yarn (its default)")
 
     def validate(self) -> None:
-        """The latent's own sizes; what MLA is not built with beside the other settings is ModelConfig's."""
+        """The latent's own sizes."""
         if not self.multi_latent_attention:
-            if self.rope_type == "yarn":  # megatron/training/argument_utils.py asserts it
+            if self.rope_type == "yarn":  # Megatron-LM asserts it
                 raise ConfigError("--rope-type yarn is multi-latent attention's: other attention takes rope "
                                   "(--position-embedding-type rope); add --multi-latent-attention or drop --rope-type",
                                   flags=("--rope-type", "--multi-latent-attention"))

@@ -1,16 +1,6 @@
-"""The MLP's settings and its modules: the dense MLP, h -> ffn -> h through --activation, and the gated MLP:
-down(act(gate(x)) * up(x)), SwiGLU's (act SiLU), quick-GeGLU's or GeGLU's (--gated-linear-unit:
-Gemma's tanh GeLU) (gpt/glu.py).
-
-Gate and up are two column-parallel weights rather than one of 2 x ffn rows: each TP rank holds the
-same slice of both (the halves that multiply each other), and each weight's whole tensor is the same
-at every TP size, so initial values (a function of name and whole-tensor index, parallel/init.py) and
-checkpoints resharded across TP sizes need no knowledge of an interleaved layout. The input enters the
-tensor-parallel region once for both (under sequence parallelism: one all-gather of the sequence). Where the two
-weights lie back to back in memory (ZeRO's flat buffers, materialize's `adjacent_parameters`) they run as one GEMM of
-width 2 x ffn, Megatron-Core's linear_fc1 (gpt/gate_up_gemm.py); in FP8, as one FP8 linear of their rows, cast with one
-scale as TE casts linear_fc1 (`joined_linear`, gpt/fp8.py).
-"""
+"""The MLP's settings and modules: the dense MLP (h -> ffn -> h) and the gated MLP, down(act(gate(x)) * up(x)). Gate and
+up are two column-parallel weights, so each whole tensor is the same at every TP size and checkpoints reshard by name;
+where they lie back to back they still run as one GEMM."""
 
 from __future__ import annotations
 
@@ -30,26 +20,22 @@ from gpt.glu import SWIGLU, GatedActivation, gated_activation
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.xielu import XIELU
 
-# squared_relu is Megatron-LM's --squared-relu (megatron/core/activations.py: relu(x)^2); xielu swiss-ai's
-# Megatron-LM fork's --xielu (gpt/xielu.py).
+# squared_relu: Megatron-LM's --squared-relu; xielu: swiss-ai's fork's --xielu.
 ACTIVATIONS = ("gelu", "gelu_tanh", "squared_relu", "xielu")
 
 
 @dataclass(frozen=True)
 class MLPSettings:
-    """The MLP's section of the model's settings (base/options.py section()): its activation and gating, Megatron-LM's
-    flags named as their dests; this module's MLP and SwiGLUMLP and gpt/moe's experts build what they choose. The
-    rules here read these settings alone (those across sections: gpt/section_rules.py)."""
+    """The MLP section of the model settings: activation and gating."""
     SETTING_PREFIX: ClassVar[str] = ""
 
     swiglu: bool = option(False, action="store_true",
                           help="SwiGLU MLP (Llama); --ffn-hidden-size defaults to int(4h x 2/3 / 64) x 64")
-    # a gated MLP with --activation's GeLU (Gemma's GeGLU); --swiglu gates with SiLU
+    # --activation's GeLU gated (Gemma's GeGLU); --swiglu gates with SiLU
     gated_linear_unit: bool = option(
         False, feature=True, action="store_true",
         help="a gated MLP, down(act(gate(x)) * up(x)), with --activation's gelu or gelu_tanh (GeGLU: Gemma); "
              "--swiglu is the same gate with SiLU")
-    # Megatron-LM's --quick-geglu, --glu-linear-offset, --activation-func-clamp-value (gpt/glu.py): GPT-OSS's MLP
     quick_geglu: bool = option(
         False, feature=True, action="store_true",
         help="a gated MLP with quick_gelu(gate) = gate x sigmoid(1.702 gate) times its linear half (GPT-OSS)")
@@ -59,7 +45,7 @@ class MLPSettings:
         None, feature=True,
         help="with --quick-geglu (or --swiglu's experts): clamp the gate half at most and the linear half within "
              "+-this before the activation (GPT-OSS: 7)")
-    # "gelu_tanh" is "gelu_new" in transformers.
+    # "gelu_tanh" is transformers' "gelu_new".
     activation: str = option("gelu_tanh", choices=ACTIVATIONS,
                              help="gelu_tanh is GPT-2's approximation, gelu the exact erf form, squared_relu "
                                   "relu(x)^2 (Megatron-LM's --squared-relu), xielu swiss-ai's xIELU with two "
@@ -67,29 +53,23 @@ class MLPSettings:
 
     @property
     def gated(self) -> bool:
-        """The MLP's first projection is a gate and a linear half (SwiGLU's, quick-GeGLU's or --gated-linear-unit's
-        GeGLU: Megatron-Core's TransformerConfig.gated_linear_unit, which each of them sets)."""
+        """The first projection is a gate and a linear half (Megatron-Core's gated_linear_unit)."""
         return self.swiglu or self.quick_geglu or self.gated_linear_unit
 
     def ffn_size(self, hidden_size: int, ffn_hidden_size: Optional[int]) -> int:
-        """--ffn-hidden-size, else Megatron-LM's default: 4h, or for SwiGLU two thirds of it rounded
-        *down* to a multiple of 64 (megatron/training/arguments.py, validate_args:
-        `args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64`), which keeps the three
-        SwiGLU matrices near the two GeLU ones in size."""
+        """--ffn-hidden-size, else Megatron-LM's default: 4h, or for SwiGLU int(4h x 2/3 / 64) x 64."""
         if ffn_hidden_size:
             return ffn_hidden_size
         return int((4 * hidden_size * 2 / 3) / 64) * 64 if self.swiglu else 4 * hidden_size
 
     def validate_size(self, ffn_size: int, tensor_parallel_size: int = 1) -> None:
-        """Each tensor-parallel rank takes an equal slice of the MLP's `ffn_size` rows (ffn_size)."""
         if ffn_size < 1 or ffn_size % tensor_parallel_size:
             raise ConfigError(f"--ffn-hidden-size {ffn_size} is not a positive multiple of --tensor-model-parallel-size "
                               f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share",
                               flags=("--ffn-hidden-size", "--tensor-model-parallel-size"))
 
     def validate(self) -> None:
-        """The activations as Megatron-LM takes them (core_transformer_config_from_args asserts one activation:
-        `assert not args.swiglu` beside --squared-relu and --quick-geglu; swiss-ai's fork likewise for --xielu)."""
+        """One activation at a time, as Megatron-LM asserts."""
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"--activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}",
                               flags=("--activation",))
@@ -97,18 +77,15 @@ class MLPSettings:
             raise ConfigError("--squared-relu replaces the MLP's activation and --swiglu gates it with SiLU: "
                               "give one of them", flags=("--activation", "--swiglu"))
         if self.activation == "xielu" and self.swiglu:
-            # swiss-ai's fork: core_transformer_config_from_args raises "Only one activation function can be
-            # selected at a time" for --swiglu with --xielu.
+            # as swiss-ai's fork: "Only one activation function can be selected at a time"
             raise ConfigError("--xielu replaces the MLP's activation and --swiglu gates it with SiLU: give one of "
                               "them (swiss-ai's Megatron-LM fork allows one activation at a time)",
                               flags=("--activation", "--swiglu"))
         self._validate_gate()
 
     def _validate_gate(self) -> None:
-        """--gated-linear-unit, --quick-geglu, --glu-linear-offset and --activation-func-clamp-value as Megatron-LM
-        takes them (TransformerConfig.__post_init__: the clamp positive and finite, SwiGLU's without an offset). The
-        offset and the clamp act on a gated MLP's halves only; without one they would do nothing, so a launch giving
-        them is told."""
+        """The gated MLP's flags as Megatron-LM takes them; an offset or clamp without a gated MLP would do nothing, so
+        the launch is told."""
         if self.gated_linear_unit and (self.swiglu or self.quick_geglu):
             other = "--swiglu" if self.swiglu else "--quick-geglu"
             raise ConfigError(f"--gated-linear-unit with {other}: {other} is the gated MLP with "
@@ -138,9 +115,7 @@ class MLPSettings:
                               flags=("--glu-linear-offset",))
 
     def build(self, config, plan: TensorParallelPlan) -> nn.Module:
-        """A layer's dense MLP: gated (SiLU's gate for --swiglu, quick-GeLU's for --quick-geglu, --activation's GeLU
-        for --gated-linear-unit: Gemma's GeGLU, with --glu-linear-offset and --activation-func-clamp-value,
-        gpt/glu.py), else h -> ffn -> h through --activation."""
+        """A layer's dense MLP: gated (SwiGLU, quick-GeGLU or GeGLU) or plain."""
         if self.gated:
             return SwiGLUMLP(config.hidden_size, config.ffn_size, plan=plan, init_std=config.init_method_std,
                              output_init_std=config.output_init_std, bias=config.add_bias_linear,
@@ -159,19 +134,17 @@ class SwiGLUMLP(nn.Module):
                                             bias=bias)
         self.dense_4h_to_h = plan.linear("mlp.dense_4h_to_h", ffn_size, hidden_size, init_std=output_init_std,
                                          bias=bias)
-        # where gate and up run as one linear of another kind, (x, (gate's weight, up's weight)) -> [gate(x), up(x)]:
-        # one FP8 linear (gpt/fp8.py _joined_gate_up); None: gate_and_up's GEMM, or the two linears
+        # gate and up as one linear of another kind (FP8); None: gate_and_up's GEMM, or the two linears
         self.joined_linear = None
 
     def adjacent_parameters(self) -> list[tuple[nn.Parameter, nn.Parameter]]:
-        """The pairs to lay out back to back where this module's parameters are allocated (parallel/init.py
-        materialize), so that gate and up run as one GEMM (gpt/gate_up_gemm.py)."""
+        """The pairs to lay back to back when parameters are allocated, so gate and up run as one GEMM."""
         gate, up = self.dense_h_to_4h_gate, self.dense_h_to_4h_up
         return [(gate.weight, up.weight)] + ([(gate.bias, up.bias)] if gate.bias is not None else [])
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gate, up = self.dense_h_to_4h_gate, self.dense_h_to_4h_up
-        with gate.entered(hidden) as hidden:  # copy, or the sequence all-gather: once for both
+        with gate.entered(hidden) as hidden:
             if self.joined_linear is not None:
                 activated = gated_halves(self.joined_linear(hidden, (gate.weight, up.weight)), self.glu)
             else:  # one GEMM where the two weights are one [2 ffn, h]
@@ -183,15 +156,14 @@ class SwiGLUMLP(nn.Module):
 
 
 class MLP(nn.Module):
-    """h -> 4h -> GeLU (or squared ReLU, or xIELU with its learned scalars) -> h; the 4h dimension is what
-    tensor parallelism splits."""
+    """h -> 4h -> GeLU (or squared ReLU, or xIELU) -> h; TP splits the 4h dimension."""
 
     def __init__(self, config, plan: TensorParallelPlan, bias: bool = True):
         super().__init__()
         self.activation = config.mlp.activation
         self.dense_h_to_4h = plan.linear("mlp.dense_h_to_4h", config.hidden_size, config.ffn_size,
                                          init_std=config.init_method_std, bias=bias)
-        if config.mlp.activation == "xielu":  # Megatron's MLP.activation_func, a module of its own (gpt/xielu.py)
+        if config.mlp.activation == "xielu":  # Megatron's activation_func, a module of its own
             self.activation_func = XIELU(plan.state)
         self.dense_4h_to_h = plan.linear("mlp.dense_4h_to_h", config.ffn_size, config.hidden_size,
                                          init_std=config.output_init_std, bias=bias)
@@ -203,13 +175,11 @@ class MLP(nn.Module):
 
 
 def activation_function(name: str, hidden: torch.Tensor) -> torch.Tensor:
-    """--activation: GeLU exact or in GPT-2's tanh form, or Megatron-LM's --squared-relu, relu(x)^2
-    (megatron/core/activations.py squared_relu: `torch.pow(F.relu(x), 2)`)."""
+    """GeLU exact or tanh, or squared ReLU, relu(x)^2."""
     if name == "squared_relu":
         return torch.pow(F.relu(hidden), 2)
     return F.gelu(hidden, approximate="tanh" if name == "gelu_tanh" else "none")
 
 
 def build_mlp(config, plan: TensorParallelPlan, spec, layer_number: int, tracker) -> nn.Module:
-    """A `-` layer's MLP (gpt/layer_spec.py): the MLP section's."""
     return config.mlp.build(config, plan)

@@ -1,6 +1,5 @@
-"""The model's shape: GPTModel's configuration (nanoGPT's GPTConfig): the trunk (depth, widths, vocabulary, sequence)
-and the components' sections, each in its component's file. Building or inspecting a model never loads the data
-pipeline or the flag parser from here (arguments/config.py holds one as `PretrainConfig.model`)."""
+"""GPTModel's configuration (nanoGPT's GPTConfig): the trunk (depth, widths, vocabulary, sequence) and the components'
+sections, each in its own file. It loads neither the data pipeline nor the flag parser."""
 
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ from parallel.layers import padded_vocab_size
 @dataclass(frozen=True)
 class ModelConfig:
     num_layers: int = option(4, aliases={"--encoder-num-layers": "Megatron-LM (a GPT's only stack)"})
-    # Megatron-LM's HybridModel pattern, read as GPT blocks (gpt/hybrid_pattern.py, arguments/megatron/)
+    # Megatron-LM's HybridModel pattern, read as GPT blocks
     hybrid_layer_pattern: Optional[str] = option(
         None, aliases={"--hybrid-override-pattern": "Megatron-LM (deprecated)"},
         help="Megatron-LM's layer pattern: `*` attention, `+` MLA (--multi-latent-attention's sizes), `M` Mamba, `-` "
@@ -45,13 +44,13 @@ class ModelConfig:
              "chunk k // PP of rank k mod PP), `/` then one block per MTP depth, e.g. 'M-*E|*E/*E'; sets the depth")
     hidden_size: int = 128
     num_attention_heads: int = 4
-    # Megatron-Core's kv_channels, transformers' head_dim: heads x width may differ from hidden (Qwen3's 32 x 128, 2560)
+    # transformers' head_dim: heads x width may differ from hidden (Qwen3's 32 x 128, 2560)
     kv_channels: Optional[int] = option(None, help="each attention head's width (default: --hidden-size / "
                                                    "--num-attention-heads)")
     ffn_hidden_size: Optional[int] = option(None, help="default: 4 x hidden size")
     seq_length: int = option(128, aliases={"--encoder-seq-length": "Megatron-LM (a GPT's only sequence)"})
     max_position_embeddings: int = 128
-    # Megatron's --vocab-size: without NullTokenizer 0, the run plan's resolved copy holding the tokenizer's
+    # 0 without NullTokenizer; the run plan holds the tokenizer's
     vocab_size: int = option(0, group="data",
                              help="with --tokenizer-type NullTokenizer: token ids are 0..N-1 and the end-of-document "
                                   "id is N")
@@ -64,8 +63,7 @@ class ModelConfig:
         help="the padded vocabulary, exactly (BigScience's --pad-vocab-size-to, Megatron-LM's --padded-vocab-size): "
              "at least the tokenizer's, divisible by the TP size")
     hidden_dropout: float = 0.1
-    # The blocks' components, each a section in its component's own file whose settings are flags, YAML keys and
-    # recorded names of their own (base/options.py section()); the defaults are GPT-2's blocks.
+    # The blocks' components, each a section whose settings are flags and YAML keys of their own; defaults are GPT-2's.
     norms: NormSettings = section(NormSettings)
     mlp: MLPSettings = section(MLPSettings)
     positions: PositionSettings = section(PositionSettings)
@@ -74,7 +72,7 @@ class ModelConfig:
     add_bias_linear: bool = option(
         True, consts=[Const(("--disable-bias-linear",), False, help="Megatron-LM: linears without biases (Llama)")],
         help="biases in every linear layer, as in GPT-2")
-    # Not the math: the transformers class the export writes where the blocks fit several (families/registry.py)
+    # Not the math: the transformers class the export writes where the blocks fit several
     hf_model_type: Optional[str] = option(
         None, help="the transformers family the Hugging Face export writes this model as (config.json's "
                    "model_type: llama, qwen2, qwen3, mistral, gemma2, gemma3_text, olmo2, phi3, ...); default: "
@@ -84,65 +82,58 @@ class ModelConfig:
     recompute: RecomputeSettings = section(RecomputeSettings)
     mtp: MTPSettings = section(MTPSettings)
     fp8: FP8Settings = section(FP8Settings)
-    experts: MoESettings = section(MoESettings)  # Megatron-LM's --num-experts and --moe-*, DeepSpeed-MoE's inside
-    mamba: MambaSettings = section(MambaSettings)  # an `M` layer's sizes (--mamba-*), read only by a pattern's `M`
-    gdn: GatedDeltaNetSettings = section(GatedDeltaNetSettings)  # Gated DeltaNet's `G` layers (gpt/gdn_settings.py)
+    experts: MoESettings = section(MoESettings)
+    mamba: MambaSettings = section(MambaSettings)
+    gdn: GatedDeltaNetSettings = section(GatedDeltaNetSettings)
 
     @classmethod
     def of(cls, **settings) -> "ModelConfig":
-        """A model from its settings by name, a section's among them (`mtp_num_layers=1`), as flags give them."""
+        """A model from its settings by name, sections' included (`mtp_num_layers=1`)."""
         return with_settings(cls, settings)
 
     @property
     def longrope(self) -> Optional[LongRope]:
-        """--position-embedding-type longrope's resolved factors (gpt/longrope.py), None for other positions."""
         return self.positions.longrope(self.max_position_embeddings)
 
     @property
     def moe(self) -> Optional[MoESettings]:
-        """The MoE layers' settings at the largest expert count, or None for a dense model (no --num-experts, or 1)."""
+        """The MoE settings at the largest expert count, or None for a dense model."""
         largest = largest_expert_count(self.experts.num_experts)
         return None if largest is None else self.experts.for_layer(largest, self.ffn_size)
 
     def with_layers(self, num_layers: int, **changes) -> "ModelConfig":
-        """This model at another layer count, for counting (a shape probe, a pipeline stage's GEMMs): the per-layer
-        pattern flags, written for the real model's layers, are dropped rather than checked against the probe's."""
+        """This model at another layer count, for counting; the per-layer pattern flags are dropped."""
         return replace_settings(self, num_layers=num_layers, window_attn_skip_freq=None, no_rope_freq=None,
                                 hybrid_layer_pattern=None, experimental_attention_variant=None, **changes)
 
     def moe_layers(self) -> tuple[bool, ...]:
-        """Per layer, whether it is an MoE layer (--moe-layer-freq); all False for a dense model."""
         return tuple(count > 1 for count in self.experts_per_layer())
 
     def experts_per_layer(self) -> tuple[int, ...]:
-        """Each layer's number of experts, 1 for a dense layer (gpt/moe/settings.py counts_per_layer)."""
         return self.experts.counts_per_layer(self.num_layers)
 
     def moe_of(self, layer: int) -> "MoESettings":
-        """Layer `layer`'s (0-based) MoE settings: `moe` with that layer's number of experts."""
+        """Layer `layer`'s MoE settings, with its expert count."""
         return self.experts.for_layer(self.experts_per_layer()[layer], self.ffn_size)
 
     def attention_windows(self) -> tuple[Optional[int], ...]:
-        """Per layer (0-based): the keys before each query its attention sees, or None (gpt/attention_settings.py)."""
         return self.attention.attention_windows(self.num_layers)
 
     def has_windows(self) -> bool:
-        """Whether some layer has a sliding window (without a tuple per layer)."""
         return self.attention.has_windows(self.num_layers)
 
     @property
     def ffn_size(self) -> int:
-        """--ffn-hidden-size, else Megatron-LM's default: 4h, or SwiGLU's two thirds of it (gpt/mlp.py)."""
         return self.mlp.ffn_size(self.hidden_size, self.ffn_hidden_size)
 
     @property
     def output_init_std(self) -> float:
-        """The residual branches' output projections' std: init_method_std / sqrt(the residual branches)."""
+        """The output projections' std: init_method_std / sqrt(residual branches)."""
         return self.init_method_std / math.sqrt(residual_branches(self.hybrid_layer_pattern, self.num_layers))
 
     @property
     def head_dim(self) -> int:
-        """--kv-channels, else Megatron-LM's default hidden // heads (validate_args)."""
+        """--kv-channels, else hidden // heads."""
         return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
 
     def padded_vocab_size(self, tensor_parallel_size: int = 1) -> int:
@@ -153,13 +144,13 @@ class ModelConfig:
             raise ConfigError(str(error), flags=("--pad-vocab-size-to", "--tensor-model-parallel-size")) from None
 
     def validate_tensor_parallel(self, tensor_parallel_size: int) -> None:
-        """Each TP rank takes whole attention heads and an equal slice of hidden and 4h, and the blocks' parts."""
+        """Each TP rank takes whole heads and equal slices of hidden and 4h."""
         check_trunk_tensor_parallel(self, tensor_parallel_size)
         self.validate_blocks(tensor_parallel_size)
         self.experts.validate_tensor_parallel(tensor_parallel_size)
 
     def validate_blocks(self, tensor_parallel_size: int = 1) -> None:
-        """The blocks' sections' own rules, at a tensor-parallel size (GPTModel checks them as it builds)."""
+        """The blocks' sections' own rules at a TP size."""
         self.norms.validate()
         self.mlp.validate()
         self.positions.validate(self.head_dim, self.num_layers)
@@ -170,7 +161,6 @@ class ModelConfig:
         check_gated_delta_net_layers(self.gdn, self.mlp, self.hybrid_layer_pattern, self.num_layers, tensor_parallel_size)
 
     def validate(self) -> None:
-        """The trunk's rules (gpt/trunk_rules.py), each section's (its own file), those across sections (gpt/section_rules.py)."""
         check_trunk(self)
         self.output.validate()
         self.mtp.validate(self.seq_length)

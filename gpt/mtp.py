@@ -1,23 +1,6 @@
-"""Megatron-Core's multi-token prediction (--mtp-num-layers N, --mtp-loss-scaling-factor; DeepSeek-V3's MTP),
-as megatron/core/transformer/multi_token_prediction.py computes it.
-
-MTP layer k (1..N), MultiTokenPredictionLayer: the input tokens rolled left k times (the last position filled
-with 0: roll_tensor) go through the model's own embedding (learned positions rolled with them); `enorm` of that
-and `hnorm` of the previous hidden states (for k = 1 the decoder's output after its final norm) are concatenated
-[embedding, hidden] and projected 2h -> h by `eh_proj` (column-parallel, its output gathered over TP and, under
-sequence parallelism, scattered along the sequence again: _concat_embeddings), then one transformer layer of the
-decoder's last layer's kind, then the layer's own `final_layernorm`. Its output feeds the next MTP layer and
-the shared output layer (the word embedding when tied).
-
-The loss, process_mtp_loss: the labels and the loss mask rolled left k times; per layer
-`mtp_loss_scaling_factor / N * sum(mask_k x CE_k) / max(sum(mask_k), 1)`. It is not added to the LM loss's value:
-AuxLossAutoScaler (gpt/moe/balancing.py, as Megatron's MTPLossAutoScaler) attaches it to the decoder's hidden states and gives it, in backward, the main loss's backward
-scale (schedules.py forward_step_calc_loss: `MTPLossAutoScaler.set_loss_scale(loss_scale / num_microbatches)`).
-Logged as MTPLossLoggingHelper.track_mtp_metrics: "mtp_k loss" = sum(mask_k x CE_k) / num_tokens per
-micro-batch, averaged over the micro-batches and the data- and context-parallel ranks. Under context parallelism
-every roll runs over the whole sequence (parallel/context_parallel.py roll_left_across_chunks: Megatron's roll_tensor
-with its cp_group) and each loss is normalised by the count over the CP group, so CP changes none of it.
-"""
+"""Megatron-Core's multi-token prediction (--mtp-num-layers, DeepSeek-V3's MTP): layer k embeds the tokens rolled left k
+times, joins them with the previous hidden states through enorm, hnorm and eh_proj, runs one block and scores the tokens
+k + 1 ahead with the shared output layer; the scaled losses ride on the main hidden states' backward."""
 
 from __future__ import annotations
 
@@ -36,7 +19,7 @@ from parallel.mappings import gather_from_tensor_parallel_region, scatter_to_seq
 
 @dataclass(frozen=True)
 class MTPSettings:
-    """The model's MTP section (base/options.py section): Megatron-LM's --mtp-* flags, its dests the settings."""
+    """The MTP section: Megatron-LM's --mtp-* flags."""
     SETTING_PREFIX: ClassVar[str] = "mtp_"
 
     num_layers: int = option(
@@ -48,10 +31,10 @@ class MTPSettings:
                   "(Megatron-Core's default 0.1)")
 
     def validate(self, seq_length: int) -> None:
-        """Depth k needs a target k + 1 tokens ahead within the `seq_length` tokens of a sample."""
+        """Depth k needs a target k + 1 tokens ahead within a sample."""
         if self.num_layers < 0:
             raise ConfigError(f"--mtp-num-layers must be 0 or more, got {self.num_layers}", flags=("--mtp-num-layers",))
-        if self.num_layers >= seq_length:  # before, 100000 of them built for minutes at --seq-length 16
+        if self.num_layers >= seq_length:
             raise ConfigError(f"--mtp-num-layers {self.num_layers}: MTP depth k predicts the token k + 1 ahead, its "
                               f"labels rolled k places with zeros (Megatron-Core's roll_tensor), so at depth "
                               f"--seq-length {seq_length} or more no position has a target: at most "
@@ -59,12 +42,11 @@ class MTPSettings:
 
 
 class MTPLossTracker:
-    """One iteration's MTP bookkeeping: the backward scale of the attached losses and, per MTP layer, the
-    logged losses summed over the micro-batches."""
+    """One iteration's MTP bookkeeping: the losses' backward scale and per-layer logged losses."""
 
     def __init__(self, num_layers: int) -> None:
         self.backward_scale = 1.0
-        self.per_token = False  # --calculate-per-token-loss: the attached losses are sums (attach_mtp_loss)
+        self.per_token = False  # --calculate-per-token-loss: the attached losses are sums
         self.num_layers = num_layers
         self._pending: list[tuple[int, torch.Tensor]] = []
 
@@ -90,7 +72,7 @@ class MultiTokenPredictionLayer(nn.Module):
         h, norms = config.hidden_size, config.norms
         self.enorm = norms.build(h, plan.norm_state("mtp_norm"))
         self.hnorm = norms.build(h, plan.norm_state("mtp_norm"))
-        # Megatron-Core: init_method (the plain std), bias=False, gather_output=False
+        # Megatron-Core: init_method, no bias, gather_output=False
         self.eh_proj = plan.linear("mtp.eh_proj", 2 * h, h, init_std=config.init_method_std, bias=False)
         self.transformer_layer = block
         self.final_layernorm = norms.build(h, plan.norm_state("mtp_norm"))
@@ -108,9 +90,8 @@ class MultiTokenPredictionLayer(nn.Module):
 
 def attach_mtp_loss(model: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor,
                     documents=None) -> torch.Tensor:
-    """process_mtp_loss: runs the MTP layers on the decoder's final hidden states `hidden` and returns `hidden`
-    carrying their scaled losses' gradient (and records the logged values). `model`: the GPTModel (gpt/model.py),
-    whose embedding, output layer and MTP layers these are."""
+    """process_mtp_loss: run the MTP layers on the decoder's final hidden states and return them carrying the scaled
+    losses' gradient."""
     config, tracker, state = model.config, model.mtp_tracker, model.state
     loss_mask = documents.loss_mask if documents is not None and documents.loss_mask is not None else None
     loss_mask = torch.ones(labels.shape, dtype=torch.float32, device=labels.device) if loss_mask is None \
@@ -125,40 +106,34 @@ def attach_mtp_loss(model: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor
     cp = state.context_parallel_size
     previous, output = hidden, hidden
     for k, layer in enumerate(model.mtp_layers):
-        # rolled over the whole sequence: under context parallelism each chunk takes its successor's first token
+        # rolled over the whole sequence: under CP each chunk takes its successor's first token
         tokens, positions = roll_left_across_chunks(tokens, state), roll_left_across_chunks(positions, state)
         previous = layer(previous, model.embed(tokens, documents, positions=positions), documents)
         mtp_labels, loss_mask = roll_left_across_chunks(mtp_labels, state), roll_left_across_chunks(loss_mask, state)
         num_tokens = loss_mask.sum()
         if cp > 1:
-            # The count over the whole sequence, and this rank's sum x CP: the mean over CP the gradients take is then
-            # the sequence's masked mean, as the main loss's (training/evaluation.py micro_batch_loss), whichever
-            # rank holds the rolled targets. Megatron-Core 0.16 divides by each rank's own count (a rank whose
-            # targets all rolled away gives NaN); Megatron-LM PR #7498 sums the count over the CP group as here.
+            # The token count over the whole sequence and this rank's sum x CP, so the CP mean is the sequence's masked
+            # mean (as Megatron-LM PR #7498; core 0.16 divides per rank and can give NaN).
             state.comm.all_reduce(num_tokens, state.context_parallel_group, "cp")
         per_token = model.output(previous, mtp_labels).float()
         summed = (per_token * loss_mask).sum()
         tracker.record(k, summed * cp / num_tokens.clamp(min=1))
-        # Megatron's MTPLossAutoScaler is its MoEAuxLossAutoScaler again: one autograd function here for both; under
-        # --calculate-per-token-loss the sum (gpt_model.py: `mtp_loss_scale * mtp_loss`), scaled as the main loss
+        # Megatron's MTPLossAutoScaler is its MoEAuxLossAutoScaler: one function here; per-token loss uses the sum
         attached = scale * summed if tracker.per_token else scale * summed * cp / num_tokens.clamp(min=1)
         output = AuxLossAutoScaler.apply(output, attached, tracker)
     return output
 
 
 def begin_mtp_iteration(model: nn.Module, loss_scale, accumulation_steps: int = 1, per_token: bool = False) -> None:
-    """The MTP losses' backward scale: the main loss's, the fp16 loss scale over the micro-batches
-    (schedules.py: `MTPLossAutoScaler.set_loss_scale(loss_scale / num_microbatches)`); with `per_token`
-    (--calculate-per-token-loss) `loss_scale` is the main loss's whole scale already (training/per_token_loss.py)."""
+    """The losses' backward scale: the fp16 loss scale over the micro-batches, as Megatron's schedules set it."""
     tracker = getattr(model, "mtp_tracker", None)
     if tracker is not None:
         tracker.begin_iteration(loss_scale if per_token else loss_scale / accumulation_steps, per_token=per_token)
 
 
 def finish_mtp_iteration(model: nn.Module, state, accumulation_steps: int, num_layers: int) -> dict[str, float]:
-    """The iteration's "mtp_k loss" values (MTPLossLoggingHelper.track_mtp_metrics: summed over the micro-batches,
-    averaged over the data- and context-parallel group, times 1 / micro-batches), on every rank: with pipeline stages the last
-    stage's, summed over the pipeline group (the others hold zeros)."""
+    """The iteration's "mtp_k loss" values, averaged over DP x CP and micro-batches, on every rank (the last stage's,
+    summed over the pipeline group)."""
     if not num_layers:
         return {}
     tracker = getattr(model, "mtp_tracker", None)

@@ -1,7 +1,5 @@
-"""The model's output: the vocabulary-parallel output layer (tied to the word embedding, or Megatron's untied
-output_layer) and the loss. Each TP rank scores its slice of the vocabulary; the cross-entropy runs without
-gathering the logits, and padding rows never take part in the softmax. Functions of GPTModel's own attributes, so
-that its parameters keep their names."""
+"""The model's output: the vocab-parallel output layer (tied or untied) and the loss, computed without gathering the
+logits; padding rows never enter the softmax."""
 
 from __future__ import annotations
 
@@ -23,8 +21,8 @@ from parallel.state import ParallelState
 
 
 def build_output_layer(config: ModelConfig, plan: TensorParallelPlan, stage: StageLayers):
-    """Megatron's untied output_layer on the last stage: column-parallel over the padded vocabulary, no bias;
-    padding rows start at zero as the embedding's do, so they are the same at every TP size. None where tied."""
+    """Megatron's untied output_layer on the last stage: column-parallel over the padded vocabulary, no bias, padding
+    rows zero; None where tied."""
     if not (config.output.untie_embeddings_and_output_weights and stage.last):
         return None
     layer = plan.output_linear("output_layer", config.hidden_size,
@@ -35,14 +33,12 @@ def build_output_layer(config: ModelConfig, plan: TensorParallelPlan, stage: Sta
 
 
 def output_vocab_start(config: ModelConfig, state: ParallelState) -> int:
-    """The global vocabulary index of this rank's first output column: the embedding's row split, also on a last
-    pipeline stage whose untied output layer is its only vocabulary shard (no embedding there)."""
+    """The global vocabulary index of this rank's first output column."""
     return state.tensor_parallel_rank * (config.padded_vocab_size(state.tensor_parallel_size)
                                          // state.tensor_parallel_size)
 
 
 def output_of(model: nn.Module, final_hidden: torch.Tensor, labels: Optional[torch.Tensor]) -> torch.Tensor:
-    """GPTModel.output: logits [batch, seq, vocab] without labels, the per-token loss with them."""
     config, state = model.config, model.state
     weight = model.word_embeddings.weight if model.output_layer is None else model.output_layer.weight
     with entered_region(final_hidden, state, model.sequence_parallel) as hidden:
@@ -51,10 +47,10 @@ def output_of(model: nn.Module, final_hidden: torch.Tensor, labels: Optional[tor
                                               state)
         logits = F.linear(hidden, weight)
     cap = config.output.final_logit_softcapping
-    if cap is not None:  # Gemma 2's: each rank's vocabulary slice, elementwise (Gemma2ForCausalLM.forward)
+    if cap is not None:  # Gemma 2's logit soft-capping, elementwise per vocabulary slice
         logits = torch.tanh(logits / cap) * cap
     if labels is None:
         return gather_from_tensor_parallel_region(logits, state)[..., : config.vocab_size]
-    # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.
+    # fp32 softmax even under bf16 autocast: the loss is the one number we compare
     return vocab_parallel_cross_entropy(logits, labels, model.output_vocab_start, config.vocab_size, state,
                                         config.output.z_loss_strength)

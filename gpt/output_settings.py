@@ -1,8 +1,5 @@
-"""The token embedding's and the output layer's section of the model's settings (base/options.py section()): the
-embedding's scale, whether the output layer has a weight of its own, how its logits are capped, and the loss it
-feeds (PaLM's z-loss, the fused output layer and cross entropy), Megatron-LM's flags named as their dests.
-gpt/model.py's GPTModel reads them where it embeds the tokens and computes the logits and the loss
-(parallel/fused_linear_cross_entropy.py, parallel/cross_entropy.py)."""
+"""The output section of the model settings: embedding scale, untied output layer, logit capping and the loss (z-loss,
+fused output and cross entropy), as Megatron-LM's flags."""
 
 from __future__ import annotations
 
@@ -25,15 +22,12 @@ class OutputSettings:
     final_logit_softcapping: Optional[float] = option(
         None, feature="final_logit_softcapping",
         help="the output logits become c x tanh(logit / c) before the loss (Gemma 2)")
-    # Megatron-LM's --cross-entropy-loss-fusion (there: a fused cross-entropy kernel); here the output
-    # layer and the loss fused over token chunks (parallel/fused_linear_cross_entropy.py).
+    # here the output layer and loss fused over token chunks
     cross_entropy_loss_fusion: bool = option(
         False, action="store_true",
         help="compute the output layer and the cross entropy together over chunks of tokens, never holding the "
              "full logits (recomputed in the backward); the same loss and gradients to rounding")
-    # llm-jp's Megatron-LM fork (branch v4: --z-loss-strength; branch nii-geniac: --use-z-loss, a fixed 1e-4):
-    # megatron/core/tensor_parallel/cross_entropy.py, _VocabParallelCrossEntropy.forward adds
-    # z_loss_strength * log(Z)^2 per token, log(Z) the log-sum-exp of the logits (PaLM's z-loss).
+    # llm-jp's Megatron-LM fork: z_loss_strength * logsumexp(logits)^2 per token (PaLM's z-loss)
     z_loss_strength: float = option(
         0.0, consts=[Const(("--use-z-loss",), 1e-4, help="llm-jp's Megatron-LM fork (nii-geniac): --z-loss-strength "
                                                          "1e-4")],
@@ -42,12 +36,11 @@ class OutputSettings:
 
     @property
     def tied(self) -> bool:
-        """The output layer is the token embedding's weight (GPT-2's tying, Megatron's default)."""
+        """The output layer is the token embedding's weight (Megatron's default)."""
         return not self.untie_embeddings_and_output_weights
 
     def validate(self) -> None:
-        """The values' ranges; then what the fused output layer and cross entropy cannot compute: it computes the
-        loss of plain logits."""
+        """Value ranges, and what the fused output and cross entropy cannot compute."""
         if self.z_loss_strength < 0:
             raise ConfigError(f"--z-loss-strength must be 0 or more, got {self.z_loss_strength}",
                               flags=("--z-loss-strength",))

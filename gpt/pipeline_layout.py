@@ -1,15 +1,6 @@
-"""Megatron-Core's --pipeline-model-parallel-layout (megatron/core/transformer/pipeline_parallel_layer_layout.py,
-PipelineParallelLayerLayout): a string of virtual stages separated by `|`, each a run of E (the embedding),
-t (a transformer layer), m (an MTP layer) and L (the loss); `(...)*n` and `x*n` repeat, commas are cosmetic
-(parse_str_to_list). The k-th virtual stage is model chunk k // PP of pipeline rank k % PP (__init__'s 1D -> 2D
-conversion), so the flattened order is chunk-major, as the interleaved split's here (gpt/stage_layers.py).
-
-Its checks are validate_layer_layout's: E first and once, L last and once, as many t as --num-layers, as many m as
---mtp-num-layers, every m after every t, m only in a rank's last chunk and all of them in one chunk, never on the
-first rank. Here the split maps onto the stages' chunks (each chunk holds its t's in order; a chunk may hold none
-and passes its input on); what is not expressible is refused in one line: an m anywhere but in the last rank's last
-chunk (Megatron's standalone MTP stage), and a rank without any transformer layer.
-"""
+"""Megatron-Core's --pipeline-model-parallel-layout: virtual stages separated by `|`, each a run of E (embedding), t
+(layer), m (MTP layer) and L (loss), with `(...)*n` and `x*n` repeats; the k-th stage is chunk k // PP of rank k % PP.
+Checked as validate_layer_layout checks it."""
 
 from __future__ import annotations
 
@@ -21,15 +12,15 @@ LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 LAYER_CHARS = "ELtm"
 
 
-# parse_str_to_list's two unrollings, in its order: `(...)*n`, then `x*n`
+# parse_str_to_list's two unrollings, in order
 REPEATS = (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)")
-# without a model to hold it to: a layout no launch could use, refused before it is unrolled in memory
+# a layout no launch could use, refused before it is unrolled in memory
 MAX_UNROLLED = 10**6
 
 
 def parse_layout(text: str, max_length: int = MAX_UNROLLED) -> list[str]:
-    """parse_str_to_list: the virtual stages' strings, with the repetitions unrolled. Each unrolling's length is
-    counted before it is made, so `t*1000000000000` is one line, not the memory of a 10^12-character string."""
+    """The virtual stages' strings, repeats unrolled; lengths are counted first, so `t*1000000000000` is one line, not a
+    huge string."""
     unrolled = text.replace(",", "")
     for pattern in REPEATS:
         matches = list(re.finditer(pattern, unrolled))
@@ -50,14 +41,12 @@ def parse_layout(text: str, max_length: int = MAX_UNROLLED) -> list[str]:
 
 
 def _repeat(digits: str) -> int:
-    """A repetition count; past 18 digits (where int() of a long text also refuses) it is only "too many"."""
     return int(digits) if len(digits) <= 18 else 10**18
 
 
 def layout_chunks(text: str, pipeline_size: int, num_layers: int, mtp_num_layers: int) -> list[list[str]]:
-    """[pipeline rank][model chunk] -> that virtual stage's string, checked as validate_layer_layout checks it."""
-    # a valid layout holds each layer once, E and L, and fewer stages per rank than it has layers and E and L
-    # (every rank holds a t): (PP + 1) x (layers + 2) characters at most
+    """[pipeline rank][model chunk] -> that stage's string, validated."""
+    # a valid layout is at most (PP + 1) x (layers + 2) characters
     stages = parse_layout(text, max_length=(pipeline_size + 1) * (num_layers + mtp_num_layers + 2))
     if len(stages) % pipeline_size:
         raise ConfigError(f"{LAYOUT_FLAG} {text} has {len(stages)} stages, not a multiple of "
@@ -81,12 +70,11 @@ def layout_chunks(text: str, pipeline_size: int, num_layers: int, mtp_num_layers
     if "m" in flat and "t" in flat[flat.index("m"):]:
         refuse("decoder layers (t) must be placed before MTP layers (m)")
     if "m" in flat and "m" not in chunks[-1][-1]:
-        # validate_layer_layout's mtp_standalone: MTP on a rank of its own before the last
+        # Megatron's mtp_standalone: MTP on its own rank before the last
         refuse("MTP layers (m) on a stage other than the last (Megatron's standalone MTP stage) are not "
                "implemented here: the MTP layers run on the last stage's last chunk", "--mtp-num-layers")
     for rank, rank_chunks in enumerate(chunks):
-        # an empty virtual stage passes its input on (the docs' "E||t|L"); a rank with no transformer layer at all
-        # is refused, as the other splits here refuse a stage without a layer
+        # an empty virtual stage passes its input on; a rank with no layer at all is refused
         if not any("t" in stage for stage in rank_chunks):
             refuse(f"pipeline rank {rank} ({', '.join(repr(stage) for stage in rank_chunks)}) holds no transformer "
                    f"layer: not implemented here; give every rank at least one t")
@@ -95,14 +83,12 @@ def layout_chunks(text: str, pipeline_size: int, num_layers: int, mtp_num_layers
 
 def layout_layer_counts(text: str, pipeline_size: int, num_layers: int, mtp_num_layers: int
                         ) -> tuple[tuple[int, ...], ...]:
-    """[pipeline rank][model chunk] -> how many transformer layers it holds."""
     return tuple(tuple(stage.count("t") for stage in rank_chunks)
                  for rank_chunks in layout_chunks(text, pipeline_size, num_layers, mtp_num_layers))
 
 
 def pipeline_layout_counts(model, parallel) -> tuple[tuple[int, ...], ...] | None:
-    """The run's --pipeline-model-parallel-layout as layers per stage and chunk, or None where none is given.
-    `model`: the ModelConfig; `parallel`: the ParallelismConfig."""
+    """The run's layout as layers per stage and chunk, or None."""
     if parallel.pipeline_model_parallel_layout is None:
         return None
     return layout_layer_counts(parallel.pipeline_model_parallel_layout, parallel.pipeline_model_parallel_size,

@@ -1,7 +1,5 @@
-"""The positions' section of the model's settings (base/options.py section()): which position embedding the model
-has, and the rotary positions' knobs, Megatron-LM's flags named as their dests. gpt/rotary.py computes the angles
-(rope's, YaRN's), gpt/longrope.py Phi-3's LongRoPE, gpt/model.py's GPTModel the learned absolute embedding; the
-rules here read these settings alone (those across sections: gpt/section_rules.py)."""
+"""The positions section of the model settings: which position embedding the model has and the rotary knobs, as
+Megatron-LM's flags."""
 
 from __future__ import annotations
 
@@ -13,11 +11,10 @@ from base.options import flag_of_setting, option
 from gpt.layer_pattern import check_no_rope_freq, freq_value, no_rope_layers
 from gpt.longrope import LongRope, factor_list_value
 
-# of Megatron-LM's --position-embedding-type; yarn is Megatron-Core's YarnRotaryEmbedding (gpt/rotary.py yarn_angles);
-# longrope is not Megatron's: Phi-3's LongRoPE as transformers computes it (gpt/longrope.py), a Hugging Face folder's
+# Megatron-LM's --position-embedding-type values; yarn is Megatron-Core's YarnRotaryEmbedding; longrope is Phi-3's
+# LongRoPE as transformers computes it (no Megatron flag)
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "longrope", "none")
 ROTARY_TYPES = ("rope", "yarn", "longrope")
-# --position-embedding-type longrope's settings (--longrope-*)
 LONGROPE_SETTINGS = ("longrope_short_factor", "longrope_long_factor", "longrope_original_max_position_embeddings",
                      "longrope_factor", "longrope_attention_factor")
 
@@ -41,30 +38,28 @@ class PositionSettings:
                                                   "--rope-theta": "llm-jp's Megatron-LM fork"},
                                 help="rotary positions' base (theta): 10000 Llama 2, 500000 Llama 3")
     rotary_percent: float = option(1.0, help="the fraction of each head's dims that rotate, in (0, 1]")
-    # Megatron-LM's --use-rope-scaling / --rope-scaling-factor: Llama 3's scaling of the frequencies
+    # Llama 3's frequency scaling
     use_rope_scaling: bool = option(False, action="store_true",
                                     help="Llama 3.1's scaling of the rotary frequencies (--rope-scaling-factor)")
     rope_scaling_factor: float = option(8.0, help="with --use-rope-scaling: Llama 3.1's factor")
-    # each pair of adjacent dims (2i, 2i + 1) rotates together, instead of dim i with dim i + rotary_dim / 2
+    # adjacent dims (2i, 2i + 1) rotate together instead of i with i + rotary_dim / 2
     rotary_interleaved: bool = option(
         False, action="store_true",
         help="rotary positions rotate adjacent pairs of dims (2i, 2i+1) instead of the two halves (Megatron-LM)")
-    # the sliding-window layers' rotary base (Gemma 3), and Megatron-LM's linear interpolation of positions
+    # the sliding-window layers' rotary base (Gemma 3), and linear position interpolation
     local_rotary_base: Optional[float] = option(
         None, help="the sliding-window layers' own rotary base, without --rotary-seq-len-interpolation-factor or "
                    "--use-rope-scaling (Gemma 3's rope_local_base_freq); default: the other layers' rotary")
     rotary_seq_len_interpolation_factor: Optional[float] = option(
         None, help="rotary positions divided by this factor (Megatron-LM; transformers' linear rope scaling)")
-    # --position-embedding-type yarn's (Megatron-LM's --yarn-* flags, at the values its argument_utils.py
-    # _apply_yarn_config_from_args gives where they are left out)
+    # --yarn-* at the values Megatron-LM's _apply_yarn_config_from_args gives where left out
     yarn_original_max_position_embeddings: int = option(
         4096, help="with --position-embedding-type yarn: the context the frequencies were trained at")
     yarn_beta_fast: float = option(32.0, help="with --position-embedding-type yarn: YaRN's beta_fast")
     yarn_beta_slow: float = option(1.0, help="with --position-embedding-type yarn: YaRN's beta_slow")
     yarn_correction_range_round_to_int: bool = option(
         True, help="with --position-embedding-type yarn: round the correction range to whole dims")
-    # --position-embedding-type longrope's: Phi-3's LongRoPE (gpt/longrope.py), which Megatron-LM has no flag for;
-    # --init-from-hf sets them from a Phi-3 folder's rope_scaling (families/phi3/config.py)
+    # Phi-3's LongRoPE, set by --init-from-hf from a Phi-3 folder
     longrope_short_factor: Optional[tuple] = option(
         None, type=factor_list_value, metavar="F1,F2,...",
         help="with --position-embedding-type longrope: each rotary frequency's divisor while the sequence is at most "
@@ -80,14 +75,13 @@ class PositionSettings:
     longrope_attention_factor: Optional[float] = option(
         None, help="with --position-embedding-type longrope: cos and sin's factor (default: sqrt(1 + ln(factor) / "
                    "ln(original context)), 1 for a factor at most 1)")
-    # Megatron-LM's --no-rope-freq: the layers whose attention skips the rotary positions (Llama 4's NoPE layers)
+    # the layers whose attention skips rotary positions (Llama 4's NoPE layers)
     no_rope_freq: Union[None, int, str] = option(
         None, feature=True, type=freq_value,
         help="layers whose attention skips the rotary positions (Llama 4's NoPE layers): N skips each N-th layer "
              "(1-based; N divides --num-layers); a list expression gives one 1 (skip) or 0 per layer, e.g. "
              "'([0]*3+[1])*2'; default: none")
-    # YaRN's (Megatron-LM's --rotary-scaling-factor, --mscale, --mscale-all-dim; gpt/rotary.py yarn_angles), which
-    # multi-latent attention reads too
+    # YaRN's, which multi-latent attention reads too
     rotary_scaling_factor: float = option(1.0, help="with --multi-latent-attention or --position-embedding-type yarn: "
                                                     "YaRN's scaling factor")
     mscale: float = option(1.0, help="with --multi-latent-attention or --position-embedding-type yarn: YaRN's mscale "
@@ -96,7 +90,7 @@ class PositionSettings:
                                              "mscale_all_dim (multi-latent attention's softmax scale too)")
 
     def __post_init__(self) -> None:
-        for name in ("longrope_short_factor", "longrope_long_factor"):  # a recorded config's (JSON) lists: tuples
+        for name in ("longrope_short_factor", "longrope_long_factor"):
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
 
@@ -109,18 +103,14 @@ class PositionSettings:
         return self.rope_scaling_factor if self.use_rope_scaling else None
 
     def rotary_dim(self, head_dim: int) -> int:
-        """The leading dims of each head that rotate (Megatron-LM's RotaryEmbedding: int(kv_channels *
-        rotary_percent) when the percent is below 1); the rest pass through."""
+        """The leading dims of each head that rotate (int(kv_channels * rotary_percent))."""
         return int(head_dim * self.rotary_percent) if self.rotary_percent < 1.0 else head_dim
 
     def rotary_layers(self, num_layers: int) -> tuple[bool, ...]:
-        """Per layer (0-based): whether its attention rotates queries and keys (--position-embedding-type and
-        --no-rope-freq)."""
         return tuple(self.rotary and not skip for skip in no_rope_layers(self.no_rope_freq, num_layers))
 
     def longrope(self, max_position_embeddings: int) -> Optional[LongRope]:
-        """--position-embedding-type longrope's factors and attention factor, resolved as transformers does (the
-        default attention factor reads --max-position-embeddings); None for other positions."""
+        """LongRoPE's factors and attention factor resolved as transformers does; None otherwise."""
         if self.position_embedding_type != "longrope":
             return None
         return LongRope.resolve(self.longrope_short_factor, self.longrope_long_factor,
@@ -128,9 +118,8 @@ class PositionSettings:
                                 self.longrope_factor, self.longrope_attention_factor)
 
     def validate(self, head_dim: int, num_layers: int) -> None:
-        """A value Megatron accepts but this model lacks (BigScience's alibi, Megatron-LM's relative, mrope) is
-        refused here, with the launch's other problems, rather than by argparse's choices, whose error would end the
-        one round of checks (arguments/parser.py)."""
+        """Values Megatron accepts but this model lacks (alibi, relative, mrope) are refused here with the launch's
+        other problems, not by argparse."""
         if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
             raise ConfigError(f"--position-embedding-type {self.position_embedding_type} is not implemented: "
                               f"positions here are {', '.join(POSITION_EMBEDDING_TYPES)}",
@@ -147,7 +136,7 @@ class PositionSettings:
 
 
 def _check_yarn(positions: PositionSettings) -> None:
-    """YaRN as Megatron-Core's YarnRotaryEmbedding computes it: halves, the whole head, one set of frequencies."""
+    """YaRN as Megatron-Core computes it: halves, the whole head, one set of frequencies."""
     if positions.rotary_interleaved:  # YarnRotaryEmbedding.get_emb asserts it
         raise ConfigError("--position-embedding-type yarn with --rotary-interleaved is not implemented: YaRN "
                           "rotates halves (Megatron-Core's YarnRotaryEmbedding asserts it)",
@@ -168,7 +157,6 @@ def _check_yarn(positions: PositionSettings) -> None:
 
 
 def _check_rotary(positions: PositionSettings, head_dim: int) -> None:
-    """The rotary's base, Llama 3's scaling factor, and the dims that rotate."""
     if not positions.rotary_base > 0:
         raise ConfigError(f"--rotary-base must be positive, got {positions.rotary_base}", flags=("--rotary-base",))
     if positions.use_rope_scaling and not positions.rope_scaling_factor > 0:
@@ -182,9 +170,8 @@ def _check_rotary(positions: PositionSettings, head_dim: int) -> None:
 
 
 def _check_longrope(positions: PositionSettings, rotary_dim: int) -> None:
-    """--position-embedding-type longrope needs both factor lists, one factor per rotary frequency (Phi3Config's
-    validate_rope: `len(short_factor) == rotary_ndims // 2`), and the original context; it is one set of
-    frequencies in halves (Phi3RotaryEmbedding), so no other scaling, local base or interleaving beside it."""
+    """LongRoPE needs both factor lists, one per rotary frequency (as Phi3Config validates), and the original context;
+    no other scaling beside it."""
     given = [name for name in LONGROPE_SETTINGS if getattr(positions, name) is not None]
     if positions.position_embedding_type != "longrope":
         if given:  # they would do nothing
@@ -201,7 +188,7 @@ def _check_longrope(positions: PositionSettings, rotary_dim: int) -> None:
             raise ConfigError(f"{_flag(name)} has {len(factors)} factors; LongRoPE takes one positive factor per "
                               f"rotary frequency, {rotary_dim // 2} here (rotary dims {rotary_dim} / 2)",
                               flags=(_flag(name),))
-    if positions.longrope_original_max_position_embeddings < 2:  # its log divides the attention factor's
+    if positions.longrope_original_max_position_embeddings < 2:  # its log divides the attention factor
         raise ConfigError(f"--longrope-original-max-position-embeddings must be at least 2, got "
                           f"{positions.longrope_original_max_position_embeddings}",
                           flags=("--longrope-original-max-position-embeddings",))

@@ -1,8 +1,5 @@
-"""What happens to the queries and keys between the QKV split and the rotation, chosen once at build as Megatron-Core's
-SelfAttention picks its q/k norm class in __init__: --qk-layernorm's norm over each head (HeadNorm), or with
---qk-layernorm-over-projection over the whole projection (OLMo 2's ProjectionNorm), --qk-l2-norm's gainless L2 norm
-(L2HeadNorm), or none; then --clip-qkv's clamp of queries, keys and values (OLMoE). The norms are the attention
-module's own submodules (q_layernorm, k_layernorm: their parameters keep those names)."""
+"""What happens to queries and keys between the QKV split and the rotation, chosen once at build as Megatron-Core's
+SelfAttention picks it: a per-head, whole-projection or L2 norm, or none; then --clip-qkv's clamp (OLMoE)."""
 
 from __future__ import annotations
 
@@ -19,13 +16,13 @@ Norm = Optional[nn.Module]
 
 
 def qk_norms(config: ModelConfig, state: ParallelState) -> tuple[Norm, Norm]:
-    """The query's and the key's norm (one module for both under --qk-l2-norm: it has no parameter), or None."""
+    """The query's and key's norms (one module for both under --qk-l2-norm), or None."""
     attention, norms = config.attention, config.norms
     kind, eps, zero_centered = norms.normalization, norms.layernorm_epsilon, norms.apply_layernorm_1p
-    if attention.qk_l2_norm:  # before --qk-layernorm, as Megatron-Core's SelfAttention picks its norm class
+    if attention.qk_l2_norm:  # before --qk-layernorm, as Megatron-Core picks its norm class
         l2 = L2HeadNorm(eps)
         return l2, l2
-    if _over_projection(config):  # over all heads' features (their TP slices: gpt/norms.py)
+    if _over_projection(config):  # over all heads' features
         groups = attention.query_groups(config.num_attention_heads)
         return (ProjectionNorm(kind, config.num_attention_heads * config.head_dim, eps, state, zero_centered),
                 ProjectionNorm(kind, groups * config.head_dim, eps, state, zero_centered))
@@ -36,7 +33,7 @@ def qk_norms(config: ModelConfig, state: ParallelState) -> tuple[Norm, Norm]:
 
 
 class QKTreatment:
-    """The norms' application (per head, over the projection, or none) and the clamp, as chosen at build."""
+    """The norms' application and the clamp, as chosen at build."""
 
     def __init__(self, config: ModelConfig):
         attention = config.attention
@@ -46,7 +43,7 @@ class QKTreatment:
 
     def __call__(self, q_norm: Norm, k_norm: Norm, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Each [batch, heads, seq, head_dim]: before rotary, as Megatron-Core's get_query_key_value_tensors."""
+        """Each [batch, heads, seq, head_dim], before rotary."""
         query, key = self._normed(q_norm, k_norm, query, key)
         if self.clip is not None:  # after the norms, as transformers' OlmoeAttention clamps
             query, key, value = (part.clamp(-self.clip, self.clip) for part in (query, key, value))
@@ -73,7 +70,7 @@ def _untouched(q_norm: Norm, k_norm: Norm, query: torch.Tensor, key: torch.Tenso
 
 
 def _heads_as_features(norm: nn.Module, heads: torch.Tensor) -> torch.Tensor:
-    """`norm` applied to [batch, heads, seq, d] as the projection's [batch, seq, heads x d] features, in head order."""
+    """`norm` applied to [batch, heads, seq, d] as [batch, seq, heads x d] features."""
     batch, count, seq, dim = heads.shape
     features = norm(heads.transpose(1, 2).reshape(batch, seq, count * dim))
     return features.view(batch, seq, count, dim).transpose(1, 2)

@@ -1,12 +1,6 @@
-"""The attention's fused QKV projection: how many heads and key/value groups a TP rank holds, the projection's rows,
-and how its output splits into query, key, value (and output-gate) heads.
-
-The rows are laid out group by group, [group][its query heads, k, v][head_dim] (Megatron-Core's linear_qkv layout),
-so that contiguous column-parallel slices hand each TP rank whole groups; with a group per head this is GPT-2's
-[head][q, k, v][head_dim]. With --attention-output-gate each group's rows also hold a gate head per query head, after
-them: [group][its query heads, their gate heads, k, v][head_dim], as Megatron-Core's linear_qkv (SelfAttention.__init__
-adds kv_channels x heads rows; get_query_key_value_tensors splits each group into np/ng * hn, np/ng * hn, hn, hn), so a
-TP rank holds the gates of its own heads."""
+"""The attention's fused QKV projection: heads and key/value groups per TP rank, the projection's rows laid out group by
+group ([group][query heads, (gates,) k, v][head_dim], Megatron-Core's linear_qkv) so column-parallel slices hold whole
+groups, and the split of its output."""
 
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ from parallel.state import ParallelState
 
 
 class QKVLayout:
-    """One attention layer's heads on this TP rank and the split of its QKV projection's output."""
+    """One attention layer's heads on this TP rank and the split of its QKV output."""
 
     def __init__(self, config: ModelConfig, state: ParallelState):
         tp, heads = state.tensor_parallel_size, config.num_attention_heads
@@ -31,26 +25,21 @@ class QKVLayout:
         self.heads_per_rank = heads // tp
         self.heads_per_group = heads // groups
         self.output_gate = config.attention.attention_output_gate
-        # Fewer key/value groups than TP ranks (Megatron-Core's attention.py:289): the QKV weight is still cut in
-        # contiguous rows, so a rank's rows are part of one group's; its output is all-gathered, and each rank
-        # reads its group (rank // replicas) and, of that group's query heads, its own heads_per_rank
-        # (get_query_key_value_tensors). The gather's backward reduce-scatters: each slice's gradient is the sum
-        # of what every rank read from it, the TP-1 gradient.
+        # Fewer groups than TP ranks: a rank's contiguous rows are part of one group, so the output is all-gathered and
+        # each rank reads its group and heads; the gather's backward gives the TP-1 gradient.
         self.kv_replicas = tp // groups if groups < tp else 1  # the TP ranks that read one group
         self.groups_per_rank = max(groups // tp, 1)
-        # a group's query (and gate) heads; multi-head attention without a gate splits as GPT-2's exact operations
+        # a group's query (and gate) heads
         self.query_heads = self.heads_per_group * (2 if self.output_gate else 1)
         self._heads = self._multi_head if self.query_heads == 1 else self._grouped
 
     @property
     def queries_per_key(self) -> int:
-        """The query heads that read each key/value head this rank holds."""
         return self.heads_per_rank // self.groups_per_rank
 
     def projection(self, plan: TensorParallelPlan, config: ModelConfig) -> nn.Module:
-        """The column-parallel `attention.query_key_value`, hidden -> (query and gate heads + 2 x groups) x head_dim,
-        its weight tagged with one group's row blocks (Megatron-Core's _get_qkv_split_shapes: --optimizer muon
-        orthogonalizes the query (and gate), key and value blocks apart, zero/muon.py)."""
+        """The column-parallel `attention.query_key_value`, its weight tagged with one group's row blocks (Muon
+        orthogonalizes q, k and v apart)."""
         rows = (config.num_attention_heads * (2 if self.output_gate else 1) + 2 * self.groups) * self.head_dim
         linear = plan.linear("attention.query_key_value", config.hidden_size, rows, init_std=config.init_method_std,
                              bias=config.attention.qkv_bias(config.add_bias_linear))
@@ -61,10 +50,9 @@ class QKVLayout:
 
     def split(self, qkv: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """The projection's output [batch, seq, rows] (the whole sequence) as query [batch, heads, seq, head_dim],
-        key and value [batch, groups, seq, head_dim] (one head per group), and the gate [batch, seq, heads x
-        head_dim] or None."""
-        if self.kv_replicas > 1:  # every group's rows gathered, this rank's group kept
+        """The output [batch, seq, rows] as query [batch, heads, seq, d], key and value [batch, groups, seq, d], and the
+        gate or None."""
+        if self.kv_replicas > 1:  # every group's rows gathered, this rank's kept
             qkv = gather_last_dim_summing_backward(qkv, self.state)
             width = qkv.shape[-1] * self.kv_replicas // self.state.tensor_parallel_size
             qkv = qkv.narrow(-1, self.state.tensor_parallel_rank // self.kv_replicas * width, width)
@@ -77,16 +65,15 @@ class QKVLayout:
 
     def _grouped(self, qkv: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        # one split (views; its backward one cat, as Megatron-Core's get_query_key_value_tensors' torch.split), where
-        # slicing and selecting each part made a zero-filled gradient of the whole per part to sum
+        # one split of views, whose backward is one cat, as Megatron-Core's torch.split
         batch, seq = qkv.shape[:2]
         per_group = self.heads_per_group
         query, *gate, key, value = qkv.split([per_group] * (self.query_heads // per_group) + [1, 1], dim=3)
-        if self.kv_replicas > 1:  # of the group's query (and gate) heads, this rank's
+        if self.kv_replicas > 1:
             start = self.state.tensor_parallel_rank % self.kv_replicas * self.heads_per_rank
             query, *gate = (part.narrow(3, start, self.heads_per_rank) for part in (query, *gate))
         query = query.reshape(batch, seq, self.heads_per_rank, self.head_dim).transpose(1, 2)
-        # head g * per_group + j's gate, in the order the context's heads have
+        # head g * per_group + j's gate, in the context's head order
         gate = gate[0].reshape(batch, seq, self.heads_per_rank * self.head_dim) if gate else None
         key, value = (part.squeeze(3).transpose(1, 2) for part in (key, value))
         return query, key, value, gate

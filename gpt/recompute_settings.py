@@ -1,8 +1,5 @@
-"""The recomputation section of the model's settings (base/options.py section()): Megatron-LM's --recompute-modules
-(TransformerConfig.recompute_modules), read under --recompute-granularity selective only, as Megatron-Core
-(arguments/megatron/flags.py empties it otherwise, said). gpt/model.py's blocks read it: "layernorm" makes each
-block's input and pre-MLP RMSNorm keep only its input and run again in backward (gpt/norms.py rms_norm,
-gpt/recomputed.py)."""
+"""The recomputation section: Megatron-LM's --recompute-modules, read only under --recompute-granularity selective;
+"layernorm" makes a block's input and pre-MLP norms keep only their input."""
 
 from __future__ import annotations
 
@@ -12,12 +9,12 @@ from typing import ClassVar
 
 from base.options import option
 
-# Megatron-Core's TransformerConfig.recompute_modules choices (transformer_config.py __post_init__'s allowed_modules)
+# Megatron-Core's recompute_modules choices
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 
 
 class TupleOfValues(argparse.Action):
-    """nargs' values as a tuple: a ModelConfig stays hashable (gpt/shape.py keys its shapes by the config's values)."""
+    """nargs' values as a tuple, so a ModelConfig stays hashable."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, tuple(values))

@@ -1,14 +1,6 @@
-"""RMSNorm keeping its input and its per-token rsqrt for backward, as Transformer Engine's RMSNorm keeps its input and
-rsigma, where autograd through gpt/norms.py rms_norm_math keeps the input's fp32 copy and the normed values (of a
-16-bit input 4 + 2 bytes a value, where this keeps 2).
-
-The backward is autograd's, written out: each op's derivative as torch's derivatives.yaml and FunctionsManual.cpp
-define it (mul's `grad * other` summed to the operand's shape, _to_copy's cast back, rsqrt's `-0.5 * grad *
-result.pow(3)`, mean's expand and divide, pow's `grad * (2 * self)`), on the same values in the same order, so outputs
-and gradients equal autograd's bit for bit (tests/gpt/test_saved_activations.py). The fp32 input and the normed values
-are made again from the kept input and rsqrt (a product, and the normed values' cast for the gain's gradient), where
-autograd read them from memory: two elementwise ops more in backward than autograd's, for 4 bytes a value less. An fp32 input reaches the function twice, as in rms_norm: autograd
-summed its product's and its squares' gradients at the input's own node, in that order."""
+"""RMSNorm keeping its input and per-token rsqrt for backward (as Transformer Engine's keeps rsigma), instead of
+autograd's fp32 copy and normed values. The backward is autograd's written out op for op, so values and gradients are
+bit-identical."""
 
 from __future__ import annotations
 
@@ -39,18 +31,18 @@ class _RMSNormKeepingInput(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         hidden, weight, rsqrt = ctx.saved_tensors
         needs_input = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        # bf16 enters the fp32 products as it is (their type promotion casts it exactly, no copy made) and is doubled
-        # exactly in bf16 (fp32's exponent range); fp16 is cast first (its doubling could overflow)
+        # bf16 enters the fp32 products as it is (promotion casts exactly); fp16 is cast first, as its doubling could
+        # overflow
         as_float = hidden if hidden.dtype == torch.bfloat16 else hidden.float()
         normed = as_float * rsqrt
         grad_weight = grad_normed = None
-        if ctx.zero_centered:  # (normed * (1 + weight.float())).to(dtype)
+        if ctx.zero_centered:
             grad_float = grad.float()
             if ctx.needs_input_grad[2]:
                 grad_weight = (grad_float * normed).sum_to_size(weight.shape).to(weight.dtype)
             if needs_input:
                 grad_normed = grad_float * (1.0 + weight.float())
-        else:  # weight * normed.to(dtype)
+        else:
             if ctx.needs_input_grad[2]:
                 grad_weight = (grad * normed.to(hidden.dtype)).sum_to_size(weight.shape)
             if needs_input:
@@ -62,13 +54,13 @@ class _RMSNormKeepingInput(torch.autograd.Function):
         grad_mean = grad_rsqrt * -0.5 * rsqrt.pow(3)
         grad_squares = grad_mean.expand(as_float.shape) / as_float.shape[-1]
         grad_of_squares = grad_squares * (as_float * 2.0)
-        if ctx.twice:  # fp32: the product's gradient and the squares' reach the input apart, in that order
+        if ctx.twice:  # fp32: the product's and the squares' gradients reach the input apart, in that order
             return grad_product, grad_of_squares, grad_weight, None, None
         return (grad_product + grad_of_squares).to(hidden.dtype), None, grad_weight, None, None
 
 
 def rms_norm_keeping_input(hidden: torch.Tensor, weight: torch.Tensor, eps: float,
                            zero_centered: bool = False) -> torch.Tensor:
-    """gpt/norms.py rms_norm_math's values and gradients, keeping the input and the rsqrt (module docstring)."""
+    """rms_norm_math's values and gradients, keeping the input and the rsqrt."""
     squared = hidden if hidden.dtype == torch.float32 else None
     return _RMSNormKeepingInput.apply(hidden, squared, weight, eps, zero_centered)

@@ -1,9 +1,5 @@
-"""An attention layer's rotary positions: its angles (rope's, YaRN's or LongRoPE's, gpt/rotary.py and gpt/longrope.py;
-a sliding-window layer's --local-rotary-base), at its tokens' positions (0..seq-1; under context parallelism this
-rank's chunks' global positions; with a KV cache the new tokens'), read from the model's RotaryCache, which every layer
-shares (made once, in the first forward that asks), and the rotation of the queries and keys by them. A layer without
-rotary positions (--position-embedding-type learned_absolute or none, a --no-rope-freq layer: Megatron-Core's
-Attention.forward with `rotary_pos_emb = None`) gets NO_ROTATION."""
+"""An attention layer's rotary positions: its angles at its tokens' positions (global under context parallelism, the new
+tokens' with a KV cache), from the model's shared RotaryCache, and the rotation of queries and keys."""
 
 from __future__ import annotations
 
@@ -21,8 +17,6 @@ from parallel.state import ParallelState
 
 
 class NoRotation:
-    """Queries and keys pass through."""
-
     rotary = False
 
     def rotated(self, query: torch.Tensor, key: torch.Tensor, cache: Optional[LayerCache]
@@ -34,17 +28,15 @@ NO_ROTATION = NoRotation()
 
 
 class RotaryPositions:
-    """One layer's rotary settings, its angles by way of the shared cache, and the rotation."""
+    """One layer's rotary settings, angles and rotation."""
 
     rotary = True
 
     def __init__(self, positions: PositionSettings, head_dim: int, window: Optional[int], longrope: Optional[LongRope],
                  context_parallel: Optional[ParallelState], cache: RotaryCache):
-        """`context_parallel`: the state where the sequence here is this rank's chunks, else None."""
         self.positions, self.head_dim, self.longrope, self.cache = positions, head_dim, longrope, cache
         self.context_parallel = context_parallel
-        # --local-rotary-base: a sliding-window layer's own rotary, unscaled (Gemma 3's rope_parameters for its
-        # "sliding_attention" layers); the other layers' base, Llama 3 scaling and interpolation
+        # --local-rotary-base: a sliding-window layer's own unscaled rotary (Gemma 3)
         local = window is not None and positions.local_rotary_base is not None
         self.base = positions.local_rotary_base if local else positions.rotary_base
         self.rope_scaling = None if local else positions.rope_scaling
@@ -54,18 +46,14 @@ class RotaryPositions:
 
     def rotated(self, query: torch.Tensor, key: torch.Tensor, cache: Optional[LayerCache]
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """query and key [batch, heads, seq, head_dim] rotated by their tokens' angles, made in the queries' dtype so
-        that apply_rotary's own cast is a no-op; one pair for every layer (and for q and k), so the products' backward
-        keeps one copy."""
+        """query and key rotated, angles in the queries' dtype; one pair shared by every layer."""
         cos, sin = self.cos_sin(query.shape[2], query.device, query.dtype, cache)
         return apply_rotary(query, cos, sin, self.interleaved), apply_rotary(key, cos, sin, self.interleaved)
 
     def cos_sin(self, seq: int, device: torch.device, dtype: torch.dtype, cache: Optional[LayerCache]
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of the `seq` tokens: positions 0..seq-1, or with a KV cache the new tokens' positions, cut from
-        the angles of the cache's every position (the same values: each position's angle is its own product).
-        LongRoPE picks its factors by the whole sequence's length, so its angles are made for the length so far, as
-        transformers' dynamic LongRoPE picks them by the largest position."""
+        """cos and sin of the `seq` tokens, or of the new tokens with a cache. LongRoPE picks its factors by the length
+        so far, as transformers' dynamic LongRoPE."""
         if cache is None:
             return self.cache.angles(self._key(seq, device), dtype, lambda: self._angles_on_this_rank(seq, device))
         end = cache.start + seq
@@ -77,16 +65,13 @@ class RotaryPositions:
         return cos[cache.start:end], sin[cache.start:end]
 
     def _key(self, seq: int, device: torch.device) -> tuple:
-        """What decides this layer's cos and sin besides their dtype (RotaryCache's key): its settings, the length
-        and, with context parallelism, this rank's place in the sequence, and the device. (YaRN's settings are the
-        model's, the same for every layer that shares the cache.)"""
+        """RotaryCache's key: settings, length, this rank's place under CP, and device."""
         cp = self.context_parallel
         return ("rope", self.dim, self.head_dim, self.base, self.rope_scaling, self.interleaved, self.interpolation,
                 id(self.longrope) if self.longrope is not None else None, self.positions.position_embedding_type, seq,
                 str(device), None if cp is None else (cp.context_parallel_size, cp.context_parallel_rank))
 
     def _angles_on_this_rank(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of this rank's `seq` tokens: with context parallelism, each token's at its global position."""
         if self.context_parallel is None:
             return self._angles(seq, device)
         positions = positions_on_this_rank(seq, self.context_parallel, device)
@@ -94,9 +79,7 @@ class RotaryPositions:
         return cos[positions], sin[positions]
 
     def _angles(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of positions 0..length-1: rope's (gpt/rotary.py rotary_angles), YaRN's (yarn_angles) or
-        LongRoPE's (gpt/longrope.py: its short or long factors by the whole sequence's length, as transformers picks
-        them by the largest position + 1)."""
+        """cos and sin of positions 0..length-1: rope's, YaRN's or LongRoPE's."""
         positions = self.positions
         if self.longrope is not None:
             return self.longrope.angles(length, self.dim, self.base, device)
@@ -111,7 +94,7 @@ class RotaryPositions:
 
 def layer_positions(config: ModelConfig, state: ParallelState, window: Optional[int], rotary: bool,
                     cache: Optional[RotaryCache]) -> Union[RotaryPositions, NoRotation]:
-    """A layer's positions: `rotary` False on a --no-rope-freq layer; `cache` the model's (None: the layer's own)."""
+    """A layer's positions: `rotary` False on a --no-rope-freq layer; `cache` the model's."""
     if not (config.positions.rotary and rotary):
         return NO_ROTATION
     return RotaryPositions(config.positions, config.head_dim, window, config.longrope,

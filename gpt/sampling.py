@@ -1,10 +1,5 @@
-"""The next token from the last position's logits, as Megatron-Core's text generation picks it
-(megatron/core/inference/text_generation_controllers/text_generation_controller.py sample_from_logits):
-top-k 1 is greedy (argmax); otherwise the logits are divided by the temperature, filtered to the top k (k > 1)
-or to the nucleus of mass top-p (the first token past p kept, as Megatron's shift by one), and one token is drawn
-from their softmax. As there, top-k and top-p are not both set. A temperature of 0 is greedy too (Megatron would
-divide by it; transformers' do_sample=False is the same argmax).
-"""
+"""The next token from the last position's logits, as Megatron-Core's text generation picks it: top-k 1 is greedy,
+otherwise temperature, top-k or top-p filtering, and a draw from the softmax."""
 
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ import torch
 
 from base.errors import ConfigError
 
-# Megatron-LM's text generation server refuses a temperature above it ("temperature must be a positive number less
-# than or equal to 100.0"); 0 is greedy here.
+# Megatron-LM's text generation server's bound; 0 is greedy here
 MAX_TEMPERATURE = 100.0
 
 
@@ -44,10 +38,9 @@ class Sampling:
 
 
 def next_tokens(logits: torch.Tensor, sampling: Sampling, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """[batch] token ids from [batch, vocab] logits."""
     if sampling.greedy:
         return logits.argmax(dim=-1)
-    # Less the largest first: a tiny temperature then sends the others to -inf (the greedy limit), never to NaN.
+    # subtract the largest first: a tiny temperature then gives -inf (the greedy limit), never NaN
     logits = logits.float()
     logits = (logits - logits.max(dim=-1, keepdim=True).values) / sampling.temperature
     if sampling.top_k > 1:
@@ -59,7 +52,7 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, generator: Optional[to
 
 
 def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The logits outside the smallest prefix (by probability) whose mass passes `top_p` set to -inf."""
+    """Logits outside the smallest prefix whose mass passes `top_p` set to -inf."""
     sorted_logits, order = torch.sort(logits, descending=True)
     beyond = sorted_logits.softmax(dim=-1).cumsum(dim=-1) > top_p
     beyond[..., 1:] = beyond[..., :-1].clone()  # keep the token that crosses p

@@ -1,7 +1,5 @@
-"""The rules that read two or more sections of the model's settings together: each function names the sections it
-relates, and takes those sections. A rule that reads one section alone is that section's `validate`
-(gpt/attention_settings.py, positions.py, norms.py, mlp.py, mla_settings.py, mtp.py); ModelConfig.validate runs
-those, then these."""
+"""The rules that read two or more sections of the model settings together; a rule reading one section is that section's
+`validate`."""
 
 from __future__ import annotations
 
@@ -19,10 +17,9 @@ from gpt.positions import PositionSettings
 
 
 def check_layers_without_rotary(positions: PositionSettings, mla: MLASettings, mtp: MTPSettings) -> None:
-    """Positions x MLA x MTP: --no-rope-freq picks decoder layers of multi-head or grouped-query attention."""
+    """--no-rope-freq picks decoder layers of plain attention."""
     if positions.no_rope_freq and (mla.multi_latent_attention or mtp.num_layers):
-        # MLA rotates inside its own projections (Megatron-Core's MLASelfAttention never reads the rotary that
-        # Attention.forward drops), and an MTP layer's layer number is its own, not a decoder layer's
+        # MLA rotates inside its own projections, and an MTP layer's number is not a decoder layer's
         other = "--multi-latent-attention" if mla.multi_latent_attention else "--mtp-num-layers"
         raise ConfigError(f"--no-rope-freq with {other} is not implemented: drop one of them",
                           flags=("--no-rope-freq", other))
@@ -30,17 +27,15 @@ def check_layers_without_rotary(positions: PositionSettings, mla: MLASettings, m
 
 def check_multi_latent_attention(mla: MLASettings, attention: AttentionSettings, positions: PositionSettings,
                                  num_layers: int) -> None:
-    """MLA x attention x positions: what multi-latent attention is not built with (gpt/mla.py): it scales its
-    scores and rotates its positions as Megatron-Core's MLASelfAttention (YaRN's mscale), over every layer."""
+    """What multi-latent attention is not built with."""
     if not mla.multi_latent_attention:
         return
-    if attention.qk_l2_norm:  # gpt_layer_specs.py: "qk_l2_norm is not supported with MLA."
+    if attention.qk_l2_norm:  # Megatron-Core: "qk_l2_norm is not supported with MLA."
         raise ConfigError("--qk-l2-norm with --multi-latent-attention is not implemented: the L2 norm acts over each "
                           "head of multi-head or grouped-query attention, as in Megatron-Core",
                           flags=("--qk-l2-norm", "--multi-latent-attention"))
     if attention.has_windows(num_layers):
-        # Megatron-Core's MLA asserts it (attention.py: "Set config.window_size = None or use a non-MLA attention
-        # layer")
+        # Megatron-Core's MLA asserts it
         raise ConfigError("--window-size with --multi-latent-attention is not implemented: multi-latent attention "
                           "sees the whole causal context, as in Megatron-Core",
                           flags=("--window-size", "--multi-latent-attention"))
@@ -62,13 +57,11 @@ def check_multi_latent_attention(mla: MLASettings, attention: AttentionSettings,
 
 
 def _check_multi_latent_rotary(positions: PositionSettings) -> None:
-    """MLA's rotary: YaRN's, over all --qk-pos-emb-head-dim dims of each head, in halves."""
+    """MLA's rotary: YaRN's, over all --qk-pos-emb-head-dim dims, in halves."""
     if not positions.rotary_scaling_factor > 0 or positions.rotary_base <= 0:
         raise ConfigError("--rotary-scaling-factor and --rotary-base must be positive",
                           flags=("--rotary-scaling-factor", "--rotary-base"))
-    # what Megatron-Core's MLA refuses (YarnRotaryEmbedding: interleaved rotary; MLATransformerConfig.__post_init__'s
-    # output gate is an attention feature check_multi_latent_attention refuses) or does not read for MLA, and Llama
-    # 3's scaling, which its rotary embeddings lack
+    # what Megatron-Core's MLA refuses or does not read, and Llama 3's scaling, which it lacks
     others = {"--rotary-interleaved": positions.rotary_interleaved,
               "--use-rope-scaling": positions.use_rope_scaling,
               f"--rotary-percent {positions.rotary_percent}": positions.rotary_percent != 1.0}
@@ -81,8 +74,7 @@ def _check_multi_latent_rotary(positions: PositionSettings) -> None:
 
 
 def check_mlp_with_experts(mlp: MLPSettings, has_experts: bool) -> None:
-    """MLP x MoE: GeGLU's experts are not built; SwiGLU's clamp is the experts' only (Megatron-Core's
-    TransformerConfig.__post_init__ requires MoE for it)."""
+    """GeGLU experts are not built; SwiGLU's clamp needs MoE, as Megatron-Core requires."""
     if mlp.gated_linear_unit and has_experts:
         raise ConfigError("--gated-linear-unit with --num-experts is not implemented: the experts are SwiGLU "
                           "(--swiglu) or ungated", flags=("--gated-linear-unit", "--num-experts"))
@@ -94,9 +86,8 @@ def check_mlp_with_experts(mlp: MLPSettings, has_experts: bool) -> None:
 
 def check_gated_delta_net_layers(gdn: GatedDeltaNetSettings, mlp: MLPSettings, hybrid_layer_pattern: Optional[str],
                                  num_layers: int, tensor_parallel_size: int) -> None:
-    """Gated DeltaNet x MLP x TP (gpt/gated_delta_net.py), where some layer is `G` (of the pattern, or of
-    --linear-attention-freq): Megatron-Core's GatedDeltaNet runs its convolution and output gate through the MLP's
-    activation, which its causal_conv1d kernel takes only as SiLU (--swiglu's); TP splits its query/key heads."""
+    """Gated DeltaNet layers need --swiglu's SiLU (Megatron-Core's conv kernel takes only it) and query/key heads that
+    TP divides."""
     has_layers = GDN in hybrid_layer_pattern if hybrid_layer_pattern is not None else gdn.has_layers(num_layers)
     gdn.validate(has_layers)
     if not has_layers:

@@ -1,17 +1,6 @@
-"""The model's shape, read from the model itself: parameter counts, each matmul of a forward pass, and
-the activations a block saves for backward. Metrics (training/metrics.py), the saved-activation
-prediction (zero/memory.py) and the planner's performance model read them here, so a model option that
-changes a block (its norm, MLP, positions or output layer) changes what this walk finds, not a GPT-2
-formula written down elsewhere.
-
-`model_shape` builds a GPTModel on the meta device with one block and one vocabulary row per TP rank:
-milliseconds whatever the model's size. The blocks of a GPTModel are alike, so the whole model is
-what lies outside the blocks plus num_layers x one block (a layer of another mixer, `+`, `*`, `M`, `G` or none,
-adds what its mixer differs by: MixerDifference; a pattern's mixer-only block takes its MLP half away), and the
-vocabulary's part is its padded rows x the parameters of one row (a tied output layer is the token embedding's
-weight: counted once; an untied one, --untie-embeddings-and-output-weights, adds its own row). The model's options
-(norm, MLP, positions, query groups, biases, output layer) come with the config, so every count follows them.
-"""
+"""The model's shape read from a one-block meta-device GPTModel (milliseconds at any size): parameter counts, each
+forward matmul, and the activations a block saves, so metrics, memory prediction and the planner follow every model
+option."""
 
 from __future__ import annotations
 
@@ -49,7 +38,7 @@ from zero.memory import LayerActivationTerms
 
 @dataclass(frozen=True)
 class LinearShape:
-    """One linear layer on one TP rank: each token's row of `in_features` times an [in, out] weight."""
+    """One linear on one TP rank: each token's `in_features` row times an [in, out] weight."""
     name: str
     in_features: int
     out_features: int
@@ -57,27 +46,20 @@ class LinearShape:
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """Attention's two matmuls on one TP rank, per head and sequence: scores q k^T, [s, d] x [d, s], and
-    context p v, [s, s] x [s, d_v]; d_v is d except under multi-latent attention (its --v-head-dim, and d is
-    --qk-head-dim + --qk-pos-emb-head-dim)."""
+    """Attention's scores q k^T and context p v on one TP rank, per head."""
     heads: int
     head_dim: int
     value_head_dim: Optional[int] = None
 
     @property
     def flops_per_key(self) -> int:
-        """Both matmuls' FLOPs per query token and key position, over this rank's heads."""
         return 2 * self.heads * (self.head_dim + (self.value_head_dim or self.head_dim))
 
 
 @dataclass(frozen=True)
 class ScanShape:
-    """A recurrent mixer's work between its projections on one TP rank (`M`: gpt/mamba_scan.py; `G`:
-    gpt/gated_delta_net.py): its causal depthwise convolution, `conv_width` multiply-adds per channel and output (the
-    sequence's, and the width - 1 its causal slice drops), and the chunked scan's matmuls, `chunk_flops_per_token` per
-    token of whole chunks (the last one padded). Their elementwise work (decays, gates, the state's carry) and G's
-    triangular solves are not counted, as torch's FlopCounterMode counts none of them. `backward_bytes_per_token`:
-    the fp32 temporaries its backward holds at once beside the saved tensors (its working memory)."""
+    """A recurrent mixer's conv and chunked-scan matmuls on one TP rank (elementwise work uncounted, as
+    FlopCounterMode); `backward_bytes_per_token`: the fp32 temporaries its backward holds."""
     conv_channels: int
     conv_width: int
     chunk: int
@@ -94,25 +76,22 @@ BlockMatmul = Union[LinearShape, AttentionShape, ScanShape]
 
 
 def forward_flops(matmul: BlockMatmul, seq_length: int) -> int:
-    """One block matmul's forward FLOPs per token on one TP rank."""
     if isinstance(matmul, LinearShape):
         return 2 * matmul.in_features * matmul.out_features
     if isinstance(matmul, ScanShape):
         return matmul.flops_per_token(seq_length)
-    return matmul.flops_per_key * seq_length  # scores and context: each a head_dim x seq_length product per head
+    return matmul.flops_per_key * seq_length
 
 
 @dataclass(frozen=True)
 class MixerDifference:
-    """A layer whose mixer (gpt/layer_spec.py's symbol: `*`, `+`, `M`, `G`, or None for a pattern's MLP-only block)
-    is not the probe block's: what its block holds and computes beyond the probe's (every TP rank's; negative where it
-    is smaller), and its own scores and context (None without attention) and scan on one TP rank. The MLP is the same
-    either way, so one figure serves dense and MoE."""
+    """A layer whose mixer differs from the probe block's: what it holds and computes beyond the probe (negative where
+    smaller)."""
     symbol: Optional[str]
     parameters: int
-    linear_flops: int  # forward linear FLOPs per token
+    linear_flops: int
     attention: Optional[AttentionShape]
-    block_matmuls: tuple[BlockMatmul, ...]  # its block's, one TP rank's, in forward order (as ModelShape's)
+    block_matmuls: tuple[BlockMatmul, ...]
     scan: Optional[ScanShape] = None
 
 
@@ -122,60 +101,43 @@ class ModelShape:
     num_layers: int
     seq_length: int
     hidden_size: int
-    # Every TP rank's parameters together: the model's own count, as a TP=1 model has them.
     parameters_per_block: int
-    parameters_outside_blocks: int  # without the vocabulary's rows
+    parameters_outside_blocks: int
     parameters_per_vocabulary_row: int
-    block_matmuls: tuple[BlockMatmul, ...]  # one TP rank's, in forward order
-    output_in_features: int  # the logits: [tokens, in] x [in, padded vocabulary / TP]
-    activations: LayerActivationTerms  # one block's, every TP rank's
-    # The features per token of the activation gradients the dense MLP's backward holds at once, one TP rank's
-    # (beside its saved tensors; its peak in a block's backward): GPT-2's activation hands back one ffn-wide
-    # gradient; the gated activation keeps only gate and up and makes the rest again in backward, where it holds
-    # three ffn-wide tensors at once for SwiGLU (gpt/glu.py GatedActivation.backward_widths).
+    block_matmuls: tuple[BlockMatmul, ...]
+    output_in_features: int  # [tokens, in] x [in, padded vocabulary / TP]
+    activations: LayerActivationTerms
+    # Activation-gradient features per token the dense MLP's backward holds at once, one TP rank's.
     mlp_gradient_features: int = 0
-    # Mixture of experts (gpt/moe/): the MoE layers among num_layers, one MoE block's parameters (all experts)
-    # and those one token uses (router, its k experts, the shared expert), and one MoE block's forward matmul
-    # FLOPs per token as Megatron counts them (training.py num_floating_point_operations: attention, k experts
-    # and the shared expert; the router and the shared expert's gate not counted). The fields above describe
-    # the dense block, which the planner's activations and performance model still use for every layer.
+    # MoE: the layers, one block's parameters (all experts) and active ones, and its forward FLOPs per token as Megatron
+    # counts them.
     moe_layers: int = 0
     parameters_per_moe_block: int = 0
     active_parameters_per_moe_block: int = 0
-    moe_block_linear_flops: int = 0  # without attention's scores and context, which are the dense block's
-    # An MoE block's MLP backward, as mlp_gradient_features for the dense MLP (one TP rank's features per row): one
-    # expert's (its own --moe-ffn-hidden-size; two of it with SwiGLU), applied to the rows the experts see, and the
-    # widest of the MLPs that see every token (the shared expert, PR-MoE's residual MLP), 0 without them.
+    moe_block_linear_flops: int = 0
+    # as mlp_gradient_features, for an MoE block's experts and its widest every-token MLP
     moe_expert_gradient_features: int = 0
     moe_shared_gradient_features: int = 0
-    # A Megatron-DeepSpeed --num-experts list (PR-MoE's pyramid): the MoE blocks' parameters and active parameters
-    # fewer than moe_layers blocks of the largest count (parameters_per_moe_block) would hold
+    # PR-MoE: what the MoE blocks hold fewer than moe_layers of the largest
     moe_parameters_below_largest: int = 0
     moe_active_parameters_below_largest: int = 0
-    # Multi-token prediction (gpt/mtp.py): --mtp-num-layers layers, each a block of the last layer's kind (counted
-    # in dense_layers / moe_layers below, as Megatron's num_floating_point_operations adds them) plus its
-    # enorm, hnorm, final norm and 2h -> h eh_proj (parameters_per_mtp_extra); each adds a logits matmul.
+    # MTP: each layer a block of the last layer's kind plus enorm, hnorm and eh_proj
     mtp_layers: int = 0
     mtp_layers_are_moe: bool = False
     parameters_per_mtp_extra: int = 0
-    # A pattern mixing mixers: each layer's mixer symbol (the MTP layers' after the decoder's), and each mixer other
-    # than the probe block's; empty where every layer's mixer is the probe's
     layer_mixers: tuple[Optional[str], ...] = ()
     other_mixers: tuple[MixerDifference, ...] = ()
-    # a pattern's mixer-only blocks (`M` or `*` alone): how many, and what each lacks (the probe's MLP half, negative)
+    # a pattern's mixer-only blocks and what each lacks
     layers_without_mlp: int = 0
     without_mlp: Optional[MixerDifference] = None
-    # the most a mixer-only block of `M` or `G` holds at once in its backward beside the saved tensors, per token on
-    # one TP rank (its scan's working memory: ScanShape), where no MLP's backward ran first to free that block's part
+    # the most a mixer-only `M` or `G` block's backward holds, per token on one TP rank
     mixer_only_gradient_bytes: int = 0
 
     def other_mixer_layers(self) -> list[MixerDifference]:
-        """For each layer (MTP layers included) whose mixer is not the probe's, its difference."""
         others = {mixer.symbol: mixer for mixer in self.other_mixers}
         return [others[symbol] for symbol in self.layer_mixers if symbol in others]
 
     def layer_flops_per_key(self) -> tuple[int, ...]:
-        """Each layer's (MTP layers included) scores-and-context FLOPs per query token and key, every TP rank's."""
         probe = sum(matmul.flops_per_key for matmul in self.block_matmuls if isinstance(matmul, AttentionShape))
         others = {mixer.symbol: mixer.attention.flops_per_key if mixer.attention else 0 for mixer in self.other_mixers}
         per_layer = [others.get(symbol, probe) for symbol in self.layer_mixers] or \
@@ -183,7 +145,6 @@ class ModelShape:
         return tuple(flops * self.tensor_parallel_size for flops in per_layer)
 
     def blocks_differing_parameters(self) -> int:
-        """What the layers of another mixer, and the mixer-only blocks, hold beyond as many probe blocks."""
         return sum(mixer.parameters for mixer in self.other_mixer_layers()) + \
             (self.layers_without_mlp * self.without_mlp.parameters if self.without_mlp else 0)
 
@@ -193,7 +154,6 @@ class ModelShape:
 
     @property
     def moe_blocks(self) -> int:
-        """The MoE blocks, the MTP layers' included."""
         return self.moe_layers + (self.mtp_layers if self.mtp_layers_are_moe else 0)
 
     def parameter_count(self, padded_vocab_size: int) -> int:
@@ -203,17 +163,14 @@ class ModelShape:
                 + self.blocks_differing_parameters())
 
     def active_parameter_count(self, padded_vocab_size: int) -> int:
-        """The parameters one token's forward uses: with MoE layers, k experts of each instead of all."""
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
                 + self.dense_layers * self.parameters_per_block
                 + self.moe_blocks * self.active_parameters_per_moe_block - self.moe_active_parameters_below_largest
                 + self.mtp_layers * self.parameters_per_mtp_extra + self.blocks_differing_parameters())
 
     def blocks_forward_flops_per_token(self) -> int:
-        """Every block's forward matmul FLOPs per token: dense blocks and MoE blocks (their active part)."""
         attention = sum(matmul.flops_per_key * self.seq_length for matmul in self.block_matmuls
                         if isinstance(matmul, AttentionShape)) * self.tensor_parallel_size
-        # each layer's attention at its own mixer's shape, where the terms above count the probe block's in each
         mixed_attention = sum(self.layer_flops_per_key()) * self.seq_length - (self.num_layers + self.mtp_layers) * attention
         return (self.dense_layers * self.block_forward_flops_per_token()
                 + self.moe_blocks * (self.moe_block_linear_flops + attention)
@@ -223,40 +180,34 @@ class ModelShape:
                 + mixed_attention)
 
     def scan_flops_per_token(self, mixer: MixerDifference) -> int:
-        """A recurrent mixer's conv and scan forward FLOPs per token, every TP rank's (0 for another mixer)."""
         return mixer.scan.flops_per_token(self.seq_length) * self.tensor_parallel_size if mixer.scan else 0
 
     def output_matmul(self, padded_vocab_size: int) -> LinearShape:
-        """The logits' matmul on one TP rank (each scores its slice of the padded vocabulary)."""
         return LinearShape("output", self.output_in_features, padded_vocab_size // self.tensor_parallel_size)
 
     def block_forward_flops_per_token(self) -> int:
-        """One block's forward matmul FLOPs per token, every TP rank's: 2 per multiply-add, biases and
-        elementwise work not counted, and attention's products over the whole s x s square (not halved
-        for the causal mask), as Megatron counts them."""
+        """One block's forward matmul FLOPs per token, every TP rank's: 2 per multiply-add, attention over the whole s x
+        s square, as Megatron counts."""
         return sum(forward_flops(matmul, self.seq_length) for matmul in self.block_matmuls) * self.tensor_parallel_size
 
     def logits_forward_flops_per_token(self, padded_vocab_size: int) -> int:
-        output = self.output_matmul(padded_vocab_size)  # the final logits and each MTP layer's
+        output = self.output_matmul(padded_vocab_size)
         return 2 * output.in_features * output.out_features * self.tensor_parallel_size * (1 + self.mtp_layers)
 
 
-# One shape per (model options, TP size): num_layers, seq_length and the vocabulary only scale it. (The
-# planner's max-size and scripts/zero_paper/compare.py ask for a thousand depths of one model.)
+# One shape per (model options, TP size): num_layers, seq_length and vocabulary only scale it.
 _BUILT: dict[tuple, ModelShape] = {}
-_MOE_BLOCKS: dict[tuple, dict] = {}  # per key, {experts: (parameters, active parameters)} of one MoE block
-_OTHER_MIXERS: dict[tuple, tuple[MixerDifference, ...]] = {}  # per key, the mixers beside the probe block's
+_MOE_BLOCKS: dict[tuple, dict] = {}
+_OTHER_MIXERS: dict[tuple, tuple[MixerDifference, ...]] = {}
 _SCALING_FIELDS = ("num_layers", "seq_length", "vocab_size", "pad_vocab_size_to", "make_vocab_size_divisible_by")
 _SHAPING_FIELDS = tuple(field.name for field in dataclasses.fields(ModelConfig) if field.name not in _SCALING_FIELDS)
 
 
 def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_parallel: bool = False) -> ModelShape:
-    """The shape of `GPTModel(config)` at `tensor_parallel_size` (with --sequence-parallel: its plan's split
-    regions), read from a one-block meta model."""
+    """The shape of `GPTModel(config)` at `tensor_parallel_size`, read from a one-block meta model."""
     key = (tuple(getattr(config, name) for name in _SHAPING_FIELDS), tensor_parallel_size, sequence_parallel)
     if key not in _BUILT:
-        # (a per-layer window list is of the whole model's layers: the probe's one block takes the first's; windows
-        # shape no parameter)
+        # a per-layer window list: the probe's one block takes the first's (windows shape no parameter)
         probe = config.with_layers(1, vocab_size=tensor_parallel_size, pad_vocab_size_to=tensor_parallel_size,
                                    num_experts=None, mtp_num_layers=0)
         state = virtual_state(tensor_parallel_size, tensor_parallel_size)
@@ -264,14 +215,13 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
                                                              sequence_parallel=sequence_parallel))
         probe_model = GPTModel(probe, state, plan=plan)
         shape = _read_shape(probe_model, tensor_parallel_size)
-        if config.mtp.num_layers:  # one MTP layer's norms and eh_proj: all it holds beyond its (dense) block
+        if config.mtp.num_layers:  # one MTP layer's norms and eh_proj beyond its block
             with_mtp = _read_shape(GPTModel(replace_settings(probe, mtp_num_layers=1), state, plan=plan),
                                    tensor_parallel_size)
             shape = dataclasses.replace(shape, parameters_per_mtp_extra=with_mtp.parameters_outside_blocks
                                         - shape.parameters_outside_blocks - shape.parameters_per_block)
         blocks = {}
-        # an MoE layer under TP runs on the sequence-parallel slices (gpt/moe/layer.py): its probe's plan says so
-        # (the parameters are the same either way); each expert split over the TP ranks (expert TP = TP)
+        # an MoE layer under TP runs on the sequence-parallel slices; each expert split over TP (expert TP = TP)
         moe_plan = plan if tensor_parallel_size == 1 else tensor_parallel_plan(state, ParallelismConfig(
             tensor_model_parallel_size=tensor_parallel_size, sequence_parallel=True))
         for count in (config.experts.distinct_counts(config.num_layers) if config.moe is not None else ()):
@@ -279,7 +229,7 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
                                                      expert_interval=1), state, plan=moe_plan)
             block = _moe_block(moe_probe.blocks[0], config.moe.router_topk, tensor_parallel_size)
             blocks[count] = (block["parameters_per_moe_block"], block["active_parameters_per_moe_block"])
-            if count == config.moe.num_experts:  # the largest
+            if count == config.moe.num_experts:
                 shape = dataclasses.replace(shape, **block)
         if config.hybrid_layer_pattern is not None:
             shape = dataclasses.replace(shape, without_mlp=_without_mlp(probe_model.blocks[0], tensor_parallel_size),
@@ -304,22 +254,17 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
 
 
 def probe_mixer(config: ModelConfig) -> str:
-    """The mixer of model_shape's one-block probe (built from the GPT flags, without the pattern)."""
     return MLA if config.mla.multi_latent_attention else ATTENTION
 
 
 def _layer_mixers(config: ModelConfig) -> tuple[str, ...]:
-    """Each layer's mixer, the MTP layers' (a block of the last layer's kind) after the decoder's."""
     mixers = mixer_symbols(config)
     return mixers + mixers[-1:] * config.mtp.num_layers
 
 
 def _mixer_difference(symbol: str, probe: ModelConfig, shape: ModelShape, state, plan,
                       tensor_parallel_size: int) -> MixerDifference:
-    """A one-block probe with `symbol`'s mixer, read against the probe block's `shape`: attention and MLA as a
-    model of that mixer; Mamba, Gated DeltaNet or no mixer (a pattern's MLP-only block) as one block of it and the
-    dense MLP. A block's two halves are apart (its mixer and input norm, its MLP and pre-MLP norm), so a mixer
-    differs from the MoE probe as from the dense one."""
+    """A one-block probe with `symbol`'s mixer, read against the probe block's `shape`."""
     if symbol in (ATTENTION, MLA):
         other = _read_shape(GPTModel(replace_settings(probe, multi_latent_attention=symbol == MLA), state, plan=plan),
                             tensor_parallel_size)
@@ -335,7 +280,6 @@ def _mixer_difference(symbol: str, probe: ModelConfig, shape: ModelShape, state,
 
 
 def _mixer_only_gradient_bytes(config: ModelConfig, others: tuple[MixerDifference, ...]) -> int:
-    """The largest scan working memory among the pattern's mixer-only blocks (`M` or `G` alone)."""
     if config.hybrid_layer_pattern is None:
         return 0
     pattern = parse_hybrid_pattern(config.hybrid_layer_pattern)
@@ -344,7 +288,6 @@ def _mixer_only_gradient_bytes(config: ModelConfig, others: tuple[MixerDifferenc
 
 
 def _without_mlp(block: nn.Module, tensor_parallel_size: int) -> MixerDifference:
-    """What a mixer-only block lacks beside the probe `block`: its MLP half (the MLP, its norms), negative."""
     half = [module for module in (block.post_attention_layernorm, block.mlp, block.mlp_output_layernorm)
             if module is not None]
     matmuls = tuple(matmul for module in half for matmul in _block_matmuls(module))
@@ -353,28 +296,25 @@ def _without_mlp(block: nn.Module, tensor_parallel_size: int) -> MixerDifference
 
 
 def _linear_flops(matmuls, tensor_parallel_size: int) -> int:
-    """The linears' forward FLOPs per token among `matmuls`, every TP rank's."""
     return sum(2 * m.in_features * m.out_features for m in matmuls if isinstance(m, LinearShape)) * tensor_parallel_size
 
 
 def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:
-    """One MoE block's parameters, active parameters and active linear FLOPs per token (see ModelShape)."""
     moe = block.mlp
     experts = list(moe.experts.children())
     per_expert = _parameters(experts[0])
     total = _parameters(block)
 
-    def weight_flops(module: nn.Module) -> int:  # every TP rank's slices of a split weight
+    def weight_flops(module: nn.Module) -> int:
         return sum(2 * math.prod(record_of(parameter).global_shape)
                    for name, parameter in module.named_parameters() if name.endswith("weight") and name != "gate_weight")
 
-    # attention's projections (its scores and context are added per sequence length: AttentionShape)
     flops = sum(2 * matmul.in_features * matmul.out_features for matmul in _block_matmuls(block)
                 if isinstance(matmul, LinearShape)) * tensor_parallel_size
     flops += topk * weight_flops(experts[0])
     if moe.shared_experts is not None:
         flops += weight_flops(moe.shared_experts)
-    if moe.residual_mlp is not None:  # PR-MoE's dense MLP sees every token (its coefficient, as the router, not counted)
+    if moe.residual_mlp is not None:  # PR-MoE's dense MLP sees every token
         flops += weight_flops(moe.residual_mlp)
     every_token = [mlp for mlp in (moe.shared_experts, moe.residual_mlp) if mlp is not None]
     return dict(parameters_per_moe_block=total, active_parameters_per_moe_block=total - (len(experts) - topk) * per_expert,
@@ -383,9 +323,7 @@ def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:
 
 
 def _input_features(mlp: nn.Module, glu: GatedActivation) -> int:
-    """An MLP's (gpt/moe/: dense_h_to_4h, or the gated activation's gate and up; gpt/mlp.py's) activation-gradient
-    features per row on one TP rank, as _mlp_gradient_features reads the dense MLP's: its input projection's outputs,
-    or `glu`'s backward's widths of the gate's (gpt/glu.py backward_widths)."""
+    """An MLP's activation-gradient features per row on one TP rank."""
     if hasattr(mlp, "dense_h_to_4h_gate"):
         return glu.backward_widths() * mlp.dense_h_to_4h_gate.weight.shape[0]
     return mlp.dense_h_to_4h.weight.shape[0]
@@ -395,9 +333,8 @@ def _read_shape(model: GPTModel, tensor_parallel_size: int) -> ModelShape:
     (block,) = model.blocks
     block_parameters = _parameters(block)
     vocabulary = [module for module in model.modules() if isinstance(module, VocabParallelEmbedding)]
-    if model.output_layer is not None:  # untied: one row of its own per vocabulary entry
+    if model.output_layer is not None:
         vocabulary.append(model.output_layer)
-    # The probe has one vocabulary row per TP rank: a vocabulary module's parameters are one row's.
     per_row = sum(_parameters(module) for module in vocabulary) // tensor_parallel_size
     outside = (_parameters(model) - block_parameters
                - sum(_parameters(module) for module in vocabulary))
@@ -405,19 +342,15 @@ def _read_shape(model: GPTModel, tensor_parallel_size: int) -> ModelShape:
                       hidden_size=model.config.hidden_size, parameters_per_block=block_parameters,
                       parameters_outside_blocks=outside, parameters_per_vocabulary_row=per_row,
                       block_matmuls=_block_matmuls(block),
-                      # The output layer's weight (the token embedding's when tied), [padded / TP, in].
+                      # the output layer's weight (the token embedding's when tied), [padded / TP, in]
                       output_in_features=model.word_embeddings.weight.shape[1],
                       activations=_activation_terms(block, tensor_parallel_size),
                       mlp_gradient_features=_mlp_gradient_features(block))
 
 
 def _mlp_gradient_features(block: nn.Module) -> int:
-    """The dense MLP's activation gradients alive at once in its backward, features per token on one TP rank. A CPU
-    profile of one block's recompute and backward (sequence 512, micro batch 8, hidden 256) read, beside the saved
-    tensors, one ffn-wide gradient (4 hidden-wide) at GPT-2's peak. SwiGLU's read two (gate's and up's, 5
-    hidden-wide at ffn 640) while autograd kept the activation silu(gate) for the product's backward; the gated
-    activation keeps only gate and up now and makes the rest again in backward (gpt/glu.py): three ffn-wide
-    tensors at once there (7.5 hidden-wide), as many as `backward_widths` says for each variant."""
+    """The dense MLP's activation gradients alive at once in its backward, per token on one TP rank (a CPU profile: one
+    ffn-wide for GPT-2, three gated)."""
     mlp = block.mlp
     if isinstance(mlp, SwiGLUMLP):
         return _input_features(mlp, mlp.glu)
@@ -427,14 +360,12 @@ def _mlp_gradient_features(block: nn.Module) -> int:
 
 
 def _parameters(module: nn.Module) -> int:
-    """Every TP rank's parameters of `module`: a parameter split over TP counts its whole tensor (its sharding
-    record, parallel/sharding.py), a replicated one once; a tied parameter once."""
     return sum(math.prod(record_of(parameter).global_shape) for parameter in module.parameters())
 
 
 def _block_matmuls(block: nn.Module) -> tuple[BlockMatmul, ...]:
     matmuls: list[BlockMatmul] = []
-    attention_before_output = None  # attention's, or a recurrent mixer's scan: before its output projection
+    attention_before_output = None
     for name, module in block.named_modules():
         if isinstance(module, MambaMixer):  # in_proj's parts are one GEMM; conv and scan before out_proj
             parts = [getattr(module.in_proj, f"{part}_weight") for part in module.in_proj.parts]
@@ -443,9 +374,9 @@ def _block_matmuls(block: nn.Module) -> tuple[BlockMatmul, ...]:
         elif isinstance(module, GatedDeltaNet):
             attention_before_output = _delta_rule_scan(module)
         elif isinstance(module, SelfAttention):
-            # Its scores and context run between its projections and its output (the first row-parallel linear).
+            # scores and context run between the projections and the first row-parallel linear
             attention_before_output = AttentionShape(module.layout.heads_per_rank, module.layout.head_dim)
-        elif isinstance(module, MLASelfAttention):  # multi-latent: scores over q_head_dim, context over v_head_dim
+        elif isinstance(module, MLASelfAttention):
             attention_before_output = AttentionShape(module.heads_per_rank, module.q_head_dim,
                                                      module.config.mla.v_head_dim)
         elif isinstance(module, (ColumnParallelLinear, RowParallelLinear, ReplicatedLinear)):
@@ -458,12 +389,7 @@ def _block_matmuls(block: nn.Module) -> tuple[BlockMatmul, ...]:
 
 
 def _mamba_scan(mixer: MambaMixer) -> ScanShape:
-    """gpt/mamba_scan.py's matmuls per token and head: C.B over the chunk's positions (chunk x state), the scores
-    times x (chunk x head_dim), each chunk's state (head_dim x state) and the entering state read by C (the same).
-    Its backward's peak, beside the saved tensors (a CPU profile of an `M` block's recompute and backward,
-    tests/planner/test_plan_recurrent_mixers.py): the gated norm's, three fp32 inner-wide tensors, or the scan's decay
-    products, one [chunk x heads] fp32 per token, whichever is larger (3 x head_dim against the chunk: the norm's
-    at Megatron's head_dim 64)."""
+    """gpt/mamba_scan.py's matmuls per token and head, and its backward's measured peak."""
     heads, head_dim, state, chunk = mixer.heads, mixer.head_dim, mixer.state_size, MambaSettings.CHUNK_SIZE
     return ScanShape(mixer.inner + 2 * mixer.groups * state, MambaSettings.CONV_WIDTH, chunk,
                      2 * heads * (chunk * (state + head_dim) + 2 * head_dim * state),
@@ -471,11 +397,8 @@ def _mamba_scan(mixer: MambaMixer) -> ScanShape:
 
 
 def _delta_rule_scan(mixer: GatedDeltaNet) -> ScanShape:
-    """gpt/gated_delta_net.py chunk_gated_delta_rule's matmuls per token and value head: k_beta k^T and q k^T over the
-    chunk (2 x chunk x key dim), the intra-chunk product with the new values (chunk x value dim) and three products
-    with the state (key dim x value dim: the values' correction, the query's read, the state's update). Its backward
-    holds 1.75 fp32 [chunk x value heads] per token beside the saved tensors (a CPU profile of a `G` block, three
-    sizes)."""
+    """gpt/gated_delta_net.py's matmuls per token and value head; its backward holds 1.75 fp32 [chunk x value heads] per
+    token (measured)."""
     dk, dv, chunk = mixer.key_head_dim, mixer.value_head_dim, GDN_CHUNK_SIZE
     heads = mixer.local_key_heads * mixer.group
     channels, _, width = mixer.conv1d.weight.shape
@@ -483,25 +406,13 @@ def _delta_rule_scan(mixer: GatedDeltaNet) -> ScanShape:
 
 
 def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActivationTerms:
-    """What each module of the block keeps for backward, as Korthikanti et al. 2022 (section 4.1)
-    count it in 16-bit: a norm its input (2 bytes per element; an RMSNorm its fp32 rsqrt besides, 4 bytes per token,
-    but under --recompute-modules layernorm); a column-parallel linear its input
-    (whole on every TP rank) and, for the op that consumes it (attention, the activation function), its
-    output (split); a row-parallel linear its input (split) and the 1-byte dropout mask of the residual
-    branch it ends (whole); attention 5 bytes per score (softmax output, dropout mask, dropout output);
-    with --attention-output-gate, the gate's product its two factors (the context in 16 bits and the
-    sigmoid in fp32, split); with --xielu, what its eager torch.where formula keeps beyond its input, in 16
-    bits: XIELU_SAVED_BYTES per ffn element (split; gpt/xielu.py).
-
-    Under sequence parallelism (section 4.2.2) the norms' inputs and the residual dropout masks are in the
-    split regions: 1/TP of them per rank, so they move from the whole to the split terms, and so do the
-    column-parallel linears' inputs, kept split and gathered again in backward as Megatron keeps them
-    (parallel/regathered_input.py)."""
+    """What each module keeps for backward in 16-bit, as Korthikanti et al. 2022 (4.1) count it, split into what every
+    TP rank holds whole and what is split; sequence parallelism moves norm inputs and dropout masks into the split
+    part."""
     replicated = partitioned = heads = 0
     for module in block.modules():
         if isinstance(module, (nn.LayerNorm, RMSNorm)):
-            # LayerNorm's aten kernel and a recomputed RMSNorm keep the input; an RMSNorm otherwise its per-token fp32
-            # rsqrt too (gpt/rms_norm_backward.py)
+            # LayerNorm and a recomputed RMSNorm keep the input; an RMSNorm otherwise its fp32 rsqrt too
             rsqrt_kept = isinstance(module, RMSNorm) and not module.recompute
             input_bytes = 2 * module.weight.shape[-1] + (4 if rsqrt_kept else 0)
             if getattr(module.weight, "sequence_parallel", False):
@@ -510,7 +421,7 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
                 replicated += input_bytes
         elif isinstance(module, ColumnParallelLinear):
             out_features, in_features = module.weight.shape
-            if module.sequence_parallel:  # kept as this rank's slice, gathered again in backward
+            if module.sequence_parallel:
                 partitioned += 2 * in_features
             else:
                 replicated += 2 * in_features
@@ -523,7 +434,6 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
             else:
                 replicated += out_features
         elif isinstance(module, XIELU) and module is getattr(block.mlp, "activation_func", None):
-            # the dense MLP's: its input is dense_h_to_4h's output (MoE layers' terms are the dense block's)
             partitioned += XIELU_SAVED_BYTES * block.mlp.dense_h_to_4h.weight.shape[0] * tensor_parallel_size
         elif isinstance(module, ReplicatedLinear):  # MLA's down projections keep their input, whole per rank
             input_bytes = 2 * module.weight.shape[1]
@@ -537,12 +447,11 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
             layout = module.layout
             heads += layout.heads_per_rank * tensor_parallel_size
             if layout.kv_replicas > 1:
-                # fewer key/value groups than TP ranks: attention keeps its group's key and value on each rank (the
-                # QKV output's group read from the gathered whole), not 1/TP of the groups' as counted above
+                # fewer key/value groups than TP ranks: each rank keeps its group's key and value whole
                 kv_bytes = 2 * 2 * layout.head_dim
                 replicated += kv_bytes
                 partitioned -= kv_bytes * (tensor_parallel_size // layout.kv_replicas)
-            if layout.output_gate:  # the product context x sigmoid(gate) keeps both: 16-bit and fp32
+            if layout.output_gate:
                 partitioned += (2 + 4) * layout.heads_per_rank * layout.head_dim * tensor_parallel_size
     return LayerActivationTerms(replicated_bytes_per_token=replicated, partitioned_bytes_per_token=partitioned,
                                 bytes_per_attention_score=5, attention_heads=heads)

@@ -1,18 +1,6 @@
-"""Which transformer layers a pipeline stage holds, as Megatron assigns them.
-
-Without virtual stages, stage s of pp holds the contiguous layers [s * L / pp, (s + 1) * L / pp); Megatron
-refuses a split that is not even unless the first/last stage sizes are given (megatron/training/arguments.py:
-"number of layers should be divisible by the pipeline parallel size"); with --decoder-first-pipeline-num-layers F
-and/or --decoder-last-pipeline-num-layers E the first (last) stage holds F (E) layers and the rest split evenly
-over the middle stages, still contiguous in order (with --num-virtual-stages-per-pipeline-rank V each stage's layers
-split evenly over its V chunks, in the ring's order). With
---num-layers-per-virtual-pipeline-stage L_v, each stage holds vp = L / (pp x L_v) model chunks, and chunk c of
-stage s holds layers (c x pp + s) x L_v ... + L_v (Megatron-Core's get_transformer_layer_offset:
-vp_rank x (L / vp) + pp_rank x L_v), so a micro-batch visits the stages vp times round the ring.
-
-The embedding lives on the first stage, the final norm and the output layer on the last; layers keep their
-global numbers (parameter names), so a stage's weights are drawn exactly as the one-stage model's.
-"""
+"""Which transformer layers a pipeline stage holds, as Megatron assigns them: contiguous even splits, uneven first and
+last stages, virtual stages (interleaving) and --pipeline-model-parallel-layout, with the splits Megatron refuses
+refused in one line."""
 
 from __future__ import annotations
 
@@ -22,14 +10,13 @@ from typing import Optional
 from base.errors import ConfigError
 from parallel.pipeline_schedules import VirtualStages
 
-# Megatron's uneven first and last stages; messages name both as --decoder-first/last-pipeline-num-layers,
-# and their errors carry the two real flags.
+# messages name both flags as --decoder-first/last-pipeline-num-layers
 FIRST_STAGE_FLAG = "--decoder-first-pipeline-num-layers"
 LAST_STAGE_FLAG = "--decoder-last-pipeline-num-layers"
 
 @dataclass(frozen=True)
 class StageLayers:
-    chunks: tuple[tuple[int, ...], ...]  # the global layer ids of each model chunk on this stage
+    chunks: tuple[tuple[int, ...], ...]  # global layer ids of each model chunk on this stage
     first: bool  # holds the embedding (chunk 0 starts the model)
     last: bool   # holds the final norm and the output layer (its last chunk ends the model)
 
@@ -43,9 +30,8 @@ def whole_model(num_layers: int) -> StageLayers:
 
 
 def stage_sizes(num_layers: int, pp_size: int, first: Optional[int] = None, last: Optional[int] = None) -> list[int]:
-    """How many layers each stage holds: evenly, or with Megatron's uneven first/last stage
-    (--decoder-first/last-pipeline-num-layers) and the rest evenly over the middle stages, as Megatron-Core's
-    get_num_layers_to_build (megatron/core/transformer/transformer_block.py) counts them."""
+    """Layers per stage: even, or with uneven first/last stages and the rest even, as Megatron-Core's
+    get_num_layers_to_build."""
     if first is None and last is None:
         if num_layers % pp_size:
             raise ConfigError(f"--num-layers {num_layers} is not divisible by --pipeline-model-parallel-size "
@@ -85,20 +71,12 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual
                  virtual_stages: Optional[int] = None, account_for_embedding: bool = False,
                  account_for_loss: bool = False,
                  layout_counts: Optional[tuple[tuple[int, ...], ...]] = None) -> StageLayers:
-    """The layers of stage `pp_rank` of `pp_size`; ConfigError naming the flag for a split Megatron refuses.
-
-    Interleaving is given as layers per model chunk (`layers_per_virtual_stage`) or, Megatron's other spelling,
-    as chunks per stage (`virtual_stages`, --num-virtual-stages-per-pipeline-rank). With
-    --account-for-embedding-in-pipeline-split (--account-for-loss-in-pipeline-split) the embedding (the loss)
-    counts as one layer before the first (after the last) transformer layer when the L + 1 (+ 1) slots split
-    evenly, and the stage's chunk that holds that slot builds one layer fewer: Megatron-Core's
-    get_num_layers_to_build (transformer_block.py) and get_transformer_layer_offset (transformer_layer.py,
-    offset - 1 on every chunk but the first stage's first). `layout_counts`: each stage's chunks' layer counts, from
-    --pipeline-model-parallel-layout (gpt/pipeline_layout.py)."""
+    """The layers of stage `pp_rank`; ConfigError naming the flag for a split Megatron refuses. Interleaving comes as
+    layers per chunk or chunks per stage; --account-for-embedding/loss-in-pipeline-split count those as one layer
+    each."""
     if layout_counts is not None:
-        # --pipeline-model-parallel-layout (gpt/pipeline_layout.py): each chunk's count given; chunk c of rank r is
-        # virtual stage c x pp + r, and its layers follow those of every virtual stage before it
-        # (PipelineParallelLayerLayout.get_layer_offset)
+        # --pipeline-model-parallel-layout: chunk c of rank r is virtual stage c x pp + r, after every virtual stage
+        # before it
         flat = [layout_counts[rank][chunk] for chunk in range(len(layout_counts[0])) for rank in range(pp_size)]
 
         def layout_chunk(chunk: int) -> tuple[int, ...]:
@@ -112,23 +90,20 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual
                           flags=(VIRTUAL_LAYERS_FLAG, VIRTUAL_STAGES_FLAG))
     uneven = first_stage_layers is not None or last_stage_layers is not None
     if uneven and (account_for_embedding or account_for_loss):
-        # get_num_layers_to_build: "Does not support standalone embedding stage and standalone loss stage with
-        # uneven pp"
+        # Megatron: "Does not support standalone embedding stage and standalone loss stage with uneven pp"
         raise ConfigError("--decoder-first/last-pipeline-num-layers with --account-for-embedding/loss-in-pipeline-"
                           "split: Megatron does not take both; drop one of them",
                           flags=(FIRST_STAGE_FLAG, LAST_STAGE_FLAG, EMBEDDING_FLAG, LOSS_FLAG))
     if uneven:
         sizes = stage_sizes(num_layers, pp_size, first_stage_layers, last_stage_layers)
         if layers_per_virtual_stage is not None:
-            # megatron/training/arguments.py: "please use --num-virtual-stages-per-pipeline-rank to specify virtual
-            # pipeline parallel degree when enable uneven pipeline parallelism"
+            # Megatron-LM requires --num-virtual-stages-per-pipeline-rank with uneven stages
             raise ConfigError(f"--decoder-first/last-pipeline-num-layers with {VIRTUAL_LAYERS_FLAG}: Megatron takes "
                               f"uneven stages' interleaving as {VIRTUAL_STAGES_FLAG} (chunks a stage); use it",
                               flags=(FIRST_STAGE_FLAG, LAST_STAGE_FLAG, VIRTUAL_LAYERS_FLAG, VIRTUAL_STAGES_FLAG))
         if virtual_stages is not None and virtual_stages > 1:
-            # Megatron-Core: each stage's layers split evenly over its chunks (get_num_layers_to_build asserts it),
-            # chunk c of rank r after every chunk before it round the ring (get_transformer_layer_offset), the
-            # layout's order
+            # each stage's layers split evenly over its chunks, chunk c of rank r after every chunk before it round the
+            # ring
             if any(size % virtual_stages for size in sizes):
                 raise ConfigError(f"{VIRTUAL_STAGES_FLAG} {virtual_stages} does not divide every stage's layers "
                                   f"({', '.join(map(str, sizes))} with --decoder-first/last-pipeline-num-layers): "
@@ -181,12 +156,8 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual
 
 
 def activation_shape(tokens, hidden_size: int, model, tensor_parallel_size: int) -> tuple:
-    """The shape of the hidden states one stage sends the next for a micro-batch of `tokens` [batch, seq]:
-    [batch, seq, hidden], or under sequence parallelism this TP rank's slice, [batch, seq / TP, hidden] (what
-    the stage's blocks hold between their row- and column-parallel linears; Megatron-Core's
-    get_tensor_shapes divides the sequence by the TP size when config.sequence_parallel is set,
-    megatron/core/pipeline_parallel/schedules.py). Here, not in training/, so the planner reads it without
-    importing the trainer."""
+    """The hidden states' shape one stage sends the next: [batch, seq, hidden], or [batch, seq / TP, hidden] under
+    sequence parallelism, as Megatron-Core's get_tensor_shapes."""
     batch, sequence = tokens.shape
     if model.sequence_parallel:
         sequence //= tensor_parallel_size

@@ -1,12 +1,11 @@
-"""The trunk's own rules (gpt/model_config.py ModelConfig's depth, widths, sequence, vocabulary, dropout and
-initialization), as each section's rules sit in its own file and those across sections in gpt/section_rules.py."""
+"""The trunk's own rules: depth, widths, sequence, vocabulary, dropout and initialization."""
 
 from __future__ import annotations
 
 from base.errors import ConfigError
 from base.options import flag_of_setting
 
-# Why a size of 0 is refused where Megatron-LM does not refuse it itself (tests/arguments/test_integer_flag_bounds.py)
+# why a size of 0 is refused where Megatron-LM does not refuse it
 _WHY_AT_LEAST_ONE = {
     "seq_length": ": a sample of no tokens (Megatron-LM's sample index divides the tokens by it: SIGFPE)",
     "ffn_hidden_size": ": an MLP 0 wide adds only its output bias (Megatron-LM builds it without a check, silently)",
@@ -14,7 +13,7 @@ _WHY_AT_LEAST_ONE = {
 
 
 def check_trunk(config) -> None:
-    """Raise ConfigError for the first trunk setting of `config` (a ModelConfig) out of its range."""
+    """ConfigError for the first trunk setting out of range."""
     for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
                  "make_vocab_size_divisible_by", "ffn_hidden_size", "kv_channels"):
         value = getattr(config, name)
@@ -22,7 +21,7 @@ def check_trunk(config) -> None:
             flag = flag_of_setting(type(config), name)
             raise ConfigError(f"{flag} must be at least 1, got {value}{_WHY_AT_LEAST_ONE.get(name, '')}",
                               flags=(flag,))
-    # Megatron-LM asserts the division only where it derives the head width from it (validate_args).
+    # Megatron-LM asserts the division only where it derives the head width
     if config.kv_channels is None and config.hidden_size % config.num_attention_heads != 0:
         raise ConfigError(f"--hidden-size {config.hidden_size} is not divisible by --num-attention-heads "
                           f"{config.num_attention_heads}; choose sizes with hidden = heads x head_dim, or give "
@@ -44,7 +43,7 @@ def check_trunk(config) -> None:
 
 
 def check_trunk_tensor_parallel(config, tensor_parallel_size: int) -> None:
-    """Each TP rank takes whole attention heads and an equal slice of hidden and 4h (`config` a ModelConfig)."""
+    """Each TP rank takes whole heads and equal slices of hidden and 4h."""
     for name, size in (("num_attention_heads", config.num_attention_heads), ("hidden_size", config.hidden_size),
                        ("ffn_hidden_size", config.ffn_size)):
         if size % tensor_parallel_size != 0:

@@ -1,2 +1,2 @@
-"""Mixture of experts as Megatron-Core defines it (megatron/core/transformer/moe/): the router, the balancing
-losses, the experts, the token dispatcher and the layer that joins them (issue 51)."""
+"""Mixture of experts as Megatron-Core defines it: router, balancing losses, experts, token dispatchers and the layer
+joining them."""

@@ -1,23 +1,5 @@
-"""DeepSpeed-MoE's gating, as Megatron-DeepSpeed's --num-experts builds it (deepspeed/moe/sharded_moe.py, TopKGate:
-top1gating, top2gating, topkgating, _capacity), for a Megatron-DeepSpeed launch (issue 51 item 3).
-
-Where it differs from Megatron-Core's router (gpt/moe/router.py):
-- the logits are fp32 (`wg` applied to `input.float()`), the weight has no bias;
-- capacity = ceil(T / E x factor x k) but at least --moe-min-capacity, with --moe-train-capacity-factor in
-  training and --moe-eval-capacity-factor in evaluation; --disable-moe-token-dropping keeps every token;
-- top-1 keeps, per expert, `capacity` of its tokens chosen at random (Random Token Selection), its weight the
-  softmax probability, not renormalized; l_aux = E x sum_e mean_t(probs) x mean_t(chosen);
-- top-2 chooses its second expert by argmax of the logits plus Gumbel noise (unless
-  --disable-moe-top2-2nd-expert-sampling), keeps tokens by position with every first choice before any second
-  (its locations), renormalizes the two kept weights; l_aux = E^2 x mean_e(mean_t(probs) x mean_t(first choice));
-- top-k (k > 2) chooses by the logits, keeps per expert the `capacity` highest logits ("probs" policy),
-  renormalizes the kept weights; l_aux = E^2 / k x mean_e(mean_t(probs) x mean_t(chosen)).
-l_aux x --moe-loss-coeff is added to the loss (Megatron-DeepSpeed's pretrain_gpt.py loss_func: `loss = loss +
-moe_loss`), here through its gradient as every MoE loss (gpt/moe/balancing.py), and logged as moe_loss.
-
-The gate returns each token's k choices as the dispatcher takes them: probabilities [T, k], expert indices
-[T, k], a dropped choice index -1 (gpt/moe/dispatcher.py).
-"""
+"""DeepSpeed-MoE's gating (TopKGate: top-1, top-2, top-k and capacity) for a Megatron-DeepSpeed launch with
+--num-experts: fp32 logits, no bias, DeepSpeed's capacity and token dropping, and its l_aux x --moe-loss-coeff."""
 
 from __future__ import annotations
 
@@ -37,9 +19,7 @@ MLP_TYPES = ("standard", "residual")  # Megatron-DeepSpeed's --mlp-type choices
 
 @dataclass(frozen=True)
 class DeepSpeedMoESettings:
-    """DeepSpeed-MoE's gating, the MoE section's own section (gpt/moe/settings.py): Megatron-DeepSpeed's flags for it
-    (--moe-gating deepspeed, which a Megatron-DeepSpeed launch with --num-experts takes: arguments/parser.py), named
-    as their dests (--topk, --expert-interval and --mlp-type without the MoE section's `moe_`)."""
+    """DeepSpeed-MoE's gating section: Megatron-DeepSpeed's flags (--topk, --expert-interval, --mlp-type, ...)."""
     SETTING_PREFIX: ClassVar[str] = ""
 
     gating: str = option("megatron", choices=("megatron", "deepspeed"),
@@ -61,8 +41,7 @@ class DeepSpeedMoESettings:
         help="DeepSpeed-MoE top-2: sample the second expert (Gumbel noise on the logits)")
     expert_interval: int = option(2, setting="expert_interval",
                                   help="DeepSpeed-MoE: an MoE layer at every expert-interval-th layer (1-based)")
-    # PR-MoE (DeepSpeed-MoE's MoE(use_residual=True)): a dense MLP beside the experts, the two outputs mixed per token
-    # by softmax(coefficient(x)), a Linear(hidden, 2)
+    # PR-MoE: a dense MLP beside the experts, mixed per token by softmax of a Linear(hidden, 2)
     mlp_type: str = option("standard", setting="mlp_type",
                            help="DeepSpeed-MoE: standard, or residual (PR-MoE: a dense MLP beside the experts, mixed "
                                 "per token by a learned coefficient)")
@@ -72,7 +51,7 @@ class DeepSpeedMoESettings:
         return self.mlp_type == "residual"
 
     def validate(self) -> None:
-        """Megatron-DeepSpeed's choices, before any layer's experts are counted (they divide by --expert-interval)."""
+        """Megatron-DeepSpeed's choices, before any layer's experts are counted."""
         if self.mlp_type not in MLP_TYPES:
             raise ConfigError(f"--mlp-type {self.mlp_type} is not one of {', '.join(MLP_TYPES)} (Megatron-DeepSpeed's "
                               f"choices)", flags=("--mlp-type",))
@@ -81,7 +60,7 @@ class DeepSpeedMoESettings:
                               flags=("--expert-interval",))
 
     def validate_layer(self, num_experts: int) -> None:
-        """DeepSpeed-MoE's TopKGate bounds, at one MoE layer's `num_experts`."""
+        """TopKGate's bounds at one layer's `num_experts`."""
         if self.gating != "deepspeed":
             return
         if not 1 <= self.topk <= num_experts:
@@ -95,7 +74,7 @@ class DeepSpeedMoESettings:
 
 
 def deepspeed_capacity(num_tokens: int, num_experts: int, capacity_factor: float, min_capacity: int) -> int:
-    """sharded_moe._capacity: ceil(T / E x factor), at least min_capacity (the caller passes factor x k)."""
+    """ceil(T / E x factor), at least min_capacity (the caller passes factor x k)."""
     return max(math.ceil((num_tokens / num_experts) * capacity_factor), min_capacity)
 
 
@@ -111,7 +90,7 @@ def top1gating(logits: torch.Tensor, capacity_factor: float, min_capacity: int, 
     else:
         capacity = int(mask.sum(dim=0).max())
     capacity = min(capacity, num_tokens)
-    # Random Token Selection: each expert keeps `capacity` of its tokens in a random order
+    # Random Token Selection: each expert keeps `capacity` of its tokens in random order
     uniform = torch.rand(mask.shape, generator=generator, device=logits.device)
     keep = torch.zeros_like(mask).scatter_(0, torch.topk(mask * uniform, k=capacity, dim=0)[1], 1)
     kept = (mask * keep).sum(dim=1).bool()
@@ -167,9 +146,8 @@ def topkgating(logits: torch.Tensor, k: int, capacity_factor: float, min_capacit
 
 
 def deepspeed_gate(router, tokens: torch.Tensor, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSpeed-MoE's TopKGate over `router`'s weight (gpt/moe/router.py TopKRouter; its settings, tracker and
-    layer number): fp32 logits, its gating for k, l_aux x --moe-loss-coeff attached to the weights' gradient and
-    logged as moe_loss."""
+    """DeepSpeed-MoE's TopKGate over `router`'s weight: fp32 logits, its gating for k, l_aux x --moe-loss-coeff attached
+    and logged as moe_loss."""
     settings, gating = router.settings, router.settings.deepspeed
     logits = F.linear(tokens.float(), router.weight.float())
     factor = gating.train_capacity_factor if training else gating.eval_capacity_factor

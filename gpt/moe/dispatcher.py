@@ -1,18 +1,6 @@
-"""The token dispatcher: the seam between the MoE layer and expert parallelism.
-
-The layer routes each token to k experts and hands the dispatcher the tokens, their k weights and their k
-expert indices; the dispatcher returns this rank's experts' input rows grouped by local expert (in expert
-order) with the count per local expert, and after the experts ran, puts their output rows back in token
-order, each weighted by its probability and summed over the token's choices. It holds what it needs between
-the two calls. `LocalDispatcher` is the one for expert-parallel size 1 (every expert on this rank);
-Megatron-Core's MoEAllGatherTokenDispatcher and MoEAlltoAllTokenDispatcher (token_dispatcher.py) implement
-the same two steps over an expert-parallel group.
-
-Index -1 is an empty choice: a token's choice dropped by the expert capacity. Its probability is 0; it is not
-dispatched. With --moe-pad-expert-input-to-capacity (every expert takes exactly its capacity of rows, a token any
-number of them) the layer hands `dispatch_to_capacity` each expert's tokens instead (gpt/moe/expert_rows.py
-CapacityRouting): the same rows in the same order, with no count read back to the host.
-"""
+"""The token dispatcher, the seam between the MoE layer and expert parallelism: dispatch gives this rank's experts their
+rows grouped by local expert, combine puts the outputs back weighted and summed per token. `LocalDispatcher` serves
+expert-parallel size 1."""
 
 from __future__ import annotations
 
@@ -32,22 +20,19 @@ from gpt.moe.expert_rows import (
 class TokenDispatcher(Protocol):
     def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor
                  ) -> tuple[torch.Tensor, list[int]]:
-        """hidden [T, H], probs [T, K], indices [T, K] int64 -> (expert inputs [N, H] grouped by local expert,
-        rows per local expert, read back once to the host: gpt/moe/expert_rows.py read_counts)."""
+        """hidden [T, H], probs [T, K], indices [T, K] -> (expert inputs [N, H] grouped by local expert, rows per local
+        expert, read back once)."""
 
     def dispatch_to_capacity(self, hidden: torch.Tensor, routing: CapacityRouting) -> tuple[torch.Tensor, list[int]]:
-        """`dispatch` for drop-and-pad routing: every local expert's rows, as many as the shapes say (nothing read
-        back)."""
+        """`dispatch` for drop-and-pad routing: shapes known, nothing read back."""
 
     def combine(self, expert_outputs: torch.Tensor) -> torch.Tensor:
-        """expert outputs [N, H] in dispatch's order -> [T, H]: each row times its probability, summed over
-        the token's choices."""
+        """[N, H] in dispatch's order -> [T, H]: each row times its probability, summed over the token's choices."""
 
 
 class LocalDispatcher:
-    """Every expert on this rank. Rows are grouped by expert and, within an expert, in token order - the order
-    of Megatron-Core's permute (moe_utils.permute: `routing_map.T` row by row) - and combine adds the weighted
-    rows back in that order, as its unpermute does."""
+    """Every expert on this rank, rows in the order of Megatron-Core's permute (by expert, then token), combined back in
+    that order."""
 
     def __init__(self, num_experts: int) -> None:
         self.num_experts = num_experts
@@ -60,7 +45,7 @@ class LocalDispatcher:
                  ) -> tuple[torch.Tensor, list[int]]:
         num_tokens, k = indices.shape
         tokens_per_expert = read_counts(choices_per_expert(indices, self.num_experts))
-        # (token, choice) positions expert-major, then token order; the empty choices (-1) sort last and are cut
+        # expert-major, then token order; empty choices (-1) sort last and are cut
         order = grouped_order(indices.reshape(-1), self.num_experts)[:sum(tokens_per_expert)]
         self._tokens, self._weights, self._num_tokens = order // k, probs.reshape(-1)[order], num_tokens
         self._capacity_tokens = None
@@ -78,20 +63,18 @@ class LocalDispatcher:
         else:
             output = torch.zeros(self._num_tokens, expert_outputs.shape[-1], dtype=expert_outputs.dtype,
                                  device=expert_outputs.device)
-            # scatter_add_ keeps only the index for backward, where index_add_ keeps `weighted` too (Megatron-Core's
-            # unpermute scatter_adds); the same sums on a CPU (tests/gpt/test_moe_combine_saved.py)
+            # scatter_add_ keeps only the index for backward (index_add_ would keep `weighted` too), as Megatron-Core's
+            # unpermute
             output.scatter_add_(0, self._tokens.unsqueeze(-1).expand_as(weighted), weighted)
         self._tokens = self._weights = self._capacity_tokens = None
         return output
 
 
 def choices_of(probs: torch.Tensor, routing_map: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The router's sparse (probs, routing_map) [T, E] as the dispatcher's (probs, indices) [T, width] with the
-    chosen experts in increasing order; empty slots are index -1, probability 0. `width`: at least the most choices
-    of any token - k without padding (dropless or dropping); a padded map (any number of choices a token) goes to
-    the experts as gpt/moe/expert_rows.py's CapacityRouting instead, whose shapes need no count read back."""
+    """The router's sparse (probs, routing_map) [T, E] as (probs, indices) [T, width], chosen experts in increasing
+    order, empty slots -1 with probability 0."""
     experts = torch.arange(routing_map.shape[1], device=routing_map.device)
-    # chosen experts first (in expert order), the rest after: sort keys expert for chosen, E + expert otherwise
+    # chosen experts first in expert order: sort keys expert, or E + expert
     keys = torch.where(routing_map, experts, experts + routing_map.shape[1])
     slots = torch.argsort(keys, dim=1)[:, :width]
     chosen = torch.gather(routing_map, 1, slots)

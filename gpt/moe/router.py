@@ -1,23 +1,6 @@
-"""Megatron-Core's TopKRouter (megatron/core/transformer/moe/router.py) and its routing arithmetic
-(moe_utils.py: topk_routing_with_score_function, group_limited_topk, sinkhorn, apply_router_token_dropping,
-get_capacity, get_updated_expert_bias), in plain PyTorch.
-
-The router sees the tokens in Megatron's [sequence, batch] order (the layer transposes ours first), so what depends
-on the order (the sequence aux loss, which tokens a position drop policy keeps, the rows' order within an expert) is
-Megatron's. Expert bias (aux-loss-free balancing, DeepSeek-V3): each forward that builds a graph counts each
-expert's tokens; `update_expert_bias` (after the backward, as Megatron's finalize_model_grads) sums them over TP x DP
-x CP and moves each bias by `rate` toward the mean load, bias + sign(mean - tokens) * rate; the bias only chooses,
-the weights are the unbiased scores.
-
-Under TP the MoE layer runs with sequence parallelism (Megatron-Core refuses it without) and under CP each rank
-routes its two chunks of every sequence, so a rank routes a slice of the tokens: the router's weight is replicated
-and its gradient summed over TP (`sequence_parallel`, in backward here), and the counts follow Megatron-Core's
-tp_cp group (here two all-reduces, TP then CP): the balancing losses' token counts are summed over TP x CP and the
-token total is the local count x TP x CP (get_tokens_per_expert_and_token_count), so the ranks' shares sum to the
-TP 1 CP 1 loss; seq_aux_loss's per-sequence counts over the same ranks; the z-loss coefficient divided by TP x CP
-(apply_z_loss); the global aux loss and the expert bias over TP x DP x CP (tp_dp_cp_group). The shares' gradients
-reach CP 1's because the backward scale carries the CP size (training/moe_metrics.py begin_moe_iteration) and
-gradients are averaged over DP x CP, as the LM loss's."""
+"""Megatron-Core's TopKRouter and its routing arithmetic (top-k, group-limited top-k, Sinkhorn, token dropping,
+capacity, expert bias) in plain PyTorch. It sees tokens in Megatron's [sequence, batch] order, so order-dependent
+results (sequence aux loss, position drop policy) are Megatron's."""
 
 from __future__ import annotations
 
@@ -44,23 +27,21 @@ from parallel.state import ParallelState
 
 
 def get_capacity(num_tokens: int, num_experts: int, capacity_factor: float, min_capacity: Optional[int] = None) -> int:
-    """moe_utils.get_capacity: ceil(tokens / experts * factor), at least `min_capacity`."""
+    """ceil(tokens / experts * factor), at least `min_capacity`."""
     capacity = math.ceil((num_tokens / num_experts) * capacity_factor)
     return max(capacity, min_capacity) if min_capacity is not None else capacity
 
 
 def padded_capacity(num_tokens: int, num_experts: int, topk: int, capacity_factor: float) -> int:
-    """How many rows each expert receives from `num_tokens` tokens under --moe-pad-expert-input-to-capacity: its
-    capacity (get_capacity of the tokens x topk), or every token where that exceeds them (drop_tokens' all-ones
-    mask; Megatron-Core's dispatcher would then count `capacity` rows where permute takes num_tokens). A shape, known
-    on the host: the padded dispatch reads nothing back (gpt/moe/expert_rows.py)."""
+    """Rows each expert receives under --moe-pad-expert-input-to-capacity: its capacity, or every token where that is
+    more; a host-known shape, so nothing is read back."""
     return min(get_capacity(num_tokens * topk, num_experts, capacity_factor), num_tokens)
 
 
 def group_limited_topk(scores: torch.Tensor, topk: int, num_groups: int, group_topk: int
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """moe_utils.group_limited_topk: choose `group_topk` groups per token by the sum of each group's top
-    topk/group_topk scores, then the top-k experts inside them."""
+    """Choose `group_topk` groups per token by the sum of each group's top topk/group_topk scores, then the top-k
+    experts inside them."""
     num_tokens, num_experts = scores.shape
     group_scores = scores.view(num_tokens, num_groups, -1).topk(topk // group_topk, dim=-1)[0].sum(dim=-1)
     group_idx = torch.topk(group_scores, k=group_topk, dim=-1, sorted=False)[1]
@@ -71,8 +52,7 @@ def group_limited_topk(scores: torch.Tensor, topk: int, num_groups: int, group_t
 
 def topk_routing(logits: torch.Tensor, settings: MoESettings, expert_bias: Optional[torch.Tensor] = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """moe_utils.topk_routing_with_score_function: (probs [tokens, experts], zero off the chosen ones;
-    routing map [tokens, experts] bool)."""
+    """(probs [tokens, experts], zero off the chosen ones; routing map [tokens, experts] bool)."""
     topk, groups, group_topk = settings.router_topk, settings.router_num_groups, settings.router_group_topk
 
     def choose(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,14 +82,12 @@ def topk_routing(logits: torch.Tensor, settings: MoESettings, expert_bias: Optio
     return routing_probs, routing_map
 
 
-# Megatron-Core's expert-parallel RNG stream (tensor_parallel/random.py model_parallel_cuda_manual_seed):
-# seed + 1024 + 100 x expert-parallel rank + expert tensor-parallel rank
+# Megatron-Core's expert-parallel RNG stream: seed + 1024 + 100 x EP rank + ETP rank
 EXPERT_PARALLEL_SEED_OFFSET = 1024
 
 
 class RandomLogits(torch.autograd.Function):
-    """moe_utils.RandomSTE: standard normal logits in place of the router's, the gradient passed through to the
-    real logits unchanged (a straight-through estimator)."""
+    """moe_utils.RandomSTE: standard normal logits in place of the router's, the gradient passed straight through."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
@@ -122,11 +100,8 @@ class RandomLogits(torch.autograd.Function):
 
 def random_logits_generator(device: torch.device, expert_parallel_rank: int, expert_tensor_rank: int
                             ) -> Optional[torch.Generator]:
-    """The generator --moe-router-force-load-balancing draws from: Megatron-Core draws from its expert-parallel
-    stream, different per (expert-parallel rank, expert tensor-parallel rank) and shared by the expert data-parallel
-    ranks. Here one draw from the default CPU stream (seeded with --seed, the same on every rank, and restored when
-    activation checkpointing recomputes a block, parallel/random.py) keys a generator offset as Megatron's stream
-    is, so a recomputed router draws the logits its forward drew. None on the meta device (the planner)."""
+    """The generator --moe-router-force-load-balancing draws from, offset per (EP rank, ETP rank) as Megatron's stream
+    and keyed by a draw from the default stream, so a recomputed router draws the same logits."""
     if device.type == "meta":
         return None
     key = int(torch.randint(0, 2 ** 31 - 1, (1,)))
@@ -137,7 +112,7 @@ def random_logits_generator(device: torch.device, expert_parallel_rank: int, exp
 
 
 def sinkhorn(cost: torch.Tensor, tol: float = 0.0001) -> torch.Tensor:
-    """moe_utils.sinkhorn: rescale exp(cost) until its columns (experts) are balanced."""
+    """Rescale exp(cost) until its columns (experts) are balanced."""
     cost = torch.exp(cost)
     d0 = torch.ones(cost.size(0), device=cost.device, dtype=cost.dtype)
     d1 = torch.ones(cost.size(1), device=cost.device, dtype=cost.dtype)
@@ -151,11 +126,11 @@ def sinkhorn(cost: torch.Tensor, tol: float = 0.0001) -> torch.Tensor:
 
 
 def sinkhorn_routing(logits: torch.Tensor, topk: int, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """TopKRouter.sinkhorn_load_balancing: in training the experts are chosen on the Sinkhorn-balanced
-    logits; the weights are sigmoid (top-1) or softmax of the raw logits, kept at the chosen experts."""
+    """In training, experts chosen on Sinkhorn-balanced logits; weights are sigmoid (top-1) or softmax of the raw
+    logits."""
     def activation(values: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(values) if topk == 1 else torch.softmax(values, dim=-1, dtype=torch.float32).type_as(values)
-    if training and not logits.is_meta:  # on the meta device (the planner) no balancing can be computed
+    if training and not logits.is_meta:  # on the meta device no balancing can be computed
         with torch.no_grad():
             _, top = torch.topk(sinkhorn(logits.to(dtype=torch.float32)), k=topk, dim=1)
         logits = activation(logits)
@@ -168,10 +143,8 @@ def sinkhorn_routing(logits: torch.Tensor, topk: int, training: bool) -> tuple[t
 
 def drop_tokens(probs: torch.Tensor, routing_map: torch.Tensor, topk: int, capacity_factor: float,
                 drop_policy: str, pad_to_capacity: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """moe_utils.apply_router_token_dropping: each expert keeps at most capacity = ceil(tokens * k / experts *
-    factor) of its tokens, those of the highest probability ("probs") or the first in token order
-    ("position"); with `pad_to_capacity` every expert takes exactly `capacity` rows (the map becomes the
-    capacity mask; padding rows carry probability 0)."""
+    """Each expert keeps at most its capacity of tokens, by highest probability or first position; with
+    `pad_to_capacity` exactly `capacity` rows (padding rows carry probability 0)."""
     num_tokens, num_experts = probs.shape
     capacity = get_capacity(num_tokens * topk, num_experts, capacity_factor)
     if capacity > num_tokens:
@@ -180,8 +153,8 @@ def drop_tokens(probs: torch.Tensor, routing_map: torch.Tensor, topk: int, capac
         if drop_policy == "probs":
             _, keep = torch.topk(probs, k=capacity, dim=0, sorted=False)
         else:
-            # Megatron takes topk of the 0/1 map, whose ties torch breaks in no promised order; the first
-            # `capacity` routed tokens by position is what the policy names, and is what is taken here.
+            # Megatron takes topk of the 0/1 map, whose ties torch breaks in no promised order; the first `capacity` by
+            # position is what the policy names.
             rank = torch.cumsum(routing_map.int(), dim=0) - 1
             order = torch.where(routing_map, rank, num_tokens + torch.arange(num_tokens, device=probs.device).unsqueeze(1))
             keep = torch.topk(order, k=capacity, dim=0, largest=False, sorted=False)[1]
@@ -191,9 +164,8 @@ def drop_tokens(probs: torch.Tensor, routing_map: torch.Tensor, topk: int, capac
 
 
 class TopKRouter(nn.Module):
-    """Gating weights [experts, hidden] (and a bias with --add-bias-linear, drawn as Megatron's Router draws
-    both from init_method); forward gives (probs, routing_map) for tokens in [sequence, batch] order and
-    attaches the balancing losses' gradients to the probabilities and the z-loss's to the logits."""
+    """Gating weights [experts, hidden] (and a bias with --add-bias-linear); forward gives (probs, routing_map) for
+    tokens in [sequence, batch] order, with the balancing and z-loss gradients attached."""
 
     def __init__(self, hidden_size: int, settings: MoESettings, *, init_std: float, bias: bool,
                  state: ParallelState, layer_number: int = 0, tracker: Optional[MoELossTracker] = None):
@@ -206,8 +178,8 @@ class TopKRouter(nn.Module):
             self.bias = meta_parameter((experts,), InitMethod.normal(init_std))
         else:
             self.bias = None
-        # Not parameters (the optimizer never sees them) and not registered buffers: made on the first forward's
-        # device. Megatron keeps the expert bias in fp32 whatever the model's dtype (_maintain_float32_expert_bias).
+        # Neither parameters nor buffers: made on the first forward's device; the expert bias is fp32 as Megatron keeps
+        # it.
         self.expert_bias: Optional[torch.Tensor] = None
         self.local_tokens_per_expert: Optional[torch.Tensor] = None
         self._global_tokens: Optional[torch.Tensor] = None
@@ -215,19 +187,18 @@ class TopKRouter(nn.Module):
         self._global_iteration: Optional[int] = None
 
     def gating(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Router.gating: the logits, in --moe-router-dtype (fp32/fp64) where given, else the input's dtype."""
+        """The logits, in --moe-router-dtype where given."""
         dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.settings.router_dtype, hidden.dtype)
         bias = None if self.bias is None else self._summed_over_slices(self.bias).to(dtype)
         return F.linear(hidden.to(dtype), self._summed_over_slices(self.weight).to(dtype), bias)
 
     def _summed_over_slices(self, parameter: torch.Tensor) -> torch.Tensor:
-        """The parameter, its gradient summed over the TP ranks' sequence slices (module docstring)."""
+        """The parameter, its gradient summed over the TP ranks' sequence slices."""
         state = self.state
         return parameter if state.tensor_parallel_size == 1 else copy_to_tensor_parallel_region(parameter, state)
 
     def _summed_counts(self, counts: torch.Tensor, over_data_parallel: bool = False) -> torch.Tensor:
-        """Token counts summed over the TP and CP ranks' slices, Megatron's tp_cp group (and the data-parallel
-        ranks: its tp_dp_cp group): a new tensor."""
+        """Token counts summed over the TP x CP slices (and DP: Megatron's tp_dp_cp group): a new tensor."""
         counts = counts.detach().clone()
         state = self.state
         if state.tensor_parallel_size > 1:
@@ -241,14 +212,13 @@ class TopKRouter(nn.Module):
     def forward(self, hidden: torch.Tensor, seq_length: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         settings = self.settings
         logits = self.gating(hidden)
-        if settings.router_force_load_balancing:  # TopKRouter.forward: apply_random_logits before the routing
+        if settings.router_force_load_balancing:
             experts = self.state.experts
             logits = RandomLogits.apply(logits, random_logits_generator(logits.device, experts.model_rank,
                                                                         experts.tensor_rank))
         grad = self.training and torch.is_grad_enabled()
         if settings.z_loss_coeff is not None and grad:
-            # each TP x CP rank's mean over its slice, weighted 1/(TP x CP): the shares sum to the mean over the
-            # sequence (apply_z_loss: `moe_z_loss_coeff / self.tp_cp_group.size()`)
+            # each TP x CP rank's mean weighted 1/(TP x CP): the shares sum to the sequence's mean
             loss = z_loss(logits, settings.z_loss_coeff / self._slices())
             logits = attach(logits, loss, self.tracker)
             self._record("z_loss", loss / settings.z_loss_coeff)
@@ -275,7 +245,7 @@ class TopKRouter(nn.Module):
         coeff, topk = settings.aux_loss_coeff, settings.router_topk
         aux_map, scores = scores_for_aux_loss(logits, topk, settings.router_score_function)
         num_tokens = aux_map.shape[0]
-        slices = self._slices()  # Megatron's tp_cp_group.size()
+        slices = self._slices()
         if kind == "aux_loss":
             loss = switch_load_balancing_loss(scores, self._summed_counts(aux_map.sum(dim=0)), num_tokens * slices,
                                               topk, coeff)
@@ -292,12 +262,10 @@ class TopKRouter(nn.Module):
         return attach(probs, loss, self.tracker)
 
     def _slices(self) -> int:
-        """How many ranks share each sequence's tokens: TP x CP (Megatron's tp_cp group)."""
         return self.state.tensor_parallel_size * self.state.context_parallel_size
 
     def _global_tokens_per_expert(self, aux_map: torch.Tensor) -> torch.Tensor:
-        """TopKRouter._apply_global_aux_loss: this micro-batch's counts summed over TP x DP x CP, added
-        to the iteration's running sum, averaged over its micro-batches so far (reset each iteration)."""
+        """This micro-batch's counts summed over TP x DP x CP, averaged with the iteration's so far."""
         tokens = self._summed_counts(aux_map.sum(dim=0).float(), over_data_parallel=True)
         iteration = None if self.tracker is None else self.tracker.iteration
         if self._global_tokens is None or iteration != self._global_iteration:
@@ -312,7 +280,7 @@ class TopKRouter(nn.Module):
 
     @torch.no_grad()
     def update_expert_bias(self) -> None:
-        """moe_utils.get_updated_expert_bias, after the iteration's backward (finalize_model_grads)."""
+        """moe_utils.get_updated_expert_bias, after the iteration's backward."""
         if self.expert_bias is None:
             return
         tokens = self._summed_counts(self.local_tokens_per_expert, over_data_parallel=True)

@@ -1,7 +1,5 @@
-"""The MoE layers' section of the model's settings: Megatron-LM's argument dests (--num-experts, --moe-router-topk,
-...) and the rules that read them (megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__;
-megatron/training/arguments.py, validate_args and moe_freq_type); DeepSpeed-MoE's gating is its own section
-(gpt/moe/deepspeed_gating.py)."""
+"""The MoE section of the model settings: Megatron-LM's --num-experts and --moe-* flags and the rules TransformerConfig
+and validate_args apply to them."""
 
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ ROUTER_DTYPES = ("fp32", "fp64")
 
 
 def num_experts_value(text: str):
-    """--num-experts: Megatron-LM's int, or Megatron-DeepSpeed's list (its default `[1]`, `type=int, nargs='+'`)
-    given as one text: one count (1, one expert: the dense MLP, and 0, Megatron-LM's "no MoE", are None, the dense
-    model), or a count per MoE layer (a tuple where they differ: PR-MoE's pyramid, "32 32 ... 64 64")."""
+    """--num-experts: Megatron-LM's int or Megatron-DeepSpeed's list; 0 or 1 is the dense model (None), differing counts
+    a tuple (PR-MoE)."""
     values = str(text).strip().strip("[]()").replace(",", " ").split()
     try:
         numbers = [int(value) for value in values]
@@ -37,8 +34,7 @@ def num_experts_value(text: str):
 
 
 def expert_counts(numbers) -> Optional[Union[int, tuple[int, ...]]]:
-    """One count for every MoE layer (None: the dense model), or a tuple of counts per MoE layer where they differ
-    (Megatron-DeepSpeed's get_num_experts_per_layer: a count <= 1 there is a dense layer)."""
+    """One count for every MoE layer (None: dense), or a tuple where they differ."""
     numbers = [1 if number is None else int(number) for number in numbers]
     if len(set(numbers)) == 1:
         return None if numbers[0] in (0, 1) else numbers[0]
@@ -46,15 +42,13 @@ def expert_counts(numbers) -> Optional[Union[int, tuple[int, ...]]]:
 
 
 def largest_expert_count(value) -> Optional[int]:
-    """The most experts any MoE layer has (None: a dense model), for --num-experts' int or per-layer tuple."""
     if isinstance(value, (tuple, list)):
         value = max(value)
     return None if not value or value == 1 else int(value)
 
 
 class OneExpertCount(argparse.Action):
-    """--num-experts N (Megatron-LM), or N N ... one per MoE layer (Megatron-DeepSpeed's nargs='+'): one count,
-    or a tuple of counts where they differ (expert_counts)."""
+    """--num-experts N, or N N ... one per MoE layer (Megatron-DeepSpeed's nargs='+')."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         numbers = []
@@ -64,10 +58,8 @@ class OneExpertCount(argparse.Action):
 
 
 def experts_per_layer(counts, num_layers: int, expert_interval: int) -> tuple[int, ...]:
-    """Each layer's experts (1: a dense layer) under Megatron-DeepSpeed's rule (megatron/model/transformer.py,
-    get_num_experts_per_layer): layer l (1-based) is an MoE layer when l % expert_interval == 0 and takes the
-    ((l - 1) // expert_interval)-th count; one count serves every MoE layer, else the list has one per MoE layer
-    (num_layers // expert_interval of them; Megatron-DeepSpeed asserts it)."""
+    """Each layer's experts (1: dense) under Megatron-DeepSpeed's get_num_experts_per_layer: layer l (1-based) is MoE
+    when l % expert_interval == 0."""
     counts = list(counts) if isinstance(counts, (tuple, list)) else [counts or 1]
     moe_layers = num_layers // expert_interval
     if len(counts) not in (1, moe_layers):
@@ -81,11 +73,9 @@ def experts_per_layer(counts, num_layers: int, expert_interval: int) -> tuple[in
 
 
 def moe_layer_pattern(freq: str, num_layers: int) -> tuple[bool, ...]:
-    """Which layers are MoE layers, from --moe-layer-freq as Megatron-LM reads it (arguments.py moe_freq_type,
-    and TransformerBlock's get_transformer_block_with_experimental_attention_variant_spec / the layer specs:
-    an int N puts an MoE layer at every layer i with i % N == 0; a list expression such as "([1]*3+[0]*1)*3"
-    gives one 0/1 per layer). Megatron evaluates the expression with eval(); here only list literals of
-    0 and 1, +, * and parentheses are read."""
+    """Which layers are MoE, from --moe-layer-freq as Megatron-LM reads it: an int N puts MoE at every i % N == 0; a
+    list expression like "([1]*3+[0]*1)*3" gives one 0/1 per layer. Only list literals, +, * and parentheses are read
+    (Megatron uses eval())."""
     text = str(freq).strip()
     if "[" not in text:
         try:
@@ -96,7 +86,7 @@ def moe_layer_pattern(freq: str, num_layers: int) -> tuple[bool, ...]:
         if every == 0:  # Megatron-LM's `i % 0` is a ZeroDivisionError
             raise ConfigError("--moe-layer-freq 0 places no layer: give N for an MoE layer every N layers",
                               flags=("--moe-layer-freq",))
-        # Python's `%` as Megatron-LM's: a negative -N places the layers N does (-1: every layer)
+        # Python's `%` as Megatron-LM's: a negative -N places the layers N does
         return tuple(layer % every == 0 for layer in range(num_layers))
     pattern = layer_flags(text, "--moe-layer-freq", num_layers, "0 (dense) or 1 (MoE)")
     return tuple(bool(value) for value in pattern)
@@ -104,13 +94,11 @@ def moe_layer_pattern(freq: str, num_layers: int) -> tuple[bool, ...]:
 
 @dataclass(frozen=True)
 class MoESettings:
-    """The MoE layers' section of the model's settings (base/options.py section()): Megatron-LM's --num-experts and
-    --moe-* flags, each field named as Megatron-Core's TransformerConfig field less its `moe_`, DeepSpeed-MoE's gating
-    in a section of its own. ModelConfig.moe_of(layer) is this section for one MoE layer (for_layer: its expert
-    count, the experts' hidden size)."""
+    """The MoE section: fields named as Megatron-Core's TransformerConfig fields less `moe_`. ModelConfig.moe_of(layer)
+    gives one MoE layer's section."""
     SETTING_PREFIX: ClassVar[str] = "moe_"
 
-    # Without --num-experts (or with 1: one expert is the dense model) every MLP is dense and the rest has no effect
+    # Without --num-experts (or with 1) every MLP is dense and the rest has no effect
     num_experts: Union[None, int, tuple] = option(
         None, setting="num_experts", type=num_experts_value, nargs="+", action=OneExpertCount, metavar="N",
         help="experts per MoE layer (Megatron-Core's MoE layer: a top-k router, the experts, balancing losses); "
@@ -134,7 +122,7 @@ class MoESettings:
                                                   help="group-limited routing: the experts in this many groups")
     router_group_topk: Optional[int] = option(None,
                                                   help="group-limited routing: each token chooses in this many groups")
-    # Megatron-Core's deprecated name for it (swiss-ai's fork parses it): arguments/megatron/limited_devices.py
+    # Megatron-Core's deprecated name for it (swiss-ai's fork parses it)
     router_topk_limited_devices: Optional[int] = option(
         None, help="device-limited routing (deprecated in Megatron-Core): --moe-router-group-topk N over "
                    "--moe-router-num-groups equal to the expert-parallel ranks")
@@ -143,7 +131,6 @@ class MoESettings:
         help="aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the sigmoid scores chooses the experts, "
              "moved by --moe-router-bias-update-rate toward the mean load after each iteration")
     router_bias_update_rate: float = option(1e-3, help="the expert bias's step per iteration")
-    # Megatron-Core's TopKRouter.forward: `logits = apply_random_logits(logits)` (moe_utils.RandomSTE)
     router_force_load_balancing: bool = option(
         False, action="store_true",
         help="benchmark routing, as Megatron-Core's: each router's logits are replaced by standard normal draws "
@@ -171,14 +158,12 @@ class MoESettings:
     deepspeed: DeepSpeedMoESettings = section(DeepSpeedMoESettings)
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_experts, list):  # a per-layer count read back from a recorded config (JSON)
+        if isinstance(self.num_experts, list):
             object.__setattr__(self, "num_experts", tuple(self.num_experts))
 
     def for_layer(self, num_experts: int, dense_ffn_size: int) -> "MoESettings":
-        """One MoE layer's settings: its expert count, the experts' hidden size (--moe-ffn-hidden-size, else the
-        dense MLP's); no capacity for a negative factor (Megatron-Core's TransformerConfig.__post_init__: "if
-        self.moe_expert_capacity_factor < 0: ... = None", said at start-up: moe_notes); under DeepSpeed-MoE's gating
-        its top-k and no Megatron-Core balancing loss."""
+        """One MoE layer's settings: its expert count and hidden size; a negative capacity factor means none, as
+        Megatron-Core's __post_init__."""
         capacity = self.expert_capacity_factor if (self.expert_capacity_factor or 0.0) >= 0 else None
         routing = dict(router_topk=self.deepspeed.topk, router_load_balancing_type="none", aux_loss_coeff=0.0,
                        z_loss_coeff=None) if self.deepspeed.gating == "deepspeed" else {}
@@ -187,9 +172,7 @@ class MoESettings:
                                    else dense_ffn_size, **routing)
 
     def counts_per_layer(self, num_layers: int) -> tuple[int, ...]:
-        """Each of `num_layers` layers' number of experts, 1 for a dense layer. A Megatron-DeepSpeed launch maps
-        --num-experts (one count, or one per MoE layer) onto every --expert-interval-th layer (experts_per_layer);
-        Megatron-Core's router gives every MoE layer of --moe-layer-freq the one count."""
+        """Each layer's number of experts (1: dense)."""
         if largest_expert_count(self.num_experts) is None:
             return (1,) * num_layers
         if self.deepspeed.gating == "deepspeed":
@@ -197,15 +180,13 @@ class MoESettings:
         return tuple(self.num_experts if is_moe else 1 for is_moe in moe_layer_pattern(self.layer_freq, num_layers))
 
     def distinct_counts(self, num_layers: int) -> tuple[int, ...]:
-        """The distinct numbers of experts of the MoE layers, smallest first."""
         return tuple(sorted({count for count in self.counts_per_layer(num_layers) if count > 1}))
 
     def validate_layers(self, num_layers: int, dense_ffn_size: int) -> None:
-        """The counts of --num-experts, then each MoE layer's settings (for_layer) at each count it has."""
         _check_counts_and_layers(self, num_layers, dense_ffn_size)
 
     def validate_tensor_parallel(self, tensor_parallel_size: int) -> None:
-        """Megatron-DeepSpeed's residual MLP is the experts' template (ParallelMLP(moe=True)), not split over TP."""
+        """Megatron-DeepSpeed's residual MLP is not split over TP."""
         if largest_expert_count(self.num_experts) is not None and self.deepspeed.use_residual \
                 and tensor_parallel_size > 1:
             raise ConfigError(f"--mlp-type residual with --tensor-model-parallel-size {tensor_parallel_size} is not "
@@ -213,13 +194,11 @@ class MoESettings:
                               f"--tensor-model-parallel-size 1", flags=("--mlp-type", "--tensor-model-parallel-size"))
 
     def validate(self) -> None:
-        """TransformerConfig.__post_init__'s MoE checks of one layer's settings (for_layer), each as one line naming
-        the flags."""
+        """TransformerConfig.__post_init__'s MoE checks, each one line naming the flags."""
         _check_layer_settings(self)
 
     @property
     def per_layer(self) -> bool:
-        """--num-experts gives different counts per MoE layer (Megatron-DeepSpeed's list; PR-MoE's pyramid)."""
         return isinstance(self.num_experts, tuple)
 
     @property
@@ -227,13 +206,12 @@ class MoESettings:
         return self.expert_capacity_factor is None
 
     def aux_loss_coeff_of(self, kind: str) -> float:
-        """Megatron's TopKRouter.get_aux_loss_coeff: the coefficient when `kind` is the balancing type."""
+        """Megatron's get_aux_loss_coeff: the coefficient when `kind` is the balancing type."""
         return self.aux_loss_coeff if self.router_load_balancing_type == kind else 0.0
 
 
 def _check_counts_and_layers(moe: MoESettings, num_layers: int, dense_ffn_size: int) -> None:
-    """MoESettings.validate_layers: no negative count, a count per layer only under DeepSpeed-MoE's gating, the
-    gating's flags, then one MoE layer's settings at each count."""
+    """No negative count, per-layer counts only under DeepSpeed-MoE's gating, then each count's layer settings."""
     counts = moe.num_experts if moe.per_layer else (moe.num_experts or 0,)
     if min(counts) < 0:
         raise ConfigError(f"--num-experts must be at least 1 (0: no experts, as in Megatron-LM), got {min(counts)}",
@@ -251,8 +229,8 @@ def _check_counts_and_layers(moe: MoESettings, num_layers: int, dense_ffn_size: 
 
 
 def _check_layer_settings(moe: MoESettings) -> None:
-    """MoESettings.validate: DeepSpeed-MoE's layer (its gating stops there), else the top-k, the choices, the
-    experts' width, the losses' coefficients, balancing, groups and capacity, in that order."""
+    """In order: DeepSpeed-MoE's layer, top-k, choices, expert width, loss coefficients, balancing, groups and
+    capacity."""
     moe.deepspeed.validate_layer(moe.num_experts)
     if moe.deepspeed.gating == "deepspeed":
         return
@@ -275,7 +253,7 @@ def _check_layer_settings(moe: MoESettings) -> None:
 
 
 def _check_choices(moe: MoESettings) -> None:
-    """The router's named choices, each among those built (refused here rather than by argparse's choices)."""
+    """The router's named choices, refused here rather than by argparse."""
     if moe.router_score_function not in SCORE_FUNCTIONS:
         raise ConfigError(f"--moe-router-score-function {moe.router_score_function} is not implemented: "
                           f"use {' or '.join(SCORE_FUNCTIONS)}", flags=("--moe-router-score-function",))
@@ -292,8 +270,8 @@ def _check_choices(moe: MoESettings) -> None:
 
 
 def _check_balancing(moe: MoESettings) -> None:
-    """What Megatron-LM asserts of the scores and the balancing together."""
-    # Megatron: "Please use --moe-router-pre-softmax when topk is 1" (a softmax over one score has no gradient)
+    """Megatron-LM's asserts on the scores and balancing together."""
+    # a softmax over one score has no gradient
     if (moe.router_topk == 1 and moe.router_score_function == "softmax" and not moe.router_pre_softmax
             and moe.router_load_balancing_type != "sinkhorn"):
         raise ConfigError("--moe-router-topk 1 with the softmax score needs --moe-router-pre-softmax: a softmax "
@@ -310,9 +288,8 @@ def _check_balancing(moe: MoESettings) -> None:
 
 
 def _check_groups(moe: MoESettings) -> None:
-    """Group-limited routing: the group top-k with a group count, the groups dividing the experts and the top-k.
-    As TransformerConfig.__post_init__ checks only under moe_router_group_topk, a group count alone is taken
-    and changes nothing (the router groups only with a group top-k)."""
+    """Group-limited routing: group top-k with a group count dividing experts and top-k; a group count alone changes
+    nothing, as in Megatron-Core."""
     if not moe.router_group_topk:
         return
     experts, groups, group_topk = moe.num_experts, moe.router_num_groups, moe.router_group_topk
@@ -325,8 +302,7 @@ def _check_groups(moe: MoESettings) -> None:
                           f"--moe-router-topk {moe.router_topk}",
                           flags=("--moe-router-num-groups", "--moe-router-group-topk"))
     if moe.router_topk // group_topk > experts // groups:
-        # Megatron-Core's group_limited_topk takes the top topk/group_topk scores of each group: past the
-        # group's experts it is torch.topk's "selected index k out of range" (a traceback, there and before)
+        # past the group's experts Megatron's group_limited_topk fails in torch.topk
         raise ConfigError(f"--moe-router-topk {moe.router_topk} over --moe-router-group-topk {group_topk} "
                           f"groups takes {moe.router_topk // group_topk} experts of each, more than the "
                           f"{experts // groups} of a group (--num-experts {experts} / --moe-router-num-groups "
@@ -335,7 +311,6 @@ def _check_groups(moe: MoESettings) -> None:
 
 
 def _check_capacity(moe: MoESettings) -> None:
-    """The capacity and the shared expert."""
     if moe.expert_capacity_factor is not None:
         if moe.router_load_balancing_type == "sinkhorn":
             raise ConfigError("--moe-expert-capacity-factor works with aux_loss, seq_aux_loss, global_aux_loss "
@@ -355,9 +330,8 @@ def _check_capacity(moe: MoESettings) -> None:
 
 
 def _check_gating(moe: MoESettings) -> None:
-    """DeepSpeed-MoE (a Megatron-DeepSpeed launch) reads --topk, --moe-train-capacity-factor, ...; Megatron-Core's
-    router reads --moe-router-topk, --moe-aux-loss-coeff, ...: the other side's flags would do nothing, so a
-    launch giving them is told in one line. DeepSpeed-MoE's own choices first."""
+    """A launch giving the other gating's flags (DeepSpeed-MoE vs Megatron-Core's router) is told they do nothing, in
+    one line."""
     moe.deepspeed.validate()
     deepspeed = moe.deepspeed.gating == "deepspeed"
     defaults = MoESettings()
@@ -377,7 +351,7 @@ def _check_gating(moe: MoESettings) -> None:
             flags=tuple(other))
 
 
-# Megatron-Core's router's settings: a launch gating by DeepSpeed-MoE that gives them is told (_check_gating)
+# Megatron-Core's router's settings, which DeepSpeed-MoE gating ignores
 ROUTER_SETTINGS = ("router_topk", "router_score_function", "router_pre_softmax", "router_topk_scaling_factor",
                    "router_dtype", "router_num_groups", "router_group_topk", "router_enable_expert_bias",
                    "router_bias_update_rate", "router_force_load_balancing", "router_load_balancing_type",
@@ -386,6 +360,5 @@ ROUTER_SETTINGS = ("router_topk", "router_score_function", "router_pre_softmax",
 
 
 def _flag(settings, name: str) -> str:
-    """The flag of a field of the MoE section or its DeepSpeed-MoE section: --moe- and its name, or its own setting."""
     field = next(f for f in dataclasses.fields(settings) if f.name == name)
     return "--" + field.metadata.get(SETTING, MoESettings.SETTING_PREFIX + name).replace("_", "-")
