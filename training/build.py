@@ -36,7 +36,7 @@ from zero.fused_accumulation import apply_gradient_accumulation_fusion
 
 @dataclass
 class Built:
-    """What the build hands the loop (or the dry run's one iteration) and the checkpoint code."""
+    """What the build hands the loop (or the dry run) and the checkpoint code."""
     model: GPTModel
     zero: ZeroParts
     activations: ActivationMonitor                    # the loop's view of saved tensors and recompute timings
@@ -49,14 +49,13 @@ class Built:
 
 def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, torch_compile: bool,
           graph_backend: Optional[GraphBackend] = None) -> Built:
-    """Build this rank's model on `state.device` as `settings.config` asks. `dropout_rng`: make the dropout streams,
-    which reseed torch's generators (a dry run must not). `torch_compile`: compile each block. `graph_backend`: what
-    captures CUDA graphs (None: CUDA's on a GPU; tests pass a CPU stand-in)."""
-    # The RNG streams first: creating them reseeds torch's generators, so nothing drawn before can shift a dropout mask.
+    """Build this rank's model as `settings.config` asks. `dropout_rng`: make the dropout streams, which reseed torch's
+    generators (a dry run must not); `graph_backend`: what captures CUDA graphs."""
+    # The RNG streams first: creating them reseeds torch's generators.
     if torch_compile:
         keep_marked_methods_eager()  # before anything registers a hook that binds a marked method
     graphs = cuda_graph_plan(settings.config, state.device.type, stand_in=graph_backend is not None)
-    # A fork of the dropout streams inside a CUDA capture swaps generator states by reference
+    # forking the streams inside a capture swaps generator states by reference
     graph_safe = graphs is not None and graphs.captures and state.device.type == "cuda"
     training = settings.config.training
     rng = TensorParallelRNG(training.seed, state, graph_safe=graph_safe,
@@ -69,18 +68,17 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
 def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[TensorParallelRNG], *,
                 torch_compile: bool, graphs: Optional[CudaGraphPlan] = None,
                 graph_backend: Optional[GraphBackend] = None) -> Built:
-    """Every dimension of this rank's model, in this order, as torchtitan's llama3 parallelize: (1) the TP/SP plan, (2)
-    this pipeline stage, both built on meta; FP8 linears; (3) activation checkpointing; (4) ZeRO over DP, which
-    allocates and fills only what this rank owns, then gradient accumulation fusion; (5) torch.compile of each block,
-    after ZeRO's views and hooks; (6) CUDA graphs last, over the parameters' final addresses."""
+    """Every dimension of this rank's model, in this order, as torchtitan's llama3 parallelize: TP/SP plan and pipeline
+    stage (built on meta), FP8, activation checkpointing, ZeRO over DP (each rank fills only what it owns), gradient
+    accumulation fusion, torch.compile, then CUDA graphs over the parameters' final addresses."""
     config = settings.config
     plan = tensor_parallel_plan(state, config.parallel)                                   # 1. TP, SP
     stage = pipeline_stage(settings, state)
     model = GPTModel(config.model, state, rng=rng, stage=stage, plan=plan)                 # 2. PP
-    # FP8 on the meta device too, so the dry run keeps what the FP8 linears keep; the guard only where there are values.
+    # on meta too, so the dry run keeps what FP8 keeps; the guard needs values
     guarded = config.model.fp8.enabled and config.model.fp8.guard and state.device.type != "meta"
     model.fp8_guard = guard_monitor(config.model, state, state.device) if guarded else None
-    # A dense GEMM's rows: this rank's tokens of a micro-batch (1/CP of the sequence).
+    # A dense GEMM's rows: this rank's tokens of a micro-batch.
     fp8 = apply_fp8(
         model.blocks, config.model,
         config.training.micro_batch_size * config.model.seq_length // state.context_parallel_size, state.device,
@@ -92,11 +90,11 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     if config.activations.checkpoint_activations:                                          # 3. recompute
         checkpointing = apply_activation_checkpointing(model, config.activations, state, rng, activations,
                                                        slot_sets=checkpoint_slot_sets(settings, state, stage))
-    # A tied embedding on two stages is a ZeRO unit of its own, so the copies' gradients sum shard by shard.
+    # A tied embedding on two stages is a ZeRO unit of its own, summed shard by shard.
     shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.shares_word_embedding \
         and model.word_embeddings is not None else []
     mark_weight_decay(decayed_norm_params(model, config))
-    # Where the experts' grid is not the dense one, the experts' states get a ZeRO of their own over expert DP.
+    # Experts on a grid of their own get a ZeRO of their own over expert DP.
     own_experts = state.expert_grid is not None and config.model.moe is not None and holds_expert_parameters(model)
     zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,                # 4. ZeRO, DP
                       decoupled_lr_params=decoupled_lr_params(model, config),
@@ -113,8 +111,7 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
 
 
 def unfused_linears(model: GPTModel, graphs: Optional[CudaGraphPlan], torch_compile: bool) -> list:
-    """The modules whose linears keep autograd's weight gradient under gradient accumulation fusion, and why: the output
-    layer, compiled blocks and CUDA-graphed regions."""
+    """The modules whose linears keep autograd's weight gradient under accumulation fusion, and why."""
     left_out = [(model.output_layer, "the loss's gradient (the output layer)")] if model.output_layer is not None \
         else []
     if torch_compile:
@@ -133,8 +130,7 @@ def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[Stag
 
 
 def config_stage_layers(config: PretrainConfig, pp_rank: int) -> StageLayers:
-    """The layers pipeline rank `pp_rank` builds, by the split its flags give; the planner prices layouts at this
-    split."""
+    """The layers pipeline rank `pp_rank` builds, by the split its flags give."""
     parallel = config.parallel
     return stage_layers(config.model.num_layers, parallel.pipeline_model_parallel_size, pp_rank,
                         parallel.num_layers_per_virtual_pipeline_stage, parallel.decoder_first_pipeline_num_layers,
@@ -146,8 +142,7 @@ def config_stage_layers(config: PretrainConfig, pp_rank: int) -> StageLayers:
 
 
 def checkpoint_slot_sets(settings: RunSettings, state: ParallelState, stage: Optional[StageLayers]) -> int:
-    """How many micro-batches' checkpoints the contiguous buffer holds: one without pipeline stages; with them, the most
-    this rank's schedule keeps awaiting backward, in whole micro-batches."""
+    """How many micro-batches' checkpoints the contiguous buffer holds (the schedule's most in flight)."""
     if stage is None:
         return 1
     # a chunk's blocks are grouped from its first
@@ -159,8 +154,8 @@ def checkpoint_slot_sets(settings: RunSettings, state: ParallelState, stage: Opt
 
 
 def decayed_norm_params(model: GPTModel, config) -> list:
-    """The norms' parameters --apply-wd-to-qk-layernorm decays: every parameter of the query and key norms, as
-    Megatron-Core's get_standard_config_overrides exempts them from its no-decay rule; none without the flag."""
+    """The query and key norms' parameters --apply-wd-to-qk-layernorm decays, as Megatron-Core's
+    get_standard_config_overrides."""
     if not config.optimizer.apply_wd_to_qk_layernorm:
         return []
     return [param for name, param in model.named_parameters()
@@ -174,7 +169,7 @@ def embedding_and_output_weights(model: GPTModel) -> list:
 
 
 def decoupled_lr_params(model: GPTModel, config) -> list:
-    """The weights --decoupled-lr steps (the embedding and an untied output layer this stage holds); none without it."""
+    """The weights --decoupled-lr steps; none without it."""
     if config.optimizer.decoupled_lr is None:
         return []
     return embedding_and_output_weights(model)

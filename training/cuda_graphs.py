@@ -22,7 +22,7 @@ from parallel.state import ParallelState
 from zero.gated_parameters import wait_at_region_entry
 from zero.memory import format_bytes
 
-# Why a run captures nothing: (applies to the config, the reason); the run is the same math, eagerly.
+# Why a run captures nothing: (applies to the config, the reason).
 NO_WHOLE_ITERATION = ("--cuda-graph-impl full_iteration: a graph of the whole forward-backward is not built here (use "
                       "--cuda-graph-impl local for per-layer graphs)")
 NOT_CAPTURED: tuple[tuple[Callable, str], ...] = (
@@ -46,7 +46,7 @@ NOT_CAPTURED: tuple[tuple[Callable, str], ...] = (
 
 @dataclass(frozen=True)
 class CudaGraphPlan:
-    """What a run does with its normalised CUDA graph settings on its device, decided once."""
+    """What a run does with its CUDA graph settings on its device, decided once."""
     impl: str
     modules: tuple[str, ...]
     warmup_steps: int
@@ -91,7 +91,7 @@ class CudaGraphPlan:
 
 
 def cuda_graph_plan(config, device_type: str, stand_in: bool = False) -> Optional[CudaGraphPlan]:
-    """The run's plan, or None without --cuda-graph-impl. `stand_in`: a test's CPU backend stands for the device."""
+    """The run's plan, or None without --cuda-graph-impl."""
     training = config.training
     if training.cuda_graph_impl == "none":
         return None
@@ -120,7 +120,7 @@ def cuda_graph_plan(config, device_type: str, stand_in: bool = False) -> Optiona
 
 @dataclass(frozen=True)
 class RegionSpec:
-    """One captured region: a block whole ("block"), or its "attention" or "mlp" half, and the modules it runs."""
+    """One captured region (a block, or its attention or MLP half) and the modules it runs."""
     name: str
     block: TransformerBlock
     kind: str
@@ -153,8 +153,7 @@ def graph_regions(model: GPTModel, plan: CudaGraphPlan) -> list[RegionSpec]:
 
 
 def static_buffer_bytes(model: GPTModel, plan: CudaGraphPlan, hidden_bytes: int) -> int:
-    """What the regions hold outside their graphs' pool for the run: each region's static input and gradient buffers
-    (`hidden_bytes` each) and the gradient arena."""
+    """What the regions hold outside their graphs' pool: static buffers and the gradient arena."""
     regions = graph_regions(model, plan)
     arena = GradientArena.sizes([region.parameters() for region in regions])
     element = {param.dtype: param.element_size() for region in regions for param in region.parameters()}
@@ -175,7 +174,7 @@ def _region_function(spec: RegionSpec) -> Callable[..., torch.Tensor]:
 
 
 class CudaGraphs:
-    """A run's CUDA graphs: its plan and, where it captures, the graphed regions behind the model's `run_blocks`."""
+    """A run's CUDA graphs: its plan and the graphed regions behind `run_blocks`."""
 
     def __init__(self, plan: CudaGraphPlan, graph_set: Optional[GraphSet] = None,
                  regions: Optional[dict[int, dict[str, GraphedRegion]]] = None) -> None:
@@ -188,14 +187,14 @@ class CudaGraphs:
         self.line = plan.line(len(graph_set.regions) if graph_set is not None else 0)
 
     def begin_iteration(self, micro_batches: int) -> None:
-        """Count an iteration; the one the plan captures at asks the graph set for the capture."""
+        """Count an iteration; request the capture at the plan's."""
         self.iterations += 1
         if self.graph_set is not None and self.iterations == self.plan.capture_iteration:
             self._capture_started = (time.perf_counter(), self._device_bytes())
             self.graph_set.request_capture(self.plan.warmup_passes(micro_batches))
 
     def take_capture_line(self) -> Optional[str]:
-        """Once, after the iteration that captured: how many graphs, in how long, holding how much."""
+        """Once, after the capture: how many graphs, how long, how much memory."""
         graph_set = self.graph_set
         if graph_set is None or not graph_set.captured or self._reported:
             return None
@@ -231,7 +230,7 @@ class CudaGraphs:
 
 def apply_cuda_graphs(model: GPTModel, plan: Optional[CudaGraphPlan], state: ParallelState,
                       backend: Optional[GraphBackend]) -> Optional[CudaGraphs]:
-    """Route `model`'s blocks through graphed regions where `plan` captures (its `run_blocks`); None without a plan."""
+    """Route `model`'s blocks through graphed regions where `plan` captures."""
     if plan is None:
         return None
     if not plan.captures:

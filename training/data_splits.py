@@ -32,13 +32,12 @@ class DataSplits:
 
 
 def corpus_cache_dir(config: PretrainConfig) -> Optional[str]:
-    """Where the embedded corpus is prepared (and --mock-data's caches go); None when the user's data is used."""
+    """Where the embedded corpus is prepared; None when the user's data is used."""
     return None if config.data.user_data else str(config.data.data_cache_dir or DEFAULT_CACHE_DIR)
 
 
 def load_tokenizer_and_data_sources(config: PretrainConfig) -> tuple[RunTokenizer, DataSources]:
-    """The user's tokenizer and data; without them, the embedded corpus prepared on first use, tokenized with the named
-    tokenizer or one trained on it."""
+    """The user's tokenizer and data, else the embedded corpus and its tokenizer."""
     data = config.data
     tokenizer = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file, data.merge_file,
                                      config.model.vocab_size)
@@ -55,8 +54,7 @@ def load_tokenizer_and_data_sources(config: PretrainConfig) -> tuple[RunTokenize
 
 
 class KeptAcrossRestarts:
-    """What an in-process restart keeps from one incarnation to the next: the tokenizer and data sources, which depend
-    on the configuration alone."""
+    """What an in-process restart keeps between incarnations: the tokenizer and data sources."""
 
     def __init__(self) -> None:
         self._loaded: Optional[tuple[RunTokenizer, DataSources]] = None
@@ -68,13 +66,13 @@ class KeptAcrossRestarts:
 
 
 def sample_dataset_class(order: str, sources: DataSources) -> type[GPTDataset]:
-    """The dataset reading the run's sample order: Megatron-Core's for one --data-path prefix, else this project's."""
+    """The dataset reading the run's sample order."""
     return MegatronOrderGPTDataset if order == MEGATRON_ORDER and len(sources.blend) == 1 else GPTDataset
 
 
 def build_datasets(settings: RunSettings, sources: DataSources, tokenizer: Optional[RunTokenizer], order: str,
                    num_samples: tuple[Optional[int], int, int]) -> tuple:
-    """(train, valid, test, what they read) with `num_samples` of each split (None: one epoch of that split)."""
+    """(train, valid, test, what they read) with `num_samples` of each split (None: one epoch)."""
     config, training = settings.config, settings.config.training
     if config.data.mock_data:
         if tokenizer is None:
@@ -96,7 +94,7 @@ def build_datasets(settings: RunSettings, sources: DataSources, tokenizer: Optio
             sources.per_split, config.model.seq_length, training.seed, num_samples,
             cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
         return (*datasets, describe_sources(sources, config.data.split))
-    # --data-cache-path (or --data-cache-dir) holds the index caches; without it they go beside the data
+    # --data-cache-path holds the index caches, else they go beside the data
     dataset_class = sample_dataset_class(order, sources)
     datasets = build_train_valid_test_datasets(
         list(sources.blend), config.data.split, config.model.seq_length, training.seed, num_samples,
@@ -106,9 +104,8 @@ def build_datasets(settings: RunSettings, sources: DataSources, tokenizer: Optio
 
 def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set, one_epoch: Optional[int],
                         run_samples: int) -> str:
-    """The data line's words on --dataloader-type cyclic. Its training permutation spans one epoch of the split,
-    whatever --train-iters asks, so a continued run reads what the uninterrupted one reads; the clause says where that
-    is not Megatron-LM's order (which spans its dataset's length)."""
+    """The data line's words on --dataloader-type cyclic, whose training permutation spans one epoch of the split
+    whatever --train-iters asks; the clause says where that is not Megatron-LM's order."""
     built = len(train_set) if train_set is not None else 0
     if one_epoch is not None and built == one_epoch:
         span = f"one epoch of the split's data, {built:,} samples,"
@@ -136,8 +133,7 @@ def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set,
 
 def sharded_cyclic_resize_note(config: PretrainConfig, saved_data_parallel_size: Optional[int],
                                data_parallel_size: int) -> Optional[str]:
-    """The start line of a cyclic-sampler resume at another DP size: each rank's bucket follows that size, so some
-    samples are read again and some never, as in Megatron-LM. None where nothing changed."""
+    """The start line of a cyclic-sampler resume at another DP size (some samples read again, as in Megatron-LM)."""
     if config.data.dataloader_type != CYCLIC or not config.data.data_sharding or saved_data_parallel_size is None \
             or saved_data_parallel_size == data_parallel_size:
         return None
@@ -148,14 +144,13 @@ def sharded_cyclic_resize_note(config: PretrainConfig, saved_data_parallel_size:
 
 def build_data(settings: RunSettings, state: ParallelState, sources: DataSources,
                tokenizer: Optional[RunTokenizer] = None, order: str = APPENDABLE_ORDER) -> DataSplits:
-    """Datasets sized for the run (with --dataloader-type cyclic, one epoch of the training split) and loaders that
-    start at a number of consumed samples; `order`: the run's sample order."""
+    """Datasets sized for the run and loaders that start at a number of consumed samples."""
     config, batch = settings.config, settings.batch
     training = config.training
     eval_samples = training.eval_batches * batch.global_batch_size
     run_samples = batch.consumed_after(training.train_iters)
     cyclic = config.data.dataloader_type == CYCLIC
-    # the cyclic sampler permutes its dataset's whole length, so it must not follow --train-iters
+    # the cyclic sampler's dataset length must not follow --train-iters
     train_set, valid_set, test_set, summary = build_datasets(
         settings, sources, tokenizer, order, (None if cyclic else run_samples, eval_samples, eval_samples))
     micro_step = batch.micro_batch_size * state.data_parallel_size

@@ -16,8 +16,7 @@ TREND_FACTOR = 2.0  # a loss above twice the run's lowest is going up, not noise
 
 @dataclass
 class DivergenceHistory:
-    """What the loop knew when it stopped: the iteration it resumed after (0 when fresh), every loss since (the
-    diverging one last) and the iterations it saved."""
+    """What the loop knew when it stopped: its start, every loss since, and the iterations it saved."""
     start_iteration: int
     losses: list[float]
     saved_iterations: list[int] = field(default_factory=list)
@@ -37,7 +36,7 @@ class DivergenceHistory:
         return self.start_iteration + 1 + first
 
     def resumable_iteration(self) -> Optional[int]:
-        """The newest saved (or loaded) iteration whose next loss was in trend; None when there is none."""
+        """The newest saved (or loaded) iteration whose next loss was in trend, or None."""
         left = self.left_trend_at()
         candidates = [k for k in self.saved_iterations if k + 1 < left]
         if self.start_iteration > 0 and self.start_iteration + 1 < left:

@@ -14,20 +14,19 @@ from parallel.context_parallel import batch_on_this_rank
 from parallel.state import ParallelState
 from training.metrics import MetricsWriter, format_eval_line, perplexity
 
-# Re-creates an evaluation loader from its first sample, so every evaluation sees the same batches.
+# Re-creates an evaluation loader from its first sample.
 LoaderFactory = Callable[[], Iterable[dict]]
 
 
 def whole_tokens(batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Samples hold seq_length+1 tokens: inputs are all but the last, labels all but the first."""
+    """Inputs are a sample's tokens but the last, labels all but the first."""
     tokens = batch["tokens"].to(device, non_blocking=True)
     return tokens[:, :-1], tokens[:, 1:]
 
 
 def split_tokens(batch: dict, device: torch.device,
                  state: Optional[ParallelState] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`whole_tokens`; under context parallelism this rank's chunks r and 2CP-1-r of both, as Megatron's
-    get_batch_on_this_cp_rank."""
+    """`whole_tokens`, with context parallelism this rank's chunks r and 2CP-1-r."""
     inputs, labels = whole_tokens(batch, device)
     if state is not None and state.context_parallel_size > 1:
         inputs, labels = batch_on_this_rank(inputs, state), batch_on_this_rank(labels, state)
@@ -35,8 +34,8 @@ def split_tokens(batch: dict, device: torch.device,
 
 
 def mean_token_loss(losses: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """The micro-batch's mean token loss in fp32; under CP this rank's sum x CP over the token count summed over CP, so
-    the mean over DP x CP is the whole sequence's, as Megatron-LM's loss_func."""
+    """The micro-batch's mean token loss in fp32; under CP this rank's sum x CP over the CP-summed count, as
+    Megatron-LM's loss_func."""
     losses = losses.float()
     if state.context_parallel_size == 1:
         return losses.mean()
@@ -46,8 +45,7 @@ def mean_token_loss(losses: torch.Tensor, state: ParallelState) -> torch.Tensor:
 
 
 def micro_batch_loss(losses: torch.Tensor, masks: Optional[DocumentMasks], state: ParallelState) -> torch.Tensor:
-    """A micro-batch's loss: `mean_token_loss`, or with a loss mask the masked mean (under CP the masked sum x CP over
-    the mask's count summed over CP, as Megatron-LM's loss_func of core_r0.9-r0.12 did)."""
+    """A micro-batch's loss: `mean_token_loss`, or the masked mean (under CP over the CP-summed mask count)."""
     if masks is None or masks.loss_mask is None:
         return mean_token_loss(losses, state)
     if state.context_parallel_size == 1:
@@ -61,8 +59,7 @@ def micro_batch_loss(losses: torch.Tensor, masks: Optional[DocumentMasks], state
 def split_micro_batch(batch: dict, device: torch.device, documents: Optional[DocumentMasking],
                       state: Optional[ParallelState] = None
                       ) -> tuple[torch.Tensor, torch.Tensor, Optional[DocumentMasks]]:
-    """split_tokens plus the inputs' document masks where a document flag asks for them (None otherwise); under CP the
-    whole sample's masks split with the tokens."""
+    """split_tokens plus the document masks a document flag asks for."""
     if documents is None:
         return (*split_tokens(batch, device, state), None)
     inputs, labels = whole_tokens(batch, device)
@@ -85,9 +82,7 @@ def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> to
 def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, config: PretrainConfig,
              state: ParallelState, forward: Optional[Callable[..., torch.Tensor]] = None,
              documents: Optional[DocumentMasking] = None) -> float:
-    """Mean token loss over the first `num_micro_batches` of `loader` on every DP rank. `forward(inputs, labels,
-    masks)`: the per-token loss (the model unless given; PipelineForward with stages). `documents`: the training's
-    masking."""
+    """Mean token loss over the first `num_micro_batches` of `loader` on every DP rank."""
     forward = forward or model
     model.eval()
     total = torch.zeros((), device=state.device)
@@ -109,8 +104,7 @@ def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, c
 
 
 class Evaluator:
-    """The validation split every --eval-interval iterations and at the end, the test split once at the end:
-    --eval-iters global batches each, one record per evaluation."""
+    """The validation split every --eval-interval iterations and at the end, the test split at the end."""
 
     def __init__(self, model: nn.Module, make_valid_loader: Optional[LoaderFactory],
                  make_test_loader: Optional[LoaderFactory], micro_batches: int, config: PretrainConfig,

@@ -12,7 +12,7 @@ from typing import Optional
 
 from parallel.state import ParallelState
 
-# Ctrl-C takes the scheduler signals' path: finish the iteration, save, exit 0; a second Ctrl-C interrupts at once.
+# with the handler, Ctrl-C saves and exits 0; a second one interrupts at once
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
@@ -69,7 +69,7 @@ class ExitConditions:
         return os.path.join(self.trigger_path, name)
 
     def save_requested(self, iteration: int) -> bool:
-        """Whether DIR/save exists on any rank at this --log-interval iteration (every rank calls it)."""
+        """Whether DIR/save exists on any rank at this iteration."""
         if not self._trigger_due(iteration):
             return False
         return self.state.comm.any_rank([os.path.exists(self._trigger("save"))], self.state.device)[0]
@@ -83,7 +83,7 @@ class ExitConditions:
                 print(f" warning: could not remove the save trigger {self._trigger('save')}: {error}", flush=True)
 
     def training_finished(self) -> None:
-        """--train-iters reached: DIR/exit tells the job script to cancel the runs it queued after this one."""
+        """--train-iters reached: create DIR/exit for the job script."""
         if self.trigger_path is not None and self.state.is_first_rank:
             try:
                 Path(self.trigger_path).mkdir(parents=True, exist_ok=True)

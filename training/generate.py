@@ -1,9 +1,8 @@
 """`python -m training.generate --load CK --prompt "..."`: text generated from a checkpoint, on one process or
 tensor-parallel over torchrun's processes.
 
-CK is this project's checkpoint, a Megatron-LM torch_dist folder or a Hugging Face folder; the model is built
-from what it records. Sampling takes Megatron-LM's flags (greedy by default), and several prompts run in batches of
---max-batch-size, as Megatron-LM's text generation batches them.
+CK is this project's checkpoint, a Megatron-LM torch_dist folder or a Hugging Face folder. Sampling takes
+Megatron-LM's flags (greedy by default); several prompts run in batches of --max-batch-size.
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def check_flags(args: argparse.Namespace) -> torch.device:
-    """What the flags alone decide, checked as pretrain_gpt.py checks them; returns the device to run on."""
+    """Check the flags alone; returns the device to run on."""
     check_seed(args.seed)
     check_device_name(args.device)
     problem = tokenizer_type_problem(args.tokenizer_type, args.tokenizer_file, args.vocab_file)
@@ -99,7 +98,7 @@ def check_flags(args: argparse.Namespace) -> torch.device:
 
 
 def run_tokenizer(args: argparse.Namespace, checkpoint: InferenceCheckpoint):
-    """The tokenizer the flags name, else the checkpoint's, else None (the prompt must then be ids)."""
+    """The tokenizer the flags name, else the checkpoint's, else None."""
     if args.tokenizer_type == "NullTokenizer":  # ids only: no text and no known end token
         return None
     named = load_named_tokenizer(args.tokenizer_type, args.tokenizer_file, args.vocab_file, args.merge_file)
@@ -143,8 +142,8 @@ def prompt_ids(args: argparse.Namespace, texts: Optional[list[str]], tokenizer, 
 
 
 def check_lengths(args: argparse.Namespace, prompts: list[list[int]], config, world_size: int) -> None:
-    """The tokens asked fit the model's positions and --max-tokens-to-oom, as Megatron-LM's text generation checks them,
-    then this machine's memory (their ids and KV cache, a lower bound)."""
+    """The tokens asked fit the model's positions and --max-tokens-to-oom, as Megatron-LM checks them, then this
+    machine's memory."""
     positions, new = config.max_position_embeddings, args.new_tokens
     longest = max(map(len, prompts))
     if longest + new > positions:
@@ -170,7 +169,7 @@ def check_lengths(args: argparse.Namespace, prompts: list[list[int]], config, wo
 
 
 def check_model_fits(checkpoint: InferenceCheckpoint, dtype: str, world_size: int) -> None:
-    """The weights in --dtype fit this machine's memory, checked before the model is built."""
+    """The weights in --dtype fit this machine's memory."""
     config = checkpoint.model
     parameters = parameter_lower_bound(config)[0]
     needed, memory = parameters * DTYPES[dtype].itemsize // world_size, rank_memory_bytes()
@@ -192,8 +191,7 @@ def parallel_state(device: torch.device) -> ParallelState:
 
 
 def generate_from(args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]], Optional[object], ParallelState]:
-    """(prompt ids, generated ids, tokenizer, state) for the parsed flags, every input checked before the model is
-    built."""
+    """(prompt ids, generated ids, tokenizer, state), every input checked before the build."""
     device = check_flags(args)
     texts = prompt_texts(args)
     checkpoint = inference_checkpoint(inference_path(args.load, args.init_from_hf), verify=args.verify_checkpoint)

@@ -38,7 +38,7 @@ class IntervalMetrics:
         self.fp8_guard: list[dict] = []
         self.times: list[float] = []
         self.samples: list[int] = []
-        # Between records far apart, a short line with the ETA every REPORT_EVERY_S; no record.
+        # between records far apart, a short line with the ETA; no record
         self.heartbeat = ProgressLines()
         # counted in the TFLOP/s
         self.recomputed_share = recomputed_share(settings.config)

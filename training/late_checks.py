@@ -18,8 +18,7 @@ from training.run_settings import model_vocabulary, tokenizer_size_from_flags
 
 
 def check_vocabulary_flags(config: PretrainConfig) -> None:
-    """--vocab-size is the model's vocabulary when no tokenizer is named, and the embedded corpus's tokenizer must fit
-    in it; beside a real tokenizer it is not read."""
+    """Without a named tokenizer --vocab-size is the model's vocabulary, and the corpus's tokenizer must fit in it."""
     tokens = tokenizer_size_from_flags(config)
     if not config.model.vocab_size or tokens is None or config.checkpoint.init_from_hf:
         return  # the HF folder's layer checked the tokenizer against its vocab_size
@@ -27,7 +26,7 @@ def check_vocabulary_flags(config: PretrainConfig) -> None:
 
 
 def check_fp8_flag(config: PretrainConfig) -> None:
-    """--fp8-format and its recipe where they are not built yet, checked with the flags."""
+    """--fp8-format and its recipe, checked with the flags."""
     if not config.model.fp8.enabled:
         return
     parallel = config.parallel
@@ -38,16 +37,14 @@ def check_fp8_flag(config: PretrainConfig) -> None:
 
 
 def check_load(config: PretrainConfig) -> None:
-    """--load names a checkpoint, a missing or empty folder, or the --save folder; a killed first save is finished
-    later."""
+    """--load names a checkpoint, a missing or empty folder, or the --save folder."""
     if not needs_finishing(config.checkpoint.load, config.checkpoint.save):
         decide_start(config.checkpoint.load, config.checkpoint.save, config.checkpoint.universal_checkpoint,
                      config.checkpoint.exit_on_missing_checkpoint)
 
 
 def check_rejected_results_tracker(config: PretrainConfig) -> None:
-    """A --result-rejected-tracker-filename that Megatron-LM would skip iterations from is refused: skipping iterations
-    is not implemented, and training them would change the run."""
+    """Refuse a --result-rejected-tracker-filename that Megatron-LM would skip iterations from (not implemented)."""
     tracker = config.training.result_rejected_tracker_filename
     skipped = iterations_megatron_skips(tracker) if tracker else []
     if skipped:
@@ -58,8 +55,7 @@ def check_rejected_results_tracker(config: PretrainConfig) -> None:
 
 
 def check_cuda_graph_allocator(config: PretrainConfig) -> None:
-    """Megatron-LM refuses per-layer CUDA graphs beside expandable segments unless NCCL_GRAPH_REGISTER=0; so do we, with
-    its message."""
+    """Megatron-LM's refusal of per-layer CUDA graphs beside expandable segments, with its message."""
     impl = config.training.cuda_graph_impl
     if impl not in PER_LAYER_IMPLS or "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") \
             or os.environ.get("NCCL_GRAPH_REGISTER", "") == "0":

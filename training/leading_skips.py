@@ -11,7 +11,7 @@ MEGATRON_INITIAL_LOSS_SCALE = 2.0 ** 32  # Megatron-LM's --initial-loss-scale de
 
 
 def scale_words(scale: float) -> str:
-    """A loss scale as a flag's value, with its power of two where it is one."""
+    """A loss scale as a flag's value (with its power of two)."""
     exponent = math.log2(scale) if scale > 0 else None
     power = f" (2^{int(exponent)}" if exponent is not None and exponent == int(exponent) else ""
     megatron = ", Megatron-LM's default" if scale == MEGATRON_INITIAL_LOSS_SCALE else ""
@@ -19,7 +19,7 @@ def scale_words(scale: float) -> str:
 
 
 def descent_words(initial_scale: float, hysteresis: int) -> str:
-    """How the dynamic scale came down, in the terms of the flags that set it."""
+    """How the dynamic scale came down, in its flags' terms."""
     kept = (f"keeps it for the first {hysteresis - 1} overflow{'s' if hysteresis > 2 else ''} (--hysteresis "
             f"{hysteresis}) and halves it on each one after") if hysteresis > 1 else \
         "halves it on each overflow (--hysteresis 1)"
@@ -38,13 +38,13 @@ class LeadingSkips:
 
     @classmethod
     def of(cls, training, start_iteration: int) -> Optional["LeadingSkips"]:
-        """The watcher for a run of `training` resumed after `start_iteration`; None where the line does not apply."""
+        """The watcher for a fresh fp16 run with dynamic scaling; None otherwise."""
         if not training.fp16 or training.loss_scale is not None or start_iteration > 0:
             return None
         return cls(training.initial_loss_scale, training.hysteresis, start_iteration + 1)
 
     def after(self, iteration: int, skipped: bool, scale_after: float) -> Optional[str]:
-        """After each iteration: the line, once, at the first step taken after skipped ones."""
+        """The line, once, at the first step taken after skipped ones."""
         if self.stepped:
             return None
         if skipped:
@@ -60,7 +60,7 @@ class LeadingSkips:
                 f"{self.scale:.0f} to start there")
 
     def at_end(self) -> Optional[str]:
-        """At the end of the run: the line where every iteration it trained was skipped."""
+        """The line where every iteration trained was skipped."""
         if self.stepped or not self.skipped:
             return None
         return (f"> {self._span()} all skipped for fp16 gradient overflow, no optimizer step taken: "

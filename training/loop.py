@@ -30,8 +30,7 @@ class TrainingSummary:
     skipped_iterations: int = 0  # fp16 steps skipped for overflow in this process's run
     trained_iterations: int = 0  # a resume's start not counted
     loss_scale: Optional[float] = None
-    # The samples of the updates taken: where the learning-rate schedule stands, since Megatron-LM and DeepSpeed step
-    # their schedulers only after a successful update.
+    # The samples of updates taken: Megatron-LM and DeepSpeed step their LR schedulers only after an update.
     schedule_samples: int = 0
     exit_reason: Optional[str] = None  # why the run stopped before --train-iters
     exit_code: int = 0  # 16 or 17 when the rerun state machine ended it
@@ -40,7 +39,7 @@ class TrainingSummary:
     leading_skips: Optional[LeadingSkips] = None
 
     def add(self, iteration: int, outcome: StepOutcome) -> Optional[str]:
-        """Counts the iteration in; returns the line that ends fp16's leading overflow skips, if any."""
+        """Count the iteration in; returns the line that ends fp16's leading skips, if any."""
         self.train_losses.append(outcome.loss)
         self.iterations = iteration
         self.consumed_samples += outcome.global_batch_size
@@ -55,8 +54,8 @@ class TrainingSummary:
         return None
 
     def step_lines(self) -> list[str]:
-        """The run's last words on its optimizer steps: taken, skipped, and a warning when every one was skipped (the
-        weights never moved). Megatron-LM and DeepSpeed end such a run with exit 0 too; the line says it instead."""
+        """The run's last words on its optimizer steps, with a warning when every one was skipped (exit 0, as
+        Megatron-LM)."""
         trained, skipped = self.trained_iterations, self.skipped_iterations
         if trained == 0:
             return []
@@ -74,7 +73,7 @@ class TrainingSummary:
         return lines
 
     def effective_time_line(self, wall_s: float) -> str:
-        """The run's effective training time (kept iterations' time over wall time), as Llama 3 reports its own."""
+        """The run's effective training time, as Llama 3 reports its own."""
         share = self.iteration_seconds / wall_s if wall_s > 0 else 0.0
         return (f"> effective training time: {share * 100:.1f}% ({self.trained_iterations} iterations took "
                 f"{self.iteration_seconds:.2f} s of the {wall_s:.2f} s since this process started; the rest: "
@@ -93,7 +92,7 @@ def tokens_used_up(settings: RunSettings, consumed_samples: int, iteration: int,
 
 def early_exit(exit_conditions: Optional[ExitConditions], iteration: int, state: ParallelState,
                save: Callable[[int], None]) -> Optional[str]:
-    """After an iteration: a requested save (--trigger-path DIR/save), and the reason to stop early, saved first."""
+    """After an iteration: a requested save, and the reason to stop early, saved first."""
     if exit_conditions is None:
         return None
     if exit_conditions.save_requested(iteration):
@@ -109,8 +108,8 @@ def early_exit(exit_conditions: Optional[ExitConditions], iteration: int, state:
 
 def rerun_exit(verdict: RerunExit, iteration: int, summary: TrainingSummary,
                save: Optional[Callable[[int, bool], None]], state: ParallelState) -> TrainingSummary:
-    """The rerun state machine ended the job before iteration `iteration`'s update; with exit 16 the weights it started
-    from are saved, so the resumed job re-runs it."""
+    """The rerun state machine ended the job before `iteration`'s update; with exit 16 its starting weights are
+    saved."""
     done = iteration - 1
     if verdict.checkpoint and save is not None:  # again if saved already: now with the machine's pending re-run
         save(done, True)
@@ -128,9 +127,8 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
           schedule_samples: Optional[int] = None, save_checkpoint: Optional[SaveCheckpoint] = None,
           exit_conditions: Optional[ExitConditions] = None, commit_saves: Optional[Callable[[int], None]] = None,
           faults: Optional[FaultSchedule] = None) -> TrainingSummary:
-    """Train from `start_iteration` + 1 to --train-iters; a resume passes the checkpoint's iteration, consumed samples
-    and schedule position. `commit_saves(iteration)` commits a background save before each iteration; `faults` are
-    polled after each step, as Megatron-LM's loop does."""
+    """Train from `start_iteration` + 1 to --train-iters; a resume passes its checkpoint's iteration, samples and
+    schedule position."""
     training, save_interval = settings.config.training, settings.config.checkpoint.save_interval
     summary = TrainingSummary(start_iteration, consumed_samples, leading_skips=LeadingSkips.of(training, start_iteration),
                               schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
@@ -182,7 +180,7 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
 
 
 def final_evaluations(evaluator: Evaluator, skip_train: bool, summary: TrainingSummary) -> None:
-    """The test split at the last iteration; with --skip-train the valid split first, as Megatron-LM's pretrain does."""
+    """The test split at the end; with --skip-train the valid split first, as Megatron-LM."""
     if skip_train and evaluator.due("valid", summary.iterations, last=True):
         summary.final_valid_loss = evaluator.run("valid", summary.iterations, summary.consumed_samples)
     if evaluator.due("test", summary.iterations, last=True):

@@ -15,14 +15,13 @@ from arguments.batch_schedule import BatchSchedule
 from arguments.config import ConfigError, PretrainConfig
 from parallel.state import ParallelState
 
-# Where the host's figures are read; module attributes so a test can point them at its own files.
+# module attributes so a test can point them at its own files
 MEMINFO_PATH = "/proc/meminfo"
 PROC_CGROUP_PATH = "/proc/self/cgroup"
 CGROUP_ROOT = "/sys/fs/cgroup"
-UNLIMITED = 2**60  # cgroup v1 writes "no limit" as 2**63 rounded down to a page; v2 as "max"
+UNLIMITED = 2**60  # cgroup v1's "no limit" is near 2**63; v2 says "max"
 
-# (config, state, batch) -> (planned device bytes or None, host bytes, why not): the planner's dry run, passed in
-# because the planner is a floor above.
+# (config, state, batch) -> (device bytes or None, host bytes, why not): the planner's dry run, passed in.
 PlanRank = Callable[[PretrainConfig, ParallelState, BatchSchedule], tuple[Optional[int], int, str]]
 
 
@@ -72,8 +71,7 @@ def _inactive_file(stat_path: str, key: str) -> int:
 
 
 def _cgroup_directories(proc_cgroup: str, cgroup_root: str) -> list[tuple[str, str]]:
-    """(directory, version) of this process's memory cgroup and each ancestor, deepest first; in a container whose mount
-    holds only its own subtree, the mount's root is the process's cgroup."""
+    """(directory, version) of this process's memory cgroup and its ancestors, deepest first."""
     try:
         with open(proc_cgroup) as file:
             lines = file.read().splitlines()
@@ -105,8 +103,8 @@ def _cgroup_directories(proc_cgroup: str, cgroup_root: str) -> list[tuple[str, s
 
 
 def cgroup_available_bytes(proc_cgroup: Optional[str] = None, cgroup_root: Optional[str] = None) -> Optional[int]:
-    """The least any memory cgroup of this process still lets it take (limit less usage less the inactive file cache the
-    kernel reclaims first); None where no cgroup sets a limit."""
+    """The least any memory cgroup still lets this process take (limit less usage less inactive file cache); None
+    unlimited."""
     least = None
     for directory, version in _cgroup_directories(proc_cgroup or PROC_CGROUP_PATH, cgroup_root or CGROUP_ROOT):
         if version == "v2":
@@ -125,7 +123,7 @@ def cgroup_available_bytes(proc_cgroup: Optional[str] = None, cgroup_root: Optio
 
 
 def available_host_memory() -> tuple[Optional[int], str]:
-    """(bytes this host can still give, where that figure comes from), or (None, why)."""
+    """(bytes this host can still give, source), or (None, why)."""
     available = mem_available_bytes()
     limited = cgroup_available_bytes()
     if limited is not None and (available is None or limited < available):
@@ -136,7 +134,7 @@ def available_host_memory() -> tuple[Optional[int], str]:
 
 
 def available_device_memory(device: torch.device) -> Optional[int]:
-    """Free bytes on a CUDA device; None on a CPU, whose device memory is the host's."""
+    """Free bytes on a CUDA device; None on a CPU."""
     if device.type != "cuda":
         return None
     free, _total = torch.cuda.mem_get_info(device)
@@ -145,7 +143,7 @@ def available_device_memory(device: torch.device) -> Optional[int]:
 
 @dataclass(frozen=True)
 class RankMemory:
-    """One rank's planned bytes and what its host and device have free, as gathered from every rank."""
+    """One rank's planned bytes and its host's and device's free bytes."""
     rank: int
     host: str                        # ranks with the same host share its memory
     device_bytes: int                # the planner's device peak
@@ -174,7 +172,7 @@ def _stage_lever(stage: int) -> str:
 
 
 def _host_levers(config: PretrainConfig, device_is_host: bool) -> str:
-    """What lowers a host's need (on a CPU every state is host memory; on CUDA the host holds the offloaded shards)."""
+    """What lowers a host's need."""
     levers = ["shard over more ranks on more hosts (ranks on one host share its memory)"]
     offloaded = _offload_flags(config)
     if device_is_host and config.zero.stage < 3:
@@ -187,7 +185,7 @@ def _host_levers(config: PretrainConfig, device_is_host: bool) -> str:
 
 
 def _device_levers(config: PretrainConfig) -> str:
-    """What lowers a CUDA device's need: more ranks to shard over, a higher stage, offload, recompute."""
+    """What lowers a CUDA device's need."""
     stage = config.zero.stage
     levers = ["shard over more ranks"]
     if stage < 3:
@@ -205,7 +203,7 @@ def _device_levers(config: PretrainConfig) -> str:
 
 
 def _host_words(config: PretrainConfig) -> str:
-    """What a rank keeps in host memory, by the flags that put it there."""
+    """What a rank keeps in host memory, by its flags."""
     words = _offload_flags(config)
     if config.activations.cpu_checkpointing:
         words.append("--cpu-checkpointing")
@@ -230,7 +228,7 @@ def _per_rank(ranks: list[RankMemory], config: PretrainConfig) -> str:
 
 
 def memory_verdict(ranks: list[RankMemory], config: PretrainConfig) -> Optional[str]:
-    """The one line refusing the run, or None when every host and device holds what the planner predicts."""
+    """The one line refusing the run, or None when everything fits."""
     hosts: dict[str, list[RankMemory]] = {}
     for rank in ranks:
         hosts.setdefault(rank.host, []).append(rank)
@@ -257,8 +255,8 @@ def memory_verdict(ranks: list[RankMemory], config: PretrainConfig) -> Optional[
 
 def check_memory_fits(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, plan_rank: PlanRank,
                       log: Callable[[str], None]) -> None:
-    """Refuse on every rank, in one line, a run whose planned bytes exceed what a host or device has free. A rank the
-    planner could not plan counts nothing, so the check errs towards running."""
+    """Refuse on every rank a run whose planned bytes exceed what a host or device has free; unplanned ranks count
+    nothing."""
     device_bytes, host_bytes, why_not = plan_rank(config, state, batch)
     on_cpu = state.device.type != "cuda"
     host_available, source = available_host_memory()

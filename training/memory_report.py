@@ -28,7 +28,7 @@ from zero.optimizer import PRECISION_DTYPES, ShardedAdamW
 
 
 class FirstIterationMemory:
-    """Reports once, after the first iteration this process trains (the Adam moments exist by then)."""
+    """Reports once, after the first iteration (the Adam moments exist by then)."""
 
     def __init__(self, optimizer: ShardedAdamW, settings: RunSettings, state: ParallelState, writer: MetricsWriter,
                  activations: ActivationMonitor, memory_check: Optional[MemoryCheck], first_iteration: int,
@@ -56,8 +56,8 @@ class FirstIterationMemory:
 
 def report_memory(optimizer: ShardedAdamW, settings: RunSettings, state: ParallelState,
                   writer: MetricsWriter, iteration: int, meter: SavedTensorMeter, micro_batches: int) -> list[dict]:
-    """Measure each rank's model-state bytes and this iteration's peak saved-for-backward bytes beside the predictions;
-    rank 0 prints a line per rank and writes one record."""
+    """Measure each rank's model-state and saved-for-backward bytes beside the predictions; rank 0 prints and records
+    them."""
     config = settings.config
     measured = measure_tensor_bytes(optimizer.model_state_tensors())
     # cut over DP, or over this rank's optimizer instance

@@ -20,20 +20,19 @@ from gpt.shape import model_shape
 
 
 def parameter_count(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> int:
-    """Exact number of parameters of `GPTModel` (a tied output layer once), from the model's meta-device shape."""
+    """Exact number of parameters of `GPTModel` (a tied output layer once)."""
     vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
     return model_shape(config).parameter_count(vocab)
 
 
 def active_parameter_count(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> int:
-    """The parameters one token's forward uses: the whole model but, in each MoE layer, k of its experts."""
+    """The parameters one token's forward uses (k experts of each MoE layer)."""
     vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
     return model_shape(config).active_parameter_count(vocab)
 
 
 def forward_flops_per_token(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> tuple[int, int]:
-    """(every block's, the logits') matmul FLOPs of one token's forward: 2 per multiply-add, attention over the full
-    square."""
+    """(blocks', logits') matmul FLOPs of one token's forward."""
     vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
     shape = model_shape(config)
     return shape.blocks_forward_flops_per_token(), shape.logits_forward_flops_per_token(vocab)
@@ -41,8 +40,8 @@ def forward_flops_per_token(config: ModelConfig, padded_vocab_size: Optional[int
 
 def flops_per_iteration(config: ModelConfig, global_batch_size: int, activation_recompute: float = False,
                         padded_vocab_size: Optional[int] = None) -> float:
-    """Matmul FLOPs of one training iteration, Megatron's accounting (Narayanan et al., 2021): backward costs twice the
-    forward, and each recomputed block (`activation_recompute`: the share, True for all) one more forward."""
+    """Matmul FLOPs of one iteration, Megatron's accounting (Narayanan et al., 2021); each recomputed block (the share
+    `activation_recompute`) adds a forward."""
     blocks_forward, logits_forward = forward_flops_per_token(config, padded_vocab_size)
     tokens = global_batch_size * config.seq_length
     block_passes = 3 + float(activation_recompute)
@@ -50,7 +49,7 @@ def flops_per_iteration(config: ModelConfig, global_batch_size: int, activation_
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak device memory allocated by tensors on CUDA; the process's peak RSS on CPU."""
+    """Peak device memory on CUDA; peak RSS on CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -74,19 +73,17 @@ def current_rss_bytes() -> int:
 
 
 def mapped_file_bytes() -> int:
-    """The resident pages of files this process maps (RssFile), which depend on the page cache's history, not the
-    program."""
+    """The resident pages of files this process maps (RssFile)."""
     return _proc_status_bytes("RssFile")
 
 
-# Below this prediction a CPU run's memory line gives measured - predicted, not a ratio.
+# below this a CPU run's memory line gives a difference, not a ratio
 RATIO_FROM_BYTES = 64 * 2**20
 
 
 class MemoryCheck:
-    """After iteration 1, one line: the planner's predicted peak for this rank beside the measured one (CUDA's
-    max_memory_allocated, or on a CPU the peak RSS growth since before the build, less file pages mapped since). With
-    offload the host prediction is named beside CUDA's and added on a CPU."""
+    """After iteration 1, one line: the planner's predicted peak beside the measured one (CUDA's max_memory_allocated,
+    or on a CPU the peak RSS growth since before the build, less file pages mapped since)."""
 
     def __init__(self, predicted_bytes: Optional[int], device: torch.device, note: str = "",
                  predicted_host_bytes: int = 0) -> None:
@@ -100,14 +97,13 @@ class MemoryCheck:
     def measured(self) -> tuple[int, str]:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device), "CUDA max_memory_allocated"
-        # File pages mapped since the baseline are in the peak RSS but not the run's memory (their count depends on the
-        # page cache); taking all of their growth off errs low by pages mapped after the peak.
+        # Mapped file pages are in the RSS but not the run's memory; their count depends on the page cache.
         files = max(0, mapped_file_bytes() - self.file_baseline)
         return (peak_memory_bytes(self.device) - self.baseline - files,
                 f"peak RSS growth over the process baseline, less {files / 2**20:.1f} MiB of files mapped since")
 
     def figures(self) -> tuple[int, Optional[int]]:
-        """(measured, predicted) bytes of this rank, for the first rank to report every rank's."""
+        """(measured, predicted) bytes of this rank."""
         return self.measured()[0], self.predicted_bytes
 
     def line(self, iteration: int, ranks: Optional[list[tuple[int, Optional[int]]]] = None) -> str:
@@ -131,7 +127,7 @@ class MemoryCheck:
         return line
 
     def _predicted_split(self) -> str:
-        """Where the prediction lies: on a CPU with offload, the device's and the host's bytes."""
+        """Where the prediction lies (device and host, on a CPU with offload)."""
         if self.device.type == "cuda" or not self.predicted_host_bytes:
             return "zero.plan"
         device = self.predicted_bytes - self.predicted_host_bytes
@@ -154,7 +150,7 @@ def _span(values: list[float], spec: str) -> str:
 
 
 def format_console_line(record: dict[str, Any], train_iters: int, eta_s: Optional[float] = None) -> str:
-    """One Megatron-style line for a training record; `eta_s`, the time the run still needs, at its end."""
+    """One Megatron-style line for a training record."""
     parts = [
         f"iteration {record['iteration']:>8d}/{train_iters:>8d}",
         f"consumed samples: {record['consumed_samples']:>10d}",
@@ -189,8 +185,7 @@ def format_duration(seconds: float) -> str:
 
 def remaining_seconds(seconds_per_sample: float, consumed_samples: int, iterations_left: int,
                       consumed_after: Callable[[int, int], int]) -> float:
-    """The time the iterations left need at this interval's pace per sample (per sample, so a batch ramp keeps it
-    right)."""
+    """The time the iterations left need at this interval's pace per sample."""
     return seconds_per_sample * (consumed_after(iterations_left, consumed_samples) - consumed_samples)
 
 
@@ -204,9 +199,8 @@ def perplexity(loss: float) -> float:
 
 
 def drop_redone_records(metrics_file: str, iteration: int, run_id: str) -> int:
-    """Drop the records a resumed run will write again: its own lineage's after `iteration`, and its last line if a kill
-    cut it short; the rest is kept byte for byte. Rewritten atomically, only when something is dropped; returns how many
-    were."""
+    """Drop the records a resumed run will write again (its lineage's after `iteration`, a cut-short last line); the
+    rest is kept byte for byte. Returns how many were dropped."""
     target = Path(os.path.realpath(metrics_file))
     if not target.is_file():
         return 0
@@ -223,7 +217,7 @@ def drop_redone_records(metrics_file: str, iteration: int, run_id: str) -> int:
 
 
 def end_last_line(metrics_file: str) -> None:
-    """End a last record a kill cut short with its newline, so the records appended after it stay one per line."""
+    """End a last record a kill cut short with its newline."""
     target = Path(os.path.realpath(metrics_file))
     if not target.is_file() or target.stat().st_size == 0:
         return
@@ -310,8 +304,7 @@ VS_SAMPLES = ("lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size
 
 
 def scalar_values(record: dict[str, Any]) -> dict[str, float]:
-    """A record's numbers as W&B and TensorBoard get them: Megatron-LM's names where it logs them (first, so W&B's
-    summary lists them), the rest under `<split>/<key>`, nested numbers flattened."""
+    """A record's numbers as W&B and TensorBoard get them, Megatron-LM's names first, the rest under `<split>/<key>`."""
     split = record.get("split", "train")
     names = MEGATRON_EVAL_NAMES.get(split, {}) if "split" in record else MEGATRON_TRAIN_NAMES
     values: dict[str, float] = {}
@@ -348,7 +341,7 @@ def _log_to_wandb(run: Any, record: dict[str, Any]) -> None:
 
 
 def wandb_mode() -> str:
-    """Online only when the user configured W&B (WANDB_MODE, an API key, or a netrc login)."""
+    """Online only when the user configured W&B."""
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"]
     if os.environ.get("WANDB_API_KEY"):
@@ -364,7 +357,7 @@ def wandb_mode() -> str:
 
 def start_wandb(project: Optional[str], run_name: Optional[str], entity: Optional[str],
                 config: dict, directory: str) -> Any:
-    """A W&B run, or None when no project is given or W&B cannot start (training goes on)."""
+    """A W&B run, or None when W&B cannot start (training goes on)."""
     if not project:
         return None
     try:
@@ -377,7 +370,7 @@ def start_wandb(project: Optional[str], run_name: Optional[str], entity: Optiona
         return None
 
 
-# Dense 16-bit tensor-core peaks in TFLOP/s (NVIDIA's datasheets), matched against the device name in order.
+# Dense 16-bit peaks in TFLOP/s (datasheets), matched against the device name in order.
 PEAK_TFLOPS_16BIT = (
     ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
     ("GH200", 989.0), ("A100", 312.0), ("A800", 312.0), ("A10G", 125.0), ("L40S", 362.0),
@@ -386,7 +379,7 @@ PEAK_TFLOPS_16BIT = (
 
 
 def run_peak_tflops(device: torch.device, override: Optional[float]) -> Optional[float]:
-    """The peak MFU is measured against: --peak-tflops, else this CUDA device's; None on a CPU or an unknown GPU."""
+    """The peak MFU is measured against: --peak-tflops, else the device's; None on a CPU."""
     if override is not None:
         return override
     if device.type == "cuda":
@@ -396,12 +389,12 @@ def run_peak_tflops(device: torch.device, override: Optional[float]) -> Optional
 
 def model_flops_utilization(model_flops: float, iteration_seconds: float, world_size: int,
                             peak_tflops: float) -> float:
-    """MFU: model FLOPs (no recompute) per second per GPU over the device's dense peak."""
+    """MFU: model FLOPs (no recompute) per second per GPU over the dense peak."""
     return model_flops / (iteration_seconds * world_size * 1e12) / peak_tflops
 
 
 def device_peak_tflops(device_name: str) -> Optional[float]:
-    """The dense 16-bit peak of a CUDA device name, or None when it is not in the table."""
+    """The dense 16-bit peak of a CUDA device name, or None."""
     for fragment, peak in PEAK_TFLOPS_16BIT:
         if fragment.lower() in device_name.lower():
             return peak

@@ -16,8 +16,7 @@ from parallel.state import ParallelState
 
 def begin_moe_iteration(model: nn.Module, loss_scale, accumulation_steps: int = 1, context_parallel_size: int = 1,
                         per_token: bool = False) -> None:
-    """Set the balancing losses' backward scale to the main loss's. `per_token`: `loss_scale` is already the whole
-    scale."""
+    """Set the balancing losses' backward scale to the main loss's."""
     tracker = getattr(model, "moe_tracker", None)
     if tracker is not None:
         tracker.begin_iteration(loss_scale if per_token else loss_scale * context_parallel_size / accumulation_steps,
@@ -25,7 +24,7 @@ def begin_moe_iteration(model: nn.Module, loss_scale, accumulation_steps: int = 
 
 
 def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_steps: int) -> dict[str, float]:
-    """Update the expert biases; returns the iteration's MoE losses to log (the same on every rank)."""
+    """Update the expert biases; returns the MoE losses to log (the same on every rank)."""
     tracker = getattr(model, "moe_tracker", None)
     if tracker is None:
         return {}
@@ -33,7 +32,7 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
         if isinstance(module, TopKRouter):
             module.update_expert_bias()
     sums = tracker.sums()
-    # Every name, recorded or not, in one order: a stage without MoE layers joins the same collectives.
+    # every name in one order: a stage without MoE layers joins the same collectives
     totals = torch.tensor([[sum(sums.get(name, {}).values()), len(sums.get(name, {}))] for name in MOE_LOSS_NAMES],
                           dtype=torch.float64, device=state.device)
     totals[:, 0] = _summed_over_slices(totals[:, 0].clone(), state, losses=True)
@@ -50,9 +49,7 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
 
 def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_steps: int, num_layers: int,
                          num_experts: int, experts_per_layer: Optional[Sequence[int]] = None) -> dict[str, list]:
-    """Per layer (None where a layer has no experts): each balancing loss as finish_moe_iteration logs it, and the
-    tokens each expert received, summed over micro-batches, TP slices and DP ranks (--moe-per-layer-logging). Every rank
-    calls it."""
+    """Per layer, the balancing losses and the tokens per expert (--moe-per-layer-logging); every rank calls it."""
     tracker = model.moe_tracker
     sums = tracker.sums()
     losses = torch.zeros(len(MOE_LOSS_NAMES), num_layers, dtype=torch.float64, device=state.device)
@@ -83,7 +80,7 @@ def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_st
 
 
 def _summed_over_slices(values: torch.Tensor, state: ParallelState, losses: bool = False) -> torch.Tensor:
-    """`values` summed in place over the TP and CP ranks' slices; DeepSpeed-MoE's moe_loss averaged over CP instead."""
+    """`values` summed in place over TP and CP (DeepSpeed-MoE's moe_loss averaged over CP)."""
     for size, group, name in ((state.tensor_parallel_size, state.tensor_parallel_group, "tp"),
                               (state.context_parallel_size, state.context_parallel_group, "cp")):
         if size > 1:
@@ -95,7 +92,7 @@ def _summed_over_slices(values: torch.Tensor, state: ParallelState, losses: bool
 
 
 def _data_parallel_divisors(state: ParallelState, like: torch.Tensor) -> torch.Tensor:
-    """Per loss, what the sum over DP is divided by: DP, except the global aux loss, whose ranks' shares sum to it."""
+    """Per loss, the divisor of the DP sum: DP, except for the global aux loss."""
     divisors = torch.full((len(MOE_LOSS_NAMES),), float(state.data_parallel_size), dtype=like.dtype,
                           device=like.device)
     divisors[MOE_LOSS_NAMES.index("global_load_balancing_loss")] = 1.0

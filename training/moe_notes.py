@@ -8,7 +8,7 @@ from arguments.config import PretrainConfig
 
 
 def moe_notes(config: PretrainConfig, tensor_parallel_size: int, data_parallel_size: int) -> tuple[str, ...]:
-    """The lines for a run of `config` on a grid of `tensor_parallel_size` x `data_parallel_size`."""
+    """The lines for a run of `config` on a TP x DP grid."""
     moe = config.model.moe
     if moe is None or moe.deepspeed.gating != "megatron":
         return ()

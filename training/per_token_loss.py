@@ -13,7 +13,7 @@ from parallel.state import ParallelState
 
 
 def token_count(labels: torch.Tensor, masks: Optional[DocumentMasks]) -> torch.Tensor:
-    """This rank's tokens of one micro-batch that the loss counts: the loss mask's sum, or all."""
+    """This rank's tokens of one micro-batch the loss counts."""
     if masks is not None and masks.loss_mask is not None:
         return masks.loss_mask.float().sum()
     return torch.tensor(float(labels.numel()), device=labels.device)
@@ -27,8 +27,7 @@ def token_sum(losses: torch.Tensor, masks: Optional[DocumentMasks]) -> torch.Ten
 
 
 def token_scale(counts: Sequence[torch.Tensor], state: ParallelState) -> torch.Tensor:
-    """DP x CP over the iteration's token count summed over DP x CP (at least 1): what each micro-batch's summed loss is
-    multiplied by, with no host read."""
+    """DP x CP over the iteration's DP x CP token count: what each micro-batch's summed loss is multiplied by."""
     total = torch.stack(list(counts)).sum()
     size = state.data_context_parallel_size
     if size > 1:

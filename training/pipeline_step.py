@@ -51,8 +51,7 @@ class PipelineTrainStep(DataParallelTrainStep):
         self.dtype = next(model.parameters()).dtype
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
-        """The rank's slots over the iteration's micro-batches (those the observer runs), each loss divided by
-        `accumulation_steps`; returns the loss, on the device."""
+        """The rank's slots over the iteration's micro-batches; returns the loss, on the device."""
         state, reducer, observer = self.state, self.zero.reducer, self.observer
         # under CP each stage's micro-batch and sends are its CP rank's chunks
         group = self.settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage
@@ -139,15 +138,14 @@ class PipelineTrainStep(DataParallelTrainStep):
 
 @dataclass(frozen=True)
 class SentOutput:
-    """A forward's output once sent on: where its gradient enters the graph, and the gradient's shape and dtype."""
+    """A forward's output once sent on: its gradient edge, shape and dtype."""
     edge: GradientEdge
     shape: torch.Size
     dtype: torch.dtype
 
 
 class PipelineForward:
-    """Forward only through the stages, one micro-batch at a time (evaluation): the per-token loss on the last stage,
-    zeros elsewhere. Every send is posted before a receive can wait on a later stage."""
+    """Forward only through the stages, one micro-batch at a time (evaluation): the per-token loss on the last stage."""
 
     def __init__(self, model: GPTModel, state: ParallelState, hidden_size: int) -> None:
         self.model, self.state, self.hidden_size = model, state, hidden_size

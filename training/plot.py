@@ -40,7 +40,7 @@ def _is_number(value: object) -> bool:
 
 
 def _cut_short(line: str) -> bool:
-    """A record a kill cut short: a JSON object line without its closing brace."""
+    """A record a kill cut short."""
     return line.startswith("{") and not line.endswith("}")
 
 
@@ -89,14 +89,14 @@ def read_series(path: str, notes: list[str]) -> list[Series]:
 
 
 def label_by_flags(all_series: list[Series]) -> None:
-    """Each run's label becomes the flags that tell it from the others, where its launch recorded them."""
+    """Label each run by the flags that tell it from the others, where recorded."""
     for series, flags in zip(all_series, distinguishing_flags([series.flags for series in all_series])):
         if flags:
             series.label = flags
 
 
 def check_output(output: str, overwrite: bool, given: bool = True) -> Path:
-    """The PNG's path, if it may be written; `given`: the user named it (else it is -o's default)."""
+    """The PNG's path, if it may be written."""
     path, name = Path(output), f"-o {output}" if given else f"{output} (-o's default)"
     if path.suffix.lower() != ".png":
         raise ConfigError(f"{name}: the picture is a PNG; give a path ending in .png")
@@ -142,8 +142,7 @@ def draw(all_series: list[Series], output: Path) -> None:
 
 
 def plot(metrics_files: list[str], output: Optional[str] = None, overwrite: bool = False) -> str:
-    """Draw `metrics_files` into `output` (default: curves.png beside the first); returns the line that says what was
-    drawn."""
+    """Draw `metrics_files` into `output`; returns the line that says what was drawn."""
     target = check_output(output or str(Path(metrics_files[0]).with_name("curves.png")), overwrite,
                           given=output is not None)
     notes: list[str] = []

@@ -39,8 +39,7 @@ from training.run_settings import RunSettings, model_vocabulary, resolve_run_set
 from training.start_checks import Log
 from training.threads import set_intra_op_threads
 
-# (config, state, vocabulary, batch) -> (predicted peak device bytes or None, host bytes, why not): the planner's dry
-# run, passed in because the planner is a floor above.
+# (config, state, vocabulary, batch) -> (device peak or None, host bytes, why not): the planner's dry run, passed in.
 PredictPeak = Callable[[PretrainConfig, ParallelState, int, BatchSchedule], tuple[Optional[int], int, str]]
 
 
@@ -107,7 +106,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
             log(sample_order_kept_note(claimed.identity.sample_order, config.checkpoint.ckpt_format))
         predicted, predicted_host, why_not = predict_peak(config, state, settings.vocab_size, batch)
         memory_check = MemoryCheck(predicted, state.device, why_not, predicted_host_bytes=predicted_host)  # its baseline: before the model
-        # The model, built as the dry run builds it; each rank materializes what it owns, from the seed and the names.
+        # The model, as the dry run builds it; each rank materializes what it owns.
         built = build(settings, state, dropout_rng=True, torch_compile=config.training.compile)
         if built.fp8:
             log(built.fp8)
@@ -115,8 +114,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
             log(built.gradient_accumulation_fusion)
         if built.cuda_graphs is not None:
             log(built.cuda_graphs.line)
-        # The rerun state machine before the load, as Megatron-LM's initialize: the load restores its random states and
-        # a pending re-run.
+        # the rerun state machine before the load, which restores its state
         rerun = rerun_state_machine_for(config.training, state, built.rng, log)
         with state.comm.collective_work():
             start = load_weights(config, state, built, claimed, log)

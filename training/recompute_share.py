@@ -1,5 +1,6 @@
 """The share of the blocks' forward that runs again in backward under --checkpoint-activations (all of it under uniform,
-the first --checkpoint-num-layers blocks of each chunk under block), which FLOPs counts and the planner price."""
+the first --checkpoint-num-layers blocks of each chunk under block), which the FLOPs count and the planner's time models
+price."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from training.build import config_stage_layers
 
 
 def chunk_layer_counts(config: PretrainConfig, pipeline_rank: Optional[int] = None) -> list[int]:
-    """The blocks of each model chunk of `pipeline_rank` (of every rank where None), as the build splits them."""
+    """The blocks of each model chunk of `pipeline_rank` (of every rank where None)."""
     stages = config.parallel.pipeline_model_parallel_size
     if stages == 1:
         return [config.model.num_layers]
@@ -19,7 +20,7 @@ def chunk_layer_counts(config: PretrainConfig, pipeline_rank: Optional[int] = No
 
 
 def recomputed_share(config: PretrainConfig, pipeline_rank: Optional[int] = None) -> float:
-    """The share of `pipeline_rank`'s blocks (the whole model's where None) whose forward runs again in backward."""
+    """The share of `pipeline_rank`'s blocks whose forward runs again in backward."""
     activations = config.activations
     chunks = chunk_layer_counts(config, pipeline_rank)
     if not activations.checkpoint_activations or not sum(chunks):

@@ -17,7 +17,7 @@ def commands_file(metrics_file: str | Path) -> Path:
 
 
 def given_flags(config) -> list[str]:
-    """The settings given on the command line, as typed with their resolved values (`--lr 0.001`, `--bf16`)."""
+    """The settings given on the command line, as typed with their values."""
     flags = []
     for settings in config.to_dict().values():
         for name, value in settings.items():
@@ -35,7 +35,7 @@ def record_command(metrics_file: str | Path, identity: dict[str, str], flags: li
 
 
 def read_commands(metrics_file: str | Path) -> dict[Optional[str], list[str]]:
-    """run_id -> the flags of its first launch; {} where no commands file is beside the metrics."""
+    """run_id -> the flags of its first launch."""
     path, found = commands_file(metrics_file), {}
     if not path.is_file():
         return found
@@ -50,7 +50,7 @@ def read_commands(metrics_file: str | Path) -> dict[Optional[str], list[str]]:
 
 
 def distinguishing_flags(commands: list[Optional[list[str]]]) -> list[Optional[str]]:
-    """For each run's flags, those not every run was given alike, joined; None where unknown or none are its own."""
+    """For each run, its flags not shared by every run, joined; None where unknown or none."""
     known = [set(flags) for flags in commands if flags is not None]
     shared = set.intersection(*known) if known else set()
     labels = []

@@ -47,7 +47,7 @@ def _moe_layers(count: int) -> str:
 
 
 def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
-    """'parallel sizes TP 2, SP on, PP 1, DP 4', then CP, experts and distributed optimizer instances where present."""
+    """'parallel sizes TP 2, SP on, PP 1, DP 4', then CP, experts and optimizer instances."""
     sequence = "on" if tensor_parallel_plan(state, config.parallel).sequence_parallel else "off"
     words = (f"parallel sizes TP {state.tensor_parallel_size}, SP {sequence}, PP {state.pipeline_parallel_size}, "
              f"DP {state.data_parallel_size}")

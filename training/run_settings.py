@@ -45,9 +45,7 @@ class RunSettings:
 def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_parallel_size: int, data_parallel_size: int,
                          device_type: str = "cuda", *, batch: Optional[BatchSchedule] = None,
                          resumed_lr_schedule: Optional[LearningRateSchedule] = None) -> RunSettings:
-    """Everything derived from `config` for a TP x DP grid on `device_type` and a `vocab_size`-token tokenizer;
-    ConfigError when the batch arithmetic does not work out. `batch`: the schedule, when computed already;
-    `resumed_lr_schedule`: the checkpoint's, kept by --use-checkpoint-opt_param-scheduler."""
+    """Everything derived from `config` for a TP x DP grid on `device_type` and a tokenizer of `vocab_size` tokens."""
     batch = batch if batch is not None else batch_schedule(config, data_parallel_size)
     training, notes = resolve_precision(config, device_type)
     attention_backend, fallback = resolve_attention_backend(config, training.precision, device_type)
@@ -68,8 +66,7 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
 
 
 def decoupled_schedule(config: PretrainConfig, schedule: LearningRateSchedule) -> Optional[LearningRateSchedule]:
-    """--decoupled-lr's schedule: Megatron-LM's scheduler gives the group its own max_lr and min_lr (--decoupled-min-lr,
-    else --min-lr) and shares the rest; --decoupled-min-lr alone does nothing there, nor here."""
+    """--decoupled-lr's schedule: its own max_lr and min_lr, the rest shared, as Megatron-LM's scheduler."""
     optimizer = config.optimizer
     if optimizer.decoupled_lr is None:
         return None
@@ -78,14 +75,13 @@ def decoupled_schedule(config: PretrainConfig, schedule: LearningRateSchedule) -
 
 
 def tokenizer_named(config: PretrainConfig) -> bool:
-    """Whether the flags name a tokenizer; without one the embedded corpus trains its own BPE here."""
+    """Whether the flags name a tokenizer."""
     data = config.data
     return bool(data.tokenizer_type or data.tokenizer_file or data.vocab_file)
 
 
 def tokenizer_size_from_flags(config: PretrainConfig) -> Optional[int]:
-    """The tokenizer's size as the flags give it before any is loaded: NullTokenizer's --vocab-size + 1, the embedded
-    corpus's --tokenizer-vocab-size, or None for a tokenizer read from files."""
+    """The tokenizer's size from the flags alone, or None for a tokenizer read from files."""
     if config.data.tokenizer_type == "NullTokenizer":
         return config.model.vocab_size + 1
     if tokenizer_named(config):
@@ -94,9 +90,8 @@ def tokenizer_size_from_flags(config: PretrainConfig) -> Optional[int]:
 
 
 def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
-    """The model's vocabulary, decided here for the trainer and the planner alike: a named tokenizer's own size (as
-    Megatron-LM hands --vocab-size only to the NullTokenizer); without one, --vocab-size (a preset's) with the corpus's
-    ids its first ones; with --init-from-hf, the folder's vocab_size."""
+    """The model's vocabulary, for the trainer and the planner alike: a named tokenizer's size (Megatron-LM reads
+    --vocab-size only for the NullTokenizer), else --vocab-size, or an --init-from-hf folder's."""
     folder = config.checkpoint.init_from_hf
     if folder:
         hf_vocab = pretrained_vocab_size(folder)
@@ -124,8 +119,7 @@ def _vocab_words(config: PretrainConfig) -> str:
 
 
 def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:
-    """--reset-position-ids restarts only learned positions (rotary angles stay those of 0..seq-1, as in Megatron-Core),
-    and --reset-attention-mask does not reach Gated DeltaNet layers: each said once where it applies."""
+    """--reset-position-ids and --reset-attention-mask where they change less than asked, said once."""
     kind = config.model.positions.position_embedding_type
     notes = ()
     if config.data.reset_attention_mask and GDN in mixer_symbols(config.model):
@@ -140,8 +134,7 @@ def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:
 
 
 def masked_loss_log_notes(config: PretrainConfig) -> tuple[str, ...]:
-    """With a loss mask Megatron-LM logs the masked sum over the count; here the logged loss is the mean of each
-    micro-batch's masked mean, said once."""
+    """The logged loss under a loss mask differs from Megatron-LM's, said once."""
     if not (config.data.eod_mask_loss or config.data.goldfish_loss):
         return ()
     logged = "evaluation" if config.training.calculate_per_token_loss else "training and evaluation"
@@ -150,8 +143,7 @@ def masked_loss_log_notes(config: PretrainConfig) -> tuple[str, ...]:
 
 
 def longrope_notes(config: PretrainConfig) -> tuple[str, ...]:
-    """Which of LongRoPE's factor lists the run's sequence takes: the long ones for every position once it exceeds the
-    original context, as transformers picks them for a whole forward."""
+    """Which of LongRoPE's factor lists the sequence takes, as transformers picks them."""
     longrope, seq = config.model.longrope, config.model.seq_length
     if longrope is None:
         return ()
@@ -163,8 +155,7 @@ def longrope_notes(config: PretrainConfig) -> tuple[str, ...]:
 
 
 def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]:
-    """Where a --vocab-size is not read or the model's vocabulary is not the tokenizer's, said once (Megatron-LM hands
-    --vocab-size only to the NullTokenizer and TikTokenizer)."""
+    """Where a --vocab-size is not read, said once."""
     asked = config.model.vocab_size
     if not asked or config.data.tokenizer_type == "NullTokenizer":
         return ()
@@ -180,7 +171,7 @@ def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]
 
 
 def resolve_attention_backend(config: PretrainConfig, precision: str, device_type: str) -> tuple[str, tuple[str, ...]]:
-    """(the attention backend this device runs, the line saying why when it is not the one asked)."""
+    """(the attention backend this device runs, why it is not the one asked)."""
     typed = config.sources.get("attention_backend")
     flag = typed.origin.split(" ")[0] if typed is not None and typed.kind == FLAG else ""
     backend, fallback = backend_for_device(config.model, precision, torch.device(device_type), flag,
@@ -189,8 +180,7 @@ def resolve_attention_backend(config: PretrainConfig, precision: str, device_typ
 
 
 def resolve_precision(config: PretrainConfig, device_type: str):
-    """(training section with the precision this device runs, notes): a preset's 16-bit setting is fp32 on a CPU; an
-    explicit one stays, with a warning."""
+    """(training section at the precision this device runs, notes)."""
     training = config.training
     if device_type != "cpu" or training.precision == "fp32":
         return training, ()

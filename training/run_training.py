@@ -97,8 +97,7 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
 
 
 def loop_events(run: Run, fault_tolerance: Optional[FaultTolerance]) -> LoopEvents:
-    """The loop's watchers: fault tolerance sections, and rank 0's restart progress (with --save, under restarts or
-    FT)."""
+    """The loop's watchers: fault tolerance, and rank 0's restart progress."""
     save_dir = run.settings.config.checkpoint.save
     if fault_tolerance is not None and run.start.path is not None:
         fault_tolerance.checkpoint_loaded()

@@ -20,7 +20,7 @@ def first_rank_log(state: ParallelState) -> Log:
 
 
 def check_before_claim(config: PretrainConfig, state: ParallelState, log: Log) -> BatchSchedule:
-    """The run's batch schedule, computed once for the whole run, after the checks that need no data or model."""
+    """The run's batch schedule, computed once, after the checks that need no data or model."""
     batch = batch_schedule(config, state.data_parallel_size)
     train_iterations(config, batch)  # a --train-samples too short for one iteration is refused here
     config.training.fault_injector.check_world(state.world_size)  # Megatron-Core's get_fault_ranks asserts it

@@ -17,7 +17,7 @@ class StepObserver(Protocol):
 
     def pipeline_micro_batches(self, accumulation_steps: int, stages: int, stage: int, chunks: int,
                                group_size: Optional[int]) -> int:
-        """How many of the iteration's micro-batches the pipeline schedule runs (the first that many)."""
+        """How many of the micro-batches the pipeline schedule runs."""
 
     def phase(self, name: str) -> ContextManager[None]:
         """A context around each forward ("forward") and backward ("backward") of a micro-batch."""

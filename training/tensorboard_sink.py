@@ -25,7 +25,7 @@ class TensorBoardSink:
 
 
 def open_tensorboard(directory: Any) -> "TensorBoardSink | None":
-    """A sink writing into `directory`, or None (with a warning) when TensorBoard cannot start."""
+    """A sink writing into `directory`, or None when TensorBoard cannot start."""
     if not directory:
         return None
     try:

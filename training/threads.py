@@ -31,8 +31,7 @@ class ThreadChoice:
 
 def choose_intra_op_threads(torch_default: int, cores: int, processes_on_node: Optional[int],
                             omp_num_threads: Optional[str], load_average: float) -> ThreadChoice:
-    """The thread count for one training process. `processes_on_node`: the launcher's local world size (None: one);
-    `load_average`: the machine's 1-minute load average before this run's work."""
+    """The thread count for one training process (`processes_on_node`: the local world size)."""
     if omp_num_threads is not None and omp_num_threads.strip():
         return ThreadChoice(torch_default, torch_default, f"OMP_NUM_THREADS={omp_num_threads.strip()} kept")
     processes = max(1, processes_on_node or 1)
@@ -47,7 +46,7 @@ def choose_intra_op_threads(torch_default: int, cores: int, processes_on_node: O
 
 
 def available_cores() -> int:
-    """The cores this process may run on (its affinity where the platform says, else the CPU count)."""
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

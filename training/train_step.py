@@ -42,7 +42,7 @@ class StepOutcome:
     global_batch_size: int  # samples consumed (a ramp changes it)
     lr: float
     seconds: float          # wall time, the device waited for
-    # of `seconds`, the time inside collectives (with --log-straggler): the straggler report compares the rest
+    # time inside collectives (--log-straggler)
     collective_wait_s: float = 0.0
     moe_losses: dict = field(default_factory=dict)
     moe_per_layer: dict = field(default_factory=dict)  # --moe-per-layer-logging
@@ -52,20 +52,17 @@ class StepOutcome:
 class TrainStep(Protocol):
     def __call__(self, iteration: int, consumed_samples: int, measure_activations: bool,
                  schedule_samples: Optional[int] = None) -> StepOutcome:
-        """Train iteration `iteration` on the batch after `consumed_samples`, at the learning rate of
-        `schedule_samples`; raise TrainingDiverged when it diverged."""
+        """Train iteration `iteration` on the batch after `consumed_samples`; raise TrainingDiverged on divergence."""
 
 
 class TrainingDiverged(FloatingPointError):
-    """A non-finite loss, a non-finite gradient norm fp16's loss scaling did not absorb, or an fp16 run that only skips:
-    the run stops before saving that step. `history` (set by the loop) tells which save can be resumed."""
+    """A non-finite loss or gradient norm, or an fp16 run that only skips: the run stops before saving that step."""
     loss: Optional[float] = None
     history: Optional[DivergenceHistory] = None
 
 
 def check_step_is_finite(iteration: int, loss: float, step: StepResult) -> None:
-    """Stop at a non-finite loss in every precision (the weights themselves diverged), and at a non-finite gradient norm
-    unless fp16 skipped the step."""
+    """Stop at a non-finite loss, and at a non-finite gradient norm unless fp16 skipped the step."""
     if not math.isfinite(loss):  # Megatron's --rerun-mode validate_results would re-run it first: say so
         raise TrainingDiverged(f"iteration {iteration}: loss {loss}, gradient norm {step.grad_norm}; the run "
                                f"diverged and stopped without saving this step (lower --lr, or check the data; "
@@ -76,8 +73,7 @@ def check_step_is_finite(iteration: int, loss: float, step: StepResult) -> None:
 
 
 def check_skip_limit(iteration: int, consecutive_skips: int, limit: int, loss_scale: float) -> None:
-    """Stop an fp16 run whose last `limit` steps were all skipped (0: no limit): it trains nothing while looking
-    alive."""
+    """Stop an fp16 run whose last `limit` steps were all skipped."""
     if limit and consecutive_skips >= limit:
         raise TrainingDiverged(f"iteration {iteration}: {consecutive_skips} steps in a row skipped for gradient "
                                f"overflow (loss scale now {loss_scale:g}); the run diverged and stopped without "
@@ -85,8 +81,7 @@ def check_skip_limit(iteration: int, consecutive_skips: int, limit: int, loss_sc
 
 
 class DataParallelTrainStep:
-    """Micro-batches on this rank's model under ZeRO's reducer, then ZeRO's optimizer step. `documents`: the document
-    masking (None without); `observer`: told the phases as they run; `rng`: the dropout streams a re-run restores."""
+    """Micro-batches under ZeRO's reducer, then ZeRO's optimizer step."""
 
     def __init__(self, model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor,
@@ -117,8 +112,7 @@ class DataParallelTrainStep:
         model.train()
 
     def learning_rate(self, consumed_samples: int, decoupled: bool = False) -> float:
-        """Megatron's convention: an update uses the rate at the samples consumed before it (`decoupled`:
-        --decoupled-lr's)."""
+        """The rate at the samples consumed before the update, as Megatron."""
         settings = self.settings
         schedule = settings.decoupled_lr_schedule if decoupled else settings.lr_schedule
         return schedule.rate(consumed_samples, tokens_seen_by_schedule(
@@ -131,7 +125,7 @@ class DataParallelTrainStep:
         if state.comm.log is not None:
             state.comm.log.take_wait_s()  # waits before this iteration are not its own
         global_batch_size = self.settings.batch.global_batch_at(consumed_samples)
-        # The schedule moves only with updates taken: a skipped fp16 step does not advance it.
+        # a skipped fp16 step does not advance the schedule
         position = consumed_samples if schedule_samples is None else schedule_samples
         lr = self.learning_rate(position)
         for group in optimizer.param_groups:
@@ -141,8 +135,7 @@ class DataParallelTrainStep:
         if fp8_guard is not None:
             fp8_guard.begin_iteration(iteration)  # its figures from zero
         mean_loss, step = self.run_iteration(iteration, accumulation_steps, measure_activations)
-        # The MoE bias update and logged losses read values back, so they run here, not in run_iteration (the dry run's
-        # path).
+        # MoE bias update and logged losses read values back: not on the dry run's path
         moe_losses = finish_moe_iteration(self.model, state, accumulation_steps)
         # Megatron-Core's "mtp_k loss" beside them
         moe_losses.update(finish_mtp_iteration(self.model, state, accumulation_steps,
@@ -182,8 +175,8 @@ class DataParallelTrainStep:
 
     def run_iteration(self, iteration: int, accumulation_steps: int, measure_activations: bool
                       ) -> tuple[torch.Tensor, Optional[StepResult]]:
-        """Every collective of an iteration and all its work that reads no value back (micro-batches, the optimizer step
-        as the observer takes it, the loss averaged over DP); the dry run calls this on the meta device."""
+        """Every collective of an iteration and all its work that reads no value back; the dry run calls this on
+        meta."""
         state, rerun = self.state, self.rerun
         state.comm.iteration = iteration  # named in the line a lost peer ends in
         if self.cuda_graphs is not None:
@@ -208,7 +201,7 @@ class DataParallelTrainStep:
         return passes() if self.fp8_replay is None else self.fp8_replay.run(passes)
 
     def forward_backward_from_zero(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
-        """The iteration's micro-batches from zeroed gradients (a re-run starts where the first run did)."""
+        """The iteration's micro-batches from zeroed gradients."""
         state = self.state
         self.zero.reducer.zero_grad()
         state.comm.stats.snapshot_and_reset()  # the record's comm_bytes cover this iteration only
@@ -223,8 +216,7 @@ class DataParallelTrainStep:
         return iteration_loss
 
     def per_token_batches(self, micro_batches: int) -> list:
-        """With --calculate-per-token-loss, the iteration's micro-batches split for this rank, and the token scale from
-        their count; without it, none."""
+        """With --calculate-per-token-loss, the micro-batches read first and their token scale."""
         self.iteration_token_scale = None
         if not self.settings.config.training.calculate_per_token_loss:
             return []
@@ -234,7 +226,7 @@ class DataParallelTrainStep:
         return batches
 
     def use_token_scale(self, batches: list) -> None:
-        """--calculate-per-token-loss: the iteration's token scale from `batches`, for the main, MoE and MTP losses."""
+        """The iteration's token scale, for the main, MoE and MTP losses."""
         counts = [token_count(labels, masks) for _, labels, masks in batches]
         self.iteration_token_scale = token_scale(counts, self.state)
         scale = self.zero.optimizer.loss_scaler.scale * self.iteration_token_scale
@@ -242,8 +234,7 @@ class DataParallelTrainStep:
         begin_mtp_iteration(self.model, scale, per_token=True)
 
     def micro_batch_loss(self, losses: torch.Tensor, masks, accumulation_steps: int) -> torch.Tensor:
-        """A micro-batch's loss: its (masked) mean over the accumulation steps, or with --calculate-per-token-loss its
-        (masked) sum x the iteration's token scale."""
+        """A micro-batch's loss: its mean over the accumulation steps, or its sum x the token scale."""
         if self.iteration_token_scale is not None:
             return token_sum(losses, masks) * self.iteration_token_scale
         if masks is None:
@@ -251,9 +242,8 @@ class DataParallelTrainStep:
         return micro_batch_loss(losses, masks, self.state) / accumulation_steps
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
-        """The micro-batches of one iteration (those the observer runs); returns their mean loss, on the device. The
-        reducer averages gradients over DP as Megatron's does; the recorded loss is the mean over micro-batches and
-        ranks (as Megatron-DeepSpeed's; Megatron-LM weighs ranks by their unmasked tokens)."""
+        """The micro-batches of one iteration; returns their mean loss on the device (Megatron-LM instead weighs ranks
+        by their unmasked tokens)."""
         reducer, activations, device, observer = self.zero.reducer, self.activations, self.state.device, self.observer
         iteration_loss = torch.zeros((), device=device)
         micro_batches = observer.micro_batches(accumulation_steps)
@@ -265,8 +255,7 @@ class DataParallelTrainStep:
                 split_micro_batch(next(self.train_batches), device, self.documents, self.state)
             last = micro_batch == accumulation_steps - 1
             with contextlib.nullcontext() if last else reducer.no_sync():
-                # No autocast in 16-bit training: the parameters are 16-bit and the kernels keep fp32 where it matters,
-                # so autocast would only add fp32 copies (8% slower, 1.3 GiB more on a 1.5B model).
+                # No autocast in 16-bit training: it only adds fp32 copies (8% slower, 1.3 GiB more on a 1.5B model).
                 with observer.phase("forward"), \
                         activations.measuring() if measure_activations else contextlib.nullcontext():
                     losses = self.model(inputs, labels) if masks is None else self.model(inputs, labels, masks)

@@ -36,15 +36,14 @@ def _set_rng_states(rng, device: torch.device, states: dict) -> None:
 
 
 def _held_bytes(tensor: torch.Tensor) -> int:
-    """The bytes a saved tensor holds: an expanded (stride 0) dimension repeats elements and holds no more."""
+    """Bytes a saved tensor holds: a stride-0 dimension holds no more elements."""
     repeats = math.prod(size for size, stride in zip(tensor.shape, tensor.stride()) if stride == 0 and size > 1)
     return tensor.numel() // repeats * tensor.element_size()
 
 
 class SavedTensorMeter:
-    """Peak bytes of tensors autograd saves for backward, by location ("device" or "host"), and of the checkpointed
-    inputs among them. Parameters are not counted, a storage saved twice counts once, and M_D's buffer (held for the
-    run) counts only among the checkpointed inputs."""
+    """Peak bytes autograd saves for backward, by location, and of the checkpointed inputs among them; parameters not
+    counted, a storage once."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -53,13 +52,12 @@ class SavedTensorMeter:
         self.checkpointed_live = {"device": 0, "host": 0}
         self.checkpointed_peak = {"device": 0, "host": 0}
         self._counts: dict[tuple, int] = {}
-        # Checkpointed inputs announced by the checkpoint function: autograd packs a Function's saved tensors after its
-        # forward returns, so they are recognised on arrival.
+        # Checkpointed inputs announced by the checkpoint function, recognised when autograd packs them.
         self._expected: dict[tuple, tuple[str, bool]] = {}  # where -> (location, in the contiguous buffer)
 
     @staticmethod
     def _where(tensor: torch.Tensor) -> tuple:
-        """The allocation and offset a tensor starts at (meta tensors included: the planner measures on meta)."""
+        """The allocation and offset a tensor starts at (meta included)."""
         return (*storage_identity(tensor), tensor.storage_offset(), tensor.numel())
 
     def expect_checkpoint(self, tensor: torch.Tensor, location: str, in_contiguous_buffer: bool = False) -> None:
@@ -71,7 +69,7 @@ class SavedTensorMeter:
     def _pack(self, tensor: torch.Tensor):
         if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
             return tensor
-        # On a CPU-only run the host copies P_a+cpu makes are known only from the announcement.
+        # on a CPU-only run P_a+cpu's host copies are known only from the announcement
         location = "host" if tensor.device.type == "cpu" and self.device.type != "cpu" else "device"
         location, in_buffer = self._expected.pop(self._where(tensor), (location, None))
         checkpointed = in_buffer is not None
@@ -103,7 +101,7 @@ class SavedTensorMeter:
 
 
 class _Saved:
-    """A saved tensor; when autograd drops it the meter counts it freed."""
+    """A saved tensor; dropping it counts it freed."""
 
     __slots__ = ("tensor", "meter", "key")
 
@@ -115,8 +113,7 @@ class _Saved:
 
 
 class ActivationMonitor:
-    """What the training loop observes of activations: one iteration's saved-tensor measurement and the checkpoint
-    timings; the checkpointing reports to it."""
+    """What the loop observes of activations: saved-tensor measurement and checkpoint timings."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -131,7 +128,6 @@ class ActivationMonitor:
             yield self.meter
 
     def finish_measurement(self) -> Optional[SavedTensorMeter]:
-        """The iteration's meter (None if nothing was measured); the next iteration is not measured."""
         meter, self.meter = self.meter, None
         return meter
 
@@ -144,14 +140,12 @@ class ActivationMonitor:
 
 
 class ActivationCheckpointing:
-    """Runs a model's blocks under activation checkpointing (an ActivationCheckpointConfig); owns the contiguous
-    buffer."""
+    """Runs a model's blocks under activation checkpointing; owns the contiguous buffer."""
 
     def __init__(self, config, state, rng=None, chunk_layers: Sequence[int] = (),
                  monitor: Optional[ActivationMonitor] = None, input_is_split: bool = False,
                  slot_sets: int = 1) -> None:
-        """`chunk_layers`: the blocks of each model chunk this rank runs; `slot_sets`: the micro-batches whose
-        checkpoints the pipeline schedule keeps in flight (both size the contiguous buffer)."""
+        """`chunk_layers` and `slot_sets` (micro-batches in flight) size the contiguous buffer."""
         self.config = config
         self.state = state
         self.rng = rng
@@ -171,9 +165,7 @@ class ActivationCheckpointing:
         return torch.device("meta") if self.device.type == "meta" else torch.device("cpu")
 
     def run(self, blocks: Sequence[nn.Module], hidden: torch.Tensor, documents=None) -> torch.Tensor:
-        """`hidden` through every block of one model chunk, checkpointing the groups --recompute-method picks; a plain
-        loop when no gradient is recorded. `documents`: the masks each block's attention reads, in forward and recompute
-        alike."""
+        """`hidden` through one model chunk's blocks, checkpointing the groups --recompute-method picks."""
         if not torch.is_grad_enabled():
             return _run_in_order(blocks, hidden, documents)
         for first, end, checkpointed in self.config.checkpointed_groups(len(blocks)):
@@ -190,16 +182,14 @@ class ActivationCheckpointing:
         return start, slice_numel
 
     def _destination(self, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, Optional[SlotLease]]:
-        """Where one checkpoint's kept slice goes: a slot of the contiguous buffer (with its lease), or a fresh
-        tensor."""
+        """A buffer slot (with its lease) or a fresh tensor for one kept slice."""
         if self.contiguous is not None:
             return self.contiguous.take(numel, dtype)
         return torch.empty(numel, dtype=dtype, device=self.host if self.offload else self.device, pin_memory=self.pin), \
             None
 
     def store(self, hidden: torch.Tensor) -> tuple[torch.Tensor, Optional[SlotLease]]:
-        """The part of a block group's input this rank keeps (all of it, or its 1/TP slice) and the lease of its buffer
-        slot."""
+        """The part of a group's input this rank keeps (all, or its 1/TP slice), and its slot's lease."""
         flat = hidden.detach().reshape(-1)
         if self.partition:
             start, slice_numel = self._slice_bounds(flat.numel())
@@ -213,10 +203,10 @@ class ActivationCheckpointing:
         return kept, lease
 
     def restore(self, kept: torch.Tensor, shape: torch.Size, lease: Optional[SlotLease] = None) -> torch.Tensor:
-        """Rebuild the full input from what `store` kept (to the device, then one TP all-gather) and free its slot."""
+        """Rebuild the full input from what `store` kept and free its slot."""
         piece = kept.to(self.device, non_blocking=True) if kept.device != self.device else kept
         if not self.partition:
-            restored = piece.clone().view(shape)  # a fresh tensor: the kept one may be a reused buffer slot
+            restored = piece.clone().view(shape)  # the kept one may be a reused buffer slot
         else:
             gathered = torch.empty(piece.numel() * self.state.tensor_parallel_size, dtype=piece.dtype,
                                    device=self.device)
@@ -232,7 +222,7 @@ class ActivationCheckpointing:
 
 
 class _BlockGroup:
-    """Calls a group of blocks in order (a picklable stand-in for a closure)."""
+    """A picklable stand-in for a closure over a group of blocks."""
 
     def __init__(self, blocks: list[nn.Module], documents=None) -> None:
         self.blocks, self.documents = blocks, documents
@@ -250,8 +240,7 @@ def _run_in_order(blocks: Sequence[nn.Module], hidden: torch.Tensor, documents=N
 
 
 class _CheckpointFunction(torch.autograd.Function):
-    """Forward without saving the group's internals; backward rebuilds the input, restores the RNG streams, recomputes
-    and backpropagates through the recomputed graph."""
+    """Forward without saving internals; backward restores the input and RNG, recomputes, backpropagates."""
 
     @staticmethod
     def forward(ctx, run: _BlockGroup, checkpointing: ActivationCheckpointing, hidden: torch.Tensor):
@@ -294,8 +283,7 @@ class _CheckpointFunction(torch.autograd.Function):
 def apply_activation_checkpointing(model: nn.Module, config, state, rng=None,
                                    monitor: Optional[ActivationMonitor] = None,
                                    slot_sets: int = 1) -> ActivationCheckpointing:
-    """Make `model` run its blocks under activation checkpointing through its `run_blocks` hook (GPTModel's); a pipeline
-    stage's model chunks are its `chunk_blocks`."""
+    """Make `model` run its blocks under activation checkpointing (its `run_blocks` hook)."""
     if not hasattr(model, "run_blocks") or not hasattr(model, "blocks"):
         raise TypeError(f"{type(model).__name__} has no run_blocks hook: activation checkpointing applies to "
                         "models that run their blocks through model.run_blocks(blocks, hidden), like GPTModel")

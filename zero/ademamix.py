@@ -9,7 +9,7 @@ from typing import Iterable
 
 import torch
 
-# Elements stepped at once: three 4 MiB fp32 temporaries at the step's peak.
+# Elements stepped at once: three fp32 temporaries of this size at the peak.
 WINDOW = 1 << 20
 TEMPORARIES = 3
 
@@ -23,8 +23,7 @@ def linear_warmup(step: int, end: float, start: float = 0.0, warmup: int = 1) ->
 
 
 def half_life_warmup(step: int, end: float, start: float = 0.0, warmup: int = 1) -> float:
-    """The fork's linear_hl_warmup_scheduler: beta3 from `start` to `end` over `warmup` steps, linear in the
-    half-life."""
+    """The fork's linear_hl_warmup_scheduler: beta3 warmed up linearly in the half-life."""
     def half_life(beta: float, eps: float = 1e-8) -> float:
         return math.log(0.5) / math.log(beta + eps) - 1
 
@@ -38,8 +37,7 @@ def half_life_warmup(step: int, end: float, start: float = 0.0, warmup: int = 1)
 
 
 class AdEMAMix(torch.optim.Optimizer):
-    """The fork's AdEMAMix over parameters whose states ("step", "exp_avg" = m1, "exp_avg_slow" = m2, "exp_avg_sq" = nu)
-    the caller set."""
+    """The fork's AdEMAMix over states "exp_avg" (m1), "exp_avg_slow" (m2), "exp_avg_sq" (nu) the caller set."""
 
     STATE_KEYS = ("exp_avg", "exp_avg_slow", "exp_avg_sq")
 
@@ -72,8 +70,7 @@ class AdEMAMix(torch.optim.Optimizer):
 def _ademamix_window(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_slow: torch.Tensor,
                      exp_avg_sq: torch.Tensor, *, step: int, lr: float, beta1: float, beta2: float, beta3: float,
                      alpha: float, eps: float, weight_decay: float) -> None:
-    """One window of the fork's AdEMAMix.step, in its order (in place where the fork drops a temporary: same
-    roundings)."""
+    """One window of the fork's AdEMAMix.step, in its order (same roundings)."""
     bias_correction1 = 1.0 - (beta1 ** step)
     bias_correction2 = 1.0 - (beta2 ** step)
     if beta1 != 0.0:

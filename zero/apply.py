@@ -43,7 +43,7 @@ class ZeroParts:
         return self.optimizer.loss_scaler
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """The loss to call backward on: multiplied by the fp16 loss scale."""
+        """The loss to call backward on: times the fp16 loss scale."""
         scale = self.optimizer.loss_scaler.scale
         return loss * scale if scale != 1.0 else loss
 
@@ -52,8 +52,7 @@ def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Mod
                own_units: Sequence[nn.Parameter] = (),
                decoupled_lr_params: Sequence[nn.Parameter] = (), build=None,
                muon_excluded_params: Sequence[nn.Parameter] = (), fp8_gathered: Optional[dict] = None) -> ZeroParts:
-    """ZeRO as a resolved PretrainConfig asks for. `blocks`: the stage-3 chunks' modules; `build`: build_zero or, with
-    expert parallelism, build_zero_with_experts; the other arguments are build_zero's."""
+    """ZeRO as a resolved PretrainConfig asks for; `build`: build_zero or build_zero_with_experts."""
     build = build or build_zero
     training = config.training
     scaler = build_loss_scaler(training.fp16, training.loss_scale, training.initial_loss_scale,
@@ -75,10 +74,8 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
                decoupled_lr_params: Sequence[nn.Parameter] = (),
                gradient_divisor: Optional[int] = None,
                muon_excluded_params: Sequence[nn.Parameter] = (), fp8_gathered: Optional[dict] = None) -> ZeroParts:
-    """The explicit form of `apply_zero`. Each of `own_units` is a unit alone, last, so its shard lies at the same place
-    on every pipeline stage (a tied embedding's two copies are summed shard by shard). `gradient_divisor`: what each
-    gradient is divided by before the sum (default the DP size). `fp8_gathered`: FP8 linears' weights (id ->
-    Fp8LinearState), given units of their own gathered as FP8 bytes."""
+    """The explicit form of `apply_zero`. `own_units`: units alone, last, so a tied embedding's shards line up across
+    stages. `gradient_divisor`: default the DP size. `fp8_gathered`: FP8 weights gathered as bytes."""
     stage = zero_config.stage
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage}")
@@ -107,7 +104,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         unit_params += bucket_params([p for p in params if id(p) not in alone and id(p) in fp8_gathered],
                                      zero_config.reduce_bucket_size)
         unit_params += [[param] for param in own_units]
-    # The partition is cut over DP x CP (Megatron's "dp-cp"), or within this rank's optimizer instance.
+    # cut over DP x CP (Megatron's "dp-cp"), or within this rank's optimizer instance
     partition_group = state.partition_group if stage >= 1 else None
     parts, part = (state.partition_size, state.partition_rank) if stage >= 1 else (1, 0)
     replica_group = state.partition_replica_group if stage >= 1 else None
@@ -144,8 +141,8 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     layout = storage.bind(model)
 
     scatter = stage >= 1 and zero_config.reduce_scatter
-    # Offloaded, each unit's reduced gradient goes to the host as its reduction completes; at stages 2-3 a 16-bit
-    # gradient accumulates in a host buffer of its own, as DeepSpeed's.
+    # Offloaded, reduced gradients go to the host as each reduction completes (16-bit ones accumulate in their own
+    # buffer).
     host = device if device.type == "meta" else HOST
     host_fp32 = None if offload is None else host_zeros(layout.partition_numel, offload.pins, host)
     reducer: GradientReducer
@@ -179,7 +176,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
 
 
 def _value_source(model: nn.Module, params: list[nn.Parameter], state, seed: Optional[int]) -> ValueSource:
-    """Initial values: the counter-based initializer for a meta-built model, else the tensors it has."""
+    """Initial values: the counter-based initializer for a meta-built model, else its tensors."""
     on_meta = [p.device.type == "meta" for p in params]
     if all(on_meta):
         if seed is None:

@@ -11,7 +11,7 @@ import torch
 
 
 class SlotLease:
-    """One taken slot; giving it back twice (the recompute, then the graph's end) is a no-op."""
+    """One taken slot; giving it back twice is a no-op."""
 
     __slots__ = ("buffer", "index")
 
@@ -28,8 +28,7 @@ class SlotLease:
 
 
 class ContiguousCheckpoints:
-    """`slot_sets` x `slots_per_set` slots in one tensor, allocated at the first checkpoint and again only on a new
-    shape."""
+    """`slot_sets` x `slots_per_set` slots in one tensor, reallocated only on a new shape."""
 
     def __init__(self, slots_per_set: int, slot_sets: int, device: torch.device, pin: bool = False) -> None:
         self.slots_per_set, self.slot_sets = slots_per_set, slot_sets
@@ -44,8 +43,8 @@ class ContiguousCheckpoints:
         return self.capacity - len(self._free) if self.buffer is not None else 0
 
     def take(self, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, SlotLease]:
-        """A free slot for `numel` elements and its lease. The slot is a tensor of its own over the buffer's bytes, not
-        a view: views share a version counter, and autograd would reject it once the next slot is written."""
+        """A free slot for `numel` elements and its lease. The slot is its own tensor, not a view: views share a version
+        counter, so autograd would reject it once the next slot is written."""
         if self.buffer is None or self.buffer.numel() != self.capacity * numel or self.buffer.dtype != dtype:
             if self.in_use:
                 raise RuntimeError(f"a checkpoint of {numel} elements while {self.in_use} of another shape await "

@@ -46,7 +46,7 @@ class ZeroConfig:
         aliases={"--zero-reduce-scatter": "DeepSpeed-Megatron"})
     stage3_prefetch_bucket_size: int = option(50_000_000, type=count,
                                               help="stage 3: elements of parameters fetched ahead of their use")
-    # Ours is 0 where DeepSpeed's is 1e5: stage 3 partitions everything, as the paper describes.
+    # Ours is 0 (DeepSpeed's 1e5): stage 3 partitions everything, as the paper.
     stage3_param_persistence_threshold: int = option(
         0, type=count, help="stage 3: parameters with fewer elements stay whole on every rank (DeepSpeed's default "
                             "is 1e5; 0 partitions everything, as in the paper)")
@@ -108,8 +108,7 @@ class ZeroConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{zero_flag(name)} must be >= 0 (elements), got {getattr(self, name)}",
                                   flags=(zero_flag(name),))
-        # Megatron-LM takes --overlap-param-gather only with the distributed optimizer or FSDP (which turns it on
-        # itself); stage 0 gathers nothing.
+        # Megatron-LM takes --overlap-param-gather only with the distributed optimizer or FSDP.
         if self.overlap_param_gather and self.stage == 0:
             raise ConfigError("--overlap-param-gather applies to ZeRO stages 1-3, not --zero-stage 0 (stage 0 "
                               "gathers no parameters; Megatron-LM takes it only with the distributed optimizer or "
@@ -121,8 +120,7 @@ class ZeroConfig:
 
 @dataclass(frozen=True)
 class ActivationCheckpointConfig:
-    """ZeRO-R's activation memory: checkpointing, partitioned (P_a) and offloaded (P_a+cpu) checkpoints, and one
-    contiguous buffer for them (M_D). Checks against the model's depth are in `validate_for_layers`."""
+    """ZeRO-R's activation memory: checkpointing, P_a, P_a+cpu and one contiguous buffer (M_D)."""
 
     checkpoint_activations: bool = option(
         False, help="keep only each group's input in forward and recompute the group in backward")
@@ -163,8 +161,7 @@ class ActivationCheckpointConfig:
                            "number_checkpoints", "synchronize_checkpoint_boundary", "profile_checkpointing")
 
     def validate(self) -> None:
-        # Megatron-Core's block method checkpoints the first N blocks of each chunk, so 0 is valid there; uniform groups
-        # of 0 blocks would never advance.
+        # Megatron-Core's block method takes 0; uniform groups of 0 blocks would never advance.
         if self.checkpoint_num_layers < (0 if self.recompute_method == "block" else 1):
             raise ConfigError(f"--checkpoint-num-layers must be at least 1 (0 only under --recompute-method block: "
                               f"no block recomputed), got {self.checkpoint_num_layers}",
@@ -181,8 +178,7 @@ class ActivationCheckpointConfig:
                                       flags=(activation_flag(name), "--checkpoint-activations"))
 
     def validate_for_layers(self, num_layers: int) -> None:
-        """The checks against the model's depth (only with --checkpoint-activations). Under block a count above the
-        blocks checkpoints every block, as Megatron-LM takes it."""
+        """The checks against the model's depth (only with --checkpoint-activations)."""
         if not self.checkpoint_activations:
             return
         if self.recompute_method == "uniform" and self.checkpoint_num_layers > num_layers:
@@ -197,10 +193,8 @@ class ActivationCheckpointConfig:
                               flags=("--number-checkpoints", "--num-layers", "--checkpoint-num-layers"))
 
     def checkpointed_groups(self, chunk_layers: int) -> list[tuple[int, int, bool]]:
-        """A model chunk's groups of consecutive blocks in order, as (first, end, checkpointed), as Megatron-Core's
-        checkpointed_forward runs them: "uniform" checkpoints every group of checkpoint_num_layers blocks (the last
-        one shorter); "block" checkpoints each of the first checkpoint_num_layers blocks alone and runs the rest
-        unchecked."""
+        """A model chunk's block groups as (first, end, checkpointed), as Megatron-Core's checkpointed_forward runs
+        them: uniform groups of checkpoint_num_layers, or under block the first checkpoint_num_layers blocks alone."""
         size = self.checkpoint_num_layers
         if self.recompute_method == "block":
             return [(layer, layer + 1, layer < size) for layer in range(chunk_layers)]
@@ -211,8 +205,7 @@ class ActivationCheckpointConfig:
         return sum(checkpointed for _, _, checkpointed in self.checkpointed_groups(num_layers))
 
     def buffer_checkpoints(self, *chunk_layers: int) -> int:
-        """Checkpoints one slot set of the contiguous buffer holds: --number-checkpoints, else one per group of each
-        chunk."""
+        """Checkpoints one slot set of the contiguous buffer holds."""
         made = sum(self.num_checkpoints(layers) for layers in chunk_layers)
         if self.number_checkpoints is None:
             return made

@@ -31,7 +31,7 @@ def holds_expert_parameters(model: nn.Module) -> bool:
 
 
 def expert_data_parallel_state(state: ParallelState) -> ParallelState:
-    """`state` as the experts' ZeRO sees it: the expert DP and expert TP groups where DP and TP were."""
+    """`state` with the expert DP and expert TP groups where DP and TP were."""
     experts = state.experts
     dims = ParallelDims((state.dims["pp"],
                          MeshDim("dp", experts.data_size, experts.data_rank, experts.data_group),
@@ -76,17 +76,15 @@ class BothReducers:
 
 
 class CheckpointableChain(CheckpointableOptimizer):
-    """CheckpointableOptimizer over both parts. Experts are saved by their owners, never gathered: each expert DP
-    group's first rank writes its experts by global name into a file of its EP rank (as Megatron-LM's `expert_rank`),
-    and fragments load by name, so a checkpoint loads at any EP size."""
+    """CheckpointableOptimizer over both parts. Each expert DP group's first rank writes its experts by global name into
+    a file of its EP rank, so a checkpoint loads at any EP size."""
 
     def model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
-        """The dense parameters whole (every DP rank takes part at stage 3); no expert."""
+        """The dense parameters whole; no expert."""
         return self.dense.model_state_dict(model, keep)
 
     def expert_model_state_dict(self, model: nn.Module) -> Optional[tuple[int, dict[str, torch.Tensor]]]:
-        """(EP rank, its experts whole by global name) on the expert DP group's first rank; None on the others, which
-        only take part in the gathers."""
+        """(EP rank, its experts by global name) on the expert DP group's first rank; None on the others."""
         writes = self.expert_data_parallel_rank == 0
         weights = self.experts.model_state_dict(model, keep=writes)
         return (self.expert_parallel_rank, weights) if writes else None
@@ -113,7 +111,7 @@ class CheckpointableChain(CheckpointableOptimizer):
 
 
 class ChainedStep(CheckpointableChain):
-    """One step over the dense and the expert optimizers: one norm over all parameters, one clip, one scaler."""
+    """One step over both optimizers: one norm, one clip, one scaler."""
 
     def __init__(self, dense, experts, expert_parallel_group, loss_scaler: LossScaler,
                  data_parallel_rank: int = 0, expert_data_parallel_rank: int = 0, expert_parallel_rank: int = 0) -> None:
@@ -154,14 +152,14 @@ class ChainedStep(CheckpointableChain):
 
     @property
     def parameters(self):
-        """The dense part's parameter storage (its stage-3 gatherer is the one the planner reads)."""
+        """The dense part's parameter storage (the planner reads its gatherer)."""
         return self.dense.parameters
 
     def step_working_bytes(self, gather_copy_bytes: int = 0, norm_in_blocks: bool = False) -> int:
         return max(part.step_working_bytes(gather_copy_bytes, norm_in_blocks) for part in self.parts)
 
     def grad_norm_squared(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """The squared norm over both parts' partition gradients and every stage; the stages sum once."""
+        """The squared norm over both parts and every stage."""
         dense = self.dense.stage_grad_norm_squared(grads[0])
         experts = self.experts.stage_grad_norm_squared(grads[1])
         self.comm.all_reduce(experts, self.expert_parallel_group, "ep")
@@ -197,7 +195,7 @@ class ChainedStep(CheckpointableChain):
 
 
 class ExpertZeroParts:
-    """ZeroParts' interface (reducer, optimizer.step, loss scaling) over the dense and the expert ZeroParts."""
+    """ZeroParts' interface over the dense and the expert ZeroParts."""
 
     def __init__(self, dense: ZeroParts, experts: ZeroParts, state: ParallelState) -> None:
         self.dense, self.experts = dense, experts
@@ -217,8 +215,7 @@ class ExpertZeroParts:
 def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, state: ParallelState, *,
                             loss_scaler: Optional[LossScaler] = None, own_units=(), decoupled_lr_params=(),
                             **kwargs) -> ExpertZeroParts:
-    """build_zero for a model some of whose parameters are experts; `own_units` and `decoupled_lr_params` go to the
-    dense part only."""
+    """build_zero for a model with experts; `own_units` and `decoupled_lr_params` go to the dense part."""
     if not holds_expert_parameters(model):
         raise ValueError("build_zero_with_experts: the model has no expert parameter (a record replicated over edp): "
                          "build it with build_zero")
@@ -231,8 +228,7 @@ def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, sta
                           expert_data_parallel_state(state), loss_scaler=scaler,
                           gradient_divisor=state.data_context_parallel_size, **kwargs)
     if state.device.type == "cpu":
-        # Each part set the malloc threshold to its own smallest weight, the experts' last; the model's smallest is what
-        # host_memory means (an EP 2 run peaked 1.17x its plan otherwise).
+        # Each part set the malloc threshold to its own smallest weight; the model's smallest is the one meant.
         itemsize = dense.optimizer.parameters.dtype.itemsize
         return_freed_blocks_to_system(min((param.numel() * itemsize for param in model.parameters()
                                            if param.requires_grad and param.dim() >= 2), default=0))

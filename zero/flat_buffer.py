@@ -12,7 +12,7 @@ from torch import nn
 
 from parallel.sharding import record_of
 
-# Shard boundaries fall on multiples of this many elements (128 bytes of bf16), aligned for vector copies and NCCL.
+# Shard boundaries fall on multiples of this many elements, aligned for vector copies and NCCL.
 DEFAULT_ALIGNMENT = 64
 
 
@@ -23,14 +23,13 @@ class ParamKind:
 
     @classmethod
     def of(cls, param: nn.Parameter) -> "ParamKind":
-        """Megatron's rule: weight decay for 2 dims or more, unless the parameter carries `apply_weight_decay`."""
+        """Megatron's rule: decay for 2 dims or more, unless marked `apply_weight_decay`."""
         return cls(weight_decay=getattr(param, "apply_weight_decay", param.dim() >= 2),
                    tensor_parallel=record_of(param).is_split)
 
 
 def mark_weight_decay(params, decayed: bool = True) -> None:
-    """Give `params` weight decay (or none) whatever their dims; set before ZeRO lays them out (the attribute travels to
-    the parameters that replace them)."""
+    """Give `params` weight decay (or none) whatever their dims, before ZeRO lays them out."""
     for param in params:
         param.apply_weight_decay = decayed
 
@@ -50,7 +49,7 @@ class Slot:
 
 @dataclass(frozen=True)
 class Segment:
-    """A run of one kind inside this rank's partition, [start, end) in partition coordinates."""
+    """A run of one kind inside this rank's partition, in partition coordinates."""
     start: int
     end: int
     kind: ParamKind
@@ -58,8 +57,8 @@ class Segment:
 
 @dataclass(frozen=True)
 class Fragment:
-    """Elements [param_offset, +numel) of a flattened parameter at [partition_offset, +numel) of a rank's partition;
-    fragments describe a partition completely, so a checkpoint can be re-cut for another DP size."""
+    """A piece of a flattened parameter at an offset of a rank's partition; fragments describe a partition completely,
+    so a checkpoint can be re-cut for another DP size."""
     slot: Slot
     param_offset: int
     partition_offset: int
@@ -67,7 +66,7 @@ class Fragment:
 
 
 class Unit:
-    """A contiguous piece of the flat buffer, padded to split evenly into `parts` aligned shards."""
+    """A piece of the flat buffer, padded to split evenly into `parts` aligned shards."""
 
     def __init__(self, index: int, params: Sequence[nn.Parameter], parts: int, alignment: int,
                  buffer_offset: int, partition_offset: int) -> None:
@@ -100,7 +99,7 @@ class Unit:
         return part * self.shard_numel, (part + 1) * self.shard_numel
 
     def fragments(self, part: int) -> list["Fragment"]:
-        """The pieces of parameters inside shard `part`, in partition coordinates (padding is in none)."""
+        """The pieces of parameters inside shard `part`, in partition coordinates."""
         lo, hi = self.shard_bounds(part)
         offset = self.partition_offset - lo
         return [Fragment(slot, max(lo, slot.start) - slot.start, max(lo, slot.start) + offset,
@@ -108,8 +107,7 @@ class Unit:
                 for slot in self.slots if slot.start < hi and slot.end > lo]
 
     def segments(self, part: int) -> list[Segment]:
-        """The runs of one kind inside shard `part`, in partition coordinates (padding joins the last run; its gradient
-        is 0)."""
+        """The runs of one kind inside shard `part` (padding joins the last run)."""
         shard_start, shard_end = self.shard_bounds(part)
         runs: list[tuple[int, int, ParamKind]] = []
         for slot in self.slots:
@@ -130,8 +128,6 @@ class Unit:
 
 
 class FlatLayout:
-    """The units of a model's trainable parameters and the partition of rank `part`."""
-
     def __init__(self, unit_params: Sequence[Sequence[nn.Parameter]], parts: int, part: int,
                  alignment: int = DEFAULT_ALIGNMENT) -> None:
         if not 0 <= part < parts:
@@ -168,8 +164,7 @@ class FlatLayout:
 
 
 def bucket_params(params: Sequence[nn.Parameter], bucket_size: int) -> list[list[nn.Parameter]]:
-    """Parameters (in forward order) in buckets of at most `bucket_size` elements, in reverse order: backward fills the
-    last layer's first. A larger parameter gets a bucket of its own."""
+    """Parameters in buckets of at most `bucket_size` elements, last layer first (backward's order)."""
     buckets: list[list[nn.Parameter]] = []
     current: list[nn.Parameter] = []
     current_numel = 0
@@ -196,9 +191,8 @@ def unique_trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
 
 
 class BufferPool:
-    """Flat scratch buffers of one size, reused (ZeRO-R's constant-size buffers, C_B); a new one only when all are in
-    use. They are created at first need, not at the build: `on_create` hears each new buffer's bytes (the dry run reads
-    it)."""
+    """Flat scratch buffers of one size, reused (ZeRO-R's C_B), created at first need; `on_create` hears each new
+    buffer's bytes."""
 
     on_create: Optional[Callable[[int], None]] = None
 

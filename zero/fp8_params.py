@@ -30,9 +30,8 @@ from zero.flat_buffer import FlatLayout, Unit
 
 
 class Fp8WeightBytes:
-    """The FP8 bytes of `layout`'s units whose every parameter is in `states` (id -> Fp8LinearState): this rank's
-    `shard` and the gathered `flat` of each, whose views are each linear's Fp8Weight. `group`: the ranks the units are
-    cut over."""
+    """The FP8 bytes of `layout`'s all-FP8 units: this rank's `shard` and the gathered `flat` of each, whose views are
+    the linears' Fp8Weights."""
 
     def __init__(self, layout: FlatLayout, states: dict, model_dtype: torch.dtype, device: torch.device, comm,
                  group: Optional[dist.ProcessGroup], released_between_uses: bool) -> None:
@@ -58,7 +57,7 @@ class Fp8WeightBytes:
                     flat.untyped_storage().resize_(0)
 
     def _weight(self, unit: Unit, slot, recipe: str, device: torch.device) -> Fp8Weight:
-        """A slot's Fp8Weight: views of the gathered unit(s), scales of the recipe's shape."""
+        """A slot's Fp8Weight: views of the gathered unit(s)."""
         def view(flat):
             return flat[slot.start:slot.end].view(E4M3).view(slot.shape)
 
@@ -75,7 +74,7 @@ class Fp8WeightBytes:
                                           if unit.index in self.columnwise_flat else [])
 
     def _blocks(self, weight: Fp8Weight) -> int:
-        """How many amaxes a weight's shards reduce: 1 (per tensor), or one a block (both directions for MXFP8)."""
+        """Amaxes a weight's shards reduce: 1, or one a block."""
         return weight.scale_inv.numel() + \
             (0 if weight.columnwise_scale_inv is None else weight.columnwise_scale_inv.numel())
 
@@ -85,7 +84,7 @@ class Fp8WeightBytes:
         return sum(flat.numel() for unit in self.units for flat in self._flats(unit))
 
     def resident_bytes(self) -> int:
-        """Bytes held now: the shards, the gathered units whose storage is allocated, and every weight's fp32 scales."""
+        """Bytes held now: shards, allocated gathered units and scales."""
         shards = [*self.shard.values(), *self.columnwise_shard.values()]
         scales = [scale for weights in self.weights.values() for weight in weights
                   for scale in (weight.scale_inv, weight.columnwise_scale_inv) if scale is not None]
@@ -96,8 +95,8 @@ class Fp8WeightBytes:
         return unit.index in self.shard
 
     def quantize(self, master: torch.Tensor) -> None:
-        """Cast this rank's shard of every FP8 weight from the fp32 master. Collective over `group`: one max all-reduce
-        of the shards' amaxes, so each scale is the whole tensor's or block's."""
+        """Cast this rank's shard of every FP8 weight from the master (one max all-reduce of the amaxes over
+        `group`)."""
         # the master may live in host memory (--offload-optimizer)
         device = self.shard[self.units[0].index].device if self.units else master.device
         pieces, amax = self._shard_amaxes(master, device)
@@ -116,8 +115,7 @@ class Fp8WeightBytes:
             self._cast(unit, fragment, piece, index, scales[unit.index, position])
 
     def _shard_amaxes(self, master: torch.Tensor, device: torch.device) -> tuple[list, list]:
-        """This rank's pieces of each FP8 weight (unit, position, fragment, values, block index) and each weight's
-        amaxes."""
+        """This rank's pieces of each FP8 weight, and each weight's amaxes."""
         pieces, amax = [], []
         for unit in self.units:
             for position, slot in enumerate(unit.slots):
@@ -142,8 +140,7 @@ class Fp8WeightBytes:
         return pieces, amax
 
     def _scale(self, state, weight: Fp8Weight, amax: torch.Tensor) -> torch.Tensor:
-        """A weight's scales from its reduced amaxes (the dequantizing ones written into `weight`); returns the
-        quantizing one."""
+        """A weight's scales from its reduced amaxes; returns the quantizing one."""
         if state.recipe.recipe == "mxfp8":
             exponent = mx_exponents(amax)
             rowwise, columnwise = mx_dequantizing_scales(exponent, weight.data.shape)
@@ -158,7 +155,7 @@ class Fp8WeightBytes:
         return scale
 
     def _cast(self, unit: Unit, fragment, piece: torch.Tensor, index, scale: torch.Tensor) -> None:
-        """A piece of the master cast into this rank's shard bytes (MXFP8: both)."""
+        """A piece of the master cast into this rank's shard bytes."""
         at = fragment.partition_offset - unit.partition_offset
         end = at + fragment.numel
         if unit.index in self.columnwise_shard:
@@ -169,7 +166,7 @@ class Fp8WeightBytes:
                 if index is None else cast_block_shard(piece, index, scale)
 
     def start_gather(self, unit: Unit, async_op: bool):
-        """All-gather `unit`'s bytes into its re-sized gathered flat (MXFP8: two gathers, one handle)."""
+        """All-gather `unit`'s bytes into its gathered flat."""
         shards = [self.shard[unit.index]] + ([self.columnwise_shard[unit.index]]
                                              if unit.index in self.columnwise_shard else [])
         works = []

@@ -19,8 +19,7 @@ FLAG = "--gradient-accumulation-fusion"
 
 def apply_gradient_accumulation_fusion(model: nn.Module, reducer, enabled: bool, device: torch.device, *,
                                        left_out: Sequence[tuple[nn.Module, str]] = ()) -> str:
-    """Make each fusing linear of `model` add its weight gradient into `reducer`'s main gradient; returns the start-up
-    line. `left_out`: (module, why) pairs whose linears keep autograd's weight gradient."""
+    """Make each fusing linear add its weight gradient into the main gradient; returns the start-up line."""
     if not enabled:
         return ("> gradient accumulation fusion off (--no-gradient-accumulation-fusion): each weight gradient is "
                 "autograd's, in the parameters' dtype, then added into the main gradient")
@@ -68,7 +67,7 @@ def apply_gradient_accumulation_fusion(model: nn.Module, reducer, enabled: bool,
 
 
 def fused_weights(model: nn.Module) -> set[int]:
-    """The ids of `model`'s weights whose gradient autograd never materialises (the planner counts the others')."""
+    """Ids of the weights whose gradient autograd never materialises."""
     return {id(layer.weight) for layer in model.modules()
             if isinstance(layer, (ColumnParallelLinear, RowParallelLinear))
             and (isinstance(layer.linear, LinearIntoMainGrad)

@@ -14,8 +14,7 @@ from base.graph_replay_hooks import runs_before_graph_replay
 
 
 class UnitGate:
-    """One unit's all-gather in flight: its work handle and the input it reads (kept alive until done); open once
-    waited."""
+    """One unit's all-gather in flight (work handle and input); open once waited."""
 
     __slots__ = ("work", "source")
 
@@ -38,7 +37,7 @@ class UnitGate:
 
 
 class GatedParameter(nn.Parameter):
-    """A parameter that waits for its unit's gather (`gate`) before any operation reads it."""
+    """A parameter that waits for its unit's gather before any operation reads it."""
 
     gate: Optional[UnitGate] = None  # set by the storage that binds it
 
@@ -52,7 +51,7 @@ class GatedParameter(nn.Parameter):
 
 
 def _wait_for_gates(values: Iterable) -> None:
-    """Wait for the gates of every gated parameter among an operation's arguments, lists and tuples included."""
+    """Wait for the gates of the gated parameters among an operation's arguments."""
     for value in values:
         if isinstance(value, (list, tuple)):
             _wait_for_gates(value)
@@ -62,7 +61,7 @@ def _wait_for_gates(values: Iterable) -> None:
 
 @runs_before_graph_replay  # a replayed CUDA graph runs no Python
 class _RegionEntry:
-    """A forward pre-hook that waits for the gates of every gated parameter a module holds."""
+    """A forward pre-hook that waits for a module's gates."""
 
     def __init__(self, module: nn.Module) -> None:
         self.gates = list({id(param.gate): param.gate for param in module.parameters()
@@ -75,8 +74,7 @@ class _RegionEntry:
 
 
 def wait_at_region_entry(module: nn.Module) -> None:
-    """Wait for `module`'s parameters' gathers when its forward is entered, before it is compiled or captured in a CUDA
-    graph: inside, the gates are then always open (no recompile per iteration) and a replay, which runs no Python, calls
-    this hook first."""
+    """Wait for `module`'s gathers when its forward is entered, so compiled or CUDA-graphed regions always see open
+    gates."""
     if any(isinstance(param, GatedParameter) for param in module.parameters()):
         module.register_forward_pre_hook(_RegionEntry(module))

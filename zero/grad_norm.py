@@ -8,11 +8,11 @@ from typing import Sequence
 
 import torch
 
-NORM_BLOCK = 1 << 18  # elements per fp64 conversion on a CPU: bounds the copy to 2 MiB
+NORM_BLOCK = 1 << 18  # bounds the fp64 copy to 2 MiB
 
 
 def sum_of_squares(pieces: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The sum of the squares of every element of `pieces` (one-dimensional), as an fp64 scalar on `device`."""
+    """The sum of squares of every element of `pieces`, as an fp64 scalar on `device`."""
     blocks = [block for piece in pieces for block in _blocks(piece)]
     if not blocks:
         return torch.zeros((), dtype=torch.float64, device=device)
@@ -24,5 +24,5 @@ def _blocks(piece: torch.Tensor) -> Sequence[torch.Tensor]:
 
 
 def block_copy_bytes(largest_piece: int) -> int:
-    """The most `sum_of_squares` allocates at once on a CPU: the fp64 copy of one block (CUDA makes none)."""
+    """Most `sum_of_squares` allocates at once on a CPU (one block's fp64 copy)."""
     return min(NORM_BLOCK, largest_piece) * torch.float64.itemsize

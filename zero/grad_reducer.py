@@ -30,8 +30,8 @@ class _PendingReduction:
 
 
 class _ThenAllReduce:
-    """A reduction's handle that, waited on, also sums its shard over the optimizer instances' copies; every rank waits
-    in issue order, so the copies issue the second collective in one order."""
+    """A reduction's handle that, waited on, also all-reduces its shard across the optimizer instances (in issue
+    order)."""
 
     def __init__(self, first, comm, shard: torch.Tensor, replica_group) -> None:
         self.first, self.comm, self.shard, self.replica_group = first, comm, shard, replica_group
@@ -42,14 +42,13 @@ class _ThenAllReduce:
 
 
 class GradientReducer(ABC):
-    """What both storages share: the hooks, each unit's count of gradients received, the in-flight reductions and the
-    listeners."""
+    """What both storages share: hooks, per-unit gradient counts, in-flight reductions, listeners."""
 
     def __init__(self, layout: FlatLayout, grad_dtype: torch.dtype, comm, group, data_parallel_size: int,
                  scatter: bool, overlap: bool, device: torch.device, replica_group=None) -> None:
         self.layout = layout
         self.grad_dtype = grad_dtype
-        # `group` cuts the partition; `replica_group` joins the optimizer instances' copies of it.
+        # `replica_group` joins the optimizer instances' copies of the partition
         self.comm, self.group, self.dp_size = comm, group, data_parallel_size
         self.replica_group = replica_group
         self.scatter = scatter
@@ -59,8 +58,7 @@ class GradientReducer(ABC):
         self._pending: list[_PendingReduction] = []
         self._ready = [0] * len(layout.units)
         self._syncing = True
-        # Whether the backward in progress reduces, fixed by entering no_sync() or by its first gradient, so that a
-        # finish_grad_sync() called after leaving no_sync() still knows.
+        # Whether the backward in progress reduces, fixed by no_sync() or its first gradient.
         self._backward_syncs: Optional[bool] = None
         self._listeners: list[ReductionListener] = []
         self._hooks = []
@@ -71,7 +69,7 @@ class GradientReducer(ABC):
         return [] if self.host_partition is None else [self.host_partition]
 
     def attach(self) -> None:
-        """Hook every parameter of the layout (after the parameters are in their final place)."""
+        """Hook every parameter of the layout (once they are in their final place)."""
         self._hooks = [slot.param.register_post_accumulate_grad_hook(self._on_grad_ready)
                        for unit in self.layout.units for slot in unit.slots]
 
@@ -80,9 +78,8 @@ class GradientReducer(ABC):
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Backward passes inside accumulate locally where the storage allows (full gradients). Entering marks the
-        coming backward as not reducing even if it brings this reducer no gradient (a chunk without its parameters), so
-        the finish_grad_sync() after it does not reduce half-way."""
+        """Backward passes inside accumulate locally where the storage allows. Entering marks the coming backward as not
+        reducing even if it brings this reducer no gradient."""
         if self._backward_syncs is None:
             self._backward_syncs = False
         self._syncing = False
@@ -104,13 +101,11 @@ class GradientReducer(ABC):
 
     @abstractmethod
     def _take_gradient(self, unit: Unit, slot, param: nn.Parameter) -> bool:
-        """Store the gradient autograd just produced; True when it counts toward reducing the unit. Under gradient
-        accumulation fusion it is already in `main_grad(param)` and the hook still counts it."""
+        """Store the gradient autograd produced; True when it counts toward reducing the unit (fused ones count too)."""
 
     @abstractmethod
     def main_grad(self, param: nn.Parameter) -> torch.Tensor:
-        """Where gradient accumulation fusion adds `param`'s gradient: a `grad_dtype` view of `param`'s shape in this
-        storage."""
+        """Where gradient accumulation fusion adds `param`'s gradient."""
 
     def holds(self, param: nn.Parameter) -> bool:
         return id(param) in self.layout.slot_of
@@ -133,9 +128,8 @@ class GradientReducer(ABC):
 
     def _averaged_collective(self, unit: Unit, bucket: torch.Tensor, released: list, in_place: bool = False
                              ) -> tuple[object, torch.Tensor]:
-        """Start averaging `bucket` over the DP group; returns the work handle and where this rank's shard will be.
-        `in_place`: reduce-scatter over this rank's own chunk of `bucket`, as Megatron-Core's distributed optimizer
-        does, without a staging buffer."""
+        """Start averaging `bucket` over DP; returns the work and where this rank's shard will be. `in_place`: into its
+        own chunk, as Megatron-Core's distributed optimizer, with no staging buffer."""
         if self.dp_size > 1:
             bucket.div_(self.dp_size)  # average before summing: keeps 16-bit sums in range
         if self.scatter and in_place:
@@ -152,7 +146,7 @@ class GradientReducer(ABC):
             shard = bucket[lo:hi]
             work = self.comm.all_reduce(bucket, self.group, "dp", async_op=True)
         if self.replica_group is not None:
-            # Megatron's optimizer instances: reduce-scatter inside the instance, then all-reduce the shard across them.
+            # optimizer instances: reduce-scatter inside, then all-reduce across
             work = _ThenAllReduce(work, self.comm, shard, self.replica_group)
         return work, shard
 
@@ -163,8 +157,7 @@ class GradientReducer(ABC):
 
     @staticmethod
     def _to_host(shard: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """`shard` copied synchronously to `target`'s device, so the host partition is complete when the reduction
-        is."""
+        """`shard` copied synchronously to `target`'s device."""
         return shard if shard.device == target.device else shard.to(target.device)
 
     @staticmethod
@@ -187,8 +180,8 @@ class GradientReducer(ABC):
 
 
     def finish_grad_sync(self) -> None:
-        """After each micro-batch's backward: reduce the units whose gradients did not all arrive (in unit order, so
-        every rank issues the same collectives), wait for every reduction, and tell the listeners."""
+        """After each micro-batch's backward: reduce units left over (in unit order), wait for all, tell the
+        listeners."""
         if self._must_reduce_now():
             for unit in self.layout.units:
                 if self._ready[unit.index] != -1 and self._has_gradient(unit):
@@ -207,16 +200,15 @@ class GradientReducer(ABC):
 
     @abstractmethod
     def partition_gradients(self) -> torch.Tensor:
-        """This rank's averaged fp32 gradient partition (loss scale not removed), which the step unscales and clips in
-        place."""
+        """This rank's averaged fp32 gradient partition, which the step unscales and clips in place."""
 
     @abstractmethod
     def reduced_shard(self, unit: Unit) -> torch.Tensor:
-        """This rank's shard of `unit`'s averaged gradient, a view of the reducer's own storage."""
+        """This rank's shard of `unit`'s averaged gradient (a view)."""
 
     @abstractmethod
     def partition_working_bytes(self) -> int:
-        """Bytes `partition_gradients` allocates (0 when it hands over the reducer's own tensor)."""
+        """Bytes `partition_gradients` allocates."""
 
     @abstractmethod
     def zero_grad(self) -> None:
@@ -232,7 +224,7 @@ class GradientReducer(ABC):
 
 
 class FullGradients(GradientReducer):
-    """Stages 0-1: the whole TP-shard gradient in one flat buffer of `grad_dtype`."""
+    """Stages 0-1: the whole gradient in one flat buffer."""
 
     def __init__(self, layout: FlatLayout, param_dtype: torch.dtype, grad_dtype: torch.dtype, comm, group,
                  data_parallel_size: int, scatter: bool, overlap: bool, device: torch.device,
@@ -240,7 +232,7 @@ class FullGradients(GradientReducer):
         super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device, replica_group)
         self.buffer = torch.zeros(layout.numel, dtype=grad_dtype, device=device)
         self.host_partition = host_partition
-        # Same dtype: autograd accumulates into views of the buffer; else each gradient is added into its slice.
+        # same dtype: autograd accumulates into views of the buffer
         self.grads_are_views = grad_dtype == param_dtype
 
     def zero_grad(self) -> None:
@@ -285,7 +277,7 @@ class FullGradients(GradientReducer):
     def partition_working_bytes(self) -> int:
         if self.host_partition is not None:
             return 0
-        # This rank's shards lie apart in the buffer; the step needs them contiguous: one fp32 partition.
+        # the step needs this rank's scattered shards in one partition
         return self.layout.partition_numel * 4
 
     def partition_gradients(self) -> torch.Tensor:
@@ -304,14 +296,14 @@ class FullGradients(GradientReducer):
 
 
 class PartitionedGradients(GradientReducer):
-    """Stages 2-3: only this rank's partition of the gradient, plus constant-size buckets."""
+    """Stages 2-3: only this rank's gradient partition, plus constant-size buckets."""
 
     def __init__(self, layout: FlatLayout, grad_dtype: torch.dtype, comm, group, data_parallel_size: int,
                  scatter: bool, overlap: bool, device: torch.device,
                  host_partition: Optional[torch.Tensor] = None, host_fp32: Optional[torch.Tensor] = None,
                  replica_group=None) -> None:
         super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device, replica_group)
-        # Offloaded, the shards accumulate in a host partition; in 16-bit `host_fp32` is the step's fp32 copy.
+        # Offloaded, shards accumulate on the host; `host_fp32` is a 16-bit run's fp32 copy.
         self.host_partition = host_partition
         self._host_fp32 = host_fp32 if host_fp32 is not host_partition else None
         self.partition = host_partition if host_partition is not None else \
@@ -326,7 +318,7 @@ class PartitionedGradients(GradientReducer):
                 slot.param.grad = None
 
     def _take_gradient(self, unit: Unit, slot, param: nn.Parameter) -> bool:
-        # Added, not copied: gradient accumulation fusion may have added into the (zeroed) slot already.
+        # added: accumulation fusion may have written the slot already
         bucket = self._bucket_for(unit)
         if param.grad is not None:
             bucket[slot.start:slot.end].add_(param.grad.reshape(-1))
@@ -365,8 +357,7 @@ class PartitionedGradients(GradientReducer):
         return unit.in_partition(self.partition)
 
     def partition_gradients(self) -> torch.Tensor:
-        # An fp32 partition is handed over itself (a copy was +1x at the step's peak); zero_grad clears it before the
-        # next accumulation.
+        # An fp32 partition is handed over itself (a copy cost +1x at the step's peak).
         if self.partition.dtype == torch.float32:
             return self.partition
         if self._host_fp32 is not None:

@@ -25,14 +25,12 @@ def _glibc():
 
 
 def mmap_threshold_for(block_bytes: int) -> int:
-    """The threshold that maps every block of `block_bytes` or more: `block_bytes` itself, within the
-    range glibc accepts (a block beyond 32 MiB is mapped whatever the threshold)."""
+    """The threshold mapping blocks of `block_bytes` or more, within glibc's range."""
     return max(GLIBC_MIN_THRESHOLD, min(int(block_bytes), GLIBC_MAX_THRESHOLD))
 
 
 def return_freed_blocks_to_system(block_bytes: int) -> bool:
-    """Make blocks of `block_bytes` or more go back to the system when freed; returns whether the C library took it.
-    Process-wide: the last call's size holds."""
+    """Make blocks of `block_bytes` or more go back to the system when freed; process-wide."""
     libc = _glibc()
     if libc is None or block_bytes <= 0:
         return False

@@ -15,8 +15,7 @@ from zero.split_partition import SplitPartition
 
 
 def host_cut(layout: FlatLayout, fraction: float) -> int:
-    """Where the partition is cut for `fraction` of it on the host: after the fragment that brings the elements taken to
-    `fraction`, as Megatron-LM takes whole parameters, then up to PIECE_ALIGNMENT from its segment's start."""
+    """Where the partition is cut for `fraction` on the host: whole parameters, as Megatron-LM, then aligned."""
     fragments = sorted(layout.fragments(), key=lambda fragment: fragment.partition_offset)
     threshold = fraction * sum(fragment.numel for fragment in fragments)
     taken = cut = 0
@@ -34,13 +33,13 @@ def host_cut(layout: FlatLayout, fraction: float) -> int:
 
 def split_zeros(numel: int, cut: int, pinned: bool, device: torch.device, dtype: torch.dtype = torch.float32
                 ) -> SplitPartition:
-    """A zeroed partition, the first `cut` elements in host memory (meta on a planner's rank), the rest on `device`."""
+    """A zeroed partition, the first `cut` elements on the host."""
     host = device if device.type == "meta" else HOST
     return SplitPartition(host_zeros(cut, pinned, host, dtype), torch.zeros(numel - cut, dtype=dtype, device=device))
 
 
 class HybridDeviceAdamW(ShardedAdamW):
-    """ShardedAdamW over a SplitPartition master: the host part stepped on the host, the rest on the device."""
+    """ShardedAdamW over a SplitPartition master, each side stepped where it lives."""
 
     def __init__(self, layout: FlatLayout, master: SplitPartition, *args, pin_memory: bool, **kwargs) -> None:
         self.cut = master.cut  # read by step_pieces while the base class builds
@@ -62,8 +61,7 @@ class HybridDeviceAdamW(ShardedAdamW):
         return split_zeros(self.master.numel(), self.cut, self.pins, self.device, dtype)
 
     def build_step_optimizers(self) -> list[torch.optim.Optimizer]:
-        """One optimizer over the host's pieces, on the host, and one over the device's (Megatron-LM's cpu_optimizers
-        and gpu_optimizer)."""
+        """One optimizer for the host's pieces and one for the device's (Megatron-LM's cpu and gpu optimizers)."""
         optimizers = []
         for on_host, device in ((True, HOST), (False, self.device)):
             side = [(param, piece) for param, piece in zip(self._segment_params, self._pieces)
@@ -75,7 +73,7 @@ class HybridDeviceAdamW(ShardedAdamW):
         return optimizers
 
     def update(self, grads: torch.Tensor) -> None:
-        """The host part of the clipped gradient copied to the host, then each side's AdamW on its pieces."""
+        """Copy the host part of the gradient over, then step both sides."""
         self.host_gradient.copy_(grads[:self.cut])
         for param, piece in zip(self._segment_params, self._pieces):
             source = self.host_gradient if piece.end <= self.cut else grads
@@ -90,7 +88,7 @@ class HybridDeviceAdamW(ShardedAdamW):
         return [self.master.host, *(moment.host for moment in self.moments().values()), self.host_gradient]
 
     def model_state_tensors(self) -> dict[str, list[torch.Tensor]]:
-        """Both sides of the master and of each moment; the host gradient copy is a buffer of the step."""
+        """Both sides of the master and each moment."""
         tensors = super().model_state_tensors()
         tensors["master_weights"] = list(self.master.parts)
         tensors["optimizer_states"] = [part for moment in self.moments().values() for part in moment.parts]
@@ -101,8 +99,7 @@ class HybridDeviceAdamW(ShardedAdamW):
         return {key: split.flat() for key, split in self._partition_tensors().items()}
 
     def step_working_bytes(self, gather_copy_bytes: int = 0, norm_in_blocks: bool = False) -> int:
-        """The base step's, plus (a bound) the device copy of the shard the cut falls in, which publishing reads across
-        it."""
+        """The base step's, plus the device copy of the shard the cut falls in."""
         across = max((unit.shard_numel for unit in self.layout.units
                       if unit.partition_offset < self.cut < unit.partition_offset + unit.shard_numel), default=0)
         return super().step_working_bytes(gather_copy_bytes, norm_in_blocks) + across * self.master.element_size()

@@ -8,7 +8,7 @@ from typing import Optional
 
 
 class LossScaler:
-    """A static scale: 1.0 for fp32 and bf16, or a fixed fp16 scale that skips overflowing steps."""
+    """A static scale: 1.0, or a fixed fp16 scale that skips overflowing steps."""
 
     def __init__(self, scale: float = 1.0, skips_on_overflow: bool = False) -> None:
         self.scale = float(scale)
@@ -30,8 +30,8 @@ class LossScaler:
 
 @dataclass
 class DynamicLossScaler(LossScaler):
-    """Halve the scale after `hysteresis` overflowing steps (not below `min_scale`); double it after `growth_interval`
-    clean steps in a row. An overflowing step is always skipped."""
+    """Halve the scale after `hysteresis` overflows (not below `min_scale`); double it after `growth_interval` clean
+    steps."""
 
     scale: float = 2.0 ** 16
     growth_interval: int = 1000

@@ -13,10 +13,10 @@ import torch
 
 MODEL_STATE_CATEGORIES = ("parameters", "gradients", "master_weights", "optimizer_states")
 BUFFER_CATEGORY = "buffers"
-# Storages are attributed in this order, so one shared with a buffer counts as a model state.
+# attribution order: storage shared with a buffer counts as a model state
 MEASURED_CATEGORIES = MODEL_STATE_CATEGORIES + (BUFFER_CATEGORY,)
 
-# Bytes per element of (parameters, gradients, fp32 master, Adam's two moments); fp32 keeps a master copy too.
+# Bytes per element of (parameters, gradients, fp32 master, Adam's two moments).
 _BYTES_PER_ELEMENT = {
     "fp32": (4, 4, 4, 8),
     "bf16": (2, 2, 4, 8),
@@ -44,8 +44,7 @@ def predict_model_state_bytes(num_parameters: int, stage: int, data_parallel_siz
                               precision: str, gradient_precision: Optional[str] = None,
                               optimizer: str = "adam", moment_dtypes: tuple[str, str] = ("fp32", "fp32")
                               ) -> dict[str, int]:
-    """Per-rank bytes of each model state for Ψ = `num_parameters` (this rank's TP shard). `gradient_precision` defaults
-    to `precision`; `moment_dtypes` are the stored dtypes of Adam's two moments."""
+    """Per-rank bytes of each model state for Ψ = `num_parameters` (this rank's TP shard)."""
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
     if any(dtype not in MOMENT_BYTES for dtype in moment_dtypes):
@@ -85,7 +84,7 @@ def paper_model_state_gb(psi: float, data_parallel_size: int, stage: int, k: int
 
 def checkpointed_input_bytes(seq_length: int, micro_batch_size: int, hidden_size: int, bytes_per_element: int,
                              tensor_parallel_size: int, partitioned: bool) -> int:
-    """Bytes one rank keeps for one checkpointed block input: s x b x h elements, or with P_a its padded 1/TP slice."""
+    """Bytes one rank keeps for one checkpointed block input (its 1/TP slice with P_a)."""
     _check_positive(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
                     bytes_per_element=bytes_per_element, tensor_parallel_size=tensor_parallel_size)
     elements = seq_length * micro_batch_size * hidden_size
@@ -96,8 +95,8 @@ def checkpointed_input_bytes(seq_length: int, micro_batch_size: int, hidden_size
 
 @dataclass(frozen=True)
 class LayerActivationTerms:
-    """One transformer block's activations saved for backward, in bytes per token at 16 bits for the whole block, as
-    Korthikanti et al. 2022 (section 4) count them; callers read them from the model (gpt/shape.py)."""
+    """One block's activations saved for backward, in bytes per token at 16 bits, as Korthikanti et al. 2022 count
+    them."""
     replicated_bytes_per_token: int   # kept whole on every TP rank: norm and column-parallel
                                       # inputs, dropout masks (1 byte)
     partitioned_bytes_per_token: int  # split over TP (and, under sequence parallelism,
@@ -107,7 +106,7 @@ class LayerActivationTerms:
 
     @classmethod
     def korthikanti_gpt(cls, hidden_size: int, num_attention_heads: int) -> "LayerActivationTerms":
-        """The paper's block (4h MLP): 34sbh + 5as^2b bytes, of which 24sbh inside the TP regions."""
+        """The paper's block: 34sbh + 5as^2b bytes, 24sbh inside the TP regions."""
         return cls(10 * hidden_size, 24 * hidden_size, 5, num_attention_heads)
 
 
@@ -116,10 +115,8 @@ def predict_saved_activation_bytes(num_layers: int, seq_length: int, micro_batch
                                    checkpoint_num_layers: Optional[int], partitioned: bool,
                                    layer: Optional[LayerActivationTerms] = None,
                                    recompute_method: str = "uniform") -> dict[str, int]:
-    """Per-rank bytes of the blocks' activations saved for backward in one micro-batch: "checkpointed_inputs" (one input
-    per checkpointed group; under "block" one per recomputed block), "per_layer_without_recompute" (the paper's estimate
-    from `layer`, scaled to `bytes_per_element`) and their "total". Embeddings, logits and the group being recomputed
-    are not included."""
+    """Per-rank bytes of the blocks' activations saved for backward in one micro-batch: checkpointed inputs, one block's
+    without recompute, and the total (embeddings and logits not included)."""
     _check_positive(num_layers=num_layers, num_attention_heads=num_attention_heads)
     if checkpoint_num_layers is not None and checkpoint_num_layers < (0 if recompute_method == "block" else 1):
         raise ValueError(f"checkpoint_num_layers must be >= 1 (>= 0 under block) or None, got {checkpoint_num_layers}")
@@ -150,8 +147,7 @@ def _check_positive(**sizes: int) -> None:
 
 
 def storage_identity(tensor: torch.Tensor) -> tuple[str, int]:
-    """Which allocation `tensor` is a view of: device and data pointer, or on meta (pointers all 0) the storage's
-    address."""
+    """Which allocation `tensor` is a view of (on meta, the storage's address)."""
     storage = tensor.untyped_storage()
     if tensor.device.type == "meta":
         return ("meta", storage._cdata)
@@ -164,9 +160,7 @@ def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int]:
 
 def measure_tensor_bytes(categories: dict[str, Iterable[Optional[torch.Tensor]]],
                          include_meta: bool = False) -> dict[str, int]:
-    """Bytes of the distinct storages behind each category's tensors, plus the model-state "total". A storage counts
-    under the first category (MEASURED_CATEGORIES order) that holds it; meta tensors count only with `include_meta` (the
-    planner's rank)."""
+    """Bytes of the distinct storages behind each category's tensors, plus the model-state "total"."""
     unknown = set(categories) - set(MEASURED_CATEGORIES)
     if unknown:
         raise ValueError(f"unknown memory categories {sorted(unknown)}; expected some of "
@@ -193,8 +187,8 @@ PLACEMENTS = ("device", "host")
 
 
 def host_resident_tensors(optimizer) -> list[torch.Tensor]:
-    """The tensors offload keeps in host memory, named by which buffer each is rather than by `tensor.device`: on a CPU
-    run the host is the device, and a planner's rank is all meta, yet both must say where a CUDA run puts each byte."""
+    """The tensors offload keeps in host memory, named by buffer, not by device, so CPU and meta runs say where CUDA's
+    go."""
     if hasattr(optimizer, "parts"):  # expert parallelism's dense and expert optimizers
         return [tensor for part in optimizer.parts for tensor in host_resident_tensors(part)]
     tensors = list(optimizer.host_state_tensors())
@@ -207,7 +201,7 @@ def host_resident_tensors(optimizer) -> list[torch.Tensor]:
 def measure_by_placement(categories: dict[str, Iterable[Optional[torch.Tensor]]],
                          host_tensors: Iterable[torch.Tensor], include_meta: bool = False
                          ) -> dict[str, dict[str, int]]:
-    """`measure_tensor_bytes` split into {"device": ..., "host": ...}: storages behind `host_tensors` count as host."""
+    """`measure_tensor_bytes` split into "device" and "host"."""
     host_keys = {_storage_key(tensor) for tensor in host_tensors if tensor is not None}
 
     def placed(on_host: bool) -> dict[str, list[torch.Tensor]]:
@@ -222,7 +216,7 @@ def measure_by_placement(categories: dict[str, Iterable[Optional[torch.Tensor]]]
 
 def within_tolerance(measured_total: int, predicted_total: int, padding_bytes: int,
                      rel: float = 0.02) -> bool:
-    """|measured - predicted| <= rel * predicted + padding_bytes (the alignment the formula cannot see)."""
+    """|measured - predicted| <= rel * predicted + padding_bytes."""
     if rel < 0 or padding_bytes < 0:
         raise ValueError(f"rel and padding_bytes must be >= 0, got rel={rel}, padding_bytes={padding_bytes}")
     return abs(measured_total - predicted_total) <= rel * predicted_total + padding_bytes
@@ -237,7 +231,7 @@ def relative_difference(measured: int, predicted: int) -> Optional[float]:
 
 def memory_record(measured: dict[str, int], predicted: dict[str, int], rank: int,
                   extra: dict[str, Any]) -> dict[str, Any]:
-    """A flat record of scalars, so metrics.jsonl and W&B take it as is."""
+    """A flat record of scalars, for metrics.jsonl and W&B."""
     record: dict[str, Any] = {"rank": rank}
     for category in MODEL_STATE_CATEGORIES + ("total",):
         record[f"measured_{category}_bytes"] = measured[category]
@@ -260,7 +254,7 @@ def format_bytes(num_bytes: float) -> str:
 
 
 def format_memory_line(record: dict[str, Any]) -> str:
-    """One console line: measured model states by category, the prediction, and the buffers."""
+    """One console line of measured and predicted model states."""
     parts = ", ".join(
         f"{label} {format_bytes(record[f'measured_{category}_bytes'])}"
         for label, category in zip(("params", "grads", "master", "adam"), MODEL_STATE_CATEGORIES))

@@ -26,8 +26,7 @@ COEFFICIENT_SETS = {
 
 
 def coefficients(kind: str, steps: int) -> list[tuple[float, float, float]]:
-    """The (a, b, c) of each step: simple repeats its one set, polar_express its last set past 8, the others the
-    list."""
+    """The (a, b, c) of each of `steps` Newton-Schulz steps."""
     sets = COEFFICIENT_SETS[kind]
     if kind == "simple":
         return sets * steps
@@ -43,8 +42,7 @@ def coefficients(kind: str, steps: int) -> list[tuple[float, float, float]]:
 def newton_schulz(x: torch.Tensor, steps: int, kind: str = "quintic", bf16: bool = True, eps: float = 1e-7,
                   transpose: Optional[bool] = None,
                   all_reduce: Optional[Callable[[torch.Tensor], None]] = None) -> torch.Tensor:
-    """emerging_optimizers' newton_schulz on an fp32 2-D `x`. With `all_reduce` (its distributed mode) `x` is one TP
-    rank's columns, so the squared norm and each A = X X^T are summed over TP."""
+    """emerging_optimizers' newton_schulz on an fp32 2-D `x`; with `all_reduce`, `x` is one TP rank's columns."""
     if transpose is None:
         transpose = x.size(-2) > x.size(-1)
     if transpose:
@@ -80,8 +78,7 @@ def scale_factor(size_out: int, size_in: int, mode: str = "spectral") -> float:
 
 @dataclass(frozen=True)
 class MuonTensorParallel:
-    """The TP group as Muon's step uses it: --muon-tp-mode, this rank's place, and all_gather(output, input) and
-    all_reduce(t) over TP."""
+    """The TP group as Muon's step uses it (--muon-tp-mode, rank, collectives)."""
     mode: str
     size: int
     rank: int
@@ -98,9 +95,8 @@ class MuonTensorParallel:
 
 def scaled_orthogonalize(update: torch.Tensor, config, split: Optional[Sequence[int]] = None,
                          tp_dim: Optional[int] = None, tp: Optional[MuonTensorParallel] = None) -> torch.Tensor:
-    """The scaled orthogonalized update of this rank's piece of a matrix cut along `tp_dim` (None: whole), per
-    --muon-tp-mode: blockwise NS on the shard; duplicated NS on the gathered whole; distributed NS over the shards.
-    `split`: QKV row blocks orthogonalized one by one (--muon-split-qkv)."""
+    """The scaled orthogonalized update of this rank's piece of a matrix cut along `tp_dim`, per --muon-tp-mode;
+    `split`: QKV blocks orthogonalized one by one."""
     mode = "blockwise" if tp is None or tp_dim is None else tp.mode
 
     def one(matrix: torch.Tensor) -> torch.Tensor:
@@ -127,14 +123,13 @@ def scaled_orthogonalize(update: torch.Tensor, config, split: Optional[Sequence[
 
 
 def takes_muon(param: nn.Parameter, excluded_ids: set[int]) -> bool:
-    """`_is_muon_excluded`'s complement: two dimensions, not the embedding or output layer, no use_muon=False."""
+    """`_is_muon_excluded`'s complement."""
     return param.dim() == 2 and id(param) not in excluded_ids and getattr(param, "use_muon", True)
 
 
 @dataclass(frozen=True)
 class MuonMatrix:
-    """One Muon parameter as the step sees it: its TP-local shape, QKV blocks, whether it decays, this rank's fragment
-    (partition offset, parameter offset, elements) and the dimension it is cut along over TP."""
+    """One Muon parameter as the step sees it: shape, QKV blocks, decay, this rank's fragment, TP cut."""
     shape: torch.Size
     split: Optional[tuple[int, ...]]
     weight_decay: bool
@@ -155,7 +150,7 @@ class MuonMatrix:
 
 
 def muon_matrices(layout, params: Sequence[nn.Parameter]) -> list[MuonMatrix]:
-    """The Muon parameters in the layout's order (the order of the collectives), each with this rank's fragment."""
+    """The Muon parameters in the layout's order (the collectives'), with this rank's fragments."""
     wanted = {id(param) for param in params}
     mine = {id(f.slot.param): (f.partition_offset, f.param_offset, f.numel) for f in layout.fragments()}
     matrices = []
@@ -165,7 +160,7 @@ def muon_matrices(layout, params: Sequence[nn.Parameter]) -> list[MuonMatrix]:
                 split = getattr(slot.param, "qkv_split_shapes", None)
                 decays = getattr(slot.param, "apply_weight_decay", True)
                 record = record_of(slot.param)
-                # an expert cut over expert TP is stepped by the experts' ZeRO, whose TP group that is
+                # an expert cut over expert TP is stepped by the experts' ZeRO
                 tp_dim = record.split_dim if record.split_over in (TENSOR_PARALLEL, EXPERT_TENSOR_PARALLEL) else None
                 matrices.append(MuonMatrix(slot.shape, None if split is None else tuple(split), decays,
                                            mine.get(id(slot.param)), tp_dim))
@@ -173,7 +168,7 @@ def muon_matrices(layout, params: Sequence[nn.Parameter]) -> list[MuonMatrix]:
 
 
 def muon_ranges(matrices: Sequence[MuonMatrix]) -> list[tuple[int, int]]:
-    """This rank's partition ranges [start, end) that Muon steps (Adam steps the rest)."""
+    """This rank's partition ranges that Muon steps."""
     return [(m.fragment[0], m.fragment[0] + m.fragment[2]) for m in matrices if m.fragment is not None]
 
 
@@ -181,7 +176,7 @@ def muon_ranges(matrices: Sequence[MuonMatrix]) -> list[tuple[int, int]]:
 def muon_step(matrices: Sequence[MuonMatrix], master: torch.Tensor, momentum: torch.Tensor, grads: torch.Tensor,
               lr: float, weight_decay: float, config, all_reduce,
               tp: Optional[MuonTensorParallel] = None) -> None:
-    """One Muon update of this rank's pieces of `matrices`. `all_reduce(t)` sums over the partition group in place."""
+    """One Muon update of this rank's pieces of `matrices`."""
     beta = config.muon_momentum
     for matrix in matrices:
         full = torch.zeros(matrix.numel, dtype=torch.float32, device=master.device)

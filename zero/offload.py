@@ -25,13 +25,12 @@ class OffloadSettings:
 
 def host_zeros(numel: int, pinned: bool, device: torch.device = HOST, dtype: torch.dtype = torch.float32
                ) -> torch.Tensor:
-    """A zeroed host tensor, page-locked when asked; `device` is "meta" for a planner's rank."""
+    """A zeroed host tensor, pinned when asked (meta for a planner's rank)."""
     return torch.zeros(numel, dtype=dtype, device=device, pin_memory=pinned and device.type == "cpu")
 
 
-# Pieces are cut at multiples of this many elements from their segment's start: the fused CPU AdamW steps a tensor's
-# tail (numel % vector width) in a scalar loop that rounds differently, so any other cut would change bits. 64 fp32
-# elements is whole cache lines and whole AVX-512 vectors.
+# Pieces are cut at multiples of this many elements from their segment's start: the fused CPU AdamW rounds a tensor's
+# tail differently, so any other cut would change bits.
 PIECE_ALIGNMENT = 64
 
 
@@ -41,7 +40,7 @@ def cut_segment(start: int, end: int, size: int) -> list[tuple[int, int]]:
 
 
 def pack_sub_groups(pieces: list[StepPiece], size: int) -> list[list[StepPiece]]:
-    """Consecutive pieces packed greedily into sub-groups of at most `size` elements (a larger piece alone)."""
+    """Consecutive pieces packed greedily into sub-groups of at most `size` elements."""
     groups: list[list[StepPiece]] = []
     for piece in pieces:
         if groups and piece.end - groups[-1][0].start <= size:
@@ -52,7 +51,7 @@ def pack_sub_groups(pieces: list[StepPiece], size: int) -> list[list[StepPiece]]
 
 
 class HostOffloadedAdamW(ShardedAdamW):
-    """ShardedAdamW whose master and moments are host tensors (or meta for a planner's rank), stepped in sub-groups."""
+    """ShardedAdamW whose master and moments are host tensors, stepped in sub-groups."""
 
     def __init__(self, *args, offload: OffloadSettings, **kwargs) -> None:
         self.offload = offload
@@ -72,8 +71,7 @@ class HostOffloadedAdamW(ShardedAdamW):
         return host_zeros(self.master.numel(), self.offload.pins, self.master.device, dtype)
 
     def update(self, grads: torch.Tensor) -> None:
-        """AdamW one sub-group at a time: only its pieces get a gradient (views of the host partition), so the fused
-        kernel leaves the others and their step counts alone."""
+        """AdamW one sub-group at a time; only its pieces get a gradient, so the others' step counts stay."""
         if grads.device != self.master.device:  # a reducer without a host partition
             grads = grads.to(self.master.device)
         for group in self._sub_groups:
@@ -92,5 +90,5 @@ class HostOffloadedAdamW(ShardedAdamW):
 
     @property
     def largest_sub_group(self) -> int:
-        """Partition elements of the largest sub-group (what one fused AdamW call updates)."""
+        """Elements one fused AdamW call updates at most."""
         return max((group[-1][1].end - group[0][1].start for group in self._sub_groups), default=0)

@@ -33,8 +33,7 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch
 
 @dataclass(frozen=True)
 class StepPiece:
-    """A range [start, end) of the partition that AdamW sees as one parameter, of one decay kind and one learning
-    rate."""
+    """A partition range AdamW sees as one parameter, of one decay kind and one learning rate."""
     start: int
     end: int
     weight_decay: bool
@@ -58,12 +57,12 @@ def apex_fused_adam():
 
 
 def build_adamw(param_groups: list[dict], config, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW with the fastest kernel available: apex FusedAdam on CUDA, else PyTorch's fused kernel."""
+    """AdamW with apex FusedAdam on CUDA when installed, else PyTorch's fused kernel."""
     betas = (config.adam_beta1, config.adam_beta2)
     fused_adam = apex_fused_adam() if device.type == "cuda" else None
     if fused_adam is not None:
         return fused_adam(param_groups, lr=config.lr, betas=betas, eps=config.adam_eps, adam_w_mode=True)
-    # The fused kernel updates in one pass; foreach would allocate temporaries the size of the partition.
+    # fused updates in one pass; foreach allocates partition-sized temporaries
     return torch.optim.AdamW(param_groups, lr=config.lr, betas=betas, eps=config.adam_eps, fused=True)
 
 
@@ -96,8 +95,7 @@ def uses_precision_aware_moments(config) -> bool:
 
 
 def build_step_optimizer(param_groups: list[dict], config, device: torch.device) -> torch.optim.Optimizer:
-    """The optimizer --optimizer names over the partition's views: AdamW, AdEMAMix, Sophia-G, or precision-aware AdamW
-    for bf16 moments."""
+    """The optimizer --optimizer names over the partition's views."""
     if (uses_ademamix(config) or uses_sophiag(config)) and uses_precision_aware_moments(config):
         raise ValueError("AdEMAMix and Sophia-G keep fp32 states (the forks'); bf16 moments are Adam's only")
     if uses_sophiag(config):
@@ -114,7 +112,7 @@ def build_step_optimizer(param_groups: list[dict], config, device: torch.device)
 
 
 class ShardedAdamW(CheckpointableOptimizer):
-    """AdamW over this rank's fp32 master partition; see the module docstring for the step."""
+    """AdamW over this rank's fp32 master partition (the module docstring's step)."""
 
     def __init__(self, layout: FlatLayout, master: torch.Tensor, gradients: GradientReducer,
                  parameters: ParameterStorage, optimizer_config, loss_scaler: LossScaler, state,
@@ -130,13 +128,12 @@ class ShardedAdamW(CheckpointableOptimizer):
         self.comm = state.comm
         self.partition_group = partition_group  # the DP group the partition is cut across; None if whole
         self.stage = stage  # for reports and checkpoint metadata only
-        # With pipeline stages: the group the norm's square is summed over too, and the ranges it leaves out.
+        # with pipeline stages: the norm's extra group and the ranges it leaves out
         self.pipeline_group = None
         self.norm_excluded: list[tuple[int, int]] = []
         self.device = master.device
 
-        # AdamW's views are the pieces: the norm's segments cut at the decoupled parameters' edges (and by offload's
-        # sub-groups).
+        # AdamW's views: the segments cut at decoupled parameters' edges
         self._segments = layout.segments()
         self._decoupled_ranges = list(decoupled_lr_ranges)
         self._muon = list(muon)  # --optimizer muon: every Muon matrix, with this rank's piece
@@ -154,7 +151,7 @@ class ShardedAdamW(CheckpointableOptimizer):
         self._step_optimizers = self.build_step_optimizers()
         self.optimizer = self._step_optimizers[0] if self._step_optimizers else None
         self.param_groups = self._adam_groups() + ([self._muon_group] if self._muon else [])
-        # The moments exist from the start (the zeros AdamW would create), views of flat tensors beside the master.
+        # The moments exist from the start, views of flat tensors beside the master.
         dtypes = moment_dtypes(optimizer_config)
         self.exp_avg = self.new_partition_tensor(dtypes["exp_avg"])
         self.exp_avg_sq = self.new_partition_tensor(dtypes["exp_avg_sq"])
@@ -168,13 +165,12 @@ class ShardedAdamW(CheckpointableOptimizer):
                         **{key: moment[piece.start:piece.end] for key, moment in self.moments().items()}}
 
     def build_step_optimizers(self) -> list[torch.optim.Optimizer]:
-        """The optimizers that step the partition's pieces: one here (none for Muon's pieces only)."""
+        """The optimizers that step the partition's pieces."""
         groups = self.step_groups(self._segment_params, self._pieces)
         return [build_step_optimizer(groups, self.optimizer_config, self.device)] if groups else []
 
     def step_groups(self, params: Sequence[nn.Parameter], pieces: Sequence[StepPiece]) -> list[dict]:
-        """`params` (views of `pieces`) in groups: with and without weight decay, each also at the decoupled learning
-        rate."""
+        """`params` in groups by weight decay and decoupled learning rate."""
         groups = []
         for decoupled in (False, True):  # the usual groups first
             for decay in (True, False):
@@ -205,8 +201,7 @@ class ShardedAdamW(CheckpointableOptimizer):
         return "ademamix" if self.exp_avg_slow is not None else "adam"
 
     def step_pieces(self) -> list[StepPiece]:
-        """The ranges AdamW updates as one tensor each: the segments, cut at decoupled-rate and Muon parameters'
-        edges."""
+        """The ranges AdamW updates: the segments, cut at decoupled-rate and Muon parameters' edges."""
         pieces = []
         for segment in self._segments:
             edges = sorted({segment.start, segment.end,
@@ -220,7 +215,7 @@ class ShardedAdamW(CheckpointableOptimizer):
         return pieces
 
     def new_partition_tensor(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """A zeroed tensor the size of the partition, where the master lives."""
+        """A zeroed partition-sized tensor where the master lives."""
         return torch.zeros_like(self.master, dtype=dtype)
 
     def _group_pieces(self, group: dict):
@@ -232,24 +227,22 @@ class ShardedAdamW(CheckpointableOptimizer):
         return self.grad_norm_squared(grads).sqrt().item()
 
     def grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
-        """The squared global norm (fp64), summed over TP, the partition group and the pipeline stages."""
+        """The squared global norm (fp64) over TP, the partition group and the stages."""
         total = self.stage_grad_norm_squared(grads)
         self.comm.all_reduce(total, self.pipeline_group, "pp")
         return total
 
     def stage_grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
-        """This stage's share of the squared norm, summed over TP and the partition group only (a chain of optimizers
-        adds its parts' shares before the stages' sum)."""
+        """This stage's share of the squared norm (over TP and the partition group)."""
         pieces = [grads[s.start:s.end] for s in self._norm_segments()]
-        # On the training device whatever `grads`' (the host, with offload): NCCL reaches only it.
+        # on the training device, which NCCL reaches
         total = sum_of_squares(pieces, grads.device).reshape(1).to(self.parameters.device)
         self.comm.all_reduce(total, self.parallel_state.tensor_parallel_group, "tp")
         self.comm.all_reduce(total, self.partition_group, "dp")
         return total
 
     def _norm_segments(self) -> list:
-        """The segments this rank's squares count: not those the pipeline leaves out, TP-replicated ones on TP rank 0
-        only."""
+        """The segments whose squares this rank counts (TP-replicated ones on TP rank 0 only)."""
         counted = [s for s in self._segments
                    if not any(lo <= s.start and s.end <= hi for lo, hi in self.norm_excluded)]
         if self.parallel_state.tensor_parallel_rank != 0:
@@ -257,8 +250,7 @@ class ShardedAdamW(CheckpointableOptimizer):
         return counted
 
     def step(self) -> StepResult:
-        """Unscale, agree on overflow, clip by the global norm, update the partition and publish the 16-bit
-        parameters."""
+        """Unscale, agree on overflow, clip, update and publish."""
         scale = self.loss_scaler.scale
         grads = self.gradients.partition_gradients()
         if scale != 1.0:
@@ -280,8 +272,7 @@ class ShardedAdamW(CheckpointableOptimizer):
         return StepResult(norm, skipped=False, loss_scale=scale)
 
     def step_collectives_only(self) -> None:
-        """`step`'s collectives without its arithmetic (norm, Muon's, publishing): the dry run's step on the meta
-        device."""
+        """`step`'s collectives without its arithmetic: the dry run's step."""
         grads = self.gradients.partition_gradients()
         self.grad_norm_squared(grads)
         if self._muon:
@@ -306,17 +297,16 @@ class ShardedAdamW(CheckpointableOptimizer):
                   self.optimizer_config, lambda t: self.comm.all_reduce(t, self.partition_group, "dp"), self._muon_tp)
 
     def step_working_bytes(self, gather_copy_bytes: int = 0, norm_in_blocks: bool = False) -> int:
-        """What the step allocates on top of the model states at its peak: the fp32 gradient partition where the reducer
-        cannot hand over its own, with the norm's fp64 block copy or the update's temporaries; then, never alive
-        together with it, publishing's copies plus the transport's copy of its largest gather (`gather_copy_bytes`)."""
+        """What the step allocates on top of the model states at its peak: the fp32 gradient partition where the
+        reducer cannot hand its own over, plus the norm's or update's temporaries; or publishing's copies, never
+        alive with it."""
         publishing = self.parameters.publish_working_bytes() + gather_copy_bytes
         norm = block_copy_bytes(max((s.end - s.start for s in self._norm_segments()), default=0)) \
             if norm_in_blocks else 0
         return max(self.gradients.partition_working_bytes() + max(norm, self.update_working_bytes()), publishing)
 
     def update_working_bytes(self) -> int:
-        """What the update itself allocates: nothing for fused AdamW; Muon's matrices; a few fp32 windows for AdEMAMix,
-        Sophia-G and bf16 moments."""
+        """What the update itself allocates (fused AdamW: nothing)."""
         if self._muon:  # the gathered matrix, NS's X, A, B and the scaled result
             tp = self._muon_tp
             return 5 * max(m.newton_schulz_numel(tp.mode, tp.size) for m in self._muon) * self.master.element_size()
@@ -332,17 +322,15 @@ class ShardedAdamW(CheckpointableOptimizer):
         return temporaries * min(window, largest) * self.master.element_size()
 
     def host_state_tensors(self) -> list[torch.Tensor]:
-        """The model-state tensors kept in host memory whatever the device: none here (offload's subclasses have
-        some)."""
+        """Model-state tensors kept in host memory: none here."""
         return []
 
     def host_working_bytes(self) -> int:
-        """Host memory the step holds besides the model states: none, offloaded or not."""
+        """Host memory the step holds besides the model states: none."""
         return 0
 
     def publish_parameters(self) -> None:
-        """Make the 16-bit parameters reflect the master weights. Every DP rank calls it: the storage may
-        communicate."""
+        """Make the 16-bit parameters reflect the master (every DP rank: the storage may communicate)."""
         self.parameters.publish(self.master)
 
 
@@ -374,7 +362,7 @@ class ShardedAdamW(CheckpointableOptimizer):
                     optimizer.state[param]["step"].fill_(step)
 
     def gathered_parameters(self, unit: Unit):
-        """A context in which `unit`'s parameters hold their full values (at stage 3 a collective over DP)."""
+        """A context in which `unit`'s parameters hold their full values."""
         return self.parameters.gathered(unit)
 
     def _partition_tensors(self) -> dict[str, torch.Tensor]:
@@ -387,8 +375,8 @@ class ShardedAdamW(CheckpointableOptimizer):
 
 
     def model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
-        """Every parameter whole (this TP rank's piece) as CPU copies, by name (a tied one under its first name). Stage
-        3 gathers each chunk, so every DP rank calls it; ranks that write nothing pass keep=False."""
+        """Every parameter whole (this TP rank's piece) as CPU copies, by name; every DP rank calls it (keep=False: no
+        copies)."""
         names = _parameter_names(model)
         weights: dict[str, torch.Tensor] = {}
         for unit in self.layout.units:
@@ -399,7 +387,7 @@ class ShardedAdamW(CheckpointableOptimizer):
         return weights
 
     def sharded_state_dict(self, model: nn.Module) -> ShardedOptimizerState:
-        """This rank's live partition, its fragment table named by `model`'s parameter names, and the scalar state."""
+        """This rank's live partition, its named fragment table, and the scalar state."""
         names = _parameter_names(model)
         fragments = [NamedFragment(names[id(f.slot.param)], f.param_offset, f.partition_offset, f.numel)
                      for f in self.layout.fragments()]
@@ -411,9 +399,8 @@ class ShardedAdamW(CheckpointableOptimizer):
 
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], adam_step: Optional[int] = None,
                                 loss_scaler_state: Optional[dict] = None) -> None:
-        """Restore the partition from `tensors` laid out by `sharded_state_dict`'s fragments ("master" alone, or with
-        every moment), publish (every DP rank), and set the step and scaler state when given. `tensors` is emptied as it
-        is copied, so the staged copies are freed before publishing."""
+        """Restore the partition from `tensors` ("master" alone, or with every moment), publish, and set the step and
+        scaler state when given. `tensors` is emptied as it is copied, freeing the staged copies before publishing."""
         live = self._partition_tensors()
         check_partition_tensors(tensors, {key: tensor.shape for key, tensor in live.items()})
         for key in list(tensors):
@@ -442,8 +429,7 @@ class ShardedAdamW(CheckpointableOptimizer):
 
 
 def decoupled_ranges(layout: FlatLayout, params: Sequence[nn.Parameter]) -> list[tuple[int, int]]:
-    """Where `params`' elements lie in this rank's partition, as [start, end) ranges (taken before the storage
-    rebinds)."""
+    """Where `params`' elements lie in this rank's partition."""
     wanted = {id(param) for param in params}
     return [(f.partition_offset, f.partition_offset + f.numel) for f in layout.fragments() if id(f.slot.param) in wanted]
 

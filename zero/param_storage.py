@@ -21,11 +21,11 @@ from zero.stage3 import ParameterGatherer
 
 
 class ValueSource(ABC):
-    """The initial fp32 values of any range of a parameter's flattened local elements."""
+    """The initial fp32 values of a parameter's flattened local elements."""
 
     @abstractmethod
     def read(self, param: nn.Parameter, start: int, count: int, device: torch.device) -> torch.Tensor:
-        """float32 values of `param`'s flattened elements [start, start + count) on `device`."""
+        """fp32 values of `param`'s flattened elements [start, start + count)."""
 
 
 class InitializerSource(ValueSource):
@@ -39,14 +39,14 @@ class InitializerSource(ValueSource):
 
 
 class TensorSource(ValueSource):
-    """Values from a parameter's existing tensor (a model materialized before ZeRO took it over)."""
+    """Values from a parameter's existing tensor."""
 
     def read(self, param: nn.Parameter, start: int, count: int, device: torch.device) -> torch.Tensor:
         return param.detach().reshape(-1)[start:start + count].to(device=device, dtype=torch.float32)
 
 
 def _pieces(start: int, count: int) -> Iterator[tuple[int, int]]:
-    """[start, start + count) in pieces of at most CHUNK_ELEMENTS: bounds the fp32 temporaries."""
+    """[start, start + count) in pieces of at most CHUNK_ELEMENTS."""
     for begin in range(start, start + count, CHUNK_ELEMENTS):
         yield begin, min(CHUNK_ELEMENTS, start + count - begin)
 
@@ -57,15 +57,15 @@ class ParameterStorage(ABC):
 
     @abstractmethod
     def fill(self, source: ValueSource, master: torch.Tensor) -> None:
-        """Write the initial values of what this rank stores, and of its fp32 master partition."""
+        """Write the initial values of this rank's storage and master."""
 
     @abstractmethod
     def bind(self, model: nn.Module) -> FlatLayout:
-        """Put parameters backed by this storage in place of the model's; returns the layout over the new parameters."""
+        """Put this storage's parameters in place of the model's; returns the new layout."""
 
     @abstractmethod
     def publish(self, master: torch.Tensor) -> None:
-        """Make the 16-bit parameters equal the master weights (every DP rank calls it)."""
+        """Make the 16-bit parameters equal the master (every DP rank calls it)."""
 
     @abstractmethod
     def tensors(self) -> list[torch.Tensor]:
@@ -79,11 +79,11 @@ class ParameterStorage(ABC):
         """Wait for every gather still in flight."""
 
     def publish_working_bytes(self) -> int:
-        """The most bytes `publish` allocates at once on top of the model states; zero where it writes in place."""
+        """The most bytes `publish` allocates at once."""
         return 0
 
     def _fill_master(self, master: torch.Tensor, unit: Unit, slot, begin: int, values: torch.Tensor) -> None:
-        """Copy the part of `values` (slot elements [begin, begin + len)) that lies in this rank's shard."""
+        """Copy the part of `values` that lies in this rank's shard into the master."""
         lo, hi = unit.shard_bounds(self.layout.part)
         first, last = max(slot.start + begin, lo), min(slot.start + begin + values.numel(), hi)
         if first < last:
@@ -98,9 +98,8 @@ def _rebuilt_layout(layout: FlatLayout, replaced: dict[int, nn.Parameter]) -> Fl
 
 
 class ReplicatedParameters(ParameterStorage):
-    """Stages 0-2: the whole TP shard in one flat buffer; `group` is the one the partition is cut across. With
-    `overlap_param_gather` publishing only starts each unit's all-gather (forward order) and the parameters are
-    GatedParameters that wait for it when read. FP8 units are gathered as bytes first, not overlapped."""
+    """Stages 0-2: the whole TP shard in one flat buffer. With `overlap_param_gather` publishing only starts each unit's
+    all-gather, and the GatedParameters wait for it when read."""
 
     def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device, comm, group,
                  allgather_bucket_numel: int, overlap_param_gather: bool = False,
@@ -126,8 +125,7 @@ class ReplicatedParameters(ParameterStorage):
         self._publish_fp8(master)
 
     def _publish_fp8(self, master: torch.Tensor) -> None:
-        """--fp8-param-gather: cast the FP8 weights' shards, gather their bytes, write them dequantized into the
-        buffer."""
+        """--fp8-param-gather: cast, gather and dequantize the FP8 weights into the buffer."""
         if self.fp8 is None:
             return
         self.fp8.quantize(master)
@@ -149,7 +147,7 @@ class ReplicatedParameters(ParameterStorage):
         return self.layout
 
     def wait_all(self) -> None:
-        """Every gate open; also before the optimizer updates the master, which an fp32 gather reads in place."""
+        """Every gate open (also before the update: an fp32 gather reads the master in place)."""
         for gate in self._gates:
             gate.wait()
 
@@ -160,7 +158,7 @@ class ReplicatedParameters(ParameterStorage):
         yield
 
     def publish(self, master: torch.Tensor) -> None:
-        """All-gather every unit from the ranks' shards, a bucket in flight at a time (all of them with overlap)."""
+        """All-gather every unit from the ranks' shards, a bucket at a time."""
         self.wait_all()  # the previous publish's gathers write this same buffer
         self._publish_fp8(master)
         if self.overlap:
@@ -179,7 +177,7 @@ class ReplicatedParameters(ParameterStorage):
                 work.wait()
 
     def _gather_buckets(self) -> Iterator[list[Unit]]:
-        """The units `publish` keeps in flight together, up to the all-gather bucket size."""
+        """The units `publish` keeps in flight together."""
         bucket, in_flight = [], 0
         for unit in self._units_in_dtype:
             bucket.append(unit)
@@ -191,8 +189,7 @@ class ReplicatedParameters(ParameterStorage):
             yield bucket
 
     def publish_working_bytes(self) -> int:
-        """`publish`'s copies of this rank's pieces in the parameter dtype, alive until their gathers finish; none in
-        fp32."""
+        """`publish`'s copies of this rank's pieces, alive until their gathers finish."""
         if self.dtype == torch.float32:
             return 0
         buckets = [self._units_in_dtype] if self.overlap else list(self._gather_buckets())
@@ -203,14 +200,14 @@ class ReplicatedParameters(ParameterStorage):
 
 
 class ShardedParameters(ParameterStorage):
-    """Stage 3: this rank's 16-bit shard of every unit; chunks are gathered only while in use."""
+    """Stage 3: this rank's 16-bit shard of every unit."""
 
     def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device, comm, group, zero_config,
                  modules: Sequence[nn.Module], placement: Placement, fp8_states: Optional[dict] = None) -> None:
         super().__init__(layout, dtype, device)
         self.comm, self.group, self.zero_config, self.placement = comm, group, zero_config, placement
         self.modules = list(modules)
-        # ZeRO-3 Offload: the shard in host memory; a planner's meta rank keeps shapes only.
+        # ZeRO-3 Offload: the shard in host memory
         on_host = placement.parameter_shard_on_host and device.type != "meta"
         pinned = on_host and placement.pins
         self.shard = torch.zeros(layout.partition_numel, dtype=dtype, device="cpu" if on_host else device,
@@ -231,8 +228,7 @@ class ShardedParameters(ParameterStorage):
             self.fp8.quantize(master)
 
     def bind(self, model: nn.Module) -> FlatLayout:
-        """Each unit's chunk is allocated, viewed and freed before the next: building never holds more than one
-        chunk."""
+        """Each unit's chunk is allocated, viewed and freed before the next."""
         views, flats = {}, []
         for unit in self.layout.units:
             flat = torch.empty(unit.numel, dtype=self.dtype, device=self.device)

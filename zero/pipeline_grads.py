@@ -14,7 +14,7 @@ from zero.apply import ZeroParts
 class PipelineGradients:
     def __init__(self, zero: ZeroParts, shared_embedding: Optional[nn.Parameter], embedding_group,
                  pipeline_group, first_stage: bool) -> None:
-        # The norm sums over the stages once, after a chain of optimizers has added its parts' shares.
+        # The norm sums over the stages once, after a chain's parts.
         zero.optimizer.pipeline_group = pipeline_group
         zero = zero.dense if hasattr(zero, "dense") else zero
         self.zero, self.embedding_group = zero, embedding_group

@@ -12,10 +12,10 @@ import torch
 class Placement:
     # ZeRO-3 Offload: the 16-bit parameter shard in host memory
     parameter_shard_on_host: bool = False
-    # ZeRO-Offload: master, moments and fp32 gradient partition in host memory, stepped there
+    # ZeRO-Offload: master, moments and gradient partition on the host
     optimizer_on_host: bool = False
     pin_memory: bool = False
-    # --optimizer-offload-fraction F (0 < F < 1): the first F of the optimizer partition on the host
+    # --optimizer-offload-fraction F < 1: the first F of the partition on the host
     optimizer_host_fraction: float = 0.0
 
     @property
@@ -28,7 +28,7 @@ class Placement:
 
 
 def placement_of(zero_config) -> Placement:
-    """Offloaded whole at fraction 1 (Megatron-LM's default), split below it, not at all at 0."""
+    """Offloaded whole at fraction 1 (Megatron-LM's default), split below it."""
     fraction = zero_config.optimizer_offload_fraction if zero_config.offload_optimizer else 0.0
     return Placement(parameter_shard_on_host=zero_config.offload_param, optimizer_on_host=fraction == 1.0,
                      pin_memory=zero_config.offload_pin_memory,

@@ -8,14 +8,13 @@ from typing import Iterable
 
 import torch
 
-# Elements stepped at once: two 4 MiB fp32 temporaries at the step's peak.
+# Elements stepped at once: two fp32 temporaries of this size at the peak.
 WINDOW = 1 << 20
 TEMPORARIES = 2
 
 
 class PrecisionAwareAdamW(torch.optim.Optimizer):
-    """AdamW over parameters whose states ("step", "exp_avg", "exp_avg_sq"; fp32 or bf16) the caller put in
-    `self.state`."""
+    """AdamW over the states ("step", "exp_avg", "exp_avg_sq"; fp32 or bf16) the caller set."""
 
     def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float = 0.0) -> None:
@@ -40,8 +39,7 @@ class PrecisionAwareAdamW(torch.optim.Optimizer):
 
 def adamw_window(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
                  step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
-    """One window: the moments upcast to fp32 (in place when fp32), updated and written back; the update reads the fp32
-    values. At most two fp32 windows are alive at once (TEMPORARIES)."""
+    """One window: the moments upcast to fp32, updated, written back; two fp32 windows at most."""
     m = exp_avg.float()
     v = exp_avg_sq.float()
     m.mul_(beta1).add_(grad, alpha=1 - beta1)

@@ -10,14 +10,13 @@ import torch
 
 # The fork's SophiaG.step(bs=5120), never passed by its training.
 BATCH = 5120
-# Elements stepped at once: two fp32 temporaries of this size at the peak.
+# Elements stepped at once: two fp32 temporaries of this size.
 WINDOW = 1 << 20
 TEMPORARIES = 2
 
 
 class SophiaG(torch.optim.Optimizer):
-    """The fork's SophiaG over parameters whose states ("step", "exp_avg", "exp_avg_sq" = its `hessian`) the caller
-    set."""
+    """The fork's SophiaG over states "exp_avg" and "exp_avg_sq" (its `hessian`) the caller set."""
 
     STATE_KEYS = ("exp_avg", "exp_avg_sq")
 

@@ -68,7 +68,7 @@ class SplitPartition:
         target[self.cut:].copy_(self.device_part)
 
     def flat(self) -> torch.Tensor:
-        """The whole partition as one new host (or meta) tensor: what a checkpoint writes."""
+        """The whole partition as one new host tensor, for a checkpoint."""
         home = "meta" if self.host.is_meta else "cpu"
         return torch.cat([self.host.to(home), self.device_part.to(home)])
 

@@ -18,7 +18,7 @@ _RELEASED, _IN_FLIGHT, _READY = "released", "in flight", "ready"
 
 
 def block_modules(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks: the children of the ModuleList holding the most parameters."""
+    """The transformer blocks: the largest ModuleList's children."""
     best: list[nn.Module] = []
     best_numel = 0
     for module in model.modules():
@@ -31,8 +31,7 @@ def block_modules(model: nn.Module) -> list[nn.Module]:
 
 def stage3_unit_params(model: nn.Module, blocks: Optional[Sequence[nn.Module]] = None,
                        fp8_weights: frozenset = frozenset()) -> tuple[list[list[nn.Parameter]], list[nn.Module]]:
-    """Parameters per chunk (the root chunk first, then one per block) and the module each chunk serves. A block's FP8
-    weights (`fp8_weights`, ids) are a chunk of their own, gathered as FP8 bytes."""
+    """Parameters per chunk (root first, then each block's, its FP8 weights apart) and the module each chunk serves."""
     blocks = list(blocks) if blocks is not None else block_modules(model)
     claimed: set[int] = set()
     pairs = []
@@ -59,8 +58,7 @@ def _tensors(output) -> Iterable[torch.Tensor]:
 
 
 class ParameterGatherer:
-    """Gathers and frees a stage-3 model's chunks: `layout.units[i]` serves `modules[i]` and is backed by `flats[i]`;
-    `param_shard` is this rank's 16-bit shard of every unit. Chunks under the persistence threshold stay whole."""
+    """Gathers and frees a stage-3 model's chunks: `layout.units[i]` serves `modules[i]` and is backed by `flats[i]`."""
 
     def __init__(self, layout: FlatLayout, modules: Sequence[nn.Module], model: nn.Module,
                  flats: Sequence[torch.Tensor], param_shard: torch.Tensor, comm, group, zero_config, *,
@@ -76,7 +74,7 @@ class ParameterGatherer:
         self._nbytes = [unit.numel * flat.element_size() for unit, flat in zip(self.units, self.flat)]
         self._state = [_RELEASED] * len(self.units)
         self._work: dict[int, object] = {}
-        # ZeRO-3 Offload: the shard lives in host memory; each gather's device copy stays alive until it is waited for.
+        # ZeRO-3 Offload: each gather's device copy lives until it is waited for
         self.shard_on_host = shard_on_host
         self._fetched: dict[int, torch.Tensor] = {}
         self._fetched_numel = 0
@@ -120,8 +118,7 @@ class ParameterGatherer:
         self.peak_device_numel = max(self.peak_device_numel, self.live_numel + self._fetched_numel)
 
     def _device_shard(self, unit: Unit) -> torch.Tensor:
-        """This rank's piece of `unit` where the gather reads it: the shard, or a device copy of the host shard's
-        piece."""
+        """This rank's piece of `unit` where the gather reads it."""
         shard = unit.in_partition(self.param_shard)
         return shard.to(self.flat[unit.index].device, copy=True) if self.shard_on_host else shard
 
@@ -132,7 +129,7 @@ class ParameterGatherer:
             self._fetched_numel -= fetched.numel()
 
     def _window_cost(self, unit: Unit) -> int:
-        """Device elements `unit` takes in the prefetch window: its chunk, plus an offloaded gather's device copy."""
+        """Device elements `unit` takes in the prefetch window."""
         fetching = self.shard_on_host and (self._state[unit.index] == _RELEASED or unit.index in self._fetched)
         return unit.numel + (unit.shard_numel if fetching else 0)
 
@@ -156,14 +153,12 @@ class ParameterGatherer:
         self.live_numel -= unit.numel
 
     def _prefetch(self, candidates: Iterable[Unit]) -> None:
-        """Keep the next chunks gathered or in flight, up to the prefetch budget and the live-parameter cap. The budget
-        is a window ahead of the chunk in use: gathered and in-flight chunks count against it, so each hook tops the
-        window up (starting a fresh budget each time left most of the model gathered). Offloaded device copies count
-        too."""
+        """Keep the next chunks gathered or in flight up to the prefetch budget and the live cap. Chunks already
+        gathered or in flight count against the window, so each hook tops it up rather than gathering most of the
+        model."""
         budget = self.prefetch_numel
         for position, unit in enumerate(candidates):
-            # Our unit is a whole block, so only the window's first chunk may exceed what is left (DeepSpeed starts a
-            # parameter whenever its budget is positive).
+            # a unit is a whole block: only the window's first may exceed what is left
             cost = self._window_cost(unit)
             if budget <= 0 or (position > 0 and cost > budget):
                 break
@@ -180,8 +175,7 @@ class ParameterGatherer:
         if unit.index in self._in_backward:
             return  # a non-reentrant recompute: the backward gather serves it
         if self._backward_started:
-            # A reentrant recompute runs with no gradient hook on the original outputs: the block's backward begins
-            # here.
+            # a reentrant recompute has no gradient hook: its backward begins here
             self._begin_backward(unit)
             return
         if unit is self.root or unit.index in self._trace:
@@ -214,7 +208,7 @@ class ParameterGatherer:
 
 
     def unit_reduced(self, unit: Unit) -> None:
-        """Every parameter of `unit` has its gradient: no autograd node will read it again."""
+        """No autograd node will read `unit` again."""
         if unit.index in self._in_backward:
             self.release(unit)
 
@@ -238,7 +232,7 @@ class ParameterGatherer:
                 self.release(unit)
 
     def refresh_persistent(self) -> None:
-        """Persistent chunks are never freed, so after the step they are re-gathered whole."""
+        """Persistent chunks are re-gathered whole after the step."""
         for index in sorted(self.persistent):
             unit = self.units[index]
             if self.fp8 is not None and self.fp8.holds(unit):
