@@ -1,2 +1,1 @@
-"""The training program: the build shared with the planner, the loop, the frozen run plan, exit
-conditions, metrics and their sinks (metrics.jsonl, W&B, TensorBoard)."""
+"""The training program: the build shared with the planner, the loop, exit conditions, metrics and their sinks."""

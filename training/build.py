@@ -1,14 +1,6 @@
-"""One rank's model, built in one ordered sequence that the trainer (`pretrain_gpt.py`) and the dry run
-(`planner/dry_run.py`) share, as torchtitan's `parallelize` is one ordered function of the model, the
-parallel dimensions and the job config.
-
-Everything `build` depends on is an argument: the resolved run settings, the rank's `ParallelState` (its
-device, its groups and its communicator: a launched process group and the live communicator in
-training; `virtual_state` on the meta device with the `DryRunCommunicator` in a dry run), and the
-two things a dry run does differently, named at each call: whether the dropout RNG streams are made
-and whether the blocks are compiled. (A dry run on the meta device captures no CUDA graph: the planner counts
-their buffers from the plan, planner/dry_run.py.)
-"""
+"""One rank's model, built in one ordered sequence (`parallelize`) that the trainer and the planner's dry run share, as
+torchtitan's `parallelize`. Everything it depends on is an argument; a dry run differs only in making no dropout streams
+and compiling nothing."""
 
 from __future__ import annotations
 
@@ -44,40 +36,26 @@ from zero.fused_accumulation import apply_gradient_accumulation_fusion
 
 @dataclass
 class Built:
-    """What the build hands the loop (or the dry run's one iteration) and the checkpoint code."""
+    """What the build hands the loop (or the dry run) and the checkpoint code."""
     model: GPTModel
-    zero: ZeroParts                                   # the gradient reducer and the sharded optimizer
+    zero: ZeroParts
     activations: ActivationMonitor                    # the loop's view of saved tensors and recompute timings
     checkpointing: Optional[ActivationCheckpointing]  # None without --checkpoint-activations
-    rng: Optional[TensorParallelRNG]                  # the dropout streams; None when not asked for (dry run)
-    fp8: Optional[str] = None                         # --fp8-format's start-up line (gpt/fp8.py); None without
-    # gradient accumulation fusion's start-up line (zero/fused_accumulation.py)
+    rng: Optional[TensorParallelRNG]                  # the dropout streams; None in a dry run
+    fp8: Optional[str] = None                         # --fp8-format's start-up line; None without
     gradient_accumulation_fusion: Optional[str] = None
-    cuda_graphs: Optional[CudaGraphs] = None          # --cuda-graph-impl's (training/cuda_graphs.py); None without
+    cuda_graphs: Optional[CudaGraphs] = None          # --cuda-graph-impl's; None without
 
 
 def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, torch_compile: bool,
           graph_backend: Optional[GraphBackend] = None) -> Built:
-    """Build this rank's model on `state.device` as `settings.config` (resolved) asks.
-
-    `dropout_rng`: make the dropout streams (`TensorParallelRNG`, which reseeds torch's default
-    generators with the run's seed). A live run asks for them; a dry run does not: planning must not
-    reseed its caller's generators, and meta tensors have no values to draw, so its model runs dropout
-    on the default stream and its recompute replays no RNG state, with the same shapes and saved bytes.
-    `torch_compile`: torch.compile each block (a live run with --compile; never a dry run, which has no
-    kernels to compile).
-    `graph_backend`: what captures the CUDA graphs --cuda-graph-impl asks for. None: CUDA's on a GPU, and nothing on
-    another device (training/cuda_graphs.py says why in its line); tests pass the CPU stand-in
-    (parallel/graph_backends.py RerunBackend) to run the capture code without a GPU.
-    """
-    # The RNG streams, first: the model and the checkpointing hold them (attention forks the per-TP-rank
-    # stream, recompute replays both), and creating them reseeds torch's generators, so nothing drawn before
-    # this point can shift a dropout mask. Weight values draw nothing from them (they are a function of the
-    # seed and each parameter's name, filled in by ZeRO).
+    """Build this rank's model as `settings.config` asks. `dropout_rng`: make the dropout streams, which reseed torch's
+    generators (a dry run must not); `graph_backend`: what captures CUDA graphs."""
+    # The RNG streams first: creating them reseeds torch's generators.
     if torch_compile:
         keep_marked_methods_eager()  # before anything registers a hook that binds a marked method
     graphs = cuda_graph_plan(settings.config, state.device.type, stand_in=graph_backend is not None)
-    # A fork of the dropout streams inside a CUDA capture swaps generator states by reference (parallel/random.py)
+    # forking the streams inside a capture swaps generator states by reference
     graph_safe = graphs is not None and graphs.captures and state.device.type == "cuda"
     training = settings.config.training
     rng = TensorParallelRNG(training.seed, state, graph_safe=graph_safe,
@@ -90,37 +68,17 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
 def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[TensorParallelRNG], *,
                 torch_compile: bool, graphs: Optional[CudaGraphPlan] = None,
                 graph_backend: Optional[GraphBackend] = None) -> Built:
-    """Every dimension of this rank's model, in this order, as torchtitan's models/llama3/parallelize.py:
-    1. Tensor and sequence parallelism: the declared plan (gpt/parallel_plan.py), decided here once from
-       the `parallel` section and the TP group; the constructors build each layer as the plan names it.
-    2. Pipeline parallelism: this rank's stage (its model chunks' layers, gpt/stage_layers.py). The model
-       is built with both on the meta device: shapes only, no memory, no draws. With --fp8-format the
-       blocks' TP linears then run their GEMMs in FP8 (gpt/fp8.py).
-    3. Activation checkpointing: it installs itself as the model's run_blocks and allocates nothing.
-    4. ZeRO over the data-parallel group (zero/apply.py, which also decides once where the parameter
-       shards, the master weights and the optimizer states live: --offload-param/-optimizer): the flat
-       layout from the meta parameters, then each rank allocates and fills only what it owns, the
-       parameters become views of that storage, and the gradient hooks (and stage 3's gather hooks) go on.
-       Then gradient accumulation fusion: the TP linears whose main gradient ZeRO holds in fp32 add their weight
-       gradient into it inside the GEMM (zero/fused_accumulation.py), but in blocks steps 5 and 6 take over.
-    5. torch.compile of each block: compile_blocks wants parallelism applied, so that the compiled
-       blocks are the ones ZeRO left (parameters that are views of its storage, its hooks in place).
-       Compilation itself happens at the first forward.
-    6. CUDA graphs of the blocks (training/cuda_graphs.py), last: a graph reads the parameters at the addresses ZeRO
-       gave them and ZeRO's hooks must be in place to be checked. It replaces run_blocks as step 3 would (the two
-       exclude each other, as in Megatron-LM); a compiled block is not captured (said); the capture is in training.
-    """
+    """Every dimension of this rank's model, in this order, as torchtitan's llama3 parallelize: TP/SP plan and pipeline
+    stage (built on meta), FP8, activation checkpointing, ZeRO over DP (each rank fills only what it owns), gradient
+    accumulation fusion, torch.compile, then CUDA graphs over the parameters' final addresses."""
     config = settings.config
     plan = tensor_parallel_plan(state, config.parallel)                                   # 1. TP, SP
     stage = pipeline_stage(settings, state)
     model = GPTModel(config.model, state, rng=rng, stage=stage, plan=plan)                 # 2. PP
-    # FP8 (gpt/fp8.py): the blocks' TP linears call the FP8 linear; it touches no parameter. On the meta device
-    # too, so the dry run keeps what the FP8 linears keep (planner/dry_run.py); the guard, which reads its
-    # counts' values, only where there are values.
-    # --fp8-guard's verdicts, fallbacks and counts (parallel/fp8/guard.py), taken by the train step once an iteration
+    # on meta too, so the dry run keeps what FP8 keeps; the guard needs values
     guarded = config.model.fp8.enabled and config.model.fp8.guard and state.device.type != "meta"
     model.fp8_guard = guard_monitor(config.model, state, state.device) if guarded else None
-    # A dense GEMM's rows: this rank's tokens of a micro-batch (its 1/CP of the sequence under context parallelism).
+    # A dense GEMM's rows: this rank's tokens of a micro-batch.
     fp8 = apply_fp8(
         model.blocks, config.model,
         config.training.micro_batch_size * config.model.seq_length // state.context_parallel_size, state.device,
@@ -132,14 +90,11 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     if config.activations.checkpoint_activations:                                          # 3. recompute
         checkpointing = apply_activation_checkpointing(model, config.activations, state, rng, activations,
                                                        slot_sets=checkpoint_slot_sets(settings, state, stage))
-    # A tied embedding (or the MTP layers' copy, gpt/mtp.py) on two stages is a ZeRO unit of its own, so the two copies' gradients can be summed
-    # shard by shard (zero/pipeline_grads.py).
+    # A tied embedding on two stages is a ZeRO unit of its own, summed shard by shard.
     shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.shares_word_embedding \
         and model.word_embeddings is not None else []
     mark_weight_decay(decayed_norm_params(model, config))
-    # Where the experts' grid is not the dense one (expert parallelism, or expert TP 1 beside TP: each TP rank's
-    # experts see its own sequence slice) the experts' states get a ZeRO of their own over the expert data-parallel
-    # group (gpt/moe/layer.py tags them); a pipeline stage whose layers hold no expert has none (zero/experts.py).
+    # Experts on a grid of their own get a ZeRO of their own over expert DP.
     own_experts = state.expert_grid is not None and config.model.moe is not None and holds_expert_parameters(model)
     zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,                # 4. ZeRO, DP
                       decoupled_lr_params=decoupled_lr_params(model, config),
@@ -156,9 +111,7 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
 
 
 def unfused_linears(model: GPTModel, graphs: Optional[CudaGraphPlan], torch_compile: bool) -> list:
-    """The modules whose linears keep autograd's weight gradient under gradient accumulation fusion, and why: the
-    output layer (the loss reads its weight and makes its gradient), compiled blocks (a compiled graph would break at
-    the main gradient's owner) and CUDA-graphed regions (a captured backward hands autograd the gradients)."""
+    """The modules whose linears keep autograd's weight gradient under accumulation fusion, and why."""
     left_out = [(model.output_layer, "the loss's gradient (the output layer)")] if model.output_layer is not None \
         else []
     if torch_compile:
@@ -177,9 +130,7 @@ def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[Stag
 
 
 def config_stage_layers(config: PretrainConfig, pp_rank: int) -> StageLayers:
-    """The layers pipeline rank `pp_rank` of `config`'s stages builds, by the split its flags give (even, uneven
-    first/last, interleaved, the embedding and loss counted, or --pipeline-model-parallel-layout). The planner
-    prices a layout at this split (planner/layout_of_config.py), so it is the one the build makes."""
+    """The layers pipeline rank `pp_rank` builds, by the split its flags give."""
     parallel = config.parallel
     return stage_layers(config.model.num_layers, parallel.pipeline_model_parallel_size, pp_rank,
                         parallel.num_layers_per_virtual_pipeline_stage, parallel.decoder_first_pipeline_num_layers,
@@ -191,12 +142,10 @@ def config_stage_layers(config: PretrainConfig, pp_rank: int) -> StageLayers:
 
 
 def checkpoint_slot_sets(settings: RunSettings, state: ParallelState, stage: Optional[StageLayers]) -> int:
-    """How many micro-batches' checkpoints --contiguous-checkpointing's buffer holds (zero/checkpoint_buffer.py):
-    one without pipeline stages; with them, the most checkpoints this rank's schedule keeps awaiting their backward
-    at the run's largest batch, in whole micro-batches (1F1B: min(P - s, M) on stage s)."""
+    """How many micro-batches' checkpoints the contiguous buffer holds (the schedule's most in flight)."""
     if stage is None:
         return 1
-    # a chunk's blocks are grouped from its first (zero/activations.py)
+    # a chunk's blocks are grouped from its first
     by_chunk = [settings.config.activations.num_checkpoints(len(chunk)) for chunk in stage.chunks]
     slots = schedule(settings.batch.final_accumulation_steps, state.pipeline_parallel_size,
                      state.pipeline_parallel_rank, len(stage.chunks),
@@ -205,10 +154,8 @@ def checkpoint_slot_sets(settings: RunSettings, state: ParallelState, stage: Opt
 
 
 def decayed_norm_params(model: GPTModel, config) -> list:
-    """The norms' parameters that --apply-wd-to-qk-layernorm decays: every parameter of --qk-layernorm's
-    query and key norms, gains and biases, as Megatron-Core's get_standard_config_overrides
-    (megatron/core/optimizer/__init__.py) exempts names containing "q_layernorm." or "k_layernorm." from its
-    no-decay rule for 1-dim parameters and biases; none without the flag."""
+    """The query and key norms' parameters --apply-wd-to-qk-layernorm decays, as Megatron-Core's
+    get_standard_config_overrides."""
     if not config.optimizer.apply_wd_to_qk_layernorm:
         return []
     return [param for name, param in model.named_parameters()
@@ -216,15 +163,13 @@ def decayed_norm_params(model: GPTModel, config) -> list:
 
 
 def embedding_and_output_weights(model: GPTModel) -> list:
-    """Megatron-LM's `is_embedding_or_output_parameter` weights this pipeline stage holds (the word embedding and an
-    untied output layer): --optimizer muon leaves them to Adam (zero/muon.py), as `_is_muon_excluded`."""
+    """Megatron-LM's `is_embedding_or_output_parameter` weights this stage holds: --optimizer muon leaves them to
+    Adam."""
     return [layer.weight for layer in (model.word_embeddings, model.output_layer) if layer is not None]
 
 
 def decoupled_lr_params(model: GPTModel, config) -> list:
-    """The weights --decoupled-lr steps: Megatron-LM's `is_embedding_or_output_parameter` ones
-    (megatron/core/models/common/language_module/language_module.py), the word embedding and an untied
-    output layer, those this pipeline stage holds; none without the flag."""
+    """The weights --decoupled-lr steps; none without it."""
     if config.optimizer.decoupled_lr is None:
         return []
     return embedding_and_output_weights(model)

@@ -1,22 +1,6 @@
-"""CUDA graphs of the transformer blocks under Megatron-LM's flags (arguments/cuda_graphs.py): what a run captures,
-when, and the lines that say so. The capture and replay themselves are parallel/graph_capture.py's.
-
-What is captured, as Megatron-Core's local implementation captures a TransformerLayer (transformer_layer.py,
-create_mcore_cudagraph_manager and _get_submodules_under_cudagraphs): with --cuda-graph-modules empty each block
-whole, forward and backward; attn: each block's attention half (input norm, attention, dropout, residual add:
-Megatron's _forward_attention, TransformerBlock.attention_half here); mlp: each dense block's MLP half
-(_forward_mlp, TransformerBlock.mlp_half). The embedding, final norm, loss, MTP layers and optimizer step run
-eagerly, as in Megatron's per-layer implementations. When (pipeline_parallel/schedules.py, training/training.py):
-- local: the first iteration is eager (Megatron records its layers' order then and creates the graphs at the end
-  of its forward-backward); here they are captured at the start of the second iteration's first forward, after the
-  optimizer step, which changes no address a graph reads; each graph gets --cuda-graph-warmup-steps warm-up passes
-  first (_CudaGraphRunner.create_fwd_graph).
-- transformer_engine (the same per-layer graphs, this program's own): --cuda-graph-warmup-steps eager iterations,
-  then the capture (`iteration - start_iteration == args.cuda_graph_warmup_steps`), each graph warmed up as
-  TECudaGraphHelper asks of make_graphed_callables: max(1, ceil((10 - steps x M) / M)) passes for each of M
-  micro-batches.
-A graph changes no number, so nothing it cannot capture is refused (only Megatron-LM's own refusals are): what runs
-eagerly instead is named in the start-up line (`CudaGraphPlan.line`)."""
+"""CUDA graphs of the transformer blocks under Megatron-LM's flags: what a run captures (each dense block whole, or its
+attention or MLP half, as Megatron-Core's per-layer graphs), when (iteration 2 for local, after the warm-up steps for
+transformer_engine), and the lines that say so. What cannot be captured runs eagerly and is named."""
 
 from __future__ import annotations
 
@@ -38,8 +22,7 @@ from parallel.state import ParallelState
 from zero.gated_parameters import wait_at_region_entry
 from zero.memory import format_bytes
 
-# Why a run captures nothing: (applies to the config, the reason). Each names what Megatron-LM would capture and why
-# this program does not yet; the run is the same math, eagerly.
+# Why a run captures nothing: (applies to the config, the reason).
 NO_WHOLE_ITERATION = ("--cuda-graph-impl full_iteration: a graph of the whole forward-backward is not built here (use "
                       "--cuda-graph-impl local for per-layer graphs)")
 NOT_CAPTURED: tuple[tuple[Callable, str], ...] = (
@@ -55,7 +38,7 @@ NOT_CAPTURED: tuple[tuple[Callable, str], ...] = (
      "'reduce-overhead'); use one or the other"),
     (lambda config: config.parallel.context_parallel_size > 1,
      "context parallelism: its attention's point-to-point ring is not captured here"),
-    # a copy from pageable host memory synchronises, which a capture cannot hold (gpt/longrope.py's factors)
+    # a copy from pageable host memory synchronises
     (lambda config: config.model.positions.position_embedding_type == "longrope",
      "--position-embedding-type longrope: its factors are copied from the host every forward"),
 )
@@ -63,12 +46,12 @@ NOT_CAPTURED: tuple[tuple[Callable, str], ...] = (
 
 @dataclass(frozen=True)
 class CudaGraphPlan:
-    """What a run does with its (normalised) CUDA graph settings on its device, decided once."""
+    """What a run does with its CUDA graph settings on its device, decided once."""
     impl: str
     modules: tuple[str, ...]
     warmup_steps: int
     why_not: tuple[str, ...] = ()   # why this run captures nothing (empty: it captures)
-    eager: tuple[str, ...] = ()     # in a capturing run, what Megatron would also capture and runs eagerly here
+    eager: tuple[str, ...] = ()     # what Megatron would also capture and runs eagerly here
 
     @property
     def captures(self) -> bool:
@@ -84,7 +67,7 @@ class CudaGraphPlan:
         return 2 if self.impl == "local" else self.warmup_steps + 1
 
     def warmup_passes(self, micro_batches: int) -> int:
-        """Warm-up passes of each graph before its capture (see the module docstring)."""
+        """Warm-up passes of each graph before its capture (transformer_engine's as TECudaGraphHelper asks them)."""
         if self.impl == "local":
             return self.warmup_steps
         return micro_batches * max(1, math.ceil((10 - self.warmup_steps * micro_batches) / micro_batches))
@@ -108,12 +91,11 @@ class CudaGraphPlan:
 
 
 def cuda_graph_plan(config, device_type: str, stand_in: bool = False) -> Optional[CudaGraphPlan]:
-    """The run's plan (`config`: a PretrainConfig, resolved), or None without --cuda-graph-impl. `stand_in`: a test's
-    CPU backend stands for the device (parallel/graph_backends.py RerunBackend)."""
+    """The run's plan, or None without --cuda-graph-impl."""
     training = config.training
     if training.cuda_graph_impl == "none":
         return None
-    # as the flags resolved them (arguments/megatron/cuda_graph_flags.py); again for a config built in code
+    # again for a config built in code
     normalized = normalize_modules(training.cuda_graph_modules, training.cuda_graph_impl)
     modules = normalized.modules
     why_not = [reason for applies, reason in NOT_CAPTURED if applies(config)]
@@ -138,7 +120,7 @@ def cuda_graph_plan(config, device_type: str, stand_in: bool = False) -> Optiona
 
 @dataclass(frozen=True)
 class RegionSpec:
-    """One captured region: a block whole ("block"), or its "attention" or "mlp" half, and the modules it runs."""
+    """One captured region (a block, or its attention or MLP half) and the modules it runs."""
     name: str
     block: TransformerBlock
     kind: str
@@ -153,7 +135,7 @@ class RegionSpec:
 
 
 def graph_regions(model: GPTModel, plan: CudaGraphPlan) -> list[RegionSpec]:
-    """The regions `plan` captures in `model`, in the order a micro-batch's forward runs them."""
+    """The regions `plan` captures in `model`, in forward order."""
     regions = []
     for name, block in model.blocks.named_children():
         dense = not isinstance(block.mlp, MoELayer)
@@ -171,10 +153,7 @@ def graph_regions(model: GPTModel, plan: CudaGraphPlan) -> list[RegionSpec]:
 
 
 def static_buffer_bytes(model: GPTModel, plan: CudaGraphPlan, hidden_bytes: int) -> int:
-    """What the captured regions hold outside their graphs' pool for the whole run: each region's static input and
-    incoming-gradient buffers (one micro-batch's hidden states each, `hidden_bytes`) and the gradient arena, as
-    large as the largest region's parameters (parallel/graph_capture.py). An attention mask's copy per region
-    (document masking) is not counted."""
+    """What the regions hold outside their graphs' pool: static buffers and the gradient arena."""
     regions = graph_regions(model, plan)
     arena = GradientArena.sizes([region.parameters() for region in regions])
     element = {param.dtype: param.element_size() for region in regions for param in region.parameters()}
@@ -195,9 +174,7 @@ def _region_function(spec: RegionSpec) -> Callable[..., torch.Tensor]:
 
 
 class CudaGraphs:
-    """A run's CUDA graphs: its plan, and where it captures, the graphed regions and the model's `run_blocks`
-    through them (applied by `apply_cuda_graphs`). The train step calls `begin_iteration` once an iteration and
-    prints `take_capture_line()` after it."""
+    """A run's CUDA graphs: its plan and the graphed regions behind `run_blocks`."""
 
     def __init__(self, plan: CudaGraphPlan, graph_set: Optional[GraphSet] = None,
                  regions: Optional[dict[int, dict[str, GraphedRegion]]] = None) -> None:
@@ -210,15 +187,14 @@ class CudaGraphs:
         self.line = plan.line(len(graph_set.regions) if graph_set is not None else 0)
 
     def begin_iteration(self, micro_batches: int) -> None:
-        """This run's next iteration starts with `micro_batches` micro-batches a rank; the one the plan captures
-        at asks the graph set for the capture at its first forward."""
+        """Count an iteration; request the capture at the plan's."""
         self.iterations += 1
         if self.graph_set is not None and self.iterations == self.plan.capture_iteration:
             self._capture_started = (time.perf_counter(), self._device_bytes())
             self.graph_set.request_capture(self.plan.warmup_passes(micro_batches))
 
     def take_capture_line(self) -> Optional[str]:
-        """Once, after the iteration that captured: how many graphs, in how long, holding how much."""
+        """Once, after the capture: how many graphs, how long, how much memory."""
         graph_set = self.graph_set
         if graph_set is None or not graph_set.captured or self._reported:
             return None
@@ -254,9 +230,7 @@ class CudaGraphs:
 
 def apply_cuda_graphs(model: GPTModel, plan: Optional[CudaGraphPlan], state: ParallelState,
                       backend: Optional[GraphBackend]) -> Optional[CudaGraphs]:
-    """Route `model`'s blocks through graphed regions where `plan` captures (its `run_blocks`, the seam activation
-    checkpointing also uses: the two exclude each other, arguments/cuda_graphs.py); None without a plan. `backend`
-    captures: the caller's (training/build.py: CUDA, or a test's CPU stand-in)."""
+    """Route `model`'s blocks through graphed regions where `plan` captures."""
     if plan is None:
         return None
     if not plan.captures:
@@ -264,7 +238,7 @@ def apply_cuda_graphs(model: GPTModel, plan: Optional[CudaGraphPlan], state: Par
     by_block: dict[int, dict[str, GraphedRegion]] = {}
     ordered = []
     for spec in graph_regions(model, plan):
-        for module in spec.modules:  # --overlap-param-gather: the region's gathers waited for before each replay
+        for module in spec.modules:  # --overlap-param-gather: the gathers waited for before each replay
             wait_at_region_entry(module)
         region = GraphedRegion(spec.name, _region_function(spec), spec.block, spec.modules, reads_mask=spec.reads_mask)
         by_block.setdefault(id(spec.block), {})[spec.kind] = region

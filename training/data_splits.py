@@ -28,26 +28,23 @@ class DataSplits:
     make_train_loader: Callable[[int], Iterable[dict]]  # consumed samples -> the rest of the data
     make_valid_loader: Optional[Callable[[], Iterable[dict]]]
     make_test_loader: Optional[Callable[[], Iterable[dict]]]
-    summary: str = ""  # the data summary line: which blend each split reads, and its samples
+    summary: str = ""  # the data line: which blend each split reads, and its samples
 
 
 def corpus_cache_dir(config: PretrainConfig) -> Optional[str]:
-    """Where the embedded corpus is prepared (and --mock-data's index caches go); None when the user's data (a
-    --data-path or per-split blends) is used instead."""
+    """Where the embedded corpus is prepared; None when the user's data is used."""
     return None if config.data.user_data else str(config.data.data_cache_dir or DEFAULT_CACHE_DIR)
 
 
 def load_tokenizer_and_data_sources(config: PretrainConfig) -> tuple[RunTokenizer, DataSources]:
-    """The user's tokenizer and data (data/per_split.py: one blend split by --split, or one per split); without
-    them, the embedded corpus prepared on first use, tokenized with the user's tokenizer when one is named, else
-    with one trained on it."""
+    """The user's tokenizer and data, else the embedded corpus and its tokenizer."""
     data = config.data
     tokenizer = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file, data.merge_file,
                                      config.model.vocab_size)
     if data.user_data:
         return tokenizer, data.sources()
     if data.mock_data and tokenizer is not None:
-        return tokenizer, DataSources()  # build_data makes Megatron's mock documents with this tokenizer's ids
+        return tokenizer, DataSources()  # build_data makes Megatron's mock documents with these ids
     corpus = prepare_default_corpus(corpus_cache_dir(config), data.tokenizer_vocab_size, tokenizer=tokenizer)
     if tokenizer is None:
         tokenizer = load_tokenizer(tokenizer_file=os.path.join(corpus.tokenizer_dir, "tokenizer.json"))
@@ -57,9 +54,7 @@ def load_tokenizer_and_data_sources(config: PretrainConfig) -> tuple[RunTokenize
 
 
 class KeptAcrossRestarts:
-    """What an in-process restart (resilience/inprocess_restart.py) keeps from one incarnation's prepare to the
-    next's: the tokenizer and the data sources, a function of the configuration alone (no process group, no rank),
-    loaded once per process."""
+    """What an in-process restart keeps between incarnations: the tokenizer and data sources."""
 
     def __init__(self) -> None:
         self._loaded: Optional[tuple[RunTokenizer, DataSources]] = None
@@ -71,16 +66,13 @@ class KeptAcrossRestarts:
 
 
 def sample_dataset_class(order: str, sources: DataSources) -> type[GPTDataset]:
-    """The dataset reading the run's sample order (checkpoint/lineage.py): Megatron-Core's for one --data-path
-    prefix, the form Megatron-LM's continuations here are checked on; a blend keeps this project's order, said in
-    the data line."""
+    """The dataset reading the run's sample order."""
     return MegatronOrderGPTDataset if order == MEGATRON_ORDER and len(sources.blend) == 1 else GPTDataset
 
 
 def build_datasets(settings: RunSettings, sources: DataSources, tokenizer: Optional[RunTokenizer], order: str,
                    num_samples: tuple[Optional[int], int, int]) -> tuple:
-    """(train, valid, test, what they read) with `num_samples` of each split, a count of None one epoch of that
-    split's data."""
+    """(train, valid, test, what they read) with `num_samples` of each split (None: one epoch)."""
     config, training = settings.config, settings.config.training
     if config.data.mock_data:
         if tokenizer is None:
@@ -90,22 +82,19 @@ def build_datasets(settings: RunSettings, sources: DataSources, tokenizer: Optio
             tokenizer.eod_id, corpus_cache_dir(config))
         return train_set, valid_set, test_set, f"Megatron-Core's mock documents (--mock-data), split {config.data.split}"
     if sources.file_list is not None:
-        # ALCF's --data-file-list: prefixes grouped by corpus (data/corpus_list.py)
+        # ALCF's --data-file-list: prefixes grouped by corpus
         datasets = build_corpus_list_datasets(
             sources.file_list, config.data.split, config.model.seq_length, training.seed, num_samples,
             shuffle=config.data.shuffle_sample_in_corpus, blended=config.data.blend_sample_in_corpus,
             cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
         return (*datasets, describe_sources(sources, config.data.split))
     if sources.per_split is not None:
-        # Megatron-LM's --train/valid/test-data-path: one blend per split, each prefix read whole (data/per_split.py);
-        # each split's indices cached under its own name in --data-cache-path
+        # --train/valid/test-data-path: one blend per split, each prefix read whole
         datasets = build_per_split_datasets(
             sources.per_split, config.model.seq_length, training.seed, num_samples,
             cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
         return (*datasets, describe_sources(sources, config.data.split))
-    # Megatron-LM's --data-cache-path (here also --data-cache-dir) is where its GPTDataset writes the index
-    # caches (megatron/core/datasets/gpt_dataset.py, _build_document_sample_shuffle_indices: path_to_cache);
-    # without it they go beside the data, as before
+    # --data-cache-path holds the index caches, else they go beside the data
     dataset_class = sample_dataset_class(order, sources)
     datasets = build_train_valid_test_datasets(
         list(sources.blend), config.data.split, config.model.seq_length, training.seed, num_samples,
@@ -115,12 +104,8 @@ def build_datasets(settings: RunSettings, sources: DataSources, tokenizer: Optio
 
 def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set, one_epoch: Optional[int],
                         run_samples: int) -> str:
-    """The data line's words on --dataloader-type cyclic. Its training permutation spans one epoch of the split's
-    data (`one_epoch` samples, more only where that holds less than a micro-batch per rank), whatever --train-iters
-    asks, so a run continued to more iterations reads what the uninterrupted one reads. Megatron-LM's spans its
-    dataset's length: a GPTDataset's whole epochs for the run's samples, a blend's the run's samples, so its order
-    changes with --train-iters beyond one epoch or with a blend; ours equals it for one --data-path prefix in
-    Megatron-Core's order whose run stays in one epoch, and the clause names why where it does not."""
+    """The data line's words on --dataloader-type cyclic, whose training permutation spans one epoch of the split
+    whatever --train-iters asks; the clause says where that is not Megatron-LM's order."""
     built = len(train_set) if train_set is not None else 0
     if one_epoch is not None and built == one_epoch:
         span = f"one epoch of the split's data, {built:,} samples,"
@@ -148,10 +133,7 @@ def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set,
 
 def sharded_cyclic_resize_note(config: PretrainConfig, saved_data_parallel_size: Optional[int],
                                data_parallel_size: int) -> Optional[str]:
-    """The start line of a resume whose cyclic sampler's buckets changed: with data sharding each rank permutes its
-    own bucket, whose width follows the data-parallel size (Megatron-LM's MegatronPretrainingRandomSampler), so a
-    resume at another size reads the rest of the epoch from other buckets, some samples again and some never, as
-    Megatron-LM does. None where nothing changed."""
+    """The start line of a cyclic-sampler resume at another DP size (some samples read again, as in Megatron-LM)."""
     if config.data.dataloader_type != CYCLIC or not config.data.data_sharding or saved_data_parallel_size is None \
             or saved_data_parallel_size == data_parallel_size:
         return None
@@ -162,18 +144,13 @@ def sharded_cyclic_resize_note(config: PretrainConfig, saved_data_parallel_size:
 
 def build_data(settings: RunSettings, state: ParallelState, sources: DataSources,
                tokenizer: Optional[RunTokenizer] = None, order: str = APPENDABLE_ORDER) -> DataSplits:
-    """Datasets sized for the run (every iteration's batch of settings.batch, a ramp's included; with --dataloader-type
-    cyclic the training split one epoch of its data, `cyclic_order_clause`) and loaders that start at a number of
-    consumed samples; with --mock-data, over Megatron's mock documents in `tokenizer`'s vocabulary and
-    end-of-document id (data/mock.py). `order`: the run's sample order (checkpoint/lineage.py), Megatron-Core's read
-    for one --data-path prefix (`sample_dataset_class`)."""
+    """Datasets sized for the run and loaders that start at a number of consumed samples."""
     config, batch = settings.config, settings.batch
     training = config.training
     eval_samples = training.eval_batches * batch.global_batch_size
-    # the resolved train_iters is arguments/schedule.py's train_iterations (--train-samples included)
     run_samples = batch.consumed_after(training.train_iters)
     cyclic = config.data.dataloader_type == CYCLIC
-    # the cyclic sampler permutes its dataset's whole length, so that length must not follow --train-iters
+    # the cyclic sampler's dataset length must not follow --train-iters
     train_set, valid_set, test_set, summary = build_datasets(
         settings, sources, tokenizer, order, (None if cyclic else run_samples, eval_samples, eval_samples))
     micro_step = batch.micro_batch_size * state.data_parallel_size
@@ -188,7 +165,7 @@ def build_data(settings: RunSettings, state: ParallelState, sources: DataSources
         summary += cyclic_order_clause(config, sources, train_set, one_epoch, run_samples)
 
     if config.data.fim_data:
-        # Megatron-LM's pretrain_gpt.py builds GPTFIMDataset for every split under --fim-data (data/fim.py)
+        # Megatron-LM's pretrain_gpt.py builds GPTFIMDataset for every split under --fim-data
         if tokenizer is None:
             raise ValueError("--fim-data needs the run's tokenizer (it detokenizes and retokenizes samples)")
         d = config.data

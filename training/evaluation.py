@@ -14,20 +14,19 @@ from parallel.context_parallel import batch_on_this_rank
 from parallel.state import ParallelState
 from training.metrics import MetricsWriter, format_eval_line, perplexity
 
-# Re-creates an evaluation loader from its first sample, so every evaluation sees the same batches.
+# Re-creates an evaluation loader from its first sample.
 LoaderFactory = Callable[[], Iterable[dict]]
 
 
 def whole_tokens(batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Samples hold seq_length+1 tokens: inputs are all but the last, labels all but the first."""
+    """Inputs are a sample's tokens but the last, labels all but the first."""
     tokens = batch["tokens"].to(device, non_blocking=True)
     return tokens[:, :-1], tokens[:, 1:]
 
 
 def split_tokens(batch: dict, device: torch.device,
                  state: Optional[ParallelState] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`whole_tokens`; with context parallelism (a `state` of CP > 1) this rank keeps its chunks r and 2CP-1-r of
-    both, as Megatron's get_batch_on_this_cp_rank: every CP rank read the same samples."""
+    """`whole_tokens`, with context parallelism this rank's chunks r and 2CP-1-r."""
     inputs, labels = whole_tokens(batch, device)
     if state is not None and state.context_parallel_size > 1:
         inputs, labels = batch_on_this_rank(inputs, state), batch_on_this_rank(labels, state)
@@ -35,11 +34,8 @@ def split_tokens(batch: dict, device: torch.device,
 
 
 def mean_token_loss(losses: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """The micro-batch's mean token loss, fp32. With context parallelism, Megatron-LM's loss_func
-    (pretrain_gpt.py since "Fix Cross Entropy Loss Averaging", adfa873d): this rank's loss sum and the token
-    count summed over the CP group, the sum x CP / the count, so that the mean over DP x CP the gradients and the
-    reported loss then take is the whole sequence's mean (the count is summed without autograd, as there). Every
-    CP rank holds as many tokens here (no loss mask; `micro_batch_loss` sums a mask's count the same way)."""
+    """The micro-batch's mean token loss in fp32; under CP this rank's sum x CP over the CP-summed count, as
+    Megatron-LM's loss_func."""
     losses = losses.float()
     if state.context_parallel_size == 1:
         return losses.mean()
@@ -49,21 +45,13 @@ def mean_token_loss(losses: torch.Tensor, state: ParallelState) -> torch.Tensor:
 
 
 def micro_batch_loss(losses: torch.Tensor, masks: Optional[DocumentMasks], state: ParallelState) -> torch.Tensor:
-    """A micro-batch's loss from this rank's per-token losses: `mean_token_loss` without a loss mask; with one
-    (--eod-mask-loss, --goldfish-loss) the masked mean of data/documents.py masked_token_mean, and under context
-    parallelism this rank's masked sum x CP / the mask's count summed over the CP group (clamped at 1), so the
-    mean over CP the gradients take is the whole sample's masked mean, whichever rank holds how many masked
-    tokens. That is Megatron-LM's loss_func of core_r0.9-r0.12 (pretrain_gpt.py: `loss = cat([sum(losses x
-    loss_mask), loss_mask.sum()])`, all-reduced over the CP group, `loss[0] * cp_size` over the summed count);
-    since core_v0.13 loss_func returns the local sum and count and schedules.forward_step_calc_loss divides each
-    CP rank's sum by its own count, so a rank holding fewer unmasked tokens weighs each of them more, unless
-    --calculate-per-token-loss, which divides by the count summed over DP x CP: per micro-batch, the reduction here."""
+    """A micro-batch's loss: `mean_token_loss`, or the masked mean (under CP over the CP-summed mask count)."""
     if masks is None or masks.loss_mask is None:
         return mean_token_loss(losses, state)
     if state.context_parallel_size == 1:
         return masked_token_mean(losses, masks)
     loss_mask = masks.loss_mask
-    count = loss_mask.sum().detach()  # no autograd through the count, as Megatron's
+    count = loss_mask.sum().detach()  # no autograd through the count
     state.comm.all_reduce(count, state.context_parallel_group, "cp")
     return (losses.float() * loss_mask).sum() * state.context_parallel_size / count.clamp(min=1.0)
 
@@ -71,10 +59,7 @@ def micro_batch_loss(losses: torch.Tensor, masks: Optional[DocumentMasks], state
 def split_micro_batch(batch: dict, device: torch.device, documents: Optional[DocumentMasking],
                       state: Optional[ParallelState] = None
                       ) -> tuple[torch.Tensor, torch.Tensor, Optional[DocumentMasks]]:
-    """split_tokens (this rank's chunks with context parallelism), and the inputs' document masks where
-    --reset-position-ids, --reset-attention-mask, --eod-mask-loss or --goldfish-loss asks for them (data/documents.py;
-    None otherwise: nothing is built). With context parallelism the masks are the whole sample's, split with the
-    tokens (data/documents_cp.py)."""
+    """split_tokens plus the document masks a document flag asks for."""
     if documents is None:
         return (*split_tokens(batch, device, state), None)
     inputs, labels = whole_tokens(batch, device)
@@ -85,9 +70,7 @@ def split_micro_batch(batch: dict, device: torch.device, documents: Optional[Doc
 
 
 def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """Mean of `tensor` over the DP group, in place (a no-op without data parallelism). With context parallelism
-    over DP x CP: each CP rank's value is its share of the whole sample's mean (`micro_batch_loss`: its sum x CP
-    over the CP group's token count), so their mean is the whole sequence's."""
+    """Mean of `tensor` over DP x CP, in place."""
     size = state.data_context_parallel_size
     if size > 1:
         state.comm.all_reduce(tensor, state.data_context_parallel_group, "dp")
@@ -99,11 +82,7 @@ def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> to
 def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, config: PretrainConfig,
              state: ParallelState, forward: Optional[Callable[..., torch.Tensor]] = None,
              documents: Optional[DocumentMasking] = None) -> float:
-    """Mean token loss over the first `num_micro_batches` micro-batches of `loader` on every DP rank.
-    `forward(inputs, labels, documents)`: the per-token loss (the model's own forward unless given: with
-    pipeline stages, training/pipeline_step.py's PipelineForward, whose loss exists on the last stage only).
-    `documents`: the training's document masking, which evaluation uses too (Megatron's evaluate runs the same
-    forward_step, masks and loss_func): each micro-batch's loss is then the masked mean, as in training."""
+    """Mean token loss over the first `num_micro_batches` of `loader` on every DP rank."""
     forward = forward or model
     model.eval()
     total = torch.zeros((), device=state.device)
@@ -125,8 +104,7 @@ def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, c
 
 
 class Evaluator:
-    """The validation split every --eval-interval iterations and at the end, the test split once at the
-    end: --eval-iters global batches each, one record per evaluation."""
+    """The validation split every --eval-interval iterations and at the end, the test split at the end."""
 
     def __init__(self, model: nn.Module, make_valid_loader: Optional[LoaderFactory],
                  make_test_loader: Optional[LoaderFactory], micro_batches: int, config: PretrainConfig,
@@ -134,7 +112,7 @@ class Evaluator:
                  forward: Optional[Callable[..., torch.Tensor]] = None,
                  documents: Optional[DocumentMasking] = None) -> None:
         self.model, self.config, self.state, self.writer = model, config, state, writer
-        self.forward, self.documents = forward, documents  # see evaluate
+        self.forward, self.documents = forward, documents
         self.loaders = {"valid": make_valid_loader, "test": make_test_loader}
         self.micro_batches = micro_batches
 

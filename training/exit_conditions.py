@@ -1,22 +1,6 @@
-"""When a run should save and stop early: a signal (preemption), an iteration interval, a time budget,
-a kill-switch file.
-
-A cluster scheduler that preempts a job sends SIGTERM (SLURM's `--signal=USR1@120` sends SIGUSR1 a
-while before the end of a job's time); a person at a terminal presses Ctrl-C (SIGINT). With
-`--exit-signal-handler` the handler only records the signal; the loop finishes the iteration it is
-in, saves, and exits with status 0, so the job can be
-requeued and resume from `latest`. Ranks receive signals at slightly different moments and measure
-time separately, so the verdict is agreed across the world once per iteration (a 2-element MAX
-all-reduce) and every rank stops after the same iteration. BigScience's kill switch is a file an
-operator creates (`touch $KILL_SWITCH_PATH`) to stop every job of a group at once: a run that finds
-it saves after the iteration and exits 0, and a run started while it exists does not start.
-
-swiss-ai's Megatron-LM fork adds a trigger folder (--trigger-path DIR; megatron/training/training.py,
-checkpoint_and_decide_exit): every --log-interval iterations DIR/save makes the run save a checkpoint and
-remove the file, DIR/exit makes it stop; a run that reaches --train-iters creates DIR/exit (train), and its
-job script cancels its self-requeued successors when it finds one. The fork stops at DIR/exit without a
-save of its own; here, as for every early exit, the iteration is saved first.
-"""
+"""When a run should save and stop early: a signal (with --exit-signal-handler), an iteration interval, a time budget,
+BigScience's kill switch, or swiss-ai's trigger folder (--trigger-path). The verdict is agreed across ranks once per
+iteration, so every rank saves after the same iteration and exits 0."""
 
 from __future__ import annotations
 
@@ -28,8 +12,7 @@ from typing import Optional
 
 from parallel.state import ParallelState
 
-# Ctrl-C takes the same path as a scheduler's signals when the handler is on: finish the iteration,
-# save, exit 0. A second Ctrl-C interrupts at once (one line, status 130, no save).
+# with the handler, Ctrl-C saves and exits 0; a second one interrupts at once
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
@@ -86,21 +69,21 @@ class ExitConditions:
         return os.path.join(self.trigger_path, name)
 
     def save_requested(self, iteration: int) -> bool:
-        """Whether DIR/save exists on any rank at this --log-interval iteration (every rank calls it)."""
+        """Whether DIR/save exists on any rank at this iteration."""
         if not self._trigger_due(iteration):
             return False
         return self.state.comm.any_rank([os.path.exists(self._trigger("save"))], self.state.device)[0]
 
     def save_done(self) -> None:
-        """After the requested save (every rank has seen DIR/save in save_requested's all-reduce): remove it."""
+        """After the requested save: remove DIR/save."""
         if self.state.is_first_rank:
             try:
                 Path(self._trigger("save")).unlink(missing_ok=True)
-            except OSError as error:  # the save is made; a trigger left behind saves again, never loses
+            except OSError as error:  # the save is made; a trigger left behind saves again
                 print(f" warning: could not remove the save trigger {self._trigger('save')}: {error}", flush=True)
 
     def training_finished(self) -> None:
-        """--train-iters reached: DIR/exit tells the job script to cancel the runs it queued after this one."""
+        """--train-iters reached: create DIR/exit for the job script."""
         if self.trigger_path is not None and self.state.is_first_rank:
             try:
                 Path(self.trigger_path).mkdir(parents=True, exist_ok=True)

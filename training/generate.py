@@ -1,27 +1,8 @@
 """`python -m training.generate --load CK --prompt "..."`: text generated from a checkpoint, on one process or
 tensor-parallel over torchrun's processes.
 
-    python -m training.generate --load runs/gpt/checkpoints --prompt "The meaning of" --num-tokens-to-generate 40
-    python -m training.generate --load megatron_ckpt --prompt-ids 1 2 3 --top_k 0 --top_p 0.9 --seed 7
-    python -m training.generate --init-from-hf hf-llama --prompt "Once" --temperature 0.8 --top-k 40
-    python -m training.generate --load CK --prompt "Once" --prompt "The cat" --prompt-file prompts.txt
-    torchrun --nproc_per_node 2 -m training.generate --load CK --prompts "Once" "The cat"
-
-CK is any checkpoint the loader reads (checkpoint/inference_load.py): this project's (a --save directory or one
-iteration), a Megatron-LM torch_dist folder, or a Hugging Face folder (--init-from-hf names one too); the model is
-built from what it records, no optimizer. The prompt is text, tokenized as Megatron-LM's tokenizer.tokenize does
-(with the tokenizer's own start token) by the checkpoint's tokenizer or the tokenizer flags, or token ids. Sampling
-takes Megatron-LM's flags (gpt/sampling.py): greedy by default (--top_k 1, its examples' default). Generation stops
-at the tokenizer's end-of-document token unless --ignore-eos. Steps run over a KV cache (gpt/kv_cache.py);
---no-kv-cache recomputes the whole sequence each step. Prints the text (prompt then the generated text) where a
-tokenizer is known, and the generated ids on a line of their own.
-
-Several prompts (--prompt again, Megatron-LM's --prompts, --prompt-file with one prompt a line, or --prompt-ids
-again) run in batches of --max-batch-size (Megatron-LM's flag, default 8) as Megatron-LM's text generation batches
-them (gpt/generation.py generate_prompts): each prompt's greedy tokens are those it makes alone; each is printed in
-the order given. Under torchrun the model is split tensor-parallel over the launched processes (gloo on the CPU;
-NCCL on CUDA, untried on GPUs), its weights read as global tensors whatever layout saved them; every rank runs the
-same steps on the gathered logits and rank 0 prints.
+CK is this project's checkpoint, a Megatron-LM torch_dist folder or a Hugging Face folder. Sampling takes
+Megatron-LM's flags (greedy by default); several prompts run in batches of --max-batch-size.
 """
 
 from __future__ import annotations
@@ -96,8 +77,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def check_flags(args: argparse.Namespace) -> torch.device:
-    """What the flags alone decide, before any file is read, checked as pretrain_gpt.py checks the same flags; the
-    device to run on."""
+    """Check the flags alone; returns the device to run on."""
     check_seed(args.seed)
     check_device_name(args.device)
     problem = tokenizer_type_problem(args.tokenizer_type, args.tokenizer_file, args.vocab_file)
@@ -118,9 +98,8 @@ def check_flags(args: argparse.Namespace) -> torch.device:
 
 
 def run_tokenizer(args: argparse.Namespace, checkpoint: InferenceCheckpoint):
-    """The tokenizer the flags name, else the checkpoint's (a SentencePiece model by the run's --tokenizer-type, or
-    tokenizer.json, or GPT-2's two files), else None (the prompt must then be ids)."""
-    if args.tokenizer_type == "NullTokenizer":  # ids only: no text, and no end token of a known id to stop at
+    """The tokenizer the flags name, else the checkpoint's, else None."""
+    if args.tokenizer_type == "NullTokenizer":  # ids only: no text and no known end token
         return None
     named = load_named_tokenizer(args.tokenizer_type, args.tokenizer_file, args.vocab_file, args.merge_file)
     folder = checkpoint.tokenizer_dir
@@ -144,7 +123,7 @@ def prompt_texts(args: argparse.Namespace) -> Optional[list[str]]:
 
 
 def prompt_ids(args: argparse.Namespace, texts: Optional[list[str]], tokenizer, vocab_size: int) -> list[list[int]]:
-    """Each prompt's token ids, in the order given (`texts`: prompt_texts')."""
+    """Each prompt's token ids, in the order given."""
     if texts is not None:
         if tokenizer is None:
             raise ConfigError("--prompt: the checkpoint holds no tokenizer; give --tokenizer-file (or --vocab-file "
@@ -163,11 +142,8 @@ def prompt_ids(args: argparse.Namespace, texts: Optional[list[str]], tokenizer, 
 
 
 def check_lengths(args: argparse.Namespace, prompts: list[list[int]], config, world_size: int) -> None:
-    """The tokens asked fit the model and the machine, checked as Megatron-LM's text generation checks them
-    (megatron/inference/text_generation/generation.py): the longest prompt and the new tokens within the model's
-    positions ("Length of prompt + tokens_to_generate longer than allowed"), rotary models too, and each batch's
-    prompt-and-new tokens within --max-tokens-to-oom ("Too many tokens"); then within this machine's memory, their ids
-    and KV cache alone (a lower bound), for a --max-tokens-to-oom raised past it."""
+    """The tokens asked fit the model's positions and --max-tokens-to-oom, as Megatron-LM checks them, then this
+    machine's memory."""
     positions, new = config.max_position_embeddings, args.new_tokens
     longest = max(map(len, prompts))
     if longest + new > positions:
@@ -193,9 +169,7 @@ def check_lengths(args: argparse.Namespace, prompts: list[list[int]], config, wo
 
 
 def check_model_fits(checkpoint: InferenceCheckpoint, dtype: str, world_size: int) -> None:
-    """The model's weights in --dtype fit this machine's memory, before it is built: its parameters as training bounds
-    them (arguments/bounds.py parameter_lower_bound, the word embedding's included). A config.json saying a vocabulary
-    of 10**12 is one line, not an allocation that fails."""
+    """The weights in --dtype fit this machine's memory."""
     config = checkpoint.model
     parameters = parameter_lower_bound(config)[0]
     needed, memory = parameters * DTYPES[dtype].itemsize // world_size, rank_memory_bytes()
@@ -217,8 +191,7 @@ def parallel_state(device: torch.device) -> ParallelState:
 
 
 def generate_from(args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]], Optional[object], ParallelState]:
-    """(each prompt's ids, each prompt's generated ids, tokenizer, the processes' state) for the parsed flags: every
-    input checked before the model is built."""
+    """(prompt ids, generated ids, tokenizer, state), every input checked before the build."""
     device = check_flags(args)
     texts = prompt_texts(args)
     checkpoint = inference_checkpoint(inference_path(args.load, args.init_from_hf), verify=args.verify_checkpoint)

@@ -1,6 +1,6 @@
-"""What the loop logs every --log-interval iterations: the accumulators of the interval (losses,
-times, samples), the record built from them (Megatron's iteration line, one JSONL/W&B/TensorBoard
-record) and the ETA; between records, a short line now and then so a slow run is never silent."""
+"""What the loop logs every --log-interval iterations: the interval's record (Megatron's iteration line, one
+JSONL/W&B/TensorBoard record) with its ETA, and a short line now and then between records so a slow run is never
+silent."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class IntervalMetrics:
     def __init__(self, settings: RunSettings, state: ParallelState, writer: MetricsWriter,
                  activations: ActivationMonitor, stragglers: Optional[StragglerReport] = None) -> None:
         self.settings, self.state, self.writer, self.activations = settings, state, writer, activations
-        self.stragglers = stragglers  # --log-straggler
+        self.stragglers = stragglers
         self.training = settings.config.training
         self.peak_tflops = run_peak_tflops(state.device, settings.config.logging.peak_tflops)
         self.losses: list[float] = []
@@ -38,10 +38,9 @@ class IntervalMetrics:
         self.fp8_guard: list[dict] = []
         self.times: list[float] = []
         self.samples: list[int] = []
-        # Between iteration lines far apart (--log-interval 10 of a slow model: a minute or more on a CPU), a
-        # short line every REPORT_EVERY_S with the ETA, so the run is never silent for long; no record.
+        # between records far apart, a short line with the ETA; no record
         self.heartbeat = ProgressLines()
-        # the share of the blocks whose forward runs again in backward, counted in the TFLOP/s
+        # counted in the TFLOP/s
         self.recomputed_share = recomputed_share(settings.config)
 
     def flops_for(self, global_batch_size: int, recompute: float) -> float:
@@ -54,8 +53,7 @@ class IntervalMetrics:
                                  self.training.train_iters - iteration, self.settings.batch.consumed_after)
 
     def add(self, iteration: int, consumed_samples: int, skipped_iterations: int, outcome: StepOutcome) -> None:
-        """Count a finished iteration (`consumed_samples` and the run's `skipped_iterations` after it); at
-        the end of an interval, write its record."""
+        """Count a finished iteration; at the end of an interval, write its record."""
         self.times.append(outcome.seconds)
         self.losses.append(outcome.loss)
         self.moe_losses.append(outcome.moe_losses)
@@ -89,13 +87,12 @@ class IntervalMetrics:
             "consumed_samples": consumed_samples,
             "global_batch_size": last.global_batch_size,
             "loss": sum(self.losses) / len(self.losses),
-            # the MoE balancing losses over the interval, beside the LM loss (training/moe_metrics.py)
             **{name: sum(losses[name] for losses in self.moe_losses) / len(self.moe_losses)
                for name in self.moe_losses[-1]},
             "lr": last.lr,
             "grad_norm": last.grad_norm,
             "iter_time_s": interval_s / len(self.times),
-            # Over the interval, whose iterations may differ in batch size during a ramp.
+            # over the interval, whose batch size may ramp
             "tokens_per_s": sum(map(settings.tokens_in, self.samples)) / interval_s,
             "tflops_per_gpu": sum(self.flops_for(samples, recompute) for samples in self.samples)
             / (interval_s * state.world_size * 1e12),
@@ -103,16 +100,16 @@ class IntervalMetrics:
             "comm_bytes": state.comm.stats.snapshot(),
         }
         if self.peak_tflops is not None:
-            # MFU counts the model's FLOPs only: a recompute is work the hardware does, not the model.
+            # MFU counts the model's FLOPs only, not a recompute's.
             model_flops = sum(self.flops_for(samples, recompute=False) for samples in self.samples)
             record["mfu"] = model_flops_utilization(model_flops, interval_s, state.world_size, self.peak_tflops)
         timings = self.activations.take_timings()
-        if timings:  # --profile-checkpointing
+        if timings:
             for phase in ("forward", "recompute+backward"):
                 record[f"checkpoint_{phase.replace('+', '_')}_s"] = sum(
                     seconds for name, seconds in timings if name == phase)
-        record.update(merge_iterations(self.fp8_guard))  # --fp8-guard's fields, over the interval
-        if last.moe_per_layer:  # --moe-per-layer-logging: the interval's last iteration
+        record.update(merge_iterations(self.fp8_guard))
+        if last.moe_per_layer:
             record["moe_per_layer"] = last.moe_per_layer
         if training.fp16:
             record["loss_scale"] = last.loss_scale

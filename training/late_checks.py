@@ -1,8 +1,5 @@
-"""Checks of a training launch that need more than the flags (the disk, the tokenizer, the device).
-
-They run with the flag checks (arguments/parser.py's `late_checks`), so every problem of a launch comes
-back in one list, before any process group, data or model work.
-"""
+"""Checks of a training launch that need more than the flags (the disk, the tokenizer, the device), run with the flag
+checks so every problem of a launch comes back in one list."""
 
 from __future__ import annotations
 
@@ -21,19 +18,15 @@ from training.run_settings import model_vocabulary, tokenizer_size_from_flags
 
 
 def check_vocabulary_flags(config: PretrainConfig) -> None:
-    """--vocab-size is Megatron's NullTokenizer vocabulary, not read beside a real tokenizer (training/run_settings.py's
-    vocabulary_notes says so at the start); with no tokenizer named it is the model's vocabulary (a preset's), and
-    the embedded corpus's tokenizer, trained here with at most --tokenizer-vocab-size tokens, must fit in it. Beside
-    --init-from-hf the folder's layer has checked the tokenizer against the folder's vocab_size with the flags."""
+    """Without a named tokenizer --vocab-size is the model's vocabulary, and the corpus's tokenizer must fit in it."""
     tokens = tokenizer_size_from_flags(config)
     if not config.model.vocab_size or tokens is None or config.checkpoint.init_from_hf:
-        return  # the folder's layer (arguments/hf_folder.py) checked the tokenizer against its vocab_size
+        return  # the HF folder's layer checked the tokenizer against its vocab_size
     model_vocabulary(config, tokens)
 
 
 def check_fp8_flag(config: PretrainConfig) -> None:
-    """--fp8-format and its recipe where they are not built yet (gpt/fp8.py), checked with the flags so the
-    refusal joins the one round."""
+    """--fp8-format and its recipe, checked with the flags."""
     if not config.model.fp8.enabled:
         return
     parallel = config.parallel
@@ -44,19 +37,14 @@ def check_fp8_flag(config: PretrainConfig) -> None:
 
 
 def check_load(config: PretrainConfig) -> None:
-    """--load names a checkpoint, a missing or empty folder, or the --save folder (checkpoint/start_decision.py).
-    A killed first save is left for claim_run_start to finish (checkpoint/unfinished_save.py)."""
+    """--load names a checkpoint, a missing or empty folder, or the --save folder."""
     if not needs_finishing(config.checkpoint.load, config.checkpoint.save):
         decide_start(config.checkpoint.load, config.checkpoint.save, config.checkpoint.universal_checkpoint,
                      config.checkpoint.exit_on_missing_checkpoint)
 
 
-# --init-from-hf's folder is read with the flags themselves (arguments/hf_folder.py): its architecture is the
-# model's, and a flag that disagrees is refused there.
 def check_rejected_results_tracker(config: PretrainConfig) -> None:
-    """Megatron-LM skips the iterations a --result-rejected-tracker-filename records as reproducible twice on a
-    rank (arguments.py: iterations_to_skip); skipping iterations (--iterations-to-skip) is not implemented here, and
-    training them instead would change the run, so such a file is refused. A new or clean file is fine."""
+    """Refuse a --result-rejected-tracker-filename that Megatron-LM would skip iterations from (not implemented)."""
     tracker = config.training.result_rejected_tracker_filename
     skipped = iterations_megatron_skips(tracker) if tracker else []
     if skipped:
@@ -67,9 +55,7 @@ def check_rejected_results_tracker(config: PretrainConfig) -> None:
 
 
 def check_cuda_graph_allocator(config: PretrainConfig) -> None:
-    """Megatron-LM refuses per-layer CUDA graphs beside PyTorch's expandable segments unless NCCL's graph registration
-    is off: validate_args for --cuda-graph-impl transformer_engine, CudaGraphManager for local on a GPU below compute
-    capability 10 (megatron/training/arguments.py, megatron/core/transformer/cuda_graphs.py), with this message."""
+    """Megatron-LM's refusal of per-layer CUDA graphs beside expandable segments, with its message."""
     impl = config.training.cuda_graph_impl
     if impl not in PER_LAYER_IMPLS or "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") \
             or os.environ.get("NCCL_GRAPH_REGISTER", "") == "0":

@@ -1,26 +1,17 @@
-"""One line for an fp16 run whose first iterations all skip for gradient overflow (issue 81 item 4).
-
-Megatron-LM starts dynamic loss scaling at --initial-loss-scale, 2**32 by default, and its DynamicGradScaler
-(megatron/core/optimizer/grad_scaler.py, `update`) keeps the scale for the first --hysteresis - 1 overflows and halves
-it on each one after, every such step skipped (megatron/core/optimizer/optimizer.py MixedPrecisionOptimizer.step:
-`if found_inf_flag: return False, None, None`, no update). From 2**32 the gradients of a fresh model overflow for tens of iterations, so a short fp16 launch
-(Zyphra's, AWS's test cases) skips every step, as it does under Megatron, where only each log line's "number of
-skipped iterations" says so. Here every skip has its own line already (training/train_step.py); this says once why,
-from where, and which flag changes it: at the first step taken after the skips, or at the end of a run that took none.
-Only for a run that starts from the initial scale (iteration 1: a resumed run's scale is its checkpoint's) with
-dynamic scaling (a static --loss-scale is the user's own).
-"""
+"""One line for an fp16 run whose first iterations all skip for gradient overflow: Megatron-LM's dynamic loss scale
+starts at 2**32, so a short launch can skip every step. It says once why and which flag changes it, for runs that start
+from the initial dynamic scale."""
 
 from __future__ import annotations
 
 import math
 from typing import Optional
 
-MEGATRON_INITIAL_LOSS_SCALE = 2.0 ** 32  # megatron/training/arguments.py: --initial-loss-scale default=2**32
+MEGATRON_INITIAL_LOSS_SCALE = 2.0 ** 32  # Megatron-LM's --initial-loss-scale default
 
 
 def scale_words(scale: float) -> str:
-    """A loss scale as a flag's value, with its power of two where it is one (4294967296 (2^32))."""
+    """A loss scale as a flag's value (with its power of two)."""
     exponent = math.log2(scale) if scale > 0 else None
     power = f" (2^{int(exponent)}" if exponent is not None and exponent == int(exponent) else ""
     megatron = ", Megatron-LM's default" if scale == MEGATRON_INITIAL_LOSS_SCALE else ""
@@ -28,7 +19,7 @@ def scale_words(scale: float) -> str:
 
 
 def descent_words(initial_scale: float, hysteresis: int) -> str:
-    """How the dynamic scale came down, in the terms of the flags that set it."""
+    """How the dynamic scale came down, in its flags' terms."""
     kept = (f"keeps it for the first {hysteresis - 1} overflow{'s' if hysteresis > 2 else ''} (--hysteresis "
             f"{hysteresis}) and halves it on each one after") if hysteresis > 1 else \
         "halves it on each overflow (--hysteresis 1)"
@@ -47,14 +38,13 @@ class LeadingSkips:
 
     @classmethod
     def of(cls, training, start_iteration: int) -> Optional["LeadingSkips"]:
-        """The watcher for a run of `training` (TrainingConfig) resumed after `start_iteration` (0: from scratch);
-        None where the line does not apply: not fp16, a static --loss-scale, or a resumed run."""
+        """The watcher for a fresh fp16 run with dynamic scaling; None otherwise."""
         if not training.fp16 or training.loss_scale is not None or start_iteration > 0:
             return None
         return cls(training.initial_loss_scale, training.hysteresis, start_iteration + 1)
 
     def after(self, iteration: int, skipped: bool, scale_after: float) -> Optional[str]:
-        """After each iteration: the line, once, at the first step taken after skipped ones; None otherwise."""
+        """The line, once, at the first step taken after skipped ones."""
         if self.stepped:
             return None
         if skipped:
@@ -70,7 +60,7 @@ class LeadingSkips:
                 f"{self.scale:.0f} to start there")
 
     def at_end(self) -> Optional[str]:
-        """At the end of the run: the line where every iteration it trained was skipped; None otherwise."""
+        """The line where every iteration trained was skipped."""
         if self.stepped or not self.skipped:
             return None
         return (f"> {self._span()} all skipped for fp16 gradient overflow, no optimizer step taken: "

@@ -1,10 +1,5 @@
-"""The training loop's cadence: when to step, log, evaluate, save and stop.
-
-What an iteration does is the step's (training/train_step.py: a `TrainStep`, so a pipeline schedule
-can sit beside the data-parallel step without touching this loop); what is logged is the interval
-metrics' (training/interval_metrics.py); the first iteration's memory report is
-training/memory_report.py's; evaluation is training/evaluation.py's. Everything is passed in.
-"""
+"""The training loop's cadence: when to step, log, evaluate, save and stop. What an iteration does, logs and reports is
+handed in (a TrainStep, the interval metrics, the evaluator, the memory report)."""
 
 from __future__ import annotations
 
@@ -32,23 +27,19 @@ class TrainingSummary:
     train_losses: list[float] = field(default_factory=list)  # one per iteration
     final_valid_loss: Optional[float] = None
     final_test_loss: Optional[float] = None
-    skipped_iterations: int = 0  # fp16 steps skipped for a gradient overflow, by this process's run
-    trained_iterations: int = 0  # iterations this process's run trained (a resume's start not counted)
-    loss_scale: Optional[float] = None  # the last iteration's loss scale
-    # The samples of the updates taken: where the learning-rate schedule stands. Megatron-LM steps its
-    # scheduler only after a successful update (training.py, train_step: `if update_successful:
-    # opt_param_scheduler.step(increment=...)`), DeepSpeed's engine likewise skips lr_scheduler.step() on an
-    # fp16 overflow (runtime/engine.py, _take_model_step), so a skipped step leaves the rate where it was.
+    skipped_iterations: int = 0  # fp16 steps skipped for overflow in this process's run
+    trained_iterations: int = 0  # a resume's start not counted
+    loss_scale: Optional[float] = None
+    # The samples of updates taken: Megatron-LM and DeepSpeed step their LR schedulers only after an update.
     schedule_samples: int = 0
-    exit_reason: Optional[str] = None  # why the run stopped before --train-iters (signal, interval, time)
-    exit_code: int = 0  # the process's status: 16 or 17 when the rerun state machine ended it (resilience/rerun_state.py)
+    exit_reason: Optional[str] = None  # why the run stopped before --train-iters
+    exit_code: int = 0  # 16 or 17 when the rerun state machine ended it
     saved_iterations: list[int] = field(default_factory=list)
-    iteration_seconds: float = 0.0  # the time of the iterations this process trained (all kept: it ends after them)
-    # fp16 from the initial loss scale: the iterations skipped before the first step (training/leading_skips.py)
+    iteration_seconds: float = 0.0  # the iterations this process trained, all kept
     leading_skips: Optional[LeadingSkips] = None
 
     def add(self, iteration: int, outcome: StepOutcome) -> Optional[str]:
-        """Counts the iteration in; returns the line to say where it ends fp16's leading overflow skips."""
+        """Count the iteration in; returns the line that ends fp16's leading skips, if any."""
         self.train_losses.append(outcome.loss)
         self.iterations = iteration
         self.consumed_samples += outcome.global_batch_size
@@ -63,11 +54,8 @@ class TrainingSummary:
         return None
 
     def step_lines(self) -> list[str]:
-        """The run's last words on its optimizer steps: how many were taken and skipped and, when every
-        one was skipped, a warning (the weights never moved). Megatron-LM only counts skips in each
-        interval's line ("number of skipped iterations", megatron/training/training.py training_log) and
-        DeepSpeed each skip as it happens ("OVERFLOW! Rank 0 Skipping step", engine.skipped_steps); both
-        end such a run as a success (exit 0), and so does this one: the line says it instead."""
+        """The run's last words on its optimizer steps, with a warning when every one was skipped (exit 0, as
+        Megatron-LM)."""
         trained, skipped = self.trained_iterations, self.skipped_iterations
         if trained == 0:
             return []
@@ -85,8 +73,7 @@ class TrainingSummary:
         return lines
 
     def effective_time_line(self, wall_s: float) -> str:
-        """The run's effective training time, as Llama 3 reports its own (the time of the iterations kept over
-        the wall time): what start-up, evaluation, checkpoints and any wait cost this process."""
+        """The run's effective training time, as Llama 3 reports its own."""
         share = self.iteration_seconds / wall_s if wall_s > 0 else 0.0
         return (f"> effective training time: {share * 100:.1f}% ({self.trained_iterations} iterations took "
                 f"{self.iteration_seconds:.2f} s of the {wall_s:.2f} s since this process started; the rest: "
@@ -94,7 +81,7 @@ class TrainingSummary:
 
 
 def tokens_used_up(settings: RunSettings, consumed_samples: int, iteration: int, state: ParallelState) -> bool:
-    """Megatron-DeepSpeed's loop condition for --train-tokens: the rest is the normal end."""
+    """Megatron-DeepSpeed's loop condition for --train-tokens."""
     train_tokens = settings.config.training.train_tokens
     if train_tokens is None or settings.tokens_in(consumed_samples) < train_tokens:
         return False
@@ -105,8 +92,7 @@ def tokens_used_up(settings: RunSettings, consumed_samples: int, iteration: int,
 
 def early_exit(exit_conditions: Optional[ExitConditions], iteration: int, state: ParallelState,
                save: Callable[[int], None]) -> Optional[str]:
-    """After an iteration: a save asked for (--trigger-path DIR/save), and the reason to stop early (SIGTERM or
-    SIGUSR1, --exit-interval, a time budget), saved first."""
+    """After an iteration: a requested save, and the reason to stop early, saved first."""
     if exit_conditions is None:
         return None
     if exit_conditions.save_requested(iteration):
@@ -122,8 +108,8 @@ def early_exit(exit_conditions: Optional[ExitConditions], iteration: int, state:
 
 def rerun_exit(verdict: RerunExit, iteration: int, summary: TrainingSummary,
                save: Optional[Callable[[int, bool], None]], state: ParallelState) -> TrainingSummary:
-    """The rerun state machine ended the job before iteration `iteration`'s update: with exit 16 the weights that
-    iteration started from are saved (with --save), so that the job resumed elsewhere re-runs it."""
+    """The rerun state machine ended the job before `iteration`'s update; with exit 16 its starting weights are
+    saved."""
     done = iteration - 1
     if verdict.checkpoint and save is not None:  # again if saved already: now with the machine's pending re-run
         save(done, True)
@@ -141,17 +127,14 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
           schedule_samples: Optional[int] = None, save_checkpoint: Optional[SaveCheckpoint] = None,
           exit_conditions: Optional[ExitConditions] = None, commit_saves: Optional[Callable[[int], None]] = None,
           faults: Optional[FaultSchedule] = None) -> TrainingSummary:
-    """Train from `start_iteration` + 1 to --train-iters (a resume passes the checkpoint's iteration, consumed samples
-    and schedule position: each iteration's batch follows from the samples consumed before it, its learning rate from
-    the samples of the updates taken before it). `save_checkpoint`: every --save-interval, at the end, at an early exit.
-    `commit_saves(iteration)` before each iteration commits a background save (--async-save) every rank wrote; `faults`
-    (resilience/fault_injection.py) is polled after each step, before its log and save, as Megatron-LM's loop polls."""
+    """Train from `start_iteration` + 1 to --train-iters; a resume passes its checkpoint's iteration, samples and
+    schedule position."""
     training, save_interval = settings.config.training, settings.config.checkpoint.save_interval
     summary = TrainingSummary(start_iteration, consumed_samples, leading_skips=LeadingSkips.of(training, start_iteration),
                               schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
     lr = 0.0  # the rate of the last update, saved with the checkpoint
 
-    def save(iteration: int, again: bool = False) -> None:  # with --save, once an iteration unless `again`
+    def save(iteration: int, again: bool = False) -> None:  # once an iteration unless `again`
         if save_checkpoint is not None and (again or summary.saved_iterations[-1:] != [iteration]):
             save_checkpoint(iteration, summary.consumed_samples, lr, summary.schedule_samples)
             summary.saved_iterations.append(iteration)
@@ -166,11 +149,11 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
         try:
             outcome = step(iteration, summary.consumed_samples, memory.measures_activations(iteration),
                            schedule_samples=summary.schedule_samples)
-        except TrainingDiverged as diverged:  # the caller names the checkpoint to restart from with it
+        except TrainingDiverged as diverged:  # the caller names the checkpoint to restart from
             diverged.history = DivergenceHistory(start_iteration, summary.train_losses + [diverged.loss],
                                                  list(summary.saved_iterations))
             raise
-        except RerunExit as verdict:  # Megatron-LM's train(): save_checkpoint_and_time(iteration, ...), then exit
+        except RerunExit as verdict:  # as Megatron-LM's train(): save, then exit
             return rerun_exit(verdict, iteration, summary, save if save_checkpoint is not None else None, state)
         if faults is not None:
             faults.after_step(iteration)
@@ -183,7 +166,7 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
             summary.final_valid_loss = evaluator.run("valid", iteration, summary.consumed_samples)
         if save_interval is not None and iteration % save_interval == 0:
             save(iteration)
-        if faults is not None:  # a fault armed by this iteration lands after its save (resilience/fault_injection.py)
+        if faults is not None:  # a fault armed by this iteration lands after its save
             faults.after_iteration(iteration)
         if (reason := early_exit(exit_conditions, iteration, state, save)) is not None:
             summary.exit_reason = reason
@@ -197,8 +180,7 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
 
 
 def final_evaluations(evaluator: Evaluator, skip_train: bool, summary: TrainingSummary) -> None:
-    """The test split at the last iteration; with --skip-train (no step, so no valid evaluation in the loop) the
-    valid split first, as Megatron-LM's pretrain evaluates both at the loaded iteration without training."""
+    """The test split at the end; with --skip-train the valid split first, as Megatron-LM."""
     if skip_train and evaluator.due("valid", summary.iterations, last=True):
         summary.final_valid_loss = evaluator.run("valid", summary.iterations, summary.consumed_samples)
     if evaluator.due("test", summary.iterations, last=True):

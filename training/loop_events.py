@@ -1,7 +1,5 @@
-"""The run's watchers of each step's and each save's start and end: the fault tolerance sections of
---enable-ft-package (resilience/fault_tolerance.py) and rank 0's record of progress for a torchrun restart
-(resilience/restart_progress.py). They wrap the step and the save handed to the cadence loop (training/loop.py),
-which stays as it is; without a watcher the step and the save are handed over unwrapped."""
+"""The watchers of each step's and save's start and end (--enable-ft-package's sections, rank 0's restart progress),
+wrapped around the step and the save the cadence loop is handed."""
 
 from __future__ import annotations
 

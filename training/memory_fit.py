@@ -1,21 +1,6 @@
-"""Memory before the build: the planner's figures for every rank against what each host and device has free.
-
-arguments/bounds.py refuses what no machine could hold from lower bounds (2 bytes a parameter); this check uses the
-planner's own per-rank peak, the dry run of the rank (planner/dry_run.py): device bytes (model states, buffers, the
-working set) and host bytes (offloaded master, moments, gradient partition and 16-bit shard, P_a+cpu checkpoints).
-It runs after the process group is up and before any output is claimed, data built or model materialized, so a run
-that cannot fit is one line and exit 2 instead of an OOM kill half an hour in.
-
-- A host has MemAvailable (/proc/meminfo), or a cgroup's limit less its usage without the reclaimable inactive file
-  cache (memory.max / memory.limit_in_bytes, memory.current / memory.usage_in_bytes, as the kubelet counts a working
-  set) where lower. Ranks on one host share it: their needs add up (every rank says its host name).
-- A device has torch.cuda.mem_get_info's free bytes on CUDA; on a CPU the device is the host.
-- Every rank gathers every rank's figures and reaches the same verdict, so all raise the same line.
-
-The planner's figure leaves out what it lists as unknown (the CUDA context, NCCL's buffers, fragmentation) and the
-process's baseline, which MemAvailable already excludes: a refusal is a run whose named peak alone does not fit.
-Neither Megatron-LM nor DeepSpeed checks this before building (DeepSpeed's `estimate_zero2_model_states_mem_needs`
-is an estimator called by hand), so there is no flag to skip it: the levers are in the line."""
+"""Memory before the build: the planner's per-rank peak (device and host bytes) against what each host (MemAvailable or
+its cgroup's limit, shared by its ranks) and device has free. A run that cannot fit is one line and exit 2 on every
+rank, before any output is claimed, instead of an OOM kill half an hour in."""
 
 from __future__ import annotations
 
@@ -30,15 +15,13 @@ from arguments.batch_schedule import BatchSchedule
 from arguments.config import ConfigError, PretrainConfig
 from parallel.state import ParallelState
 
-# Where the host's figures are read; module attributes so a test can point them at files it wrote.
+# module attributes so a test can point them at its own files
 MEMINFO_PATH = "/proc/meminfo"
 PROC_CGROUP_PATH = "/proc/self/cgroup"
 CGROUP_ROOT = "/sys/fs/cgroup"
-UNLIMITED = 2**60  # cgroup v1 writes "no limit" as 2**63 rounded down to a page; v2 as "max"
+UNLIMITED = 2**60  # cgroup v1's "no limit" is near 2**63; v2 says "max"
 
-# (config, state, batch) -> (this rank's planned device bytes or None, its host bytes, why not): the
-# planner's dry run of this rank before the data is built (planner/launch.py), passed in because the
-# planner is a floor above.
+# (config, state, batch) -> (device bytes or None, host bytes, why not): the planner's dry run, passed in.
 PlanRank = Callable[[PretrainConfig, ParallelState, BatchSchedule], tuple[Optional[int], int, str]]
 
 
@@ -47,8 +30,7 @@ def _gib(num_bytes: float) -> str:
 
 
 def mem_available_bytes(meminfo_path: Optional[str] = None) -> Optional[int]:
-    """MemAvailable of /proc/meminfo (the kernel's estimate of what can be allocated without swapping),
-    or None where the file or the line is missing (not Linux, or a kernel before 3.14)."""
+    """MemAvailable of /proc/meminfo, or None where the file or the line is missing."""
     try:
         with open(meminfo_path or MEMINFO_PATH) as meminfo:
             for line in meminfo:
@@ -89,10 +71,7 @@ def _inactive_file(stat_path: str, key: str) -> int:
 
 
 def _cgroup_directories(proc_cgroup: str, cgroup_root: str) -> list[tuple[str, str]]:
-    """(directory, version) of this process's memory cgroup and each of its ancestors, deepest first.
-    The path in /proc/self/cgroup is the one the cgroup namespace shows; inside a container whose
-    mount holds only its own subtree that path is not under the mount, and the mount's root is the
-    process's cgroup itself."""
+    """(directory, version) of this process's memory cgroup and its ancestors, deepest first."""
     try:
         with open(proc_cgroup) as file:
             lines = file.read().splitlines()
@@ -124,9 +103,8 @@ def _cgroup_directories(proc_cgroup: str, cgroup_root: str) -> list[tuple[str, s
 
 
 def cgroup_available_bytes(proc_cgroup: Optional[str] = None, cgroup_root: Optional[str] = None) -> Optional[int]:
-    """The least any memory cgroup of this process still lets it take: limit less usage (less the
-    inactive file cache, which the kernel reclaims before it kills), over the cgroup and its ancestors;
-    None where no cgroup sets a limit."""
+    """The least any memory cgroup still lets this process take (limit less usage less inactive file cache); None
+    unlimited."""
     least = None
     for directory, version in _cgroup_directories(proc_cgroup or PROC_CGROUP_PATH, cgroup_root or CGROUP_ROOT):
         if version == "v2":
@@ -145,8 +123,7 @@ def cgroup_available_bytes(proc_cgroup: Optional[str] = None, cgroup_root: Optio
 
 
 def available_host_memory() -> tuple[Optional[int], str]:
-    """(bytes this host can still give, where that figure comes from), or (None, why) where neither
-    /proc/meminfo nor a cgroup says."""
+    """(bytes this host can still give, source), or (None, why)."""
     available = mem_available_bytes()
     limited = cgroup_available_bytes()
     if limited is not None and (available is None or limited < available):
@@ -157,8 +134,7 @@ def available_host_memory() -> tuple[Optional[int], str]:
 
 
 def available_device_memory(device: torch.device) -> Optional[int]:
-    """Free bytes on a CUDA device (torch.cuda.mem_get_info, after this rank picked its device); None
-    on a CPU, whose device memory is the host's."""
+    """Free bytes on a CUDA device; None on a CPU."""
     if device.type != "cuda":
         return None
     free, _total = torch.cuda.mem_get_info(device)
@@ -167,17 +143,17 @@ def available_device_memory(device: torch.device) -> Optional[int]:
 
 @dataclass(frozen=True)
 class RankMemory:
-    """One rank's planned bytes and what its host and device have free, as gathered from every rank."""
+    """One rank's planned bytes and its host's and device's free bytes."""
     rank: int
-    host: str                        # the host's name: ranks with the same one share its memory
-    device_bytes: int                # the planner's device peak (RankPlan.total_bytes)
-    host_bytes: int                  # the planner's host bytes (RankPlan.host_total_bytes: offload, P_a+cpu)
+    host: str                        # ranks with the same host share its memory
+    device_bytes: int                # the planner's device peak
+    host_bytes: int                  # the planner's host bytes (offload, P_a+cpu)
     device_is_host: bool             # a CPU run: the device bytes come out of the host's memory too
     host_available: Optional[int]
     host_source: str
-    device_available: Optional[int]  # CUDA's free bytes; None on a CPU
+    device_available: Optional[int]  # None on a CPU
     device_name: str = ""
-    unplanned: str = ""              # why the planner had no figure for this rank ("" when it had)
+    unplanned: str = ""              # why the planner had no figure ("" when it had)
 
     @property
     def host_need(self) -> int:
@@ -196,9 +172,7 @@ def _stage_lever(stage: int) -> str:
 
 
 def _host_levers(config: PretrainConfig, device_is_host: bool) -> str:
-    """What lowers a host's need. On a CPU every state is host memory: more hosts and a higher stage
-    shard them, and offload would only move bytes within the same memory. On CUDA the host holds the
-    offloaded shards: more hosts shard them, and offloading less moves them to the devices."""
+    """What lowers a host's need."""
     levers = ["shard over more ranks on more hosts (ranks on one host share its memory)"]
     offloaded = _offload_flags(config)
     if device_is_host and config.zero.stage < 3:
@@ -211,7 +185,7 @@ def _host_levers(config: PretrainConfig, device_is_host: bool) -> str:
 
 
 def _device_levers(config: PretrainConfig) -> str:
-    """What lowers a CUDA device's need: more ranks to shard over, a higher stage, offload, recompute."""
+    """What lowers a CUDA device's need."""
     stage = config.zero.stage
     levers = ["shard over more ranks"]
     if stage < 3:
@@ -229,7 +203,7 @@ def _device_levers(config: PretrainConfig) -> str:
 
 
 def _host_words(config: PretrainConfig) -> str:
-    """What a rank keeps in host memory, by the flags that put it there."""
+    """What a rank keeps in host memory, by its flags."""
     words = _offload_flags(config)
     if config.activations.cpu_checkpointing:
         words.append("--cpu-checkpointing")
@@ -254,8 +228,7 @@ def _per_rank(ranks: list[RankMemory], config: PretrainConfig) -> str:
 
 
 def memory_verdict(ranks: list[RankMemory], config: PretrainConfig) -> Optional[str]:
-    """The one line refusing the run, or None when every host and device holds what the planner
-    predicts for its ranks. Hosts are checked in rank order of their first rank, then devices."""
+    """The one line refusing the run, or None when everything fits."""
     hosts: dict[str, list[RankMemory]] = {}
     for rank in ranks:
         hosts.setdefault(rank.host, []).append(rank)
@@ -282,9 +255,8 @@ def memory_verdict(ranks: list[RankMemory], config: PretrainConfig) -> Optional[
 
 def check_memory_fits(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, plan_rank: PlanRank,
                       log: Callable[[str], None]) -> None:
-    """Refuse on every rank, in one line (ConfigError, exit 2), a run whose planned bytes exceed what a
-    host or a device of the launch has free; see the module docstring. A rank the planner could not
-    plan counts nothing (the first rank says so), so the check errs towards running."""
+    """Refuse on every rank a run whose planned bytes exceed what a host or device has free; unplanned ranks count
+    nothing."""
     device_bytes, host_bytes, why_not = plan_rank(config, state, batch)
     on_cpu = state.device.type != "cuda"
     host_available, source = available_host_memory()

@@ -1,12 +1,6 @@
-"""Memory after a run's first iteration: with --report-memory, the model-state bytes every rank holds and
-the bytes autograd saved for backward, beside zero/memory.py's predictions; always, the planner's
-predicted peak beside the measured one (training/metrics.py's MemoryCheck).
-
-With pipeline stages a rank's saved activations are its stage's: its own layers, for every chunk-forward that
-awaits its backward in the schedule (1F1B: min(P - s, M) micro-batches on stage s; interleaved: Megatron's
-warm-up forwards and one more), as planner/pipeline_plan.py plans them. The prediction of the checkpointed
-inputs walks the rank's own slots (parallel/pipeline_schedules.py), not the one-stage model's single
-micro-batch."""
+"""Memory after a run's first iteration: with --report-memory, each rank's model-state and saved-for-backward bytes
+beside zero/memory.py's predictions (with pipeline stages, over the forwards the schedule keeps in flight); always, the
+planner's predicted peak beside the measured one."""
 
 from __future__ import annotations
 
@@ -34,15 +28,14 @@ from zero.optimizer import PRECISION_DTYPES, ShardedAdamW
 
 
 class FirstIterationMemory:
-    """Reports once, after the first iteration this process trains (the Adam moments exist by then)."""
+    """Reports once, after the first iteration (the Adam moments exist by then)."""
 
     def __init__(self, optimizer: ShardedAdamW, settings: RunSettings, state: ParallelState, writer: MetricsWriter,
                  activations: ActivationMonitor, memory_check: Optional[MemoryCheck], first_iteration: int,
                  micro_batches: Optional[int] = None) -> None:
         self.optimizer, self.settings, self.state, self.writer = optimizer, settings, state, writer
         self.activations, self.memory_check, self.first_iteration = activations, memory_check, first_iteration
-        # the first iteration's micro-batches (a batch ramp may start below the final count): with stages, how
-        # many forwards await their backward depends on it
+        # the first iteration's micro-batches (a batch ramp may start lower)
         self.micro_batches = micro_batches if micro_batches is not None else settings.batch.final_accumulation_steps
 
     def measures_activations(self, iteration: int) -> bool:
@@ -55,8 +48,7 @@ class FirstIterationMemory:
             report_memory(self.optimizer, self.settings, self.state, self.writer, iteration, meter,
                           self.micro_batches)
         if self.memory_check is not None and iteration == self.first_iteration:
-            # Every rank's figures (ranks differ: the last one holds the padding, stage 0 the whole model),
-            # one control message once per run.
+            # Every rank's figures (ranks differ), one message once per run.
             figures = self.state.comm.all_gather_object(self.memory_check.figures())
             if self.state.is_first_rank:
                 print(self.memory_check.line(iteration, figures), flush=True)
@@ -64,12 +56,11 @@ class FirstIterationMemory:
 
 def report_memory(optimizer: ShardedAdamW, settings: RunSettings, state: ParallelState,
                   writer: MetricsWriter, iteration: int, meter: SavedTensorMeter, micro_batches: int) -> list[dict]:
-    """Measure the model-state bytes every rank holds (after a step, when the Adam moments exist)
-    and the peak bytes autograd saved for backward in this iteration, beside zero/memory.py's
-    predictions; rank 0 prints one line per rank and writes one record."""
+    """Measure each rank's model-state and saved-for-backward bytes beside the predictions; rank 0 prints and records
+    them."""
     config = settings.config
     measured = measure_tensor_bytes(optimizer.model_state_tensors())
-    # the partition is cut over the DP group, or over this rank's optimizer instance (parallel/state.py)
+    # cut over DP, or over this rank's optimizer instance
     predicted = predict_model_state_bytes(optimizer.num_parameters, optimizer.stage, state.partition_size,
                                           config.training.precision, config.training.gradient_precision,
                                           config.optimizer.optimizer,
@@ -78,7 +69,7 @@ def report_memory(optimizer: ShardedAdamW, settings: RunSettings, state: Paralle
              "partition_size": state.partition_size,
              "tensor_parallel_rank": state.tensor_parallel_rank, "num_parameters": optimizer.num_parameters,
              "padding_elements": optimizer.padding}
-    # With offload, what of the states lives in host memory (zero/memory.py names it by buffer).
+    # With offload, what of the states lives in host memory.
     placed = measure_by_placement(optimizer.model_state_tensors(), host_resident_tensors(optimizer))
     extra["host_model_state_bytes"] = placed["host"]["total"]
     extra["host_buffers_bytes"] = placed["host"]["buffers"]
@@ -97,9 +88,7 @@ def report_memory(optimizer: ShardedAdamW, settings: RunSettings, state: Paralle
 
 def saved_activation_record(meter: SavedTensorMeter, settings: RunSettings, state: ParallelState,
                             micro_batches: int) -> dict:
-    """Peak saved-for-backward bytes by location, the checkpointed inputs among them, and the analytic
-    prediction for the checkpointed inputs: one micro-batch of the whole model, or with pipeline stages this
-    stage's chunks over the forwards its schedule keeps awaiting their backward."""
+    """Peak saved-for-backward bytes by location, the checkpointed inputs among them, and their prediction."""
     config = settings.config
     model, activations = config.model, config.activations
     element = torch.finfo(PRECISION_DTYPES[config.training.precision]).bits // 8

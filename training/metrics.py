@@ -1,8 +1,5 @@
-"""What a run reports: model size, FLOPs, throughput, and where the records go.
-
-Records go to a Megatron-style console line, one JSON object per line in `metrics.jsonl` (this project's keys), and
-Weights & Biases and TensorBoard when asked, under Megatron-LM's names (scalar_values). Only the first rank writes.
-"""
+"""What a run reports (model size, FLOPs, throughput, memory) and where the records go: a Megatron-style console line,
+metrics.jsonl, and W&B and TensorBoard under Megatron-LM's names. Only the first rank writes."""
 
 from __future__ import annotations
 
@@ -23,21 +20,19 @@ from gpt.shape import model_shape
 
 
 def parameter_count(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> int:
-    """Exact number of parameters of `GPTModel` (tied output layer counted once), read from the
-    model's own meta-device shape (gpt/shape.py)."""
+    """Exact number of parameters of `GPTModel` (a tied output layer once)."""
     vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
     return model_shape(config).parameter_count(vocab)
 
 
 def active_parameter_count(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> int:
-    """The parameters one token's forward uses: the whole model but, in each MoE layer, k of its experts."""
+    """The parameters one token's forward uses (k experts of each MoE layer)."""
     vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
     return model_shape(config).active_parameter_count(vocab)
 
 
 def forward_flops_per_token(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> tuple[int, int]:
-    """(every block's, the logits') matmul FLOPs of one token's forward, from the model's shape
-    (gpt/shape.py): 2 FLOPs per multiply-add, attention's scores and context over the whole s x s square."""
+    """(blocks', logits') matmul FLOPs of one token's forward."""
     vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
     shape = model_shape(config)
     return shape.blocks_forward_flops_per_token(), shape.logits_forward_flops_per_token(vocab)
@@ -45,17 +40,8 @@ def forward_flops_per_token(config: ModelConfig, padded_vocab_size: Optional[int
 
 def flops_per_iteration(config: ModelConfig, global_batch_size: int, activation_recompute: float = False,
                         padded_vocab_size: Optional[int] = None) -> float:
-    """Matmul FLOPs of one training iteration, Megatron's accounting (Narayanan et al., 2021).
-
-    The forward per token comes from the model's shape (`forward_flops_per_token`); for GPT-2's block
-    that is 24h^2 (QKV, output, 4h MLP) + 4sh (scores and context, attention counted as full, not halved
-    for the causal mask, as Megatron does) per layer, and 2hV for the logits. Backward costs twice the
-    forward; full recompute adds one more forward of the blocks:
-        no recompute: 72 B s l h^2 (1 + s/(6h) + V/(12 l h))
-        recompute:    96 B s l h^2 (1 + s/(6h) + V/(16 l h))
-    `activation_recompute`: the share of the blocks recomputed (True: all of them; --recompute-method block's
-    share is training/recompute_share.py's), each adding one forward of its own.
-    """
+    """Matmul FLOPs of one iteration, Megatron's accounting (Narayanan et al., 2021); each recomputed block (the share
+    `activation_recompute`) adds a forward."""
     blocks_forward, logits_forward = forward_flops_per_token(config, padded_vocab_size)
     tokens = global_batch_size * config.seq_length
     block_passes = 3 + float(activation_recompute)
@@ -63,7 +49,7 @@ def flops_per_iteration(config: ModelConfig, global_batch_size: int, activation_
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak device memory allocated by tensors on CUDA; the process's peak RSS on CPU."""
+    """Peak device memory on CUDA; peak RSS on CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -71,7 +57,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def _proc_status_bytes(field: str) -> int:
-    """A KiB field of /proc/self/status in bytes (Linux; 0 where there is none)."""
+    """A KiB field of /proc/self/status in bytes (0 where there is none)."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
@@ -83,38 +69,21 @@ def _proc_status_bytes(field: str) -> int:
 
 
 def current_rss_bytes() -> int:
-    """This process's resident memory now (Linux /proc; 0 where there is none)."""
     return _proc_status_bytes("VmRSS")
 
 
 def mapped_file_bytes() -> int:
-    """The resident pages of files this process maps (RssFile: shared libraries' code and data, mapped
-    datasets). How many of a library's pages one call into it maps depends on the page cache's history,
-    not on the program: importing torch mapped 77 MiB of them from a virtualenv read many times before
-    and 131 MiB from a fresh install of the same wheel, with the same 144 MiB of anonymous memory."""
+    """The resident pages of files this process maps (RssFile)."""
     return _proc_status_bytes("RssFile")
 
 
-# Below this prediction a CPU run's memory line gives measured - predicted, not a ratio (MemoryCheck).
+# below this a CPU run's memory line gives a difference, not a ratio
 RATIO_FROM_BYTES = 64 * 2**20
 
 
 class MemoryCheck:
-    """After iteration 1, one line: the peak the planner predicted for this rank (planner/dry_run.py)
-    beside the peak measured: CUDA's max_memory_allocated, or on a CPU the growth of the process's
-    peak RSS over its peak before the model was built (the process baseline: Python, torch, the
-    tokenizer; named in the line, in neither figure), less the file pages mapped since (`measured`).
-    Without that, one PP 2 x DP 2 run read 1.24-1.32 of its plan from a fresh virtualenv (CI's) and
-    0.93-1.07 from an older one: the same anonymous growth, 24 MiB more code mapped. The growth also
-    holds the data loader and the allocator's slack, which the planner does not model, and a fixed cost
-    of the first iteration (the autograd engine's threads and the allocator's arenas: about 8 MiB). On a model predicted below
-    `RATIO_FROM_BYTES` that fixed cost would dominate a ratio (a 0.8 MiB model measured 9.7x, which
-    reads as a leak), so there the line gives the difference in MiB instead.
-
-    With offload the planner predicts device and host bytes apart (`predicted_host_bytes`: RankPlan's
-    host_total_bytes). CUDA's figure counts device memory only, so it is compared with the device's
-    prediction and the host's is named beside it; a CPU process holds both, so its RSS growth is
-    compared with their sum."""
+    """After iteration 1, one line: the planner's predicted peak beside the measured one (CUDA's max_memory_allocated,
+    or on a CPU the peak RSS growth since before the build, less file pages mapped since)."""
 
     def __init__(self, predicted_bytes: Optional[int], device: torch.device, note: str = "",
                  predicted_host_bytes: int = 0) -> None:
@@ -128,17 +97,13 @@ class MemoryCheck:
     def measured(self) -> tuple[int, str]:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device), "CUDA max_memory_allocated"
-        # The file pages mapped since the baseline (the code of the kernels, autograd and gloo that the
-        # first iteration runs) are in the peak RSS but are not the run's memory: how many there are
-        # depends on the page cache (mapped_file_bytes). They are mapped once and stay, so their growth
-        # by now bounds what they added to the peak; taking all of it off errs low by the pages mapped
-        # after the peak (the optimizer step's code).
+        # Mapped file pages are in the RSS but not the run's memory; their count depends on the page cache.
         files = max(0, mapped_file_bytes() - self.file_baseline)
         return (peak_memory_bytes(self.device) - self.baseline - files,
                 f"peak RSS growth over the process baseline, less {files / 2**20:.1f} MiB of files mapped since")
 
     def figures(self) -> tuple[int, Optional[int]]:
-        """(measured, predicted) bytes of this rank, for the first rank to report every rank's."""
+        """(measured, predicted) bytes of this rank."""
         return self.measured()[0], self.predicted_bytes
 
     def line(self, iteration: int, ranks: Optional[list[tuple[int, Optional[int]]]] = None) -> str:
@@ -162,8 +127,7 @@ class MemoryCheck:
         return line
 
     def _predicted_split(self) -> str:
-        """Where the prediction lies: on a CPU with offload, the device's and the host's bytes, which one
-        process holds together (so the sum is what its RSS is compared with)."""
+        """Where the prediction lies (device and host, on a CPU with offload)."""
         if self.device.type == "cuda" or not self.predicted_host_bytes:
             return "zero.plan"
         device = self.predicted_bytes - self.predicted_host_bytes
@@ -186,7 +150,7 @@ def _span(values: list[float], spec: str) -> str:
 
 
 def format_console_line(record: dict[str, Any], train_iters: int, eta_s: Optional[float] = None) -> str:
-    """One Megatron-style line for a training record; `eta_s`, the time the run still needs, at its end."""
+    """One Megatron-style line for a training record."""
     parts = [
         f"iteration {record['iteration']:>8d}/{train_iters:>8d}",
         f"consumed samples: {record['consumed_samples']:>10d}",
@@ -210,7 +174,7 @@ def format_console_line(record: dict[str, Any], train_iters: int, eta_s: Optiona
 
 
 def format_duration(seconds: float) -> str:
-    """'42 s', '7 min 05 s', '3 h 12 min': as precise as an estimate deserves."""
+    """'42 s', '7 min 05 s', '3 h 12 min'."""
     seconds = max(0, round(seconds))
     if seconds < 60:
         return f"{seconds} s"
@@ -221,8 +185,7 @@ def format_duration(seconds: float) -> str:
 
 def remaining_seconds(seconds_per_sample: float, consumed_samples: int, iterations_left: int,
                       consumed_after: Callable[[int, int], int]) -> float:
-    """The time the iterations left need at this interval's pace per sample: per sample, not per
-    iteration, so that the estimate holds while a batch ramp grows the iterations."""
+    """The time the iterations left need at this interval's pace per sample."""
     return seconds_per_sample * (consumed_after(iterations_left, consumed_samples) - consumed_samples)
 
 
@@ -236,11 +199,8 @@ def perplexity(loss: float) -> float:
 
 
 def drop_redone_records(metrics_file: str, iteration: int, run_id: str) -> int:
-    """Drop the records a resumed run is about to write again: those of its own lineage `run_id`
-    (checkpoint/lineage.py) after `iteration`, and a last line of its own that a kill cut short.
-    Everything else -- other runs' records, interleaved or after ours, and records without a run id
-    -- is kept byte for byte. The file is rewritten atomically where it really is (through a
-    symbolic link, which stays a link), and only when something is dropped; returns how many were."""
+    """Drop the records a resumed run will write again (its lineage's after `iteration`, a cut-short last line); the
+    rest is kept byte for byte. Returns how many were dropped."""
     target = Path(os.path.realpath(metrics_file))
     if not target.is_file():
         return 0
@@ -257,9 +217,7 @@ def drop_redone_records(metrics_file: str, iteration: int, run_id: str) -> int:
 
 
 def end_last_line(metrics_file: str) -> None:
-    """A kill can leave the last record cut short, without its newline: end it (as another run's or
-    a run's whose resume did not drop it, it is kept), so the records appended after it stay one per
-    line. Written through a symbolic link, like the records."""
+    """End a last record a kill cut short with its newline."""
     target = Path(os.path.realpath(metrics_file))
     if not target.is_file() or target.stat().st_size == 0:
         return
@@ -273,7 +231,7 @@ def _redone(line: bytes, iteration: int, run_id: str) -> bool:
     try:
         record = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        # A line cut short: ours if it begins as our records do (MetricsWriter writes run_id first).
+        # A line cut short: ours if it begins as our records do.
         return line.startswith(json.dumps({"run_id": run_id})[:-1].encode())
     if not isinstance(record, dict) or record.get("run_id") != run_id:
         return False
@@ -295,7 +253,7 @@ class MetricsWriter:
     def __init__(self, metrics_file: str, enabled: bool, wandb_run: Any = None, tensorboard: Any = None,
                  identity: Optional[dict[str, str]] = None):
         self.enabled = enabled
-        # The run's lineage and launch ids, first in every JSONL record: a resume drops only its own.
+        # first in every JSONL record: a resume drops only its own
         self.identity = identity or {}
         self.wandb_run = wandb_run
         self.tensorboard = tensorboard
@@ -333,25 +291,20 @@ class MetricsWriter:
             self.tensorboard = None
 
 
-# Megatron-LM's names for what its training_log and evaluate_and_print_results log (megatron/training/training.py):
-# a training record's keys, a valid record's, and the test split's (which Megatron-LM logs as validation's)
+# Megatron-LM's names for what its training_log and evaluate_and_print_results log.
 MEGATRON_TRAIN_NAMES = {"loss": "lm loss", "lr": "learning-rate", "grad_norm": "grad-norm", "loss_scale": "loss-scale",
                         "global_batch_size": "batch-size", "iter_time_s": "iteration-time",
                         "tflops_per_gpu": "throughput", "memory_bytes": "mem-max-allocated-bytes",
                         "consumed_samples": "samples vs steps"}
 MEGATRON_EVAL_NAMES = {"valid": {"loss": "lm loss validation", "ppl": "lm loss validation ppl"},
                        "test": {"loss": "lm loss test", "ppl": "lm loss test ppl"}}
-# the names Megatron-LM also writes to TensorBoard against the consumed samples, as `<name> vs samples`
+# Megatron-LM also writes these against the consumed samples, as `<name> vs samples`.
 VS_SAMPLES = ("lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size", "lm loss validation",
               "lm loss validation ppl", "lm loss test", "lm loss test ppl")
 
 
 def scalar_values(record: dict[str, Any]) -> dict[str, float]:
-    """A record's numbers as W&B and TensorBoard get them, at the record's iteration: what Megatron-LM logs under its
-    names (MEGATRON_TRAIN_NAMES, MEGATRON_EVAL_NAMES); the rest under `<split>/<key>` (`train/` for training
-    records), nested numbers flattened with slashes, the collective byte counters only where non-zero. W&B's
-    end-of-run summary lists its first ten keys by name: Megatron-LM's (loss, learning rate, grad norm among them)
-    before `train/...`."""
+    """A record's numbers as W&B and TensorBoard get them, Megatron-LM's names first, the rest under `<split>/<key>`."""
     split = record.get("split", "train")
     names = MEGATRON_EVAL_NAMES.get(split, {}) if "split" in record else MEGATRON_TRAIN_NAMES
     values: dict[str, float] = {}
@@ -361,7 +314,7 @@ def scalar_values(record: dict[str, Any]) -> dict[str, float]:
             for key, inner in value.items():
                 add(f"{name}/{key}", inner)
         elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
-            for index, item in enumerate(value):  # the straggler report's ranks: straggler/slowest/0/rank
+            for index, item in enumerate(value):  # the straggler report's ranks
                 add(f"{name}/{index}", item)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             if value or not name.startswith(f"{split}/comm_bytes/"):
@@ -375,8 +328,7 @@ def scalar_values(record: dict[str, Any]) -> dict[str, float]:
 
 
 def samples_values(record: dict[str, Any]) -> dict[str, float]:
-    """The `<name> vs samples` scalars Megatron-LM writes to TensorBoard beside its per-iteration ones, to be written
-    at the record's consumed samples."""
+    """The `<name> vs samples` scalars, to be written at the record's consumed samples."""
     return {f"{name} vs samples": value for name, value in scalar_values(record).items() if name in VS_SAMPLES}
 
 
@@ -389,7 +341,7 @@ def _log_to_wandb(run: Any, record: dict[str, Any]) -> None:
 
 
 def wandb_mode() -> str:
-    """Online only when the user configured W&B (WANDB_MODE, an API key, or a netrc login)."""
+    """Online only when the user configured W&B."""
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"]
     if os.environ.get("WANDB_API_KEY"):
@@ -405,7 +357,7 @@ def wandb_mode() -> str:
 
 def start_wandb(project: Optional[str], run_name: Optional[str], entity: Optional[str],
                 config: dict, directory: str) -> Any:
-    """A W&B run, or None when no project is given or W&B cannot start (training goes on)."""
+    """A W&B run, or None when W&B cannot start (training goes on)."""
     if not project:
         return None
     try:
@@ -418,9 +370,7 @@ def start_wandb(project: Optional[str], run_name: Optional[str], entity: Optiona
         return None
 
 
-# Dense (no sparsity) 16-bit tensor-core peaks in TFLOP/s, from NVIDIA's datasheets, matched against
-# the CUDA device name in order (the more specific names first): "NVIDIA H100 80GB HBM3" is the SXM
-# part, "NVIDIA H100 PCIe" and "NVIDIA H100 NVL" the slower ones.
+# Dense 16-bit peaks in TFLOP/s (datasheets), matched against the device name in order.
 PEAK_TFLOPS_16BIT = (
     ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
     ("GH200", 989.0), ("A100", 312.0), ("A800", 312.0), ("A10G", 125.0), ("L40S", 362.0),
@@ -429,8 +379,7 @@ PEAK_TFLOPS_16BIT = (
 
 
 def run_peak_tflops(device: torch.device, override: Optional[float]) -> Optional[float]:
-    """The peak MFU is measured against: --peak-tflops, else the table's entry for this CUDA device;
-    None on a CPU (no meaningful peak) or an unknown GPU."""
+    """The peak MFU is measured against: --peak-tflops, else the device's; None on a CPU."""
     if override is not None:
         return override
     if device.type == "cuda":
@@ -440,13 +389,12 @@ def run_peak_tflops(device: torch.device, override: Optional[float]) -> Optional
 
 def model_flops_utilization(model_flops: float, iteration_seconds: float, world_size: int,
                             peak_tflops: float) -> float:
-    """MFU: model FLOPs (no recompute) per second per GPU over the device's dense peak."""
+    """MFU: model FLOPs (no recompute) per second per GPU over the dense peak."""
     return model_flops / (iteration_seconds * world_size * 1e12) / peak_tflops
 
 
 def device_peak_tflops(device_name: str) -> Optional[float]:
-    """The dense 16-bit peak of a CUDA device named `device_name` (torch.cuda.get_device_name), or
-    None when the name is not in the table (pass --peak-tflops then)."""
+    """The dense 16-bit peak of a CUDA device name, or None."""
     for fragment, peak in PEAK_TFLOPS_16BIT:
         if fragment.lower() in device_name.lower():
             return peak

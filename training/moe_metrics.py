@@ -1,19 +1,6 @@
-"""The MoE layers' side of a training iteration (gpt/moe/): before the micro-batches, the balancing losses' backward
-scale (the main loss's: the fp16 loss scale over the micro-batches, as Megatron-Core's schedules.forward_step sets
-MoEAuxLossAutoScaler's); after backward, the expert-bias update (finalize_model_grads -> _update_router_expert_bias)
-and the values to log.
-
-Logged as Megatron-Core's MoEMetricsTracker.report does: per loss (load_balancing_loss, seq_load_balancing_loss,
-global_load_balancing_loss, z_loss; each over its coefficient), summed over the micro-batches times 1 /
-micro-batches, averaged over the MoE layers and the DP group; DeepSpeed-MoE's moe_loss (l_aux x --moe-loss-coeff)
-summed over the layers, as Megatron-DeepSpeed logs it. Under TP and CP each router records its slice's share
-(gpt/moe/router.py), summed over the TP and CP groups first (Megatron-Core's reduce_group = tp_cp_group; the global
-loss over tp_dp_cp_group with no DP average; the z-loss, whose shares carry 1/(TP x CP), averaged over
-tp_dp_cp_group). The backward scale carries the CP size, as schedules.forward_step_calc_loss (`loss_scale *
-cp_size_for_scaling / num_microbatches`): each CP rank's LM loss is its chunks' share x CP and gradients are
-averaged over DP x CP, so the shares' gradients carry CP too. DeepSpeed-MoE's moe_loss is each rank's own, logged as
-its mean over CP, its gradient the sum over the CP ranks (as under Ulysses, where DeepSpeed divides gradients by DP
-only). They are logged beside the LM loss, never added to its value (only their gradients are)."""
+"""The MoE layers' side of an iteration: the balancing losses' backward scale (the main loss's), the expert-bias update
+after backward, and the losses logged as Megatron-Core's MoEMetricsTracker reports them (summed over the TP and CP
+slices, averaged over layers and DP), beside the LM loss, never added to it."""
 
 from __future__ import annotations
 
@@ -29,9 +16,7 @@ from parallel.state import ParallelState
 
 def begin_moe_iteration(model: nn.Module, loss_scale, accumulation_steps: int = 1, context_parallel_size: int = 1,
                         per_token: bool = False) -> None:
-    """The balancing losses' backward scale: the main loss's. `per_token` (--calculate-per-token-loss): `loss_scale`
-    is already the main loss's whole scale (the iteration's token scale, training/per_token_loss.py), and each loss
-    is multiplied by the tokens its router saw (gpt/moe/balancing.py attach)."""
+    """Set the balancing losses' backward scale to the main loss's."""
     tracker = getattr(model, "moe_tracker", None)
     if tracker is not None:
         tracker.begin_iteration(loss_scale if per_token else loss_scale * context_parallel_size / accumulation_steps,
@@ -39,8 +24,7 @@ def begin_moe_iteration(model: nn.Module, loss_scale, accumulation_steps: int = 
 
 
 def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_steps: int) -> dict[str, float]:
-    """Update the expert biases; the iteration's MoE losses to log (every rank gets the same values). With
-    --moe-per-layer-logging, `moe_per_layer_values` gives the same per layer."""
+    """Update the expert biases; returns the MoE losses to log (the same on every rank)."""
     tracker = getattr(model, "moe_tracker", None)
     if tracker is None:
         return {}
@@ -48,8 +32,7 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
         if isinstance(module, TopKRouter):
             module.update_expert_bias()
     sums = tracker.sums()
-    # Every name, recorded or not, in one fixed order: a pipeline stage without MoE layers (--moe-layer-freq) joins
-    # the same collectives as the others, with zero counts.
+    # every name in one order: a stage without MoE layers joins the same collectives
     totals = torch.tensor([[sum(sums.get(name, {}).values()), len(sums.get(name, {}))] for name in MOE_LOSS_NAMES],
                           dtype=torch.float64, device=state.device)
     totals[:, 0] = _summed_over_slices(totals[:, 0].clone(), state, losses=True)
@@ -66,11 +49,7 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
 
 def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_steps: int, num_layers: int,
                          num_experts: int, experts_per_layer: Optional[Sequence[int]] = None) -> dict[str, list]:
-    """Per layer (None where a layer has no experts): each balancing loss as finish_moe_iteration logs it, and
-    the tokens each expert received in the iteration summed over the micro-batches, the TP slices and the
-    data-parallel ranks (Megatron-LM's --moe-per-layer-logging). Call it after finish_moe_iteration, on every rank.
-    `num_experts`: the most any layer has; `experts_per_layer`: each layer's, where they differ (a
-    Megatron-DeepSpeed list)."""
+    """Per layer, the balancing losses and the tokens per expert (--moe-per-layer-logging); every rank calls it."""
     tracker = model.moe_tracker
     sums = tracker.sums()
     losses = torch.zeros(len(MOE_LOSS_NAMES), num_layers, dtype=torch.float64, device=state.device)
@@ -101,9 +80,7 @@ def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_st
 
 
 def _summed_over_slices(values: torch.Tensor, state: ParallelState, losses: bool = False) -> torch.Tensor:
-    """`values` (with `losses`, rows in MOE_LOSS_NAMES' order; else token counts) summed over the TP and CP ranks'
-    slices of the sequence (Megatron-Core's tp_cp reduce_group); DeepSpeed-MoE's moe_loss, each rank's own value,
-    averaged over CP instead. In place."""
+    """`values` summed in place over TP and CP (DeepSpeed-MoE's moe_loss averaged over CP)."""
     for size, group, name in ((state.tensor_parallel_size, state.tensor_parallel_group, "tp"),
                               (state.context_parallel_size, state.context_parallel_group, "cp")):
         if size > 1:
@@ -115,9 +92,7 @@ def _summed_over_slices(values: torch.Tensor, state: ParallelState, losses: bool
 
 
 def _data_parallel_divisors(state: ParallelState, like: torch.Tensor) -> torch.Tensor:
-    """Per row of MOE_LOSS_NAMES, what the sum over the data-parallel ranks is divided by: DP (Megatron's
-    needs_dp_avg), except the global aux loss, whose ranks' shares sum to the loss (_apply_global_aux_loss
-    records it with `needs_dp_avg=False`)."""
+    """Per loss, the divisor of the DP sum: DP, except for the global aux loss."""
     divisors = torch.full((len(MOE_LOSS_NAMES),), float(state.data_parallel_size), dtype=like.dtype,
                           device=like.device)
     divisors[MOE_LOSS_NAMES.index("global_load_balancing_loss")] = 1.0

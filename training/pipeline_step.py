@@ -1,25 +1,7 @@
-"""The pipeline train step: a rank's slots of the schedule (parallel/pipeline_schedules.py) run in order,
-then the same optimizer step as the data-parallel one. A second TrainStep beside DataParallelTrainStep; the
-loop (training/loop.py) does not know which it runs.
-
-A forward slot receives its input from the previous stage (unless it starts the model), runs its model chunk
-and sends the output on (unless it ends the model, where it becomes the micro-batch's loss). A backward slot
-receives the gradient of that output (unless it is the loss), runs backward and sends the input's gradient
-back. A sent output keeps only its place in the autograd graph (`SentOutput`): its bytes live on only while its
-send is held, as Megatron-Core's deallocate_output_tensor frees an output once sent (deallocate_pipeline_outputs, set
-by Megatron-LM's training). This follows Megatron-Core's forward_step / backward_step
-(megatron/core/pipeline_parallel/schedules.py): the loss of each micro-batch is divided by the number of micro-batches, and the loss scale is applied on the
-last stage only (its gradient carries the scale to the others).
-
-Every stage takes each micro-batch from the data loader, so the sampler's consumed samples stay the same on all
-ranks; only the first stage reads its tokens and only the last its labels. With document masking (data/documents.py) every stage
-builds the micro-batch's masks from its tokens: the first stage's embedding reads the positions, every stage's
-attention the mask, and the last stage's loss the loss mask. ZeRO's reducer runs every backward
-but the rank's last under `no_sync`, so gradients are reduced once per step where the storage allows (stage 2
-reduces each micro-batch, as without stages); then the tied embedding's copies are summed
-(zero/pipeline_grads.py) and the loss, known on the last stage, is broadcast over the pipeline group for the
-record.
-"""
+"""The pipeline train step: a rank's slots of the schedule run in order (receive, run the chunk, send on; backward the
+same way back), then DataParallelTrainStep's optimizer step. As Megatron-Core's schedules, each micro-batch's loss is
+divided by the micro-batch count, the loss scale applies on the last stage, and a sent output's bytes are freed once
+sent."""
 
 from __future__ import annotations
 
@@ -55,7 +37,7 @@ class PipelineTrainStep(DataParallelTrainStep):
                  documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER,
                  rerun: Optional[RerunStateMachine] = None, cuda_graphs: Optional[CudaGraphs] = None,
                  rng=None) -> None:
-        # pipeline stages capture nothing (training/cuda_graphs.py): the graphs object only counts iterations
+        # pipeline stages capture nothing: the graphs object only counts iterations
         super().__init__(model, zero, train_batches, settings, state, activations, documents, observer, rerun,
                          cuda_graphs, rng)
         self.chunks = len(model.stage.chunks)
@@ -69,10 +51,9 @@ class PipelineTrainStep(DataParallelTrainStep):
         self.dtype = next(model.parameters()).dtype
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
-        """The rank's slots of the schedule over the iteration's micro-batches (the first that many the observer
-        runs: all in a live run), each loss divided by `accumulation_steps`; the loss, still on the device."""
+        """The rank's slots over the iteration's micro-batches; returns the loss, on the device."""
         state, reducer, observer = self.state, self.zero.reducer, self.observer
-        # with context parallelism each stage's micro-batch is its CP rank's chunks, and so are its sends
+        # under CP each stage's micro-batch and sends are its CP rank's chunks
         group = self.settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage
         micro_batches = observer.pipeline_micro_batches(accumulation_steps, state.pipeline_parallel_size,
                                                         state.pipeline_parallel_rank, self.chunks, group)
@@ -157,17 +138,14 @@ class PipelineTrainStep(DataParallelTrainStep):
 
 @dataclass(frozen=True)
 class SentOutput:
-    """A forward's output once sent on: where its gradient enters the graph, and the gradient's shape and dtype."""
+    """A forward's output once sent on: its gradient edge, shape and dtype."""
     edge: GradientEdge
     shape: torch.Size
     dtype: torch.dtype
 
 
 class PipelineForward:
-    """Forward only through the stages, one micro-batch at a time (evaluation): each model chunk of this
-    rank in turn receives, runs and sends on; the per-token loss on the last stage, zeros elsewhere (the
-    evaluation broadcasts the mean from the last stage). Every send of a call is posted before any of its
-    receives can wait on a later stage, and waited at the end of the call."""
+    """Forward only through the stages, one micro-batch at a time (evaluation): the per-token loss on the last stage."""
 
     def __init__(self, model: GPTModel, state: ParallelState, hidden_size: int) -> None:
         self.model, self.state, self.hidden_size = model, state, hidden_size

@@ -1,16 +1,6 @@
-"""`python -m training.plot runs/RUN_ID/metrics.jsonl -o runs/RUN_ID/curves.png`: a run's curves as one PNG.
-
-Four panels against the iteration: the training loss (the validation and test losses as points on
-it), the learning rate, tokens per second and TFLOP/s per GPU, one line per run in each: per file, and
-per `run_id` where several runs share a file (training/metrics.py: every record begins with its run's
-lineage), each labelled by the flags that tell it from the others where its launch recorded them. Memory records and records of other shapes are passed over. A line a kill cut short (the
-last record of a killed run, which metrics.py's `end_last_line` ends so that the next run's records
-follow on lines of their own) is skipped with a note; any other line that is not a JSON object is an
-error naming the file and the line. The output is never replaced without --overwrite.
-
-matplotlib is imported inside `draw` only: every run imports training/, and matplotlib takes a
-second or more to import.
-"""
+"""`python -m training.plot runs/RUN_ID/metrics.jsonl -o runs/RUN_ID/curves.png`: a run's curves as one PNG (loss,
+learning rate, tokens/s, TFLOP/s per GPU), one line per run labelled by the flags that tell runs apart. matplotlib is
+imported only in `draw`: it is slow to import."""
 
 from __future__ import annotations
 
@@ -27,7 +17,7 @@ from training.run_commands import distinguishing_flags, read_commands
 PROGRAM = "training.plot"
 FIGURE_INCHES = (12.0, 8.0)
 DOTS_PER_INCH = 100  # so the PNG is 1200 x 800 pixels
-# (record key, panel title, y-axis label) of the panels below the loss, left to right, top to bottom.
+# (record key, panel title, y-axis label) of the panels below the loss.
 TRAINING_PANELS = (("lr", "learning rate", "learning rate"), ("tokens_per_s", "throughput", "tokens/s"),
                    ("tflops_per_gpu", "throughput per GPU", "TFLOP/s per GPU"))
 
@@ -36,7 +26,7 @@ TRAINING_PANELS = (("lr", "learning rate", "learning rate"), ("tokens_per_s", "t
 class Series:
     """One run's records in one file."""
     label: str
-    flags: Optional[list[str]] = None  # the flags its first launch was given, where recorded
+    flags: Optional[list[str]] = None
     training: list[dict] = field(default_factory=list)
     evaluations: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # split -> (iteration, loss)
 
@@ -50,8 +40,7 @@ def _is_number(value: object) -> bool:
 
 
 def _cut_short(line: str) -> bool:
-    """A record a kill cut short: the start of a JSON object that never got its closing brace (the
-    writer writes one `json.dumps(dict)` per line)."""
+    """A record a kill cut short."""
     return line.startswith("{") and not line.endswith("}")
 
 
@@ -77,7 +66,7 @@ def read_series(path: str, notes: list[str]) -> list[Series]:
                 raise ConfigError(f"{path}, line {number}: a JSON {type(record).__name__}, not a record; is it "
                                   f"a metrics.jsonl that a training run wrote?")
             if not isinstance(record.get("iteration"), int) or not _is_number(record.get("loss")):
-                continue  # a memory record, or another shape: nothing to draw
+                continue  # a memory record, or another shape
             run = record.get("run_id")
             series = by_run.setdefault(run if isinstance(run, str) else None, Series(label=path))
             if "split" in record:
@@ -100,15 +89,14 @@ def read_series(path: str, notes: list[str]) -> list[Series]:
 
 
 def label_by_flags(all_series: list[Series]) -> None:
-    """Each run's label becomes the flags that tell it from the others (training/run_commands.py), where its
-    launch recorded them; a run whose flags are unknown or like the others' keeps its file and run id."""
+    """Label each run by the flags that tell it from the others, where recorded."""
     for series, flags in zip(all_series, distinguishing_flags([series.flags for series in all_series])):
         if flags:
             series.label = flags
 
 
 def check_output(output: str, overwrite: bool, given: bool = True) -> Path:
-    """The PNG's path, if it may be written; `given`: the user named it (else it is -o's default)."""
+    """The PNG's path, if it may be written."""
     path, name = Path(output), f"-o {output}" if given else f"{output} (-o's default)"
     if path.suffix.lower() != ".png":
         raise ConfigError(f"{name}: the picture is a PNG; give a path ending in .png")
@@ -120,7 +108,7 @@ def check_output(output: str, overwrite: bool, given: bool = True) -> Path:
 
 
 def draw(all_series: list[Series], output: Path) -> None:
-    """The four panels of every series, written to `output` (FIGURE_INCHES x DOTS_PER_INCH pixels)."""
+    """The four panels of every series, written to `output`."""
     from matplotlib.figure import Figure  # here, not at the top: see the module's docstring
     from matplotlib.ticker import MaxNLocator
 
@@ -154,8 +142,7 @@ def draw(all_series: list[Series], output: Path) -> None:
 
 
 def plot(metrics_files: list[str], output: Optional[str] = None, overwrite: bool = False) -> str:
-    """Draw `metrics_files` into `output` (default: curves.png beside the first); the line that says
-    what was drawn."""
+    """Draw `metrics_files` into `output`; returns the line that says what was drawn."""
     target = check_output(output or str(Path(metrics_files[0]).with_name("curves.png")), overwrite,
                           given=output is not None)
     notes: list[str] = []

@@ -1,14 +1,6 @@
-"""A training run resolved once, in order, into a `Run` the loop is handed.
-
-`prepare` sets torch's thread count (training/threads.py), claims the outputs and verifies the
-checkpoint (checkpoint/run_start.py, which also hands back the checkpoint's learning-rate schedule when
---use-checkpoint-opt_param-scheduler keeps it), loads the tokenizer, resolves the run settings once
-(training/run_settings.py, the resumed schedule included), builds the data from the settings' batch
-schedule, builds the model (training/build.py), loads the checkpoint, says what the run does in one
-line (training/run_description.py) and opens the metrics writers. The batch schedule comes in from the
-caller (training/start_checks.py), computed once for the whole run. Everything it made is released by
-`Run.close` (a `with` block), and by `prepare` itself when a step fails half way.
-"""
+"""A training run resolved once, in order, into the `Run` the loop is handed: threads, claimed outputs, tokenizer,
+settings, data, model, loaded checkpoint, start-up lines and metrics writers. `Run.close` releases what it made, as does
+`prepare` when a step fails half way."""
 
 from __future__ import annotations
 
@@ -47,16 +39,14 @@ from training.run_settings import RunSettings, model_vocabulary, resolve_run_set
 from training.start_checks import Log
 from training.threads import set_intra_op_threads
 
-# (resolved config, state, vocabulary, batch schedule) -> (this rank's predicted peak device bytes or None,
-# its host bytes, why not): the planner's dry run (planner/launch.py), passed in because the planner is a
-# floor above.
+# (config, state, vocabulary, batch) -> (device peak or None, host bytes, why not): the planner's dry run, passed in.
 PredictPeak = Callable[[PretrainConfig, ParallelState, int, BatchSchedule], tuple[Optional[int], int, str]]
 
 
 @dataclass
 class Run:
     """Everything the loop needs, made once."""
-    settings: RunSettings  # settings.config is the resolved config everything downstream reads
+    settings: RunSettings  # settings.config is the resolved config
     state: ParallelState
     tokenizer: RunTokenizer
     data: DataSplits
@@ -65,10 +55,10 @@ class Run:
     writer: MetricsWriter
     exit_conditions: ExitConditions
     memory_check: MemoryCheck
-    save: Optional[CheckpointSaves]  # None without --save
+    save: Optional[CheckpointSaves]
     log: Log
     claimed: RunStart  # the locks of --save and --metrics-file
-    rerun: Optional[RerunStateMachine] = None  # --rerun-mode validate_results or report_stats (resilience/rerun_state.py)
+    rerun: Optional[RerunStateMachine] = None
 
     def __enter__(self) -> "Run":
         return self
@@ -78,7 +68,7 @@ class Run:
 
     def close(self) -> None:
         try:
-            if self.save is not None:  # train_run waited for the last save; here only an error's is left to let go
+            if self.save is not None:  # train_run waited for the last save; only an error's is left
                 self.save.abandon()
             self.exit_conditions.close()
             self.writer.close()
@@ -89,9 +79,9 @@ class Run:
 def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, log: Log,
             predict_peak: PredictPeak, kept: Optional[KeptAcrossRestarts] = None) -> Run:
     """`kept`: the tokenizer and data sources an in-process restart's earlier incarnation loaded."""
-    # torch's intra-op threads, by the one rule (training/threads.py), before any of the run's work
+    # before any of the run's work
     threads = set_intra_op_threads(read_launch_environment().local_world_size)
-    with state.comm.collective_work():  # its checks and loads: an error on some ranks only ends every rank
+    with state.comm.collective_work():  # an error on some ranks only ends every rank
         claimed = claim_run_start(config, state, corpus_cache_dir(config), log, batch)
     with contextlib.ExitStack() as on_failure:  # popped on success: the Run owns what was made
         on_failure.callback(claimed.release)
@@ -105,7 +95,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         settings = resolve_run_settings(config, vocab_size, state.tensor_parallel_size, state.data_parallel_size,
                                         state.device.type, batch=batch, resumed_lr_schedule=claimed.lr_schedule)
         config = settings.config  # from here on, the resolved copy
-        for note in settings.notes:  # what resolving changed (an attention kernel this device lacks, ...)
+        for note in settings.notes:  # what resolving changed
             log(note)
         data = build_data(settings, state, data_sources, tokenizer, claimed.identity.sample_order)
         log(data.summary)
@@ -116,19 +106,15 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
             log(sample_order_kept_note(claimed.identity.sample_order, config.checkpoint.ckpt_format))
         predicted, predicted_host, why_not = predict_peak(config, state, settings.vocab_size, batch)
         memory_check = MemoryCheck(predicted, state.device, why_not, predicted_host_bytes=predicted_host)  # its baseline: before the model
-        # The model, built as the dry run builds it, with the dropout streams (shared across TP ranks, and
-        # private per TP rank inside attention) and, with --compile, compiled blocks; each rank
-        # materializes what it owns. The weights are a function of the seed and their names, the same
-        # whatever the TP size.
+        # The model, as the dry run builds it; each rank materializes what it owns.
         built = build(settings, state, dropout_rng=True, torch_compile=config.training.compile)
         if built.fp8:
             log(built.fp8)
         if built.gradient_accumulation_fusion:
             log(built.gradient_accumulation_fusion)
-        if built.cuda_graphs is not None:  # what is captured and when, or why nothing is (training/cuda_graphs.py)
+        if built.cuda_graphs is not None:
             log(built.cuda_graphs.line)
-        # the rerun state machine before the load, as Megatron-LM's initialize makes it: the load restores the random
-        # states it seeded, and a pending re-run saved in the checkpoint (exit 16) goes into it
+        # the rerun state machine before the load, which restores its state
         rerun = rerun_state_machine_for(config.training, state, built.rng, log)
         with state.comm.collective_work():
             start = load_weights(config, state, built, claimed, log)
@@ -154,8 +140,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
 
 def load_weights(config: PretrainConfig, state: ParallelState, built: Built, claimed: RunStart,
                  log: Log) -> ResumePoint:
-    """The checkpoint claim_run_start verified (loaded by its format's handler), or --init-from-hf's weights on a
-    fresh start."""
+    """The checkpoint claim_run_start verified, or --init-from-hf's weights on a fresh start."""
     checkpoint = config.checkpoint
     if checkpoint.init_from_hf and claimed.resume_from is None:
         log(f"> initializing from the Hugging Face model in {checkpoint.init_from_hf}")

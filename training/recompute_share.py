@@ -1,7 +1,6 @@
-"""How much of the blocks' forward runs again in backward under --checkpoint-activations: every block under
---recompute-method uniform, the first --checkpoint-num-layers blocks of each model chunk under block
-(zero/config.py `checkpointed_groups`, Megatron-Core's split). The FLOPs a run counts (training/metrics.py
-flops_per_iteration) and the planner's time models price that share, not a whole recompute, for block."""
+"""The share of the blocks' forward that runs again in backward under --checkpoint-activations (all of it under uniform,
+the first --checkpoint-num-layers blocks of each chunk under block), which the FLOPs count and the planner's time models
+price."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from training.build import config_stage_layers
 
 
 def chunk_layer_counts(config: PretrainConfig, pipeline_rank: Optional[int] = None) -> list[int]:
-    """The blocks of each model chunk of pipeline rank `pipeline_rank` (of every rank where None), as the build
-    splits them; the whole model is one chunk without pipeline stages."""
+    """The blocks of each model chunk of `pipeline_rank` (of every rank where None)."""
     stages = config.parallel.pipeline_model_parallel_size
     if stages == 1:
         return [config.model.num_layers]
@@ -22,8 +20,7 @@ def chunk_layer_counts(config: PretrainConfig, pipeline_rank: Optional[int] = No
 
 
 def recomputed_share(config: PretrainConfig, pipeline_rank: Optional[int] = None) -> float:
-    """Of the blocks of pipeline rank `pipeline_rank` (of the whole model where None), the share whose forward runs
-    again in backward: 0 without checkpointing, 1 under uniform."""
+    """The share of `pipeline_rank`'s blocks whose forward runs again in backward."""
     activations = config.activations
     chunks = chunk_layer_counts(config, pipeline_rank)
     if not activations.checkpoint_activations or not sum(chunks):

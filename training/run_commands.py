@@ -1,6 +1,5 @@
-"""The flags each launch was given, beside its metrics file (FILE.commands.jsonl: one JSON object a launch, its
-run_id, launch_id and flags), so that training/plot.py labels runs by the flags that tell them apart rather
-than by run id. metrics.jsonl itself keeps its records' shape (training/metrics.py)."""
+"""The flags each launch was given, one JSON line a launch beside its metrics file (FILE.commands.jsonl), so that
+training/plot.py labels runs by the flags that tell them apart."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ def commands_file(metrics_file: str | Path) -> Path:
 
 
 def given_flags(config) -> list[str]:
-    """The settings given on the command line, each as typed with its resolved value (`--lr 0.001`, `--bf16`)."""
+    """The settings given on the command line, as typed with their values."""
     flags = []
     for settings in config.to_dict().values():
         for name, value in settings.items():
@@ -36,7 +35,7 @@ def record_command(metrics_file: str | Path, identity: dict[str, str], flags: li
 
 
 def read_commands(metrics_file: str | Path) -> dict[Optional[str], list[str]]:
-    """run_id -> the flags of its first launch; {} where no commands file is beside the metrics (older runs)."""
+    """run_id -> the flags of its first launch."""
     path, found = commands_file(metrics_file), {}
     if not path.is_file():
         return found
@@ -44,15 +43,14 @@ def read_commands(metrics_file: str | Path) -> dict[Optional[str], list[str]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a launch killed while writing its line: its run is labelled as before
+            continue  # a launch killed while writing its line
         if isinstance(record, dict) and isinstance(record.get("flags"), list):
             found.setdefault(record.get("run_id"), [str(flag) for flag in record["flags"]])
     return found
 
 
 def distinguishing_flags(commands: list[Optional[list[str]]]) -> list[Optional[str]]:
-    """For each run's flags, those not every run was given alike, joined; None where they are unknown or there
-    are none of its own (the caller keeps its other label)."""
+    """For each run, its flags not shared by every run, joined; None where unknown or none."""
     known = [set(flags) for flags in commands if flags is not None]
     shared = set.intersection(*known) if known else set()
     labels = []

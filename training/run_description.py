@@ -1,11 +1,5 @@
-"""The start-up line of a training run: the model, the batch, and every placement and dimension in force.
-
-One line, printed once by the first rank after the build (training/prepare.py): the parallel sizes
-(TP, SP, PP, DP and the distributed optimizer's instances), the ZeRO stage, what lives in host memory
-(ZeRO-Offload's optimizer states, ZeRO-3 Offload's parameter shards, P_a+cpu's checkpoints), the
-precision, and the torch thread count where it is not torch's own (training/threads.py). A run whose
-JSON asks for offload says so here, not only in the memory line after iteration 1.
-"""
+"""The start-up line of a training run, printed once by the first rank: the model, the batch, the parallel sizes, the
+ZeRO stage, what lives in host memory, the precision and the torch thread count."""
 
 from __future__ import annotations
 
@@ -53,8 +47,7 @@ def _moe_layers(count: int) -> str:
 
 
 def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
-    """'parallel sizes TP 2, SP on, PP 1, DP 4' and, with several distributed optimizer instances, how the DP ranks
-    share the optimizer state (Megatron-LM's --num-distributed-optimizer-instances)."""
+    """'parallel sizes TP 2, SP on, PP 1, DP 4', then CP, experts and optimizer instances."""
     sequence = "on" if tensor_parallel_plan(state, config.parallel).sequence_parallel else "off"
     words = (f"parallel sizes TP {state.tensor_parallel_size}, SP {sequence}, PP {state.pipeline_parallel_size}, "
              f"DP {state.data_parallel_size}")
@@ -68,7 +61,7 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
                   f"partition cut over DP x CP = {state.data_context_parallel_size})")
     experts = state.experts
     if experts.model_size > 1:
-        # expert TP named only where the experts are split (a line without it is the one before expert TP existed)
+        # expert TP named only where the experts are split
         split = f" x expert TP {experts.tensor_size}" if experts.tensor_size > 1 else ""
         words += (f"; experts EP {experts.model_size}{split} x expert DP {experts.data_size} "
                   f"({config.parallel.dispatcher_name} dispatcher)")
@@ -79,26 +72,25 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
     if instances > 1:
         words += (f"; {instances} distributed optimizer instances, each sharding the optimizer state over "
                   f"{state.partition_size} DP ranks and replicated across the instances")
-        if experts.model_size > 1:  # the experts' optimizer is cut into the same instances (parallel/state.py)
+        if experts.model_size > 1:  # the experts' optimizer is cut into the same instances
             words += f", the experts' over {experts.optimizer_instances.shard_size} expert DP ranks"
     return words
 
 
 def host_placement(config: PretrainConfig) -> str:
-    """What ZeRO-Offload and ZeRO-R put in host memory (zero/offload.py, zero/activations.py), or that
-    nothing is: the device holds everything else."""
+    """What ZeRO-Offload and ZeRO-R put in host memory, or that nothing is."""
     zero, activations = config.zero, config.activations
     on_host = []
     fraction = zero.optimizer_offload_fraction if zero.offload_optimizer else 0.0
     if fraction == 1.0:
         on_host.append("optimizer states: fp32 master partition, Adam moments, gradient partition, AdamW step "
                        "(--offload-optimizer)")
-    elif fraction > 0.0:  # Megatron-LM's hybrid optimizer (zero/hybrid_offload.py)
+    elif fraction > 0.0:  # Megatron-LM's hybrid optimizer
         on_host.append(f"optimizer states of the first {fraction:g} of the partition: fp32 master, Adam moments, AdamW "
                        f"step and a copy of their gradients (--offload-optimizer --optimizer-offload-fraction "
                        f"{fraction:g}; the rest on the device)")
     if zero.offload_param:
-        on_host.append(f"{config.training.precision} parameter shards (--offload-param)")  # the model's dtype
+        on_host.append(f"{config.training.precision} parameter shards (--offload-param)")
     if activations.checkpoint_activations and activations.cpu_checkpointing:
         on_host.append("activation checkpoints (--cpu-checkpointing)")
     if not on_host:

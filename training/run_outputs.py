@@ -20,8 +20,7 @@ from training.tensorboard_sink import open_tensorboard
 
 def open_metrics(config: PretrainConfig, state: ParallelState, identity: RunIdentity, start_iteration: int,
                  log: Callable[[str], None], metrics_file: str) -> MetricsWriter:
-    """The metrics file (the one the run claimed; appended to, never truncated: only this lineage's records
-    of iterations this run redoes are dropped), W&B and TensorBoard, written by rank 0."""
+    """The metrics file (appended to), W&B and TensorBoard, written by rank 0."""
     metrics_path = Path(metrics_file)
     log(f"> run {identity.run_id}, launch {identity.launch_id}: in every metrics record and save")
     if state.is_first_rank:
@@ -46,9 +45,7 @@ def open_metrics(config: PretrainConfig, state: ParallelState, identity: RunIden
 def checkpoint_saver(config: PretrainConfig, state: ParallelState, built: Built, tokenizer: RunTokenizer,
                      identity: RunIdentity, batch=None,
                      rerun: Optional[RerunStateMachine] = None) -> Optional[CheckpointSaves]:
-    """Saves to --save and prunes to --keep-last (checkpoint/run_saves.py), in the format the registry writes for
-    the run's flags; None without --save. `batch` is the run's batch schedule (a writer that saves the learning-rate
-    scheduler's state counts it in the schedule's samples)."""
+    """Saves to --save and prunes to --keep-last; None without --save."""
     if not config.checkpoint.save:
         return None
     return CheckpointSaves(config, state, built.model, built.zero.optimizer, built.rng, tokenizer, identity, batch,

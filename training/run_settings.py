@@ -1,20 +1,6 @@
-"""The run's configuration resolved once, after the tokenizer and the process grid are known.
-
-A `PretrainConfig` holds what the user asked for; a few numbers depend on things known only later:
-the vocabulary (from the tokenizer), the padded vocabulary (and the TP size), the batch of every
-iteration (and the DP size: arguments/batch_schedule.py), the iterations a --train-samples run makes and the
-learning-rate schedule in samples (arguments/schedule.py), the dtypes and the attention kernel (and the
-device). `resolve_run_settings` computes them once into a frozen `RunSettings` (settings, not a plan: "plan"
-is only the planner's, planner/plan.py), whose `config` is a resolved copy (vocabulary, batch sizes,
-precision and attention backend filled in) that checkpoint metadata records and everything downstream
-reads: the trainer (training/prepare.py) and the dry run (planner/dry_run.py) alike. The user's config
-object is a frozen dataclass that nothing changes, so the order in which functions are called cannot
-change a number.
-
-Precision on a CPU: a 16-bit setting that came from a preset (`gpt2-124m` turns bf16 on for GPUs) is
-resolved to fp32 on a CPU, where 16-bit math runs 10-15x slower; one asked for explicitly (a flag or
-the DeepSpeed JSON) is kept, with a warning (`precision_notes`).
-"""
+"""The run's configuration resolved once, after the tokenizer and the process grid are known: vocabulary, batch
+schedule, iterations, learning-rate schedule, dtypes and attention kernel, into a frozen `RunSettings` whose resolved
+`config` everything downstream reads. On a CPU a preset's 16-bit precision becomes fp32."""
 
 from __future__ import annotations
 
@@ -43,14 +29,14 @@ class RunSettings:
     tensor_parallel_size: int
     data_parallel_size: int
     batch: BatchSchedule            # the global batch of every iteration, from the samples consumed
-    vocab_size: int                 # the model's (model_vocabulary: the tokenizer's, or a preset's)
+    vocab_size: int                 # the model's (model_vocabulary)
     padded_vocab_size: int          # rounded up for fast GEMMs and equal TP shards
-    param_dtype: torch.dtype        # 16-bit (or fp32) parameters and activations
-    grad_dtype: torch.dtype         # what gradients are accumulated and reduced in
-    lr_schedule: LearningRateSchedule  # Megatron's, in samples (and tokens): arguments/schedule.py
-    # --decoupled-lr's: the same schedule with its own peak and floor (the embedding and output weights)
+    param_dtype: torch.dtype
+    grad_dtype: torch.dtype
+    lr_schedule: LearningRateSchedule  # Megatron's, in samples (and tokens)
+    # --decoupled-lr's: the same schedule with its own peak and floor
     decoupled_lr_schedule: Optional[LearningRateSchedule] = None
-    notes: tuple[str, ...] = ()     # what resolving changed or warns about, said once at the start
+    notes: tuple[str, ...] = ()     # what resolving changed or warns about, said once
 
     def tokens_in(self, global_batch_size: int) -> int:
         return global_batch_size * self.config.model.seq_length
@@ -59,13 +45,7 @@ class RunSettings:
 def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_parallel_size: int, data_parallel_size: int,
                          device_type: str = "cuda", *, batch: Optional[BatchSchedule] = None,
                          resumed_lr_schedule: Optional[LearningRateSchedule] = None) -> RunSettings:
-    """Everything derived from `config` for a grid of TP x DP on `device_type` and a tokenizer of
-    `vocab_size` tokens. Raises ConfigError (naming the flags) when the batch arithmetic does not work out.
-
-    `batch`: the run's schedule when the caller has computed it already (a training run computes it
-    once, before any work, and passes it along). `resumed_lr_schedule`: the checkpoint's schedule, kept
-    by --use-checkpoint-opt_param-scheduler (checkpoint/run_start.py); without it the schedule is this
-    run's own."""
+    """Everything derived from `config` for a TP x DP grid on `device_type` and a tokenizer of `vocab_size` tokens."""
     batch = batch if batch is not None else batch_schedule(config, data_parallel_size)
     training, notes = resolve_precision(config, device_type)
     attention_backend, fallback = resolve_attention_backend(config, training.precision, device_type)
@@ -86,10 +66,7 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
 
 
 def decoupled_schedule(config: PretrainConfig, schedule: LearningRateSchedule) -> Optional[LearningRateSchedule]:
-    """Megatron-LM's scheduler gives a parameter group its own max_lr and min_lr (--decoupled-lr,
-    --decoupled-min-lr, else --min-lr) and shares the rest: warmup, decay, style and the warmup's start
-    (megatron/core/optimizer_param_scheduler.py get_lr; megatron/core/optimizer/__init__.py
-    get_standard_config_overrides). --decoupled-min-lr alone does nothing there, nor here."""
+    """--decoupled-lr's schedule: its own max_lr and min_lr, the rest shared, as Megatron-LM's scheduler."""
     optimizer = config.optimizer
     if optimizer.decoupled_lr is None:
         return None
@@ -98,17 +75,13 @@ def decoupled_schedule(config: PretrainConfig, schedule: LearningRateSchedule) -
 
 
 def tokenizer_named(config: PretrainConfig) -> bool:
-    """Whether the flags name a tokenizer; without one the embedded corpus trains its own BPE here."""
+    """Whether the flags name a tokenizer."""
     data = config.data
     return bool(data.tokenizer_type or data.tokenizer_file or data.vocab_file)
 
 
 def tokenizer_size_from_flags(config: PretrainConfig) -> Optional[int]:
-    """The run's tokenizer's size as the flags give it, before any tokenizer is loaded: an explicit tokenizer wins
-    over the embedded corpus's (and, arguments/hf_folder.py, over an --init-from-hf folder's). Megatron's
-    NullTokenizer is --vocab-size ids plus its end-of-document id; with no tokenizer named, the embedded corpus's
-    BPE has at most --tokenizer-vocab-size tokens; None for a tokenizer read from files (its size is known once it
-    is loaded)."""
+    """The tokenizer's size from the flags alone, or None for a tokenizer read from files."""
     if config.data.tokenizer_type == "NullTokenizer":
         return config.model.vocab_size + 1
     if tokenizer_named(config):
@@ -117,18 +90,8 @@ def tokenizer_size_from_flags(config: PretrainConfig) -> Optional[int]:
 
 
 def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
-    """The model's vocabulary for a run of `config` whose tokenizer has `tokenizer_vocab_size` tokens: the
-    one place the trainer (training/prepare.py, with the loaded tokenizer's) and the planner (planner/launch.py's
-    launch_vocab, before any tokenizer is loaded) decide it.
-
-    A named tokenizer's own size, as in Megatron-LM, whose build_tokenizer hands --vocab-size only to the
-    NullTokenizer (whose size counts the end-of-document id). Without one the embedded corpus's BPE is trained
-    here with at most --tokenizer-vocab-size tokens, and a --vocab-size (a preset's: llama3-8b's 128256 tokens,
-    gpt2-124m's 50257) is the model's vocabulary, the corpus's ids its first ones: `--config llama3-8b` trains and
-    plans Llama 3 8B's 8.03B parameters. A corpus tokenizer larger than that vocabulary is refused.
-
-    With --init-from-hf, the folder's config.json vocab_size, as transformers' embedding has that many rows
-    whatever the tokenizer (Qwen's folders hold more rows than tokens); the tokenizer's ids must fall inside it."""
+    """The model's vocabulary, for the trainer and the planner alike: a named tokenizer's size (Megatron-LM reads
+    --vocab-size only for the NullTokenizer), else --vocab-size, or an --init-from-hf folder's."""
     folder = config.checkpoint.init_from_hf
     if folder:
         hf_vocab = pretrained_vocab_size(folder)
@@ -156,11 +119,7 @@ def _vocab_words(config: PretrainConfig) -> str:
 
 
 def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:
-    """--reset-position-ids restarts the learned position embedding's positions only: Megatron-Core's GPTModel hands
-    position_ids to its embedding, and for rope computes the rotary angles of positions 0..seq-1
-    (GPTModel._preprocess: `self.rotary_pos_emb(rotary_seq_len, ...)`), as Megatron-DeepSpeed does
-    (`self.rotary_pos_emb(self.seq_length)`). Under rope or no positions the flag changes nothing, said once; and
-    --reset-attention-mask leaves Gated DeltaNet layers as Megatron-Core's leaves them, said once."""
+    """--reset-position-ids and --reset-attention-mask where they change less than asked, said once."""
     kind = config.model.positions.position_embedding_type
     notes = ()
     if config.data.reset_attention_mask and GDN in mixer_symbols(config.model):
@@ -175,9 +134,7 @@ def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:
 
 
 def masked_loss_log_notes(config: PretrainConfig) -> tuple[str, ...]:
-    """With a loss mask Megatron-LM logs every loss as the masked sum over the count (pretrain_gpt.py loss_func returns
-    both; training_log and evaluate divide the sums); here the evaluation's loss, and the training loss without
-    --calculate-per-token-loss, is the mean of each micro-batch's masked mean (training/evaluation.py)."""
+    """The logged loss under a loss mask differs from Megatron-LM's, said once."""
     if not (config.data.eod_mask_loss or config.data.goldfish_loss):
         return ()
     logged = "evaluation" if config.training.calculate_per_token_loss else "training and evaluation"
@@ -186,9 +143,7 @@ def masked_loss_log_notes(config: PretrainConfig) -> tuple[str, ...]:
 
 
 def longrope_notes(config: PretrainConfig) -> tuple[str, ...]:
-    """Which of LongRoPE's factor lists the run's sequence takes (gpt/longrope.py): the long ones for every position
-    once it is longer than the original context, as transformers' longrope_frequency_update picks them for a whole
-    forward by its largest position, so a model trained here at one length is the model transformers runs at it."""
+    """Which of LongRoPE's factor lists the sequence takes, as transformers picks them."""
     longrope, seq = config.model.longrope, config.model.seq_length
     if longrope is None:
         return ()
@@ -200,10 +155,7 @@ def longrope_notes(config: PretrainConfig) -> tuple[str, ...]:
 
 
 def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]:
-    """Where the model's vocabulary (`vocab_size`, model_vocabulary's) is not the tokenizer's, or a --vocab-size
-    is not read, said once. A --vocab-size beside a real tokenizer is not read, as in Megatron-LM: its
-    build_tokenizer (megatron/core/tokenizers/utils/build_tokenizer.py) hands args.vocab_size only to the
-    NullTokenizer and TikTokenizer, and the padded vocabulary comes from the tokenizer's own size."""
+    """Where a --vocab-size is not read, said once."""
     asked = config.model.vocab_size
     if not asked or config.data.tokenizer_type == "NullTokenizer":
         return ()
@@ -219,9 +171,7 @@ def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]
 
 
 def resolve_attention_backend(config: PretrainConfig, precision: str, device_type: str) -> tuple[str, tuple[str, ...]]:
-    """(the attention backend this device runs, the line saying why when it is not the one asked): a kernel
-    the device lacks falls back to PyTorch's own choice (gpt/attention_backend.py), the same math. The line
-    names the flag as typed (`--use-flash-attn`)."""
+    """(the attention backend this device runs, why it is not the one asked)."""
     typed = config.sources.get("attention_backend")
     flag = typed.origin.split(" ")[0] if typed is not None and typed.kind == FLAG else ""
     backend, fallback = backend_for_device(config.model, precision, torch.device(device_type), flag,
@@ -230,8 +180,7 @@ def resolve_attention_backend(config: PretrainConfig, precision: str, device_typ
 
 
 def resolve_precision(config: PretrainConfig, device_type: str):
-    """(training section with the precision this device runs, notes): a preset's 16-bit setting is fp32
-    on a CPU; an explicit one stays, with a warning."""
+    """(training section at the precision this device runs, notes)."""
     training = config.training
     if device_type != "cpu" or training.precision == "fp32":
         return training, ()

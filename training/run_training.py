@@ -1,6 +1,5 @@
-"""A prepared run (training/prepare.py) trained to its end: where the data resumes, the loop's parts
-(the data-parallel train step, the interval metrics, evaluation, the first iteration's memory report)
-put together for the cadence loop, and what a diverged run can restart from."""
+"""A prepared run trained to its end: the loop's parts (train step, interval metrics, evaluation, memory report) put
+together for the cadence loop, and what a diverged run can restart from."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
         documents = DocumentMasking.of(run.tokenizer.eod_id, data.reset_position_ids, data.reset_attention_mask,
                                        data.eod_mask_loss,
                                        (data.goldfish_k, data.goldfish_h) if data.goldfish_loss else None)
-        # --rerun-mode validate_results or report_stats (resilience/rerun_state.py, made by prepare); disabled: None,
-        # and the step runs as it always has
+        # --rerun-mode's state machine (None: disabled)
         step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents=documents,
                           rerun=run.rerun, cuda_graphs=built.cuda_graphs, rng=built.rng)
         logged = config.logging
@@ -77,13 +75,13 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
             raise
         if faults is not None:
             faults.end(log)
-        if run.save is not None:  # the end of training and every early exit: the last save is committed first
+        if run.save is not None:  # the last save is committed first
             run.save.finish()
     except TrainingDiverged as error:
-        if run.save is not None:  # every rank diverged at the same iteration (the loss and the norm are agreed)
-            run.save.finish()  # so a save written in the background before is committed, and can be named
+        if run.save is not None:  # every rank diverged at the same iteration, so
+            run.save.finish()  # a background save is committed and can be named
         raise TrainingDiverged(f"{error}; {resumable_checkpoint(error.history, checkpoint.save, start.path)}") from None
-    finally:  # closed before the last lines are said (W&B's own end comes first); Run.close repeats it harmlessly
+    finally:  # closed before the last lines are said
         run.exit_conditions.close()
         run.writer.close()
     for line in summary.step_lines():
@@ -99,8 +97,7 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
 
 
 def loop_events(run: Run, fault_tolerance: Optional[FaultTolerance]) -> LoopEvents:
-    """The loop's watchers: the fault tolerance sections, and rank 0's record of progress for a torchrun restart
-    (with --save, under --max-restarts or --enable-ft-package)."""
+    """The loop's watchers: fault tolerance, and rank 0's restart progress."""
     save_dir = run.settings.config.checkpoint.save
     if fault_tolerance is not None and run.start.path is not None:
         fault_tolerance.checkpoint_loaded()
@@ -111,6 +108,6 @@ def loop_events(run: Run, fault_tolerance: Optional[FaultTolerance]) -> LoopEven
 
 
 def plot_command(metrics_file: Path) -> str:
-    """The command that draws a run's curves (training/plot.py) into curves.png beside its metrics."""
+    """The command that draws a run's curves into curves.png beside its metrics."""
     return (f"python -m training.plot {shlex.quote(str(metrics_file))} "
             f"-o {shlex.quote(str(metrics_file.with_name('curves.png')))}")

@@ -1,5 +1,5 @@
-"""What a training run checks before it claims any output: the batch arithmetic and BigScience's kill switch.
-Every rank takes the same branch. (The vocabulary flags are checked once, with the flags: training/late_checks.py.)"""
+"""What a training run checks before it claims any output: the batch arithmetic and BigScience's kill switch; every rank
+takes the same branch."""
 
 from __future__ import annotations
 
@@ -20,20 +20,17 @@ def first_rank_log(state: ParallelState) -> Log:
 
 
 def check_before_claim(config: PretrainConfig, state: ParallelState, log: Log) -> BatchSchedule:
-    """The run's batch schedule, computed here once for the whole run (the resume check, the settings,
-    the data and the predicted peak take it from the caller), after the checks that need no data or
-    model work. `config` is read, never changed: what the device makes of it (the attention kernel, the
-    precision) is resolved with the rest in training/run_settings.py."""
+    """The run's batch schedule, computed once, after the checks that need no data or model."""
     batch = batch_schedule(config, state.data_parallel_size)
     train_iterations(config, batch)  # a --train-samples too short for one iteration is refused here
     config.training.fault_injector.check_world(state.world_size)  # Megatron-Core's get_fault_ranks asserts it
-    if batch.notes:  # DeepSpeed JSON batch values the run does not use, now that the DP size is known
+    if batch.notes:  # DeepSpeed JSON batch values the run does not use
         log("> warning: " + "; ".join(batch.notes))
     return batch
 
 
 def kill_switch_found(config: PretrainConfig, state: ParallelState, log: Log) -> Optional[str]:
-    """BigScience: a killed group does not start. Why not, or None; every rank takes the same branch."""
+    """BigScience: a killed group does not start. Why not, or None."""
     kill_switch = config.checkpoint.kill_switch_path
     if kill_switch is None or not state.comm.any_rank([os.path.exists(kill_switch)], state.device)[0]:
         return None

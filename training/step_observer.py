@@ -1,13 +1,6 @@
-"""What a train step tells whoever watches it run: its phases, its micro-batches, the slots of its pipeline
-schedule; and the two choices a watcher may make, which micro-batches run and how the optimizer steps.
-
-A live run's steps take `NO_OBSERVER`: every micro-batch runs and the optimizer takes its real step, so the
-hooks change nothing. The planner's dry run (planner/dry_run.py) drives the same steps on the meta device with
-an observer that measures at these points, runs the first and last micro-batches of a long accumulation (or the
-schedule's warm-up and steady state) and adds the bytes of the rest, and replaces the optimizer's arithmetic,
-which needs values a meta tensor does not have, by its collectives (`ShardedAdamW.step_collectives_only`). So
-every collective a step makes is counted by the dry run, because the dry run runs the step.
-"""
+"""What a train step tells whoever watches it (its phases, micro-batches, pipeline slots) and the two choices a watcher
+makes: which micro-batches run and how the optimizer steps. A live run takes NO_OBSERVER; the planner's dry run measures
+at these points on the meta device, so it counts every collective a real step makes."""
 
 from __future__ import annotations
 
@@ -20,14 +13,14 @@ from zero.optimizer import ShardedAdamW, StepResult
 
 class StepObserver(Protocol):
     def micro_batches(self, accumulation_steps: int) -> Sequence[int]:
-        """Which of the iteration's `accumulation_steps` micro-batches to run (without pipeline stages)."""
+        """Which of the iteration's micro-batches to run (without pipeline stages)."""
 
     def pipeline_micro_batches(self, accumulation_steps: int, stages: int, stage: int, chunks: int,
                                group_size: Optional[int]) -> int:
-        """How many of the iteration's micro-batches the pipeline schedule runs (the first that many)."""
+        """How many of the micro-batches the pipeline schedule runs."""
 
     def phase(self, name: str) -> ContextManager[None]:
-        """A context around each forward ("forward") and each backward ("backward") of a micro-batch."""
+        """A context around each forward ("forward") and backward ("backward") of a micro-batch."""
 
     def micro_batch_start(self, micro_batch: int) -> None:
         """Before a micro-batch runs (without pipeline stages)."""
@@ -42,11 +35,10 @@ class StepObserver(Protocol):
         """Before slot `index` of the schedule runs."""
 
     def slot_end(self, index: int, slot: Slot) -> None:
-        """After slot `index` ran, its sends posted and (a backward) its gradient synchronization done."""
+        """After slot `index` ran, its sends posted and its gradient synchronization done."""
 
     def passes_end(self) -> None:
-        """After the last micro-batch, before what the step does once per iteration (the pipeline's shared
-        embedding and loss, the optimizer step)."""
+        """After the last micro-batch, before the step's once-per-iteration work."""
 
     def optimizer_step(self, optimizer: ShardedAdamW) -> Optional[StepResult]:
         """Take the optimizer's step: its result, or None where only its collectives ran."""

@@ -1,10 +1,5 @@
-"""TensorBoard events with the values of the metrics records (`--tensorboard-dir`, Megatron's flag).
-
-Each record's numbers become scalars at the record's iteration, tagged as W&B gets them (training/metrics.py
-scalar_values: Megatron-LM's names, `lm loss`, `learning-rate`, `lm loss validation`, and `train/tokens_per_s` for
-the project's own), with Megatron-LM's `<name> vs samples` at the consumed samples. `torch.utils.tensorboard` is
-imported only when the flag is given.
-"""
+"""TensorBoard scalars from the metrics records (`--tensorboard-dir`), tagged with Megatron-LM's names as W&B gets them,
+plus its `<name> vs samples`; torch.utils.tensorboard is imported only when the flag is given."""
 
 from __future__ import annotations
 
@@ -30,7 +25,7 @@ class TensorBoardSink:
 
 
 def open_tensorboard(directory: Any) -> "TensorBoardSink | None":
-    """A sink writing into `directory`, or None (with a warning) when TensorBoard cannot start."""
+    """A sink writing into `directory`, or None when TensorBoard cannot start."""
     if not directory:
         return None
     try:

@@ -1,22 +1,6 @@
-"""ZeRO-R for activations: checkpointing with P_a (partitioned over TP), P_a+cpu and M_D (one buffer).
-
-With `--checkpoint-activations` each group of `--checkpoint-num-layers` blocks runs its forward keeping only its
-*input* and runs again in backward (full recompute); under `--recompute-method block` only the first
-`--checkpoint-num-layers` blocks of each model chunk are checkpointed, one a group (ActivationCheckpointConfig.
-checkpointed_groups: Megatron-Core's split). The RNG streams (CPU, CUDA, the TP-private one) are captured before the
-forward and restored for the recompute, so the recomputed dropout masks are the forward's. The kept input is the
-same on every TP rank (TP replicates the hidden states between blocks), so:
-
-    P_a       (`--partition-activations`) each TP rank keeps its 1/TP slice; one all-gather over TP rebuilds
-              the input right before the recompute.
-    P_a+cpu   (`--cpu-checkpointing`) the kept slice lives in host memory until the recompute.
-    M_D       (`--contiguous-checkpointing`) every checkpoint's slice goes into one buffer allocated once and
-              reused, `--number-checkpoints` slots per micro-batch in flight (zero/checkpoint_buffer.py).
-Under --sequence-parallel the kept input is already this rank's 1/TP slice: P_a keeps it as is (no all-gather).
-`apply_activation_checkpointing` installs this as a transform (the model's `run_blocks` hook); what the loop reads
-(--report-memory's `SavedTensorMeter`, --profile-checkpointing's timings) goes through an `ActivationMonitor`. The
-checkpoint is a custom autograd Function (Megatron's "reentrant" form), so what is kept is what this file stores;
-under ZeRO 3, zero/stage3.py serves a recompute and the block's backward from one gather."""
+"""ZeRO-R for activations: full-recompute checkpointing of block groups (a custom autograd Function, Megatron's
+reentrant form) with the forward's RNG streams restored for the recompute, and the kept input partitioned over TP (P_a),
+held in host memory (P_a+cpu) or in one preallocated buffer (M_D)."""
 
 from __future__ import annotations
 
@@ -52,18 +36,14 @@ def _set_rng_states(rng, device: torch.device, states: dict) -> None:
 
 
 def _held_bytes(tensor: torch.Tensor) -> int:
-    """The bytes a saved tensor holds: an expanded dimension (stride 0, as a scatter's index expanded over the
-    hidden size) repeats the same elements and holds no more of them."""
+    """Bytes a saved tensor holds: a stride-0 dimension holds no more elements."""
     repeats = math.prod(size for size, stride in zip(tensor.shape, tensor.stride()) if stride == 0 and size > 1)
     return tensor.numel() // repeats * tensor.element_size()
 
 
 class SavedTensorMeter:
-    """Peak bytes of tensors autograd saves for backward, by location ("device" or "host"), and the
-    peak of those that are checkpointed block inputs. Parameters (model states, not activations) are
-    not counted; a storage saved by several ops counts once while it is saved. Checkpoints in M_D's
-    contiguous buffer count among the checkpointed inputs but not in `live`/`peak`: the buffer is
-    allocated whole and held for the run (the planner counts it once, zero/checkpoint_buffer.py)."""
+    """Peak bytes autograd saves for backward, by location, and of the checkpointed inputs among them; parameters not
+    counted, a storage once."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -72,15 +52,12 @@ class SavedTensorMeter:
         self.checkpointed_live = {"device": 0, "host": 0}
         self.checkpointed_peak = {"device": 0, "host": 0}
         self._counts: dict[tuple, int] = {}
-        # Checkpointed inputs announced by the checkpoint function, by where they start: autograd
-        # packs a custom Function's saved tensors after its forward returns, so they are recognised
-        # when they arrive rather than by a flag set around save_for_backward.
+        # Checkpointed inputs announced by the checkpoint function, recognised when autograd packs them.
         self._expected: dict[tuple, tuple[str, bool]] = {}  # where -> (location, in the contiguous buffer)
 
     @staticmethod
     def _where(tensor: torch.Tensor) -> tuple:
-        """The allocation and offset a tensor starts at (meta tensors, which all have data pointer 0,
-        included: the planner measures a rank on the meta device)."""
+        """The allocation and offset a tensor starts at (meta included)."""
         return (*storage_identity(tensor), tensor.storage_offset(), tensor.numel())
 
     def expect_checkpoint(self, tensor: torch.Tensor, location: str, in_contiguous_buffer: bool = False) -> None:
@@ -92,8 +69,7 @@ class SavedTensorMeter:
     def _pack(self, tensor: torch.Tensor):
         if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
             return tensor
-        # Where it lives: by device, except that on a CPU-only run the host copies P_a+cpu makes are
-        # known only from the checkpoint function's announcement.
+        # on a CPU-only run P_a+cpu's host copies are known only from the announcement
         location = "host" if tensor.device.type == "cpu" and self.device.type != "cpu" else "device"
         location, in_buffer = self._expected.pop(self._where(tensor), (location, None))
         checkpointed = in_buffer is not None
@@ -125,7 +101,7 @@ class SavedTensorMeter:
 
 
 class _Saved:
-    """A saved tensor; when autograd drops it (after use in backward) the meter counts it freed."""
+    """A saved tensor; dropping it counts it freed."""
 
     __slots__ = ("tensor", "meter", "key")
 
@@ -137,9 +113,7 @@ class _Saved:
 
 
 class ActivationMonitor:
-    """What the training loop observes of activations, without reaching into the checkpointing: the
-    saved-tensor measurement of one iteration (`measuring()`) and the checkpoint timings
-    (`take_timings()`). The checkpointing reports to it; both are handed the same monitor."""
+    """What the loop observes of activations: saved-tensor measurement and checkpoint timings."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -148,13 +122,12 @@ class ActivationMonitor:
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[SavedTensorMeter]:
-        """Measure what autograd saves while the body runs (its forward passes: wrap each one)."""
+        """Measure what autograd saves while the body runs (wrap each forward)."""
         self.meter = SavedTensorMeter(self.device) if self.meter is None else self.meter
         with self.meter.hooks():
             yield self.meter
 
     def finish_measurement(self) -> Optional[SavedTensorMeter]:
-        """The iteration's meter (None if nothing was measured); the next iteration is not measured."""
         meter, self.meter = self.meter, None
         return meter
 
@@ -167,20 +140,17 @@ class ActivationMonitor:
 
 
 class ActivationCheckpointing:
-    """Runs a model's blocks under activation checkpointing with the ZeRO-R options of `config`
-    (an ActivationCheckpointConfig). One instance per model; it owns the contiguous buffer."""
+    """Runs a model's blocks under activation checkpointing; owns the contiguous buffer."""
 
     def __init__(self, config, state, rng=None, chunk_layers: Sequence[int] = (),
                  monitor: Optional[ActivationMonitor] = None, input_is_split: bool = False,
                  slot_sets: int = 1) -> None:
-        """`chunk_layers`: the blocks of each model chunk this rank runs (one chunk without interleaving); with
-        --contiguous-checkpointing they size a micro-batch's slot set, and `slot_sets` is how many micro-batches'
-        sets the pipeline schedule keeps in flight (training/build.py `checkpoint_slot_sets`)."""
+        """`chunk_layers` and `slot_sets` (micro-batches in flight) size the contiguous buffer."""
         self.config = config
         self.state = state
         self.rng = rng
         self.device = state.device
-        # `input_is_split`: the blocks' input is already this rank's slice (sequence parallelism).
+        # `input_is_split`: the input is already this rank's slice (sequence parallelism)
         self.partition = config.partition_activations and state.tensor_parallel_size > 1 and not input_is_split
         self.offload = config.cpu_checkpointing
         self.pin = self.offload and self.device.type == "cuda"  # host checkpoints copied asynchronously
@@ -191,16 +161,11 @@ class ActivationCheckpointing:
 
     @property
     def host(self) -> torch.device:
-        """Where P_a+cpu keeps checkpoints: the CPU, or the meta device for a planner's rank (which
-        holds nothing but still reports the checkpoints as host memory)."""
+        """Where P_a+cpu keeps checkpoints: the CPU, or meta on a planner's rank."""
         return torch.device("meta") if self.device.type == "meta" else torch.device("cpu")
 
     def run(self, blocks: Sequence[nn.Module], hidden: torch.Tensor, documents=None) -> torch.Tensor:
-        """`hidden` through every block of one model chunk, checkpointing the groups --recompute-method picks
-        (`checkpointed_groups`: every group of `checkpoint_num_layers` blocks, or under block the first
-        `checkpoint_num_layers` blocks one by one), the other blocks in a plain loop, as are all of them when no
-        gradient is being recorded (evaluation). `documents`: the micro-batch's masks (data/documents.py) each
-        block's attention reads, in the forward and in the recompute alike."""
+        """`hidden` through one model chunk's blocks, checkpointing the groups --recompute-method picks."""
         if not torch.is_grad_enabled():
             return _run_in_order(blocks, hidden, documents)
         for first, end, checkpointed in self.config.checkpointed_groups(len(blocks)):
@@ -209,26 +174,22 @@ class ActivationCheckpointing:
                 else _run_in_order(group, hidden, documents)
         return hidden
 
-    # ---- what is kept for backward ------------------------------------------------------------
 
     def _slice_bounds(self, numel: int) -> tuple[int, int]:
-        """This TP rank's [start, end) of a flattened input, padded to TP equal slices."""
+        """This TP rank's [start, length) of a flattened input, padded to TP equal slices."""
         slice_numel = math.ceil(numel / self.state.tensor_parallel_size)
         start = self.state.tensor_parallel_rank * slice_numel
         return start, slice_numel
 
     def _destination(self, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, Optional[SlotLease]]:
-        """Where one checkpoint's kept slice goes: a slot of the contiguous buffer (and its lease), or a fresh
-        tensor."""
+        """A buffer slot (with its lease) or a fresh tensor for one kept slice."""
         if self.contiguous is not None:
             return self.contiguous.take(numel, dtype)
         return torch.empty(numel, dtype=dtype, device=self.host if self.offload else self.device, pin_memory=self.pin), \
             None
 
     def store(self, hidden: torch.Tensor) -> tuple[torch.Tensor, Optional[SlotLease]]:
-        """The part of a block group's input this rank keeps: all of it, or its 1/TP slice (P_a), on
-        the device or the host (P_a+cpu), in its own tensor or a slot of the contiguous buffer (M_D: with
-        the lease that gives the slot back)."""
+        """The part of a group's input this rank keeps (all, or its 1/TP slice), and its slot's lease."""
         flat = hidden.detach().reshape(-1)
         if self.partition:
             start, slice_numel = self._slice_bounds(flat.numel())
@@ -242,11 +203,10 @@ class ActivationCheckpointing:
         return kept, lease
 
     def restore(self, kept: torch.Tensor, shape: torch.Size, lease: Optional[SlotLease] = None) -> torch.Tensor:
-        """Rebuild the full input from what `store` kept: back to the device, then one TP all-gather; the
-        slot, if any, is free again once read (a copy on the host's stream is ordered before any later write)."""
+        """Rebuild the full input from what `store` kept and free its slot."""
         piece = kept.to(self.device, non_blocking=True) if kept.device != self.device else kept
         if not self.partition:
-            restored = piece.clone().view(shape)  # a fresh tensor: the kept one may be a reused buffer slot
+            restored = piece.clone().view(shape)  # the kept one may be a reused buffer slot
         else:
             gathered = torch.empty(piece.numel() * self.state.tensor_parallel_size, dtype=piece.dtype,
                                    device=self.device)
@@ -262,11 +222,11 @@ class ActivationCheckpointing:
 
 
 class _BlockGroup:
-    """Calls a group of blocks in order (a picklable stand-in for a closure)."""
+    """A picklable stand-in for a closure over a group of blocks."""
 
     def __init__(self, blocks: list[nn.Module], documents=None) -> None:
         self.blocks, self.documents = blocks, documents
-        # FP8 delayed scaling (parallel/fp8/recompute.py): the recompute casts with the forward's scales
+        # FP8 delayed scaling: the recompute casts with the forward's scales
         self.fp8_scalings = delayed_scalings_in(blocks)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -280,8 +240,7 @@ def _run_in_order(blocks: Sequence[nn.Module], hidden: torch.Tensor, documents=N
 
 
 class _CheckpointFunction(torch.autograd.Function):
-    """Forward without saving the group's internals; in backward, rebuild the input, restore the RNG
-    streams, recompute with autograd on and backpropagate through the recomputed graph."""
+    """Forward without saving internals; backward restores the input and RNG, recomputes, backpropagates."""
 
     @staticmethod
     def forward(ctx, run: _BlockGroup, checkpointing: ActivationCheckpointing, hidden: torch.Tensor):
@@ -324,10 +283,7 @@ class _CheckpointFunction(torch.autograd.Function):
 def apply_activation_checkpointing(model: nn.Module, config, state, rng=None,
                                    monitor: Optional[ActivationMonitor] = None,
                                    slot_sets: int = 1) -> ActivationCheckpointing:
-    """Make `model` run its blocks under activation checkpointing (`config`: ActivationCheckpointConfig).
-    The model must run its blocks through a `run_blocks(blocks, hidden[, documents])` hook, as GPTModel does;
-    a pipeline stage's model chunks are its `chunk_blocks`. `slot_sets`: with --contiguous-checkpointing, the
-    micro-batches whose checkpoints the schedule keeps at once (training/build.py `checkpoint_slot_sets`)."""
+    """Make `model` run its blocks under activation checkpointing (its `run_blocks` hook)."""
     if not hasattr(model, "run_blocks") or not hasattr(model, "blocks"):
         raise TypeError(f"{type(model).__name__} has no run_blocks hook: activation checkpointing applies to "
                         "models that run their blocks through model.run_blocks(blocks, hidden), like GPTModel")

@@ -1,22 +1,6 @@
-"""AdEMAMix: Adam with a second, slow momentum, as swiss-ai's Megatron-LM fork steps it
-(swiss-ai/Megatron-LM, megatron/core/optimizer/ademamix.py: `AdEMAMix.step`, `linear_warmup_scheduler`,
-`linear_hl_warmup_scheduler`; built with betas (--adam-beta1, --adam-beta2, --ademamix-beta3), --ademamix-alpha,
-the two warmups and --adam-eps). Per element, at step t (from 1; a skipped fp16 step is not a step):
-
-    m1 = beta1 m1 + (1 - beta1) g          the fast EMA (Adam's first moment)
-    m2 = beta3 m2 + (1 - beta3) g          the slow EMA, no bias correction
-    nu = beta2 nu + (1 - beta2) g^2
-    p -= lr ((m1 / (1 - beta1^t) + alpha m2) / (sqrt(nu) / sqrt(1 - beta2^t) + eps) + wd p)
-
-with alpha rising linearly from 0 over --ademamix-alpha-warmup steps and beta3 rising from beta1 over
---ademamix-beta3-warmup steps by half-life; a warmup <= 0 (the fork's default -1) is none. The three states are
-views the sharded optimizer (zero/optimizer.py) hands in, in partition coordinates like Adam's, so ZeRO partitions,
-offloads and checkpoints them alike. The step counts per parameter (as PyTorch's AdamW) rather than per group (the
-fork's `group["step"]`): zero/offload.py's host step steps only the pieces that have a gradient.
-
-The arithmetic is the fork's, operation for operation, over windows of WINDOW elements (a multiple of 64 from the
-piece's start, so the vector loop and its tail see what they would over the whole piece): the temporaries are three
-windows, not three copies of the partition."""
+"""AdEMAMix (--optimizer ademamix): Adam plus a slow, uncorrected momentum m2 weighted by alpha, as swiss-ai's
+Megatron-LM fork steps it, operation for operation, with its alpha and beta3 warmups. The step counts per parameter (as
+PyTorch's AdamW), since the offloaded host step steps only pieces that have a gradient."""
 
 from __future__ import annotations
 
@@ -25,7 +9,7 @@ from typing import Iterable
 
 import torch
 
-# Elements stepped at once: 4 MiB fp32 windows, three temporaries of that size at the step's peak.
+# Elements stepped at once: three fp32 temporaries of this size at the peak.
 WINDOW = 1 << 20
 TEMPORARIES = 3
 
@@ -39,8 +23,7 @@ def linear_warmup(step: int, end: float, start: float = 0.0, warmup: int = 1) ->
 
 
 def half_life_warmup(step: int, end: float, start: float = 0.0, warmup: int = 1) -> float:
-    """The fork's linear_hl_warmup_scheduler: beta3 from `start` to `end` over `warmup` steps, linear in
-    the half-life log(0.5) / log(beta) - 1."""
+    """The fork's linear_hl_warmup_scheduler: beta3 warmed up linearly in the half-life."""
     def half_life(beta: float, eps: float = 1e-8) -> float:
         return math.log(0.5) / math.log(beta + eps) - 1
 
@@ -54,8 +37,7 @@ def half_life_warmup(step: int, end: float, start: float = 0.0, warmup: int = 1)
 
 
 class AdEMAMix(torch.optim.Optimizer):
-    """The fork's AdEMAMix over parameters whose states ("step", "exp_avg" (m1), "exp_avg_slow" (m2),
-    "exp_avg_sq" (nu)) the caller has put in `self.state` (zeros of the parameter's shape, step 0)."""
+    """The fork's AdEMAMix over states "exp_avg" (m1), "exp_avg_slow" (m2), "exp_avg_sq" (nu) the caller set."""
 
     STATE_KEYS = ("exp_avg", "exp_avg_slow", "exp_avg_sq")
 
@@ -88,14 +70,13 @@ class AdEMAMix(torch.optim.Optimizer):
 def _ademamix_window(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_slow: torch.Tensor,
                      exp_avg_sq: torch.Tensor, *, step: int, lr: float, beta1: float, beta2: float, beta3: float,
                      alpha: float, eps: float, weight_decay: float) -> None:
-    """One window of the fork's AdEMAMix.step, its operations in its order (in place where the fork makes a
-    temporary only to drop it: the same roundings)."""
+    """One window of the fork's AdEMAMix.step, in its order (same roundings)."""
     bias_correction1 = 1.0 - (beta1 ** step)
     bias_correction2 = 1.0 - (beta2 ** step)
     if beta1 != 0.0:
         exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
         fast = exp_avg
-    else:  # the fork keeps no fast EMA then: the gradient stands in for it
+    else:  # the fork keeps no fast EMA then
         fast = grad
     exp_avg_slow.mul_(beta3).add_(grad, alpha=1 - beta3)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)

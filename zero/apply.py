@@ -1,22 +1,6 @@
-"""`apply_zero`: ZeRO data parallelism applied to a plain model, torchtitan-style.
-
-The stage is decided here, once, by which storage each model state gets; nothing downstream tests it:
-
-    stage   16-bit parameters        gradients                reduction        optimizer partition
-    0       ReplicatedParameters     FullGradients            all-reduce       whole (one part)
-    1       ReplicatedParameters     FullGradients            reduce-scatter   1/N
-    2       ReplicatedParameters     PartitionedGradients     reduce-scatter   1/N
-    3       ShardedParameters        PartitionedGradients     reduce-scatter   1/N
-
-(DeepSpeed's `reduce_scatter: false` swaps reduce-scatter for all-reduce in stages 1-3.) Units are reduce buckets in
-stages 0-2 and one chunk per transformer block (plus the root chunk) in stage 3.
-
-A model built on the meta device (our GPTModel always is) is never held whole: each rank allocates only its own
-storage and fills it from the counter-based initializer (its TP shard in 16 bits, stages 0-2, or its DP shard of it,
-stage 3, and the fp32 master of its partition). A materialized model (transformers' GPT-2 in the tests) is copied
-in. Either way the parameters end up as views into ZeRO's buffers. The loop then reads: per micro-batch
-`scale_loss(loss).backward()` (under `reducer.no_sync()` but the last) and `reducer.finish_grad_sync()`; then
-`optimizer.step()`."""
+"""`apply_zero`: ZeRO data parallelism applied to a plain model. The stage is decided here, once, by which storages the
+model states get (replicated or sharded parameters, full or partitioned gradients); nothing downstream tests it. A
+meta-built model is never held whole: each rank fills only its own storage."""
 
 from __future__ import annotations
 
@@ -52,14 +36,14 @@ class ZeroParts:
     """What the training loop and the checkpoint code need from ZeRO."""
     reducer: GradientReducer
     optimizer: ShardedAdamW
-    placement: Placement = Placement()  # where the parameter shard, the master and the optimizer states live
+    placement: Placement = Placement()
 
     @property
     def loss_scaler(self) -> LossScaler:
         return self.optimizer.loss_scaler
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """The loss to call backward on: multiplied by the fp16 loss scale (unchanged otherwise)."""
+        """The loss to call backward on: times the fp16 loss scale."""
         scale = self.optimizer.loss_scaler.scale
         return loss * scale if scale != 1.0 else loss
 
@@ -68,14 +52,7 @@ def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Mod
                own_units: Sequence[nn.Parameter] = (),
                decoupled_lr_params: Sequence[nn.Parameter] = (), build=None,
                muon_excluded_params: Sequence[nn.Parameter] = (), fp8_gathered: Optional[dict] = None) -> ZeroParts:
-    """ZeRO as a resolved PretrainConfig asks for: its stage, buckets, precision, gradient precision and
-    loss scaling. `blocks` are the stage-3 chunks' modules (our GPTModel's `model.blocks`); `own_units`,
-    parameters that get a unit of their own (see build_zero); `decoupled_lr_params` the parameters stepped
-    at --decoupled-lr (zero/optimizer.py); `muon_excluded_params` the two-dimensional ones --optimizer muon leaves to
-    Adam (the embedding and output weights, zero/muon.py). `build`: build_zero (the default), or with expert parallelism
-    zero/experts.py's build_zero_with_experts (training/build.py chooses). `fp8_gathered`: with --fp8-param-gather,
-    the FP8 linears' weights (parameter id -> their Fp8LinearState, gpt/fp8.py's fp8_gathered_weights), kept and
-    gathered as FP8 bytes (zero/fp8_params.py)."""
+    """ZeRO as a resolved PretrainConfig asks for; `build`: build_zero or build_zero_with_experts."""
     build = build or build_zero
     training = config.training
     scaler = build_loss_scaler(training.fp16, training.loss_scale, training.initial_loss_scale,
@@ -97,19 +74,13 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
                decoupled_lr_params: Sequence[nn.Parameter] = (),
                gradient_divisor: Optional[int] = None,
                muon_excluded_params: Sequence[nn.Parameter] = (), fp8_gathered: Optional[dict] = None) -> ZeroParts:
-    """The explicit form of `apply_zero`. `seed` is needed when the model is on the meta device;
-    `grad_dtype` defaults to the parameters' dtype. Each of `own_units` (stages 0-2) is a unit alone, last:
-    its shard then lies at the same place of the unit on every rank of the same DP rank whatever else the
-    model holds, which is what lets the first and last pipeline stages sum a tied embedding's reduced
-    gradient shard by shard (zero/pipeline_grads.py). `gradient_divisor` is what each gradient is divided by
-    before it is summed over the group (the DP size by default; zero/experts.py passes the dense DP size for
-    expert parameters reduced over their own, smaller group). `fp8_gathered` (--fp8-param-gather, stages 1-3): FP8
-    linears' weights (id -> Fp8LinearState), given units of their own gathered as FP8 bytes."""
+    """The explicit form of `apply_zero`. `own_units`: units alone, last, so a tied embedding's shards line up across
+    stages. `gradient_divisor`: default the DP size. `fp8_gathered`: FP8 weights gathered as bytes."""
     stage = zero_config.stage
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage}")
     instances = getattr(zero_config, "distributed_optimizer_instances", 1)
-    if instances != state.optimizer_instances.count:  # the groups are the grid's: built by initialize()
+    if instances != state.optimizer_instances.count:  # the groups are the grid's, built by initialize()
         raise ValueError(f"--num-distributed-optimizer-instances {instances}, but the process grid was built "
                          f"with {state.optimizer_instances.count}: pass it to parallel.state.initialize()")
     grad_dtype = grad_dtype or param_dtype
@@ -121,26 +92,23 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
 
     modules: list[nn.Module] = []
     fp8_gathered = fp8_gathered or {}
-    if fp8_gathered and stage == 0:  # gpt/fp8.py's check_fp8 refuses it first, in one line, as Megatron-LM
+    if fp8_gathered and stage == 0:  # gpt/fp8.py's check_fp8 refuses it first
         raise ValueError("--fp8-param-gather needs sharded parameters (ZeRO stage 1-3)")
     if stage == 3:
         unit_params, modules = stage3_unit_params(model, blocks, frozenset(fp8_gathered))
     else:
         alone = {id(param) for param in own_units}
-        # --fp8-param-gather: the FP8 weights in buckets of their own, gathered as FP8 bytes (zero/fp8_params.py)
+        # --fp8-param-gather: the FP8 weights in buckets of their own
         unit_params = bucket_params([p for p in params if id(p) not in alone and id(p) not in fp8_gathered],
                                     zero_config.reduce_bucket_size)
         unit_params += bucket_params([p for p in params if id(p) not in alone and id(p) in fp8_gathered],
                                      zero_config.reduce_bucket_size)
         unit_params += [[param] for param in own_units]
-    # The partition is cut over the DP group (DP x CP with context parallelism, as Megatron's distributed
-    # optimizer over "dp-cp"; gradients are averaged over the same ranks), or with several optimizer instances
-    # over this rank's instance and replicated across them (parallel/state.py, OptimizerInstances).
+    # cut over DP x CP (Megatron's "dp-cp"), or within this rank's optimizer instance
     partition_group = state.partition_group if stage >= 1 else None
     parts, part = (state.partition_size, state.partition_rank) if stage >= 1 else (1, 0)
     replica_group = state.partition_replica_group if stage >= 1 else None
     layout = FlatLayout(unit_params, parts, part, alignment)
-    # Offload, decided here once: where the parameter shard, the master and the optimizer states live.
     placement = placement_of(zero_config)
 
     storage: ParameterStorage
@@ -156,26 +124,25 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         return_freed_blocks_to_system(min(weights, default=0))
     offload = OffloadSettings(placement.pin_memory, zero_config.sub_group_size) if placement.optimizer_on_host \
         else None
-    if offload is not None:  # the master lives in host memory (a planner's meta rank keeps shapes only)
+    if offload is not None:
         master = host_zeros(layout.partition_numel, offload.pins, device if device.type == "meta" else HOST)
-    elif placement.optimizer_split:  # Megatron-LM's hybrid optimizer: its first part in host memory
+    elif placement.optimizer_split:
         master = split_zeros(layout.partition_numel, host_cut(layout, placement.optimizer_host_fraction),
                              placement.pins, device)
     else:
         master = torch.zeros(layout.partition_numel, dtype=torch.float32, device=device)  # padding stays 0
-    if device.type != "meta":  # a planner's rank (planner.plan) has shapes only: nothing to fill
+    if device.type != "meta":  # a planner's rank has shapes only
         storage.fill(source, master)
     decoupled = decoupled_ranges(layout, decoupled_lr_params)  # before bind replaces the parameters
     muon = []
-    if uses_muon(optimizer_config):  # Muon's matrices (zero/muon.py), also before bind
+    if uses_muon(optimizer_config):  # also before bind
         excluded = {id(param) for param in muon_excluded_params}
         muon = muon_matrices(layout, [param for param in params if takes_muon(param, excluded)])
     layout = storage.bind(model)
 
     scatter = stage >= 1 and zero_config.reduce_scatter
-    # Offloaded, the reduced gradient partition goes to the host as each unit's reduction completes:
-    # fp32 where the step reads it; at stages 2-3 the micro-batches accumulate in the gradient dtype, as
-    # without offload (and as DeepSpeed's host accumulation buffers), so a 16-bit one has its own.
+    # Offloaded, reduced gradients go to the host as each reduction completes (16-bit ones accumulate in their own
+    # buffer).
     host = device if device.type == "meta" else HOST
     host_fp32 = None if offload is None else host_zeros(layout.partition_numel, offload.pins, host)
     reducer: GradientReducer
@@ -201,7 +168,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     optimizer: ShardedAdamW
     if offload is not None:
         optimizer = HostOffloadedAdamW(*optimizer_args, offload=offload)
-    elif placement.optimizer_split:  # its gradient partition stays on the device, as Megatron-LM's grad buffer
+    elif placement.optimizer_split:  # its gradient partition stays on the device, as Megatron-LM's
         optimizer = HybridDeviceAdamW(*optimizer_args, pin_memory=placement.pin_memory)
     else:
         optimizer = ShardedAdamW(*optimizer_args)
@@ -209,7 +176,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
 
 
 def _value_source(model: nn.Module, params: list[nn.Parameter], state, seed: Optional[int]) -> ValueSource:
-    """Initial values: the counter-based initializer for a meta-built model, else the tensors it has."""
+    """Initial values: the counter-based initializer for a meta-built model, else its tensors."""
     on_meta = [p.device.type == "meta" for p in params]
     if all(on_meta):
         if seed is None:

@@ -1,18 +1,6 @@
-"""M_D (`--contiguous-checkpointing`): the one buffer every checkpointed block input is copied into, allocated once.
-
-A checkpoint's slot is taken when its block group's forward keeps its input and given back when the recompute has
-copied it out (or, should its backward never run, when autograd drops the forward's graph). Between the two the
-slot must not be written again, so the buffer holds a slot set of `--number-checkpoints` slots (default: the
-checkpoints one micro-batch's forward makes on this rank) for every micro-batch the schedule keeps in flight: one
-without pipeline stages, where each micro-batch's backward comes before the next forward; under a pipeline
-schedule, the most checkpoints its chunk forwards keep awaiting their backward, in whole slot sets (1F1B:
-min(P - s, M) sets on stage s; interleaved: its warm-up's chunk forwards, rounded up to whole micro-batches;
-training/build.py `checkpoint_slot_sets`). With one slot set, 1F1B's warm-up forwards overwrote the inputs of the
-micro-batches awaiting their backward, and the recompute rebuilt blocks from another micro-batch's input (issue 77).
-
-Slots are taken from a free list, lowest first, whichever micro-batch or model chunk asks: the count in use never
-exceeds the checkpoints of the forwards awaiting their backward, which the slot sets bound.
-"""
+"""M_D (`--contiguous-checkpointing`): one buffer, allocated once, that every checkpointed block input is copied into.
+It holds `--number-checkpoints` slots for every micro-batch the pipeline schedule keeps in flight, taken from a free
+list and given back after the recompute."""
 
 from __future__ import annotations
 
@@ -23,7 +11,7 @@ import torch
 
 
 class SlotLease:
-    """One taken slot; giving it back twice (the recompute, then the graph's end) is a no-op."""
+    """One taken slot; giving it back twice is a no-op."""
 
     __slots__ = ("buffer", "index")
 
@@ -36,19 +24,18 @@ class SlotLease:
             self.buffer._free_slot(self.index)
             self.buffer = None
 
-    __del__ = give_back  # a forward whose backward never runs (its graph dropped) frees its slots too
+    __del__ = give_back  # a forward whose backward never runs frees its slots too
 
 
 class ContiguousCheckpoints:
-    """`slot_sets` x `slots_per_set` slots of one checkpoint each, in one tensor on `device` (pinned host memory
-    with `pin`), allocated at the first checkpoint and again only if the checkpoint's shape changes."""
+    """`slot_sets` x `slots_per_set` slots in one tensor, reallocated only on a new shape."""
 
     def __init__(self, slots_per_set: int, slot_sets: int, device: torch.device, pin: bool = False) -> None:
         self.slots_per_set, self.slot_sets = slots_per_set, slot_sets
         self.capacity = slots_per_set * slot_sets
         self.device, self.pin = device, pin
         self.buffer: Optional[torch.Tensor] = None
-        self.allocations = 0  # how many times the buffer was allocated
+        self.allocations = 0
         self._free: list[int] = []
 
     @property
@@ -56,9 +43,8 @@ class ContiguousCheckpoints:
         return self.capacity - len(self._free) if self.buffer is not None else 0
 
     def take(self, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, SlotLease]:
-        """A free slot for one checkpoint of `numel` elements: a tensor of its own over the slot's bytes (not a
-        view: views share the buffer's version counter, and writing the next slot would make autograd reject
-        this one as modified), and the lease that gives it back."""
+        """A free slot for `numel` elements and its lease. The slot is its own tensor, not a view: views share a version
+        counter, so autograd would reject it once the next slot is written."""
         if self.buffer is None or self.buffer.numel() != self.capacity * numel or self.buffer.dtype != dtype:
             if self.in_use:
                 raise RuntimeError(f"a checkpoint of {numel} elements while {self.in_use} of another shape await "

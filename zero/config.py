@@ -1,13 +1,5 @@
-"""ZeRO settings: the `zero` and `activations` sections of the configuration.
-
-`ZeroConfig` is the `zero` section of `PretrainConfig` and `ActivationCheckpointConfig` (ZeRO-R's
-activation checkpointing) its `activations` section; like every section, each field is a flag
-(`reduce_bucket_size` <-> `--reduce-bucket-size`; `stage` is `--zero-stage`). Sizes count elements, not
-bytes, as in DeepSpeed.
-
-A DeepSpeed JSON (`--zero-config ds.json`) becomes flags in `arguments/deepspeed/translation.py`; every key
-DeepSpeed documents is classified in `arguments/deepspeed/keys.py`.
-"""
+"""ZeRO settings: `ZeroConfig` (the `zero` section, --zero-stage and friends) and `ActivationCheckpointConfig` (ZeRO-R's
+`activations` section). Sizes count elements, not bytes, as in DeepSpeed."""
 
 from __future__ import annotations
 
@@ -18,7 +10,7 @@ from base.errors import ConfigError
 from base.options import count, flag_of_setting, option
 
 ZERO_STAGES = (0, 1, 2, 3)
-# Megatron-LM's --recompute-method choices (megatron/core/transformer/transformer_config.py, recompute_method)
+# Megatron-LM's --recompute-method choices
 RECOMPUTE_METHODS = ("uniform", "block")
 
 
@@ -35,7 +27,6 @@ class ZeroConfig:
                                         aliases={"--zero-allgather-bucket-size": "DeepSpeed-Megatron"})
     overlap_comm: bool = option(True, help="reduce gradient buckets while backward is still running",
                                 aliases={"--overlap-grad-reduce": "Megatron-LM"})
-    # Megatron-LM's --num-distributed-optimizer-instances (parallel/state.py, OptimizerInstances).
     distributed_optimizer_instances: int = option(
         1, flags=("--num-distributed-optimizer-instances",), type=count,
         help="stages 1-3: shard the optimizer state (and gradients, parameters) within N equal blocks of the "
@@ -47,7 +38,6 @@ class ZeroConfig:
                     "the forward that needs it (Megatron's overlap-param-gather); stage 3 always gathers ahead "
                     "(--stage3-prefetch-bucket-size), so there it changes nothing, as Megatron-FSDP turns it on "
                     "itself for optim_grads_params")
-    # Only True is implemented; kept so DeepSpeed configs read as they do.
     contiguous_gradients: bool = option(
         True, help="copy gradients into contiguous buckets (always on; --no- is rejected)",
         aliases={"--zero-contigious-gradients": "DeepSpeed-Megatron (their spelling)"})
@@ -56,29 +46,23 @@ class ZeroConfig:
         aliases={"--zero-reduce-scatter": "DeepSpeed-Megatron"})
     stage3_prefetch_bucket_size: int = option(50_000_000, type=count,
                                               help="stage 3: elements of parameters fetched ahead of their use")
-    # Ours is 0 where DeepSpeed's is 1e5, so stage 3 partitions everything, as the paper describes.
+    # Ours is 0 (DeepSpeed's 1e5): stage 3 partitions everything, as the paper.
     stage3_param_persistence_threshold: int = option(
         0, type=count, help="stage 3: parameters with fewer elements stay whole on every rank (DeepSpeed's default "
                             "is 1e5; 0 partitions everything, as in the paper)")
     stage3_max_live_parameters: int = option(1_000_000_000, type=count,
                                              help="stage 3: most parameter elements gathered at once")
-    # Megatron-LM's --no-gradient-accumulation-fusion (megatron/training/arguments.py: action store_false, dest
-    # gradient_accumulation_fusion, so on by default); zero/fused_accumulation.py applies it.
+    # Megatron-LM's --no-gradient-accumulation-fusion: on by default.
     gradient_accumulation_fusion: bool = option(
         True, help="add each tensor-parallel linear's weight gradient into its fp32 main gradient inside the GEMM "
                    "(Megatron-LM's gradient accumulation fusion; the start-up line names the path); "
                    "--no-gradient-accumulation-fusion: autograd's weight gradient, then an add")
 
-    # ZeRO-Offload's optimizer half (zero/offload.py); DeepSpeed's offload_optimizer block and the
-    # v0.3-era cpu_offload keys become these in arguments/deepspeed/keys.py.
     offload_optimizer: bool = option(
         False, help="stages 1-3: keep the fp32 master partition and the Adam moments in host memory and run the "
                     "optimizer step there (ZeRO-Offload)",
-        # Megatron-DeepSpeed's flag builds DeepSpeedCPUAdam, which only runs with DeepSpeed's offload on
-        # (megatron/optimizer/__init__.py, get_megatron_optimizer: `if args.cpu_optimizer`).
+        # Megatron-DeepSpeed's --cpu-optimizer builds DeepSpeedCPUAdam, which runs only with DeepSpeed's offload on.
         aliases={"--cpu-optimizer": "Megatron-DeepSpeed (its CPU Adam steps the offloaded optimizer states)"})
-    # Megatron-LM's hybrid CPU optimizer (--optimizer-cpu-offload --optimizer-offload-fraction F,
-    # megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py): how much of the offload above is offloaded.
     optimizer_offload_fraction: float = option(
         1.0, help="with --offload-optimizer (Megatron-LM's --optimizer-cpu-offload): the fraction of this rank's "
                   "optimizer partition whose fp32 master, Adam moments and step live on the host, taken as Megatron-LM's "
@@ -124,10 +108,7 @@ class ZeroConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{zero_flag(name)} must be >= 0 (elements), got {getattr(self, name)}",
                                   flags=(zero_flag(name),))
-        # Megatron-LM's validate_args: "--overlap-param-gather only supported with distributed optimizer, megatron
-        # fsdp, or dist_muon"; with Megatron-FSDP's optim_grads_params (stage 3) MegatronFSDP.__init__ sets
-        # ddp_config.overlap_param_gather = True itself (megatron_fsdp.py), so stage 3 takes it and, gathering ahead
-        # by --stage3-prefetch-bucket-size already, changes nothing. Stage 0 (plain DDP) gathers nothing.
+        # Megatron-LM takes --overlap-param-gather only with the distributed optimizer or FSDP.
         if self.overlap_param_gather and self.stage == 0:
             raise ConfigError("--overlap-param-gather applies to ZeRO stages 1-3, not --zero-stage 0 (stage 0 "
                               "gathers no parameters; Megatron-LM takes it only with the distributed optimizer or "
@@ -139,12 +120,7 @@ class ZeroConfig:
 
 @dataclass(frozen=True)
 class ActivationCheckpointConfig:
-    """ZeRO-R's activation memory: checkpointing, partitioned (P_a) and offloaded (P_a+cpu) checkpoints,
-    and one contiguous buffer for them (M_D).
-
-    Checks that need the model's depth (`--checkpoint-num-layers`, `--number-checkpoints` against
-    `--num-layers`) are in `validate_for_layers`, which `PretrainConfig.validate` calls.
-    """
+    """ZeRO-R's activation memory: checkpointing, P_a, P_a+cpu and one contiguous buffer (M_D)."""
 
     checkpoint_activations: bool = option(
         False, help="keep only each group's input in forward and recompute the group in backward")
@@ -181,13 +157,11 @@ class ActivationCheckpointConfig:
              "groups of --checkpoint-num-layers; block, only the first --checkpoint-num-layers blocks of each "
              "pipeline stage's model chunk, one checkpoint each, the rest keeping their activations")
 
-    # The options that only mean something with --checkpoint-activations.
     NEEDS_CHECKPOINTING = ("partition_activations", "cpu_checkpointing", "contiguous_checkpointing",
                            "number_checkpoints", "synchronize_checkpoint_boundary", "profile_checkpointing")
 
     def validate(self) -> None:
-        # Megatron-Core's block method checkpoints the first N blocks of each chunk, so 0 checkpoints none and
-        # every block keeps its activations; its uniform groups of 0 blocks never advance (transformer_block.py)
+        # Megatron-Core's block method takes 0; uniform groups of 0 blocks would never advance.
         if self.checkpoint_num_layers < (0 if self.recompute_method == "block" else 1):
             raise ConfigError(f"--checkpoint-num-layers must be at least 1 (0 only under --recompute-method block: "
                               f"no block recomputed), got {self.checkpoint_num_layers}",
@@ -204,9 +178,7 @@ class ActivationCheckpointConfig:
                                       flags=(activation_flag(name), "--checkpoint-activations"))
 
     def validate_for_layers(self, num_layers: int) -> None:
-        """The checks against the model's depth; they apply only with --checkpoint-activations. Under
-        --recompute-method block a count above the blocks is taken, as Megatron-LM takes it: every block of the
-        chunk is then checkpointed (`checkpointed_groups`)."""
+        """The checks against the model's depth (only with --checkpoint-activations)."""
         if not self.checkpoint_activations:
             return
         if self.recompute_method == "uniform" and self.checkpoint_num_layers > num_layers:
@@ -221,26 +193,19 @@ class ActivationCheckpointConfig:
                               flags=("--number-checkpoints", "--num-layers", "--checkpoint-num-layers"))
 
     def checkpointed_groups(self, chunk_layers: int) -> list[tuple[int, int, bool]]:
-        """How a model chunk of `chunk_layers` blocks runs under --checkpoint-activations: its groups of consecutive
-        blocks in order, as (first, end, checkpointed). Megatron-Core's checkpointed_forward (megatron/core/
-        recompute.py, called by transformer_block.py for each model chunk, num_layers_per_pipeline_rank being the
-        chunk's len(self.layers)): "uniform" checkpoints every group of recompute_num_layers blocks, the last one
-        shorter where they do not divide; "block" checkpoints each of the first recompute_num_layers blocks on its
-        own (`chunk_runner(layer_idx, layer_idx + 1, use_checkpoint)`) and runs the rest keeping their
-        activations, all of them checkpointed where the count is the chunk's or more."""
+        """A model chunk's block groups as (first, end, checkpointed), as Megatron-Core's checkpointed_forward runs
+        them: uniform groups of checkpoint_num_layers, or under block the first checkpoint_num_layers blocks alone."""
         size = self.checkpoint_num_layers
         if self.recompute_method == "block":
             return [(layer, layer + 1, layer < size) for layer in range(chunk_layers)]
         return [(first, min(first + size, chunk_layers), True) for first in range(0, chunk_layers, size)]
 
     def num_checkpoints(self, num_layers: int) -> int:
-        """Checkpointed groups per micro-batch of `num_layers` blocks (one model chunk): ceil(num_layers /
-        checkpoint_num_layers) under uniform, min(checkpoint_num_layers, num_layers) under block."""
+        """Checkpointed groups per micro-batch of one model chunk of `num_layers` blocks."""
         return sum(checkpointed for _, _, checkpointed in self.checkpointed_groups(num_layers))
 
     def buffer_checkpoints(self, *chunk_layers: int) -> int:
-        """Checkpoints a slot set of the contiguous buffer holds, one micro-batch's (zero/checkpoint_buffer.py):
-        --number-checkpoints, else one per group of each model chunk's layers (a group never spans two chunks)."""
+        """Checkpoints one slot set of the contiguous buffer holds."""
         made = sum(self.num_checkpoints(layers) for layers in chunk_layers)
         if self.number_checkpoints is None:
             return made
@@ -254,10 +219,8 @@ class ActivationCheckpointConfig:
 
 
 def activation_flag(name: str) -> str:
-    """The flag of an ActivationCheckpointConfig field."""
     return flag_of_setting(ActivationCheckpointConfig, name)
 
 
 def zero_flag(name: str) -> str:
-    """The flag of a ZeroConfig field."""
     return flag_of_setting(ZeroConfig, name)

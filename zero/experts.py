@@ -1,23 +1,6 @@
-"""ZeRO for a model with expert-parallel parameters: the experts' states over the expert data-parallel group.
-
-An expert parameter (its sharding record replicated over "edp", parallel/sharding.py; Megatron-Core tags experts
-`allreduce = False`) is held by the ranks of one expert DP group only; the others by the whole DP group. So ZeRO is
-built twice, as Megatron-Core chains two DistributedOptimizers (optimizer/__init__.py; ChainedOptimizer):
-
-    dense     buckets, reduction and optimizer partition over the DP group, as build_zero alone does
-    experts   over the expert DP group, the experts' TP group standing for TP; the gradient still divided by the
-              DENSE DP size before it is summed, as Megatron's expert_gradient_scaling_factor = 1 /
-              data_parallel_world_size (each DP rank's loss is a mean over its own tokens)
-
-The step clips both by ONE gradient norm (ChainedOptimizer.get_grad_norm): within a stage the dense squares summed
-over TP and DP, the experts' over ETP, expert DP and EP (each expert counted once), added, then summed over the
-stages once. One loss scaler serves both; an overflow anywhere skips both updates. A stage whose layers hold no
-expert has no experts' part (training/build.py, as Megatron-Core builds its expert optimizer only `if
-len(moe_param_groups) > 0`); the experts' groups are the stage's (parallel/mesh.py), so no other rank waits for it.
-
-At stage 3 each part gathers its own chunks as the modules run; an expert with no rows still runs on its empty
-slice, so its chunk is gathered and reduced on every rank. The expert part's reductions are counted on the
-communicator's "dp" and "tp" counters (the groups are the experts'), the norm's sum over EP on "ep"."""
+"""ZeRO for a model with expert parameters, built twice as Megatron-Core chains two DistributedOptimizers: the dense
+part over the DP group, the experts over the expert DP group (their gradient still divided by the dense DP size). One
+gradient norm over both clips both, and one loss scaler serves both."""
 
 from __future__ import annotations
 
@@ -48,14 +31,13 @@ def holds_expert_parameters(model: nn.Module) -> bool:
 
 
 def expert_data_parallel_state(state: ParallelState) -> ParallelState:
-    """`state` as the experts' ZeRO sees it: the expert DP group where the DP group was, the expert
-    tensor-parallel group where the TP group was (the same ranks, communicator and device)."""
+    """`state` with the expert DP and expert TP groups where DP and TP were."""
     experts = state.experts
     dims = ParallelDims((state.dims["pp"],
                          MeshDim("dp", experts.data_size, experts.data_rank, experts.data_group),
                          MeshDim("cp", 1, 0, None),  # context parallelism folds into the experts' DP
                          MeshDim("tp", experts.tensor_size, experts.tensor_rank, experts.tensor_group)))
-    # the experts' optimizer instances (Megatron's intra/inter-partial expert DP groups, parallel/state.py)
+    # the experts' optimizer instances
     return ParallelState(device=state.device, dims=dims, comm=state.comm, optimizer_instances=experts.optimizer_instances)
 
 
@@ -71,7 +53,7 @@ def _build_part(model: nn.Module, chosen, zero_config, optimizer_config, state, 
 
 
 class BothReducers:
-    """The dense and the expert gradient reducers, driven as one (what the training loop calls)."""
+    """The dense and the expert gradient reducers, driven as one."""
 
     def __init__(self, dense, experts) -> None:
         self.parts = (dense, experts)
@@ -94,28 +76,15 @@ class BothReducers:
 
 
 class CheckpointableChain(CheckpointableOptimizer):
-    """What checkpoint/ asks of an optimizer (zero/optimizer_state.py's CheckpointableOptimizer), over both parts.
-
-    Each rank's experts are saved by their owner, never gathered: `model_state_dict` is the dense part (the
-    names every data-parallel rank shares, written once per TP rank), `expert_model_state_dict` this rank's
-    experts (named by global index), written by the expert data-parallel group's first rank into a file of its
-    expert-parallel rank, as Megatron-LM names a checkpoint file by its expert rank too
-    (megatron/training/checkpointing.py get_checkpoint_name, `expert_rank`) and Megatron-Core's experts save by
-    global index from their own ranks (megatron/core/transformer/moe/experts.py sharded_state_dict).
-    The partition a rank saves is its dense partition followed by its expert partition; which of its fragments it
-    names is the save plan's (checkpoint/save_plan.py, by the parameters' sharding records: a part replicated over
-    its data-parallel group at stage 0 by that group's first rank only). Fragments are found by name when loading,
-    so the checkpoint loads at any expert-parallel size (and at EP 1 into a plain ShardedAdamW), each rank reading
-    only its own experts."""
+    """CheckpointableOptimizer over both parts. Each expert DP group's first rank writes its experts by global name into
+    a file of its EP rank, so a checkpoint loads at any EP size."""
 
     def model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
-        """The dense parameters whole (every data-parallel rank takes part at stage 3); no expert."""
+        """The dense parameters whole; no expert."""
         return self.dense.model_state_dict(model, keep)
 
     def expert_model_state_dict(self, model: nn.Module) -> Optional[tuple[int, dict[str, torch.Tensor]]]:
-        """(this rank's expert-parallel rank, its experts whole by global name) on the expert data-parallel
-        group's first rank, which writes them; None on the others, which only take part (stage 3 gathers the
-        chunks over that group) and hold no copies."""
+        """(EP rank, its experts by global name) on the expert DP group's first rank; None on the others."""
         writes = self.expert_data_parallel_rank == 0
         weights = self.experts.model_state_dict(model, keep=writes)
         return (self.expert_parallel_rank, weights) if writes else None
@@ -142,7 +111,7 @@ class CheckpointableChain(CheckpointableOptimizer):
 
 
 class ChainedStep(CheckpointableChain):
-    """One step over the dense and the expert optimizers: one norm over all parameters, one clip, one scaler."""
+    """One step over both optimizers: one norm, one clip, one scaler."""
 
     def __init__(self, dense, experts, expert_parallel_group, loss_scaler: LossScaler,
                  data_parallel_rank: int = 0, expert_data_parallel_rank: int = 0, expert_parallel_rank: int = 0) -> None:
@@ -151,11 +120,10 @@ class ChainedStep(CheckpointableChain):
         self.data_parallel_rank, self.expert_data_parallel_rank = data_parallel_rank, expert_data_parallel_rank
         self.loss_scaler = loss_scaler
         self.comm = dense.comm
-        self.pipeline_group = None  # set with pipeline stages (zero/pipeline_grads.py): the norm's sum over them
+        self.pipeline_group = None  # the norm's sum over pipeline stages (zero/pipeline_grads.py)
 
     @property
     def param_groups(self) -> list[dict]:
-        """Both optimizers' groups (the loop sets each group's learning rate)."""
         return [*self.dense.param_groups, *self.experts.param_groups]
 
     @property
@@ -166,7 +134,7 @@ class ChainedStep(CheckpointableChain):
     def parts(self) -> tuple:
         return (self.dense, self.experts)
 
-    # What memory reports and the planner read (training/memory_report.py, planner/dry_run.py): both parts'.
+    # What memory reports and the planner read: both parts'.
     def model_state_tensors(self) -> dict[str, list[torch.Tensor]]:
         merged: dict[str, list[torch.Tensor]] = {}
         for part in self.parts:
@@ -184,15 +152,14 @@ class ChainedStep(CheckpointableChain):
 
     @property
     def parameters(self):
-        """The dense part's parameter storage (its stage-3 gatherer is the one the planner reads)."""
+        """The dense part's parameter storage (the planner reads its gatherer)."""
         return self.dense.parameters
 
     def step_working_bytes(self, gather_copy_bytes: int = 0, norm_in_blocks: bool = False) -> int:
         return max(part.step_working_bytes(gather_copy_bytes, norm_in_blocks) for part in self.parts)
 
     def grad_norm_squared(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """The squared norm over both parts' partition gradients `grads` (dense, experts) and every stage (module
-        docstring): the stages sum once, whichever of them hold experts."""
+        """The squared norm over both parts and every stage."""
         dense = self.dense.stage_grad_norm_squared(grads[0])
         experts = self.experts.stage_grad_norm_squared(grads[1])
         self.comm.all_reduce(experts, self.expert_parallel_group, "ep")
@@ -201,8 +168,7 @@ class ChainedStep(CheckpointableChain):
         return total
 
     def step_collectives_only(self) -> None:
-        """`step`'s collectives without its arithmetic (the dry run's step, planner/dry_run.py): the norm's and
-        both publishes."""
+        """`step`'s collectives without its arithmetic (the dry run's step)."""
         self.grad_norm_squared([part.gradients.partition_gradients() for part in self.parts])
         for part in self.parts:
             part.publish_parameters()
@@ -229,8 +195,7 @@ class ChainedStep(CheckpointableChain):
 
 
 class ExpertZeroParts:
-    """What the training loop needs from ZeRO (as ZeroParts: reducer, optimizer.step, loss scaling), over a model
-    with expert parameters; `dense` and `experts` are the two ZeroParts it drives."""
+    """ZeroParts' interface over the dense and the expert ZeroParts."""
 
     def __init__(self, dense: ZeroParts, experts: ZeroParts, state: ParallelState) -> None:
         self.dense, self.experts = dense, experts
@@ -250,9 +215,7 @@ class ExpertZeroParts:
 def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, state: ParallelState, *,
                             loss_scaler: Optional[LossScaler] = None, own_units=(), decoupled_lr_params=(),
                             **kwargs) -> ExpertZeroParts:
-    """build_zero for a model some of whose parameters are experts (module docstring); the
-    keyword arguments are build_zero's (`own_units` and `decoupled_lr_params`, never experts, go to the dense
-    part only). A model without experts (a pipeline stage of dense layers) takes build_zero (module docstring)."""
+    """build_zero for a model with experts; `own_units` and `decoupled_lr_params` go to the dense part."""
     if not holds_expert_parameters(model):
         raise ValueError("build_zero_with_experts: the model has no expert parameter (a record replicated over edp): "
                          "build it with build_zero")
@@ -265,10 +228,7 @@ def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, sta
                           expert_data_parallel_state(state), loss_scaler=scaler,
                           gradient_divisor=state.data_context_parallel_size, **kwargs)
     if state.device.type == "cpu":
-        # Each part set the malloc threshold to its own smallest weight (zero/apply.py), the experts' last: an
-        # expert's matrix, larger than the dense part's smallest (the router's), so freed activations below it
-        # stayed in glibc's heap (an EP 2 run peaked 1.17x its plan). The model's smallest, as zero/host_memory.py
-        # means it.
+        # Each part set the malloc threshold to its own smallest weight; the model's smallest is the one meant.
         itemsize = dense.optimizer.parameters.dtype.itemsize
         return_freed_blocks_to_system(min((param.numel() * itemsize for param in model.parameters()
                                            if param.requires_grad and param.dim() >= 2), default=0))

@@ -1,19 +1,6 @@
-"""Where every parameter element lives: a flat buffer cut into units, each unit split evenly over the
-data-parallel ranks.
-
-A *unit* is the granule of communication: a reduce bucket in stages 0-2, a transformer block's chunk
-in stage 3. Its length is padded to a multiple of `parts x alignment`, so it splits into `parts`
-equal, aligned shards and one collective per unit moves it (reduce-scatter gives rank r its shard r,
-all-gather rebuilds the unit from the shards). Rank r owns shard r of *every* unit, and its
-*partition* is those shards laid end to end: the fp32 master weights, Adam moments and (stages 2-3)
-reduced gradients are flat tensors in partition coordinates. With `parts = 1` (stage 0) the shard is
-the whole unit and the partition is the whole buffer.
-
-Inside a unit the parameters are sorted by `ParamKind` (weight decay or not; TP-sharded or
-TP-replicated), so a shard holds at most four runs of one kind. Those runs (`Segment`s) are what
-the optimizer sees: one AdamW parameter group per decay setting, and a gradient norm that counts a
-TP-replicated element once.
-"""
+"""Where every parameter element lives: a flat buffer cut into units (a reduce bucket, or a stage-3 block chunk), each
+padded to split into equal aligned shards, one per DP rank. Rank r's partition is shard r of every unit end to end;
+master, moments and reduced gradients are flat tensors in partition coordinates."""
 
 from __future__ import annotations
 
@@ -25,28 +12,24 @@ from torch import nn
 
 from parallel.sharding import record_of
 
-# Shard boundaries fall on multiples of this many elements (128 bytes of bf16), which keeps every
-# collective's buffer aligned for vectorised copies and NCCL.
+# Shard boundaries fall on multiples of this many elements, aligned for vector copies and NCCL.
 DEFAULT_ALIGNMENT = 64
 
 
 @dataclass(frozen=True, order=True)
 class ParamKind:
-    weight_decay: bool      # False for biases and LayerNorm parameters (fewer than 2 dims), unless marked
-    tensor_parallel: bool   # True when TP ranks hold different slices (its sharding record is split)
+    weight_decay: bool      # biases and norms (fewer than 2 dims): False, unless marked
+    tensor_parallel: bool   # TP ranks hold different slices
 
     @classmethod
     def of(cls, param: nn.Parameter) -> "ParamKind":
-        """Megatron's rule, weight decay for parameters of 2 dims or more, unless the parameter carries
-        `apply_weight_decay` (mark_weight_decay: --apply-wd-to-qk-layernorm's norms)."""
+        """Megatron's rule: decay for 2 dims or more, unless marked `apply_weight_decay`."""
         return cls(weight_decay=getattr(param, "apply_weight_decay", param.dim() >= 2),
                    tensor_parallel=record_of(param).is_split)
 
 
 def mark_weight_decay(params, decayed: bool = True) -> None:
-    """Give `params` weight decay (or none) whatever their dims. Set on the model's parameters before ZeRO
-    lays them out: the attribute travels to the parameters that replace them (parallel.init.replace_parameters
-    keeps attributes), so the layout over those has the same kinds."""
+    """Give `params` weight decay (or none) whatever their dims, before ZeRO lays them out."""
     for param in params:
         param.apply_weight_decay = decayed
 
@@ -66,7 +49,7 @@ class Slot:
 
 @dataclass(frozen=True)
 class Segment:
-    """A run of one kind inside this rank's partition, [start, end) in partition coordinates."""
+    """A run of one kind inside this rank's partition, in partition coordinates."""
     start: int
     end: int
     kind: ParamKind
@@ -74,9 +57,8 @@ class Segment:
 
 @dataclass(frozen=True)
 class Fragment:
-    """Elements [param_offset, param_offset + numel) of a flattened parameter, stored at
-    [partition_offset, partition_offset + numel) of a rank's partition. A partition is described
-    completely by its fragments, which is what lets a checkpoint be re-cut for another DP size."""
+    """A piece of a flattened parameter at an offset of a rank's partition; fragments describe a partition completely,
+    so a checkpoint can be re-cut for another DP size."""
     slot: Slot
     param_offset: int
     partition_offset: int
@@ -84,7 +66,7 @@ class Fragment:
 
 
 class Unit:
-    """A contiguous piece of the flat buffer, padded to split evenly into `parts` aligned shards."""
+    """A piece of the flat buffer, padded to split evenly into `parts` aligned shards."""
 
     def __init__(self, index: int, params: Sequence[nn.Parameter], parts: int, alignment: int,
                  buffer_offset: int, partition_offset: int) -> None:
@@ -99,27 +81,25 @@ class Unit:
         quantum = parts * alignment
         self.numel = max(quantum, -(-cursor // quantum) * quantum)
         self.shard_numel = self.numel // parts
-        self.buffer_offset = buffer_offset        # where the unit starts in the full flat buffer
-        self.partition_offset = partition_offset  # where its shard starts in a rank's partition
+        self.buffer_offset = buffer_offset
+        self.partition_offset = partition_offset
 
     @property
     def padding(self) -> int:
         return self.numel - self.used
 
     def in_buffer(self, flat: torch.Tensor) -> torch.Tensor:
-        """This unit's piece of a full flat buffer."""
         return flat[self.buffer_offset:self.buffer_offset + self.numel]
 
     def in_partition(self, partition: torch.Tensor) -> torch.Tensor:
-        """This unit's shard inside a rank's partition (master weights, moments, reduced gradients)."""
+        """This unit's shard inside a rank's partition."""
         return partition[self.partition_offset:self.partition_offset + self.shard_numel]
 
     def shard_bounds(self, part: int) -> tuple[int, int]:
-        """Shard `part` as [start, end) inside the unit."""
         return part * self.shard_numel, (part + 1) * self.shard_numel
 
     def fragments(self, part: int) -> list["Fragment"]:
-        """The pieces of parameters inside shard `part`, in partition coordinates (padding is in none)."""
+        """The pieces of parameters inside shard `part`, in partition coordinates."""
         lo, hi = self.shard_bounds(part)
         offset = self.partition_offset - lo
         return [Fragment(slot, max(lo, slot.start) - slot.start, max(lo, slot.start) + offset,
@@ -127,8 +107,7 @@ class Unit:
                 for slot in self.slots if slot.start < hi and slot.end > lo]
 
     def segments(self, part: int) -> list[Segment]:
-        """The runs of one kind inside shard `part`, in partition coordinates (padding belongs to the
-        run of the unit's last kind; its gradient is always zero)."""
+        """The runs of one kind inside shard `part` (padding joins the last run)."""
         shard_start, shard_end = self.shard_bounds(part)
         runs: list[tuple[int, int, ParamKind]] = []
         for slot in self.slots:
@@ -149,8 +128,6 @@ class Unit:
 
 
 class FlatLayout:
-    """The units of a model's trainable parameters and the partition of rank `part`."""
-
     def __init__(self, unit_params: Sequence[Sequence[nn.Parameter]], parts: int, part: int,
                  alignment: int = DEFAULT_ALIGNMENT) -> None:
         if not 0 <= part < parts:
@@ -187,9 +164,7 @@ class FlatLayout:
 
 
 def bucket_params(params: Sequence[nn.Parameter], bucket_size: int) -> list[list[nn.Parameter]]:
-    """Group parameters (given in forward order) into buckets of at most `bucket_size` elements, in
-    reverse order: backward produces the last layer's gradients first, so the first bucket fills
-    first. A parameter larger than a bucket gets a bucket of its own."""
+    """Parameters in buckets of at most `bucket_size` elements, last layer first (backward's order)."""
     buckets: list[list[nn.Parameter]] = []
     current: list[nn.Parameter] = []
     current_numel = 0
@@ -205,7 +180,7 @@ def bucket_params(params: Sequence[nn.Parameter], bucket_size: int) -> list[list
 
 
 def unique_trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
-    """Trainable parameters in registration (forward) order, each once even when tied."""
+    """Trainable parameters in forward order, each once even when tied."""
     seen: set[int] = set()
     params = []
     for param in module.parameters():
@@ -216,13 +191,8 @@ def unique_trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
 
 
 class BufferPool:
-    """Flat scratch buffers of one size, allocated once and reused (ZeRO-R's constant-size buffers,
-    C_B): reduce buckets and reduce-scatter outputs. A buffer is only ever created when every existing
-    one is in use, which the bounded number of in-flight collectives keeps to a handful.
-
-    They are created when first needed (the first reduction, late in the first iteration's backward), not at the
-    build: `on_create`, where set, hears each new buffer's bytes (a dry run, planner/dry_run.py, reads there what
-    the first iteration holds before and after they exist)."""
+    """Flat scratch buffers of one size, reused (ZeRO-R's C_B), created at first need; `on_create` hears each new
+    buffer's bytes."""
 
     on_create: Optional[Callable[[int], None]] = None
 

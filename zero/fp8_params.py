@@ -1,15 +1,6 @@
-"""--fp8-param-gather's bytes: the units that hold only FP8 linears' weights (stage3_unit_params and build_zero
-give them units of their own) are kept, per rank, as e4m3 bytes of this rank's shard, cast from the fp32 master
-after each step (parallel/fp8/param_gather.py), and all-gathered as bytes: 1 byte per element where the other
-units move the parameter dtype's 2 or 4; MXFP8 2, its rowwise and columnwise casts in two gathers (their E8M0
-scales are not gathered: every rank computes them all from the all-reduced block amaxes).
-
-After a gather the bytes are also dequantized into the unit's high-precision chunk, whose parameters stay the
-autograd leaves that receive the weight gradients (TransformerEngine's Float8Tensor parameter has no such copy;
-here it holds exactly the dequantized FP8 weight, so anything reading the parameter, such as the guard's
-high-precision fallback, sees what the FP8 GEMM computes with). Device memory is therefore not reduced, only the
-gathered bytes; the start-up line says so.
-"""
+"""--fp8-param-gather's bytes: units holding only FP8 linears' weights keep this rank's shard as FP8 bytes cast from the
+fp32 master after each step, and all-gather those bytes (1 per element; MXFP8 2). Each gather is dequantized into the
+unit's high-precision parameters, so device memory is not reduced, only the gathered bytes."""
 
 from __future__ import annotations
 
@@ -39,10 +30,8 @@ from zero.flat_buffer import FlatLayout, Unit
 
 
 class Fp8WeightBytes:
-    """The FP8 bytes of the units of `layout` whose every parameter is in `states` (id -> the FP8 linear's
-    Fp8LinearState): this rank's shard of each (`shard`) and the gathered unit (`flat`, whose storage a stage-3
-    gatherer frees between uses when `released_between_uses`). Each linear's state gets its Fp8Weight, a view
-    of the gathered bytes. `group`: the ranks the units are cut over (None: one part, nothing to reduce)."""
+    """The FP8 bytes of `layout`'s all-FP8 units: this rank's `shard` and the gathered `flat` of each, whose views are
+    the linears' Fp8Weights."""
 
     def __init__(self, layout: FlatLayout, states: dict, model_dtype: torch.dtype, device: torch.device, comm,
                  group: Optional[dist.ProcessGroup], released_between_uses: bool) -> None:
@@ -52,7 +41,7 @@ class Fp8WeightBytes:
         self.shard = {unit.index: torch.zeros(unit.shard_numel, dtype=torch.uint8, device=device)
                       for unit in self.units}
         self.flat = {unit.index: torch.zeros(unit.numel, dtype=torch.uint8, device=device) for unit in self.units}
-        # MXFP8's columnwise cast: a second shard and gathered unit beside the rowwise ones
+        # MXFP8's columnwise cast: a second shard and gathered unit
         mx = [unit for unit in self.units if self.states[unit.index][0].recipe.recipe == "mxfp8"]
         self.columnwise_shard = {unit.index: torch.zeros(unit.shard_numel, dtype=torch.uint8, device=device)
                                  for unit in mx}
@@ -68,7 +57,7 @@ class Fp8WeightBytes:
                     flat.untyped_storage().resize_(0)
 
     def _weight(self, unit: Unit, slot, recipe: str, device: torch.device) -> Fp8Weight:
-        """A slot's Fp8Weight: views of the gathered unit(s), scales of the recipe's shape."""
+        """A slot's Fp8Weight: views of the gathered unit(s)."""
         def view(flat):
             return flat[slot.start:slot.end].view(E4M3).view(slot.shape)
 
@@ -81,24 +70,21 @@ class Fp8WeightBytes:
         return weight
 
     def _flats(self, unit: Unit) -> list[torch.Tensor]:
-        """The unit's gathered bytes: rowwise, and MXFP8's columnwise."""
         return [self.flat[unit.index]] + ([self.columnwise_flat[unit.index]]
                                           if unit.index in self.columnwise_flat else [])
 
     def _blocks(self, weight: Fp8Weight) -> int:
-        """How many amaxes a weight's shards reduce: 1 (per tensor), or one a block (both directions for MXFP8)."""
+        """Amaxes a weight's shards reduce: 1, or one a block."""
         return weight.scale_inv.numel() + \
             (0 if weight.columnwise_scale_inv is None else weight.columnwise_scale_inv.numel())
 
     @property
     def numel(self) -> int:
-        """Bytes one gather of every FP8 unit moves (padding included): 1 an element, MXFP8's 2."""
+        """Bytes one gather of every FP8 unit moves (padding included)."""
         return sum(flat.numel() for unit in self.units for flat in self._flats(unit))
 
     def resident_bytes(self) -> int:
-        """Bytes held now: the shards, the gathered units whose storage is allocated (all of them under ZeRO
-        1-2; under ZeRO 3 those gathered at this moment), and every weight's dequantizing scales (fp32: MXFP8's
-        E8M0 scales take 4 bytes each here, a quarter byte a weight element for its two directions)."""
+        """Bytes held now: shards, allocated gathered units and scales."""
         shards = [*self.shard.values(), *self.columnwise_shard.values()]
         scales = [scale for weights in self.weights.values() for weight in weights
                   for scale in (weight.scale_inv, weight.columnwise_scale_inv) if scale is not None]
@@ -109,10 +95,9 @@ class Fp8WeightBytes:
         return unit.index in self.shard
 
     def quantize(self, master: torch.Tensor) -> None:
-        """Cast this rank's shard of every FP8 weight from the fp32 master partition. Collective over `group`:
-        one max all-reduce of every weight's shard amaxes (one a tensor, blockwise one a 128 x 128 block, MXFP8 one a
-        1 x 32 block each way, parallel/fp8/param_gather.py), so each scale is the whole tensor's or block's."""
-        # on the device the casts and collectives run on (the master may live in host memory: --offload-optimizer)
+        """Cast this rank's shard of every FP8 weight from the master (one max all-reduce of the amaxes over
+        `group`)."""
+        # the master may live in host memory (--offload-optimizer)
         device = self.shard[self.units[0].index].device if self.units else master.device
         pieces, amax = self._shard_amaxes(master, device)
         if not amax:
@@ -130,8 +115,7 @@ class Fp8WeightBytes:
             self._cast(unit, fragment, piece, index, scales[unit.index, position])
 
     def _shard_amaxes(self, master: torch.Tensor, device: torch.device) -> tuple[list, list]:
-        """This rank's pieces of each FP8 weight ((unit, position, fragment, values, block index or None)) and each
-        weight's amaxes over them (a list of 1-D fp32 tensors, in the units' order)."""
+        """This rank's pieces of each FP8 weight, and each weight's amaxes."""
         pieces, amax = [], []
         for unit in self.units:
             for position, slot in enumerate(unit.slots):
@@ -141,7 +125,7 @@ class Fp8WeightBytes:
                                     device=device)
                 for fragment in [f for f in unit.fragments(self.layout.part) if f.slot.start == slot.start]:
                     piece = master[fragment.partition_offset:fragment.partition_offset + fragment.numel].to(device)
-                    if recipe == "blockwise":  # from the fp32 master itself, as TE's blockwise cast
+                    if recipe == "blockwise":  # from the fp32 master, as TE's blockwise cast
                         index = block_index(fragment.param_offset, fragment.numel, slot.shape, device)
                         local = torch.maximum(local, block_amax(piece, index, blocks))
                     elif recipe == "mxfp8":  # in the model's dtype, as the forward casts the weight
@@ -156,8 +140,7 @@ class Fp8WeightBytes:
         return pieces, amax
 
     def _scale(self, state, weight: Fp8Weight, amax: torch.Tensor) -> torch.Tensor:
-        """A weight's scales from its reduced amaxes, its dequantizing ones written into `weight`; returns what its
-        shard is cast with (the quantizing scale; MXFP8's blocks' E8M0 exponents)."""
+        """A weight's scales from its reduced amaxes; returns the quantizing one."""
         if state.recipe.recipe == "mxfp8":
             exponent = mx_exponents(amax)
             rowwise, columnwise = mx_dequantizing_scales(exponent, weight.data.shape)
@@ -172,7 +155,7 @@ class Fp8WeightBytes:
         return scale
 
     def _cast(self, unit: Unit, fragment, piece: torch.Tensor, index, scale: torch.Tensor) -> None:
-        """A piece of the master cast into this rank's shard bytes (MXFP8: both of them)."""
+        """A piece of the master cast into this rank's shard bytes."""
         at = fragment.partition_offset - unit.partition_offset
         end = at + fragment.numel
         if unit.index in self.columnwise_shard:
@@ -183,8 +166,7 @@ class Fp8WeightBytes:
                 if index is None else cast_block_shard(piece, index, scale)
 
     def start_gather(self, unit: Unit, async_op: bool):
-        """All-gather `unit`'s bytes into its (re-sized) gathered flat: the unit's elements, 1 byte each; MXFP8's
-        columnwise bytes in a second gather (one handle waits for both)."""
+        """All-gather `unit`'s bytes into its gathered flat."""
         shards = [self.shard[unit.index]] + ([self.columnwise_shard[unit.index]]
                                              if unit.index in self.columnwise_shard else [])
         works = []
@@ -194,7 +176,7 @@ class Fp8WeightBytes:
         return _Both(works) if async_op else None
 
     def dequantize(self, unit: Unit, chunk: torch.Tensor) -> None:
-        """Write the gathered weights, dequantized, into the unit's high-precision chunk (its parameters)."""
+        """Write the gathered weights, dequantized, into the unit's high-precision chunk."""
         for slot, weight in zip(unit.slots, self.weights[unit.index]):
             chunk[slot.start:slot.end] = dequantized(weight).to(chunk.dtype).reshape(-1)
 
@@ -204,12 +186,12 @@ class Fp8WeightBytes:
 
 
 class _Both:
-    """One handle for a unit's gathers (MXFP8's two): wait() waits for each."""
+    """One handle for a unit's gathers."""
 
     def __init__(self, works: list) -> None:
         self.works = works
 
     def wait(self, timeout=None) -> bool:
-        for work in self.works:  # each, whatever the other returned
+        for work in self.works:
             work.wait()
         return True

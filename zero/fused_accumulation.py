@@ -1,17 +1,6 @@
-"""Gradient accumulation fusion applied to a model whose gradients ZeRO holds (--gradient-accumulation-fusion,
-Megatron-LM's default; parallel/grad_accumulation_fusion.py is the GEMM): which tensor-parallel linears add their
-weight gradient into the fp32 main gradient inside the GEMM, and the start-up line naming the path taken.
-
-A linear fuses when its weight's gradients come to a reducer of this model and that reducer holds them in fp32: stages
-0-1 (FullGradients) in the main-gradient buffer, the slice the hook would add autograd's gradient into (16-bit
-parameters) or the parameter's `.grad` itself (fp32 parameters, whose AccumulateGrad would add into it); stages 2-3
-(PartitionedGradients) in the parameter's slot of its unit's reduce bucket, zeroed when the bucket is taken each
-micro-batch, where the hook would copy autograd's gradient. With 16-bit gradients (--main-grads-dtype bf16, or 16-bit
-parameters without --accumulate-allreduce-grads-in-fp32) there is no fp32 main gradient: nothing fuses, as the line
-says. A linear whose GEMM is F.linear becomes LinearIntoMainGrad; an FP8 linear (gpt/fp8.py: its `fp8_state`) keeps its
-FP8 GEMMs and is given the holder (`fp8_state.main_grads`): its weight gradient's GEMM writes fp32 and its backward's
-epilogue region, where the guard checks the gradients, adds it into the main gradient, as TransformerEngine's
-fuse_wgrad_accumulation does under Megatron's gradient_accumulation_fusion (parallel/fp8/linear.py)."""
+"""Gradient accumulation fusion on a ZeRO model (--gradient-accumulation-fusion): which tensor-parallel linears add
+their weight gradient into the fp32 main gradient inside the GEMM, and the start-up line naming the path. Only an fp32
+main gradient (a stage 0-1 buffer or a stage 2-3 bucket slot) fuses; 16-bit gradients never do."""
 
 from __future__ import annotations
 
@@ -30,11 +19,7 @@ FLAG = "--gradient-accumulation-fusion"
 
 def apply_gradient_accumulation_fusion(model: nn.Module, reducer, enabled: bool, device: torch.device, *,
                                        left_out: Sequence[tuple[nn.Module, str]] = ()) -> str:
-    """Make each fusing tensor-parallel linear of `model` add its weight gradient into `reducer`'s main gradient
-    (module docstring) and return the start-up line. `left_out`: (module, why) pairs whose linears keep autograd's
-    weight gradient, said in the line (training/build.py: compiled blocks, where LinearIntoMainGrad would be F.linear
-    anyway; CUDA-graphed blocks, whose captured backward hands autograd the gradients; the output layer, whose
-    weight the loss reads itself)."""
+    """Make each fusing linear add its weight gradient into the main gradient; returns the start-up line."""
     if not enabled:
         return ("> gradient accumulation fusion off (--no-gradient-accumulation-fusion): each weight gradient is "
                 "autograd's, in the parameters' dtype, then added into the main gradient")
@@ -46,7 +31,7 @@ def apply_gradient_accumulation_fusion(model: nn.Module, reducer, enabled: bool,
         if not isinstance(layer, (ColumnParallelLinear, RowParallelLinear)) or not layer.weight.requires_grad:
             continue
         holder = next((part for part in reducer.gradient_reducers() if part.holds(layer.weight)), None)
-        if holder is None:  # another model part's (a pipeline stage's other chunk holds its own reducer)
+        if holder is None:  # a pipeline stage's other chunk holds its own reducer
             continue
         why = skipped.get(id(layer))
         fp8_state = getattr(layer, "fp8_state", None)
@@ -82,9 +67,7 @@ def apply_gradient_accumulation_fusion(model: nn.Module, reducer, enabled: bool,
 
 
 def fused_weights(model: nn.Module) -> set[int]:
-    """The ids of `model`'s weights whose gradient autograd never materialises: their linear adds it into the main
-    gradient inside the GEMM (apply_gradient_accumulation_fusion). The planner counts the largest gradient of the
-    others (planner/dry_run.py)."""
+    """Ids of the weights whose gradient autograd never materialises."""
     return {id(layer.weight) for layer in model.modules()
             if isinstance(layer, (ColumnParallelLinear, RowParallelLinear))
             and (isinstance(layer.linear, LinearIntoMainGrad)

@@ -1,23 +1,7 @@
-"""Gradient reduction over the data-parallel group: hooks, buckets, all-reduce or reduce-scatter, overlap.
-
-Which ZeRO stage a run has is decided once, by which class `zero.apply.apply_zero` builds:
-    FullGradients         stages 0-1: a full flat gradient buffer (each gradient a view into it, or with fp32
-                          accumulation under 16-bit parameters a main-gradient slice a hook adds into).
-                          Under `no_sync()` micro-batches accumulate; the last reduces unit by unit: all-reduce
-                          (stage 0) or reduce-scatter into the rank's slice (stage 1).
-    PartitionedGradients  stages 2-3: no full gradient exists. A gradient is copied into a constant-size bucket
-                          when autograd produces it, then freed; a full bucket is reduce-scattered (or all-reduced,
-                          keeping the shard) into the rank's partition, every micro-batch.
-With --offload-optimizer (ZeRO-Offload) both take a `host_partition` that each unit's reduced shard goes into as its
-reduction completes (copied at stage 1, added at stages 2-3 so the host accumulates the micro-batches; a 16-bit one
-is converted into a second, fp32 host partition for the step), so the device holds no gradient partition. This is
-DeepSpeed's ZeRO-Offload (stage_1_and_2.py @edaa722 `copy_grads_in_partition`), which adds the running sum on the
-device (`async_accumulate_grad_in_cpu_via_gpu`), here on the host: the same fp32 sums without a device copy.
-Reductions are issued with `async_op=True` and completed at `finish_grad_sync()` (or when a scratch buffer is needed
-again), overlapping the backward of earlier layers; on CUDA on NCCL's stream, the small copies on the compute
-stream, which orders every buffer reuse. Listeners (`subscribe`) hear `unit_reduced(unit)` when a unit's reduction is
-issued and `grad_sync_finished()` at each `finish_grad_sync()`: ZeRO 3's gatherer frees chunks on them; the optimizer
-takes `partition_gradients()`."""
+"""Gradient reduction over the DP group: post-accumulate-grad hooks, buckets, and asynchronous all-reduce or
+reduce-scatter overlapping backward. FullGradients (stages 0-1) keeps a full flat gradient and reduces at the last
+micro-batch; PartitionedGradients (stages 2-3) copies each gradient into a bucket and reduces it every micro-batch.
+Under offload each reduced shard goes straight to a host partition."""
 
 from __future__ import annotations
 
@@ -40,15 +24,14 @@ class ReductionListener(Protocol):
 
 @dataclass
 class _PendingReduction:
-    work: object                         # the async handle
+    work: object
     finish: Optional[Callable[[], None]]  # moves the reduced shard where it belongs
     release: Callable[[], None]           # returns scratch buffers to their pools
 
 
 class _ThenAllReduce:
-    """A reduction's handle that, waited on, also sums its shard over the partition's copies (one per optimizer
-    instance). The second collective runs at the wait, after the first has completed: every rank waits on its
-    reductions in one order (issue order), so the copies issue it in the same order."""
+    """A reduction's handle that, waited on, also all-reduces its shard across the optimizer instances (in issue
+    order)."""
 
     def __init__(self, first, comm, shard: torch.Tensor, replica_group) -> None:
         self.first, self.comm, self.shard, self.replica_group = first, comm, shard, replica_group
@@ -59,38 +42,34 @@ class _ThenAllReduce:
 
 
 class GradientReducer(ABC):
-    """What both storages share: the post-accumulate-grad hooks, the count of gradients each unit has
-    received in this backward, the in-flight reductions and the listeners."""
+    """What both storages share: hooks, per-unit gradient counts, in-flight reductions, listeners."""
 
     def __init__(self, layout: FlatLayout, grad_dtype: torch.dtype, comm, group, data_parallel_size: int,
                  scatter: bool, overlap: bool, device: torch.device, replica_group=None) -> None:
         self.layout = layout
         self.grad_dtype = grad_dtype
-        # `group` cuts the partition; with several optimizer instances (parallel/state.py) `replica_group` joins
-        # the copies of this rank's partition, over which the reduced shard is summed as well.
+        # `replica_group` joins the optimizer instances' copies of the partition
         self.comm, self.group, self.dp_size = comm, group, data_parallel_size
         self.replica_group = replica_group
-        self.scatter = scatter    # reduce-scatter (each rank receives its shard) or all-reduce
-        self.overlap = overlap    # False: wait for each reduction as soon as it is issued
+        self.scatter = scatter
+        self.overlap = overlap
         self.device = device
         self._staging = BufferPool(max(unit.shard_numel for unit in layout.units), grad_dtype, device)
         self._pending: list[_PendingReduction] = []
         self._ready = [0] * len(layout.units)
         self._syncing = True
-        # Whether the backward in progress reduces, so that a finish_grad_sync() called after leaving no_sync()
-        # still knows what that backward was: fixed by entering no_sync() or by its first gradient, whichever
-        # comes first (see no_sync).
+        # Whether the backward in progress reduces, fixed by no_sync() or its first gradient.
         self._backward_syncs: Optional[bool] = None
         self._listeners: list[ReductionListener] = []
         self._hooks = []
         self.host_partition: Optional[torch.Tensor] = None  # set by the subclasses under offload
 
     def host_tensors(self) -> list[torch.Tensor]:
-        """The gradient tensors in host memory (the offloaded fp32 partition), for zero/memory.py."""
+        """The gradient tensors in host memory, for zero/memory.py."""
         return [] if self.host_partition is None else [self.host_partition]
 
     def attach(self) -> None:
-        """Hook every parameter of the layout (after the parameters are in their final place)."""
+        """Hook every parameter of the layout (once they are in their final place)."""
         self._hooks = [slot.param.register_post_accumulate_grad_hook(self._on_grad_ready)
                        for unit in self.layout.units for slot in unit.slots]
 
@@ -99,14 +78,8 @@ class GradientReducer(ABC):
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Backward passes inside accumulate gradients locally where the storage allows (full
-        gradients); partitioned gradients are reduced every micro-batch regardless.
-
-        Entering marks the backward to come as one that does not reduce, even if it brings this reducer no
-        gradient at all: a pipeline rank's model chunk without any of its parameters (the experts' reducer,
-        zero/experts.py, in a virtual stage with no MoE layer). Left to its first gradient, such a backward
-        had no mark, and the finish_grad_sync() after it, outside no_sync(), reduced the accumulation
-        half-way: the gradients were divided by the data-parallel size again at the real reduction."""
+        """Backward passes inside accumulate locally where the storage allows. Entering marks the coming backward as not
+        reducing even if it brings this reducer no gradient."""
         if self._backward_syncs is None:
             self._backward_syncs = False
         self._syncing = False
@@ -115,7 +88,6 @@ class GradientReducer(ABC):
         finally:
             self._syncing = True
 
-    # ---- the hook path ------------------------------------------------------------------------
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         if self._backward_syncs is None:
@@ -129,26 +101,21 @@ class GradientReducer(ABC):
 
     @abstractmethod
     def _take_gradient(self, unit: Unit, slot, param: nn.Parameter) -> bool:
-        """Store the gradient autograd just produced; True when it counts toward reducing the unit. Under gradient
-        accumulation fusion (parallel/grad_accumulation_fusion.py) the linear's backward has added it into
-        `main_grad(param)` already and autograd brings none (`param.grad` None, or the same-dtype `.grad` view the
-        backward added into): the hook still fires, and counts it."""
+        """Store the gradient autograd produced; True when it counts toward reducing the unit (fused ones count too)."""
 
     @abstractmethod
     def main_grad(self, param: nn.Parameter) -> torch.Tensor:
-        """Where gradient accumulation fusion adds `param`'s gradient of this micro-batch: a view of `grad_dtype`
-        and `param`'s shape into the storage `_take_gradient` would have put autograd's gradient in."""
+        """Where gradient accumulation fusion adds `param`'s gradient."""
 
     def holds(self, param: nn.Parameter) -> bool:
-        """Whether `param`'s gradients come to this reducer."""
         return id(param) in self.layout.slot_of
 
     def gradient_reducers(self) -> tuple["GradientReducer", ...]:
-        """The reducers the loop drives through this one (zero/experts.py's BothReducers has two)."""
+        """The reducers the loop drives through this one (BothReducers has two)."""
         return (self,)
 
     def _reduce(self, unit: Unit) -> None:
-        self._ready[unit.index] = -1  # issued; a late hook (none expected) cannot issue it again
+        self._ready[unit.index] = -1  # issued; a late hook cannot issue it again
         self._pending.append(self._issue_reduction(unit))
         if not self.overlap:
             self._complete_all()
@@ -161,11 +128,8 @@ class GradientReducer(ABC):
 
     def _averaged_collective(self, unit: Unit, bucket: torch.Tensor, released: list, in_place: bool = False
                              ) -> tuple[object, torch.Tensor]:
-        """Start averaging `bucket` (this rank's gradient of `unit`) over the DP group; returns the work
-        handle and where this rank's averaged shard will be once it completes. `in_place`: the reduce-scatter writes
-        the shard over this rank's own chunk of `bucket` (its slice `unit.shard_bounds(part)`), as Megatron-Core's
-        distributed optimizer reduce-scatters inside its gradient buffer (param_and_grad_buffer.py start_grad_sync:
-        `local_data_view`, NCCL's in-place form), with no staging buffer."""
+        """Start averaging `bucket` over DP; returns the work and where this rank's shard will be. `in_place`: into its
+        own chunk, as Megatron-Core's distributed optimizer, with no staging buffer."""
         if self.dp_size > 1:
             bucket.div_(self.dp_size)  # average before summing: keeps 16-bit sums in range
         if self.scatter and in_place:
@@ -182,8 +146,7 @@ class GradientReducer(ABC):
             shard = bucket[lo:hi]
             work = self.comm.all_reduce(bucket, self.group, "dp", async_op=True)
         if self.replica_group is not None:
-            # Megatron's DistributedOptimizer with instances (param_and_grad_buffer.py, start_grad_sync): the
-            # reduce-scatter inside the instance, then an all-reduce of the shard across the instances.
+            # optimizer instances: reduce-scatter inside, then all-reduce across
             work = _ThenAllReduce(work, self.comm, shard, self.replica_group)
         return work, shard
 
@@ -194,8 +157,7 @@ class GradientReducer(ABC):
 
     @staticmethod
     def _to_host(shard: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """`shard` where `target` is: a synchronous copy of one unit's shard off the device (nothing
-        when the device is the host), so the host partition is complete when the reduction is."""
+        """`shard` copied synchronously to `target`'s device."""
         return shard if shard.device == target.device else shard.to(target.device)
 
     @staticmethod
@@ -216,12 +178,10 @@ class GradientReducer(ABC):
         while self._pending:
             self._complete(self._pending.pop(0))
 
-    # ---- the loop's calls ---------------------------------------------------------------------
 
     def finish_grad_sync(self) -> None:
-        """After each micro-batch's backward: reduce the units whose gradients did not all arrive
-        (unused parameters), in unit order so every rank issues the same collectives, wait for every
-        reduction, and tell the listeners."""
+        """After each micro-batch's backward: reduce units left over (in unit order), wait for all, tell the
+        listeners."""
         if self._must_reduce_now():
             for unit in self.layout.units:
                 if self._ready[unit.index] != -1 and self._has_gradient(unit):
@@ -240,17 +200,15 @@ class GradientReducer(ABC):
 
     @abstractmethod
     def partition_gradients(self) -> torch.Tensor:
-        """This rank's partition of the averaged gradient in fp32 (loss scale not removed), for the step to
-        unscale and clip in place: a new tensor, or the reducer's own fp32 partition."""
+        """This rank's averaged fp32 gradient partition, which the step unscales and clips in place."""
 
     @abstractmethod
     def reduced_shard(self, unit: Unit) -> torch.Tensor:
-        """This rank's shard of `unit`'s gradient, averaged over DP once `finish_grad_sync` has run, in
-        the reducer's own storage (a view: changing it changes what the step reads)."""
+        """This rank's shard of `unit`'s averaged gradient (a view)."""
 
     @abstractmethod
     def partition_working_bytes(self) -> int:
-        """Bytes `partition_gradients` allocates (0 when it hands over the reducer's own tensor)."""
+        """Bytes `partition_gradients` allocates."""
 
     @abstractmethod
     def zero_grad(self) -> None:
@@ -266,7 +224,7 @@ class GradientReducer(ABC):
 
 
 class FullGradients(GradientReducer):
-    """Stages 0-1: the whole TP-shard gradient in one flat buffer of `grad_dtype`."""
+    """Stages 0-1: the whole gradient in one flat buffer."""
 
     def __init__(self, layout: FlatLayout, param_dtype: torch.dtype, grad_dtype: torch.dtype, comm, group,
                  data_parallel_size: int, scatter: bool, overlap: bool, device: torch.device,
@@ -274,8 +232,7 @@ class FullGradients(GradientReducer):
         super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device, replica_group)
         self.buffer = torch.zeros(layout.numel, dtype=grad_dtype, device=device)
         self.host_partition = host_partition
-        # Same dtype: autograd accumulates straight into views of the buffer. Otherwise (fp32
-        # accumulation of 16-bit gradients) each gradient is added into its main-gradient slice.
+        # same dtype: autograd accumulates into views of the buffer
         self.grads_are_views = grad_dtype == param_dtype
 
     def zero_grad(self) -> None:
@@ -296,14 +253,13 @@ class FullGradients(GradientReducer):
         return self._backward_syncs  # under no_sync the gradient just accumulates here
 
     def main_grad(self, param: nn.Parameter) -> torch.Tensor:
-        # with same-dtype gradients this is `param.grad` itself (zero_grad set it so)
         return self._main_grad(self.layout.unit_of[id(param)], self.layout.slot_of[id(param)])
 
     def _issue_reduction(self, unit: Unit) -> _PendingReduction:
         bucket = unit.in_buffer(self.buffer)
         released: list = []
         work, shard = self._averaged_collective(unit, bucket, released, in_place=True)
-        if self.host_partition is not None:  # the reduced shard goes to the host, where the step reads it
+        if self.host_partition is not None:
             target = unit.in_partition(self.host_partition)
             return _PendingReduction(work, lambda: target.copy_(self._to_host(shard, target)),
                                      self._release_all(released))
@@ -313,16 +269,15 @@ class FullGradients(GradientReducer):
         return _PendingReduction(work, finish, self._release_all(released))
 
     def reduced_shard(self, unit: Unit) -> torch.Tensor:
-        if self.host_partition is not None:  # offloaded, the step reads the host copy the reduction finished into
+        if self.host_partition is not None:  # offloaded, the step reads the host copy
             return unit.in_partition(self.host_partition)
         lo, hi = unit.shard_bounds(self.layout.part)
         return unit.in_buffer(self.buffer)[lo:hi]
 
     def partition_working_bytes(self) -> int:
         if self.host_partition is not None:
-            return 0  # the step reads the host partition itself
-        # This rank's shards lie apart in the full buffer (one per unit) and the step needs them
-        # contiguous, in partition coordinates: one fp32 partition.
+            return 0
+        # the step needs this rank's scattered shards in one partition
         return self.layout.partition_numel * 4
 
     def partition_gradients(self) -> torch.Tensor:
@@ -341,16 +296,14 @@ class FullGradients(GradientReducer):
 
 
 class PartitionedGradients(GradientReducer):
-    """Stages 2-3: only this rank's partition of the gradient, plus constant-size buckets."""
+    """Stages 2-3: only this rank's gradient partition, plus constant-size buckets."""
 
     def __init__(self, layout: FlatLayout, grad_dtype: torch.dtype, comm, group, data_parallel_size: int,
                  scatter: bool, overlap: bool, device: torch.device,
                  host_partition: Optional[torch.Tensor] = None, host_fp32: Optional[torch.Tensor] = None,
                  replica_group=None) -> None:
         super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device, replica_group)
-        # Offloaded, the partition the shards accumulate in is on the host: none on the device. In
-        # 16-bit, `host_fp32` is the step's fp32 partition (DeepSpeed's fp32 `.grad` partition beside
-        # its 16-bit host accumulation buffers), filled once per step.
+        # Offloaded, shards accumulate on the host; `host_fp32` is a 16-bit run's fp32 copy.
         self.host_partition = host_partition
         self._host_fp32 = host_fp32 if host_fp32 is not host_partition else None
         self.partition = host_partition if host_partition is not None else \
@@ -365,8 +318,7 @@ class PartitionedGradients(GradientReducer):
                 slot.param.grad = None
 
     def _take_gradient(self, unit: Unit, slot, param: nn.Parameter) -> bool:
-        # Into the bucket and free the gradient: a full gradient never exists. Added, not copied, into the slot
-        # (zeroed when the bucket was taken: the same values): gradient accumulation fusion may have added into it.
+        # added: accumulation fusion may have written the slot already
         bucket = self._bucket_for(unit)
         if param.grad is not None:
             bucket[slot.start:slot.end].add_(param.grad.reshape(-1))
@@ -374,7 +326,6 @@ class PartitionedGradients(GradientReducer):
         return True
 
     def main_grad(self, param: nn.Parameter) -> torch.Tensor:
-        # the parameter's slot in its unit's bucket, zeroed when the bucket was taken: adding into it is the copy
         unit, slot = self.layout.unit_of[id(param)], self.layout.slot_of[id(param)]
         return self._bucket_for(unit)[slot.start:slot.end].view(slot.shape)
 
@@ -384,7 +335,7 @@ class PartitionedGradients(GradientReducer):
             while not self._buckets.has_free and self._pending:
                 self._complete(self._pending.pop(0))
             buffer = self._buckets.acquire()
-            buffer[:unit.numel].zero_()  # padding, and parameters that get no gradient this micro-batch
+            buffer[:unit.numel].zero_()  # padding, and parameters without a gradient this micro-batch
             self._filling[unit.index] = buffer
         return buffer[:unit.numel]
 
@@ -397,7 +348,7 @@ class PartitionedGradients(GradientReducer):
                                  self._release_all(released))
 
     def _must_reduce_now(self) -> bool:
-        return True  # partitioned gradients cannot wait for the last micro-batch
+        return True
 
     def _has_gradient(self, unit: Unit) -> bool:
         return unit.index in self._filling
@@ -406,9 +357,7 @@ class PartitionedGradients(GradientReducer):
         return unit.in_partition(self.partition)
 
     def partition_gradients(self) -> torch.Tensor:
-        # An fp32 partition is handed over itself, not copied (a copy was +1x the fp32 partition at the
-        # step's peak): the step unscales and clips it in place, and zero_grad clears it before the next
-        # accumulation, so nothing reads the reduced values after the step.
+        # An fp32 partition is handed over itself (a copy cost +1x at the step's peak).
         if self.partition.dtype == torch.float32:
             return self.partition
         if self._host_fp32 is not None:

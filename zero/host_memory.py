@@ -1,19 +1,6 @@
-"""Host memory that an iteration frees goes back to the system, not into the C allocator's heap.
-
-Every iteration frees large blocks and requests them again: stage 3's gathered chunks, gloo's copy of each
-collective's buffer, each weight's gradient before the reducer takes it. glibc serves a request of at least its
-*mmap threshold* with a fresh mapping that `free` unmaps, anything smaller from its heap, which keeps freed memory
-resident. The threshold is dynamic: each free of a mapped block raises it to that block's size (up to 32 MiB), so
-later blocks of that size come from the heap, which grows by what was ever live at once plus fragmentation
-(measured: about 0.6 GiB per rank held, none in use, on the 2-rank 307M stage-3 run).
-
-Setting the threshold explicitly (mallopt M_MMAP_THRESHOLD) turns the adjustment off. We set it to the model's
-smallest weight matrix (h x h elements in the parameter dtype): blocks at least that big are mapped when allocated
-and unmapped when freed, so RSS follows what is live, while smaller tensors keep glibc's heap and its speed.
-Measured on a 4-rank fp32 stage-3 run (peak RSS growth over the plan): threshold 32 MiB 1.14-1.18, 16 MiB
-1.07-1.12, 1 MiB 1.02-1.03; on the 12 x 1024 benchmark model 1 MiB cost 5-7% of step time, its h x h (4 MiB) none
-measurable. A caching allocator (CUDA's) reuses equal blocks itself and needs none of this. Other C libraries
-(musl, macOS) keep their own policies; there this is a no-op (it returns False)."""
+"""Host memory an iteration frees goes back to the system: a fixed glibc mmap threshold (the model's h x h weight size)
+maps large blocks and unmaps them on free, where glibc's dynamic threshold would keep them in its heap (0.6 GiB per rank
+held on a stage-3 run). A no-op outside glibc."""
 
 from __future__ import annotations
 
@@ -38,16 +25,12 @@ def _glibc():
 
 
 def mmap_threshold_for(block_bytes: int) -> int:
-    """The threshold that maps every block of `block_bytes` or more: `block_bytes` itself, within the
-    range glibc accepts (a block beyond 32 MiB is mapped whatever the threshold)."""
+    """The threshold mapping blocks of `block_bytes` or more, within glibc's range."""
     return max(GLIBC_MIN_THRESHOLD, min(int(block_bytes), GLIBC_MAX_THRESHOLD))
 
 
 def return_freed_blocks_to_system(block_bytes: int) -> bool:
-    """Make blocks of `block_bytes` or more go back to the system when freed (see the module
-    docstring). Returns whether the C library took the setting; process-wide and idempotent. With
-    several models in one process the last one's size holds, which only moves the boundary between
-    mapped and heap blocks."""
+    """Make blocks of `block_bytes` or more go back to the system when freed; process-wide."""
     libc = _glibc()
     if libc is None or block_bytes <= 0:
         return False

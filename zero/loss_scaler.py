@@ -1,10 +1,5 @@
-"""Loss scaling for fp16: keep small gradients representable, and back off when they overflow.
-
-The scaler only decides; the optimizer multiplies the loss by `scale` before backward, divides the
-gradients by it afterwards, and skips the step when any rank saw an inf or NaN. Every rank feeds the
-same overflow verdict (it is agreed by an all-reduce of the gradient norm), so every rank's scale
-stays the same without further communication.
-"""
+"""Loss scaling for fp16. The scaler only decides the scale; the optimizer applies it and skips a step whose gradients
+overflowed on any rank, a verdict every rank shares, so every rank's scale stays the same."""
 
 from __future__ import annotations
 
@@ -13,8 +8,7 @@ from typing import Optional
 
 
 class LossScaler:
-    """A static scale: 1.0 for fp32 and bf16, which never skip a step, or a fixed fp16 scale, which
-    skips a step whose gradients overflowed (an inf or NaN would otherwise poison the master weights)."""
+    """A static scale: 1.0, or a fixed fp16 scale that skips overflowing steps."""
 
     def __init__(self, scale: float = 1.0, skips_on_overflow: bool = False) -> None:
         self.scale = float(scale)
@@ -36,8 +30,8 @@ class LossScaler:
 
 @dataclass
 class DynamicLossScaler(LossScaler):
-    """Halve the scale after `hysteresis` overflowing steps (never below `min_scale`); double it after
-    `growth_interval` steps in a row without one. An overflowing step is always skipped."""
+    """Halve the scale after `hysteresis` overflows (not below `min_scale`); double it after `growth_interval` clean
+    steps."""
 
     scale: float = 2.0 ** 16
     growth_interval: int = 1000
@@ -79,7 +73,6 @@ class DynamicLossScaler(LossScaler):
 
 def build_loss_scaler(fp16: bool, static_scale: Optional[float], initial_scale: float, growth_interval: int,
                       hysteresis: int, min_scale: float) -> LossScaler:
-    """fp16 gets a dynamic scaler unless a static scale is given; other precisions need none."""
     if not fp16:
         return LossScaler(1.0)
     if static_scale is not None:

@@ -1,20 +1,6 @@
-"""Model-state memory: what ZeRO's accounting predicts, and what the optimizer actually holds; and an
-analytic model of the activations a micro-batch saves for backward (ZeRO-R).
-
-The prediction follows the ZeRO paper (section 5, Table 1): mixed-precision Adam keeps 2Ψ bytes of 16-bit
-parameters, 2Ψ of 16-bit gradients and KΨ (K = 12) of fp32 master, momentum and variance; stage 1 partitions the fp32
-states over the N DP ranks, stage 2 the gradients too, stage 3 the parameters too. `predict_model_state_bytes` gives
-the per-rank bytes of our implementation (a shard padded up to ceil(Ψ/N)); `paper_model_state_gb` is the paper's
-own formula, kept apart so a test can pin it to Table 1.
-
-The measurement walks the tensors the optimizer reports (`model_state_tensors()`) rather than reading
-`torch.cuda.memory_allocated`: it works on CPU and CUDA and counts exactly the model states. Tensors are summed by
-*storage*, de-duplicated: a flat buffer behind many views counts once at its full size (padding included), and a
-storage under two categories (a bucket that is also a communication buffer) is one allocation.
-
-The activation model (`checkpointed_input_bytes`, `predict_saved_activation_bytes`) counts what stays alive between
-a micro-batch's forward and backward: with checkpointing, one s x b x h input per checkpointed group (1/TP of it
-per rank with P_a); without it, the per-layer estimate of Korthikanti et al. 2022."""
+"""Model-state memory: what ZeRO's accounting predicts (the ZeRO paper's Table 1, with our padded shards), what the
+optimizer holds (its tensors summed by distinct storage, so a flat buffer counts once), and an analytic model of the
+activations a micro-batch saves for backward."""
 
 from __future__ import annotations
 
@@ -27,28 +13,21 @@ import torch
 
 MODEL_STATE_CATEGORIES = ("parameters", "gradients", "master_weights", "optimizer_states")
 BUFFER_CATEGORY = "buffers"
-# Storages are attributed in this order, so an allocation shared with a buffer counts as a model state.
+# attribution order: storage shared with a buffer counts as a model state
 MEASURED_CATEGORIES = MODEL_STATE_CATEGORIES + (BUFFER_CATEGORY,)
 
-# Bytes per element of (parameters, gradients, fp32 master weights, Adam exp_avg + exp_avg_sq).
-# fp32 mode still keeps a separate fp32 master copy, as our optimizer does.
+# Bytes per element of (parameters, gradients, fp32 master, Adam's two moments).
 _BYTES_PER_ELEMENT = {
     "fp32": (4, 4, 4, 8),
     "bf16": (2, 2, 4, 8),
     "fp16": (2, 2, 4, 8),
 }
-# fp32 optimizer states per element beside the master: Adam's exp_avg and exp_avg_sq; swiss-ai's AdEMAMix
-# adds the slow momentum (zero/ademamix.py), 12 bytes where Adam keeps 8.
-# Muon (zero/muon.py) keeps its momentum in Adam's exp_avg, and exp_avg_sq stays whole beside it: Adam's two.
-# ALCF's Sophia-G (zero/sophia.py) keeps its momentum and Hessian estimate there: two, as the fork's SophiaG.
+# fp32 optimizer states per element beside the master.
 OPTIMIZER_STATES = {"adam": 2, "ademamix": 3, "muon": 2, "sophiag": 2}
-# Bytes per element of a stored Adam moment: fp32, or bf16 with --exp-avg-dtype / --exp-avg-sq-dtype bf16
-# (zero/precision_aware.py: Megatron-LM's precision-aware optimizer).
 MOMENT_BYTES = {"fp32": 4, "bf16": 2}
-# The first stage at which each model state is partitioned over the data-parallel ranks.
 _PARTITIONED_FROM_STAGE = {"parameters": 3, "gradients": 2, "master_weights": 1, "optimizer_states": 1}
 ZERO_STAGES = (0, 1, 2, 3)
-PAPER_GB = 10**9  # Table 1 uses decimal GB: 16 B x 7.5e9 params = 120 GB (it would be 111.8 in GiB)
+PAPER_GB = 10**9  # decimal GB, as Table 1
 
 
 def _check_stage(stage: int) -> None:
@@ -65,11 +44,7 @@ def predict_model_state_bytes(num_parameters: int, stage: int, data_parallel_siz
                               precision: str, gradient_precision: Optional[str] = None,
                               optimizer: str = "adam", moment_dtypes: tuple[str, str] = ("fp32", "fp32")
                               ) -> dict[str, int]:
-    """Per-rank bytes of each model state for Ψ = `num_parameters` (this rank's tensor-parallel shard).
-    `gradient_precision` ("fp32" with --accumulate-allreduce-grads-in-fp32) defaults to `precision`.
-    `optimizer` (--optimizer) says how many states sit beside the master: Adam's two, AdEMAMix's three;
-    `moment_dtypes` the stored dtypes of Adam's two (--exp-avg-dtype, --exp-avg-sq-dtype: 2 bytes each in bf16),
-    the slow momentum being fp32."""
+    """Per-rank bytes of each model state for Ψ = `num_parameters` (this rank's TP shard)."""
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
     if any(dtype not in MOMENT_BYTES for dtype in moment_dtypes):
@@ -81,7 +56,7 @@ def predict_model_state_bytes(num_parameters: int, stage: int, data_parallel_siz
     _check_data_parallel_size(data_parallel_size)
     if num_parameters < 0:
         raise ValueError(f"num_parameters must be >= 0, got {num_parameters}")
-    shard_elements = -(-num_parameters // data_parallel_size)  # each rank's shard is padded up
+    shard_elements = -(-num_parameters // data_parallel_size)
     per_element = list(_BYTES_PER_ELEMENT[precision])
     per_element[1] = _BYTES_PER_ELEMENT[gradient_precision or precision][1]
     per_element[3] = sum(MOMENT_BYTES[dtype] for dtype in moment_dtypes) + 4 * (OPTIMIZER_STATES[optimizer] - 2)
@@ -94,10 +69,7 @@ def predict_model_state_bytes(num_parameters: int, stage: int, data_parallel_siz
 
 
 def paper_model_state_gb(psi: float, data_parallel_size: int, stage: int, k: int = 12) -> float:
-    """The ZeRO paper's per-device model-state memory (Table 1), in decimal GB.
-
-    baseline (2+2+K)Ψ, P_os 4Ψ + KΨ/N_d, P_os+g 2Ψ + (2+K)Ψ/N_d, P_os+g+p (2+2+K)Ψ/N_d.
-    """
+    """The ZeRO paper's per-device model-state memory (Table 1), in decimal GB."""
     _check_stage(stage)
     _check_data_parallel_size(data_parallel_size)
     n = data_parallel_size
@@ -112,8 +84,7 @@ def paper_model_state_gb(psi: float, data_parallel_size: int, stage: int, k: int
 
 def checkpointed_input_bytes(seq_length: int, micro_batch_size: int, hidden_size: int, bytes_per_element: int,
                              tensor_parallel_size: int, partitioned: bool) -> int:
-    """Bytes one rank keeps for one checkpointed block input: s x b x h elements, or with P_a
-    (`partitioned`) its 1/TP slice, rounded up as a padded partition is."""
+    """Bytes one rank keeps for one checkpointed block input (its 1/TP slice with P_a)."""
     _check_positive(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
                     bytes_per_element=bytes_per_element, tensor_parallel_size=tensor_parallel_size)
     elements = seq_length * micro_batch_size * hidden_size
@@ -124,21 +95,18 @@ def checkpointed_input_bytes(seq_length: int, micro_batch_size: int, hidden_size
 
 @dataclass(frozen=True)
 class LayerActivationTerms:
-    """One transformer block's activations saved for backward, in the accounting of Korthikanti et al.
-    2022, "Reducing Activation Recomputation in Large Transformer Models" (section 4): bytes per token at 16 bits, for the whole block (every TP rank's part).
-
-    The callers read these from the model (gpt/shape.py), so a block with another MLP or norm gets its
-    own terms; `korthikanti_gpt` is the paper's own block, for callers without a model shape."""
-    replicated_bytes_per_token: int   # kept whole on every TP rank: norm inputs, inputs of column-parallel
-                                      # linears, the residual branches' dropout masks (1 byte)
-    partitioned_bytes_per_token: int  # split over TP: column-parallel outputs, row-parallel inputs (and under
-                                      # sequence parallelism the norm inputs and dropout masks: gpt/shape.py)
-    bytes_per_attention_score: int    # softmax output 2, its dropout mask 1, the dropout's output 2
-    attention_heads: int              # every TP rank's
+    """One block's activations saved for backward, in bytes per token at 16 bits, as Korthikanti et al. 2022 count
+    them."""
+    replicated_bytes_per_token: int   # kept whole on every TP rank: norm and column-parallel
+                                      # inputs, dropout masks (1 byte)
+    partitioned_bytes_per_token: int  # split over TP (and, under sequence parallelism,
+                                      # the norm inputs and dropout masks)
+    bytes_per_attention_score: int    # softmax output 2, its dropout mask 1, dropout output 2
+    attention_heads: int
 
     @classmethod
     def korthikanti_gpt(cls, hidden_size: int, num_attention_heads: int) -> "LayerActivationTerms":
-        """The paper's block (4h MLP): 34sbh + 5as^2b bytes, of which 24sbh inside the TP regions."""
+        """The paper's block: 34sbh + 5as^2b bytes, 24sbh inside the TP regions."""
         return cls(10 * hidden_size, 24 * hidden_size, 5, num_attention_heads)
 
 
@@ -147,23 +115,8 @@ def predict_saved_activation_bytes(num_layers: int, seq_length: int, micro_batch
                                    checkpoint_num_layers: Optional[int], partitioned: bool,
                                    layer: Optional[LayerActivationTerms] = None,
                                    recompute_method: str = "uniform") -> dict[str, int]:
-    """Per-rank bytes of the transformer blocks' activations saved for backward in one micro-batch.
-
-    - `checkpointed_inputs`: with checkpointing (`checkpoint_num_layers` not None), the inputs of the
-      ceil(num_layers / checkpoint_num_layers) groups, each `checkpointed_input_bytes`; 0 without. Under
-      `recompute_method` "block" (`num_layers` being one model chunk's) the first min(checkpoint_num_layers,
-      num_layers) blocks' inputs, one each (zero/config.py checkpointed_groups).
-    - `per_layer_without_recompute`: one block's activations when nothing is recomputed, from `layer`
-      (LayerActivationTerms; without it the paper's block of `hidden_size` and `num_attention_heads`):
-      s*b*(replicated + partitioned/t + score_bytes*a*s/t) bytes in 16-bit, which for the paper's block is
-      s*b*h*(10 + 24/t + 5*a*s/(h*t)), scaled by bytes_per_element / 2 for other precisions and rounded
-      up. It is the paper's estimate (dropout masks as 1 byte, no fused kernels), not a measurement.
-    - `total`: `checkpointed_inputs` with checkpointing, plus under block the blocks not checkpointed x
-      `per_layer_without_recompute`; without checkpointing num_layers x `per_layer_without_recompute`.
-
-    Not included: embeddings, the final LayerNorm and logits, and, with checkpointing, the transient
-    activations of the one group being recomputed in backward (checkpoint_num_layers x per-layer).
-    """
+    """Per-rank bytes of the blocks' activations saved for backward in one micro-batch: checkpointed inputs, one block's
+    without recompute, and the total (embeddings and logits not included)."""
     _check_positive(num_layers=num_layers, num_attention_heads=num_attention_heads)
     if checkpoint_num_layers is not None and checkpoint_num_layers < (0 if recompute_method == "block" else 1):
         raise ValueError(f"checkpoint_num_layers must be >= 1 (>= 0 under block) or None, got {checkpoint_num_layers}")
@@ -194,8 +147,7 @@ def _check_positive(**sizes: int) -> None:
 
 
 def storage_identity(tensor: torch.Tensor) -> tuple[str, int]:
-    """Which allocation `tensor` is a view of: its device and data pointer, or, on the meta device
-    (where every data pointer is 0), the storage object's own address."""
+    """Which allocation `tensor` is a view of (on meta, the storage's address)."""
     storage = tensor.untyped_storage()
     if tensor.device.type == "meta":
         return ("meta", storage._cdata)
@@ -208,13 +160,7 @@ def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int]:
 
 def measure_tensor_bytes(categories: dict[str, Iterable[Optional[torch.Tensor]]],
                          include_meta: bool = False) -> dict[str, int]:
-    """Bytes of the distinct storages behind each category's tensors, plus the model-state "total".
-
-    Categories are walked in MEASURED_CATEGORIES order whatever the dict's order, and a storage
-    counts under the first category that holds it. None entries (a parameter without a gradient
-    yet) are skipped, and so are meta tensors (no memory behind them) unless `include_meta`: the
-    planner's rank lives on the meta device and counts what the storages would hold.
-    """
+    """Bytes of the distinct storages behind each category's tensors, plus the model-state "total"."""
     unknown = set(categories) - set(MEASURED_CATEGORIES)
     if unknown:
         raise ValueError(f"unknown memory categories {sorted(unknown)}; expected some of "
@@ -241,14 +187,9 @@ PLACEMENTS = ("device", "host")
 
 
 def host_resident_tensors(optimizer) -> list[torch.Tensor]:
-    """The tensors offload keeps in host memory: with --offload-optimizer the fp32 master, the Adam
-    moments (AdEMAMix's three) (zero/offload.py) and the fp32 gradient partition the reducer moves each reduced shard into
-    (zero/grad_reducer.py), or with --optimizer-offload-fraction below 1 the host part of the master and the moments
-    and the host copy of its gradient (zero/hybrid_offload.py); with --offload-param the 16-bit parameter shard
-    (zero/param_storage.py's placement). Named by which buffer a tensor is, not by
-    `tensor.device`: on a CPU run the host is the device too, and a planner's rank keeps every tensor
-    on the meta device, yet both must say where a CUDA run would put each byte."""
-    if hasattr(optimizer, "parts"):  # the dense and the expert optimizers of expert parallelism (zero/experts.py)
+    """The tensors offload keeps in host memory, named by buffer, not by device, so CPU and meta runs say where CUDA's
+    go."""
+    if hasattr(optimizer, "parts"):  # expert parallelism's dense and expert optimizers
         return [tensor for part in optimizer.parts for tensor in host_resident_tensors(part)]
     tensors = list(optimizer.host_state_tensors())
     parameters = optimizer.parameters
@@ -260,9 +201,7 @@ def host_resident_tensors(optimizer) -> list[torch.Tensor]:
 def measure_by_placement(categories: dict[str, Iterable[Optional[torch.Tensor]]],
                          host_tensors: Iterable[torch.Tensor], include_meta: bool = False
                          ) -> dict[str, dict[str, int]]:
-    """`measure_tensor_bytes` split into {"device": ..., "host": ...}: a storage behind one of
-    `host_tensors` (see `host_resident_tensors`) counts as host memory, every other as device memory.
-    A storage is one placement or the other, so the two together count each allocation once."""
+    """`measure_tensor_bytes` split into "device" and "host"."""
     host_keys = {_storage_key(tensor) for tensor in host_tensors if tensor is not None}
 
     def placed(on_host: bool) -> dict[str, list[torch.Tensor]]:
@@ -277,18 +216,14 @@ def measure_by_placement(categories: dict[str, Iterable[Optional[torch.Tensor]]]
 
 def within_tolerance(measured_total: int, predicted_total: int, padding_bytes: int,
                      rel: float = 0.02) -> bool:
-    """The acceptance check: |measured - predicted| <= rel * predicted + padding_bytes.
-
-    `padding_bytes` is what the implementation knowingly adds (alignment of flat buffers), which
-    the element-count formula cannot see.
-    """
+    """|measured - predicted| <= rel * predicted + padding_bytes."""
     if rel < 0 or padding_bytes < 0:
         raise ValueError(f"rel and padding_bytes must be >= 0, got rel={rel}, padding_bytes={padding_bytes}")
     return abs(measured_total - predicted_total) <= rel * predicted_total + padding_bytes
 
 
 def relative_difference(measured: int, predicted: int) -> Optional[float]:
-    """(measured - predicted) / predicted; None when nothing was predicted (no meaningful ratio)."""
+    """(measured - predicted) / predicted; None when nothing was predicted."""
     if predicted == 0:
         return None
     return (measured - predicted) / predicted
@@ -296,7 +231,7 @@ def relative_difference(measured: int, predicted: int) -> Optional[float]:
 
 def memory_record(measured: dict[str, int], predicted: dict[str, int], rank: int,
                   extra: dict[str, Any]) -> dict[str, Any]:
-    """A flat record of scalars, so metrics.jsonl and W&B (which logs only numbers) take it as is."""
+    """A flat record of scalars, for metrics.jsonl and W&B."""
     record: dict[str, Any] = {"rank": rank}
     for category in MODEL_STATE_CATEGORIES + ("total",):
         record[f"measured_{category}_bytes"] = measured[category]
@@ -309,7 +244,7 @@ def memory_record(measured: dict[str, int], predicted: dict[str, int], rank: int
 
 
 def format_bytes(num_bytes: float) -> str:
-    """Binary units, named as such (KiB, MiB, ...), with two decimals above a byte."""
+    """Binary units (KiB, MiB, ...), two decimals above a byte."""
     value = float(num_bytes)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(value) < 1024:
@@ -319,7 +254,7 @@ def format_bytes(num_bytes: float) -> str:
 
 
 def format_memory_line(record: dict[str, Any]) -> str:
-    """One console line: measured model states by category, the prediction, and the buffers."""
+    """One console line of measured and predicted model states."""
     parts = ", ".join(
         f"{label} {format_bytes(record[f'measured_{category}_bytes'])}"
         for label, category in zip(("params", "grads", "master", "adam"), MODEL_STATE_CATEGORIES))

@@ -1,23 +1,6 @@
-"""Muon, as Megatron-LM steps it with --optimizer muon (megatron/core/optimizer/emerging_optimizers.py:
-`TensorParallelMuon`, `_is_muon_excluded`, `_muon_config_to_kwargs`; the arithmetic is NVIDIA's emerging_optimizers
-package: `OrthogonalizedOptimizer.step`, `newton_schulz`, `get_muon_scale_factor`), written here. Muon takes every 2-D parameter but the word
-embedding and output layer; the rest take Adam (`_is_muon_excluded` with --muon-scalar-optimizer adam). Per matrix
-W with gradient G and momentum M (zeros at first):
-
-    W -= lr wd W                                        decoupled weight decay, before the update
-    M  = beta M + (1 - beta) G                          (exp_avg.lerp_(grad, 1 - beta))
-    U  = G + beta (M - G) with --muon-nesterov, else M  (grad.lerp(exp_avg, beta))
-    O  = NS(U) * scale(out, in) * --muon-extra-scale-factor
-    W -= lr O
-
-NS normalizes U by its Frobenius norm (eps 1e-7), works on the wider orientation and repeats X = a X + (b A + c A A)
-X with A = X X^T, (a, b, c) per step from --muon-coefficient-type's set; with --muon-fp32-matmul-prec medium (the
-default) in bf16. scale: spectral sqrt(max(out, in)), shape_scaling sqrt(max(1, out / in)), unit_rms_norm sqrt(out /
-in). A fused QKV weight is orthogonalized per block (--muon-split-qkv, `TensorParallelMuon.orthogonalize`). Under ZeRO each rank updates its elements' momentum, writes its
-piece of U into a zeroed matrix summed over the partition group (the gathered U, bit for bit: the pieces do not
-overlap), runs the same NS as every rank and keeps its own elements of O. The momentum is kept in Adam's exp_avg
-slot (partitioned and checkpointed as Adam's); exp_avg_sq stays zero. Under TP, --muon-tp-mode says what NS sees
-(as TensorParallelMuon and newton_schulz_tp: docs/configuration.md)."""
+"""Muon (--optimizer muon) as Megatron-LM's TensorParallelMuon steps it: 2-D parameters but the embedding and output
+layer take momentum, Newton-Schulz orthogonalization and a shape scale; the rest take Adam. Under ZeRO each rank sums
+its piece into the whole matrix over the partition group, runs NS, and keeps its own elements."""
 
 from __future__ import annotations
 
@@ -43,8 +26,7 @@ COEFFICIENT_SETS = {
 
 
 def coefficients(kind: str, steps: int) -> list[tuple[float, float, float]]:
-    """The (a, b, c) of each step: simple repeats its one set, polar_express repeats its last set past 8,
-    the others repeat the whole list (steps a multiple of its length)."""
+    """The (a, b, c) of each of `steps` Newton-Schulz steps."""
     sets = COEFFICIENT_SETS[kind]
     if kind == "simple":
         return sets * steps
@@ -60,9 +42,7 @@ def coefficients(kind: str, steps: int) -> list[tuple[float, float, float]]:
 def newton_schulz(x: torch.Tensor, steps: int, kind: str = "quintic", bf16: bool = True, eps: float = 1e-7,
                   transpose: Optional[bool] = None,
                   all_reduce: Optional[Callable[[torch.Tensor], None]] = None) -> torch.Tensor:
-    """emerging_optimizers' newton_schulz on an fp32 2-D `x` (see the module docstring). `all_reduce` (its tp_group,
-    the distributed mode): `x` is one TP rank's columns after the transpose, so the squared norm and each A = X X^T
-    are summed over TP (distributed_normalize_p2, newton_schulz_step); `transpose` then comes from the cut."""
+    """emerging_optimizers' newton_schulz on an fp32 2-D `x`; with `all_reduce`, `x` is one TP rank's columns."""
     if transpose is None:
         transpose = x.size(-2) > x.size(-1)
     if transpose:
@@ -98,8 +78,7 @@ def scale_factor(size_out: int, size_in: int, mode: str = "spectral") -> float:
 
 @dataclass(frozen=True)
 class MuonTensorParallel:
-    """The TP group as Muon's step uses it: --muon-tp-mode, this rank's place, and the two collectives over TP
-    (`all_gather(output, input)`: every rank's input along dim 0 in rank order; `all_reduce(t)`: sum in place)."""
+    """The TP group as Muon's step uses it (--muon-tp-mode, rank, collectives)."""
     mode: str
     size: int
     rank: int
@@ -107,7 +86,7 @@ class MuonTensorParallel:
     all_reduce: Callable[[torch.Tensor], None]
 
     def gather(self, shard: torch.Tensor, dim: int) -> torch.Tensor:
-        """The whole matrix from every rank's `shard`, concatenated along `dim` (newton_schulz_tp's torch.cat)."""
+        """The whole matrix from every rank's `shard`, concatenated along `dim`."""
         rows, cols = shard.shape
         pieces = torch.empty((self.size * rows, cols), dtype=shard.dtype, device=shard.device)
         self.all_gather(pieces, shard.contiguous())
@@ -116,11 +95,8 @@ class MuonTensorParallel:
 
 def scaled_orthogonalize(update: torch.Tensor, config, split: Optional[Sequence[int]] = None,
                          tp_dim: Optional[int] = None, tp: Optional[MuonTensorParallel] = None) -> torch.Tensor:
-    """O of the module docstring for `update`, this rank's piece of a matrix cut along `tp_dim` over `tp` (None:
-    whole); `split`: the QKV row blocks of one query group (`TensorParallelMuon.orthogonalize` with split_qkv),
-    orthogonalized block by block. Per `tp.mode`, as scaled_orthogonalize_fn and newton_schulz_tp: blockwise NS
-    on the shard, scaled by its own shape; duplicated NS on the gathered whole, this rank's part kept; distributed
-    NS over the shards (transposed when cut along rows), both scaled by the whole shape."""
+    """The scaled orthogonalized update of this rank's piece of a matrix cut along `tp_dim`, per --muon-tp-mode;
+    `split`: QKV blocks orthogonalized one by one."""
     mode = "blockwise" if tp is None or tp_dim is None else tp.mode
 
     def one(matrix: torch.Tensor) -> torch.Tensor:
@@ -147,15 +123,13 @@ def scaled_orthogonalize(update: torch.Tensor, config, split: Optional[Sequence[
 
 
 def takes_muon(param: nn.Parameter, excluded_ids: set[int]) -> bool:
-    """`_is_muon_excluded`'s complement: two dimensions, not the embedding or output layer, no use_muon=False."""
+    """`_is_muon_excluded`'s complement."""
     return param.dim() == 2 and id(param) not in excluded_ids and getattr(param, "use_muon", True)
 
 
 @dataclass(frozen=True)
 class MuonMatrix:
-    """One Muon parameter as the step sees it: its shape (this TP rank's), its QKV blocks (None: one matrix),
-    whether it decays, this rank's piece of it (partition offset, offset in the flattened parameter, elements),
-    None if none, and the dimension it is cut along over TP (None: whole on every TP rank)."""
+    """One Muon parameter as the step sees it: shape, QKV blocks, decay, this rank's fragment, TP cut."""
     shape: torch.Size
     split: Optional[tuple[int, ...]]
     weight_decay: bool
@@ -167,8 +141,7 @@ class MuonMatrix:
         return self.shape[0] * self.shape[1]
 
     def newton_schulz_numel(self, mode: str, tp_size: int) -> int:
-        """The elements of the largest matrix NS holds for it: the whole under duplicated, the shard and the whole
-        kept dimension's A = X X^T under distributed, the shard otherwise."""
+        """Elements of the largest matrix NS holds for it under `mode`."""
         if self.tp_dim is None or tp_size == 1 or mode == "blockwise":
             return self.numel
         if mode == "duplicated":
@@ -177,8 +150,7 @@ class MuonMatrix:
 
 
 def muon_matrices(layout, params: Sequence[nn.Parameter]) -> list[MuonMatrix]:
-    """The Muon parameters among the layout's, in the layout's order (the same on every rank of the partition
-    group: it is the order of the collectives), each with this rank's fragment of it."""
+    """The Muon parameters in the layout's order (the collectives'), with this rank's fragments."""
     wanted = {id(param) for param in params}
     mine = {id(f.slot.param): (f.partition_offset, f.param_offset, f.numel) for f in layout.fragments()}
     matrices = []
@@ -188,8 +160,7 @@ def muon_matrices(layout, params: Sequence[nn.Parameter]) -> list[MuonMatrix]:
                 split = getattr(slot.param, "qkv_split_shapes", None)
                 decays = getattr(slot.param, "apply_weight_decay", True)
                 record = record_of(slot.param)
-                # an expert cut over expert TP is stepped by the experts' ZeRO, whose TP group is that one
-                # (zero/experts.py; Megatron's expt_tp), or by the dense one when the two groups are the same ranks
+                # an expert cut over expert TP is stepped by the experts' ZeRO
                 tp_dim = record.split_dim if record.split_over in (TENSOR_PARALLEL, EXPERT_TENSOR_PARALLEL) else None
                 matrices.append(MuonMatrix(slot.shape, None if split is None else tuple(split), decays,
                                            mine.get(id(slot.param)), tp_dim))
@@ -197,7 +168,7 @@ def muon_matrices(layout, params: Sequence[nn.Parameter]) -> list[MuonMatrix]:
 
 
 def muon_ranges(matrices: Sequence[MuonMatrix]) -> list[tuple[int, int]]:
-    """This rank's partition ranges [start, end) that Muon steps (Adam steps the rest)."""
+    """This rank's partition ranges that Muon steps."""
     return [(m.fragment[0], m.fragment[0] + m.fragment[2]) for m in matrices if m.fragment is not None]
 
 
@@ -205,8 +176,7 @@ def muon_ranges(matrices: Sequence[MuonMatrix]) -> list[tuple[int, int]]:
 def muon_step(matrices: Sequence[MuonMatrix], master: torch.Tensor, momentum: torch.Tensor, grads: torch.Tensor,
               lr: float, weight_decay: float, config, all_reduce,
               tp: Optional[MuonTensorParallel] = None) -> None:
-    """One Muon update of this rank's pieces of `matrices` (module docstring). `all_reduce(t)` sums t over the
-    partition group in place (nothing without one); `tp`: the TP group the matrices with a tp_dim are cut over."""
+    """One Muon update of this rank's pieces of `matrices`."""
     beta = config.muon_momentum
     for matrix in matrices:
         full = torch.zeros(matrix.numel, dtype=torch.float32, device=master.device)

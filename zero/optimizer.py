@@ -1,23 +1,6 @@
-"""The sharded optimizer: this rank's fp32 master partition, its Adam moments, and the step.
-
-What a rank keeps depends only on its partition (zero.flat_buffer.FlatLayout): the whole TP shard with one part
-(stage 0), 1/N of it with N parts (stages 1-3). The step never asks which stage it is:
-    1. take this rank's partition of the averaged gradient from the reducer (fp32), unscale it;
-    2. the global gradient norm: squares summed in fp64 (zero/grad_norm.py), all-reduced over TP (TP-replicated
-       elements counted on TP rank 0 only) and over the group the partition is cut across;
-    3. with fp16 loss scaling, an overflow (the agreed norm not finite) skips the step;
-    4. clip, update the master with AdamW (PyTorch's fused kernel on CUDA and CPU, or the real apex's FusedAdam on
-       CUDA): in place, nothing allocated the size of the partition;
-    5. publish: the parameter storage makes the 16-bit parameters equal the new master weights.
-
-AdamW sees the master as a handful of segment views (one run of one kind each), with and without weight decay, and
-with Megatron-LM's --decoupled-lr the same two for the embedding and output weights, cut out of the segments (the
-norm still reads whole segments): a cut a multiple of 64 elements from its segment's start changes no bit of the
-fused CPU kernel's result (zero/offload.py PIECE_ALIGNMENT); elsewhere a neighbour may differ in the last bit. The
-moments are flat tensors in partition coordinates, so a checkpoint saves each as one tensor and an elastic resume
-refills them element by element. --optimizer ademamix (zero/ademamix.py) adds a third state, exp_avg_slow, treated
-alike; --optimizer sophiag (zero/sophia.py) keeps its Hessian estimate in exp_avg_sq's place; --optimizer muon
-(zero/muon.py) takes its matrices' ranges out of AdamW's pieces and steps them after AdamW, its momentum in exp_avg."""
+"""The sharded optimizer: this rank's fp32 master partition, its moments, and the step (unscale, fp64 global norm, skip
+on fp16 overflow, clip, update in place, publish), the same at every stage. AdamW sees the master as segment views cut
+at 64-element multiples, so the fused CPU kernel's bits do not change."""
 
 from __future__ import annotations
 
@@ -50,8 +33,7 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch
 
 @dataclass(frozen=True)
 class StepPiece:
-    """A range of the partition [start, end) that AdamW sees as one parameter, of one decay kind and one
-    learning rate (the decoupled one of the embedding and output weights, or the others')."""
+    """A partition range AdamW sees as one parameter, of one decay kind and one learning rate."""
     start: int
     end: int
     weight_decay: bool
@@ -60,13 +42,13 @@ class StepPiece:
 
 @dataclass(frozen=True)
 class StepResult:
-    grad_norm: float   # global norm of the unscaled, averaged gradient, before clipping
-    skipped: bool      # True when an overflow made every rank skip the update (fp16)
-    loss_scale: float  # the scale the gradients of this step were computed with
+    grad_norm: float   # of the unscaled, averaged gradient, before clipping
+    skipped: bool      # an overflow made every rank skip the update (fp16)
+    loss_scale: float
 
 
 def apex_fused_adam():
-    """NVIDIA apex's FusedAdam when the real apex (built from source) is installed, else None."""
+    """NVIDIA apex's FusedAdam when the real apex is installed, else None."""
     try:
         from apex.optimizers import FusedAdam
     except ImportError:
@@ -75,29 +57,24 @@ def apex_fused_adam():
 
 
 def build_adamw(param_groups: list[dict], config, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW with the fastest kernel available: apex FusedAdam on CUDA when the real apex is
-    installed, else PyTorch's fused kernel (CUDA and CPU)."""
+    """AdamW with apex FusedAdam on CUDA when installed, else PyTorch's fused kernel."""
     betas = (config.adam_beta1, config.adam_beta2)
     fused_adam = apex_fused_adam() if device.type == "cuda" else None
     if fused_adam is not None:
         return fused_adam(param_groups, lr=config.lr, betas=betas, eps=config.adam_eps, adam_w_mode=True)
-    # The fused kernel updates each element in one pass; the foreach kernel would allocate
-    # temporaries the size of the partition during the step (on CPU, +1x the fp32 partition).
+    # fused updates in one pass; foreach allocates partition-sized temporaries
     return torch.optim.AdamW(param_groups, lr=config.lr, betas=betas, eps=config.adam_eps, fused=True)
 
 
 def uses_ademamix(config) -> bool:
-    """Whether `config` (an OptimizerConfig) asks for swiss-ai's AdEMAMix (--optimizer ademamix)."""
     return getattr(config, "optimizer", "adam") == "ademamix"
 
 
 def uses_sophiag(config) -> bool:
-    """Whether `config` (an OptimizerConfig) asks for ALCF's Sophia-G (--optimizer sophiag, zero/sophia.py)."""
     return getattr(config, "optimizer", "adam") == "sophiag"
 
 
 def muon_tensor_parallel(mode: str, state) -> MuonTensorParallel:
-    """The TP group the Muon matrices cut over TP are stepped over, per --muon-tp-mode (zero/muon.py)."""
     group, comm = state.tensor_parallel_group, state.comm
     return MuonTensorParallel(mode, state.tensor_parallel_size, state.tensor_parallel_rank,
                               lambda output, shard: comm.all_gather(output, shard, group, "tp"),
@@ -105,24 +82,20 @@ def muon_tensor_parallel(mode: str, state) -> MuonTensorParallel:
 
 
 def uses_muon(config) -> bool:
-    """Whether `config` (an OptimizerConfig) asks for Megatron-LM's Muon (--optimizer muon, zero/muon.py)."""
     return getattr(config, "optimizer", "adam") == "muon"
 
 
 def moment_dtypes(config) -> dict[str, torch.dtype]:
-    """The stored dtype of each Adam moment (--exp-avg-dtype, --exp-avg-sq-dtype: fp32 or bf16)."""
+    """The stored dtype of each Adam moment (--exp-avg-dtype, --exp-avg-sq-dtype)."""
     return {key: PRECISION_DTYPES[getattr(config, f"{key}_dtype", "fp32")] for key in ("exp_avg", "exp_avg_sq")}
 
 
 def uses_precision_aware_moments(config) -> bool:
-    """Whether a moment is stored in a lower precision than fp32 (zero/precision_aware.py steps it)."""
     return any(dtype != torch.float32 for dtype in moment_dtypes(config).values())
 
 
 def build_step_optimizer(param_groups: list[dict], config, device: torch.device) -> torch.optim.Optimizer:
-    """The optimizer --optimizer names over the partition's views: AdamW, AdEMAMix (zero/ademamix.py) or Sophia-G
-    (zero/sophia.py, its momentum and Hessian estimate in Adam's two slots); AdamW with bf16 moments is
-    zero/precision_aware.py's."""
+    """The optimizer --optimizer names over the partition's views."""
     if (uses_ademamix(config) or uses_sophiag(config)) and uses_precision_aware_moments(config):
         raise ValueError("AdEMAMix and Sophia-G keep fp32 states (the forks'); bf16 moments are Adam's only")
     if uses_sophiag(config):
@@ -139,7 +112,7 @@ def build_step_optimizer(param_groups: list[dict], config, device: torch.device)
 
 
 class ShardedAdamW(CheckpointableOptimizer):
-    """AdamW over this rank's fp32 master partition; see the module docstring for the step."""
+    """AdamW over this rank's fp32 master partition (the module docstring's step)."""
 
     def __init__(self, layout: FlatLayout, master: torch.Tensor, gradients: GradientReducer,
                  parameters: ParameterStorage, optimizer_config, loss_scaler: LossScaler, state,
@@ -155,39 +128,30 @@ class ShardedAdamW(CheckpointableOptimizer):
         self.comm = state.comm
         self.partition_group = partition_group  # the DP group the partition is cut across; None if whole
         self.stage = stage  # for reports and checkpoint metadata only
-        # With pipeline stages (zero/pipeline_grads.py): the group over which the norm's square is summed too,
-        # and the partition ranges the norm leaves out (the last stage's copy of a tied embedding).
+        # with pipeline stages: the norm's extra group and the ranges it leaves out
         self.pipeline_group = None
         self.norm_excluded: list[tuple[int, int]] = []
         self.device = master.device
 
-        # AdamW over views of the master partition: one group with weight decay, one without (and the same
-        # two at the decoupled learning rate, marked "decoupled_lr" for whoever sets the rates). The norm
-        # reads the layout's segments; AdamW's views are its pieces (the segments cut at the decoupled
-        # parameters' edges here, cut further by the host step's sub-groups in zero/offload.py).
+        # AdamW's views: the segments cut at decoupled parameters' edges
         self._segments = layout.segments()
-        self._decoupled_ranges = list(decoupled_lr_ranges)  # [start, end) in the partition: decoupled_ranges()
-        self._muon = list(muon)  # --optimizer muon: every Muon matrix, with this rank's piece (zero/muon.py)
+        self._decoupled_ranges = list(decoupled_lr_ranges)
+        self._muon = list(muon)  # --optimizer muon: every Muon matrix, with this rank's piece
         self._muon_ranges = muon_ranges(self._muon)
         self._pieces = self.step_pieces()
         self._segment_params = [nn.Parameter(master[p.start:p.end]) for p in self._pieces]
         if self._muon:
             if type(self) is not ShardedAdamW:
                 raise ValueError("--optimizer muon steps on the training device, not in the offloaded host step")
-            # Muon's own group: its learning rate is set with the others' (training/train_step.py), its decay is
-            # --weight-decay (Megatron-LM's Muon takes config.weight_decay).
+            # Muon's own group; its decay is --weight-decay, as Megatron-LM's Muon.
             self._muon_group = {"params": [], "weight_decay": optimizer_config.weight_decay, "lr": optimizer_config.lr,
                                 "decoupled_lr": False, "muon": True}
             self._muon_steps = 0
             self._muon_tp = muon_tensor_parallel(getattr(optimizer_config, "muon_tp_mode", "duplicated"), state)
-        # (a partition with Muon's pieces only has no AdamW; the hybrid host/device split has two, zero/hybrid_offload.py)
         self._step_optimizers = self.build_step_optimizers()
         self.optimizer = self._step_optimizers[0] if self._step_optimizers else None
         self.param_groups = self._adam_groups() + ([self._muon_group] if self._muon else [])
-        # The moments exist from the start (the zeros AdamW would create at its first step), as views
-        # of two flat tensors beside the master (in host memory when it is offloaded); AdEMAMix's slow
-        # momentum is a third.
-        # (bf16 ones with --exp-avg-dtype / --exp-avg-sq-dtype bf16: zero/precision_aware.py)
+        # The moments exist from the start, views of flat tensors beside the master.
         dtypes = moment_dtypes(optimizer_config)
         self.exp_avg = self.new_partition_tensor(dtypes["exp_avg"])
         self.exp_avg_sq = self.new_partition_tensor(dtypes["exp_avg_sq"])
@@ -201,15 +165,14 @@ class ShardedAdamW(CheckpointableOptimizer):
                         **{key: moment[piece.start:piece.end] for key, moment in self.moments().items()}}
 
     def build_step_optimizers(self) -> list[torch.optim.Optimizer]:
-        """The optimizers that step the partition's pieces: one here (none for Muon's pieces only)."""
+        """The optimizers that step the partition's pieces."""
         groups = self.step_groups(self._segment_params, self._pieces)
         return [build_step_optimizer(groups, self.optimizer_config, self.device)] if groups else []
 
     def step_groups(self, params: Sequence[nn.Parameter], pieces: Sequence[StepPiece]) -> list[dict]:
-        """`params` (views of `pieces`) in parameter groups: one with weight decay, one without, and the same two
-        at the decoupled learning rate, marked "decoupled_lr" for whoever sets the rates."""
+        """`params` in groups by weight decay and decoupled learning rate."""
         groups = []
-        for decoupled in (False, True):  # the usual groups first, as without a decoupled rate
+        for decoupled in (False, True):  # the usual groups first
             for decay in (True, False):
                 members = [p for p, s in zip(params, pieces) if s.weight_decay == decay and s.decoupled_lr == decoupled]
                 if members:
@@ -222,7 +185,7 @@ class ShardedAdamW(CheckpointableOptimizer):
         return [group for optimizer in self._step_optimizers for group in optimizer.param_groups]
 
     def moments(self) -> dict[str, torch.Tensor]:
-        """The optimizer's flat state tensors beside the master, by name: Adam's two, AdEMAMix's three."""
+        """The flat state tensors beside the master, by name."""
         moments = {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
         if self.exp_avg_slow is not None:
             moments["exp_avg_slow"] = self.exp_avg_slow
@@ -230,7 +193,7 @@ class ShardedAdamW(CheckpointableOptimizer):
 
     @property
     def optimizer_name(self) -> str:
-        """--optimizer's value this optimizer steps (checkpoint metadata: moments load only into the same)."""
+        """--optimizer's value (checkpoint metadata: moments load only into the same optimizer)."""
         if self._muon:
             return "muon"
         if isinstance(self.optimizer, SophiaG):
@@ -238,8 +201,7 @@ class ShardedAdamW(CheckpointableOptimizer):
         return "ademamix" if self.exp_avg_slow is not None else "adam"
 
     def step_pieces(self) -> list[StepPiece]:
-        """The ranges of the partition AdamW updates as one tensor each: the layout's segments, cut where a
-        decoupled-rate parameter starts or ends."""
+        """The ranges AdamW updates: the segments, cut at decoupled-rate and Muon parameters' edges."""
         pieces = []
         for segment in self._segments:
             edges = sorted({segment.start, segment.end,
@@ -247,47 +209,40 @@ class ShardedAdamW(CheckpointableOptimizer):
                               if segment.start < edge < segment.end)})
             for start, end in zip(edges, edges[1:]):
                 if any(lo <= start < hi for lo, hi in self._muon_ranges):
-                    continue  # Muon's (zero/muon.py)
+                    continue
                 decoupled = any(lo <= start < hi for lo, hi in self._decoupled_ranges)
                 pieces.append(StepPiece(start, end, segment.kind.weight_decay, decoupled))
         return pieces
 
     def new_partition_tensor(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """A zeroed tensor (fp32 unless asked) the size of the partition, where the master lives."""
+        """A zeroed partition-sized tensor where the master lives."""
         return torch.zeros_like(self.master, dtype=dtype)
 
     def _group_pieces(self, group: dict):
         index = {id(p): s for p, s in zip(self._segment_params, self._pieces)}
         return [index[id(p)] for p in group["params"]]
 
-    # ---- the step -----------------------------------------------------------------------------
 
     def global_grad_norm(self, grads: torch.Tensor) -> float:
-        """L2 norm over the whole model of the partition gradients `grads` (see the module docstring)."""
         return self.grad_norm_squared(grads).sqrt().item()
 
     def grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
-        """The squared global norm as a 1-element fp64 tensor, summed over TP, the partition group and the
-        pipeline stages (its collectives are the step's only ones besides publishing: see step_collectives_only)."""
+        """The squared global norm (fp64) over TP, the partition group and the stages."""
         total = self.stage_grad_norm_squared(grads)
         self.comm.all_reduce(total, self.pipeline_group, "pp")
         return total
 
     def stage_grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
-        """This pipeline stage's share of the squared norm: summed over TP and the partition group only (a
-        chain of optimizers, zero/experts.py, adds its parts' shares before summing over the stages once). fp64
-        from each rank's partial sum on (zero/grad_norm.py), so the norm does not depend on how the partition is
-        cut."""
+        """This stage's share of the squared norm (over TP and the partition group)."""
         pieces = [grads[s.start:s.end] for s in self._norm_segments()]
-        # On the training device whatever `grads`' (the host, with offload): NCCL reaches only it.
+        # on the training device, which NCCL reaches
         total = sum_of_squares(pieces, grads.device).reshape(1).to(self.parameters.device)
         self.comm.all_reduce(total, self.parallel_state.tensor_parallel_group, "tp")
         self.comm.all_reduce(total, self.partition_group, "dp")
         return total
 
     def _norm_segments(self) -> list:
-        """The segments this rank's squares count: not those the pipeline leaves out, and TP-replicated ones
-        on TP rank 0 only (every TP rank holds the same values)."""
+        """The segments whose squares this rank counts (TP-replicated ones on TP rank 0 only)."""
         counted = [s for s in self._segments
                    if not any(lo <= s.start and s.end <= hi for lo, hi in self.norm_excluded)]
         if self.parallel_state.tensor_parallel_rank != 0:
@@ -295,8 +250,7 @@ class ShardedAdamW(CheckpointableOptimizer):
         return counted
 
     def step(self) -> StepResult:
-        """Unscale, agree on overflow, clip by the global norm, update this rank's partition with AdamW
-        and publish the new 16-bit parameters."""
+        """Unscale, agree on overflow, clip, update and publish."""
         scale = self.loss_scaler.scale
         grads = self.gradients.partition_gradients()
         if scale != 1.0:
@@ -310,7 +264,7 @@ class ShardedAdamW(CheckpointableOptimizer):
         max_norm = self.optimizer_config.clip_grad
         if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
             grads.mul_(max_norm / (norm + 1e-6))
-        self.parameters.wait_all()  # an overlapped gather may still read the master the update writes (param_storage)
+        self.parameters.wait_all()  # an overlapped gather may still read the master
         self.update(grads)
         del grads
         self.publish_parameters()
@@ -318,18 +272,15 @@ class ShardedAdamW(CheckpointableOptimizer):
         return StepResult(norm, skipped=False, loss_scale=scale)
 
     def step_collectives_only(self) -> None:
-        """The collectives `step` makes when it updates, without its arithmetic (which needs values): the
-        gradient partition's norm over TP, the partition group and the stages, Muon's gathers (its arithmetic on
-        meta tensors is shapes only), and publishing. The dry run (planner/dry_run.py) runs a train step on the
-        meta device with this in place of `step`."""
+        """`step`'s collectives without its arithmetic: the dry run's step."""
         grads = self.gradients.partition_gradients()
         self.grad_norm_squared(grads)
-        if self._muon:  # on the meta device its arithmetic costs nothing: its collectives are counted
+        if self._muon:
             self._muon_update(grads)
         self.publish_parameters()
 
     def update(self, grads: torch.Tensor) -> None:
-        """AdamW on the master partition from the unscaled, clipped gradient partition `grads`."""
+        """Update the master partition from the unscaled, clipped gradient partition `grads`."""
         for param, piece in zip(self._segment_params, self._pieces):
             param.grad = grads[piece.start:piece.end]
         for optimizer in self._step_optimizers:
@@ -346,24 +297,17 @@ class ShardedAdamW(CheckpointableOptimizer):
                   self.optimizer_config, lambda t: self.comm.all_reduce(t, self.partition_group, "dp"), self._muon_tp)
 
     def step_working_bytes(self, gather_copy_bytes: int = 0, norm_in_blocks: bool = False) -> int:
-        """What the step allocates on top of the model states at its peak: the fp32 gradient
-        partition where the reducer cannot hand over its own (stages 0-1 without offload), and then publishing's
-        copies (zero.param_storage) plus what the transport copies of its largest gather
-        (`gather_copy_bytes`: gloo's, on CPU); nothing for AdamW, whose fused kernel updates in place
-        (the foreach kernel would hold +1x the fp32 partition). Unscaling and clipping scale the
-        gradient partition in place; the norm, before the update, converts a block at a time to fp64 where
-        it runs on a CPU (`norm_in_blocks`; CUDA's kernel accumulates in fp64 without a copy: zero/grad_norm.py).
-        The gradient partition is dropped before publishing, so the two are never alive together."""
+        """What the step allocates on top of the model states at its peak: the fp32 gradient partition where the
+        reducer cannot hand its own over, plus the norm's or update's temporaries; or publishing's copies, never
+        alive with it."""
         publishing = self.parameters.publish_working_bytes() + gather_copy_bytes
         norm = block_copy_bytes(max((s.end - s.start for s in self._norm_segments()), default=0)) \
             if norm_in_blocks else 0
         return max(self.gradients.partition_working_bytes() + max(norm, self.update_working_bytes()), publishing)
 
     def update_working_bytes(self) -> int:
-        """What the update itself allocates: nothing for fused AdamW; Muon's temporaries over its largest matrix;
-        AdEMAMix's three fp32 temporaries of one window (zero/ademamix.py), Sophia-G's two (zero/sophia.py), no larger
-        than the largest piece it steps; with bf16 moments, two fp32 windows (zero/precision_aware.py)."""
-        if self._muon:  # the gathered matrix, Newton-Schulz's X, A, B and the scaled result, about 5 fp32 matrices
+        """What the update itself allocates (fused AdamW: nothing)."""
+        if self._muon:  # the gathered matrix, NS's X, A, B and the scaled result
             tp = self._muon_tp
             return 5 * max(m.newton_schulz_numel(tp.mode, tp.size) for m in self._muon) * self.master.element_size()
         if self.exp_avg_slow is not None:
@@ -378,30 +322,26 @@ class ShardedAdamW(CheckpointableOptimizer):
         return temporaries * min(window, largest) * self.master.element_size()
 
     def host_state_tensors(self) -> list[torch.Tensor]:
-        """The model-state tensors this optimizer keeps in host memory whatever the device (zero/memory.py's
-        host_resident_tensors): none here; offload's (zero/offload.py, zero/hybrid_offload.py)."""
+        """Model-state tensors kept in host memory: none here."""
         return []
 
     def host_working_bytes(self) -> int:
-        """Host memory the step holds besides the model states: nothing, offloaded or not (the offloaded
-        step reads the reducer's host gradient partition in place, zero/offload.py)."""
+        """Host memory the step holds besides the model states: none."""
         return 0
 
     def publish_parameters(self) -> None:
-        """Make the 16-bit parameters reflect the master weights (after a step, or after a checkpoint
-        refilled the master). Every DP rank must call it: the storage may communicate."""
+        """Make the 16-bit parameters reflect the master (every DP rank: the storage may communicate)."""
         self.parameters.publish(self.master)
 
-    # ---- checkpoint state: what zero/optimizer_state.py's interface is built on ------------------
 
     @property
     def partitioned(self) -> bool:
-        """Whether this rank's optimizer state is a 1/N shard (else every DP rank holds the same whole)."""
+        """Whether this rank's optimizer state is a 1/N shard."""
         return self.layout.parts > 1
 
     @property
     def adam_step(self) -> int:
-        """Updates AdamW has applied (the same for every segment; skipped fp16 steps do not count)."""
+        """Updates applied (skipped fp16 steps do not count)."""
         if self.optimizer is None:  # Muon's pieces only
             return self._muon_steps
         group = self.param_groups[0]
@@ -422,8 +362,7 @@ class ShardedAdamW(CheckpointableOptimizer):
                     optimizer.state[param]["step"].fill_(step)
 
     def gathered_parameters(self, unit: Unit):
-        """A context in which `unit`'s parameters hold their full values (stage 3 gathers the chunk,
-        a collective over the DP group, and frees it afterwards)."""
+        """A context in which `unit`'s parameters hold their full values."""
         return self.parameters.gathered(unit)
 
     def _partition_tensors(self) -> dict[str, torch.Tensor]:
@@ -434,13 +373,10 @@ class ShardedAdamW(CheckpointableOptimizer):
         """What a checkpoint writes of them: the live tensors themselves here."""
         return self._partition_tensors()
 
-    # ---- checkpointing (the interface of zero/optimizer_state.py) -------------------------------
 
     def model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
-        """Every parameter whole (this TP rank's piece), as CPU copies in the training dtype, by its
-        name in `model` (a tied parameter under its first name). Stage 3 gathers each chunk in turn to
-        copy it, a collective over the DP group, so every DP rank must call this; ranks that write no
-        model file pass keep=False, take part in the gathers and hold no copies."""
+        """Every parameter whole (this TP rank's piece) as CPU copies, by name; every DP rank calls it (keep=False: no
+        copies)."""
         names = _parameter_names(model)
         weights: dict[str, torch.Tensor] = {}
         for unit in self.layout.units:
@@ -451,9 +387,7 @@ class ShardedAdamW(CheckpointableOptimizer):
         return weights
 
     def sharded_state_dict(self, model: nn.Module) -> ShardedOptimizerState:
-        """This rank's partition (the live tensors), its fragment table named by `model`'s parameter
-        names, and the scalar state: what a checkpoint writes for this rank, and the layout a loaded
-        partition must be given in."""
+        """This rank's live partition, its named fragment table, and the scalar state."""
         names = _parameter_names(model)
         fragments = [NamedFragment(names[id(f.slot.param)], f.param_offset, f.partition_offset, f.numel)
                      for f in self.layout.fragments()]
@@ -465,12 +399,8 @@ class ShardedAdamW(CheckpointableOptimizer):
 
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], adam_step: Optional[int] = None,
                                 loss_scaler_state: Optional[dict] = None) -> None:
-        """Restore this rank's partition from `tensors`, laid out by `sharded_state_dict`'s fragments:
-        "master" alone (the weights; moments, step and scaler stay as they are) or master and every
-        moment (Adam's two, AdEMAMix's three). Then publish the 16-bit parameters from the new master, which every DP rank must do
-        (the storage may communicate), and set the step and the loss scaler's state when given.
-        `tensors` is emptied as it is copied: the caller's staged copies are freed before publishing,
-        whose working memory would otherwise come on top of them."""
+        """Restore the partition from `tensors` ("master" alone, or with every moment), publish, and set the step and
+        scaler state when given. `tensors` is emptied as it is copied, freeing the staged copies before publishing."""
         live = self._partition_tensors()
         check_partition_tensors(tensors, {key: tensor.shape for key, tensor in live.items()})
         for key in list(tensors):
@@ -481,11 +411,9 @@ class ShardedAdamW(CheckpointableOptimizer):
         if loss_scaler_state is not None:
             self.loss_scaler.load_state_dict(loss_scaler_state)
 
-    # ---- introspection ------------------------------------------------------------------------
 
     def model_state_tensors(self) -> dict[str, list[torch.Tensor]]:
-        """The live tensors of the model states this rank holds, for zero/memory.py to measure (views
-        of one flat buffer are de-duplicated there by storage)."""
+        """The live model-state tensors, for zero/memory.py to measure."""
         return {"parameters": self.parameters.tensors(), "gradients": self.gradients.gradient_tensors(),
                 "master_weights": [self.master], "optimizer_states": list(self.moments().values()),
                 "buffers": self.gradients.buffer_tensors()}
@@ -496,17 +424,15 @@ class ShardedAdamW(CheckpointableOptimizer):
 
     @property
     def padding(self) -> int:
-        """Alignment padding elements in the flat layout (what memory and bytes may exceed Psi by)."""
+        """Alignment padding elements in the flat layout."""
         return self.layout.padding
 
 
 def decoupled_ranges(layout: FlatLayout, params: Sequence[nn.Parameter]) -> list[tuple[int, int]]:
-    """Where `params`' elements lie in this rank's partition, as [start, end) ranges (taken before the
-    parameter storage binds new parameters in their place: the partition's geometry stays)."""
+    """Where `params`' elements lie in this rank's partition."""
     wanted = {id(param) for param in params}
     return [(f.partition_offset, f.partition_offset + f.numel) for f in layout.fragments() if id(f.slot.param) in wanted]
 
 
 def _parameter_names(model: nn.Module) -> dict[int, str]:
-    """id(param) -> its name in `model` (a tied parameter under its first name)."""
     return {id(param): name for name, param in model.named_parameters()}

@@ -1,18 +1,6 @@
-"""Where the 16-bit (training-dtype) parameters live, how they are first filled, and how the optimizer's
-fp32 master partition is published back into them after a step.
-
-    ReplicatedParameters  stages 0-2: one flat buffer of the whole TP shard; every parameter is a view
-                          into it. Publishing all-gathers each unit from the ranks' updated shards (a
-                          copy when the partition is the whole buffer, stage 0).
-    ShardedParameters     stage 3: only this rank's shard of every unit; `zero.stage3.ParameterGatherer`
-                          gathers a unit's chunk while its module runs. Publishing is a local copy.
-
-Initial values come from a `ValueSource`: the counter-based initializer for a model built on the meta
-device (each rank computes only the elements it stores: its whole TP shard in 16 bits at stages 0-2,
-only its DP shard at stage 3), or the existing tensors of a model that was materialized already (a
-transformers model, a test's model). The same fp32 values fill the rank's fp32 master partition, so
-master and 16-bit parameters agree exactly as if the fp32 model had been rounded.
-"""
+"""Where the training-dtype parameters live (ReplicatedParameters: the whole TP shard, stages 0-2; ShardedParameters:
+this rank's shard, stage 3), how they are first filled, and how the fp32 master is published back into them. The same
+fp32 values fill the master, so both agree as if the fp32 model had been rounded."""
 
 from __future__ import annotations
 
@@ -33,11 +21,11 @@ from zero.stage3 import ParameterGatherer
 
 
 class ValueSource(ABC):
-    """The initial fp32 values of any range of a parameter's flattened local elements."""
+    """The initial fp32 values of a parameter's flattened local elements."""
 
     @abstractmethod
     def read(self, param: nn.Parameter, start: int, count: int, device: torch.device) -> torch.Tensor:
-        """float32 values of `param`'s flattened elements [start, start + count) on `device`."""
+        """fp32 values of `param`'s flattened elements [start, start + count)."""
 
 
 class InitializerSource(ValueSource):
@@ -51,14 +39,14 @@ class InitializerSource(ValueSource):
 
 
 class TensorSource(ValueSource):
-    """Values from a parameter's existing tensor (a model materialized before ZeRO took it over)."""
+    """Values from a parameter's existing tensor."""
 
     def read(self, param: nn.Parameter, start: int, count: int, device: torch.device) -> torch.Tensor:
         return param.detach().reshape(-1)[start:start + count].to(device=device, dtype=torch.float32)
 
 
 def _pieces(start: int, count: int) -> Iterator[tuple[int, int]]:
-    """[start, start + count) in pieces of at most CHUNK_ELEMENTS: bounds the fp32 temporaries."""
+    """[start, start + count) in pieces of at most CHUNK_ELEMENTS."""
     for begin in range(start, start + count, CHUNK_ELEMENTS):
         yield begin, min(CHUNK_ELEMENTS, start + count - begin)
 
@@ -69,16 +57,15 @@ class ParameterStorage(ABC):
 
     @abstractmethod
     def fill(self, source: ValueSource, master: torch.Tensor) -> None:
-        """Write the initial values of what this rank stores, and of its fp32 master partition."""
+        """Write the initial values of this rank's storage and master."""
 
     @abstractmethod
     def bind(self, model: nn.Module) -> FlatLayout:
-        """Put parameters backed by this storage in place of the model's (meta or materialized) ones;
-        returns the layout over the new parameters."""
+        """Put this storage's parameters in place of the model's; returns the new layout."""
 
     @abstractmethod
     def publish(self, master: torch.Tensor) -> None:
-        """Make the 16-bit parameters equal the master weights (every DP rank calls it)."""
+        """Make the 16-bit parameters equal the master (every DP rank calls it)."""
 
     @abstractmethod
     def tensors(self) -> list[torch.Tensor]:
@@ -89,15 +76,14 @@ class ParameterStorage(ABC):
         return contextlib.nullcontext()
 
     def wait_all(self) -> None:
-        """Wait for every gather still in flight (none but an overlapped publish's, ReplicatedParameters)."""
+        """Wait for every gather still in flight."""
 
     def publish_working_bytes(self) -> int:
-        """The most bytes `publish` allocates at once on top of the model states (the planner's
-        "step temporaries"); zero where it writes in place."""
+        """The most bytes `publish` allocates at once."""
         return 0
 
     def _fill_master(self, master: torch.Tensor, unit: Unit, slot, begin: int, values: torch.Tensor) -> None:
-        """Copy the part of `values` (slot elements [begin, begin + len)) that lies in this rank's shard."""
+        """Copy the part of `values` that lies in this rank's shard into the master."""
         lo, hi = unit.shard_bounds(self.layout.part)
         first, last = max(slot.start + begin, lo), min(slot.start + begin + values.numel(), hi)
         if first < last:
@@ -112,18 +98,8 @@ def _rebuilt_layout(layout: FlatLayout, replaced: dict[int, nn.Parameter]) -> Fl
 
 
 class ReplicatedParameters(ParameterStorage):
-    """Stages 0-2: the whole TP shard in one flat 16-bit buffer. `group` is the one the partition is
-    cut across (the DP group; None when the partition is the whole buffer).
-
-    With `overlap_param_gather` (Megatron's overlap-param-gather; stages 1-2), publishing after a step
-    only *starts* every unit's all-gather, in the order the next forward needs them (units are reduce
-    buckets, laid out last layer first), and closes the unit's gate; the parameters are GatedParameters
-    (zero/gated_parameters.py), and the first operation that reads one waits for its unit, whoever calls
-    it. The gathers then run while the first layers compute.
-
-    With --fp8-param-gather (`fp8_states`, zero/fp8_params.py) the FP8 linears' weights are units of their own,
-    gathered as FP8 bytes and dequantized into the buffer when published, before the other units' gathers
-    (not overlapped with the forward: the start-up line says so)."""
+    """Stages 0-2: the whole TP shard in one flat buffer. With `overlap_param_gather` publishing only starts each unit's
+    all-gather, and the GatedParameters wait for it when read."""
 
     def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device, comm, group,
                  allgather_bucket_numel: int, overlap_param_gather: bool = False,
@@ -133,7 +109,6 @@ class ReplicatedParameters(ParameterStorage):
         self.allgather_bucket_numel = allgather_bucket_numel
         self.overlap = overlap_param_gather and group is not None  # with one part there is nothing to gather
         self.flat = torch.zeros(layout.numel, dtype=dtype, device=device)
-        # With the overlap, each unit's gather in flight, which a read of its parameters waits for
         self._gates = [UnitGate() for _ in layout.units] if self.overlap else []
         self.fp8 = Fp8WeightBytes(layout, fp8_states, dtype, device, comm, group, released_between_uses=False) \
             if fp8_states else None
@@ -150,8 +125,7 @@ class ReplicatedParameters(ParameterStorage):
         self._publish_fp8(master)
 
     def _publish_fp8(self, master: torch.Tensor) -> None:
-        """--fp8-param-gather: cast the FP8 weights' shards from the master, gather their bytes, and write them
-        dequantized into the buffer (the parameters), unit by unit."""
+        """--fp8-param-gather: cast, gather and dequantize the FP8 weights into the buffer."""
         if self.fp8 is None:
             return
         self.fp8.quantize(master)
@@ -173,9 +147,7 @@ class ReplicatedParameters(ParameterStorage):
         return self.layout
 
     def wait_all(self) -> None:
-        """Every gate open. Before the optimizer updates the master too: in fp32 a unit's gather reads the master's
-        own memory (`.to` of the same device and dtype is no copy), so one never read since the last publish (a
-        forward that skipped it) would still be reading what the update writes."""
+        """Every gate open (also before the update: an fp32 gather reads the master in place)."""
         for gate in self._gates:
             gate.wait()
 
@@ -186,9 +158,7 @@ class ReplicatedParameters(ParameterStorage):
         yield
 
     def publish(self, master: torch.Tensor) -> None:
-        """All-gather every unit from the ranks' shards, a bucket of units in flight at a time (or all
-        of them, waited for by the next forward, with overlap); with one part (stage 0) the "gather"
-        is this rank's own copy."""
+        """All-gather every unit from the ranks' shards, a bucket at a time."""
         self.wait_all()  # the previous publish's gathers write this same buffer
         self._publish_fp8(master)
         if self.overlap:
@@ -207,8 +177,7 @@ class ReplicatedParameters(ParameterStorage):
                 work.wait()
 
     def _gather_buckets(self) -> Iterator[list[Unit]]:
-        """The units `publish` keeps in flight together: until their gathered elements reach the
-        all-gather bucket size."""
+        """The units `publish` keeps in flight together."""
         bucket, in_flight = [], 0
         for unit in self._units_in_dtype:
             bucket.append(unit)
@@ -220,9 +189,7 @@ class ReplicatedParameters(ParameterStorage):
             yield bucket
 
     def publish_working_bytes(self) -> int:
-        """`publish`'s copies of this rank's pieces in the parameter dtype, alive until their gathers
-        finish: a bucket's worth at a time, or every piece with overlap (waited for by the next
-        forward). fp32 parameters send the master's own pieces: nothing is copied."""
+        """`publish`'s copies of this rank's pieces, alive until their gathers finish."""
         if self.dtype == torch.float32:
             return 0
         buckets = [self._units_in_dtype] if self.overlap else list(self._gather_buckets())
@@ -233,22 +200,19 @@ class ReplicatedParameters(ParameterStorage):
 
 
 class ShardedParameters(ParameterStorage):
-    """Stage 3: this rank's 16-bit shard of every unit; chunks are gathered only while in use."""
+    """Stage 3: this rank's 16-bit shard of every unit."""
 
     def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device, comm, group, zero_config,
                  modules: Sequence[nn.Module], placement: Placement, fp8_states: Optional[dict] = None) -> None:
         super().__init__(layout, dtype, device)
         self.comm, self.group, self.zero_config, self.placement = comm, group, zero_config, placement
-        self.modules = list(modules)  # modules[i] runs layout.units[i]
-        # ZeRO-3 Offload (zero/apply.py's placement): the shard in host memory, pinned where CUDA is
-        # (zero/stage3.py copies each unit's piece to the device for its gather); a planner's meta rank keeps
-        # shapes only.
+        self.modules = list(modules)
+        # ZeRO-3 Offload: the shard in host memory
         on_host = placement.parameter_shard_on_host and device.type != "meta"
         pinned = on_host and placement.pins
         self.shard = torch.zeros(layout.partition_numel, dtype=dtype, device="cpu" if on_host else device,
                                  pin_memory=pinned)
         self.gatherer: Optional[ParameterGatherer] = None
-        # --fp8-param-gather (zero/fp8_params.py): the FP8 linears' weights' units, gathered as bytes
         self.fp8 = Fp8WeightBytes(layout, fp8_states, dtype, device, comm, group, released_between_uses=True) \
             if fp8_states else None
 
@@ -264,8 +228,7 @@ class ShardedParameters(ParameterStorage):
             self.fp8.quantize(master)
 
     def bind(self, model: nn.Module) -> FlatLayout:
-        """Each unit's chunk is allocated, its parameters become views into it, and its storage is
-        freed before the next unit's: building never holds more than one chunk."""
+        """Each unit's chunk is allocated, viewed and freed before the next."""
         views, flats = {}, []
         for unit in self.layout.units:
             flat = torch.empty(unit.numel, dtype=self.dtype, device=self.device)
@@ -281,7 +244,7 @@ class ShardedParameters(ParameterStorage):
         return self.layout
 
     def publish(self, master: torch.Tensor) -> None:
-        copy_partition(self.shard, master)  # the master may be split between host and device (zero/split_partition.py)
+        copy_partition(self.shard, master)  # the master may be split between host and device
         if self.fp8 is not None:
             self.fp8.quantize(master)
         self.gatherer.refresh_persistent()

@@ -1,5 +1,4 @@
-"""`python -m zero.perf_model`: the performance model's command line, kept where users type it
-(planner/perf_cli.py; the model is planner/perf_model.py)."""
+"""`python -m zero.perf_model`: the performance model's command line (planner/perf_cli.py), kept where users type it."""
 
 import sys
 

@@ -1,5 +1,4 @@
-"""`python -m zero.plan`: the planner's command line, kept where users type it. The planner itself
-(planner/plan.py) sits on the top floor, since a dry run builds the whole program."""
+"""`python -m zero.plan`: the planner's command line (planner/plan.py), kept where users type it."""
 
 import sys
 

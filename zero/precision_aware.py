@@ -1,23 +1,6 @@
-"""Adam with moments stored in bf16: Megatron-LM's precision-aware optimizer (--use-precision-aware-optimizer with
---exp-avg-dtype bf16 and/or --exp-avg-sq-dtype bf16).
-
-Megatron-Core hands the dtypes to TransformerEngine's FusedAdam (megatron/core/optimizer/__init__.py,
-`_get_megatron_optimizer_based_on_param_groups`: exp_avg_dtype, exp_avg_sq_dtype, master_weight_dtype;
-transformer_engine/pytorch/optimizers/fused_adam.py). Its kernel (transformer_engine/common/multi_tensor/adam.cu,
-AdamFunctor / AdamFunctorMaster with adam_w_mode) loads each moment with static_cast<float>, computes the AdamW update
-in fp32 (MATH_T = float) and stores the moment back with static_cast<MOMENT_T>, which for __nv_bfloat16 is
-__float2bfloat16: round to nearest, ties to even, as a tensor's .to(torch.bfloat16) rounds. A bf16 moment has no scale
-(fp16 and fp8 ones carry a per-tensor scale, not implemented here). Per element, at step t (ADAM_MODE_1):
-
-    m = beta1 m + (1 - beta1) g                 in fp32, m read from its stored dtype
-    v = beta2 v + (1 - beta2) g^2
-    p -= lr ((m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps) + wd p)
-    m, v written back in their stored dtype      a bf16 store rounds to nearest, ties to even
-
-The same operations in the same order, each rounded to fp32 (a GPU kernel may fuse a multiply-add, so the last bit of
-a CUDA run can differ). The master p and the gradient stay fp32. The step runs over windows of WINDOW elements, so the fp32 temporaries
-(the upcast moments, reused for the denominator and the update) are two windows, not copies of the partition.
-"""
+"""Adam with moments stored in bf16 (--use-precision-aware-optimizer, --exp-avg-dtype, --exp-avg-sq-dtype), computed as
+TransformerEngine's FusedAdam does: each moment upcast to fp32, the AdamW update in fp32, the moment stored back rounded
+to nearest even. The step runs over windows, so its fp32 temporaries are two windows."""
 
 from __future__ import annotations
 
@@ -25,14 +8,13 @@ from typing import Iterable
 
 import torch
 
-# Elements stepped at once: 4 MiB fp32 windows, two temporaries of that size at the step's peak.
+# Elements stepped at once: two fp32 temporaries of this size at the peak.
 WINDOW = 1 << 20
 TEMPORARIES = 2
 
 
 class PrecisionAwareAdamW(torch.optim.Optimizer):
-    """AdamW over parameters whose states ("step", "exp_avg", "exp_avg_sq", either moment fp32 or bf16) the caller
-    has put in `self.state`; every update computed in fp32."""
+    """AdamW over the states ("step", "exp_avg", "exp_avg_sq"; fp32 or bf16) the caller set."""
 
     def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float = 0.0) -> None:
@@ -57,16 +39,14 @@ class PrecisionAwareAdamW(torch.optim.Optimizer):
 
 def adamw_window(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
                  step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
-    """One window of the update: the moments upcast to fp32 (in place when they are fp32), updated and written
-    back; the update reads the fp32 values, not the rounded ones. An upcast copy, once written back, is reused for
-    the denominator or the update, so at most two fp32 windows are alive at once (TEMPORARIES)."""
+    """One window: the moments upcast to fp32, updated, written back; two fp32 windows at most."""
     m = exp_avg.float()
     v = exp_avg_sq.float()
     m.mul_(beta1).add_(grad, alpha=1 - beta1)
     v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
     m_copied, v_copied = m.data_ptr() != exp_avg.data_ptr(), v.data_ptr() != exp_avg_sq.data_ptr()
     if v_copied:
-        exp_avg_sq.copy_(v)  # round to nearest even
+        exp_avg_sq.copy_(v)
         denom = v.div_(1.0 - beta2 ** step).sqrt_().add_(eps)
     else:
         denom = v.div(1.0 - beta2 ** step).sqrt_().add_(eps)

@@ -1,19 +1,6 @@
-"""Sophia-G as ALCF's Megatron-DeepSpeed fork steps it (--optimizer sophiag).
-
-argonne-lcf/Megatron-DeepSpeed at ffa3456d: megatron/optimizer/sophia.py `SophiaG` (from Liuhong99/Sophia), built
-in megatron/optimizer/__init__.py as `SophiaG(param_groups, lr=--lr, betas=(--sophiag-beta1, --sophiag-beta2),
-rho=--sophiag-rho, weight_decay=--weight-decay)` and stepped by DeepSpeed's engine with `optimizer.step()` (its
-default `bs=5120`). Per element, `_single_tensor_sophiag`:
-
-    p *= 1 - lr * wd                                  decoupled weight decay first
-    m = beta1 m + (1 - beta1) g                       the momentum
-    p -= lr * sign(m) * min(|m| / (rho * bs * h + 1e-15), 1)
-
-where h is the Hessian estimate, the state `hessian`, which `SophiaG.update_hessian` would move toward g * g. The
-fork's training never calls update_hessian (nor does DeepSpeed's engine), so h stays zero and each update is lr x
-sign(m), clipped to 1 wherever |m| >= 1e-15: what AuroraGPT's Sophia-G runs computed. Here h is kept as the fork
-keeps it, the second fp32 state (in the partition's `exp_avg_sq` slot, so ZeRO partitions, offloads and checkpoints
-it as Adam's second moment), and the clipped ratio reads it. The arithmetic runs over windows of WINDOW elements."""
+"""Sophia-G as ALCF's Megatron-DeepSpeed fork steps it (--optimizer sophiag): decoupled decay, momentum, then p -= lr
+sign(m) min(|m| / (rho bs h + 1e-15), 1). The fork never updates the Hessian estimate h, so it stays zero; it is kept in
+the `exp_avg_sq` slot so ZeRO partitions and checkpoints it as Adam's second moment."""
 
 from __future__ import annotations
 
@@ -21,16 +8,15 @@ from typing import Iterable
 
 import torch
 
-# The fork's SophiaG.step(bs=5120): the batch size in the ratio's denominator, never passed by its training.
+# The fork's SophiaG.step(bs=5120), never passed by its training.
 BATCH = 5120
-# Elements stepped at once: the ratio's temporaries are two fp32 windows at the step's peak.
+# Elements stepped at once: two fp32 temporaries of this size.
 WINDOW = 1 << 20
 TEMPORARIES = 2
 
 
 class SophiaG(torch.optim.Optimizer):
-    """The fork's SophiaG step over parameters whose states ("step", "exp_avg" (the momentum), "exp_avg_sq" (the
-    fork's `hessian`)) the caller has put in `self.state` (zeros of the parameter's shape, step 0)."""
+    """The fork's SophiaG over states "exp_avg" and "exp_avg_sq" (its `hessian`) the caller set."""
 
     STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
@@ -58,7 +44,7 @@ class SophiaG(torch.optim.Optimizer):
 
 def _sophiag_window(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, hessian: torch.Tensor, *,
                     lr: float, beta1: float, rho: float, batch: int, weight_decay: float) -> None:
-    """One window of the fork's _single_tensor_sophiag, its operations in its order."""
+    """One window of the fork's _single_tensor_sophiag, in its order."""
     p.mul_(1 - lr * weight_decay)
     exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
     ratio = (exp_avg.abs() / (rho * batch * hessian + 1e-15)).clamp(None, 1)
