@@ -44,7 +44,7 @@ def megatron_settings(common: dict) -> tuple[ModelConfig, frozenset[str]]:
     from arguments.config import PretrainConfig  # the defaults a setting its args lack takes
 
     args = vars(saved_args(common))
-    if "layernorm_zero_centered_gamma" not in args:  # Megatron-LM saves every argument; older saves of ours lack this one.
+    if "layernorm_zero_centered_gamma" not in args:  # Megatron-LM saves every argument; older saves of ours did not
         raise CheckpointError("its args do not say whether the norms store gain - 1 (layernorm_zero_centered_gamma, "
                               "--apply-layernorm-1p), so the exported norms could be off by 1: convert a save that "
                               "records it (Megatron-LM's own, or this project's since it writes the key)")

@@ -22,7 +22,7 @@ ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_sc
 MOE_COMPARED = ("num_experts", "moe_layer_freq", "moe_ffn_hidden_size", "moe_router_topk", "moe_router_score_function",
                 "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_num_groups",
                 "moe_router_group_topk", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
-                "moe_gating", "topk", "expert_interval", "mlp_type")  # the last four: DeepSpeed-MoE's (a Megatron-DeepSpeed
+                "moe_gating", "topk", "expert_interval", "mlp_type")  # the last four: DeepSpeed-MoE's
 # Multi-latent attention: whether it replaces attention, its sizes and its rotary positions.
 MLA_COMPARED = ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
                 "v_head_dim", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim")
@@ -119,7 +119,7 @@ def model_differences(saved_model: dict, model: ModelConfig) -> list[str]:
     typed = {name: setting_value(model, name) for name in (*COMPARED, *DEFAULTS_FROM)}
     saved, ours = _compared_values(saved_model), _compared_values(typed)
     unsaid = set()
-    unsaid.update(name for name in SHAPE_FIRST if name not in saved_model)  # A plain DeepSpeed script's record lacks them: not compared.
+    unsaid.update(name for name in SHAPE_FIRST if name not in saved_model)  # absent from a plain DeepSpeed record
     if typed["num_query_groups"] is None and saved_model.get("num_query_groups") is None:
         unsaid.add("num_query_groups")  # plain multi-head attention on both sides: its groups are the heads
     differences = []
