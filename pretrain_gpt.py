@@ -1,13 +1,6 @@
-"""Pretrain a GPT: config -> parallel state -> checks -> the run prepared once (training/prepare.py) -> train.
-
-    python pretrain_gpt.py                          # the tiny preset on the embedded corpus
-    python pretrain_gpt.py --config gpt2-124m --data-path my_text_document --vocab-file vocab.json \
-        --merge-file merges.txt
-
-Bad input (an unknown flag or YAML key, inconsistent sizes, unreadable data, an unwritable output, a save directory
-another run owns, a damaged checkpoint) is one line on stderr, exit 2, before any work (checkpoint/run_start.py;
-training/memory_fit.py: each rank's planned peak against the memory free). `--dry-run` prints what this rank would
-hold and send (planner/plan.py). A rank that dies or hangs is named by every survivor, exit 3 (rendezvous/liveness.py).
+"""Pretrain a GPT: config -> parallel state -> checks -> the run prepared once -> train. `python pretrain_gpt.py` trains
+the tiny preset on the embedded corpus; bad input is one line on stderr and exit 2 before any work, and a rank that dies
+or hangs is named by every survivor (exit 3).
 """
 
 from __future__ import annotations
@@ -45,9 +38,8 @@ EXPECTED_ERRORS = ALWAYS_EXPECTED + (DataError, KeyboardInterrupt)
 
 def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[FaultTolerance] = None,
         kept: Optional[KeptAcrossRestarts] = None) -> TrainingSummary:
-    """One training run in an initialized process group: the checks before any work (training/start_checks.py,
-    training/memory_fit.py), the run prepared once (training/prepare.py), then trained. `kept`: what an in-process
-    restart keeps from one incarnation to the next (resilience/inprocess_restart.py)."""
+    """One training run in an initialized process group: the checks before any work, the run prepared once, then
+    trained. `kept`: what an in-process restart keeps between incarnations."""
     log = first_rank_log(state)
     peak = RankPeak()  # one dry run of this rank serves the check and the memory line after iteration 1
     with state.comm.collective_work():  # an error on some ranks only ends every rank (parallel/comm.py)
@@ -68,7 +60,7 @@ def exit_status(config: PretrainConfig, state: ParallelState, fault_tolerance: O
 def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
     """The process's exit status: 0 (None) unless the rerun state machine ended the job (16, 17)."""
     read_launch_environment()  # a bad RANK, WORLD_SIZE, MASTER_PORT, SLURM_* ...: one line before any work
-    # what --load names is checked with the flags, so every problem of a launch comes back in one list
+    # What --load names is checked with the flags, so a launch's problems come back in one list.
     parsed = parse_arguments(argv, late_checks=LATE_CHECKS)
     config, notes = parsed.config, [*parsed.notes, *use_openmpi_ranks(parsed.config.training.use_mpi),
                                     *straggler_notes(parsed.config.logging.log_straggler,
@@ -79,7 +71,7 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
             print(format_config(parsed), flush=True)
         return
     if reporting_process():
-        for note in notes:  # flags and JSON keys taken with no effect, and how Megatron's map here
+        for note in notes:
             print(note if note.startswith(">") else f"> {note}", flush=True)
     if config.training.dry_run:
         for line in config.json_differences if reporting_process() else ():
@@ -94,7 +86,7 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
     if reporting_process():
         for line in said:
             print(f"> {line}", flush=True)
-    # Megatron-LM opens the "setup" section before initialize_megatron (training.py: ft_integration.setup())
+    # Megatron-LM opens the "setup" section before initialize_megatron.
     fault_tolerance = start_fault_tolerance(config, read_launch_environment().rank)
     try:
         if config.training.inprocess_restart:  # the same processes through every fault (resilience/inprocess_restart.py)

@@ -1,5 +1,6 @@
-"""Checks every rank runs before any work, ending in an agreement: the first expected error any rank met is raised
-on every rank (so every rank stops on the same error and only rank 0 prints it)."""
+"""Checks every rank runs before any work, ending in an agreement: the first expected error any rank met is raised on
+every rank.
+"""
 
 from __future__ import annotations
 

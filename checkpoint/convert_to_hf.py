@@ -2,20 +2,7 @@
 (GPT2LMHeadModel) or, for a model with Llama's blocks, its family's class (LlamaForCausalLM, MixtralForCausalLM,
 Qwen3MoeForCausalLM, DeepseekV3ForCausalLM, ...: docs/checkpoints.md's family tables; a dense family by
 --hf-model-type, which --init-from-hf sets to the folder's), chosen by the checkpoint's model config.
-
-    python scripts/convert_to_hf.py runs/gpt/checkpoints hf-gpt            # the latest iteration
-    zero-gpt-convert runs/gpt/checkpoints/iter_0002000 hf-gpt --dtype bf16  # installed: from any folder
-    python -c "from transformers import GPT2LMHeadModel, AutoTokenizer as T;                GPT2LMHeadModel.from_pretrained('hf-gpt'); T.from_pretrained('hf-gpt')"
-
-CKPT is a `--save` directory (its `latest` iteration, or Megatron-LM's tracker file's) or one iteration directory,
-ours or a Megatron-LM torch_dist one (any TP x PP x EP: its args' model, its saved fp32 weights,
-checkpoint/megatron_hf.py; no tokenizer, which Megatron-LM does not save). The weights are the fp32 master copy,
-consolidated over every TP and DP rank: no GPU or process group, only safetensors and JSON read. OUT_DIR gets
-config.json (its token ids the source folder's, under --init-from-hf), generation_config.json, model.safetensors in --dtype and the run's tokenizer files when saved. Every file is verified first
-(--no-verify-checkpoint skips the content hashes). The folder appears only once complete, never inside a
-checkpoint. A non-empty OUT_DIR is replaced only with --overwrite and only when it holds nothing but an earlier
-export's files: any other file there is named and the conversion refused before any weight is read. Errors are
-one line on stderr and exit code 2."""
+"""
 
 from __future__ import annotations
 
@@ -60,7 +47,6 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, 
     started = time.perf_counter()
     iteration_dir, fmt = tool_checkpoint_and_format(checkpoint, "scripts/convert_to_hf.py", reads_megatron=True)
     if Path(out_dir).resolve() in (iteration_dir.resolve(), *iteration_dir.resolve().parents):
-        # Replacing OUT_DIR would delete the checkpoint being converted.
         raise ConfigError(f"{out_dir} holds the checkpoint {iteration_dir}; write the folder somewhere else")
     refuse_inside_checkpoint(out_dir, "OUT_DIR", include_self=True)
     if fmt is MEGATRON:
@@ -75,8 +61,7 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, 
         tokenizer_dir = inside(iteration_dir, tokenizer) if tokenizer is not None else None
         eod = None  # the tokenizer's own
         folder_ids = metadata.get(FOLDER_IDS_KEY)  # the model folder's the run started from, where it did
-        # Checked before any weight is read, so a refused OUT_DIR costs nothing; write_hf_folder checks
-        # again just before the old folder goes.
+        # Checked before any weight is read, so a refused OUT_DIR costs nothing.
         check_output_folder(Path(out_dir), overwrite, tokenizer_dir)
         prepare_output_directory(Path(os.path.abspath(out_dir)).parent, "OUT_DIR's parent")
         verify_or_raise(iteration_dir, metadata, check_content=verify)
@@ -98,9 +83,8 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, 
 
 
 def read_megatron(iteration_dir: Path):
-    """A Megatron-LM torch_dist iteration directory's model, weights, the settings its args gave and its
-    end-of-document id where they give it (checkpoint/megatron_hf.py), its files verified first as a --load verifies
-    them (present, inside it, not truncated)."""
+    """A Megatron-LM torch_dist directory's model, weights, given settings and end-of-document id, its files verified
+    first."""
     from checkpoint.megatron_hf import end_of_document_id, megatron_to_hf_state  # DCP imports sympy: only here
     from checkpoint.torch_dist.resume import verify_megatron
 

@@ -1,23 +1,8 @@
-"""The on-disk checkpoint format, readable with no process group, no GPU and none of the model code.
-
-    SAVE_DIR/latest                   "iter_0000010", replaced atomically once a save is complete
-    SAVE_DIR/latest_checkpointed_iteration.txt   "10": Megatron-LM's tracker file, written just before `latest`
-    SAVE_DIR/iter_0000010/
-        metadata.json                 written last: iteration, samples, grid, config, parameter table, manifest
-        model_tp00.safetensors        TP rank 0's parameters in the training dtype, by name
-        optim_tp00_dp000.safetensors  (TP 0, DP 0)'s partition, flat: fp32 master, exp_avg, exp_avg_sq (and
-                                      exp_avg_slow with ademamix), its fragment table in the file's metadata
-        rng_tp00_dp000.safetensors    that rank's RNG states (Python, NumPy, torch CPU/CUDA, TP stream)
-        tokenizer/                    the tokenizer the run trained with
-With pipeline stages file names carry the stage (`model_pp001_tp00`, ...) and metadata.json's `pipeline_stages`
-lists each stage's parameter names and files (checkpoint/pipeline_stages.py); names stay global. A partition's
-*fragment table* says which elements of which parameter each stretch holds (`[name, param_offset, partition_offset,
-numel]`) and its *records* (`RECORDS`) where that slice sits in the whole tensor: with the parameter table that is all
-it takes to read any region (checkpoint/ours/source.py). Who writes which slice is checkpoint/save_plan.py's. Of
-`latest` and Megatron-LM's tracker file, written at each save (tracker first), the one written last wins where they
-differ (a tie: the tracker, which Megatron reads), said in one line (`pointed_checkpoint`); the winner naming no
-complete checkpoint is an error. Only safetensors and JSON are read, so a load cannot run code; checkpoint/schema.py
-checks metadata.json and `latest`, checkpoint/integrity.py each listed file's size and hash."""
+"""The on-disk checkpoint format, readable with no process group, no GPU and none of the model code: `latest` (and
+Megatron-LM's latest_checkpointed_iteration.txt, written first; the later one wins) name iter_0000010/, holding
+metadata.json (written last), model_tp00.safetensors, optim_tp00_dp000.safetensors (a flat partition and its fragment
+table), rng_tp00_dp000.safetensors and tokenizer/. Only safetensors and JSON are read, so a load cannot run code.
+"""
 
 from __future__ import annotations
 
@@ -42,8 +27,7 @@ TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron-LM's get_checkpoi
 METADATA_FILE = "metadata.json"
 TOKENIZER_DIR = "tokenizer"
 OPTIMIZER_KEYS = ("master", "exp_avg", "exp_avg_sq")
-# A model or optimizer file's header entry (format version 2): parameter name -> [global offset, local shape] of
-# the slice the file holds, from its sharding record (parallel/sharding.py)
+# A file's header entry: parameter name -> [global offset, local shape] of the slice it holds.
 RECORDS = "records"
 STAGING_SUFFIX = ".partial"
 RETIRED_SUFFIX = ".old-"
@@ -52,8 +36,6 @@ RETIRED_SUFFIX = ".old-"
 def iteration_dir_name(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 
-
-# ---- durable writes ---------------------------------------------------------------------------
 
 def fsync_path(path: Path) -> None:
     """Flush a file's (or a directory's entries') data to the disk."""
@@ -66,9 +48,8 @@ def fsync_path(path: Path) -> None:
 
 @contextmanager
 def atomic_file(path: Path) -> Iterator[Path]:
-    """A temporary path beside `path` for the body to write; once the body is done it is fsynced and
-    renamed over `path`, and the directory fsynced, so a reader sees the old file or the whole new
-    one. If the body fails, the temporary is removed and `path` is untouched."""
+    """A temporary path beside `path` to write; then fsynced and renamed over `path`, so a reader sees the old file or
+    the whole new one. On failure `path` is untouched."""
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         yield temporary
@@ -86,14 +67,12 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def metadata_text(metadata: dict) -> str:
-    """metadata.json's content (what `read_metadata` reads back)."""
     return json.dumps(metadata, indent=1, sort_keys=True) + "\n"
 
 
 def replace_directory(staging: Path, final: Path) -> None:
-    """Rename a fully written `staging` directory to `final`. An existing `final` is moved aside
-    first (no rename swaps two directories atomically) and deleted once the new one is in place; a
-    crash in between leaves the old copy, which `resolve_checkpoint` falls back to."""
+    """Rename a fully written `staging` to `final`; an existing `final` is moved aside first and deleted afterwards (a
+    crash in between leaves the old copy, which `resolve_checkpoint` falls back to)."""
     for path in staging.iterdir():
         if path.is_file():
             fsync_path(path)
@@ -123,7 +102,7 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: Optiona
     sort_header_metadata(path)
     fsync_path(path)
     size, expected = path.stat().st_size, _safetensors_size(path)
-    if size != expected:  # a writer that did not report a full disk
+    if size != expected:
         raise OSError(f"{path}: short write, {size} of {expected} bytes on disk (is the disk full?)")
     return size
 
@@ -134,11 +113,9 @@ def _compact_json(value) -> bytes:
 
 
 def sort_header_metadata(path: Path) -> None:
-    """Put a safetensors file's `__metadata__` entries in sorted order, in place. safetensors writes them in a
-    Rust HashMap's order, random at each call, so two saves of the same tensors and metadata differed in their
-    bytes (and their content hashes); sorted, a file is a function of what it holds. The same keys and values in
-    another order have the same length, so only the header's bytes change. A header this serializer does not
-    reproduce byte for byte is left as written."""
+    """Sort a safetensors file's `__metadata__` entries in place: safetensors writes them in a random HashMap order, so
+    a file's bytes depend on what it holds only once sorted. A header this serializer does not reproduce is left as is.
+    """
     with open(path, "r+b") as f:
         header_length = int.from_bytes(f.read(8), "little")
         text = f.read(header_length).rstrip(b" ")  # safetensors pads the header with spaces to 8 bytes
@@ -152,8 +129,7 @@ def sort_header_metadata(path: Path) -> None:
 
 
 def _safetensors_size(path: Path) -> int:
-    """The size a safetensors file must have, from its header: 8 bytes of header length, the header,
-    then the data up to the end of the last tensor."""
+    """The size a safetensors file must have, from its header."""
     with open(path, "rb") as f:
         header_length = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(header_length))
@@ -161,17 +137,14 @@ def _safetensors_size(path: Path) -> int:
     return 8 + header_length + max(ends, default=0)
 
 
-# ---- reading ----------------------------------------------------------------------------------
-
 def is_save_directory(path: Path) -> bool:
     """Whether `path` names its checkpoint: it holds `latest` or Megatron's tracker file."""
     return (path / LATEST_FILE).is_file() or (path / TRACKER_FILE).is_file()
 
 
 def pointed_checkpoint(save_dir: Path) -> tuple[str, str, Optional[str]]:
-    """(the iteration directory name a save directory points at, the file that names it, a one-line
-    note when `latest` and the tracker disagree): the one written last, the tracker on a tie (module
-    docstring)."""
+    """(the iteration directory a save directory points at, the file naming it, a note when `latest` and the tracker
+    disagree)."""
     latest = read_latest(inside(save_dir, LATEST_FILE)) if (save_dir / LATEST_FILE).is_file() else None
     tracked = read_tracker(inside(save_dir, TRACKER_FILE)) if (save_dir / TRACKER_FILE).is_file() else None
     if tracked is None or latest == tracked:
@@ -189,21 +162,16 @@ def pointed_checkpoint(save_dir: Path) -> tuple[str, str, Optional[str]]:
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A `--save` directory (meaning the iteration its tracker file or `latest` names, see
-    `pointed_checkpoint`) or one iteration directory -> that iteration directory, checked to be complete."""
+    """A `--save` directory or one iteration directory -> that iteration directory, checked to be complete."""
     path = Path(path)
     if (path / METADATA_FILE).is_file():
-        # An iteration directory is itself, even holding a `latest` and iter_* that a run given it as
-        # --save wrote inside before such a --save was refused: never another iteration, silently.
+        # An iteration directory is itself, even if it holds a `latest` of its own: never another iteration, silently.
         return path
     if is_save_directory(path):
-        # the pointer files and the iteration directory they name are read from the checkpoint: each must lie
-        # inside the save directory (checkpoint/inside.py)
         name, named_by, _ = pointed_checkpoint(path)
         target = inside(path, name)
         if not target.exists():
-            # A crash while an iteration was re-saved, between moving the old copy aside and moving
-            # the new one in (see `commit`): the old copy is complete.
+            # A crash mid re-save of an iteration leaves the complete old copy.
             retired = sorted(path.glob(f"{name}{RETIRED_SUFFIX}*"))
             if retired and (retired[0] / METADATA_FILE).is_file():
                 return inside(path, retired[0].name)
@@ -219,15 +187,13 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def has_checkpoint(iteration_dir: str | os.PathLike) -> bool:
-    """Whether `iteration_dir` holds a complete checkpoint: its metadata is written last, so a save that
-    was killed, or one pruned away, has none."""
+    """Whether `iteration_dir` holds a complete checkpoint (metadata is written last)."""
     return (Path(iteration_dir) / METADATA_FILE).is_file()
 
 
 def read_metadata(iteration_dir: Path) -> dict:
-    """metadata.json, trusted only once it and every path it names (each listed file, the tokenizer
-    folder and its files) resolve inside `iteration_dir` (checkpoint/inside.py), and its entries are
-    of the right types (checkpoint/schema.py)."""
+    """metadata.json, trusted once every path it names lies inside `iteration_dir` and its entries have the right types.
+    """
     path = inside(iteration_dir, METADATA_FILE)
     try:
         metadata = json.loads(path.read_text(encoding="utf-8"))
@@ -250,9 +216,8 @@ def read_metadata(iteration_dir: Path) -> dict:
 
 @contextmanager
 def open_tensors(iteration_dir: Path, name: str, metadata: dict) -> Iterator:
-    """A safetensors reader for one file of the checkpoint, after checking it against the manifest.
-    Anything that is not a well-formed safetensors file of the recorded size (a pickle, a truncated
-    copy, garbage) raises `CheckpointError` naming the file; nothing in it is ever executed."""
+    """A safetensors reader for one checkpoint file, checked against the manifest; anything else raises
+    `CheckpointError` naming the file, and nothing in it is executed."""
     from safetensors import safe_open
 
     path = member(iteration_dir, name)
@@ -305,7 +270,7 @@ class _CheckedReader:
         return list(self._reader.keys())
 
     def dtype(self, key: str) -> torch.dtype:
-        """The dtype `key` is stored in, from the header (nothing of the tensor is read)."""
+        """The dtype `key` is stored in, from the header."""
         try:
             return self._reader.get_slice(key)[0:0].dtype
         except Exception as error:
@@ -331,8 +296,6 @@ def optimizer_shards(metadata: dict, tensor_parallel_rank: Optional[int] = None)
     return [s for s in shards if tensor_parallel_rank is None or s[0] == tensor_parallel_rank]
 
 
-# ---- the parameter table ----------------------------------------------------------------------
-
 def local_shape(entry: dict, tensor_parallel_size: int) -> list[int]:
     """A parameter's shape on one TP rank, from its table entry (full shape and split dimension)."""
     shape = list(entry["shape"])
@@ -342,28 +305,22 @@ def local_shape(entry: dict, tensor_parallel_size: int) -> list[int]:
     return shape
 
 
-# ---- committing a save ------------------------------------------------------------------------
-
 def commit(staging: Path, final: Path, save_dir: Path) -> None:
-    """Make a fully written staging directory the checkpoint `final` and point Megatron's tracker file,
-    then `latest`, at it. Until the renames nothing a reader looks at has changed; an existing
-    directory of the same iteration is replaced. Stopped between the two pointers, the tracker names
-    the newer complete checkpoint, which is the one a load takes (module docstring)."""
+    """Make a fully written staging directory the checkpoint `final`, then point the tracker and `latest` at it (in that
+    order, so a stop in between leaves the tracker naming the newer complete checkpoint)."""
     replace_directory(staging, final)
     point_at(save_dir, final.name)
 
 
 def point_at(save_dir: Path, name: str, tracker: bool = True) -> None:
-    """Write Megatron's tracker file (unless `tracker` is False), then `latest`, naming the iteration
-    directory `name`, each replaced atomically."""
+    """Write Megatron's tracker file (unless `tracker` is False), then `latest`, each atomically."""
     if tracker:
         write_text_atomic(save_dir / TRACKER_FILE, f"{int(name[len('iter_'):])}\n")
     write_text_atomic(save_dir / LATEST_FILE, name + "\n")
 
 
 def remove_stale_saves(save_dir: Path) -> None:
-    """Delete what saves that died left behind: staging directories, temporary `latest` files, and
-    replaced copies of an iteration whose new copy is in place."""
+    """Delete what dead saves left: staging directories, temporary `latest` files, replaced iteration copies."""
     for path in save_dir.glob(f"iter_*{STAGING_SUFFIX}"):
         shutil.rmtree(path, ignore_errors=True)
     for pointer in (LATEST_FILE, TRACKER_FILE):
@@ -375,9 +332,7 @@ def remove_stale_saves(save_dir: Path) -> None:
 
 
 def saved_run_id(iteration_dir: Path) -> Optional[str]:
-    """The lineage (checkpoint/lineage.py) a checkpoint's metadata names; None for one saved without
-    (or with unreadable metadata, or one linked from outside: a checkpoint nobody can attribute is
-    nobody's to delete)."""
+    """The lineage a checkpoint's metadata names; None where unattributable (nobody's to delete)."""
     try:
         with open(inside(iteration_dir, METADATA_FILE), encoding="utf-8") as f:
             metadata = json.load(f)
@@ -388,9 +343,8 @@ def saved_run_id(iteration_dir: Path) -> Optional[str]:
 
 
 def prune(save_dir: Path, keep_last: int, run_id: str) -> list[Path]:
-    """Delete all but the newest `keep_last` checkpoints of the lineage `run_id` (never the one
-    `latest` or the tracker file names). Checkpoints of other runs -- an old run's, left beside this one by
-    --overwrite-save, or one saved before lineages existed -- are neither counted nor deleted."""
+    """Delete all but the newest `keep_last` checkpoints of lineage `run_id`, never the one the pointers name; other
+    runs' checkpoints are neither counted nor deleted."""
     kept = {read_latest(save_dir / LATEST_FILE)}
     if (save_dir / TRACKER_FILE).is_file():
         kept.add(read_tracker(save_dir / TRACKER_FILE))

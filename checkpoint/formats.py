@@ -1,14 +1,6 @@
-"""The one door that tells which format a checkpoint is in: an ordered registry of the formats `--load` reads.
-
-Each entry knows how to recognise its checkpoints and names the module that resumes from them. That module
-(its "handler", imported only when a checkpoint of the format is met: Megatron-LM's pulls in DCP) defines
-`check_start(config, state, path, log, batch) -> (kept schedule, metadata)`, run on every rank before any work,
-and `load_resume(path, model, optimizer, rng, state, model_config, *, load_optimizer, load_rng, finetune)`, the
-load into the built model (checkpoint/global_load.py's `load_from_source` under each). The order decides: DeepSpeed's
-first (a save directory whose `latest` names one of its tag folders, or that folder), then Megatron-LM's torch_dist
-(an iteration directory whose metadata.json is Megatron-Core's), then this project's own. Each format is a package
-(checkpoint/ours/, torch_dist/, deepspeed/; its handler is the package's resume.py) over the core beside this file: a
-new read-only format is one package and one entry here (docs/layout.md).
+"""The one door that tells which format a checkpoint is in: an ordered registry of the formats `--load` reads. Each
+entry recognises its checkpoints and names a handler module (imported on demand) with `check_start` and `load_resume`;
+DeepSpeed's is asked first, then Megatron-LM's torch_dist, then ours.
 """
 
 from __future__ import annotations
@@ -26,9 +18,8 @@ from checkpoint.torch_dist.common import is_megatron_checkpoint
 class CheckpointFormat:
     name: str                       # in messages: "<name> checkpoint"
     holds: Callable[[Path], bool]   # whether a checkpoint folder (resolved) is of this format, by its content
-    handler: str                    # the module with check_start and load_resume (module docstring)
-    # from what --load names (and --universal-checkpoint): the folder to read and a note on how it was named, for a
-    # format whose save directories point at their checkpoints their own way; None: the project's pointer files
+    handler: str
+    # From --load (and --universal-checkpoint): the folder to read and how it was named; None: our pointer files.
     locate: Optional[Callable[[Path, bool], Optional[tuple[Path, Optional[str]]]]] = None
 
     def module(self):
@@ -66,14 +57,13 @@ def format_named(name: str) -> CheckpointFormat:
 
 
 def writer_for(config) -> CheckpointFormat:
-    """The format --save writes: Megatron-LM's torch_dist layout with --ckpt-format torch_dist where that layout
-    holds the run (arguments/config.py megatron_format_unwritten says what it does not), else this project's."""
+    """The format --save writes: Megatron-LM's torch_dist with --ckpt-format torch_dist where it holds the run, else
+    ours."""
     torch_dist = config.checkpoint.ckpt_format == "torch_dist" and config.megatron_format_unwritten() is None
     return MEGATRON if torch_dist else ZERO_GPT
 
 
-# The weights a fresh run starts from instead of its initializer (--init-from-hf): a Hugging Face folder, read as a
-# GlobalStateSource each rank reads its own shard of; the package is imported only when a run asks for it.
+# --init-from-hf reads a Hugging Face folder; the package is imported only when asked for.
 PRETRAINED_HANDLER = "checkpoint.hf.source"
 
 

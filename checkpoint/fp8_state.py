@@ -1,17 +1,6 @@
-"""Delayed scaling's amax histories and scales in checkpoints (--fp8-recipe delayed, gpt/fp8.py).
-
-TransformerEngine keeps each module's FP8 metadata (amax_history and scale per tensor role) in the module's
-`_extra_state`, saved and loaded with the model's state dict (transformer_engine/pytorch/module/base.py,
-get_extra_state / set_extra_state), so a Megatron resume continues the histories, with or without the optimizer.
-Here the same: each FP8 linear's history [history_len, 3] and scales [3] by the linear's global module name, in
-the checkpoint's metadata as their fp32 bit patterns (int32: exact for every value, inf and NaN included, which
-JSON numbers would not carry). After the amax reduction over the tensor x data parallel ranks (parallel/fp8/
-recipes.py) every rank of a pipeline stage holds the same histories for the linears they share, so one rank per
-stage and expert-parallel rank (the first of its expert tensor- and data-parallel groups) sends its own, and the
-first rank writes them all, one entry per global name (saved_fp8_histories). Under expert parallelism each expert's
-history is held by its expert-parallel rank alone (its amax reduced with the other ranks' experts at the same local
-index, as TE does, parallel/fp8/grouped.py), so it is that rank's copy which is saved. The stateless recipes have
-nothing to save.
+"""Delayed scaling's amax histories and scales in checkpoints (--fp8-recipe delayed), as TransformerEngine's
+`_extra_state` carries them: per FP8 linear by global name, stored as fp32 bit patterns (exact, inf and NaN included).
+One rank per stage and expert-parallel rank sends its own; the first rank writes them.
 """
 
 from __future__ import annotations
@@ -41,8 +30,8 @@ def fp8_histories(model: nn.Module) -> dict[str, dict[str, list]]:
 
 
 def saved_fp8_histories(model: nn.Module, config, state) -> dict[str, dict[str, list]]:
-    """What a save writes: on the first rank every stage's and expert-parallel rank's histories by global name, {}
-    elsewhere. A collective (every rank calls it) with --fp8-format on and more than one rank."""
+    """On the first rank every stage's and expert-parallel rank's histories by global name, {} elsewhere; a collective.
+    """
     if not config.model.fp8.enabled:
         return {}
     experts = state.experts
@@ -55,22 +44,20 @@ def saved_fp8_histories(model: nn.Module, config, state) -> dict[str, dict[str, 
 
 
 def fit_history_length(history: torch.Tensor, length: int) -> torch.Tensor:
-    """A saved history at this run's --fp8-amax-history-len, as TE's adjust_amax_history_length (module/base.py)
-    does on the first forward after the load: its first `length` rows, or zero rows appended."""
+    """A saved history at this run's --fp8-amax-history-len (TE's adjust_amax_history_length): first rows, or zero rows
+    added."""
     if history.size(0) >= length:
         return history[:length].clone()
     return torch.nn.functional.pad(history, (0, 0, 0, length - history.size(0)))
 
 
-# gpt/fp8.py runs a gated MLP's gate and up as one FP8 linear (Megatron's linear_fc1) named JOINED, with one state
+# A gated MLP's gate and up run as one FP8 linear, JOINED, with one state.
 JOINED, PARTS = ".dense_h_to_4h", (".dense_h_to_4h_gate", ".dense_h_to_4h_up")
 
 
 def _saved_state(name: str, saved: dict, device: torch.device) -> Optional[dict[str, torch.Tensor]]:
-    """The saved history and scale of the linear `name`, as tensors, or None. A joined gate and up saved as two
-    linears (before they were joined, or by a run that did not join them: --fp8-param-gather, biases) take the
-    elementwise max of the two histories (their rows were the two halves' amaxes; the joined tensor's amax is their
-    max) and the smaller scale of each role (the one that fits both halves); two linears saved as one each take it."""
+    """The saved history and scale of linear `name`, or None. A joined gate/up saved as two takes the elementwise max
+    history and the smaller scale; two saved as one each take it."""
     def entry(key: str) -> Optional[dict[str, torch.Tensor]]:
         value = saved.get(key)
         if not isinstance(value, dict) or any(part not in value for part in KEYS):
@@ -92,9 +79,8 @@ def _saved_state(name: str, saved: dict, device: torch.device) -> Optional[dict[
 
 
 def restore_fp8_histories(model: nn.Module, saved: Optional[dict[str, dict[str, list]]]) -> list[str]:
-    """Put the saved histories (at this run's length) and scales into this rank's delayed-scaling linears
-    (_saved_state: a gate and up saved apart or joined fit either way); returns the names of those the checkpoint
-    holds none for (they start fresh: zeros, scale 1)."""
+    """Put the saved histories and scales into this rank's delayed-scaling linears; returns those the checkpoint lacks
+    (they start fresh)."""
     saved = saved or {}
     missing = []
     for name, delayed in delayed_states(model).items():

@@ -1,22 +1,6 @@
-"""Load a checkpoint of any format, saved at any layout, into this run's layout: each rank asks the source for
-the global regions it owns.
-
-A rank's state is its parameters' slices (their sharding records, parallel/sharding.py) and its optimizer
-partition (zero/optimizer_state.py: fragments, each a stretch of one parameter flattened at its local shape).
-For every fragment the loader cuts the stretch into boxes (checkpoint/regions.py), moves each box by the
-parameter's global offset and asks the source (checkpoint/global_state.py) for exactly that region of the
-whole tensor, for the fp32 master and, when the optimizer state is resumed, every moment. So a checkpoint saved
-at any TP x PP (virtual stages too) x EP x expert TP x DP x ZeRO stage x offload loads at any other, and a rank
-reads its own shard's elements only: never the whole model, never another rank's (the source counts the bytes
-it reads; the load says the largest count and its shard's size in one line).
-
-Megatron pads the vocabulary to --make-vocab-size-divisible-by x TP, so the word embedding and the output
-layer have other padding rows at another TP size: their real rows (the record's `real_rows`) carry over, and
-the padding rows keep this run's own values (zeros as built; moments zero).
-
-Everything is staged beside the optimizer and handed over only once every rank has every element: a
-checkpoint found incomplete or corrupt on any rank raises the same CheckpointError on every rank and leaves
-the optimizer as it was.
+"""Load a checkpoint of any format, saved at any layout, into this run's layout: each rank asks the source for the
+global regions its parameters and optimizer partition own, so it reads only its own shard. Everything is staged and
+handed over only once every rank has every element; a failure on any rank leaves the optimizer as it was.
 """
 
 from __future__ import annotations
@@ -46,13 +30,11 @@ class ResumePoint:
     iteration: int         # the last completed iteration; training continues with the next
     consumed_samples: int  # where the data sampler continues
     path: Optional[Path]   # the iteration directory that was loaded
-    # where the learning-rate schedule continues: the samples of the updates taken (fp16 skips excluded),
-    # Megatron's OptimizerParamScheduler num_steps; a checkpoint from before it was saved: consumed_samples
+    # Where the learning-rate schedule continues: the samples of the updates taken (fp16 skips excluded).
     schedule_samples: Optional[int] = None
     bytes_read: Optional[int] = None   # what this rank read from the checkpoint's tensors (headers included)
     shard_bytes: Optional[int] = None  # its own shard's elements at the checkpoint's stored dtypes
-    # the rerun state machine's pending re-run (checkpoint/rerun_machine_entry.py), and how this job's grid differs
-    # from the one that saved it; None from a checkpoint without one (and from other programs' formats)
+    # The rerun state machine's pending re-run and how this grid differs; None where not saved.
     rerun_state: Optional[dict] = None
     rerun_layout_changed: Optional[str] = None
 
@@ -69,11 +51,8 @@ def parameter_records(model: nn.Module) -> dict[str, tuple[nn.Parameter, Shardin
 
 
 def shape_problem(name: str, record: ShardingRecord, saved: GlobalTensorInfo) -> Optional[str]:
-    """Why the saved whole tensor cannot give this run's (None when it can): the same whole shape, except that
-    a vocabulary's padding rows may differ (another TP size pads otherwise) as long as the vocabulary is the same:
-    the checkpoint's real rows where its format records them, else its rows are this run's vocabulary padded as the
-    saving run padded (Megatron-Core's load refuses any vocabulary change: rows past a smaller run's vocabulary are
-    real tokens, not padding)."""
+    """Why the saved whole tensor cannot give this run's, or None: shapes must match, except a vocabulary's padding rows
+    (another TP size pads otherwise) while the real vocabulary is the same."""
     ours, theirs = list(record.global_shape), list(saved.shape)
     vocabulary = vocabulary_problem(name, record, saved)
     if vocabulary is not None:
@@ -104,8 +83,7 @@ def vocabulary_problem(name: str, record: ShardingRecord, saved: GlobalTensorInf
 
 
 def check_fits(source: GlobalStateSource, weights_key: str, records: dict, state: ParallelState) -> None:
-    """The checkpoint holds every parameter of the model at its whole shape, and nothing else; every rank raises
-    the same error (each checks its own parameters; the names are gathered for what the model lacks)."""
+    """The checkpoint holds every parameter at its whole shape and nothing else; every rank raises the same error."""
     saved = source.tensors(weights_key)
     problems = [f"{name}: missing from the checkpoint" for name in records if name not in saved]
     problems += [problem for name, (_, record) in records.items() if name in saved
@@ -121,9 +99,8 @@ def check_fits(source: GlobalStateSource, weights_key: str, records: dict, state
 
 def _checked_expert_biases(source: GlobalStateSource, model: nn.Module, state: ParallelState, required: bool
                            ) -> tuple[Optional[dict], list[str]]:
-    """The routers' expert biases the source holds, checked on every rank before any weight is read
-    (checkpoint/router_state.py): a resume (`required`) of a format that saves them needs every router's; returns
-    them and the routers that start at 0."""
+    """The routers' expert biases, checked on every rank before any weight is read; returns them and the routers that
+    start at 0."""
     biases, missing, problem = None, [], None
     try:
         biases = source.expert_biases()
@@ -151,7 +128,7 @@ def fragment_regions(fragment: NamedFragment, record: ShardingRecord):
             stop = min(region[0].stop, record.real_rows)
             if stop <= region[0].start:
                 continue  # vocabulary padding: this run's own
-            region = (slice(region[0].start, stop), *region[1:])  # a prefix of the box in flat order
+            region = (slice(region[0].start, stop), *region[1:])
         yield at, region
 
 
@@ -163,9 +140,8 @@ def region_numel(region: tuple[slice, ...]) -> int:
 
 
 def load_read_bytes(model: nn.Module, optimizer: CheckpointableOptimizer, load_optimizer: bool = True) -> int:
-    """The tensor bytes a load reads on this rank from a checkpoint that stores its states in this run's dtypes:
-    its partition's elements (vocabulary padding rows left out) times the master's and, with `load_optimizer`, each
-    moment's bytes. What the planner states (planner/dry_run.py) and a load measures (`ResumePoint.shard_bytes`)."""
+    """The tensor bytes a load reads on this rank when the checkpoint stores this run's dtypes (what the planner
+    states)."""
     records = parameter_records(model)
     shard = optimizer.sharded_state_dict(model)
     elements = sum(region_numel(region) for fragment in shard.fragments
@@ -176,8 +152,8 @@ def load_read_bytes(model: nn.Module, optimizer: CheckpointableOptimizer, load_o
 
 def fill_staged(source: GlobalStateSource, fragments: list[NamedFragment], records: dict,
                 staged: dict[str, torch.Tensor], source_keys: dict[str, str]) -> tuple[int, int]:
-    """Each fragment's regions read from the source into the staged partition tensors (`source_keys`: staged key
-    -> the source's key it is read from); returns (elements read per key, shard bytes at the stored dtypes)."""
+    """Read each fragment's regions into the staged tensors; returns (elements read per key, shard bytes at stored
+    dtypes)."""
     infos = {key: source.tensors(source_key) for key, source_key in source_keys.items()}
     elements = shard_bytes = 0
     for fragment in fragments:
@@ -195,9 +171,8 @@ def fill_staged(source: GlobalStateSource, fragments: list[NamedFragment], recor
 def load_from_source(source: GlobalStateSource, model: nn.Module, optimizer: CheckpointableOptimizer,
                      rng: Optional[TensorParallelRNG], state: ParallelState, *, load_optimizer: bool = True,
                      load_rng: bool = True, finetune: bool = False, log=print) -> ResumePoint:
-    """Restore this rank's parameters (through the fp32 master of its partition) and, with `load_optimizer`, the
-    optimizer's moments, step and loss scaler; with `load_rng` the random streams where the source has them for
-    this layout. `finetune` takes the weights only and starts at iteration 0. Every rank calls this."""
+    """Restore this rank's parameters (through its fp32 master) and, with `load_optimizer`, moments, step and loss
+    scaler; with `load_rng`, the random streams. `finetune` takes the weights only. Every rank calls this."""
     if finetune:
         load_optimizer = load_rng = False
     records = parameter_records(model)
@@ -217,8 +192,7 @@ def load_from_source(source: GlobalStateSource, model: nn.Module, optimizer: Che
         log(f" note: {source.path} ({source.format_name}) holds no fp32 master weights: they start from its "
             f"weights as stored", flush=True)
 
-    # Staged in the live dtypes, as copies of the live partition: a moment saved in another dtype is converted as it
-    # is read, and the vocabulary's padding rows, which no checkpoint carries, keep this run's values.
+    # Staged as copies of the live partition: other dtypes convert as read, and padding rows keep this run's values.
     staged = {key: shard.tensors[key].detach().to("cpu", copy=True) for key in wanted}
     biases, missing_biases = _checked_expert_biases(source, model, state, required=not finetune)
     problem, elements, shard_bytes = None, 0, 0
@@ -237,8 +211,7 @@ def load_from_source(source: GlobalStateSource, model: nn.Module, optimizer: Che
         else:
             scaler_note = (f" note: the checkpoint's loss scaler ({saved_type}) does not apply to this run's "
                            f"precision; starting from the configured loss scale")
-    # The FP8 histories and scales before the master: publishing it casts the weights with them under
-    # --fp8-param-gather (zero/fp8_params.py).
+    # FP8 histories before the master: publishing it casts the weights with them under --fp8-param-gather.
     missing = restore_fp8_histories(model, source.fp8_histories())
     if missing and state.is_first_rank:
         log(f" note: {source.path} ({source.format_name}) holds no FP8 amax history for {len(missing)} delayed-scaling "
@@ -290,11 +263,8 @@ def _optimizer_problem(source: GlobalStateSource, saved: Optional[str], ours: st
 
 def _note_conversions(source: GlobalStateSource, live: dict[str, torch.Tensor], source_keys: dict[str, str],
                       log) -> None:
-    """Say so when a state is stored in another dtype than this run's (--exp-avg-dtype / --exp-avg-sq-dtype): it
-    is converted as read (fp32 to bf16 rounds to nearest even; bf16 to fp32 is exact). Megatron-LM converts too:
-    its distributed optimizer saves the precision-aware optimizer's moments unscaled in fp32
-    (distrib_optimizer.py, _get_main_param_and_optimizer_states: get_unscaled_state) and stores a loaded one in
-    the run's dtype (_set_main_param_and_optimizer_states: set_scaled_state)."""
+    """Say so when a state is stored in another dtype than this run's (--exp-avg-dtype): it is converted as read, as
+    Megatron-LM's distributed optimizer does."""
     changed = []
     for key, source_key in source_keys.items():
         if key == "master":
@@ -310,8 +280,7 @@ def _note_conversions(source: GlobalStateSource, live: dict[str, torch.Tensor], 
 
 
 def _warn_non_finite(path: Path, staged: dict[str, torch.Tensor], state: ParallelState, log) -> None:
-    """Rank 0 says so when the loaded state holds NaN or inf on any rank: training from it diverges at once
-    (and then stops, naming the iteration)."""
+    """Rank 0 says so when the loaded state holds NaN or inf on any rank."""
     counts = {key: int(tensor.numel() - torch.isfinite(tensor).sum()) for key, tensor in staged.items()}
     totals = {key: sum(rank_counts[key] for rank_counts in state.comm.all_gather_object(counts)) for key in counts}
     bad = {key: count for key, count in totals.items() if count}

@@ -1,13 +1,6 @@
 """A checkpoint's model, weights and tokenizer with no optimizer (python -m training.generate), on one process or
-tensor-parallel.
-
-The doors are the loader's: a folder's format told once (checkpoint/formats.py), its model from what it records
-(this project's metadata, checkpoint/schema.py recorded_model; Megatron-LM's args, checkpoint/megatron_hf.py; a
-Hugging Face folder's config.json through --init-from-hf's settings layer, arguments/hf_folder.py), its files
-verified as a --load verifies them, and its weights read as global tensors (checkpoint/global_state.py) into a
-one-rank model (each parameter whole) or a tensor-parallel rank's (its slice), the vocabulary's real rows (the
-padding rows are never scored). DeepSpeed's folders are refused in one line saying how to bring them over, as the
-offline tools do (checkpoint/tool_input.py).
+tensor-parallel, through the loader's doors: the format told once, the model from what it records, weights read as
+global tensors. DeepSpeed folders are refused, saying how to bring them over.
 """
 
 from __future__ import annotations
@@ -38,8 +31,8 @@ CONFIG_FILE = "config.json"  # a Hugging Face folder's
 
 @dataclass(frozen=True)
 class InferenceCheckpoint:
-    """What a generation reads: the model to build, the folder of its tokenizer (None: the checkpoint holds none),
-    and a line saying what was found."""
+    """What a generation reads: the model to build, its tokenizer folder (None: none held), and a line on what was
+    found."""
     model: ModelConfig
     tokenizer_dir: Optional[Path]
     described: str
@@ -48,8 +41,7 @@ class InferenceCheckpoint:
     tokenizer_type: Optional[str] = None  # the run's --tokenizer-type (a SentencePiece type reads tokenizer.model)
 
     def tokenizer_files(self) -> dict[str, Path]:
-        """The tokenizer files beside the weights as the settings that name them (tokenizer.json, or GPT-2's
-        vocab.json and merges.txt); none without them."""
+        """The tokenizer files beside the weights, by the settings that name them."""
         from arguments.hf_folder import folder_tokenizer
 
         return folder_tokenizer(self.tokenizer_dir) if self.tokenizer_dir is not None else {}
@@ -68,7 +60,7 @@ def inference_path(load: Optional[str], pretrained: Optional[str]) -> Path:
 
 
 def inference_checkpoint(path: str | os.PathLike, verify: bool = True) -> InferenceCheckpoint:
-    """The checkpoint `path` names (module docstring); its files verified unless `verify` is False."""
+    """The checkpoint `path` names; its files verified unless `verify` is False."""
     path = Path(path)
     if is_hf_folder(path):
         return _hf_checkpoint(path)
@@ -113,8 +105,7 @@ def _hf_checkpoint(folder: Path) -> InferenceCheckpoint:
     from arguments.hf_folder import folder_tokenizer
     from arguments.parser import parse_arguments
 
-    # --init-from-hf's settings layer makes the model; its embedding has config.json's vocab_size rows whatever the
-    # tokenizer (training/run_settings.py model_vocabulary)
+    # The embedding has config.json's vocab_size rows whatever the tokenizer.
     model = parse_arguments(["--init-from-hf", str(folder)]).config.model
     model = replace_settings(model, vocab_size=read_hf_config(folder).vocab_size)
     return InferenceCheckpoint(model, folder if folder_tokenizer(folder) else None,
@@ -141,9 +132,8 @@ def open_source(checkpoint: InferenceCheckpoint, state: ParallelState) -> Iterat
 
 @torch.no_grad()
 def load_model_weights(source: GlobalStateSource, model: nn.Module, state: ParallelState) -> None:
-    """Every parameter of this rank's `model` read from `source` (the fp32 master where it holds one): on one process
-    each whole, under tensor parallelism this rank's slice of it (its record's region of the global tensor), after
-    checking that the checkpoint holds every parameter at its shape and nothing else; the routers' expert biases."""
+    """Every parameter of this rank's `model` read from `source` (whole, or this rank's TP slice) once the checkpoint is
+    checked to fit, and the routers' expert biases."""
     records = parameter_records(model)
     key = "master" if "master" in source.keys() else MODEL_KEY
     check_fits(source, key, records, state)

@@ -1,21 +1,6 @@
-"""Whether a path read from a checkpoint lies inside it: the one check every reader makes.
-
-A checkpoint is read through names it holds itself: `latest` names an iteration directory,
-metadata.json names the tensor files, the pipeline stages' files and the tokenizer folder, and that
-folder holds the tokenizer files. A symbolic link among them can point anywhere, and a reader that
-followed one would load, or copy into an export, a file that was never part of the checkpoint.
-
-`inside(root, *names)` is `root / names...` once each component, from the first name down, resolves
-(every link followed) to `root`'s resolved path or below it: a link to a sibling inside the
-checkpoint is fine, a link that leaves -- the file, a folder on the way, metadata.json, `latest`, the
-iteration directory -- is a `CheckpointError` naming the path and where it leads. The root itself is
-whatever the user named (a `--save` directory or one iteration directory), links and all.
-
-Every reader goes through it: `resolve_checkpoint` for `latest` and the iteration directory,
-`read_metadata` for metadata.json and every path the metadata names (`check_named_paths`), `member`
-for each tensor file opened, and the tokenizer copies of the HF export and of resharding
-(`folder_files`). So `--load`, scripts/convert_to_hf.py, scripts/zero_to_fp32.py and
-scripts/reshard_checkpoint.py refuse the same things in the same words.
+"""Whether a path read from a checkpoint lies inside it: the one check every reader makes. A symbolic link in a
+checkpoint can point anywhere; `inside` refuses any component that resolves outside the checkpoint's root, so every
+reader and tool refuses the same things in the same words.
 """
 
 from __future__ import annotations
@@ -48,7 +33,6 @@ def inside(root: Path, *names: str) -> Path:
 
 
 def _entries(root: Path, folder: str) -> list[Path]:
-    """Each entry of `root / folder` (when it is a folder), checked with `inside`, in name order."""
     directory = inside(root, folder)
     if not directory.is_dir():
         return []
@@ -56,17 +40,16 @@ def _entries(root: Path, folder: str) -> list[Path]:
 
 
 def folder_files(root: Path, folder: str) -> list[Path]:
-    """The files directly in `root / folder` (a checkpoint's tokenizer/), the folder and each entry
-    checked with `inside`, in name order. Sub-folders are not part of a saved tokenizer and are left out."""
+    """The files directly in `root / folder` (a tokenizer/), each checked with `inside`, in name order; sub-folders are
+    left out."""
     if not inside(root, folder).is_dir():
         raise CheckpointError(f"{root / folder}: missing from the checkpoint")
     return [path for path in _entries(root, folder) if path.is_file()]
 
 
 def check_named_paths(iteration_dir: Path, names: list[str], tokenizer: str | None) -> None:
-    """Every file the metadata names (`names`) and, when it has one, the tokenizer folder and each
-    entry in it: all inside `iteration_dir`. Existence is not checked here: verification names a
-    missing file, and the readers of the tokenizer a missing folder."""
+    """Every file the metadata names, and the tokenizer folder's entries, lie inside `iteration_dir`; existence is
+    checked elsewhere."""
     for name in names:
         inside(iteration_dir, name)
     if tokenizer is not None:

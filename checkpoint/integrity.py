@@ -1,18 +1,6 @@
-"""Every file a checkpoint lists, verified before it is loaded: present, its size, its safetensors
-header, its dtypes and shapes, and (unless skipped) a content hash written at save time.
-
-The size check alone let through a model file of the right length with other contents, a header
-whose dtype was swapped for another of the same width (I32 for F32: the bytes then load as integers),
-and any bit flip inside the tensor data. The header checks here know what each kind of file must hold
-(`expected_tensors`), and the content hash catches what is left.
-
-The hash is xxHash's XXH3-128 when the `xxhash` package is importable (it ships with `datasets`, a
-requirement), else SHA-256 from the standard library; each file's entry names its algorithm, so a
-checkpoint verifies wherever either is available. Measured on this repo's CI machine (2 cores): see
-docs/checkpoints.md, "Safety and integrity".
-
-Verification is spread over the ranks of a job (rank r checks files r, r + world, ...), so each file
-is read once however many ranks load it, and the ranks agree on the verdict before anyone proceeds.
+"""Every file a checkpoint lists, verified before it is loaded: present, its size, its safetensors header, dtypes and
+shapes, and (unless skipped) a content hash written at save time (XXH3-128, else SHA-256). The ranks share the files and
+agree on the verdict.
 """
 
 from __future__ import annotations
@@ -38,11 +26,10 @@ if xxhash is not None:
 DEFAULT_HASH = "xxh3_128" if xxhash is not None else "sha256"
 _READ_CHUNK = 8 << 20
 
-# safetensors dtype names and their sizes in bytes.
 DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 SAFETENSORS_DTYPE_OF_PRECISION = {"fp32": "F32", "bf16": "BF16", "fp16": "F16"}
-# A header this large is not one a checkpoint of ours writes (its length prefix is then corrupt).
+# A header this large means a corrupt length prefix.
 MAX_HEADER_BYTES = 100 << 20
 
 
@@ -55,12 +42,9 @@ def file_digest(path: Path, algorithm: str = DEFAULT_HASH) -> str:
     return f"{algorithm}:{hasher.hexdigest()}"
 
 
-# ---- the safetensors header -------------------------------------------------------------------
-
 def read_header(path: Path, file_size: int) -> tuple[dict[str, dict], dict]:
-    """The tensors a safetensors file declares, {name: {dtype, shape, data_offsets}}, after checking
-    that the header is well formed and that the tensors tile the data region exactly; and its metadata
-    (string values, as safetensors stores them)."""
+    """The tensors a safetensors file declares, once the header is well formed and they tile the data exactly; and its
+    metadata."""
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
@@ -107,8 +91,8 @@ def read_header(path: Path, file_size: int) -> tuple[dict[str, dict], dict]:
 
 
 def slice_records(extra: dict) -> Optional[dict]:
-    """The sharding records a file's metadata holds (name -> [global offset, local shape]); None for a file
-    written before the records. Malformed records come back as an entry the check then names."""
+    """The sharding records a file's metadata holds; None for a file without; malformed ones come back for the check to
+    name."""
     raw = extra.get(RECORDS)
     if raw is None:
         return None
@@ -120,8 +104,7 @@ def slice_records(extra: dict) -> Optional[dict]:
 
 
 def _records_problem(header: dict, records: dict, table: dict, dtype: str, precision: str) -> Optional[str]:
-    """A model file of format-2 checkpoints holds exactly the slices its records name, each inside its whole
-    parameter's shape, in the training dtype."""
+    """A model file holds exactly the slices its records name, inside their parameters, in the training dtype."""
     if set(header) != set(records):
         unknown, missing = sorted(set(header) - set(records)), sorted(set(records) - set(header))
         return f"its tensors differ from its sharding records (extra {unknown[:3]}, missing {missing[:3]})"
@@ -145,12 +128,10 @@ def _records_problem(header: dict, records: dict, table: dict, dtype: str, preci
 
 
 def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict, dict], Optional[str]]]:
-    """A check of one file's declared tensors (and header metadata) against what a checkpoint of ours puts in
-    that kind of file; it returns a problem in words, or None. None for a file of a kind this code does not
-    know."""
+    """A check of one file's tensors against what a checkpoint of ours puts in that kind of file (a problem in words, or
+    None); None for an unknown kind."""
     tp_size = metadata["tensor_parallel_size"]
     model_files = {file: tp for tp, file in metadata.get("model_files", [])}
-    # expert parallelism: each expert-parallel rank's experts in a file of their own, named in the metadata
     expert_files = {file: set(held) for _, _, file, held in metadata.get("expert_model_files", [])}
     if name in model_files or name in expert_files:
         dtype = SAFETENSORS_DTYPE_OF_PRECISION.get(metadata.get("precision", "fp32"), "F32")
@@ -189,7 +170,6 @@ def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict, dict
                 entry = header.get(key)
                 if entry is None:
                     return f"it lacks the optimizer tensor {key!r}"
-                # Adam's moments may be bf16 (--exp-avg-dtype / --exp-avg-sq-dtype bf16, zero/precision_aware.py)
                 dtypes = ("F32", "BF16") if key in ("exp_avg", "exp_avg_sq") else ("F32",)
                 if entry["dtype"] not in dtypes or len(entry["shape"]) != 1:
                     return (f"{key} is {entry['dtype']} {entry['shape']}; optimizer partitions are flat "
@@ -208,12 +188,9 @@ def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict, dict
     return None
 
 
-# ---- whole files and whole checkpoints ---------------------------------------------------------
-
 def verify_file(iteration_dir: Path, name: str, metadata: dict, check_content: bool = True) -> None:
-    """Raise CheckpointError naming the file if it is missing, of another size than the save wrote,
-    malformed, holds tensors of the wrong dtype or shape, or (with `check_content`) differs from its
-    hash."""
+    """Raise CheckpointError naming the file if it is missing, mis-sized, malformed, mistyped or (with `check_content`)
+    differs from its hash."""
     path = member(iteration_dir, name)
     if not path.is_file():
         raise CheckpointError(f"{path}: missing from the checkpoint")
@@ -239,10 +216,7 @@ def verify_file(iteration_dir: Path, name: str, metadata: dict, check_content: b
 
 def verify_checkpoint(iteration_dir: Path, metadata: dict, check_content: bool = True, rank: int = 0,
                       world_size: int = 1) -> Optional[str]:
-    """Verify this rank's share of the checkpoint's files (all of them for one process); returns the
-    first problem as a message, or None. The caller makes the ranks agree. That every path lies inside
-    the checkpoint was checked when `metadata` was read (`read_metadata`); `member` checks each again
-    as it opens it."""
+    """Verify this rank's share of the files; returns the first problem, or None (the caller makes the ranks agree)."""
     try:
         for name in listed_files(metadata)[rank::world_size]:
             verify_file(iteration_dir, name, metadata, check_content)
@@ -254,7 +228,7 @@ def verify_checkpoint(iteration_dir: Path, metadata: dict, check_content: bool =
 
 
 def hash_files(directory: Path, names, algorithm: str = DEFAULT_HASH) -> dict[str, str]:
-    """{name: digest} of files just written (read back from the page cache, so cheap)."""
+    """{name: digest} of files just written (read back from the page cache)."""
     return {name: file_digest(directory / name, algorithm) for name in names}
 
 

@@ -1,15 +1,6 @@
-"""A Megatron-LM torch_dist checkpoint as a Hugging Face state: the model its args describe and its saved weights.
-
-The model: Megatron-LM's args (common.pt) under this project's names, read as a resume reads them
-(checkpoint/torch_dist/resume.py metadata_view: the block settings, the activation Megatron-Core computed) plus the
-shape, with the vocabulary the saved rows hold (`padded_vocab_size`): Megatron-Core's cross entropy takes the padding
-rows' logits into its softmax, and so does transformers' over a vocabulary of that size, so the exported model's
-loss is Megatron-LM's. Every other setting its args hold is theirs too (dropout, the MoE losses' coefficients, ...),
-and the settings they gave are returned beside the model, so that the export names each config.json field they do
-not give (checkpoint/megatron_hf_fields.py). The weights: the fp32 weights Megatron-Core saved (an fp32 run's model
-tensors, a 16-bit run's fp32 master copies; its stacked layers, fused QKV and SwiGLU halves, at any TP x PP x EP),
-read whole by our names through checkpoint/torch_dist/source.py with the routers' expert biases, then written under
-transformers' names (checkpoint/hf/folders.py to_hf_state_dict).
+"""A Megatron-LM torch_dist checkpoint as a Hugging Face state: the model its args describe, at the saved (padded)
+vocabulary so the exported loss is Megatron-LM's, and its fp32 weights read through checkpoint/torch_dist/source.py
+under transformers' names; the settings the args gave are returned for the config.json fields.
 """
 
 from __future__ import annotations
@@ -32,33 +23,28 @@ MASTER = "master"  # the exact weights: an fp32 run's model tensors, a 16-bit ru
 # The shape: Megatron-LM's args of the same names
 SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "kv_channels", "ffn_hidden_size", "seq_length",
          "max_position_embeddings", "init_method_std")
-# Settings of the run, not of the model's math, that its args hold under our names: not the export's to take
-# (the vocabulary is the saved rows', below)
+# Run settings the args hold under our names, not the export's to take.
 RUN_SETTINGS = ("vocab_size", "make_vocab_size_divisible_by", "attention_backend", "cp_comm_type")
 
 
 def _scalar(value):
-    """A setting's value from the args, or None: Megatron-LM's lists of one (--moe-aux-loss-coeff takes nargs='+',
-    one per balancing type) as their element; a longer list fits no setting here."""
+    """A setting's value from the args, or None; a list of one (--moe-aux-loss-coeff) as its element."""
     if isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]
     return value if isinstance(value, (bool, int, float, str)) else None
 
 
 def end_of_document_id(args: dict) -> Optional[int]:
-    """The run's end-of-document id where its args give it: Megatron-LM's NullTokenizer appends it after the
-    --vocab-size ids (megatron/training/tokenizer/tokenizer.py _NullTokenizer); a tokenizer of files (not saved
-    with the checkpoint) knows its own."""
+    """The run's end-of-document id where its args give it (NullTokenizer's, after the --vocab-size ids)."""
     return args.get("vocab_size") if args.get("tokenizer_type") == "NullTokenizer" else None
 
 
 def megatron_settings(common: dict) -> tuple[ModelConfig, frozenset[str]]:
-    """The model Megatron-LM's args describe, and the names of the settings its args gave (the rest are this
-    project's defaults: checkpoint/megatron_hf_fields.py names what they feed in config.json)."""
+    """The model Megatron-LM's args describe, and the names of the settings they gave."""
     from arguments.config import PretrainConfig  # the defaults a setting its args lack takes
 
     args = vars(saved_args(common))
-    if "layernorm_zero_centered_gamma" not in args:  # Megatron-LM saves every argument; our saves did not, once
+    if "layernorm_zero_centered_gamma" not in args:  # Megatron-LM saves every argument; older saves of ours did not
         raise CheckpointError("its args do not say whether the norms store gain - 1 (layernorm_zero_centered_gamma, "
                               "--apply-layernorm-1p), so the exported norms could be off by 1: convert a save that "
                               "records it (Megatron-LM's own, or this project's since it writes the key)")
@@ -66,8 +52,7 @@ def megatron_settings(common: dict) -> tuple[ModelConfig, frozenset[str]]:
     known = setting_names(ModelConfig)
     given = {name for name in known if ours.get(name, name) in args and name not in RUN_SETTINGS}
     model = dict(metadata_view(common, PretrainConfig())["config"]["model"])
-    # every other setting the export may write (dropout, the MoE losses' coefficients, ...) from the run's args, not
-    # this project's defaults: what a resume does not compare is still the run's
+    # Every other setting the export may write comes from the run's args, not our defaults.
     for name in sorted(given - set(model)):
         value = _scalar(args[ours.get(name, name)])
         if value is not None:
@@ -87,13 +72,12 @@ def megatron_settings(common: dict) -> tuple[ModelConfig, frozenset[str]]:
 
 
 def megatron_to_hf_state(iteration_dir: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], frozenset[str]]:
-    """The model config, its weights under transformers' names (module docstring) and the settings its args gave."""
+    """The model config, its weights under transformers' names and the settings its args gave."""
     config, given = megatron_settings(load_common(iteration_dir))
     check_convertible(config, "the Hugging Face export")  # before any weight is read
     source = MegatronSource(iteration_dir)
     weights = {name: source.read(MASTER, name, tuple(slice(0, n) for n in info.shape)).reshape(info.shape)
                for name, info in source.tensors(MASTER).items()}
-    # the routers' expert bias, a buffer beside the weights: the family's e_score_correction_bias
     weights.update({name: torch.tensor(values, dtype=torch.float32)
                     for name, values in (source.expert_biases() or {}).items()})
     return config, to_hf_state_dict(weights, config), given

@@ -1,19 +1,13 @@
-"""Which fields of a Megatron-LM checkpoint's exported config.json its run's args give, and a line for each other.
-
-checkpoint/megatron_hf.py builds the model from common.pt's args and records which settings they gave; the
-family's export (families/) computes config.json from those settings. `FROM_SETTINGS` says which settings each
-field is computed from (under any family's name for it; nested rope_parameters keys as `rope_parameters.KEY`):
-a field all of whose settings the args gave is the run's own. `SAME_FOR_EVERY_RUN` are fields no Megatron-LM flag
-changes, written as Megatron-Core computes. Any other field (a runtime choice of transformers, a token id without
-the tokenizer, a setting the args lack) is named in one line with the value written: never defaulted silently.
+"""Which fields of a Megatron-LM checkpoint's exported config.json its run's args give: a field whose settings the args
+all gave is the run's, `SAME_FOR_EVERY_RUN` fields no flag changes, and any other is named in one line with the value
+written, never defaulted silently.
 """
 
 from __future__ import annotations
 
 import json
 
-# Among the settings the args give, the run's end-of-document id (a NullTokenizer's: checkpoint/megatron_hf.py),
-# this project's BOS and EOS
+# The run's end-of-document id (a NullTokenizer's), our BOS and EOS.
 END_OF_DOCUMENT = "end_of_document_id"
 # config.json field -> the settings (their flat names) it is computed from
 FROM_SETTINGS = {
@@ -71,29 +65,26 @@ FROM_SETTINGS = {
     "rope_parameters.full_attention": ("rotary_base", "rotary_seq_len_interpolation_factor"),
     "rope_parameters.sliding_attention": ("local_rotary_base",),
 }
-# Fields no Megatron-LM 0.16.1 flag changes, each with why its value is the run's
+# Fields no Megatron-LM flag changes, each with why its value is the run's.
 SAME_FOR_EVERY_RUN = {
     "architectures": "the class the blocks fit", "model_type": "the class the blocks fit",
     "transformers_version": "the writer's", "dtype": "the export's --dtype",
     "rope_interleave": "Megatron-Core's MLA's (gpt/mla.py de-interleaves the rope dims as it does)",
     "use_bidirectional_attention": "a GPT's (causal)",
-    # attention scaled by 1/sqrt(head dim) (no --softmax-scale flag), --apply-query-key-layer-scaling divides and
-    # multiplies back, no cross-attention in a GPT; transformers' upcasting and slicing change no function
     "scale_attn_weights": "Megatron-Core's", "scale_attn_by_inverse_layer_idx": "Megatron-Core's",
     "add_cross_attention": "a GPT's", "reorder_and_upcast_attn": "no function", "pretraining_tp": "no function",
     "decoder_sparse_step": "the layer pattern's (mlp_only_layers)",
 }
-# Megatron-Core's Llama 3 scaling (rotary_pos_embedding.py _apply_scaling) takes only the factor from a flag
+# Megatron-Core's Llama 3 scaling takes only the factor from a flag.
 LLAMA3_FIXED = ("rope_parameters.low_freq_factor", "rope_parameters.high_freq_factor",
                 "rope_parameters.original_max_position_embeddings")
 
-# Megatron-Core 0.16.1's MLA YaRN (MLATransformerConfig; DeepSeek-V3's rope_parameters, rope_type yarn): the factor
-# from --rotary-scaling-factor alone, and betas and original length that no flag changes (gpt/mla.py MLA_YARN_*)
+# MLA YaRN: only the factor comes from a flag.
 MLA_YARN_FROM = {"rope_parameters.factor": ("rotary_scaling_factor",)}
 MLA_YARN_FIXED = ("rope_parameters.beta_fast", "rope_parameters.beta_slow",
                   "rope_parameters.original_max_position_embeddings")
 
-# Why a field no argument gives has the value written (any other: the family's export sets it)
+# Why a field no argument gives has the value written.
 NOT_FROM_ARGS = {
     "pad_token_id": "a GPT pads no batch", "use_cache": "transformers' generation switch",
     "output_router_logits": "transformers' switch for its own router loss",
@@ -101,7 +92,6 @@ NOT_FROM_ARGS = {
     "summary_activation": "GPT-2's sequence-summary head, which a causal LM has not",
 }
 
-# How a line names a setting the args lack where its name alone would not say it
 LACKING = {END_OF_DOCUMENT: "its end-of-document id (its tokenizer's files are not saved with the checkpoint)"}
 
 
@@ -114,8 +104,7 @@ def _flattened(config: dict) -> dict:
 
 
 def unsourced_fields(config: dict, given: frozenset[str]) -> list[str]:
-    """One line for each field of `config` (config.json as written) that the settings `given` by the run's args
-    do not determine (module docstring), with the value written."""
+    """One line for each field of `config` that the settings `given` do not determine, with the value written."""
     lines = []
     rope_type = (config.get("rope_parameters") or {}).get("rope_type")
     llama3 = rope_type == "llama3"

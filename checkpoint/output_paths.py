@@ -1,8 +1,5 @@
-"""Output paths checked before any work: created, tested for writability, never a checkpoint's inside.
-
-A read-only mount, a path under a regular file or a full permission mistake used to surface at the
-first save, after the whole run. Every entry point calls these at start instead, so the same mistake
-costs a second. Failures are `ConfigError`s naming the flag and the path.
+"""Output paths checked before any work: created, tested for writability, never a checkpoint's inside, so a mistake
+costs a second at start rather than a run. Failures are `ConfigError`s naming the flag and the path.
 """
 
 from __future__ import annotations
@@ -32,8 +29,8 @@ def prepare_output_directory(path: str | os.PathLike, flag: str) -> Path:
 
 
 def prepare_output_file(path: str | os.PathLike, flag: str) -> Path:
-    """Create the parent of `path` and open `path` for appending (creating it empty if missing), so
-    an unwritable file fails now; an existing file keeps every byte."""
+    """Create the parent of `path` and open `path` for appending, so an unwritable file fails now; existing bytes are
+    kept."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{flag} {path} is a directory; it must name a file")
@@ -50,8 +47,8 @@ def prepare_output_file(path: str | os.PathLike, flag: str) -> Path:
 
 
 def checkpoint_holding(path: str | os.PathLike, include_self: bool = False) -> Path | None:
-    """The nearest directory above `path` (or at it, with `include_self`) that is a checkpoint (it
-    has metadata.json) or a save directory (it has `latest` or Megatron's tracker file), or None."""
+    """The nearest directory above `path` (or at it, with `include_self`) that is a checkpoint or a save directory, or
+    None."""
     path = Path(path).resolve()
     for directory in ([path] if include_self else []) + list(path.parents):
         if (directory / METADATA_FILE).is_file() or is_save_directory(directory):
@@ -60,8 +57,7 @@ def checkpoint_holding(path: str | os.PathLike, include_self: bool = False) -> P
 
 
 def refuse_inside_checkpoint(path: str | os.PathLike, flag: str, include_self: bool = False) -> None:
-    """Tools write beside checkpoints, never into one: a file there would be taken for part of it,
-    or replace part of it. With `include_self`, `path` must not be a checkpoint either."""
+    """Tools write beside checkpoints, never into one; with `include_self`, `path` must not be one either."""
     holder = checkpoint_holding(path, include_self)
     if holder is not None:
         where = "is" if holder == Path(path).resolve() else "is inside"
@@ -69,10 +65,8 @@ def refuse_inside_checkpoint(path: str | os.PathLike, flag: str, include_self: b
 
 
 def refuse_training_output_in_checkpoint(path: str | os.PathLike, flag: str, save_directory: bool = False) -> None:
-    """A run's outputs go beside checkpoints, never into one: `latest` or iter_* written inside an
-    iteration directory would make a later --load of it (or zero_to_fp32) silently read another
-    iteration. No output may be or be under a directory with metadata.json; --save
-    (`save_directory`) may itself be a save directory (it holds `latest`) but not lie under one."""
+    """A run's outputs go beside checkpoints, never into one (a `latest` inside an iteration directory would redirect a
+    later --load); --save may itself be a save directory."""
     resolved = Path(path).resolve()
     for directory in [resolved] + list(resolved.parents):
         inside = "is" if directory == resolved else "is inside"
@@ -94,22 +88,19 @@ def refuse_existing(path: str | os.PathLike, flag: str, overwrite: bool) -> None
     raise ConfigError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another path")
 
 
-# ---- outputs a tool replaces: only what it wrote itself -----------------------------------------
-
 MAX_NAMED = 5  # foreign entries named in one refusal before "... and N more"
 
 
 def foreign_entries(folder: Path, owned_names: frozenset[str]) -> list[str]:
-    """The entries of `folder` that a tool writing `owned_names` did not write: any other name, and
-    any owned name that is not a regular file (a directory called config.json is not ours)."""
+    """The entries of `folder` a tool writing `owned_names` did not write (an owned name that is not a regular file
+    too)."""
     return sorted(entry.name + ("/" if entry.is_dir() else "") for entry in folder.iterdir()
                   if entry.name not in owned_names or entry.is_symlink() or not entry.is_file())
 
 
 def check_replaceable_folder(folder: Path, owned_names: frozenset[str], overwrite: bool, flag: str) -> None:
-    """`folder` may be absent or empty; with --overwrite it may also hold the files the tool writes,
-    and nothing else. `--overwrite` never means "delete whatever is there": a user's other files in
-    an export folder (notes, data, a subfolder) are refused by name and never touched."""
+    """`folder` may be absent or empty; with --overwrite it may also hold the tool's own files, and nothing else: a
+    user's other files are refused by name, never touched."""
     if folder.is_symlink() and not folder.exists():  # renaming the finished folder onto it would fail at the end
         raise ConfigError(f"{flag} {folder} is a symbolic link to nothing (to {os.readlink(folder)}); remove it or "
                           f"choose another path")
@@ -132,10 +123,8 @@ def check_replaceable_folder(folder: Path, owned_names: frozenset[str], overwrit
 
 
 def install_folder(staging: Path, folder: Path, owned_names: frozenset[str]) -> None:
-    """Put the fully written `staging` at `folder`. An existing `folder` (checked again here, just
-    before it goes) is renamed aside under a hidden name of this process and emptied of the owned
-    files only; it is removed when that leaves it empty, so nothing else can be deleted, even a file
-    someone added meanwhile. No glob of sibling names: a user's `hf.old-...` beside it is not ours."""
+    """Put the fully written `staging` at `folder`: an existing one is renamed aside, emptied of the owned files only,
+    and removed only if that leaves it empty."""
     for path in staging.iterdir():
         if path.is_file():
             fsync_path(path)
@@ -159,9 +148,7 @@ def install_folder(staging: Path, folder: Path, owned_names: frozenset[str]) -> 
 
 
 def check_output_directory(path: str | os.PathLike, flag: str) -> Path:
-    """What `prepare_output_directory` would find, creating nothing: `path` is a directory, or its
-    nearest existing ancestor is a directory this process can create entries in. For commands that
-    check every input before they make any directory, so a bad input leaves no trace."""
+    """What `prepare_output_directory` would find, creating nothing, for commands that check every input first."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {path} exists and is not a directory; it must be a directory (created if missing)")

@@ -1,7 +1,6 @@
-"""A saved tensor's elements spread over files: the pieces each file holds, and a region of the whole tensor read from
-them, a contiguous stretch at a time. This project's optimizer partitions (checkpoint/ours/source.py) and Megatron-Core's
-dp_reshardable buckets (checkpoint/torch_dist/source.py) both hold flat stretches of parameters flattened at a saving
-rank's local shape; an element no piece holds is an incomplete checkpoint, named in one line."""
+"""A saved tensor's elements spread over files (our partitions, Megatron-Core's dp_reshardable buckets): the pieces each
+file holds, and a region of the whole tensor read from them a contiguous stretch at a time.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +15,8 @@ from checkpoint.regions import Box, box_numel, box_runs, flat_range_boxes, inter
 
 @dataclass(frozen=True)
 class Piece:
-    """Elements [param_offset, param_offset + numel) of a saved slice (local shape, at a global offset) of one
-    parameter, at `partition_offset` of `file`'s flat tensors."""
+    """Elements [param_offset, param_offset + numel) of a saved slice of one parameter, at `partition_offset` of `file`.
+    """
     file: str
     param_offset: int
     partition_offset: int
@@ -33,10 +32,8 @@ class Piece:
 
 def read_pieces(pieces: list[Piece], name: str, region: tuple[slice, ...], dtype: torch.dtype, fetch,
                 where: Path) -> torch.Tensor:
-    """`region` of tensor `name` from the flat `pieces` holding it, each overlapping stretch read with
-    `fetch(file, begin, end)` (flat positions in that file's tensor); an element no piece holds is an incomplete
-    checkpoint, named in one line (before allocating, where the pieces together hold fewer elements: a parameter
-    table whose shape was edited would otherwise ask for more memory than exists)."""
+    """`region` of tensor `name` from its flat `pieces`, each stretch read with `fetch(file, begin, end)`; an element no
+    piece holds is named in one line, before allocating."""
     refuse_short(pieces, name, region, where)
     out = torch.empty([part.stop - part.start for part in region], dtype=dtype)
     filled = 0

@@ -1,12 +1,6 @@
-"""A rank's random states in a checkpoint: what a save writes (Python, NumPy, torch's CPU/CUDA generators and the
-tensor-parallel stream) and what a load restores where the layout allows.
-
-The streams do not depend on the data-parallel rank (parallel/random.py), so a run at another DP size takes DP
-rank 0's of its TP rank; with pipeline stages a rank takes its own stage's. At another TP or pipeline size the streams
-belong to other ranks (each stage draws from its own, seeded --seed + 100 x its pipeline rank: one stage's restored on
-every stage would repeat its masks there): none is restored, the streams start from the seed, and the load says so in
-one line, as Megatron-LM's load_checkpoint ignores the RNG state at a (TP, PP) mismatch (megatron/training/
-checkpointing.py: "RNG state will be ignored").
+"""A rank's random states in a checkpoint: Python, NumPy, torch CPU/CUDA and the tensor-parallel stream. Streams do not
+depend on the DP rank, so another DP size takes DP rank 0's; at another TP or pipeline size none is restored and the
+streams start from the seed, as Megatron-LM's load_checkpoint does.
 """
 
 from __future__ import annotations
@@ -48,9 +42,8 @@ def _is_count(value, low: int, high: int) -> bool:
 
 
 def random_states_problem(extra: dict, tensors: dict[str, torch.Tensor]) -> Optional[str]:
-    """What is out of range in an RNG file's NumPy and Python states (the numbers `rng_tensors` wrote),
-    in words; None when each is what a Mersenne Twister holds. NumPy takes a position of -1 silently and
-    a word beyond 32 bits with an OverflowError, so the ranges are checked here, by entry."""
+    """What is out of range in an RNG file's NumPy and Python states, in words, or None (NumPy would misread them
+    silently)."""
     numpy_state, python_state = extra.get("numpy"), extra.get("python")
     if not isinstance(numpy_state, list) or len(numpy_state) != 4:
         return f"'numpy' must be [kind, position, has_gauss, cached_gaussian], got {numpy_state!r:.80}"
@@ -81,7 +74,7 @@ def random_states_problem(extra: dict, tensors: dict[str, torch.Tensor]) -> Opti
 
 def restore_random_states(iteration_dir: Path, metadata: dict, rng: Optional[TensorParallelRNG], state: ParallelState,
                           log=print) -> None:
-    """This rank's RNG states, where the layout allows (module docstring)."""
+    """This rank's RNG states, where the layout allows."""
     saved_tp = metadata["tensor_parallel_size"]
     stages = metadata.get("pipeline_stages")
     saved_pp = len(stages) if stages else 1

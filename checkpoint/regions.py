@@ -1,10 +1,5 @@
-"""Regions of a tensor: boxes (one slice per dimension) and the flat ranges ZeRO's fragments are made of.
-
-A ZeRO fragment is a contiguous stretch of a parameter flattened at its local shape; a checkpoint asks for and
-serves boxes of the whole tensor. `flat_range_boxes` cuts a flat stretch into the few boxes it is made of (a
-partial first row, whole rows, a partial last row, recursively over the dimensions), each itself contiguous in
-flat order, so the elements of a fragment are read exactly, never the bounding rows around them; `box_runs`
-goes back: the contiguous flat stretches a box covers.
+"""Regions of a tensor: boxes (one slice per dimension) and the flat ranges ZeRO's fragments are made of, converted both
+ways so a fragment's elements are read exactly, never the bounding rows around them.
 """
 
 from __future__ import annotations
@@ -20,8 +15,7 @@ def box_numel(box: Box) -> int:
 
 
 def flat_range_boxes(shape: Sequence[int], start: int, stop: int) -> list[Box]:
-    """The boxes, in flat order, whose union is elements [start, stop) of a tensor of `shape` flattened; each box
-    is contiguous in flat order (only its first dimension is partial) and follows the previous one."""
+    """The boxes, in flat order, whose union is flat elements [start, stop) of a tensor of `shape`; each contiguous."""
     if start >= stop:
         return []
     if not shape:
@@ -56,11 +50,9 @@ def flat_start(shape: Sequence[int], box: Box) -> int:
 
 
 def box_runs(shape: Sequence[int], box: Box) -> Iterator[tuple[int, int, int]]:
-    """(flat start in the tensor, flat start in the box, length) of each contiguous stretch of `box` inside a
-    tensor of `shape`, in order: the trailing dimensions the box covers whole are read in one stretch."""
+    """(flat start in the tensor, flat start in the box, length) of each contiguous stretch of `box`, in order."""
     dims = len(shape)
-    # the innermost dimensions the box spans whole, and the first (going outwards) it does not: a run is one index
-    # of every outer dimension times that partial dimension times the whole inner ones
+    # A run is one index of every outer dimension times the partial dimension times the whole inner ones.
     cut = dims
     while cut > 0 and box[cut - 1].start == 0 and box[cut - 1].stop == shape[cut - 1]:
         cut -= 1

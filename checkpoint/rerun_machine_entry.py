@@ -1,10 +1,5 @@
-"""metadata.json's `rerun_state_machine`: the rerun state machine's pending re-run (resilience/rerun_resume.py
-makes and reads its content; checkpoint/ours/sharded.py writes it, one part per rank gathered into `ranks`).
-
-Megatron-LM's load_checkpoint (megatron/training/checkpointing.py) takes the machine's state only when the job's
-world, tensor-, pipeline- and data-parallel sizes are the checkpoint's ("Job sharding has changed: Rerun state
-will be ignored"): each rank's part belongs to the rank that wrote it. A checkpoint without the entry (every one
-saved before it existed, and every one saved with no re-run pending) resumes as it always has.
+"""metadata.json's `rerun_state_machine`: the rerun state machine's pending re-run, one part per rank, restored (as
+Megatron-LM's load_checkpoint does) only when the job's grid is the checkpoint's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The checks a resume makes before any work, on every rank, for the format the registry found
-(checkpoint/formats.py): the checkpoint's metadata fits this run's data settings, the samples its schedule covers,
-its model and learning-rate schedule (Megatron's rule; the data, samples and schedule only where the run continues
-the checkpoint's training), and every file of it is intact."""
+"""The checks a resume makes before any work, on every rank, for whichever format: data settings, samples left, model,
+schedule, and every file intact.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +17,8 @@ from checkpoint.upcycling import dense_model_config
 from parallel.state import ParallelState
 
 Log = Callable[[str], None]
-# (checkpoint folder, config) -> its metadata as our metadata.json's fields; (folder, metadata, state, read every byte)
-# -> None on every rank, raising on every rank where a file is damaged
+# (folder, config) -> its metadata as our metadata.json's fields; (folder, metadata, state, read every byte) -> None,
+# raising on every rank.
 ReadMetadata = Callable[[Path, object], dict]
 Verify = Callable[[Path, dict, ParallelState, bool], None]
 
@@ -33,8 +32,8 @@ def agreed_problem(state: ParallelState, problem: Optional[str]) -> None:
 
 def check_resume(read_metadata: ReadMetadata, verify: Verify, config, state: ParallelState, iteration_dir: Path,
                  log: Log, batch: BatchSchedule) -> tuple[Optional[LearningRateSchedule], dict]:
-    """The checks of the module docstring on a checkpoint whose format reads as our metadata.json; returns the
-    checkpoint's schedule when it is to be kept, and that metadata."""
+    """The checks on a checkpoint whose metadata reads as ours; returns the schedule to keep, if any, and that metadata.
+    """
     checkpoint = config.checkpoint
     metadata, error = attempt(lambda: read_metadata(iteration_dir, config))
     agree(state, error)

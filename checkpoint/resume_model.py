@@ -1,12 +1,6 @@
-"""A resume continues the model that was trained: its head count and its blocks' settings (normalization, SwiGLU, positions
-and every rotary setting, key/value groups, tied output, biases, q/k norms, the attention output gate, the
-norm epsilon, the activation, the MoE layers' structure and routing, multi-latent attention's sizes and YaRN)
-equal the checkpoint's.
-
-Most of them change no parameter shape (--rotary-base, --rotary-percent, --use-rope-scaling, --norm-epsilon;
---num-query-groups at equal rows), so the load's shape check (checkpoint/ours/sharded.py check_compatible)
-would let such a resume through and train a different function from the saved weights. A fine-tune
-(--finetune) starts a new run from the weights and may change them (a longer context's rotary base).
+"""A resume continues the model that was trained: its head count and every block setting equal the checkpoint's. Most
+(rotary base, epsilon, query groups at equal rows) change no parameter shape, so the load's shape check alone would
+train another function; --finetune may change them.
 """
 
 from __future__ import annotations
@@ -24,44 +18,32 @@ from gpt.norms import NormSettings
 from gpt.positions import LONGROPE_SETTINGS, PositionSettings
 
 ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "rotary_interleaved")
-# The MoE layer's structure and routing (gpt/moe/): which layers hold experts, how many, and how a token chooses
-# and weighs them. (The balancing losses' coefficients and the capacity are training settings a resume may change.)
+# The MoE structure and routing; loss coefficients and capacity are training settings a resume may change.
 MOE_COMPARED = ("num_experts", "moe_layer_freq", "moe_ffn_hidden_size", "moe_router_topk", "moe_router_score_function",
                 "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_num_groups",
                 "moe_router_group_topk", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
-                "moe_gating", "topk", "expert_interval", "mlp_type")  # the last four: DeepSpeed-MoE's (a Megatron-DeepSpeed
-# launch)
-# Multi-latent attention (gpt/mla.py): whether it replaces the attention, its sizes and its rotary positions (MLA
-# applies rope with --rotary-base whatever --position-embedding-type says, as Megatron-Core's MLASelfAttention)
+                "moe_gating", "topk", "expert_interval", "mlp_type")  # the last four: DeepSpeed-MoE's
+# Multi-latent attention: whether it replaces attention, its sizes and its rotary positions.
 MLA_COMPARED = ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
                 "v_head_dim", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim")
-# --position-embedding-type yarn's (gpt/rotary.py yarn_angles), with the scaling factor and mscales MLA shares
 YARN_SETTINGS = ("rotary_scaling_factor", "mscale", "mscale_all_dim", "yarn_original_max_position_embeddings",
                  "yarn_beta_fast", "yarn_beta_slow", "yarn_correction_range_round_to_int")
-# (--max-position-embeddings only where it sets LongRoPE's default attention factor: gpt/longrope.py). The depth,
-# width and head count first, as Megatron-LM's check_checkpoint_args compares them (megatron/training/checkpointing.py):
-# said at start-up in one line, not as the dozens of parameter shapes they change; at a given hidden size the heads
-# change no shape, only how the rows of the attention's projections are grouped.
+# The depth, width and head count first, as Megatron-LM's check_checkpoint_args: one line, not dozens of shapes.
 SHAPE_FIRST = ("num_layers", "hidden_size", "num_attention_heads")
-# Every setting of the blocks' sections but the attention's choices of kernel (AttentionSettings.NOT_THE_MATH) and its
-# dropout (a training setting, as --hidden-dropout: a resume may change it, and an evaluation has none), and the
-# trunk's that shape the embedding, the linears and the output
+# Every block setting but the attention's kernel choices and dropout.
 NOT_COMPARED = (*AttentionSettings.NOT_THE_MATH, "attention_dropout")
 BLOCK_COMPARED = tuple(name for kind in (NormSettings, MLPSettings, PositionSettings, AttentionSettings)
                        for name in setting_names(kind) if name not in NOT_COMPARED)
 COMPARED = tuple(dict.fromkeys((*SHAPE_FIRST, *BLOCK_COMPARED, "untie_embeddings_and_output_weights", "add_bias_linear",
                                 "scale_embeddings_by_sqrt_hidden", "final_logit_softcapping", *MOE_COMPARED,
                                 *MLA_COMPARED, "max_position_embeddings")))
-# Read, not compared: what a compared setting's default derives from (--moe-ffn-hidden-size's is the dense MLP's
-# width, --ffn-hidden-size or its own default from --hidden-size and --swiglu)
+# Read, not compared: what a compared setting's default derives from.
 DEFAULTS_FROM = ("ffn_hidden_size",)
 
 
 def _compared_values(model: dict) -> dict:
-    """The settings as the built model reads them: a setting a checkpoint lacks is the default (it was saved
-    before the setting existed, by GPT-2's blocks); rotary settings only where positions are rotary, the
-    scaling factor only where scaling is on; one key/value group per head is None's meaning, and the dense MLP's
-    width an unset --moe-ffn-hidden-size's (a resolved default and the unset flag compare equal)."""
+    """The settings as the built model reads them: a missing one is its default, and a resolved default equals the unset
+    flag."""
     defaults = ModelConfig()
     values = {name: model.get(name, setting_value(defaults, name)) for name in COMPARED}
     yarn = values["position_embedding_type"] == "yarn" and not values["multi_latent_attention"]
@@ -103,16 +85,14 @@ def _compared_values(model: dict) -> dict:
 
 
 def _dense_ffn_size(model: dict, defaults: ModelConfig) -> int:
-    """The dense MLP's width a record implies: its --ffn-hidden-size, else Megatron-LM's default from its hidden size
-    and --swiglu (gpt/mlp.py ffn_size). Megatron-LM's validate_args sets --moe-ffn-hidden-size to it where the flag
-    is not given, and so does a torch_dist save here: the unset flag and that width are one model."""
+    """The dense MLP's width a record implies (--ffn-hidden-size, else Megatron-LM's default), which an unset
+    --moe-ffn-hidden-size means."""
     mlp = dataclasses.replace(defaults.mlp, swiglu=bool(model.get("swiglu", defaults.mlp.swiglu)))
     return mlp.ffn_size(model.get("hidden_size", defaults.hidden_size), model.get("ffn_hidden_size"))
 
 
 def _layer_freq(freq, num_layers: int):
-    """Which layers hold experts, one way however typed (an int, a list expression, or the list Megatron-LM's args
-    keep): the int N whose every N-th layer they are, else one 0/1 per layer."""
+    """Which layers hold experts, one way however typed: the int N, else one 0/1 per layer."""
     pattern = moe_layer_pattern(freq, num_layers)
     every = next((n for n in range(1, num_layers + 1) if pattern == moe_layer_pattern(n, num_layers)), None)
     return every if every is not None else tuple(map(int, pattern))
@@ -139,8 +119,7 @@ def model_differences(saved_model: dict, model: ModelConfig) -> list[str]:
     typed = {name: setting_value(model, name) for name in (*COMPARED, *DEFAULTS_FROM)}
     saved, ours = _compared_values(saved_model), _compared_values(typed)
     unsaid = set()
-    unsaid.update(name for name in SHAPE_FIRST if name not in saved_model)  # a record without them (a plain
-    # DeepSpeed script's): not compared
+    unsaid.update(name for name in SHAPE_FIRST if name not in saved_model)  # absent from a plain DeepSpeed record
     if typed["num_query_groups"] is None and saved_model.get("num_query_groups") is None:
         unsaid.add("num_query_groups")  # plain multi-head attention on both sides: its groups are the heads
     differences = []

@@ -1,19 +1,6 @@
-"""The routers' expert bias in checkpoints (aux-loss-free balancing, --moe-router-enable-expert-bias).
-
-Megatron-Core's TopKRouter keeps `expert_bias` as a persistent buffer (saved with the model's state) and
-`local_tokens_per_expert` as a non-persistent one (megatron/core/transformer/moe/router.py, Router.__init__:
-`register_buffer(..., persistent=False)`): the counts are summed over one iteration and zeroed after the bias
-update (moe_utils.get_updated_expert_bias, called from finalize_model_grads), so between iterations, where a
-save happens, they are zero. Here the same: each router's fp32 bias is saved by name (the router's global module
-name + ".expert_bias") in the checkpoint's metadata, as exact fp32 values (a float32 goes to JSON as the double
-it is and back without loss), and a resume puts it back with zero counts. The bias is the same on every rank
-(the counts are summed over the data-parallel group before each update), one vector of --num-experts floats per
-MoE layer.
-
-A saved bias is checked as every tensor is, before any weight is loaded (`check_expert_biases`): one value per
-expert, finite (it only chooses experts, so a NaN would never make the loss diverge: it would route wrongly without a
-word), and present for every router the run routes with, where the format saves it (a resume; a --finetune or a
-format that never holds one starts it at 0, said in a note).
+"""The routers' expert bias in checkpoints (--moe-router-enable-expert-bias): as Megatron-Core's TopKRouter, the bias is
+persistent and the token counts are not (zero between iterations). Each fp32 bias is saved by router name in the
+metadata, checked (one finite value per expert) before any weight loads, and restored with zero counts.
 """
 
 from __future__ import annotations
@@ -31,8 +18,7 @@ SUFFIX = ".expert_bias"
 
 
 def expert_biases(model: nn.Module) -> dict[str, list[float]]:
-    """{router name + ".expert_bias": its values} for this rank's routers that hold a bias (made on the first
-    forward: a model that has not run yet has none)."""
+    """{router name + ".expert_bias": its values} for this rank's routers holding a bias (made on the first forward)."""
     return {name + SUFFIX: module.expert_bias.detach().cpu().tolist() for name, module in model.named_modules()
             if isinstance(module, TopKRouter) and module.expert_bias is not None}
 
@@ -44,9 +30,7 @@ def biased_routers(model: nn.Module) -> dict[str, int]:
 
 
 def configured_biased_routers(model_config) -> dict[str, int]:
-    """`biased_routers` of the model `model_config` (a ModelConfig) builds, without building it: each MoE block's
-    router and, where the MTP layers are MoE layers (Megatron-Core builds them as the last decoder layer's kind), each
-    MTP layer's."""
+    """`biased_routers` of the model `model_config` builds, without building it (MoE MTP layers included)."""
     moe = model_config.moe
     if moe is None or not moe.router_enable_expert_bias:
         return {}
@@ -66,9 +50,8 @@ def _as_vector(values, name: str, where: str) -> torch.Tensor:
 
 
 def check_expert_biases(saved: Optional[dict], wanted: dict[str, int], where: str, required: bool) -> list[str]:
-    """Each bias of `wanted` (biased_routers) that `saved` holds has one finite value per expert, else one line
-    naming the tensor and both shapes, or the bad value; a router `saved` lacks is refused where `required` (the
-    format saves every router's bias, and the run resumes), else returned (it starts at 0). `where`: the checkpoint."""
+    """Each saved bias in `wanted` has one finite value per expert, else one line; a missing router is refused where
+    `required`, else returned (it starts at 0)."""
     saved = saved or {}
     missing = []
     for name, experts in wanted.items():
@@ -92,8 +75,7 @@ def check_expert_biases(saved: Optional[dict], wanted: dict[str, int], where: st
 
 
 def restore_expert_biases(model: nn.Module, saved: Optional[dict], device: torch.device) -> None:
-    """Put the saved biases (checked: check_expert_biases) into this rank's routers that use one, their token counts
-    zero, as between iterations; a router without a saved bias keeps its own (0 from its first forward)."""
+    """Put the saved biases into this rank's routers, counts zero; a router without one keeps its own."""
     saved = saved or {}
     for name, module in model.named_modules():
         if not isinstance(module, TopKRouter) or not module.settings.router_enable_expert_bias:

@@ -1,6 +1,6 @@
-"""A run's saves to --save, pruned to --keep-last, in the format the registry writes for the run's flags
-(checkpoint/formats.py `writer_for`): this project's format, synchronous or in the background (--async-save,
-checkpoint/ours/async_save.py), or Megatron-LM's torch_dist layout (checkpoint/torch_dist/writer.py), synchronous."""
+"""A run's saves to --save, pruned to --keep-last, in the format the registry writes for the run's flags: ours
+(synchronous or --async-save) or Megatron-LM's torch_dist.
+"""
 
 from __future__ import annotations
 
@@ -16,15 +16,13 @@ from parallel.state import ParallelState
 
 # Writes a checkpoint: (iteration, consumed samples, learning rate, the schedule's samples) -> None.
 SaveCheckpoint = Callable[[int, int, float, int], None]
-# What a save writes of the rerun state machine (resilience/rerun_resume.py machine_checkpoint_state): its state, or None
+# What a save writes of the rerun state machine, or None.
 RerunState = Callable[[], Optional[dict]]
 
 
 class CheckpointSaves:
-    """Called to save: (iteration, consumed samples, learning rate, the schedule's samples). With a background
-    writer, `poll` commits a save once every rank's files are in (the loop calls it before every iteration), `finish`
-    waits for the last one (the end of the run, an early exit, a divergence: every rank gets there), and `abandon`
-    lets it go (an error: nothing more is committed). Synchronous saves are committed before the call returns."""
+    """Called to save. With a background writer `poll` commits once every rank's files are in, `finish` waits for the
+    last, `abandon` drops it; synchronous saves commit before returning."""
 
     def __init__(self, config, state: ParallelState, model, optimizer, rng, tokenizer: RunTokenizer,
                  identity: RunIdentity, batch=None, rerun_state: RerunState = lambda: None,
@@ -32,8 +30,7 @@ class CheckpointSaves:
         self.config, self.state, self.identity, self.batch = config, state, identity, batch
         self.model, self.optimizer, self.rng, self.rerun_state = model, optimizer, rng, rerun_state
         self.format = writer_for(config)
-        # A NullTokenizer has no files, and a SentencePiece .model is not what scripts/convert_to_hf.py reads from
-        # a checkpoint's tokenizer/ (a tokenizer.json): the checkpoint then holds no tokenizer/ copy.
+        # A NullTokenizer has no files and a SentencePiece .model is not what the HF export reads: no tokenizer/ copy.
         self.tokenizer = tokenizer if isinstance(tokenizer, GPTTokenizer) else None
         self.tokenizer_record = tokenizer_record(tokenizer) if tokenizer is not None else None  # every kind's
         checkpoint = config.checkpoint

@@ -1,12 +1,6 @@
-"""Everything a training run claims and checks before any work, agreed by every rank.
-
-`claim_run_start` finishes a first save killed before `latest` (checkpoint/unfinished_save.py),
-decides fresh start or resume (checkpoint/start_decision.py), takes the locks of the save
-directory and of the metrics file (checkpoint/save_directory.py, base/output_locks.py), proves every output path writable (checkpoint/output_paths.py), and verifies the
-checkpoint to resume from: every file, its header and its hash (checkpoint/integrity.py). Rank 0
-makes the decisions that touch shared files (the lock exists once); checks every rank must pass for
-itself (its data cache directory) run everywhere. Each step ends in an agreement, so an error is the
-same error on every rank, raised before any data or model work, and only rank 0 prints it.
+"""Everything a training run claims and checks before any work, agreed by every rank: finish a killed first save, decide
+fresh start or resume, take the save and metrics locks, prove outputs writable, verify the checkpoint. Each step ends in
+an agreement, so an error is the same on every rank.
 """
 
 from __future__ import annotations
@@ -37,18 +31,15 @@ from parallel.state import ParallelState
 class RunStart:
     resume_from: Optional[Path]  # the verified iteration directory to load; None: a fresh start
     locks: list[RunLock]  # held by rank 0 while the run writes: --save's and --metrics-file's
-    # The checkpoint's learning-rate schedule, when --use-checkpoint-opt_param-scheduler keeps it: the
-    # run's settings are resolved with it (training/run_settings.py), never patched afterwards.
+    # The checkpoint's schedule when --use-checkpoint-opt_param-scheduler keeps it: settings resolve with it, never
+    # patched.
     lr_schedule: Optional[LearningRateSchedule] = None
-    # The run's lineage (the checkpoint's on a resume) and this launch, the same on every rank.
     identity: Optional[RunIdentity] = None
     format_name: Optional[str] = None  # resume_from's format (checkpoint/formats.py)
     metrics_file: Optional[str] = None  # --metrics-file, or the lineage's own (default_metrics_file)
-    # the checkpoint's tokenizer, compared with the run's once loaded (checkpoint/tokenizer_check.py); None: nothing to
-    # compare (a fresh start, --finetune, a save without the digest)
+    # The checkpoint's tokenizer, compared once loaded; None: nothing to compare.
     saved_tokenizer: Optional[SavedTokenizer] = None
-    # the data-parallel size the checkpoint was trained at, where it records one and the run continues it: the cyclic
-    # sampler's buckets follow it (training/data_splits.py sharded_cyclic_resize_note)
+    # The checkpoint's data-parallel size where the run continues it: the cyclic sampler's buckets follow it.
     saved_data_parallel_size: Optional[int] = None
 
     def load(self, built, state: ParallelState, model_config, *, load_optimizer: bool, load_rng: bool,
@@ -64,15 +55,13 @@ class RunStart:
 
 
 def default_metrics_file(run_id: str) -> str:
-    """Without --metrics-file, each lineage writes its own file, which its resumes append to: two runs
-    started from one folder never meet on one file (whose lock would refuse the second)."""
+    """Without --metrics-file each lineage writes its own file, so two runs from one folder never share one."""
     return f"runs/{run_id}/metrics.jsonl"
 
 
 def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log: Callable[[str], None],
                     batch: BatchSchedule) -> RunStart:
-    """The checks and claims above, in order; raises the same expected error on every rank. `batch` is the
-    run's batch schedule (computed once by the caller), which a resume compares its schedule with."""
+    """The checks and claims above, in order; raises the same error on every rank. `batch`: the run's batch schedule."""
     checkpoint = config.checkpoint
     locks: list[RunLock] = []
 
@@ -89,7 +78,7 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
     def first_rank() -> StartDecision:
         if checkpoint.save:
             refuse_training_output_in_checkpoint(checkpoint.save, "--save", save_directory=True)
-        # --wandb-save-dir only where W&B runs (as in Megatron-LM, which reads it only then)
+        # --wandb-save-dir only where W&B runs, as in Megatron-LM.
         wandb_dir = config.logging.wandb_save_dir if config.logging.wandb_project else None
         for directory, flag in ((config.logging.tensorboard_dir, "--tensorboard-dir"), (cache_dir, "--data-cache-dir"),
                                 (wandb_dir, "--wandb-save-dir")):

@@ -1,9 +1,5 @@
-"""A save directory belongs to one run: its lock, and what counts as checkpoints another run made.
-
-A run (or a tool writing a checkpoint, such as reshard_checkpoint.py) owns its `--save` directory
-through the lock file `DIR/.lock`, a RunLock (base/output_locks.py: creation, heartbeat, stale-lock
-take-over). The owner's own cleanup (stale `.partial` saves, temporary `latest` files) is safe
-because no other run can be writing into the directory meanwhile.
+"""A save directory belongs to one run through its lock `DIR/.lock` (a RunLock), so the owner's cleanup is safe; and
+what counts as checkpoints another run made.
 """
 
 from __future__ import annotations
@@ -19,9 +15,8 @@ LOCK_FILE = ".lock"
 
 
 def holds_checkpoints(directory: Path) -> list[str]:
-    """The names in `directory` that are another run's finished work: `latest`, Megatron's tracker
-    file and complete iteration directories (a retired copy too). Staging `.partial` directories are
-    not: nothing ever reads them."""
+    """The names in `directory` that are another run's finished work (`latest`, the tracker, complete iterations); not
+    `.partial` ones."""
     if not directory.is_dir():
         return []
     names = []

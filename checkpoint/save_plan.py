@@ -1,16 +1,6 @@
-"""The save plan: what each rank writes, by the one rule over the sharding records (told in parallel/sharding.py).
-
-The optimizer's state of a slice is replicated where its weights are, except that ZeRO (stage 1 and above)
-partitions it over the data-parallel dimensions: there the partition's copies are the optimizer instances'
-(Megatron-LM's --num-distributed-optimizer-instances), of which the first writes. A rank's partition file holds
-its fragments the rule names (the fragment table) and their records, stored as the span of the partition from
-the first named fragment to the last, a view of the live tensors: elements inside the span that it does not
-name (a whole norm's copy on TP ranks above 0) are carried unnamed and never read, which costs a few bytes where
-copying the named ones out would cost a partition-sized copy at every save.
-
-What this rank writes comes out as `StagedFile`s (checkpoint/writer.py), lazily, one file at a time: the model
-file of its dense slices (model_tp.. as Megatron names it), its experts' file (_ep...), its optimizer partition,
-its RNG states.
+"""The save plan: what each rank writes, by one rule over the sharding records: a slice is written by its first replica,
+with ZeRO's partitions replicated over the optimizer instances. A partition file stores the span of its named fragments
+as views of the live tensors, so no partition-sized copy is made.
 """
 
 from __future__ import annotations
@@ -42,13 +32,13 @@ def coordinates(state: ParallelState) -> dict[str, int]:
 
 
 def first_replica(replicated_over: tuple[str, ...], at: dict[str, int]) -> bool:
-    """The rule (module docstring)."""
+    """Whether this rank is the first on every dimension in `replicated_over`."""
     return all(at[dimension] == 0 for dimension in replicated_over)
 
 
 def state_replicas(record: ShardingRecord, partitioned: bool) -> tuple[str, ...]:
-    """The grid dimensions holding the same optimizer state of a slice: its weights', less the data-parallel
-    ones ZeRO partitions the state over, where the optimizer instances hold the partition's copies instead."""
+    """The grid dimensions holding the same optimizer state of a slice: its weights', less those ZeRO partitions over.
+    """
     if not partitioned:
         return record.replicated_over
     return tuple(d for d in record.replicated_over if d not in DATA_DIMENSIONS) + (OPTIMIZER_COPIES,)
@@ -71,8 +61,8 @@ def named_fragments(shard: ShardedOptimizerState, records: dict, at: dict[str, i
 
 
 def partition_span(shard: ShardedOptimizerState, named: list[NamedFragment]) -> tuple[dict, list[list]]:
-    """The partition's tensors from the first named fragment to the last (views) and the fragment table in the
-    span's coordinates (module docstring)."""
+    """The partition's tensors from the first named fragment to the last (views), and the fragment table in span
+    coordinates."""
     start = min(f.partition_offset for f in named)
     end = max(f.partition_offset + f.numel for f in named)
     return ({key: tensor[start:end] for key, tensor in shard.tensors.items()},
@@ -81,9 +71,8 @@ def partition_span(shard: ShardedOptimizerState, named: list[NamedFragment]) -> 
 
 def plan_rank_files(model: nn.Module, optimizer: CheckpointableOptimizer, shard: ShardedOptimizerState,
                     rng: Optional[TensorParallelRNG], state: ParallelState) -> Iterator[StagedFile]:
-    """This rank's files, one at a time (the model's copies are made as the file is reached and dropped once it is
-    written). Every rank of the job iterates this to the end: stage 3 gathers each chunk for the model files, a
-    collective over the data-parallel group in which ranks that write nothing take part."""
+    """This rank's files, made lazily one at a time. Every rank iterates to the end: stage 3 gathers each chunk for the
+    model files."""
     at, records = coordinates(state), parameter_records(model)
     tp, pp = state.tensor_parallel_rank, stage_rank(state)
     writes = {name: first_replica(record.replicated_over, at) for name, (_, record) in records.items()}
@@ -96,8 +85,7 @@ def plan_rank_files(model: nn.Module, optimizer: CheckpointableOptimizer, shard:
         yield StagedFile(name, kept, {RECORDS: record_entries(records, kept)}, ("model_files", [tp, name]),
                          tuple(kept))
     del weights
-    # Expert parallelism (zero/experts.py): the experts' weights on the first rank of their expert data-parallel
-    # group, the others taking part in its gathers; an optimizer that keeps no experts apart answers None.
+    # Experts' weights on the first rank of their expert data-parallel group; None where the optimizer keeps none apart.
     mine = optimizer.expert_model_state_dict(model)
     if mine is not None:
         ep, weights = mine
@@ -119,7 +107,7 @@ def plan_rank_files(model: nn.Module, optimizer: CheckpointableOptimizer, shard:
                                          RECORDS: record_entries(records, dict.fromkeys(f.name for f in named))},
                          ("optimizer_shards", [tp, partition, name]))
 
-    # The random streams: a rank's own (a CP rank's are its DP rank's: the CP ranks hold the same streams).
+    # A CP rank's streams are its DP rank's.
     if state.context_parallel_rank == 0:
         random_tensors, random_header = rng_tensors(rng)
         name = rng_file(tp, state.data_parallel_rank, pp)

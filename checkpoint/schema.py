@@ -1,22 +1,6 @@
-"""What a checkpoint's `metadata.json`, `latest` and Megatron's tracker file may contain, checked
-before anything trusts them.
-
-JSON that parses can still be wrong: a string where an iteration count belongs, a parameter table
-that is a list, or a file name such as `../../elsewhere` or `/etc/passwd`. Every such value is a
-`CheckpointError` naming metadata.json and the entry, raised before any file is opened, and every
-name a checkpoint uses must be a plain file name (`member`); that it resolves inside the iteration
-directory, links followed, is checkpoint/inside.py's check, so neither `latest` nor the metadata can
-point a load, or a tool's write, elsewhere.
-
-Every number is checked against its type's range and, where it has one, its meaning. Python's json
-reads `1e19` as a float and `10000000000000000000` as an int beyond int64, and `NaN` and `Infinity`
-as floats; none of them is a count. So an integer entry is an int within int64 (what torch, NumPy
-and the safetensors headers hold), a real one a finite number -- anywhere in the metadata: the
-recorded config is checked against the types of the settings it records (`_config_problem`), and
-any other number against int64 and finiteness. Then what the numbers mean together
-(`_meaning_problem`): an iteration takes at most one optimizer step and consumes at least one
-sample, ranks lie below their sizes, a tensor-parallel split divides its dimension, a loss scale is
-positive (and 1 where the precision does not scale).
+"""What a checkpoint's `metadata.json`, `latest` and Megatron's tracker file may contain, checked before anything trusts
+them. Every bad value (a wrong type, a number beyond int64 or non-finite, a name that is not a plain file name, entries
+that contradict each other) is a `CheckpointError` naming the entry, raised before any file is opened.
 """
 
 from __future__ import annotations
@@ -35,16 +19,13 @@ from checkpoint.rerun_machine_entry import is_entry as _rerun_entry
 from gpt.model_config import ModelConfig
 from parallel.config import RECORDED_SECTION, recorded_section
 
-# `latest` names an iteration directory and nothing else.
 ITERATION_NAME = re.compile(r"iter_\d{7,}")
-# Bytes of `latest` worth reading: its content is one short name.
 LATEST_MAX_BYTES = 256
 PRECISIONS = ("fp32", "bf16", "fp16")
-# A run's lineage and launch ids (checkpoint/lineage.py): uuid4().hex.
 IDENTITY = re.compile(r"[0-9a-f]{32}")
 
 
-# What torch, NumPy and safetensors hold a count in: json's ints are unbounded, its 1e19 a float.
+# json's ints are unbounded and its 1e19 a float; counts must fit int64.
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 NON_NEGATIVE = "a non-negative integer (at most 2**63 - 1, int64)"
 POSITIVE = "a positive integer (at most 2**63 - 1, int64)"
@@ -53,8 +34,7 @@ FINITE = "a finite number"
 
 
 def recorded_model(recorded: dict) -> ModelConfig:
-    """The model of a recorded config's `model` section (checkpoint metadata), without the parallel settings the
-    record keeps there (`sequence_parallel`: parallel/config.py RECORDED_SECTION)."""
+    """The model of a recorded config's `model` section, without the parallel settings recorded there."""
     beside = {name for name, section in RECORDED_SECTION.items() if section == "model"}
     return with_settings(ModelConfig, {name: value for name, value in recorded.items() if name not in beside})
 
@@ -94,7 +74,7 @@ def _fp8_entry(entry: Any) -> bool:
 
 
 def _parameter_entry(entry: Any) -> bool:
-    """{shape, tensor_parallel_dim} and, since the sharding records, split_over, replicated_over, real_rows."""
+    """{shape, tensor_parallel_dim} and optionally split_over, replicated_over, real_rows."""
     if not isinstance(entry, dict) or not _list_of(is_int)(entry.get("shape")):
         return False
     dim, rows = entry.get("tensor_parallel_dim"), entry.get("real_rows")
@@ -124,7 +104,7 @@ def _pipeline_stage(entry: Any) -> bool:  # {parameters: [names], files: [file n
             and _list_of(_is_plain_name)(entry.get("files")))
 
 
-# Entry -> (what it must be, in words; the check). Entries every save writes come first.
+# Entry -> (what it must be, in words; the check).
 REQUIRED = {
     "iteration": (NON_NEGATIVE, is_int),
     "consumed_samples": (NON_NEGATIVE, is_int),
@@ -142,35 +122,27 @@ REQUIRED = {
 OPTIONAL = {
     "precision": (f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),
     "lr": ("a non-negative finite number or null", lambda v: v is None or (is_number(v) and v >= 0)),
-    # the samples of the updates taken, where the learning-rate schedule continues (fp16 skips excluded)
     "lr_schedule_samples": (NON_NEGATIVE, is_int),
     "loss_scaler": ("an object or null",
                     lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("state", {}), dict))),
     "model_files": ("a list of [tp rank, file name]", _list_of(_model_entry)),
     "rng_files": ("a list of [tp rank, dp rank, file name]", _list_of(_shard)),
-    # written with expert parallelism: each expert-parallel rank's experts in their own model file
     "expert_model_parallel_size": (POSITIVE, lambda v: is_int(v, 1)),
     "expert_model_files": ("a list of [tp rank, ep rank, file name, [parameter names]]",
                            _list_of(_expert_model_entry)),
-    # the routers' aux-loss-free balancing bias (checkpoint/router_state.py), fp32 values by name
     "expert_bias": ("an object of router name -> list of numbers",
                     lambda v: isinstance(v, dict) and all(isinstance(k, str) and _list_of(is_number)(e)
                                                           for k, e in v.items())),
-    # delayed FP8 scaling's amax histories and scales by linear (checkpoint/fp8_state.py), fp32 bit patterns
     "fp8_amax_history": ("an object of linear name -> {amax_history: [[int32 bits]], scale: [int32 bits]}",
                          lambda v: isinstance(v, dict) and all(isinstance(k, str) and _fp8_entry(e)
                                                                for k, e in v.items())),
-    # the rerun state machine's pending re-run, one part per rank (checkpoint/rerun_machine_entry.py)
     "rerun_state_machine": ("an object of {mode, state, current_iteration, ranks: [one part per rank]}", _rerun_entry),
     "pipeline_parallel_size": (POSITIVE, lambda v: is_int(v, 1)),
-    # written with context parallelism: ZeRO's partitions are cut over DP x CP, one optimizer file each
     "context_parallel_size": (POSITIVE, lambda v: is_int(v, 1)),
     "pipeline_stages": ("a list of {parameters: [names], files: [file names]}, one per stage",
                         _list_of(_pipeline_stage)),
     "tokenizer": ("a directory name or null", lambda v: v is None or _is_plain_name(v)),
-    # what defines the run's token ids (data/tokenizer.py tokenizer_digest) and its size, compared on resume
     "tokenizer_vocab_size": (POSITIVE, lambda v: is_int(v, 1)),
-    # config.json's bos/eos/pad ids of the model folder the tokenizer came from (data/hf_model_ids.py)
     "hf_token_ids": ("an object of bos_token_id, eos_token_id, pad_token_id -> id, list of ids or null",
                      lambda v: isinstance(v, dict) and set(v) <= {"bos_token_id", "eos_token_id", "pad_token_id"}
                      and all(e is None or is_int(e) or _list_of(is_int)(e) for e in v.values())),
@@ -194,8 +166,7 @@ def shown_value(value: Any) -> str:
 
 
 def number_problem(value: Any, where: str) -> Optional[tuple[str, Any, str]]:
-    """(entry, value, what it must be) for the first number under `value` beyond its type's range:
-    an int beyond int64, a float that is NaN or infinite."""
+    """(entry, value, what it must be) for the first number under `value` beyond int64 or non-finite."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return None
     if isinstance(value, (int, float)):
@@ -216,8 +187,7 @@ def number_problem(value: Any, where: str) -> Optional[tuple[str, Any, str]]:
 
 @functools.cache
 def _setting_kinds() -> dict[str, dict[str, str]]:
-    """{section: {setting: its annotation}} of every setting the recorded config holds, by the section it is
-    recorded in (`PretrainConfig.to_dict`: the parallel section's settings under `training` and `model`)."""
+    """{section: {setting: annotation}} of every setting the recorded config holds, by the section it is recorded in."""
     config = PretrainConfig()
     kinds: dict[str, dict[str, str]] = {}
     for section in PretrainConfig.SECTIONS:
@@ -226,8 +196,6 @@ def _setting_kinds() -> dict[str, dict[str, str]]:
     return kinds
 
 
-# A setting's annotation -> (what its recorded value must be, the check). Settings of other types (flags,
-# names, paths) are no numbers.
 _SETTING_CHECKS = {
     "int": (ANY_INT, lambda v: is_int(v, INT64_MIN)),
     "Optional[int]": (f"{ANY_INT} or null", lambda v: v is None or is_int(v, INT64_MIN)),
@@ -239,9 +207,8 @@ _SETTING_CHECKS = {
 
 
 def _config_problem(config: dict) -> Optional[tuple[str, Any, str]]:
-    """The first recorded setting whose value is not of its setting's type and range (an integer
-    setting holding 1e19, a real one NaN, either a string); a setting this code does not know is
-    checked as any other number. A real setting recorded as an integer is made a float in place."""
+    """The first recorded setting whose value does not fit its setting's type and range; a real setting recorded as an
+    integer is made a float in place."""
     kinds = _setting_kinds()
     for section, values in config.items():
         for name, value in values.items():
@@ -263,11 +230,8 @@ _UNSHOWN = object()  # a problem whose words already name the value
 
 
 def _model_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
-    """The recorded model settings must be ones a run could have trained with (ModelConfig's own rules:
-    sizes at least 1, heads dividing the hidden size, ...) and describe the parameter table: as many
-    blocks as `num_layers`, the embeddings `hidden_size` wide, a vocabulary that pads to their rows
-    (at the checkpoint's tensor-parallel size). The tools build the model from them
-    (convert_to_hf's name table loops over num_layers), so they are what they must trust."""
+    """The recorded model settings must be valid and describe the parameter table (layers, width, padded vocabulary):
+    the tools build the model from them."""
     recorded = (metadata.get("config") or {}).get("model")
     if not recorded:
         return None
@@ -301,8 +265,7 @@ def _model_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
 
 
 def _meaning_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
-    """(entry, value, what it must be) for the first number that its type allows but the checkpoint's
-    other entries contradict."""
+    """(entry, value, what it must be) for the first number the other entries contradict."""
     iteration, consumed, step = metadata["iteration"], metadata["consumed_samples"], metadata["adam_step"]
     if step > iteration:  # skipped fp16 steps and --no-load-optim resumes make it less, never more
         return "adam_step", step, f"at most its 'iteration' ({iteration}): an iteration takes one optimizer step at most"
@@ -361,8 +324,8 @@ def _meaning_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
 
 
 def check_metadata(metadata: Any, path: Path) -> None:
-    """Raise CheckpointError naming `path` and the first entry that is missing, of the wrong type,
-    beyond its type's range, or contradicted by the others: the entry, its value and what it must be."""
+    """Raise CheckpointError naming `path` and the first entry that is missing, mistyped, out of range or contradicted.
+    """
     if not isinstance(metadata, dict):
         raise CheckpointError(f"{path}: corrupt, it is not a JSON object")
     missing = [key for key in REQUIRED if key not in metadata]
@@ -397,16 +360,14 @@ def listed_files(metadata: dict) -> list[str]:
 
 
 def member(iteration_dir: Path, name: str) -> Path:
-    """`iteration_dir / name`, refused unless `name` is a plain name that resolves inside the
-    directory (checkpoint/inside.py: a symbolic link out of it is refused too)."""
+    """`iteration_dir / name`, refused unless `name` is a plain name resolving inside the directory."""
     if not _is_plain_name(name):
         raise CheckpointError(f"{iteration_dir}: the checkpoint names {name!r}, which is not a file name inside it")
     return inside(iteration_dir, name)
 
 
 def _read_pointer(path: Path, holds: str) -> tuple[bytes, str]:
-    """A pointer file's first bytes (one more than a pointer may have, so an oversized one shows) and their
-    stripped text; an unreadable or non-UTF-8 file is an error naming what it should hold."""
+    """A pointer file's first bytes (one more than allowed, so an oversized one shows) and their stripped text."""
     try:
         with open(path, "rb") as f:
             raw = f.read(LATEST_MAX_BYTES + 1)
@@ -427,10 +388,8 @@ def read_latest(path: Path) -> str:
 
 
 def read_tracker(path: Path) -> str:
-    """The iteration directory Megatron-LM's tracker file (`latest_checkpointed_iteration.txt`) names.
-    Its read_metadata (megatron/training/checkpointing.py) takes the stripped text as an integer
-    iteration, or "release" for a release checkpoint's `release/` directory, which this format has
-    not: that, and anything else, is an error naming the file."""
+    """The iteration directory Megatron-LM's tracker file names: an integer iteration; "release" and anything else are
+    refused."""
     raw, text = _read_pointer(path, "an iteration number")
     if text == "release":
         raise CheckpointError(f"{path} names Megatron-LM's release checkpoint (a 'release' directory), which "

@@ -1,25 +1,6 @@
-"""How a run starts -- fresh, or resumed from which checkpoint -- and whether its save directory and
-its data settings allow that. Pure decisions from the config and the file system, no process group.
-
-- `--load` may name a DeepSpeed checkpoint (checkpoint/deepspeed/files.py). Else it must name a checkpoint: a save
-  directory with `latest` or Megatron-LM's tracker file (where they differ, the one written last wins, said in one
-  line: checkpoint/format.py), or an iteration directory with metadata.json; anything else holding something is an
-  error (except `--load` equal to `--save`, where checkpoint/unfinished_save.py first finishes a save killed before
-  `latest`). A `--load` directory that does not exist or is empty is a fresh start, said in one line that stands
-  out, as Megatron-LM warns and starts from random weights (its scripts pass `--save $CK --load $CK` from the first
-  run); under --exit-on-missing-checkpoint an error.
-- A run writes into a save directory that already holds checkpoints only when it resumed from one of them, or with
-  `--overwrite-save` (`--finetune` starts at iteration 0: not resuming); a resume by `--ckpt-step N` from an
-  iteration older than others there only with `--overwrite-save`, since its saves would replace the later ones.
-- A resume whose data, split, sequence length or seed differ from the checkpoint's would not continue its sample
-  sequence: refused without `--override-data-on-resume` (the data compared as the files' content, data/identity.py,
-  where recorded, else as the paths typed).
-- A resume reads the samples after the checkpoint's consumed samples, from a train set sized for this run's schedule.
-  A checkpoint at or past --train-iters trains nothing and ends at once, as Megatron-LM's loop (`while iteration <
-  args.train_iters`); one whose samples would run past that train set (saved at a larger global batch, or edited) is
-  refused in one line naming the flag that makes it consistent, before any work (Megatron asserts instead:
-  MegatronPretrainingSampler, "no samples left to consume").
-docs/checkpoints.md tells the user's side of these rules."""
+"""How a run starts -- fresh, or resumed from which checkpoint -- and whether its save directory and data settings allow
+it. Pure decisions from the config and the file system; docs/checkpoints.md tells the user's side of these rules.
+"""
 
 from __future__ import annotations
 
@@ -52,7 +33,7 @@ SAMPLE_DEFINING_SETTINGS = (("data", "data_path", "--data-path"), ("data", "data
                             ("data", "data_file_list", "--data-file-list"),
                             ("data", "split", "--split"), ("model", "seq_length", "--seq-length"),
                             ("training", "seed", "--seed"))
-# the settings that name the training blend: compared as the content they read when it is known
+# The training blend's settings: compared as the content they read when known.
 TRAINING_BLEND_SETTINGS = ("data_path", "data_args_path", "train_data_path", "per_split_data_args_path",
                            "data_file_list")
 
@@ -61,7 +42,7 @@ TRAINING_BLEND_SETTINGS = ("data_path", "data_args_path", "train_data_path", "pe
 class StartDecision:
     resume_from: Optional[Path]  # the iteration directory to load; None: a fresh start
     note: Optional[str] = None   # one line to print about the decision
-    format_name: Optional[str] = None  # resume_from's format, as the registry told it (checkpoint/formats.py)
+    format_name: Optional[str] = None
 
 
 def _resume(resume_from: Path, note: Optional[str] = None) -> StartDecision:
@@ -70,9 +51,8 @@ def _resume(resume_from: Path, note: Optional[str] = None) -> StartDecision:
 
 def decide_start(load: Optional[str], save: Optional[str], universal: bool = False,
                  exit_on_missing: bool = False) -> StartDecision:
-    """Which checkpoint `--load` names, if any (see the module docstring): one of DeepSpeed's (its tag folder;
-    `universal`: --universal-checkpoint, the folder `latest_universal` names) or ours. `exit_on_missing`
-    (--exit-on-missing-checkpoint): a --load holding no checkpoint is an error, as Megatron-LM stops there."""
+    """Which checkpoint `--load` names, if any (DeepSpeed's tag folder or ours); an empty or missing --load is a fresh
+    start, an error under `exit_on_missing`."""
     if not load:
         return StartDecision(None)
     located = locate(Path(load), universal)  # a format whose save directories point their own way (DeepSpeed's)
@@ -89,7 +69,7 @@ def decide_start(load: Optional[str], save: Optional[str], universal: bool = Fal
                 or path.name.startswith("iter_"):
             resume_from = resolve_checkpoint(path)  # a broken one is an error naming what is wrong
             note = None if (path / METADATA_FILE).exists() or not is_save_directory(path) \
-                else pointed_checkpoint(path)[2]  # `latest` and Megatron's tracker disagreeing: which won
+                else pointed_checkpoint(path)[2]
             return _resume(resume_from, note)
         complete = [name for name in holds_checkpoints(path) if name not in (LATEST_FILE, TRACKER_FILE)]
         if complete:
@@ -97,7 +77,7 @@ def decide_start(load: Optional[str], save: Optional[str], universal: bool = Fal
                                   f"'{LATEST_FILE}' or '{TRACKER_FILE}'; pass --load {path / complete[-1]} to resume "
                                   f"from the newest")
     if exit_on_missing and (also_save or not path.exists() or not any(path.iterdir())):
-        # Megatron-LM exits 0 here (checkpointing.py load_checkpoint: sys.exit()); 2 lets a script's `&&` stop
+        # Megatron-LM exits 0 here; 2 lets a script's `&&` stop.
         raise ConfigError(f"--load {load}: {'no such directory' if not path.exists() else 'no checkpoint in it'}, "
                           f"and --exit-on-missing-checkpoint refuses to start from random weights (exit 2; "
                           f"Megatron-LM exits 0)", flags=("--load", "--exit-on-missing-checkpoint"))
@@ -115,8 +95,8 @@ def decide_start(load: Optional[str], save: Optional[str], universal: bool = Fal
 
 def check_save_directory(save: str, resume_from: Optional[Path], finetune: bool, overwrite_save: bool,
                          ckpt_step: bool = False) -> None:
-    """Refuse to write into a save directory holding another run's checkpoints, or (`ckpt_step`: --ckpt-step named
-    the iteration resumed) later iterations its saves would replace (module docstring)."""
+    """Refuse to write into a save directory holding another run's checkpoints, or later iterations the saves would
+    replace."""
     existing = holds_checkpoints(Path(save))
     if not existing or overwrite_save:
         return
@@ -134,10 +114,8 @@ def check_save_directory(save: str, resume_from: Optional[Path], finetune: bool,
 
 
 def _refuse_replacing_later_iterations(save: str, resume_from: Path, existing: list[str]) -> None:
-    """--ckpt-step N with a --save directory holding later iterations: the continued run's saves would replace them.
-    A Megatron-LM script's --save $CK --load $CK with --ckpt-step added reads as loading an old iteration, not as
-    rewriting the later ones: refused unless --overwrite-save. (--load DIR/iter_N names the rewind itself: allowed,
-    the later records counted as redone, checkpoint/lineage.py.)"""
+    """--ckpt-step N with a --save directory holding later iterations: refused unless --overwrite-save, since the
+    continued run's saves would replace them."""
     resumed = re.fullmatch(r"iter_(\d+)", resume_from.name)
     if resumed is None:
         return
@@ -151,8 +129,7 @@ def _refuse_replacing_later_iterations(save: str, resume_from: Path, existing: l
 
 
 def _same_setting(name: str, saved, ours) -> bool:
-    """Equal as the data pipeline reads them: a --split is its fractions ("969, 30, 1", Megatron's default
-    spelling, is "969,30,1")."""
+    """Equal as the data pipeline reads them (a --split "969, 30, 1" is "969,30,1")."""
     if name == "split" and isinstance(saved, str) and isinstance(ours, str):
         try:
             return parse_split(saved) == parse_split(ours)
@@ -162,8 +139,8 @@ def _same_setting(name: str, saved, ours) -> bool:
 
 
 def check_resume_matches(metadata: dict, config, iteration_dir: Path, override: bool) -> Optional[str]:
-    """None when the run's sample-defining settings equal the checkpoint's; a note when they differ
-    and `override` allows it; else a ConfigError listing each difference."""
+    """None when the sample-defining settings equal the checkpoint's; a note when they differ and `override` allows it;
+    else a ConfigError listing each difference."""
     saved_config = metadata.get("config") or {}
     differences = []
     sources = config.data.sources()
@@ -192,10 +169,8 @@ def check_resume_matches(metadata: dict, config, iteration_dir: Path, override: 
 
 
 def _data_content_difference(saved: Optional[list], data_path) -> Optional[str]:
-    """How the files --data-path reads now differ from those the checkpoint was trained on: "" when
-    they are the same content, None when that cannot be told (a checkpoint saved before data
-    identities, the embedded corpus, a file that cannot be read: the loader names it), then the
-    paths are compared as typed."""
+    """How the files --data-path reads differ from the checkpoint's: "" when the same content, None when that cannot be
+    told."""
     if not saved:
         return None
     ours = data_identity(data_path)
@@ -209,17 +184,15 @@ def _show(value) -> str:
 
 
 def continues_training(config) -> bool:
-    """Whether a resume continues its checkpoint's training, so that its sample sequence, batch and learning-rate
-    schedule are checked against the checkpoint's: not under --finetune (a new sample sequence) nor --skip-train
-    (no step at all: evaluating a checkpoint needs only the model's flags and --load) nor --moe-use-upcycling (a new
-    MoE run from a dense model's weights)."""
+    """Whether a resume continues its checkpoint's training (its samples, batch and schedule are checked): not under
+    --finetune, --skip-train or --moe-use-upcycling."""
     checkpoint = config.checkpoint
     return not checkpoint.finetune and not checkpoint.moe_use_upcycling and not config.training.skip_train
 
 
 def check_samples_fit(metadata: dict, config, batch: BatchSchedule, iteration_dir: Path) -> None:
-    """Raise ConfigError, in one line naming the flag that would make it consistent, when the iterations
-    this run has left would read past the samples its schedule covers (module docstring)."""
+    """Raise ConfigError, naming the flag that makes it consistent, when the iterations left would read past the samples
+    the schedule covers (Megatron-LM asserts instead)."""
     iteration, consumed = metadata["iteration"], metadata["consumed_samples"]
     train_iters = train_iterations(config, batch)
     tokens = config.training.train_tokens

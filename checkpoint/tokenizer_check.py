@@ -1,10 +1,7 @@
-"""A resume's tokenizer against its checkpoint's. The token ids a run trains on mean what the checkpoint's embedding
-learned only under the same tokenizer, and a vocabulary of the same size passes every shape check. Our saves record
-`tokenizer_digest` (data/tokenizer.py); a resume that continues the checkpoint's training compares it with its own
-tokenizer's once that is loaded, before the data and the model are built: a differing one is one line naming both
-(a note under --override-data-on-resume, as for the data). Tokenizers of different sizes are left to the load's
-vocabulary check (checkpoint/global_load.py vocabulary_problem), whose line names both sizes. A checkpoint saved before
-the digest says nothing."""
+"""A resume's tokenizer against its checkpoint's: ids mean what the embedding learned only under the same tokenizer, and
+a same-size vocabulary passes every shape check. Our saves record `tokenizer_digest`; a differing one is one line naming
+both (a note under --override-data-on-resume).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from data.tokenizer import RunTokenizer, tokenizer_digest
 
 TOKENIZER_DIGEST_KEY, TOKENIZER_SIZE_KEY = "tokenizer_digest", "tokenizer_vocab_size"
-# config.json's bos/eos/pad ids of the model folder the tokenizer came from, which the HF export writes back
+# The source model folder's config.json bos/eos/pad ids, which the HF export writes back.
 FOLDER_IDS_KEY = "hf_token_ids"
 SHOWN_DIGEST = len("sha256:") + 12  # enough to tell two apart in a line
 
@@ -31,8 +28,7 @@ class SavedTokenizer:
 
 
 def describe_tokenizer(setting: Callable[[str], object]) -> str:
-    """The flags that name a run's tokenizer, from its data settings (`setting`: name -> value), or the tokenizer
-    trained on the embedded corpus when none does."""
+    """The flags that name a run's tokenizer, or the embedded corpus's tokenizer when none does."""
     tokenizer_type = setting("tokenizer_type")
     named = [f"--tokenizer-type {tokenizer_type}"] if tokenizer_type else []
     model_flag = "--tokenizer-model" if tokenizer_type in SENTENCEPIECE_TYPES else "--tokenizer-file"
@@ -61,8 +57,8 @@ def saved_tokenizer(metadata: dict, iteration_dir: Path) -> Optional[SavedTokeni
 
 
 def check_resume_tokenizer(saved: Optional[SavedTokenizer], config, tokenizer: RunTokenizer) -> Optional[str]:
-    """None when this run's tokenizer is the checkpoint's (or the checkpoint records none); a note when they differ
-    and --override-data-on-resume allows it; else a ConfigError naming both."""
+    """None when this run's tokenizer is the checkpoint's (or none is recorded); a note under --override-data-on-resume;
+    else a ConfigError naming both."""
     if saved is None or saved.vocab_size not in (None, tokenizer.vocab_size):  # the load names the sizes
         return None
     ours = tokenizer_digest(tokenizer)

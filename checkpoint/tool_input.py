@@ -1,13 +1,5 @@
-"""The checkpoint an offline tool (scripts/convert_to_hf.py, zero_to_fp32.py, reshard_checkpoint.py) reads: this
-project's format (and, for convert_to_hf.py, Megatron-LM's torch_dist), or one line saying how to bring another
-format over.
-
-`--load` also reads a Megatron-LM torch_dist folder (checkpoint/torch_dist/resume.py) and a DeepSpeed one
-(checkpoint/deepspeed/resume.py), and a user who trained from one reasonably hands it to the tools next; they read
-this project's files (metadata.json's file table, safetensors), and before this such a folder was met with
-"format version None" or "'global_step2' is not an iteration directory name". The way over is a run: one resumed
-from the folder with --save (and no --ckpt-format torch_dist) writes this project's checkpoint, which every tool
-reads.
+"""The checkpoint an offline tool reads: this project's format (and, for convert_to_hf.py, Megatron-LM's torch_dist), or
+one line saying how to bring another over (resume from it with --save).
 """
 
 from __future__ import annotations
@@ -21,15 +13,13 @@ from checkpoint.formats import MEGATRON, ZERO_GPT, CheckpointFormat, format_of, 
 
 
 def tool_checkpoint(checkpoint: str | os.PathLike, tool: str) -> Path:
-    """`resolve_checkpoint` for a tool that reads this project's format alone (module docstring)."""
+    """`resolve_checkpoint` for a tool that reads this project's format alone."""
     return tool_checkpoint_and_format(checkpoint, tool)[0]
 
 
 def tool_checkpoint_and_format(checkpoint: str | os.PathLike, tool: str, reads_megatron: bool = False
                                ) -> tuple[Path, CheckpointFormat]:
-    """`resolve_checkpoint` for a tool, and the format it found: this project's (module docstring), or Megatron-LM's
-    torch_dist where the tool reads that too (`reads_megatron`: scripts/convert_to_hf.py, through
-    checkpoint/megatron_hf.py)."""
+    """`resolve_checkpoint` for a tool, and the format found: ours, or torch_dist where `reads_megatron`."""
     how = (f"pretrain_gpt.py --load reads it: resume it with the same flags and a --save (this project's format, "
            f"no --ckpt-format torch_dist) and give {tool} that folder")
     located = locate(Path(checkpoint), False)

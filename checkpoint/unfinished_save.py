@@ -1,21 +1,7 @@
-"""A save that was killed after its iteration directory was renamed in but before `latest` was
-written (checkpoint/format.py's `commit`): finished, or set aside, so the same command resumes.
-
-Megatron-LM writes its tracker file only after every rank's files are saved, and a `--load` directory without it
-starts from random with a warning, the folder then overwritten by the next save of the same number. Here the
-directory is complete when metadata.json exists (written last, inside the staging directory), so one that also
-verifies (every file's size, header and hash, checkpoint/integrity.py) is what the killed save finished writing:
-`latest` (and the tracker, where the save had not written it yet) is pointed at it, as the save would have done
-next. One that does not verify is renamed `iter_N.unverified-<time>` (never deleted) and the run starts fresh, as
-Megatron's would.
-
-A torch_dist directory (ours with `--ckpt-format torch_dist`) is committed by the tracker alone: its save renames
-iter_N.partial, then writes the tracker, and a kill between leaves a complete directory the tracker does not name.
-So the same rule holds: when the save directory has neither `latest` nor the tracker and holds exactly one complete
-iteration, of either format, it is verified (a torch_dist one: its backends, common.pt and every stored item's
-CRC-32, checkpoint/torch_dist/resume.py) and adopted, the tracker pointing at it, or set aside. A torch_dist
-directory the tracker names is committed and never touched. Only for `--load` equal to `--save` (a requeued job's
-own directory), and only under the save directory's lock, so no other run writes into it meanwhile."""
+"""A first save killed after its iteration directory was renamed in but before a pointer named it: with `--load` equal
+to `--save` and under the directory's lock, the one complete iteration is verified and adopted (pointers written as the
+save would have), or set aside as `iter_N.unverified-<time>` and the run starts fresh.
+"""
 
 from __future__ import annotations
 
@@ -46,14 +32,12 @@ def _iterations(save_dir: Path, megatron: bool) -> list[Path]:
 
 
 def complete_iterations(save_dir: Path) -> list[Path]:
-    """The `iter_N` directories holding this project's metadata.json (not Megatron-Core's), newest (highest N)
-    first."""
+    """The `iter_N` directories holding our metadata.json, newest first."""
     return _iterations(save_dir, megatron=False)
 
 
 def _unnamed(save_dir: Path) -> list[Path]:
-    """The complete iterations no pointer names where a killed first save leaves them (module docstring): ours
-    without `latest`, or Megatron's torch_dist ones without `latest` and the tracker; never the two kinds mixed."""
+    """The complete iterations no pointer names (ours without `latest`, or torch_dist ones without either pointer)."""
     if (save_dir / LATEST_FILE).exists():
         return []
     ours, megatron = complete_iterations(save_dir), _iterations(save_dir, megatron=True)
@@ -65,10 +49,8 @@ def _unnamed(save_dir: Path) -> list[Path]:
 
 
 def needs_finishing(load: Optional[str], save: Optional[str]) -> bool:
-    """Whether `--save DIR --load DIR` finds DIR as a killed first save leaves it: one complete
-    iteration directory and no pointer naming it. Every later save replaces an existing pointer atomically,
-    so several complete iterations without it mean it was removed by hand: that stays an error
-    (checkpoint/start_decision.py), as the user must say which one to resume."""
+    """Whether `--save DIR --load DIR` finds one complete iteration and no pointer, as a killed first save leaves it;
+    several mean the pointer was removed by hand, which stays an error."""
     return same_directory(load, save) and len(_unnamed(Path(save))) == 1
 
 
@@ -82,8 +64,8 @@ def _verify(candidate: Path, megatron: bool) -> None:
 
 
 def finish_unfinished_save(save_dir: Path, log: Callable[[str], None]) -> Optional[Path]:
-    """Point `latest` (a torch_dist iteration: the tracker) at the iteration directory the killed save left if it
-    verifies, else set it aside (the run then starts fresh); returns the adopted directory, or None."""
+    """Point `latest` (torch_dist: the tracker) at the killed save's directory if it verifies, else set it aside;
+    returns the adopted directory, or None."""
     for candidate in _unnamed(save_dir):
         megatron = format_of(candidate) is MEGATRON
         try:
@@ -102,7 +84,7 @@ def finish_unfinished_save(save_dir: Path, log: Callable[[str], None]) -> Option
         if megatron:  # Megatron-LM's layout has no `latest`: its tracker is the commit
             write_text_atomic(save_dir / TRACKER_FILE, str(int(candidate.name[len("iter_"):])))
             pointer = TRACKER_FILE
-        else:  # Megatron's tracker too, unless it is there: then the save wrote it, or a user did (their word)
+        else:  # Megatron's tracker too, unless present (then the save or the user wrote it).
             point_at(save_dir, candidate.name, tracker=not (save_dir / TRACKER_FILE).exists())
             pointer = LATEST_FILE
         log(f"> {save_dir} had no '{pointer}': a save was killed before writing it; {candidate} is complete "

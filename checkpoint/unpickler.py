@@ -1,6 +1,4 @@
-"""What torch's weights-only unpickler objected to, in a line: a Hugging Face `.bin` (checkpoint/hf/folders.py) and a
-DeepSpeed `.pt` (checkpoint/deepspeed/files.py) are both read with `torch.load(weights_only=True)`, and a file that
-holds more than tensors is refused with this reason."""
+"""What torch's weights-only unpickler objected to, in one line."""
 
 from __future__ import annotations
 
@@ -9,7 +7,6 @@ def unpickler_reason(error: Exception) -> str:
     """E.g. "Unsupported global: GLOBAL io.open", without the paragraph that suggests loading the file unsafely."""
     text = str(error)
     if "WeightsUnpickler error:" in text:
-        # the reason may follow on the next lines ("WeightsUnpickler error: \n\nUnsupported operand 149")
         reason = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
         reason = " ".join(reason.split(" was not an allowed global")[0].split())
         if reason:

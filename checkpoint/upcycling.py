@@ -49,8 +49,8 @@ def check_upcycling_start(save: str, load: str, dense: Optional[Path], format_na
 
 
 def expert_scale(model, granularity: int) -> float:
-    """upcycling_utils' _get_weight_scale (arXiv 2410.07524): each expert projection's factor, the cube root (SwiGLU,
-    squared ReLU) or square root of the activation scale, G, or E·G/topk with --moe-router-pre-softmax."""
+    """upcycling_utils' _get_weight_scale: each expert projection's factor from the activation scale, G, or E·G/topk
+    with --moe-router-pre-softmax."""
     moe = model.moe
     activation = (moe.num_experts * granularity / moe.router_topk if moe.router_pre_softmax else granularity)
     cubic = model.mlp.swiglu or model.mlp.activation == "squared_relu"
@@ -58,8 +58,8 @@ def expert_scale(model, granularity: int) -> float:
 
 
 class UpcycledSource(GlobalStateSource):
-    """The dense `source`'s weights as the MoE model's global tensors (module docstring); `initial_routers` gives a
-    router parameter's whole initial value on the ranks that hold it."""
+    """The dense `source`'s weights as the MoE model's global tensors; `initial_routers` gives a router's initial value.
+    """
 
     def __init__(self, dense: GlobalStateSource, num_experts: int, granularity: int, scale: float,
                  initial_routers, router_bias: bool) -> None:

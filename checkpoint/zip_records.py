@@ -1,11 +1,5 @@
-"""Is a torch.save archive intact: its zip directory readable and every record's bytes matching the CRC-32 stored
-beside it, as Python's `zipfile` checks them.
-
-torch.save writes a zip archive (each tensor's storage a record, with its CRC-32); torch.load does not check the
-CRC, so a flipped bit inside a tensor loads as another number. Every reader of a torch file here asks this first: a
-DeepSpeed .pt file (checkpoint/deepspeed/files.py), a Megatron-LM common.pt (checkpoint/torch_dist/common.py) and
-each record of a torch.distributed.checkpoint `.distcp` file, which is one torch.save archive per tensor chunk or
-object, back to back (checkpoint/torch_dist/dcp_reader.py).
+"""Is a torch.save archive intact: its zip directory readable and every record's CRC-32 matching. torch.load does not
+check the CRC, so every reader of a torch file here asks this first.
 """
 
 from __future__ import annotations
@@ -17,8 +11,8 @@ from typing import Optional, Union
 
 
 def zip_damage(source: Union[Path, bytes, memoryview], check_content: bool = True) -> Optional[str]:
-    """What is wrong with the archive at `source` (a file, or its bytes), or None when it is intact. Without
-    `check_content` only its directory is read. OSError (a missing or unreadable file) is the caller's to say."""
+    """What is wrong with the archive at `source` (a file or its bytes), or None; without `check_content` only the
+    directory is read."""
     opened = io.BytesIO(source) if isinstance(source, (bytes, bytearray, memoryview)) else source
     try:
         with zipfile.ZipFile(opened) as archive:

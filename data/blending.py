@@ -1,22 +1,7 @@
-"""Blending datasets in fixed proportions: Megatron's greedy assignment, computed with numpy, cached.
-
-Global sample i (step t = max(i, 1)) goes to the dataset d with the largest deficit
-``weights[d] * t - count[d]`` (ties to the lowest d) and takes that dataset's next sample: Megatron's rule
-(megatron/core/datasets/helpers.cpp, build_blending_indices; Megatron-DeepSpeed's the same), so a blend draws
-Megatron's samples in Megatron's order. As a Python loop that is 0.4 s per million samples.
-
-The greedy corrects itself: two runs from different counts at the same step agree within a few steps (about
-1/w steps when a dataset of weight w was off), and from then on are one run. So:
-
-1. cut the samples into chunks and guess each chunk's starting counts (w * t by largest remainder: usually
-   right, exact for the first chunk);
-2. run all chunks at once, one vectorised step per position in a chunk;
-3. repair: a chunk whose guessed start differs from the previous chunk's end is rerun from that end until
-   its counts meet its first run's; one that never meets gets a new end and the next chunk is checked again,
-   until every start agrees.
-
-Each decision evaluates the loop's float64 expression with its tie rule, so the result is the loop's, sample
-for sample (`tests/data/test_blending.py` compares them)."""
+"""Blending datasets in fixed proportions: Megatron's greedy assignment (sample i to the dataset with the largest
+deficit ``weights[d] * max(i, 1) - count[d]``), computed with numpy a chunk of guessed starting counts at a time and
+repaired where a guess was wrong, so the result is the loop's, sample for sample, and cached.
+"""
 
 from __future__ import annotations
 
@@ -33,24 +18,19 @@ from data.index_cache import cache_key, load_cached_arrays, save_cached_arrays
 
 logger = logging.getLogger(__name__)
 
-# Bump when the meaning of the cached blending arrays changes, so stale caches are never loaded.
+# Bump when the cached arrays' meaning changes.
 _CACHE_FORMAT = 2  # 2: the step is max(i, 1), Megatron's (1 stepped i + 1)
 
-# Steps per chunk. Most runs from a wrong guess meet the true run within a few steps; the few that
-# take longer are finished by the loop, and their total length is at most the number of samples.
+# Steps per chunk: most wrong guesses meet the true run within a few steps; the loop finishes the rest.
 _CHUNK_LENGTH = 64
-# With fewer chunks than this, each numpy call does too little work to beat the plain loop.
 _MIN_CHUNKS = 64
-# Chunks stepped together: keeps the working set (a few arrays of this many float64) in cache.
+# Chunks stepped together: keeps the working set in cache.
 _BLOCK_CHUNKS = 16384
 
 
 def samples_per_dataset(weights: Sequence[float], num_samples: int) -> list[int]:
-    """Samples to build in each blended dataset: its share plus 0.5% and one sample of slack.
-
-    The greedy assignment never runs more than one sample ahead of a dataset's exact share, so the
-    slack is a safety margin, not a guess.
-    """
+    """Samples to build in each blended dataset: its share plus 0.5% and one of slack (the greedy never runs more than
+    one ahead)."""
     return [int(math.ceil(weight * num_samples * 1.005)) + 1 for weight in weights]
 
 
@@ -69,10 +49,7 @@ def build_blending_indices(weights: Sequence[float], num_samples: int) -> tuple[
 
 def _run_sequentially(weights: list[float], counts: list[int], first: int,
                       dataset_index: np.ndarray, dataset_sample_index: np.ndarray) -> None:
-    """The greedy loop itself, from `counts` before sample `first` to the end of the outputs.
-
-    Python floats and ints: each decision costs about 0.1 us per dataset, less than one numpy call.
-    """
+    """The greedy loop itself, from `counts` before sample `first` to the end of the outputs."""
     total = dataset_index.size - first
     choices = array.array("h", bytes(2 * total))  # 2 bytes per sample, not a list's ~8+
     within = array.array("q", bytes(8 * total))
@@ -103,12 +80,7 @@ def _guess_counts(w: np.ndarray, first_samples: np.ndarray) -> np.ndarray:
 
 
 class _Stepper:
-    """One greedy decision for many independent runs at once, with reusable scratch arrays.
-
-    About 14 array operations a step whatever the number of datasets D up to 3, 3 more per extra
-    dataset: the deficits of all datasets in two, a running maximum, then one gather and one
-    scatter through flat indices for the chosen datasets' counts.
-    """
+    """One greedy decision for many independent runs at once, with reusable scratch arrays."""
 
     def __init__(self, w: np.ndarray, width: int):
         self.weights = w[:, None]
@@ -119,9 +91,8 @@ class _Stepper:
         self.chosen_counts = np.empty(width)
 
     def step(self, steps: np.ndarray, counts: np.ndarray, choice: np.ndarray, within: np.ndarray) -> None:
-        """steps[k]: run k's step max(i, 1) (float64); counts[:, k]: its counts so far (C-contiguous
-        float64, updated). Writes run k's chosen dataset to choice[k] and that dataset's count
-        before it to within[k]."""
+        """steps[k]: run k's step max(i, 1); counts[:, k]: its counts (updated). Writes run k's choice and that
+        dataset's prior count."""
         if not counts.flags.c_contiguous:
             raise ValueError("counts must be C-contiguous: its flat view is written through")
         datasets, width = counts.shape
@@ -149,11 +120,10 @@ def _run_in_chunks(w: np.ndarray, num_samples: int) -> tuple[np.ndarray, np.ndar
     num_chunks = -(-num_samples // length)
     first_samples = np.arange(num_chunks, dtype=np.int64) * length
     first_steps = first_samples.astype(np.float64)  # sample i's step is max(i, 1) (the module docstring)
-    # [step in chunk, chunk]: each vectorised step writes one contiguous row. The last chunk's steps
-    # past num_samples are computed and dropped.
+    # [step in chunk, chunk]: each step writes one contiguous row; the last chunk's extra steps are dropped.
     choices = np.empty((length, num_chunks), dtype=np.int16)
     within = np.empty((length, num_chunks), dtype=np.int64)
-    # Invariant: each chunk's stored choices are the greedy run from starts[:, k], ending at ends[:, k].
+    # Invariant: chunk k's stored choices are the greedy run from starts[:, k], ending at ends[:, k].
     starts = _guess_counts(w, first_samples)
     starts[:, 0] = 0.0  # known, not guessed: the first chunk starts from nothing
     ends = np.empty_like(starts)
@@ -171,13 +141,11 @@ def _run_in_chunks(w: np.ndarray, num_samples: int) -> tuple[np.ndarray, np.ndar
 
     wrong = _wrong_starts(starts, ends)
     if wrong.size:
-        # Every wrong chunk at once, from the end of the chunk before it. Where that end was itself
-        # wrong (a chain), the run is wasted and the loop below redoes the chunk.
+        # Every wrong chunk at once, from the end of the chunk before; a chain of wrong chunks is redone below.
         true_starts = ends[:, wrong - 1]
         ends[:, wrong] = _repair_in_place(w, wrong, true_starts, starts[:, wrong], first_steps, choices, within)
         starts[:, wrong] = true_starts
         _repair_sequentially(w.tolist(), starts, ends, choices, within)
-    # One transposed copy each into chunk-major order; the views drop the last chunk's extra steps.
     dataset_index = np.empty((num_chunks, length), dtype=np.int16)
     dataset_sample_index = np.empty((num_chunks, length), dtype=np.int64)
     np.copyto(dataset_index, choices.T)
@@ -192,8 +160,8 @@ def _wrong_starts(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 def _repair_in_place(w: np.ndarray, chunks: np.ndarray, true_starts: np.ndarray, stored_starts: np.ndarray,
                      first_steps: np.ndarray, choices: np.ndarray, within: np.ndarray) -> np.ndarray:
-    """Rerun `chunks` from `true_starts`, all at once, overwriting their choices until each run's
-    counts meet those of its stored run (which is right from there on). Returns their end counts."""
+    """Rerun `chunks` from `true_starts`, all at once, until each run's counts meet its stored run's; returns their end
+    counts."""
     counts, stored = true_starts.copy(), stored_starts.copy()
     # A run that meets its stored run ends where the stored run ends...
     ends = stored_starts + np.stack([(choices[:, chunks] == d).sum(axis=0) for d in range(w.size)])
@@ -217,10 +185,8 @@ def _repair_in_place(w: np.ndarray, chunks: np.ndarray, true_starts: np.ndarray,
 
 def _repair_sequentially(weights: list[float], starts: np.ndarray, ends: np.ndarray,
                          choices: np.ndarray, within: np.ndarray) -> None:
-    """The chunks still wrong after the vectorised repair, in order, with the loop: each run starts
-    from a true state (every chunk before it is settled) and goes on across chunk boundaries until its
-    counts meet the stored run's, rewriting what it crosses. Runs never overlap, so all of them
-    together cost at most one pass of the loop over the samples."""
+    """The chunks still wrong, in order, with the loop, each run crossing chunk boundaries until it meets the stored
+    run; at most one pass over the samples in all."""
     length, num_chunks = choices.shape
     settled_until = 0  # chunks below this were rewritten by a run and are right
     for k in _wrong_starts(starts, ends).tolist():
@@ -250,17 +216,12 @@ def _repair_sequentially(weights: list[float], starts: np.ndarray, ends: np.ndar
 
 
 class BlendedDataset(torch.utils.data.Dataset):
-    """Mixture of datasets in fixed proportions; sample i is a pure function of i.
-
-    With `cache_dir`, the blending indices are cached there as .npy files named by a hash of what
-    they depend on (the normalised weights, the number of samples and the algorithm's format), and a
-    second build with the same inputs loads them instead of recomputing.
-    """
+    """Mixture of datasets in fixed proportions; sample i is a pure function of i. With `cache_dir` the indices are
+    cached as .npy files keyed by what they depend on."""
 
     def __init__(self, datasets: Sequence[torch.utils.data.Dataset], weights: Sequence[float], num_samples: int,
                  cache_dir: str | None = None, normalized: bool = False):
-        """`normalized`: the weights are used as given (the caller normalized them as its source does), not divided
-        by their sum again, which may move a weight by an ulp and a tie of the greedy rule with it."""
+        """`normalized`: the weights are used as given, not divided by their sum again (an ulp could flip a tie)."""
         if len(datasets) != len(weights) or not datasets:
             raise ValueError(f"need one weight per dataset, got {len(datasets)} datasets and {len(weights)} weights")
         if any(not math.isfinite(w) or w <= 0 for w in weights):
@@ -315,7 +276,7 @@ class BlendedDataset(torch.utils.data.Dataset):
 
 
 def blending_cache_paths(cache_dir: str, weights: Sequence[float], num_samples: int) -> dict[str, str]:
-    """The cache files of one blend: they depend only on the normalised weights and the sample count."""
+    """The cache files of one blend, keyed by the normalised weights and the sample count."""
     key = cache_key({"format": _CACHE_FORMAT, "weights": [float(w).hex() for w in weights],
                      "num_samples": num_samples})
     stem = os.path.join(cache_dir, f"blend_{len(weights)}x{num_samples}_{key}")

@@ -1,14 +1,6 @@
-"""The embedded default corpus: CPython's own reference documentation, tokenized and cached.
-
-`python pretrain_gpt.py` must train on something with no download and no data flags. Every CPython
-ships `pydoc_data.topics`, the text `help()` shows for statements, operators and types: ~465k
-characters of English prose and code in ~80 long topics. The trainer splits train/valid/test by
-*document* ratio (969,30,1 by default), which needs many documents, so each topic is cut into
-paragraph chunks (see `default_corpus_documents`), giving about 1,200 documents.
-
-`prepare_default_corpus` trains a tokenizer on those documents, writes them as a Megatron indexed
-dataset, and caches both under a directory keyed by the vocabulary size and a hash of the text, so a
-second run (or a different rank of the same job) reuses the work and a different CPython rebuilds it.
+"""The embedded default corpus: CPython's reference documentation (`pydoc_data.topics`) cut into ~1,200 paragraph
+documents, so `python pretrain_gpt.py` trains with no download and no data flags; its tokenizer and dataset are cached
+by vocabulary size and text hash.
 """
 
 from __future__ import annotations
@@ -33,39 +25,30 @@ from data.tokenizer import TOKENIZER_FILE, GPTTokenizer, load_tokenizer, train_t
 # A tokenizer the user names: byte-level BPE files, or one of Megatron's SentencePiece types.
 NamedTokenizer = GPTTokenizer | SentencePieceTokenizer
 
-# A chunk grows paragraph by paragraph until it holds this many characters. Paragraphs of the topics
-# are mostly one to three lines (median ~110 characters), too short to be useful documents alone.
+# A chunk grows paragraph by paragraph to this many characters (most paragraphs are too short alone).
 MIN_DOCUMENT_CHARS = 200
 
-# Bump when the chunking or the cached layout changes, so stale caches are rebuilt rather than reused.
+# Bump when chunking or the cached layout changes.
 CORPUS_RECIPE_VERSION = 1
 
 DATASET_NAME = "pydoc_topics_text_document"
 TOKENIZER_DIR_NAME = "tokenizer"
 
-# Two or more line breaks, possibly with spaces or tabs on the empty lines: a paragraph boundary.
 _BLANK_LINES = re.compile(r"\n(?:[ \t]*\n)+")
 
 
 def split_on_blank_lines(text: str) -> list[str]:
-    """The paragraphs of `text`: pieces between blank lines, without surrounding newlines, none empty.
-
-    Only newlines are trimmed, so indentation of the first line (code blocks) is kept.
-    """
+    """The paragraphs of `text` between blank lines, none empty; only newlines are trimmed (code indentation kept)."""
     pieces = (piece.strip("\n") for piece in _BLANK_LINES.split(text))
     return [piece for piece in pieces if piece.strip()]
 
 
 def _chunk_paragraphs(paragraphs: list[str], min_chars: int) -> list[str]:
-    """Join consecutive paragraphs (with a blank line between) into chunks of at least `min_chars`.
-
-    A short tail is folded into the previous chunk rather than left as a tiny document.
-    """
+    """Join consecutive paragraphs into chunks of at least `min_chars`; a short tail joins the previous chunk."""
     chunks: list[list[str]] = []
     current: list[str] = []
     current_chars = 0
     for paragraph in paragraphs:
-        # Counted exactly as joined: a two-character separator before every paragraph but the first.
         current_chars += len(paragraph) + (2 if current else 0)
         current.append(paragraph)
         if current_chars >= min_chars:
@@ -80,13 +63,8 @@ def _chunk_paragraphs(paragraphs: list[str], min_chars: int) -> list[str]:
 
 
 def default_corpus_documents() -> list[str]:
-    """The default corpus as documents: each `pydoc_data.topics` topic, in sorted topic order, split
-    into chunks of consecutive paragraphs of at least `MIN_DOCUMENT_CHARS` characters.
-
-    Deterministic for a given CPython: sorted keys fix the order and the chunking has no randomness.
-    Paragraphs are joined by exactly one empty line, so the documents hold all of the topics' text;
-    only the blank-line separators themselves are normalised.
-    """
+    """The default corpus as documents: each topic, in sorted order, in chunks of paragraphs of at least
+    `MIN_DOCUMENT_CHARS`; deterministic for a given CPython."""
     documents: list[str] = []
     for name in sorted(pydoc_data.topics.topics):
         paragraphs = split_on_blank_lines(pydoc_data.topics.topics[name])
@@ -111,13 +89,12 @@ class PreparedCorpus:
     """Where the cached default corpus lives; pass these to the data and tokenizer loaders."""
 
     data_prefix: str  # path of the .bin/.idx without extension
-    tokenizer_dir: str  # holds tokenizer.json (and vocab.json + merges.txt), or a SentencePiece tokenizer.model
+    tokenizer_dir: str
     vocab_size: int  # of the trained tokenizer; can be below the requested size on this small corpus
 
 
 def _build(directory: str, documents: list[str], vocab_size: int, tokenizer: Optional[NamedTokenizer]) -> None:
-    """Train the tokenizer (unless one is given) and write the dataset (one document per chunk, EOD
-    appended) into `directory`."""
+    """Train the tokenizer (unless given) and write the dataset into `directory`."""
     if tokenizer is None:
         tokenizer = train_tokenizer(documents, vocab_size, progress=ProgressLines())
     tokenizer.save(os.path.join(directory, TOKENIZER_DIR_NAME))
@@ -128,8 +105,7 @@ def _build(directory: str, documents: list[str], vocab_size: int, tokenizer: Opt
 
 
 def _prepared(directory: str, tokenizer: Optional[NamedTokenizer]) -> PreparedCorpus:
-    """The prepared corpus in `directory`; its vocabulary is the given tokenizer's (the one the cache
-    is keyed by), else the trained one's, read back."""
+    """The prepared corpus in `directory`; its vocabulary is the given tokenizer's, else the trained one's."""
     tokenizer_dir = os.path.join(directory, TOKENIZER_DIR_NAME)
     if tokenizer is None:
         tokenizer = load_tokenizer(tokenizer_file=os.path.join(tokenizer_dir, TOKENIZER_FILE))
@@ -142,16 +118,9 @@ def _prepared(directory: str, tokenizer: Optional[NamedTokenizer]) -> PreparedCo
 
 def prepare_default_corpus(cache_dir: str, vocab_size: int,
                            tokenizer: Optional[NamedTokenizer] = None) -> PreparedCorpus:
-    """Tokenizer + indexed dataset of the default corpus under `cache_dir`, built on first use. With
-    `tokenizer` (the user's --tokenizer-file, GPT-2 files or SentencePiece model), the corpus is tokenized
-    with it instead of a trained one, and cached under a name keyed by that tokenizer's content.
-
-    Safe for concurrent callers (every rank of a torchrun job may call it) and against interruption:
-    each builder works in its own temporary directory next to the final one and renames it into place
-    in one step, so the final directory either does not exist or is complete. When two builders race,
-    the first rename wins and the loser discards its copy and uses the winner's (same input, same
-    output: training is deterministic).
-    """
+    """Tokenizer + indexed dataset of the default corpus under `cache_dir`, built on first use (with the user's
+    `tokenizer` if given). Safe for concurrent ranks and interruption: each builds in a temporary directory renamed into
+    place; the first rename wins."""
     documents = default_corpus_documents()
     if tokenizer is None:
         name = f"pydoc-topics-v{vocab_size}-{corpus_fingerprint(documents)}"
@@ -174,16 +143,14 @@ def prepare_default_corpus(cache_dir: str, vocab_size: int,
         except OSError as error:
             if error.filename is not None:
                 raise
-            # a full disk names no file ("[Errno 28] No space left on device"): say which directory
+            # A full disk names no file: say which directory.
             raise DataError(f"--data-cache-dir {cache_dir}: cannot build the default corpus there "
                             f"({error.strerror or error}); free space or choose another directory") from None
         try:
             os.rename(work_dir, final_dir)
         except OSError:
-            # Another process renamed its finished copy first; a rename onto a non-empty directory fails.
             if not os.path.isdir(final_dir):
                 raise
     finally:
-        # After a successful rename work_dir no longer exists; otherwise drop our partial/losing copy.
         shutil.rmtree(work_dir, ignore_errors=True)
     return _prepared(final_dir, tokenizer)

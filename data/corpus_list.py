@@ -1,19 +1,7 @@
-"""ALCF's --data-file-list: weighted prefixes grouped by corpus, as its Megatron-DeepSpeed fork builds them.
-
-argonne-lcf/Megatron-DeepSpeed at ffa3456d: pretrain_gpt_alcf.py reads the file (one `weight prefix corpus` line
-per dataset, blank lines skipped, a `.bin` suffix cut off); megatron/data/gpt_dataset.py and dataset_utils.py
-get_datasets_corpuses_weights_and_num_samples build each split that --split gives a share:
-
-- weights normalized over every line; line i gets n_i = ceil(N x w_i x 1.005) of a split's N samples, from its
-  prefix's documents of that split;
-- one corpus's lines make one dataset of sum n_i samples: line after line (helpers.build_concat_indices), or with
-  --blend-sample-in-corpus by the greedy blend of weights n_i / sum; with --shuffle-sample-in-corpus read in the
-  order of `np.random.RandomState(--seed).shuffle` of their indices (BuildCorpusDataset);
-- the corpora, in sorted name order, are blended greedily with weights n_C / sum over all (BlendableDataset).
-
-Each line's samples are this repository's GPTDataset over its documents (docs/data.md); which line and sample each
-split's sample is, is the fork's (tests/data/test_corpus_list.py runs the fork's index code, copied there). The
-corpus order depends on the split's sample count, as the fork's: a resume with a longer schedule reads another order."""
+"""ALCF's --data-file-list (`weight prefix corpus` lines), built as its Megatron-DeepSpeed fork builds it: each line
+gets ceil(N x w x 1.005) of a split's samples, a corpus's lines form one dataset (concatenated, blended or shuffled),
+and the corpora are blended greedily in sorted name order.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +21,7 @@ from data.indexed import IndexedDataset
 from data.token_range import check_token_ids
 
 FLAG = "--data-file-list"
-# get_datasets_weights_and_num_samples: "Add 0.5% (the 1.005 factor) so in case the blending dataset does not
-# uniformly distribute the number of samples, we still have samples left"
+# The fork's 0.5% slack, so an uneven blend still has samples left.
 SURPLUS = 1.005
 _CACHE_FORMAT = 1
 
@@ -47,8 +34,7 @@ class ListedDataset:
 
 
 def read_data_file_list(path: str) -> tuple[ListedDataset, ...]:
-    """The file's `weight prefix corpus` lines, read as the fork reads them (pretrain_gpt_alcf.py
-    train_valid_test_datasets_provider); DataError in one line naming the line that is not of that form."""
+    """The file's `weight prefix corpus` lines; DataError in one line naming a malformed one."""
     entries = []
     for number, line in enumerate(read_text_file(path, FLAG, error=DataError).splitlines(), 1):
         if not line.strip():
@@ -77,8 +63,8 @@ def samples_per_line(entries: Sequence[ListedDataset], num_samples: int) -> list
 
 
 class CorpusDataset(torch.utils.data.Dataset):
-    """One corpus's lines as one dataset (BuildCorpusDataset): `counts[i]` samples of `members[i]`, line after line or
-    interleaved (`blended`), read in a shuffled order when `shuffle_seed` is given."""
+    """One corpus's lines as one dataset: `counts[i]` samples of `members[i]`, in sequence or `blended`, shuffled with
+    `shuffle_seed`."""
 
     def __init__(self, members: Sequence[torch.utils.data.Dataset], counts: Sequence[int], blended: bool,
                  shuffle_seed: Optional[int], cache_dir: Optional[str]):
@@ -88,7 +74,6 @@ class CorpusDataset(torch.utils.data.Dataset):
         self.starts = np.concatenate([[0], np.cumsum(self.counts)])
         self.blend = None
         if blended:
-            # _build_indices_blended: weights = num_samples_list / self.num_samples (no renormalization)
             self.blend = build_blending_indices((self.counts / self.size).tolist(), self.size)
         self.order = None
         if shuffle_seed is not None:
@@ -113,8 +98,7 @@ class CorpusDataset(torch.utils.data.Dataset):
 
 
 def corpus_shuffle(size: int, seed: int, cache_dir: Optional[str]) -> np.ndarray:
-    """BuildCorpusDataset's order: `np.random.RandomState(seed).shuffle(np.arange(size))` (numpy's shuffle makes the
-    same swaps whatever the integer dtype, so int32 where it fits), cached where the other indices are."""
+    """BuildCorpusDataset's order, `RandomState(seed).shuffle(arange(size))`, as int32 where it fits, cached."""
     paths = None
     if cache_dir is not None:
         key = cache_key({"format": _CACHE_FORMAT, "size": size, "seed": seed})
@@ -133,8 +117,8 @@ def build_corpus_list_datasets(entries: Sequence[ListedDataset], split: str, seq
                                num_samples: tuple[int | None, int | None, int | None], shuffle: bool, blended: bool,
                                cache_dir: Optional[str] = None, vocab_size: Optional[int] = None
                                ) -> tuple[Optional[torch.utils.data.Dataset], ...]:
-    """Train, valid and test datasets of a --data-file-list (module docstring); None for a split --split gives no
-    share, or no samples. A count of None asks for one epoch of the split's data (the lines of positive weight)."""
+    """Train, valid and test datasets of a --data-file-list; None for a split without share or samples; a count of None
+    asks for one epoch."""
     fractions = parse_split(split)
     opened: dict[str, IndexedDataset] = {}
     for entry in entries:
@@ -171,7 +155,6 @@ def build_corpus_list_datasets(entries: Sequence[ListedDataset], split: str, seq
                 by_corpus.append(CorpusDataset(members, member_counts, blended, seed if shuffle else None,
                                                cache_dir))
         total = sum(len(corpus) for corpus in by_corpus)
-        # BlendableDataset: weights n_C / total, normalized as the fork does (a numpy array divided by its sum)
         weights = np.array([len(corpus) / total for corpus in by_corpus], dtype=np.float64)
         weights /= np.sum(weights)
         datasets.append(BlendedDataset(by_corpus, weights.tolist(), count, cache_dir=cache_dir, normalized=True))

@@ -1,22 +1,7 @@
-"""Document masking: Megatron's --reset-position-ids, --reset-attention-mask and --eod-mask-loss.
-
-A sample is seq_length + 1 tokens cut from documents laid end to end, each ending in the end-of-document (EOD) id.
-Megatron-LM's `_get_ltor_masks_and_position_ids` (megatron/core/datasets/gpt_dataset.py; Megatron-DeepSpeed's
-megatron/utils.py the same) builds from a sample's input tokens, for each EOD index i:
-
-- --reset-position-ids: position ids restart after each EOD, `position_ids[(i + 1):] -= i + 1 - prev`;
-- --reset-attention-mask: `attention_mask[0, (i + 1):, :(i + 1)] = 0` on the causal mask: block-diagonal, one
-  block per document (an EOD belongs to the document it ends);
-- --eod-mask-loss: `loss_mask[data == eod_token] = 0`, the EOD's prediction of the next document is not trained.
-
-Megatron loops over the EODs per sample in the dataset; here they are vectorized per micro-batch, on the device,
-by every stage that reads the micro-batch (training/pipeline_step.py), and only when a flag asks.
-
-swiss-ai's fork adds the goldfish loss (--goldfish-loss --goldfish-k K --goldfish-h H; its gpt_dataset.py
-`apply_goldfish`): the product of each window of H consecutive labels (int64, wrapping), modulo 1,000,003, indexes a
-table of uniform floats drawn once from a CPU generator seeded 2971215073 (`_create_hash_table`); below 1/K the
-window's last label gets no loss. About 1 in K tokens is never trained on, the first H-1 labels of a sample never
-dropped; a dropped token leaves the loss's sum and its token count alike (masked_token_mean), as Megatron's loss_func."""
+"""Document masking: Megatron's --reset-position-ids, --reset-attention-mask and --eod-mask-loss, as its
+_get_ltor_masks_and_position_ids builds them, vectorized per micro-batch on the device; and swiss-ai's goldfish loss
+(--goldfish-loss), which drops about 1 in K labels by a hash of the H labels before it.
+"""
 
 from __future__ import annotations
 
@@ -25,15 +10,13 @@ from typing import Optional
 
 import torch
 
-# swiss-ai's fork (megatron/core/datasets/gpt_dataset.py): _HASH_TABLE_SIZE and _create_hash_table's seed
 GOLDFISH_HASH_TABLE_SIZE = 1_000_003
 GOLDFISH_HASH_SEED = 2971215073
 _GOLDFISH_TABLES: dict[torch.device, torch.Tensor] = {}
 
 
 def goldfish_hash_table(device: torch.device) -> torch.Tensor:
-    """The fork's table, drawn as it draws it on the dataset's device (the CPU: its __getitem__ runs in the data
-    loader), then kept on `device` once per device."""
+    """The fork's table, drawn on the CPU as it draws it, then kept on `device`."""
     device = torch.device(device)
     if device not in _GOLDFISH_TABLES:
         generator = torch.Generator(device="cpu")
@@ -53,12 +36,9 @@ def goldfish_kept(labels: torch.Tensor, k: int, h: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class DocumentMasks:
-    """One micro-batch's masks; each None where its flag is off. position_ids [batch, seq] (long);
-    attention_mask [batch, 1, seq, seq] (bool, True where the query row may attend to the key column, causal
-    included: SDPA's convention, the inverse of Megatron's); loss_mask [batch, seq] (float, 1 where trained).
-    document_ids [batch, whole seq] (long; --reset-attention-mask): each token's document, counted from 0 along
-    the whole sample; context parallelism's attention builds its blocks' masks from it (data/documents_cp.py)
-    where the [seq, seq] mask of the whole sample is not built."""
+    """One micro-batch's masks, None where off: position_ids [batch, seq]; attention_mask [batch, 1, seq, seq] bool,
+    True where attending (SDPA's convention); loss_mask [batch, seq] float; document_ids [batch, seq] for context
+    parallelism."""
     position_ids: Optional[torch.Tensor] = None
     attention_mask: Optional[torch.Tensor] = None
     loss_mask: Optional[torch.Tensor] = None
@@ -67,8 +47,7 @@ class DocumentMasks:
 
 @dataclass(frozen=True)
 class DocumentMasking:
-    """The three flags, the goldfish loss's K and H (None: off) and the tokenizer's EOD id; `masks(inputs, labels)`
-    builds a micro-batch's DocumentMasks."""
+    """The three flags, the goldfish K and H and the EOD id; `masks(inputs, labels)` builds a micro-batch's masks."""
     eod_id: int
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
@@ -85,22 +64,20 @@ class DocumentMasking:
 
     def masks(self, inputs: torch.Tensor, labels: Optional[torch.Tensor] = None,
               dense_attention_mask: bool = True) -> DocumentMasks:
-        """The masks of `inputs` [batch, seq], the input tokens (Megatron builds them from `tokens`, text[:-1]);
-        the goldfish loss reads `labels` [batch, seq] (text[1:]). `dense_attention_mask` False: --reset-attention-mask
-        gives only the document ids, not the [seq, seq] mask (context parallelism builds its own per block)."""
+        """The masks of input tokens `inputs` [batch, seq]; goldfish reads `labels`. `dense_attention_mask` False:
+        document ids only, no [seq, seq] mask."""
         is_eod = inputs == self.eod_id
         seq = inputs.shape[1]
         index = torch.arange(seq, device=inputs.device)
         position_ids = attention_mask = loss_mask = document = None
         if self.reset_position_ids:
-            # A document starts after the last EOD before it: start[i] = max over j < i of (j + 1 if EOD at j),
-            # 0 for the first; the position is i - start[i].
+            # A document starts after the last EOD before it; the position is i - start[i].
             after_eod = torch.where(is_eod, index + 1, torch.zeros_like(index))
             start = torch.cummax(after_eod, dim=1).values
             start = torch.cat((torch.zeros_like(start[:, :1]), start[:, :-1]), dim=1)
             position_ids = index - start
         if self.reset_attention_mask:
-            # The document of token i counts the EODs before it (an EOD belongs to the document it ends).
+            # An EOD belongs to the document it ends.
             document = torch.cumsum(is_eod, dim=1) - is_eod.long()
             if dense_attention_mask:
                 causal = torch.ones(seq, seq, dtype=torch.bool, device=inputs.device).tril()
@@ -116,11 +93,8 @@ class DocumentMasking:
 
 
 def masked_token_mean(per_token_loss: torch.Tensor, documents: Optional[DocumentMasks]) -> torch.Tensor:
-    """A micro-batch's loss from its per-token losses [batch, seq], in fp32: the mean, or with a loss mask
-    Megatron-Core's reduction, sum(loss x mask) / max(sum(mask), 1) over the whole micro-batch (pretrain_gpt.py
-    loss_func: `torch.sum(losses * loss_mask)` and `num_tokens = loss_mask.sum()`; schedules.py forward_step_calc_loss:
-    `output_tensor /= torch.clamp(num_tokens, min=1)`, then `/= num_microbatches` as the callers here divide by the
-    accumulation steps). Without a mask it is the exact expression the default path always computed."""
+    """A micro-batch's loss in fp32: the mean, or with a loss mask Megatron-Core's sum(loss x mask) / max(sum(mask), 1).
+    """
     if documents is None or documents.loss_mask is None:
         return per_token_loss.float().mean()
     loss_mask = documents.loss_mask

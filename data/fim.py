@@ -1,18 +1,6 @@
-"""Megatron-LM's fill-in-the-middle (FIM) samples: --fim-data and its flags.
-
-Megatron-LM's megatron/training/datasets/fim_dataset.py, GPTFIMDataset: each sample is cut at its
-end-of-document tokens; each piece (and, with --fim-split-sample, each fragment between split tokens) is
-detokenized, and with probability --fim-rate split at two character positions drawn uniformly into
-prefix, middle and suffix, which are tokenized again and put in SPM order (prefix-token suffix-token
-suffix middle-token prefix middle, probability --fim-spm-rate) or PSM order (prefix-token prefix
-suffix-token suffix middle-token middle). The sample keeps its length: cut, or padded with the pad token.
-
-The draws are Megatron's, in its order, from a numpy RandomState (`_permute`: binomial(1, rate),
-randint(0, len(text) + 1, size=2), binomial(1, spm_rate); `_fim_split_and_permute_sequence`: one
-binomial(1, fim_rate) per sample that holds the split token). Megatron seeds one RandomState per dataset
-with --seed and draws from it in the order samples are fetched (so a resumed run, or one with data-loader
-workers, draws differently there); here each sample's RandomState is seeded with (--seed, sample index),
-so a sample is the same whichever order, worker or resume reads it.
+"""Megatron-LM's fill-in-the-middle samples (--fim-data), as its GPTFIMDataset makes them, draw for draw. Megatron draws
+from one RandomState in fetch order; here each sample's RandomState is seeded with (--seed, index), so a sample is the
+same in any order, worker or resume.
 """
 
 from __future__ import annotations
@@ -43,9 +31,7 @@ class FIMConfig:
 
 
 class FIMTokenizer:
-    """What the FIM transform needs of a byte-level BPE tokenizer (data/tokenizer.py's GPTTokenizer), as
-    Megatron's HuggingFace tokenizer wrapper gives it (megatron/core/tokenizers/text/libraries/
-    huggingface_tokenizer.py): tokens_to_ids, text_to_ids, and ids_to_text(remove_special_tokens=True)."""
+    """What the FIM transform needs of a byte-level BPE tokenizer, as Megatron's HuggingFace wrapper gives it."""
 
     def __init__(self, tokenizer):
         backend = getattr(tokenizer, "backend", None)
@@ -56,9 +42,7 @@ class FIMTokenizer:
         self._backend = backend
 
     def token_to_id(self, token: str) -> int:
-        """The token's id; a token the vocabulary lacks maps to its unknown token, as transformers'
-        convert_tokens_to_ids does (GPT-2's unknown token is <|endoftext|>, so with GPT-2's files a missing
-        <fim_prefix> etc. is the end-of-document id, as in Megatron's GPT2BPETokenizer runs)."""
+        """The token's id, else the unknown token's, as transformers does (GPT-2's is <|endoftext|>)."""
         found = self._backend.token_to_id(token)
         if found is not None:
             return int(found)
@@ -83,12 +67,10 @@ class FIMTransform:
         self.tokenizer = tokenizer
         ids = [tokenizer.token_to_id(getattr(config, f"{name}_token")) for name in FIM_TOKEN_NAMES]
         self.prefix_id, self.middle_id, self.suffix_id, self.pad_id, self.eod_id = ids
-        # Megatron looks the split string up as one token (tokens_to_ids), the unknown token when it is none
         self.split_id = tokenizer.token_to_id(config.split_sample) if config.split_sample else None
 
     def __call__(self, sample: np.ndarray, rng: np.random.RandomState) -> np.ndarray:
-        """GPTFIMDataset._query_document_sample_shuffle_indices after the read: permute each piece between
-        end-of-document tokens, then cut or pad to the original length."""
+        """Permute each piece between end-of-document tokens, then cut or pad to the original length."""
         sample_len = sample.shape[0]
         breaks = np.flatnonzero(sample == self.eod_id)
         if breaks.size:

@@ -1,16 +1,6 @@
-"""Fixed-length GPT samples over an indexed dataset: splits, shuffles, caching and blending.
-
-The documents of a split are laid end to end in a shuffled order, epoch after epoch, and cut into
-samples of ``seq_length + 1`` tokens (inputs plus the labels shifted by one); consecutive samples
-share their boundary token, as in Megatron. Three index arrays describe this:
-
-- document index: the document ids in reading order, one permutation per epoch;
-- sample index:   row k = (position in the document index, token offset) where sample k starts;
-- shuffle index:  the order in which samples are served.
-
-Every array is built so that sample ``i`` is a pure function of (data, split, seed, seq_length, i):
-asking for more samples only appends to them. A run resumes by skipping its consumed samples, and
-the number of samples requested (e.g. a longer schedule) never changes the ones already seen.
+"""Fixed-length GPT samples over an indexed dataset: splits, shuffles, caching and blending. Three index arrays
+(document order per epoch, sample starts, serving order) make sample ``i`` a pure function of (data, split, seed,
+seq_length, i), so asking for more samples only appends and a resume skips its consumed samples.
 """
 
 from __future__ import annotations
@@ -29,7 +19,7 @@ import torch
 from base.progress import ProgressLines
 from data import DataError
 
-# Blending lives in data.blending; these names stay importable from here (public API).
+# Blending lives in data.blending; these names stay importable from here.
 from data.blending import BlendedDataset, build_blending_indices, samples_per_dataset  # noqa: F401
 from data.index_cache import cache_key, load_cached_arrays, save_cached_arrays
 from data.indexed import IndexedDataset, index_file_path
@@ -39,33 +29,28 @@ logger = logging.getLogger(__name__)
 
 SPLIT_NAMES = ("train", "valid", "test")
 
-# Independent random streams derived from the user's seed. Tagging the purpose keeps the document
-# order and the sample order uncorrelated even though both are seeded per epoch.
+# Separate streams from the seed keep document order and sample order uncorrelated.
 _DOCUMENT_ORDER_STREAM = 1
 _SAMPLE_ORDER_STREAM = 2
 
-# Bump when the meaning of the cached arrays changes, so stale caches are never loaded.
+# Bump when the cached arrays' meaning changes.
 _CACHE_FORMAT = 1
-# This module's sample order, whose samples only append as more are asked for; data/megatron_order.py has Megatron's.
+# This module's sample order (appendable); data/megatron_order.py has Megatron's.
 APPENDABLE_ORDER = "appendable"
 _INDEX_KINDS = ("document", "sample", "shuffle")
 
 
-# --------------------------------------------------------------------------- splits
 
-
-# Megatron-LM's reading of --split (megatron/core/datasets/blended_megatron_dataset_config.py,
-# parse_and_normalize_split): every run of digits and dots is a weight, whatever lies between them, so
-# "99,1,0", "'99,1,0'" (a launch script's unquoted array keeps the quotes), "99 1 0" and "99/1/0" are the same.
+# Megatron-LM's reading of --split: every run of digits and dots is a weight, whatever lies between ("99,1,0", "99 1 0",
+# "'99,1,0'" alike).
 SPLIT_WEIGHT = re.compile(r"[.0-9]+")
-# Where Megatron's regex would misread a weight rather than separate two (a sign, an exponent, nan/inf),
-# the split is refused instead of run with numbers the user did not write.
+# Where Megatron's regex would misread a weight (a sign, an exponent, nan/inf), the split is refused.
 SPLIT_MISREAD = re.compile(r"[-+A-Za-z]")
 
 
 def parse_split(split: str) -> tuple[float, float, float]:
-    """``"969,30,1"`` -> train/valid/test fractions summing to 1, read as Megatron-LM reads them (SPLIT_WEIGHT).
-    Missing trailing parts count as 0."""
+    """``"969,30,1"`` -> train/valid/test fractions summing to 1, read as Megatron-LM reads them; missing parts are 0.
+    """
     text = str(split)
     if SPLIT_MISREAD.search(text):
         raise DataError(f"--split {split!r}: give up to three non-negative weights as plain numbers, e.g. 969,30,1 "
@@ -85,12 +70,8 @@ def parse_split(split: str) -> tuple[float, float, float]:
 
 
 def split_document_ranges(num_documents: int, split: str | Sequence[float]) -> list[tuple[int, int]]:
-    """Contiguous [start, end) document ranges for train, valid and test that cover every document.
-
-    Boundaries are the rounded cumulative fractions. Megatron rounds each part and then shifts all
-    boundaries by the rounding excess, which can produce a negative boundary on tiny datasets;
-    rounding the cumulative sum is equally close to the requested ratios and always monotone.
-    """
+    """Contiguous [start, end) document ranges for train, valid and test covering every document, at the rounded
+    cumulative fractions (Megatron's per-part rounding can go negative on tiny datasets; this is always monotone)."""
     fractions = parse_split(split) if isinstance(split, str) else tuple(split)
     if len(fractions) != 3 or abs(sum(fractions) - 1.0) > 1e-6:
         raise DataError(f"split {fractions!r}: need three fractions summing to 1")
@@ -100,17 +81,10 @@ def split_document_ranges(num_documents: int, split: str | Sequence[float]) -> l
     return [(boundaries[s], boundaries[s + 1]) for s in range(3)]
 
 
-# --------------------------------------------------------------------------- index builders
-
 
 def build_document_index(document_ids: np.ndarray, num_epochs: int, seed: int) -> np.ndarray:
-    """Document ids in reading order: one independent permutation per epoch.
-
-    Epoch ``e`` is drawn from a generator seeded with (seed, e) alone, so its order does not depend
-    on how many epochs are built. Each epoch is shuffled in place in the output, in the narrowest
-    dtype that holds the ids: numpy's shuffle draws the same swaps for any dtype, so the order is
-    that of ``permutation(document_ids)``, with half the memory traffic for int32.
-    """
+    """Document ids in reading order: one permutation per epoch, seeded by (seed, epoch) alone, shuffled in the
+    narrowest dtype (numpy draws the same swaps for any dtype)."""
     document_ids = np.asarray(document_ids)
     dtype = np.int32 if document_ids.size == 0 or document_ids.max() <= np.iinfo(np.int32).max else np.int64
     size = document_ids.size
@@ -125,16 +99,10 @@ def build_document_index(document_ids: np.ndarray, num_epochs: int, seed: int) -
 def build_sample_index(
     document_lengths: np.ndarray, document_index: np.ndarray, seq_length: int, num_samples: int
 ) -> np.ndarray:
-    """int64[num_samples + 1, 2]: row k = (position in document_index, offset in that document) of
-    token ``k * seq_length`` of the concatenated documents.
-
-    Sample k covers the tokens from row k to row k+1 inclusive (seq_length + 1 tokens). A token is
-    located in the first document whose end lies beyond it, so zero-length documents are skipped.
-    Vectorised and linear in the documents and samples: billions of tokens take seconds.
-    """
+    """int64[num_samples + 1, 2]: row k = (position in document_index, offset in that document) of token ``k *
+    seq_length``; sample k covers rows k to k+1 inclusive. Linear in documents and samples."""
     document_index = np.asarray(document_index)
     last_needed = num_samples * seq_length  # the inclusive last token of the last sample
-    # bounds[p] = tokens before the document at position p, bounds[p + 1] = tokens through it.
     bounds = _document_bounds_through(document_lengths, document_index, last_needed)
     total_tokens = int(bounds[-1])
     if last_needed >= total_tokens:
@@ -142,10 +110,8 @@ def build_sample_index(
             f"{num_samples} samples of {seq_length}+1 tokens need {last_needed + 1} tokens, "
             f"the document index holds {total_tokens}"
         )
-    # Row k's position is the number of documents that end at or before token k * seq_length
-    # (searchsorted(ends, k * seq_length, side="right")), i.e. whose ceil(end / seq_length) is at
-    # most k: a histogram of that value and a running sum give every row in linear time, where a
-    # binary search per row would cost log(documents) cache misses each.
+    # Row k's position counts the documents whose ceil(end / seq_length) is at most k: a histogram and a running sum,
+    # linear, instead of a binary search per row.
     first_row_after_end = bounds[1:] + (seq_length - 1)
     if seq_length & (seq_length - 1) == 0:  # the usual power of two: a shift, not a division
         np.right_shift(first_row_after_end, seq_length.bit_length() - 1, out=first_row_after_end)
@@ -159,14 +125,8 @@ def build_sample_index(
 
 
 def _document_bounds_through(document_lengths: np.ndarray, document_index: np.ndarray, token: int) -> np.ndarray:
-    """int64: 0, then the running token count at the end of each document of `document_index`, up to
-    the first document that holds `token` (through all of them if none does).
-
-    Computed a block of documents at a time: the document index usually holds a whole extra epoch
-    for the tail of the last sample, and only its first few documents are needed. Lengths are read
-    as int32 where they fit: the read in document order is a random gather, and half the bytes
-    miss the cache half as often.
-    """
+    """int64: 0, then the running token count at each document's end, up to the first document holding `token`. Built a
+    block at a time (the tail epoch is mostly unneeded), reading lengths as int32 where they fit."""
     document_lengths = np.asarray(document_lengths)
     if document_lengths.size and document_lengths.max() <= np.iinfo(np.int32).max:
         document_lengths = document_lengths.astype(np.int32, copy=False)
@@ -184,27 +144,20 @@ def _document_bounds_through(document_lengths: np.ndarray, document_index: np.nd
 
 def epochs_needed(tokens_per_epoch: int, seq_length: int, num_samples: int) -> int:
     """Fewest epochs whose tokens hold the *start* of ``num_samples`` samples."""
-    # Samples start at multiples of seq_length; E epochs hold ceil(E*T/L) starts, and
-    # ceil(E*T/L) >= n  <=>  E*T > (n-1)*L.
+    # E epochs hold ceil(E*T/L) sample starts, and ceil(E*T/L) >= n  <=>  E*T > (n-1)*L.
     return (num_samples - 1) * seq_length // tokens_per_epoch + 1
 
 
 def epoch_sample_boundaries(tokens_per_epoch: int, seq_length: int, num_epochs: int) -> np.ndarray:
-    """int64[num_epochs + 1]: sample k belongs to epoch e when its first token lies in epoch e,
-    i.e. boundaries[e] <= k < boundaries[e + 1], with boundaries[e] = ceil(e * T / L)."""
+    """int64[num_epochs + 1]: sample k is in epoch e when boundaries[e] <= k < boundaries[e + 1] = ceil((e + 1) T / L).
+    """
     epochs = np.arange(num_epochs + 1, dtype=np.int64)
     return (epochs * tokens_per_epoch + seq_length - 1) // seq_length
 
 
 def build_shuffle_index(epoch_boundaries: Sequence[int], seed: int) -> np.ndarray:
-    """Serving order of samples: each epoch's block of samples, permuted on its own.
-
-    A global permutation of all samples would change completely when more samples are requested.
-    Shuffling each epoch's *complete* block with a generator seeded by (seed, epoch) keeps the order
-    of every earlier block, and of the current one, identical however many samples are asked for.
-    Mixing stays good because each block is a whole pass over the split. A block is shuffled as
-    int32 where it fits (the same swaps as ``permutation(size)``, half the memory traffic).
-    """
+    """Serving order: each epoch's complete block of samples permuted on its own, seeded by (seed, epoch), so earlier
+    orders never change when more samples are asked for."""
     boundaries = np.asarray(epoch_boundaries, dtype=np.int64)
     shuffle_index = np.empty(int(np.diff(boundaries).sum()) if boundaries.size > 1 else 0, dtype=np.int64)
     filled = 0
@@ -217,17 +170,10 @@ def build_shuffle_index(epoch_boundaries: Sequence[int], seed: int) -> np.ndarra
     return shuffle_index
 
 
-# --------------------------------------------------------------------------- GPT dataset
-
 
 class GPTDataset(torch.utils.data.Dataset):
-    """``num_samples`` samples of ``seq_length + 1`` tokens from the given documents of ``indexed``.
-
-    Documents (not sequences) are the unit of shuffling, so a document split into sentences keeps
-    its sentences in order. For data with one sequence per document, as Megatron's preprocessing
-    writes for GPT, documents and sequences coincide. This class reads them in this project's order
-    (the module docstring); data/megatron_order.py's subclass in Megatron-Core's.
-    """
+    """``num_samples`` samples of ``seq_length + 1`` tokens from the given documents of ``indexed``, shuffled by
+    document, in this project's order (data/megatron_order.py's subclass reads Megatron-Core's)."""
 
     order = APPENDABLE_ORDER
 
@@ -264,7 +210,6 @@ class GPTDataset(torch.utils.data.Dataset):
 
         self.cache_paths = self._cache_paths(cache_dir)
         self.loaded_from_cache = False
-        # Seconds spent on each index and on the cache write; empty when the cache had them.
         self.build_seconds: dict[str, float] = {}
         indices = self._load_cache()
         if indices is None:  # a large corpus takes minutes here (once: the result is cached)
@@ -289,8 +234,7 @@ class GPTDataset(torch.utils.data.Dataset):
     def _build_indices(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         boundaries = epoch_sample_boundaries(self.tokens_per_epoch, self.seq_length, self.num_epochs)
         samples_built = int(boundaries[-1])
-        # The last sample of the last epoch may run into later epochs (its tail, or more when the
-        # split is shorter than one sample); build the document order far enough to hold it.
+        # The last sample may run into later epochs: build the document order far enough to hold it.
         tokens_needed = samples_built * self.seq_length + 1
         document_epochs = -(-tokens_needed // self.tokens_per_epoch)
         began = time.perf_counter()
@@ -357,24 +301,16 @@ class GPTDataset(torch.utils.data.Dataset):
 
 
 def _describe_ids(ids: np.ndarray) -> str:
-    """A cache-key description of document ids: the range for the usual contiguous split (hashing a
-    million ids costs more than building small indices), else a hash of every id."""
+    """A cache-key description of document ids: the range when contiguous, else a hash of every id."""
     if ids.size and int(ids[-1]) - int(ids[0]) == ids.size - 1 and bool((np.diff(ids) == 1).all()):
         return f"range({int(ids[0])}, {int(ids[-1]) + 1})"
     return hashlib.sha256(ids.tobytes()).hexdigest()
 
 
-# --------------------------------------------------------------------------- entry point
-
 
 def parse_data_path(data_path: Sequence[str]) -> tuple[list[str], list[float] | None]:
-    """``["A"]`` -> (["A"], [1.0]); ``["0.3", "A", "0.7", "B"]`` -> (["A", "B"], [0.3, 0.7]); prefixes without
-    weights, ``["A", "B", "C"]`` -> (["A", "B", "C"], None): blended by their sizes (`size_weights`).
-
-    Megatron-Core's rule (megatron/core/datasets/utils.py, get_blend_from_list): an odd number of entries is
-    prefixes alone; an even number is weight/prefix pairs, unless the weights' places hold no numbers, when
-    it is prefixes alone too. A list mixing the two is refused here (Megatron would take a weight for a path).
-    """
+    """``["A"]`` -> (["A"], [1.0]); ``["0.3", "A", "0.7", "B"]`` -> (["A", "B"], [0.3, 0.7]); prefixes alone ->
+    (prefixes, None), blended by size. Megatron-Core's get_blend_from_list rule; a mixed list is refused."""
     data_path = list(data_path)
     if not data_path:
         raise DataError("--data-path: no dataset given")
@@ -405,9 +341,8 @@ def _number(text: str) -> float | None:
 
 
 def epoch_samples(indexed: IndexedDataset, document_range: tuple[int, int], seq_length: int) -> int:
-    """Samples in one epoch of documents [start, end) of `indexed`, by Megatron-Core's arithmetic (megatron/core/
-    datasets/gpt_dataset.py, GPTDataset.__len__ with one epoch: (tokens - add_extra_token_to_sequence) //
-    sequence_length, the extra token 1): what a prefix without a weight weighs in a blend."""
+    """Samples in one epoch of documents [start, end), by Megatron-Core's GPTDataset arithmetic: what an unweighted
+    prefix weighs in a blend."""
     start, end = document_range
     tokens = int(indexed.document_lengths[start:end].sum())
     return max(0, (tokens - 1) // seq_length)
@@ -428,18 +363,9 @@ def build_train_valid_test_datasets(
     vocab_size: int | None = None,
     dataset_class: type[GPTDataset] = GPTDataset,
 ) -> tuple[torch.utils.data.Dataset | None, torch.utils.data.Dataset | None, torch.utils.data.Dataset | None]:
-    """Train, valid and test datasets, each None when it gets no samples or no documents.
-
-    Every prefix is split by documents with the same ratios; several prefixes are blended. A valid
-    or test split that is empty in some blended prefixes blends the others, reweighted. Prefixes given
-    without weights weigh, in each split, what one epoch of that split holds (`epoch_samples`), as
-    Megatron-Core's BlendedMegatronDatasetBuilder weighs them (megatron/core/datasets/
-    blended_megatron_dataset_builder.py, `_build_blended_dataset_splits`: weights None -> `len(megatron_dataset)`
-    of each one-epoch dataset); a prefix whose split holds no whole sample is left out of that split. A count of None
-    asks for one epoch of that split's data (`blend_split`). With
-    `vocab_size`, every token id of every prefix is checked to be below it (data/token_range.py). `dataset_class`
-    reads each prefix's samples in its order (data/megatron_order.py's for Megatron-Core's).
-    """
+    """Train, valid and test datasets, each None when it gets no samples or documents. Every prefix is split by
+    documents with the same ratios and blended (unweighted prefixes by one epoch's samples, as Megatron-Core does); a
+    count of None asks for one epoch. With `vocab_size`, every token id is checked below it."""
     if len(num_samples) != 3 or any(n is not None and n < 0 for n in num_samples):
         raise ValueError(f"num_samples must be three non-negative counts or None, got {num_samples}")
     prefixes, weights = parse_data_path(data_path)
@@ -472,11 +398,8 @@ def build_train_valid_test_datasets(
 def blend_split(members: list[tuple[IndexedDataset, tuple[int, int], float | None]], weighted: bool,
                 num_samples: int | None, seq_length: int, seed: int, split_name: str, cache_dir: str | None,
                 dataset_class: type[GPTDataset] = GPTDataset) -> torch.utils.data.Dataset | None:
-    """One split's dataset from its members (prefix, its documents in this split, its weight): one member's
-    GPTDataset, or the members blended by their weights, or (`weighted` False) by the samples one epoch of each holds
-    (`epoch_samples`, Megatron-Core's `len(megatron_dataset)` of one-epoch datasets), a member holding no whole
-    sample left out. None when the split gets no samples or has no member. `num_samples` None: one epoch of the
-    split's data (`split_epoch_samples`), a count that depends on the data alone (the cyclic sampler's epoch)."""
+    """One split's dataset from its members: one GPTDataset, or a blend by weights or (`weighted` False) by one epoch's
+    samples each. None when the split gets no samples; `num_samples` None: one epoch of the split's data."""
     if num_samples is None:
         num_samples = split_epoch_samples([(ds, document_range) for ds, document_range, _ in members], seq_length)
     if not weighted:  # blended by size: one epoch's samples each, a member holding none left out
@@ -494,7 +417,6 @@ def blend_split(members: list[tuple[IndexedDataset, tuple[int, int], float | Non
     ]
     if len(parts) == 1:
         return parts[0]
-    # The blending indices depend only on the weights and the count; they are cached beside the
-    # first member's data unless a cache directory is given.
+    # Blending indices depend only on the weights and the count; cached beside the first member's data by default.
     blend_cache = cache_dir if cache_dir is not None else os.path.dirname(os.path.abspath(members[0][0].prefix))
     return BlendedDataset(parts, member_weights, num_samples, cache_dir=blend_cache)

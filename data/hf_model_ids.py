@@ -1,7 +1,6 @@
-"""The token ids a Hugging Face model folder pairs with its tokenizer, kept so an export writes them back as found:
-config.json's bos_token_id, eos_token_id and pad_token_id (which a tokenizer alone cannot give: Qwen3's bos id has
-no bos_token, Llama 3.1's eos is a list), and the ids a tokenizer's own files declare, for a tokenizer that came
-without a model (one trained here, a bare tokenizer.json)."""
+"""The token ids a Hugging Face model folder pairs with its tokenizer (config.json's bos, eos and pad ids, which a
+tokenizer alone cannot give), kept so an export writes them back as found.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ def _is_ids(value) -> bool:
 
 
 def folder_token_ids(directory: str) -> Optional[dict]:
-    """config.json's token ids in the model folder `directory` ({key: id, list of ids or None}, a key left out as
-    None, transformers' default); None where no model's config.json (one with a model_type) sits there."""
+    """config.json's token ids in model folder `directory`; None where no model's config.json sits there."""
     path = os.path.join(directory, MODEL_CONFIG_FILE)
     if not os.path.isfile(path):
         return None
@@ -43,9 +41,8 @@ def folder_token_ids(directory: str) -> Optional[dict]:
 
 
 def declared_token_ids(side_files: dict[str, dict], vocabulary: dict[str, int], eod_id: int) -> dict:
-    """The ids a tokenizer's tokenizer_config.json and special_tokens_map.json declare: eos the end-of-document id,
-    bos and pad their declared tokens' (a later file winning, as transformers reads them); bos the end-of-document
-    id where neither file names a bos_token (GPT-2's convention), pad None."""
+    """The ids a tokenizer's side files declare: eos the end-of-document id, bos and pad their tokens' (bos the EOD
+    where none is named)."""
     found = {"bos_token": None, "pad_token": None}
     named = set()
     for name in SIDE_FILES:

@@ -1,11 +1,6 @@
-"""The end-of-document token of a Hugging Face tokenizer folder: the one its own files declare.
-
-Megatron-LM's HuggingFaceTokenizer ends a document with `AutoTokenizer.from_pretrained(DIR).eos_token_id`
-(megatron/training/tokenizer/tokenizer.py, _HuggingFaceTokenizer.eod), so Llama 2's and Mistral's documents end with
-`</s>`, Llama 3's with `<|end_of_text|>`, Gemma's with `<eos>` and GPT-2's with `<|endoftext|>`. transformers reads
-`eos_token` from tokenizer_config.json, and special_tokens_map.json's overrides it; either may hold the token as a
-string or as an AddedToken object ({"content": ...}). A bare tokenizer.json declares no eos: GPT-2's token,
-`<|endoftext|>`, is taken where the vocabulary has it, as this project always did.
+"""The end-of-document token of a Hugging Face tokenizer folder: the eos_token its own files declare (as Megatron-LM's
+HuggingFaceTokenizer uses), read as transformers reads them; a bare tokenizer.json falls back to GPT-2's
+`<|endoftext|>`.
 """
 
 from __future__ import annotations
@@ -21,13 +16,12 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 # transformers reads them in this order, a later file's eos_token winning.
 SIDE_FILES = (TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE)
-# kept with a saved tokenizer too, so an export of a folder's model writes its generation settings back
+# Kept with a saved tokenizer so an export writes the generation settings back.
 GENERATION_CONFIG_FILE = "generation_config.json"
 
 
 def read_json_object(path: str, where: str, holding: str) -> dict:
-    """The JSON object in `path` (a tokenizer's vocabulary or settings), refused in one line naming `where` and what
-    it should hold when unreadable or not an object."""
+    """The JSON object in `path`, refused in one line naming `where` when unreadable or not an object."""
     try:
         with open(path, encoding="utf-8") as f:
             content = json.load(f)
@@ -39,8 +33,8 @@ def read_json_object(path: str, where: str, holding: str) -> dict:
 
 
 def read_side_files(directory: str) -> dict[str, dict]:
-    """The folder's tokenizer_config.json, special_tokens_map.json and generation_config.json, each as read (left out
-    where absent): kept so a saved copy of the tokenizer carries them and transformers reads it the same way."""
+    """The folder's tokenizer_config.json, special_tokens_map.json and generation_config.json as read, kept for saved
+    copies."""
     paths = {name: os.path.join(directory, name) for name in (*SIDE_FILES, GENERATION_CONFIG_FILE)}
     return {name: read_json_object(path, path, "settings") for name, path in paths.items() if os.path.isfile(path)}
 
@@ -54,8 +48,7 @@ def token_text(value, path: str) -> Optional[str]:
 
 
 def end_of_document_token(side_files: dict[str, dict], vocabulary: dict[str, int], where: str) -> str:
-    """The token that ends a document: the declared eos_token, else <|endoftext|> where the vocabulary has it;
-    refused in one line when neither names a token of `vocabulary` (`where` names the tokenizer)."""
+    """The declared eos_token, else <|endoftext|> where the vocabulary has it; refused in one line otherwise."""
     declared = None
     for name in SIDE_FILES:
         token = token_text(side_files.get(name, {}).get("eos_token"), f"{where} {name}")

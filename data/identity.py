@@ -1,13 +1,6 @@
-"""Which files a `--data-path` reads, as content, not as the string typed.
-
-A checkpoint records it so that a resume can tell "the same data" from "the same words": a relative
-`--data-path` typed in another working directory names other files, and a corpus copied elsewhere
-(an absolute path instead of a relative one) is the same data. Reading a whole corpus at every start
-and save would cost minutes on GBs, so a file's identity is its size and a sha256 of its first and
-last `SAMPLED_BYTES` (the .idx header, document sizes and document index; the .bin's first and last
-tokens): a copy matches, another corpus -- or the same one re-tokenized -- does not, unless it has the
-same size and the same bytes at both ends (a change confined to the middle of a .bin of the same
-size goes unseen).
+"""Which files a `--data-path` reads, as content, not as the string typed, so a resume can tell the same data from the
+same words. A file's identity is its size and a sha256 of its first and last `SAMPLED_BYTES` (a change confined to the
+middle goes unseen).
 """
 
 from __future__ import annotations
@@ -35,9 +28,8 @@ def file_identity(path: str) -> str:
 
 
 def data_identity(data_path: Sequence[str]) -> Optional[list[dict]]:
-    """One entry per dataset of `--data-path` (a blend's in order): its weight (None: blended by size), the
-    prefix as it resolves now, and the identity of its .idx and .bin. None for the embedded corpus (no
-    --data-path) or when a file cannot be read (the data loader then names it)."""
+    """One entry per dataset of `--data-path`: its weight, the resolved prefix, and its files' identities. None for the
+    embedded corpus or an unreadable file."""
     if not data_path:
         return None
     prefixes, weights = parse_data_path(data_path)
@@ -50,8 +42,7 @@ def data_identity(data_path: Sequence[str]) -> Optional[list[dict]]:
 
 
 def same_data(saved: list[dict], ours: list[dict]) -> Optional[str]:
-    """None when two identities name the same content with the same weights; else, in words, the
-    first dataset that differs."""
+    """None when two identities name the same content and weights; else the first dataset that differs."""
     if len(saved) != len(ours):
         return f"{len(ours)} datasets, the checkpoint's {len(saved)}"
     for saved_entry, our_entry in zip(saved, ours):

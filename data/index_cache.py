@@ -1,9 +1,5 @@
-"""Index arrays cached as ``.npy`` files, named by a hash of everything they depend on.
-
-A cache entry is a set of arrays (one file each). Files are written to a temporary name and renamed,
-so a reader never sees a partial file; several ranks building the same entry at once write
-identical content, so whichever rename lands last is as good as the first. A missing or unreadable
-entry is rebuilt, and a cache directory that cannot be written only costs the rebuild next time.
+"""Index arrays cached as ``.npy`` files named by a hash of their inputs, written atomically; concurrent ranks write
+identical content, and an unwritable cache only costs a rebuild.
 """
 
 from __future__ import annotations
@@ -38,8 +34,7 @@ def load_cached_arrays(paths: dict[str, str], what: str) -> dict[str, np.ndarray
 
 
 def save_cached_arrays(paths: dict[str, str], arrays: dict[str, np.ndarray], what: str) -> None:
-    """Write each array atomically (temporary file, then rename); warn and go on when the directory
-    cannot be written."""
+    """Write each array atomically; warn and go on when the directory cannot be written."""
     for kind, path in paths.items():
         directory = os.path.dirname(path)
         try:

@@ -1,22 +1,7 @@
-"""Megatron-compatible indexed dataset: a flat token file (.bin) plus an index (.idx).
-
-The layout is Megatron-LM's ``MMIDIDX`` format, byte for byte, so data prepared by Megatron works here
-and ours works there. All integers are little-endian::
-
-    <prefix>.idx
-        magic            9 bytes   b"MMIDIDX\x00\x00"
-        version          <Q        1
-        dtype code       <B        see DTYPE_CODES
-        sequence count   <Q        N
-        document count   <Q        D  (= documents + 1)
-        sequence lengths int32[N]  tokens per sequence
-        sequence ptrs    int64[N]  byte offset of each sequence in .bin (cumulative, first 0)
-        document indices int64[D]  0, then the number of sequences written after each document ends
-    <prefix>.bin
-        the token arrays of all sequences, concatenated, in the dtype
-
-A *document* is one or more consecutive sequences, so also one contiguous run of tokens in .bin: that is
-what lets ``IndexedDataset.get_document`` read a slice of it without touching the rest."""
+"""Megatron-compatible indexed dataset: a flat token file (.bin) plus an index (.idx) in Megatron-LM's ``MMIDIDX``
+layout, byte for byte, so data prepared there works here and back. A document is consecutive sequences, one contiguous
+run of tokens, so a slice of it is read without touching the rest.
+"""
 
 from __future__ import annotations
 
@@ -36,7 +21,7 @@ VERSION = 1
 # magic + version <Q + dtype code <B + sequence count <Q + document count <Q
 HEADER_SIZE = len(MAGIC) + 8 + 1 + 8 + 8
 
-# Megatron's codes (megatron/core/datasets/indexed_dataset.py, class DType); never renumber them.
+# Megatron's codes (indexed_dataset.py DType); never renumber them.
 DTYPE_CODES: dict[int, np.dtype] = {
     1: np.dtype(np.uint8),
     2: np.dtype(np.int8),
@@ -49,13 +34,12 @@ DTYPE_CODES: dict[int, np.dtype] = {
 }
 _CODE_OF_DTYPE = {dtype: code for code, dtype in DTYPE_CODES.items()}
 
-# Pointer validation reads the index in slices of this many sequences so opening a corpus with
-# hundreds of millions of sequences never materialises more than a few hundred MiB at once.
+# Pointer validation reads the index in slices this big, bounding memory on huge corpora.
 _VALIDATION_CHUNK = 1 << 22
 
 
 def best_dtype(vocab_size: int) -> np.dtype:
-    """The smallest token dtype Megatron would pick for this vocabulary (same threshold as Megatron)."""
+    """The smallest token dtype Megatron would pick for this vocabulary."""
     return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
 
 
@@ -76,13 +60,8 @@ def _dtype_code(dtype) -> int:
 
 
 class IndexedDatasetWriter:
-    """Writes ``<prefix>.bin`` and ``<prefix>.idx``.
-
-    Tokens stream to a temporary .bin while lengths and document boundaries accumulate in compact
-    arrays; ``finalize`` writes the index and renames both files into place. Until then nothing at
-    ``prefix`` changes, so a crash never leaves a half-written dataset that looks valid. Leaving the
-    ``with`` block through an exception discards the temporary files.
-    """
+    """Writes ``<prefix>.bin`` and ``<prefix>.idx``: tokens stream to a temporary file and ``finalize`` renames both
+    into place, so a crash never leaves a half-written dataset that looks valid."""
 
     def __init__(self, prefix: str, dtype):
         self.prefix = prefix
@@ -92,7 +71,7 @@ class IndexedDatasetWriter:
         self._tmp_bin = data_file_path(prefix) + suffix
         self._tmp_idx = index_file_path(prefix) + suffix
         self._bin = open(self._tmp_bin, "wb")
-        # array.array keeps 4/8 bytes per entry; a Python list would cost ~10x that on big corpora.
+        # array.array keeps 4/8 bytes per entry, a tenth of a list's.
         self._sequence_lengths = array.array("i")
         self._document_indices = array.array("q", [0])
         self._finalized = False
@@ -135,7 +114,7 @@ class IndexedDatasetWriter:
         self._sequence_lengths.append(values.size)
 
     def end_document(self) -> None:
-        """Close the current document: the sequences added since the last call form one document."""
+        """Close the current document: the sequences added since the last call form one."""
         self._check_writable()
         self._document_indices.append(len(self._sequence_lengths))
 
@@ -166,7 +145,7 @@ class IndexedDatasetWriter:
             shutil.copyfileobj(source, self._bin, length=16 << 20)
 
     def finalize(self) -> None:
-        """Write the index and move both files into place. A still-open document is closed first."""
+        """Write the index and move both files into place, closing an open document first."""
         self._check_writable()
         if self._has_open_document:
             self.end_document()
@@ -201,11 +180,8 @@ class IndexedDatasetWriter:
 
 
 class IndexedDataset:
-    """Memory-mapped reader of ``<prefix>.bin``/``<prefix>.idx``; validates both files on open.
-
-    ``len(ds)`` and ``ds[i]`` count *sequences* (as in Megatron). Documents are reached through
-    ``document_indices``, ``document_lengths`` and ``get_document``.
-    """
+    """Memory-mapped reader of ``<prefix>.bin``/``<prefix>.idx``, validated on open; ``len`` and ``[i]`` count sequences
+    (as in Megatron)."""
 
     def __init__(self, prefix: str):
         self.prefix = prefix
@@ -224,8 +200,7 @@ class IndexedDataset:
         )
         self._document_token_offsets = None
 
-    # Pickling a memmap copies the mapped bytes; DataLoader workers started by spawn/forkserver
-    # would each receive the whole corpus. Ship the prefix instead and map the files again.
+    # Pickling a memmap copies the mapped bytes into every spawned worker: ship the prefix and map again.
     def __getstate__(self) -> dict:
         return {"prefix": self.prefix}
 
@@ -308,7 +283,7 @@ class IndexedDataset:
             )
 
     def close(self) -> None:
-        """Release the memory maps (reads afterwards fail). Optional: garbage collection does it too."""
+        """Release the memory maps (reads afterwards fail); garbage collection does it too."""
         for name in ("_bin", "_sequence_lengths", "_sequence_pointers", "_document_indices"):
             setattr(self, name, None)
 
@@ -378,5 +353,4 @@ class IndexedDataset:
             length = size - offset
         if offset < 0 or length < 0 or offset + length > size:
             raise IndexError(f"{what} has {size} tokens; cannot read [{offset}, {offset + length})")
-        # np.asarray drops the memmap subclass but keeps the zero-copy view into the mapped file.
         return np.asarray(self._bin[start + offset : start + offset + length])

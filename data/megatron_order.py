@@ -1,20 +1,7 @@
-"""Megatron-Core's sample order: the document, sample and shuffle indices its GPTDataset builds, value for value.
-
-This project's own order (data/gpt_dataset.py) shuffles each epoch on its own, so asking for more samples only
-appends. Megatron-Core's depends on how many are asked for (core_v0.16.1 gpt_dataset.py,
-GPTDataset._build_document_sample_shuffle_indices):
-
-- epochs: the fewest E >= 1 with E x (the split's tokens) >= samples x seq_length + 1 (`_get_num_epochs`);
-- with E > 1, the last epoch is shuffled apart when it gives under 80% of an epoch's samples (`separate_final_epoch`);
-- one numpy RandomState(seed) draws the document index (`_build_document_index`: the split's document ids
-  repeated E times, int32, shuffled as one array, or the first E - 1 epochs then the last) and then the shuffle
-  index (`_build_shuffle_index`: a permutation of all samples, or of those before the separate last epoch, then
-  of the rest);
-- the sample index (helpers.cpp build_sample_idx, dropping the last partial sample): this project's
-  `build_sample_index`, run on Megatron's document index.
-
-A run that writes or reads Megatron-LM's checkpoints reads its samples in this order (arguments/config.py,
-`PretrainConfig.sample_order`): such a checkpoint's consumed-samples count is a position in it."""
+"""Megatron-Core's sample order: the document, sample and shuffle indices its GPTDataset builds, value for value (one
+RandomState over all epochs, a short last epoch shuffled apart). A run that writes or reads Megatron-LM checkpoints
+reads this order, in which their consumed-samples count is a position.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +10,7 @@ import numpy as np
 from data.gpt_dataset import GPTDataset, build_sample_index
 
 MEGATRON_ORDER = "megatron"
-# gpt_dataset.py: `threshold = 0.80`, below which the last epoch's samples are shuffled apart
+# Below this share of an epoch the last epoch is shuffled apart.
 SEPARATE_FINAL_EPOCH_BELOW = 0.80
 EXTRA_TOKEN = 1  # GPTDatasetConfig.add_extra_token_to_sequence: the labels' shifted token
 
@@ -74,8 +61,7 @@ def build_megatron_indices(document_ids: np.ndarray, document_lengths: np.ndarra
 
 
 class MegatronOrderGPTDataset(GPTDataset):
-    """GPTDataset reading its samples in Megatron-Core's order (module docstring); sample i is the i-th Megatron
-    serves, for i below the samples asked for."""
+    """GPTDataset reading its samples in Megatron-Core's order."""
 
     order = MEGATRON_ORDER
 

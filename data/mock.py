@@ -1,13 +1,5 @@
-"""--mock-data: Megatron-Core's MockGPTDataset documents in place of a --data-path.
-
-megatron/core/datasets/gpt_dataset.py (github:NVIDIA/Megatron-LM), MockGPTLowLevelDataset: 100000 documents whose
-lengths are numpy.random.default_rng(seed=0).integers(low=1, high=4096, size=100000, dtype=int32), document i
-holding the tokens (arange(length - 1) + 1) % vocab_size followed by the tokenizer's end-of-document id; the
-MockGPTDataset around it is an ordinary GPTDataset over those documents (shuffled by --seed, cut into samples of
---seq-length + 1 tokens), split evenly whatever --split says: with no blend, Megatron-Core's dataset config sets
-mock = True and split = "1,1,1", "an arbitrarily even split, as mock is True" (megatron/core/datasets/
-blended_megatron_dataset_config.py, BlendedMegatronDatasetConfig.__post_init__; core_v0.16.1 and d98e8a64). Here the same documents feed data/gpt_dataset.py's GPTDataset, so a mock
-run is the real data path over synthetic documents; nothing is written but the index caches.
+"""--mock-data: Megatron-Core's MockGPTDataset documents (fixed lengths from seed 0, tokens (arange + 1) % vocab, EOD
+last) split evenly as its config does, fed to the ordinary GPTDataset, so a mock run takes the real data path.
 """
 
 from __future__ import annotations
@@ -23,8 +15,7 @@ MOCK_SPLIT = "1,1,1"  # BlendedMegatronDatasetConfig's split for mock data (modu
 
 
 class MockDocuments:
-    """What GPTDataset reads of an IndexedDataset (prefix, num_documents, document_lengths, get_document), for
-    Megatron's mock documents."""
+    """What GPTDataset reads of an IndexedDataset, for Megatron's mock documents."""
 
     def __init__(self, vocab_size: int, eod_id: int) -> None:
         self.vocab_size, self.eod_id = int(vocab_size), int(eod_id)
@@ -33,7 +24,6 @@ class MockDocuments:
         self.document_lengths = rng.integers(low=1, high=MOCK_MAX_SEQUENCE_LENGTH, size=MOCK_DOCUMENTS,
                                              dtype=np.int32).astype(np.int64)
         self.num_documents = MOCK_DOCUMENTS
-        # GPTDataset's cache key for data that has no index file
         self.cache_identity = {"mock": [MOCK_SEED, MOCK_DOCUMENTS, MOCK_MAX_SEQUENCE_LENGTH, self.vocab_size,
                                         self.eod_id]}
 
@@ -49,9 +39,7 @@ class MockDocuments:
 
 def build_mock_datasets(seq_length: int, seed: int, num_samples: tuple[int | None, int | None, int | None],
                         vocab_size: int, eod_id: int, cache_dir: str) -> tuple[torch.utils.data.Dataset | None, ...]:
-    """Train, valid and test GPTDatasets over the mock documents split evenly (None where a split gets no
-    samples or no documents), as build_train_valid_test_datasets does for one prefix; a count of None asks for one
-    epoch of the split's documents."""
+    """Train, valid and test GPTDatasets over the mock documents split evenly; a count of None asks for one epoch."""
     documents = MockDocuments(vocab_size, eod_id)
     ranges = split_document_ranges(documents.num_documents, parse_split(MOCK_SPLIT))
     return tuple(

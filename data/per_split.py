@@ -1,22 +1,7 @@
-"""Megatron-LM's data sources: one blend split into train/valid/test by --split, or one blend per split.
-
-A launch names its data one of four ways (megatron/training/utils/common_utils.py get_blend_and_blend_per_split,
-at d98e8a64): `--data-path` (prefixes, or weight/prefix pairs) split by --split; `--data-args-path FILE`, the same
-list read from a file (`f.read().split()`); `--train-data-path`, `--valid-data-path`, `--test-data-path`, a blend
-per split, each read whole; `--per-split-data-args-path FILE`, a JSON object whose `train`, `valid` and `test` hold
-those lists (a string split on whitespace, null no data for that split).
-
-Megatron-LM's rules, refused in one line each: --data-path and --data-args-path exclude each other, as do the
-per-split paths and the per-split file (validate_args); one data source at most, --mock-data counting as one. A
-split without a blend has no dataset (no validation or test); the training split must have one here. --split
-beside per-split blends is not read and said at start-up (arguments/config.py split_unread_note): Megatron-Core
-asserts against the pair since January 2024, but LLM360's K2-V2 mid-training launches give both and trained on the
-Megatron-LM their container held, so the launch is accepted and the difference named.
-
-Each per-split blend is built as BlendedMegatronDatasetBuilder builds `blend_per_split` (the separate-distributions
-branch of `_build_blended_dataset_splits`): every prefix gives all its documents to that split, one prefix is its
-dataset, several are blended by their weights or, without weights, by one epoch's samples of each
-(data/gpt_dataset.py `blend_split`, shared with the --data-path blends)."""
+"""Megatron-LM's data sources: one blend split by --split (--data-path, --data-args-path), or one blend per split
+(--train/valid/test-data-path, --per-split-data-args-path), checked by Megatron-LM's exclusion rules. --split beside
+per-split blends is not read, said at start-up (K2-V2's launches give both).
+"""
 
 from __future__ import annotations
 
@@ -39,7 +24,7 @@ Blend = tuple[str, ...]  # a blend list as typed: prefixes, or weight/prefix pai
 
 @dataclass(frozen=True)
 class DataSources:
-    """What the run reads, with the flag (or file) each list came from, for messages and the summary line."""
+    """What the run reads, with the flag or file each list came from."""
     blend: Optional[Blend] = None  # --data-path's list, or --data-args-path's
     blend_source: str = "--data-path"
     per_split: Optional[tuple[Optional[Blend], Optional[Blend], Optional[Blend]]] = None  # train, valid, test
@@ -53,8 +38,7 @@ class DataSources:
         return self.blend is not None or self.per_split is not None or self.file_list is not None
 
     def training_blend(self) -> Optional[Blend]:
-        """The list the training samples come from, as weight/prefix pairs where the source lists weights (the
-        resume check compares its content)."""
+        """The training list, as weight/prefix pairs where weights are given."""
         if self.file_list is not None:
             return tuple(token for entry in self.file_list for token in (repr(entry.weight), entry.prefix))
         return self.per_split[0] if self.per_split is not None else self.blend
@@ -66,7 +50,7 @@ class DataSources:
 
 
 def read_data_args(path: str, flag: str = "--data-args-path") -> Blend:
-    """A --data-args-path file: its whitespace-separated tokens, as Megatron reads it (`f.read().split()`)."""
+    """A --data-args-path file: its whitespace-separated tokens."""
     tokens = tuple(read_text_file(path, flag, error=DataError).split())
     if not tokens:
         raise DataError(f"{flag} {path}: the file names no dataset (it should hold a --data-path list: prefixes, or "
@@ -75,8 +59,8 @@ def read_data_args(path: str, flag: str = "--data-args-path") -> Blend:
 
 
 def read_per_split_data_args(path: str) -> tuple[Optional[Blend], Optional[Blend], Optional[Blend]]:
-    """A --per-split-data-args-path file: a JSON object with `train`, `valid` and `test`, each a list of tokens, a
-    string of them (split on whitespace, as Megatron does) or null (no data for that split)."""
+    """A --per-split-data-args-path file: JSON `train`, `valid`, `test`, each a list of tokens, a string of them, or
+    null."""
     flag = "--per-split-data-args-path"
     try:
         data = json.loads(read_text_file(path, flag, error=DataError))
@@ -100,8 +84,7 @@ def read_per_split_data_args(path: str) -> tuple[Optional[Blend], Optional[Blend
 def data_sources(data_path: Sequence[str], data_args_path: Optional[str],
                  split_paths: tuple[Optional[Sequence[str]], ...], per_split_data_args_path: Optional[str],
                  mock_data: bool, data_file_list: Optional[str] = None) -> DataSources:
-    """The data sources the flags name, read (files) and checked as Megatron-LM checks them (module docstring);
-    raises DataError in one line."""
+    """The data sources the flags name, read and checked as Megatron-LM checks them; DataError in one line."""
     per_split_given = [flag for flag, paths in zip(SPLIT_FLAGS, split_paths) if paths is not None]
     if data_path and data_args_path:
         raise DataError("--data-path and --data-args-path name the same list: give one (Megatron-LM asserts it)")
@@ -150,10 +133,8 @@ def build_per_split_datasets(per_split: Sequence[Optional[Blend]], seq_length: i
                              cache_dir: Optional[str] = None,
                              vocab_size: Optional[int] = None
                              ) -> tuple[Optional[torch.utils.data.Dataset], ...]:
-    """Train, valid and test datasets, one blend per split, each prefix's documents all in that split (module
-    docstring); None for a split without a blend or without samples. Each split's indices are cached under its own
-    name (`cache_dir`: Megatron's --data-cache-path; without it beside the data), and, with `vocab_size`, every token
-    id of every prefix is checked to be below it (data/token_range.py)."""
+    """Train, valid and test datasets, one blend per split, as Megatron-Core builds `blend_per_split`; None for a split
+    without a blend or samples. With `vocab_size`, every token id is checked below it."""
     opened: dict[str, IndexedDataset] = {}  # a prefix in several splits is opened and checked once
     datasets = []
     for blend, count, name in zip(per_split, num_samples, SPLIT_NAMES):
@@ -176,7 +157,7 @@ def build_per_split_datasets(per_split: Sequence[Optional[Blend]], seq_length: i
 
 
 def check_blend(blend: Sequence[str], flag: str) -> None:
-    """A blend list's syntax (Megatron-Core's get_blend_from_list), as one line naming where it came from."""
+    """A blend list's syntax, as one line naming where it came from."""
     try:
         parse_data_path(blend)
     except DataError as error:

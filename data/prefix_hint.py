@@ -1,6 +1,6 @@
-"""Where a dataset prefix names no files, the prefixes beside it that do: `--data-path my_data/my` when
-`python -m data.preprocess --output-prefix my_data/my` wrote my_data/my_text_document.bin/.idx (it appends
-`_KEY_document`, as Megatron-LM's preprocess_data.py does), or a prefix typed with its `.bin` or `.idx`."""
+"""Where a dataset prefix names no files, the prefixes beside it that do (data.preprocess appends `_KEY_document`, as
+Megatron-LM's tool does).
+"""
 
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""Corpus -> Megatron indexed dataset: ``<output-prefix>_<key>_document.{bin,idx}`` per JSON key.
-
-Megatron-LM's ``tools/preprocess_data.py`` flags, extended to the formats corpora come in today::
-
-    python -m data.preprocess --input corpus.jsonl --output-prefix data/my \\
-        --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --append-eod --workers 8
-
-Megatron's command lines run as written (data/preprocess_args.py): ``--tokenizer-type HuggingFaceTokenizer
---tokenizer-model DIR`` (Llama, Mistral, Gemma, GPT-2 folders), ``GPT2BPETokenizer``, ``NullTokenizer``, and the
-SentencePiece types; each document is that type's ``tokenize`` and, with ``--append-eod``, the tokenizer's own
-end-of-document id, as Megatron's tool writes it. ``--partitions`` gives Megatron's document order.
-
-Inputs are files or directories, read in the order given (directories in sorted path order):
-``.jsonl``/``.json`` (one JSON object per line; gzipped as ``.jsonl.gz``), ``.txt`` (a file is one document, or several with
-``--text-document-separator``), ``.parquet``, and folders written by ``datasets``' ``save_to_disk``.
-Each key in ``--json-keys`` (a column, for parquet and datasets) becomes its own output.
-
-Reading and writing happen in this process; tokenization runs in ``--workers`` processes on batches of
-documents that come back in submission order, so the output is byte-identical for any worker count. Empty
-(whitespace-only) documents are skipped and counted in the summary."""
+"""Corpus -> Megatron indexed dataset, ``<output-prefix>_<key>_document.{bin,idx}`` per JSON key: Megatron-LM's
+tools/preprocess_data.py command lines run as written, over JSONL, text, parquet and saved `datasets` folders.
+Tokenization runs in worker processes whose batches come back in order, so the output is identical for any worker count.
+"""
 
 from __future__ import annotations
 
@@ -50,20 +34,16 @@ from data.preprocess_megatron_flags import check_megatron_flags
 from data.preprocess_tokenizer import document_tokenizer, given_tokenizer
 from data.tokenizer import GPTTokenizer, train_tokenizer
 
-# Megatron's tool reads gzipped JSONL shards (with --partitions); so do we.
 _FORMAT_OF_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl", ".json.gz": "jsonl", ".txt": "text",
                         ".parquet": "parquet"}
 _GLOB_CHARACTERS = re.compile(r"[*?[]")
 
-# A batch closes at whichever limit comes first: enough documents to amortise the trip to a worker,
-# few enough characters that one huge document does not make a huge message.
+# A batch closes at whichever limit comes first: enough documents to amortise a worker trip, few enough characters to
+# keep messages small.
 _BATCH_DOCUMENTS = 256
 _BATCH_CHARACTERS = 4 << 20
-# Rows pulled at a time from parquet files and saved datasets.
 _ROW_BATCH = 1024
 
-
-# ----------------------------------------------------------------------------------------- inputs
 
 
 @dataclass(frozen=True)
@@ -97,11 +77,8 @@ def _format_of_file(path: str, input_format: str) -> str:
 
 
 def _walk_directory(directory: str, input_format: str) -> list[InputSource]:
-    """Files under `directory` in sorted order; hidden entries skipped, saved datasets taken whole.
-
-    With --input-format auto only files with a known extension are taken (so a README next to the
-    shards is ignored); with an explicit format every file is read in that format.
-    """
+    """Files under `directory` in sorted order, hidden entries skipped, saved datasets whole; with --input-format auto
+    only known extensions."""
     sources = []
     for root, dirnames, filenames in os.walk(directory):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -128,8 +105,7 @@ def resolve_inputs(paths: Iterable[str], input_format: str) -> list[InputSource]
     sources: list[InputSource] = []
     for path in paths:
         if not os.path.exists(path) and _GLOB_CHARACTERS.search(path):
-            # A quoted pattern, as Megatron's tool globs --input with --partitions; sorted, where its order is the
-            # file system's.
+            # A quoted pattern, globbed as Megatron's tool does with --partitions; sorted.
             matched = sorted(glob.glob(path))
             if not matched:
                 raise DataError(f"--input {path}: no file matches the pattern")
@@ -165,8 +141,7 @@ def _regular_input(path: str) -> str:
     return path
 
 
-# ---------------------------------------------------------------------------------------- readers
-# Each reader yields one dict {key: text} per document (row, line or text piece).
+# Each reader yields one {key: text} per document.
 
 
 def _check_text(value, key: str, where: str) -> str:
@@ -224,7 +199,7 @@ def _read_text(path: str, keys: list[str], separator: str | None) -> Iterator[di
             f"(got {' '.join(keys)})"
         )
     try:
-        # Universal newlines: CRLF files give the same documents (and tokens) as LF files.
+        # Universal newlines: CRLF and LF files give the same tokens.
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except UnicodeDecodeError as error:
@@ -254,7 +229,7 @@ def _check_columns(path: str, available: list[str], keys: list[str]) -> None:
 
 
 def _read_parquet(path: str, keys: list[str]) -> Iterator[dict[str, str]]:
-    import pyarrow.parquet  # imported on use: only parquet inputs need it
+    import pyarrow.parquet
 
     try:
         parquet = pyarrow.parquet.ParquetFile(path)
@@ -269,14 +244,14 @@ def _read_parquet(path: str, keys: list[str]) -> Iterator[dict[str, str]]:
 
 
 def _read_hf(path: str, keys: list[str]) -> Iterator[dict[str, str]]:
-    import datasets  # imported on use: it takes a second or two and only these inputs need it
+    import datasets  # Imported on use: it takes a second or two.
 
     try:
         dataset = datasets.load_from_disk(path)
     except Exception as error:  # datasets raises FileNotFoundError or its own errors for foreign folders
         raise DataError(f"{path}: not a dataset saved with save_to_disk ({error})") from error
     if isinstance(dataset, datasets.DatasetDict):
-        # Never merge splits silently: folding a test split into training data is a costly mistake.
+        # Never merge splits silently: a test split folded into training data is costly.
         splits = ", ".join(dataset)
         example = os.path.join(path, next(iter(dataset)))
         raise DataError(f"{path}: holds several splits ({splits}); pass one split's folder, e.g. {example}")
@@ -313,8 +288,8 @@ class Batch:
 
 
 def make_batches(documents: Iterator[dict[str, str]], keys: list[str], log_interval: int = 0) -> Iterator[Batch]:
-    """Batches of up to _BATCH_DOCUMENTS documents (or _BATCH_CHARACTERS), each also ending at every
-    `log_interval`-th document, so the progress lines fall where Megatron-LM's tool prints them."""
+    """Batches of up to _BATCH_DOCUMENTS documents (or _BATCH_CHARACTERS), also ending at every `log_interval`-th
+    document, where Megatron-LM's tool prints progress."""
     def empty_batch() -> Batch:
         return Batch({key: [] for key in keys}, {key: 0 for key in keys}, 0)
 
@@ -338,9 +313,8 @@ def make_batches(documents: Iterator[dict[str, str]], keys: list[str], log_inter
 
 
 class BatchEncoder:
-    """Turns a batch's texts into token arrays of the dataset dtype (the end-of-document id appended if asked).
-    `tokenize` is the tokenizer's batch method (data/preprocess_tokenizer.py document_tokenizer); a bound method
-    pickles with its tokenizer, which is how worker processes receive both."""
+    """Turns a batch's texts into token arrays of the dataset dtype (EOD appended if asked); pickles with its tokenizer
+    into the workers."""
 
     def __init__(self, tokenize: Callable[[Sequence[str]], list[list[int]]], eod_id: int, append_eod: bool,
                  dtype: np.dtype):
@@ -356,19 +330,18 @@ class BatchEncoder:
             if self.append_eod:
                 for ids in ids_per_text:
                     ids.append(self.eod_id)
-            # Arrays of the dataset dtype pickle back from workers at 2 bytes a token, not ~30.
+            # Dataset-dtype arrays pickle back at 2 bytes a token, not ~30.
             encoded[key] = [np.asarray(ids, dtype=self.dtype) for ids in ids_per_text]
         return encoded
 
 
-# One encoder per worker process, set once by the pool initializer: the tokenizer is too costly to
-# ship with every batch. Only worker processes ever set it.
+# One encoder per worker, set once by the pool initializer: the tokenizer is too costly to ship per batch.
 _worker_encoder: BatchEncoder | None = None
 
 
 def _init_worker(encoder: BatchEncoder) -> None:
     global _worker_encoder
-    # N workers each running the library's all-core thread pool would oversubscribe the CPU.
+    # N workers each with an all-core thread pool would oversubscribe the CPU.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_encoder = encoder
 
@@ -385,10 +358,10 @@ def encode_in_order(
         for batch in batches:
             yield batch, encoder(batch.texts)
         return
-    # spawn, not fork: forking after the tokenizers library started its threads can deadlock the child.
+    # spawn, not fork: forking after tokenizers started its threads can deadlock.
     context = multiprocessing.get_context("spawn")
     with context.Pool(workers, initializer=_init_worker, initargs=(encoder,)) as pool:
-        # A bounded window keeps every worker busy without reading the whole corpus into memory.
+        # A bounded window keeps workers busy without reading the whole corpus.
         pending: deque = deque()
         for batch in batches:
             pending.append((batch, pool.apply_async(_encode_in_worker, (batch.texts,))))
@@ -399,8 +372,6 @@ def encode_in_order(
             done, result = pending.popleft()
             yield done, result.get()
 
-
-# --------------------------------------------------------------------------------------- progress
 
 
 @dataclass
@@ -421,8 +392,7 @@ class Totals:
 
 
 class Progress:
-    """A tqdm bar (docs/s, MB/s) on a terminal; a plain line every `log_interval` documents otherwise,
-    so batch logs (SLURM, CI) still show progress."""
+    """A tqdm bar on a terminal; a plain line every `log_interval` documents otherwise (batch logs)."""
 
     def __init__(self, totals: Totals, log_interval: int):
         self.totals = totals
@@ -448,14 +418,11 @@ class Progress:
         self.bar.close()
 
 
-# ------------------------------------------------------------------------------------------ driver
-
 
 def in_partition_order(documents: Callable[[], Iterator[dict[str, str]]], partitions: int) -> \
         Iterator[dict[str, str]]:
-    """Megatron's --partitions N order (tools/preprocess_data.py main): line i of the input goes to partition
-    i % N, and the partitions' datasets are merged in partition order; each pass over `documents()` yields one
-    partition, so nothing is held in memory."""
+    """Megatron's --partitions N order: line i goes to partition i % N, merged in partition order, one pass per
+    partition."""
     for partition in range(partitions):
         yield from itertools.islice(documents(), partition, None, partitions)
 
@@ -505,8 +472,8 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def _check_outputs(args: argparse.Namespace, prefixes: dict[str, str]) -> None:
-    """Before any input is read: the output directory is writable, and no dataset (or trained
-    tokenizer) of an earlier run is replaced without --overwrite."""
+    """Before any input is read: the output directory is writable, and nothing earlier is replaced without --overwrite.
+    """
     output_dir = os.path.dirname(os.path.abspath(args.output_prefix))
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise DataError(f"--output-prefix {args.output_prefix}: {output_dir} is a file, not a directory")
@@ -541,7 +508,7 @@ def preprocess(args: argparse.Namespace) -> Totals:
     totals = Totals()
     documents_per_key = dict.fromkeys(args.json_keys, 0)
     progress = Progress(totals, args.log_interval)
-    # Writers discard their temporary files if anything below raises: no half-written dataset remains.
+    # Writers discard their temporaries if anything raises: no half-written dataset remains.
     with contextlib.ExitStack() as stack:
         stack.callback(progress.close)
         writers = {

@@ -1,8 +1,5 @@
-"""Megatron-LM's tools/preprocess_data.py flags that change nothing here, or that are refused, each with why.
-
-Its command lines run as written: the flags it takes from `_add_tokenizer_args` and its own
-(megatron/training/arguments.py and tools/preprocess_data.py, get_args) parse, and each one given is either
-implemented (data/preprocess_args.py), said once to have no effect with the reason, or refused in one line.
+"""Megatron-LM's tools/preprocess_data.py flags that change nothing here, or that are refused, each with why, so its
+command lines run as written.
 """
 
 from __future__ import annotations
@@ -55,8 +52,7 @@ def _split_sentences_reason() -> str:
 
 
 def add_megatron_flags(group: "argparse.ArgumentParser") -> None:
-    """Megatron's preprocessing flags that change nothing here or are refused, hidden from --help, into `group` (an
-    argument group of the parser)."""
+    """Megatron's no-effect and refused preprocessing flags, hidden from --help, into argument group `group`."""
     for flag, (keywords, _) in {**NO_EFFECT, **REFUSED}.items():
         group.add_argument(flag, **{"default": None, **keywords}, help=argparse.SUPPRESS)
 

@@ -1,7 +1,6 @@
-"""The tokenizer data.preprocess tokenizes with, from its flags: ours (--tokenizer-file, --vocab-file with
---merge-file, --train-tokenizer-vocab-size) or Megatron-LM's tools/preprocess_data.py's (--tokenizer-type with
---tokenizer-model, --vocab-file and --merge-file, or --vocab-size), loaded so that a bad file is an error before
-any output exists."""
+"""The tokenizer data.preprocess tokenizes with, from ours or Megatron-LM's flags, loaded so a bad file fails before any
+output exists.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from data.tokenizer import GPTTokenizer, RunTokenizer, load_named_tokenizer, load_tokenizer
 from data.tokenizer_types import GPT2_BPE, HUGGING_FACE, NULL, tokenizer_type_problem
 
-# The types whose file --tokenizer-model names.
 MODEL_TYPES = (HUGGING_FACE, *SENTENCEPIECE_TYPES)
 CHOOSE_ONE = ("choose exactly one tokenizer: --tokenizer-file, --vocab-file with --merge-file, --tokenizer-type with "
               "its files (Megatron's: --tokenizer-model, --vocab-file and --merge-file, or --vocab-size), or "
@@ -51,10 +49,8 @@ def _megatron_tokenizer(args: argparse.Namespace) -> RunTokenizer:
 
 
 def document_tokenizer(tokenizer: RunTokenizer, special_tokens: bool) -> Callable[[Sequence[str]], list[list[int]]]:
-    """What turns a batch of documents into ids: Megatron's tokenize (tokenize_batch); for a Hugging Face tokenizer
-    without the special tokens its post-processor adds (--tokenizer-hf-no-include-special-tokens: Megatron-Core's
-    HuggingFaceTokenizer.text_to_ids then converts `tokenize(text)`, the default of its releases that had
-    --tokenizer-hf-include-special-tokens instead)."""
+    """Megatron's tokenize for a batch; with `special_tokens` False a Hugging Face tokenizer adds none
+    (--tokenizer-hf-no-include-special-tokens)."""
     if not special_tokens and isinstance(tokenizer, GPTTokenizer):
         return tokenizer.encode_batch
     return tokenizer.tokenize_batch

@@ -1,10 +1,6 @@
-"""Which samples each data-parallel rank reads (Megatron's MegatronPretrainingSampler; with --dataloader-type
-cyclic its MegatronPretrainingRandomSampler, CyclicSampler below).
-
-The global sample sequence, from ``consumed_samples`` on, is cut into chunks of
-``micro_batch_size * data_parallel_size``; rank r reads slice ``[r * mbs, (r + 1) * mbs)`` of each
-chunk. Samples are already shuffled by the dataset, so the sampler only walks forward: resuming a run
-is starting it at the consumed-samples count, and all TP ranks of a DP rank read the same samples.
+"""Which samples each data-parallel rank reads, as Megatron's MegatronPretrainingSampler (and, for --dataloader-type
+cyclic, its random sampler): rank r reads its micro-batch slice of each global chunk from ``consumed_samples`` on, so a
+resume starts at that count.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ import torch
 
 
 class _RankSampler:
-    """What both samplers hold: the dataset's size, the samples consumed, and this rank's place in the DP group."""
+    """The dataset's size, the samples consumed, and this rank's place in the DP group."""
 
     def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int, data_parallel_rank: int,
                  data_parallel_size: int):
@@ -83,8 +79,7 @@ class PretrainingSampler(_RankSampler):
         return range(start, min(start + self.micro_batch_size, self.total_samples))
 
     def __len__(self) -> int:
-        """Micro-batches this rank yields (with drop_last=False a rank may get one fewer than rank 0,
-        when the final partial chunk does not reach its slice)."""
+        """Micro-batches this rank yields (with drop_last=False, possibly one fewer than rank 0)."""
         return sum(1 for start in self._chunk_starts() if len(self._my_slice(start)))
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -100,22 +95,9 @@ DATALOADER_TYPES = (SINGLE, CYCLIC)
 
 
 class CyclicSampler(_RankSampler):
-    """Megatron-LM's MegatronPretrainingRandomSampler (--dataloader-type cyclic; core_v0.16.1
-    megatron/training/datasets/data_samplers.py:251-330), iterated as its training loop iterates the loader
-    (training.py:3284 cyclic_iter: the loader restarted each time it ends, the sampler going on from the samples
-    consumed), so one iterator runs epoch after epoch.
-
-    An epoch is the first ``total - total % (mbs * dp)`` samples' worth (the last partial global batch's count left
-    out); ``consumed_samples`` gives the epoch (consumed // that) and the offset in it. Each epoch draws
-    ``torch.randperm`` from a ``torch.Generator`` seeded with the epoch number:
-
-    - data_sharding (Megatron's default; --no-data-sharding turns it off): rank r's bucket is samples
-      ``[r * B, (r + 1) * B)``, B = (total // (mbs * dp)) * mbs, read in the order randperm(B) gives, from offset
-      ``(consumed in the epoch) // dp``;
-    - without: randperm of the first (total // mbs) * mbs samples, from offset (consumed in the epoch), rank r
-      taking every dp-th index from its r-th.
-
-    A micro-batch is the next ``mbs`` of the rank's indices (a last incomplete one dropped)."""
+    """Megatron-LM's MegatronPretrainingRandomSampler (--dataloader-type cyclic), iterated as its loop restarts the
+    loader: each epoch a randperm seeded by the epoch number, over rank r's bucket with data_sharding, else over all
+    samples with rank r taking every dp-th index."""
 
     def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int, data_parallel_rank: int,
                  data_parallel_size: int, data_sharding: bool = True):
@@ -139,8 +121,7 @@ class CyclicSampler(_RankSampler):
         return self.samples_per_epoch // self.samples_per_step
 
     def epoch_indices(self, consumed_samples: int) -> list[int]:
-        """This rank's indices from ``consumed_samples`` to the end of that epoch (MegatronPretrainingRandomSampler
-        .__iter__'s idx_range)."""
+        """This rank's indices from ``consumed_samples`` to the end of that epoch."""
         epoch, in_epoch = divmod(consumed_samples, self.samples_per_epoch)
         generator = torch.Generator()
         generator.manual_seed(epoch)
@@ -176,12 +157,8 @@ def build_data_loader(
     dataloader_type: str = SINGLE,
     data_sharding: bool = True,
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over this DP rank's micro-batches, starting after ``consumed_samples``: one pass in the
-    dataset's order (``single``, PretrainingSampler) or Megatron-LM's random order, epoch after epoch (``cyclic``,
-    CyclicSampler, with ``data_sharding``).
-
-    A daemonic process (a rank some launchers and tests/distributed.py start) may not start worker
-    processes: it loads in-process, which reads the same samples in the same order."""
+    """A DataLoader over this DP rank's micro-batches after ``consumed_samples``: one pass (``single``) or Megatron-LM's
+    random order, epoch after epoch (``cyclic``). A daemonic process loads in-process, reading the same samples."""
     if multiprocessing.current_process().daemon:
         num_workers = 0
     if dataloader_type == CYCLIC:
@@ -195,12 +172,9 @@ def build_data_loader(
         batch_sampler=sampler,
         num_workers=num_workers,
         collate_fn=collate_tokens,
-        # Pinned host memory only pays off when batches are copied to a GPU.
         pin_memory=torch.cuda.is_available(),
         persistent_workers=num_workers > 0,
-        # Every new iterator draws a base seed for its workers; from its own generator it leaves the
-        # global one (dropout's stream) alone, so creating a loader on resume or for an evaluation
-        # does not shift the random numbers training sees. The samples themselves draw nothing.
+        # A generator of its own for the workers' seeds leaves the global stream (dropout's) untouched.
         generator=torch.Generator().manual_seed(0),
         worker_init_fn=functools.partial(die_with_the_rank, os.getpid()),
     )
@@ -210,16 +184,9 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def die_with_the_rank(rank_pid: int, worker_id: int) -> None:
-    """A worker lives and dies with its rank, never by a signal meant for the rank. A forked worker holds
-    copies of its rank's sockets, the rendezvous store's connections among them on rank 0. Were it to
-    outlive a killed rank, those connections would stay open, so the peers could not see the store's
-    host gone (rendezvous/liveness.py) and would call a store nobody serves (a C++ warning dump instead of
-    the one line). On Linux the kernel kills the worker with its rank."""
-    # A SIGTERM or Ctrl-C sent to the rank's process group (torchrun's and SLURM's preemption signal) is
-    # the rank's to handle: it saves and exits (--exit-signal-handler), and its workers go with it. A
-    # worker killed by it first would fail the rank's next batch instead, so the worker leaves the group.
-    # (Ignoring the signals instead would hang the rank's exit: multiprocessing ends its daemonic
-    # children with SIGTERM and joins them.)
+    """A worker lives and dies with its rank: the kernel kills it with the rank (so the rank's sockets close), and it
+    leaves the rank's process group so signals meant for the rank are the rank's to handle."""
+    # A SIGTERM or Ctrl-C to the group is the rank's to handle (it saves and exits, its workers with it).
     os.setpgrp()
     sys.excepthook = functools.partial(unless_the_rank_is_gone, rank_pid, sys.excepthook)
     threading.excepthook = functools.partial(unless_the_rank_is_gone, rank_pid, threading.excepthook)
@@ -230,15 +197,12 @@ def die_with_the_rank(rank_pid: int, worker_id: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-ORPHAN_GRACE_S = 1.0  # how long a worker's thread error waits for the kernel's SIGKILL of a rank that is gone
+ORPHAN_GRACE_S = 1.0  # How long a worker's thread error waits for the kernel's SIGKILL of a gone rank.
 
 
 def unless_the_rank_is_gone(rank_pid: int, hook, *args) -> None:
-    """A worker's thread error (multiprocessing's resource sharer serving its rank a tensor's file descriptor),
-    printed by `hook` only while the rank lives. A rank that ends at once (a lost peer's one line, base/errors.py
-    exit_at_once) closes its connections before the kernel's SIGKILL (PR_SET_PDEATHSIG) reaches the worker, whose
-    traceback then followed the rank's last word (CI, a continued stopped rank, 2026-11-26): it waits for that
-    SIGKILL first."""
+    """A worker's thread error, printed by `hook` only while the rank lives (else it would follow the rank's last line).
+    """
     time.sleep(ORPHAN_GRACE_S)
     if os.getppid() == rank_pid:
         hook(*args)

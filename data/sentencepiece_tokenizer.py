@@ -1,19 +1,6 @@
-"""Megatron's SentencePiece tokenizer types, read from a SentencePiece `.model` (--tokenizer-model).
-
-Megatron-LM and Megatron-DeepSpeed wrap one `sentencepiece.SentencePieceProcessor` in three ways, and the
-ids each gives are the data, so each is reproduced exactly (megatron/tokenizer/tokenizer.py in
-Megatron-DeepSpeed, megatron/training/tokenizer/tokenizer.py in Megatron-LM):
-
-- GPTSentencePieceTokenizer: the model's pieces as they are; `tokenize` is the model's encode, nothing
-  added; the end of document is the model's eos id.
-- Llama2Tokenizer (Megatron-LM): the same vocabulary and eod, but `tokenize` puts the model's bos id first.
-- SentencePieceTokenizer: the model's pieces plus <CLS>, <SEP>, <EOD>, <MASK> and the pad, bos and eos
-  pieces (<PAD>, <BOS>, <EOS> where the model has none), each appended after the last id when the model
-  lacks it; those strings in a text become their ids; the end of document is <EOD>.
-
-The vocabulary is the number of ids so counted; Megatron pads it for --make-vocab-size-divisible-by x TP
-as it does any tokenizer's (training/run_settings.py). `sentencepiece` is imported only when one of
-these types is asked for.
+"""Megatron's SentencePiece tokenizer types over a `.model` file (GPTSentencePieceTokenizer, Llama2Tokenizer,
+SentencePieceTokenizer), each reproducing Megatron's ids exactly, special pieces included. `sentencepiece` is imported
+only when one is asked for.
 """
 
 from __future__ import annotations
@@ -31,13 +18,11 @@ LLAMA2 = "Llama2Tokenizer"
 SENTENCEPIECE = "SentencePieceTokenizer"
 SENTENCEPIECE_TYPES = (GPT_SENTENCEPIECE, LLAMA2, SENTENCEPIECE)
 
-# The name a SentencePiece model goes by beside its data (Llama-2's release, Megatron's examples).
 SENTENCEPIECE_MODEL_FILE = "tokenizer.model"
 
 
 def _piece_or(processor, piece_id: int, fallback: str) -> str:
-    """The piece of `piece_id`, or `fallback` where the model has none (id -1), as Megatron's
-    `_SentencePieceTokenizer._initalize` does with its IndexError."""
+    """The piece of `piece_id`, or `fallback` where the model has none (id -1)."""
     try:
         return processor.id_to_piece(piece_id)
     except IndexError:
@@ -45,15 +30,13 @@ def _piece_or(processor, piece_id: int, fallback: str) -> str:
 
 
 class SentencePieceTokenizer:
-    """One of Megatron's SentencePiece tokenizer types over a model's bytes; the interface of
-    data/tokenizer.py's GPTTokenizer (vocab_size, eod_id, encode, encode_batch, tokenize_batch, decode, save)."""
+    """One of Megatron's SentencePiece types, with data/tokenizer.py GPTTokenizer's interface."""
 
     def __init__(self, tokenizer_type: str, model_proto: bytes, source: str = "--tokenizer-model"):
         if tokenizer_type not in SENTENCEPIECE_TYPES:
             raise DataError(f"--tokenizer-type {tokenizer_type} is not a SentencePiece type "
                             f"({', '.join(SENTENCEPIECE_TYPES)})")
-        # An empty proto leaves the library's model uninitialised, and asking it for an id then crashes
-        # the process: refused before the library sees it.
+        # An empty proto would crash the library later: refused first.
         if not model_proto:
             raise DataError(f"{source}: an empty file, not a SentencePiece model; give the tokenizer's .model file")
         import sentencepiece
@@ -84,8 +67,8 @@ class SentencePieceTokenizer:
         self._inverse_special_tokens = {i: piece for piece, i in self._special_tokens.items()}
 
     def _add_special_tokens(self, vocab: dict[str, int]) -> tuple[int, int]:
-        """Megatron's `_SentencePieceTokenizer._initalize` with no extra ids (--vocab-extra-ids 0 is the only
-        value taken here): each special piece the model lacks takes the next id. Returns (vocabulary, eod)."""
+        """Megatron's `_SentencePieceTokenizer._initalize` without extra ids: each missing special piece takes the next
+        id. Returns (vocabulary, eod)."""
         processor = self._processor
 
         def add(piece: str) -> None:
@@ -117,8 +100,8 @@ class SentencePieceTokenizer:
         return self._encode_with_special_tokens(text)
 
     def _encode_with_special_tokens(self, text: str) -> list[int]:
-        """SentencePieceTokenizer's tokenize (from NeMo): the text cut at the earliest special piece each
-        time (the first added wins a tie), the pieces between encoded by the model."""
+        """SentencePieceTokenizer's tokenize: the text cut at the earliest special piece each time, the rest encoded by
+        the model."""
         ids: list[int] = []
         start = 0
         while True:
@@ -134,7 +117,7 @@ class SentencePieceTokenizer:
         return ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Same ids as `encode` on each text; the model's own batch encode where no special piece is cut out."""
+        """Same ids as `encode` on each text."""
         if self.tokenizer_type == SENTENCEPIECE:
             return [self._encode_with_special_tokens(text) for text in texts]
         batch = self._processor.encode(list(texts))
@@ -142,12 +125,10 @@ class SentencePieceTokenizer:
             return [[self._processor.bos_id(), *ids] for ids in batch]
         return batch
 
-    # Megatron's tokenize is `encode` here already: what data.preprocess writes for a document.
     tokenize_batch = encode_batch
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Megatron's `detokenize`: the model's decode; SentencePieceTokenizer's special ids as their pieces,
-        each followed by a space (and the text before one too)."""
+        """Megatron's `detokenize`: special ids as their pieces, each followed by a space."""
         ids = list(ids)
         if self.tokenizer_type != SENTENCEPIECE:
             return self._processor.decode_ids(ids)
@@ -159,13 +140,11 @@ class SentencePieceTokenizer:
         return text + self._processor.decode_ids(ids[last:])
 
     def to_json(self) -> str:
-        """The whole tokenizer as one JSON string, its type and the model's bytes: what the embedded
-        corpus's cache is keyed by (two types over one model give different ids)."""
+        """The type and model bytes as one JSON string (two types over one model give different ids)."""
         return json.dumps({"tokenizer_type": self.tokenizer_type,
                            "model": base64.b64encode(self._model_proto).decode("ascii")})
 
     def __reduce__(self):
-        # How preprocessing's worker processes receive it: the type and the model's bytes rebuild it.
         return SentencePieceTokenizer, (self.tokenizer_type, self._model_proto)
 
     def save(self, directory: str) -> None:
@@ -178,7 +157,6 @@ class SentencePieceTokenizer:
 def load_sentencepiece_tokenizer(tokenizer_type: str, model_file: str) -> SentencePieceTokenizer:
     """The tokenizer of `--tokenizer-type tokenizer_type --tokenizer-model model_file`, the file checked first."""
     flag = f"--tokenizer-model {model_file}"
-    # Any size, as the other tokenizer files: a large vocabulary makes a large model.
     check_input_file(model_file, "--tokenizer-model", max_bytes=None, error=DataError,
                      fix=f"{tokenizer_type} reads a SentencePiece .model file")
     try:

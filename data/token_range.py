@@ -1,13 +1,6 @@
-"""Token ids in range: every id in a dataset's .bin must index the model's vocabulary.
-
-An id >= the vocabulary size (or a negative one) used to train silently with tensor parallelism (the
-vocab-parallel embedding maps ids outside a rank's shard to zero vectors) and to crash mid-run with an
-IndexError on one process -- both long after the data was opened. `check_token_ids` runs when a
-dataset is opened instead: one vectorised min/max pass over the .bin in fixed-size chunks (memory
-stays at one chunk however large the corpus; ~1 s per GB here), its result cached beside the index
-(`<prefix>.token_range.json`, keyed by both files' size and modification time), so the pass runs once
-per dataset, not once per run. An id out of range is a `DataError` naming the file, the document and
-the token's position in it; only then is the file read a second time, to find where.
+"""Token ids in range: every id in a dataset's .bin must index the model's vocabulary, else tensor parallelism trains on
+zero vectors silently. One chunked min/max pass when a dataset is opened, cached beside the index; an id out of range is
+a `DataError` naming the file, document and position.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ from data.indexed import IndexedDataset
 
 logger = logging.getLogger(__name__)
 
-# Tokens per chunk of the min/max pass: 32M tokens is 64 MiB of uint16 (128 MiB of int32).
+# Tokens per chunk of the min/max pass (64 MiB of uint16).
 CHUNK_TOKENS = 32 << 20
 _CACHE_FORMAT = 1
 
@@ -73,8 +66,8 @@ def scan_token_range(dataset: IndexedDataset, chunk_tokens: int = CHUNK_TOKENS,
 
 
 def cached_token_range(dataset: IndexedDataset, chunk_tokens: int = CHUNK_TOKENS) -> TokenRange:
-    """`scan_token_range`, read from the cache beside the index when it matches the files; a fresh
-    scan is written there (atomically; a read-only data directory only means no cache)."""
+    """`scan_token_range`, from the cache beside the index when it matches the files; a fresh scan is written there if
+    it can be."""
     path = range_cache_path(dataset.prefix)
     fingerprint = _fingerprint(dataset)
     try:
@@ -124,7 +117,7 @@ def check_token_ids(dataset: IndexedDataset, vocab_size: int, chunk_tokens: int 
     if found.low is None or (found.low >= 0 and found.high < vocab_size):
         return found
     location = first_out_of_range(dataset, vocab_size, chunk_tokens)
-    if location is None:  # the cache described an earlier file of the same size and time: all in range
+    if location is None:  # The cache described an earlier file of the same size and time: all in range.
         return scan_token_range(dataset, chunk_tokens)
     document, position, token = location
     raise DataError(f"{dataset.data_path}: document {document} holds token id {token} at position {position}, "

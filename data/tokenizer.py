@@ -1,13 +1,6 @@
-"""Hugging Face `tokenizers` tokenizers: GPT-2's byte-level BPE, and any other tokenizer.json (Llama, Mistral, Gemma).
-
-Byte-level means every string maps to tokens and back without loss: text is first turned into bytes,
-each byte has a token, and merges only ever combine tokens. The pipeline we train and the one GPT-2's
-`vocab.json` and `merges.txt` load into match GPT-2's exactly (no prefix space, GPT-2's pre-tokenization
-regex, byte-level decoder), so they give the token ids transformers gives, and a tokenizer we train or save
-loads in transformers' `GPT2TokenizerFast` with no code of ours. A tokenizer.json is read as it is written.
-
-Each tokenizer ends documents with its own token (data/hf_special_tokens.py): the eos_token its folder declares
-(Llama 2's `</s>`, Llama 3's `<|end_of_text|>`, Gemma's `<eos>`), else GPT-2's `<|endoftext|>`.
+"""Hugging Face `tokenizers` tokenizers: GPT-2's byte-level BPE (trained here or read from vocab.json and merges.txt,
+giving transformers' ids exactly) and any other tokenizer.json. Each ends documents with its own eos token, else GPT-2's
+`<|endoftext|>`.
 """
 
 from __future__ import annotations
@@ -46,8 +39,7 @@ MIN_VOCAB_SIZE = 256 + 1
 TOKENIZER_FILE = "tokenizer.json"
 VOCAB_FILE = "vocab.json"
 MERGES_FILE = "merges.txt"
-# tokenizer_config.json (TOKENIZER_CONFIG_FILE) lets transformers' AutoTokenizer pick the right class even in a folder
-# without a model config; what we write for a tokenizer that came without one (GPT-2's files, one we trained):
+# tokenizer_config.json lets AutoTokenizer pick the class without a model config; written where none came.
 _GPT2_CONFIG = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "bos_token": EOD_TOKEN,
                 "eos_token": EOD_TOKEN, "unk_token": EOD_TOKEN}
 
@@ -57,7 +49,6 @@ def _byte_level_pipeline(model: models.BPE) -> Tokenizer:
     tokenizer = Tokenizer(model)
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    # trim_offsets=False keeps character offsets covering the leading space, as GPT-2's file does.
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     return tokenizer
 
@@ -75,14 +66,11 @@ class GPTTokenizer:
         self._eod_id = eod_id
         self._side_files = side_files or {}
         self._vocab_size: int | None = None
-        # config.json's token ids where the tokenizer sits in a model's folder (data/hf_model_ids.py)
         self.folder_ids = folder_ids
 
     @property
     def vocab_size(self) -> int:
-        """Rows the model's embedding needs: the largest token id + 1, special tokens included. For a
-        vocabulary whose ids have gaps this is more than the number of tokens, which would leave the
-        largest ids outside the embedding."""
+        """Rows the embedding needs: the largest token id + 1 (more than the token count where ids have gaps)."""
         if self._vocab_size is None:
             ids = self._tokenizer.get_vocab(with_added_tokens=True).values()
             counted = self._tokenizer.get_vocab_size(with_added_tokens=True)
@@ -100,11 +88,11 @@ class GPTTokenizer:
 
     @property
     def backend(self) -> Tokenizer:
-        """The wrapped `tokenizers.Tokenizer`, for callers that need its full API."""
+        """The wrapped `tokenizers.Tokenizer`."""
         return self._tokenizer
 
     def encode(self, text: str) -> list[int]:
-        # No special tokens are added around the text: EOD placement is the caller's decision.
+        # No special tokens around the text: EOD placement is the caller's.
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -113,27 +101,22 @@ class GPTTokenizer:
         return [encoding.ids for encoding in encodings]
 
     def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Megatron's HuggingFaceTokenizer.tokenize on each text, `tokenizer(text).input_ids`: with the special
-        tokens the tokenizer's post-processor puts around a text (Llama's and Gemma's bos; GPT-2's, none).
-        What data.preprocess writes for a document before its end-of-document id."""
+        """Megatron's HuggingFaceTokenizer.tokenize on each text: with the special tokens the post-processor adds
+        (Llama's bos)."""
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=True)
         return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Iterable[int]) -> str:
-        # Special tokens are kept so decode(encode(text)) == text even when text contains EOD.
+        # Special tokens kept so decode(encode(text)) == text even with EOD inside.
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def to_json(self) -> str:
-        """The whole tokenizer as a `tokenizer.json` string: what the embedded corpus's cache is keyed by."""
+        """The whole tokenizer as a `tokenizer.json` string."""
         return self._tokenizer.to_str()
 
     def save(self, directory: str) -> None:
-        """Write `tokenizer.json`, its tokenizer_config.json (and special_tokens_map.json where it came with one)
-        and, for a BPE tokenizer, GPT-2 style `vocab.json` + `merges.txt`.
-
-        The GPT-2 pair is what Megatron-LM's `--vocab-file/--merge-file` and older tools read; the
-        `tokenizer.json` is the complete, self-describing form that `load_tokenizer` prefers.
-        """
+        """Write `tokenizer.json`, its side files and, for BPE, GPT-2's `vocab.json` + `merges.txt` (what Megatron-LM's
+        --vocab-file/--merge-file read)."""
         os.makedirs(directory, exist_ok=True)
         self._tokenizer.save(os.path.join(directory, TOKENIZER_FILE))
         if isinstance(self._tokenizer.model, models.BPE):  # a WordPiece or Unigram model has no merges
@@ -145,8 +128,7 @@ class GPTTokenizer:
 
 
 def _require_file(path: str, flag: str) -> None:
-    # Regular files only: the tokenizers library would wait on a FIFO or read /dev/zero forever.
-    # Any size: the library reads them, and large vocabularies make large files.
+    # Regular files only: the library would wait on a FIFO forever. Any size.
     check_input_file(path, flag, max_bytes=None, error=DataError, fix="give the tokenizer's file")
 
 
@@ -154,7 +136,6 @@ def _load_tokenizer_json(tokenizer_file: str) -> GPTTokenizer:
     if os.path.isdir(tokenizer_file):  # a Hugging Face folder (Megatron's --tokenizer-model names one)
         folder, tokenizer_file = tokenizer_file, os.path.join(tokenizer_file, TOKENIZER_FILE)
         model = os.path.join(folder, SENTENCEPIECE_MODEL_FILE)
-        # transformers would convert an older folder's SentencePiece model; nothing converts it here.
         if not os.path.exists(tokenizer_file) and os.path.isfile(model):
             raise DataError(f"--tokenizer-file {folder}: holds no {TOKENIZER_FILE}, only {SENTENCEPIECE_MODEL_FILE}; "
                             f"give --tokenizer-type Llama2Tokenizer (or GPTSentencePieceTokenizer) --tokenizer-model "
@@ -163,7 +144,7 @@ def _load_tokenizer_json(tokenizer_file: str) -> GPTTokenizer:
     try:
         tokenizer = Tokenizer.from_file(tokenizer_file)
     except Exception as error:  # the library raises a bare Exception for malformed files
-        # Megatron reads a .model only under a SentencePiece --tokenizer-type; without one, say which to give.
+        # Megatron reads a .model only under a SentencePiece --tokenizer-type: say which.
         hint = (f"; a SentencePiece model needs --tokenizer-type {' or '.join(SENTENCEPIECE_TYPES)}"
                 if tokenizer_file.endswith(".model") else f" ({error})")
         raise DataError(f"--tokenizer-file {tokenizer_file}: not a valid tokenizer.json{hint}") from error
@@ -186,7 +167,7 @@ def _load_gpt2_files(vocab_file: str, merges_file: str) -> GPTTokenizer:
             f"--merge-file {merges_file}: cannot build BPE from it and {vocab_file} ({error})"
         ) from error
     tokenizer = _byte_level_pipeline(model)
-    # Marks the existing vocabulary entry as special, so text containing it maps to the one id.
+    # Marks the existing entry special, so text containing it maps to the one id.
     tokenizer.add_special_tokens([EOD_TOKEN])
     return GPTTokenizer(tokenizer)
 
@@ -213,9 +194,7 @@ def load_tokenizer(
 
 
 class NullTokenizer:
-    """Megatron's NullTokenizer: for data tokenized elsewhere. Token ids 0..N-1 are taken as they are,
-    and the end-of-document id is N, so the model's vocabulary is N + 1. There is nothing to encode,
-    decode or save."""
+    """Megatron's NullTokenizer, for data tokenized elsewhere: ids 0..N-1 as they are, end-of-document id N."""
 
     def __init__(self, vocab_size: int):
         if vocab_size < 1:
@@ -231,9 +210,8 @@ class NullTokenizer:
         return self._vocab_size_without_eod
 
     def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Megatron's NullTokenizer.tokenize on each text, `[int(x) for x in text.split(' ')]`: ids written as
-        decimal numbers one space apart. An id outside 0..--vocab-size-1, or a word that is none, is refused in
-        one line (Megatron writes the former as it is and stops with a traceback at the latter)."""
+        """Megatron's NullTokenizer.tokenize: decimal ids one space apart; an id outside the vocabulary or a non-number
+        is refused in one line."""
         return [self._ids_of(text) for text in texts]
 
     def _ids_of(self, text: str) -> list[int]:
@@ -248,14 +226,12 @@ class NullTokenizer:
         return ids
 
 
-# What a run tokenizes with: the vocabulary size and end-of-document id every kind has.
 RunTokenizer = GPTTokenizer | SentencePieceTokenizer | NullTokenizer
 
 
 def tokenizer_digest(tokenizer: RunTokenizer) -> str:
-    """'sha256:<hex>' of what defines a tokenizer's token ids: its whole tokenizer.json (vocabulary, merges, added
-    tokens, normalizer) and end-of-document id, a SentencePiece model's bytes and type, or a NullTokenizer's size. A
-    checkpoint records it, and a resume compares it (checkpoint/tokenizer_check.py)."""
+    """'sha256:<hex>' of what defines a tokenizer's ids (tokenizer.json and EOD, a SentencePiece model's bytes and type,
+    or a NullTokenizer's size); a checkpoint records it."""
     if isinstance(tokenizer, NullTokenizer):
         defining = f"NullTokenizer {tokenizer.vocab_size}"
     else:
@@ -265,9 +241,7 @@ def tokenizer_digest(tokenizer: RunTokenizer) -> str:
 
 def load_named_tokenizer(tokenizer_type: str | None, tokenizer_file: str | None, vocab_file: str | None,
                          merges_file: str | None, vocab_size: int = 0) -> RunTokenizer | None:
-    """The tokenizer the flags name (Megatron's --tokenizer-type, or the files given), or None when
-    they name none (the embedded corpus then brings its own). A SentencePiece type's --tokenizer-model
-    (held as tokenizer_file) is its .model file."""
+    """The tokenizer the flags name, or None (the embedded corpus brings its own)."""
     if tokenizer_type == "NullTokenizer":
         return NullTokenizer(vocab_size)
     if tokenizer_type in SENTENCEPIECE_TYPES:
@@ -279,17 +253,8 @@ def load_named_tokenizer(tokenizer_type: str | None, tokenizer_file: str | None,
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
                     progress: Optional[ProgressLines] = None) -> GPTTokenizer:
-    """Train a byte-level BPE on `texts`, with all 256 bytes as the initial alphabet and EOD as id 0.
-
-    The result is deterministic: the trainer breaks ties between equally frequent pairs by the pair
-    itself, so the same texts give the same vocabulary in every run. On a small corpus the trainer
-    stops early once no pair occurs `min_frequency` times, so `vocab_size` of the result may be
-    smaller than asked; use the result's `vocab_size`, never the request.
-
-    With `progress`, training a large corpus says what it is doing: a line when it starts, one every
-    few seconds while the texts are read, one when reading ends (the merges are computed after that)
-    and one at the end.
-    """
+    """Train a byte-level BPE on `texts` with all 256 bytes and EOD as id 0; deterministic. A small corpus may stop
+    short of `vocab_size`: use the result's. With `progress`, say what it is doing every few seconds."""
     if vocab_size < MIN_VOCAB_SIZE:
         raise DataError(
             f"vocab_size {vocab_size} is too small: byte-level BPE needs at least {MIN_VOCAB_SIZE} "
@@ -301,7 +266,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 
         min_frequency=min_frequency,
         special_tokens=[EOD_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        # The library's own bars, on a terminal only: in a batch log they are thousands of redraws.
+        # The library's bars only on a terminal.
         show_progress=progress is not None and sys.stderr.isatty(),
     )
     if progress is None:
@@ -316,7 +281,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 
 
 
 class _CountedTexts:
-    """The texts, passed through while their number and size are counted for the progress lines."""
+    """The texts, counted as they pass for the progress lines."""
 
     def __init__(self, texts: Iterable[str], progress: ProgressLines):
         self.texts, self.progress = texts, progress

@@ -1,7 +1,5 @@
-"""Megatron's --tokenizer-type names: which are read here, which files each needs, and why the others are refused.
-
-One table for both readers of the flag, training's (arguments/config.py DataConfig) and preprocessing's
-(data/preprocess_tokenizer.py), so a type is never taken by one and refused by the other.
+"""Megatron's --tokenizer-type names: which are read here, which files each needs, and why the others are refused; one
+table for training and preprocessing alike.
 """
 
 from __future__ import annotations
@@ -14,14 +12,11 @@ GPT2_BPE = "GPT2BPETokenizer"
 HUGGING_FACE = "HuggingFaceTokenizer"
 NULL = "NullTokenizer"
 TOKENIZER_TYPES = (GPT2_BPE, HUGGING_FACE, NULL, *SENTENCEPIECE_TYPES)
-# Other programs' names for one of ours: BigScience's Megatron-DeepSpeed and ALCF's fork of Megatron-DeepSpeed load a
-# Hugging Face tokenizer (ALCF's megatron/tokenizer/tokenizer.py _HFTokenizer: AutoTokenizer.from_pretrained of
-# --tokenizer-model, eod its eos token).
+# Other programs' names for a Hugging Face tokenizer (Megatron-DeepSpeed's, ALCF's fork's).
 TOKENIZER_TYPE_ALIASES = {"PretrainedFromHF": HUGGING_FACE, "HFTokenizer": HUGGING_FACE}
 
-# Megatron-LM's tiktoken types read their model through the tiktoken library, which is not a dependency here; a
-# tokenizer's ids are the data, so an approximation is no substitute. Llama 3's and Mistral's releases ship a
-# tokenizer.json as well, which HuggingFaceTokenizer reads with the same ids.
+# tiktoken types are refused (an approximation is no substitute); Llama 3's and Mistral's releases ship a
+# tokenizer.json.
 _TIKTOKEN = ("a tiktoken model is not read here (Megatron reads it with the tiktoken library, not installed with "
              "this project): save it as a tokenizer.json (transformers' tokenizer.save_pretrained) and give "
              "--tokenizer-type HuggingFaceTokenizer --tokenizer-file DIR")

@@ -1,7 +1,5 @@
-"""The one registry of the Hugging Face families: every sub-folder of families/ (but the shared common/) is a
-family whose package gives `FAMILY` (families/common/family.py), found by scanning the package's path, so adding a
-family is adding its folder. The lookups (by model_type for the import, the family claiming a model for the export,
-the dense, reader and weight tables, the Llama-shaped model types) are read from what it found, in claim order.
+"""The one registry of the Hugging Face families: every sub-folder of families/ but common/ is a family giving `FAMILY`,
+found by scanning, so adding a family is adding its folder; the lookups read what it found, in claim order.
 """
 
 from __future__ import annotations
@@ -76,17 +74,15 @@ def fallback_family() -> Family:
 
 
 def family_of(config: ModelConfig) -> Optional[FamilyWeights]:
-    """The MoE family a model exports as, or None (checkpoint/hf/folders.py's own order decides; a --xielu model is
-    always an Apertus there)."""
+    """The MoE family a model exports as, or None."""
     if is_apertus(config):
         return None
     return next((weights for weights in family_weights().values() if weights.claims(config)), None)
 
 
 def export_family(model: ModelConfig, older_classes_hold: bool) -> Optional[DenseFamily]:
-    """The dense family the export writes `model` as: --hf-model-type's (refused in one line naming what the model
-    would need, where it does not fit), else None where GPT-2's or Llama's classes hold it (`older_classes_hold`:
-    checkpoint/hf/folders.py) or --hf-model-type names one of theirs, else the first dense family that holds it."""
+    """The dense family the export writes `model` as: --hf-model-type's (refused if it does not fit), else None where
+    GPT-2's or Llama's classes hold it, else the first dense family that holds it."""
     dense = dense_families()
     wanted = "gemma3_text" if model.hf_model_type == "gemma3" else model.hf_model_type
     if wanted is not None and wanted in dense:
@@ -103,7 +99,7 @@ def export_family(model: ModelConfig, older_classes_hold: bool) -> Optional[Dens
 
 
 def __getattr__(name: str):
-    """The tables by the names they had (FAMILIES, FAMILY_READERS, FAMILY_WEIGHTS, LLAMA_FAMILIES)."""
+    """The tables under their older names."""
     tables = {"FAMILIES": dense_families, "FAMILY_READERS": family_readers, "FAMILY_WEIGHTS": family_weights,
               "LLAMA_FAMILIES": llama_families}
     if name in tables:

@@ -1,17 +1,7 @@
-"""A DeepSpeed run of a transformers model of any family read here (GPT-2, Llama, Qwen2, Mistral, Gemma 2/3, OLMo 2,
-Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): its parameters, under the module's names as DeepSpeed records them
-(`param_shapes`), are the names the family's own Hugging Face mapping takes (checkpoint/hf/mapping.py), the one
-`--init-from-hf` uses; no table of names here.
-
-A DeepSpeed folder has no config.json: the model is this run's (its flags), and so is the family, the one the export
-writes it as, or else another whose names hold it (Phi-3's fused qkv_proj holds what Llama's names do). The
-family's conversion only moves rows, so it is traced once on stand-ins (checkpoint/hf/source.py `traced_runs`): each
-of our tensors is runs of rows of DeepSpeed's tensors, read a region at a time from the ZeRO partitions.
-transformers 5 holds an MoE layer's experts fused ([experts, 2 x ffn, hidden] gate rows first, and [experts, hidden,
-ffn]), and so does DeepSpeed's copy: their rows are those of the [-1, last] view. The vocabulary is presented at the
-rows the checkpoint holds (the loader pads it and compares it with the run's). Refused in one line with the reason:
-a family whose conversion is more than moving rows (GPT-OSS, Apertus) and one whose routers keep a buffer the
-partitions do not hold (DeepSeek-V3's and GLM-4.5's e_score_correction_bias)."""
+"""A DeepSpeed run of a transformers model of a family read here: its parameters carry the module's names, so the
+family's own Hugging Face mapping (the one --init-from-hf uses), traced once on stand-ins, says which rows of which
+DeepSpeed tensor each of our tensors is. Families whose conversion is more than moving rows are refused.
+"""
 
 from __future__ import annotations
 
@@ -93,8 +83,7 @@ def _why_not(mapping: HFMapping, canonical: dict[str, torch.Tensor]) -> Optional
 
 
 def _fitting(shapes: dict[str, tuple[int, ...]], model) -> HFMapping:
-    """The first family whose names hold these tensors for `model` (module docstring), at the vocabulary they hold
-    (the loader compares it with the run's, which a run's start does not know before its tokenizer is read)."""
+    """The first family whose names hold these tensors for `model`, at the vocabulary they hold."""
     meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
     reasons = []
     for model_type in model_types_for(model):
@@ -113,8 +102,8 @@ def _fitting(shapes: dict[str, tuple[int, ...]], model) -> HFMapping:
 
 
 def family_map(source_shapes: dict[str, tuple[int, ...]], model) -> tuple[str, dict[str, Traced]]:
-    """(the family's model_type, our names -> Traced) for a DeepSpeed run of a transformers model; `model`: this
-    run's ModelConfig. CheckpointError in one line where no family's names hold its parameters."""
+    """(the family's model_type, our names -> Traced) for a DeepSpeed run of a transformers model; CheckpointError where
+    no family fits."""
     mapping = _fitting(source_shapes, model)
     stored = {name: SourceTensor(name, tuple(shape)) for name, shape in source_shapes.items()}
     traced = traced_runs(stored, mapping.transposed, lambda ids: mapping.convert(mapping.canonical(ids)))

@@ -1,22 +1,7 @@
-"""A DeepSpeed checkpoint's folders and files: which one `--load` names, and each .pt file read safely.
-
-DeepSpeed's engine (runtime/engine.py save_checkpoint) writes into a save directory a tag folder, `global_stepN` by
-default, and a file `latest` holding that tag; Megatron-DeepSpeed adds its tracker file
-`latest_checkpointed_iteration.txt` but loads through DeepSpeed, which reads `latest`. In the tag folder: per
-model-parallel rank `mp_rank_00_model_states.pt` (ZeRO 1 and 2; under ZeRO 3 one per data-parallel rank,
-`zero_pp_rank_{dp}_mp_rank_00_model_states.pt`), and per data-parallel rank `zero_pp_rank_{dp}_mp_rank_00_optim_
-states.pt` (`bf16_zero_pp_rank_...` under bf16 without ZeRO). ds_to_universal writes a universal checkpoint: the
-model states files copied and `zero/<parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt`, named by
-`latest_universal`, which DeepSpeed loads under `"checkpoint": {"load_universal": true}` (Megatron-DeepSpeed's
---universal-checkpoint). Told from ours: our `latest` names `iter_NNNNNNN` holding metadata.json, DeepSpeed's a folder
-holding `*_model_states.pt` files (with `zero/`, a universal one).
-
-The .pt files are pickles, read with torch's weights-only unpickler, which rebuilds tensors and plain containers
-and refuses every other global but the ones these files hold, each named below, so a file carrying code is refused
-rather than run; DeepSpeed's and Megatron's own classes are not imported: an inert stand-in of the same name
-receives each object's fields. Every file is first checked against the CRC-32 of each record torch's zip format
-stores (torch.load does not check it), so a flipped byte is found before the load; a truncated file has no zip
-directory."""
+"""A DeepSpeed checkpoint's folders and files: which tag folder `--load` names (via `latest`, or `latest_universal` for
+a universal one), and each .pt file read safely: CRC-checked, then unpickled weights-only with inert stand-ins for
+DeepSpeed's and Megatron's classes, so a file carrying code is refused.
+"""
 
 from __future__ import annotations
 
@@ -45,8 +30,6 @@ OPTIMIZER_STATES_SUFFIX = "_optim_states.pt"
 ZERO3_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(model|optim)_states\.pt")
 LAYER_FILE = re.compile(r"layer_\d+(?:-model_\d+)?-model_states\.pt")  # a pipeline module's layers (weights only)
 
-
-# ---- stand-ins for the classes DeepSpeed's and Megatron-DeepSpeed's pickles name -------------------------------
 
 class _Fields:
     """An object whose pickled fields are kept as attributes, nothing run."""
@@ -77,8 +60,7 @@ class ZeroStageEnum(enum.IntEnum):
 
 
 class ModelType(enum.Enum):
-    """Megatron's ModelType (megatron.core.enums; megatron.model.enums before Megatron-DeepSpeed had core), which
-    Megatron-DeepSpeed's args hold as `model_type` (megatron/training.py pretrain)."""
+    """Megatron's ModelType, which Megatron-DeepSpeed's args hold as `model_type`."""
     encoder_or_decoder = 1
     encoder_and_decoder = 2
     retro_encoder = 3
@@ -93,9 +75,7 @@ def _numpy_reconstruct():
     return _reconstruct
 
 
-# What the files hold beyond tensors and plain containers, under the names their pickles give: DeepSpeed's
-# optimizer state (the loss scaler, the stage, ZeRO 1/2's slice mappings) and Megatron-DeepSpeed's client state
-# (args, an argparse.Namespace with its model type and dtypes; rng_state with NumPy's generator state, an array).
+# What the files hold beyond tensors and containers: DeepSpeed's optimizer state and Megatron-DeepSpeed's client state.
 SAFE_GLOBALS = [
     (LossScaler, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
     (DynamicLossScaler, "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
@@ -113,8 +93,8 @@ SAFE_GLOBALS = [
 
 
 def load_pt(path: Path) -> object:
-    """One DeepSpeed .pt file, through the weights-only unpickler and the globals above; memory-mapped, so a tensor's
-    bytes are read when they are used (a file in torch's older, non-zip format is read whole)."""
+    """One DeepSpeed .pt file, weights-only with the globals above; memory-mapped, so tensor bytes are read when used.
+    """
     try:
         with warnings.catch_warnings(), torch.serialization.safe_globals(SAFE_GLOBALS):
             warnings.simplefilter("ignore")
@@ -141,8 +121,8 @@ def pickle_bytes(path: Path) -> int:
 
 
 def verify_pt(path: Path, check_content: bool = True) -> Optional[str]:
-    """Why `path` is not an intact torch file (None when it is): a zip archive whose every record matches the
-    CRC-32 stored beside it (`check_content`: read every byte; else only the archive's directory)."""
+    """Why `path` is not an intact torch file, or None (`check_content`: every record's CRC-32; else only the
+    directory)."""
     try:
         damage = zip_damage(path, check_content)
     except FileNotFoundError:
@@ -151,8 +131,6 @@ def verify_pt(path: Path, check_content: bool = True) -> Optional[str]:
         return f"{path}: cannot be read ({error.strerror or error})"
     return f"{path}: {damage}" if damage else None
 
-
-# ---- which folder --load names ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class DeepSpeedCheckpoint:
@@ -177,8 +155,7 @@ POINTER_MAX_BYTES = 256
 
 
 def _pointer(save_dir: Path, name: str) -> Optional[str]:
-    """The tag a DeepSpeed pointer file names: a plain folder name other than our iter_NNNNNNN. None for anything
-    else (ours, or text that names no folder of `save_dir`: the format's own reader then says what is wrong with it)."""
+    """The tag a DeepSpeed pointer file names (a plain folder other than our iter_NNNNNNN), else None."""
     try:
         with open(inside(save_dir, name), "rb") as pointer:
             raw = pointer.read(POINTER_MAX_BYTES + 1)
@@ -192,8 +169,7 @@ def _pointer(save_dir: Path, name: str) -> Optional[str]:
 
 
 def find_deepspeed_checkpoint(path: Path, universal: bool) -> Optional[DeepSpeedCheckpoint]:
-    """The DeepSpeed checkpoint `path` names, or None when it names none of DeepSpeed's (module docstring).
-    `universal`: --universal-checkpoint, which reads `latest_universal` as DeepSpeed's load_universal does."""
+    """The DeepSpeed checkpoint `path` names, or None; `universal` reads `latest_universal`."""
     path = Path(path)
     if not path.is_dir():
         return None

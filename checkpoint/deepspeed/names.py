@@ -1,20 +1,6 @@
-"""Which tensor of a Megatron-DeepSpeed run's model each of our parameters is, and how its layout differs (a
-transformers model, GPT-2's included, goes through its family's own Hugging Face mapping instead:
-checkpoint/deepspeed/families.py).
-
-Megatron-DeepSpeed's GPT is read as GPTModel (--no-pipeline-parallel, the module tree of its megatron/model/
-gpt_model.py, language_model.py and transformer.py) or as GPTModelPipe (its default, a DeepSpeed pipeline module whose
-parameters are named by their layer's index). Each of our parameters (the names and layouts of our TP 1 model,
-gpt/model.py) is one source tensor with its rows possibly reordered: the fused query/key/value projection.
-
-Our query_key_value rows are grouped per key/value head: [group][its query heads, key, value][head_dim]
-(gpt/model.py). Megatron-DeepSpeed's were the same until commit 676a482c (2024-12-04, "Adding the new feature of
-FPDT (#441)"), whose ParallelAttention.forward cuts them in three blocks instead, all query heads, then the keys,
-then the values, on each tensor-parallel rank (`each_hidden_size = mixed_x_layer.shape[-1] // 3`); that commit added
---ds-sequence-parallel-fpdt, so a checkpoint whose args hold `ds_sequence_parallel_fpdt` was written by code with
-the block layout. Merged over TP ranks (ds_to_universal concatenates the slices along the rows) the blocks stay per
-rank: [rank][q | k | v]. Megatron-DeepSpeed's SwiGLU keeps both halves in dense_h_to_4h ([gate; up] per TP rank, `torch.chunk(x, 2, dim=-1)`, merged by ds_to_universal
-per PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0 into [all gates; all ups]); ours are two parameters.
+"""Which tensor of a Megatron-DeepSpeed GPT (GPTModel or GPTModelPipe) each of our parameters is, and how its rows
+differ: the fused QKV is per group, or [TP rank][q | k | v] blocks in code after the FPDT change (args with
+ds_sequence_parallel_fpdt); SwiGLU's dense_h_to_4h holds [gate; up], ours two parameters.
 """
 
 from __future__ import annotations
@@ -115,11 +101,8 @@ def _first_match(rules, name: str):
 
 
 def pipeline_module_names(names) -> dict[str, str]:
-    """GPTModelPipe's names (a pipeline module's: the index of the layer in its list of specs, the tied embedding
-    under tied_modules.embed) -> GPTModel's, for every name it can place. Its specs (gpt_model.py GPTModelPipe):
-    a cast, the embedding (tied: `tied_modules.embed.*`; untied: its index's `word_embeddings`,
-    `position_embeddings`), the transformer layers in order, the final norm (its index's `weight`, `bias`), and the
-    output layer (tied: the embedding again; untied: its index's `lm_head.weight`)."""
+    """GPTModelPipe's names (by layer index; a tied embedding under tied_modules.embed) -> GPTModel's, for every name it
+    can place."""
     names = list(names)
     layers = sorted({int(m.group(1)) for n in names for m in [re.fullmatch(r"(\d+)\.self_attention\..*", n)] if m})
     number = {index: position for position, index in enumerate(layers)}
@@ -140,9 +123,8 @@ def pipeline_module_names(names) -> dict[str, str]:
 
 def megatron_deepspeed_map(source_shapes: dict[str, tuple[int, ...]], attention: Attention, block_qkv: bool,
                            tensor_parallel: int, swiglu: bool) -> tuple[dict[str, Mapped], list[str]]:
-    """Our names -> Mapped for a Megatron-DeepSpeed GPTModel's tensors; and the source names left unmapped.
-    `block_qkv`: written by code after #441 (module docstring); `tensor_parallel`: the size it was saved at (the
-    blocks are per rank); `swiglu`: dense_h_to_4h holds [gate; up]."""
+    """Our names -> Mapped for a Megatron-DeepSpeed GPTModel, and the source names left unmapped. `block_qkv`: the FPDT
+    block layout; `tensor_parallel`: the saved TP size."""
     mapped, unknown = {}, []
     pipeline = pipeline_module_names(source_shapes) if model_family(source_shapes) == MEGATRON_DEEPSPEED_PIPE else {}
     for name, shape in source_shapes.items():

@@ -1,22 +1,7 @@
-"""A run that continues a DeepSpeed checkpoint: the checks before any work, the verification, the load.
-
-`--load` names a DeepSpeed save directory or tag folder (checkpoint/deepspeed/files.py); `--universal-checkpoint` (or
-the JSON's "checkpoint": {"load_universal": true}) takes the folder `latest_universal` names. The checks are our own
-checkpoints' (checkpoint/start_decision.py, resume_model.py, arguments/schedule.py), fed from what the run recorded:
-- Megatron-DeepSpeed's `args` give the sample-defining settings (--seq-length, --seed, --split: others refused unless
-  --override-data-on-resume; its --data-path compared as typed, in a note only), the global batch the consumed
-  samples were counted in, and the blocks' settings (normalization, SwiGLU or which GeLU, positions, biases, tied
-  output, key/value heads, epsilon), refused on a difference. Its GeLU is the tanh approximation unless
-  --no-bias-gelu-fusion (transformer.py ParallelMLP `bias_gelu_impl`) or --openai-gelu's.
-- Its OptimizerParamScheduler state is the checkpoint's schedule, compared with this run's by Megatron's rule
-  (--override-opt_param-scheduler, --use-checkpoint-opt_param-scheduler).
-- A plain DeepSpeed script records none of these: said in one line, and this run's settings are used.
-- The torch optimizer's hyperparameters (betas, eps, weight decay), which DeepSpeed's resume restores with the state:
-  this run's flags set them here, a difference said in one line.
-Every .pt file of the tag folder is verified before anything is loaded (files.py verify_pt: present, inside the
-checkpoint, every record's CRC-32; --no-verify-checkpoint reads only the zip directories), each rank a share, the
-ranks agreeing. A --save directory holding DeepSpeed's checkpoints is refused: our save would replace DeepSpeed's
-`latest` and Megatron-DeepSpeed's tracker file with pointers to our own iterations."""
+"""A run that continues a DeepSpeed checkpoint: every file verified, then our own resume checks fed from what the run
+recorded (Megatron-DeepSpeed's args and scheduler; a plain DeepSpeed script records none, said once), then the load. A
+--save directory holding DeepSpeed's checkpoints is refused.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +27,6 @@ from checkpoint.resume_checks import agreed_problem
 from checkpoint.resume_model import check_resume_model
 from checkpoint.start_decision import check_resume_matches, check_samples_fit, continues_training
 
-# Megatron-DeepSpeed's args -> our model settings (checkpoint/resume_model.py compares them)
 NORMALIZATION = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 
 
@@ -54,8 +38,8 @@ def refuse_save_into_deepspeed(save: Optional[str]) -> None:
 
 
 def megatron_model_settings(args: argparse.Namespace) -> dict:
-    """The blocks' settings of a Megatron-DeepSpeed run (module docstring), as our ModelConfig names them; a setting
-    its args lack is left out."""
+    """A Megatron-DeepSpeed run's block settings as our ModelConfig names them; its GeLU is tanh unless
+    --no-bias-gelu-fusion or --openai-gelu."""
     settings = {}
     if hasattr(args, "normalization"):
         settings["normalization"] = NORMALIZATION.get(args.normalization, args.normalization)
@@ -104,7 +88,7 @@ def megatron_schedule(state: dict) -> LearningRateSchedule:
 
 
 def optimizer_notes(source: DeepSpeedSource, config) -> Optional[str]:
-    """One line when the checkpoint's Adam hyperparameters are not this run's (module docstring)."""
+    """One line when the checkpoint's Adam hyperparameters are not this run's (this run's flags set them)."""
     groups = ((source.optimizer_state or {}).get("base_optimizer_state") or {}).get("param_groups") \
         or ((source.optimizer_state or {}).get("optimizer_state_dict") or {}).get("param_groups") \
         or (source.optimizer_state or {}).get("param_groups") or []
@@ -127,7 +111,7 @@ def optimizer_notes(source: DeepSpeedSource, config) -> Optional[str]:
 
 def check_deepspeed_resume(config, batch, checkpoint: DeepSpeedCheckpoint,
                            log: Callable[[str], None]) -> Optional[LearningRateSchedule]:
-    """The checks of the module docstring, on one rank; returns the checkpoint's schedule when it is kept."""
+    """The checks on one rank; returns the checkpoint's schedule when it is kept."""
     with_args = open_deepspeed_source(checkpoint, config.model)
     args, progress, path = with_args.args, with_args.progress(), checkpoint.path
     log(with_args.describe())
@@ -149,8 +133,8 @@ def check_deepspeed_resume(config, batch, checkpoint: DeepSpeedCheckpoint,
 
 
 def _progress_metadata(args: Optional[argparse.Namespace], progress: SourceProgress) -> dict:
-    """Where the checkpoint stopped, in our checkpoints' metadata shape (check_samples_fit reads it); without
-    Megatron-DeepSpeed's args the global batch is what the consumed samples and iterations imply."""
+    """Where the checkpoint stopped, in our metadata's shape; without Megatron-DeepSpeed's args the global batch is
+    inferred."""
     saved_batch = getattr(args, "global_batch_size", None) if args is not None else None
     if args is None and progress.iteration:
         saved_batch = progress.consumed_samples // progress.iteration if progress.consumed_samples else None
@@ -160,8 +144,8 @@ def _progress_metadata(args: Optional[argparse.Namespace], progress: SourceProgr
 
 def _check_megatron_args(args: argparse.Namespace, config, path: Path, trains: bool,
                          log: Callable[[str], None]) -> None:
-    """What Megatron-DeepSpeed's args record: the samples (when this run trains on), the data paths (a note
-    only), and the blocks, refused where its weights would compute another function here."""
+    """What Megatron-DeepSpeed's args record: samples, data paths (a note only) and blocks, refused where they differ.
+    """
     note = check_resume_matches({"config": _sample_settings(args)}, config, path,
                                 config.checkpoint.override_data_on_resume) if trains else None
     if note:
@@ -180,8 +164,8 @@ def _check_megatron_args(args: argparse.Namespace, config, path: Path, trains: b
 
 def _kept_schedule(with_args: DeepSpeedSource, config, batch, path: Path, trains: bool,
                    log: Callable[[str], None]) -> Optional[LearningRateSchedule]:
-    """The checkpoint's OptimizerParamScheduler compared with this run's by Megatron's rule, when the run trains on
-    with the optimizer's state loaded (else this run's schedule starts fresh)."""
+    """The checkpoint's scheduler compared with this run's by Megatron's rule, when the run trains on with the optimizer
+    state."""
     scheduler = with_args.megatron_scheduler()
     if scheduler is None or not config.checkpoint.load_optim or not trains:
         return None
@@ -204,7 +188,7 @@ def deepspeed_files(checkpoint: DeepSpeedCheckpoint) -> list[Path]:
 
 
 def verify_deepspeed(checkpoint: DeepSpeedCheckpoint, rank: int, world_size: int, check_content: bool) -> Optional[str]:
-    """This rank's share of the files verified (module docstring): the first problem, or None."""
+    """This rank's share of the files verified: the first problem, or None."""
     try:
         files = deepspeed_files(checkpoint)
     except CheckpointError as error:
@@ -219,8 +203,7 @@ def verify_deepspeed(checkpoint: DeepSpeedCheckpoint, rank: int, world_size: int
 def load_deepspeed_checkpoint(checkpoint: DeepSpeedCheckpoint, model, optimizer, rng, state, model_config, *,
                               load_optimizer: bool = True, load_rng: bool = True, finetune: bool = False,
                               log=print) -> ResumePoint:
-    """Every rank: its own regions of the DeepSpeed checkpoint (checkpoint/global_load.py); one line for what is not
-    carried."""
+    """Every rank reads its own regions; one line for what is not carried."""
     source = open_deepspeed_source(checkpoint, model_config)
     not_carried = source.not_carried()
     if not_carried and state.is_first_rank:
@@ -230,9 +213,8 @@ def load_deepspeed_checkpoint(checkpoint: DeepSpeedCheckpoint, model, optimizer,
 
 
 def check_start(config, state, folder: Path, log, batch) -> tuple[Optional[LearningRateSchedule], Optional[dict]]:
-    """The format registry's call before any work (checkpoint/formats.py): every file verified by a share of the
-    ranks, then the checks above on the first rank; the checkpoint's schedule when it is kept (no metadata of ours:
-    the run's lineage starts fresh)."""
+    """The format registry's call before any work: files verified by a share of the ranks, then the checks on the first
+    rank."""
     checkpoint = find_deepspeed_checkpoint(folder, False)
     agreed_problem(state, verify_deepspeed(checkpoint, state.rank, state.world_size,
                                            config.checkpoint.verify_checkpoint))

@@ -1,21 +1,6 @@
-"""A DeepSpeed checkpoint as a `GlobalStateSource` (checkpoint/global_state.py): every tensor under our name, at our
-TP 1 shape and layout, read a region at a time; the iteration, consumed samples, learning-rate schedule position and
-Adam step where the run recorded them.
-
-The tag folder (checkpoint/deepspeed/files.py finds it) is ZeRO 1/2, ZeRO 3 or universal (checkpoint/deepspeed/stores.py
-reads each), of a Megatron-DeepSpeed GPTModel (checkpoint/deepspeed/names.py maps its names and layouts) or a
-transformers model of a family read here, GPT-2's included (checkpoint/deepspeed/families.py, through the family's own
-Hugging Face mapping). Where the run stood:
-
-- Megatron-DeepSpeed (megatron/checkpointing.py save_checkpoint: its client state in the model states file): the
-  iteration is `iteration`; the consumed samples `args.consumed_train_samples` (its load_checkpoint reads them back
-  from there); the schedule's position its OptimizerParamScheduler's `num_steps` (in samples), which DeepSpeed saves
-  as `lr_scheduler`.
-- A plain DeepSpeed script: the engine's own counters, `global_steps` and `global_samples`.
-- Adam's step: the torch optimizer's `step` in the optimizer files.
-- The loss scaler: DeepSpeed's static LossScaler (`cur_scale`) is ours with that scale; its DynamicLossScaler
-  (fp16) carries its scale, its hysteresis left (`cur_hysteresis`) and where it stands towards its next growth
-  (`good_steps`).
+"""A DeepSpeed checkpoint as a `GlobalStateSource`: every tensor under our name at our TP 1 layout, read a region at a
+time from ZeRO 1/2, ZeRO 3 or universal files, with the iteration, samples, schedule position, Adam step and loss scaler
+where the run recorded them.
 """
 
 from __future__ import annotations
@@ -59,10 +44,8 @@ def client_args(model_states: dict) -> Optional[argparse.Namespace]:
 
 
 def good_steps(cur_iter: int, last_overflow_iter: int, window: int) -> int:
-    """Our scaler's count of updates without overflow that makes it grow at the update DeepSpeed's would: DeepSpeed's
-    update_scale (deepspeed/runtime/fp16/loss_scaler.py) grows at update `cur_iter` = c when c - last_overflow_iter - 1
-    is a positive multiple of its window; ours when its count reaches the window (zero/loss_scaler.py). After the
-    next overflow the two differ by one update (DeepSpeed waits window + 1 good updates after an overflow)."""
+    """Our scaler's good-step count that makes it grow at the update DeepSpeed's update_scale would (they differ by one
+    after the next overflow)."""
     window = max(1, int(window))
     multiple = max(1, -(-(cur_iter - last_overflow_iter - 1) // window))
     updates_to_growth = last_overflow_iter + 1 + multiple * window - cur_iter + 1
@@ -70,7 +53,7 @@ def good_steps(cur_iter: int, last_overflow_iter: int, window: int) -> int:
 
 
 def our_loss_scaler(scaler) -> tuple[Optional[str], Optional[dict]]:
-    """(our scaler's type, its state) for DeepSpeed's (module docstring)."""
+    """(our scaler's type, its state) for DeepSpeed's."""
     fields = vars(scaler) if isinstance(scaler, (LossScaler, DynamicLossScaler)) else {}
     if isinstance(scaler, LossScaler) and "cur_scale" in fields:
         return "LossScaler", {"scale": float(fields["cur_scale"])}
@@ -84,9 +67,8 @@ def our_loss_scaler(scaler) -> tuple[Optional[str], Optional[dict]]:
 
 
 class DeepSpeedSource(GlobalStateSource):
-    """A DeepSpeed tag folder as whole tensors by our names (module docstring). `attention`: the run's heads, key/value
-    heads and head size, which Megatron-DeepSpeed's fused query/key/value rows are laid out by; `model`: the run's
-    ModelConfig, which a transformers model's parameters (any family, GPT-2's too) are mapped for."""
+    """A DeepSpeed tag folder as whole tensors by our names. `attention` lays out Megatron-DeepSpeed's fused QKV rows;
+    `model` maps a transformers model's parameters."""
 
     def __init__(self, checkpoint: DeepSpeedCheckpoint, attention: Attention, model=None) -> None:
         self.checkpoint, self.path = checkpoint, checkpoint.path
@@ -152,9 +134,8 @@ class DeepSpeedSource(GlobalStateSource):
         return mapped
 
     def _map_transformers(self, model) -> dict[str, Traced]:
-        """A transformers model's parameters through its family's mapping (checkpoint/deepspeed/families.py), less
-        the ones DeepSpeed records as another's (`shared_params`: a tied lm_head is the word embedding; a universal
-        checkpoint writes its weights from the module all the same)."""
+        """A transformers model's parameters through its family's mapping, less those DeepSpeed records as shared (a
+        tied lm_head)."""
         if model is None:
             raise CheckpointError(f"{self.path}: a transformers model's parameters are mapped for the run's model")
         shared = set(self.model_states.get("shared_params") or {})
@@ -165,8 +146,6 @@ class DeepSpeedSource(GlobalStateSource):
                                   f"for this run's model ({error})") from None
         self.family = f"transformers {model_type}"
         return mapped
-
-    # ---- GlobalStateSource ------------------------------------------------------------------
 
     @property
     def bytes_read(self) -> int:

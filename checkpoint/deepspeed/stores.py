@@ -1,22 +1,6 @@
-"""The elements of each parameter in a DeepSpeed checkpoint's files, by the parameter's name in the run that saved it.
-
-A store answers "elements [start, end) of parameter `name` flattened, for the fp32 master or an Adam moment" from
-whichever files hold them, reading those elements only (the files are memory-mapped: checkpoint/deepspeed/files.py).
-The layouts, as DeepSpeed 0.19 writes and reads them:
-
-- ZeRO 1 and 2 (deepspeed/runtime/zero/stage_1_and_2.py, state_dict; its own reader deepspeed/utils/zero_to_fp32.py
-  `_zero2_merge_trainable_params`): each optimizer parameter group is one flat tensor, the group's parameters in the
-  order the model states file's `param_shapes` lists them, each followed by its `param_alignment_paddings` entry,
-  the whole padded to a multiple of 2 x the data-parallel size and cut into equal partitions, rank r's the r-th.
-  Each rank's optimizer file holds its partition of the fp32 master (`single_partition_of_fp32_groups`, with the
-  tail padding cut off: `group_paddings`) and, in `base_optimizer_state`, the torch optimizer's state of that
-  partition (padding kept; with `elastic_checkpoint`, a list of per-group states with the padding cut off).
-- ZeRO 3 (stage3.py `_rigid_state_dict`; zero_to_fp32.py `_zero3_merge_trainable_params`): each parameter is cut
-  into `partition_count` pieces of ceil(numel / count) elements (the last one padded), rank r holding piece r; a
-  rank's flat tensor of a sub-group (`fp32_flat_groups[i]`, moments in `optimizer_state_dict.state[i]`) is its pieces
-  of the sub-group's parameters (`param_shapes[i]`) one after another.
-- Universal (deepspeed/checkpoint/ds_to_universal.py): `zero/<name>/fp32.pt`, `exp_avg.pt`, `exp_avg_sq.pt`, each the
-  whole tensor (`{"param": tensor, ...}`; from ZeRO 3 the flat tensor alone, shaped by `param_shapes`).
+"""The elements of each parameter in a DeepSpeed checkpoint's files, by its saved name, read from the memory-mapped
+files without reading more: ZeRO 1/2's padded flat groups cut into equal partitions, ZeRO 3's per-parameter pieces, or
+ds_to_universal's whole tensors (as DeepSpeed 0.19 writes them).
 """
 
 from __future__ import annotations
@@ -81,15 +65,13 @@ class Store(ABC):
         """Elements [start, end) of parameter `name`'s flat `key` state (fp32 master or an Adam moment)."""
 
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A copy detached from autograd: DeepSpeed saves its fp32 partitions with requires_grad set, and a copy that
-        kept it would make the tensors the loader fills part of a graph."""
+        """A copy detached from autograd (DeepSpeed saves partitions with requires_grad set)."""
         self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor.detach().to(torch.float32, copy=True)
 
 
 class _Pieces(Store):
-    """A parameter as pieces of rank files' flat tensors: (rank, flat index, at in the flat tensor, param start,
-    length)."""
+    """A parameter as pieces of rank files' flat tensors: (rank, flat index, offset, param start, length)."""
 
     def __init__(self, folder: Path) -> None:
         super().__init__()
@@ -285,8 +267,7 @@ class UniversalStore(Store):
 
 def read_region(store: Store, key: str, name: str, region: tuple[slice, ...],
                 view: Optional[tuple[int, ...]] = None) -> torch.Tensor:
-    """`region` of a source parameter's whole tensor (seen as `view`, a shape of as many elements: a fused experts'
-    tensor as rows), a contiguous stretch at a time."""
+    """`region` of a source parameter's whole tensor (seen as `view`), a contiguous stretch at a time."""
     shape = store.shapes[name] if view is None else view
     out = torch.empty(math.prod(part.stop - part.start for part in region), dtype=torch.float32)
     for start, at, length in box_runs(shape, region):

@@ -1,6 +1,6 @@
-"""A Llama-shaped folder's config.json against this run's model (--init-from-hf, the export's checks): read as
-transformers reads it (its own config class, its log lines kept out of the run's output), its settings compared with
-the run's, each difference named with the flag that would make them agree."""
+"""A Llama-shaped folder's config.json against this run's model, read as transformers reads it; each difference named
+with the flag that would make them agree.
+"""
 
 from __future__ import annotations
 
@@ -18,11 +18,8 @@ from gpt.model_config import ModelConfig
 
 
 def parsed_llama_config(hf: dict, source: str | os.PathLike, family: Optional[str] = None):
-    """config.json read as transformers reads it (defaults for keys left out; an older file's rope_theta and
-    rope_scaling become rope_parameters), its log lines kept out of the run's output; `family` the model_type read
-    (a multimodal Gemma 3's text_config is read as a Gemma3TextConfig). `hf` has been through
-    arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
-    (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
+    """config.json read as transformers reads it (defaults, older rope keys converted), its log lines kept out; a field
+    its strict dataclass refuses is one line, not a traceback."""
     from transformers import CONFIG_MAPPING, LlamaConfig
     from transformers.utils import logging
 
@@ -30,8 +27,7 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike, family: Optional[st
     logging.set_verbosity_error()
     import transformers
 
-    # a family of families/'s own class (a multimodal Gemma 3's text_config is a Gemma3TextConfig), else
-    # the model_type's (MixtralConfig, DeepseekV3Config, ...); a file without model_type is a Llama's
+    # A family's own config class, else the model_type's; a file without model_type is a Llama's.
     model_type = hf.get("model_type")
     dense = dense_families()
     registered = dense.get(model_type) or dense.get(family or "")
@@ -49,8 +45,7 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike, family: Optional[st
 
 
 def _check_dtype(hf: dict, source) -> None:
-    """config.json's dtype (transformers 5) or torch_dtype names a torch dtype: transformers reads it with
-    getattr(torch, value), an AttributeError traceback for "float8"."""
+    """config.json's dtype names a torch dtype (transformers' getattr would raise a traceback)."""
     import torch
 
     for key in ("dtype", "torch_dtype"):
@@ -70,10 +65,8 @@ def _strict_dataclass_errors() -> tuple[type[Exception], ...]:
 
 
 def llama_settings(hf: dict, source: str | os.PathLike) -> dict:
-    """The ModelConfig settings (by field name) the folder's LlamaForCausalLM has, as --init-from-hf's layer
-    of settings takes them (arguments/hf_folder.py), with its vocab_size; a config.json that our blocks
-    cannot compute is refused in one line naming each key. transformers reads it too, so a field its
-    strict dataclass refuses is one line here rather than later."""
+    """The ModelConfig settings the folder's LlamaForCausalLM has, with its vocab_size; a config our blocks cannot
+    compute is refused in one line naming each key."""
     config = check_hf_config_json(hf, source)
     parsed_llama_config(config.fields, source, config.family)
     settings = {name: given.value for name, given in architecture_settings(config).items()}
@@ -94,12 +87,10 @@ def _ours(config: ModelConfig, name: str):
 
 
 def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLike) -> None:
-    """Raise ConfigError listing every way the folder's LlamaForCausalLM differs from this run's model,
-    each with the flag and value that would make them agree."""
+    """Raise ConfigError listing every difference from this run's model, each with the flag that fixes it."""
     settings = llama_settings(hf, source)
     problems = []
     for name, theirs in settings.items():
-        # rotary positions need no table of them; the class the export writes is not the math
         if name in ("vocab_size", "max_position_embeddings", "hf_model_type"):
             continue
         mine = _ours(model_config, name)

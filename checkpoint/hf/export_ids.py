@@ -1,7 +1,6 @@
-"""The token ids and generation settings a Hugging Face export writes: config.json's bos, eos and pad ids as the model
-folder the run started from has them (recorded with the checkpoint's tokenizer: data/hf_model_ids.py), else as the
-run's tokenizer declares them; and generation_config.json, the folder's own where it had one, else the one
-transformers' save_pretrained derives from config.json."""
+"""The token ids and generation settings a Hugging Face export writes: the source model folder's where the run started
+from one, else the run's tokenizer's.
+"""
 
 from __future__ import annotations
 
@@ -28,16 +27,16 @@ def tokenizer_ids(tokenizer_dir: Path) -> dict:
 
 
 def set_token_ids(hf_config, tokenizer_dir: Optional[Path], folder_ids: Optional[dict]) -> None:
-    """config.json's ids: the model folder's (`folder_ids`) where the run started from one, else the saved tokenizer's;
-    without either, the family's writer's (the end-of-document id as bos and eos) stand."""
+    """config.json's ids: the source folder's, else the saved tokenizer's; without either the writer's (end-of-document
+    id as bos and eos)."""
     ids = folder_ids if folder_ids is not None else tokenizer_ids(tokenizer_dir) if tokenizer_dir is not None else {}
     for key, value in ids.items():
         setattr(hf_config, key, value)
 
 
 def write_generation_config(hf_config, folder: Path, tokenizer_dir: Optional[Path]) -> None:
-    """generation_config.json in `folder`: where the saved tokenizer carries the source folder's, it is copied with the
-    tokenizer's files; else transformers' own, from config.json's ids (GenerationConfig.from_model_config)."""
+    """generation_config.json: the source folder's where the tokenizer carries it, else transformers' own from
+    config.json."""
     if tokenizer_dir is not None and (tokenizer_dir / GENERATION_CONFIG_FILE).is_file():
         return
     from transformers import GenerationConfig

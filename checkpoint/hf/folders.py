@@ -1,15 +1,7 @@
-"""Hugging Face folders in and out, and which family's mapping a model takes (families/registry.py): an MoE family's
-that claims it, a dense family's, the Llama-shaped one (families/common/llama_shaped.py), else GPT-2's
-(families/gpt2/weights.py). A Hugging Face folder (config.json, model.safetensors, tokenizer files) is what people share
-and what `from_pretrained` reads with no code of ours:
-- `write_hf_folder` builds one in a staging directory beside OUT_DIR and renames it into place, so a failed
-  conversion never leaves a half-written folder that loads as a model.
-- `read_hf_folder` checks config.json with our own reader first (arguments/hf_config.py: one line naming a bad
-  field), and reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only unpickler: a pickle
-  from the internet that runs code is refused, never executed.
-- checkpoint/hf/source.py's `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its config's
-  shape was compared with the run's flags (`check_hf_config`), each rank reading its own shard's regions.
-- `checkpoint_to_hf_state` turns a checkpoint's fp32 master weights into transformers' names (scripts/convert_to_hf.py)."""
+"""Hugging Face folders in and out, and which family's mapping a model takes. `write_hf_folder` stages a folder beside
+OUT_DIR and renames it into place, so a failed export leaves nothing that loads; `read_hf_folder` checks config.json
+first and reads safetensors or weights-only pickles, never running code a file carries.
+"""
 
 from __future__ import annotations
 
@@ -46,8 +38,7 @@ from gpt.hybrid_pattern import ATTENTION, BLOCKS, MLA, parse_hybrid_pattern
 from gpt.layer_spec import mixer_symbols
 from parallel.state import ParallelState
 
-# GPT-2's mapping (families/gpt2/weights.py): what a model no other family claims exports as, under the names this
-# module has always given its parts
+# GPT-2's mapping: what a model no other family claims exports as.
 GPT2 = fallback_family().export
 ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS, HF_BUFFER_SUFFIXES = \
     GPT2.ACTIVATION_FROM_HF, GPT2.HF_ATTENTION_OPTIONS, GPT2.BUFFER_SUFFIXES
@@ -57,8 +48,7 @@ name_table, from_hf_state_dict, gpt2_lm_head_names, hf_tensor_shapes, _qkv_hf_to
     GPT2.name_table, GPT2.from_hf_state_dict, GPT2.canonical_names, GPT2.tensor_shapes, GPT2.qkv_hf_to_ours
 
 def dense_family(config: ModelConfig):
-    """The dense family the export writes `config` as (families/registry.py export_family), or None where
-    GPT2LMHeadModel or LlamaForCausalLM (Mixtral, Qwen2-MoE, Apertus) holds it."""
+    """The dense family the export writes `config` as, or None where GPT2LMHeadModel or LlamaForCausalLM holds it."""
     return export_family(config, not gpt2_misfits(config) or not hf_llama.llama_misfits(config))
 
 
@@ -68,8 +58,7 @@ def is_llama_shaped(config: ModelConfig) -> bool:
 
 
 def refuse_mtp(config: ModelConfig, what: str) -> None:
-    """Multi-token prediction's layers (gpt/mtp.py) have no place in a GPT2LMHeadModel or a LlamaForCausalLM: the
-    export and --init-from-hf refuse them rather than drop them or leave them unloaded."""
+    """MTP layers have no place in a GPT2LMHeadModel or LlamaForCausalLM: refused rather than dropped."""
     if config.mtp.num_layers:
         raise ConfigError(f"{what} of a model with --mtp-num-layers {config.mtp.num_layers} is not implemented: "
                           f"transformers' GPT-2 and Llama have no multi-token prediction layers; drop --mtp-num-layers",
@@ -77,9 +66,8 @@ def refuse_mtp(config: ModelConfig, what: str) -> None:
 
 
 def refuse_hybrid_layers(config: ModelConfig, what: str) -> None:
-    """A --hybrid-layer-pattern with Mamba (`M`) layers or a mixer or an MLP alone (gpt/hybrid_pattern.py), unless the
-    family claiming it holds them (FamilyWeights.holds_hybrid_blocks: NemotronH's `M`, `*`, `-` and `E` layers):
-    refused in one line rather than written as a Llama without them."""
+    """A --hybrid-layer-pattern with Mamba layers or a lone mixer or MLP, unless the family holds them (NemotronH):
+    refused rather than written as a Llama without them."""
     family = family_of(config)
     if config.hybrid_layer_pattern is not None and not (family is not None and family.holds_hybrid_blocks) and \
             any(block not in BLOCKS for block in parse_hybrid_pattern(config.hybrid_layer_pattern).blocks):
@@ -90,9 +78,8 @@ def refuse_hybrid_layers(config: ModelConfig, what: str) -> None:
 
 
 def mtp_unloaded(config: ModelConfig) -> Optional[str]:
-    """The one line an export of a model with MTP layers says where its family's class runs none (FamilyWeights.
-    drops_mtp: DeepSeek-V3): their weights are written under a release's names, which transformers leaves unloaded;
-    None where there are none."""
+    """The one line an export says where its family's class runs no MTP layers (DeepSeek-V3: written, left unloaded);
+    None otherwise."""
     family = family_of(config)
     if not config.mtp.num_layers or family is None or not family.drops_mtp:
         return None
@@ -102,8 +89,7 @@ def mtp_unloaded(config: ModelConfig) -> Optional[str]:
 
 
 def refuse_mixed_mixers(config: ModelConfig, what: str) -> None:
-    """A --hybrid-layer-pattern with both `*` (attention) and `+` (MLA) layers: every transformers class holds one
-    attention kind in all its layers (DeepseekV3's MLA; Llama's and the other families' attention)."""
+    """A pattern with both attention and MLA layers: every transformers class holds one attention kind."""
     if {ATTENTION, MLA} <= set(mixer_symbols(config)):
         raise ConfigError(f"{what} of --hybrid-layer-pattern {config.hybrid_layer_pattern} is not implemented: its "
                           f"`*` (attention) and `+` (MLA) layers in one model are no transformers class (each holds "
@@ -112,11 +98,8 @@ def refuse_mixed_mixers(config: ModelConfig, what: str) -> None:
 
 
 def check_convertible(config: ModelConfig, what: str) -> None:
-    """A GPT2LMHeadModel or a LlamaForCausalLM can hold this model; anything else (GPT-2's blocks with an
-    untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need, and so are
-    multi-token prediction's layers (refuse_mtp) but where the family writes them (mtp_unloaded), a pattern
-    mixing attention and MLA layers (refuse_mixed_mixers) and a pattern's Mamba or one-part layers
-    (refuse_hybrid_layers)."""
+    """A GPT2LMHeadModel, a LlamaForCausalLM or a family's class can hold this model; anything else is refused in one
+    line naming what it would need."""
     refuse_hybrid_layers(config, what)
     refuse_mixed_mixers(config, what)
     family = family_of(config)
@@ -150,8 +133,7 @@ def model_type_of(config: ModelConfig) -> str:
 
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model, or
-    its family's (an MoE family's: families/<name>/weights.py; a dense family's: families/common/dense_weights.py)."""
+    """Our whole state dict under the names of the class it exports as (GPT-2's, Llama's or its family's)."""
     moe_family = family_of(config)
     if moe_family is not None:
         check_convertible(config, "the Hugging Face export")
@@ -170,10 +152,8 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
 
 def shifted_gains(state_dict: dict[str, torch.Tensor], config: ModelConfig, family, sign: int
                   ) -> dict[str, torch.Tensor]:
-    """--apply-layernorm-1p stores each norm's gain less one; a family that stores the gain itself (all but
-    Gemma's, whose RMSNorm weights are also the gain less one) gets it with one added (`sign` +1, the export), and
-    gives it with one taken away (-1, the import), in fp32; an MoE family's gain_norms name the norms it stores so
-    (FamilyWeights: Qwen3-Next's gated DeltaNet norm alone)."""
+    """--apply-layernorm-1p stores each gain less one: add one for a family that stores the gain itself (`sign` +1,
+    export), take it away on import (-1), in fp32; Gemma's norms store it less one too."""
     if not config.norms.apply_layernorm_1p or (family is not None and getattr(family, "fixed", {}).get(
             "apply_layernorm_1p")):
         return state_dict
@@ -182,8 +162,6 @@ def shifted_gains(state_dict: dict[str, torch.Tensor], config: ModelConfig, fami
             for name, tensor in state_dict.items()}
 
 
-# ---- Hugging Face folders -----------------------------------------------------------------------
-
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"  # what save_pretrained writes for big models
 PICKLE_FILE = "pytorch_model.bin"
@@ -191,8 +169,7 @@ MAX_LISTED = 12  # problems listed in one error before "... and N more"
 
 
 def owned_names(tokenizer_dir: Optional[Path] = None) -> frozenset[str]:
-    """The names an export writes into OUT_DIR, and so the only ones --overwrite may replace: the
-    config, the weights, and the tokenizer files (ours, or whatever the checkpoint's tokenizer/ holds)."""
+    """The names an export writes into OUT_DIR, the only ones --overwrite may replace."""
     from data.tokenizer import MERGES_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE
 
     tokenizer_files = {TOKENIZER_FILE, VOCAB_FILE, MERGES_FILE, TOKENIZER_CONFIG_FILE}
@@ -202,8 +179,7 @@ def owned_names(tokenizer_dir: Optional[Path] = None) -> frozenset[str]:
 
 
 def check_output_folder(out_dir: Path, overwrite: bool, tokenizer_dir: Optional[Path] = None) -> None:
-    """OUT_DIR may be absent or empty; with --overwrite it may also hold an earlier export, and
-    nothing else (checkpoint/output_paths.py)."""
+    """OUT_DIR may be absent or empty; with --overwrite it may also hold an earlier export, and nothing else."""
     check_replaceable_folder(Path(os.path.abspath(out_dir)), owned_names(tokenizer_dir), overwrite, "OUT_DIR")
 
 
@@ -211,10 +187,9 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
                     tokenizer_dir: Optional[str | os.PathLike] = None, dtype: torch.dtype = torch.float32,
                     overwrite: bool = False, eod_token_id: Optional[int] = None,
                     folder_ids: Optional[dict] = None) -> Path:
-    """Write a folder `GPT2LMHeadModel.from_pretrained` (and, with `tokenizer_dir`,
-    `AutoTokenizer.from_pretrained`) loads: config.json, generation_config.json, model.safetensors in `dtype`,
-    tokenizer files. `eod_token_id`: the end-of-document id where no tokenizer folder gives it (a Megatron-LM run's
-    NullTokenizer); `folder_ids`: config.json's token ids of the folder the run started from (export_ids.py)."""
+    """Write a folder `from_pretrained` loads (with `tokenizer_dir`, AutoTokenizer too): config.json,
+    generation_config.json, model.safetensors in `dtype`, tokenizer files. `eod_token_id`: the EOS where no tokenizer
+    gives one."""
     out_dir = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to stage beside
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
     check_output_folder(out_dir, overwrite, tokenizer_dir)
@@ -244,8 +219,8 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
 
 def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype, tied: bool = True
                       ) -> dict[str, torch.Tensor]:
-    """The tensors in `dtype`, without a tied lm_head.weight: it is the token embedding, transformers
-    re-ties it on load, and safetensors refuses two names for one storage. An untied one is written."""
+    """The tensors in `dtype`, without a tied lm_head.weight (transformers re-ties it; safetensors refuses shared
+    storage)."""
     tensors = {}
     for name, tensor in hf_state.items():
         if (tied and name == "lm_head.weight") or name.endswith(HF_BUFFER_SUFFIXES):
@@ -259,8 +234,8 @@ def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype, tie
 
 def folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype,
                   eod: Optional[int] = None, folder_ids: Optional[dict] = None):
-    """The transformers config the export writes as config.json (the family's class, its fields from the model's
-    settings), its token ids the source folder's or the tokenizer's (export_ids.py), else BOS and EOS `eod`."""
+    """The transformers config written as config.json, its token ids the source folder's or the tokenizer's, else `eod`.
+    """
     # generate() stops at the EOS id, which must be our tokenizer's.
     eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else eod
     moe_family = family_of(model_config)
@@ -277,7 +252,6 @@ def folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtyp
         hf = hf_config(model_config, eod)
         hf.architectures = ["GPT2LMHeadModel"]
     set_token_ids(hf, tokenizer_dir, folder_ids)
-    # from_pretrained(dtype="auto") loads in the dtype the weights were written in.
     if hasattr(hf, "dtype"):
         hf.dtype = dtype
     else:  # transformers before 4.56
@@ -286,7 +260,7 @@ def folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtyp
 
 
 def _eod_id(tokenizer_dir: Path) -> Optional[int]:
-    """The saved tokenizer's own end-of-document id (its eos_token, as training read it: data/tokenizer.py)."""
+    """The saved tokenizer's end-of-document id (its eos_token)."""
     from data import DataError
     from data.tokenizer import TOKENIZER_FILE, load_tokenizer
 
@@ -300,28 +274,23 @@ def _eod_id(tokenizer_dir: Path) -> Optional[int]:
 
 
 def _copy_tokenizer(tokenizer_dir: Path, destination: Path) -> None:
-    """Every file of the saved tokenizer (tokenizer.json, vocab.json, merges.txt, tokenizer_config.json),
-    each resolved inside the checkpoint that holds the folder (checkpoint/inside.py): a link out is
-    refused, never copied into the export."""
+    """Every file of the saved tokenizer, each checked inside its checkpoint: a link out is refused."""
     for path in folder_files(tokenizer_dir.parent, tokenizer_dir.name):
         shutil.copyfile(path, destination / path.name)
 
 
 def read_hf_folder(hf_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config.json as a dict, the weights under GPT2LMHeadModel's names, or LlamaForCausalLM's when
-    config.json is a Llama's). Only safetensors, JSON and weights-only pickles are read; every failure is
-    a ConfigError naming the file."""
+    """(config.json as a dict, the weights under GPT-2's or Llama's names). Every failure is a ConfigError naming the
+    file."""
     config, tensors = read_hf_model(hf_dir)
     return config.fields, tensors
 
 
-# An expert's weights in a Mixtral or Qwen2-MoE file: (layer, expert) from the name (a LlamaModel file lacks "model.")
 _EXPERT_KEY = re.compile(r"^(?:model\.)?layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.")
 
 
 def expert_filter(held: Optional[set[tuple[int, int]]]) -> Optional[Callable[[str], bool]]:
-    """With expert parallelism, which of a folder's tensors a rank reads: every one but the experts it does not
-    hold ((layer, expert) pairs); None (read all) without it."""
+    """With expert parallelism, which tensors a rank reads: all but the experts it does not hold; None without."""
     if held is None:
         return None
 
@@ -333,9 +302,8 @@ def expert_filter(held: Optional[set[tuple[int, int]]]) -> Optional[Callable[[st
 
 def read_hf_model(hf_dir: str | os.PathLike, keep: Optional[Callable[[str], bool]] = None
                   ) -> tuple[HFConfig, dict[str, torch.Tensor]]:
-    """The folder's config.json, checked by arguments/hf_config.py before any of it reaches transformers,
-    and its weights under transformers' names for that family (with `keep`, only the tensors it keeps: a
-    safetensors file is read tensor by tensor, so the others are never loaded)."""
+    """config.json, checked before it reaches transformers, and the weights under the family's names (with `keep`, only
+    those tensors are loaded)."""
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
     if config.family in family_weights():
@@ -389,8 +357,7 @@ def _read_safetensors_shards(index_path: Path, keep: Optional[Callable[[str], bo
 
 
 def _read_weights_only_pickle(path: Path) -> dict[str, torch.Tensor]:
-    """torch's weights-only unpickler rebuilds tensors and plain containers and refuses every other
-    global, so a pickle carrying code is an error here rather than code that runs."""
+    """A pickle through torch's weights-only unpickler: one carrying code is an error, never run."""
     try:
         with warnings.catch_warnings():  # its pickle-protocol warning would be two more lines before ours
             warnings.simplefilter("ignore")
@@ -410,8 +377,8 @@ def _first_line(error: Exception) -> str:
 
 
 def check_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLike = CONFIG_FILE) -> None:
-    """Raise ConfigError listing every way the folder's config.json differs from this run's model,
-    each with the flag and value that would make them agree."""
+    """Raise ConfigError listing every way config.json differs from this run's model, each with the flag that fixes it.
+    """
     from transformers import GPT2Config
 
     defaults = GPT2Config().to_dict()  # what transformers assumes for a key the file leaves out
@@ -480,15 +447,15 @@ def _listing(problems: list[str]) -> str:
 
 
 def check_hf_tensors(hf_state: dict[str, torch.Tensor], model_config: ModelConfig, source: str | os.PathLike) -> None:
-    """Every weight present with the shape config.json implies, none left over, and an lm_head (when
-    the file has one) equal to the token embedding, since ours is tied to it."""
+    """Every weight present with the shape config.json implies, none left over, and an lm_head equal to the tied
+    embedding."""
     check_tensors_fit(hf_state, hf_tensor_shapes(model_config), source, "transformer.wte.weight", tied=True)
 
 
 def check_tensors_fit(hf_state: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]],
                       source: str | os.PathLike, embedding_name: str, tied: bool) -> None:
-    """Every `expected` weight present with its shape, none left over; with `tied`, an lm_head (when the
-    file has one) equal to the token embedding, since our output layer is then the embedding."""
+    """Every `expected` weight present with its shape, none left over; with `tied`, an lm_head equal to the embedding.
+    """
     problems = [f"{name}: missing" for name in expected if name not in hf_state]
     problems += [f"{name}: shape {list(hf_state[name].shape)}, expected {list(shape)}"
                  for name, shape in expected.items() if name in hf_state and tuple(hf_state[name].shape) != shape]
@@ -505,8 +472,8 @@ def check_tensors_fit(hf_state: dict[str, torch.Tensor], expected: dict[str, tup
 
 def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
                       held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
-    """What checkpoint/hf/source.py cannot read by offset (its module docstring says which families), read whole
-    but for the experts not in `held_experts`, checked against `model_config` and under our names."""
+    """What checkpoint/hf/source.py cannot read by offset, read whole (but for experts not in `held_experts`), checked
+    and under our names."""
     hf_dir = Path(hf_dir)
     keep = expert_filter(held_experts)
     config, hf_state = read_hf_model(hf_dir, keep)
@@ -536,13 +503,12 @@ def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, stat
 
 def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = False
                            ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """A checkpoint's model config and its weights under transformers' names, from the fp32 master
-    (the exact weights, whatever precision trained them), consolidated over every TP and DP rank."""
+    """A checkpoint's model config and its fp32 master weights under transformers' names, consolidated over every rank.
+    """
     iteration_dir = Path(iteration_dir)
     metadata = read_metadata(iteration_dir)
     model_config = recorded_model(metadata["config"]["model"])
     check_convertible(model_config, "the Hugging Face export")  # before any weight is read
-    # the routers' expert bias (checkpoint/router_state.py), saved by name in the metadata, checked as a resume does
     biases = metadata.get("expert_bias") or {}
     check_expert_biases(biases, configured_biased_routers(model_config), str(iteration_dir), required=False)
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]

@@ -1,12 +1,7 @@
-"""Which family's mapping takes tensors under transformers' names to ours, chosen in one place for both readers of
-them: `--init-from-hf` (checkpoint/hf/source.py: the folder's config.json names the model_type) and DeepSpeed
-folders of a transformers model (checkpoint/deepspeed/families.py: no config.json, so the run's model decides).
-
-A mapping is the family's own: its name-only pass to the names its CausalLM class has (`canonical`), the tensors
-and shapes it holds for this model (`shapes`, from our meta model through the family's own export, so the check and
-the mapping cannot disagree), its conversion to our names (`convert`, which only moves rows: traced by
-checkpoint/hf/source.py's `traced_runs`), GPT-2's Conv1D weights (`transposed`) and the gain shift of
---apply-layernorm-1p (`shift`)."""
+"""Which family's mapping takes tensors under transformers' names to ours, chosen in one place for --init-from-hf and
+DeepSpeed folders of a transformers model. A mapping is the family's own: name pass, shapes from its own export, and a
+conversion that only moves rows.
+"""
 
 from __future__ import annotations
 
@@ -25,16 +20,13 @@ from families.common.layout import canonical_names, tensor_shapes
 from families.registry import dense_families, family_weights, llama_families
 
 GPT2_TYPE = "gpt2"
-# the Llama-shaped model types whose rows move through families/common/llama_shaped.py (Apertus's xIELU constants
-# are checked by value, so it is read whole: not here)
+# The Llama-shaped model types (Apertus is read whole: not here).
 LLAMA_TYPES = (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES)
 
 
 @dataclass(frozen=True)
 class HFMapping:
-    """One family's mapping for one model (module docstring); `check_config(fields, model, path)` compares a
-    folder's config.json with the model. The shapes are built when asked (a meta model: the name-only pass needs no
-    vocabulary, which a run's start may not know yet)."""
+    """One family's mapping for one model; shapes are built when asked, on a meta model."""
     model_type: str
     canonical: Callable[[dict], dict]
     shapes_of: Callable[[], dict[str, tuple[int, ...]]]
@@ -51,8 +43,8 @@ class HFMapping:
 
 
 def hf_mapping(model_type: str, model: ModelConfig, padded_vocab: int) -> HFMapping:
-    """The mapping of `model_type`'s family for `model` (its vocabulary padded to `padded_vocab` rows); a
-    model_type no other family claims is GPT-2's."""
+    """The mapping of `model_type`'s family for `model` (vocabulary padded to `padded_vocab`); unclaimed types are
+    GPT-2's."""
     moe, family = family_weights().get(model_type), registered_family(model_type)
     tied = not model.output.untie_embeddings_and_output_weights
 
@@ -79,17 +71,15 @@ def hf_mapping(model_type: str, model: ModelConfig, padded_vocab: int) -> HFMapp
 
 
 def model_types_for(model: ModelConfig) -> list[str]:
-    """The model_types whose names may hold `model`, the one the export writes it as first, then every dense family
-    it fits (Phi-3's fused names hold a Llama-shaped model as well as Llama's; an MoE family is the one that claims
-    the model, the first)."""
+    """The model_types whose names may hold `model`: the one the export writes first, then every dense family it fits.
+    """
     others = [dense.model_type for dense in dense_families().values() if not dense.misfits(model)]
     return list(dict.fromkeys([hf.model_type_of(model), *others]))
 
 
 def read_whole_because(model_type: str) -> Optional[str]:
-    """Why `model_type`'s conversion is more than moving rows, so that `traced_runs` cannot trace it (None: it only
-    moves rows): GPT-OSS's experts are [hidden, 2 x ffn] with gate and up columns interleaved, transposed and split
-    by its conversion; Apertus's xIELU beta and eps (buffers) are checked by value."""
+    """Why `model_type`'s conversion is more than moving rows (GPT-OSS's interleaved experts, Apertus's xIELU buffers);
+    None where it only moves rows."""
     moe = family_weights().get(model_type)
     if moe is not None and moe.read_whole is not None:
         return moe.read_whole

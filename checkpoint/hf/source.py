@@ -1,21 +1,6 @@
-"""A Hugging Face folder as a `GlobalStateSource` (checkpoint/global_state.py): `--init-from-hf` loads it through
-checkpoint/global_load.py's `load_from_source`, as every other format, and a rank reads only its shard's bytes.
-
-A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and
-data_offsets) and the raw row-major data, so any rows of a tensor, or a column range of each row, are read by byte
-offset. The source presents each of our parameters at its global shape, in the folder's dtype. Where our rows come
-from is found once, without reading a weight: the family's own conversion (families/gpt2/weights.py's
-`from_hf_state_dict`, families/common/llama_shaped.py's `from_llama_state_dict`, families/common/dense_weights.py's
-`from_hf`) is run on stand-ins that hold, per row, (which folder tensor, which row) ids; it only concatenates,
-splits, reorders and transposes rows (fused q/k/v by group or by head, [gate; up], GPT-2's Conv1D transposes), so
-its output's ids name the folder row of each of our rows. The vocabulary's padding rows (id 0) are this run's own,
-zeros as built. The norms' gain shift (--apply-layernorm-1p) is elementwise and is applied to what is read.
-
-The MoE families of families/ load the same way where their files keep one tensor per expert; the routers' expert
-bias (not a parameter) is served apart, whole. Files whose conversion is more than moving rows (fused experts:
-GPT-OSS's, or any family's saved as transformers 5 holds them; Apertus's xIELU constants checked by value) and pickle
-folders (no offsets) are read whole but for other ranks' experts (checkpoint/hf/folders.py's `read_whole_folder`),
-and served from memory: the load path is the same. Quantized weights are refused in one line either way.
+"""A Hugging Face folder as a `GlobalStateSource`, so --init-from-hf loads like every format and a rank reads only its
+shard's bytes by safetensors offset. The family's conversion, run once on per-row stand-in ids, says which folder row
+each of our rows is; folders it cannot map by rows are read whole and served from memory.
 """
 
 from __future__ import annotations
@@ -63,10 +48,8 @@ class StoredTensor:
 
 
 def safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], int]:
-    """The file's tensors by name and the header's size in bytes (its length field included), after the file is
-    checked as the safetensors library checks it (checkpoint/integrity.py read_header: a bounded header that is a JSON
-    object of known dtypes and shapes, whose byte ranges tile the data section from 0 with nothing left over), before
-    any tensor's bytes are read by offset."""
+    """The file's tensors by name and the header's size, after checking the header as safetensors does, before any
+    tensor bytes are read."""
     try:
         header, _ = read_header(path, path.stat().st_size)
         with open(path, "rb") as file:
@@ -104,8 +87,7 @@ def safetensors_files(hf_dir: Path) -> Optional[list[Path]]:
 
 
 def read_rows(stored: StoredTensor, rows: slice, columns: Optional[slice]) -> torch.Tensor:
-    """Rows `rows` of `stored` (its first dimension), only `columns` of each where given (a 2-D tensor): one read
-    for whole rows, one per row for a column range."""
+    """Rows `rows` of `stored`, only `columns` of each where given: one read for whole rows, one per row otherwise."""
     shape, item = stored.shape, stored.dtype.itemsize
     if not shape:
         rows, columns = slice(0, 1), None
@@ -128,8 +110,8 @@ def read_rows(stored: StoredTensor, rows: slice, columns: Optional[slice]) -> to
 
 @dataclass(frozen=True)
 class Run:
-    """Rows [start, start + count) of one of our tensors: rows [row, row + count) of a folder tensor (its columns,
-    for a `transposed` one), or padding rows (`stored` None)."""
+    """Rows [start, start + count) of one of our tensors: rows [row, row + count) of a folder tensor (columns if
+    `transposed`), or padding (`stored` None)."""
     start: int
     count: int
     stored: Optional[StoredTensor]
@@ -140,10 +122,8 @@ class Run:
 def traced_runs(stored: dict[str, StoredTensor], transposed: set[str],
                 convert: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
                 ) -> dict[str, tuple[list[Run], tuple[int, ...]]]:
-    """Each of our tensors as runs of folder rows, and its global shape: `convert` (a family's mapping) run on
-    stand-ins of one id per row (per column for a `transposed` tensor, which our rows take as GPT-2's Conv1D's).
-    `stored` needs only each tensor's `shape`; a tensor of more dimensions (transformers 5's fused experts, as a
-    DeepSpeed run of it holds them) has a row per index of all but its last, numbered as in its [-1, last] view."""
+    """Each of our tensors as runs of folder rows, and its global shape: `convert` run on stand-ins of one id per row (a
+    tensor of more dimensions numbered by its [-1, last] view)."""
     names = list(stored)
     stand_ins = {}
     for index, name in enumerate(names):
@@ -158,7 +138,6 @@ def traced_runs(stored: dict[str, StoredTensor], transposed: set[str],
             raise ValueError(f"{ours} is not a reordering of rows")
         flat = traced.reshape(-1)
         index, row = (flat >> _ROW_BITS) - 1, flat & ((1 << _ROW_BITS) - 1)
-        # a run ends where the folder tensor changes or its rows stop following one another (padding runs on)
         goes_on = (index[1:] == index[:-1]) & ((index[1:] < 0) | (row[1:] == row[:-1] + 1))
         starts = [0, *(torch.nonzero(~goes_on).reshape(-1) + 1).tolist()]
         runs: list[Run] = []
@@ -200,7 +179,7 @@ class HFSource(GlobalStateSource):
         self._shift = shift  # the gain shift of --apply-layernorm-1p, elementwise
         self._tied_head = tied_head  # a tied model's lm_head, compared with the embedding rows read
         self.bytes_read = header_bytes  # every file's header is read on every rank (the tensors' shapes)
-        # as the family's conversion gives it: torch.cat of pieces of several dtypes promotes
+        # torch.cat promotes pieces of several dtypes.
         self._dtypes = {name: functools.reduce(torch.promote_types, [run.stored.dtype for run in runs if run.stored])
                         for name, (runs, _) in runs.items()}
 
@@ -212,8 +191,7 @@ class HFSource(GlobalStateSource):
                 if not name.endswith(EXPERT_BIAS)}
 
     def expert_biases(self) -> Optional[dict[str, list]]:
-        """DeepSeek-V3's and GLM-4.5's e_score_correction_bias: the routers' expert bias, not a parameter, read whole
-        by every rank (one value per expert)."""
+        """DeepSeek-V3's and GLM-4.5's e_score_correction_bias, read whole by every rank."""
         return {name: self.read(MODEL_KEY, name, (slice(0, shape[0]),)).tolist()
                 for name, (_, shape) in self._runs.items() if name.endswith(EXPERT_BIAS)} or None
 
@@ -262,8 +240,7 @@ class HFSource(GlobalStateSource):
 
 
 class WholeFolderSource(GlobalStateSource):
-    """The families read whole (the module docstring), served from memory; `bytes_read` the bytes it holds (what it
-    read, with the vocabulary's padding rows)."""
+    """The families read whole, served from memory; `bytes_read` what it holds."""
 
     format_name = "hugging face (whole folder)"
 
@@ -298,9 +275,8 @@ class WholeFolderSource(GlobalStateSource):
 
 
 def _check_fp8_is_declared(hf_dir: Path, stored: dict[str, StoredTensor]) -> None:
-    """An FP8 tensor is a quantized release's (DeepSeek-V3's, GPT-OSS's), whose config.json says how to scale it; in a
-    folder that says nothing, its values would be read unscaled (a fused projection of FP8 and fp32 pieces was a
-    dtype-promotion traceback)."""
+    """An FP8 tensor belongs to a quantized release whose config.json says how to scale it; unscaled it would read
+    wrong."""
     fp8 = sorted(name for name, tensor in stored.items() if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2))
     if fp8 and "quantization_config" not in read_json_object(hf_dir / CONFIG_FILE, "the model's configuration"):
         raise ConfigError(f"{hf_dir}: {fp8[0]} is stored in FP8 ({len(fp8)} tensor{'s' * (len(fp8) > 1)}), but "
@@ -310,8 +286,7 @@ def _check_fp8_is_declared(hf_dir: Path, stored: dict[str, StoredTensor]) -> Non
 
 def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
                    held_experts: Optional[set[tuple[int, int]]] = None):
-    """The folder as a source for `model_config` at this run's TP size, after its config and tensor shapes are
-    checked (ConfigError naming every misfit); `held_experts` as checkpoint/hf/folders.py's `read_whole_folder`."""
+    """The folder as a source for `model_config` at this TP size, once its config and tensor shapes are checked."""
     hf.refuse_mtp(model_config, "--init-from-hf")
     hf.refuse_hybrid_layers(model_config, "--init-from-hf")
     hf_dir = Path(hf_dir)
@@ -323,16 +298,13 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
         stored.update(tensors)
         header_bytes += size
     _check_fp8_is_declared(hf_dir, stored)
-    # GPT-2 is every model_type the others do not claim (checkpoint/hf/folders.py's check_hf_config refuses the rest);
-    # experts saved fused (one tensor for all: a Mixtral's, a Qwen2-MoE's, an MoE family's in transformers 5's layout,
-    # GPT-OSS's always) are split in memory (families/common/llama_shaped.py's and layout.py's canonical_names)
+    # Experts saved fused are split in memory, so those folders are read whole.
     by_offset = files is not None and read_whole_because(config.family) is None \
         and not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in stored)
     if not by_offset:
         return WholeFolderSource(hf_dir, hf.read_whole_folder(hf_dir, model_config, state, held_experts))
     mapping = hf_mapping(config.family, model_config, model_config.padded_vocab_size(state.tensor_parallel_size))
-    # a name-only pass (it keeps the values it is given; an MoE family's refuses quantized weights in one line and
-    # drops the MTP layers)
+    # A name-only pass: an MoE family's refuses quantized weights and drops the MTP layers.
     stored = mapping.canonical(stored)
     mapping.check_config(config.fields, model_config, hf_dir / CONFIG_FILE)
     embedding, tied = mapping.embedding, mapping.tied
@@ -349,10 +321,8 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
 
 def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
                     held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
-    """A Hugging Face folder's weights, of any family read here (GPT-2, Llama's, the dense and MoE families), whole,
-    under our names and layout (vocabulary padded for this TP size), after checking that its config and tensors fit
-    `model_config`: every tensor of its source read whole. With `held_experts` ((layer, expert) pairs: expert
-    parallelism), the other experts are not read."""
+    """A Hugging Face folder's weights, whole, under our names and layout, once checked against `model_config`; with
+    `held_experts` the other experts are not read."""
     return open_hf_source(hf_dir, model_config, state, held_experts).whole()
 
 
@@ -361,10 +331,8 @@ _OUR_EXPERT = re.compile(r"^blocks\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_dir: str | os.PathLike,
                        model_config: ModelConfig, state: ParallelState, log=print) -> ResumePoint:
-    """Start a run from a Hugging Face folder's weights (`--init-from-hf`): loaded as every checkpoint is
-    (checkpoint/global_load.py's `load_from_source`, weights only), so each rank reads its own shard's regions and
-    the fp32 master partition is staged and handed over whole. Under expert parallelism a rank's source holds only
-    its own experts (named by global index)."""
+    """Start a run from a Hugging Face folder's weights (--init-from-hf), loaded as every checkpoint is: each rank reads
+    its own shard's regions."""
     params = dict(model.named_parameters())
     held = {(int(match.group(1)), int(match.group(2))) for match in map(_OUR_EXPERT.match, params) if match}
     expert_parallel = any(record_of(param).is_expert for param in params.values())

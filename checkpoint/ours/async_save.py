@@ -1,22 +1,7 @@
-"""--async-save: a checkpoint written while training goes on, committed once every rank's files are in.
-
-Megatron-LM's asynchronous save (checkpointing.py with async_utils.py, dist_checkpointing/strategies/async_utils.py)
-is the model: each rank copies what it writes to host memory and hands it to a background writer; the loop checks at
-every iteration, in one small all-reduce, whether every rank's writer is done (maybe_finalize_async_save), and only
-then is the save finalized, here by the same `finish_save` a synchronous save ends with (checkpoint/ours/sharded.py):
-metadata.json, the rename of `iter_N.partial`, the tracker file and `latest` come after every file of every rank. A
-save waits for the previous one's commit; the end of a run waits for the last, and an error lets it go (`abandon`):
-what was not committed is a `.partial` directory nothing reads, removed by the next save.
-
-The writer is a thread, one per rank, for the whole run (Megatron-LM saves in the background only with its persistent
-worker: `saves_in_background`). A thread, not Megatron's process, because the writes do not hold the GIL
-(safetensors writes in Rust with it released: the training thread's longest pause while 400 MB were written was 14
-ms; fsync and xxHash release it too), and a process would need shared memory, a second torch, and could outlive a
-SIGKILLed rank; a thread dies with its rank. Megatron's priorities for its worker apply to the thread:
---async-ckpt-cpu-priority (a nice value, only raised) and --async-ckpt-io-priority (`ionice -c`). What a rank stages
-is a copy it owns: the model files are copies already, the optimizer partition's file (views of the live partition,
-checkpoint/save_plan.py) is copied into buffers kept for the next save (pinned on CUDA). The bytes are the rank's
-files' (the planner's `checkpoint_staging_bytes`): the model files' until written, the partition's copy for the run."""
+"""--async-save: a checkpoint written by one background thread per rank while training goes on, committed (by the same
+`finish_save` a synchronous save ends with) once one small all-reduce says every rank's files are in. A thread, not
+Megatron-LM's process: safetensors, fsync and xxHash release the GIL, and a thread dies with its rank.
+"""
 
 from __future__ import annotations
 
@@ -42,11 +27,10 @@ from zero.optimizer_state import CheckpointableOptimizer
 
 WRITER_THREAD_NAME = "checkpoint-writer"
 MAX_NICE = 19
-# How long an error's exit waits for the file the writer is in the middle of (the rest is not written).
+# How long an error's exit waits for the file being written.
 ABANDON_WAIT_S = 30.0
 IO_CLASS_NAMES = {0: "none", 1: "real time", 2: "best effort", 3: "idle"}
-# The RNG files' tensors (torch's CPU and tensor-parallel streams, 5,056 bytes each; NumPy's 624 keys as int64;
-# CUDA's offsets): a bound for the planner
+# A bound on the RNG files' tensors, for the planner.
 RNG_STATE_BYTES = 16 << 10
 
 
@@ -70,26 +54,20 @@ def saving_mode_line(checkpoint: CheckpointConfig, writer_note: str = "", device
 
 
 def staged_bytes_bound(parameter_elements: int, parameter_element_bytes: int, partition_bytes: int) -> int:
-    """At most what a rank stages at a background save: its parameters in the training dtype (the model and expert
-    files: only a tensor-parallel group's first data-parallel rank writes the model file, and with pipeline stages
-    the tied embedding's second copy is not stored, so elsewhere this is above it), its optimizer partition (the
-    fp32 master and the moments; where a rank names only some of its fragments it writes a part) and the RNG
-    states. The planner (planner/dry_run.py) gives it the counts of its meta model."""
+    """At most what a rank stages at a background save: its parameters in the training dtype, its optimizer partition
+    and the RNG states (the planner gives it its meta model's counts)."""
     return parameter_elements * parameter_element_bytes + partition_bytes + RNG_STATE_BYTES
 
 
 class StagingBuffers:
-    """The host copies of the live tensors a save stages (the optimizer partition), kept from one save to the next:
-    the next save waits for this one's files to be written, so it may copy into the same memory. A copy into memory
-    already faulted in took 0.9 s for GPT-2 124M's 1.5 GB partition on the loaded 2-core CI machine, a fresh copy
-    2.4-3.2 s. Pinned when the tensors are on CUDA, so the copy is a DMA."""
+    """Host copies of the optimizer partition, kept from one save to the next (a save waits for the previous one's
+    writes, so reusing faulted-in memory is safe and ~3x faster); pinned on CUDA."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, str], torch.Tensor] = {}
 
     def stage(self, file: str, name: str, tensor: torch.Tensor, live: bool) -> torch.Tensor:
-        """A contiguous host tensor this save owns: a live one copied into its buffer; one that is a host copy
-        already (the model files, the RNG states) as it is."""
+        """A contiguous host tensor this save owns: a live one copied into its buffer, a host copy as it is."""
         tensor = tensor.detach()
         if not live and tensor.device.type == "cpu":
             return tensor.contiguous()
@@ -106,8 +84,7 @@ class StagingBuffers:
 
 
 def live_storages(progress: SaveInProgress, model: nn.Module) -> set[int]:
-    """The memory training changes at its next step: the optimizer partition's and the parameters' storages (a
-    staged tensor in one of them is copied)."""
+    """The storages training changes at its next step (partition and parameters): a staged tensor in one is copied."""
     live = list(progress.shard.tensors.values()) + list(model.parameters())
     return {tensor.untyped_storage().data_ptr() for tensor in live}
 
@@ -124,15 +101,14 @@ class WriteJob:
     abandoned: threading.Event = field(default_factory=threading.Event)
 
     def _take(self) -> Iterator[StagedFile]:
-        """The staged files, each let go once the writer has it (freed once it is on disk); stops an abandoned save
-        between two files."""
+        """The staged files, each let go once the writer has it; stops an abandoned save between two files."""
         while self.files:
             if self.abandoned.is_set():
                 raise InterruptedError("the save was abandoned")
             yield self.files.pop(0)
 
     def run(self) -> None:
-        """On the writer thread: each file and its hash, through the synchronous save's writer."""
+        """On the writer thread: each file and its hash, through the synchronous writer."""
         started = time.perf_counter()
         try:
             if self.outcome.error is None:
@@ -148,9 +124,8 @@ class WriteJob:
 
 
 class BackgroundWriter:
-    """One thread per rank that writes the jobs it is given, one at a time, at Megatron's priorities for its
-    persistent checkpoint worker. Started at once (as Megatron warms its worker up), so the start-up line can say
-    which priorities it got."""
+    """One writer thread per rank, one job at a time, at Megatron-LM's priorities for its checkpoint worker; started at
+    once so the start-up line can say which priorities it got."""
 
     def __init__(self, cpu_priority: Optional[int], io_priority: Optional[int]) -> None:
         self._jobs: queue.Queue[Optional[WriteJob]] = queue.Queue()
@@ -171,7 +146,7 @@ class BackgroundWriter:
         self._jobs.put(job)
 
     def close(self, timeout: Optional[float] = None) -> None:
-        """Stop the thread once the job it is writing is done (within `timeout` seconds, else leave it)."""
+        """Stop the thread once its current job is done (within `timeout` seconds, else leave it)."""
         self._jobs.put(None)
         self._thread.join(timeout)
 
@@ -181,21 +156,16 @@ class BackgroundWriter:
 
 
 def writer_priorities(checkpoint: CheckpointConfig, device_type: str) -> tuple[Optional[int], Optional[int]]:
-    """(nice value, I/O class) for the writer thread: as given, else Megatron-LM's defaults (10, 3) on CUDA, where
-    the training's CPU threads mostly wait for the device; None (the training's own) on a CPU, where the training is
-    the CPU's work: a writer at nice 10 gets about a tenth of a core against it, and the next save waits for it
-    (GPT-2 124M's 1.9 GB on the 2-core CI machine at load average 13-27: 42-47 s to write beside the training at nice
-    10 and idle I/O, so that every next save waited for it; 33-37 s at the training's priority; a synchronous save,
-    9-29 s)."""
+    """(nice value, I/O class) for the writer: as given, else Megatron-LM's (10, 3) on CUDA; None on a CPU, where a
+    niced writer starves beside the training and every next save waits for it."""
     default_cpu, default_io = (10, 3) if device_type == "cuda" else (None, None)
     cpu, io = checkpoint.async_ckpt_cpu_priority, checkpoint.async_ckpt_io_priority
     return (default_cpu if cpu is None else cpu), (default_io if io is None else io)
 
 
 def _lower_priority_of_this_thread(cpu_priority: Optional[int], io_priority: Optional[int]) -> str:
-    """Megatron's _set_process_qos for this thread (Linux keeps both per thread): raise its nice value to
-    `cpu_priority` (at most 19; never lowered), and set its I/O scheduling class with `ionice -c`; None leaves one
-    as the training's. What it got, in words (a failure is named, never fatal, as in Megatron)."""
+    """Megatron-LM's _set_process_qos for this thread: raise its nice value (never lower it) and set its I/O class with
+    `ionice -c`; returns what it got, in words (failures are named, never fatal)."""
     thread = threading.get_native_id()
     words = []
     if cpu_priority is None:
@@ -237,10 +207,9 @@ class AsyncCheckpointSaver:
              lr: Optional[float] = None, identity: Optional[RunIdentity] = None,
              schedule_samples: Optional[int] = None, rerun_state: Optional[dict] = None,
              tokenizer_record: Optional[dict] = None) -> Optional[Path]:
-        """Begin iteration `iteration`'s save (after the previous one is committed), stage this rank's files and
-        hand them to the writer; returns as soon as they are staged, with the previous checkpoint if this call
-        committed it. Raises `CheckpointError` on every rank when the previous save failed or this one cannot
-        begin."""
+        """Begin iteration `iteration`'s save (after committing the previous one), stage this rank's files and hand them
+        to the writer; returns the previous checkpoint if this call committed it. Raises `CheckpointError` on every rank
+        on failure."""
         started = time.perf_counter()
         previous = self.pending.progress.iteration if self.pending is not None else None
         still_writing = self.pending is not None and not self.pending.done.is_set()
@@ -279,9 +248,8 @@ class AsyncCheckpointSaver:
         return committed
 
     def poll(self, iteration: Optional[int] = None) -> Optional[Path]:
-        """Commit the pending save when every rank's writer is done (one small all-reduce, only while a save is
-        pending: every rank has one at the same iterations); the checkpoint committed, or None. `iteration` is
-        the iteration about to run, for the line."""
+        """Commit the pending save when every rank's writer is done (one small all-reduce while one is pending); returns
+        the checkpoint committed, or None."""
         if self.pending is None:
             return None
         if self.state.comm.any_rank([not self.pending.done.is_set()], self.state.device)[0]:
@@ -289,8 +257,7 @@ class AsyncCheckpointSaver:
         return self._commit(f"before iteration {iteration}" if iteration is not None else "")
 
     def wait(self, when: str = "at the end of training") -> Optional[Path]:
-        """Wait for this rank's writer, then commit the pending save with the others; the checkpoint committed, or
-        None when no save was pending. Every rank calls it (the end of a run, an early exit, the next save)."""
+        """Wait for this rank's writer, then commit the pending save with the others; every rank calls it."""
         if self.pending is None:
             return None
         self.pending.done.wait()
@@ -306,8 +273,8 @@ class AsyncCheckpointSaver:
         return final
 
     def abandon(self) -> None:
-        """On an error (no collective: another rank may be gone): commit nothing, let the writer stop after the file
-        it is writing and free what was staged. The `.partial` directory stays until the next save removes it."""
+        """On an error (no collective: another rank may be gone): commit nothing, stop the writer after its file, free
+        what was staged."""
         job, self.pending = self.pending, None
         if job is not None:
             job.abandoned.set()
@@ -315,6 +282,6 @@ class AsyncCheckpointSaver:
         self.buffers.release()
 
     def close(self) -> None:
-        """After the last save was waited for: the writer thread ends and the staging buffers go."""
+        """After the last save was waited for: end the writer thread and free the buffers."""
         self.writer.close()
         self.buffers.release()

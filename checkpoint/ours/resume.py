@@ -1,6 +1,6 @@
-"""A resume from this project's own checkpoint, as the format registry calls it (checkpoint/formats.py): its
-metadata.json read and checked like every format's (checkpoint/resume_checks.py), every file verified by a share of
-the ranks (checkpoint/ours/sharded.py verify_for_job), then the load (checkpoint/ours/sharded.py load_checkpoint)."""
+"""A resume from this project's own checkpoint, as the format registry calls it: metadata checked, every file verified
+by a share of the ranks, then the load.
+"""
 
 from __future__ import annotations
 

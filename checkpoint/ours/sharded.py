@@ -1,20 +1,6 @@
-"""Save and load a training run's sharded state (the format is in `checkpoint/format.py`).
-
-Saving: every rank writes what the save plan gives it (checkpoint/save_plan.py, by the sharding rule told in
-parallel/sharding.py) through the writer (checkpoint/writer.py) into
-`iter_NNNNNNN.partial/`; the ranks then agree that all of them succeeded, and only then does rank 0 write
-`metadata.json`, rename the directory into place and replace `latest`. A rank that fails (disk full, permissions) makes every rank raise
-`CheckpointError`, and a process killed midway leaves only a `.partial` directory that nothing reads:
-either way the previous checkpoint and `latest` are untouched. The steps are `begin_save`, `rank_files` and
-`finish_save` (below), so --async-save (checkpoint/ours/async_save.py) writes the same files in the background.
-
-Loading goes through `checkpoint/global_load.py`: the checkpoint is opened as whole tensors by name
-(`checkpoint/ours/source.py`) and each rank reads the regions its records (parallel/sharding.py) and its
-optimizer partition's fragments name.
-
-The optimizer is read and restored only through the interface of zero/optimizer_state.py (its
-`model_state_dict`, `sharded_state_dict` and `load_sharded_state_dict`): how it lays out its state is
-its own affair, and the files record only what that interface says.
+"""Save and load a training run's sharded state. A save is three steps on every rank (`begin_save`, `rank_files`,
+`finish_save`) into `iter_N.partial/`, committed by rank 0 only once every rank succeeded, so a failure or a kill leaves
+the previous checkpoint; a load reads the checkpoint as whole tensors through checkpoint/global_load.py.
 """
 
 from __future__ import annotations
@@ -70,29 +56,18 @@ def parameter_names(model: nn.Module) -> dict[int, str]:
 
 
 def parameter_table(model: nn.Module) -> dict[str, dict]:
-    """Every parameter's record as metadata.json stores it (parallel/sharding.py): the whole shape, the dimension
-    its slices are cut along (None: whole) and over which grid dimension, the grid dimensions holding the same
-    slice, and the real rows of a padded vocabulary. `tensor_parallel_dim` keeps the name checkpoints before the
-    records gave the split dimension."""
+    """Every parameter's sharding record as metadata.json stores it (`tensor_parallel_dim` keeps its older name)."""
     return {name: {"shape": list(record.global_shape), "tensor_parallel_dim": record.split_dim,
                    "split_over": record.split_over, "replicated_over": list(record.replicated_over),
                    "real_rows": record.real_rows}
             for name, (_, record) in parameter_records(model).items()}
 
 
-# ---- saving -----------------------------------------------------------------------------------
-#
-# A save is three steps, so that it can be written in the background (checkpoint/ours/async_save.py) as well as
-# in place: `begin_save` (the checks and the staging directory, on every rank), `rank_files` (the save plan's
-# files of this rank, one at a time, through which every rank must iterate to the end) and `finish_save` (the
-# ranks' agreement that every file is in, then the commit). `save_checkpoint` writes the files as they come
-# (checkpoint/writer.py); a background save copies them to host memory first and commits at a later iteration.
-
 
 @dataclass
 class SaveInProgress:
-    """A save every rank has begun (`begin_save`): where it goes, and what its commit (`finish_save`) writes into
-    metadata.json, as it was when the save began: training changes the live state after."""
+    """A save every rank has begun: where it goes and what its commit writes, as of the save's start (training changes
+    the live state after)."""
     save_dir: Path
     iteration: int
     consumed_samples: int
@@ -106,19 +81,17 @@ class SaveInProgress:
     has_tokenizer: bool
     identity: Optional[RunIdentity]
     schedule_samples: Optional[int]
-    biases: dict[str, list[float]]  # the routers' expert bias (checkpoint/router_state.py), sent by a stage's first
-    fp8_histories: dict  # delayed scaling's amax histories and scales (checkpoint/fp8_state.py), every stage's
+    biases: dict[str, list[float]]
+    fp8_histories: dict
     total_bytes: int = 0        # every rank's files together, once finish_save has gathered them
-    # the rerun state machine's pending re-run, {"common": ..., "rank": this rank's part} (resilience/rerun_resume.py);
-    # None when none is pending, on every rank alike
+    # The rerun state machine's pending re-run, {"common": ..., "rank": this rank's part}; None on every rank alike.
     rerun_state: Optional[dict] = None
-    tokenizer_record: Optional[dict] = None  # metadata keys on the run's tokenizer (checkpoint/tokenizer_check.py)
+    tokenizer_record: Optional[dict] = None
 
 
 @dataclass
 class RankOutcome:
-    """How this rank's writes went (checkpoint/writer.py's answer): an error in words (None: every file is in),
-    {file: bytes}, {file: digest}, and each file's listing and the parameter names it holds."""
+    """How this rank's writes went: an error in words (None: all in), sizes, digests and listings."""
     error: Optional[str] = None
     sizes: dict[str, int] = field(default_factory=dict)
     hashes: dict[str, str] = field(default_factory=dict)
@@ -130,9 +103,8 @@ def begin_save(save_dir: str | Path, iteration: int, consumed_samples: int, mode
                lr: Optional[float] = None, identity: Optional[RunIdentity] = None,
                schedule_samples: Optional[int] = None, rerun_state: Optional[dict] = None,
                tokenizer_record: Optional[dict] = None) -> SaveInProgress:
-    """The start of a save on every rank, before any file: the state must be finite everywhere, the stages'
-    parameter tables are gathered and the first rank makes the staging directory `iter_N.partial`. Raises
-    `CheckpointError` on every rank if any rank cannot go on."""
+    """The start of a save on every rank: the state must be finite, the stages' tables are gathered and the first rank
+    makes `iter_N.partial`. Raises `CheckpointError` on every rank if any rank cannot go on."""
     save_dir = Path(save_dir)
     final = save_dir / iteration_dir_name(iteration)
     staging = final.with_name(final.name + STAGING_SUFFIX)
@@ -154,7 +126,6 @@ def begin_save(save_dir: str | Path, iteration: int, consumed_samples: int, mode
     _raise_if_any_failed(state, error, iteration, staging)
     biases = expert_biases(model) if state.data_parallel_rank == 0 and state.tensor_parallel_rank == 0 \
         and state.context_parallel_rank == 0 else {}
-    # every stage's and expert-parallel rank's delayed-scaling histories, on the first rank (checkpoint/fp8_state.py)
     histories = saved_fp8_histories(model, config, state)
     return SaveInProgress(save_dir, iteration, consumed_samples, final, staging, started, stage_tables,
                           dataclasses.replace(shard, loss_scaler_state=copy.deepcopy(shard.loss_scaler_state)),
@@ -164,11 +135,8 @@ def begin_save(save_dir: str | Path, iteration: int, consumed_samples: int, mode
 
 def rank_files(progress: SaveInProgress, model: nn.Module, optimizer: CheckpointableOptimizer,
                rng: Optional[TensorParallelRNG], state: ParallelState, tokenizer=None) -> Iterator[StagedFile]:
-    """The save plan's files of this rank (checkpoint/save_plan.py), one at a time; every rank must run it to the
-    end (stage 3 gathers for the model files). The optimizer file's tensors are views of the live partition: a
-    save that writes after training goes on copies them first. After the last, the live partition is no longer
-    held (the commit reads the scalars only), and the first rank copies the tokenizer into the staging
-    directory."""
+    """This rank's files of the save plan, one at a time; every rank must run it to the end (stage 3 gathers for the
+    model files). The optimizer file views the live partition: a background save copies it first."""
     yield from plan_rank_files(model, optimizer, progress.shard, rng, state)
     progress.shard = dataclasses.replace(progress.shard, tensors={})
     if state.is_first_rank and tokenizer is not None:
@@ -176,8 +144,8 @@ def rank_files(progress: SaveInProgress, model: nn.Module, optimizer: Checkpoint
 
 
 def write_rank_files(staging: Path, files: Iterator[StagedFile]) -> RankOutcome:
-    """`files` through the writer (checkpoint/writer.py) into `staging`; a failure is the outcome's, and the rest of
-    `files` is still gathered (not written): the other ranks take part in its collectives."""
+    """`files` through the writer into `staging`; after a failure the rest is still gathered, not written, so the other
+    ranks' collectives complete."""
     outcome = RankOutcome()
     try:
         outcome.sizes, outcome.hashes, outcome.listings = write_files(staging, files)
@@ -193,9 +161,8 @@ def write_rank_files(staging: Path, files: Iterator[StagedFile]) -> RankOutcome:
 
 
 def finish_save(progress: SaveInProgress, outcome: RankOutcome, state: ParallelState) -> Path:
-    """The end of a save on every rank, once its files are written (or failed): the ranks agree that every file of
-    every stage is in, then the first rank writes metadata.json, renames the directory into place and points
-    `latest` at it. Raises `CheckpointError` on every rank if any rank failed, leaving the previous checkpoint."""
+    """The end of a save on every rank: the ranks agree every file is in, then the first rank writes metadata.json,
+    renames the directory and points `latest` at it. Raises `CheckpointError` on every rank if any failed."""
     iteration, staging, final = progress.iteration, progress.staging, progress.final
     outcomes = state.comm.all_gather_object((outcome.error, outcome.sizes, outcome.hashes, outcome.listings,
                                              progress.biases, state.pipeline_parallel_rank))
@@ -220,7 +187,7 @@ def finish_save(progress: SaveInProgress, outcome: RankOutcome, state: ParallelS
             metadata["expert_bias"] = saved_biases
         if progress.fp8_histories:
             metadata["fp8_amax_history"] = progress.fp8_histories
-        if rerun_parts is not None:  # by rank: each rank's part is its own (checkpoint/rerun_machine_entry.py)
+        if rerun_parts is not None:
             metadata[RERUN_ENTRY] = {**progress.rerun_state["common"], "ranks": rerun_parts}
         metadata["file_hashes"] = {name: digest for _, _, rank_hashes, *_ in outcomes
                                    for name, digest in rank_hashes.items()}
@@ -239,10 +206,8 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
                     state: ParallelState, tokenizer=None, lr: Optional[float] = None,
                     identity: Optional[RunIdentity] = None, schedule_samples: Optional[int] = None,
                     rerun_state: Optional[dict] = None, tokenizer_record: Optional[dict] = None) -> Path:
-    """Write iteration `iteration`'s checkpoint and point `latest` at it; every rank calls this, and training
-    waits for it (checkpoint/ours/async_save.py writes in the background instead, through the same three steps).
-    `identity` (the run's lineage and launch) goes into its metadata: --keep-last prunes only its lineage.
-    Raises `CheckpointError` on every rank if any rank failed, leaving the previous checkpoint."""
+    """Write iteration `iteration`'s checkpoint and point `latest` at it; every rank calls this. `identity` goes into
+    the metadata (--keep-last prunes only its lineage). Raises `CheckpointError` on every rank if any rank failed."""
     progress = begin_save(save_dir, iteration, consumed_samples, model, optimizer, config, state,
                           tokenizer is not None, lr, identity, schedule_samples, rerun_state, tokenizer_record)
     outcome = write_rank_files(progress.staging, rank_files(progress, model, optimizer, rng, state, tokenizer))
@@ -265,8 +230,7 @@ def _raise_if_any_failed(state: ParallelState, error: Optional[str], iteration: 
 def _metadata(iteration: int, consumed_samples: int, stage_tables: list[dict], shard: ShardedOptimizerState, config,
               state: ParallelState, files: dict[str, int], lr: Optional[float], has_tokenizer: bool,
                         listings: list[tuple[int, tuple[str, list], tuple[str, ...]]]) -> dict:
-    """metadata.json: the run's state, the per-tensor record table, and the files every rank wrote
-    (`listings`: (pipeline stage, (list, entry), parameter names held) per file, as the save plan lists them)."""
+    """metadata.json: the run's state, the per-tensor record table, and the files every rank wrote."""
     by_list: dict[str, list] = {"model_files": [], "optimizer_shards": [], "rng_files": [], "expert_model_files": []}
     for _, (kind, entry), _ in listings:
         by_list[kind].append(entry)
@@ -282,22 +246,19 @@ def _metadata(iteration: int, consumed_samples: int, stage_tables: list[dict], s
         "adam_step": shard.adam_step,
         "lr": lr,
         "loss_scaler": {"type": shard.loss_scaler_type, "state": shard.loss_scaler_state},
-        # one record per tensor: its whole shape, how its slices are cut, which grid dimensions replicate them
         "parameters": whole_table(stage_tables),
-        # every stage's files; pipeline_stages (below) says which stage wrote which
         **{kind: sorted(entries, key=lambda entry: entry[-1]) for kind, entries in by_list.items()
            if kind != "expert_model_files"},
         "tokenizer": TOKENIZER_DIR if has_tokenizer else None,
         "files": files,
         "config": config.to_dict(),
-        # What the training blend (--data-path, --train-data-path, ...) reads, as content: a resume compares this,
-        # not the path as typed.
+        # The training blend as content: a resume compares this, not the paths as typed.
         "data_identity": data_identity(config.data.sources().training_blend() or []),
     }
     if state.context_parallel_size > 1:  # the optimizer partitions are then DP x CP (parallel/state.py)
         metadata["context_parallel_size"] = state.context_parallel_size
     experts = by_list["expert_model_files"]
-    if experts:  # each expert-parallel rank's experts in their own file; the dense model files hold none
+    if experts:
         metadata["expert_model_parallel_size"] = state.experts.model_size
         metadata["expert_model_files"] = sorted(experts, key=lambda entry: entry[2])
     if state.pipeline_parallel_size > 1:
@@ -313,22 +274,18 @@ def _metadata(iteration: int, consumed_samples: int, stage_tables: list[dict], s
 
 
 def prune_checkpoints(save_dir: str | Path, keep_last: Optional[int], state: ParallelState, run_id: str) -> None:
-    """Keep the newest `keep_last` checkpoints of the lineage `run_id` (rank 0 deletes; None keeps all)."""
+    """Keep the newest `keep_last` checkpoints of lineage `run_id` (rank 0 deletes; None keeps all)."""
     if keep_last and state.is_first_rank:
         for path in prune(Path(save_dir), keep_last, run_id):
             print(f" removed old checkpoint {path}", flush=True)
 
 
-# ---- loading ----------------------------------------------------------------------------------
-
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: CheckpointableOptimizer,
                     rng: Optional[TensorParallelRNG], state: ParallelState, *, load_optimizer: bool = True,
                     load_rng: bool = True, finetune: bool = False, verify: bool = True) -> ResumePoint:
-    """Restore this rank's state from a checkpoint of ours saved at any layout (checkpoint/global_load.py over
-    checkpoint/ours/source.py): the fp32 master weights, with `load_optimizer` the optimizer's moments, step
-    and loss scaler, with `load_rng` the random streams where the layout allows. `finetune` takes the weights
-    only and starts at iteration 0. `verify` checks every file of the checkpoint first (`verify_for_job`); pass
-    False only when that was just done."""
+    """Restore this rank's state from a checkpoint of ours saved at any layout: the master weights, with
+    `load_optimizer` the moments, step and loss scaler, with `load_rng` the random streams. `verify=False` only when
+    files were just verified."""
     iteration_dir = resolve_checkpoint(path)
     metadata = read_metadata(iteration_dir)
     if verify:
@@ -336,15 +293,14 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: Checkpointabl
     with ZeroGptSource(iteration_dir, metadata) as source:
         point = load_from_source(source, model, optimizer, rng, state, load_optimizer=load_optimizer,
                                  load_rng=load_rng, finetune=finetune)
-    if finetune:  # Megatron-LM's load_checkpoint takes the rerun state machine's only when resuming
+    if finetune:  # Megatron-LM restores the rerun state machine only when resuming.
         return point
     rerun_state, layout_changed = saved_rerun_state(metadata, state)
     return dataclasses.replace(point, rerun_state=rerun_state, rerun_layout_changed=layout_changed)
 
 
 def verify_for_job(iteration_dir: Path, metadata: dict, state: ParallelState, check_content: bool = True) -> None:
-    """Every file of the checkpoint verified (checkpoint/integrity.py), each by one rank; every
-    rank raises the same CheckpointError if any file fails."""
+    """Every file verified, each by one rank; every rank raises the same CheckpointError if any fails."""
     problem = verify_checkpoint(iteration_dir, metadata, check_content, state.rank, state.world_size)
     problems = [p for p in state.comm.all_gather_object(problem) if p]
     if problems:

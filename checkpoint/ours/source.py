@@ -1,19 +1,6 @@
-"""This project's own checkpoint format as a `GlobalStateSource` (checkpoint/global_state.py): whole tensors by
-name, read a region at a time from the optimizer partitions of whatever layout saved them.
-
-Every optimizer partition file holds fragments (`[name, param_offset, partition_offset, numel]`: a stretch of a
-parameter flattened at the saving rank's local shape) and, since the sharding records (parallel/sharding.py),
-the record of each parameter it names: where that rank's slice sits in the whole tensor (`records`: name ->
-[global offset, local shape]). A file written before the records is read through the checkpoint's parameter
-table instead: a parameter with a `tensor_parallel_dim` was cut in `tensor_parallel_size` equal slices along it,
-the file's TP rank holding slice `tp`; any other parameter whole (that covers experts too: their expert TP was
-1 or the TP size, with the expert TP rank the TP rank).
-
-The index of every file's fragments is built once (each file's header only); a read then visits the pieces of
-that one parameter, intersects each with the asked region and reads exactly the overlapping elements, a
-contiguous stretch at a time, so the bytes read are the region's. A region some element of which no file holds
-is an incomplete checkpoint, named in one line. Copies of the same elements (a replicated parameter in every TP
-rank's partition, as files before the records held them) are read once.
+"""This project's own checkpoint as a `GlobalStateSource`: whole tensors by name, read a region at a time from the
+optimizer partitions of whatever layout saved them. Each file's fragments and records place its elements in the whole
+tensor, so a read touches exactly the region's bytes; copies of the same elements are read once.
 """
 
 from __future__ import annotations
@@ -43,16 +30,15 @@ def saved_optimizer(metadata: dict) -> str:
 
 
 def saved_moment_dtypes(metadata: dict) -> dict[str, str]:
-    """The stored dtype of each Adam moment in a checkpoint (its --exp-avg-dtype / --exp-avg-sq-dtype; fp32 for
-    checkpoints from before the settings)."""
+    """The stored dtype of each Adam moment (fp32 before --exp-avg-dtype existed)."""
     section = (metadata.get("config") or {}).get("optimizer") or {}
     return {key: section.get(f"{key}_dtype", "fp32") for key in ("exp_avg", "exp_avg_sq")}
 
 
 def legacy_record(entry: dict, tensor_parallel_size: int, tensor_parallel_rank: int
                   ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(global offset, local shape) of TP rank `tensor_parallel_rank`'s slice, from a parameter table entry of a
-    checkpoint written before the records (module docstring)."""
+    """(global offset, local shape) of a TP rank's slice, from the parameter table of a checkpoint without records:
+    equal slices along `tensor_parallel_dim`, else whole."""
     shape, dim = list(entry["shape"]), entry["tensor_parallel_dim"]
     offset = [0] * len(shape)
     if dim is not None:
@@ -87,8 +73,7 @@ def _uncovered(covered: list[tuple[int, int]], start: int, end: int) -> list[tup
 
 
 class ZeroGptSource(GlobalStateSource):
-    """A checkpoint of ours (one iteration directory) as global tensors (module docstring). Use it as a context
-    manager, or `close()` it: it keeps its files open while a load reads them."""
+    """A checkpoint of ours as global tensors; a context manager (or `close()` it): it keeps its files open."""
 
     format_name = FORMAT_NAME
     saves_expert_bias = True
@@ -112,8 +97,6 @@ class ZeroGptSource(GlobalStateSource):
     def close(self) -> None:
         self._files.close()
         self._readers.clear()
-
-    # ---- GlobalStateSource ------------------------------------------------------------------
 
     def keys(self) -> tuple[str, ...]:
         return tuple(self._keys)
@@ -160,8 +143,6 @@ class ZeroGptSource(GlobalStateSource):
     def not_carried(self) -> list[str]:
         return []
 
-    # ---- what only this format carries -------------------------------------------------------
-
     def expert_biases(self) -> Optional[dict[str, list[float]]]:
         return self.metadata.get("expert_bias")
 
@@ -171,15 +152,13 @@ class ZeroGptSource(GlobalStateSource):
     def restore_random_states(self, rng, state, log=print) -> None:
         restore_random_states(self.path, self.metadata, rng, state, log)
 
-    # ---- the index ---------------------------------------------------------------------------
-
     def _reader(self, file: str):
         if file not in self._readers:
             self._readers[file] = self._files.enter_context(open_tensors(self.path, file, self.metadata))
         return self._readers[file]
 
     def _index(self) -> dict[str, list[Piece]]:
-        """Every file's pieces by parameter name, copies of the same elements kept once (module docstring)."""
+        """Every file's pieces by parameter name, copies of the same elements kept once."""
         if self._pieces is not None:
             return self._pieces
         metadata, table = self.metadata, self.metadata["parameters"]
@@ -228,10 +207,8 @@ def _header_bytes(path: Path) -> int:
 
 def consolidate(iteration_dir: Path, keys: Sequence[str] = ("master",), progress: bool = False
                 ) -> dict[str, dict[str, torch.Tensor]]:
-    """{key: {parameter name: whole fp32 tensor}} of a checkpoint of ours, for keys among its optimizer's
-    states (master, exp_avg, exp_avg_sq, exp_avg_slow). The whole tensors are allocated once and each partition
-    file is read in turn, every piece placed by its record, so memory holds the result and one piece. An
-    element no file holds is an incomplete checkpoint, named."""
+    """{key: {parameter name: whole fp32 tensor}} for keys among the optimizer states; each file is read in turn, so
+    memory holds the result and one piece. An element no file holds is named."""
     iteration_dir = Path(iteration_dir)
     with ZeroGptSource(iteration_dir) as source:
         infos = source.tensors("master")

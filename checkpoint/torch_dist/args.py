@@ -1,15 +1,6 @@
-"""The args a `--ckpt-format torch_dist` save writes into common.pt: what Megatron-LM's own parse_args (with
-validate_args, and the fields its training loop sets before a save) gives the same command line, for every field
-its load reads, so that Megatron-LM continues the save with `--load` and no other flag.
-
-What Megatron-LM's load reads of them (megatron/training/checkpointing.py, core_v0.16.1) is `READ_AT_LOAD`:
-check_checkpoint_args compares the model's shape and the layout with the running args (an assertion each);
-load_checkpoint reads the layout, the progress and whether the optimizer and RNG were saved; and
-_load_args_from_checkpoint (--use-checkpoint-args) sets the model's settings from them. Two fields are written
-otherwise than Megatron-LM would, each for a reason: no_save_rng is True (this project's random generators are not
-Megatron-Core's CUDA tracker states, so none are saved and Megatron-LM starts its streams from --seed, as its own
-load does at another layout), and iteration is the saved one. tests/checkpoint/test_megatron_args.py compares
-these args with the ones Megatron-LM's own runs saved in tests/fixtures/megatron_*.
+"""The args a `--ckpt-format torch_dist` save writes into common.pt: what Megatron-LM's parse_args gives the same
+command line, for every field its load reads, so Megatron-LM continues with `--load` alone. no_save_rng is True (our
+streams are not Megatron-Core's) and iteration is the saved one.
 """
 
 from __future__ import annotations
@@ -24,8 +15,7 @@ from checkpoint.torch_dist.names import hybrid_layer_symbols
 from gpt.moe.settings import moe_layer_pattern
 from parallel.state import ParallelState
 
-# checkpointing.py: check_checkpoint_args, load_checkpoint's reads of state_dict['args'], and the `_set_arg` calls
-# of _load_args_from_checkpoint
+# What Megatron-LM's load reads of the args (check_checkpoint_args, load_checkpoint, _load_args_from_checkpoint).
 READ_AT_LOAD = (
     "num_layers", "hidden_size", "num_attention_heads", "add_position_embedding", "max_position_embeddings",
     "make_vocab_size_divisible_by", "padded_vocab_size", "tokenizer_type", "data_parallel_random_init",
@@ -43,9 +33,7 @@ READ_AT_LOAD = (
     "num_query_groups", "position_embedding_type", "rotary_base", "rotary_interleaved", "rotary_percent",
     "seq_length", "spec", "squared_relu", "swiglu", "tiktoken_pattern", "tokenizer_model",
     "untie_embeddings_and_output_weights", "use_rotary_position_embeddings", "virtual_pipeline_model_parallel_size")
-# Megatron-LM's defaults (arguments.py) of fields its load reads that name nothing this project's torch_dist save
-# holds (hybrid stacks' older fields, heterogeneous layers; a dense model's MoE fields): written as its
-# parser leaves them where the command line does not give them
+# Megatron-LM's defaults of fields its load reads that this save has nothing for.
 NOT_OURS = dict(
     apply_query_key_layer_scaling=False, heterogeneous_layers_config_encoded_json=None,
     heterogeneous_layers_config_path=None, hybrid_attention_ratio=0.0, hybrid_mlp_ratio=0.0,
@@ -58,8 +46,8 @@ NULL_TOKENIZER = "NullTokenizer"
 
 
 def _typed_vocab_size(config) -> Optional[int]:
-    """args.vocab_size: the --vocab-size typed, which NullTokenizer's vocabulary extends by its end-of-document id
-    (this run's model vocabulary counts it); None where none was typed (a tokenizer's files size the vocabulary)."""
+    """args.vocab_size: the --vocab-size typed (NullTokenizer adds its end-of-document id); None where none was typed.
+    """
     if config.data.tokenizer_type == NULL_TOKENIZER:
         return config.model.vocab_size - 1
     return config.model.vocab_size if config.sources.get("vocab_size") is not None else None
@@ -85,14 +73,12 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
         group_query_attention=model.attention.num_query_groups is not None,
         num_query_groups=model.attention.num_query_groups or model.num_attention_heads, seq_length=model.seq_length,
         max_position_embeddings=model.max_position_embeddings, position_embedding_type=model.positions.position_embedding_type,
-        # --no-position-embedding (dest add_position_embedding, default True) is deprecated for
-        # --position-embedding-type, which alone decides: a rope run's args keep True
+        # Deprecated for --position-embedding-type, which alone decides.
         add_position_embedding=True,
         use_rotary_position_embeddings=False, rotary_base=_integral(model.positions.rotary_base),
         rotary_percent=model.positions.rotary_percent, rotary_interleaved=model.positions.rotary_interleaved,
         normalization=model.norms.normalization, layernorm_epsilon=model.norms.layernorm_epsilon, swiglu=model.mlp.swiglu,
         quick_geglu=model.mlp.quick_geglu,  # --quick-geglu: gated too, its fc1 [gate; up] (source.py gated_mlp)
-        # --apply-layernorm-1p's dest: the norms store gain - 1, which every reader and exporter adds back
         layernorm_zero_centered_gamma=model.norms.apply_layernorm_1p,
         squared_relu=model.mlp.activation == "squared_relu", openai_gelu=False, bias_gelu_fusion=gated_gelu,
         add_bias_linear=model.add_bias_linear, add_qkv_bias=model.add_bias_linear or model.attention.add_qkv_bias,
@@ -126,9 +112,8 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
 
 
 def _mixer_args(model) -> dict:
-    """The Mamba and Gated DeltaNet sizes, TransformerConfig's fields in Megatron-LM 0.19's args (its load sets the
-    mamba_* from them; names.py places a Gated DeltaNet's in_proj and conv1d rows by the linear_* heads), and the
-    GPT path's variant with --linear-attention-freq as its parser keeps it (an int, or the list of 1s and 0s)."""
+    """The Mamba and Gated DeltaNet sizes as Megatron-LM 0.19's args hold them, and --linear-attention-freq as its
+    parser keeps it."""
     mamba, gdn = model.mamba, model.gdn
     variant = "gated_delta_net" if gdn.gated_delta_net and not model.hybrid_layer_pattern else None
     freq = gdn.linear_attention_freq if variant else None
@@ -143,10 +128,8 @@ def _mixer_args(model) -> dict:
 
 
 def _hybrid_args(model) -> dict:
-    """A --hybrid-layer-pattern run's fields as Megatron-LM 0.19's validate_args leaves them: the pattern, its
-    num_layers one per symbol of the main pattern, --moe-layer-freq at its default (the pattern's `E`s place the
-    MoE layers). The pattern in the args is what makes Megatron-Core 0.19 load the save as HybridModel's own layout
-    (training/checkpointing.py _maybe_setup_gpt_to_hybrid_load), which the writer then writes (names.py)."""
+    """A --hybrid-layer-pattern run's fields as validate_args leaves them; the pattern makes Megatron-Core 0.19 load the
+    save as HybridModel's layout."""
     text = getattr(model, "hybrid_layer_pattern", None)
     if not text:
         return {}
@@ -157,8 +140,7 @@ def _hybrid_args(model) -> dict:
 
 
 def _mla_args(model) -> dict:
-    """Multi-latent attention's and multi-token prediction's fields under Megatron-LM's dests (MLASettings keeps its
-    names), as its parser leaves them where they are off (the flags' defaults)."""
+    """Multi-latent attention's and MTP's fields under Megatron-LM's dests, at the flags' defaults where off."""
     mla = model.mla
     return dict(multi_latent_attention=mla.multi_latent_attention, q_lora_rank=mla.q_lora_rank,
                 kv_lora_rank=mla.kv_lora_rank, qk_head_dim=mla.qk_head_dim,
@@ -168,9 +150,7 @@ def _mla_args(model) -> dict:
 
 
 def _moe_args(config) -> dict:
-    """The MoE layers' fields as Megatron-LM's validate_args leaves them (moe_ffn_hidden_size defaults to
-    --ffn-hidden-size there), for a model whose every layer holds the same experts (the writer's MoE); none for a
-    dense model, whose fields NOT_OURS gives."""
+    """The MoE fields as validate_args leaves them, for a model whose every MoE layer holds the same experts."""
     moe = config.model.moe
     if moe is None:
         return {}
@@ -194,7 +174,6 @@ def _virtual_stages(parallel, num_layers: int) -> Optional[int]:
 
 
 def _layer_freq(config):
-    """--moe-layer-freq as Megatron-LM's parser keeps it (arguments.py moe_freq_type): an int, or the list of 0/1
-    its expression evaluates to."""
+    """--moe-layer-freq as Megatron-LM's parser keeps it: an int, or the list of 0/1."""
     freq = config.model.experts.layer_freq
     return freq if isinstance(freq, int) else [int(moe) for moe in moe_layer_pattern(freq, config.model.num_layers)]

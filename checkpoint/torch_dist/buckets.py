@@ -1,23 +1,6 @@
-"""Megatron-Core's distributed optimizer saved in its dp_reshardable layout: which stretch of which bucket holds the
-states of which part of our whole tensors.
-
-That layout (megatron/core/optimizer/distrib_optimizer.py, sharded_param_state_dp_reshardable) saves, for each
-tensor- and pipeline-parallel rank (its `dp_group_idx`, the rank in the model-parallel group: pipeline rank x TP
-size + TP rank), each gradient buffer's buckets as flat tensors `optimizer.distributed.dp_group_idx_<g>.gbuf_idx_<b>.
-dtype_<(param dtype, grad dtype)>.bucket_idx_<k>.<param|exp_avg|exp_avg_sq>` of the bucket's unpadded size: the
-fp32 master weights and Adam's moments of that rank's TP-local parameters (fp32 in bf16 and fp16 runs too; the
-dtypes are the buffer's), laid out as DDP's grad buffer lays out their gradients. The file records only the buckets' sizes, so the layout is rebuilt here as
-megatron/core/distributed/param_and_grad_buffer.py builds it (_ParamAndGradBuffer.__init__, distributed optimizer):
-the model's parameters in reverse registration order, each starting at a multiple of 64 elements, a bucket closed
-after `bucket_size` elements (none with overlap off, on every pipeline stage after the first and in every virtual
-chunk after the first), its end padded to lcm(DP, 128); the pipeline's tied embedding copy in a bucket of its own.
-Under interleaving (VP) each virtual chunk of a stage is a model of its own with its own buffer, `gbuf_idx_<v>`. The
-sizes and dtypes rebuilt are checked against those the checkpoint recorded (`per_bucket_numel_unpadded`), so a
-layout this code does not know is refused, never misread.
-
-Each TP-local parameter is one or two pieces of our whole tensors (SwiGLU's fc1: its [gate; up] rows are two), at the
-offset its TP rank's slice has: Megatron-Core's column-parallel weights split their rows, the row-parallel ones
-(attention's output and fc2) their columns, the embeddings and the output layer their vocabulary rows.
+"""Megatron-Core's distributed optimizer in its dp_reshardable layout: which stretch of which bucket holds which part of
+our whole tensors. The file records only bucket sizes, so the layout is rebuilt as _ParamAndGradBuffer builds it and
+checked against those sizes: a layout this code does not know is refused, never misread.
 """
 
 from __future__ import annotations
@@ -32,16 +15,14 @@ from base.errors import CheckpointError
 
 
 class UnreadLayout(CheckpointError):
-    """Buckets this reader does not rebuild (another model kind, or sizes that do not match): the weights still
-    load, the optimizer's states are not read."""
+    """Buckets this reader does not rebuild: the weights still load, the optimizer states are not read."""
 PARAM_ALIGNMENT = 64  # _pad_start_of_param_if_needed
 BUCKET_ALIGNMENT = 128  # _pad_end_of_bucket_if_needed: lcm(DP, 128)
 
 
 @dataclass(frozen=True)
 class LocalPiece:
-    """Rows [row_start, row_start + shape[0]) of a TP-local Megatron parameter: our tensor `name`'s slice of
-    `shape` at `global_offset`."""
+    """Rows [row_start, row_start + shape[0]) of a TP-local parameter: our tensor `name`'s slice at `global_offset`."""
     name: str
     row_start: int
     shape: tuple[int, ...]
@@ -104,17 +85,15 @@ class Chunk:
         return self.pp_rank == self.pp - 1 and self.vp_stage == self.vp - 1
 
     def layers(self, num_layers: int) -> range:
-        """Its global layers: Megatron-Core's get_transformer_layer_offset, chunks taken stage by stage, then by
-        virtual stage."""
+        """Its global layers (Megatron-Core's get_transformer_layer_offset)."""
         per_chunk = num_layers // (self.pp * self.vp)
         first = (self.vp_stage * self.pp + self.pp_rank) * per_chunk
         return range(first, first + per_chunk)
 
 
 def local_parameters(model: ModelShape, chunk: Chunk) -> list[LocalParameter]:
-    """One model chunk's parameters in Megatron-Core's registration order (GPTModel: embedding, the decoder's
-    layers, the final norm, the output layer; a layer: input norm, attention's proj then qkv then q/k norms, pre-MLP
-    norm, fc1, fc2; a linear: weight, bias), each as the pieces of our tensors it holds."""
+    """One model chunk's parameters in Megatron-Core's registration order, each as the pieces of our tensors it holds.
+    """
     h, tp_rank, tp, pp = model.hidden_size, chunk.tp_rank, chunk.tp, chunk.pp
     heads_width = model.num_attention_heads * model.kv_channels
     qkv_rows = (model.num_attention_heads + 2 * model.num_query_groups) * model.kv_channels
@@ -189,7 +168,8 @@ class BucketedParameter:
 
 def bucket_layout(params: list[LocalParameter], dp: int, bucket_size: Optional[int]
                   ) -> tuple[list[BucketedParameter], list[int]]:
-    """Where each parameter's elements lie in the buckets, and each bucket's unpadded size (module docstring)."""
+    """Where each parameter's elements lie in the buckets (reverse order, 64-aligned, padded to lcm(DP, 128)), and each
+    bucket's unpadded size."""
     placed: list[BucketedParameter] = []
     unpadded: list[int] = []
     bucket_start = start = 0
@@ -220,8 +200,7 @@ def bucket_layout(params: list[LocalParameter], dp: int, bucket_size: Optional[i
 
 
 def buffer_dtypes(args) -> tuple[torch.dtype, torch.dtype]:
-    """(parameter dtype, gradient dtype) of a dense model's gradient buffer, as DDP makes it from the run's args
-    (distributed_data_parallel.py: fp32 gradients under --accumulate-allreduce-grads-in-fp32, which bf16 sets)."""
+    """(parameter dtype, gradient dtype) of a dense model's gradient buffer, as DDP makes it from the args."""
     param = torch.bfloat16 if getattr(args, "bf16", False) else torch.float16 if getattr(args, "fp16", False) \
         else torch.float32
     return param, torch.float32 if getattr(args, "accumulate_allreduce_grads_in_fp32", False) else param
@@ -234,8 +213,7 @@ def buffer_key(dtypes: tuple[torch.dtype, torch.dtype]) -> str:
 
 def check_layout(unpadded: list[int], saved: object, buffer: int, buffers: int,
                  dtypes: tuple[torch.dtype, torch.dtype], where: str) -> None:
-    """The rebuilt bucket sizes of gradient buffer `buffer` (of `buffers`: one per virtual chunk) are the ones the
-    checkpoint recorded ([{dtypes: [sizes]}, ...], a buffer each), under the dtypes the args give."""
+    """The rebuilt bucket sizes of gradient buffer `buffer` are the ones the checkpoint recorded."""
     try:
         if len(saved) != buffers:
             raise UnreadLayout(f"{where}: the distributed optimizer holds {len(saved)} gradient buffers, the layout "

@@ -1,19 +1,6 @@
-"""A Megatron-LM torch_dist iteration directory: telling it from ours, and its common.pt read without running code.
-
-Megatron-LM decides a checkpoint's format as --auto-detect-ckpt-format does (megatron/training/checkpointing.py
-_get_checkpoint_format): a directory whose metadata.json megatron.core.dist_checkpointing reads as a distributed
-checkpoint's (core.py check_is_distributed_checkpoint: {"sharded_backend": ..., ...}) is torch_dist. Our own format
-writes iter_NNNNNNN/metadata.json too, with other content (a "format_version", a file table): the content decides.
-
-common.pt is what megatron.core.dist_checkpointing.save writes of the state dict beside the sharded tensors (args,
-iteration, checkpoint_version, the optimizer's param groups and step, the scheduler, the content metadata), as a
-torch.save pickle. Megatron-Core 0.19 (core_v0.19.0, dist_checkpointing/serialization.py save) writes no common.pt:
-the same dict is the ShardedObject `common_state` inside the DCP files (a torch.save pickle too), and its
-metadata.json names no common backend; it is read from there where common.pt is absent. Megatron-LM loads it with torch.load's default weights_only=True after registering the types
-of megatron.core.safe_globals; here the same, scoped to this load: Python's argparse.Namespace, SimpleNamespace,
-PosixPath and signal.Signals, and Megatron-Core's own enums (its args hold AttnBackend, CudaGraphScope, ...) read
-as `ForeignValue`s by name, since megatron-core is not a dependency. Anything else in it is refused in one line:
-loading a checkpoint never runs code it holds.
+"""A Megatron-LM torch_dist iteration directory: told from ours by its metadata.json's content (as
+--auto-detect-ckpt-format does), and its common state (common.pt, or the `common_state` object in 0.19's DCP files)
+unpickled with only Megatron-Core's safe globals, its enums as `ForeignValue`s: loading never runs code it holds.
 """
 
 from __future__ import annotations
@@ -39,37 +26,30 @@ from checkpoint.zip_records import zip_damage
 
 COMMON_FILE = "common.pt"
 COMMON_OBJECT = "common_state"  # Megatron-Core 0.19's common state, a ShardedObject in the DCP files
-# common.pt's entry for the SHA-256 of DCP's .metadata, in our torch_dist saves (Megatron-LM reads common.pt's entries
-# by name and ignores this one)
+# Our torch_dist saves' SHA-256 of DCP's .metadata (Megatron-LM ignores the entry).
 INDEX_DIGEST_KEY = "zero_gpt_dcp_metadata_sha256"
-# ... and of each `.distcp` file, {file name: "sha256:<hex>"}: a file of another save of the same model has an index
-# and records that check; its digest does not (dcp_reader.py DcpReader.verify)
+# ... and of each `.distcp` file: another save's file of the same model would pass the index and CRC checks.
 FILE_DIGESTS_KEY = "zero_gpt_distcp_sha256"
 FORMAT_NAME = "megatron torch_dist"
 TORCH_DIST_BACKEND = "torch_dist"
-# The (backend, version) pairs megatron-core 0.16.1 registers a default load strategy for (strategies/torch.py
-# register_default_torch_strategies, strategies/common.py register_default_torch_strategies); its zarr backend is
-# deprecated and not read here.
+# The (backend, version) pairs megatron-core registers a default load strategy for (zarr is deprecated).
 LOAD_STRATEGIES = {"load_sharded": ((TORCH_DIST_BACKEND, 1),), "load_common": (("torch", 1),)}
 
 
 @dataclass(frozen=True)
 class ForeignValue:
-    """A value of a megatron-core type this project does not import (an enum member), kept as its type's name and
-    the value it was built from."""
+    """A value of a megatron-core type not imported here (an enum member): its type's name and its value."""
     type_name: str
     value: object
 
 
-# megatron.core.safe_globals.SAFE_GLOBALS' megatron types (0.16.1), each read as a ForeignValue of its name
-# (and 0.19's: InferenceCudaGraphScope, CudaGraphModule)
+# megatron.core.safe_globals' megatron types, each read as a ForeignValue.
 MEGATRON_ENUMS = ("megatron.core.transformer.enums.AttnBackend", "megatron.core.transformer.enums.CudaGraphScope",
                   "megatron.core.transformer.enums.InferenceCudaGraphScope",
                   "megatron.core.transformer.enums.CudaGraphModule",
                   "megatron.core.enums.ModelType", "megatron.core.rerun_state_machine.RerunDiagnostic",
                   "megatron.core.rerun_state_machine.RerunMode", "megatron.core.rerun_state_machine.RerunState")
-# NumPy's array pickling (the RNG states' keys are an array): data only, as megatron.core.safe_globals lists them;
-# NumPy 1 pickles name its reconstructor numpy.core.multiarray, NumPy 2 numpy._core.multiarray
+# NumPy's array pickling, data only (NumPy 1 and 2 name the reconstructor differently).
 NUMPY_GLOBALS = [np._core.multiarray._reconstruct, (np._core.multiarray._reconstruct,
                                                    "numpy.core.multiarray._reconstruct"),
                  np.ndarray, np.dtype, type(np.dtype(np.uint32))]
@@ -82,14 +62,13 @@ def _stand_in(name: str):
 
 
 def safe_globals() -> list:
-    """The types a Megatron-LM checkpoint's pickles may hold (module docstring)."""
+    """The types a Megatron-LM checkpoint's pickles may hold."""
     return [argparse.Namespace, types.SimpleNamespace, pathlib.PosixPath, signal.Signals, *NUMPY_GLOBALS,
             *((_stand_in(name), name) for name in MEGATRON_ENUMS)]
 
 
 def is_megatron_checkpoint(iteration_dir: Path) -> bool:
-    """Megatron-Core's distributed-checkpoint metadata.json (module docstring); False for ours and for anything
-    unreadable (the reader of our format then names the problem)."""
+    """Megatron-Core's distributed-checkpoint metadata.json; False for ours and for anything unreadable."""
     try:
         config = json.loads((Path(iteration_dir) / METADATA_FILE).read_text())
     except (OSError, ValueError, RecursionError):  # RecursionError: nesting deeper than json can read
@@ -98,10 +77,7 @@ def is_megatron_checkpoint(iteration_dir: Path) -> bool:
 
 
 def check_backend(iteration_dir: Path) -> None:
-    """The backends metadata.json names are ones Megatron-Core loads (module docstring): its
-    verify_checkpoint_and_load_strategy (dist_checkpointing/validation.py, core_v0.16.1) asks get_default_strategy for
-    a load strategy of (sharded_backend, sharded_backend_version) and of (common_backend, common_backend_version),
-    the fields' defaults 1, 'torch' and 1 where they are absent, and refuses a pair it has none for."""
+    """The backends metadata.json names (defaults where absent) are ones Megatron-Core has a load strategy for."""
     path = Path(iteration_dir) / METADATA_FILE
     config = json.loads(path.read_text())
     for action, backend_key, version_key, default in (("load_sharded", "sharded_backend", "sharded_backend_version",
@@ -120,8 +96,7 @@ def check_backend(iteration_dir: Path) -> None:
 
 
 def common_object(iteration_dir: Path) -> Optional[str]:
-    """The DCP item holding Megatron-Core 0.19's common state (`common_state/shard_0_1`), where the folder has no
-    common.pt and its index lists one; else None."""
+    """The DCP item holding 0.19's common state, where there is no common.pt; else None."""
     iteration_dir = Path(iteration_dir)
     if (iteration_dir / COMMON_FILE).exists() or not (iteration_dir / DCP_METADATA_FILE).is_file():
         return None
@@ -144,8 +119,7 @@ def _load_common_object(iteration_dir: Path, key: str) -> dict:
 
 
 def load_common(iteration_dir: Path) -> dict:
-    """common.pt (or Megatron-Core 0.19's `common_state` object), its records' CRC-32 checked, read without running
-    code and its numbers range-checked (module docstring, checkpoint/torch_dist/common_check.py)."""
+    """common.pt (or 0.19's `common_state`), CRC-checked, unpickled safely and range-checked."""
     path = Path(iteration_dir) / COMMON_FILE
     if not path.is_file():
         key = common_object(iteration_dir)
@@ -179,9 +153,8 @@ def index_digest(iteration_dir: Path) -> str:
 
 
 def check_index_digest(iteration_dir: Path, common: dict) -> None:
-    """Where this project wrote the checkpoint, its `.metadata` matches the digest saved beside it: the index is a
-    plain pickle with no checksum of its own, and a changed chunk offset in it would place a verified chunk at the
-    wrong rows. Megatron-LM's own saves carry no digest (their index is checked for reading and tiling only)."""
+    """Where we wrote the checkpoint, its `.metadata` matches the digest beside it: the index has no checksum of its
+    own, and a changed offset would misplace a verified chunk."""
     saved = common.get(INDEX_DIGEST_KEY)
     if saved is None:
         return

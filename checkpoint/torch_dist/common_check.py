@@ -1,19 +1,6 @@
-"""The numbers of a Megatron-LM checkpoint's common.pt, checked before anything trusts them, as our own metadata.json's
-are (checkpoint/schema.py): each within its type's range and consistent with the others.
-
-common.pt is a pickle, so a value can be anything its types allow: an iteration of 10**30, a NaN learning rate, a
-consumed-samples count below the iteration, a scheduler further on than the samples it counts. Megatron-LM would
-take them as they are (its sampler asserts later, or its schedule computes with them); here the first one that cannot
-be is one line naming common.pt, the entry, its value and what it must be, before any work.
-
-- `iteration` a non-negative integer (int64); `checkpoint_version` a finite number;
-- every number among the args within int64 or finite; the model's sizes and the parallel sizes positive;
-- `args.consumed_train_samples` 0 at iteration 0, else at least the iteration (each iteration consumes a global
-  batch: Megatron-LM's training.py adds it after every step);
-- the scheduler (OptimizerParamScheduler.state_dict): `num_steps` counts the samples of the updates taken, so it is
-  at most the consumed plus the skipped samples; its rates finite and non-negative, its step counts non-negative;
-- Adam's step (the plain optimizer's `common_step`, the distributed optimizer's param groups' `step`) a whole number
-  at most the iteration (an iteration takes one step at most).
+"""The numbers of a Megatron-LM checkpoint's common.pt, checked before anything trusts them, as checkpoint/schema.py
+checks ours: each within its type's range and consistent with the others (samples at least the iteration, a scheduler no
+further than its samples, Adam's step at most the iteration), else one line naming the entry.
 """
 
 from __future__ import annotations
@@ -66,7 +53,7 @@ def _adam_steps(common: dict) -> list[tuple[str, Any]]:
 
 
 def common_problem(common: dict) -> Optional[tuple[str, Any, str]]:
-    """(entry, value, what it must be) for the first number of common.pt that cannot be (module docstring)."""
+    """(entry, value, what it must be) for the first number of common.pt that cannot be."""
     iteration = common.get("iteration")
     if not is_int(iteration):
         return "iteration", iteration, NON_NEGATIVE
@@ -126,7 +113,7 @@ def common_problem(common: dict) -> Optional[tuple[str, Any, str]]:
 
 
 def check_common(common: dict, path: Path) -> None:
-    """Raise CheckpointError naming common.pt and its first number that cannot be (module docstring)."""
+    """Raise CheckpointError naming common.pt and its first number that cannot be."""
     problem = common_problem(common)
     if problem:
         where, value, meaning = problem

@@ -1,11 +1,5 @@
-"""What went wrong inside torch.distributed.checkpoint (DCP), in one line.
-
-DCP runs each step of a load or save on every rank and gathers the outcomes: a rank's exception comes back wrapped in
-a `CheckpointException`, which derives from BaseException (torch/distributed/checkpoint/api.py), so an
-`except Exception` lets it through with a traceback per rank. `DCP_FAILURES` is what a caller catches around a DCP
-call, and `failure_line` the message to raise instead: the first failed rank's own exception, or, where that is a
-`CheckpointError` of ours (a record whose CRC-32 does not match, checkpoint/torch_dist/dcp_reader.py), that error itself.
-`os_cause` finds the operating system's error behind a failed write that torch's zip writer reports without it.
+"""What went wrong inside torch.distributed.checkpoint, in one line. DCP wraps a rank's exception in a BaseException
+(`CheckpointException`), which `except Exception` lets through: callers catch `DCP_FAILURES` and raise `failure_line`.
 """
 
 from __future__ import annotations
@@ -43,10 +37,8 @@ PROBE_BYTES = 1 << 20
 
 
 def os_cause(error: BaseException, directory: Path) -> str:
-    """", the operating system says: <its error>" where a write into `directory` failed without an OSError (torch's
-    zip writer reports a short write as "unexpected pos 704 vs 598", the errno lost): a probe of PROBE_BYTES written
-    there and removed gives the OS's own words (a full disk: "No space left on device"); "" where the failure was an
-    OSError already or the probe writes."""
+    """", the operating system says: <its error>" where a write into `directory` failed without an OSError (torch's zip
+    writer loses the errno): a small probe write gives the OS's words; "" otherwise."""
     if isinstance(innermost(error), OSError):
         return ""
     probe = directory / ".write-probe"

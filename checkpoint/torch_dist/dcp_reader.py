@@ -1,21 +1,7 @@
-"""A torch.distributed.checkpoint (DCP) folder read a region at a time, in one process and without a process group.
-
-Megatron-Core's torch_dist format is DCP underneath (dist_checkpointing/strategies/torch.py): a `.metadata` file
-naming every tensor at its global shape and the chunks each rank wrote, `__R_I.distcp` files holding them, and byte
-objects (its ShardedObjects: RNG states, bucket sizes) beside. Reading goes through DCP's own load
-(`torch.distributed.checkpoint.load` with a planner asking exactly the wanted region of each tensor:
-`create_read_items_for_chunk_list`), never a reader of `.distcp` files of ours.
-
-Every byte read is verified: each stored item is a torch.save zip archive whose records carry a CRC-32 torch.load
-does not check; the reader checks it (checkpoint/zip_records.py) before DCP unpickles the item, so a flipped bit is
-one line naming the file, tensor and bytes; `verify` does the same for a share of every item before any work. A
-failure inside DCP (its CheckpointException derives from BaseException) is one line too (dcp_failures.py).
-
-Nothing read runs code: chunks load with weights_only=True; `.metadata`, a plain pickle DCP loads with
-`pickle.load`, is unpickled here by a reader that accepts only DCP's metadata classes, torch.Size and dtypes (any
-other global: refused in one line); a byte object loads weights-only with the few data types its caller names. DCP
-loads a whole chunk to hand out part of it, so the chunks a load needs are kept in a small cache bounded in bytes (a
-rank reading its shard a box at a time loads each chunk once); `bytes_read` counts the chunk bytes read."""
+"""A torch.distributed.checkpoint folder read a region at a time, in one process, through DCP's own load. Every stored
+item's CRC-32 is checked before DCP unpickles it, `.metadata` is unpickled with DCP's classes only, and nothing read
+runs code; a small byte-bounded cache loads each chunk once.
+"""
 
 from __future__ import annotations
 
@@ -47,8 +33,7 @@ from checkpoint.zip_records import zip_damage
 
 CACHE_BYTES = 64 * 2**20  # the chunks kept between reads (a chunk larger than this is still read, then dropped)
 
-# Every global DCP's `.metadata` pickle names (torch 2.13, written by DCP's FileSystemWriter and Megatron-Core's
-# strategy, which keeps its save plans there): data classes and enums, no callable that acts.
+# Every global DCP's `.metadata` pickle names: data classes and enums, no callable that acts.
 _METADATA_GLOBALS = {
     ("torch.distributed.checkpoint.metadata", name) for name in (
         "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
@@ -70,7 +55,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 class _SafeReader(FileSystemReader):
-    """DCP's file reader, its metadata unpickled by `_MetadataUnpickler` (module docstring)."""
+    """DCP's file reader, its metadata unpickled by `_MetadataUnpickler`."""
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         path = Path(self.path) / DCP_METADATA_FILE
@@ -92,7 +77,7 @@ class _SafeReader(FileSystemReader):
         return metadata
 
     def _slice_file(self, file, sinfo: _StorageInfo):
-        """The stored item's bytes, verified (module docstring), for DCP to unpickle."""
+        """The stored item's bytes, verified, for DCP to unpickle."""
         names = getattr(self, "_names", None)
         if names is None or names[0] is not self.storage_data:
             names = self._names = (self.storage_data, {id(info): index for index, info in self.storage_data.items()})
@@ -111,8 +96,8 @@ def _item_name(index: Optional[MetadataIndex]) -> str:
 
 
 def check_record(path: Path, index: Optional[MetadataIndex], sinfo: _StorageInfo, data: bytes) -> None:
-    """Raise CheckpointError naming the file, the tensor and the bytes when the stored item is not an intact torch
-    archive of the length DCP's index gives."""
+    """Raise CheckpointError naming the file, tensor and bytes unless the item is an intact torch archive of its indexed
+    length."""
     end = sinfo.offset + sinfo.length
     if len(data) != sinfo.length:
         raise CheckpointError(f"{path}: ends at byte {sinfo.offset + len(data)}, inside {_item_name(index)} (bytes "
@@ -127,8 +112,7 @@ def check_record(path: Path, index: Optional[MetadataIndex], sinfo: _StorageInfo
 
 
 class _RegionPlanner(LoadPlanner):
-    """Reads the requested chunks of some tensors (`targets`: (key, offsets) -> the tensor to fill) and some byte
-    objects (`objects`: key -> filled with its bytes)."""
+    """Reads chunks of some tensors (`targets`) and some byte objects (`objects`)."""
 
     def __init__(self, targets: dict[tuple[str, tuple[int, ...]], torch.Tensor], objects: dict[str, Optional[bytes]]):
         self.targets, self.objects = targets, objects
@@ -210,8 +194,7 @@ class DcpReader:
         return out
 
     def read_objects(self, keys: Iterable[str], safe_globals: list) -> dict[str, object]:
-        """The byte objects `keys` (Megatron's ShardedObjects), each torch.load-ed with weights_only=True and only
-        `safe_globals` beyond torch's own allowlist."""
+        """The byte objects `keys`, each torch.load-ed weights-only with `safe_globals` added."""
         objects: dict[str, Optional[bytes]] = {key: None for key in keys}
         self._load({}, objects)
         loaded = {}
@@ -223,8 +206,6 @@ class DcpReader:
                 raise CheckpointError(f"{self.path}: object {key!r} cannot be read without running code or is "
                                       f"corrupt ({type(error).__name__}: {str(error).splitlines()[0][:200]})") from None
         return loaded
-
-    # ---- DCP ---------------------------------------------------------------------------------------------------
 
     def _chunk(self, key: str, chunk: ChunkStorageMetadata, dtype: torch.dtype) -> torch.Tensor:
         cache_key = (key, tuple(chunk.offsets))
@@ -244,11 +225,8 @@ class DcpReader:
         return values
 
     def verify(self, rank: int = 0, world_size: int = 1, digests: Optional[dict] = None) -> None:
-        """Every stored item of this rank's share (one in `world_size`, by file and offset) read and verified as a
-        load verifies it (module docstring). With `digests` (our torch_dist saves record each `.distcp` file's
-        SHA-256 in common.pt, writer.py) the share is one file in `world_size`, each read once whole: its records
-        verified and its digest compared, so that a file of another save of the same model (whose index and records
-        check) is refused."""
+        """Every stored item of this rank's share verified as a load would; with `digests`, one whole file in
+        `world_size` each, its SHA-256 compared too."""
         items = sorted(self.metadata.storage_data.items(), key=lambda item: (item[1].relative_path, item[1].offset))
         if digests is not None:
             return self._verify_files(items, rank, world_size, digests)

@@ -1,11 +1,6 @@
-"""fp16's loss scaler in Megatron-LM's torch_dist checkpoints, both ways.
-
-A 16-bit Megatron-LM run's optimizer (optimizer.py Float16OptimizerWithFloat16Params.state_dict, and the
-distributed optimizer's) saves its grad scaler beside Adam's state in common.pt: `optimizer.grad_scaler`, the
-DynamicGradScaler's {'scale': a 1-element fp32 tensor, 'growth_tracker', 'hysteresis_tracker'} under --fp16, the
-ConstantGradScaler's {} under --fp16 --loss-scale, nothing under bf16 and fp32 (no scaler). The rule is the one
-zero/loss_scaler.py's DynamicLossScaler follows (halve after `hysteresis` overflows, double after `growth_interval`
-clean steps), so its state maps field for field: good_steps is growth_tracker, hysteresis_left hysteresis_tracker.
+"""fp16's loss scaler in Megatron-LM's torch_dist checkpoints, both ways: Megatron-Core's DynamicGradScaler follows our
+DynamicLossScaler's rule, so its state maps field for field (growth_tracker is good_steps, hysteresis_tracker
+hysteresis_left); the constant scaler saves nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ def megatron_grad_scaler(scaler_type: str, state: dict) -> dict:
 
 
 def our_scaler_state(saved: object, where: str) -> Optional[tuple[str, dict]]:
-    """(our scaler's class name, its state) from a Megatron-LM grad scaler's state; None for the constant scaler's
-    (the scale is the run's --loss-scale)."""
+    """(our scaler's class name, its state) from Megatron-LM's grad scaler state; None for the constant scaler."""
     if saved == {}:
         return None
     try:

@@ -1,19 +1,6 @@
-"""`--load` of a Megatron-LM torch_dist save folder: the same checks before any work as a resume of ours, then the
-load through checkpoint/global_load.py over checkpoint/torch_dist/source.py.
-
-The checks read the settings Megatron-LM saved (common.pt's args) as the fields our own metadata.json records
-(`metadata_view`), so one set of rules decides: the data, split, sequence length and seed that define the samples
-(checkpoint/start_decision.py), the samples left for this run's schedule (counted in Megatron-Core's sample order,
-which the continuing run reads: checkpoint/lineage.py), the block settings
-(checkpoint/resume_model.py: a setting Megatron's args do not name is not compared), and the learning-rate schedule
-(Megatron's rule, arguments/schedule.py). The checkpoint's files are verified first (`verify_megatron`): metadata.json
-names backends Megatron-Core loads, every file DCP's index names lies inside the directory (checkpoint/inside.py),
-exists and is long enough to hold every chunk the index places in it; common.pt and the index read without running
-code, common.pt's records matching their CRC-32 and its numbers in range (checkpoint/torch_dist/common_check.py). Then
-(`verify_megatron_records`) each rank reads a share of the stored items and checks each against the CRC-32 its zip
-records carry (checkpoint/torch_dist/dcp_reader.py), and in our own saves each whole `.distcp` file against the SHA-256
-common.pt recorded, before any work; --no-verify-checkpoint skips that read (the load still checks every item it
-reads).
+"""`--load` of a Megatron-LM torch_dist folder: its files verified, its saved args read as our metadata.json's fields so
+the same resume checks decide (data, samples left, block settings, schedule), then the load through
+checkpoint/global_load.py.
 """
 
 from __future__ import annotations
@@ -47,15 +34,13 @@ from data.megatron_order import MEGATRON_ORDER
 from gpt.hybrid_pattern import parse_hybrid_pattern
 from parallel.state import ParallelState
 
-# Megatron-LM's args -> our settings of another name (the rest share Megatron's dest names)
-# Megatron-LM's dests of our settings' flags (--apply-layernorm-1p stores into layernorm_zero_centered_gamma)
+# Megatron-LM's dests of our settings of another name (the rest share Megatron's names).
 RENAMED = {"norm_epsilon": "layernorm_epsilon", "layernorm_zero_centered_gamma": "apply_layernorm_1p"}
 
 
 def verify_megatron(iteration_dir: Path) -> None:
-    """The checkpoint's files are there, inside it, and not truncated (module docstring)."""
+    """The checkpoint's files are there, inside it, and not truncated."""
     check_backend(iteration_dir)
-    # Megatron-Core 0.19 keeps the common state inside the DCP files (checkpoint/torch_dist/common.py)
     in_index = inside(iteration_dir, DCP_METADATA_FILE).is_file() and common_object(iteration_dir) is not None
     for name in (METADATA_FILE, *(() if in_index else (COMMON_FILE,)), DCP_METADATA_FILE):
         if not inside(iteration_dir, name).is_file():
@@ -76,8 +61,7 @@ def verify_megatron(iteration_dir: Path) -> None:
 
 
 def verify_megatron_records(iteration_dir: Path, rank: int, world_size: int) -> Optional[str]:
-    """This rank's share of the stored items verified (module docstring), and of the files where our save recorded
-    their digests: the first problem, or None."""
+    """This rank's share of the stored items (and recorded file digests) verified: the first problem, or None."""
     try:
         DcpReader(iteration_dir).verify(rank, world_size, load_common(iteration_dir).get(FILE_DIGESTS_KEY))
     except CheckpointError as error:
@@ -86,16 +70,14 @@ def verify_megatron_records(iteration_dir: Path, rank: int, world_size: int) -> 
 
 
 def verify_megatron_completely(iteration_dir: Path) -> None:
-    """`verify_megatron`, then every stored item's CRC-32 (and file's digest, where recorded), in this one process
-    (an unfinished save's last step, checkpoint/unfinished_save.py)."""
+    """`verify_megatron`, then every item and digest, in this one process."""
     verify_megatron(iteration_dir)
     DcpReader(iteration_dir).verify(digests=load_common(iteration_dir).get(FILE_DIGESTS_KEY))
 
 
 def _activation(args: argparse.Namespace) -> Optional[str]:
-    """The MLP activation Megatron-Core computed (None for SwiGLU, whose gate is SiLU either way): squared ReLU,
-    OpenAI's tanh GeLU, the fused bias-GeLU (megatron/core/fusions/fused_bias_gelu.py: the tanh approximation; on by
-    default where the linears have biases, megatron/training/arguments.py), else torch's exact GeLU."""
+    """The MLP activation Megatron-Core computed (None for SwiGLU): squared ReLU, tanh GeLU (also the fused bias-GeLU),
+    else exact GeLU."""
     if getattr(args, "swiglu", False):
         return None
     if getattr(args, "squared_relu", False):
@@ -107,8 +89,8 @@ def _activation(args: argparse.Namespace) -> Optional[str]:
 
 
 def hybrid_settings(values: dict) -> dict:
-    """A HybridModel checkpoint's settings as ours (gpt/hybrid_pattern.py): Megatron's num_layers counts a layer per
-    symbol, ours the blocks; its MoE layers are the pattern's `E`s, not its moe_layer_freq (left at the default)."""
+    """A HybridModel checkpoint's settings as ours: its num_layers counts symbols, ours blocks; its MoE layers are the
+    pattern's `E`s."""
     text = values.get("hybrid_layer_pattern")
     if not text:
         return {}
@@ -123,8 +105,7 @@ def hybrid_settings(values: dict) -> dict:
 
 
 def metadata_view(common: dict, config) -> dict:
-    """Megatron-LM's common.pt as the fields of our metadata.json the resume checks read. A setting its args lack
-    takes this run's value (so it is not compared)."""
+    """Megatron-LM's common.pt as the fields of our metadata.json; a setting its args lack takes this run's value."""
     args = saved_args(common)
     values = {RENAMED.get(name, name): value for name, value in vars(args).items()}
     values.update(hybrid_settings(values))
@@ -156,14 +137,13 @@ def metadata_view(common: dict, config) -> dict:
 
 
 def megatron_metadata(iteration_dir: Path, config) -> dict:
-    """The checkpoint's files verified (`verify_megatron`), then its common.pt as the metadata our resume checks
-    read (checkpoint/resume_checks.py runs the same checks on it as on ours)."""
+    """The files verified, then common.pt as the metadata our resume checks read."""
     verify_megatron(iteration_dir)
     return metadata_view(load_common(iteration_dir), config)
 
 
 def _verify_records(iteration_dir: Path, metadata: dict, state: ParallelState, check_content: bool) -> None:
-    """megatron_metadata verified the files' presence and sizes; now their records' CRC-32, each rank a share."""
+    """Each rank verifies a share of the records' CRC-32."""
     if check_content:
         agreed_problem(state, verify_megatron_records(iteration_dir, state.rank, state.world_size))
 
@@ -181,8 +161,7 @@ def load_resume(iteration_dir: Path, model, optimizer, rng, state: ParallelState
 
 
 def _vocabulary_padding(source: MegatronSource, model) -> int:
-    """The saved vocabulary rows beyond the real ones (this rank's model knows the real count where it holds the
-    embedding or the output layer; 0 elsewhere)."""
+    """The saved vocabulary rows beyond the real ones (0 where this rank holds no vocabulary tensor)."""
     records = parameter_records(model)
     for name in ("word_embeddings.weight", "output_layer.weight"):
         saved = source.tensors("master").get(name) or source.tensors(MODEL_KEY).get(name)
@@ -194,8 +173,8 @@ def _vocabulary_padding(source: MegatronSource, model) -> int:
 
 def load_megatron_checkpoint(iteration_dir: Path, model, optimizer, rng, state: ParallelState, *,
                              load_optimizer: bool, load_rng: bool, finetune: bool, log=print) -> ResumePoint:
-    """The weights, optimizer states, progress and RNG this project carries from a Megatron-LM checkpoint, what it
-    does not carry said in one line."""
+    """The weights, optimizer states, progress and RNG carried from a Megatron-LM checkpoint; what is not, said in one
+    line."""
     source = MegatronSource(iteration_dir)
     if state.is_first_rank:
         layout = source.layout or "the plain optimizer's"

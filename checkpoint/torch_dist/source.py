@@ -1,19 +1,6 @@
-"""A Megatron-LM torch_dist checkpoint (one iter_NNNNNNN directory) as a `GlobalStateSource`
-(checkpoint/global_state.py): our whole tensors by our names, read a region at a time through
-torch.distributed.checkpoint (checkpoint/torch_dist/dcp_reader.py).
-
-- The weights: Megatron-Core's model tensors at their global shapes (checkpoint/torch_dist/names.py maps the keys).
-  When the run trained in fp32 they are also the fp32 master; in bf16/fp16 the master is the optimizer's copy.
-- The optimizer, in each of Megatron-Core's layouts (the content metadata common.pt records says which):
-  the plain optimizer's and the distributed optimizer's fully_reshardable states are per parameter, at the model
-  tensor's global shape (`optimizer.state.<exp_avg|exp_avg_sq|param|fp32_param>.<model key>`); dp_reshardable's are
-  the gradient buckets of each TP x PP rank (checkpoint/torch_dist/buckets.py rebuilds where each parameter lies).
-- The progress: the iteration, args.consumed_train_samples (where Megatron's sampler continues), the scheduler's
-  num_steps (samples, Megatron's OptimizerParamScheduler position), Adam's step and fp16's loss scaler.
-- The RNG: Python's, NumPy's and torch's CPU generator of this rank's TP x PP rank, when the layout is the saved one
-  (Megatron-LM's rule: load_checkpoint ignores the RNG at another TP x PP). Its CUDA generator states are not
-  carried, nor are the states its load alone reads (the rerun state machine, TransformerEngine's FP8 metadata in
-  `_extra_state`): `not_carried` names what the checkpoint holds of them.
+"""A Megatron-LM torch_dist checkpoint as a `GlobalStateSource`: our whole tensors by our names, read a region at a time
+through DCP. It carries the weights, the optimizer in each of Megatron-Core's layouts, the progress and, at the saved TP
+x PP layout only (Megatron-LM's rule), the CPU random states.
 """
 
 from __future__ import annotations
@@ -91,13 +78,11 @@ class MegatronSource(GlobalStateSource):
         self.layout = sharding_type(self.common)
         gated = gated_mlp(self.args)
         mla = bool(arg(self.common, "multi_latent_attention", False))
-        # Megatron-Core 0.19's HybridModel: its layers, one per symbol of the pattern (names.py)
         self.hybrid_pattern = arg(self.common, "hybrid_layer_pattern")
         tensors = self.reader.tensors()
-        # our name -> where it lies: one tensor, or the parts of a Gated DeltaNet in_proj or conv1d (names.py)
+        # Our name -> where it lies: one tensor, or a Gated DeltaNet in_proj's or conv1d's parts.
         self._placements: dict[str, tuple[Placement, ...]] = {}
         gdn = GdnHeads.of(self.args) if hasattr(self.args, "linear_num_key_heads") else None
-        # the decoder's routers', and those of an MoE model's MTP layers (`mtp.layers.<k>.transformer_layer.`)
         self._expert_bias_keys = tuple(key for key in tensors if key.endswith(EXPERT_BIAS) and (
             key.startswith(LAYERS) or key.startswith(MTP_LAYERS) and self.hybrid_pattern is None))
         unknown = []
@@ -116,7 +101,7 @@ class MegatronSource(GlobalStateSource):
                                   f"continued here")
         self._dtypes = {key: md.properties.dtype for key, md in tensors.items()}
         model_dtype = next((self._dtypes[p[0].key] for p in self._placements.values()), torch.float32)
-        # where each state is read: a tensor prefix of the optimizer's per-parameter layout, the buckets, or the model
+        # Where each state is read: an optimizer tensor prefix, the buckets, or the model.
         self._states: dict[str, str] = {}
         self._buckets: Optional[_Buckets] = None
         self._optimizer_not_read: Optional[str] = None
@@ -135,8 +120,6 @@ class MegatronSource(GlobalStateSource):
             self._states["master" if model_dtype == torch.float32 else MODEL_KEY] = ""
         if not any(m in self._states for m in MOMENTS):
             self._states = {k: v for k, v in self._states.items() if k in ("master", MODEL_KEY)}
-
-    # ---- GlobalStateSource -------------------------------------------------------------------------------------
 
     @property
     def bytes_read(self) -> int:
@@ -160,8 +143,7 @@ class MegatronSource(GlobalStateSource):
 
     @property
     def _real_rows(self) -> Optional[int]:
-        """The saved vocabulary where the args size it: NullTokenizer's --vocab-size ids and its end-of-document id,
-        as this project reads the flag (arguments' NullTokenizer note); a tokenizer's files size it otherwise."""
+        """The saved vocabulary where the args size it (NullTokenizer's --vocab-size plus its end-of-document id)."""
         size = getattr(self.args, "vocab_size", None)
         if getattr(self.args, "tokenizer_type", None) != "NullTokenizer" or not isinstance(size, int) or size < 1:
             return None
@@ -199,8 +181,7 @@ class MegatronSource(GlobalStateSource):
                    "tensor_parallel_size": getattr(args, "tensor_model_parallel_size", 1)})
 
     def _loss_scaler(self) -> Optional[tuple[str, dict]]:
-        """(our scaler's class, its state) as the run left it (checkpoint/torch_dist/grad_scaler.py); None where an
-        fp16 save holds none."""
+        """(our scaler's class, its state) as the run left it; None where an fp16 save holds none."""
         if not arg(self.common, "fp16", False):
             return STATIC, {"scale": 1.0}  # bf16 and fp32 runs have no loss scaler in Megatron: a constant 1
         saved = self.common.get("optimizer") or {}
@@ -217,9 +198,7 @@ class MegatronSource(GlobalStateSource):
         return dynamic or ((STATIC, {"scale": float(static)}) if static else None)
 
     def expert_biases(self) -> Optional[dict[str, list]]:
-        """Each router's expert bias under our router's name (its global layer number), from Megatron-Core's
-        buffer: one row of the stacked tensor a layer, or a layer's own key; each tensor's shape checked against the
-        layers and experts its args save, and its values finite, first (`_expert_bias_problem`)."""
+        """Each router's expert bias under our router's name, each tensor's shape and values checked first."""
         found = {}
         symbols = hybrid_layer_symbols(self.hybrid_pattern) if self.hybrid_pattern is not None else None
         for key in self._expert_bias_keys:
@@ -246,9 +225,8 @@ class MegatronSource(GlobalStateSource):
         return found or None
 
     def _expert_bias_shape_problem(self, key: str, size: tuple[int, ...], symbols: Optional[str]) -> Optional[str]:
-        """Why an expert bias tensor of `size` does not fit the model the args save (Megatron-Core's router holds
-        [num_experts] per layer, megatron/core/transformer/moe/router.py; its sharded state dict stacks the layers'
-        into [num_layers, num_experts] unless each layer has its own key); None where it fits."""
+        """Why an expert-bias tensor of `size` does not fit the saved model ([num_experts] per layer, stacked unless
+        per-layer keys); None where it fits."""
         experts = arg(self.common, "num_experts")
         layers = arg(self.common, "num_layers")
         experts_said = f"{experts} experts (num_experts)" if isinstance(experts, int) else None
@@ -282,7 +260,7 @@ class MegatronSource(GlobalStateSource):
         return missing
 
     def restore_random_states(self, rng, state, log=print) -> None:
-        """Python's, NumPy's and torch's CPU generator, as Megatron-LM's load restores them (module docstring)."""
+        """Python's, NumPy's and torch's CPU generator, as Megatron-LM's load restores them."""
         saved = (int(getattr(self.args, "tensor_model_parallel_size", 1)),
                  int(getattr(self.args, "pipeline_model_parallel_size", 1)))
         if saved != (state.tensor_parallel_size, state.pipeline_parallel_size):
@@ -320,13 +298,9 @@ class MegatronSource(GlobalStateSource):
                 f"tensor-parallel dropout stream starts from --seed (Megatron-Core keeps it as a CUDA state)",
                 flush=True)
 
-    # ---- the optimizer's step --------------------------------------------------------------------------------
-
     def _adam_step(self) -> Optional[int]:
-        """Adam's step count: the plain optimizer keeps it as state.common_step, the distributed optimizer in its
-        param groups (common.pt for fully_reshardable, each TP x PP rank's object for dp_reshardable); a model with
-        experts chains one optimizer per kind of parameter (Megatron-Core's ChainedOptimizer: {0: ..., 1: ...}),
-        which step together."""
+        """Adam's step: state.common_step in the plain optimizer, the param groups in the distributed one; a
+        ChainedOptimizer's parts step together."""
         saved = self.common.get("optimizer") or {}
         if saved and all(isinstance(key, int) for key in saved):  # a ChainedOptimizer's (dense, then experts'): one step
             steps = {self._step_of(part) for part in saved.values()}
@@ -334,7 +308,7 @@ class MegatronSource(GlobalStateSource):
         return self._step_of(saved)
 
     def _step_of(self, saved: dict) -> Optional[int]:
-        # a 16-bit run's plain optimizer (Float16OptimizerWithFloat16Params) keeps Adam's state one level down
+        # A 16-bit run's plain optimizer keeps Adam's state one level down.
         inner = saved.get("optimizer") or {}
         common_step = (saved.get("state") or inner.get("state") or {}).get("common_step")
         if common_step is not None:
@@ -347,7 +321,7 @@ class MegatronSource(GlobalStateSource):
 
 
 def _group_key(group: int, name: str) -> str:
-    """The object a dp_reshardable save keeps per TP x PP rank (dp_group_idx): its optimizer's state_dict entries."""
+    """The object a dp_reshardable save keeps per TP x PP rank: its optimizer's state_dict entries."""
     return f"optimizer.distributed.dp_group_idx_{group}.{name}/shard_0_1"
 
 
@@ -364,14 +338,12 @@ def _refuse_unread(args) -> None:
     unsupported = [flag for flag, value in (
         ("--num-experts", getattr(args, "num_experts", None)),
         ("--multi-latent-attention", getattr(args, "multi_latent_attention", False)),
-        # Gated DeltaNet's local in_proj and conv1d are [q|k|v|...] per rank, not our per-head rows
+        # Gated DeltaNet's local in_proj and conv1d are [q|k|v|...] per rank, not our per-head rows.
         ("--experimental-attention-variant", getattr(args, "experimental_attention_variant", None)),
         ("--mtp-num-layers", getattr(args, "mtp_num_layers", None)),
         ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
         ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)),
-        # HybridModel's buckets are the GPT blocks' (its attention layer then its MLP layer register the parameters
-        # a GPT layer does, in that order) for a pattern of dense blocks on one stage; its `|` stages and MTP are not
-        # rebuilt here
+        # HybridModel's buckets are rebuilt only for one stage of dense GPT blocks.
         ("--hybrid-layer-pattern", _unbucketed_pattern(getattr(args, "hybrid_layer_pattern", None))))
         if value]
     if unsupported:
@@ -387,15 +359,13 @@ def _unbucketed_pattern(text: Optional[str]) -> Optional[str]:
         pattern = parse_hybrid_pattern(text)
     except ConfigError:
         return text
-    # rebuilt: one stage of attention-then-dense-MLP blocks (no `M` or `G` layer, no mixer or MLP alone)
     plain = all(block in BLOCKS and GDN not in block for block in pattern.blocks)
     staged_or_moe = len(pattern.segments) > 1 or pattern.mtp_depth or any(pattern.moe_layers())
     return text if staged_or_moe or not plain else None
 
 
 def gated_mlp(args) -> bool:
-    """Whether the MLP's linear_fc1 holds [gate; up] (Megatron-Core's gated_linear_unit): --swiglu's, and
-    --quick-geglu's (GPT-OSS's; argument_utils.py core_transformer_config_from_args sets gated_linear_unit for both)."""
+    """Whether linear_fc1 holds [gate; up] (Megatron-Core's gated_linear_unit): --swiglu's and --quick-geglu's."""
     return bool(getattr(args, "swiglu", False) or getattr(args, "quick_geglu", False))
 
 
@@ -415,8 +385,7 @@ def _model_shape(args) -> ModelShape:
 
 
 class _Buckets:
-    """The dp_reshardable states of every TP x PP rank's model chunks as pieces of our whole tensors
-    (checkpoint/torch_dist/buckets.py)."""
+    """The dp_reshardable states of every TP x PP rank as pieces of our whole tensors."""
 
     def __init__(self, source: MegatronSource) -> None:
         self.source, self.path = source, source.path
@@ -427,7 +396,7 @@ class _Buckets:
         pp = int(getattr(args, "pipeline_model_parallel_size", 1))
         vp = int(getattr(args, "virtual_pipeline_model_parallel_size", None) or 1)
         dp = int(getattr(args, "data_parallel_size", 1)) * int(getattr(args, "context_parallel_size", 1) or 1)
-        # DDP buckets only the first chunk of the first stage, and only with overlap (module docstring of buckets.py)
+        # DDP buckets only the first chunk of the first stage, and only with overlap.
         bucketed = bool(getattr(args, "overlap_grad_reduce", False)) and \
             not getattr(args, "overlap_param_gather_with_optimizer_step", False)
         bucket_size = getattr(args, "ddp_bucket_size", None) or max(40000000, 1000000 * dp)
@@ -439,7 +408,7 @@ class _Buckets:
             for tp_rank in range(tp):
                 group = pp_rank * tp + tp_rank  # the rank in Megatron's model-parallel group: its dp_group_idx
                 saved = self._object(group, "per_bucket_numel_unpadded")
-                for vp_stage in range(vp):  # its gradient buffers: one per virtual chunk
+                for vp_stage in range(vp):
                     chunk = Chunk(tp_rank, tp, pp_rank, pp, vp_stage, vp)
                     placed, unpadded = bucket_layout(local_parameters(self.shape, chunk), dp,
                                                      bucket_size if bucketed and chunk.first else None)

@@ -1,28 +1,7 @@
-"""`--ckpt-format torch_dist`: --save writes Megatron-LM's distributed checkpoint, which Megatron-LM `--load`s and
-continues, optimizer and learning-rate schedule included.
-
-The layout is what checkpointing.py's save_checkpoint writes through dist_checkpointing.save (core_v0.16.1):
-`iter_NNNNNNN/` holding the sharded tensors as a DCP save (DCP's own writer: each rank plans its chunks, rank 0 the
-index), `common.pt` (args, checkpoint_version 3.0, iteration, the optimizer's param groups and step, the scheduler,
-the content metadata) and `metadata.json`; the tracker file names it last. The tensors are Megatron-Core's, by its
-keys, at its global shapes (checkpoint/torch_dist/names.py): the weights, and the optimizer's states in the layout
-the loading Megatron run builds from the same flags: without --use-distributed-optimizer its plain optimizer's
-(`optimizer.state.exp_avg.<key>`, ..., `fp32_param`), with it the distributed optimizer's fully_reshardable layout
-(`optimizer.state.param|exp_avg|exp_avg_sq.<key>`), loadable at any TP x PP x DP; fp16's loss scaler as its grad
-scaler (checkpoint/torch_dist/grad_scaler.py); MoE layers as SequentialMLP saves them (names.py), their pre-MLP
-norm under both names Megatron-Core loads it by (names.py MOE_NORM_ALIASES), with the routers' expert bias buffer and
-the shared expert's gate, each layer under its own key where --moe-layer-freq puts dense layers between
-(Megatron-Core's non_homogeneous_layers), the optimizers chained as Megatron-LM builds them at the save's EP. Under
---hybrid-layer-pattern, Megatron-Core 0.19's HybridModel layout (names.py hybrid_megatron_placement; the pattern in
-the args). Each rank writes the global regions of its own ZeRO partition (a tensor whole on every TP rank by TP rank
-0 only): the working set is one copy of its shard of each state.
-
-Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
-Megatron-LM starts its streams from --seed, as at another layout). A run with the shared experts' biases, optimizers
-other than Adam or --keep-last saves this project's format, said at start-up (arguments/config.py). Multi-latent
-attention is written as the local spec's MLASelfAttention saves it, multi-token prediction layers (an MoE model's
-too) as MultiTokenPredictionBlock does, unstacked under `mtp.layers.<k>.` (names.py). As every save here the directory appears whole or not at all
-(iter_NNNNNNN.partial renamed, the tracker written last and atomically); a non-finite state is never committed."""
+"""`--ckpt-format torch_dist`: --save writes Megatron-LM's distributed checkpoint (a DCP save, common.pt, metadata.json)
+with Megatron-Core's keys and the optimizer layout its run builds from the same flags, so Megatron-LM resumes it. Each
+rank writes its own partition's regions; random states are not written (Megatron-LM starts from --seed).
+"""
 
 from __future__ import annotations
 
@@ -88,18 +67,15 @@ from zero.optimizer_state import CheckpointableOptimizer
 
 CHECKPOINT_VERSION = 3.0  # generate_state_dict
 FULLY_RESHARDABLE = "fully_reshardable"
-# dist_checkpointing's metadata.json for the torch_dist backend (core.py CheckpointingConfig)
 BACKEND_CONFIG = {"sharded_backend": TORCH_DIST_BACKEND, "sharded_backend_version": 1, "common_backend": "torch",
                   "common_backend_version": 1}
-# Megatron-Core's local-spec linears whose sharded state holds an `_extra_state` object per layer (None for them)
+# Local-spec linears whose sharded state holds an `_extra_state` object per layer (None for them).
 ATTENTION_EXTRA_STATE_MODULES = ("self_attention.linear_proj", "self_attention.linear_qkv")
-# a Mamba layer's and a Gated DeltaNet layer's TE linears (MambaMixer's and GatedDeltaNet's in_proj and out_proj)
 MAMBA_EXTRA_STATE_MODULES = ("mixer.in_proj", "mixer.out_proj")
 GDN_EXTRA_STATE_MODULES = ("self_attention.in_proj", "self_attention.out_proj")
 EXTRA_STATE_MODULES = ATTENTION_EXTRA_STATE_MODULES + ("mlp.linear_fc1", "mlp.linear_fc2")
 EXPERT_EXTRA_STATE_MODULES = ("linear_fc1", "linear_fc2")  # an MoE layer's: each SequentialMLP expert's
 SHARED_EXPERT_EXTRA_STATE_MODULES = ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2")
-# multi-latent attention's linears (MLASelfAttention on the local spec): the query's one projection, or its down and up
 MLA_EXTRA_STATE_MODULES = {
     False: ("self_attention.linear_proj", "self_attention.linear_q_proj", "self_attention.linear_kv_down_proj",
             "self_attention.linear_kv_up_proj"),
@@ -108,8 +84,8 @@ MLA_EXTRA_STATE_MODULES = {
 
 
 class _Planner(DefaultSavePlanner):
-    """DCP's default planner over this rank's chunks (`tensors`: key -> [(offsets, values)]) and objects
-    (`objects`: unique key -> data, saved as Megatron-Core saves a ShardedObject: torch.save([data]))."""
+    """DCP's default planner over this rank's chunks and objects (objects saved as Megatron-Core's ShardedObject:
+    torch.save([data]))."""
 
     def __init__(self, tensors: dict, shapes: dict, objects: dict) -> None:
         super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
@@ -159,13 +135,13 @@ def _state_keys(shard, distributed: bool, param_dtype: torch.dtype) -> dict[str,
 
 def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: ParallelState
             ) -> tuple[dict, dict]:
-    """This rank's chunks of every Megatron tensor (module docstring), and each tensor's global shape and dtype."""
+    """This rank's chunks of every Megatron tensor, and each tensor's global shape and dtype."""
     records = parameter_records(model)
     distributed = config.zero.stage >= 1
     param_dtype = shard.param_dtype
     tensors: dict[str, list] = defaultdict(list)
     shapes: dict[str, tuple] = {}
-    # each element once, by the first replica of its optimizer state (checkpoint/save_plan.py's rule, as ours)
+    # Each element once, by the first replica of its optimizer state.
     for fragment in named_fragments(shard, records, coordinates(state)):
         _, record = records[fragment.name]
         placed = _placements(fragment.name, record.global_shape, config)
@@ -189,19 +165,17 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
                             tensors[prefix + key].append((offsets, values))
                             shapes[prefix + key] = (global_shape, dtype)
     _expert_bias_chunks(model, config, state, tensors, shapes)
-    # every rank plans every tensor's shape: DCP's global plan takes each key's metadata from the ranks writing it
+    # Every rank plans every shape: DCP's global plan takes each key's metadata from its writers.
     return dict(tensors), shapes
 
 
 def _pattern(config) -> Optional[str]:
-    """The run's --hybrid-layer-pattern: its saves are HybridModel's own layout (names.py
-    hybrid_megatron_placement), which Megatron-Core 0.19 loads as it saves it; None for GPTModel's."""
+    """The run's --hybrid-layer-pattern (saves then take HybridModel's layout); None for GPTModel's."""
     return config.model.hybrid_layer_pattern
 
 
 def _placement(name: str, shape, config):
-    """Where our tensor `name` goes: HybridModel's layout under a pattern, else GPTModel's (a Gated DeltaNet
-    in_proj or conv1d whole, before _placements splits it)."""
+    """Where our tensor `name` goes (a Gated DeltaNet part whole, before _placements splits it)."""
     if _pattern(config):
         return hybrid_megatron_placement(name, shape, _pattern(config), _experts_per_layer(config))
     return megatron_placement(name, shape, config.model.num_layers, _experts_per_layer(config), _per_layer(config),
@@ -209,8 +183,7 @@ def _placement(name: str, shape, config):
 
 
 def _placements(name: str, shape, config):
-    """Each Megatron-Core tensor holding a part of our tensor `name`, and its global shape (names.py
-    split_gdn_parts: a Gated DeltaNet in_proj or conv1d in Megatron-Core's parts); None where none does."""
+    """Each Megatron-Core tensor holding a part of our tensor `name`, with its global shape; None where none does."""
     placed = _placement(name, shape, config)
     return None if placed is None else split_gdn_parts(*placed, GdnHeads.of(config.model.gdn))
 
@@ -224,14 +197,12 @@ def _gdn_layers(config) -> frozenset[int]:
 
 
 def _mtp_is_moe(config) -> bool:
-    """Whether the MTP layers' transformer layer is an MoE layer: Megatron-Core builds it as the last decoder
-    layer's kind (gpt_builders.py, gpt/model.py)."""
+    """Whether the MTP transformer layer is MoE: Megatron-Core builds it as the last decoder layer's kind."""
     return bool(config.model.mtp.num_layers) and config.model.moe is not None and config.model.moe_layers()[-1]
 
 
 def _norm_aliases(key: str, config) -> tuple[str, ...]:
-    """The other names an MoE layer's pre-MLP norm is written under (names.py MOE_NORM_ALIASES): the stacked decoder
-    layers', and an MoE MTP layer's (its local-spec fc1 name, `pre_mlp_layernorm.` beside)."""
+    """The other names an MoE layer's pre-MLP norm is written under (MOE_NORM_ALIASES)."""
     if not _experts_per_layer(config) or _pattern(config):  # HybridModel's own layout names the norm once
         return ()
     if key in MOE_NORM_ALIASES:
@@ -244,9 +215,8 @@ def _norm_aliases(key: str, config) -> tuple[str, ...]:
 
 
 def _expert_bias_chunks(model, config, state: ParallelState, tensors: dict, shapes: dict) -> None:
-    """The routers' expert bias (--moe-router-enable-expert-bias), Megatron-Core's persistent fp32 buffer stacked
-    over the layers, `decoder.layers.mlp.router.expert_bias` [layers, experts]: a row per router this stage holds,
-    written by its first data-, tensor- and context-parallel replica (the bias is the same on every rank)."""
+    """The routers' expert bias, [layers, experts] fp32: a row per router of this stage, written by its first replica.
+    """
     if config.model.moe is None or not config.model.moe.router_enable_expert_bias or state.data_parallel_rank \
             or state.tensor_parallel_rank or state.context_parallel_rank:
         return
@@ -272,26 +242,22 @@ def _expert_bias_chunks(model, config, state: ParallelState, tensors: dict, shap
 
 
 def _experts_per_layer(config) -> Optional[int]:
-    """Every MoE layer's number of experts (megatron_format_unwritten writes MoE only where each holds the same
-    count), None for a dense model."""
+    """Every MoE layer's expert count, or None for a dense model."""
     return config.model.moe.num_experts if config.model.moe is not None else None
 
 
 def _per_layer(config) -> bool:
-    """Whether Megatron-Core saves each layer under its own key (TransformerBlock.sharded_state_dict's
-    non_homogeneous_layers): an MoE model whose --moe-layer-freq is a list, or an integer above 1. A negative
-    -N below -1 places the layers N does, so they get their own keys too (Megatron-Core's own test, `> 1`, would
-    stack its dense and MoE layers under one key)."""
+    """Whether Megatron-Core saves each layer under its own key (non_homogeneous_layers): an --moe-layer-freq list or
+    |freq| > 1 (Megatron-Core's own `> 1` would stack a negative pattern's mixed layers)."""
     freq, gdn = config.model.experts.layer_freq, config.model.gdn
-    # and under --linear-attention-freq, a list or above 1 (its layers differ: attention among Gated DeltaNet)
+    # Or an attention/Gated DeltaNet mix under --linear-attention-freq.
     return config.model.moe is not None and (isinstance(freq, str) or abs(freq) > 1) or gdn.gated_delta_net and (
         isinstance(gdn.linear_attention_freq, str) or (gdn.linear_attention_freq or 1) > 1)
 
 
 def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
-    """The `_extra_state` object of each local-spec linear of this stage's layers (module docstring): an MoE
-    layer's are its attention's, its shared expert's and, per (layer, expert), each of SequentialMLP's experts' fc1
-    and fc2, written by the first replica of the experts this rank holds."""
+    """The `_extra_state` object of each local-spec linear of this stage's layers, written by the first replica of the
+    experts held."""
     names = parameter_records(model)
     layers = sorted({int(name.split(".")[1]) for name in names if name.startswith("blocks.")})
     total, experts, per_layer = config.model.num_layers, _experts_per_layer(config), _per_layer(config)
@@ -313,8 +279,7 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
             modules = mixer + (shared if moe_layers[layer] else dense_mlp)
             objects.update({f"{LAYERS}{layer}.{module}._extra_state/shard_0_1" if per_layer else
                             f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None for module in modules})
-        # the MTP layers' (unstacked: one ShardedObject each, shard_0_1), on the stage holding them: their
-        # transformer layer's modules as the last decoder layer's kind (an MoE one's shared expert)
+        # MTP layers: one unstacked ShardedObject each, their transformer layer as the last decoder layer's kind.
         mtp_mlp = shared if _mtp_is_moe(config) else dense_mlp
         for mtp_layer in sorted({int(name.split(".")[1]) for name in names if name.startswith(OUR_MTP_LAYERS)}):
             for module in ("eh_proj", *(f"{MTP_TRANSFORMER}{module}" for module in attention + mtp_mlp)):
@@ -327,7 +292,6 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
         for module in EXPERT_EXTRA_STATE_MODULES:
             objects[f"{LAYERS}{layer}.{EXPERTS}{module}._extra_state/shard_{expert}_{experts}" if per_layer else
                     f"{LAYERS}{EXPERTS}{module}._extra_state/shard_{layer}.{expert}_{total}.{experts}"] = None
-    # an MoE MTP layer's experts (`mtp_layers.<k>.transformer_layer.mlp.experts.<e>.`): one key each, unstacked
     mtp_held = {(int(parts[1]), int(parts[5])) for parts in (name.split(".") for name in names)
                 if parts[0] == OUR_MTP_LAYERS[:-1] and parts[2:5] == [MTP_TRANSFORMER[:-1], "mlp", "experts"]}
     for mtp_layer, expert in sorted(mtp_held):
@@ -339,10 +303,7 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
 
 def _hybrid_extra_states(names, config, state: ParallelState, mixers, dense_mlp, shared, first_replica: bool
                          ) -> dict[str, None]:
-    """HybridModel's `_extra_state` objects (a ShardedObject each, shard_0_1, under its own layer's key, as the
-    megatron_hybrid_* fixtures hold them): each mixer layer's linears (`mixers`, by symbol), each `-` layer's MLP linears, each
-    `E` layer's shared expert's and SequentialMLP experts' (shard_<expert>_<experts>), an MTP depth's eh_proj and
-    nested layers', and the output layer's on the last stage."""
+    """HybridModel's `_extra_state` objects, one ShardedObject per linear under its own layer's key."""
     pattern = _pattern(config)
     symbols, mtp_parts = hybrid_layer_symbols(pattern), pattern.split("/")[1:]
     experts = _experts_per_layer(config)
@@ -377,10 +338,8 @@ def _hybrid_extra_states(names, config, state: ParallelState, mixers, dense_mlp,
 
 
 def _weight_decay_groups(records, experts: Optional[bool]) -> tuple[float, ...]:
-    """The wd_mult of each group Megatron-Core's _get_param_groups makes (optimizer/__init__.py, the standard
-    overrides: one group per override that some parameter takes, weights first, then biases and 1-D parameters
-    without weight decay) for the expert-parallel parameters (`experts` True), the others (False) or all (None):
-    Mixtral-shaped experts, without biases, have no second group."""
+    """The wd_mult of each group Megatron-Core's _get_param_groups makes, for the expert-parallel parameters (`experts`
+    True), the others (False) or all (None)."""
     no_decay = [name.endswith(".bias") or len(record.global_shape) == 1 for name, (_, record) in records.items()
                 if experts is None or record.is_expert == experts]
     return tuple(wd_mult for wd_mult, present in ((1.0, not all(no_decay)), (0.0, any(no_decay))) if present)
@@ -388,8 +347,7 @@ def _weight_decay_groups(records, experts: Optional[bool]) -> tuple[float, ...]:
 
 def _param_groups(config, lr: float, step: Optional[int], wd_mults: tuple[float, ...],
                   experts: bool = False) -> list[dict]:
-    """Megatron-Core's groups (`wd_mults`: _weight_decay_groups), as torch's AdamW state_dict leaves them, params
-    removed; `experts`: the expert-parallel parameters' optimizer's."""
+    """Megatron-Core's param groups as torch's AdamW state_dict leaves them, params removed."""
     adam = config.optimizer
     groups = []
     for wd_mult in wd_mults:
@@ -406,8 +364,7 @@ def _param_groups(config, lr: float, step: Optional[int], wd_mults: tuple[float,
 
 
 def scheduler_state(config, batch, schedule_samples: int) -> dict:
-    """OptimizerParamScheduler.state_dict as Megatron-LM builds its scheduler from the same flags
-    (training.py get_optimizer_param_scheduler: steps counted in samples), at this run's position."""
+    """OptimizerParamScheduler.state_dict as Megatron-LM builds it from the same flags, at this run's position."""
     from arguments.schedule import build_lr_schedule, train_iterations
 
     schedule = build_lr_schedule(config, batch)
@@ -424,9 +381,8 @@ def scheduler_state(config, batch, schedule_samples: int) -> dict:
 
 
 def _saved_optimizer(config, shard, lr: float, records, experts: Optional[bool]) -> dict:
-    """One Megatron-Core optimizer's common.pt state (over the expert-parallel parameters, the others or all:
-    `experts` True, False, None): the plain one's Adam state_dict (one level down in 16 bits), or the distributed
-    optimizer's param groups; fp16's grad scaler beside it."""
+    """One Megatron-Core optimizer's common.pt state: the plain one's Adam state_dict or the distributed one's param
+    groups, with fp16's grad scaler."""
     wd_mults = _weight_decay_groups(records, experts)
     if config.zero.stage >= 1:
         saved = {"optimizer": {"param_groups": _param_groups(config, lr, shard.adam_step, wd_mults, bool(experts))},
@@ -435,9 +391,8 @@ def _saved_optimizer(config, shard, lr: float, records, experts: Optional[bool])
         saved = {"state": {"common_step": torch.tensor(float(shard.adam_step))},
                  "param_groups": _param_groups(config, lr, None, wd_mults, bool(experts))}
         if shard.param_dtype != torch.float32:
-            # a 16-bit run's Float16OptimizerWithFloat16Params keeps its Adam one level down (optimizer.py
-            # state_dict: {'optimizer': ..., 'fp32_from_fp16_params': the fp32 copies, saved as tensors}), where
-            # an fp32 run's FP32Optimizer saves Adam's own state_dict: Megatron-LM's bf16 load looks there
+            # A 16-bit run's Float16OptimizerWithFloat16Params keeps Adam one level down, where Megatron-LM's bf16 load
+            # looks.
             saved = {"optimizer": saved}
     if config.training.fp16:  # Megatron-Core's 16-bit optimizers keep the grad scaler's state beside Adam's
         saved[GRAD_SCALER] = megatron_grad_scaler(shard.loss_scaler_type, shard.loss_scaler_state)
@@ -448,9 +403,8 @@ def _common(config, state, shard, records, iteration, consumed_samples, lr, batc
     content = {"distrib_optim_sharding_type": FULLY_RESHARDABLE,
                "distrib_optim_fully_reshardable_mem_efficient": False} if config.zero.stage >= 1 else {}
     if _experts_per_layer(config) is not None and config.parallel.expert_model_parallel_size > 1:
-        # a ChainedOptimizer of two (optimizer/__init__.py get_megatron_optimizer): the dense parameters', then the
-        # expert-parallel ones', saved as {index: each one's}; at EP 1 the experts' linears are not expert-parallel
-        # (tensor_parallel/layers.py: allreduce = not (is_expert and expert_model_parallel_size > 1)): one optimizer
+        # A ChainedOptimizer (dense, then expert-parallel) as {index: each one's}; at EP 1 the experts are not
+        # expert-parallel.
         saved_optimizer = {index: _saved_optimizer(config, shard, lr, records, experts)
                            for index, experts in enumerate((False, True))}
     else:
@@ -475,11 +429,9 @@ def saving_mode_line(config, rerun_validates: bool) -> str:
     line = ("> checkpoints: saved synchronously in Megatron-LM's torch_dist layout"
             + (" (--async-save writes this project's format only)" if config.checkpoint.async_save else ""))
     if config.model.fp8.enabled and config.model.fp8.recipe == "delayed":
-        # TE keeps them in each module's pickled _extra_state, which this writer does not produce
         line += ("; without delayed FP8 scaling's amax histories (TransformerEngine's _extra_state): a resume from "
                  "these starts them fresh at scale 1, said again at the load")
     if rerun_validates:
-        # Megatron-LM's torch_dist save holds its machine's state; this writer does not write it
         line += ("; without the rerun state machine's state: a job resumed from the checkpoint of an exit 16 trains "
                  "that iteration afresh instead of re-running it to decide")
     return line
@@ -488,8 +440,8 @@ def saving_mode_line(config, rerun_validates: bool) -> str:
 def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int, model,
                              optimizer: CheckpointableOptimizer, config, state: ParallelState, batch, *, lr: float,
                              schedule_samples: Optional[int] = None) -> Path:
-    """Write iteration `iteration` in Megatron-LM's torch_dist layout and name it in the tracker (module docstring);
-    every rank calls this."""
+    """Write iteration `iteration` in Megatron-LM's torch_dist layout and name it in the tracker; every rank calls this.
+    """
     save_dir = Path(save_dir)
     final = save_dir / iteration_dir_name(iteration)
     staging = final.with_name(final.name + STAGING_SUFFIX)
@@ -507,22 +459,20 @@ def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samp
         except OSError as failure:
             problem = f"cannot create {staging}: {failure}"
     _raise_if_any(state, problem, staging)
-    try:  # this rank's part, planned before DCP's collectives: a rank that cannot plan must not leave them waiting
+    try:  # Planned before DCP's collectives: a rank that cannot plan must not leave them waiting.
         tensors, shapes = _chunks(model, optimizer, shard, config, state)
         objects = _extra_states(model, config, state)
     except CheckpointError as failure:
         problem = f"cannot write {staging}: {failure}"
     _raise_if_any(state, problem, staging)
     try:
-        # DCP's global plan needs each key's size and dtype from whichever rank writes a chunk of it
         distributed = dist.is_available() and dist.is_initialized() and state.world_size > 1
         with warnings.catch_warnings():  # "torch.distributed is disabled ... save in a single process": yes
             warnings.simplefilter("ignore", UserWarning)
             dcp.save({}, storage_writer=dcp.FileSystemWriter(staging), planner=_Planner(tensors, shapes, objects),
                      no_dist=not distributed)
         del tensors
-        # each rank digests the files it wrote (DCP's FileSystemWriter names them __<rank>_<n>.distcp), read back from
-        # the page cache; the first rank records them all in common.pt
+        # Each rank digests its own .distcp files from the page cache; the first rank records them all in common.pt.
         mine = {path.name: file_digest(path, "sha256") for path in sorted(staging.glob(f"__{state.rank}_*.distcp"))}
     except DCP_FAILURES as failure:  # disk full, DCP's own errors (BaseException-derived): every rank must hear
         problem = f"cannot write {staging}: {failure_line(failure)}{os_cause(failure, staging)}"

@@ -18,9 +18,7 @@ from families.common.fields import (
 )
 from families.common.reader import FamilyReader, llama_settings
 
-# ApertusConfig's (transformers/models/apertus/configuration_apertus.py): swiss-ai's Apertus, a Llama with xIELU
-# (hidden_act "xielu") in an ungated MLP, per-head q/k RMSNorms, no mlp_bias or head_dim; its default rope is
-# Llama 3's scaling at theta 12e6 (APERTUS_DEFAULT_ROPE).
+# ApertusConfig's fields; its default rope is Llama 3's scaling at theta 12e6.
 APERTUS_FIELDS = (
     *(spec for spec in LLAMA_FIELDS if spec.key not in ("vocab_size", "intermediate_size", "head_dim", "hidden_act",
                                                         "max_position_embeddings", "rms_norm_eps", "mlp_bias",

@@ -1,12 +1,6 @@
-"""What the dense families of families/ share: the record each folder's config.py fills (DenseFamily), Llama's
-core (its fields, the settings it gives, the config.json keys it writes back), and the sliding windows and rotary
-scalings as transformers writes them.
-
-A family is Llama's core plus what its module says: the settings every folder of it has (`fixed`, e.g. Qwen2's q/k/v
-biases), the ones its config.json chooses (`read`), the keys the export writes (`write`), and its weights' names
-(`layer_names`, with Phi-3's fused `qkv_proj` and `gate_up_proj`), which families/common/dense_weights.py maps. The
-export takes the model to a family only where it fits: every `fixed` setting equal, and the family's own `needs` (a
-window pattern it can write, ...) met; else the one line names each flag it would need.
+"""What the dense families share: the record each family's config.py fills (DenseFamily: Llama's core plus its `fixed`,
+`read` and `write` settings and its weights' names), and sliding windows and rotary scalings as transformers writes
+them. The export takes a model to a family only where it fits.
 """
 
 from __future__ import annotations
@@ -37,8 +31,7 @@ SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' layer_typ
 LAYER_TYPES = Field("layer_types", NAMES, None, nullable=True)
 # Llama's own keys the other families do not have
 LLAMA_ONLY = ("attention_bias", "mlp_bias", "pretraining_tp")
-# The settings of Llama's blocks every dense family here starts from (its module's `fixed` overrides them); the
-# windows and the rotary scaling are each family's to read
+# The settings of Llama's blocks every dense family starts from; windows and rotary scaling are each family's.
 WINDOWS = ("window_size", "window_attn_skip_freq")
 LLAMA_BLOCKS = {**{name: value for name, value in PLAIN_BLOCKS.items()
                    if name not in (*WINDOWS, "rotary_seq_len_interpolation_factor")},
@@ -50,9 +43,8 @@ NO_WINDOW = {name: None for name in WINDOWS}  # a family with no sliding window
 
 @dataclass(frozen=True)
 class DenseFamily:
-    """One transformers family: config.json in (`fields`, `typed`, `read`) and out (`write`), and its weights'
-    names. `fixed`: the ModelConfig settings every folder of the family has; `needs(model)`: anything else the
-    model must be ({the flag it would need: whether it is missing})."""
+    """One transformers family: config.json in and out, and its weights' names. `fixed`: settings every folder has;
+    `needs(model)`: what else the model must be."""
     model_type: str
     architectures: tuple[str, ...]  # (the ForCausalLM class, the bare model's)
     config_class: str  # transformers' config class
@@ -60,17 +52,15 @@ class DenseFamily:
     read: Callable[[HFConfig], dict[str, FolderValue]]
     write: Callable[[ModelConfig], dict]
     fixed: dict[str, Any]
-    # (our name inside a block, theirs inside a layer) for the tensors that move as they are, besides q/k/v and
-    # the MLP's gate/up/down
+    # (ours inside a block, theirs inside a layer) for tensors that move as they are.
     layer_names: tuple[tuple[str, str], ...]
     needs: Callable[[ModelConfig], dict[str, bool]] = lambda model: {}
-    # the block features (families/common/features.py) it holds besides those `fixed` pins
     carries: tuple[str, ...] = ()
     typed: Callable[[dict, dict, Path, dict], HFConfig] = lambda values, raw, path, fields: dense_typed(
         values, raw, path, fields)
     fused_qkv: Optional[str] = None  # Phi-3's self_attn.qkv_proj: [q; k; v] rows
     fused_gate_up: Optional[str] = None  # Phi-3's mlp.gate_up_proj: [gate; up] rows
-    # the key of config.json's object that holds the model (a multimodal folder's text_config), else None
+    # The key holding the model in a multimodal folder (text_config), else None.
     section: Optional[str] = None
 
     @property
@@ -88,16 +78,14 @@ class DenseFamily:
 
 
 def dense_typed(values: dict, raw: dict, path: Path, fields: dict, heads_divide_hidden: bool = False) -> HFConfig:
-    """Llama's rules between fields for a family without Llama's bias keys (its module refuses attention_bias
-    where it has one). `heads_divide_hidden`: its config class refuses a hidden_size the heads do not divide, as
-    Gemma 2's and 3's do; Mistral's, Qwen2's, Qwen3's, OLMo 2's and Phi-3's do not."""
+    """Llama's rules between fields for a family without Llama's bias keys. `heads_divide_hidden`: its config class
+    refuses a hidden_size the heads do not divide."""
     return llama_shaped({"attention_bias": False, "mlp_bias": False, **values}, raw, path, fields,
                         heads_divide_hidden=heads_divide_hidden)
 
 
 def core_fields(*extra: Field, drop: tuple[str, ...] = (), **defaults: Any) -> tuple[Field, ...]:
-    """LLAMA_FIELDS without Llama's own keys (and `drop`), with the family's `defaults` where transformers' differ
-    from LlamaConfig's, then the family's `extra` fields."""
+    """LLAMA_FIELDS without Llama's own keys (and `drop`), with the family's `defaults`, then its `extra` fields."""
     fields = []
     for spec in LLAMA_FIELDS:
         if spec.key in LLAMA_ONLY or spec.key in drop:
@@ -109,8 +97,8 @@ def core_fields(*extra: Field, drop: tuple[str, ...] = (), **defaults: Any) -> t
 
 
 def check_buildable(config: HFConfig, architecture: str, bias_key: bool = False) -> None:
-    """A Llama-shaped family's MLP is SwiGLU (silu's); with `bias_key`, its attention_bias would bias q, k, v and o
-    without the MLP, which --disable-bias-linear and --add-qkv-bias cannot say: each refused in one line."""
+    """A Llama-shaped family's MLP is SwiGLU; with `bias_key`, an attention_bias over q, k, v and o without the MLP is
+    refused."""
     problems = []
     if config.activation != "silu":
         problems.append(f"hidden_act {config.activation!r} (its MLP is SwiGLU, silu's)")
@@ -121,8 +109,7 @@ def check_buildable(config: HFConfig, architecture: str, bias_key: bool = False)
 
 
 def without_derived_head_dim(keys: dict, model: ModelConfig) -> dict:
-    """The config.json keys without head_dim where it is hidden / heads: for a config class that has no head_dim
-    (Qwen2's, OLMo 2's, Phi-3's attention reads one it is given, with getattr)."""
+    """The config.json keys without head_dim where it is hidden / heads (for classes with no head_dim)."""
     if model.head_dim * model.num_attention_heads == model.hidden_size:
         keys = {key: value for key, value in keys.items() if key != "head_dim"}
     return keys
@@ -134,10 +121,8 @@ def fixed_settings(fixed: dict[str, Any], model_type: str) -> dict[str, FolderVa
 
 def core_settings(config: HFConfig, model_type: str, rotary: bool = True,
                   partial_rotary: bool = False) -> dict[str, FolderValue]:
-    """Llama's shape settings of a folder of `model_type`, and its rotary positions (`rotary`: as Llama reads
-    them; a family of its own rotary gives them itself). `partial_rotary`: the family reads
-    partial_rotary_factor (Phi-3); the others' rotary embeddings do not (their default rope ignores it), so a
-    factor other than 1 is refused rather than read one way here and another there."""
+    """Llama's shape settings of a `model_type` folder, and its rotary positions where `rotary`; a partial_rotary_factor
+    other than 1 is refused unless `partial_rotary` (Phi-3)."""
     if rotary and not partial_rotary and config.rope.partial_rotary_factor != 1.0:
         raise ConfigError(f"{config.path}: {rope_key(config)} partial_rotary_factor "
                           f"{config.rope.partial_rotary_factor!r}: {model_type}'s rotary embedding here turns every "
@@ -151,12 +136,10 @@ def rope_key(config: HFConfig) -> str:
 
 
 def rotary_settings(rope: RopeConfig, config: HFConfig, where: str = "") -> dict[str, FolderValue]:
-    """A rope_parameters object as our rotary settings: its theta, and transformers' default, Llama 3's
-    ("llama3": --use-rope-scaling) or linear ("linear": --rotary-seq-len-interpolation-factor) scaling; another
-    type is refused. `where`: the object's key path when it is not the top level's."""
+    """A rope_parameters object as our rotary settings: theta, and default, Llama 3 or linear scaling; another type is
+    refused."""
     key = where or rope_key(config)
     if rope.rope_type not in ("default", "llama3", "linear"):
-        # 'su' is what Phi-3-mini-128k's first release wrote; transformers reads it as 'longrope'
         alias = " (transformers' older name for 'longrope')" if rope.rope_type == "su" else ""
         longrope = " for this family (Phi-3's is)" if rope.rope_type in ("su", "longrope") else ""
         raise ConfigError(f"{config.path}: {key} rope_type {rope.rope_type!r}{alias} is not built here{longrope} "
@@ -183,8 +166,8 @@ def _at(fields: dict, key: str):
 
 
 def rope_parameters(model: ModelConfig, base: Optional[float] = None, scaled: bool = True) -> dict:
-    """transformers' rope_parameters for our rotary settings (`base` in place of --rotary-base; `scaled` False
-    leaves the scalings out: Gemma 3's sliding layers)."""
+    """transformers' rope_parameters for our rotary settings (`base` replaces --rotary-base; `scaled` False leaves
+    scalings out)."""
     parameters = {"rope_type": "default", "rope_theta": model.positions.rotary_base if base is None else base}
     if scaled and model.positions.use_rope_scaling:
         parameters.update(rope_type="llama3", factor=model.positions.rope_scaling_factor, **LLAMA3_FIXED)
@@ -199,7 +182,7 @@ def rope_needs(model: ModelConfig) -> dict[str, bool]:
 
 
 def core_write(model: ModelConfig) -> dict:
-    """The config.json keys of Llama's core for `model` (the family's module adds or replaces some)."""
+    """The config.json keys of Llama's core for `model`."""
     return dict(vocab_size=model.vocab_size, hidden_size=model.hidden_size, intermediate_size=model.ffn_size,
                 num_hidden_layers=model.num_layers, num_attention_heads=model.num_attention_heads,
                 num_key_value_heads=model.attention.query_groups(model.num_attention_heads),
@@ -209,11 +192,8 @@ def core_write(model: ModelConfig) -> dict:
                 attention_dropout=model.attention.attention_dropout, initializer_range=model.init_method_std)
 
 
-# ---- sliding windows --------------------------------------------------------------------------------------------
-
 def checked_layer_types(config: HFConfig) -> Optional[list[str]]:
-    """config.json's layer_types, each sliding_attention or full_attention (another kind, such as Llama 4's
-    chunked attention, is refused), one per layer; None where the file has none."""
+    """config.json's layer_types, each sliding_attention or full_attention, one per layer; None where absent."""
     kinds = config.fields.get("layer_types")
     if kinds is None:
         return None
@@ -228,9 +208,7 @@ def checked_layer_types(config: HFConfig) -> Optional[list[str]]:
 
 
 def window_settings(sliding_window: Optional[int], windowed: tuple[bool, ...], origin: str) -> dict[str, FolderValue]:
-    """transformers' sliding_window W over the `windowed` layers as --window-size W-1,0 (its W keys count the
-    query: gpt/attention_window.py) and --window-attn-skip-freq (Megatron's N where the pattern is its every-N-th
-    full layer, else the list)."""
+    """transformers' sliding_window W over the `windowed` layers as --window-size W-1,0 and --window-attn-skip-freq."""
     v = FolderValue
     if sliding_window is None or not any(windowed):
         return {"window_size": v(None, origin), "window_attn_skip_freq": v(None, origin)}
@@ -239,8 +217,7 @@ def window_settings(sliding_window: Optional[int], windowed: tuple[bool, ...], o
 
 
 def skip_frequency(windowed: tuple[bool, ...]):
-    """--window-attn-skip-freq for a per-layer pattern: None (every layer), Megatron's N (every layer but each
-    N-th, 1-based), or a list expression."""
+    """--window-attn-skip-freq for a per-layer pattern: None, Megatron's N, or a list expression."""
     if all(windowed):
         return None
     for every in range(2, len(windowed) + 1):
@@ -260,8 +237,7 @@ def layer_types_of(model: ModelConfig) -> list[str]:
 
 
 def every_layer_or_none_windowed(model: ModelConfig, family: str) -> dict[str, bool]:
-    """A family whose one sliding_window covers every layer (Mistral, Phi-3): a window on some layers only is not
-    one of them."""
+    """A family with one sliding_window over every layer (Mistral, Phi-3) cannot hold a window on some layers only."""
     windows = model.attention_windows()
     return {f"a --window-size on every layer or none ({family} has one sliding_window for all)":
             len(set(window is None for window in windows)) > 1}

@@ -1,13 +1,6 @@
-"""The weights of the dense families of families/ (Qwen2/2.5, Qwen3, Mistral, Gemma 2, Gemma 3, OLMo 2,
-Phi-3) between our GPTModel and their transformers classes (which family the export writes a model as:
-families/registry.py export_family).
-
-Every one is Llama's layout (families/common/llama_shaped.py's module docstring: our fused QKV rows [group][its
-query heads, k, v][head_dim] against q_proj, k_proj, v_proj; SwiGLU's or GeGLU's gate and up as two weights; no rotary
-permutation) with the names its family's module lists for the rest (norms, q/k norms), and for Phi-3 q/k/v in one
-qkv_proj ([q; k; v] rows) and gate/up in one gate_up_proj ([gate; up] rows). Gemma's RMSNorm weights are stored
-as the gain less one there and here (--apply-layernorm-1p), so they move as they are. A multimodal Gemma 3 folder's
-language model is read under its own names; its vision tower and projector are not weights of this model.
+"""The weights of the dense families between our GPTModel and their transformers classes: Llama's layout with each
+family's names (Phi-3 fuses qkv_proj and gate_up_proj; a multimodal Gemma 3's language model is read under its own
+names). Gemma's norms store the gain less one on both sides.
 """
 
 from __future__ import annotations
@@ -20,8 +13,7 @@ from families.common.dense import DenseFamily
 from families.common.llama_shaped import BUFFER_SUFFIXES, ends_from_hf, ends_to_hf, fused_qkv, split_qkv
 from gpt.model_config import ModelConfig
 
-# A multimodal Gemma 3's language model (transformers >= 4.52 saves model.language_model.*, older
-# language_model.model.*), and the parts that are not it
+# A multimodal Gemma 3's language model (prefix by transformers version), and the parts that are not it.
 LANGUAGE_MODEL_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                            ("language_model.lm_head.", "lm_head."))
 NOT_THE_LANGUAGE_MODEL = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
@@ -29,8 +21,8 @@ NOT_THE_LANGUAGE_MODEL = ("model.vision_tower.", "vision_tower.", "model.multi_m
 
 
 def canonical_names(tensors: dict[str, torch.Tensor], family: DenseFamily) -> dict[str, torch.Tensor]:
-    """Names as the family's ForCausalLM has them: a bare model's file lacks `model.`; a multimodal Gemma 3's
-    language model under its names, the rest left out; saved rotary buffers dropped."""
+    """Names as the family's ForCausalLM has them (`model.` added; Gemma 3's language model only); rotary buffers
+    dropped."""
     out = {}
     for name, tensor in tensors.items():
         if name.endswith(BUFFER_SUFFIXES) or name.startswith(NOT_THE_LANGUAGE_MODEL):
@@ -83,7 +75,7 @@ def to_hf(state_dict: dict[str, torch.Tensor], model: ModelConfig, family: Dense
 
 def from_hf(hf_state: dict[str, torch.Tensor], model: ModelConfig, padded_vocab_size: int,
             family: DenseFamily) -> dict[str, torch.Tensor]:
-    """The inverse of `to_hf`; padding rows of the vocabulary are zeros (as our initial values leave them)."""
+    """The inverse of `to_hf`; padding rows are zeros."""
     out = ends_from_hf(hf_state, model, padded_vocab_size)
     d = model.head_dim
     q_rows, kv_rows = model.num_attention_heads * d, model.attention.query_groups(model.num_attention_heads) * d
@@ -106,8 +98,7 @@ def from_hf(hf_state: dict[str, torch.Tensor], model: ModelConfig, padded_vocab_
 
 
 def tensor_shapes(model: ModelConfig, family: DenseFamily) -> dict[str, tuple[int, ...]]:
-    """The shape of every weight of the family's ForCausalLM for `model` (lm_head only when untied): `to_hf` of a
-    meta state dict, whose names and shapes are the model's own."""
+    """The shape of every weight of the family's ForCausalLM for `model`: `to_hf` of a meta state dict."""
     from gpt.model import GPTModel
     from parallel.state import ParallelState
 

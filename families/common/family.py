@@ -1,11 +1,5 @@
-"""A folder of families/ as the registry (families/registry.py) reads it: its `FAMILY`, one `Family`.
-
-`claim_order` is the family's place in the order the export asks the families whether a model is theirs (lower
-first: the MoE families, each claiming by the feature the later ones lack, then the dense families, then the
-Llama-shaped ones and GPT-2); no two families share one. A family gives what it maps: `readers` (config.json read
-by a FamilyReader: its field table, rules and settings), `dense` (DenseFamily: config.json both ways and the names
-families/common/dense_weights.py moves), `weights` (an MoE family's FamilyWeights), `llama_shaped` (its weights
-move through families/common/llama_shaped.py) and `export` (a mapping of its own: GPT-2's).
+"""A folder of families/ as the registry reads it: its `FAMILY`, one `Family` giving what it maps (readers, a dense
+record, MoE weights, or its own export) and its `claim_order` in the export's questions.
 """
 
 from __future__ import annotations

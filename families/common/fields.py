@@ -1,13 +1,6 @@
-"""What every Hugging Face family's config.json reader builds on, below the readers (each family's folder of
-families/ holds its table and rules; arguments/hf_config.py reads a folder by them, arguments/hf_folder.py takes
-their settings): the kinds of values a field may hold, a field's row (its
-kind, transformers' default, whether null is allowed), Llama's table (the base of the Llama-shaped families),
-the check of one field (one ConfigError line naming the file, the field, its value as written and what it must
-be), the typed result `HFConfig`, the rules a Llama-shaped family's fields share (head sizes, rotary
-parameters), and how a folder's setting is given (FolderValue).
-
-JSON as Python reads it: `true` is also an int in Python, but not a valid layer count; `2.0` is a float,
-not an integer (transformers refuses it too); NaN and Infinity parse, and are no size or epsilon.
+"""What every Hugging Face family's config.json reader builds on: the kinds a field may hold, a field's row (kind,
+transformers' default, nullability), Llama's table, the one-line check of a field, the typed result `HFConfig`, and the
+rules Llama-shaped fields share. JSON is read strictly: `true` is no count, `2.0` no integer.
 """
 
 from __future__ import annotations
@@ -23,8 +16,6 @@ from base.errors import ConfigError
 MISSING = object()
 
 
-# ---- kinds of values ----------------------------------------------------------------------------
-
 def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -35,8 +26,7 @@ def _is_finite(value) -> bool:
 
 @dataclass(frozen=True)
 class Kind:
-    """What a field must be: `words` completes "it must be ..."; `floating` fields are handed to
-    transformers as floats (an integer written for them is a float of the same value)."""
+    """What a field must be: `words` completes "it must be ..."; `floating` fields reach transformers as floats."""
     words: str
     accepts: Callable[[Any], bool]
     integer: bool = False
@@ -60,9 +50,8 @@ NUMBERS = Kind("a list of finite numbers", lambda v: isinstance(v, list) and all
 
 @dataclass(frozen=True)
 class Field:
-    """A config.json key we read: its kind, whether null is allowed (where transformers allows it), the
-    value transformers assumes when the key is left out, and the other names transformers maps onto it
-    (GPT2Config's attribute_map: "hidden_size" is n_embd)."""
+    """A config.json key we read: its kind, nullability, transformers' default, and its other names (GPT2Config's
+    attribute_map)."""
     key: str
     kind: Kind
     default: Any
@@ -70,13 +59,12 @@ class Field:
     aliases: tuple[str, ...] = ()
 
 
-# Token ids are not read here (the run's tokenizer decides), but LlamaConfig checks them strictly.
+# Token ids are not read here (the tokenizer decides), but LlamaConfig checks them strictly.
 TOKEN_ID_FIELDS = (Field("bos_token_id", INTEGER, None, nullable=True),
                     Field("pad_token_id", INTEGER, None, nullable=True),
                     Field("eos_token_id", TOKEN_IDS, None, nullable=True))
 
-# LlamaConfig's fields and defaults (transformers/models/llama/configuration_llama.py); rope_theta and
-# rope_scaling are the names files written before transformers 5 use (it moves them into rope_parameters).
+# LlamaConfig's fields and defaults; rope_theta and rope_scaling are pre-transformers-5 names.
 LLAMA_FIELDS = (
     Field("vocab_size", POSITIVE_INT, 32000),
     Field("hidden_size", POSITIVE_INT, 4096),
@@ -105,7 +93,7 @@ LLAMA_FIELDS = (
 
 LAYER_INDICES = Kind("a list of integers", lambda v: isinstance(v, list) and all(is_int(i) for i in v))
 
-# The keys of a rope_parameters (or rope_scaling) object that a Llama's rotary embedding reads.
+# The keys of a rope_parameters (or rope_scaling) object a Llama reads.
 ROPE_FIELDS = (
     Field("rope_type", NAME, "default"),
     Field("type", NAME, "default"),  # rope_type's name before transformers 4.45
@@ -115,20 +103,16 @@ ROPE_FIELDS = (
     Field("high_freq_factor", POSITIVE_NUMBER, None),
     Field("original_max_position_embeddings", POSITIVE_INT, None),
     Field("partial_rotary_factor", ROTARY_FRACTION, None),
-    # YaRN's (transformers' _compute_yarn_parameters; DeepSeek-V3's and GPT-OSS's rope)
     Field("beta_fast", POSITIVE_NUMBER, None),
     Field("beta_slow", POSITIVE_NUMBER, None),
     Field("mscale", NON_NEGATIVE_NUMBER, None),
     Field("mscale_all_dim", NON_NEGATIVE_NUMBER, None),
     Field("attention_factor", POSITIVE_NUMBER, None),
     Field("truncate", BOOLEAN, None),
-    # LongRoPE's (transformers' _compute_longrope_parameters; Phi-3-mini-128k's rope)
     Field("short_factor", NUMBERS, None),
     Field("long_factor", NUMBERS, None),
 )
 
-
-# ---- the typed result ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class RopeConfig:
@@ -140,23 +124,21 @@ class RopeConfig:
     high_freq_factor: Optional[float] = None
     original_max_position_embeddings: Optional[int] = None
     partial_rotary_factor: float = 1.0
-    # YaRN's: None where the file leaves them out (transformers' defaults: beta_fast 32, beta_slow 1, truncate true,
-    # attention_factor from factor, mscale and mscale_all_dim)
+    # YaRN's: None where left out (transformers' defaults apply).
     beta_fast: Optional[float] = None
     beta_slow: Optional[float] = None
     mscale: Optional[float] = None
     mscale_all_dim: Optional[float] = None
     attention_factor: Optional[float] = None
     truncate: Optional[bool] = None
-    # LongRoPE's factor lists: None where the file leaves them out
     short_factor: Optional[tuple[float, ...]] = None
     long_factor: Optional[tuple[float, ...]] = None
 
 
 @dataclass(frozen=True)
 class HFConfig:
-    """A checked config.json: the architecture in our terms, and `fields`, the file's object as
-    transformers is to be handed it."""
+    """A checked config.json: the architecture in our terms, and `fields`, the object as transformers is to be handed
+    it."""
     path: Path
     family: str  # "gpt2" or "llama"
     vocab_size: int
@@ -182,17 +164,13 @@ class HFConfig:
     norm_topk_prob: bool = True  # Mixtral renormalizes the top k; Qwen2-MoE by norm_topk_prob
     qkv_bias: bool = False  # Qwen2's bias on q, k and v alone
     moe_layers: Optional[tuple] = None  # per layer, whether it is an MoE layer (None: every layer)
-    # every field of the family's table as checked (transformers' default where left out): what a family of
-    # families/ reads beyond the fields above
+    # Every field of the family's table as checked (defaults filled in).
     values: dict = field(default_factory=dict, repr=False, compare=False)
-    notes: tuple[str, ...] = ()  # said once at the start (what the folder holds that the run leaves out)
+    notes: tuple[str, ...] = ()
 
-
-# ---- reading ------------------------------------------------------------------------------------
 
 def read_json_object(path: Path, what: str = "a Hugging Face model folder needs its config.json") -> dict:
-    """A JSON file holding one object; missing, unreadable, not JSON or not an object is a ConfigError
-    naming the file."""
+    """A JSON file holding one object, else a ConfigError naming the file."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -205,9 +183,8 @@ def read_json_object(path: Path, what: str = "a Hugging Face model folder needs 
 
 
 def checked_field(raw: dict, spec: Field, path: Path, fields: dict, prefix: str = ""):
-    """The field's value (its default when left out) after checking it; a number of a floating field is
-    made a float in `fields`. An alias is checked under the name the file uses; the first name present
-    gives the value, as the key transformers maps it to comes first."""
+    """The field's value (its default when left out), checked; a floating field's number is made a float in `fields`. An
+    alias is checked under the name the file uses."""
     value = MISSING
     for key in (spec.key, *spec.aliases):
         if key not in raw:
@@ -249,12 +226,9 @@ def _clipped(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-# ---- the rules between a Llama's fields -----------------------------------------------------------
-
 def llama_shaped(values: dict, raw: dict, path: Path, fields: dict, heads_divide_hidden: bool = True) -> HFConfig:
-    """Llama's rules between the fields. `heads_divide_hidden`: the family's config class refuses a hidden_size that
-    num_attention_heads does not divide (LlamaConfig's and Gemma 2/3's validate_architecture); the others' do not
-    (GLM-4.5: hidden_size 4096, 96 heads of head_dim 128), and take head_dim, else hidden_size // heads."""
+    """Llama's rules between fields. `heads_divide_hidden`: the config class refuses a hidden_size the heads do not
+    divide (LlamaConfig, Gemma 2/3); others take head_dim."""
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
     if heads_divide_hidden and hidden % heads:
         # LlamaConfig.validate_architecture
@@ -266,8 +240,7 @@ def llama_shaped(values: dict, raw: dict, path: Path, fields: dict, heads_divide
                           f"each key/value head serves an equal group of query heads")
     head_dim = values["head_dim"] or hidden // heads
     if head_dim % 2:
-        # transformers' validate_rope refuses an odd rotary dimension too (it lets test fixtures with
-        # head_dim <= 4 through); the rotation here pairs the two halves of each head.
+        # transformers refuses an odd rotary dimension too; the rotation pairs each head's halves.
         raise ConfigError(f"{path}: the head dimension {head_dim} ("
                           f"{'head_dim' if values['head_dim'] else 'hidden_size / num_attention_heads'}) is odd; "
                           f"rotary embeddings rotate pairs of dimensions")
@@ -282,8 +255,8 @@ def llama_shaped(values: dict, raw: dict, path: Path, fields: dict, heads_divide
 
 
 def rope_config(values: dict, raw: dict, path: Path) -> RopeConfig:
-    """rope_parameters, or an older file's rope_scaling (which transformers takes when both are set),
-    the keys of both checked; rope_theta from inside it, else the top level's."""
+    """rope_parameters, or an older file's rope_scaling, both checked; rope_theta from inside it, else the top level's.
+    """
     for key in ("rope_parameters", "rope_scaling"):
         if isinstance(raw.get(key), dict):
             for spec in ROPE_FIELDS:
@@ -292,8 +265,8 @@ def rope_config(values: dict, raw: dict, path: Path) -> RopeConfig:
 
 
 def rope_object(rope: dict, default_theta: float, path: Optional[Path] = None, key: str = "") -> RopeConfig:
-    """One rope_parameters object (checked first where `path` names the file, `key` its place in it) as a
-    RopeConfig; its rope_theta, else `default_theta`."""
+    """One rope_parameters object as a RopeConfig, checked where `path` names the file; its rope_theta, else
+    `default_theta`."""
     if path is not None:
         for spec in ROPE_FIELDS:
             checked_field(rope, spec, path, {}, prefix=f"{key}.")
@@ -318,7 +291,7 @@ def _floats_or_none(values) -> Optional[tuple[float, ...]]:
     return None if values is None else tuple(float(value) for value in values)
 
 
-# Llama 3's rope scaling as Megatron-LM fixes it beside --rope-scaling-factor (gpt/rotary.py's llama3_scaled).
+# Llama 3's rope scaling as Megatron-LM fixes it beside --rope-scaling-factor.
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
@@ -329,8 +302,7 @@ class FolderValue:
     key: str
 
 
-# The block settings of issue 63 as the families read before it have them: none of those blocks. (Not
-# --apply-layernorm-1p: it stores each norm's gain less one, which the import and export shift: checkpoint/hf/folders.py.)
+# Block settings the families read as off (--apply-layernorm-1p is handled by the gain shift instead).
 PLAIN_BLOCKS = {"qk_l2_norm": False, "no_rope_freq": None, "qk_layernorm_over_projection": False, "window_size": None,
                 "window_attn_skip_freq": None, "sublayer_norms": "input", "gated_linear_unit": False,
                 "scale_embeddings_by_sqrt_hidden": False, "softmax_scale": None, "attn_logit_softcapping": None,
@@ -338,8 +310,7 @@ PLAIN_BLOCKS = {"qk_l2_norm": False, "no_rope_freq": None, "qk_layernorm_over_pr
 
 
 def llama_shape_settings(config: HFConfig) -> dict[str, FolderValue]:
-    """The shape settings a Llama-shaped folder gives (Megatron-Bridge's LlamaBridge.provider_bridge's mapping), each
-    with the key it comes from."""
+    """The shape settings a Llama-shaped folder gives, each with the key it comes from."""
     v, fields = FolderValue, config.fields
     return {
         "num_layers": v(config.num_layers, "num_hidden_layers"), "hidden_size": v(config.hidden_size, "hidden_size"),

@@ -1,6 +1,6 @@
-"""What Gemma 2 and Gemma 3 (families/gemma2/, families/gemma3/) share: their keys beyond Llama's core, their blocks
-(GeGLU, norms on each sublayer's input and output, the gain stored less one, scaled embeddings), the rules and
-settings they read alike (activation, query_pre_attn_scalar, soft-capping, windows) and the keys they write."""
+"""What Gemma 2 and Gemma 3 share: their keys beyond Llama's core, their blocks (GeGLU, sandwich norms, gain stored less
+one, scaled embeddings), and the rules, settings and keys they read and write alike.
+"""
 
 from __future__ import annotations
 
@@ -37,12 +37,11 @@ def gemma_fields(*extra: Field, bidirectional_default=None, **defaults) -> tuple
                        drop=("hidden_act",), **defaults)
 
 
-# the block features Gemma 2 and 3 hold beyond GEMMA_BLOCKS (query_pre_attn_scalar, and the soft-cappings under
-# their sections' keys)
+# Block features Gemma 2 and 3 hold beyond GEMMA_BLOCKS.
 GEMMA_CARRIES = ("softmax_scale", "attn_logit_softcapping", "final_logit_softcapping")
 GEMMA_BLOCKS = {**LLAMA_BLOCKS, "swiglu": False, "gated_linear_unit": True, "apply_layernorm_1p": True,
                 "sublayer_norms": "input_and_output", "scale_embeddings_by_sqrt_hidden": True}
-# (ours in a block, Gemma's in a layer): its post_attention_layernorm is on the attention's output
+# (ours in a block, Gemma's in a layer): post_attention_layernorm is on the attention's output.
 GEMMA_NORMS = (("input_layernorm.weight", "input_layernorm.weight"),
                ("attention_output_layernorm.weight", "post_attention_layernorm.weight"),
                ("post_attention_layernorm.weight", "pre_feedforward_layernorm.weight"),
@@ -51,7 +50,6 @@ GEMMA_NORMS = (("input_layernorm.weight", "input_layernorm.weight"),
 
 def gemma_typed(values: dict, raw: dict, path, fields: dict) -> HFConfig:
     """Llama's rules between fields, hidden_activation read as the activation; no MLP bias."""
-    # Gemma2Config.validate_architecture and Gemma3TextConfig's refuse a hidden_size the heads do not divide
     return dense_typed({**values, "hidden_act": values["hidden_activation"]}, raw, path, fields,
                        heads_divide_hidden=True)
 

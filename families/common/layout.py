@@ -1,12 +1,6 @@
-"""What the MoE families' weight mappings (families/<name>/weights.py) share: their record (`FamilyWeights`), the
-names a Llama-shaped layer's tensors have on both sides, the loop over layers both ways, the tensors' shapes read
-from our own meta model through the same mapping, and a folder's names made canonical (transformers 5 keeps the
-experts of one layer fused, [experts, ...], in memory and saves them per expert; the multi-token prediction layers
-DeepSeek-V3 and GLM-4.5 files hold after the decoder are dropped, as transformers drops them).
-
-Tensors under our names are the TP 1 layout (families/common/llama_shaped.py's module docstring: the fused QKV rows
-group by group); a router's expert bias (--moe-router-enable-expert-bias, not a parameter: checkpoint/router_state.py)
-travels as `blocks.<i>.mlp.router.expert_bias`, transformers' e_score_correction_bias.
+"""What the MoE families' weight mappings share: their record (`FamilyWeights`), a Llama-shaped layer's names on both
+sides, the loop over layers both ways, shapes from our own meta model through the same mapping, and a folder's names
+made canonical (fused experts split, MTP layers dropped as transformers drops them).
 """
 
 from __future__ import annotations
@@ -23,19 +17,16 @@ from families.common.features import flag_for, uncarried
 from families.common.llama_shaped import ends_from_hf, ends_to_hf, fused_qkv, split_qkv
 from gpt.model_config import ModelConfig
 
-EXPERT_BIAS = "mlp.router.expert_bias"  # our name inside a block (checkpoint/router_state.py's SUFFIX)
-# Tensors of quantized releases (DeepSeek-V3's fp8 blocks: weight_scale_inv; GPT-OSS's MXFP4: *_blocks, *_scales)
+EXPERT_BIAS = "mlp.router.expert_bias"
+# Tensors of quantized releases (fp8 scales, MXFP4 blocks).
 QUANTIZED_SUFFIXES = ("_scale_inv", "_blocks", "_scales")
 
 
 @dataclass(frozen=True)
 class FamilyWeights:
-    """One family's weights (families/<name>/weights.py) as checkpoint/hf/folders.py takes them:
-    `claims(config)`: whether a model exports as this family (the feature no other family has); `misfits(config)`: what
-    keeps it from being one (flags, each a phrase); `hf_config(config, eod_id)`: transformers' config object;
-    `to_hf(state, config)`: our whole state under the family's canonical names (one tensor per expert), and
-    `from_hf` its inverse (the vocabulary padded to `padded_vocab`); `pack` turns canonical names into the file's
-    (identity but for GPT-OSS's fused experts) and `unpack(tensors, num_layers)` a file's into canonical ones."""
+    """One family's weights as checkpoint/hf/folders.py takes them: `claims` and `misfits` decide the export,
+    `hf_config`, `to_hf` / `from_hf` map both ways, and `pack` / `unpack` turn canonical names into the file's and back.
+    """
     model_type: str
     architecture: str
     claims: Callable[[ModelConfig], bool]
@@ -45,24 +36,18 @@ class FamilyWeights:
     from_hf: Callable[[dict, ModelConfig, int], dict]
     pack: Callable[[dict], dict] = lambda tensors: tensors
     unpack: Optional[Callable[[dict, int], dict]] = None
-    # transformers' class runs no multi-token prediction layer and drops a release's (DeepSeek-V3's
-    # model.layers.<num_layers>.*): the export writes them there (to_hf), said in one line (folders.py mtp_unloaded)
+    # transformers runs no MTP layer and drops a release's: the export writes them anyway, said in one line.
     drops_mtp: bool = False
-    # our norms (name suffixes) whose family tensor is the gain itself, shifted by one under --apply-layernorm-1p
-    # (checkpoint/hf/folders.py shifted_gains); Qwen3-Next's other norms store the gain less one, as ours
+    # Norms whose family tensor is the gain itself, shifted under --apply-layernorm-1p.
     gain_norms: tuple[str, ...] = ("layernorm.weight",)
-    # why the conversion is more than moving rows (checkpoint/hf/mapping.py read_whole_because), or None
     read_whole: Optional[str] = None
-    # its class holds a --hybrid-layer-pattern's Mamba layers and one-part blocks (checkpoint/hf/folders.py
-    # refuse_hybrid_layers refuses them for every other family)
+    # Its class holds a pattern's Mamba layers and one-part blocks.
     holds_hybrid_blocks: bool = False
 
 
-# ---- what a model must be -----------------------------------------------------------------------
-
 def needs(config: ModelConfig, wanted: dict[str, Any]) -> list[str]:
-    """The flags (`--swiglu`, `no --qk-layernorm`, `--normalization RMSNorm`) that would give `config` each wanted
-    setting it lacks; a wanted value may be a predicate with its phrase: (test, "what it must be")."""
+    """The flags that would give `config` each wanted setting it lacks; a wanted value may be (predicate, its phrase).
+    """
     found = []
     for name, want in wanted.items():
         value = setting_value(config, name)
@@ -77,11 +62,9 @@ def needs(config: ModelConfig, wanted: dict[str, Any]) -> list[str]:
 
 def llama_block_misfits(config: ModelConfig, wanted: dict[str, Any], carries: tuple[str, ...] = (),
                         drops_mtp: bool = False) -> list[str]:
-    """What keeps `config` from being a Llama-shaped MoE family: the settings every one here wants (RMSNorm,
-    SwiGLU's gated MLP, rotary positions in halves on every layer), then the family's own `wanted` (needs' form), any
-    block feature the model sets that neither `wanted` pins nor `carries` names (families/common/features.py),
-    Megatron-Core's router (not DeepSpeed-MoE's), one expert count, no residual MoE, dropless experts, no multi-token
-    prediction (`drops_mtp`: the export writes them where transformers does not load them, FamilyWeights.drops_mtp)."""
+    """What keeps `config` from being a Llama-shaped MoE family: RMSNorm, SwiGLU and halves-rotary everywhere, the
+    family's `wanted`, no uncarried feature, Megatron-Core's dropless router with one expert count, and no MTP unless
+    `drops_mtp`."""
     wanted = {"normalization": "RMSNorm", "rotary_interleaved": False,
               "no_rope_freq": (lambda value: not value, "no --no-rope-freq"),
               "activation": (lambda value: value in ("gelu", "gelu_tanh"), "no --activation other than SwiGLU's"),
@@ -118,9 +101,8 @@ def first_dense_count(config: ModelConfig) -> int:
 
 
 def rope_parameters(config: ModelConfig) -> dict:
-    """transformers' rope_parameters for our rotary settings (plain, Llama 3's scaling, or YaRN: transformers'
-    _compute_yarn_parameters reads mscale and mscale_all_dim only together, else YaRN's default concentration,
-    Megatron's at --mscale 1 --mscale-all-dim 0)."""
+    """transformers' rope_parameters for our rotary settings (plain, Llama 3's, or YaRN with mscale and mscale_all_dim
+    only together)."""
     from families.common.llama_shaped import rope_parameters as llama_rope
 
     if config.positions.position_embedding_type == "yarn":
@@ -137,11 +119,8 @@ def rope_parameters(config: ModelConfig) -> dict:
     return parameters
 
 
-# ---- names --------------------------------------------------------------------------------------
-
 def attention_names(config: ModelConfig, o_bias: Optional[bool] = None) -> list[tuple[str, str]]:
-    """(ours inside a block, theirs inside a layer) for a Llama-shaped attention's tensors other than q, k and v, and
-    the two norms around it. `o_bias`: whether o_proj has a bias (default: --add-bias-linear)."""
+    """(ours inside a block, theirs inside a layer) for an attention's tensors besides q, k, v, and its two norms."""
     names = [("input_layernorm.weight", "input_layernorm.weight"),
              ("post_attention_layernorm.weight", "post_attention_layernorm.weight"),
              ("attention.dense.weight", "self_attn.o_proj.weight")]
@@ -163,8 +142,8 @@ def swiglu_names(ours: str, theirs: str) -> list[tuple[str, str]]:
 
 def moe_names(config: ModelConfig, layer: int, router: str = "mlp.gate", shared: str = "mlp.shared_experts"
               ) -> list[tuple[str, str]]:
-    """A DeepSeek- or Qwen-style MoE layer's tensors: the router (and its correction bias where the router has one),
-    each expert's SwiGLU (mlp.experts.<e>.gate_proj ...), the shared expert's."""
+    """A DeepSeek- or Qwen-style MoE layer's tensors: router (and correction bias), each expert's SwiGLU, the shared
+    expert."""
     moe = config.moe_of(layer)
     names = [("mlp.router.weight", f"{router}.weight")]
     if moe.router_enable_expert_bias:
@@ -181,12 +160,10 @@ def layer_mlp_names(config: ModelConfig, layer: int) -> list[tuple[str, str]]:
     return moe_names(config, layer) if config.moe_layers()[layer] else swiglu_names("mlp", "mlp")
 
 
-# ---- both ways ----------------------------------------------------------------------------------
-
 def to_hf_layers(state: dict, config: ModelConfig, layer_names: Callable[[int], list[tuple[str, str]]],
                  fused_qkv_names: bool = True) -> dict[str, torch.Tensor]:
-    """Our state under the family's names: the embedding (our padding rows cut), the final norm, an untied output
-    layer, each layer's `layer_names(i)` as they are, and q, k, v from our fused QKV (`fused_qkv_names`)."""
+    """Our state under the family's names: the ends (padding rows cut), each layer's `layer_names(i)`, and q, k, v from
+    our fused QKV."""
     out = ends_to_hf(state, config)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
@@ -201,8 +178,7 @@ def to_hf_layers(state: dict, config: ModelConfig, layer_names: Callable[[int], 
 def from_hf_layers(hf_state: dict, config: ModelConfig, padded_vocab: int,
                    layer_names: Callable[[int], list[tuple[str, str]]], fused_qkv_names: bool = True
                    ) -> dict[str, torch.Tensor]:
-    """The inverse of `to_hf_layers`: padding rows of the vocabulary zero; a tensor `hf_state` lacks is left out (an
-    expert another expert-parallel rank holds, checkpoint/hf/folders.py expert_filter)."""
+    """The inverse of `to_hf_layers`; a tensor `hf_state` lacks (another EP rank's expert) is left out."""
     out = ends_from_hf(hf_state, config, padded_vocab)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
@@ -216,8 +192,7 @@ def from_hf_layers(hf_state: dict, config: ModelConfig, padded_vocab: int,
 
 def by_layer_names(layer_names: Callable[[ModelConfig, int], list[tuple[str, str]]], fused_qkv_names: bool = True
                    ) -> tuple[Callable[[dict, ModelConfig], dict], Callable[[dict, ModelConfig, int], dict]]:
-    """A family's to_hf and from_hf (FamilyWeights) where a layer's tensors are `layer_names(config, i)` as they are,
-    beside the ends and, with `fused_qkv_names`, q, k and v from our fused QKV."""
+    """A family's to_hf and from_hf where a layer's tensors are `layer_names(config, i)` as they are."""
     def to_hf(state: dict, config: ModelConfig) -> dict:
         return to_hf_layers(state, config, lambda i: layer_names(config, i), fused_qkv_names)
 
@@ -228,8 +203,8 @@ def by_layer_names(layer_names: Callable[[ModelConfig, int], list[tuple[str, str
 
 
 def tensor_shapes(family: FamilyWeights, config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the family's folder holds for `config`, with its shape: our meta model's state (with the routers'
-    expert biases) through the family's own mapping, so the check and the mapping cannot disagree."""
+    """Every tensor the family's folder holds for `config`, with its shape, from our meta model through the family's own
+    mapping."""
     from gpt.model import GPTModel
     from parallel.state import ParallelState
 
@@ -241,16 +216,12 @@ def tensor_shapes(family: FamilyWeights, config: ModelConfig) -> dict[str, tuple
     return {name: tuple(tensor.shape) for name, tensor in family.to_hf(state, config).items()}
 
 
-# ---- a folder's names ---------------------------------------------------------------------------
-
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def canonical_names(tensors: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
-    """A folder's tensors under the names the family's CausalLM class has: `model.` before a base model's names,
-    saved rotary buffers dropped, the layers after the decoder's (multi-token prediction's) dropped, and experts kept
-    fused in memory by transformers 5 (mlp.experts.gate_up_proj [E, 2 x ffn, h], gate rows first; down_proj
-    [E, h, ffn]) as the per-expert names it saves. Quantized weights are refused in one line."""
+    """A folder's tensors under the CausalLM class's names: `model.` added, rotary buffers and post-decoder MTP layers
+    dropped, fused experts split; quantized weights are refused."""
     quantized = sorted(name for name in tensors if name.endswith(QUANTIZED_SUFFIXES))
     if quantized:
         raise ConfigError(f"the folder's weights are quantized ({quantized[0]}, ...: fp8 or MXFP4 blocks with their "

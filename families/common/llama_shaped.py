@@ -1,20 +1,6 @@
-"""Weight mapping between a Llama-shaped `GPTModel` (issue 37's blocks) and transformers' `LlamaForCausalLM`
-(`MixtralForCausalLM`, `Qwen2MoeForCausalLM`, `ApertusForCausalLM`: the four families whose folders say
-`llama_shaped`), and the config.json that describes it; the conversions every family on Llama's layout uses
-(split_qkv, fused_qkv, ends_*). checkpoint/hf/folders.py reads and writes the folders and picks the mapping.
-
-Layout, besides the names:
-- Our fused QKV rows are [group][its query heads, k, v][head_dim] (Megatron-Core's
-  SelfAttention.get_query_key_value_tensors), so a contiguous tensor-parallel slice holds whole key/value
-  groups; transformers keeps q_proj, k_proj and v_proj apart, each head by head.
-- No rotary permutation: transformers' Llama and ours both rotate halves ([x0..x_{d/2-1}] against
-  [x_{d/2}..]), and a Hugging Face folder is already in that layout. Only Meta's original interleaved
-  checkpoints need one, which is why transformers' models/llama/convert_llama_weights_to_hf.py applies
-  `permute` ("permute for sliced rotary": view(n_heads, dim // n_heads // 2, 2, dim).transpose(1, 2)) when
-  it reads Meta's consolidated.*.pth, and nothing when a folder is saved by transformers itself.
-- SwiGLU's gate and up are two weights here as there (gate_proj, up_proj), so each TP rank's slice of
-  each is a slice of theirs; nothing is interleaved.
-Our vocabulary may be padded; transformers' is the tokenizer's exact size.
+"""Weights and config.json between a Llama-shaped `GPTModel` and transformers' LlamaForCausalLM (and Mixtral, Qwen2-MoE,
+Apertus), with the conversions every Llama-layout family uses. Our fused QKV rows are [group][its query heads, k,
+v][head_dim]; both sides rotate halves, so no rotary permutation is needed.
 """
 
 from __future__ import annotations
@@ -31,24 +17,21 @@ from gpt.xielu import XIELU_BETA, XIELU_EPS
 
 MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
-# Mixtral: the Llama family's blocks with a mixture of experts (issue 51); read by --init-from-hf
+# Mixtral: Llama's blocks with a mixture of experts.
 MIXTRAL_TYPE = "mixtral"
 QWEN2_MOE_TYPE = "qwen2_moe"  # Qwen2-MoE: a gated shared expert beside the routed ones, q/k/v biases
 MOE_TYPES = (MIXTRAL_TYPE, QWEN2_MOE_TYPE)
 APERTUS_TYPE, APERTUS_ARCHITECTURE = "apertus", "ApertusForCausalLM"  # --xielu (swiss-ai's Apertus)
-# The block features (families/common/features.py) the Llama-shaped classes hold, each under the rules below: a
-# q, k, v bias (Llama's attention_bias with o's, Qwen2-MoE's alone), and Apertus's per-head q and k norms
+# The block features the Llama-shaped classes hold: a q, k, v bias.
 LLAMA_CARRIES = ("add_qkv_bias",)
 APERTUS_CARRIES = ("add_qkv_bias", "qk_layernorm", "qk_layernorm_over_projection")
-# Old transformers versions saved the rotary inverse frequencies with the weights; they are not weights.
+# Old transformers saved rotary inverse frequencies with the weights; they are not weights.
 BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
 def beyond_llama(config: ModelConfig, carries: tuple[str, ...] = ()) -> dict[str, bool]:
-    """What no LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM or ApertusForCausalLM holds ({the flag it
-    would need: whether the model has it}): every block feature `config` sets but `carries` (families/common/
-    features.py), the sliding windows and the local and interpolated rotary; families/ has the classes that hold
-    them (families/common/dense_weights.py)."""
+    """What no Llama-shaped class holds ({the flag it would need: whether the model has it}): every block feature but
+    `carries`, sliding windows, local and interpolated rotary."""
     return {"no --window-size": config.has_windows(), **{need: True for need in uncarried(config, carries)},
             "no --local-rotary-base": config.positions.local_rotary_base is not None,
             "no --rotary-seq-len-interpolation-factor": config.positions.rotary_seq_len_interpolation_factor is not None}
@@ -60,10 +43,8 @@ def llama_misfits(config: ModelConfig) -> list[str]:
              "--swiglu": not config.mlp.swiglu,
              "--position-embedding-type rope": config.positions.position_embedding_type != "rope",
              "--rotary-percent 1.0": config.positions.rotary_percent != 1.0,
-             # transformers' Llama rotates halves (rotate_half); an interleaved model's query and key rows would
-             # need a permutation that is not written here.
+             # transformers' Llama rotates halves; interleaved rows would need a permutation not written here.
              "no --rotary-interleaved": config.positions.rotary_interleaved,
-             # DeepSeek's multi-latent attention is not exported (transformers' DeepseekV3 would take it)
              "no --multi-latent-attention": config.mla.multi_latent_attention,
              "no --add-qkv-bias without the other biases (transformers' attention_bias covers o_proj too)":
                  config.attention.add_qkv_bias and not config.add_bias_linear and moe_family(config) != QWEN2_MOE_TYPE}
@@ -76,15 +57,13 @@ def llama_misfits(config: ModelConfig) -> list[str]:
 
 
 def is_apertus(config: ModelConfig) -> bool:
-    """--xielu: exported as transformers' ApertusForCausalLM (swiss-ai's Apertus: a Llama whose MLP is
-    up_proj -> xIELU -> down_proj, with per-head query and key RMSNorms)."""
+    """--xielu: exported as ApertusForCausalLM (a Llama with an xIELU MLP and per-head q/k RMSNorms)."""
     return config.mlp.activation == "xielu"
 
 
 def apertus_needs(config: ModelConfig) -> dict[str, bool]:
-    """What keeps a --xielu model from being an ApertusForCausalLM (transformers' modeling_apertus.py: RMSNorms,
-    rotary positions, q_norm and k_norm over each head, no MLP bias, attention_bias over q, k, v and o alike, head
-    width hidden / heads: ApertusConfig has no head_dim)."""
+    """What keeps a --xielu model from being an ApertusForCausalLM (RMSNorms, rotary, per-head q/k norms, no MLP bias, a
+    bias on all of q, k, v, o or none, head width hidden / heads)."""
     return {"--normalization RMSNorm": config.norms.normalization != "RMSNorm",
             "--position-embedding-type rope": config.positions.position_embedding_type != "rope",
             "--rotary-percent 1.0": config.positions.rotary_percent != 1.0,
@@ -109,9 +88,8 @@ def moe_family(config: ModelConfig) -> Optional[str]:
 
 
 def moe_misfits(config: ModelConfig) -> list[str]:
-    """What keeps an MoE model from being a MixtralForCausalLM (no shared expert) or a Qwen2MoeForCausalLM (a gated
-    shared expert): both route by a softmax over all experts' logits, take the top k, drop no token and add no
-    bias to the experts."""
+    """What keeps an MoE model from being a Mixtral or Qwen2-MoE: both take a softmax top k over all experts, drop no
+    token and add no expert bias."""
     moe, family = config.moe, moe_family(config)
     needs = {"--moe-gating megatron (DeepSpeed-MoE's capacity and sampling are not theirs)": moe.deepspeed.gating != "megatron",
              "one --num-experts for every MoE layer (their config has one count)": config.experts.per_layer,
@@ -154,8 +132,8 @@ def rope_parameters(config: ModelConfig) -> dict:
 
 
 def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
-    """A transformers LlamaConfig (MixtralConfig, Qwen2MoeConfig for an MoE model) describing the same network.
-    BOS and EOS are our end-of-document id."""
+    """A transformers LlamaConfig (MixtralConfig, Qwen2MoeConfig for MoE) describing the same network; BOS and EOS are
+    our end-of-document id."""
     from transformers import LlamaConfig, MixtralConfig, Qwen2MoeConfig
 
     common = dict(bos_token_id=eod_token_id, eos_token_id=eod_token_id, pad_token_id=None,
@@ -195,11 +173,8 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
         attention_dropout=config.attention.attention_dropout, initializer_range=config.init_method_std)
 
 
-# ---- weights ------------------------------------------------------------------------------------
-
 def canonical_names(tensors: dict[str, torch.Tensor], family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
-    """Names as LlamaForCausalLM has them: a LlamaModel's file lacks the `model.` prefix; saved rotary
-    buffers are dropped."""
+    """Names as LlamaForCausalLM has them (`model.` added where missing); saved rotary buffers dropped."""
     out = {}
     for name, tensor in tensors.items():
         if name.endswith(BUFFER_SUFFIXES):
@@ -211,10 +186,8 @@ def canonical_names(tensors: dict[str, torch.Tensor], family: str = MODEL_TYPE) 
 
 
 def _per_expert(name: str, tensor: torch.Tensor, family: str) -> dict[str, torch.Tensor]:
-    """transformers 5 keeps the experts fused in memory (mlp.experts.gate_up_proj [E, 2 x ffn, h], gate rows
-    first; mlp.experts.down_proj [E, h, ffn]) and saves them per expert under the older names - a Mixtral's
-    block_sparse_moe.experts.<e>.w1 (gate), w3 (up), w2 (down) and block_sparse_moe.gate (the router), a
-    Qwen2-MoE's mlp.experts.<e>.gate_proj, up_proj, down_proj: a fused file is read as those."""
+    """transformers 5's fused experts (gate_up_proj [E, 2 x ffn, h], gate rows first; down_proj [E, h, ffn]) under the
+    per-expert names it saves (Mixtral's w1/w3/w2, Qwen2-MoE's gate/up/down_proj)."""
     layer, _, rest = name.partition(".mlp.")
     mixtral = family == MIXTRAL_TYPE
     experts = f"{layer}.block_sparse_moe.experts" if mixtral else f"{layer}.mlp.experts"
@@ -230,7 +203,6 @@ def _per_expert(name: str, tensor: torch.Tensor, family: str) -> dict[str, torch
     return {name: tensor}
 
 
-# (our name inside a block, transformers' name inside a layer) for the tensors that move as they are.
 _SAME = (("input_layernorm.weight", "input_layernorm.weight"),
          ("post_attention_layernorm.weight", "post_attention_layernorm.weight"),
          ("attention.dense.weight", "self_attn.o_proj.weight"), ("attention.dense.bias", "self_attn.o_proj.bias"),
@@ -239,8 +211,7 @@ _SAME = (("input_layernorm.weight", "input_layernorm.weight"),
          ("mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"), ("mlp.dense_4h_to_h.bias", "mlp.down_proj.bias"))
 
 
-# An ApertusForCausalLM layer's names (transformers' modeling_apertus.py ApertusDecoderLayer, ApertusMLP,
-# ApertusAttention) for ours; no biases (apertus_needs).
+# An ApertusForCausalLM layer's names for ours (no biases).
 _APERTUS_SAME = (("input_layernorm.weight", "attention_layernorm.weight"),
                  ("post_attention_layernorm.weight", "feedforward_layernorm.weight"),
                  ("attention.q_layernorm.weight", "self_attn.q_norm.weight"),
@@ -256,8 +227,8 @@ def _kinds(config: ModelConfig) -> tuple[str, ...]:
 
 
 def ends_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """A Llama-shaped model's tensors outside its layers under transformers' names: the embedding (our padding rows
-    cut), the final norm and an untied output layer (a tied model has no lm_head)."""
+    """The tensors outside the layers under transformers' names: the embedding (padding rows cut), the final norm, an
+    untied lm_head."""
     vocab = config.vocab_size
     out = {"model.embed_tokens.weight": state["word_embeddings.weight"][:vocab],
            "model.norm.weight": state["final_layernorm.weight"]}
@@ -268,7 +239,7 @@ def ends_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str,
 
 def ends_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig, padded_vocab_size: int
                  ) -> dict[str, torch.Tensor]:
-    """The inverse of `ends_to_hf`: the vocabulary's padding rows are zeros (as our initial values leave them)."""
+    """The inverse of `ends_to_hf`; padding rows are zeros."""
     out = {"word_embeddings.weight": padded_rows(hf_state["model.embed_tokens.weight"], padded_vocab_size),
            "final_layernorm.weight": hf_state["model.norm.weight"]}
     if config.output.untie_embeddings_and_output_weights:
@@ -284,7 +255,7 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         if is_apertus(config):
             out.update({theirs + their_name: state_dict[ours + our_name] for our_name, their_name in _APERTUS_SAME})
-            # XIELUActivation's buffers: beta and eps, in our values (gpt/xielu.py: eps is the fork's bf16 -1e-6)
+            # XIELUActivation's beta and eps buffers, in our values.
             out[theirs + "mlp.act_fn.beta"] = torch.tensor(XIELU_BETA)
             out[theirs + "mlp.act_fn.eps"] = torch.tensor(XIELU_EPS)
         for kind in _qkv_kinds(config):
@@ -303,8 +274,7 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
 
 def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
                           padded_vocab_size: int, family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
-    """The inverse of `to_llama_state_dict`; padding rows of the vocabulary are zeros (as our initial
-    values leave them)."""
+    """The inverse of `to_llama_state_dict`; padding rows are zeros."""
     out = ends_from_hf(hf_state, config, padded_vocab_size)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
@@ -319,19 +289,19 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
                 continue
             if our_name.endswith("weight") or config.add_bias_linear:
                 out[ours + our_name] = hf_state[theirs + their_name]
-        if config.moe_layers()[i]:  # with expert parallelism a rank read only its own experts (hf.expert_filter)
+        if config.moe_layers()[i]:
             out.update({ours + our_name: hf_state[theirs + their_name]
                         for our_name, their_name in _moe_names(config, family) if theirs + their_name in hf_state})
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
 
 def padded_rows(tensor: torch.Tensor, padded_vocab_size: int) -> torch.Tensor:
-    """A vocabulary's rows with zero rows after them up to our padded size (as our initial values leave them)."""
+    """A vocabulary's rows with zero rows up to our padded size."""
     return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
 
 
 def split_qkv(qkv: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Our fused QKV weight (or bias) as transformers' q_proj, k_proj and v_proj (the module docstring's layout)."""
+    """Our fused QKV weight (or bias) as q_proj, k_proj and v_proj."""
     heads, groups, d = config.num_attention_heads, config.attention.query_groups(config.num_attention_heads), \
         config.head_dim
     per_group, rest = heads // groups, qkv.shape[1:]
@@ -351,9 +321,8 @@ def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: ModelCo
 
 
 def _check_xielu_constants(hf_state: dict[str, torch.Tensor], layer: str) -> None:
-    """XIELUActivation's beta and eps buffers: ours are fixed (gpt/xielu.py: 0.5 and the fork's bf16 -1e-6), so a
-    folder with others describes another function (eps compared at bf16's precision: transformers keeps it in the
-    model's dtype)."""
+    """XIELUActivation's beta and eps buffers must be ours (0.5 and the fork's bf16 -1e-6), else the folder is another
+    function."""
     for name, ours in (("beta", XIELU_BETA), ("eps", XIELU_EPS)):
         tensor = hf_state.get(f"{layer}mlp.act_fn.{name}")
         if tensor is not None and abs(float(tensor) - ours) > abs(ours) * 2 ** -8:
@@ -373,8 +342,7 @@ def _moe_names(config: ModelConfig, family: str) -> list[tuple[str, str]]:
 
 
 def _qwen2_moe_names(num_experts: int) -> list[tuple[str, str]]:
-    """(our name inside a block, a Qwen2-MoE layer's): the router, each expert's and the shared expert's SwiGLU
-    weights, and the shared expert's gate."""
+    """(ours inside a block, a Qwen2-MoE layer's): router, experts, shared expert and its gate."""
     projections = (("dense_h_to_4h_gate", "gate_proj"), ("dense_h_to_4h_up", "up_proj"), ("dense_4h_to_h", "down_proj"))
     names = [("mlp.router.weight", "mlp.gate.weight"), ("mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight")]
     names += [(f"mlp.shared_experts.{ours}.weight", f"mlp.shared_expert.{theirs}.weight") for ours, theirs in projections]
@@ -384,7 +352,7 @@ def _qwen2_moe_names(num_experts: int) -> list[tuple[str, str]]:
 
 
 def _mixtral_names(num_experts: int) -> list[tuple[str, str]]:
-    """(our name inside a block, a Mixtral layer's) for the router and each expert's SwiGLU weights."""
+    """(ours inside a block, a Mixtral layer's): router and experts."""
     names = [("mlp.router.weight", "block_sparse_moe.gate.weight")]
     for e in range(num_experts):
         names += [(f"mlp.experts.{e}.dense_h_to_4h_gate.weight", f"block_sparse_moe.experts.{e}.w1.weight"),

@@ -1,6 +1,5 @@
-"""What the MoE families of families/ share: which layers hold experts (--moe-layer-freq's list), the
-DeepSeek-style router (sigmoid scores, the correction bias, group-limited top-k, the scaling factor; DeepSeek-V3 and
-GLM-4.5) as Megatron-Core's flags, and the multi-token prediction layers a folder may hold that transformers drops.
+"""What the MoE families share: which layers hold experts, the DeepSeek-style router (sigmoid scores, correction bias,
+group-limited top-k, scaling) as Megatron-Core's flags, and the MTP layers a folder holds that transformers drops.
 """
 
 from __future__ import annotations
@@ -10,8 +9,7 @@ import dataclasses
 from families.common.fields import HFConfig
 from families.common.reader import FolderValue
 
-# transformers' top-k over each group's two best scores (DeepseekV3TopkRouter / Glm4MoeTopkRouter:
-# `.topk(2, dim=-1)[0].sum(dim=-1)`); Megatron-Core's group_limited_topk sums each group's topk / group_topk best.
+# transformers scores a group by its two best experts; Megatron-Core's group_limited_topk sums topk / group_topk best.
 GROUP_SCORE_EXPERTS = 2
 
 
@@ -21,15 +19,13 @@ def layer_freq(pattern: tuple[bool, ...]) -> int | str:
 
 
 def sparse_step_layers(layers: int, step: int, dense: list | None) -> tuple[bool, ...]:
-    """Qwen's rule (Qwen2MoeDecoderLayer, Qwen3MoeDecoderLayer): an MoE block at layer i `if (i not in
-    mlp_only_layers) and (num_experts > 0 and (i + 1) % decoder_sparse_step == 0)`."""
+    """Qwen's rule: an MoE block at layer i when i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0."""
     dense = set(dense or ())
     return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
 
 
 def first_dense_layers(layers: int, first_k_dense: int) -> tuple[bool, ...]:
-    """DeepSeek's rule (DeepseekV3DecoderLayer, Glm4MoeDecoderLayer): dense MLPs in the first first_k_dense_replace
-    layers, experts in the rest."""
+    """DeepSeek's rule: dense MLPs in the first first_k_dense_replace layers, experts in the rest."""
     return tuple(i >= first_k_dense for i in range(layers))
 
 
@@ -48,9 +44,8 @@ def without_fields(config: HFConfig, *keys: str) -> HFConfig:
 
 
 def mtp_note(path, num_layers: int, count: int, key: str, class_name: str) -> tuple[str, ...]:
-    """A folder's multi-token prediction layers (DeepSeek-V3's and GLM-4.5's num_nextn_predict_layers): their weights
-    follow the decoder's as model.layers.<num_hidden_layers + k>, and transformers' model has no place for them
-    (its _keys_to_ignore_on_load_unexpected drops them on load), so the run is transformers' model without them."""
+    """A folder's MTP layers (num_nextn_predict_layers) have no place in transformers' model: the run leaves them out,
+    said once."""
     if not count:
         return ()
     return (f"> {path}: {key} {count}: {class_name} has no multi-token prediction layers (transformers drops "
@@ -59,12 +54,8 @@ def mtp_note(path, num_layers: int, count: int, key: str, class_name: str) -> tu
 
 
 def sigmoid_router_settings(config: HFConfig, problems: list[str]) -> dict[str, FolderValue]:
-    """The DeepSeek-style router as Megatron-Core's flags (DeepseekV3TopkRouter, Glm4MoeTopkRouter): sigmoid scores
-    in fp32 (--moe-router-score-function sigmoid --moe-router-dtype fp32), the e_score_correction_bias choosing the
-    experts (--moe-router-enable-expert-bias, aux-loss-free balancing: Megatron moves it after each iteration, as
-    DeepSeek-V3 trained), group-limited top-k (--moe-router-num-groups n_group --moe-router-group-topk topk_group),
-    the chosen scores renormalized (norm_topk_prob: Megatron always renormalizes sigmoid scores over the top k) and
-    multiplied by routed_scaling_factor (--moe-router-topk-scaling-factor). Problems are added to `problems`."""
+    """The DeepSeek-style router as Megatron-Core's flags: sigmoid scores in fp32, the correction bias as expert bias,
+    group-limited top-k, renormalized and scaled by routed_scaling_factor. Problems go to `problems`."""
     values, v = config.values, FolderValue
     topk, groups, group_topk = values["num_experts_per_tok"], values["n_group"], values["topk_group"]
     experts = config.num_experts

@@ -1,10 +1,7 @@
-"""A released config.json's quantization_config (GPT-OSS's MXFP4 experts, DeepSeek-V3's fp8 blocks): it says how the
-release stores its weights, not what the model computes. transformers trains such a release only dequantized
-(Mxfp4HfQuantizer.is_trainable is False and asks for Mxfp4Config(dequantize=True)), and a dequantized load drops
-the block (quantizers/base.py: `if self.pre_quantized and quantization_config.dequantize:
-remove_quantization_config(model)`), leaving the plain bf16 model of the same shapes. That model is the one
---init-from-hf builds; quantized weights themselves are refused where they are read (families/common/layout.py
-canonical_names). So the block is accepted and named in one start-up line, not silently passed over."""
+"""A released config.json's quantization_config says how the release stores its weights, not what the model computes:
+transformers trains such a release only dequantized, so --init-from-hf builds the plain model and names the block in one
+start-up line.
+"""
 
 from __future__ import annotations
 

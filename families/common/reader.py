@@ -1,6 +1,5 @@
-"""How a family read by a reader of its own (GPT-2, the Llama-shaped and the MoE families of families/) is given
-(FamilyReader), and a LlamaForCausalLM's settings, which the other Llama-shaped families start from and change:
-each setting's value with the config.json key it comes from (arguments/hf_folder.py's layer of settings).
+"""How a family with a reader of its own is given (FamilyReader), and a LlamaForCausalLM's settings, which the other
+Llama-shaped families start from, each with the config.json key it comes from.
 """
 
 from __future__ import annotations
@@ -17,12 +16,9 @@ LLAMA_ARCHITECTURE = "LlamaForCausalLM"
 
 @dataclass(frozen=True)
 class FamilyReader:
-    """A family of families/ read by its own reader, as the readers of config.json (arguments/hf_config.py) and of
-    the folder's settings (arguments/hf_folder.py) take it: its model_type, the `architectures` it is named by (the first is the
-    class --init-from-hf reads it as and the export writes), its field table, `read` (the checked values, the file's
-    object, its path and the object handed to transformers -> the typed HFConfig, the rules between fields applied)
-    and `settings` (the HFConfig -> the ModelConfig settings, each with its key; what is not built refused in one
-    line)."""
+    """A family read by its own reader: its model_type, `architectures` (the first is the class it is read and written
+    as), its field table, `read` (values -> HFConfig, rules applied) and `settings` (HFConfig -> ModelConfig settings,
+    each with its key)."""
     model_type: str
     architectures: tuple[str, ...]
     fields: tuple[Field, ...]
@@ -31,8 +27,8 @@ class FamilyReader:
 
 
 def llama_settings(config: HFConfig) -> dict[str, FolderValue]:
-    """The ModelConfig settings of a Llama-shaped folder (LlamaForCausalLM's blocks), each with the config.json key
-    that gives it; what our blocks cannot compute is refused in one line naming each key."""
+    """The ModelConfig settings of a Llama-shaped folder, each with its key; what our blocks cannot compute is refused
+    in one line."""
     rope, fields = config.rope, config.fields
     problems = []
     if config.activation != "silu":

@@ -1,20 +1,6 @@
-"""DeepSeek-V3 (model_type deepseek_v3, transformers' DeepseekV3ForCausalLM: models/deepseek_v3/
-configuration_deepseek_v3.py and modeling_deepseek_v3.py), as Megatron-Core's flags:
-
-- DeepseekV3Attention is multi-latent attention (--multi-latent-attention, gpt/mla.py): q_a_proj -> q_a_layernorm ->
-  q_b_proj (--q-lora-rank), kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj (--kv-lora-rank), heads of
-  qk_nope_head_dim + qk_rope_head_dim (--qk-head-dim, --qk-pos-emb-head-dim) and values of v_head_dim; the two
-  latent norms always (--qk-layernorm), at transformers' fixed eps 1e-6; rotary positions on the interleaved pairs
-  of the rope dims (rope_interleave, which gpt/mla.py de-interleaves as Megatron's MLA does), YaRN (rope_type yarn:
-  --rope-type yarn --rotary-scaling-factor --mscale --mscale-all-dim) or plain (--rope-type rope).
-- the first first_k_dense_replace layers' MLP is dense (intermediate_size), the rest are DeepseekV3MoE: the
-  DeepSeek router (families/common/moe.py sigmoid_router_settings), n_routed_experts SwiGLU experts of
-  moe_intermediate_size and an ungated shared expert of n_shared_experts x moe_intermediate_size.
-- num_nextn_predict_layers: transformers' model has no MTP layer and drops their weights (mtp_note).
-The released file's own keys that only its remote code read (topk_method, scoring_func, moe_layer_freq, ep_size,
-aux_loss_alpha, seq_aux) are checked where they would change the math; a quantization_config (the released weights
-are fp8 blocks) changes no shape and no math of the dequantized model: it is named at the start
-(families/common/quantized_release.py) and its weights are refused where read (families/common/layout.py).
+"""DeepSeek-V3 (transformers' DeepseekV3ForCausalLM) as Megatron-Core's flags: multi-latent attention with its latent
+norms and YaRN or plain rotary, dense MLPs in the first layers then the DeepSeek router over SwiGLU experts and a shared
+expert. MTP layers are dropped as transformers drops them; a quantization_config is named at the start.
 """
 
 from __future__ import annotations
@@ -48,9 +34,8 @@ from families.common.reader import FamilyReader, FolderValue, llama_settings
 
 MODEL_TYPE = "deepseek_v3"
 ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV3Model")
-# DeepseekV3Attention's q_a_layernorm and kv_a_layernorm: DeepseekV3RMSNorm(rank), its default eps
 LATENT_NORM_EPS = 1e-6
-# gpt/mla.py's YaRN (MLATransformerConfig's, which no Megatron flag reaches): beta_fast, beta_slow, original positions
+# gpt/mla.py's fixed YaRN parameters (no Megatron flag reaches them).
 MLA_YARN = {"beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 4096}
 
 FIELDS = (
@@ -82,7 +67,7 @@ FIELDS = (
     Field("rope_interleave", BOOLEAN, True, nullable=True),
     Field("num_nextn_predict_layers", INTEGER, 1, aliases=("num_mtp_layers",)),
     Field("output_router_logits", BOOLEAN, False),
-    # derived by DeepseekV3Config (head_dim = qk_rope_head_dim, qk_head_dim = nope + rope) and saved with it
+    # Derived by DeepseekV3Config and saved with it.
     Field("head_dim", POSITIVE_INT, None, nullable=True),
     Field("qk_head_dim", POSITIVE_INT, None, nullable=True),
     # the released file's remote-code keys
@@ -108,7 +93,7 @@ def read(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
     if problems:
         raise ConfigError(f"{path}: {'; '.join(problems)}")
     layers = first_dense_layers(values["num_hidden_layers"], values["first_k_dense_replace"])
-    # the rope dims are the ones rotary positions turn (DeepseekV3RotaryEmbedding reads head_dim = qk_rope_head_dim)
+    # The rope dims are what rotary positions turn.
     config = llama_shaped({**values, "mlp_bias": values["attention_bias"], "head_dim": values["qk_rope_head_dim"],
                            "num_key_value_heads": values["num_attention_heads"]}, raw, path, fields,
                           heads_divide_hidden=False)
@@ -166,15 +151,12 @@ def settings(config: HFConfig) -> dict[str, FolderValue]:
 
 
 def _as_plain_rope(config: HFConfig) -> HFConfig:
-    """The config with its rope read as plain rotary, for llama_settings' other rules (the YaRN here is MLA's)."""
+    """The config with its rope read as plain, for llama_settings' other rules (the YaRN here is MLA's)."""
     return dataclasses.replace(config, rope=dataclasses.replace(config.rope, rope_type="default"))
 
 
 def _rope_settings(rope, problems: list[str]) -> dict[str, FolderValue]:
-    """Multi-latent attention's rotary settings: plain (--rope-type rope) or YaRN (--rope-type yarn) with the factor
-    and the two mscales as transformers reads them: the cos/sin concentration get_mscale(factor, mscale) /
-    get_mscale(factor, mscale_all_dim) when both are set, else get_mscale(factor) (Megatron's --mscale 1
-    --mscale-all-dim 0), and the softmax scale times get_mscale(factor, mscale_all_dim)^2 (mla_softmax_scale)."""
+    """MLA's rotary settings: plain, or YaRN with the factor and the two mscales as transformers reads them."""
     v = FolderValue
     if rope.rope_type == "default":
         return {"rope_type": v("rope", "rope_parameters.rope_type"), "rotary_base": v(rope.theta, "rope_theta")}

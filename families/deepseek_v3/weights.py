@@ -1,9 +1,7 @@
-"""DeepSeek-V3's weights (transformers' DeepseekV3ForCausalLM; families/deepseek_v3/config.py reads its
-config.json): multi-latent attention's projections and latent norms under their names (gpt/mla.py lays out the
-heads as DeepseekV3Attention does: each query/key head [nope, rope], each kv_b_proj head [k_nope, v], the positional
-key after the latent in kv_a_proj_with_mqa), then mlp.gate with its e_score_correction_bias (our router's expert
-bias), mlp.experts.<e>.{gate,up,down}_proj and mlp.shared_experts; dense MLPs in the first layers (in every layer
-of a dense MLA model); an MTP layer as the release's model.layers.<num_layers + k>, which transformers does not load."""
+"""DeepSeek-V3's weights: MLA's projections and latent norms under their names (gpt/mla.py lays out heads as
+DeepseekV3Attention does), the router with its correction bias, experts and shared experts, dense MLPs first, and MTP
+layers as the release's model.layers.<num_layers + k>.
+"""
 
 from __future__ import annotations
 
@@ -35,9 +33,7 @@ LATENT_NORM_EPS = 1e-6  # DeepseekV3RMSNorm's default, at which its latent norms
 
 
 def claims(config: ModelConfig) -> bool:
-    """A model whose every layer is multi-latent attention (DeepseekV3Attention in each; a pattern mixing `*` and `+`
-    layers is none of transformers' classes: checkpoint/hf/folders.py refuses it), MoE or dense (first_k_dense_replace
-    covering every layer)."""
+    """A model whose every layer is multi-latent attention, MoE or dense."""
     return set(mixer_symbols(config)) == {MLA}
 
 
@@ -112,7 +108,6 @@ def _rope(config: ModelConfig) -> dict:
             "beta_slow": MLA_YARN_BETA_SLOW, "original_max_position_embeddings": MLA_YARN_ORIGINAL_MAX_POSITIONS}
 
 
-# an MTP layer's tensors beside its transformer layer's, under the release's names for model.layers.<num_layers + k>
 MTP_NAMES = (("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"), ("eh_proj.weight", "eh_proj.weight"),
              ("final_layernorm.weight", "shared_head.norm.weight"))
 
@@ -125,9 +120,8 @@ decoder_to_hf, from_hf = by_layer_names(_layer_names, fused_qkv_names=False)
 
 
 def to_hf(state: dict, config: ModelConfig) -> dict:
-    """The decoder's tensors, then each MTP layer's as DeepSeek-V3's release holds it: model.layers.<num_layers + k>
-    with its own copies of the embedding and output layer (embed_tokens, shared_head.head), a layer transformers'
-    class does not load (FamilyWeights.drops_mtp)."""
+    """The decoder's tensors, then each MTP layer as the release holds it (with its own embedding and head copies),
+    which transformers does not load."""
     out = decoder_to_hf(state, config)
     last = config.num_layers - 1  # an MTP layer is of the decoder's last layer's kind (gpt/mtp.py)
     for k in range(config.mtp.num_layers):
@@ -143,6 +137,5 @@ WEIGHTS = FamilyWeights(MODEL_TYPE, ARCHITECTURE, claims, misfits, hf_config, to
 
 
 def _groups(moe) -> int:
-    """n_group: the routing groups, 1 without a group top-k (a group count alone does not group Megatron-Core's
-    router, and transformers' would group by it)."""
+    """n_group: the routing groups, 1 without a group top-k."""
     return (moe.router_num_groups or 1) if moe.router_group_topk else 1

@@ -1,12 +1,7 @@
-"""Gemma 2 (transformers' models/gemma2/, Gemma2ForCausalLM): each block's norms on its sublayers' input and output
-(input_layernorm, post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm: --sublayer-norms
-input_and_output), RMSNorms whose gain is 1 + weight in fp32 (Gemma2RMSNorm: --apply-layernorm-1p), a GeGLU MLP of
-hidden_activation (gelu_pytorch_tanh: --gated-linear-unit --activation gelu_tanh), the token embeddings times
-sqrt(hidden) in their dtype (Gemma2TextScaledWordEmbedding: --scale-embeddings-by-sqrt-hidden), scores scaled by
-query_pre_attn_scalar^-0.5 (--softmax-scale) and soft-capped (attn_logit_softcapping: --attn-logit-softcapping),
-logits soft-capped (final_logit_softcapping: --final-logit-softcapping), and a sliding window on every other layer
-from the first (Gemma2Config's layer_types: `sliding_attention if (i + 1) % 2`). Bidirectional attention and
-attention_bias are not built here: refused."""
+"""Gemma 2 (transformers' Gemma2ForCausalLM): sandwich norms (--sublayer-norms input_and_output) whose gain is 1 +
+weight, a tanh-GeGLU MLP, scaled embeddings, query_pre_attn_scalar scaling, attention and final-logit soft-capping, and
+a sliding window on every other layer. Bidirectional attention and attention_bias are refused.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +23,6 @@ from families.common.gemma import (
 )
 
 MODEL_TYPE = "gemma2"
-# Gemma2Config's defaults (transformers/models/gemma2/configuration_gemma2.py)
 FIELDS = gemma_fields(Field("sliding_window", POSITIVE_INT, 4096, nullable=True),
                       Field("final_logit_softcapping", POSITIVE_NUMBER, 30.0, nullable=True),
                       Field("attn_logit_softcapping", POSITIVE_NUMBER, 50.0, nullable=True),

@@ -1,15 +1,7 @@
-"""Gemma 3 (transformers' models/gemma3/, Gemma3ForCausalLM; model_type gemma3_text): Gemma 2's blocks without its
-soft-capping (both default to none), with RMSNorms over each query and key head (Gemma3Attention's q_norm, k_norm,
-Gemma's 1 + weight: --qk-layernorm), five sliding-window layers to each full one (layer_types, or the older
-sliding_window_pattern, default 6), and a rotary embedding per kind of layer (rope_parameters' "full_attention" and
-"sliding_attention", or the older rope_theta with rope_scaling and rope_local_base_freq: Gemma3TextConfig.
-convert_rope_params_to_dict): the full layers' base and scaling (linear in the 27B: --rotary-seq-len-interpolation-
-factor), the sliding layers' own unscaled base (--local-rotary-base).
-
-The released multimodal checkpoints (model_type gemma3, Gemma3ForConditionalGeneration) hold this model as their
-text_config, beside a vision tower: its language model is the model here (model.language_model.* or
-language_model.model.*), the vision tower and projector are not read (said at the start), and the export writes a
-Gemma3ForCausalLM."""
+"""Gemma 3 (transformers' Gemma3ForCausalLM, model_type gemma3_text): Gemma 2's blocks without soft-capping, with
+per-head q/k RMSNorms, five sliding layers to each full one, and a rotary base per kind of layer (--local-rotary-base
+for the sliding ones). A multimodal folder's text_config is read as this model; its vision tower is not.
+"""
 
 from __future__ import annotations
 
@@ -37,8 +29,7 @@ from families.common.gemma import (
 from gpt.model_config import ModelConfig
 
 MODEL_TYPE = "gemma3_text"
-# Gemma3TextConfig's defaults (transformers/models/gemma3/configuration_gemma3.py); its default_theta is 1e6 for the
-# full layers and 1e4 for the sliding ones
+# Gemma3TextConfig's defaults; default_theta is 1e6 for full layers, 1e4 for sliding ones.
 FIELDS = gemma_fields(Field("sliding_window", POSITIVE_INT, 4096, nullable=True),
                       Field("final_logit_softcapping", POSITIVE_NUMBER, None, nullable=True),
                       Field("attn_logit_softcapping", POSITIVE_NUMBER, None, nullable=True),
@@ -104,7 +95,7 @@ FAMILY = DenseFamily(
     fields=FIELDS, read=read, write=write, fixed=FIXED, needs=gemma_needs, carries=GEMMA_CARRIES,
     typed=gemma_typed, layer_names=(*GEMMA_NORMS, *QK_NORMS))
 
-# The multimodal folder: the same model in its text_config (read by arguments/hf_config.py: DenseFamily.section)
+# The multimodal folder: the same model in its text_config.
 MULTIMODAL = DenseFamily(
     model_type="gemma3", architectures=("Gemma3ForConditionalGeneration",), config_class="Gemma3TextConfig",
     fields=FIELDS, read=lambda config: {**read(config), "hf_model_type": FolderValue(MODEL_TYPE, "text_config")},

@@ -1,11 +1,6 @@
-"""GLM-4.5 (model_type glm4_moe, transformers' Glm4MoeForCausalLM: models/glm4_moe/configuration_glm4_moe.py and
-modeling_glm4_moe.py), as Megatron-Core's flags: Llama's attention with a bias on q, k and v alone under
-attention_bias (--add-qkv-bias; o_proj has none), an RMSNorm over each query and key head under use_qk_norm
-(--qk-layernorm), rotary positions on each head's first partial_rotary_factor of dims in two halves (--rotary-percent;
-Glm4MoeConfig's default 0.5), an explicit head_dim (--kv-channels); the first first_k_dense_replace layers' MLP dense
-(intermediate_size), the rest Glm4MoeMoE: DeepSeek-V3's router (families/common/moe.py sigmoid_router_settings),
-SwiGLU experts of moe_intermediate_size and an ungated shared expert of n_shared_experts x moe_intermediate_size. Its
-num_nextn_predict_layers MTP layers are dropped, as transformers drops them (families/common/moe.py mtp_note).
+"""GLM-4.5 (transformers' Glm4MoeForCausalLM) as Megatron-Core's flags: Llama's attention with q/k/v biases, optional
+per-head q/k norms and partial rotary (default 0.5), dense MLPs in the first layers, then DeepSeek-V3's router over
+SwiGLU experts and a shared expert. MTP layers are dropped as transformers drops them.
 """
 
 from __future__ import annotations
@@ -73,7 +68,7 @@ def read(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
     layers = first_dense_layers(values["num_hidden_layers"], values["first_k_dense_replace"])
     config = llama_shaped({**values, "mlp_bias": values["attention_bias"]}, raw, path, fields,
                           heads_divide_hidden=False)
-    # the top level's partial_rotary_factor, which transformers moves into rope_parameters, else its default
+    # The top level's partial_rotary_factor, else its default.
     if "partial_rotary_factor" not in (raw.get("rope_scaling") or raw.get("rope_parameters") or {}):
         partial = values["partial_rotary_factor"]
         config = dataclasses.replace(config, rope=dataclasses.replace(
@@ -93,7 +88,6 @@ def settings(config: HFConfig) -> dict[str, FolderValue]:
     if problems:
         raise ConfigError(f"{config.path}: this {ARCHITECTURES[0]} cannot be represented here: {'; '.join(problems)}")
     partial = config.rope.partial_rotary_factor
-    # llama_settings' other rules, the partial rotation aside (Megatron's --rotary-percent takes it)
     llama = llama_settings(dataclasses.replace(config, rope=dataclasses.replace(config.rope, partial_rotary_factor=1.0)))
     return {**llama, **router,
             "rotary_percent": v(partial, "partial_rotary_factor"),

@@ -1,9 +1,7 @@
-"""GPT-2's weights between our GPTModel and transformers' GPT2LMHeadModel, and the GPT2Config the export writes.
-
-Two differences in layout, besides the names: transformers' GPT-2 uses `Conv1D`, whose weight is a Linear's
-transpose ([in, out]); its fused QKV orders output features [q | k | v], each head by head, ours head by head,
-[head][q, k, v], so that a contiguous TP slice holds whole heads. Our vocabulary may be padded; transformers' is the
-tokenizer's exact size."""
+"""GPT-2's weights between our GPTModel and transformers' GPT2LMHeadModel, and the GPT2Config the export writes. Its
+Conv1D weights are a Linear's transpose, and its fused QKV is [q | k | v] where ours is per head, so a TP slice holds
+whole heads.
+"""
 
 from __future__ import annotations
 
@@ -16,15 +14,14 @@ from families.common.llama_shaped import beyond_llama
 from families.gpt2.config import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS  # noqa: F401 - read from here too
 from gpt.model_config import ModelConfig
 
-# The causal-mask buffers older transformers versions saved with the weights; they are not weights.
+# Causal-mask buffers older transformers saved with the weights; not weights.
 BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
-# transformers' "relu2" is ReLUSquaredActivation (transformers/activations.py: square(relu(x))), which GPT2MLP
-# takes as its activation_function: --squared-relu exports as it.
+# transformers' "relu2" is square(relu(x)), which GPT2MLP takes: --squared-relu exports as it.
 ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "squared_relu": "relu2"}
 
 
 def gpt2_misfits(config: ModelConfig) -> list[str]:
-    """The flags by which `config` differs from GPT-2's blocks (issue 37's Llama-shaped ones)."""
+    """The flags by which `config` differs from GPT-2's blocks."""
     default = ModelConfig()
     features = {"--normalization RMSNorm": config.norms.normalization != default.norms.normalization,
                 "--swiglu": config.mlp.swiglu,
@@ -34,16 +31,11 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 "--untie-embeddings-and-output-weights": config.output.untie_embeddings_and_output_weights,
                 "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.attention.add_qkv_bias,
                 "--qk-layernorm": config.attention.qk_layernorm,
-                # swiss-ai's xIELU: an Apertus MLP (families/common/llama_shaped.py refuses it), never GPT-2's
                 "--xielu": config.mlp.activation == "xielu",
                 f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size,
-                # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
                 "--attention-output-gate": config.attention.attention_output_gate,
-                # DeepSeek's attention: no GPT2LMHeadModel or LlamaForCausalLM has it (check_llama_shaped refuses it)
                 "--multi-latent-attention": config.mla.multi_latent_attention,
-                # experts: a Mixtral or a Qwen2-MoE (families/common/llama_shaped.py), never a GPT2LMHeadModel
                 f"--num-experts {_counts(config.experts.num_experts)}": config.moe is not None,
-                # issue 63's blocks: their families' classes (families/common/dense_weights.py), never GPT-2's
                 **{need.removeprefix("no "): on for need, on in beyond_llama(config).items()}}
     return [flag for flag, differs in features.items() if differs]
 
@@ -54,8 +46,7 @@ def _counts(num_experts) -> str:
 
 
 def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
-    """GPT-2's weight mapping applies: a Llama-shaped model is refused in one line naming what differs,
-    not turned into a KeyError halfway."""
+    """A Llama-shaped model is refused in one line naming what differs, not a KeyError halfway."""
     differing = gpt2_misfits(config)
     if differing:
         raise ConfigError(f"{what} reads GPT-2-shaped models only; this one has {', '.join(differing)}")
@@ -69,9 +60,8 @@ def check_dense(config: ModelConfig, what: str) -> None:
 
 
 def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
-    """A transformers GPT2Config describing the same network (dropouts as configured). Its BOS/EOS
-    ids are our tokenizer's end-of-document id, or None: GPT2Config's default is GPT-2's own 50256,
-    which lies outside a smaller vocabulary."""
+    """A transformers GPT2Config describing the same network; BOS/EOS are our end-of-document id (GPT-2's 50256 may lie
+    outside a smaller vocabulary)."""
     from transformers import GPT2Config
 
     return GPT2Config(
@@ -94,8 +84,6 @@ def qkv_hf_to_ours(tensor: torch.Tensor, heads: int) -> torch.Tensor:
     return tensor.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(-1, *rest)
 
 
-# How each tensor moves: "same" as is, "linear" transposed (Linear <-> Conv1D), "qkv_weight" and
-# "qkv_bias" re-ordered between our per-head layout and transformers' [q | k | v] layout.
 def name_table(config: ModelConfig) -> list[tuple[str, str, str]]:
     """(our name, transformers' name, how it converts) for every tensor except the token embedding."""
     table = [("position_embeddings.weight", "transformer.wpe.weight", "same"),
@@ -162,8 +150,7 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
 
 
 def canonical_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Names as GPT2LMHeadModel has them: a GPT2Model's file (openai-community/gpt2's own) lacks the
-    `transformer.` prefix. The saved causal-mask buffers are dropped."""
+    """Names as GPT2LMHeadModel has them (`transformer.` added for a GPT2Model file); causal-mask buffers dropped."""
     out = {}
     for name, tensor in tensors.items():
         if name.endswith(BUFFER_SUFFIXES):

@@ -1,19 +1,6 @@
-"""GPT-OSS (model_type gpt_oss, transformers' GptOssForCausalLM: models/gpt_oss/configuration_gpt_oss.py and
-modeling_gpt_oss.py), as Megatron-Core's flags (Megatron-Bridge's GPT-OSS provider sets the same):
-
-- GptOssAttention: grouped-query attention with biases on q, k, v and o (attention_bias: --add-bias-linear, which
-  also gives the router and the experts theirs, as GPT-OSS has them), an explicit head_dim (--kv-channels), a learned
-  sink logit per head (self_attn.sinks: --softmax-type learnable), a sliding window on the layers layer_types calls
-  sliding_attention (--window-size sliding_window-1,0 --window-attn-skip-freq with one 1 per such layer: transformers'
-  window counts the query itself), YaRN positions (rope_type yarn: --position-embedding-type yarn with its factor,
-  beta_fast, beta_slow, original positions, and truncate as --yarn-correction-range-round-to-int).
-- GptOssMLP in every layer: GptOssTopKRouter (logits with a bias, the top k, a softmax over them: Megatron-Core's
-  default softmax router) and GptOssExperts, each expert gate_up_proj -> clamp -> gate x sigmoid(1.702 gate) x
-  (up + 1) -> down_proj, with biases: --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value swiglu_limit
-  (gpt/glu.py; quick_gelu's 1.702 is swiglu_alpha).
-A quantization_config (the released experts' weights are MXFP4 blocks) changes no shape and no math of the dequantized
-model transformers trains: it is named at the start (families/common/quantized_release.py) and its weights are
-refused where read.
+"""GPT-OSS (transformers' GptOssForCausalLM) as Megatron-Core's flags: biased GQA with learned sinks, sliding windows by
+layer_types and YaRN positions; a softmax top-k router over experts computing clamped quick-GeGLU with (up + 1). A
+quantization_config (MXFP4 experts) is named at the start.
 """
 
 from __future__ import annotations
@@ -41,7 +28,6 @@ from families.common.reader import FamilyReader, FolderValue, llama_settings
 MODEL_TYPE = "gpt_oss"
 ARCHITECTURES = ("GptOssForCausalLM", "GptOssModel")
 QUICK_GELU_ALPHA = 1.702  # megatron/core/activations.py quick_gelu
-# GptOssConfig's rope_parameters where config.json gives none
 DEFAULT_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "original_max_position_embeddings": 4096, "truncate": False}
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -127,9 +113,8 @@ def settings(config: HFConfig) -> dict[str, FolderValue]:
 
 
 def _rope_settings(rope, max_positions: int, problems: list[str]) -> dict[str, FolderValue]:
-    """Plain rotary (--position-embedding-type rope) or YaRN's (--position-embedding-type yarn, transformers'
-    _compute_yarn_parameters: cos and sin times get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) when
-    both are set, else get_mscale(factor), Megatron's --mscale 1 --mscale-all-dim 0)."""
+    """Plain rotary or YaRN, with transformers' mscale concentration (Megatron's --mscale 1 --mscale-all-dim 0 by
+    default)."""
     v = FolderValue
     if rope.rope_type == "default":
         return {"position_embedding_type": v("rope", "rope_parameters.rope_type")}

@@ -1,10 +1,7 @@
-"""GPT-OSS's weights (transformers' GptOssForCausalLM; families/gpt_oss/config.py reads its config.json): Llama's
-attention names with every bias, self_attn.sinks (our attention.softmax_offset), mlp.router.{weight,bias}, and each
-layer's experts fused as GptOssExperts holds and saves them: gate_up_proj [experts, hidden, 2 x ffn] used as
-x @ W, its columns interleaved (gate = [..., ::2], up = [..., 1::2]: GptOssExperts._apply_gate), gate_up_proj_bias
-[experts, 2 x ffn] interleaved the same way, down_proj [experts, ffn, hidden] and down_proj_bias [experts, hidden].
-The canonical names (families/common/layout.py) hold one expert each (mlp.experts.<e>.gate_up_proj ...), so
-expert parallelism keeps a rank's own; `pack` stacks them back into the file's tensors."""
+"""GPT-OSS's weights: Llama's attention names with biases, sinks (our softmax_offset), the router, and experts fused as
+GptOssExperts saves them (gate_up_proj [E, hidden, 2 x ffn] with gate and up columns interleaved). Canonical names hold
+one expert each, so EP keeps a rank's own; `pack` stacks them back.
+"""
 
 from __future__ import annotations
 
@@ -36,7 +33,6 @@ def claims(config: ModelConfig) -> bool:
     return config.attention.softmax_type != "vanilla" or config.mlp.quick_geglu
 
 
-# the block features GPT-OSS holds beyond those misfits pins: the q, k, v biases every linear has
 CARRIES = ("add_qkv_bias",)
 
 

@@ -1,7 +1,6 @@
-"""Mistral (transformers' models/mistral/, MistralForCausalLM): Llama's blocks with one sliding_window over every
-layer (MistralAttention passes `sliding_window=getattr(self.config, "sliding_window", None)` for all of them;
-MistralConfig's default is 4096 where the key is left out, and null is none). Its W keys count the query:
---window-size W-1,0 (gpt/attention_window.py)."""
+"""Mistral (transformers' MistralForCausalLM): Llama's blocks with one sliding_window over every layer (default 4096;
+null is none), its W keys counting the query: --window-size W-1,0.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ FIXED = dict(LLAMA_BLOCKS)
 def read(config: HFConfig) -> dict[str, FolderValue]:
     check_buildable(config, "MistralForCausalLM")
     if config.fields.get("layer_types") is not None:
-        # MistralConfig warns that it does not read them ("Consider using AutoModel or Ministral classes")
         raise ConfigError(f"{config.path}: layer_types in a MistralForCausalLM: transformers' Mistral gives every "
                           f"layer its one sliding_window and does not read them")
     window = config.values["sliding_window"]

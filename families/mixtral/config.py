@@ -18,8 +18,7 @@ from families.common.fields import (
 )
 from families.common.reader import FamilyReader, llama_settings
 
-# MixtralConfig's (transformers/models/mixtral/configuration_mixtral.py): a Llama's blocks with a mixture of
-# experts in place of the MLP (issue 51); it has no attention_bias, mlp_bias or pretraining_tp.
+# MixtralConfig's fields: no attention_bias, mlp_bias or pretraining_tp.
 MIXTRAL_FIELDS = (
     *(spec for spec in LLAMA_FIELDS if spec.key not in ("attention_bias", "mlp_bias", "pretraining_tp",
                                                         "intermediate_size", "rope_theta")),
@@ -43,11 +42,8 @@ def read(values, raw, path, fields) -> HFConfig:
 
 
 def settings(config: HFConfig) -> dict[str, FolderValue]:
-    """MixtralForCausalLM: a Llama's blocks with Megatron-Core's MoE layer in every MLP's place
-    (transformers' MixtralSparseMoeBlock: a softmax over all experts' logits, its top k renormalized - the
-    same weights as a softmax over the top k logits, Megatron's default - and SwiGLU experts of
-    intermediate_size). Its router jitter is not built here; its aux loss coefficient is a training choice
-    (--moe-aux-loss-coeff)."""
+    """MixtralForCausalLM: Megatron-Core's MoE layer in every MLP's place (a softmax top k renormalized, Megatron's
+    default, over SwiGLU experts). Router jitter is not built; the aux loss coefficient is a training choice."""
     if config.fields.get("router_jitter_noise"):
         raise ConfigError(f"{config.path}: this MixtralForCausalLM cannot be represented here: router_jitter_noise "
                           f"{config.fields['router_jitter_noise']!r} (the router here adds no noise)")

@@ -1,8 +1,6 @@
-"""NemotronH's config.json (model_type nemotron_h, transformers' NemotronHForCausalLM): one layer per symbol of its
-pattern (layers_block_type, or hybrid_override_pattern in older files), Megatron's own symbols, so the pattern is
---hybrid-layer-pattern as written: `M` Mamba-2, `*` attention without positions, `-` an MLP of relu2 without a gate,
-`E` DeepSeek-V3's router over relu2 experts and a shared expert. What its model computes and our blocks cannot
-(biases, another conv width, latent expert projections) is refused in one line.
+"""NemotronH's config.json (transformers' NemotronHForCausalLM): its layer pattern uses Megatron's own symbols, so it is
+--hybrid-layer-pattern as written (Mamba-2, position-free attention, relu2 MLPs, DeepSeek-routed relu2 experts). What
+our blocks cannot compute is refused in one line.
 """
 
 from __future__ import annotations
@@ -37,12 +35,11 @@ MODEL_TYPE = "nemotron_h"
 ARCHITECTURES = ("NemotronHForCausalLM", "NemotronHModel")
 SYMBOLS = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}  # NemotronHConfig._pattern_to_list
 DEFAULT_LAYERS = ["linear_attention", "moe", "full_attention", "mlp"]  # NemotronHConfig's, with neither key
-# transformers' NemotronH clamps dt from below at time_step_min; Megatron's MambaMixer has no clamp, and 0 is no
-# value transformers' initialisation can take (log of it): fp32's smallest normal number clamps no dt a scan can see
+# transformers clamps dt at time_step_min, Megatron's MambaMixer does not: fp32's smallest normal clamps no visible dt.
 NO_CLAMP = float(torch.finfo(torch.float32).tiny)
 PATTERN = Kind("a string of M, *, - and E", lambda v: isinstance(v, str) and v != "" and set(v) <= set("M*-E"))
 
-# NemotronHConfig's fields and defaults, under the older names its __post_init__ still reads (mamba_n_groups, ...)
+# NemotronHConfig's fields and defaults, under the older names it still reads.
 FIELDS = (
     Field("vocab_size", POSITIVE_INT, 131072),
     Field("hidden_size", POSITIVE_INT, 4096),
@@ -86,8 +83,7 @@ FIELDS = (
 
 
 def _pattern(values: dict, path: Path) -> str:
-    """The layers as Megatron's symbols: layers_block_type where given (it wins in NemotronHConfig), else
-    hybrid_override_pattern, else NemotronHConfig's default."""
+    """The layers as Megatron's symbols: layers_block_type, else hybrid_override_pattern, else the default."""
     layers = values["layers_block_type"]
     if layers is None:
         return values["hybrid_override_pattern"] or "".join(SYMBOLS[name] for name in DEFAULT_LAYERS)
@@ -191,8 +187,8 @@ def settings(config: HFConfig) -> dict[str, FolderValue]:
 
 
 def _moe_settings(config: HFConfig, problems: list[str]) -> dict[str, FolderValue]:
-    """An `E` layer: DeepSeek-V3's router (families/common/moe.py) over relu2 experts without a gate, and a shared
-    expert of its own width always beside them (NemotronHMoE); the latent projections are not built."""
+    """An `E` layer: DeepSeek-V3's router over ungated relu2 experts and a shared expert of its own width; latent
+    projections are not built."""
     values, v = config.values, FolderValue
     if values["moe_latent_size"] is not None:
         problems.append(f"moe_latent_size {values['moe_latent_size']} (the experts' latent projections are not "

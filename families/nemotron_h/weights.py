@@ -1,9 +1,7 @@
-"""NemotronH's weights (transformers' NemotronHForCausalLM; families/nemotron_h/config.py reads its config.json):
-one layer per pattern symbol, model.layers.<j>.norm before its mixer, which is the Mamba mixer (in_proj rows
-[z, x, B, C, dt] and conv1d rows [x, B, C], our parts in order), the attention (q, k, v, o_proj), the MLP
-(up_proj, down_proj) or the MoE (gate, experts.<e>, shared_experts). A block here is one or two of those layers
-(gpt/hybrid_pattern.py layer_offsets). The file names them backbone.* (save_pretrained's), transformers' memory
-model.*."""
+"""NemotronH's weights (transformers' NemotronHForCausalLM): one layer per pattern symbol, each a norm and its mixer
+(Mamba, attention, MLP or MoE); a block here is one or two of those layers. The file names them backbone.*,
+transformers' memory model.*.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +29,7 @@ def _pattern_blocks(config: ModelConfig):
 
 
 def claims(config: ModelConfig) -> bool:
-    """A pattern with Mamba (`M`) layers, or with one-part blocks and no mixer but attention (`*`): the feature no other
-    family's class has, so NemotronH claims first."""
+    """A pattern with Mamba layers, or one-part blocks with attention as the only mixer: NemotronH claims first."""
     if config.hybrid_layer_pattern is None:
         return False
     blocks, _ = _pattern_blocks(config)
@@ -61,8 +58,7 @@ def misfits(config: ModelConfig) -> list[str]:
 
 
 def _moe_misfits(config: ModelConfig) -> list[str]:
-    """NemotronHMoE: DeepSeek-V3's router (sigmoid scores, the correction bias, groups scored by their two best) and
-    a shared expert without a gate beside the experts, in every `E` layer alike."""
+    """NemotronHMoE: DeepSeek-V3's router and an ungated shared expert, in every `E` layer alike."""
     moe = config.moe
     found = needs(config, {
         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
@@ -137,8 +133,8 @@ MLP_SAME = (("mlp.dense_h_to_4h.weight", "mixer.up_proj.weight"),
 
 
 def _mlp_names(config: ModelConfig, block: str) -> list[tuple[str, str]]:
-    """(ours inside the block, theirs inside the layer) of its MLP: the dense one, or an `E` layer's router, its
-    correction bias, each expert's and the shared expert's up and down projections."""
+    """(ours inside the block, theirs inside the layer) of its MLP: dense, or an `E` layer's router, bias, experts and
+    shared expert."""
     if block[-1] != MOE:
         return list(MLP_SAME)
     names = [("mlp.router.weight", "mixer.gate.weight"), (EXPERT_BIAS, "mixer.gate.e_score_correction_bias")]
@@ -199,7 +195,6 @@ def from_hf(hf_state: dict, config: ModelConfig, padded_vocab: int) -> dict:
             out[ours + "attention.dense.weight"] = hf_state[mixer + "mixer.o_proj.weight"]
         if mlp is not None:
             out[ours + "post_attention_layernorm.weight"] = hf_state[mlp + "norm.weight"]
-            # an expert another expert-parallel rank holds, or a router's bias in a folder without it, is left out
             out.update({ours + our: hf_state[mlp + theirs] for our, theirs in _mlp_names(config, block)
                         if mlp + theirs in hf_state})
     return {name: tensor.contiguous() for name, tensor in out.items()}
@@ -212,8 +207,7 @@ def pack(tensors: dict) -> dict:
 
 
 def unpack(tensors: dict, num_layers: int) -> dict:
-    """A file's names (backbone.*, or model.*) as transformers holds them; a release's MTP layers (mtp.*), which
-    NemotronHForCausalLM does not load, dropped."""
+    """A file's names as transformers holds them; a release's MTP layers (not loaded by transformers) dropped."""
     renamed = {}
     for name, tensor in tensors.items():
         if name.startswith("mtp."):

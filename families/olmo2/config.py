@@ -1,10 +1,6 @@
-"""OLMo 2 (transformers' models/olmo2/, Olmo2ForCausalLM): Llama's projections with RMSNorms over the whole query and
-key projections (Olmo2Attention's q_norm over heads x head_dim, k_norm over key/value heads x head_dim, before the
-split into heads: --qk-layernorm --qk-layernorm-over-projection) and its norms on each sublayer's output inside the
-residual branch instead of its input (Olmo2DecoderLayer: `residual + post_attention_layernorm(self_attn(x))`, then
-`residual + post_feedforward_layernorm(mlp(x))`: --sublayer-norms output); its RMSNorms apply the gain in fp32
-before the cast (Olmo2RMSNorm), as ours do over the projection. attention_bias would bias q, k, v and o alone:
-refused."""
+"""OLMo 2 (transformers' Olmo2ForCausalLM): Llama's projections with RMSNorms over the whole q and k projections and
+norms on each sublayer's output inside the residual branch (--sublayer-norms output); attention_bias is refused.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +19,6 @@ from families.common.fields import BOOLEAN, Field, FolderValue, HFConfig
 from gpt.model_config import ModelConfig
 
 MODEL_TYPE = "olmo2"
-# Olmo2Config's defaults (transformers/models/olmo2/configuration_olmo2.py)
 FIELDS = core_fields(Field("attention_bias", BOOLEAN, False), vocab_size=50304, intermediate_size=11008,
                      rms_norm_eps=1e-5)
 FIXED = {**LLAMA_BLOCKS, **NO_WINDOW, "qk_layernorm": True, "qk_layernorm_over_projection": True, "sublayer_norms": "output"}

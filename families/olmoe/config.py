@@ -1,9 +1,6 @@
-"""OLMoE (model_type olmoe, transformers' OlmoeForCausalLM: models/olmoe/configuration_olmoe.py and modeling_olmoe.py),
-as Megatron-Core's flags: Llama's blocks with an RMSNorm over the whole query projection and the whole key projection
-before they split into heads (q_norm over hidden_size, k_norm over the key/value heads' width: --qk-layernorm
---qk-layernorm-over-projection), and in every layer OlmoeSparseMoeBlock: a softmax over all experts' logits, its top
-k renormalized only with norm_topk_prob (Megatron-Core's softmax over the top k logits; without it
---moe-router-pre-softmax), SwiGLU experts of intermediate_size, no shared expert; clip_qkv is --clip-qkv.
+"""OLMoE (transformers' OlmoeForCausalLM) as Megatron-Core's flags: Llama's blocks with RMSNorms over the whole q and k
+projections (--qk-layernorm-over-projection) and softmax-routed SwiGLU experts in every layer (top k renormalized only
+with norm_topk_prob); clip_qkv is --clip-qkv.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ from families.common.reader import FamilyReader, FolderValue, llama_settings
 
 MODEL_TYPE = "olmoe"
 ARCHITECTURES = ("OlmoeForCausalLM", "OlmoeModel")
-# the block features OLMoE holds beyond the q/k norms it always has (families/common/features.py)
 CARRIES = ("clip_qkv",)
 
 FIELDS = (

@@ -1,16 +1,7 @@
-"""Phi-3 (transformers' models/phi3/, Phi3ForCausalLM): Llama's blocks with q, k and v in one fused qkv_proj
-([q; k; v] rows: Phi3Attention splits it at heads x head_dim and + groups x head_dim) and gate and up in one
-gate_up_proj ([gate; up] rows: Phi3MLP's `gate, up_states = up_states.chunk(2, dim=-1)`), one sliding_window over
-every layer (default none), rotary positions on the first partial_rotary_factor of each head's dims
-(Phi3RotaryEmbedding: `int(head_dim * partial_rotary_factor)`: --rotary-percent), and dropouts on the residual
-branches and the embedding (resid_pdrop, embd_pdrop: training regularisation, which --hidden-dropout sets here).
-Its long-context rope_type "longrope" (Phi-3-mini-128k; "su" and "yarn" are older names Phi3Config reads as it) is
---position-embedding-type longrope with the --longrope-* settings (gpt/longrope.py): Megatron-LM has no flag for it,
-so it is the folder's setting. The context that picks the short or long factors is the top-level
-original_max_position_embeddings (Phi3Config's default 4096 where left out), which transformers' standardize_rope_params
-puts over any rope_parameters value for a config class that has the attribute, as Phi3Config does. (transformers 5
-raises a KeyError on an 'su' file: Phi3Config standardizes before renaming it, so that context never reaches
-rope_parameters; transformers 4 read it as LongRoPE with the top-level context, and so does this module.)"""
+"""Phi-3 (transformers' Phi3ForCausalLM): Llama's blocks with fused qkv_proj and gate_up_proj, one sliding window over
+every layer, partial rotary (--rotary-percent) and, for the long-context models, LongRoPE with its factor lists, its
+context the top-level original_max_position_embeddings (as transformers 4 read an 'su' file).
+"""
 
 from __future__ import annotations
 
@@ -36,8 +27,7 @@ from gpt.model_config import ModelConfig
 from gpt.positions import LONGROPE_SETTINGS
 
 MODEL_TYPE = "phi3"
-# Phi3Config's defaults (transformers/models/phi3/configuration_phi3.py); partial_rotary_factor at the top level is
-# an older file's place for it (transformers moves it into rope_parameters)
+# Phi3Config's defaults; a top-level partial_rotary_factor is an older file's place for it.
 FIELDS = core_fields(
     Field("sliding_window", POSITIVE_INT, None, nullable=True),
     Field("original_max_position_embeddings", POSITIVE_INT, 4096), Field("resid_pdrop", PROBABILITY, 0.0),
@@ -45,8 +35,7 @@ FIELDS = core_fields(
     vocab_size=32064, hidden_size=3072, intermediate_size=8192, max_position_embeddings=4096,
     rms_norm_eps=1e-5)
 FIXED = {name: value for name, value in LLAMA_BLOCKS.items() if name not in ("rotary_percent", "position_embedding_type")}
-# Phi3Config.convert_rope_params_to_dict: "For backward compatibility if previous version used "su" or "yarn"" it
-# sets rope_type "longrope"; validate_rope takes "default" and "longrope" alone
+# Phi3Config reads "su" and "yarn" as "longrope".
 LONGROPE_NAMES = ("longrope", "su", "yarn")
 POSITIONS = ("rope", "longrope")  # --position-embedding-type a Phi3ForCausalLM has
 
@@ -69,9 +58,8 @@ def read(config: HFConfig) -> dict[str, FolderValue]:
 
 
 def position_settings(config: HFConfig, longrope: bool) -> dict[str, FolderValue]:
-    """Plain rotary, or LongRoPE (--position-embedding-type longrope) with the file's factor lists, the top-level
-    original context, and its factor and attention_factor where it gives them (transformers derives them where it
-    does not: gpt/longrope.py)."""
+    """Plain rotary, or LongRoPE with the file's factors, the top-level original context, and its factor and
+    attention_factor where given."""
     v, rope, key = FolderValue, config.rope, rope_key(config)
     if not longrope:
         return {"position_embedding_type": v("rope", f"{key}.rope_type"),

@@ -1,8 +1,6 @@
-"""Qwen2 and Qwen2.5 (transformers' models/qwen2/, Qwen2ForCausalLM): Llama's blocks with a bias on q, k and v alone
-(Qwen2Attention: q_proj, k_proj, v_proj bias=True, o_proj bias=False: --add-qkv-bias --disable-bias-linear), and,
-with use_sliding_window, a window on the layers from max_window_layers on (Qwen2Config.__post_init__'s
-layer_types: `sliding_attention if self.sliding_window is not None and i >= self.max_window_layers`; its
-sliding_window is None without use_sliding_window)."""
+"""Qwen2 and Qwen2.5 (transformers' Qwen2ForCausalLM): Llama's blocks with biases on q, k and v alone, and with
+use_sliding_window a window on the layers from max_window_layers on.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ from families.common.qwen_windows import SLIDING_FIELDS, qwen_window_settings, q
 from gpt.model_config import ModelConfig
 
 MODEL_TYPE = "qwen2"
-# Qwen2Config's defaults (transformers/models/qwen2/configuration_qwen2.py); it has no head_dim, attention_bias,
-# mlp_bias or pretraining_tp (Qwen2Attention reads a head_dim the file gives)
+# Qwen2Config's defaults; it has no head_dim key, but Qwen2Attention reads one the file gives.
 FIELDS = core_fields(*SLIDING_FIELDS, vocab_size=151936, intermediate_size=22016, num_key_value_heads=32,
                      max_position_embeddings=32768)
 FIXED = {**LLAMA_BLOCKS, "add_qkv_bias": True}

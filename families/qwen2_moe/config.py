@@ -20,9 +20,7 @@ from families.common.fields import (
 )
 from families.common.reader import FamilyReader, llama_settings
 
-# Qwen2MoeConfig's (transformers/models/qwen2_moe/configuration_qwen2_moe.py): Llama's blocks with a bias on q, k, v
-# only (qkv_bias), and an MoE layer with a gated shared expert at every decoder_sparse_step-th layer not in
-# mlp_only_layers.
+# Qwen2MoeConfig's fields: q/k/v biases and a gated shared expert.
 QWEN2_MOE_FIELDS = (
     *(spec for spec in LLAMA_FIELDS if spec.key not in ("attention_bias", "mlp_bias", "pretraining_tp",
                                                         "intermediate_size", "rms_norm_eps")),
@@ -47,8 +45,7 @@ def read(values, raw, path, fields) -> HFConfig:
     values = {**values, "attention_bias": False, "mlp_bias": False}
     layers = values["num_hidden_layers"]
     dense = set(values["mlp_only_layers"] or ())
-    # Qwen2MoeDecoderLayer: an MoE block `if (layer_idx not in config.mlp_only_layers) and
-    # (config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0)`
+    # Qwen2MoeDecoderLayer's rule for an MoE block.
     moe_layers = tuple(i not in dense and (i + 1) % values["decoder_sparse_step"] == 0 for i in range(layers))
     return dataclasses.replace(llama_shaped(values, raw, path, fields, heads_divide_hidden=False),
                                family="qwen2_moe",
@@ -60,11 +57,8 @@ def read(values, raw, path, fields) -> HFConfig:
 
 
 def settings(config: HFConfig) -> dict[str, FolderValue]:
-    """Qwen2MoeForCausalLM (transformers/models/qwen2_moe/modeling_qwen2_moe.py): Llama's blocks with a bias on q,
-    k and v alone (--add-qkv-bias), and in the MoE layers Megatron-Core's MoE layer with a shared expert gated by
-    sigmoid(x . shared_expert_gate) (--moe-shared-expert-gate); its router takes the top k of a softmax over all
-    experts, renormalized only with norm_topk_prob (else --moe-router-pre-softmax). Dense layers (mlp_only_layers,
-    decoder_sparse_step) become --moe-layer-freq's list."""
+    """Qwen2MoeForCausalLM: q/k/v biases, and MoE layers with a sigmoid-gated shared expert (--moe-shared-expert-gate)
+    and a softmax top k renormalized only with norm_topk_prob; dense layers become --moe-layer-freq's list."""
     fields = config.fields
     if fields.get("use_sliding_window"):
         raise ConfigError(f"{config.path}: this Qwen2MoeForCausalLM cannot be represented here: use_sliding_window "

@@ -1,7 +1,6 @@
-"""Qwen3 (transformers' models/qwen3/, Qwen3ForCausalLM): Qwen2's blocks and windows without the q/k/v biases, with
-RMSNorms over each query and key head before rotary (Qwen3Attention's q_norm, k_norm: --qk-layernorm) and an
-explicit head_dim (Qwen3Config's default 128, whatever hidden / heads is: --kv-channels). attention_bias would put
-a bias on q, k, v and o with none in the MLP, which --disable-bias-linear / --add-qkv-bias cannot say: refused."""
+"""Qwen3 (transformers' Qwen3ForCausalLM): Qwen2's blocks and windows without q/k/v biases, with per-head q/k RMSNorms
+and an explicit head_dim (default 128); attention_bias is refused.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ from families.common.qwen_windows import SLIDING_FIELDS, qwen_window_settings, q
 from gpt.model_config import ModelConfig
 
 MODEL_TYPE = "qwen3"
-# Qwen3Config's defaults (transformers/models/qwen3/configuration_qwen3.py)
 FIELDS = core_fields(*SLIDING_FIELDS, Field("attention_bias", BOOLEAN, False), vocab_size=151936,
                      intermediate_size=22016, num_key_value_heads=32, head_dim=128, max_position_embeddings=32768)
 FIXED = {**LLAMA_BLOCKS, "qk_layernorm": True}

@@ -1,10 +1,6 @@
-"""Qwen3-MoE (model_type qwen3_moe, transformers' Qwen3MoeForCausalLM: models/qwen3_moe/configuration_qwen3_moe.py
-and modeling_qwen3_moe.py): Llama's blocks with an RMSNorm over each query and key head before rotary
-(Qwen3MoeAttention's q_norm / k_norm: --qk-layernorm), an explicit head_dim (--kv-channels), and in the MoE layers
-(every decoder_sparse_step-th not in mlp_only_layers) Qwen3MoeSparseMoeBlock: a softmax over all experts' logits, its
-top k renormalized only with norm_topk_prob (Megatron-Core's softmax over the top k logits; without it
---moe-router-pre-softmax), SwiGLU experts of moe_intermediate_size and no shared expert. The dense layers' MLP is
-intermediate_size wide.
+"""Qwen3-MoE (transformers' Qwen3MoeForCausalLM): Llama's blocks with per-head q/k RMSNorms, an explicit head_dim, and
+softmax-routed SwiGLU experts (top k renormalized only with norm_topk_prob, else --moe-router-pre-softmax) in every
+decoder_sparse_step-th layer, no shared expert.
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ from families.common.reader import FamilyReader, FolderValue, llama_settings
 MODEL_TYPE = "qwen3_moe"
 ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen3MoeModel")
 
-# Qwen3MoeConfig's fields and defaults (it has no mlp_bias or pretraining_tp; attention_bias covers q, k, v and o);
-# it saves num_experts under its attribute_map's name num_local_experts.
+# Qwen3MoeConfig's fields and defaults; num_experts is saved as num_local_experts.
 FIELDS = (
     *(spec for spec in LLAMA_FIELDS if spec.key not in ("vocab_size", "hidden_size", "intermediate_size",
                                                         "num_hidden_layers", "num_key_value_heads", "mlp_bias",
@@ -72,7 +67,6 @@ def settings(config: HFConfig) -> dict[str, FolderValue]:
         problems.append("attention_bias true (--add-bias-linear would add biases to the experts and router too)")
     if problems:
         raise ConfigError(f"{config.path}: this {ARCHITECTURES[0]} cannot be represented here: {'; '.join(problems)}")
-    # its sliding_window is read only under use_sliding_window (Qwen3MoeConfig sets it to None otherwise)
     return {**llama_settings(without_fields(config, "sliding_window", "use_sliding_window")),
             "add_bias_linear": v(False, "attention_bias"), "add_qkv_bias": v(False, "attention_bias"),
             "qk_layernorm": v(True, f"model_type {MODEL_TYPE} (q_norm, k_norm over each head)"),

@@ -1,8 +1,7 @@
-"""Qwen3-Next's config.json (transformers' Qwen3NextForCausalLM) as one --hybrid-layer-pattern: layer_types'
-linear_attention layers Gated DeltaNet (`G`, the --linear-* sizes), full_attention layers gated attention (`*`),
-each followed by MoE with a gated shared expert (`E`) or a dense MLP (`-`). Its RMSNorm scales by 1 + weight
-(--apply-layernorm-1p). router_aux_loss_coef is checked, not applied: a training choice, as for the other MoE
-families."""
+"""Qwen3-Next's config.json (transformers' Qwen3NextForCausalLM) as one --hybrid-layer-pattern: Gated DeltaNet (`G`) or
+gated attention (`*`) layers, each followed by MoE with a gated shared expert (`E`) or a dense MLP (`-`); its RMSNorm
+scales by 1 + weight.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ DEFAULT_FULL_ATTENTION_INTERVAL = 4  # its layer_types without the field: every 
 GDN_SIZES = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
              "linear_num_value_heads")
 
-# Qwen3NextConfig's fields and defaults (transformers/models/qwen3_next/configuration_qwen3_next.py); it has no
-# mlp_bias or pretraining_tp, and attention_bias covers q, k, v and o
+# Qwen3NextConfig's fields and defaults; attention_bias covers q, k, v and o.
 FIELDS = (
     *(spec for spec in LLAMA_FIELDS if spec.key not in ("vocab_size", "hidden_size", "intermediate_size",
                                                         "num_hidden_layers", "num_attention_heads",

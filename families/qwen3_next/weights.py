@@ -1,7 +1,7 @@
-"""Qwen3-Next's weights (transformers' Qwen3NextForCausalLM). linear_attn's in_proj_qkvz [q_i | k_i | v_i | z_i]
-and in_proj_ba [b_i | a_i] per key head are our in_proj's rows per head; its conv1d channels [q | k | v], ours per
-head; its gated norm stores the gain, ours the gain less one (FamilyWeights.gain_norms). self_attn's q_proj holds
-per head [query | gate]; our fused QKV per group [queries | gates | k | v]."""
+"""Qwen3-Next's weights (transformers' Qwen3NextForCausalLM): linear_attn's in_proj_qkvz and in_proj_ba are per key
+head, its conv1d channels [q | k | v] where ours are per head, its gated norm stores the gain; self_attn's q_proj holds
+[query | gate] per head.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gpt.model_config import ModelConfig
 
 MODEL_TYPE, ARCHITECTURE = "qwen3_next", "Qwen3NextForCausalLM"
 LAYER_TYPES = {GDN: "linear_attention", ATTENTION: "full_attention"}
-# the block features Qwen3-Next holds beyond those misfits pins (its attention's, where the model has attention)
+# Block features Qwen3-Next holds beyond those misfits pins.
 CARRIES = ("qk_layernorm", "attention_output_gate")
 GDN_SAME = (("dt_bias", "dt_bias"), ("A_log", "A_log"), ("out_norm.weight", "norm.weight"),
             ("out_proj.weight", "out_proj.weight"))
@@ -68,8 +68,6 @@ def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
                            linear_num_value_heads=gdn.linear_num_value_heads, decoder_sparse_step=1,
                            mlp_only_layers=dense_layers(config), attention_bias=False, **experts)
 
-
-# ---- names and layouts --------------------------------------------------------------------------
 
 def _layer_names(config: ModelConfig, layer: int, mixer: str) -> list[tuple[str, str]]:
     """(ours inside a block, theirs inside a layer) of the tensors that keep their layout."""
@@ -137,8 +135,6 @@ def attention_from_hf(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
                       v.reshape(groups, 1, d, *rest)], dim=1).reshape(-1, *rest)
 
 
-# ---- both ways ----------------------------------------------------------------------------------
-
 def to_hf(state: dict, config: ModelConfig) -> dict:
     out = ends_to_hf(state, config)
     for i, mixer in enumerate(mixer_symbols(config)):
@@ -155,7 +151,7 @@ def to_hf(state: dict, config: ModelConfig) -> dict:
 
 
 def from_hf(hf_state: dict, config: ModelConfig, padded_vocab: int) -> dict:
-    """The inverse of `to_hf`; a tensor `hf_state` lacks (an expert another expert-parallel rank holds) is left out."""
+    """The inverse of `to_hf`; a tensor `hf_state` lacks (another EP rank's expert) is left out."""
     out = ends_from_hf(hf_state, config, padded_vocab)
     for i, mixer in enumerate(mixer_symbols(config)):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
