@@ -1,7 +1,6 @@
-"""Megatron-Bridge's published DGX-H100 pre-training rows (configs/benchmarks/bridge_h100.yaml) as pretrain_gpt.py flags
-with the recipe settings each row's own release ran, priced as `python -m zero.plan dry-run --hardware h100-sxm
---trainer megatron-lm` prices them, so the table and the dry run are one model. Where a printed layout is not what the
-release's code ran, the row is priced at the code's."""
+"""Megatron-Bridge's published DGX-H100 pre-training rows as pretrain_gpt.py flags with the recipe settings each row's
+release ran, priced as `dry-run --hardware h100-sxm --trainer megatron-lm` prices them, so the table and the dry run are
+one model."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 BRIDGE_H100 = REPOSITORY / "configs" / "benchmarks" / "bridge_h100.yaml"
 HF_CONFIGS = REPOSITORY / "tests" / "fixtures" / "hf_configs"
 
-# Bridge's model name -> pretrain_gpt.py flags (configs/models presets and released config.json files).
 MODEL_FLAGS: dict[str, list[str]] = {
     "LLAMA3_8B": ["--config", "llama3-8b"],
     "LLAMA3_70B": ["--config", "llama3-70b"],
@@ -38,24 +36,19 @@ UNBUILDABLE = {"Nemotron_3_Nano": "a hybrid Mamba model: this project builds no 
 
 @dataclass(frozen=True)
 class RecipeSettings:
-    recompute_block_layers: int = 0  # Megatron's block recompute: the first N layers of each chunk
-    # selective recompute modules that recompute GEMMs: "mlp" (dense layers only) and "mla_up_proj"
+    recompute_block_layers: int = 0
+    # selective recompute modules that recompute GEMMs
     recompute_modules: tuple[str, ...] = ()
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = True
-    # none is Megatron's even split
     pipeline_split: tuple[str, ...] = ()
-    moe_dispatcher: str = "alltoall"   # alltoall, or the flex dispatcher's deepep / hybridep (planner/layout_ep.py)
+    moe_dispatcher: str = "alltoall"
     ep_overlap: bool = False
 
 
 ACCOUNT_FOR_EMBEDDING_AND_LOSS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
-# Settings a model's rows share, read at each release's scripts/performance configs and library recipes: Llama 3 8B:
-# 25.11 recomputes 5 blocks; 25.09 ran Megatron-FSDP, priced as the distributed optimizer. Llama 3 70B: TP overlap;
-# Megatron's even split of 80 layers over PP 8 x VP 5. Llama 3.1 405B: TP overlap; 126 + 2 over PP 8 x VP 8
-# (account_for_*_in_pipeline_split). DeepSeek-V3: recompute of mla_up_proj and the dense MLPs, DeepEP with the EP
-# overlap, layout "Et|(tt|)*30mL". GPT-OSS 120B: alltoall, no overlap, the even split of PP 4. Qwen3 30B-A3B and
-# 235B-A22B: the dispatcher and EP overlap change by release (RELEASE_RECIPES).
+# Settings a model's rows share, read at each release's performance configs and recipes (what differs by release is in
+# RELEASE_RECIPES).
 RECIPES = {
     "LLAMA3_70B": RecipeSettings(tp_comm_overlap=True),
     "LLAMA3.1_405B": RecipeSettings(tp_comm_overlap=True, pipeline_split=ACCOUNT_FOR_EMBEDDING_AND_LOSS),
@@ -64,7 +57,6 @@ RECIPES = {
                                  pipeline_split=("--pipeline-model-parallel-layout", "Et|(tt|)*30mL")),
     "Qwen3_235B_a22B": RecipeSettings(pipeline_split=ACCOUNT_FOR_EMBEDDING_AND_LOSS),
 }
-# What a release ran differently from its model's RECIPES entry.
 RELEASE_RECIPES: dict[tuple[str, str], dict] = {
     ("LLAMA3_8B", "25.11"): {"recompute_block_layers": 5},
     ("Qwen3_30B_a3B", "25.11"): {"ep_overlap": True},
@@ -81,22 +73,20 @@ RELEASE_RECIPES: dict[tuple[str, str], dict] = {
     ("Qwen3_235B_a22B", "26.04"): {"ep_overlap": True},
     ("Qwen3_235B_a22B", "26.04.01"): {"ep_overlap": True},
 }
-# Rows whose printed layout is not what the release's code ran. 26.02.01's Qwen3 30B-A3B prints v0.3.0's PP 2 x VP 12,
-# while v0.3.1's config is PP 1 x EP 16 and its figure matches the later EP 16 rows.
+# Rows whose printed layout is not what the release's code ran: 26.02.01's Qwen3 30B-A3B ran v0.3.1's PP 1 x EP 16.
 RELEASE_LAYOUTS: dict[tuple[str, str], dict] = {
     ("Qwen3_30B_a3B", "26.02.01"): {"pp": 1, "vp": None, "ep": 16},
 }
 
 
 def recipe_settings(row: "BridgeRow") -> RecipeSettings:
-    """The recipe settings row.release ran for row.model."""
     return dataclasses.replace(RECIPES.get(row.model, RecipeSettings()),
                                **RELEASE_RECIPES.get((row.model, row.release), {}))
 
 
 @dataclass(frozen=True)
 class BridgeRow:
-    model: str          # Bridge's name without its "(dropless)" / "(tokendrop)" suffix
+    model: str
     release: str
     precision: Optional[str]
     layout: dict
@@ -126,24 +116,22 @@ def row_config(row: BridgeRow) -> PretrainConfig:
 
 
 def row_counts(row: BridgeRow) -> ModelCounts:
-    """What the layout model reads off the row's model, its vocabulary the launch's (planner/vocabulary.py)."""
     config = row_config(row)
     return model_counts(config.model, launch_vocab(config)[0])
 
 
 def row_precision(row: BridgeRow) -> str:
-    """FP8 for FP8 / FP8-CS rows; 25.09's rows print none: FP8, as its block-scaling footnote implies."""
+    """FP8 for FP8 / FP8-CS rows, and 25.09's, whose footnote implies it."""
     return "bf16" if row.precision == "BF16" else "fp8"
 
 
 def code_layout(row: BridgeRow) -> dict:
-    """The row's layout as its release's code ran it: the printed one, or RELEASE_LAYOUTS' correction."""
+    """The row's layout as its release's code ran it."""
     return {**row.layout, **RELEASE_LAYOUTS.get((row.model, row.release), {})}
 
 
 def row_flags(row: BridgeRow, printed: bool = False) -> list[str]:
-    """The row as pretrain_gpt.py flags, with its release's recipe settings, at the layout its code ran (`printed`: the
-    table's). Megatron-FSDP is given as the distributed optimizer."""
+    """The row as pretrain_gpt.py flags at the layout its code ran (`printed`: the table's)."""
     recipe, r = recipe_settings(row), (row.layout if printed else code_layout(row))
     seq, tp, pp, vp, ep = str(r["seq_length"]), r["tp"], r["pp"], r["vp"] or 1, r["ep"] or 1
     words = [*MODEL_FLAGS[row.model], "--seq-length", seq, "--max-position-embeddings", seq,
@@ -173,7 +161,6 @@ def row_flags(row: BridgeRow, printed: bool = False) -> list[str]:
 
 
 def row_layout(row: BridgeRow, counts: ModelCounts, printed: bool = False) -> Layout:
-    """The row's flags read back as `dry-run --hardware h100-sxm --trainer megatron-lm` prices them."""
     parsed = parse_arguments(row_flags(row, printed))
     return layout_of_config(parsed.config, row.layout["gpus"], counts, MEGATRON_LM, parsed.harvested)
 

@@ -54,9 +54,9 @@ UNKNOWNS = (
 class Cluster:
     world_size: int
     gpus_per_node: int
-    gpu_memory_bytes: Optional[int] = None  # None: no budget to compare with
+    gpu_memory_bytes: Optional[int] = None
     device_type: str = "cuda"  # decides the attention kernel
-    host_memory_bytes: Optional[int] = None  # per node; None: no host budget to compare with
+    host_memory_bytes: Optional[int] = None
     host_memory_source: str = ""
 
     @property
@@ -75,56 +75,56 @@ class RankPlan:
     stage: int
     precision: str
     gradient_precision: str
-    parameters_total: int                # the whole model's parameters (tied counted once)
-    parameters_local: int                # Psi of this rank's TP shard
+    parameters_total: int
+    parameters_local: int
     model_state_bytes: dict[str, int]
     buffer_bytes: int                    # constant-size reduce buckets and scatter outputs (C_B)
-    host_model_state_bytes: dict[str, int]  # the same categories in host memory (offload), per rank
-    host_buffer_bytes: int  # host memory outside the model states (none today)
-    offload_copy_bytes: int  # --offload-param: device copies of shards in flight at the peak
-    stage3_live_chunk_bytes: int         # the most gathered parameter bytes at once (stage 3)
+    host_model_state_bytes: dict[str, int]
+    host_buffer_bytes: int
+    offload_copy_bytes: int
+    stage3_live_chunk_bytes: int
     stage3_prefetch_elements: int
     checkpoint_bytes: dict[str, int]
     # M_D's buffer, held from the first checkpoint; its checkpoints are not in saved_activation_bytes
     contiguous_checkpoint_buffer_bytes: dict[str, int]
-    saved_activation_bytes: dict[str, int]  # peak saved for backward over the iteration
+    saved_activation_bytes: dict[str, int]
     block_saved_bytes: dict[str, int]
-    logits_bytes: int                    # one micro-batch's logits shard, in the training dtype
-    # the vocab-parallel loss's fp32 softmax: the main loss's and each MTP layer's
+    logits_bytes: int
+    # the loss's fp32 softmax, main and MTP
     loss_softmax_bytes: int
     gradient_working_bytes: int
     step_working_bytes: int
-    # what a resume reads on this rank: its partition's master and moments
+    # a resume's read: its partition's master and moments
     checkpoint_read_bytes: int
     parameter_gradient_bytes: int
     transport_copy_bytes: dict[str, int]
-    process_baseline_bytes: int  # CPU: this process's RSS at the start of the plan (not in total)
-    comm_bytes: dict[str, dict[str, int]]  # per group and kind, one iteration (as in metrics.jsonl)
+    process_baseline_bytes: int  # CPU: this process's RSS at the start (not in total)
+    comm_bytes: dict[str, dict[str, int]]
     flops_per_iteration: float
     flops_per_gpu: float
     total_bytes: int = 0  # the run's peak: from iteration 2 on, with the constant buffers
     first_iteration_bytes: int = 0  # iteration 1's peak (its constant buffers appear at its first reduction)
     budget_bytes: Optional[int] = None
     headroom_bytes: Optional[int] = None
-    host_total_bytes: int = 0  # offloaded states, buffer, P_a+cpu checkpoints,
-    # the staged checkpoint: --async-save's host copy of this rank's files until written
+    host_total_bytes: int = 0
+    # --async-save's staged host copy
     checkpoint_staging_bytes: int = 0
-    # delayed scaling's amax histories and scales, and --fp8-param-gather's FP8 bytes held between steps
+    # delayed scaling's amaxes and scales, and --fp8-param-gather's bytes
     fp8_state_bytes: int = 0
-    # each FP8 weight's cast kept for the iteration's later micro-batches: part of the passes' working set
+    # FP8 weight casts kept through the iteration's micro-batches
     fp8_weight_cache_bytes: int = 0
-    # CUDA graphs: static buffers, gradient arena and the graphs' pool (an upper bound), held the whole run
+    # CUDA graphs' buffers and pool (an upper bound)
     cuda_graph_static_bytes: int = 0
     cuda_graph_pool_bytes: int = 0
     ranks_per_node: int = 1
-    host_budget_bytes: Optional[int] = None  # per node, shared by its ranks
-    host_budget_source: str = ""  # "" for --host-memory; else whose memory it is
+    host_budget_bytes: Optional[int] = None
+    host_budget_source: str = ""
     unknowns: list[str] = field(default_factory=lambda: list(UNKNOWNS))
     notes: list[str] = field(default_factory=list)
     pipeline: Optional[PipelineFigures] = None
     moe: Optional[MoEFigures] = None
-    micro_batches: int = 1               # a step's micro-batches per DP rank (gradient accumulation, or the schedule's M)
-    simulated_micro_batches: int = 1  # those the plan ran: one step's peak needs no more
+    micro_batches: int = 1
+    simulated_micro_batches: int = 1
 
     @property
     def p2p_held_bytes(self) -> int:
@@ -132,7 +132,6 @@ class RankPlan:
 
     @property
     def host_node_bytes(self) -> int:
-        """Host memory of a node: every rank on it holds as much as this one."""
         return self.host_total_bytes * self.ranks_per_node
 
     @property
@@ -145,15 +144,13 @@ class RankPlan:
 
     @property
     def fits(self) -> Optional[bool]:
-        """Both memories: the device's budget, and the node's host memory where one was given."""
         if self.budget_bytes is None:
             return None
         return self.fits_device and self.fits_host is not False
 
     @property
     def binding(self) -> Optional[str]:
-        """Which memory is the tighter, as the fraction of its budget used: "device" or "host" (None without both
-        budgets)."""
+        """The tighter memory by the fraction of its budget used: "device" or "host" (None without both budgets)."""
         if self.budget_bytes is None or self.host_budget_bytes is None:
             return None
         return "host" if self.host_node_bytes / self.host_budget_bytes > self.total_bytes / self.budget_bytes \
@@ -170,8 +167,7 @@ def _element_bytes(dtype: torch.dtype) -> int:
 
 
 class _BlockSavedProbe:
-    """The saved-for-backward bytes each block adds while it runs, in forward and, for a recompute under checkpointing,
-    in backward (from a meter active only there)."""
+    """The saved-for-backward bytes each block adds, in forward and in a recompute."""
 
     def __init__(self, blocks, monitor: ActivationMonitor, progress: Optional["_Progress"] = None,
                  device_type: str = "cuda", attention_backend: str = "auto") -> None:
@@ -185,8 +181,8 @@ class _BlockSavedProbe:
         self.phase = "forward"
         self.peak = {"forward": 0, "backward": 0}
         self.progress = progress
-        # What is saved beyond the forward meter's peak, sampled where it peaks ("recompute", "copy", "saved"), split by
-        # whether the constant buffers exist yet.
+        # what is saved beyond the forward meter's peak, sampled where it peaks, split by whether the constant buffers
+        # exist
         self.buffer_bytes = 0
         self.samples = {kind: {"before": 0, "with": 0, "any": 0} for kind in ("recompute", "saved", "copy")}
         self.forward_peak_at_buffers: Optional[int] = None
@@ -223,7 +219,6 @@ class _BlockSavedProbe:
         return max(self.samples[kind]["before"], self.samples[kind]["with"])
 
     def first_iteration_forward(self, forward_peak: int) -> int:
-        """The forward meter's peak in iteration 1, with the constant buffers if it was reached after they appeared."""
         if self.forward_peak_at_buffers is None or forward_peak <= self.forward_peak_at_buffers:
             return forward_peak
         return max(self.forward_peak_at_buffers, forward_peak + self.buffer_bytes)
@@ -261,13 +256,11 @@ class _BlockSavedProbe:
 
 
 class _Progress:
-    """Where a dry run is (micro-batch, phase, layer), said at most every PROGRESS_INTERVAL_S."""
-
     def __init__(self, emit: Callable[[str], None], layers: int, micro_batches: int) -> None:
         self.lines = ProgressLines(emit, PROGRESS_INTERVAL_S)
         self.layers, self.micro_batches = layers, micro_batches
         self.micro_batch = 0
-        self.planned = micro_batches  # the step's M (or M'); the rest repeat them
+        self.planned = micro_batches
 
     def at(self, phase: str, index: int) -> None:
         self.lines.update(lambda: f"dry run: micro-batch {self.micro_batch + 1} of the step's {self.micro_batches} "
@@ -276,7 +269,6 @@ class _Progress:
 
 
 def check_plannable(config: PretrainConfig) -> None:
-    """Refuse a model deeper, or with more experts per layer, than a dry run plans."""
     model = config.model
     if model.num_layers > MAX_PLAN_LAYERS:
         raise ConfigError(f"--num-layers {model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
@@ -296,11 +288,10 @@ def check_plannable(config: PretrainConfig) -> None:
 
 def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int = 0,
             progress: Optional[Callable[[str], None]] = None, batch: Optional[BatchSchedule] = None) -> RankPlan:
-    """Plan rank `rank` of a run of `config` on `cluster`. `progress` receives a line now and then; `batch`: the run's
-    batch schedule when the caller has it already."""
+    """Plan rank `rank` of a run of `config` on `cluster`; `batch`: the run's batch schedule when the caller has it."""
     check_plannable(config)
     check_tensor_sizes(config, vocab_size)
-    # a CPU rank's process holds Python and torch before it builds anything; the planner's RSS stands in for it
+    # the planner's RSS stands in for a CPU rank's baseline of Python and torch
     baseline = current_rss_bytes() if cluster.device_type == "cpu" else 0
     tp, pp = config.parallel.tensor_model_parallel_size, config.parallel.pipeline_model_parallel_size
     try:
@@ -315,12 +306,11 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     plan = resolve_run_settings(config, vocab_size, tp, state.data_parallel_size, cluster.device_type, batch=batch)
     config = plan.config
     ticker = _Progress(progress, config.model.num_layers, plan.batch.final_accumulation_steps) if progress else None
-    # no dropout streams (a plan must not reseed the caller's generators) and nothing to compile
+    # no dropout streams: a plan must not reseed the caller's generators
     built = build(plan, state, dropout_rng=False, torch_compile=False)
     model, zero, monitor, checkpointing = built.model, built.zero, built.activations, built.checkpointing
     probe = _BlockSavedProbe(model.blocks, monitor, ticker, cluster.device_type, config.model.attention.attention_backend)
     expert_rows = ExpertRowProbe(model, probe._live, cluster.device_type) if config.model.moe is not None else None
-    # the trainer's own step runs one iteration, its every collective counted by the observer
     tokens = torch.zeros((config.training.micro_batch_size, config.model.seq_length + 1), dtype=torch.long, device=META)
     batches = itertools.repeat({"tokens": tokens})
     if pp > 1:
@@ -351,7 +341,6 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     meter = monitor.finish_measurement()
     optimizer = zero.optimizer
 
-    # on the meta device tensor.device cannot say which storages are offloaded
     placed = measure_by_placement(optimizer.model_state_tensors(), host_resident_tensors(optimizer),
                                   include_meta=True)
     held, host_held = placed["device"], placed["host"]
@@ -364,16 +353,14 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         local_vocab = 0
     hidden_bytes = micro * seq * config.model.hidden_size * param_bytes
     logits = micro * seq * local_vocab * param_bytes
-    # A block's backward gradients beside its saved tensors, at the MLP's backward: the gradient at its output, under
-    # recompute the recomputed output, and the MLP's activation gradients (an MoE block's widest expert or shared
-    # expert).
+    # a block's backward gradients at the MLP's backward: the output's gradient, a recomputed output and the MLP's
+    # activation gradients
     boundaries = (2 if config.activations.checkpoint_activations else 1) * hidden_bytes \
         // (tp if config.parallel.sequence_parallel else 1)
     mlp_features = micro * seq * shape.mlp_gradient_features if shape.dense_layers > shape.layers_without_mlp else 0
     if shape.moe_blocks and expert_rows is not None:
         mlp_features = max(mlp_features, expert_rows.rows_at_once * shape.moe_expert_gradient_features,
                            micro * seq * shape.moe_shared_gradient_features)
-    # a mixer-only block's backward: its scan's fp32 working memory, if larger
     block_gradients = boundaries + max(mlp_features * param_bytes, micro * seq * shape.mixer_only_gradient_bytes)
     result = RankPlan(
         rank=rank, tensor_parallel_rank=state.tensor_parallel_rank, data_parallel_rank=state.data_parallel_rank,
@@ -394,7 +381,6 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         block_saved_bytes=dict(probe.peak),
         logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4 * (1 + config.model.mtp.num_layers),
         gradient_working_bytes=logits + block_gradients,
-        # on a CPU the norm's fp64 conversion is one block at a time
         step_working_bytes=optimizer.step_working_bytes(copies["step"], norm_in_blocks=cluster.device_type == "cpu"),
         transport_copy_bytes=copies,
         checkpoint_read_bytes=load_read_bytes(model, optimizer),
@@ -410,17 +396,14 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     result.micro_batches = plan.batch.final_accumulation_steps
     result.simulated_micro_batches = pipeline.simulated_micro_batches if pipeline is not None else \
         len(observer.simulated)
-    # The peak: model states and buffers always, and on top the larger of two working sets never alive together: the
-    # passes' (gathered parameters, saved activations, logits and gradients in flight, gloo's copy read at its
-    # collective: an upper bound) and the step's allocations. With pipeline stages the schedule's simulated peak stands
-    # for the sum.
+    # the peak: model states and buffers, plus the larger of the passes' working set and the step's allocations, which
+    # are never alive together
     result.fp8_weight_cache_bytes = sum(cache.peak_bytes for cache in fp8_weight_caches(model))
     transients = (result.stage3_live_chunk_bytes + logits + result.gradient_working_bytes
                   + result.parameter_gradient_bytes + result.offload_copy_bytes + result.fp8_weight_cache_bytes)
     in_backward = transients - 2 * logits
     copied = bool(copies["passes"])
     if pipeline is not None:
-        # a parameter's gradient counts where it arrives, not on top of the schedule's peak
         passes = max(transients - result.parameter_gradient_bytes
                      + max(pipeline.pass_peak_bytes, pipeline.gradient_arrival_peak_bytes),
                      in_backward + probe.samples["recompute"]["any"] + pipeline.p2p_held_bytes
@@ -439,8 +422,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     device_contiguous = result.contiguous_checkpoint_buffer_bytes["device"]
     result.total_bytes = held["total"] + result.fp8_state_bytes + result.buffer_bytes + device_contiguous \
         + result.cuda_graph_static_bytes + max(passes, result.step_working_bytes + result.cuda_graph_pool_bytes)
-    # Iteration 1 holds less: the constant buffers appear at its first reduction, after the forward's peak, so each
-    # figure takes the buffers that exist when it is reached. A pipeline's slots come before that reduction.
+    # iteration 1 holds less: its constant buffers appear at its first reduction, after the forward's peak
     result.first_iteration_bytes = result.total_bytes
     if not (graphs is not None and graphs.captures and graphs.capture_iteration == 1):
         first_passes = passes if pipeline is not None else max(
@@ -449,7 +431,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
             in_backward + max(probe.first_iteration("recompute"), probe.first_iteration("saved")))
         result.first_iteration_bytes = held["total"] + result.fp8_state_bytes + device_contiguous \
             + max(first_passes, result.buffer_bytes + result.step_working_bytes)
-    if config.checkpoint.saves_in_background:  # the partition: the fp32 master and the moments
+    if config.checkpoint.saves_in_background:
         partition = sum(held[key] + host_held[key] for key in ("master_weights", "optimizer_states"))
         result.checkpoint_staging_bytes = staged_bytes_bound(sum(param.numel() for param in model.parameters()),
                                                              param_bytes, partition)
@@ -464,7 +446,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         result.notes.append("not counted: the device temporary of copying the host master into the parameters "
                             "(stage 3's copy_ across devices and dtypes; stages 1-2 in fp32)")
     if state.context_parallel_size > 1 and config.model.attention.cp_comm_type in ("p2p", "a2a+p2p"):
-        # the CP ring computes each block's scores explicitly: a transient the meter does not see
+        # the CP ring's explicit scores: a transient the meter does not see
         heads, ring_seq = config.model.num_attention_heads // tp, seq
         if config.model.attention.cp_comm_type == "a2a+p2p":
             heads, ring_seq = heads // state.hierarchical_context_sizes[0], seq * state.hierarchical_context_sizes[0]
@@ -492,28 +474,24 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
 
 
 def _offload_copy_bytes(config: PretrainConfig, gatherer, param_bytes: int) -> int:
-    """--offload-param: what the gatherer's joint peak of gathered chunks and host-to-device copies holds beyond the
-    gathered peak."""
+    """--offload-param: what the gatherer's host-to-device copies add to its gathered peak."""
     if gatherer is None or not config.zero.offload_param:
         return 0
     return (gatherer.peak_device_numel - gatherer.peak_live_numel) * param_bytes
 
 
 def _parameter_gradient_bytes(model, param_bytes: int) -> int:
-    """The largest gradient autograd materializes for one parameter before the reducer's hook takes it: the tied
-    embedding's is summed while both uses are alive; a weight with fused accumulation has none."""
+    """The largest gradient autograd materializes for one parameter before the reducer takes it (tied: summed)."""
     fused = fused_weights(model)
     largest = max((p.numel() for p in model.parameters() if id(p) not in fused), default=0)
     tied = getattr(getattr(model, "word_embeddings", None), "weight", None)
-    # both uses on one stage only
     if tied is not None and tied.numel() == largest and model.stage.first and model.stage.last:
         largest *= 2
     return largest * param_bytes
 
 
 def fp8_state_bytes(model, parameter_storage) -> int:
-    """What FP8 holds between steps besides the model states: delayed scaling's amax histories and scales, and
-    --fp8-param-gather's bytes."""
+    """What FP8 holds between steps besides the model states."""
     held = sum(tensor.numel() * tensor.element_size() for scaling in delayed_states(model).values()
                for tensor in (scaling.amax_history, scaling.scale))
     gathered = getattr(parameter_storage, "fp8", None)
@@ -521,6 +499,5 @@ def fp8_state_bytes(model, parameter_storage) -> int:
 
 
 def _buffer_bytes(checkpointing, on_host: bool) -> dict[str, int]:
-    """M_D's buffer by where it lives: the device, or host memory with P_a+cpu."""
     held = checkpointing.contiguous.nbytes() if checkpointing is not None and checkpointing.contiguous else 0
     return {"device": 0 if on_host else held, "host": held if on_host else 0}

@@ -1,6 +1,5 @@
-"""The expert-parallel dispatch and combine in the layout model (layout_perf.py's `ep` term): the copies of each token a
-dispatcher sends over NVLink and over InfiniBand, under force-balanced routing, and how much of that time the combined
-1F1B schedule (--overlap-moe-expert-parallel-comm) hides behind compute."""
+"""The expert-parallel dispatch and combine in the layout model: the copies of each token a dispatcher sends over NVLink
+and over InfiniBand under force-balanced routing, and what the combined 1F1B schedule hides."""
 
 from __future__ import annotations
 
@@ -14,9 +13,8 @@ DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 
 @lru_cache(maxsize=None)
 def _p_untouched(held: tuple[int, ...], experts: int, topk: int, groups: int, group_topk: int) -> float:
-    """Probability that none of a token's experts lies in a set holding `held[i]` experts of the i-th group it meets: a
-    uniform draw of k of E, or under group-limited routing k / group_topk from each chosen group (within 2-6% of a
-    simulation of Megatron's router)."""
+    """Probability that none of a token's experts lies in a set holding `held[i]` experts of each group it meets
+    (uniform routing, or group-limited; within 2-6% of a simulation of Megatron's router)."""
     group_size = experts // groups
     per_group = topk // group_topk
     met = len(held)
@@ -34,7 +32,6 @@ def _p_untouched(held: tuple[int, ...], experts: int, topk: int, groups: int, gr
 
 
 def _hit_probability(first: int, count: int, experts: int, topk: int, groups: int, group_topk: int) -> float:
-    """Probability that a token selects at least one of the experts first .. first + count - 1."""
     group_size = experts // groups
     held = []
     for group in range(first // group_size, (first + count - 1) // group_size + 1):
@@ -46,9 +43,8 @@ def _hit_probability(first: int, count: int, experts: int, topk: int, groups: in
 @lru_cache(maxsize=None)
 def copies_per_token(dispatcher: str, experts: int, topk: int, group: int, ranks_per_node: int,
                      groups: Optional[int] = None, group_topk: Optional[int] = None) -> tuple[float, float]:
-    """(NVLink copies, InfiniBand copies) a rank sends per dispatched token over an EP group of `group` consecutive
-    ranks. alltoall sends one per selected expert, allgather one to every rank, deepep/hybridep one per selected node,
-    forwarded over NVLink there."""
+    """(NVLink, InfiniBand) copies a rank sends per dispatched token over `group` consecutive ranks: one per selected
+    expert (alltoall), per rank (allgather) or per selected node (deepep, hybridep)."""
     if group <= 1:
         return 0.0, 0.0
     local = min(group, ranks_per_node)
@@ -68,18 +64,16 @@ def copies_per_token(dispatcher: str, experts: int, topk: int, group: int, ranks
 
 
 def unpaired_fraction(pp: int, vp: int, micro_batches: int) -> float:
-    """The share of forward (and backward) passes the combined 1F1B schedule runs with no partner pass on the first
-    pipeline rank (schedules.py's get_pp_rank_microbatches warm-up)."""
+    """The share of passes the combined 1F1B schedule runs without a partner on the first pipeline rank."""
     if pp <= 1:
         return min(1.0, 1.0 / micro_batches)
     chunks = micro_batches * vp
-    warmup = (pp - 1) * 2 + (vp - 1) * pp + 1 if vp > 1 else pp - 1  # (PP > 1 without VP: not a Megatron run)
+    warmup = (pp - 1) * 2 + (vp - 1) * pp + 1 if vp > 1 else pp - 1
     return min(1.0, warmup / chunks)
 
 
 def exposed_ep_seconds(ep_s: float, compute_s: float, overlap: bool, unpaired: float) -> float:
-    """The all-to-all time a step does not hide: all of it without the overlap; with it, the unpaired share whole and
-    the rest beyond the compute beside it."""
+    """The all-to-all time a step does not hide."""
     if not overlap:
         return ep_s
     paired = 1.0 - unpaired

@@ -1,6 +1,6 @@
 """One rank's bytes under a searched layout, counted from the model's shape per pipeline stage: model states and ZeRO's
-buffers, then the larger of the optimizer step's temporaries and the pass's peak. The layout search prunes with it, so
-what it leaves out keeps it under the dry run's count, which is the truth."""
+buffers, then the larger of the step's temporaries and the pass's peak. What it leaves out keeps it under the dry run's
+count, since the search prunes with it."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from planner.layout_zero import sharded_state_bytes
 from planner.pipeline_plan import simulated_micro_batches
 
 OPTIMIZER_STATE_BYTES = 12  # fp32 master weight and Adam's two fp32 moments
-# the loss's bytes per logit: 16-bit logits, their saved fp32 softmax and the 16-bit logits' gradient
+# per logit: 16-bit logits, saved fp32 softmax, 16-bit gradient
 LOGIT_BYTES = BF16_BYTES + FP32_BYTES + BF16_BYTES
 
 
 def chunk_layers(counts: ModelCounts, layout: Layout) -> tuple[tuple[int, ...], ...]:
-    """[pipeline rank][model chunk] -> transformer layers: the split the layout is printed with, else an even one."""
+    """[pipeline rank][model chunk] -> layers: the printed split, else an even one."""
     if layout.stage_counts is not None:
         return layout.stage_counts
     per_chunk = counts.layers // (layout.pp * layout.vp)
@@ -35,8 +35,8 @@ def layers_in_flight(micro_batches: int, pp: int, stage: int, layers: tuple[int,
 
 
 def stage_parameters(counts: ModelCounts, layout: Layout, stage: int, layers: int) -> tuple[float, float]:
-    """This rank's dense and routed-expert parameters on `stage` holding `layers` layers, with the embedding on the
-    first stage and the output layer on the last (or, tied, its copy of the embedding)."""
+    """This rank's dense and expert parameters on `stage` holding `layers` layers, with the embedding and output
+    layer."""
     block_dense = (counts.dense_parameters - counts.root_parameters) / counts.layers
     dense = layers * block_dense
     if stage == 0:
@@ -48,8 +48,6 @@ def stage_parameters(counts: ModelCounts, layout: Layout, stage: int, layers: in
 
 
 def state_bytes(counts: ModelCounts, layout: Layout, dense: float, experts: float) -> tuple[float, float]:
-    """Model states with stage 2's and 3's buffers, and the optimizer step's temporaries, for this rank's `dense` and
-    `experts` parameters."""
     expert_dp = max(layout.gpus // (layout.ep * layout.pp), 1)
     shard = dense / (layout.dp * layout.cp) + experts / expert_dp if layout.distributed_optimizer else dense + experts
     step = shard * {0: FP32_BYTES, 1: FP32_BYTES, 2: BF16_BYTES}.get(layout.stage, 0)
@@ -70,16 +68,13 @@ def stage_memory_bytes(counts: ModelCounts, layout: Layout, stage: int) -> float
     logits = layout.micro_batch_size * counts.seq_length / layout.cp * counts.padded_vocab / layout.tp * LOGIT_BYTES \
         if last else 0.0
     if layout.recompute_fraction >= 1.0:
-        # each layer's input kept per micro-batch; one block recomputed at a time, in backward
         kept = tokens * held * BF16_BYTES * counts.hidden
         working = tokens * (moe_layer if counts.moe_layers else dense_layer)
         peak = kept + max(working, logits)
     else:
-        # A block's backward gradients add to the dry run's peak only without pipeline stages and without recompute,
-        # whose peaks lie elsewhere.
+        # a block's backward gradients add to the peak only without stages and recompute
         gradients = block_gradient_bytes(counts, layout) if layout.pp == 1 else 0.0
         peak = held * per_layer + logits + gradients
-    # the largest fp32 gradient autograd hands the reducer at once
     vocabulary = stage == 0 or last
     largest = FP32_BYTES * counts.hidden * (counts.padded_vocab if vocabulary else 2 * counts.gated_width_dense) / \
         layout.tp
@@ -88,8 +83,7 @@ def stage_memory_bytes(counts: ModelCounts, layout: Layout, stage: int) -> float
 
 
 def fp8_weight_bytes(counts: ModelCounts, layout: Layout, layers: int) -> float:
-    """The blocks' FP8 weight copies (data and transpose, or MXFP8's rows and columns) kept from an iteration's first
-    micro-batch to its last, for `layers` blocks; an MoE model's left out."""
+    """The blocks' FP8 weight copies, kept through the iteration's micro-batches (an MoE model's left out)."""
     if layout.precision != "fp8" or counts.moe_layers:
         return 0.0
     value = FP8_VALUE_BYTES["mxfp8"] if layout.fp8_recipe == "mxfp8" else 1.0
@@ -97,13 +91,12 @@ def fp8_weight_bytes(counts: ModelCounts, layout: Layout, layers: int) -> float:
 
 
 def block_gradient_bytes(counts: ModelCounts, layout: Layout) -> float:
-    """The gradients a block's backward holds beside its saved tensors at its peak (an MoE layer's left out)."""
     rows = layout.micro_batch_size * counts.seq_length / layout.cp
     return BF16_BYTES * rows * (counts.hidden + counts.mlp_gradient_features / layout.tp)
 
 
 def layout_memory_bytes(counts: ModelCounts, layout: Layout) -> float:
-    """One rank's bytes on the worst of the first stage (most forwards in flight), the last (logits) and the largest."""
+    """One rank's bytes on the worst of the first, the last and the largest stage."""
     layers = [sum(chunks) for chunks in chunk_layers(counts, layout)]
     stages = {0, layout.pp - 1, max(range(layout.pp), key=layers.__getitem__)}
     return max(stage_memory_bytes(counts, layout, stage) for stage in stages)

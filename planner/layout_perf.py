@@ -26,16 +26,14 @@ from planner.pipeline_split import rank_loads
 from planner.recurrent_activations import RecurrentSavedBytes, recurrent_saved_bytes
 
 BF16_BYTES, FP32_BYTES = 2, 4
-# elementwise bytes per token per layer in forward, in units of h (bf16): two norms (4) and two residual adds (6)
+# elementwise bytes per token per layer in forward, in units of h: two norms and two residual adds
 NORM_AND_RESIDUAL_UNITS = 10
-# the distributed optimizer's Adam per shard parameter: fp32 master and moments read and written, bf16 parameter, fp32
-# gradient
+# Adam's bytes per shard parameter
 ADAM_SHARD_BYTES = 30
 
 
 @dataclass(frozen=True)
 class Layout:
-    """One way to run a model on `gpus` GPUs: Megatron's parallel sizes and the per-step choices."""
     gpus: int
     tp: int = 1
     pp: int = 1
@@ -45,21 +43,19 @@ class Layout:
     micro_batch_size: int = 1
     global_batch_size: int = 1
     precision: str = "bf16"
-    recompute_fraction: float = 0.0   # of the blocks' forward FLOPs recomputed in backward (full: 1.0)
+    recompute_fraction: float = 0.0
     distributed_optimizer: bool = True
     # --zero-stage 2 or 3; None: the stage distributed_optimizer says (1 or 0)
     zero_stage: Optional[int] = None
     tp_comm_overlap: bool = False
-    # the MoE dispatcher (alltoall, deepep, hybridep) and --overlap-moe-expert-parallel-comm
     moe_dispatcher: str = "alltoall"
     ep_overlap: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     # False is Megatron's even split, where the output layer's stage carries the logits on top of its blocks
     output_stage_balanced: bool = True
-    # given split (the search's layout string): priced at its slowest rank's load
+    # a given split is priced at its slowest rank's load
     stage_counts: Optional[tuple[tuple[int, ...], ...]] = None
-    # what an FP8 linear keeps for backward
     fp8_recipe: str = "delayed"
     fp8_wgrad: bool = True
 
@@ -84,7 +80,6 @@ class Layout:
 class LayoutConstants:
     gemm_efficiency: float
     source: str
-    # the device's wait for the host at each MoE layer's forward
     moe_sync_s: float = 0.0
 
 
@@ -111,15 +106,15 @@ def load_layout_constants(name: str) -> LayoutConstants:
 
 @dataclass(frozen=True)
 class ModelCounts:
-    """What the layout model reads off the model, once per model; FLOPs are forward, per token."""
+    """What the layout model reads off the model; FLOPs are forward, per token."""
     layers: int
     moe_layers: int
     hidden: int
     seq_length: int
     padded_vocab: int
     linear_flops_per_token: float
-    attention_flops_per_token: float  # scores and context over the full square
-    attention_executed_flops_per_token: float  # what the masked kernels run (causal half, windows)
+    attention_flops_per_token: float
+    attention_executed_flops_per_token: float  # causal half and windows
     blocks_flops_per_token: float
     mlp_flops_per_token: float
     logits_flops_per_token: float
@@ -134,7 +129,6 @@ class ModelCounts:
     tied_output: bool = False
     mlp_gradient_features: int = 0
     gated_mlp: bool = True  # the dense MLP saves gate, up and their product; else fc1's output
-                                       # and the activation's
     block_dense_parameters: int = 0
     block_expert_parameters: int = 0
     experts: int = 0
@@ -142,7 +136,7 @@ class ModelCounts:
     mla_up_flops_per_token: float = 0.0
     router_groups: Optional[int] = None
     router_group_topk: Optional[int] = None
-    # a pattern's layers by their halves: attention mixers, MLPs (None: every layer), and the `M`/`G` mixers' saves
+    # a pattern's layers by their halves
     attention_mixers: Optional[int] = None
     mlp_halves: Optional[int] = None
     recurrent_saved: RecurrentSavedBytes = RecurrentSavedBytes()
@@ -158,7 +152,6 @@ def visible_keys_per_query(seq_length: int, window_left: Optional[int]) -> float
 
 
 def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts:
-    """`vocab`: the launch's vocabulary where the model config has none yet (an --init-from-hf model's)."""
     shape = model_shape(model, 1)
     vocab = padded_vocab_size(vocab, model.make_vocab_size_divisible_by, 1, model.pad_vocab_size_to) \
         if vocab else model.padded_vocab_size()
@@ -202,7 +195,6 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
         gated_width_dense=model.ffn_size,
         gated_width_moe=topk * moe_ffn + shared, topk=topk,
         root_parameters=vocab * shape.parameters_per_vocabulary_row + shape.parameters_outside_blocks,
-        # a tied output layer's vocabulary rows are the embedding's
         embedding_parameters=vocab * model.hidden_size,
         tied_output=shape.parameters_per_vocabulary_row == model.hidden_size,
         mlp_gradient_features=shape.mlp_gradient_features if shape.dense_layers else 0,
@@ -220,8 +212,7 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
 
 
 def _kv_width(model: ModelConfig, shape: ModelShape) -> int:
-    """The keys' and values' features per token the CP ring passes, the layers' mean (MLA's per head, none without
-    attention)."""
+    """The K and V features per token the CP ring passes, the layers' mean."""
     probe = next(m for m in shape.block_matmuls if isinstance(m, AttentionShape))
     shapes = {probe_mixer(model): probe, **{m.symbol: m.attention for m in shape.other_mixers}}
     groups = model.attention.num_query_groups or model.num_attention_heads
@@ -241,8 +232,7 @@ def _link(spans_nodes: bool, hardware: Hardware) -> float:
 
 
 def _dispatch_seconds(counts: ModelCounts, layout: Layout, tokens: float, value_bytes: int, hardware: Hardware) -> float:
-    """One dispatch (or combine) of `tokens` over the EP group: NVLink and NIC copies run at once, so the slower
-    counts."""
+    """One dispatch of `tokens` over EP: NVLink and NIC copies overlap, so the slower counts."""
     nvlink, infiniband = copies_per_token(layout.moe_dispatcher, counts.experts, counts.topk, layout.ep,
                                           hardware.gpus_per_node, counts.router_groups, counts.router_group_topk)
     token_bytes = tokens * counts.hidden * value_bytes
@@ -252,8 +242,7 @@ def _dispatch_seconds(counts: ModelCounts, layout: Layout, tokens: float, value_
 
 def even_split_output_stage_s(counts: ModelCounts, layout: Layout, hardware: Hardware, constants: LayoutConstants,
                               fp8_peak_flops: Optional[float] = None) -> float:
-    """What Megatron's even split costs over a balanced one: the other stages wait each micro-batch for the last stage's
-    logits, (PP - 1) x their evenly spread time."""
+    """Megatron's even split's cost: each micro-batch the other stages wait for the last stage's logits."""
     if layout.pp <= 1:
         return 0.0
     gemm_peak = gemm_peak_flops(hardware, layout.precision == "fp8", fp8_peak_flops)
@@ -263,28 +252,24 @@ def even_split_output_stage_s(counts: ModelCounts, layout: Layout, hardware: Har
 
 
 def output_layer_units(counts: ModelCounts, layout: Layout) -> float:
-    """The output layer's work in transformer layers' work: planner/pipeline_split.py's unit."""
     per_layer = (counts.blocks_flops_per_token - counts.attention_flops_per_token
                  + counts.attention_executed_flops_per_token) / counts.layers
     return 3 * counts.logits_flops_per_token / ((3 + layout.recompute_fraction) * per_layer)
 
 
 def stage_split_s(counts: ModelCounts, layout: Layout, compute_s: float) -> float:
-    """What the given split costs over a perfectly even spread: the pipeline runs at its most loaded rank's pace.
-    `compute_s`: the rank's GEMM and attention time under an even spread."""
+    """What the given split costs over an even spread of the pipeline's work."""
     units = output_layer_units(counts, layout)
     heaviest = max(rank_loads(layout.stage_counts, units))
     return compute_s * (heaviest * layout.pp / (counts.layers + units) - 1.0)
 
 
 def ranks_share_cores(layout: Layout, hardware: Hardware) -> bool:
-    """More ranks on a node than it has cores (a CPU profile): no work overlaps another."""
     return hardware.cores_per_node is not None and min(layout.gpus, hardware.gpus_per_node) > hardware.cores_per_node
 
 
 def pipeline_waits_idle_no_core(layout: Layout, hardware: Hardware) -> bool:
-    """Whether a pipeline's waits cost nothing: where ranks share cores and one stage's ranks alone fill them, a waiting
-    rank's core runs another's work, which the compute terms already price."""
+    """Whether a pipeline's waits cost nothing: where ranks share cores, a waiting rank's core runs another's work."""
     if hardware.cores_per_node is None or layout.pp <= 1:
         return False
     ranks_here = min(layout.gpus, hardware.gpus_per_node)
@@ -292,7 +277,6 @@ def pipeline_waits_idle_no_core(layout: Layout, hardware: Hardware) -> bool:
 
 
 def host_exposed_s(layout: Layout, layers_here: float, device_per_micro_s: float, hardware: Hardware) -> float:
-    """The host's issue time of a step's micro-batches that the device does not hide."""
     if hardware.host_forward_s_per_layer is None or hardware.host_backward_s_per_layer is None:
         return 0.0
     host_per_micro = layers_here * (hardware.host_forward_s_per_layer * (1 + layout.recompute_fraction)
@@ -304,7 +288,6 @@ def host_exposed_s(layout: Layout, layers_here: float, device_per_micro_s: float
 
 def _sharded_dp_s(counts: ModelCounts, layout: Layout, parameters: float, group: int, experts: bool, link: float,
                   value_bytes: int, compute_s: float, hidden: bool) -> float:
-    """ZeRO-2/3's data-parallel time; under stage 3 the recomputed forward reuses the backward's gather."""
     passes = 3 + layout.recompute_fraction
     return sharded_dp_seconds(layout.stage, parameters, group, stage3_opening_elements(counts, layout, experts),
                               link, value_bytes, layout.micro_batches, compute_s / passes,
@@ -313,14 +296,12 @@ def _sharded_dp_s(counts: ModelCounts, layout: Layout, parameters: float, group:
 
 def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, constants: LayoutConstants,
                    fp8_peak_flops: Optional[float] = None) -> LayoutPrediction:
-    """The step time of `layout`, term by term."""
     b, s, h = layout.micro_batch_size, counts.seq_length, counts.hidden
-    # a CPU profile's runs are fp32 throughout
     value_bytes = FP32_BYTES if hardware.precision == "fp32" else BF16_BYTES
     tokens = layout.global_batch_size * s
     world = layout.gpus
     gemm_peak = gemm_peak_flops(hardware, layout.precision == "fp8", fp8_peak_flops)
-    passes = 3 + layout.recompute_fraction  # forward, backward (2x), the recomputed forward
+    passes = 3 + layout.recompute_fraction
     linear_flops = tokens * (3 * counts.linear_flops_per_token
                              + layout.recompute_fraction * (counts.blocks_flops_per_token - counts.attention_flops_per_token))
     attention_flops = tokens * passes * counts.attention_executed_flops_per_token
@@ -329,7 +310,7 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
 
     layers_here = counts.layers / layout.pp
     moe_here = counts.moe_layers / layout.pp
-    tokens_here = b * s / (layout.tp * layout.cp)  # a rank's share of a micro-batch
+    tokens_here = b * s / (layout.tp * layout.cp)
     m = layout.micro_batches
     units = (NORM_AND_RESIDUAL_UNITS * layers_here
              + 3 * ((layers_here - moe_here) * counts.gated_width_dense + moe_here * counts.gated_width_moe) / h
@@ -348,7 +329,7 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
     cp_s = 0.0
     if layout.cp > 1:
         kv_chunk = b * (s / layout.cp) * counts.kv_width / layout.tp * value_bytes
-        ring = 3 * (layout.cp - 1) * kv_chunk * layers_here  # K, V forward; K, V, dK, dV backward
+        ring = 3 * (layout.cp - 1) * kv_chunk * layers_here
         cp_s = m * ring / _link(layout.tp * layout.cp > hardware.gpus_per_node, hardware)
         cp_s = max(0.0, cp_s - attention_s)
     ep_s = 0.0
@@ -357,7 +338,6 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
         ep_s = exposed_ep_seconds(ep_s, gemm_s + attention_s + elementwise_s, layout.ep_overlap,
                                   unpaired_fraction(layout.pp, layout.vp, m))
 
-    # each MoE layer's forward stops the host at the dispatcher's device-to-host sync
     moe_forwards = 2 if layout.recompute_fraction >= 1.0 else 1
     moe_sync_s = m * moe_here * moe_forwards * constants.moe_sync_s
     per_micro = compute_per_micro + (tp_s + cp_s + ep_s + moe_sync_s) / m
@@ -368,7 +348,7 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
         p2p_s = m * 2 * activation / layout.tp / _link(layout.tp * layout.cp * layout.dp >= hardware.gpus_per_node,
                                                         hardware)
 
-    # Megatron reduces the dense shard over DP x CP, experts over expert-DP
+    # the dense shard reduces over DP x CP
     dense_here = counts.dense_parameters / (layout.tp * layout.pp)
     expert_here = counts.expert_parameters / (layout.ep * layout.pp)
     dp_group = layout.dp * layout.cp
@@ -385,12 +365,12 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
             reduce_bytes = (group - 1) / group * parameters * FP32_BYTES
             gather_bytes = (group - 1) / group * parameters * value_bytes if layout.distributed_optimizer else 0.0
             if not layout.distributed_optimizer:
-                reduce_bytes *= 2  # an all-reduce moves twice a reduce-scatter
+                reduce_bytes *= 2
             reduce_s = reduce_bytes / _link(spans, hardware)
             gather_s = gather_bytes / _link(spans, hardware)
             backward = (gemm_s + attention_s) * 2 / 3
             forward = (gemm_s + attention_s) / 3
-            # ranks sharing cores hide nothing: gloo's copies and sums need the cores too
+            # ranks sharing cores hide nothing
             dp_s += max(0.0, reduce_s - backward) if layout.overlap_grad_reduce and not shared else reduce_s
             dp_s += max(0.0, gather_s - forward) if layout.overlap_param_gather and not shared else gather_s
     shard = (dense_here / (dp_group if layout.distributed_optimizer else 1)

@@ -1,6 +1,5 @@
-"""`python -m zero.plan search`: every layout Megatron-LM's rules accept for a model on N GPUs (TP, CP where given, PP x
-VP with a balanced split, EP, MBS, recompute, ZeRO stage), pruned by a memory count that runs under the dry run's,
-ranked by the layout model's step time; the top picks are then checked by the dry run."""
+"""`python -m zero.plan search`: every layout Megatron-LM's rules accept for a model on N GPUs, pruned by a memory count
+that runs under the dry run's, ranked by the layout model's step time; the top picks are then checked by dry run."""
 
 from __future__ import annotations
 
@@ -34,21 +33,19 @@ MICRO_BATCH_SIZES = (1, 2, 4, 8)
 @dataclass
 class Candidate:
     layout: Layout
-    memory_bytes: float  # the analytic count: the worse of the first and last stage
+    memory_bytes: float
     fits: bool
     prediction: Optional[LayoutPrediction] = None
     lost_to: str = ""
-    flag_words: list[str] = dataclasses.field(default_factory=list)  # the layout flags the search chose
-    # each stage's dry-run peak, where planner/search_check.py planned it
+    flag_words: list[str] = dataclasses.field(default_factory=list)
     stage_bytes: Optional[list[int]] = None
 
     @property
     def dry_run_bytes(self) -> Optional[int]:
-        """The worst stage's dry-run peak, where checked."""
         return max(self.stage_bytes) if self.stage_bytes else None
 
     def flags(self) -> str:
-        """flag_words as one shell line (the layout string quoted: it holds `|`)."""
+        """flag_words as one shell line, the layout string quoted."""
         return shlex.join(self.flag_words)
 
     def to_json(self) -> dict:
@@ -70,16 +67,14 @@ def _divisors(n: int) -> list[int]:
 
 
 def _virtual_stages(layers: int, pp: int) -> list[int]:
-    """Virtual stages per pipeline rank: those splitting the stage's layers evenly, and the powers of two up to them
-    where the split is uneven (a layout string places any split)."""
+    """Virtual stages per pipeline rank: the even splits, and powers of two up to them where uneven."""
     per_rank = layers // pp
     powers = [2 ** k for k in range(per_rank.bit_length()) if 2 ** k <= per_rank]
     return sorted(set(_divisors(per_rank)) | set(powers))
 
 
 def _splits(counts: ModelCounts, layout: Layout, pins: Pins) -> Iterator[tuple[tuple[int, ...], ...]]:
-    """The splits a pipelined layout is priced with: the user's, or the balanced one where no chunk is empty, and
-    Megatron's even split beside it (the balanced one loads the first rank, which may not fit)."""
+    """The splits a pipelined layout is priced with: the user's, or the balanced one and Megatron's even one."""
     if pins.stage_counts is not None:
         yield pins.stage_counts
         return
@@ -93,8 +88,7 @@ def _splits(counts: ModelCounts, layout: Layout, pins: Pins) -> Iterator[tuple[t
 
 def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, pins: Pins,
                       gpus_per_node: int) -> Iterator[Layout]:
-    """Every layout Megatron accepts within what `pins` fixes, pipelined ones with their split. TP is never hidden
-    behind the GEMMs: this trainer accepts --tp-comm-overlap with no effect."""
+    """Every layout Megatron accepts within what `pins` fixes, pipelined ones with their split."""
     heads = model.num_attention_heads
     groups = model.attention.num_query_groups or heads
     experts = model.moe.num_experts if model.moe is not None else 1
@@ -159,15 +153,14 @@ def model_parallel_ranks(layout: Layout) -> int:
 
 def search(config: PretrainConfig, gpus: int, hardware: Hardware, vocab: Optional[int] = None,
            progress: Optional[SearchProgress] = None) -> tuple[ModelCounts, list[Candidate]]:
-    """Every layout of `config`'s model and global batch on `gpus` GPUs within what its flags fix, the fitting ones
-    sorted best first, then the rest by memory. `vocab`: the launch's vocabulary where the config has none yet;
-    `progress` hears the layouts counted."""
+    """Every layout of `config` on `gpus` GPUs within what its flags fix, the fitting ones best first, then the rest by
+    memory."""
     progress = progress or SearchProgress(None)
     if hardware.layout_calibration is None:
         raise ConfigError(f"--hardware {hardware.name}: the profile has no layout calibration (layout_calibration in "
                           f"configs/hardware/{hardware.name}.yaml), so the layout model has no constants for it")
     model, pins = config.model, pins_of(config)
-    if pins.expert_tp:  # a given expert TP is priced only at 1
+    if pins.expert_tp:
         check_expert_tp(config, config.parallel.tensor_model_parallel_size)
     counts = model_counts(model, vocab)
     constants = load_layout_constants(hardware.layout_calibration)
@@ -195,8 +188,7 @@ def search(config: PretrainConfig, gpus: int, hardware: Hardware, vocab: Optiona
 
 
 def first_fit_by_count(config: PretrainConfig, counts: ModelCounts, gpus: int, hardware: Hardware) -> Optional[Layout]:
-    """The first layout on `gpus` GPUs that fits by the count, unpriced: what the no-fit answer asks of each larger
-    count."""
+    """The first layout on `gpus` GPUs that fits by the count, unpriced."""
     for layout in enumerate_layouts(config.model, counts, gpus, config.training.global_batch_size, pins_of(config),
                                     hardware.gpus_per_node):
         if layout_memory_bytes(counts, layout) <= hardware.gpu_memory_bytes:
@@ -204,15 +196,13 @@ def first_fit_by_count(config: PretrainConfig, counts: ModelCounts, gpus: int, h
     return None
 
 
-# past this the enumeration takes seconds a step; a model fitting on no fewer GPUs is one to shrink
+# past this each step takes seconds
 MAX_COUNT_WALKED = 2**16
 
 
 def smallest_fitting_gpus(config: PretrainConfig, counts: ModelCounts, gpus: int, hardware: Hardware,
                           parameter_bytes: float = 0.0) -> Optional[tuple[int, Layout]]:
-    """The smallest GPU count above `gpus` (a power of two, then node multiples between) on which a layout fits by the
-    count, with that layout; None up to MAX_COUNT_WALKED. `parameter_bytes` skips counts that cannot hold the 16-bit
-    parameters fully sharded."""
+    """The smallest GPU count above `gpus` on which a layout fits by the count, with it; None up to MAX_COUNT_WALKED."""
     below, power = gpus, 1 << gpus.bit_length()
     while power <= MAX_COUNT_WALKED:
         if parameter_bytes <= power * hardware.gpu_memory_bytes:

@@ -1,6 +1,5 @@
 """ZeRO stages 2 and 3 as choices of the layout search: which stages a layout may run, their memory and their
-data-parallel communication as this project runs them (stage 2: a reduce-scatter every micro-batch and one all-gather a
-step; stage 3: gathers before each forward and backward, refused with PP). docs/planning.md has the measured comparison."""
+data-parallel communication as this project runs them (stage 3 refused with PP)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ class ChunkCounts(Protocol):
 
 
 def zero_stages(dp_group: int, expert_dp_group: int, pp: int) -> tuple[int, ...]:
-    """The stages the search tries for one layout: the distributed optimizer, plain DDP, and stages 2 and 3 (3 only
-    without PP); plain DDP alone where nothing is data-parallel."""
+    """The stages the search tries: the distributed optimizer, plain DDP, stage 2, and stage 3 without PP."""
     if dp_group <= 1 and expert_dp_group <= 1:
         return (0,)
     return (1, 0, 2) + ((3,) if pp == 1 else ())
@@ -41,7 +39,6 @@ def zero_label(stage: int) -> str:
 
 
 def chunk_elements(counts: ChunkCounts, layout: ShardingLayout) -> tuple[float, float]:
-    """Stage 3's root chunk and largest block chunk on one rank, in elements."""
     return (counts.root_parameters / layout.tp,
             counts.block_dense_parameters / layout.tp + counts.block_expert_parameters / layout.ep)
 
@@ -55,15 +52,15 @@ def gathered_chunk_elements(counts: ChunkCounts, layout: ShardingLayout) -> floa
 
 def sharded_state_bytes(counts: ChunkCounts, layout: ShardingLayout, dense: float, experts: float,
                         dp_group: int, expert_dp_group: int) -> float:
-    """Stage 2's or 3's model states, reduce buffers and (stage 3) gathered chunks on one rank. `dense` and `experts`:
-    this rank's parameters before data-parallel sharding; each part has its own ZeRO and buckets."""
+    """Stage 2's or 3's model states, buffers and gathered chunks on one rank, for its `dense` and `experts` parameters
+    before data-parallel sharding."""
     shard = dense / dp_group + experts / expert_dp_group
     states = shard * (GRADIENT_BYTES + OPTIMIZER_BYTES)
     if layout.stage == 3:
         states += shard * PARAMETER_BYTES + gathered_chunk_elements(counts, layout) * PARAMETER_BYTES
         root, block = chunk_elements(counts, layout)
         buckets = [(max(root, counts.block_dense_parameters / layout.tp), 2, dp_group)]
-        if experts:  # the experts' ZeRO has no root chunk
+        if experts:
             buckets.append((counts.block_expert_parameters / layout.ep, 1, expert_dp_group))
     else:
         states += (dense + experts) * PARAMETER_BYTES
@@ -76,12 +73,11 @@ def sharded_state_bytes(counts: ChunkCounts, layout: ShardingLayout, dense: floa
 def sharded_dp_seconds(stage: int, parameters: float, group: int, opening_elements: float, link_bandwidth: float,
                        value_bytes: int, micro_batches: int, forward_s: float, backward_s: float,
                        hidden: bool) -> float:
-    """The exposed data-parallel time per step of stage 2 or 3 for `parameters` elements reduced over `group`.
-    `forward_s`, `backward_s`: the compute the collectives hide behind; `hidden` False where ranks share cores;
-    `opening_elements`: stage 3's gathers where a pass opens, always exposed."""
+    """The exposed data-parallel time per step of stage 2 or 3: what the collectives add beyond the compute `forward_s`
+    and `backward_s` hides (nothing hides where ranks share cores), stage 3's pass openings always exposed."""
     share = (group - 1) / group * parameters / link_bandwidth
     m = micro_batches
-    reduce_s = m * share * GRADIENT_BYTES          # every micro-batch's reduce-scatter, fp32
+    reduce_s = m * share * GRADIENT_BYTES
     gather_s = share * value_bytes                 # stage 2: publishing after the step
     if stage == 2:
         if not hidden:
@@ -96,7 +92,7 @@ def sharded_dp_seconds(stage: int, parameters: float, group: int, opening_elemen
 
 
 def stage3_opening_elements(counts: ChunkCounts, layout: ShardingLayout, experts: bool) -> float:
-    """Elements stage 3 gathers, exposed, where its passes open: the root chunk twice and the first block in forward."""
+    """Elements stage 3 gathers, exposed, where its passes open."""
     root, _ = chunk_elements(counts, layout)
     if experts:
         return counts.block_expert_parameters / layout.ep

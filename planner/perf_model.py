@@ -1,6 +1,6 @@
-"""Iteration time and TFLOP/s per GPU, predicted from a dry run on a hardware profile: compute (GEMMs at GEMM_EFFICIENCY
-of the peak plus their HBM traffic, memory-bound kernels, Adam), TP and DP traffic, P_a+cpu copies and the pipeline. Its
-three constants come from a calibration file; `dry-run --hardware P` uses it where P has no layout calibration."""
+"""Iteration time and TFLOP/s per GPU, predicted from a dry run on a hardware profile: GEMMs at GEMM_EFFICIENCY of the
+peak plus their HBM traffic, memory-bound kernels, Adam, TP and DP traffic, offload and the pipeline, with three
+constants from a calibration file."""
 
 from __future__ import annotations
 
@@ -27,46 +27,43 @@ from training.run_settings import resolve_run_settings
 HARDWARE_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
 CALIBRATION_DIR = HARDWARE_DIR / "calibrations"
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-# Adam's bytes per partition element beside the gradient: fp32 master and moments read and written, 16-bit parameter
-# written
+# Adam's bytes per partition element beside the gradient
 ADAM_STATE_BYTES = 24 + 2
 ADAM_GRADIENT_READS = 2
-# AdEMAMix's slow momentum is a third fp32 state; Sophia-G moves two as Adam does
 STATE_BYTES = {"adam": ADAM_STATE_BYTES, "ademamix": ADAM_STATE_BYTES + 8, "muon": ADAM_STATE_BYTES,
                "sophiag": ADAM_STATE_BYTES}
-# writing the fp32 softmax, reading it back and writing the logits' gradient: about 3 fp32 copies of the logits
+# about 3 fp32 copies of the logits: softmax written, read back, gradient written
 LOSS_SOFTMAX_PASSES = 3
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """One GPU (or CPU process) and its links. Bandwidths in bytes/s per GPU and per direction."""
+    """One GPU (or CPU process) and its links. Bandwidths in bytes/s per GPU and direction."""
     name: str
     gpus_per_node: int
     gpu_memory_bytes: int
-    peak_flops: float  # dense 16-bit tensor-core peak (fp32 for a CPU profile)
+    peak_flops: float
     hbm_bandwidth: float
     intra_node_bandwidth: float
-    inter_node_bandwidth: float       # a GPU's share of its node's network
+    inter_node_bandwidth: float
     host_bandwidth: float
     intra_node_latency_s: float
     inter_node_latency_s: float
-    precision: str                    # what runs on it use: fp16 (V100), bf16 (H100), fp32 (CPU)
+    precision: str
     device_type: str
     calibration: str
     fp8_peak_flops: Optional[float] = None
     layout_calibration: Optional[str] = None
-    cores_per_node: Optional[int] = None  # where a node's ranks share fewer processors (a CPU profile); None: one each
-    # seconds the host takes to issue one layer's forward and backward per micro-batch; None: not measured
+    cores_per_node: Optional[int] = None
+    # seconds the host takes to issue one layer's passes per micro-batch; None: not measured
     host_forward_s_per_layer: Optional[float] = None
     host_backward_s_per_layer: Optional[float] = None
 
 
 @dataclass(frozen=True)
 class Constants:
-    """The model's calibration constants, and where they came from."""
-    gemm_efficiency: float      # fraction of the dense peak a large GEMM reaches
-    elementwise_passes: float  # non-GEMM HBM traffic: elements moved per b*s*h per layer per pass
+    gemm_efficiency: float
+    elementwise_passes: float  # elements moved per b*s*h per layer per pass
     dp_overlap: float
     source: str = ""
 
@@ -135,12 +132,11 @@ def load_constants(name_or_path: str) -> Constants:
 
 @dataclass
 class Prediction:
-    """One rank's iteration, in seconds per term, and the throughput that follows."""
     iteration_s: float
     terms: dict[str, float]  # compute, tp, dp_reduce_exposed, dp_gather_exposed, optimizer, offload,
                                          # and with pipeline stages pipeline_bubble, pipeline_p2p
-    model_tflops_per_gpu: float  # Megatron's FLOPs without recompute
-    hardware_tflops_per_gpu: float  # with recompute: what the GPU executes
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
     tp_crosses_nodes: bool
     dp_crosses_nodes: bool
 
@@ -149,8 +145,7 @@ class Prediction:
 
 
 def gemm_peak_flops(hardware: Hardware, fp8: bool, fp8_peak_flops: Optional[float] = None) -> float:
-    """The dense tensor-core peak a GEMM runs at: FP8's (twice the 16-bit one where the profile names none) or
-    16-bit."""
+    """The dense tensor-core peak a GEMM runs at: FP8's (twice the 16-bit one by default) or 16-bit."""
     return (fp8_peak_flops or 2 * hardware.peak_flops) if fp8 else hardware.peak_flops
 
 
@@ -170,9 +165,7 @@ class Gemm:
 def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int,
                   mixers: Optional[Sequence[Optional[str]]] = None,
                   mlps: Optional[Sequence[Optional[str]]] = None) -> tuple[list[Gemm], Gemm]:
-    """One TP rank's matrix products in one micro-batch's forward, read from the model's shape: the blocks' in forward
-    order, then the logits'. `mixers` and `mlps`: per-block symbols where a pattern mixes them, else every block is the
-    probe block."""
+    """One TP rank's matrix products in one micro-batch's forward: the blocks' in order, then the logits'."""
     model, micro = config.model, config.training.micro_batch_size
     shape = model_shape(model, tp)
     layers = len(mixers) if mixers else model.num_layers
@@ -184,15 +177,13 @@ def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int,
     for (symbol, mlp), count in kinds_of_blocks.items():
         matmuls = kinds[symbol] if mlp is not None else \
             tuple(m for m in kinds[symbol] if not (isinstance(m, LinearShape) and m.name.startswith("mlp.")))
-        # FP8's bf16 first and last blocks shared out over the mixers by their counts
         blocks += _block_gemms(matmuls, model, micro, count, fp8_layers * count // layers)
     logits = shape.output_matmul(padded_vocab)
     return blocks, Gemm(micro * model.seq_length, logits.in_features, logits.out_features, 1)
 
 
 def block_kinds(model, stage: slice) -> tuple[Optional[Sequence[Optional[str]]], Optional[Sequence[Optional[str]]]]:
-    """The mixers and MLPs of the blocks in `stage` where they may differ from the probe block; (None, None) where
-    alike."""
+    """The blocks' mixers and MLPs where they differ from the probe block; (None, None) where alike."""
     if model.hybrid_layer_pattern is not None:
         return mixer_symbols(model)[stage], parse_hybrid_pattern(model.hybrid_layer_pattern).mlps()[stage]
     if model.gdn.gated_delta_net:
@@ -201,8 +192,6 @@ def block_kinds(model, stage: slice) -> tuple[Optional[Sequence[Optional[str]]],
 
 
 def _block_gemms(matmuls, model, micro: int, layers: int, fp8_layers: int) -> list[Gemm]:
-    """`layers` blocks of one kind: each linear (FP8 on `fp8_layers`), attention's scores and context, a recurrent
-    mixer's conv and scan as chunk products."""
     tokens, s = micro * model.seq_length, model.seq_length
     blocks = []
     for matmul in matmuls:
@@ -216,15 +205,14 @@ def _block_gemms(matmuls, model, micro: int, layers: int, fp8_layers: int) -> li
             blocks.append(Gemm(tokens, matmul.flops_per_token(s) // (2 * matmul.chunk), matmul.chunk, layers))
         elif matmul.value_head_dim is None:
             blocks.append(Gemm(s, matmul.head_dim, s, 2 * matmul.heads * micro * layers))
-        else:  # MLA: the value heads have their own width
+        else:
             blocks += [Gemm(s, matmul.head_dim, s, matmul.heads * micro * layers),
                        Gemm(s, s, matmul.value_head_dim, matmul.heads * micro * layers)]
     return blocks
 
 
 def layers_in_fp8(model, layers: int) -> int:
-    """How many of `layers` blocks run their linears in FP8 (all but --first-last-layers-bf16's; under pipeline stages
-    an upper bound on the high-precision ones)."""
+    """How many of `layers` blocks run their linears in FP8."""
     fp8 = model.fp8
     if not fp8.enabled:
         return 0
@@ -234,8 +222,8 @@ def layers_in_fp8(model, layers: int) -> int:
 
 
 def gemm_seconds(gemms: Sequence[Gemm], element_bytes: int, hardware: Hardware, constants: Constants) -> float:
-    """Each product at GEMM_EFFICIENCY of its peak plus its HBM traffic: the achieved fraction is 1 / (1/E + peak x
-    bytes / (flops x HBM)), so thin GEMMs fall off the peak. FP8 reads 1-byte operands."""
+    """Each product at GEMM_EFFICIENCY plus its HBM traffic: the achieved fraction is 1 / (1/E + peak x bytes / (flops x
+    HBM)), so thin GEMMs fall off the peak."""
     seconds = 0.0
     for gemm in gemms:
         operand_bytes = 1 if gemm.fp8 else element_bytes
@@ -252,7 +240,7 @@ def _bandwidth(crosses_nodes: bool, hardware: Hardware) -> tuple[float, float]:
 
 
 def _collective_seconds(bytes_sent: int, bytes_per_call: float, crosses_nodes: bool, hardware: Hardware) -> tuple[float, int]:
-    """Ring time for `bytes_sent` (parallel/comm.py's per-rank ring volume) and the calls it took."""
+    """Ring time for `bytes_sent` and the calls it took."""
     if bytes_sent <= 0:
         return 0.0, 0
     bandwidth, latency = _bandwidth(crosses_nodes, hardware)
@@ -262,7 +250,6 @@ def _collective_seconds(bytes_sent: int, bytes_per_call: float, crosses_nodes: b
 
 def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size: int, hardware: Hardware,
             constants: Constants) -> Prediction:
-    """The iteration time of `plan` (a dry run of `config` on `world_size` GPUs), term by term."""
     tp, dp = plan.tensor_parallel_size, plan.data_parallel_size
     run = resolve_run_settings(config, vocab_size, tp, dp)
     config, micro_batches = run.config, run.batch.final_accumulation_steps
@@ -270,12 +257,10 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     element = ELEMENT_BYTES[config.training.precision]
     grad_element = ELEMENT_BYTES[config.training.gradient_precision]
 
-    # one micro-batch: forward, backward (2x) and the recompute --recompute-method picks
     stages = plan.pipeline
     recompute = recomputed_share(config, stages.pipeline_parallel_rank if stages is not None else None)
     pp, chunks = (stages.pipeline_parallel_size, stages.chunks) if stages is not None else (1, 1)
     layers = model.num_layers // pp
-    # a per-layer window list shapes none of a stage's GEMMs
     rank = stages.pipeline_parallel_rank if stages is not None else 0
     mixers, mlps = block_kinds(model, slice(rank * layers, (rank + 1) * layers))
     if mixers is not None:
@@ -295,20 +280,19 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     backward_s += recompute * (block_s + elementwise_pass_s)
     compute_s = micro_batches * (forward_s + backward_s)
 
-    # TP ranks are consecutive: a group spans nodes only when it outgrows one
+    # TP ranks are consecutive, DP ranks strided by TP
     tp_crosses = tp > hardware.gpus_per_node
     tp_bytes = sum(plan.comm_bytes["tp"].values())
     activation_call = ring_bytes_sent("all_reduce", tokens_hidden * element, tp)
     tp_s, _ = _collective_seconds(tp_bytes, activation_call, tp_crosses, hardware)
 
-    # DP ranks are strided by TP: a group spans nodes when the job does
     dp_crosses = world_size > hardware.gpus_per_node
     dp_bytes = plan.comm_bytes["dp"]
     bucket_bytes = config.zero.reduce_bucket_size * grad_element
     reduce_kind = "all_reduce" if plan.stage == 0 or not config.zero.reduce_scatter else "reduce_scatter"
     reduce_s, reduce_calls = _collective_seconds(dp_bytes["reduce_scatter"] + dp_bytes["all_reduce"],
                                                  ring_bytes_sent(reduce_kind, bucket_bytes, dp), dp_crosses, hardware)
-    reductions = micro_batches if plan.stage >= 2 else 1  # stages 2-3 keep no full gradient to accumulate into
+    reductions = micro_batches if plan.stage >= 2 else 1
     last_buckets_s = reduce_s / max(reduce_calls, 1) * min(reductions, reduce_calls)
     backward_window = backward_s * reductions
     reduce_exposed = max(reduce_s - min(constants.dp_overlap * reduce_s, backward_window), last_buckets_s) \
@@ -326,18 +310,15 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
         4 - ELEMENT_BYTES[dtype] for dtype in (config.optimizer.exp_avg_dtype, config.optimizer.exp_avg_sq_dtype))
     optimizer_s = partition * (state_bytes + ADAM_GRADIENT_READS * grad_element) / hardware.hbm_bandwidth
 
-    # P_a+cpu: each micro-batch's checkpoints go to the host and come back for the recompute
     offload_s = micro_batches * 2 * plan.checkpoint_bytes["host"] / hardware.host_bandwidth
 
-    # pipeline neighbours are TP x DP ranks apart
     bubble_s = (pp - 1) / chunks * (forward_s + backward_s)
     p2p_s = 0.0
     if stages is not None and stages.p2p_sent_bytes:
         p2p_crosses = tp * dp >= hardware.gpus_per_node
         p2p_s, _ = _collective_seconds(stages.p2p_sent_bytes, stages.p2p_message_bytes, p2p_crosses, hardware)
 
-    # the tied embedding's gradient all-reduced between the first and last stage (Megatron's
-    # _allreduce_word_embedding_grads)
+    # the tied embedding's gradient all-reduced between first and last stage
     embedding_s = 0.0
     embedding_bytes = plan.comm_bytes["embedding"]["all_reduce"]
     if stages is not None and embedding_bytes:

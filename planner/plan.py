@@ -65,23 +65,23 @@ MAX_DEVICE_MEMORY_BYTES = 16 * 10**12
 
 
 def parse_memory(text: str, flag: str = "--gpu-memory") -> int:
-    """"32GB" (decimal), "32GiB" (binary), "80e9" or a plain byte count -> bytes (`flag` names it in errors)."""
+    """"32GB" (decimal), "32GiB" (binary), "80e9" or a byte count -> bytes."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMGT]i?B)?\s*", text)
     if not match:
         raise ConfigError(f"{flag} {text!r}: give a size like 32GB, 80GiB or 34359738368")
     value, unit = float(match.group(1)), (match.group(2) or "B")
     scale = {"B": 1} if unit == "B" else {unit: (1024 if "i" in unit else 1000) ** ("KMGT".index(unit[0]) + 1)}
     size = value * scale[unit]
-    if not 1 <= size <= MAX_DEVICE_MEMORY_BYTES:  # also catches 1e999, which float() makes infinite
+    if not 1 <= size <= MAX_DEVICE_MEMORY_BYTES:
         raise ConfigError(f"{flag} {text}: give a size from 1 byte to {MAX_DEVICE_MEMORY_BYTES // 10**12} TB "
                           f"(no GPU, nor a CPU host, holds more; MAX_DEVICE_MEMORY_BYTES in planner/plan.py)")
     return int(size)
 
 
-
+# ---- dry-run ----
 def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_source: str,
                 levers: Optional[list[Lever]] = None) -> str:
-    """The plan as a table; `levers`: a run that does not fit, each lever planned (planner/levers.py)."""
+    """The plan as a table; `levers`: each lever of a run that does not fit, planned."""
     training, activations = config.training, config.activations
     devices = "GPUs" if cluster.device_type == "cuda" else "processes"
     stages = plan.pipeline
@@ -182,7 +182,6 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                  f"{format_bytes(plan.checkpoint_read_bytes):>12}")
     lines += ["", "sent per iteration by this rank:"]
     for group, kinds in plan.comm_bytes.items():
-        # without stages the pipeline's groups carry nothing
         if group == "pp" or (group == "embedding" and stages is None):
             continue
         sent = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in kinds.items() if n)
@@ -197,7 +196,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
 
 
 def _data_lines(config: PretrainConfig) -> list[str]:
-    """Which blend each split reads, for the user's data (data/per_split.py); nothing for the embedded corpus."""
+    """Which blend each split reads; nothing for the embedded corpus."""
     if not config.data.user_data:
         return []
     return [f"data: {describe_sources(config.data.sources(), config.data.split)}"]
@@ -214,7 +213,6 @@ def _pipeline_lines(stages: PipelineFigures) -> list[str]:
 
 
 def format_stage_table(plans: list[RankPlan], levers: Optional[list[Lever]] = None) -> str:
-    """One line per stage and the worst; with `levers` (a stage does not fit), what makes it fit."""
     lines = ["per stage (same DP and TP rank): rank, layers' model states, saved for backward, pipeline sends "
              "held, total"]
     for plan in plans:
@@ -233,13 +231,12 @@ def format_stage_table(plans: list[RankPlan], levers: Optional[list[Lever]] = No
 
 
 def best_lever(levers: list[Lever]) -> Lever:
-    """The first lever that fits (the cheapest), else the one that comes closest."""
+    """The first lever that fits (the cheapest), else the closest."""
     return next((lever for lever in levers if lever.fits), None) or max(levers, key=lambda lever: lever.headroom_bytes)
 
 
 def _moments(config: PretrainConfig) -> str:
-    """What the optimizer states are: Adam's two moments (with non-fp32 stored dtypes), AdEMAMix's three or Sophia-G's
-    two."""
+    """The optimizer states' names and stored dtypes."""
     if config.optimizer.optimizer == "ademamix":
         return "AdEMAMix moments (m1, m2, nu)"
     if config.optimizer.optimizer == "sophiag":
@@ -249,7 +246,7 @@ def _moments(config: PretrainConfig) -> str:
 
 
 def _host_lines(plan: RankPlan, width: int, moments: str = "Adam moments") -> list[str]:
-    """This rank's host memory, the node's (every rank holds as much) and its verdict against --host-memory."""
+    """This rank's and the node's host memory, and its verdict against --host-memory."""
     host = plan.host_model_state_bytes
     rows = [(f"host: {name} (offloaded)", host[key]) for name, key in
             (("16-bit parameter shard", "parameters"), ("fp32 gradient partition", "gradients"),
@@ -276,7 +273,7 @@ def _count(parameters: int) -> str:
     return f"{parameters / 1e9:.2f}B" if parameters >= 1e9 else f"{parameters:,}"
 
 
-
+# ---- max-size ----
 def _with(config: PretrainConfig, num_layers: int, configuration: Optional[dict]) -> PretrainConfig:
     model = dataclasses.replace(config.model, num_layers=num_layers)
     zero, activations = config.zero, config.activations
@@ -290,10 +287,8 @@ def _with(config: PretrainConfig, num_layers: int, configuration: Optional[dict]
 
 def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configuration: Optional[dict],
                    progress=None, plan_run=dry_run) -> tuple[int, Optional[RankPlan]]:
-    """The most layers (the rest of the shape fixed) whose dry run fits the budget, and that plan. Bytes grow almost
-    linearly with layers (the constant buckets stop growing), so a secant search on dry runs, then doubling steps and a
-    bisection of the bracket: two dry runs when the estimate is right, a few dozen at most. Capped at MAX_PLAN_LAYERS.
-    `plan_run(config, cluster, vocab)` plans one depth."""
+    """The most layers whose dry run fits the budget, and that plan: a secant search on dry runs (bytes grow almost
+    linearly with layers), then doubling steps and a bisection, a few dozen dry runs at most. Capped at MAX_PLAN_LAYERS."""
     plans: dict[int, RankPlan] = {}
 
     def plan_for(layers: int) -> RankPlan:
@@ -311,10 +306,9 @@ def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configu
 
     if not plan_for(1).fits:
         return 0, None
-    # a plan_run may carry its own budget (scripts/zero_paper/paper_conditions.py)
     budget = plan_for(1).budget_bytes if plan_for(1).budget_bytes is not None else cluster.gpu_memory_bytes
     low, high = 1, min(2, MAX_PLAN_LAYERS)
-    for _ in range(20):  # secant steps: the curve is nearly a line
+    for _ in range(20):
         slope = max(1.0, (plan_for(high).total_bytes - plan_for(low).total_bytes) / (high - low))
         guess = min(MAX_PLAN_LAYERS, max(1, high + int((budget - plan_for(high).total_bytes) // slope)))
         if guess in (low, high):
@@ -327,10 +321,10 @@ def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configu
         if too_deep is None:
             if fits >= MAX_PLAN_LAYERS:
                 break
-            plan_for(min(MAX_PLAN_LAYERS, fits + step))  # upward, doubling, until a depth does not fit
+            plan_for(min(MAX_PLAN_LAYERS, fits + step))
         elif too_deep - fits <= 1:
             break
-        else:  # downward from the shallowest too deep, doubling, until the steps exceed half the gap
+        else:
             plan_for(max(too_deep - step, (fits + too_deep) // 2))
         step *= 2
     return fits, plan_for(fits)
@@ -373,8 +367,7 @@ def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster:
 
 
 def binding_budget(too_deep: Optional[RankPlan]) -> str:
-    """Which budget stops the search: the one the shallowest plan that does not fit breaks; "neither" where the cap
-    did."""
+    """Which budget stops the search; "neither" where the cap did."""
     if too_deep is None:
         return "neither (the search's cap)"
     broken = [name for name, fits in (("device", too_deep.fits_device), ("host", too_deep.fits_host))
@@ -382,14 +375,13 @@ def binding_budget(too_deep: Optional[RankPlan]) -> str:
     return " and ".join(broken) + " memory"
 
 
-
+# ---- the command line ----
 MODEL_FLAGS_NOTE = ("Every other flag is pretrain_gpt.py's: the model (--config, --init-from-hf or the shape flags), the "
                     "layout (--tensor-model-parallel-size, --zero-stage, ...), the batch, the precision; "
                     "`--help-model` lists them.")
 
 
 def print_help(command: str, rest: Sequence[str]) -> int:
-    """`dry-run --help` / `max-size --help`: the planner's own flags; `--help-model`: pretrain_gpt.py's."""
     if "--help-model" in rest:
         from arguments.parser import build_parser
 
@@ -423,7 +415,6 @@ def planner_arguments(prog: str) -> argparse.ArgumentParser:
 
 
 def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, ParsedArguments, Cluster]:
-    """The planner's own flags, and the rest as pretrain_gpt.py parses them."""
     from arguments.parser import parse_arguments
 
     planner, rest = planner_arguments(prog).parse_known_args(list(argv))
@@ -443,7 +434,7 @@ def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, P
 
 
 def this_machines_host_memory(cluster: Cluster) -> Cluster:
-    """`cluster` with this machine's available memory as the host budget per node, said as this machine's."""
+    """`cluster` with this machine's available memory as the host budget per node."""
     available, source = available_host_memory()
     if available is None:
         return cluster
@@ -470,7 +461,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if command in ("dry-run", "max-size") and {"-h", "--help", "--help-model"} & set(rest):
         return print_help(command, rest)
     if command == "tables":
-        if rest:  # the tables are the paper's formulas: nothing to set
+        if rest:
             raise ConfigError(f"tables takes no flags; got {' '.join(rest)}")
         print(format_table1() + "\n\n" + format_table2())
         return 0
@@ -484,7 +475,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cluster = dataclasses.replace(cluster, gpus_per_node=hardware.gpus_per_node, device_type=hardware.device_type,
                                       gpu_memory_bytes=cluster.gpu_memory_bytes or hardware.gpu_memory_bytes)
     if command == "dry-run":
-        if cluster.gpu_memory_bytes is not None:  # a model the cluster cannot hold is refused before it is planned
+        if cluster.gpu_memory_bytes is not None:
             check_parameters_fit(config.model, cluster.world_size, cluster.gpu_memory_bytes,
                                  "GPUs" if cluster.device_type == "cuda" else "processes")
         check_plannable(config)
@@ -520,7 +511,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results, binds = {}, {}
     for name, configuration in CONFIGURATIONS.items():
         stderr_line(f"> {name} ({CONFIGURATION_NAMES[name]})")
-        plans: dict[int, RankPlan] = {}  # by depth, to read the one past the largest that fits
+        plans: dict[int, RankPlan] = {}
 
         def plan_run(depth_config, depth_cluster, depth_vocab, plans=plans):
             plans[depth_config.model.num_layers] = dry_run(depth_config, depth_cluster, depth_vocab,
@@ -540,15 +531,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _predicted_step(plan: RankPlan, config: PretrainConfig, megatron_flags: dict, planner: argparse.Namespace,
                     vocab: int, cluster: Cluster, hardware) -> tuple[dict, str]:
-    """The planned layout's step time, as JSON fields and text: the layout model's where the profile has a layout
-    calibration, else the dry-run-based model's."""
+    """The planned layout's step time as JSON fields and text: the layout model's where the profile has its calibration,
+    else the dry-run-based model's."""
     if hardware.layout_calibration is not None:
         from planner.layout_prediction import format_layout_prediction, predict_config, prediction_json
 
         try:
             _, prediction, constants = predict_config(config, cluster.world_size, vocab, hardware, planner.trainer,
                                                       megatron_flags)
-        except ConfigError as error:  # a run the layout model does not price: the plan stands
+        except ConfigError as error:
             return {"step_s": None, "no_prediction": str(error)}, f"\n\nno predicted step: {error}"
         return prediction_json(prediction, planner.trainer), \
             "\n\n" + format_layout_prediction(prediction, hardware, constants, planner.trainer)

@@ -1,6 +1,6 @@
-"""The dry run's observer of the real train step: planner/dry_run.py runs DataParallelTrainStep on the meta device with
-this watching, so every collective the step makes is counted by the live code. It adds only what a meta run cannot do or
-should not repeat: it runs the first and last micro-batch and counts the ones between as copies of the first."""
+"""The dry run's observer of the real train step, so every collective the step makes is counted by the live code. It
+adds only what a meta run cannot do or should not repeat: it runs the first and last micro-batch and counts the ones
+between as copies of the first."""
 
 from __future__ import annotations
 
@@ -14,23 +14,20 @@ from zero.optimizer import ShardedAdamW, StepResult
 
 
 def planned_micro_batches(steps: int) -> list[int]:
-    """The micro-batches a plan runs: the first (under no_sync) and the last (which synchronizes the gradients)."""
+    """The micro-batches a plan runs: the first (under no_sync) and the last."""
     return sorted({0, steps - 1})
 
 
 def comm_difference(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]],
                     skip: Sequence[str] = ()) -> dict[str, dict[str, int]]:
-    """The bytes counted per group and kind between two snapshots, but for the groups in `skip` (a group first used
-    since counted nothing before)."""
+    """Bytes per group and kind between two snapshots, but for the groups in `skip`."""
     return {group: {kind: after[group][kind] - before.get(group, {}).get(kind, 0) for kind in kinds}
             for group, kinds in after.items() if group not in skip}
 
 
 class PlanObserver(NoObserver):
-    """Watches a DataParallelTrainStep's iteration for the plan. After it ran: `simulated` the micro-batches run,
-    `passes_copy` gloo's largest copy in the passes, and `copy_peak_bytes` the most a collective's copy and the
-    activations saved as it started held together (read at the collective: the reduction starts once autograd has freed
-    most activations)."""
+    """Watches a DataParallelTrainStep's iteration for the plan; `copy_peak_bytes`: gloo's copy with the activations
+    saved as its collective starts."""
 
     def __init__(self, comm: DryRunCommunicator, monitor: ActivationMonitor, probe) -> None:
         self.comm, self.monitor, self.probe = comm, monitor, probe
@@ -65,7 +62,6 @@ class PlanObserver(NoObserver):
         self.comm.on_transport_copy = self._at_copy
 
     def _at_copy(self, copy_bytes: int) -> None:
-        # what is saved now: the forward's meter and, in backward, a recompute's
         self.copy_peak_bytes = max(self.copy_peak_bytes, self.probe.saved_now() + copy_bytes)
         self.probe.sample("copy", copy_bytes)
 
