@@ -1,7 +1,6 @@
-"""The one door to collectives: every all-reduce, reduce-scatter, all-gather, broadcast, all-to-all and pipeline send
-goes through a `Communicator`, which counts the bytes this rank sends at the ring algorithms' volumes (M (N-1) / N, an
-all-reduce twice that). A group of size 1 or None is skipped, so TP=1 and DP=1 cost nothing. `DryRunCommunicator` is the
-planner's: the same accounting, no transport."""
+"""The one door to collectives: every collective and pipeline send goes through a `Communicator`, which counts the bytes
+this rank sends at the ring algorithms' volumes. A group of size 1 or None is skipped, so TP=1 and DP=1 cost nothing.
+`DryRunCommunicator` counts without a transport, for the planner."""
 
 from __future__ import annotations
 
@@ -15,25 +14,19 @@ from base.eager_under_compile import eager_under_compile
 from base.errors import PeerLostError
 from rendezvous.collective_log import CollectiveLog, RecordedWork
 
-# what collective_work lets pass unpublished: the process ending on purpose, or a peer already lost
 QUIET_EXITS = (KeyboardInterrupt, SystemExit, GeneratorExit, PeerLostError)
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 P2P_KINDS = ("send", "recv")
-# what each group's counters hold: along the pipeline, p2p messages, the gradient norm and the loss broadcast; the
-# embedding group sums a tied embedding's gradient
 GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS + ("all_reduce", "broadcast"),
                "embedding": ("all_reduce",),
-               # K/V gathered or passed round the ring, token counts, and Ulysses' all-to-all
                "cp": COLLECTIVE_KINDS + P2P_KINDS + ("all_to_all",),
-               # FP8 delayed scaling's amax max-reduction
                "amax": ("all_reduce",)}
 GROUP_NAMES = tuple(GROUP_KINDS)
 EXPERT_GROUP_KINDS = {"ep": ("all_to_all",) + COLLECTIVE_KINDS, "etp": ("all_to_all",) + COLLECTIVE_KINDS,
                       "edp": COLLECTIVE_KINDS, "etp_ep": COLLECTIVE_KINDS}
-# counted from its first byte on, so a run without them records the groups it always had
+# counted from first use, so a run without them records the groups it always had
 ON_FIRST_USE = ("cp", "amax")
 
-# torch 2.13 renamed the single-tensor collectives; the old names warn
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -44,7 +37,7 @@ def ring_bytes_sent(kind: str, full_bytes: int, group_size: int, is_source: bool
         return 0
     if kind == "all_reduce":
         return 2 * full_bytes * (group_size - 1) // group_size
-    if kind in ("reduce_scatter", "all_gather", "all_to_all"):  # all-to-all: all but its own 1/N leaves
+    if kind in ("reduce_scatter", "all_gather", "all_to_all"):
         return full_bytes * (group_size - 1) // group_size
     if kind == "broadcast":
         return full_bytes if is_source else 0
@@ -52,12 +45,11 @@ def ring_bytes_sent(kind: str, full_bytes: int, group_size: int, is_source: bool
 
 
 def all_to_all_bytes_sent(input_split_sizes: list[int], group_rank: int, row_bytes: int) -> int:
-    """Bytes one rank sends in an all-to-all: every row of its input but its own split."""
     return (sum(input_split_sizes) - input_split_sizes[group_rank]) * row_bytes
 
 
 class CommStats:
-    """Bytes sent by this rank since the last snapshot, per group and kind (and, on "pp", the bytes received)."""
+    """Bytes sent by this rank since the last snapshot, per group and kind."""
 
     def __init__(self) -> None:
         self._bytes = self._zeros()
@@ -80,8 +72,7 @@ class CommStats:
         self._bytes[group_name][kind] += int(num_bytes)
 
     def add_counts(self, counts: dict[str, dict[str, int]], times: int = 1) -> None:
-        """Add `times` x each count of a snapshot: collectives that ran once and stand for more (a dry run's unsimulated
-        micro-batches, a CUDA graph's replays). A zero adds nothing."""
+        """Add `times` x each count of a snapshot: collectives that ran once and stand for more."""
         for group, kinds in counts.items():
             for kind, num_bytes in kinds.items():
                 if num_bytes * times:
@@ -91,9 +82,8 @@ class CommStats:
         return {group: dict(kinds) for group, kinds in self._bytes.items()}
 
     def snapshot_and_reset(self) -> dict[str, dict[str, int]]:
-        """The bytes of the iteration that just ended; the counters restart from zero."""
         snapshot, self._bytes = self._bytes, self._zeros()
-        for group in snapshot.keys() - self._bytes.keys():  # an expert group, once seen, stays
+        for group in snapshot.keys() - self._bytes.keys():
             self._bytes[group] = {kind: 0 for kind in snapshot[group]}
         return snapshot
 
@@ -103,7 +93,7 @@ class CommStats:
 
 
 class CompletedWork:
-    """The handle a skipped collective (group of one) returns: wait() returns at once."""
+    """What a skipped collective returns: wait() returns at once."""
 
     def wait(self, timeout=None) -> bool:
         return True
@@ -112,20 +102,17 @@ class CompletedWork:
         return True
 
 
-# gloo copies a reduce-scatter's input or an all-gather's output while it runs; NCCL works in place. A larger
-# reduce-scatter goes in pieces of at most this many bytes, through the list form over views of our buffer, so gloo's
-# copy is one piece. In bf16 the two forms round in different orders
+# gloo copies a reduce-scatter's input while it runs (NCCL works in place): a larger one goes in pieces, so the copy is
+# one piece
 GLOO_PIECE_BYTES = 16 * 2**20
 PIECES_IN_FLIGHT = 2
 
 
 def gloo_copy_bytes(full_bytes: int) -> int:
-    """At most what gloo copies for a reduce-scatter of `full_bytes` (the planner's)."""
     return min(full_bytes, PIECES_IN_FLIGHT * GLOO_PIECE_BYTES)
 
 
 class _PieceWork:
-
     def __init__(self, works: list) -> None:
         self.works = works
 
@@ -139,8 +126,7 @@ class _PieceWork:
 
 
 def _in_pieces(group, whole: torch.Tensor, shard: torch.Tensor) -> Optional[list[tuple[int, int]]]:
-    """Bounds [lo, hi) of the shard's pieces where this collective should go in pieces (gloo, contiguous 1-D, larger
-    than a piece); else None."""
+    """Bounds of the shard's pieces where this collective goes in pieces; else None."""
     if _num_bytes(whole) <= GLOO_PIECE_BYTES or whole.dim() != 1 or shard.dim() != 1:
         return None
     if not (whole.is_contiguous() and shard.is_contiguous()) or dist.get_backend(group) != "gloo":
@@ -158,7 +144,7 @@ def _pieces_done(works: list, async_op: bool):
 
 
 class VirtualGroup:
-    """A process group that is only its size and the planned rank's place in it: a dry run's group."""
+    """A process group that is only its size and the planned rank's place: a dry run's."""
 
     def __init__(self, size: int, rank: int = 0) -> None:
         if size < 1:
@@ -179,7 +165,6 @@ class VirtualGroup:
 
 
 def group_size(group) -> int:
-    """Ranks in `group`; 1 for None (no group)."""
     if group is None:
         return 1
     if isinstance(group, VirtualGroup):
@@ -188,7 +173,6 @@ def group_size(group) -> int:
 
 
 def group_rank(group) -> int:
-    """This rank's index in `group`; 0 for None (no group)."""
     if group is None:
         return 0
     if isinstance(group, VirtualGroup):
@@ -201,25 +185,20 @@ def _num_bytes(tensor: torch.Tensor) -> int:
 
 
 class Communicator:
-    """Issues collectives and counts what this rank sends; one per process, passed explicitly. Every method takes the
-    group and its name, for the accounting; with `async_op=True` it returns the work handle. Bytes count when issued."""
+    """Issues collectives and counts what this rank sends; one per process. Bytes count when issued."""
 
     def __init__(self) -> None:
         self.stats = CommStats()
-        # where this rank is, for the one line a lost peer ends in: the last collective entered and the iteration, two
-        # stores and no communication
+        # where this rank is, for the line a lost peer ends in
         self.last_collective: Optional[tuple[str, str]] = None
         self.iteration: Optional[int] = None
-        # the ring of the last collectives and their times (--flight-recorder-dump-path, --log-straggler); None: nothing
-        # recorded
         self.log: Optional[CollectiveLog] = None
-        # tells every rank this one's collective work raised; None: nobody to tell
         self.publish_failure: Optional[Callable[[BaseException], None]] = None
 
     @contextlib.contextmanager
     def collective_work(self) -> Iterator[None]:
-        """Work the ranks do together around files: an exception raised on some ranks only is published through the
-        rendezvous store before it propagates, so peers blocked in a collective end within seconds."""
+        """Work the ranks do together around files: an exception on some ranks is published through the rendezvous
+        store, so peers blocked in a collective end within seconds."""
         try:
             yield
         except BaseException as error:
@@ -229,8 +208,7 @@ class Communicator:
 
     @contextlib.contextmanager
     def counted_apart(self) -> Iterator[CommStats]:
-        """Count what the body sends in a CommStats of its own (yielded), not in `stats`: a CUDA graph's capture counts
-        once what each replay sends. Nests."""
+        """Count what the body sends apart from `stats` (a CUDA graph's capture, counted again by each replay)."""
         kept, self.stats = self.stats, CommStats()
         try:
             yield self.stats
@@ -238,7 +216,6 @@ class Communicator:
             self.stats = kept
 
     def where(self) -> str:
-        """'during all_reduce on the dp group at iteration 14', or what is known of it."""
         during = (f"during {self.last_collective[0]} on the {self.last_collective[1]} group"
                   if self.last_collective is not None else "before its first collective")
         at = f"at iteration {self.iteration}" if self.iteration is not None else "before the first iteration"
@@ -251,7 +228,6 @@ class Communicator:
         return None if self.log is None else self.log.start(kind, group_name, group, num_bytes)
 
     def _finish(self, entry: Optional[list], work, async_op: bool):
-        """A sync collective has returned: its entry completes; an async one's completes in wait()."""
         if entry is None:
             return work
         if async_op:
@@ -259,11 +235,10 @@ class Communicator:
         self.log.complete(entry)
         return work
 
-    # eager even inside a compiled block: the accounting is Python state
+    # eager even in a compiled block: the accounting is Python state
     @eager_under_compile
     def all_reduce(self, tensor: torch.Tensor, group: Optional[dist.ProcessGroup], group_name: str,
                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
-        """In-place all-reduce of `tensor` over `group`."""
         if self._skip(group):
             return CompletedWork() if async_op else None
         self.stats.add(group_name, "all_reduce", ring_bytes_sent("all_reduce", _num_bytes(tensor), group_size(group)))
@@ -274,7 +249,7 @@ class Communicator:
     @eager_under_compile
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
                        group_name: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
-        """Sum `input` (N equal chunks along dim 0) over the group; rank i's `output` gets chunk i."""
+        """Sum `input` over the group; rank i's `output` gets chunk i of dim 0."""
         size = group_size(group)
         if input.numel() != output.numel() * size:
             raise ValueError(f"reduce_scatter: input has {input.numel()} elements, expected "
@@ -290,7 +265,6 @@ class Communicator:
     @eager_under_compile
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
                    group_name: str, async_op: bool = False):
-        """Concatenate every rank's `input` along dim 0 into `output` (rank order)."""
         size = group_size(group)
         if output.numel() != input.numel() * size:
             raise ValueError(f"all_gather: output has {output.numel()} elements, expected "
@@ -306,7 +280,7 @@ class Communicator:
     @eager_under_compile
     def broadcast(self, tensor: torch.Tensor, src: int, group: Optional[dist.ProcessGroup], group_name: str,
                   async_op: bool = False):
-        """Copy `tensor` from global rank `src` (not a group rank, as torch) to every rank of the group."""
+        """Copy `tensor` from global rank `src` to every rank of the group."""
         size = group_size(group)
         if size == 1:
             return CompletedWork() if async_op else None
@@ -320,8 +294,7 @@ class Communicator:
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                    input_split_sizes: list[int], group: Optional[dist.ProcessGroup], group_name: str,
                    async_op: bool = False):
-        """Rank i sends its `input_split_sizes[j]` rows to group rank j and receives group rank j's into `output`'s
-        split j (splits may be 0). Counted: the rows that leave."""
+        """Rank i sends `input_split_sizes[j]` rows to group rank j; counted: the rows that leave."""
         size = group_size(group)
         if len(input_split_sizes) != size or len(output_split_sizes) != size:
             raise ValueError(f"all_to_all: {len(input_split_sizes)} input and {len(output_split_sizes)} output "
@@ -342,13 +315,12 @@ class Communicator:
     # ---- point-to-point between pipeline stages (parallel/p2p.py holds the completion rule) ----
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int, group_name: str = "pp") -> list:
-        """Post a send of `tensor` to global rank `peer`; returns the works to wait on. Counted when posted."""
+        """Post a send to global rank `peer`; returns the works to wait on."""
         self.stats.add(group_name, "send", _num_bytes(tensor))
         self.last_collective = ("send", group_name)
         return self._recorded_p2p("send", peer, group_name, self._transport_p2p(dist.isend, tensor, peer, tag), tensor)
 
     def receive(self, tensor: torch.Tensor, peer: int, tag: int, group_name: str = "pp") -> list:
-        """Post a receive into `tensor` from global rank `peer`; returns the works to wait on."""
         self.stats.add(group_name, "recv", _num_bytes(tensor))
         self.last_collective = ("recv", group_name)
         return self._recorded_p2p("recv", peer, group_name, self._transport_p2p(dist.irecv, tensor, peer, tag), tensor)
@@ -362,7 +334,6 @@ class Communicator:
     # ---- the transport: torch.distributed (a dry run replaces these) ----
 
     def _transport_p2p(self, operation, tensor, peer, tag) -> list:
-        # batched, as Megatron-Core's p2p_communication posts them
         return dist.batch_isend_irecv([dist.P2POp(operation, tensor, peer, tag=tag)])
 
     def _transport_all_reduce(self, tensor, op, group, async_op):
@@ -375,7 +346,7 @@ class Communicator:
         chunks = input.view(group_size(group), output.numel())
         works = []
         for lo, hi in pieces:
-            # at most PIECES_IN_FLIGHT queued: gloo copies a piece when queued, so a rank ahead would hold every copy
+            # a rank ahead would otherwise hold every queued piece's copy
             if len(works) >= PIECES_IN_FLIGHT:
                 works[-PIECES_IN_FLIGHT].wait()
             works.append(dist.reduce_scatter(output[lo:hi], list(chunks[:, lo:hi].unbind(0)), op=op, group=group,
@@ -383,14 +354,12 @@ class Communicator:
         return _pieces_done(works, async_op)
 
     def _transport_all_gather(self, output, input, group, async_op):
-        # not in pieces: gloo's list all_gather held more, not less
         return _all_gather_single(output, input, group=group, async_op=async_op)
 
     def _transport_broadcast(self, tensor, src, group, async_op):
         return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
 
     def _transport_all_to_all(self, output, input, output_split_sizes, input_split_sizes, group, async_op):
-        # gloo runs all_to_all_single with uneven and zero splits
         return dist.all_to_all_single(output, input, list(output_split_sizes), list(input_split_sizes),
                                       group=group, async_op=async_op)
 
@@ -398,7 +367,7 @@ class Communicator:
         return dist.get_rank()
 
     def barrier(self, group: Optional[dist.ProcessGroup] = None, group_name: str = "world") -> None:
-        """Wait for every rank of `group`; None here is the whole world. Without a process group it returns at once."""
+        """Wait for every rank of `group`; None here is the whole world."""
         if not dist.is_available() or not dist.is_initialized():
             return
         if group is None and dist.get_world_size() == 1:
@@ -413,7 +382,7 @@ class Communicator:
     # ---- control messages: whole-world agreement, not counted ----
 
     def all_gather_object(self, obj) -> list:
-        """Every rank's picklable `obj` in rank order, from the whole world; `[obj]` without a process group."""
+        """Every rank's picklable `obj` in rank order; `[obj]` without a process group."""
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return [obj]
         gathered = [None] * dist.get_world_size()
@@ -423,7 +392,6 @@ class Communicator:
         return gathered
 
     def any_rank(self, flags: list[bool], device: torch.device) -> list[bool]:
-        """Element-wise OR of `flags` over the whole world, so every rank takes the same branch."""
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return list(flags)
         tensor = torch.tensor([float(flag) for flag in flags], device=device)
@@ -431,7 +399,7 @@ class Communicator:
         return [bool(value) for value in tensor.tolist()]
 
     def max_over_world(self, tensor: torch.Tensor) -> None:
-        """In place, the element-wise max of `tensor` over the whole world, read back by nobody here; not counted."""
+        """In place, the element-wise max of `tensor` over the whole world; not counted."""
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return
         self.last_collective = ("all_reduce", "world")
@@ -440,24 +408,21 @@ class Communicator:
 
 
 def _copy_unless_same(output: torch.Tensor, input: torch.Tensor) -> None:
-    """A collective over one rank is the identity; callers may pass one buffer as both ends."""
     if output.data_ptr() != input.data_ptr():
         output.copy_(input.reshape(output.shape))
 
 
 class DryRunCommunicator(Communicator):
-    """Counts what global rank `rank` of a planned run would send, and sends nothing (its tensors are meta)."""
+    """Counts what global rank `rank` of a planned run would send, and sends nothing."""
 
     def __init__(self, rank: int = 0) -> None:
         super().__init__()
         self.rank = rank
-        # gloo's copy of the largest reduce-scatter or all-gather: the planner adds it once
         self.largest_transport_copy = 0
-        # called with each copy's bytes as its collective is issued, so a caller can read what else is live then
+        # called with each copy's bytes as it is issued, so a caller can read what else is live
         self.on_transport_copy: Optional[Callable[[int], None]] = None
 
     def take_largest_transport_copy(self) -> int:
-        """Bytes of the largest copy since the last call."""
         largest, self.largest_transport_copy = self.largest_transport_copy, 0
         return largest
 

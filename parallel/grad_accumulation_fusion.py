@@ -1,7 +1,6 @@
-"""Gradient accumulation fusion (--gradient-accumulation-fusion): a linear's weight gradient is added straight into the
-fp32 main gradient by one GEMM, main_grad += grad_output^T @ input, with no 16-bit weight gradient. Autograd gets no
-weight gradient at all; ZeRO's post-accumulate hook still fires and finds it in place. 16-bit inputs use CUDA's bf16 x
-bf16 -> fp32 addmm, else one custom op that upcasts."""
+"""Gradient accumulation fusion: a linear's weight gradient is added straight into the fp32 main gradient by one GEMM,
+with no 16-bit weight gradient. Autograd gets no weight gradient; ZeRO's post-accumulate hook still fires and finds it
+in place. 16-bit inputs use CUDA's bf16 -> fp32 addmm, else an upcasting custom op."""
 
 from __future__ import annotations
 
@@ -20,13 +19,13 @@ class MainGradients(Protocol):
         """Where `param`'s gradient of this micro-batch is added: a tensor of its shape."""
 
 
-# the emulation upcasts at most this many elements at once; CUDA's kernel reads the 16-bit factors as they are
+# the emulation upcasts at most this many elements at once
 EMULATION_CHUNK_ELEMENTS = 1 << 22
 
 
 @torch.library.custom_op("grad_accumulation::addmm_fp32_", mutates_args=("main_grad",))
 def addmm_fp32_(main_grad: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> None:
-    """main_grad += mat1 @ mat2 in fp32, upcasting a slice of the token dimension at a time."""
+    """main_grad += mat1 @ mat2 in fp32, a slice of tokens at a time."""
     step = max(1, EMULATION_CHUNK_ELEMENTS // (mat1.shape[0] + mat2.shape[1]))
     for start in range(0, mat1.shape[1], step):
         main_grad.addmm_(mat1[:, start:start + step].to(main_grad.dtype), mat2[start:start + step].to(main_grad.dtype))
@@ -41,7 +40,7 @@ _NATIVE: dict[torch.device, Optional[str]] = {}
 
 
 def native_16_bit_accumulation(device: torch.device) -> Optional[str]:
-    """None when `device` adds a 16-bit GEMM into an fp32 tensor natively, else why not (probed once per device)."""
+    """None when `device` adds a 16-bit GEMM into fp32 natively, else why not."""
     if device not in _NATIVE:
         if device.type != "cuda":
             _NATIVE[device] = f"aten::addmm.dtype has no {device.type} kernel in torch {torch.__version__}"
@@ -60,8 +59,7 @@ def native_16_bit_accumulation(device: torch.device) -> Optional[str]:
 
 
 def accumulate_weight_gradient(main_grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
-    """main_grad += grad_output^T @ input in one op: grad_output [tokens, out], input [tokens, in], main_grad [out,
-    in]."""
+    """main_grad += grad_output^T @ input in one op."""
     mat1 = grad_output.t()
     if mat1.dtype == main_grad.dtype:
         main_grad.addmm_(mat1, input)
@@ -72,7 +70,6 @@ def accumulate_weight_gradient(main_grad: torch.Tensor, grad_output: torch.Tenso
 
 
 def accumulation_path(dtype: torch.dtype, device: torch.device) -> str:
-    """How `accumulate_weight_gradient` runs for `dtype` on `device`, for the start-up line."""
     if dtype == torch.float32:
         return "addmm_ into the fp32 main gradient"
     why_not = native_16_bit_accumulation(device)
@@ -88,7 +85,7 @@ class _LinearIntoMainGrad(torch.autograd.Function):
                 main_grads: MainGradients) -> torch.Tensor:
         ctx.save_for_backward(input, weight)
         ctx.main_grads, ctx.has_bias = main_grads, bias is not None
-        ctx.param = weight  # the parameter itself: the key its main gradient is held under
+        ctx.param = weight
         return F.linear(input, weight, bias)
 
     @staticmethod
@@ -96,7 +93,6 @@ class _LinearIntoMainGrad(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):
         input, weight = ctx.saved_tensors
         flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
-        # an mm on the flattened gradient, as autograd's AddmmBackward0
         grad_input = flat_grad.mm(weight).view(input.shape) if ctx.needs_input_grad[0] else None
         grad_bias = flat_grad.sum(dim=0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         if ctx.needs_input_grad[1]:
@@ -106,8 +102,7 @@ class _LinearIntoMainGrad(torch.autograd.Function):
 
 
 class LinearIntoMainGrad:
-    """F.linear whose weight gradient `main_grads` takes. Outside autograd and under torch.compile it is F.linear, the
-    gradient reaching the owner through the hook as without fusion."""
+    """F.linear whose weight gradient `main_grads` takes; plain F.linear outside autograd and under torch.compile."""
 
     def __init__(self, main_grads: MainGradients) -> None:
         self.main_grads = main_grads

@@ -1,7 +1,6 @@
 """Regions of a model captured as graphs with their backward and replayed every micro-batch after, as Megatron-Core's
-local CUDA graphs and torch.cuda.make_graphed_callables do, for this repository's communicator and ZeRO. What a replay
-does not run is accounted for: collectives' byte counts, forward pre-hooks, and parameter gradients, handed out from one
-shared arena so autograd and ZeRO's hooks see them as in eager."""
+local CUDA graphs and make_graphed_callables do, for this repository's communicator and ZeRO. What a replay skips is
+accounted for: byte counts, forward pre-hooks, and parameter gradients, handed out from one shared arena."""
 
 from __future__ import annotations
 

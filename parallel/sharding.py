@@ -12,9 +12,9 @@ from torch import nn
 
 from base.errors import ConfigError
 
-TENSOR_PARALLEL, EXPERT_TENSOR_PARALLEL = "tp", "etp"  # the grid dimensions a slice may be cut over
-DENSE_DATA = ("dp", "cp")  # the ranks holding a dense parameter's same slice (and TP when whole)
-EXPERT_DATA = ("edp",)     # the ranks holding an expert's same slice: its expert data-parallel group
+TENSOR_PARALLEL, EXPERT_TENSOR_PARALLEL = "tp", "etp"
+DENSE_DATA = ("dp", "cp")
+EXPERT_DATA = ("edp",)
 
 
 @dataclass(frozen=True)
@@ -23,10 +23,10 @@ class ShardingRecord:
     global_shape: tuple[int, ...]
     global_offset: tuple[int, ...]
     local_shape: tuple[int, ...]
-    split_dim: Optional[int] = None      # the dimension cut over `split_over`; None: the tensor is whole here
-    split_over: Optional[str] = None     # TENSOR_PARALLEL or EXPERT_TENSOR_PARALLEL
+    split_dim: Optional[int] = None
+    split_over: Optional[str] = None
     replicated_over: tuple[str, ...] = (TENSOR_PARALLEL, *DENSE_DATA)
-    # real vocabulary rows of dimension 0, the rest this run's TP padding: a load carries the real rows only
+    # real vocabulary rows; the rest this run's padding, not carried by a load
     real_rows: Optional[int] = None
 
     @property
@@ -39,13 +39,11 @@ class ShardingRecord:
 
     @property
     def is_expert(self) -> bool:
-        """Held by an expert data-parallel group."""
         return EXPERT_DATA[0] in self.replicated_over
 
 
 def whole_record(shape: torch.Size | tuple[int, ...], real_rows: Optional[int] = None,
                  replicated_over: tuple[str, ...] = (TENSOR_PARALLEL, *DENSE_DATA)) -> ShardingRecord:
-    """A tensor held whole by every rank of its stage."""
     shape = tuple(shape)
     return ShardingRecord(shape, (0,) * len(shape), shape, replicated_over=replicated_over, real_rows=real_rows)
 
@@ -63,19 +61,18 @@ def split_record(local_shape: torch.Size | tuple[int, ...], dim: int, parts: int
 
 
 def also_replicated_over(param: torch.Tensor, *dims: str) -> torch.Tensor:
-    """`param`'s record with more grid dimensions holding the same slice (a tied copy on another stage)."""
+    """`param`'s record with more dimensions holding the same slice (a tied copy)."""
     record = record_of(param)
     return set_record(param, replace(record, replicated_over=record.replicated_over + dims))
 
 
 def record_whole(param: torch.Tensor, replicated_over: tuple[str, ...] = (TENSOR_PARALLEL, *DENSE_DATA)
                  ) -> torch.Tensor:
-    """`param` recorded as held whole (a norm's gain, a router)."""
     return set_record(param, whole_record(param.shape, replicated_over=replicated_over))
 
 
 def check_recorded(model: nn.Module) -> None:
-    """Refuse a parameter of `model` that no layer gave a record, naming it and its module class."""
+    """Refuse a parameter that no layer gave a record, naming it and its module class."""
     for prefix, module in model.named_modules():
         for name, param in module.named_parameters(recurse=False):
             if getattr(param, "sharding", None) is None:
@@ -86,7 +83,7 @@ def check_recorded(model: nn.Module) -> None:
 
 
 def record_of(param: torch.Tensor) -> ShardingRecord:
-    """The record a layer gave `param`; a module made elsewhere (a test's toy model) is read as whole."""
+    """The record a layer gave `param`; a module made elsewhere reads as whole."""
     record = getattr(param, "sharding", None)
     return record if record is not None else whole_record(param.shape)
 

@@ -1,6 +1,5 @@
 """The process grid every other module is handed: a `ParallelState` built once by `initialize()` and passed explicitly,
-holding the named mesh's ranks and groups, the device, Megatron's special groups (embedding, dp-cp, stage, hierarchical
-CP), the experts' own grid and the communicator. With one process it has no process group."""
+with the mesh's ranks and groups, Megatron's special groups, the experts' grid and the communicator."""
 
 from __future__ import annotations
 
@@ -27,29 +26,24 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ParallelState:
     device: torch.device
-    # where this rank sits: sizes, coordinates and groups
     dims: ParallelDims = field(default_factory=ParallelDims.single_process)
-    # the (dp, tp) DeviceMesh; None without a process group
     mesh: Optional[DeviceMesh] = field(default=None, compare=False, repr=False)
     comm: Communicator = field(default_factory=Communicator, compare=False, repr=False)
-    # Megatron's embedding group: first and last stage, where a tied embedding's two copies sum their gradient; None off
-    # those stages
+    # Megatron's embedding group: first and last stage, where a tied embedding's copies sum their gradient
     embedding_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
-    # --num-distributed-optimizer-instances: how ZeRO cuts its partitions over DP
     optimizer_instances: "OptimizerInstances" = field(default_factory=lambda: OptimizerInstances(), compare=False,
                                                       repr=False)
-    # the experts' own grid; None is no expert parallelism (read it through `experts`)
+    # None is no expert parallelism (read it through `experts`)
     expert_grid: Optional["ExpertParallel"] = field(default=None, compare=False, repr=False)
-    # Megatron's "dp-cp" group, over which gradients are averaged and ZeRO's partition cut; None while CP is 1
+    # Megatron's "dp-cp" group; None while CP is 1
     data_context_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
-    # the TP x CP x DP ranks of this rank's stage, FP8's amax reduction group; None while PP is 1
+    # the TP x CP x DP ranks of this stage, FP8's amax group; None while PP is 1
     stage_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
-    # --hierarchical-context-parallel-sizes and this rank's group at each level; a2a+p2p runs its all-to-all over level
-    # 0 and its ring over level 1
+    # a2a+p2p runs its all-to-all over level 0 and its ring over level 1
     hierarchical_context_sizes: tuple[int, ...] = ()
     hierarchical_context_groups: tuple = field(default=(), compare=False, repr=False)
 
-    # read-only views of `dims`; a group is None while its size is 1
+    # a group is None while its size is 1
     @property
     def rank(self) -> int:
         return self.dims.rank
@@ -94,7 +88,7 @@ class ParallelState:
     def context_parallel_group(self) -> Optional[dist.ProcessGroup]:
         return self.dims["cp"].group
 
-    # the ranks holding the same weights, whose gradients are averaged: dp major, cp minor
+    # the ranks whose gradients are averaged: dp major, cp minor
     @property
     def data_context_parallel_size(self) -> int:
         return self.data_parallel_size * self.context_parallel_size
@@ -107,7 +101,7 @@ class ParallelState:
     def data_context_parallel_group(self) -> Optional[dist.ProcessGroup]:
         return self.data_context_group if self.context_parallel_size > 1 else self.data_parallel_group
 
-    # ZeRO's partition: over DP x CP, or over this rank's optimizer instance
+    # ZeRO's partition: over DP x CP, or this rank's optimizer instance
     @property
     def partition_size(self) -> int:
         return self.optimizer_instances.shard_size or self.data_context_parallel_size
@@ -125,12 +119,10 @@ class ParallelState:
 
     @property
     def partition_replica_group(self) -> Optional[dist.ProcessGroup]:
-        """The same partition's copies, one per optimizer instance (None with one instance)."""
         return self.optimizer_instances.replica_group
 
     @property
     def partition_replica_index(self) -> int:
-        """Which optimizer instance this rank belongs to (0 with one)."""
         instances = self.optimizer_instances
         return self.data_parallel_rank // instances.shard_size if instances.count > 1 else 0
 
@@ -155,21 +147,19 @@ class ParallelState:
         return self.pipeline_parallel_rank == self.pipeline_parallel_size - 1
 
     def stage_rank(self, stage: int) -> int:
-        """The global rank of pipeline stage `stage` (modulo the stages) at this rank's (dp, tp)."""
+        """The global rank of pipeline stage `stage` at this rank's (dp, tp)."""
         return self.dims.rank_at({**self.dims.coordinates, "pp": stage % self.pipeline_parallel_size})
 
     @property
     def experts(self) -> "ExpertParallel":
-        """The experts' groups; without expert parallelism the dense grid's."""
         return self.expert_grid if self.expert_grid is not None else _dense_experts(self)
 
     @property
     def is_first_rank(self) -> bool:
-        """The rank that prints, writes metrics.jsonl and talks to W&B."""
         return self.rank == 0
 
     def place(self) -> str:
-        """'rank 1 (TP 1/2, PP 0/1, DP 0/1, CP 0/1, EP 0/1)': where this rank sits, for an error it alone met."""
+        """Where this rank sits, for an error it alone met."""
         coordinates = ", ".join(f"{name} {rank}/{size}" for name, rank, size in (
             ("TP", self.tensor_parallel_rank, self.tensor_parallel_size),
             ("PP", self.pipeline_parallel_rank, self.pipeline_parallel_size),
@@ -181,8 +171,7 @@ class ParallelState:
 
 @dataclass(frozen=True)
 class ExpertParallel:
-    """This rank's place on the experts' grid: the expert-parallel, expert tensor-parallel, expert data-parallel and ETP
-    x EP groups (None for a group of one)."""
+    """This rank's place on the experts' grid: EP, ETP, EDP and ETP x EP groups (None for a group of one)."""
     model_size: int = 1
     model_rank: int = 0
     model_group: Optional[object] = None
@@ -193,7 +182,6 @@ class ExpertParallel:
     data_rank: int = 0
     data_group: Optional[object] = None
     tensor_and_model_group: Optional[object] = None
-    # --num-distributed-optimizer-instances over the expert data-parallel group: the experts' ZeRO partition
     optimizer_instances: "OptimizerInstances" = field(default_factory=lambda: OptimizerInstances(), compare=False)
 
     @property
@@ -202,14 +190,12 @@ class ExpertParallel:
 
     @property
     def tensor_and_model_rank(self) -> int:
-        """This rank's place in the ETP x EP group (ETP fastest, as Megatron's "tp-ep")."""
         return self.model_rank * self.tensor_size + self.tensor_rank
 
 
 def with_expert_parallel(state: "ParallelState", expert_model_parallel_size: int,
                          expert_tensor_parallel_size: Optional[int] = None) -> "ParallelState":
-    """`state` with the experts' groups (a collective: every rank calls it, in order). Expert TP defaults to TP; then
-    with EP 1 the dense groups serve."""
+    """`state` with the experts' groups (a collective). Expert TP defaults to TP; with EP 1 the dense groups serve."""
     etp = state.tensor_parallel_size if expert_tensor_parallel_size is None else expert_tensor_parallel_size
     sizes = expert_mesh_sizes(state.dims.sizes, expert_model_parallel_size, etp)
     mine = expert_coordinates(state.rank, sizes)
@@ -220,7 +206,7 @@ def with_expert_parallel(state: "ParallelState", expert_model_parallel_size: int
         for ranks in expert_groups(sizes, names):
             if len(ranks) == 1:
                 continue
-            group = dist.new_group(ranks)  # every rank creates every group, as new_group requires
+            group = dist.new_group(ranks)
             if state.rank in ranks:
                 groups[key] = group
     experts = ExpertParallel(sizes["ep"], mine["ep"], groups.get("ep"), sizes["etp"], mine["etp"], groups.get("etp"),
@@ -250,16 +236,15 @@ def _virtual_experts(state: "ParallelState", expert_model_parallel_size: int,
 @dataclass(frozen=True)
 class OptimizerInstances:
     """--num-distributed-optimizer-instances N: the DP ranks in N contiguous blocks, the optimizer state sharded within
-    each and replicated across them (ZeRO++'s hpZ), so only the reduced shard crosses blocks. N = 1: the DP group, no
-    copies."""
+    each and replicated across them, so only the reduced shard crosses blocks."""
     count: int = 1
-    shard_size: int = 0  # ranks per block; 0 with one instance
+    shard_size: int = 0
     shard_group: Optional[object] = None
     replica_group: Optional[object] = None
 
 
 def check_optimizer_instances(count: int, data_parallel_size: int, context_parallel_size: int = 1) -> None:
-    """DP must divide by the instances (Megatron asserts it too), as a ValueError naming the flag; not beside CP."""
+    """DP must divide by the instances, as a ValueError naming the flag."""
     if count > 1 and context_parallel_size > 1:
         raise ValueError(f"--num-distributed-optimizer-instances {count} with --context-parallel-size "
                          f"{context_parallel_size} is not implemented: use one optimizer instance with context "
@@ -271,7 +256,6 @@ def check_optimizer_instances(count: int, data_parallel_size: int, context_paral
 
 
 def check_expert_optimizer_instances(count: int, expert_data_parallel_size: int) -> None:
-    """The expert data-parallel size must divide by the instances, as Megatron asserts."""
     if count > 1 and expert_data_parallel_size % count:
         raise ValueError(f"--num-distributed-optimizer-instances {count} must divide the expert data-parallel size "
                          f"{expert_data_parallel_size} too (the experts' optimizer is cut into as many instances, as "
@@ -280,7 +264,7 @@ def check_expert_optimizer_instances(count: int, expert_data_parallel_size: int)
 
 
 def with_optimizer_instances(state: "ParallelState", count: int) -> "ParallelState":
-    """`state` with its DP group, and its expert DP group, cut into `count` optimizer instances (a collective)."""
+    """`state` with its DP (and expert DP) group cut into `count` optimizer instances (a collective)."""
     if count == state.optimizer_instances.count:
         return state
     if state.expert_grid is not None:
@@ -293,8 +277,6 @@ def with_optimizer_instances(state: "ParallelState", count: int) -> "ParallelSta
 
 
 def _expert_optimizer_instance_groups(state: "ParallelState", count: int) -> OptimizerInstances:
-    """The intra- and inter-partial expert DP groups: every rank creates every group, in one order, and keeps its
-    own."""
     experts = state.expert_grid
     if count == 1:
         return OptimizerInstances()
@@ -314,7 +296,6 @@ def _expert_optimizer_instance_groups(state: "ParallelState", count: int) -> Opt
 
 
 def _optimizer_instance_groups(dims: ParallelDims, count: int) -> OptimizerInstances:
-    """Every rank creates every block and copy group of every DP group, in one order, and keeps its own."""
     check_optimizer_instances(count, dims["dp"].size)
     if count == 1:
         return OptimizerInstances()
@@ -335,8 +316,7 @@ def _optimizer_instance_groups(dims: ParallelDims, count: int) -> OptimizerInsta
 
 
 def resolve_device(name: str, local_rank: Optional[int] = None) -> torch.device:
-    """'auto' picks CUDA when present, else CPU; a CUDA device without an index becomes this process's GPU on its
-    node."""
+    """'auto' picks CUDA when present; an unindexed CUDA device becomes this process's GPU on its node."""
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if name == "auto":
@@ -351,7 +331,7 @@ def resolve_device(name: str, local_rank: Optional[int] = None) -> torch.device:
 
 
 def check_grid_divides(world_size: int, tensor_parallel_size: int, pipeline_parallel_size: int) -> None:
-    """TP x PP must divide the launched processes; ValueError naming the flags (the dry run asks the same)."""
+    """TP x PP must divide the launched processes; ValueError naming the flags."""
     if world_size % tensor_parallel_size != 0:
         raise ValueError(
             f"--tensor-model-parallel-size {tensor_parallel_size} does not divide the {world_size} "
@@ -367,7 +347,6 @@ def check_grid_divides(world_size: int, tensor_parallel_size: int, pipeline_para
 
 def initialize_grid(device_name: str, parallel: "ParallelismConfig", timeout_minutes: float,
                     optimizer_instances: int = 1, store: Optional[dist.Store] = None) -> ParallelState:
-    """`initialize` with every size of the run's parallel section."""
     return initialize(device_name, parallel.tensor_model_parallel_size, timeout_minutes, store=store,
                       pipeline_parallel_size=parallel.pipeline_model_parallel_size,
                       optimizer_instances=optimizer_instances, context_parallel_size=parallel.context_parallel_size,
@@ -381,9 +360,8 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
                optimizer_instances: int = 1, context_parallel_size: int = 1, expert_model_parallel_size: int = 1,
                expert_tensor_parallel_size: Optional[int] = None, store: Optional[dist.Store] = None,
                hierarchical_context_parallel_sizes: Optional[Sequence[int]] = None) -> ParallelState:
-    """Build the PP x DP x CP x TP grid and the experts' grid for this launch. `store`: the rendezvous store to build on
-    (an in-process restart's), else torchrun's or MASTER_PORT's. Bad sizes raise ValueError before any process group;
-    the timeout turns a hung peer into an error."""
+    """Build the PP x DP x CP x TP grid and the experts' grid for this launch. `store`: the rendezvous store to build
+    on, else torchrun's. The timeout turns a hung peer into an error."""
     if tensor_parallel_size < 1:
         raise ValueError(f"--tensor-model-parallel-size must be at least 1, got {tensor_parallel_size}")
     if pipeline_parallel_size < 1:
@@ -417,7 +395,6 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
         _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size, device, launch, gpus_per_node)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(minutes=timeout_minutes)
-    # torchrun's agent store, one key space per restart
     if store is None:
         store = process_group_store(launch.master_addr, launch.master_port, timeout, os.environ)
     if store is not None:
@@ -429,12 +406,11 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     data_parallel_size = launch.world_size // model_grid
     sizes = {"pp": pipeline_parallel_size, "dp": data_parallel_size, "cp": context_parallel_size,
              "tp": tensor_parallel_size}
-    if pipeline_parallel_size == 1 and context_parallel_size == 1:  # the (dp, tp) mesh DTensor code builds on
+    if pipeline_parallel_size == 1 and context_parallel_size == 1:
         mesh = init_device_mesh(device.type, (data_parallel_size, tensor_parallel_size), mesh_dim_names=("dp", "tp"))
-    else:  # pp and cp only where more than one rank
+    else:
         names = tuple(name for name in sizes if name in ("dp", "tp") or sizes[name] > 1)
         mesh = init_device_mesh(device.type, tuple(sizes[name] for name in names), mesh_dim_names=names)
-    # a dimension of size 1 has no group
     groups = {name: mesh.get_group(name) for name in sizes if sizes[name] > 1}
     dims = ParallelDims.of_rank(launch.rank, sizes, groups=groups)
     state = ParallelState(device=device, dims=dims, mesh=mesh, embedding_group=_embedding_group(dims),
@@ -446,7 +422,7 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
 
 
 def _embedding_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
-    """Megatron's embedding group (first and last rank of each pipeline group); every rank creates every group."""
+    """Megatron's embedding group (first and last rank of each pipeline group)."""
     stages = dims["pp"].size
     if stages == 1:
         return None
@@ -462,7 +438,7 @@ def _embedding_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
 
 
 def _data_context_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
-    """Megatron's "dp-cp" group at this rank's (pp, tp), in global rank order; None while CP is 1."""
+    """Megatron's "dp-cp" group at this rank's (pp, tp); None while CP is 1."""
     if dims["cp"].size == 1:
         return None
     if dims["dp"].size == 1:
@@ -479,8 +455,7 @@ def _data_context_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
 
 
 def check_hierarchical_sizes(sizes: Optional[Sequence[int]], context_parallel_size: int) -> tuple[int, ...]:
-    """--hierarchical-context-parallel-sizes as a tuple; ValueError unless each is at least 1 and they multiply to
-    --context-parallel-size."""
+    """--hierarchical-context-parallel-sizes as a tuple; ValueError unless they multiply to --context-parallel-size."""
     if not sizes:
         return ()
     if min(sizes) < 1 or math.prod(sizes) != context_parallel_size:
@@ -490,7 +465,6 @@ def check_hierarchical_sizes(sizes: Optional[Sequence[int]], context_parallel_si
 
 
 def _hierarchical_context_groups(dims: ParallelDims, sizes: tuple[int, ...]) -> tuple:
-    """This rank's group at each level of `sizes` over its CP group; a level of one rank is None."""
     if not sizes:
         return ()
     mine: list = [None] * len(sizes)
@@ -507,7 +481,7 @@ def _hierarchical_context_groups(dims: ParallelDims, sizes: tuple[int, ...]) -> 
 
 
 def _stage_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
-    """The DP x CP x TP ranks of this rank's stage, in global rank order; None while PP is 1 or a stage is one rank."""
+    """The DP x CP x TP ranks of this rank's stage; None while PP is 1."""
     stages = dims["pp"].size
     per_stage = dims.world_size // stages
     if stages == 1 or per_stage == 1:
@@ -538,8 +512,7 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
                   optimizer_instances: int = 1, context_parallel_size: int = 1, expert_model_parallel_size: int = 1,
                   expert_tensor_parallel_size: Optional[int] = None,
                   hierarchical_context_parallel_sizes: Optional[Sequence[int]] = None) -> ParallelState:
-    """One rank of a grid that is not launched (the planner): what `initialize` would give rank `rank`, with groups that
-    are only sizes and a communicator that sends nothing."""
+    """One rank of a grid that is not launched (the planner), with groups that are only sizes."""
     if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
         raise ValueError(f"--tensor-model-parallel-size {tensor_parallel_size} does not divide --world-size "
                          f"{world_size}")
@@ -556,7 +529,6 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
     sizes = {"pp": pipeline_parallel_size, "dp": world_size // model_grid, "cp": context_parallel_size,
              "tp": tensor_parallel_size}
     dims = ParallelDims.of_rank(rank, sizes, groups={name: VirtualGroup(size) for name, size in sizes.items()})
-    # the embedding group as `_embedding_group` makes it
     on_end_stage = dims["pp"].coordinate in (0, pipeline_parallel_size - 1)
     embedding_group = VirtualGroup(2) if pipeline_parallel_size > 1 and on_end_stage else None
     check_optimizer_instances(optimizer_instances, sizes["dp"], context_parallel_size)
@@ -583,6 +555,5 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
 
 
 def destroy(state: ParallelState) -> None:
-    """Tear down the process group built by `initialize`."""
     if state.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()

@@ -18,7 +18,6 @@ def _blocks(tensor: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def _block_amax(values: torch.Tensor, block: int) -> torch.Tensor:
-    """Each 1 x block block's amax along the last dimension, [rows, blocks], the last partial block over its values."""
     rows, cols = values.shape
     whole = cols - cols % block
     amaxes = [values[:, :whole].reshape(rows, -1, block).abs().amax(dim=-1)] if whole else []
@@ -28,8 +27,8 @@ def _block_amax(values: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def _times_block_scales(values: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
-    """`values` [rows, cols] times their block's scale, expanded over the block. Neither padding nor piecewise scaling:
-    torch 2.13's inductor miscompiles both on the CPU."""
+    """`values` times their block's scale, expanded over the block (padding or piecewise scaling miscompile on the
+    CPU)."""
     rows, cols = values.shape
     whole = cols - cols % block
     per_value = [scale[:, :whole // block].unsqueeze(-1).expand(rows, whole // block, block).reshape(rows, whole)] \
@@ -40,8 +39,7 @@ def _times_block_scales(values: torch.Tensor, scale: torch.Tensor, block: int) -
 
 
 def quantize_blocks_1d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BLOCK, counts=None):
-    """1 x block scaling along the last dimension, power-of-two scales (Float8BlockScaling's default). Returns the FP8
-    data [rows, cols] and the dequantizing scales [rows, blocks]."""
+    """1 x block scaling along the last dimension: FP8 data and dequantizing scales [rows, blocks]."""
     values = tensor.float()
     scale = current_scale(_block_amax(values, block), FP8_MAX[dtype], True, input_type_max(tensor))
     data = saturating_cast(_times_block_scales(values, scale, block), dtype, counts).contiguous()
@@ -49,8 +47,8 @@ def quantize_blocks_1d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BL
 
 
 def quantize_blocks_2d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BLOCK, counts=None):
-    """block x block scaling (the weights' 128x128): FP8 data and dequantizing scales [ceil(rows / block), ceil(cols /
-    block)]. A square block quantizes a matrix and its transpose alike, so one copy serves both GEMMs."""
+    """block x block scaling (the weights'): FP8 data and dequantizing scales. A square block serves a matrix and its
+    transpose alike."""
     rows = tensor.size(0)
     values = tensor.float()
     row_amax = _block_amax(values, block)
@@ -60,20 +58,19 @@ def quantize_blocks_2d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BL
         tiles.append(row_amax[whole:].amax(dim=0, keepdim=True))
     scale = current_scale(torch.cat(tiles), FP8_MAX[dtype], True, input_type_max(tensor))
     scaled = _times_block_scales(values, expand_2d_scales(scale, rows, block), block)
-    data = saturating_cast(scaled, dtype, counts).contiguous()  # counted over the values, not the padding
+    data = saturating_cast(scaled, dtype, counts).contiguous()
     return data, torch.reciprocal(scale)
 
 
 def expand_2d_scales(scale_inv: torch.Tensor, rows: int, block: int = BLOCK) -> torch.Tensor:
-    """[row blocks, col blocks] -> [rows, col blocks]: each row's scale per K block. Concatenated, not
-    repeat_interleave'd: torch 2.13's inductor reads past a partial last block on the CPU."""
+    """[row blocks, col blocks] -> [rows, col blocks] by concatenation (repeat_interleave miscompiles on the CPU)."""
     return torch.cat([scale_inv[index:index + 1].expand(min(block, rows - start), -1)
                       for index, start in enumerate(range(0, rows, block))])
 
 
 def e8m0_exponent(value: torch.Tensor) -> torch.Tensor:
-    """TE's float_to_e8m0 (non-Blackwell branch): the biased exponent of fp32 `value` rounded up to a power of two,
-    saturating at 254; 255 for nan, 254 for inf, 0 for 0. Returns int32."""
+    """TE's float_to_e8m0: the biased exponent of fp32 `value` rounded up, saturating at 254; 255 for nan. Returns
+    int32."""
     bits = value.float().contiguous().view(torch.int32)
     exponent = (bits >> 23) & 0xFF
     mantissa = bits & 0x7FFFFF
@@ -89,23 +86,20 @@ def _float_from_bits(bits: torch.Tensor) -> torch.Tensor:
 
 
 def e8m0_to_scale(exponent: torch.Tensor) -> torch.Tensor:
-    """TE's exp2f(e8m0): 2^(e - 127), the dequantizing scale."""
     scale = _float_from_bits(exponent << 23)
     scale = torch.where(exponent == 0, _float_from_bits(torch.full_like(exponent, 0x00400000)), scale)
     return torch.where(exponent == 0xFF, torch.full_like(scale, float("nan")), scale)
 
 
 def e8m0_to_reciprocal(exponent: torch.Tensor) -> torch.Tensor:
-    """TE's exp2f_rcp(e8m0): 2^(127 - e), the quantizing multiplier."""
     scale = _float_from_bits((254 - exponent).clamp(min=0) << 23)
     scale = torch.where(exponent == 254, _float_from_bits(torch.full_like(exponent, 0x00400000)), scale)
     return torch.where(exponent == 0xFF, torch.full_like(scale, float("nan")), scale)
 
 
 def quantize_mx(tensor: torch.Tensor, dtype: torch.dtype, counts=None):
-    """MXFP8 (TE's quantize_mxfp8.cuh): per 1x32 block, e = E8M0 exponent of amax / fp8_max rounded up, values times
-    2^(127 - e) cast with saturation. Returns the FP8 data and the dequantizing scales as fp32 [rows, cols / 32] (exact
-    there)."""
+    """MXFP8 (TE's quantize_mxfp8.cuh): per 1x32 block an E8M0 scale from the amax, the values cast with saturation.
+    Returns the FP8 data and the dequantizing scales as fp32 [rows, cols / 32]."""
     rows, cols = tensor.shape
     if cols % MX_BLOCK:
         raise ValueError(f"MXFP8 quantizes blocks of {MX_BLOCK} along the last dimension; {cols} is not a multiple")

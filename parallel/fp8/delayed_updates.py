@@ -1,7 +1,6 @@
 """Delayed scaling's amax reduction and scale update, once per pass for every linear of the pass, as TransformerEngine
-does at the end of an fp8_autocast region: the recorded amaxes go into one buffer, one max all-reduce over the TP x DP
-(x CP) group takes it, and every history and scale is updated in a few batched operations. A max is exact in any order,
-so the scales match an update after each cast bit for bit."""
+does at the end of an fp8_autocast region: one max all-reduce of every recorded amax and a few batched updates. A max is
+exact in any order, so the scales match per-cast updates bit for bit."""
 
 from __future__ import annotations
 
@@ -17,19 +16,17 @@ FORWARD, BACKWARD = "forward", "backward"
 
 @fused_region
 def _newest_amaxes(histories: list) -> torch.Tensor:
-    """Every linear's newest history row, [linears, roles]: the buffer the collective reduces."""
     return torch.stack([history[0] for history in histories])
 
 
 @fused_region
 def _update_from_amaxes(histories: list, scales: list, newest: Optional[torch.Tensor], dtype: torch.dtype, margin: int,
                         most_recent: bool, replace_scales: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """TE's fused_amax_and_scale_update_after_reduction for every linear at once. Returns the new histories for the
-    caller to write back (inductor 2.13 mis-compiles a rolled tensor written into its own inputs), and the new scales
-    where `replace_scales`, else writes them in place."""
+    """TE's fused amax and scale update for every linear at once. Returns the new histories for the caller to write back
+    (inductor mis-compiles a rolled tensor written into its inputs), and new scales where `replace_scales`."""
     history = torch.stack(histories)
     if newest is None:
-        newest = history[:, 0].clone()  # kept apart from the row zeroed below
+        newest = history[:, 0].clone()
     history[:, 0] = newest
     amax = newest if most_recent else history.amax(dim=1)
     if history.size(1) > 1:
@@ -44,8 +41,8 @@ def _update_from_amaxes(histories: list, scales: list, newest: Optional[torch.Te
 
 def update_delayed_scales(scalings: Sequence[DelayedScaling], which: str,
                           reduce_amax: Optional[Callable[[torch.Tensor], None]] = None, fused: bool = False) -> None:
-    """Reduce the amaxes `scalings` recorded in this pass (`which`: FORWARD for input and weight, BACKWARD for the
-    output gradient) and update their histories and scales: one collective, whatever the number of linears."""
+    """Reduce the amaxes recorded in this pass (`which`: FORWARD or BACKWARD roles) and update histories and scales in
+    one collective."""
     if not scalings:
         return
     recipe = scalings[0].recipe
@@ -58,7 +55,7 @@ def update_delayed_scales(scalings: Sequence[DelayedScaling], which: str,
         scales = [scaling.backward_scale for scaling in scalings]
         dtype = recipe.backward_dtype
     newest = None
-    if reduce_amax is not None:  # the collective stays outside the compiled regions
+    if reduce_amax is not None:
         newest = _newest_amaxes(histories, fused=fused)
         reduce_amax(newest)
     history, updated = _update_from_amaxes(histories, scales, newest, dtype, recipe.margin,
@@ -84,8 +81,8 @@ class _AfterBackward(torch.autograd.Function):
 
 
 class DelayedScalingPasses:
-    """A model's delayed-scaling linears by the part a pass runs (a chunk's blocks, the MTP layers), updated once per
-    pass: `forward_done` after a forward, and `mark_backward` on the input of the first part for the backward."""
+    """A model's delayed-scaling linears by the part a pass runs, updated once per pass: `forward_done` after a forward,
+    `mark_backward` for the backward."""
 
     def __init__(self, groups: dict[Hashable, list[DelayedScaling]],
                  reduce_amax: Optional[Callable[[torch.Tensor], None]] = None, fused: bool = False) -> None:
@@ -95,12 +92,10 @@ class DelayedScalingPasses:
         return [scaling for part in parts for scaling in self.groups.get(part, [])]
 
     def forward_done(self, parts: Iterable[Hashable]) -> None:
-        """A forward over `parts` ended: their input and weight scales move."""
         update_delayed_scales(self._scalings(parts), FORWARD, self.reduce_amax, self.fused)
 
     def mark_backward(self, hidden: torch.Tensor, parts: Iterable[Hashable]) -> torch.Tensor:
-        """`hidden`, the input of the first of `parts`; once its gradient is complete their output-gradient scales move.
-        Without autograd there is no backward to mark."""
+        """Mark `hidden`, the first part's input: once its gradient is complete the output-gradient scales move."""
         if not (torch.is_grad_enabled() and hidden.requires_grad):
             return hidden
         scalings = self._scalings(parts)

@@ -1,7 +1,6 @@
-"""Fused cast regions: each FP8 cast is one Python function of tensors, run as it is or compiled whole by torch.compile
-into the few kernels TransformerEngine runs, bit for bit the same either way. A region runs plain with fusion off, on
-the meta device, under a non-infra dispatch mode, or inside an outer trace. `dynamic=False`: symbolic shapes miscompiled
-and ran slow."""
+"""Fused cast regions: each FP8 cast is one Python function of tensors, run as it is or compiled whole into the few
+kernels TransformerEngine runs, the same bits either way. A region runs plain with fusion off, on meta, under a dispatch
+mode or inside an outer trace."""
 
 from __future__ import annotations
 
@@ -13,12 +12,10 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 FUSED_CAST_MODES = ("auto", "on", "off")
-# per region: dtypes, guard on or off, recipes' variants: a few dozen in a test process
 RECOMPILE_LIMIT = 64
 
 
 def _tensors(args) -> list:
-    """The tensors among `args`, one level into lists and tuples."""
     found = []
     for arg in args:
         if isinstance(arg, torch.Tensor):
@@ -29,7 +26,7 @@ def _tensors(args) -> list:
 
 
 def _runs_plain(args) -> bool:
-    """Whether a region must run its plain function; `is_compiling()` first: under dynamo the rest is not traced."""
+    """Whether a region must run plain; under dynamo the rest is not traced."""
     if torch.compiler.is_compiling():
         return True
     if any(tensor.device.type == "meta" for tensor in _tensors(args)):
@@ -38,8 +35,7 @@ def _runs_plain(args) -> bool:
 
 
 class FusedRegion:
-    """`fn` run compiled whole (fullgraph) where `fused` and the conditions allow, else as it is. `fn` takes tensors and
-    Python constants and returns tensors (or mutates its tensor arguments)."""
+    """`fn` compiled whole where `fused` and the conditions allow, else run as it is."""
 
     def __init__(self, fn: Callable) -> None:
         self.fn = fn
@@ -55,7 +51,7 @@ class FusedRegion:
 
 
 def _recompile_limit() -> dict:
-    """torch.compile's per-function recompile_limit (torch 2.13+); before it, dynamo's process-wide limit is raised."""
+    """torch.compile's per-function recompile_limit, or dynamo's process-wide one before torch 2.13."""
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
         return {"recompile_limit": RECOMPILE_LIMIT}
     import torch._dynamo.config as dynamo_config
@@ -74,7 +70,7 @@ def compile_unavailable(device_type: str) -> Optional[str]:
     """Why inductor cannot compile a region for this device type, or None; checked once per process."""
     try:
         import torch._inductor.config  # noqa: F401
-    except Exception as error:  # any import failure means no inductor here
+    except Exception as error:
         return f"torch's inductor does not import ({type(error).__name__}: {error})"
     if device_type == "cuda":
         from torch.utils._triton import has_triton
@@ -85,15 +81,15 @@ def compile_unavailable(device_type: str) -> Optional[str]:
 
         try:
             get_cpp_compiler()
-        except Exception as error:  # inductor's own search: InvalidCxxCompiler and the like
+        except Exception as error:
             return f"no C++ compiler for inductor's CPU kernels ({type(error).__name__})"
         return None
     return f"inductor compiles for cpu and cuda, not {device_type}"
 
 
 def resolve_fused_casts(mode: str, device: torch.device) -> tuple[bool, str]:
-    """--fp8-fused-casts for this run: whether the casts run fused, and the start-up line's clause. auto: fused on CUDA,
-    unfused on a CPU (compiling costs seconds); where inductor cannot compile, unfused, with the reason."""
+    """--fp8-fused-casts for this run and the start-up clause. auto: fused on CUDA, unfused on a CPU (compiling costs
+    seconds); unfused where inductor cannot compile."""
     if mode not in FUSED_CAST_MODES:
         raise ValueError(f"--fp8-fused-casts {mode}: one of {', '.join(FUSED_CAST_MODES)}")
     if mode == "off":

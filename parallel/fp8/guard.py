@@ -11,30 +11,25 @@ import torch
 
 from parallel.fp8.recipes import FP8_MAX
 
-# the default threshold is 5%: a correctly scaled cast saturates at most ~2% (delayed scaling), a scale 2x too large
-# about 8%
+# 5%: a correctly scaled cast saturates at most ~2%, a scale 2x too large about 8%
 
-# a pass's figures per layer, float64 so counts stay exact: values cast, saturated, flushed, worst cast's saturated
-# fraction, non-finite, and the forward's input amax
+# a pass's figures per layer, float64 so counts stay exact
 VALUES, SATURATED, FLUSHED, WORST, NON_FINITE, INPUT_AMAX = range(6)
-DENSE, EXPERT = "tp", "etp"  # the group a layer's verdict is reduced over
+DENSE, EXPERT = "tp", "etp"
 
 
 class CastCounts:
-    """The counts of the casts of one GEMM pass, added in place into `figures` (a layer's forward or backward figures;
-    None: a tensor of its own). Counted inside the cast regions, so fused they cost no launch."""
+    """The counts of one GEMM pass's casts, added in place into `figures`, inside the cast regions."""
 
     def __init__(self, figures: Optional[torch.Tensor] = None, counted: Optional[torch.Tensor] = None) -> None:
         self.figures = figures
-        # a compiled block's weight cast counts in the iteration's first micro-batch only: 1.0 there, 0.0 after; None:
-        # every cast
+        # a compiled block's weight cast counts in the first micro-batch only; None: every cast
         self.counted = counted
         self.values = 0
 
     def add(self, scaled: torch.Tensor, clamped: torch.Tensor, data: torch.Tensor) -> None:
-        """`scaled`: the values before the cast; `clamped`: them clamped to +-fp8_max; `data`: the cast. Saturated:
-        scaled != clamped (NaN counts 0; the finiteness check catches it). Flushed: the cast's zeros less the values'
-        own. count_nonzero, not bool.sum(), which is slow on the CPU."""
+        """`scaled`: values before the cast; `clamped`: clamped to +-fp8_max; `data`: the cast. Flushed: the cast's
+        zeros less the values' own. count_nonzero: bool.sum() is slow on the CPU."""
         count = scaled.numel()
         saturated = torch.count_nonzero(torch.nan_to_num_(scaled - clamped))
         cast_zeros = count - torch.count_nonzero(data.view(torch.uint8) & 0x7F)
@@ -64,26 +59,23 @@ class CastCounts:
 
 
 def record_outputs(figures: torch.Tensor, outputs: tuple[torch.Tensor, ...]) -> None:
-    """A pass's check of its outputs, in place: NON_FINITE becomes 1 where one is not finite."""
+    """NON_FINITE becomes 1 where an output is not finite."""
     non_finite = torch.stack([torch.isfinite(out).all().logical_not() for out in outputs]).any()
     figures[NON_FINITE] = torch.maximum(figures[NON_FINITE], non_finite.double())
 
 
 def record_finite(figures: torch.Tensor, amax: torch.Tensor) -> None:
-    """NON_FINITE becomes 1 where a cast tensor's `amax` is not finite."""
     figures[NON_FINITE] = torch.maximum(figures[NON_FINITE], torch.isfinite(amax).logical_not().double())
 
 
 def output_bound_limit(k: int, first_dtype: torch.dtype, second_dtype: torch.dtype, out_dtype: torch.dtype) -> float:
-    """The bound on the product of a GEMM's two largest dequantizing scales below which every output is finite: K x
-    fp8_max(first) x fp8_max(second) x scales under half the output dtype's largest value."""
+    """The bound on a GEMM's two largest dequantizing scales' product below which every output is finite."""
     return torch.finfo(out_dtype).max / 2 / (max(k, 1) * FP8_MAX[first_dtype] * FP8_MAX[second_dtype])
 
 
 def record_output_bounds(figures: torch.Tensor, amax: torch.Tensor, bounds: tuple) -> None:
-    """A pass's check made in the cast region of the operand cast last instead of reading its GEMMs' outputs: NON_FINITE
-    becomes 1 where the operand is not finite or a GEMM's bound is not below its limit, so a pass whose outputs could be
-    non-finite fails. `bounds`: per GEMM, (its scales, the other operand's, output_bound_limit)."""
+    """A pass's check made in its last cast instead of reading its outputs: NON_FINITE becomes 1 where the operand is
+    not finite or a GEMM's bound is reached. `bounds`: per GEMM, (its scales, the other's, the limit)."""
     failed = torch.isfinite(amax).logical_not()
     for own, other, limit in bounds:
         failed = failed | (own.amax().float() * other.amax().float() < limit).logical_not()
@@ -91,14 +83,12 @@ def record_output_bounds(figures: torch.Tensor, amax: torch.Tensor, bounds: tupl
 
 
 def record_input_amax(figures: torch.Tensor, amax: torch.Tensor) -> None:
-    """The forward's input amax, in place (its largest over the iteration)."""
     figures[INPUT_AMAX] = torch.maximum(figures[INPUT_AMAX], amax.double())
 
 
 @dataclass
 class LayerGuard:
-    """One FP8 linear's guard: its name, its verdict's group (DENSE: TP; EXPERT: expert TP), its path (host state,
-    changed only between iterations) and this iteration's figures on the device."""
+    """One FP8 linear's guard: its name, verdict group, path (host state, changed between iterations) and figures."""
     name: str
     group: str = DENSE
     log: Callable[[str], None] = print
@@ -123,8 +113,8 @@ def _failure(worst: float, non_finite: float, threshold: float, what: str) -> Op
 
 @dataclass
 class GuardMonitor:
-    """Every FP8 linear's guard on this rank: the iteration's verdict and metrics. `reductions`: in-place max
-    all-reduces per group (None: one rank); `any_rank`: over every rank; `device`: where verdicts are reduced."""
+    """Every FP8 linear's guard on this rank: the iteration's verdict and metrics. `reductions`: max all-reduces per
+    group; `any_rank`: over every rank."""
     threshold: float = 0.05
     reductions: dict = field(default_factory=dict)
     any_rank: Optional[Callable[[torch.Tensor], None]] = None
@@ -133,14 +123,12 @@ class GuardMonitor:
     iteration: int = 0
     _figures: dict = field(default_factory=dict)
     _input_amax_before: dict = field(default_factory=dict)
-    _running_fp8: Optional[torch.Tensor] = None  # 1.0 per layer (in `_ordered()`'s order) that runs in FP8
+    _running_fp8: Optional[torch.Tensor] = None
 
     def _ordered(self) -> list[LayerGuard]:
-        """The layers grouped by their verdict's group, in the model's order: one block per group."""
         return [layer for group in (DENSE, EXPERT) for layer in self.layers if layer.group == group]
 
     def begin_iteration(self, iteration: int) -> None:
-        """A new iteration: its number and zeroed figures."""
         self.iteration = iteration
         self.begin_replay()
 
@@ -150,9 +138,8 @@ class GuardMonitor:
             torch._foreach_zero_(tensors)
 
     def finish_passes(self) -> bool:
-        """After the iteration's micro-batches: reduce, read once, decide. True when a layer that ran in FP8 failed on
-        some rank: every rank runs the iteration again with it in high precision. Layers in high precision whose forward
-        check passed go back to FP8."""
+        """After the micro-batches: reduce, read once, decide. True when a layer in FP8 failed on some rank: every rank
+        runs the iteration again. Layers whose forward check passed return to FP8."""
         layers = self._ordered()
         verdicts, figures, run_again = self._reduce_and_read(layers)
         for index, (layer, (forward_worst, forward_non_finite, backward_worst, backward_non_finite)) in \
@@ -174,8 +161,7 @@ class GuardMonitor:
         return False
 
     def _reduce_and_read(self, layers: list[LayerGuard]) -> tuple[list, list, bool]:
-        """Per layer its verdict reduced over its group and this rank's figures, and whether a layer in FP8 failed on
-        any rank: one collective per group, one over every rank, one host read."""
+        """Verdicts reduced per group, this rank's figures, and whether an FP8 layer failed anywhere: one host read."""
         running_fp8 = self._fp8_mask(layers)
         if layers:
             forward = torch.stack([layer.forward_figures for layer in layers])
@@ -199,15 +185,13 @@ class GuardMonitor:
             verdicts = figures = torch.zeros(0, dtype=torch.float64, device=self.device)
             failed_in_fp8 = torch.zeros(1, dtype=torch.float64, device=self.device)
         if self.any_rank is not None:
-            self.any_rank(failed_in_fp8)  # every rank runs the iteration again, or none
-        # the iteration's one host read
+            self.any_rank(failed_in_fp8)
         read = torch.cat([verdicts.flatten(), figures.flatten(), failed_in_fp8]).tolist()
         count = len(layers)
         return ([read[4 * index:4 * index + 4] for index in range(count)],
                 [read[4 * count + 5 * index:4 * count + 5 * index + 5] for index in range(count)], read[-1] > 0)
 
     def _fp8_mask(self, layers: list[LayerGuard]) -> torch.Tensor:
-        """1.0 for each layer that runs in FP8 (kept up to date by _switch)."""
         if self._running_fp8 is None:
             self._running_fp8 = torch.ones(len(layers), dtype=torch.float64, device=self.device)
             for index, layer in enumerate(layers):
@@ -216,7 +200,6 @@ class GuardMonitor:
         return self._running_fp8
 
     def _keep_figures(self, layers: list[LayerGuard], figures: list) -> None:
-        """The iteration's figures by layer, with each input amax's growth."""
         self._figures = {}
         for layer, (values, saturated, flushed, worst, input_amax) in zip(layers, figures):
             previous = self._input_amax_before.get(layer.name, 0.0)
@@ -227,13 +210,11 @@ class GuardMonitor:
         self._input_amax_before = {name: figures["input_amax"] for name, figures in self._figures.items()}
 
     def _switch(self, index: int, layer: LayerGuard, high_precision: bool) -> None:
-        """A layer's path for the passes to come; the device mask follows without a read."""
         layer.in_high_precision = high_precision
         self._running_fp8[index] = 0.0 if high_precision else 1.0
 
     def finish_iteration(self) -> dict:
-        """The metrics record's FP8 fields for this rank: totals, the worst layer, the largest input amax and its
-        growth, and the layers in high precision."""
+        """The metrics record's FP8 fields for this rank."""
         per_layer = list(self._figures.items())
         self._figures = {}
         if not per_layer:

@@ -1,7 +1,5 @@
 """The FP8 linear y = x W^T + b, forward, dgrad and wgrad, in each recipe's formats, as TransformerEngine's Linear runs
-it: every GEMM accumulates in fp32 and casts its result once, and each tensor is cast once for every GEMM that takes it
-(the weight once per iteration). Block recipes cast the wgrad operands along the tokens; --no-fp8-wgrad keeps wgrad in
-high precision."""
+it: GEMMs accumulate in fp32, and each tensor is cast once for every GEMM that takes it (the weight once per iteration)."""
 
 from __future__ import annotations
 
@@ -21,31 +19,26 @@ from parallel.regathered_input import gather_slice, keep_slice, regathered_state
 
 
 class Fp8LinearState:
-    """What one FP8 linear keeps between steps: its recipe, delayed scaling's amax histories and scales (checkpointed,
-    updated once per pass) and its weight's FP8 copies. The stateless recipes reduce nothing: the TP layers gather
-    sequence-parallel inputs in high precision, so casting the gathered tensor is TE's reduced-amax cast."""
+    """What one FP8 linear keeps between steps: its recipe, delayed scaling's histories and scales, and its weight's FP8
+    copies. Sequence-parallel inputs are gathered in high precision, so no amax is reduced over TP."""
 
     def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu", guard: Optional[LayerGuard] = None,
                  fused: bool = False, cache_weight: bool = False, compiled: bool = False):
         self.recipe = recipe
         self.delayed = DelayedScaling(recipe, device) if recipe.recipe == "delayed" else None
-        self.guard = guard  # --fp8-guard; None: no counts, no fallback
-        # --fp8-param-gather: the weight as ZeRO gathered it, in e4m3 with its scale; None: the forward casts it
+        self.guard = guard
+        # --fp8-param-gather's e4m3 weight as ZeRO gathered it; None: the forward casts it
         self.fp8_weight = None
-        # --fp8-fused-casts, resolved for the device
         self.fused = fused
-        # TE's is_first_microbatch: keep the weight's casts for the iteration's later micro-batches; `compiled` keeps
-        # that inside compiled blocks
+        # TE's is_first_microbatch: later micro-batches reuse the weight's casts
         self.cache_weight = cache_weight
         self.weight_cache = WeightCache(in_graph=cache_weight and compiled, device=device)
-        # --gradient-accumulation-fusion: who holds the fp32 main gradient the backward adds into; None: autograd gets
-        # it
+        # who holds the fp32 main gradient the backward adds into; None: autograd gets it
         self.main_grads: Optional[MainGradients] = None
 
     def cast_per_tensor(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, transpose: bool,
                         figures: Optional[torch.Tensor], iteration: Optional[tuple] = None,
                         bounds: Optional[tuple] = None):
-        """One per-tensor role's cast region: (data, transposed copy or None, dequantizing scale)."""
         fused, finite = self.fused, role == WEIGHT
         if self.delayed is not None:
             history, scale, column = self.delayed.role_tensors(role)
@@ -55,11 +48,10 @@ class Fp8LinearState:
                                   fused=fused)
 
     def cached_weight(self, weights: tuple, cast):
-        """The weight's FP8 copies (`weights`: one, or those cast as one), cast by `cast(iteration)` in the iteration's
-        first micro-batch and reused by the others; every call without `cache_weight` or in compiled blocks."""
+        """The weight's FP8 copies, cast by `cast(iteration)` in the iteration's first micro-batch and reused after."""
         if self.weight_cache.iteration is not None:
             return cast(self.weight_cache.iteration)
-        if not self.cache_weight or torch.compiler.is_compiling():  # a host-side cache is not dynamo's to read
+        if not self.cache_weight or torch.compiler.is_compiling():
             return cast(None)
         copies = self.weight_cache.get(weights)
         if copies is None:
@@ -70,7 +62,7 @@ class Fp8LinearState:
 
 
 def fp8_states(module: torch.nn.Module) -> dict[str, Fp8LinearState]:
-    """{name: state} of the FP8 linears inside `module`, each state once (a joined gate and up share one)."""
+    """{name: state} of the FP8 linears inside `module`, each state once."""
     states, seen = {}, set()
     for name, inner in module.named_modules():
         state = getattr(inner, "fp8_state", None)
@@ -84,8 +76,7 @@ def fp8_states(module: torch.nn.Module) -> dict[str, Fp8LinearState]:
 
 
 def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: str) -> str | None:
-    """Why a linear of this shape cannot run its three FP8 GEMMs (CUDA's multiple of 16, MXFP8's 32-wide blocks), or
-    None."""
+    """Why a linear of this shape cannot run its three FP8 GEMMs, or None."""
     multiple = blocks.MX_BLOCK if recipe == "mxfp8" else ALIGNMENT
     odd = [f"{name} {size}" for name, size in (("in_features", in_features), ("out_features", out_features),
                                                ("tokens", tokens)) if size % multiple]
@@ -93,20 +84,16 @@ def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: 
 
 
 def joined(weights: tuple) -> torch.Tensor:
-    """The weight a linear casts: its one weight, or its weights' rows concatenated (gate and up as Megatron's
-    linear_fc1), detached."""
+    """The weight a linear casts: one weight, or several's rows concatenated, detached."""
     if len(weights) == 1:
         return weights[0].detach()
     return torch.cat([weight.detach() for weight in weights])
 
 
-# Each recipe's forward returns (output, the tensors the backward needs through autograd, the weight operands kept
-# beside them); the weight is cast first so x's cast can check the output against its scales. Its backward returns (data
-# gradient, weight gradient). Plain functions of tensors, so torch.compile traces them into the block's graph.
+# each recipe's forward returns (output, tensors saved through autograd, the weight operands); plain functions of
+# tensors, so torch.compile traces them
 
 def _bounds(limits: Optional[tuple], *other_scales: torch.Tensor) -> Optional[tuple]:
-    """The cast region's `bounds`: per GEMM, the other operand's scales and its limit; None where the epilogue
-    checks."""
     return None if limits is None else tuple(zip(other_scales, limits))
 
 
@@ -115,17 +102,17 @@ def _per_tensor_forward(x2, weights, state, figures, out_dtype, limits):
     if state.fp8_weight is None:
         w_q, w_t, w_scale = state.cached_weight(weights, lambda iteration: state.cast_per_tensor(
             joined(weights), WEIGHT, recipe.forward_dtype, True, figures, iteration))
-    else:  # cast after the optimizer step and gathered as bytes: no second cast
+    else:
         w_q, w_t, w_scale = state.fp8_weight.data, None, state.fp8_weight.scale_inv.clone()
     x_q, x_t, x_scale = state.cast_per_tensor(x2, INPUT, recipe.forward_dtype, recipe.wgrad_in_fp8, figures,
                                               bounds=_bounds(limits, w_scale))
-    # wgrad takes x's transposed copy (TE saves its columnwise data), or x itself under --no-fp8-wgrad
+    # wgrad takes x's transposed copy, or x itself under --no-fp8-wgrad
     saved = (x_t, x_scale) if recipe.wgrad_in_fp8 else (x2,)
     return scaled_matmul(x_q, w_q.t(), x_scale, w_scale, out_dtype), saved, (w_q, w_t, w_scale)
 
 
 def _high_precision_wgrad(g2: torch.Tensor, x_high: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """--no-fp8-wgrad's dW = dy^T x in x's dtype; for a main gradient the fp32 sum of the exact 16-bit products."""
+    """--no-fp8-wgrad's dW = dy^T x in x's dtype (fp32 for a main gradient)."""
     if out_dtype == x_high.dtype:
         return g2.t().to(x_high.dtype) @ x_high
     grad_w = torch.zeros(g2.shape[1], x_high.shape[1], dtype=out_dtype, device=x_high.device)
@@ -136,12 +123,11 @@ def _high_precision_wgrad(g2: torch.Tensor, x_high: torch.Tensor, out_dtype: tor
 def _per_tensor_backward(saved, weight_operands, g2, state, figures, x_dtype, weight_dtype, limits):
     recipe = state.recipe
     w_q, w_t, w_scale = weight_operands
-    if w_t is None:  # ZeRO's gathered weight: transposed here, as it is gathered again for the backward
+    if w_t is None:
         w_t = w_q.t().contiguous()
     g_q, g_t, g_scale = state.cast_per_tensor(g2, GRAD_OUTPUT, recipe.backward_dtype, recipe.wgrad_in_fp8, figures,
                                               bounds=_bounds(limits, w_scale, saved[-1]))
-    # each GEMM rounds its fp32 sum once in the cuBLASLt epilogue (the same bits as a cast afterwards); wgrad's GEMM
-    # first, so inductor fuses dy's cast and its transpose into one kernel
+    # wgrad's GEMM first, so inductor fuses dy's cast and transpose into one kernel
     if recipe.wgrad_in_fp8:
         x_t, x_scale = saved
         grad_w = scaled_matmul(g_t, x_t.t(), g_scale, x_scale, weight_dtype)
@@ -157,8 +143,7 @@ def _blockwise_forward(x2, weights, state, figures, out_dtype, limits):
     if state.fp8_weight is None:
         w_q, w_t, w_scale, w_t_scale = state.cached_weight(weights, lambda iteration: casts.cast_block_weight(
             joined(weights), dtype, figures, iteration, fused=fused))
-    else:  # --fp8-param-gather: the 128x128 blocks gathered as bytes with their scales;
-        # their transposes made in the backward
+    else:
         w_q, w_t, w_t_scale = state.fp8_weight.data, None, None
         w_scale = square_block_scale(state.fp8_weight.scale_inv)
     x_rows, x_rows_scale, x_cols, x_cols_scale = casts.cast_blocks_both_ways(x2, dtype, figures, True,
@@ -182,13 +167,11 @@ def _blockwise_backward(saved, weight_operands, g2, state, figures, x_dtype, wei
 
 def _mx_forward(x2, weights, state, figures, out_dtype, limits):
     fused, dtype = state.fused, state.recipe.forward_dtype
-    # the weight's rows for the forward GEMM, its columns for the data gradient's
     if state.fp8_weight is None:
         w_rows, w_rows_scale, w_cols, w_cols_scale = state.cached_weight(
             weights, lambda iteration: casts.cast_mx_both_ways(joined(weights), dtype, figures, False, iteration,
                                                                finite=True, fused=fused))
-    else:  # --fp8-param-gather: both casts gathered as bytes; the columnwise one (out x in)
-        # transposed in the backward
+    else:
         w_rows, w_rows_scale = state.fp8_weight.data, outer_major(state.fp8_weight.scale_inv)
         w_cols, w_cols_scale = state.fp8_weight.columnwise, None
     x_rows, x_rows_scale, x_cols, x_cols_scale = casts.cast_mx_both_ways(
@@ -200,7 +183,7 @@ def _mx_forward(x2, weights, state, figures, out_dtype, limits):
 def _mx_backward(saved, weight_operands, g2, state, figures, x_dtype, weight_dtype, limits):
     recipe = state.recipe
     (x_cols, x_cols_scale), (w_cols, w_cols_scale) = saved, weight_operands
-    if w_cols_scale is None:  # ZeRO's gathered columnwise bytes: quantize_mx(W.t())'s layout
+    if w_cols_scale is None:
         w_cols, w_cols_scale = w_cols.t().contiguous(), outer_major(state.fp8_weight.columnwise_scale_inv)
     g_rows, g_rows_scale, g_cols, g_cols_scale = casts.cast_mx_both_ways(
         g2, recipe.backward_dtype, figures, False, bounds=_bounds(limits, w_cols_scale, x_cols_scale),
@@ -218,24 +201,20 @@ _BACKWARD = {"delayed": _per_tensor_backward, "tensorwise": _per_tensor_backward
 
 
 def _checks_in_casts(state: Fp8LinearState, figures: Optional[torch.Tensor], *out_dtypes: torch.dtype) -> bool:
-    """Whether a guarded pass checks its outputs in its last cast rather than an epilogue: where its outputs have fp32's
-    range and the weight was cast here."""
+    """Whether a guarded pass checks its outputs in its last cast rather than an epilogue."""
     return figures is not None and state.fp8_weight is None and \
         all(dtype in (torch.bfloat16, torch.float32) for dtype in out_dtypes)
 
 
 class _Fp8LinearFunction(torch.autograd.Function):
-    """The linear's forward and backward. Everything that changes between calls is a tensor written in place or host
-    state read once per call: no value is read back, so torch.compile traces it whole."""
+    """The linear's forward and backward; nothing is read back, so torch.compile traces it whole."""
 
     @staticmethod
     def forward(ctx, x, bias, state, main_grads, *weights):
         x2 = x.detach().reshape(-1, x.size(-1))
         guard = state.guard
         figures = None if guard is None else guard.forward_figures
-        # the GEMM writes x's dtype at once where no bias is added in fp32 after it
         out_dtype = torch.float32 if bias is not None else x.dtype
-        # with no other epilogue, the forward's check is a bound from the two casts' scales in x's cast region
         fp8 = state.recipe.forward_dtype
         limits = (output_bound_limit(x2.shape[1], fp8, fp8, x.dtype),) \
             if _checks_in_casts(state, figures, x.dtype) and bias is None else None
@@ -247,25 +226,22 @@ class _Fp8LinearFunction(torch.autograd.Function):
         high_precision = guard is not None and guard.in_high_precision
         kept = ()
         if high_precision:
-            # high precision this iteration: x and a copy of W (a ZeRO-3 parameter may be released) kept for the
-            # backward
+            # high precision this iteration: x and a copy of W kept for the backward
             weight = joined(weights)
             kept = (x2, weight.clone() if len(weights) == 1 else weight)
             result = torch.nn.functional.linear(x2, weight.to(x2.dtype),
                                                 None if bias is None else bias.detach().to(x2.dtype))
-        # under sequence parallelism a per-tensor cast keeps this rank's rows only, and the backward gathers the FP8
-        # bytes again (TE's FP8 all-gather)
+        # under SP a per-tensor cast keeps this rank's rows; the backward gathers the FP8 bytes again
         ctx.regathered = regathered_state(x) if state.recipe.recipe in ("delayed", "tensorwise") and \
             state.recipe.wgrad_in_fp8 else None
         if ctx.regathered is not None:
             x_t, x_scale = saved
             saved = (keep_slice(x_t.t(), x.shape[0], ctx.regathered), x_scale)
-        # through autograd's saved tensors, so the saved-tensor meter measures them; the weight's copies are the cache's
+        # saved through autograd, so the saved-tensor meter measures them
         ctx.save_for_backward(*saved, *kept)
         ctx.fp8_saved, ctx.high_precision, ctx.weight_operands = len(saved), high_precision, weight_operands
         ctx.state, ctx.x_shape, ctx.has_bias = state, x.shape, bias is not None
         ctx.x_dtype, ctx.weight_dtype = x.dtype, weights[0].dtype
-        # the parameters themselves: the keys their main gradients are held under
         ctx.main_grads, ctx.params = main_grads, weights
         return result.reshape(*x.shape[:-1], sum(weight.size(0) for weight in weights))
 
@@ -274,16 +250,13 @@ class _Fp8LinearFunction(torch.autograd.Function):
         g2 = grad_out.reshape(-1, grad_out.size(-1))
         state, guard = ctx.state, ctx.state.guard
         saved = ctx.saved_tensors
-        if ctx.regathered is not None:  # x's transposed FP8 copy, its rows gathered again
+        if ctx.regathered is not None:
             saved = (gather_slice(saved[0], ctx.regathered).t().contiguous(), *saved[1:])
         figures = None if guard is None else guard.backward_figures
-        # gradient accumulation fusion: wgrad's GEMM writes fp32 and the epilogue adds it into the main gradient,
-        # fetched here as LinearIntoMainGrad does
         main_grad = None if ctx.main_grads is None else tuple(map(ctx.main_grads.main_grad, ctx.params))
         into = None if ctx.high_precision else main_grad
         wgrad_dtype = ctx.weight_dtype if main_grad is None else torch.float32
-        # under the guard the FP8 backward runs even in high precision: it is the check, and delayed scaling sees every
-        # cast
+        # under the guard the FP8 backward runs even in high precision: it is the check
         recipe = state.recipe
         limits = None
         if _checks_in_casts(state, figures, ctx.x_dtype, wgrad_dtype) and recipe.wgrad_in_fp8:
@@ -297,7 +270,6 @@ class _Fp8LinearFunction(torch.autograd.Function):
             grad_x, grad_w = casts.finish_backward(grad_x, grad_w, ctx.x_dtype, ctx.weight_dtype,
                                                    None if checked else figures, into, fused=state.fused)
         if ctx.high_precision:
-            # the GEMMs a layer without FP8 runs: x's dtype, fp32 accumulation
             x2, weight = saved[ctx.fp8_saved:]
             g = g2.to(x2.dtype)
             grad_x = (g @ weight.to(x2.dtype)).to(ctx.x_dtype)
@@ -308,7 +280,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
                     accumulate_weight_gradient(part, g[:, rows], x2)
                 grad_w = None
         grad_bias = g2.sum(0) if ctx.has_bias else None
-        # the weight gradient went into the main gradient: ZeRO's hook still runs and counts it as arrived
+        # the gradient went into the main gradient; ZeRO's hook still counts it
         grad_ws = (None,) * len(ctx.params) if grad_w is None else \
             tuple(grad_w[rows] for rows in _row_slices(ctx.params))
         return grad_x.reshape(ctx.x_shape), grad_bias, None, None, *grad_ws
@@ -324,8 +296,7 @@ def _row_slices(weights: tuple) -> list:
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor | tuple, bias: torch.Tensor | None,
                state: Fp8LinearState) -> torch.Tensor:
-    """F.linear(x, weight, bias) with its three GEMMs in FP8 as state's recipe says; with `state.main_grads` the weight
-    gradient goes into its main gradient. `weight` may be a tuple run as one linear of their rows (`joined`)."""
+    """F.linear(x, weight, bias) with its three GEMMs in FP8; `weight` may be a tuple run as one linear (`joined`)."""
     weights = tuple(weight) if isinstance(weight, (tuple, list)) else (weight,)
     main_grads = state.main_grads if state.main_grads is not None and \
         all(map(LinearIntoMainGrad.fuses, weights)) else None

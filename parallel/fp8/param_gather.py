@@ -1,7 +1,6 @@
-"""--fp8-param-gather's casts: an FP8 linear's weight cast from the fp32 master shards after each optimizer step to e4m3
-bytes and a dequantizing scale, so ZeRO gathers 1 byte per element and the GEMM takes them with no second cast. The
-amaxes are reduced over DP, so the bytes are those the forward would cast, per recipe (as Megatron-Core's
-quantize_param_shard)."""
+"""--fp8-param-gather's casts: an FP8 linear's weight cast from the fp32 master shards after each step to e4m3 bytes and
+a dequantizing scale, amaxes reduced over DP, so ZeRO gathers 1 byte an element and the GEMM takes the forward's bytes
+with no second cast."""
 
 from __future__ import annotations
 
@@ -14,15 +13,13 @@ from parallel.fp8.block_scaling import BLOCK, MX_BLOCK, e8m0_exponent, e8m0_to_r
 from parallel.fp8.kernel import E4M3
 from parallel.fp8.recipes import FP8_MAX, FP32_MAX, WEIGHT, current_scale, saturating_cast
 
-# all the run's recipes but the refused custom one
 GATHERED_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 
 
 @dataclass
 class Fp8Weight:
-    """A weight as the FP8 GEMM takes it: `data`, e4m3 [out, in] (a view of the gathered bytes, valid while gathered),
-    and `scale_inv`, the dequantizing scale (rewritten in place at each cast). MXFP8 adds `columnwise` and per-block
-    scales."""
+    """A weight as the FP8 GEMM takes it: `data`, e4m3 [out, in] (a view of the gathered bytes), and `scale_inv`,
+    rewritten in place at each cast; MXFP8 adds `columnwise`."""
     data: torch.Tensor
     scale_inv: torch.Tensor
     columnwise: Optional[torch.Tensor] = None
@@ -30,8 +27,7 @@ class Fp8Weight:
 
 
 def weight_scale(state, amax: torch.Tensor, model_dtype: torch.dtype) -> torch.Tensor:
-    """The scale a weight's shards are cast with, from the whole weight's amax (reduced over the shard owners): delayed
-    scaling records it in the history and uses the current scale; current scaling uses TE's formula."""
+    """The scale a weight's shards are cast with, from the whole weight's reduced amax."""
     if state.delayed is not None:
         state.delayed.record_amax(WEIGHT, amax)
         return state.delayed.scale_of(WEIGHT)
@@ -39,16 +35,13 @@ def weight_scale(state, amax: torch.Tensor, model_dtype: torch.dtype) -> torch.T
 
 
 def cast_shard(master_piece: torch.Tensor, scale: torch.Tensor, model_dtype: torch.dtype) -> torch.Tensor:
-    """A piece of the fp32 master cast as the forward casts the weight: to the model dtype, then saturated to e4m3
-    bytes."""
+    """A piece of the fp32 master cast as the forward casts the weight, as e4m3 bytes."""
     return saturating_cast(master_piece.to(model_dtype).float() * scale, E4M3).view(torch.uint8)
 
 
-# ---- blockwise: one scale per 128 x 128 block of the weight ----
+# ---- blockwise: one scale per 128 x 128 block ----
 
 def scale_shape(recipe: str, shape: torch.Size) -> tuple[int, ...]:
-    """The dequantizing scale a gathered weight carries: a scalar, one per 128 x 128 block, or MXFP8's one per 1 x
-    32."""
     if recipe == "mxfp8":
         return mx_scale_shapes(shape)[0]
     if recipe != "blockwise":
@@ -58,30 +51,26 @@ def scale_shape(recipe: str, shape: torch.Size) -> tuple[int, ...]:
 
 
 def block_index(param_offset: int, numel: int, shape: torch.Size, device: torch.device) -> torch.Tensor:
-    """The block of each element param_offset .. param_offset + numel - 1 of the flattened weight."""
     cols = shape[1]
     flat = torch.arange(param_offset, param_offset + numel, device=device)
     return (flat // cols // BLOCK) * -(-cols // BLOCK) + flat % cols // BLOCK
 
 
 def block_amax(master_piece: torch.Tensor, index: torch.Tensor, blocks: int) -> torch.Tensor:
-    """Each block's amax over this piece of the fp32 master, 0 where it holds none of the block."""
+    """Each block's amax over this piece of the master, 0 where it holds none."""
     amax = torch.zeros(blocks, dtype=torch.float32, device=master_piece.device)
     return amax.scatter_reduce_(0, index, master_piece.float().abs(), "amax")
 
 
 def block_scale(amax: torch.Tensor) -> torch.Tensor:
-    """Power-of-two scales (Float8BlockScaling's default), the fp32 maximum where fp8_max / amax overflows."""
     return current_scale(amax, FP8_MAX[E4M3], True, FP32_MAX)
 
 
 def cast_block_shard(master_piece: torch.Tensor, index: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Each fp32 master element times its block's scale, saturated to e4m3 bytes."""
     return saturating_cast(master_piece.float() * scale.reshape(-1)[index], E4M3).view(torch.uint8)
 
 
 def dequantized(weight: Fp8Weight) -> torch.Tensor:
-    """The gathered weight's values in fp32: its bytes times their scales."""
     scale_inv = weight.scale_inv
     if weight.columnwise is not None:
         return weight.data.float() * scale_inv.repeat_interleave(MX_BLOCK, 1)
@@ -91,17 +80,14 @@ def dequantized(weight: Fp8Weight) -> torch.Tensor:
     return weight.data.float() * scale_inv
 
 
-# ---- mxfp8: 1 x 32 blocks along each row and each column ---- Each shard, cast to the model dtype first, gives each
-# block's amax both ways, max over DP, so the gathered bytes are quantize_mx(W)'s and quantize_mx(W.t())'s.
+# ---- mxfp8: 1 x 32 blocks along rows and columns, amaxes max over DP ----
 
 def mx_scale_shapes(shape: torch.Size) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The rowwise scales [rows, cols / 32] and the columnwise ones [cols, rows / 32]."""
     rows, cols = shape
     return (rows, cols // MX_BLOCK), (cols, rows // MX_BLOCK)
 
 
 def mx_block_index(param_offset: int, numel: int, shape: torch.Size, device: torch.device) -> torch.Tensor:
-    """[2, numel]: each element's rowwise and columnwise block."""
     rows, cols = shape
     flat = torch.arange(param_offset, param_offset + numel, device=device)
     row, col = flat // cols, flat % cols
@@ -111,12 +97,11 @@ def mx_block_index(param_offset: int, numel: int, shape: torch.Size, device: tor
 
 
 def mx_exponents(amax: torch.Tensor) -> torch.Tensor:
-    """Each block's E8M0 exponent from its amax (quantize_mx's formula)."""
     return e8m0_exponent(amax * torch.tensor(1.0 / FP8_MAX[E4M3], dtype=torch.float32, device=amax.device))
 
 
 def cast_mx_shard(values: torch.Tensor, index: torch.Tensor, exponent: torch.Tensor) -> tuple:
-    """Both casts of a shard's elements (in the model dtype, as fp32): (rowwise, columnwise) e4m3 bytes."""
+    """Both casts of a shard's elements: (rowwise, columnwise) e4m3 bytes."""
     multiplier = e8m0_to_reciprocal(exponent)
     return tuple(saturating_cast(values * multiplier[index[direction]], E4M3).view(torch.uint8)
                  for direction in (0, 1))

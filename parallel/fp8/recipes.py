@@ -16,13 +16,11 @@ RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 AMAX_COMPUTE_ALGOS = ("most_recent", "max")
 FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
 FP32_MAX = torch.finfo(torch.float32).max
-# the delayed-scaling roles, TE's fp8 meta order
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
 
 
 @dataclass(frozen=True)
 class Fp8Recipe:
-    """One run's FP8 settings (Megatron-Core's TransformerConfig fields and defaults)."""
     fp8_format: str = "hybrid"
     recipe: str = "delayed"
     margin: int = 0
@@ -36,24 +34,23 @@ class Fp8Recipe:
 
     @property
     def backward_dtype(self) -> torch.dtype:
-        """e5m2 under hybrid, e4m3 under e4m3."""
         return E5M2 if self.fp8_format == "hybrid" else E4M3
 
     @property
     def wgrad_in_fp8(self) -> bool:
-        """Megatron passes --no-fp8-wgrad to TE only for delayed scaling; the other recipes keep wgrad in FP8."""
+        """Megatron passes --no-fp8-wgrad to TE only for delayed scaling."""
         return self.wgrad or self.recipe != "delayed"
 
 
 def power_of_two_floor(scale: torch.Tensor) -> torch.Tensor:
     """Keep sign and exponent, drop the mantissa: TE's `scale_bits &= 0xFF800000`."""
-    bits = scale.contiguous().view(torch.int32) & -0x800000  # 0xFF800000 as a signed int32
+    bits = scale.contiguous().view(torch.int32) & -0x800000
     return bits.view(torch.float32)
 
 
 def current_scale(amax: torch.Tensor, fp8_max: float, power_of_two: bool, value_for_inf: float) -> torch.Tensor:
-    """TE's compute_scale_from_amax, elementwise in fp32: 1 where amax is 0, inf or nan; fp8_max / amax; value_for_inf
-    where that overflows; the mantissa dropped for power-of-two scales."""
+    """TE's compute_scale_from_amax in fp32: 1 where amax is 0, inf or nan; fp8_max / amax, value_for_inf where that
+    overflows; the mantissa dropped for power-of-two scales."""
     amax = amax.float()
     scale = torch.full_like(amax, fp8_max) / amax
     scale = torch.where(torch.isinf(scale), torch.full_like(scale, value_for_inf), scale)
@@ -62,8 +59,7 @@ def current_scale(amax: torch.Tensor, fp8_max: float, power_of_two: bool, value_
 
 
 def delayed_scale(amax: torch.Tensor, previous_scale: torch.Tensor, fp8_max: float, margin: int) -> torch.Tensor:
-    """TE's _default_sf_compute: (fp8_max / amax) / 2^margin; the previous scale where amax is 0 or not finite; fp32 max
-    where it overflows."""
+    """TE's _default_sf_compute: (fp8_max / amax) / 2^margin; the previous scale where amax is 0 or not finite."""
     scale = (fp8_max / amax) / (2 ** margin)  # torch's reciprocal-then-multiply, as in TE
     scale = torch.where(amax > 0.0, scale, previous_scale)
     scale = torch.where(torch.isfinite(amax), scale, previous_scale)
@@ -71,8 +67,8 @@ def delayed_scale(amax: torch.Tensor, previous_scale: torch.Tensor, fp8_max: flo
 
 
 def saturating_cast(scaled: torch.Tensor, dtype: torch.dtype, counts=None) -> torch.Tensor:
-    """Cast to FP8 clamping to the largest finite value, as TE's casts do (torch turns an e5m2 overflow into inf); NaN
-    stays. `counts`: the guard's CastCounts, given the saturated and flushed values."""
+    """Cast to FP8 clamping to the largest finite value, as TE does (torch turns an e5m2 overflow into inf). `counts`:
+    the guard's CastCounts."""
     limit = FP8_MAX[dtype]
     clamped = scaled.clamp(-limit, limit)
     data = clamped.to(dtype)
@@ -82,16 +78,14 @@ def saturating_cast(scaled: torch.Tensor, dtype: torch.dtype, counts=None) -> to
 
 
 def quantize_tensorwise(tensor: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, counts=None):
-    """(tensor * scale) cast to dtype, and the dequantizing scale 1 / scale, both fp32."""
     data = saturating_cast(tensor.float() * scale, dtype, counts)
     return data, torch.reciprocal(scale).reshape(())
 
 
 def quantize_delayed(tensor: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, column: int,
                      dtype: torch.dtype, counts=None, iteration: Optional[tuple] = None):
-    """One delayed-scaling role's cast with scale[column], its amax recorded in history[0, column] in place. Returns
-    data, dequantizing scale, amax. `iteration` (a compiled block's weight): later micro-batches use the first one's
-    scale and record nothing."""
+    """One delayed-scaling role's cast with scale[column], its amax recorded in history[0, column]. Returns data,
+    scale_inv, amax. `iteration`: a compiled block's weight, whose later micro-batches reuse the first's scale."""
     used = scale[column]
     if iteration is not None:
         first, kept = iteration
@@ -116,10 +110,9 @@ def input_type_max(tensor: torch.Tensor) -> float:
 
 
 class DelayedScaling:
-    """TE's DelayedScaling state for one linear: an amax history and a scale per role, fp32, starting at 1. Casts record
-    their amax in row 0; once per pass the amaxes are reduced, the history rolls and the scales are updated. The forward
+    """TE's DelayedScaling state for one linear: an amax history and a scale per role, fp32, starting at 1. The forward
     roles' scale is replaced, never written in place, since a compiled backward may recompute from the tensor its
-    forward read; the backward's scale and the histories are written in place."""
+    forward read."""
 
     def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu"):
         self.recipe = recipe
@@ -128,24 +121,22 @@ class DelayedScaling:
         self.forward_scale = torch.ones(2, dtype=torch.float32, device=device)
         self.backward_history = torch.zeros(rows, 1, dtype=torch.float32, device=device)
         self.backward_scale = torch.ones(1, dtype=torch.float32, device=device)
-        # activation recomputation: the forward roles' history and scales each checkpointed forward cast with, oldest
-        # first
+        # the forward roles' history and scales each checkpointed forward cast with, oldest first
         self._recompute_stash: deque = deque()
 
     def role_tensors(self, role: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The history and scale tensors holding `role`, and its column in them."""
         if role == GRAD_OUTPUT:
             return self.backward_history, self.backward_scale, 0
         return self.forward_history, self.forward_scale, role
 
     def quantize(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, counts=None):
-        """Cast with this role's current scale and record the tensor's amax; returns (fp8 data, dequantizing scale)."""
+        """Cast with this role's current scale and record the amax; returns (fp8 data, dequantizing scale)."""
         history, scale, column = self.role_tensors(role)
         data, scale_inv, _ = quantize_delayed(tensor, scale, history, column, dtype, counts)
         return data, scale_inv
 
     def record_amax(self, role: int, amax: torch.Tensor) -> None:
-        """Row 0 of the role's history takes the max with `amax` (a cast here or --fp8-param-gather's)."""
+        """Row 0 of the role's history takes the max with `amax`."""
         history, _, column = self.role_tensors(role)
         history[0, column] = torch.maximum(history[0, column], amax)
 
@@ -155,33 +146,30 @@ class DelayedScaling:
 
     @property
     def amax_history(self) -> torch.Tensor:
-        """[history_len, 3] in TE's fp8 meta order: a copy, for reading."""
+        """[history_len, 3] in TE's fp8 meta order: a copy."""
         return torch.cat([self.forward_history, self.backward_history], dim=1)
 
     @property
     def scale(self) -> torch.Tensor:
-        """[3] in the same order: a copy, for reading."""
         return torch.cat([self.forward_scale, self.backward_scale])
 
     def stash_for_recompute(self) -> None:
-        """Before a forward that will be recomputed: keep the forward roles' history and scales (TE's
-        copy_forward_fp8_meta_tensors_for_recompute)."""
+        """Keep the forward roles' history and scales before a forward that will be recomputed (TE's recompute FIFO)."""
         self._recompute_stash.append((self.forward_history.clone(), self.forward_scale.clone()))
 
     def begin_recompute(self) -> tuple:
-        """Switch the forward roles to the oldest stash for a recomputed forward; returns the updated values for
-        end_recompute, which discards what the recompute recorded."""
+        """Switch the forward roles to the oldest stash for a recompute; returns the updated values for
+        end_recompute."""
         updated = (self.forward_history, self.forward_scale)
         history, scale = self._recompute_stash.popleft()
         self.forward_history, self.forward_scale = history.clone(), scale
         return updated
 
     def end_recompute(self, updated: tuple) -> None:
-        """TE's restore_fp8_meta_tensors: the values the original forward left, back in place."""
         self.forward_history, self.forward_scale = updated
 
     def snapshot(self) -> tuple:
-        """Everything a pass changes, to run an iteration again from where it started (--fp8-guard's replay)."""
+        """Everything a pass changes, to run an iteration again (--fp8-guard's replay)."""
         return (self.forward_history.clone(), self.forward_scale.clone(), self.backward_history.clone(),
                 self.backward_scale.clone(), [tuple(entry) for entry in self._recompute_stash])
 
