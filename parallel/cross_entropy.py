@@ -60,6 +60,7 @@ def vocab_parallel_cross_entropy(vocab_parallel_logits: torch.Tensor, target: to
                                  vocab_start_index: int, vocab_size: int, state: ParallelState,
                                  z_loss_strength: float = 0.0) -> torch.Tensor:
     """Per-token cross entropy [batch, seq] (fp32) from this rank's logit shard [batch, seq, V/TP]. `vocab_start_index`:
-    the shard's first global column; `vocab_size`: the real vocabulary; `target`: global ids, the same on every TP rank."""
+    the shard's first global column; `vocab_size`: the real vocabulary; `target`: global ids, the same on every TP
+    rank."""
     return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, vocab_start_index, vocab_size, state,
                                             z_loss_strength)

@@ -288,7 +288,8 @@ def _with(config: PretrainConfig, num_layers: int, configuration: Optional[dict]
 def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configuration: Optional[dict],
                    progress=None, plan_run=dry_run) -> tuple[int, Optional[RankPlan]]:
     """The most layers whose dry run fits the budget, and that plan: a secant search on dry runs (bytes grow almost
-    linearly with layers), then doubling steps and a bisection, a few dozen dry runs at most. Capped at MAX_PLAN_LAYERS."""
+    linearly with layers), then doubling steps and a bisection, a few dozen dry runs at most. Capped at
+    MAX_PLAN_LAYERS."""
     plans: dict[int, RankPlan] = {}
 
     def plan_for(layers: int) -> RankPlan:

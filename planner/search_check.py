@@ -1,5 +1,6 @@
 """The layout search's picks planned by the meta-device dry run before they are printed (on unless --no-dry-run-check):
-the candidates are walked best first, every pipeline stage planned, until `picks` fit or `max_dry_runs` plans were made."""
+the candidates are walked best first, every pipeline stage planned, until `picks` fit or `max_dry_runs` plans were
+made."""
 
 from __future__ import annotations
 

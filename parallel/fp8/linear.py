@@ -1,5 +1,6 @@
 """The FP8 linear y = x W^T + b, forward, dgrad and wgrad, in each recipe's formats, as TransformerEngine's Linear runs
-it: GEMMs accumulate in fp32, and each tensor is cast once for every GEMM that takes it (the weight once per iteration)."""
+it: GEMMs accumulate in fp32, and each tensor is cast once for every GEMM that takes it (the weight once per
+iteration)."""
 
 from __future__ import annotations
 
