@@ -1,23 +1,6 @@
-"""The one door to collectives: every all-reduce, reduce-scatter, all-gather and broadcast in the repo
-goes through a `Communicator`, which also counts the bytes this rank sends.
-
-Byte accounting uses the ring algorithms' volumes (what NCCL runs for large messages and the ZeRO paper assumes).
-For a full tensor of M bytes over N ranks, one rank sends:
-
-    reduce-scatter   M (N-1) / N      (M is the size of the unreduced input)
-    all-gather       M (N-1) / N      (M is the size of the gathered output)
-    all-reduce       2 M (N-1) / N    (a reduce-scatter followed by an all-gather)
-    broadcast        M on the source rank, 0 on the others (a lower bound on what NCCL's chain carries)
-    all-to-all       M (N-1) / N      (M is the size of the input; its own 1/N stays)
-
-Fractions of a byte are rounded down per call. A group of size 1, or `None` ("no group", never torch's world
-group), is skipped: no call, no bytes, so TP=1 and DP=1 cost nothing without any caller checking sizes.
-Pipeline messages (parallel/p2p.py) go through `send`/`receive`, counted on "pp" ("send" posted, "recv" received,
-as posted; "recv" is not in `total()`); the "embedding" group all-reduces a tied embedding's gradient. Expert
-parallelism adds "ep" (the dispatch all-to-all counts exactly the rows that leave), "etp", "edp" and "etp_ep"
-(ETP x EP); their counters appear from their first collective on. `DryRunCommunicator` is the planner's: the same
-checks and accounting, a transport that does nothing and `VirtualGroup`s that are only a size, so one rank of a
-400-GPU grid runs the real model and ZeRO code with no process group and counts what a live rank would."""
+"""The one door to collectives: every collective and pipeline send goes through a `Communicator`, which counts the bytes
+this rank sends at the ring algorithms' volumes. A group of size 1 or None is skipped, so TP=1 and DP=1 cost nothing.
+`DryRunCommunicator` counts without a transport, for the planner."""
 
 from __future__ import annotations
 
@@ -31,30 +14,19 @@ from base.eager_under_compile import eager_under_compile
 from base.errors import PeerLostError
 from rendezvous.collective_log import CollectiveLog, RecordedWork
 
-# What collective_work lets pass unpublished: the process ending on purpose, or a peer already lost.
 QUIET_EXITS = (KeyboardInterrupt, SystemExit, GeneratorExit, PeerLostError)
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 P2P_KINDS = ("send", "recv")
-# What each group's counters hold: the TP and DP groups run collectives; along the pipeline, the neighbours
-# exchange point-to-point messages, the pipeline group sums the gradient norm and broadcasts the loss, and the
-# embedding group (first and last stage) sums a tied word embedding's gradient.
 GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS + ("all_reduce", "broadcast"),
                "embedding": ("all_reduce",),
-               # context parallelism (parallel/context_parallel.py): K/V all-gathered or passed round the ring,
-               # the loss's token count summed
-               # (and DeepSpeed-Ulysses' all-to-all, sequence split <-> head split)
                "cp": COLLECTIVE_KINDS + P2P_KINDS + ("all_to_all",),
-               # FP8 delayed scaling's amax max-reduction over the tensor x data parallel ranks (Megatron-Core's
-               # amax reduction group; parallel/fp8/recipes.py)
                "amax": ("all_reduce",)}
 GROUP_NAMES = tuple(GROUP_KINDS)
 EXPERT_GROUP_KINDS = {"ep": ("all_to_all",) + COLLECTIVE_KINDS, "etp": ("all_to_all",) + COLLECTIVE_KINDS,
                       "edp": COLLECTIVE_KINDS, "etp_ep": COLLECTIVE_KINDS}
-# Counted from its first byte on: a run without context parallelism (or FP8 delayed scaling over ranks) records
-# the groups it always had.
+# counted from first use, so a run without them records the groups it always had
 ON_FIRST_USE = ("cp", "amax")
 
-# torch 2.13 renamed the single-tensor collectives; the old names still work but warn.
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -65,7 +37,7 @@ def ring_bytes_sent(kind: str, full_bytes: int, group_size: int, is_source: bool
         return 0
     if kind == "all_reduce":
         return 2 * full_bytes * (group_size - 1) // group_size
-    if kind in ("reduce_scatter", "all_gather", "all_to_all"):  # all-to-all: all but its own 1/N leaves
+    if kind in ("reduce_scatter", "all_gather", "all_to_all"):
         return full_bytes * (group_size - 1) // group_size
     if kind == "broadcast":
         return full_bytes if is_source else 0
@@ -73,13 +45,11 @@ def ring_bytes_sent(kind: str, full_bytes: int, group_size: int, is_source: bool
 
 
 def all_to_all_bytes_sent(input_split_sizes: list[int], group_rank: int, row_bytes: int) -> int:
-    """Bytes one rank sends in an all-to-all: every row of its input except the split it sends itself."""
     return (sum(input_split_sizes) - input_split_sizes[group_rank]) * row_bytes
 
 
 class CommStats:
-    """Bytes sent by this rank since the last snapshot, per group name and collective kind (and, on the "pp"
-    group, the bytes received beside those sent)."""
+    """Bytes sent by this rank since the last snapshot, per group and kind."""
 
     def __init__(self) -> None:
         self._bytes = self._zeros()
@@ -102,9 +72,7 @@ class CommStats:
         self._bytes[group_name][kind] += int(num_bytes)
 
     def add_counts(self, counts: dict[str, dict[str, int]], times: int = 1) -> None:
-        """Add `times` x each count of a snapshot ({group: {kind: bytes}}): the bytes of collectives that ran
-        once and stand for more (a dry run's micro-batches not simulated; a CUDA graph's replays of what its
-        capture counted, parallel/graph_capture.py). A zero adds nothing, so no group appears that sent nothing."""
+        """Add `times` x each count of a snapshot: collectives that ran once and stand for more."""
         for group, kinds in counts.items():
             for kind, num_bytes in kinds.items():
                 if num_bytes * times:
@@ -114,20 +82,18 @@ class CommStats:
         return {group: dict(kinds) for group, kinds in self._bytes.items()}
 
     def snapshot_and_reset(self) -> dict[str, dict[str, int]]:
-        """The bytes of the iteration that just ended; the counters restart from zero."""
         snapshot, self._bytes = self._bytes, self._zeros()
-        for group in snapshot.keys() - self._bytes.keys():  # an expert group, once seen, stays
+        for group in snapshot.keys() - self._bytes.keys():
             self._bytes[group] = {kind: 0 for kind in snapshot[group]}
         return snapshot
 
     def total(self) -> int:
-        """Bytes sent (what a rank receives is another rank's send: counting it too would count each twice)."""
+        """Bytes sent (counting receives too would count each byte twice)."""
         return sum(n for kinds in self._bytes.values() for kind, n in kinds.items() if kind != "recv")
 
 
 class CompletedWork:
-    """What an `async_op=True` call returns when the collective was skipped (group of one): a handle
-    whose wait() returns at once, so overlap code need not special-case TP=1 or DP=1."""
+    """What a skipped collective returns: wait() returns at once."""
 
     def wait(self, timeout=None) -> bool:
         return True
@@ -136,25 +102,17 @@ class CompletedWork:
         return True
 
 
-# gloo (the CPU transport) copies the whole buffer of a reduce-scatter (its input) or an all-gather (its
-# output) while the collective runs (measured: +1.0x, fp32 and bf16); NCCL works in place. On gloo a
-# larger reduce-scatter is sent in pieces of at most this many bytes of the whole, through the list
-# form over views of our buffer (no copy of ours), so gloo's copy is at most one piece: without
-# pieces the stage-2 reduce bucket of the 307M model (the whole model, 1.35 GB in fp32) was copied
-# whole. The sums are the same in fp32; in bf16 gloo's two forms round in different orders (neither
-# is the correctly rounded sum; measured, the list form is off in slightly fewer elements).
+# gloo copies a reduce-scatter's input while it runs (NCCL works in place): a larger one goes in pieces, so the copy is
+# one piece
 GLOO_PIECE_BYTES = 16 * 2**20
 PIECES_IN_FLIGHT = 2
 
 
 def gloo_copy_bytes(full_bytes: int) -> int:
-    """At most what gloo copies for a reduce-scatter of `full_bytes` (the planner's)."""
     return min(full_bytes, PIECES_IN_FLIGHT * GLOO_PIECE_BYTES)
 
 
 class _PieceWork:
-    """The work handle of a collective sent in pieces: waits for every piece."""
-
     def __init__(self, works: list) -> None:
         self.works = works
 
@@ -168,8 +126,7 @@ class _PieceWork:
 
 
 def _in_pieces(group, whole: torch.Tensor, shard: torch.Tensor) -> Optional[list[tuple[int, int]]]:
-    """Bounds [lo, hi) of the shard's pieces when this collective on `group` should go in pieces:
-    gloo, 1-D contiguous buffers (ours), larger than a piece; else None (one call)."""
+    """Bounds of the shard's pieces where this collective goes in pieces; else None."""
     if _num_bytes(whole) <= GLOO_PIECE_BYTES or whole.dim() != 1 or shard.dim() != 1:
         return None
     if not (whole.is_contiguous() and shard.is_contiguous()) or dist.get_backend(group) != "gloo":
@@ -187,8 +144,7 @@ def _pieces_done(works: list, async_op: bool):
 
 
 class VirtualGroup:
-    """A process group that is only its size (and the planned rank's place in it, which an all-to-all's byte
-    count needs): one rank's TP or DP group in a planned (dry) run."""
+    """A process group that is only its size and the planned rank's place: a dry run's."""
 
     def __init__(self, size: int, rank: int = 0) -> None:
         if size < 1:
@@ -209,7 +165,6 @@ class VirtualGroup:
 
 
 def group_size(group) -> int:
-    """Ranks in `group`; 1 for None (no group)."""
     if group is None:
         return 1
     if isinstance(group, VirtualGroup):
@@ -218,7 +173,6 @@ def group_size(group) -> int:
 
 
 def group_rank(group) -> int:
-    """This rank's index in `group`; 0 for None (no group)."""
     if group is None:
         return 0
     if isinstance(group, VirtualGroup):
@@ -231,35 +185,20 @@ def _num_bytes(tensor: torch.Tensor) -> int:
 
 
 class Communicator:
-    """Issues collectives and counts what this rank sends. Create one per process (the parallel state
-    holds it) and pass it explicitly; it keeps no module-level state.
-
-    Every method takes the group and its name ("tp" or "dp"), so the accounting can say which part of
-    the grid the traffic was on. With `async_op=True` a method returns the work handle to wait on;
-    bytes are counted when the collective is issued.
-    """
+    """Issues collectives and counts what this rank sends; one per process. Bytes count when issued."""
 
     def __init__(self) -> None:
         self.stats = CommStats()
-        # Where this rank is, for the one line a lost peer ends in (rendezvous/liveness.py): the last
-        # collective it entered, (kind, group name), and the training iteration in progress, which
-        # the loop sets. Two attribute stores per call and no communication: a rank blocked in a
-        # collective that will never finish can still say which one it is.
+        # where this rank is, for the line a lost peer ends in
         self.last_collective: Optional[tuple[str, str]] = None
         self.iteration: Optional[int] = None
-        # The ring of the last collectives and the time spent in them (rendezvous/collective_log.py): set by
-        # --flight-recorder-dump-path or --log-straggler, else None and nothing is recorded.
         self.log: Optional[CollectiveLog] = None
-        # Tells every rank that this one's collective work raised (resilience/watched_run.py sets it on a multi-rank
-        # run: rendezvous/liveness.py Liveness.publish_failure); None: nobody to tell.
         self.publish_failure: Optional[Callable[[BaseException], None]] = None
 
     @contextlib.contextmanager
     def collective_work(self) -> Iterator[None]:
-        """Work the ranks do together around files (a save, a load, the checks before a run): an exception raised
-        here on some ranks only would leave the others blocked in a collective it never joins. So it is published
-        through the rendezvous store, never through a collective, before it propagates: the peers end within
-        seconds with its status, and this rank prints its line (rendezvous/liveness.py, way 3)."""
+        """Work the ranks do together around files: an exception on some ranks is published through the rendezvous
+        store, so peers blocked in a collective end within seconds."""
         try:
             yield
         except BaseException as error:
@@ -269,9 +208,7 @@ class Communicator:
 
     @contextlib.contextmanager
     def counted_apart(self) -> Iterator[CommStats]:
-        """Count what the body sends in a CommStats of its own (yielded), not in `stats`: a CUDA graph's capture
-        (parallel/graph_capture.py) counts once what each replay will send, and a replay that runs Python again
-        (the CPU stand-in) must not count it a second time. Nests: the outer count resumes after."""
+        """Count what the body sends apart from `stats` (a CUDA graph's capture, counted again by each replay)."""
         kept, self.stats = self.stats, CommStats()
         try:
             yield self.stats
@@ -279,7 +216,6 @@ class Communicator:
             self.stats = kept
 
     def where(self) -> str:
-        """'during all_reduce on the dp group at iteration 14', or what is known of it."""
         during = (f"during {self.last_collective[0]} on the {self.last_collective[1]} group"
                   if self.last_collective is not None else "before its first collective")
         at = f"at iteration {self.iteration}" if self.iteration is not None else "before the first iteration"
@@ -292,7 +228,6 @@ class Communicator:
         return None if self.log is None else self.log.start(kind, group_name, group, num_bytes)
 
     def _finish(self, entry: Optional[list], work, async_op: bool):
-        """A sync collective has returned: its entry completes; an async one's completes in wait()."""
         if entry is None:
             return work
         if async_op:
@@ -300,12 +235,10 @@ class Communicator:
         self.log.complete(entry)
         return work
 
-    # The collectives run eagerly even inside a compiled block (--compile): their byte accounting is
-    # Python state, and torch.distributed's calls are not traceable anyway.
+    # eager even in a compiled block: the accounting is Python state
     @eager_under_compile
     def all_reduce(self, tensor: torch.Tensor, group: Optional[dist.ProcessGroup], group_name: str,
                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
-        """In-place all-reduce of `tensor` over `group`."""
         if self._skip(group):
             return CompletedWork() if async_op else None
         self.stats.add(group_name, "all_reduce", ring_bytes_sent("all_reduce", _num_bytes(tensor), group_size(group)))
@@ -316,7 +249,7 @@ class Communicator:
     @eager_under_compile
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
                        group_name: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
-        """Sum `input` (N equal chunks along dim 0) over the group; rank i's `output` gets chunk i."""
+        """Sum `input` over the group; rank i's `output` gets chunk i of dim 0."""
         size = group_size(group)
         if input.numel() != output.numel() * size:
             raise ValueError(f"reduce_scatter: input has {input.numel()} elements, expected "
@@ -332,7 +265,6 @@ class Communicator:
     @eager_under_compile
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
                    group_name: str, async_op: bool = False):
-        """Concatenate every rank's `input` along dim 0 into `output` (rank order)."""
         size = group_size(group)
         if output.numel() != input.numel() * size:
             raise ValueError(f"all_gather: output has {output.numel()} elements, expected "
@@ -348,8 +280,7 @@ class Communicator:
     @eager_under_compile
     def broadcast(self, tensor: torch.Tensor, src: int, group: Optional[dist.ProcessGroup], group_name: str,
                   async_op: bool = False):
-        """Copy `tensor` from global rank `src` to every rank of the group (torch's convention: `src` is
-        a global rank, not a rank within the group)."""
+        """Copy `tensor` from global rank `src` to every rank of the group."""
         size = group_size(group)
         if size == 1:
             return CompletedWork() if async_op else None
@@ -363,9 +294,7 @@ class Communicator:
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                    input_split_sizes: list[int], group: Optional[dist.ProcessGroup], group_name: str,
                    async_op: bool = False):
-        """Rank i sends rows [sum(input_split_sizes[:j]), +input_split_sizes[j]) of `input` (dim 0) to group
-        rank j, and receives group rank j's rows for it into `output`'s split j (torch's all_to_all_single with
-        split sizes; a split may be 0). Counted: the rows that leave this rank."""
+        """Rank i sends `input_split_sizes[j]` rows to group rank j; counted: the rows that leave."""
         size = group_size(group)
         if len(input_split_sizes) != size or len(output_split_sizes) != size:
             raise ValueError(f"all_to_all: {len(input_split_sizes)} input and {len(output_split_sizes)} output "
@@ -383,16 +312,15 @@ class Communicator:
         return self._finish(entry, self._transport_all_to_all(output, input, output_split_sizes, input_split_sizes,
                                                               group, async_op), async_op)
 
-    # ---- point-to-point between pipeline stages (parallel/p2p.py holds the completion rule) ---------
+    # ---- point-to-point between pipeline stages (parallel/p2p.py holds the completion rule) ----
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int, group_name: str = "pp") -> list:
-        """Post a send of `tensor` to global rank `peer`; returns the works to wait on. Counted when posted."""
+        """Post a send to global rank `peer`; returns the works to wait on."""
         self.stats.add(group_name, "send", _num_bytes(tensor))
         self.last_collective = ("send", group_name)
         return self._recorded_p2p("send", peer, group_name, self._transport_p2p(dist.isend, tensor, peer, tag), tensor)
 
     def receive(self, tensor: torch.Tensor, peer: int, tag: int, group_name: str = "pp") -> list:
-        """Post a receive into `tensor` from global rank `peer`; returns the works to wait on."""
         self.stats.add(group_name, "recv", _num_bytes(tensor))
         self.last_collective = ("recv", group_name)
         return self._recorded_p2p("recv", peer, group_name, self._transport_p2p(dist.irecv, tensor, peer, tag), tensor)
@@ -403,10 +331,9 @@ class Communicator:
         entry = self.log.start_p2p(kind, peer, group_name, _num_bytes(tensor))
         return [RecordedWork(work, self.log, entry) for work in works]
 
-    # ---- the transport: torch.distributed (a dry run replaces these) ---------------------------
+    # ---- the transport: torch.distributed (a dry run replaces these) ----
 
     def _transport_p2p(self, operation, tensor, peer, tag) -> list:
-        # Batched, as Megatron-Core's p2p_communication.py posts them (batch_isend_irecv); a batch of one.
         return dist.batch_isend_irecv([dist.P2POp(operation, tensor, peer, tag=tag)])
 
     def _transport_all_reduce(self, tensor, op, group, async_op):
@@ -416,12 +343,10 @@ class Communicator:
         pieces = _in_pieces(group, input, output)
         if pieces is None:
             return _reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
-        chunks = input.view(group_size(group), output.numel())  # rank r's chunk is row r
+        chunks = input.view(group_size(group), output.numel())
         works = []
         for lo, hi in pieces:
-            # At most PIECES_IN_FLIGHT queued: gloo makes a piece's copy when it is queued, so a rank
-            # ahead of its peers would otherwise hold every piece's copy at once (measured: one rank
-            # of four +300 MiB on a whole-model stage-1 bucket).
+            # a rank ahead would otherwise hold every queued piece's copy
             if len(works) >= PIECES_IN_FLIGHT:
                 works[-PIECES_IN_FLIGHT].wait()
             works.append(dist.reduce_scatter(output[lo:hi], list(chunks[:, lo:hi].unbind(0)), op=op, group=group,
@@ -429,16 +354,12 @@ class Communicator:
         return _pieces_done(works, async_op)
 
     def _transport_all_gather(self, output, input, group, async_op):
-        # Not in pieces: gloo's list form of all_gather held more, not less (one rank +180 MiB on the
-        # 4-rank stage-3 run), so an all-gather's copy stays its whole output.
         return _all_gather_single(output, input, group=group, async_op=async_op)
 
     def _transport_broadcast(self, tensor, src, group, async_op):
         return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
 
     def _transport_all_to_all(self, output, input, output_split_sizes, input_split_sizes, group, async_op):
-        # gloo (torch 2.13) runs all_to_all_single with uneven and zero splits (tests/parallel/test_all_to_all.py
-        # runs them), so no padding or send/recv pairs are needed.
         return dist.all_to_all_single(output, input, list(output_split_sizes), list(input_split_sizes),
                                       group=group, async_op=async_op)
 
@@ -446,8 +367,7 @@ class Communicator:
         return dist.get_rank()
 
     def barrier(self, group: Optional[dist.ProcessGroup] = None, group_name: str = "world") -> None:
-        """Wait for every rank of `group`. Unlike the data collectives, None here means the whole world
-        (checkpoint and shutdown synchronise everyone); without a process group it returns at once."""
+        """Wait for every rank of `group`; None here is the whole world."""
         if not dist.is_available() or not dist.is_initialized():
             return
         if group is None and dist.get_world_size() == 1:
@@ -459,11 +379,10 @@ class Communicator:
         self._finish(entry, dist.barrier(group=group), async_op=False)
 
 
-    # ---- control messages: whole-world agreement, not counted (a few bytes, not model traffic) ----
+    # ---- control messages: whole-world agreement, not counted ----
 
     def all_gather_object(self, obj) -> list:
-        """Every rank's picklable `obj`, in rank order, from the whole world (a checkpoint's file list,
-        a save's outcome); `[obj]` without a process group."""
+        """Every rank's picklable `obj` in rank order; `[obj]` without a process group."""
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return [obj]
         gathered = [None] * dist.get_world_size()
@@ -473,8 +392,6 @@ class Communicator:
         return gathered
 
     def any_rank(self, flags: list[bool], device: torch.device) -> list[bool]:
-        """Element-wise OR of `flags` over the whole world (did any rank get a signal, run out of
-        time...), so that every rank takes the same branch."""
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return list(flags)
         tensor = torch.tensor([float(flag) for flag in flags], device=device)
@@ -482,8 +399,7 @@ class Communicator:
         return [bool(value) for value in tensor.tolist()]
 
     def max_over_world(self, tensor: torch.Tensor) -> None:
-        """In place, the element-wise max of `tensor` over the whole world, on the device (nothing read back:
-        the caller reads it with whatever else it reads); a control message, not counted."""
+        """In place, the element-wise max of `tensor` over the whole world; not counted."""
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return
         self.last_collective = ("all_reduce", "world")
@@ -492,27 +408,21 @@ class Communicator:
 
 
 def _copy_unless_same(output: torch.Tensor, input: torch.Tensor) -> None:
-    """A collective over one rank is the identity; callers may pass the same buffer as both ends."""
     if output.data_ptr() != input.data_ptr():
         output.copy_(input.reshape(output.shape))
 
 
 class DryRunCommunicator(Communicator):
-    """Counts what one rank (global rank `rank`) of a planned run would send, and sends nothing.
-    Tensors in a dry run live on the meta device, so nothing is moved or written either."""
+    """Counts what global rank `rank` of a planned run would send, and sends nothing."""
 
     def __init__(self, rank: int = 0) -> None:
         super().__init__()
         self.rank = rank
-        # What gloo copies of the largest reduce-scatter or all-gather (GLOO_PIECE_BYTES at most):
-        # the planner adds it once, since a group runs its collectives one after another.
         self.largest_transport_copy = 0
-        # Called with each copy's bytes as its collective is issued, so a caller can read what else is live
-        # at that moment (planner/pipeline_plan.py: the activations a backward has not yet freed).
+        # called with each copy's bytes as it is issued, so a caller can read what else is live
         self.on_transport_copy: Optional[Callable[[int], None]] = None
 
     def take_largest_transport_copy(self) -> int:
-        """Bytes of the largest reduce-scatter input or all-gather output since the last call."""
         largest, self.largest_transport_copy = self.largest_transport_copy, 0
         return largest
 

@@ -1,22 +1,6 @@
-"""The `parallel` section of the configuration: how the model is split over the ranks.
-
-`ParallelismConfig` is `PretrainConfig.parallel`: tensor parallelism (and its sequence parallelism), the
-pipeline (its stages, virtual stages and uneven splits), in one place as Megatron-Core's
-`ModelParallelConfig` and torchtitan's `ParallelismConfig` hold them, context parallelism (the sequence
-split over CP ranks, parallel/context_parallel.py) and expert parallelism (Megatron-Core's parallel folding:
-the experts' own EP x ETP x EDP grid over the same ranks, parallel/mesh.py; `--expert-model-parallel-size`,
-Megatron-DeepSpeed's `--moe-expert-parallel-size`, and `--expert-tensor-parallel-size`). Every field is a
-flag under Megatron's own name (`tensor_model_parallel_size` <-> `--tensor-model-parallel-size`), declared
-with `option()` as in every section.
-
-Data parallelism is what the world leaves: world / (TP x CP x PP). How each size is applied, in order, is
-training/build.py's `parallelize`; which module is column-, row- or vocab-parallel and which regions split
-the sequence is gpt/parallel_plan.py.
-
-Checkpoint metadata records these settings where they were recorded before this section existed
-(`RECORDED_SECTION`): the sizes with `training`, `sequence_parallel` with `model`, so checkpoints written
-before and after read alike.
-"""
+"""The `parallel` section of the configuration: how the model is split over the ranks (TP and sequence parallelism, the
+pipeline, context parallelism, the experts' EP x ETP grid), each field a flag under Megatron's own name. Data
+parallelism is what the world leaves: world / (TP x CP x PP)."""
 
 from __future__ import annotations
 
@@ -27,31 +11,28 @@ from typing import Optional
 from base.errors import ConfigError
 from base.options import option
 
-# Megatron-Core's flex dispatcher backends (--moe-flex-dispatcher-backend choices at d98e8a64)
+# Megatron-Core's flex dispatcher backends
 FLEX_BACKENDS = ("deepep", "hybridep", "ncclep")
 
 
 @dataclass(frozen=True)
 class ParallelismConfig:
     tensor_model_parallel_size: int = option(1, aliases={"--model-parallel-size": "DeepSpeed-Megatron"})
-    # Megatron's --sequence-parallel (gpt/parallel_plan.py): with TP 1 there is nothing to split and it has no effect.
+    # with TP 1 there is nothing to split
     sequence_parallel: bool = option(
         False, action="store_true",
         help="with --tensor-model-parallel-size > 1: norms, dropout and the residual stream hold 1/TP of the "
              "sequence (all-gather before, reduce-scatter after each TP region, in place of the all-reduces); "
              "--seq-length must be divisible by the TP size")
-    # parallel/context_parallel.py, gpt/cp_attention.py
     context_parallel_size: int = option(
         1, help="context parallelism (Megatron's rank order: TP, then CP, then DP, then PP): each rank holds 2 of "
                 "the sequence's 2 x CP chunks (r and 2CP-1-r), attention exchanges keys and values (--cp-comm-type), "
                 "gradients average over DP x CP")
-    # Megatron's (model_parallel_config.py): the CP group cut in levels, parallel/state.py building each level's
-    # groups as parallel_state.py's create_hierarchical_groups; --cp-comm-type a2a+p2p runs on two
+    # the CP group cut in levels; --cp-comm-type a2a+p2p runs on two
     hierarchical_context_parallel_sizes: Optional[list[int]] = option(
         None, nargs="+", type=int, metavar="SIZE",
         help="the context-parallel group in levels whose sizes multiply to --context-parallel-size: with "
              "--cp-comm-type a2a+p2p, A B = an all-to-all over A adjacent CP ranks, then the ring over B of them")
-    # training/pipeline_step.py; the layers each stage holds: gpt/stage_layers.py
     pipeline_model_parallel_size: int = option(
         1, help="pipeline stages (Megatron's rank order: TP fastest, then DP, then PP); the layers split evenly, "
                 "scheduled 1F1B")
@@ -68,7 +49,7 @@ class ParallelismConfig:
     account_for_loss_in_pipeline_split: bool = option(
         False, help="count the loss as one layer when the layers split over the stages (the last stage builds "
                     "one transformer layer fewer)")
-    # Megatron-Core's layout string (gpt/pipeline_layout.py): E, t, m, L per virtual stage, `|` between them
+    # Megatron-Core's layout string: E, t, m, L per virtual stage, `|` between them
     pipeline_model_parallel_layout: Optional[str] = option(
         None, help="Megatron-Core's pipeline layout, e.g. 'Et*3|(tt|)*6tmL': the virtual stages separated by |, "
                    "each its E (embedding), t (transformer layers), m (MTP layers) and L (loss); virtual stage k is "
@@ -79,8 +60,7 @@ class ParallelismConfig:
     decoder_last_pipeline_num_layers: Optional[int] = option(
         None, help="layers of the last pipeline stage (Megatron-LM's uneven split; the rest evenly over the others)")
 
-    # Expert parallelism (gpt/moe/dispatchers.py, zero/experts.py): the experts split over EP ranks carved out of
-    # the data-parallel ranks, as Megatron-Core's --expert-model-parallel-size.
+    # the experts split over EP ranks carved out of the data-parallel ranks
     expert_model_parallel_size: int = option(
         1, aliases={"--moe-expert-parallel-size": "Megatron-DeepSpeed"},
         help="ranks the experts of each MoE layer are split over (each holds --num-experts / EP of them; tokens "
@@ -90,14 +70,12 @@ class ParallelismConfig:
                    "(whole experts) or more (each expert's ffn split over that many ranks); the experts' grid "
                    "(this x --expert-model-parallel-size x the expert data-parallel size) folds over the same "
                    "ranks as TP x CP x DP, as Megatron-Core's, so it may differ from the TP size")
-    # Megatron-Core's --moe-token-dispatcher-type (megatron/core/transformer/moe/token_dispatcher.py); its default.
     moe_token_dispatcher_type: str = option(
         "allgather", choices=("allgather", "alltoall", "flex"),
         help="how tokens reach their experts' ranks under expert parallelism: allgather (every token to every "
              "expert-parallel rank) or alltoall (each token to its experts' ranks); the same numbers; flex "
              "(Megatron's DeepEP/HybridEP/NCCL-EP kernels over the expert TP x EP group) moves the same tokens as "
              "alltoall and runs alltoall here (said at start-up)")
-    # MoEFlexTokenDispatcher's backends (transformer_config.py moe_flex_dispatcher_backend, its default deepep)
     moe_flex_dispatcher_backend: str = option(
         "deepep", choices=FLEX_BACKENDS,
         help="with --moe-token-dispatcher-type flex: the GPU kernels Megatron dispatches with (DeepEP, HybridEP, "
@@ -116,7 +94,6 @@ class ParallelismConfig:
                 raise ConfigError(f"{flag} must be at least 1, got {getattr(self, name)}", flags=(flag,))
         levels, cp = self.hierarchical_context_parallel_sizes, self.context_parallel_size
         if levels and (min(levels) < 1 or math.prod(levels) != cp):
-            # Megatron-LM's validate_args: `args.context_parallel_size == prod(args.hierarchical_context_parallel_sizes)`
             raise ConfigError(f"--hierarchical-context-parallel-sizes {' '.join(map(str, levels))} must multiply to "
                               f"--context-parallel-size {cp} (sizes of at least 1)",
                               flags=("--hierarchical-context-parallel-sizes", "--context-parallel-size"))
@@ -126,8 +103,7 @@ class ParallelismConfig:
         self.validate_flex()
 
     def validate_flex(self) -> None:
-        """TransformerConfig.__post_init__'s flex dispatcher checks (megatron/core/transformer/transformer_config.py
-        at d98e8a64), each in one line naming the flags."""
+        """TransformerConfig.__post_init__'s flex dispatcher checks, each one line naming the flags."""
         flex = self.moe_token_dispatcher_type == "flex"
         if self.moe_enable_deepep:
             if not flex:
@@ -145,12 +121,12 @@ class ParallelismConfig:
 
     @property
     def flex_backend(self) -> str:
-        """The flex dispatcher's backend as Megatron-Core resolves it: --moe-enable-deepep is deepep."""
+        """The flex dispatcher's backend as Megatron-Core resolves it."""
         return "deepep" if self.moe_enable_deepep else self.moe_flex_dispatcher_backend
 
     @property
     def dispatcher_name(self) -> str:
-        """The dispatcher as the start-up line and the plan name it: flex says what runs in its place."""
+        """The dispatcher as the start-up line and the plan name it."""
         if self.moe_token_dispatcher_type == "flex":
             return f"flex ({self.flex_backend}), run as alltoall"
         return self.moe_token_dispatcher_type
@@ -167,16 +143,15 @@ class ParallelismConfig:
 
     @property
     def token_dispatcher(self) -> str:
-        """The dispatcher that runs: flex moves the same tokens as alltoall (its backends are GPU kernels)."""
+        """The dispatcher that runs: flex moves the same tokens as alltoall."""
         return "alltoall" if self.moe_token_dispatcher_type == "flex" else self.moe_token_dispatcher_type
 
 
-# Where checkpoint metadata and `PretrainConfig.to_dict` record each setting of this section: the section it
-# lived in before there was one (the rest of the section: "training").
+# the section checkpoint metadata records each setting under (the section it lived in before this one existed)
 RECORDED_SECTION = {"sequence_parallel": "model"}
 RECORDED_DEFAULT = "training"
 
 
 def recorded_section(name: str) -> str:
-    """The section of the recorded config (checkpoint metadata) that holds the parallel setting `name`."""
+    """The recorded config's section that holds the parallel setting `name`."""
     return RECORDED_SECTION.get(name, RECORDED_DEFAULT)

@@ -1,18 +1,6 @@
-"""Context parallelism's data layout and its communication: which tokens a CP rank holds, and the
-differentiable exchanges its attention (gpt/cp_attention.py) runs over the CP group.
-
-Megatron-LM's --context-parallel-size N splits every sample's sequence over the N ranks of a CP group. For
-causal attention an even split in N pieces would give the last rank N times the first one's work, so the
-sequence is cut in 2N chunks and CP rank r keeps chunks r and 2N-1-r (megatron/training/utils.py,
-`get_batch_on_this_cp_rank`; TransformerEngine's attention assumes the same layout):
-
-    CP 2, sequence of 8 chunks' worth (4 chunks):   rank 0: chunks 0, 3    rank 1: chunks 1, 2
-
-Every CP rank reads the same micro-batch (the sampler hands samples to DP ranks only) and keeps its chunks of
-the inputs and labels; each token keeps its GLOBAL position (learned position embeddings and rotary angles
-are looked up at it). Everything outside attention is per token, so it runs on the local chunks unchanged;
-attention needs the whole sequence's keys and values, which the exchanges below bring.
-"""
+"""Context parallelism's data layout and exchanges: the sequence is cut into 2 x CP chunks and CP rank r keeps chunks r
+and 2CP-1-r, balancing causal attention's work (Megatron's get_batch_on_this_cp_rank); tokens keep their global
+positions. Attention's differentiable exchanges over the CP group are here."""
 
 from __future__ import annotations
 
@@ -33,16 +21,14 @@ def chunk_ids(cp_size: int, cp_rank: int) -> tuple[int, int]:
 
 
 def check_sequence_splits(seq_length: int, cp_size: int) -> None:
-    """The sequence must cut into 2 x CP equal chunks (Megatron asserts the same in get_batch_on_this_cp_rank's
-    view: `val.shape[seq_dim] // (2 * cp_size)`); a ValueError naming the flags."""
+    """The sequence must cut into 2 x CP equal chunks; a ValueError naming the flags."""
     if cp_size > 1 and seq_length % (2 * cp_size):
         raise ValueError(f"--seq-length {seq_length} must be divisible by 2 x --context-parallel-size "
                          f"({2 * cp_size}): each rank holds two equal chunks of the sequence")
 
 
 def take_local_chunks(tensor: torch.Tensor, cp_size: int, cp_rank: int, dim: int = 1) -> torch.Tensor:
-    """This CP rank's chunks r and 2CP-1-r of `tensor` along `dim` (the whole tensor at CP 1), as
-    Megatron's get_batch_on_this_cp_rank: view the dimension as [2CP, S / 2CP], take the two, flatten."""
+    """This CP rank's chunks r and 2CP-1-r of `tensor` along `dim` (the whole tensor at CP 1)."""
     if cp_size == 1:
         return tensor
     shape = tensor.shape
@@ -52,7 +38,7 @@ def take_local_chunks(tensor: torch.Tensor, cp_size: int, cp_rank: int, dim: int
 
 
 def local_positions(local_length: int, cp_size: int, cp_rank: int, device: torch.device) -> torch.Tensor:
-    """The global positions of this CP rank's `local_length` tokens (its two chunks), [local_length]."""
+    """The global positions of this CP rank's `local_length` tokens."""
     chunk = local_length // 2
     first, second = chunk_ids(cp_size, cp_rank)
     return torch.cat([torch.arange(first * chunk, (first + 1) * chunk, device=device),
@@ -60,7 +46,6 @@ def local_positions(local_length: int, cp_size: int, cp_rank: int, device: torch
 
 
 def batch_on_this_rank(tensor: torch.Tensor, state: ParallelState, dim: int = 1) -> torch.Tensor:
-    """`take_local_chunks` at this rank's place in its CP group."""
     return take_local_chunks(tensor, state.context_parallel_size, state.context_parallel_rank, dim)
 
 
@@ -72,19 +57,16 @@ def positions_on_this_rank(local_length: int, state: ParallelState, device: torc
 
 
 def roll_left_across_chunks(tensor: torch.Tensor, state: Optional[ParallelState]) -> torch.Tensor:
-    """The whole sequence rolled left by one along the last dim, the sequence's last position filled with 0, on this
-    CP rank's chunks: Megatron-Core's roll_tensor(shifts=-1, dims=-1, cp_group) (transformer/multi_token_prediction.py).
-    Each chunk's last position takes the next chunk's first element: chunk r + 1's from CP rank r + 1 (from this rank's
-    own second chunk on the last rank), chunk 2CP - r's from CP rank r - 1 (0 on rank 0, whose second chunk ends the
-    sequence). Megatron exchanges those with point-to-point sends; here one all-gather of each rank's two first
-    elements. Integer and mask tensors only: nothing is differentiated through it."""
+    """The sequence rolled left by one along the last dim on this rank's chunks, its last position 0: Megatron-Core's
+    roll_tensor(shifts=-1, cp_group), by one all-gather of each rank's chunks' first elements. Integer and mask tensors
+    only."""
     if state is None or state.context_parallel_size == 1:
         rolled = torch.roll(tensor, shifts=-1, dims=-1)
         rolled[..., -1] = 0
         return rolled
     size, rank = state.context_parallel_size, state.context_parallel_rank
     halves = tensor.chunk(2, dim=-1)
-    firsts = torch.stack([half[..., 0] for half in halves]).contiguous()  # [2, ...]
+    firsts = torch.stack([half[..., 0] for half in halves]).contiguous()
     gathered = torch.empty((size * 2, *firsts.shape[1:]), dtype=firsts.dtype, device=firsts.device)
     state.comm.all_gather(gathered, firsts, state.context_parallel_group, "cp")
     gathered = gathered.view(size, *firsts.shape)
@@ -95,28 +77,26 @@ def roll_left_across_chunks(tensor: torch.Tensor, state: Optional[ParallelState]
     return torch.cat(rolled, dim=-1)
 
 
-# ---- the ranks an exchange runs over ----------------------------------------------------------------------
+# ---- the ranks an exchange runs over ----
 
 @dataclass(frozen=True)
 class CPRanks:
-    """The CP ranks one exchange runs over: the whole CP group (`cp_ranks`), or one level of the hierarchical
-    groups (`hierarchical_cp_ranks`: --cp-comm-type a2a+p2p's all-to-all group and its ring). Counted as "cp"."""
+    """The CP ranks one exchange runs over: the whole CP group, or one level of the hierarchical groups. Counted as
+    "cp"."""
     size: int
-    rank: int  # this rank's place among them
-    group: Any  # the process group (a VirtualGroup in a dry run); None while size is 1
+    rank: int
+    group: Any  # a VirtualGroup in a dry run; None while size is 1
     global_ranks: tuple[int, ...]
     comm: Communicator = field(compare=False, repr=False)
 
 
 def cp_ranks(state: ParallelState) -> CPRanks:
-    """This rank's whole CP group."""
     return CPRanks(state.context_parallel_size, state.context_parallel_rank, state.context_parallel_group,
                    tuple(state.dims.group_ranks("cp")), state.comm)
 
 
 def hierarchical_cp_ranks(state: ParallelState) -> list[CPRanks]:
-    """This rank's group at each level of --hierarchical-context-parallel-sizes (Megatron-Core's
-    get_hierarchical_context_parallel_groups); ValueError where the state has none."""
+    """This rank's group at each level of --hierarchical-context-parallel-sizes; ValueError where the state has none."""
     if not state.hierarchical_context_sizes:
         raise ValueError("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes (the state has no "
                          "hierarchical context-parallel groups)")
@@ -128,7 +108,7 @@ def hierarchical_cp_ranks(state: ParallelState) -> list[CPRanks]:
     return views
 
 
-# ---- the exchanges (autograd functions: each backward is the forward's transpose) ----------------------------
+# ---- the exchanges (autograd functions: each backward is the forward's transpose) ----
 
 def _gather_along(tensor: torch.Tensor, dim: int, state: ParallelState) -> torch.Tensor:
     size = state.context_parallel_size
@@ -147,9 +127,8 @@ def _reduce_scatter_along(tensor: torch.Tensor, dim: int, state: ParallelState) 
 
 
 class _AllGatherSequence(torch.autograd.Function):
-    """Every CP rank's local tensor concatenated along `dim` in CP-rank order; backward: each rank gets the sum
-    over the group of its piece's gradient (a reduce-scatter), as Megatron-Core's all-gather-based CP
-    attention (TransformerEngine's AttnFuncWithCPAndKVAllGather) does for K and V."""
+    """The CP ranks' local tensors concatenated along `dim`; backward reduce-scatters, as TE's all-gather CP
+    attention."""
 
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, dim: int, state: ParallelState) -> torch.Tensor:
@@ -162,19 +141,19 @@ class _AllGatherSequence(torch.autograd.Function):
 
 
 def all_gather_sequence(tensor: torch.Tensor, state: ParallelState, dim: int) -> torch.Tensor:
-    """The CP group's local tensors along `dim`, in CP-rank order (rank c's chunks c and 2CP-1-c at block c)."""
+    """The CP group's local tensors along `dim`, in CP-rank order."""
     if state.context_parallel_size == 1:
         return tensor
     return _AllGatherSequence.apply(tensor, dim, state)
 
 
 def shift(tensor: torch.Tensor, ring: CPRanks, steps: int, tag: int) -> torch.Tensor:
-    """`tensor` sent `steps` places on round the `ring` (to its rank r + steps); what rank r - steps sent."""
+    """`tensor` sent `steps` places round the `ring`; returns what rank r - steps sent."""
     size, rank = ring.size, ring.rank
     to, source = ring.global_ranks[(rank + steps) % size], ring.global_ranks[(rank - steps) % size]
     tensor = tensor.contiguous()
     received = torch.empty_like(tensor)
-    # Both posted before either is waited: every rank sends and receives at once round the ring.
+    # both posted before either is waited
     works = ring.comm.send(tensor, to, tag, group_name="cp") + ring.comm.receive(received, source, tag,
                                                                                   group_name="cp")
     for work in works:
@@ -183,8 +162,7 @@ def shift(tensor: torch.Tensor, ring: CPRanks, steps: int, tag: int) -> torch.Te
 
 
 class _RingShift(torch.autograd.Function):
-    """One step of the ring: this rank's tensor goes to the next CP rank, the previous one's arrives; backward
-    sends the gradient the other way (the gradient of what arrived belongs to the rank it came from)."""
+    """One step of the ring: this rank's tensor goes to the next CP rank; backward sends the gradient the other way."""
 
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, ring: CPRanks) -> torch.Tensor:
@@ -197,19 +175,18 @@ class _RingShift(torch.autograd.Function):
 
 
 def ring_shift(tensor: torch.Tensor, ring: CPRanks) -> torch.Tensor:
-    """What the previous rank of `ring` holds (it receives this rank's in turn), differentiable."""
+    """What the previous rank of `ring` holds, differentiable."""
     return _RingShift.apply(tensor, ring)
 
 
 def all_to_all(tensor: torch.Tensor, ranks: CPRanks) -> torch.Tensor:
-    """`tensor` [N, ...] over N `ranks`: row j sent to their rank j; row j of the result is what rank j sent
-    (differentiable: the expert dispatchers' all-to-all of parallel/mappings.py with equal splits, whose backward is
-    the same exchange of the gradients, as DeepSpeed's _SeqAllToAll in deepspeed/sequence/layer.py)."""
+    """`tensor` [N, ...] over N `ranks`: row j to rank j, row j of the result from rank j; backward is the same
+    exchange."""
     splits = [tensor.shape[0] // ranks.size] * ranks.size
     return rows_all_to_all(tensor, ranks.comm, ranks.group, "cp", splits, splits)
 
 
 def all_reduce_over_context_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """Sum `tensor` over the CP group, in place (no autograd: counts and reported values)."""
+    """Sum `tensor` over the CP group in place, without autograd."""
     state.comm.all_reduce(tensor, state.context_parallel_group, "cp")
     return tensor

@@ -1,20 +1,6 @@
-"""Cross entropy over logits whose vocabulary is split across the tensor-parallel group.
-
-Gathering [batch, seq, vocab] logits would cost each rank the full logit tensor in memory and
-traffic; instead only three [batch, seq] statistics cross the group (Megatron-Core's method):
-
-    1. max over the vocabulary       (all-reduce MAX; for a stable exp)
-    2. the target's shifted logit    (the rank owning the target contributes it, others 0)
-    3. sum of exp(shifted logits)    (2 and 3 travel in one all-reduce SUM)
-
-    loss = log(sum_exp) - target_logit,   d loss / d logits = softmax - one_hot(target)
-
-The backward needs no communication: each rank's gradient is its shard of softmax - one_hot. With a z-loss
-strength s > 0 (llm-jp's fork, --z-loss-strength / --use-z-loss: its tensor_parallel/cross_entropy.py) each token's
-loss gains s * log(Z)^2 (log(Z) = log(sum_exp) + max) and the gradient is softmax * (1 + 2 s log(Z)) - one_hot.
-
-Vocabulary padding (global column >= `vocab_size`) is excluded from the softmax, so the loss does not depend on the
-padding. Everything is computed in fp32 (fp64 for fp64 logits); the gradient comes back in the logits' dtype."""
+"""Cross entropy over logits whose vocabulary is split across the tensor-parallel group: only three [batch, seq]
+statistics cross the group (max, target logit, sum of exp), as Megatron-Core's, and the backward needs no communication.
+Vocabulary padding is left out of the softmax; an optional z-loss adds s * log(Z)^2."""
 
 from __future__ import annotations
 
@@ -29,7 +15,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, vocab_start_index: int, vocab_size: int,
                 state: ParallelState, z_loss_strength: float = 0.0) -> torch.Tensor:
         local_vocab = logits.shape[-1]
-        # Columns [real_columns, local_vocab) of this shard are padding (possibly the whole shard).
+        # columns [real_columns, local_vocab) are padding (possibly the whole shard)
         real_columns = max(0, min(local_vocab, vocab_size - vocab_start_index))
         if real_columns > 0:
             logits_max = logits[..., :real_columns].amax(dim=-1).float()
@@ -37,7 +23,6 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             logits_max = torch.full(logits.shape[:-1], float("-inf"), device=logits.device)
         state.comm.all_reduce(logits_max, state.tensor_parallel_group, "tp", op=dist.ReduceOp.MAX)
 
-        # logits (bf16 or fp32) - fp32 max allocates one fp32 tensor, reused in place below.
         shifted = logits - logits_max.unsqueeze(-1)
         shifted[..., real_columns:] = float("-inf")
 
@@ -63,9 +48,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         softmax, local_target, not_here = ctx.saved_tensors
-        # The saved softmax becomes the gradient in place, as in Megatron: it is the size of the logits
-        # shard, the largest activation of the model. The price is one backward per forward; a second
-        # one (retain_graph) is refused by autograd's version check, never silently wrong.
+        # the saved softmax becomes the gradient in place, as in Megatron: it is the largest activation. A second
+        # backward is refused by autograd's version check
         grad = softmax
         grad.scatter_add_(-1, local_target.unsqueeze(-1), -(~not_here).to(grad.dtype).unsqueeze(-1))
         grad.mul_(grad_loss.unsqueeze(-1))
@@ -75,12 +59,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 def vocab_parallel_cross_entropy(vocab_parallel_logits: torch.Tensor, target: torch.Tensor,
                                  vocab_start_index: int, vocab_size: int, state: ParallelState,
                                  z_loss_strength: float = 0.0) -> torch.Tensor:
-    """Per-token cross entropy [batch, seq] (fp32) from this rank's logit shard [batch, seq, V/TP].
-
-    `vocab_start_index` is the global vocabulary index of the shard's first column (the token
-    embedding's `vocab_start_index` when the output layer is tied); `vocab_size` is the real,
-    unpadded vocabulary. `target` holds global token ids and must be the same on every TP rank.
-    `z_loss_strength` > 0 adds that times log(Z)^2 to each token's loss (llm-jp's z-loss).
-    """
+    """Per-token cross entropy [batch, seq] (fp32) from this rank's logit shard [batch, seq, V/TP]. `vocab_start_index`:
+    the shard's first global column; `vocab_size`: the real vocabulary; `target`: global ids, the same on every TP
+    rank."""
     return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, vocab_start_index, vocab_size, state,
                                             z_loss_strength)

@@ -1,19 +1,6 @@
-"""The output layer and the vocab-parallel cross entropy in one, never holding the full logits (issue 40,
-lever "a fused linear + cross entropy"; --cross-entropy-loss-fusion).
-
-The unfused path (parallel/cross_entropy.py) builds this rank's logits [tokens, V/TP] and keeps their
-softmax for the backward: at the paper's 1.5B with a 50k vocabulary that is the largest activation of
-the model. Here the tokens are taken in chunks: each chunk's logits are computed, reduced to the same
-per-token statistics as the unfused path (max, target logit, sum of exp; the same all-reduces over the
-TP group, so padding columns and targets on other ranks are treated identically), and dropped. Only
-the per-token log-sum-exp is kept; the backward recomputes each chunk's logits from it, which costs one
-more output-layer GEMM per chunk (as Liger's and Apple's cut cross entropy do) for never holding more
-than one chunk of logits.
-
-The arithmetic per token is the unfused path's, in fp32 whatever the logits' dtype; only the GEMMs'
-blocking over tokens differs, so values agree to rounding (tests/parallel/test_fused_linear_cross_entropy.py).
-No speed is claimed: that is measured on a GPU (docs/performance.md, "On a GPU: the commands to run").
-"""
+"""The output layer and the vocab-parallel cross entropy in one (--cross-entropy-loss-fusion), never holding the full
+logits: chunks of tokens are reduced to the unfused path's per-token statistics and dropped, only the log-sum-exp is
+kept, and the backward recomputes each chunk's logits (one more GEMM per chunk)."""
 
 from __future__ import annotations
 
@@ -23,13 +10,12 @@ import torch.nn.functional as F
 
 from parallel.state import ParallelState
 
-# Tokens whose logits exist at once: 4096 x 50304 fp32 is 0.8 GB at TP 1, a small fraction of what
-# the whole micro-batch's logits take at the paper's shapes (8 x 1024 tokens: 1.6 GB, and their softmax).
+# tokens whose logits exist at once: 4096 x 50304 fp32 is 0.8 GB at TP 1
 DEFAULT_CHUNK_TOKENS = 4096
 
 
 def _real_columns(local_vocab: int, vocab_start_index: int, vocab_size: int) -> int:
-    """Columns [real, local_vocab) of this shard are vocabulary padding (possibly all of them)."""
+    """Columns [real, local_vocab) of this shard are vocabulary padding."""
     return max(0, min(local_vocab, vocab_size - vocab_start_index))
 
 
@@ -76,14 +62,14 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         flat_hidden = hidden.reshape(-1, hidden.shape[-1])
         flat_target, flat_grad = target.reshape(-1), grad_loss.reshape(-1)
         grad_hidden = torch.empty_like(flat_hidden) if ctx.needs_input_grad[0] else None
-        # Accumulated in fp32 across chunks so that a bf16 weight's gradient is rounded once, at the end.
+        # accumulated in fp32 across chunks: a bf16 weight's gradient rounds once
         grad_weight = torch.zeros(weight.shape, dtype=log_sum_exp.dtype, device=weight.device)
         local_vocab = weight.shape[0]
         for start in range(0, flat_target.numel(), ctx.chunk_tokens):
             end = min(start + ctx.chunk_tokens, flat_target.numel())
             chunk_hidden = flat_hidden[start:end]
             logits = F.linear(chunk_hidden, weight)
-            # softmax - one_hot(target), times the loss's gradient: the unfused backward, per chunk.
+            # softmax - one_hot(target), times the loss's gradient
             grad_logits = (logits - log_sum_exp[start:end].unsqueeze(-1)).exp_()
             grad_logits[:, ctx.real:] = 0.0
             local_target, not_here = _local_target(flat_target[start:end], ctx.vocab_start_index, local_vocab)
@@ -100,10 +86,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                vocab_start_index: int, vocab_size: int, state: ParallelState,
                                chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
-    """Per-token cross entropy [batch, seq] of `F.linear(hidden, weight)` (this rank's vocabulary shard
-    [V/TP, hidden]) against global `target` ids: vocab_parallel_cross_entropy's values and gradients,
-    without the logits. `hidden` must already be in the TP region (copy_to_tensor_parallel_region), as the
-    unfused path's is."""
+    """Per-token cross entropy [batch, seq] of `F.linear(hidden, weight)` against global `target` ids, without the
+    logits. `hidden` must already be in the TP region."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
     return _ChunkedLinearCrossEntropy.apply(hidden, weight, target, vocab_start_index, vocab_size, state,

@@ -1,23 +1,6 @@
-"""Gradient accumulation fusion (Megatron-LM's --gradient-accumulation-fusion, on by default there and here): a
-linear's weight gradient is added straight into the fp32 main gradient inside the GEMM, main_grad += grad_output^T @
-input, with no 16-bit weight gradient materialised and no separate add.
-
-Megatron-Core's LinearWithGradAccumulationAndAsyncCommunication.backward (megatron/core/tensor_parallel/layers.py)
-calls fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32(total_input, grad_output, weight.main_grad) and hands
-autograd a dummy weight gradient with `weight.grad_added_to_main_grad = True`, so that its DDP hook still fires and
-skips the add. Here autograd gets no weight gradient at all, not even a dummy: the weight's AccumulateGrad node still
-runs, with none, and so does its post-accumulate-grad hook (torch calls it with `.grad` as it was), where ZeRO's
-reducer counts the gradient as arrived and finds it in place (zero/grad_reducer.py `_take_gradient`).
-
-One op per weight and micro-batch, whatever the dtypes (`accumulate_weight_gradient`): fp32 inputs are `addmm_`;
-16-bit inputs into an fp32 main gradient are torch's bf16 x bf16 -> fp32 GEMM where the device has it (CUDA's
-aten::addmm.dtype_out, probed once per device: `native_16_bit_accumulation`), else one custom op
-(`grad_accumulation::addmm_fp32_`) that upcasts and runs the fp32 GEMM: on the CPU, where aten's addmm.dtype is not
-implemented, it keeps the GPU path's structure (one call where the GPU launches one GEMM), as
-parallel/fp8/kernel.py's cpu_emulated_scaled_mm does for FP8. The products of two bf16 (or fp16) values are exact in
-fp32, so both compute the fp32 sum of the exact products, in their own order. An FP8 linear takes the same holders
-and hands autograd no weight gradient either (parallel/fp8/linear.py: TE's fuse_wgrad_accumulation).
-"""
+"""Gradient accumulation fusion: a linear's weight gradient is added straight into the fp32 main gradient by one GEMM,
+with no 16-bit weight gradient. Autograd gets no weight gradient; ZeRO's post-accumulate hook still fires and finds it
+in place. 16-bit inputs use CUDA's bf16 -> fp32 addmm, else an upcasting custom op."""
 
 from __future__ import annotations
 
@@ -30,21 +13,19 @@ from torch.autograd.function import once_differentiable
 
 
 class MainGradients(Protocol):
-    """Who holds the fp32 main gradients (zero/grad_reducer.py's reducers)."""
+    """Who holds the fp32 main gradients."""
 
     def main_grad(self, param: nn.Parameter) -> torch.Tensor:
-        """Where `param`'s gradient of this micro-batch is to be added: a tensor of its shape."""
+        """Where `param`'s gradient of this micro-batch is added: a tensor of its shape."""
 
 
-# The emulation's upcast factors, at most this many elements at once (16 MiB in fp32): CUDA's kernel reads the 16-bit
-# factors as they are, and the planner counts no copies of them.
+# the emulation upcasts at most this many elements at once
 EMULATION_CHUNK_ELEMENTS = 1 << 22
 
 
 @torch.library.custom_op("grad_accumulation::addmm_fp32_", mutates_args=("main_grad",))
 def addmm_fp32_(main_grad: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> None:
-    """main_grad += mat1 @ mat2 in main_grad's dtype: the factors upcast and multiplied in fp32 (module docstring), a
-    slice of the inner (token) dimension at a time so that the upcast copies stay within EMULATION_CHUNK_ELEMENTS."""
+    """main_grad += mat1 @ mat2 in fp32, a slice of tokens at a time."""
     step = max(1, EMULATION_CHUNK_ELEMENTS // (mat1.shape[0] + mat2.shape[1]))
     for start in range(0, mat1.shape[1], step):
         main_grad.addmm_(mat1[:, start:start + step].to(main_grad.dtype), mat2[start:start + step].to(main_grad.dtype))
@@ -55,13 +36,11 @@ def _addmm_fp32_on_meta(main_grad, mat1, mat2) -> None:
     return None
 
 
-_NATIVE: dict[torch.device, Optional[str]] = {}  # device -> why its native bf16 x bf16 -> fp32 GEMM is not used
+_NATIVE: dict[torch.device, Optional[str]] = {}
 
 
 def native_16_bit_accumulation(device: torch.device) -> Optional[str]:
-    """None when `device` adds a 16-bit GEMM into an fp32 tensor natively (aten::addmm.dtype_out, CUDA), else why
-    not. Probed once per device on small matrices against the fp32 GEMM of the same values: a torch whose CUDA
-    kernel refuses an fp32 `self` (older ones asked for the inputs' dtype) falls back to the custom op."""
+    """None when `device` adds a 16-bit GEMM into fp32 natively, else why not."""
     if device not in _NATIVE:
         if device.type != "cuda":
             _NATIVE[device] = f"aten::addmm.dtype has no {device.type} kernel in torch {torch.__version__}"
@@ -80,8 +59,7 @@ def native_16_bit_accumulation(device: torch.device) -> Optional[str]:
 
 
 def accumulate_weight_gradient(main_grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
-    """main_grad += grad_output^T @ input in one op: grad_output [tokens, out], input [tokens, in], main_grad
-    [out, in] (module docstring)."""
+    """main_grad += grad_output^T @ input in one op."""
     mat1 = grad_output.t()
     if mat1.dtype == main_grad.dtype:
         main_grad.addmm_(mat1, input)
@@ -92,7 +70,6 @@ def accumulate_weight_gradient(main_grad: torch.Tensor, grad_output: torch.Tenso
 
 
 def accumulation_path(dtype: torch.dtype, device: torch.device) -> str:
-    """How `accumulate_weight_gradient` runs for weights of `dtype` on `device`, for the start-up line."""
     if dtype == torch.float32:
         return "addmm_ into the fp32 main gradient"
     why_not = native_16_bit_accumulation(device)
@@ -108,7 +85,7 @@ class _LinearIntoMainGrad(torch.autograd.Function):
                 main_grads: MainGradients) -> torch.Tensor:
         ctx.save_for_backward(input, weight)
         ctx.main_grads, ctx.has_bias = main_grads, bias is not None
-        ctx.param = weight  # the parameter itself (a leaf): the key its main gradient is held under
+        ctx.param = weight
         return F.linear(input, weight, bias)
 
     @staticmethod
@@ -116,7 +93,6 @@ class _LinearIntoMainGrad(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):
         input, weight = ctx.saved_tensors
         flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
-        # an mm on the flattened gradient, as autograd's AddmmBackward0 (a 3-d matmul would add an _unsafe_view)
         grad_input = flat_grad.mm(weight).view(input.shape) if ctx.needs_input_grad[0] else None
         grad_bias = flat_grad.sum(dim=0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         if ctx.needs_input_grad[1]:
@@ -126,10 +102,7 @@ class _LinearIntoMainGrad(torch.autograd.Function):
 
 
 class LinearIntoMainGrad:
-    """F.linear whose weight gradient `main_grads` takes (module docstring): what a TP linear's `linear` becomes
-    under gradient accumulation fusion. Outside autograd (no grad mode, evaluation) and under torch.compile (whose
-    graph would break at the main gradient's owner) it is F.linear, and the gradient reaches the owner through
-    autograd's hook as without fusion."""
+    """F.linear whose weight gradient `main_grads` takes; plain F.linear outside autograd and under torch.compile."""
 
     def __init__(self, main_grads: MainGradients) -> None:
         self.main_grads = main_grads

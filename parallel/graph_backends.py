@@ -1,21 +1,6 @@
-"""How a graph of a model region is captured and replayed: on CUDA, torch.cuda.CUDAGraph; on a CPU, a stand-in that
-lets the rest of the machinery (parallel/graph_capture.py) run and be tested without a device.
-
-A backend's `capture(fn)` runs `fn` once while recording and returns (graph, what `fn` returned: a tuple of
-tensors); `replay(graph)` does the recorded work again, writing the same output tensors. `side_stream()` is where
-the warm-up passes run before a capture.
-
-- `CudaGraphBackend`: every graph in one memory pool (`torch.cuda.graph_pool_handle`), captured on one side stream,
-  as torch.cuda.make_graphed_callables shares a pool between the graphs it captures in their replay order and
-  Megatron-Core's CudaGraphManager keeps one global mempool (megatron/core/transformer/cuda_graphs.py). Each graph
-  registers the generator states the captured code draws from (`register_generator_state`: the device's default
-  generator and the tensor-parallel private stream, parallel/random.py), so a replay draws new dropout masks, as
-  Megatron's `create_fwd_graph` registers `get_all_rng_states()`.
-- `RerunBackend`: the CPU stand-in. Its "capture" runs `fn` and keeps it; its "replay" runs `fn` again and copies
-  what it returns into the tensors the capture returned, so whoever holds those sees new values in the same storage,
-  as after a CUDA replay. A CPU has nothing to capture: only tests use it (training/cuda_graphs.py runs a CPU
-  training's blocks eagerly and says so).
-"""
+"""How a captured graph of a model region is recorded and replayed: on CUDA torch.cuda.CUDAGraph, every graph in one
+pool on one capture stream with the RNG states registered (as Megatron-Core's CudaGraphManager); on a CPU a stand-in
+that reruns the callable into the captured outputs, for tests only."""
 
 from __future__ import annotations
 
@@ -46,14 +31,12 @@ class CudaGraphBackend:
         self.device = device
         self.generators = list(generators)
         self.pool = torch.cuda.graph_pool_handle()
-        # torch.cuda.graph: "if you pass a pool used by a previous capture and the previous capture used an explicit
-        # stream argument, you should pass the same stream argument to this capture"
+        # torch.cuda.graph: a pool shared with an earlier capture on an explicit stream needs the same stream
         self.stream = torch.cuda.Stream(device)
 
     @contextlib.contextmanager
     def side_stream(self) -> Iterator[None]:
-        # make_graphed_callables warms up on a side stream: lazy initialisations (cuBLAS workspaces, kernel
-        # selection) happen there, not inside a capture
+        # warm-up on a side stream, so lazy initialisations (cuBLAS workspaces) happen outside a capture
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             yield
@@ -73,16 +56,13 @@ class CudaGraphBackend:
 
 @dataclass
 class _Rerun:
-    """What the stand-in keeps of a "capture": the callable and the outputs it returned then."""
     fn: Callable[[], Outputs]
     outputs: Outputs
 
 
 class RerunBackend:
-    """The CPU stand-in (see the module docstring). A replay runs the callable with autograd on, whatever the caller's
-    grad mode (a replay is called from inside an autograd Function, where it is off), because the callable's
-    backward counterpart differentiates what the forward built, as the CUDA graph's recorded backward kernels read
-    what the recorded forward kernels wrote."""
+    """The CPU stand-in. A replay runs the callable with autograd on, whatever the caller's grad mode: its backward
+    counterpart differentiates what the forward built, as a CUDA graph's backward reads what its forward wrote."""
 
     def side_stream(self) -> ContextManager[None]:
         return contextlib.nullcontext()

@@ -1,22 +1,6 @@
-"""Regions of a model captured as graphs with their backward, and replayed every micro-batch after: the machinery of
-Megatron-Core's local CUDA graphs (megatron/core/transformer/cuda_graphs.py: `_CudaGraphRunner`,
-`_CudagraphReplayNode`) and of torch.cuda.make_graphed_callables, written for this repository's communicator and
-ZeRO. What is captured and when is decided above (training/cuda_graphs.py); how a graph is recorded is the
-backend's (parallel/graph_backends.py: CUDA, or the CPU stand-in). A `GraphedRegion` is a function of tensors (a block, or half of one). The capture, of every region at once at the
-first call after `request_capture()`, follows make_graphed_callables: static input buffers holding copies of the
-call's real inputs (not Megatron's zeros, so no warm-up runs attention under a mask that hides every key) and a few
-warm-up passes; every forward captured in call order, then every backward (`autograd.grad` with respect to the
-static inputs and the parameters) in reverse, all in one pool, whose replay order `GraphSet` checks. Then a
-training-mode call is `_ReplayedRegion`: copy inputs in, replay forward; in backward copy the gradient in, replay,
-return the input and parameter gradients, so autograd accumulates `param.grad` outside any graph and ZeRO's hooks
-fire as in eager. In eval mode or without autograd a region runs its function.
-
-What a replay does not run is accounted for: collectives' byte counts (a capture counts its region's apart,
-`Communicator.counted_apart`, and each replay adds it; warm-ups and captures are not an iteration's traffic);
-forward pre-hooks (those marked `runs_before_graph_replay` run before each replay, any other is refused,
-base/graph_replay_hooks.py); parameter gradients (every backward graph writes into one shared arena per dtype, as
-large as the largest region's, `GradientArena`, and a replay hands autograd a copy of its slice, as Megatron's
-replay node clones them: without it each graph would hold a second copy of its parameters' gradients)."""
+"""Regions of a model captured as graphs with their backward and replayed every micro-batch after, as Megatron-Core's
+local CUDA graphs and make_graphed_callables do, for this repository's communicator and ZeRO. What a replay skips is
+accounted for: byte counts, forward pre-hooks, and parameter gradients, handed out from one shared arena."""
 
 from __future__ import annotations
 
@@ -32,16 +16,15 @@ from parallel.graph_backends import GraphBackend
 
 
 def connected_parameters(output: torch.Tensor, module: nn.Module) -> tuple[nn.Parameter, ...]:
-    """`module`'s parameters that `output` depends on through autograd, in the module's order: the ones a backward
-    of `output` gives a gradient (Megatron's `_CudaGraphRunner.get_connected_params`, which walks the same graph to
-    the AccumulateGrad nodes)."""
+    """`module`'s parameters that `output` depends on through autograd, in the module's order (Megatron's
+    get_connected_params)."""
     found, seen, stack = set(), set(), [output.grad_fn] if output.grad_fn is not None else []
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
-        variable = getattr(node, "variable", None)  # an AccumulateGrad node holds the leaf it accumulates into
+        variable = getattr(node, "variable", None)  # an AccumulateGrad node holds its leaf
         if variable is not None:
             found.add(id(variable))
         stack.extend(next_node for next_node, _ in node.next_functions if next_node is not None)
@@ -49,8 +32,8 @@ def connected_parameters(output: torch.Tensor, module: nn.Module) -> tuple[nn.Pa
 
 
 class GradientArena:
-    """One flat buffer per dtype, as large as the most any one region's parameters of that dtype hold: where each
-    region's backward graph writes its parameter gradients (see the module docstring)."""
+    """One flat buffer per dtype, as large as the largest region's parameters of that dtype: where every backward graph
+    writes its parameter gradients."""
 
     def __init__(self, regions_parameters: Sequence[Sequence[nn.Parameter]], device: torch.device) -> None:
         self.flat = {dtype: torch.empty(numel, dtype=dtype, device=device)
@@ -58,7 +41,7 @@ class GradientArena:
 
     @staticmethod
     def sizes(regions_parameters: Sequence[Sequence[nn.Parameter]]) -> dict[torch.dtype, int]:
-        """Elements per dtype of an arena for regions holding these parameters (the planner reads it too)."""
+        """Elements per dtype of an arena for regions holding these parameters."""
         sizes: dict[torch.dtype, int] = {}
         for parameters in regions_parameters:
             for dtype, numel in _numel_by_dtype(parameters).items():
@@ -66,7 +49,6 @@ class GradientArena:
         return sizes
 
     def views(self, parameters: Sequence[nn.Parameter]) -> list[torch.Tensor]:
-        """Each parameter's place in the arena, packed from the start of its dtype's buffer."""
         offsets: dict[torch.dtype, int] = {}
         views = []
         for param in parameters:
@@ -98,21 +80,19 @@ def _numel_by_dtype(parameters: Sequence[nn.Parameter]) -> dict[torch.dtype, int
 
 
 class GraphedRegion:
-    """A region of the model: `fn(*inputs) -> tensor`, with the modules whose forward it runs (their hooks are
-    checked, and those marked are called before each replay) and `module`, whose training flag says whether the
-    captured graph applies and whose parameters it may read. Called like `fn`; see the module docstring."""
+    """A region of the model: `fn(*inputs) -> tensor`, the modules whose forward it runs (their hooks checked) and
+    `module`, whose training flag says whether the captured graph applies."""
 
     def __init__(self, name: str, fn: Callable[..., torch.Tensor], module: nn.Module,
                  modules: Sequence[nn.Module], reads_mask: bool = True) -> None:
-        """`reads_mask`: whether `fn` takes a micro-batch's attention mask after the hidden states, where there is
-        one (a block, or its attention half; not its MLP half)."""
+        """`reads_mask`: whether `fn` takes the micro-batch's attention mask after the hidden states."""
         self.name = name
         self.fn = fn
         self.module = module
         self.modules = tuple(modules)
         self.reads_mask = reads_mask
-        self.graphs: Optional["GraphSet"] = None  # set by the GraphSet that holds it
-        self.index = 0                            # its place in a micro-batch's forward order
+        self.graphs: Optional["GraphSet"] = None
+        self.index = 0
         self.captured = False
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -123,7 +103,7 @@ class GraphedRegion:
             return self.fn(*inputs)
         return _ReplayedRegion.apply(self, len(inputs), *inputs, *self.params)
 
-    # ---- capture (GraphSet.capture calls these in order) -----------------------------------------------------
+    # ---- capture (GraphSet.capture calls these in order) ----
 
     def hooks_before_replay(self) -> list[Callable[[], None]]:
         """The forward pre-hooks of the region's modules, as calls to make before a replay; refuses unmarked ones."""
@@ -148,9 +128,8 @@ class GraphedRegion:
         self.replay_hooks = self.hooks_before_replay()
 
     def warm_up(self, passes: int) -> None:
-        """`passes` forwards on copies of the static inputs, each with `autograd.grad` of its output with respect to its
-        inputs and the parameters it reaches (make_graphed_callables' warm-up; autograd.grad accumulates into no
-        `.grad`, so no gradient hook fires)."""
+        """`passes` forwards on copies of the static inputs, each differentiated with `autograd.grad`, so no gradient
+        hook fires."""
         for _ in range(passes):
             inputs = _leaf_copies(self.static_inputs)
             output = self.fn(*inputs)
@@ -160,7 +139,7 @@ class GraphedRegion:
 
     def capture_forward(self) -> None:
         def forward() -> tuple[torch.Tensor, ...]:
-            # the output autograd differentiates: the captured one on CUDA, each replay's own with the stand-in
+            # the captured output on CUDA, each replay's own with the stand-in
             self.graph_output = self.fn(*self.static_inputs)
             return (self.graph_output,)
 
@@ -187,7 +166,7 @@ class GraphedRegion:
         self.backward_bytes = sent.snapshot()
         self.captured = True
 
-    # ---- replay (_ReplayedRegion calls these) ----------------------------------------------------------------
+    # ---- replay (_ReplayedRegion calls these) ----
 
     def replay_forward(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         self.graphs.replaying(self, backward=False)
@@ -221,7 +200,7 @@ def _leaf_copies(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
 
 
 class _ReplayedRegion(torch.autograd.Function):
-    """A captured region in autograd: its inputs and parameters in, its static output out (see the module)."""
+    """A captured region in autograd: its inputs and parameters in, its static output out."""
 
     @staticmethod
     def forward(ctx, region: GraphedRegion, input_count: int, *inputs_and_params: torch.Tensor) -> torch.Tensor:
@@ -236,10 +215,9 @@ class _ReplayedRegion(torch.autograd.Function):
 
 
 class GraphSet:
-    """The graphed regions of one model, in the order a micro-batch's forward calls them, with the backend that
-    captures them, the communicator that counts what they send and the warm-up passes before a capture. Nothing is
-    captured until `request_capture()`; then the first call of a region in training mode captures them all
-    (see the module docstring), and every replay must come in capture order."""
+    """The graphed regions of one model in a micro-batch's forward order, with their backend, communicator and warm-up
+    passes. After `request_capture()` the first training-mode call captures them all; replays must then come in capture
+    order."""
 
     def __init__(self, regions: Sequence[GraphedRegion], backend: GraphBackend, comm: Communicator,
                  device: torch.device) -> None:
@@ -251,20 +229,19 @@ class GraphSet:
         self.warmup_passes = 0
         self.arena: Optional[GradientArena] = None
         self.creation_bytes: dict[str, dict[str, int]] = {}
-        self._position = 0  # in the replay order: forwards 0..n-1, then backwards n-1..0
+        self._position = 0  # forwards 0..n-1, then backwards n-1..0
 
     @property
     def captured(self) -> bool:
         return self.arena is not None
 
     def request_capture(self, warmup_passes: int) -> None:
-        """Capture every region at the next call of one in training mode, after `warmup_passes` warm-up passes each."""
+        """Capture every region at the next training-mode call, after `warmup_passes` warm-up passes each."""
         if not self.captured:
             self.capture_pending, self.warmup_passes = True, warmup_passes
 
     def capture(self, caller: GraphedRegion, inputs: Sequence[torch.Tensor]) -> None:
-        """Capture every region, shaping their static inputs like `inputs` (every region takes the hidden states of
-        one micro-batch; one that reads no attention mask takes the first input alone)."""
+        """Capture every region, shaping their static inputs like `inputs`."""
         if caller.index != 0:
             raise RuntimeError(f"CUDA graphs: the capture starts at the first region of a micro-batch's forward, not "
                                f"at {caller.name}")

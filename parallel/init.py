@@ -1,22 +1,6 @@
-"""Initial parameter values as a pure function of (seed, parameter name, element index).
-
-A parameter's initial values are defined on its *whole* tensor (the TP=1 tensor, row-major), element
-by element: element e of parameter `name` is a standard normal computed from a counter-based
-generator keyed by (seed, name) at counter e, times the parameter's std. Nothing depends on what was
-drawn before, so a rank computes exactly the elements it owns (its TP slice; at ZeRO stage 3 only the
-DP shard of that slice) at a cost proportional to them, never to the model, and a model materialized
-at any TP x DP grid and ZeRO stage holds bitwise the slices of the TP=1 model.
-
-The generator is SplitMix64 (Steele, Lea and Flood, 2014): the i-th output of a stream is a bijective
-mix of key + (i+1) * golden gamma. It runs as int64 tensor ops on the target device (multiplication
-wraps, as unsigned 64-bit arithmetic needs), so a GPU computes its own shard at memory speed. Two
-24-bit uniforms from each 64-bit output go through the Box-Muller transform in float64 before the
-result is rounded to float32, so CPU and CUDA agree on the values.
-
-Modules built on the meta device carry an `InitMethod` on each parameter (`param.init_method`);
-`materialize` gives such a module real memory and fills it. ZeRO (`zero.apply`) instead fills its
-flat buffers directly from `ParameterInitializer.values`, so no rank ever holds a full-size copy.
-"""
+"""Initial parameter values as a pure function of (seed, parameter name, element index): a counter-based SplitMix64
+stream per parameter, Box-Muller in float64, so a rank draws only the elements it owns and any TP x DP grid and ZeRO
+stage holds bitwise the TP=1 model's slices, on CPU and CUDA alike."""
 
 from __future__ import annotations
 
@@ -30,26 +14,22 @@ from torch import nn
 
 from parallel.sharding import ShardingRecord, record_of
 
-# SplitMix64's constants, as the signed int64 values with the same bits.
+# SplitMix64's constants as signed int64 values with the same bits
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)
 _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX2 = 0x94D049BB133111EB - (1 << 64)
-# Elements computed per pass: bounds the temporaries (about 40 bytes an element) whatever the size.
+# elements per pass: bounds the temporaries (about 40 bytes an element)
 CHUNK_ELEMENTS = 1 << 20
 
 
-# What a uniform draw u becomes (InitMethod.uniform's `then`): Mamba-2's A_log = log(A) for A ~ U[1, 16], and its
-# dt_bias, softplus's inverse of dt = exp(u) for u ~ U[log dt_min, log dt_max], dt at least a floor (Megatron-Core's
-# MambaMixer.__init__)
+# what a uniform draw becomes: Mamba-2's A_log and its dt_bias (Megatron-Core's MambaMixer)
 UNIFORM_TRANSFORMS = ("log", "exp_floor_inverse_softplus")
 
 
 @dataclass(frozen=True)
 class InitMethod:
-    """How a parameter starts: normal(0, std) when std > 0, uniform on [low, high) (then `transform`d) when
-    high > low, else the constant. With `rows`, only the first `rows` rows (dimension 0 of the whole tensor: the
-    real vocabulary of a padded embedding) are drawn and later rows are zero, so padding does not change any drawn
-    value."""
+    """How a parameter starts: normal(0, std) when std > 0, uniform on [low, high) (then transformed) when high > low,
+    else the constant. With `rows` only the first rows are drawn, so vocabulary padding changes no drawn value."""
     std: float = 0.0
     constant: float = 0.0
     rows: Optional[int] = None
@@ -66,7 +46,7 @@ class InitMethod:
         return cls(low=low, high=high, transform=then, floor=floor)
 
     def from_uniform(self, unit: torch.Tensor) -> torch.Tensor:
-        """Values from float64 uniforms on [0, 1): scaled to [low, high), then transformed, as float32."""
+        """Values from float64 uniforms on [0, 1): scaled to [low, high), transformed, as float32."""
         values = unit.mul_(self.high - self.low).add_(self.low)
         if self.transform == "log":
             values = values.log_()
@@ -96,7 +76,7 @@ def set_init_method(param: nn.Parameter, method: InitMethod) -> nn.Parameter:
 
 
 def _logical_shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
-    """Unsigned z >> bits for int64 tensors (torch's >> is arithmetic)."""
+    """Unsigned z >> bits for int64 tensors."""
     return (z >> bits).bitwise_and_((1 << (64 - bits)) - 1)
 
 
@@ -109,28 +89,27 @@ def _splitmix(key: int, counters: torch.Tensor) -> torch.Tensor:
 
 
 def unit_uniforms(key: int, counters: torch.Tensor) -> torch.Tensor:
-    """float64 uniforms on [0, 1) with 53 random bits, one per int64 counter, for the stream `key`."""
+    """float64 uniforms on [0, 1) with 53 random bits, one per counter."""
     return _logical_shift_right(_splitmix(key, counters), 11).to(torch.float64).mul_(2.0 ** -53)
 
 
 def standard_normals(key: int, counters: torch.Tensor) -> torch.Tensor:
-    """float32 standard normals, one per int64 counter, for the stream `key` (a signed 64-bit int)."""
+    """float32 standard normals, one per counter."""
     z = _splitmix(key, counters)
-    # u1 in (0, 1] (log stays finite), u2 in [0, 1): 24 bits each.
+    # u1 in (0, 1] so log stays finite; 24 bits each
     u1 = _logical_shift_right(z, 40).add_(1).to(torch.float64).mul_(2.0 ** -24)
     u2 = (z >> 8).bitwise_and_(0xFFFFFF).to(torch.float64).mul_(2.0 * math.pi * 2.0 ** -24)
     return u1.log_().mul_(-2.0).sqrt_().mul_(u2.cos_()).to(torch.float32)
 
 
 def stream_key(seed: int, name: str) -> int:
-    """The generator key of parameter `name` under `seed`, as a signed 64-bit int."""
     digest = hashlib.blake2b(f"{seed}\0{name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
 
 
 class ParameterInitializer:
-    """Computes any range of any parameter's initial values for a run seeded `seed`: a parameter's sharding
-    record (parallel/sharding.py) says which slice of its whole tensor it is, so a rank draws its own elements."""
+    """Computes any range of any parameter's initial values for `seed`: the sharding record says which slice of the
+    whole tensor a parameter is."""
 
     def __init__(self, seed: int) -> None:
         if seed < 0:
@@ -139,8 +118,8 @@ class ParameterInitializer:
 
     def values(self, name: str, param: torch.Tensor, local_start: int, count: int,
                device: torch.device) -> torch.Tensor:
-        """float32 initial values of `param`'s flattened local elements [local_start, local_start+count)
-        on `device`. `param` may be a meta tensor: only its shape and attributes are read."""
+        """float32 initial values of `param`'s flattened local elements [local_start, local_start+count) on `device`;
+        `param` may be a meta tensor."""
         method: Optional[InitMethod] = getattr(param, "init_method", None)
         if method is None:
             raise ValueError(f"parameter {name!r} has no init_method: it was not built by our layers "
@@ -170,9 +149,8 @@ class ParameterInitializer:
         dim = record.split_dim
         if dim is None:
             return local
-        # Split the local index at the split dimension: (outer, position along it, inner). The whole
-        # tensor has the same outer and inner extents and a longer extent along the dimension; this
-        # rank's positions start at its slice's offset along it.
+        # the local index split at the split dimension (outer, along, inner); this rank's positions start at its slice's
+        # offset
         inner = math.prod(record.local_shape[dim + 1:])
         local_block = record.local_shape[dim] * inner
         outer, within = local.div(local_block, rounding_mode="floor"), local.remainder(local_block)
@@ -180,8 +158,7 @@ class ParameterInitializer:
         return outer.mul_(whole_block).add_(within).add_(record.global_offset[dim] * inner)
 
     def fill(self, name: str, param: torch.Tensor, out: torch.Tensor, local_start: int = 0) -> torch.Tensor:
-        """Write `param`'s local elements [local_start, local_start + out.numel()) into the flat
-        tensor `out` (any dtype and device), chunk by chunk."""
+        """Write `param`'s local elements from `local_start` into the flat tensor `out`, chunk by chunk."""
         flat = out.view(-1)
         for begin in range(0, flat.numel(), CHUNK_ELEMENTS):
             n = min(CHUNK_ELEMENTS, flat.numel() - begin)
@@ -191,15 +168,9 @@ class ParameterInitializer:
 
 def replace_parameters(module: nn.Module, replacements: dict[int, tuple[nn.Parameter, torch.Tensor]],
                        parameter_class: type = nn.Parameter) -> dict[int, nn.Parameter]:
-    """For each `id(old): (old, data)`, put a new Parameter over `data` in every module that holds
-    `old` (a tied parameter has several owners), keeping its attributes (its sharding record,
-    init_method). Returns id(old) -> the new parameter. Needed to leave the meta device: a meta
-    tensor's `.data` cannot be set to a real one. One walk over the modules, whatever the count.
-    `parameter_class`: nn.Parameter or a subclass of it (ZeRO's overlapped gather makes gated ones).
-
-    The new parameter's data is *set* to `data`, not wrapped: a view wrapped as a Parameter would share
-    its base's version counter, and ZeRO writes into the base (gathering a stage-3 chunk again for
-    backward) while autograd still holds the parameter for that backward."""
+    """For each `id(old): (old, data)`, put a new Parameter over `data` in every module that holds `old`, keeping its
+    attributes; returns id(old) -> the new parameter. The data is *set*, not wrapped: a wrapped view would share its
+    base's version counter, which ZeRO's gathers write while autograd holds the parameter."""
     new_params = {}
     for key, (old, data) in replacements.items():
         new = parameter_class(torch.empty(0, dtype=data.dtype, device=data.device), requires_grad=old.requires_grad)
@@ -215,10 +186,8 @@ def replace_parameters(module: nn.Module, replacements: dict[int, tuple[nn.Param
 
 def materialize(module: nn.Module, seed: int, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Give every meta parameter of `module` memory on `device` in `dtype`, filled with its initial
-    values (the slice its sharding record names). Parameters already materialized are left as they are.
-    The pairs a submodule names in `adjacent_parameters()` get one allocation, the second's elements right after
-    the first's (gpt/mlp.py: SwiGLU's gate and up, then one GEMM), as ZeRO's flat buffers lay them out."""
+    """Give every meta parameter of `module` memory on `device` in `dtype`, filled with its initial values. The pairs in
+    `adjacent_parameters()` share one allocation, as ZeRO's flat buffers lay them out."""
     initializer = ParameterInitializer(seed)
     device = torch.device(device)
     names = {id(param): name for name, param in module.named_parameters()}

@@ -1,7 +1,5 @@
-"""Where this process sits in its launch, from the environment torchrun, SLURM or OpenMPI's mpirun set: its rank,
-the world and node sizes, the rendezvous address and port (`read_launch_environment`), and SLURM's hostlists
-(`expand_nodelist`). Every value is checked before use: a bad one is one line naming the variable, exit 2.
-parallel/state.py builds the process groups from it."""
+"""Where this process sits in its launch, from the environment torchrun, SLURM or OpenMPI's mpirun set: rank, world and
+node sizes, the rendezvous address, and SLURM's hostlists. A bad value is one line naming the variable, exit 2."""
 
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ DEFAULT_MASTER_PORT = 29500
 
 @dataclass(frozen=True)
 class LaunchEnvironment:
-    """Where this process sits in the launch, as torchrun or SLURM describe it."""
+    """Where this process sits in the launch."""
     launcher: str  # "torchrun", "slurm" or "none"
     rank: int = 0
     world_size: int = 1
@@ -28,13 +26,8 @@ class LaunchEnvironment:
 
 
 def read_launch_environment(environ: Mapping[str, str] = os.environ) -> LaunchEnvironment:
-    """torchrun's variables win over SLURM's: `srun torchrun ...` sets both, and torchrun's ranks are
-    the ones the processes actually have.
-
-    Every value read is checked first: a bad one is a LaunchEnvironmentError naming the variable (one line, exit
-    2, before any work), never an int() traceback or a silent exit. Half of torchrun's pair (WORLD_SIZE
-    without RANK, or the reverse) is refused rather than taken for a single-process run: a launch
-    that meant N processes would otherwise train as one, silently."""
+    """torchrun's variables win over SLURM's (`srun torchrun` sets both). Every value is checked first, and half of
+    torchrun's pair is refused, since a launch that meant N processes would otherwise train as one."""
     has_rank, has_world = "RANK" in environ, "WORLD_SIZE" in environ
     if has_rank != has_world:
         present, missing = ("RANK", "WORLD_SIZE") if has_rank else ("WORLD_SIZE", "RANK")
@@ -76,13 +69,8 @@ OPENMPI_RANKS = (("OMPI_COMM_WORLD_RANK", "RANK"), ("OMPI_COMM_WORLD_LOCAL_RANK"
 
 
 def adopt_openmpi_ranks(environ: MutableMapping[str, str] = os.environ) -> Optional[str]:
-    """--use-mpi: OpenMPI's ranks become torchrun's variables, which every reader here takes first, as llm-jp's
-    Megatron-LM fork does in parse_args (megatron/training/arguments.py, `if args.use_mpi:` copies
-    OMPI_COMM_WORLD_RANK, _LOCAL_RANK and _SIZE into RANK, LOCAL_RANK and WORLD_SIZE); the local size
-    comes along so that the thread rule sees the processes per node. MASTER_ADDR and MASTER_PORT are the
-    launch script's (llm-jp's exports them before mpirun). Where mpirun did not start this process the fork
-    would write rank 0 of 1 over any launcher's ranks; here they are left as they are and the line returned
-    says so (None when OpenMPI's were taken)."""
+    """--use-mpi: OpenMPI's ranks become torchrun's variables, as llm-jp's fork does in parse_args. Where mpirun did not
+    start this process they are left as they are and the returned line says so (None when OpenMPI's were taken)."""
     if "OMPI_COMM_WORLD_RANK" not in environ or "OMPI_COMM_WORLD_SIZE" not in environ:
         return ("--use-mpi: OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE are not set (this process was not started by "
                 "OpenMPI's mpirun); ranks come from torchrun or SLURM as without it")
@@ -93,8 +81,8 @@ def adopt_openmpi_ranks(environ: MutableMapping[str, str] = os.environ) -> Optio
 
 
 def use_openmpi_ranks(use_mpi: bool) -> list[str]:
-    """pretrain_gpt.py's --use-mpi, before anything reads the launch: OpenMPI's ranks adopted and checked as
-    torchrun's are (a bad value is one line, exit 2); the line to say when mpirun did not start this process."""
+    """pretrain_gpt.py's --use-mpi, before anything reads the launch; returns the line to say when mpirun did not start
+    us."""
     if not use_mpi:
         return []
     not_mpirun = adopt_openmpi_ranks()
@@ -141,7 +129,7 @@ def _port(environ: Mapping[str, str]) -> int:
 
 
 def _slurm_tasks_per_node(environ: Mapping[str, str]) -> Optional[int]:
-    # Forms like "4", "4(x2)" or "4(x2),3": the first node's count is what a TP group lands on.
+    # "4", "4(x2)" or "4(x2),3": the first node's count is what a TP group lands on
     for variable in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
         match = re.match(r"\s*(\d+)", environ.get(variable, ""))
         if match:
@@ -150,11 +138,8 @@ def _slurm_tasks_per_node(environ: Mapping[str, str]) -> Optional[int]:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand a SLURM hostlist: "dgx[001-004,007],other5" -> dgx001 ... dgx004, dgx007, other5.
-
-    Zero padding follows the range's first bound ("001-004"); several bracket groups in one name
-    ("rack[1-2]-node[01-02]") expand as a product, in SLURM's order.
-    """
+    """Expand a SLURM hostlist: "dgx[001-004,007],other5" -> dgx001 ... dgx004, dgx007, other5; zero padding and several
+    bracket groups as SLURM does."""
     hosts: list[str] = []
     for item in _split_top_level(nodelist.strip()):
         hosts.extend(_expand_host(item))
@@ -162,7 +147,6 @@ def expand_nodelist(nodelist: str) -> list[str]:
 
 
 def _split_top_level(text: str) -> list[str]:
-    """Split on commas outside brackets."""
     items, depth, start = [], 0, 0
     for i, char in enumerate(text):
         if char == "[":

@@ -1,22 +1,7 @@
-"""Linear and embedding layers that own a tensor-parallel slice of their weight.
-
-The GPT model is built only from these classes, so the same model code serves every TP size. Layers are built on the
-meta device: construction allocates and draws nothing. Each parameter carries its `InitMethod` (parallel/init.py),
-defining its values on the whole TP=1 tensor element by element, so whoever materializes it computes only this
-rank's slice, and a model at TP=k holds exactly the slices of the model at TP=1. At TP=1 each layer is exactly
-`nn.Linear` / `nn.Embedding`. Sharded parameters carry a sharding record (parallel/sharding.py) so the initializer,
-ZeRO's gradient norm and the checkpoint tell them from replicated ones without knowing the model.
-
-A column-parallel linear enters its TP region with `copy`, a row-parallel one leaves with `reduce`
-(parallel/mappings.py). With `sequence_parallel=True` (Megatron-Core's ColumnParallelLinear / RowParallelLinear
-argument) the tensors outside the TP regions hold this rank's slice of the sequence: a column-parallel linear
-all-gathers the sequence (backward: reduce-scatter), a row-parallel linear reduce-scatters its partial sums (backward:
-all-gather), and the embedding reduce-scatters its partial lookups (Megatron's `reduce_scatter_embeddings`).
-As Megatron's, the linear keeps its input split and gathers it again in backward (parallel/regathered_input.py).
-
-A linear's GEMM is its `linear` attribute, a function of (input, weight, bias): F.linear as built; gradient accumulation
-fusion's LinearIntoMainGrad (parallel/grad_accumulation_fusion.py, set by zero/fused_accumulation.py once ZeRO holds
-the main gradients) or the FP8 linear (gpt/fp8.py) replace it."""
+"""Linear and embedding layers that own a tensor-parallel slice of their weight, built on the meta device: each
+parameter's InitMethod defines the whole TP=1 tensor, so a model at TP=k holds exactly the TP=1 model's slices. With
+`sequence_parallel` the tensors outside TP regions hold a slice of the sequence. A linear's GEMM is its replaceable
+`linear` attribute."""
 
 from __future__ import annotations
 
@@ -42,8 +27,8 @@ from parallel.state import ParallelState
 
 def meta_parameter(shape: tuple[int, ...], init: InitMethod, state: Optional[ParallelState] = None,
                    split_dim: int | None = None, real_rows: Optional[int] = None) -> nn.Parameter:
-    """A parameter with a shape and an initialisation but no memory yet: with `split_dim`, this TP rank's slice
-    along it of the whole tensor, without, the whole tensor (its sharding record, parallel/sharding.py, says which)."""
+    """A parameter with a shape and an initialisation but no memory yet: with `split_dim` this TP rank's slice along
+    it."""
     param = set_init_method(nn.Parameter(torch.empty(shape, device="meta")), init)
     if split_dim is None:
         return set_record(param, whole_record(shape, real_rows))
@@ -58,23 +43,18 @@ def _check_divisible(size: int, state: ParallelState, what: str) -> None:
 
 
 class ColumnParallelLinear(nn.Module):
-    """Y = X A^T + b with A split along its output (row) dimension: each rank computes Y's columns
-    for its slice of the outputs. The input must be identical on all ranks of the TP group.
-
-    The output stays split (the next layer is usually row-parallel and wants exactly that slice)
-    unless `gather_output=True`, which all-gathers the full Y on every rank.
-    """
+    """Y = X A^T + b with A split along its outputs; the output stays split unless `gather_output`. The input must be
+    identical on all ranks of the TP group."""
 
     def __init__(self, input_size: int, output_size: int, *, state: ParallelState, init_std: float,
                  bias: bool = True, gather_output: bool = False,
                  sequence_parallel: bool = False, real_rows: Optional[int] = None):
-        """`real_rows`: of the output features, how many are real where the rest pad the vocabulary (the untied
-        output layer's; its sharding record says so)."""
+        """`real_rows`: of the output features, how many are real where the rest pad the vocabulary."""
         super().__init__()
         _check_divisible(output_size, state, "column-parallel output size")
         self.input_size, self.output_size = input_size, output_size
         self.state, self.gather_output, self.sequence_parallel = state, gather_output, sequence_parallel
-        self.linear = F.linear  # the GEMM (module docstring)
+        self.linear = F.linear
         local = output_size // state.tensor_parallel_size
         self.weight = meta_parameter((local, input_size), InitMethod.normal(init_std), state, split_dim=0,
                                      real_rows=real_rows)
@@ -84,9 +64,8 @@ class ColumnParallelLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def entered(self, hidden: torch.Tensor) -> contextlib.AbstractContextManager[torch.Tensor]:
-        """The input as every rank of the region needs it, for the GEMMs run inside the block: whole (gathered along
-        the sequence under sequence parallelism, kept for backward as this rank's slice: parallel/regathered_input.py).
-        Layers that share one input (SwiGLU's gate and up) enter once."""
+        """The input as every rank of the region needs it, for the GEMMs inside the block: gathered along the sequence
+        under SP, kept for backward as this rank's slice. Layers that share one input enter once."""
         return entered_region(hidden, self.state, self.sequence_parallel)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -97,20 +76,15 @@ class ColumnParallelLinear(nn.Module):
 
 def entered_region(hidden: torch.Tensor, state: ParallelState, sequence_parallel: bool
                    ) -> contextlib.AbstractContextManager[torch.Tensor]:
-    """A column-parallel region's entry (ColumnParallelLinear.entered) for GEMMs that are not one linear's."""
+    """A column-parallel region's entry for GEMMs that are not one linear's."""
     if sequence_parallel:
         return gathered_for(hidden, state)
     return contextlib.nullcontext(copy_to_tensor_parallel_region(hidden, state))
 
 
 class RowParallelLinear(nn.Module):
-    """Y = X A^T + b with A split along its input (column) dimension: each rank holds a slice of the
-    input features and produces a partial sum of Y; the partial sums are all-reduced over the TP group.
-    The bias is replicated and added once, after the reduce.
-
-    By default the input is already split (`input_is_parallel=True`: it is a column-parallel layer's
-    output); otherwise each rank keeps its slice of the full input.
-    """
+    """Y = X A^T + b with A split along its inputs: partial sums all-reduced over TP (reduce-scattered under SP), the
+    replicated bias added once after. `input_is_parallel`: the input is already this rank's slice."""
 
     def __init__(self, input_size: int, output_size: int, *, state: ParallelState, init_std: float,
                  bias: bool = True, input_is_parallel: bool = True,
@@ -122,7 +96,7 @@ class RowParallelLinear(nn.Module):
                              "(input_is_parallel=True), as Megatron-Core's RowParallelLinear asserts")
         self.input_size, self.output_size = input_size, output_size
         self.state, self.input_is_parallel, self.sequence_parallel = state, input_is_parallel, sequence_parallel
-        self.linear = F.linear  # the GEMM (module docstring)
+        self.linear = F.linear
         local = input_size // state.tensor_parallel_size
         self.weight = meta_parameter((output_size, local), InitMethod.normal(init_std), state, split_dim=1)
         if bias:
@@ -133,7 +107,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.state.tensor_parallel_size == 1:
-            # Nothing to reduce: keep the bias inside the GEMM, exactly nn.Linear.
+            # nothing to reduce: exactly nn.Linear
             return self.linear(hidden, self.weight, self.bias)
         if not self.input_is_parallel:
             hidden = scatter_to_tensor_parallel_region(hidden, self.state)
@@ -142,17 +116,14 @@ class RowParallelLinear(nn.Module):
         output = leave(self.linear(hidden, self.weight), self.state)
         if self.bias is None:
             return output
-        # Under sequence parallelism the bias meets only this rank's slice of the sequence: its gradient
-        # is summed over the TP group (Megatron-Core marks it `sequence_parallel` for finalize_model_grads).
+        # under SP the bias meets only this rank's slice: its gradient is summed over TP
         return output + (copy_to_tensor_parallel_region(self.bias, self.state) if self.sequence_parallel else self.bias)
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int,
                       pad_to: Optional[int] = None) -> int:
-    """Round the vocabulary up to a multiple of divisible_by x TP (fast GEMM shapes, equal shards), or
-    to exactly `pad_to` (BigScience's --pad-vocab-size-to, Megatron-LM's --padded-vocab-size), which
-    must hold the vocabulary and split evenly over TP. (BigScience also asks for a multiple of
-    divisible_by; Megatron-LM does not, and the math is the same, so neither is asked here.)"""
+    """Round the vocabulary up to a multiple of divisible_by x TP, or to exactly `pad_to` (--padded-vocab-size), which
+    must hold it and split evenly over TP."""
     if pad_to is not None:
         if pad_to < vocab_size or pad_to % tensor_parallel_size:
             raise ValueError(f"--pad-vocab-size-to {pad_to} must be at least the vocabulary ({vocab_size}) and "
@@ -163,17 +134,9 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: 
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Token embedding whose rows (the padded vocabulary) are split across TP ranks.
-
-    Only the first `vocab_size` rows are drawn; padding rows are zeros. The values of a row do not
-    depend on the padded size, so a model padded for another TP size has the same real rows.
-
-    Each rank looks up only the ids in its row range [vocab_start_index, vocab_end_index) and
-    contributes zeros for the others; the all-reduce over the TP group adds the one non-zero row.
-    With `reduce_scatter_output` (sequence parallelism with nothing to add before the split, Megatron-Core's
-    `reduce_scatter_embeddings`) a reduce-scatter along the sequence adds them instead, and each rank
-    keeps its slice of the sequence.
-    """
+    """Token embedding whose padded vocabulary rows are split across TP ranks; padding rows are zeros and real rows do
+    not depend on the padding. Each rank looks up its own ids and the all-reduce (or, with `reduce_scatter_output`, a
+    reduce-scatter along the sequence) adds them."""
 
     def __init__(self, vocab_size: int, padded_size: int, embedding_dim: int, *, state: ParallelState,
                  init_std: float, reduce_scatter_output: bool = False):
@@ -191,7 +154,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.state.tensor_parallel_size == 1:
-            # No masking: an out-of-range id must fail here as in nn.Embedding, not become a zero row.
+            # no masking: an out-of-range id must fail here as in nn.Embedding
             return F.embedding(token_ids, self.weight)
         outside = (token_ids < self.vocab_start_index) | (token_ids >= self.vocab_end_index)
         local_ids = (token_ids - self.vocab_start_index).masked_fill(outside, 0)

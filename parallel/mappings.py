@@ -1,23 +1,6 @@
-"""Autograd collectives that mark the entry and exit of a tensor-parallel region.
-
-Each function is one half of a pair whose forward and backward are each other's transposes:
-
-    copy_to_tensor_parallel_region      forward: identity          backward: all-reduce
-    reduce_from_tensor_parallel_region  forward: all-reduce        backward: identity
-    scatter_to_tensor_parallel_region   forward: keep my chunk     backward: all-gather   (last dim)
-    gather_from_tensor_parallel_region  forward: all-gather        backward: keep my chunk (last dim)
-    gather_last_dim_summing_backward    forward: all-gather        backward: reduce-scatter (last dim)
-
-A column-parallel linear enters with `copy`, a row-parallel linear leaves with `reduce`; at TP=1 every function
-returns its input. Under sequence parallelism (Korthikanti et al. 2022) the regions between hold each rank's slice
-of dim 1 of our [batch, sequence, hidden] (Megatron-Core's dim 0), moved by three more pairs:
-
-    scatter_to_sequence_parallel_region         forward: keep my chunk     backward: all-gather
-    gather_from_sequence_parallel_region        forward: all-gather        backward: reduce-scatter
-    reduce_scatter_to_sequence_parallel_region  forward: reduce-scatter    backward: all-gather
-
-A gather's backward reduce-scatters where ranks hold partial gradients of the whole (the sequence before a column-
-parallel linear; the QKV output under fewer key/value groups than TP ranks). All use the TP group's Communicator."""
+"""Autograd collectives that mark the entry and exit of a tensor-parallel region, each the transpose of its pair
+(copy/reduce, scatter/gather, and under sequence parallelism the sequence scatter, gather and reduce-scatter along our
+dim 1), and the experts' row exchanges along dim 0. At TP=1 every function returns its input."""
 
 from __future__ import annotations
 
@@ -28,8 +11,7 @@ from parallel.state import ParallelState
 
 
 def _all_reduce(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    # Reduce into a fresh buffer: the incoming tensor may be shared with another autograd branch
-    # (an add hands one gradient to both inputs) or still be read by its producer.
+    # reduce into a fresh buffer: the incoming tensor may be shared with another autograd branch
     reduced = tensor.clone(memory_format=torch.contiguous_format)
     state.comm.all_reduce(reduced, state.tensor_parallel_group, "tp")
     return reduced
@@ -45,7 +27,7 @@ def _keep_last_dim_chunk(tensor: torch.Tensor, state: ParallelState) -> torch.Te
 
 
 def _gather_last_dim(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    # The single-tensor all-gather concatenates along dim 0, so gather with the last dim in front.
+    # the single-tensor all-gather concatenates along dim 0
     leading = tensor.movedim(-1, 0).contiguous()
     gathered = leading.new_empty((leading.shape[0] * state.tensor_parallel_size, *leading.shape[1:]))
     state.comm.all_gather(gathered, leading, state.tensor_parallel_group, "tp")
@@ -65,7 +47,6 @@ def _keep_sequence_chunk(tensor: torch.Tensor, state: ParallelState) -> torch.Te
 
 
 def gather_sequence(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    # The single-tensor all-gather concatenates along dim 0: gather with the sequence in front.
     leading = tensor.movedim(SEQUENCE_DIM, 0).contiguous()
     gathered = leading.new_empty((leading.shape[0] * state.tensor_parallel_size, *leading.shape[1:]))
     state.comm.all_gather(gathered, leading, state.tensor_parallel_group, "tp")
@@ -229,17 +210,9 @@ def reduce_scatter_to_sequence_parallel_region(tensor: torch.Tensor, state: Para
     return _ReduceScatterToSequenceParallelRegion.apply(tensor, state)
 
 
-# ---- expert parallelism: collectives over a group given by the caller (gpt/moe/dispatchers.py) ----------------
-#
-# The token dispatchers move rows (tokens) along dim 0 over the expert groups of ParallelState.experts. Each
-# function takes the communicator, the group and its name (for the byte counters), and is the identity over a
-# group of one. The pairs, as Megatron-Core's megatron/core/tensor_parallel/mappings.py defines them (_AllToAll,
-# _GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion, there along dim 0 too):
-#
-#     all_to_all                        forward: all-to-all (splits)   backward: all-to-all (splits swapped)
-#     gather_along_first_dim            forward: all-gather            backward: reduce-scatter
-#     reduce_scatter_along_first_dim    forward: reduce-scatter        backward: all-gather
-#     sum_gradient_over                 forward: identity              backward: all-reduce
+# ---- expert parallelism: collectives over a group the caller gives (gpt/moe/dispatchers.py) ---- The pairs as
+# Megatron-Core's tensor_parallel/mappings.py defines them: all-to-all with splits swapped, all-gather and
+# reduce-scatter, identity and all-reduce.
 
 
 def _all_to_all_rows(tensor: torch.Tensor, comm, group, group_name: str, output_splits: list[int],
@@ -273,7 +246,7 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         comm, group, group_name, output_splits, input_splits = ctx.args
-        # The gradient of a row goes back to the rank that sent it: the same exchange, splits swapped.
+        # a row's gradient goes back to its sender: the same exchange, splits swapped
         return _all_to_all_rows(grad_output, comm, group, group_name, input_splits, output_splits), \
             None, None, None, None, None
 
@@ -302,14 +275,14 @@ class _ReduceScatterAlongFirstDim(torch.autograd.Function):
 
 def all_to_all(tensor: torch.Tensor, comm, group, group_name: str, output_splits: list[int],
                input_splits: list[int]) -> torch.Tensor:
-    """Rows of `tensor` (dim 0) in `input_splits` to each group rank; what each sent this rank, in `output_splits`."""
+    """Rows of `tensor` in `input_splits` to each group rank; what each sent this rank, in `output_splits`."""
     if group_size(group) == 1:
         return tensor
     return _AllToAll.apply(tensor, comm, group, group_name, list(output_splits), list(input_splits))
 
 
 def gather_along_first_dim(tensor: torch.Tensor, comm, group, group_name: str) -> torch.Tensor:
-    """Every group rank's `tensor` (equal shapes) concatenated along dim 0, in group-rank order."""
+    """Every group rank's `tensor` concatenated along dim 0, in group-rank order."""
     size = group_size(group)
     if size == 1:
         return tensor
@@ -317,7 +290,7 @@ def gather_along_first_dim(tensor: torch.Tensor, comm, group, group_name: str) -
 
 
 def reduce_scatter_along_first_dim(tensor: torch.Tensor, comm, group, group_name: str) -> torch.Tensor:
-    """The sum over the group of `tensor`, this rank's 1/size of the rows (in group-rank order)."""
+    """The sum over the group of `tensor`, this rank's 1/size of the rows."""
     size = group_size(group)
     if size == 1:
         return tensor
@@ -339,8 +312,7 @@ class _SumGradientOver(torch.autograd.Function):
 
 
 def sum_gradient_over(tensor: torch.Tensor, comm, group, group_name: str) -> torch.Tensor:
-    """`tensor` unchanged; in backward its gradient summed over the group (copy_to_tensor_parallel_region over any
-    group): a parameter replicated over the group whose ranks each see part of what it acts on."""
+    """`tensor` unchanged; in backward its gradient summed over the group."""
     if group_size(group) == 1:
         return tensor
     return _SumGradientOver.apply(tensor, comm, group, group_name)

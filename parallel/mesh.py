@@ -1,22 +1,6 @@
-"""The named mesh of parallel dimensions: each dimension's name, size, this rank's coordinate on it and
-its group (torchtitan's `ParallelDims`, torchtitan/distributed/parallel_dims.py, is the model).
-
-The dimensions are ordered outermost first, ("pp", "dp", "cp", "tp"), which is Megatron's rank order: TP
-fastest, then CP (context parallelism, parallel/context_parallel.py), then DP, then PP (Megatron-Core's
-`RankGenerator` with its default order "tp-cp-ep-dp-pp"), so with torchrun/SLURM's node-major ranks a TP
-group stays inside a node:
-
-    world 8, TP 2 (PP 1):   rank = (pp x DP + dp) x TP + tp
-        tp groups {0,1} {2,3} {4,5} {6,7}     dp groups {0,2,4,6} {1,3,5,7}     pp groups {0} ... {7}
-
-    world 8, PP 2 x TP 2:   pp groups {0,4} {1,5} {2,6} {3,7}   (stage = rank // (DP x TP))
-
-    world 8, CP 2 x TP 2:   rank = (dp x CP + cp) x TP + tp
-        tp groups {0,1} {2,3} {4,5} {6,7}     cp groups {0,2} {1,3} {4,6} {5,7}     dp groups {0,4} {1,5} {2,6} {3,7}
-
-Without pipeline stages (or context parallelism) that dimension has size 1: every rank is stage 0 of a pipeline of one. A
-group of one is None: collectives over it are skipped (parallel/comm.py).
-"""
+"""The named mesh of parallel dimensions (torchtitan's ParallelDims): each dimension's size, this rank's coordinate and
+its group, outermost first ("pp", "dp", "cp", "tp"), Megatron's rank order with TP fastest so a TP group stays inside a
+node. A group of one is None: collectives over it are skipped."""
 
 from __future__ import annotations
 
@@ -31,8 +15,8 @@ MESH_DIM_NAMES = ("pp", "dp", "cp", "tp")  # outermost first
 class MeshDim:
     name: str
     size: int
-    coordinate: int  # this rank's, in [0, size)
-    group: Optional[Any] = None  # the process group along this dimension; None while size is 1
+    coordinate: int
+    group: Optional[Any] = None  # None while size is 1
 
 
 @dataclass(frozen=True)
@@ -43,8 +27,7 @@ class ParallelDims:
     @classmethod
     def of_rank(cls, rank: int, sizes: Mapping[str, int],
                 groups: Optional[Mapping[str, Any]] = None) -> "ParallelDims":
-        """Rank `rank`'s coordinates on a mesh of `sizes` ({"pp": ..., "dp": ..., "tp": ...}; a missing
-        name has size 1), and the groups given for it (a dimension of size 1 gets None)."""
+        """Rank `rank`'s coordinates on a mesh of `sizes` (a missing name has size 1), with the groups given for it."""
         unknown = set(sizes) - set(MESH_DIM_NAMES)
         if unknown:
             raise ValueError(f"unknown mesh dimensions {sorted(unknown)}; the mesh has {MESH_DIM_NAMES}")
@@ -89,40 +72,27 @@ class ParallelDims:
         return self.rank_at(self.coordinates)
 
     def rank_at(self, coordinates: Mapping[str, int]) -> int:
-        """The global rank at `coordinates` (every dimension named)."""
         rank = 0
         for dim in self.dims:
             rank = rank * dim.size + coordinates[dim.name]
         return rank
 
     def group_ranks(self, name: str) -> list[int]:
-        """The global ranks of this rank's group along `name`: its coordinates, `name`'s varied."""
+        """The global ranks of this rank's group along `name`."""
         return [self.rank_at({**self.coordinates, name: index}) for index in range(self[name].size)]
 
 
-# ---- the experts' own grid (Megatron-Core's "parallel folding") ------------------------------------------
-#
-# An MoE layer's experts lay the same ranks out on a grid of their own (megatron/core/parallel_state.py,
-# initialize_model_parallel: the expert RankGenerator with order "tp-ep-dp-pp", tp = the expert tensor-parallel
-# size, dp = the expert data-parallel size, pp the same stages). Within a pipeline stage the TP x DP ranks are
-# refolded as ETP x EP x EDP, ETP fastest:
-#
-#     rank = (pp x EDP + edp) x (EP x ETP) + ep x ETP + etp,     EDP = DP x TP / (EP x ETP)
-#
-#     world 4, TP 2, EP 2, ETP 1:   ep groups {0,1} {2,3}   edp groups {0,2} {1,3}   (the dense TP and DP groups)
-#     world 4, TP 2, EP 2, ETP 2:   etp groups {0,1} {2,3}  ep groups {0,2} {1,3}    edp groups {0} ... {3}
-#
-# The expert data-parallel group holds the ranks with the same experts: expert gradients are reduced and
-# ZeRO partitions expert states over it, not over the dense DP group.
+# ---- the experts' own grid (Megatron-Core's "parallel folding") ---- Within a stage the TP x DP ranks are refolded as
+# ETP x EP x EDP, ETP fastest; the expert data-parallel group holds the ranks with the same experts, over which their
+# gradients are reduced and ZeRO partitions their states.
 
 EXPERT_MESH_DIM_NAMES = ("pp", "edp", "ep", "etp")  # outermost first
 
 
 def expert_mesh_sizes(sizes: Mapping[str, int], expert_model_parallel_size: int,
                       expert_tensor_parallel_size: int) -> dict[str, int]:
-    """The expert grid's sizes over the dense mesh `sizes` ({"pp", "dp", "cp", "tp"}); ValueError naming the flags
-    when EP x ETP does not divide the ranks of a stage (DP x CP x TP), as Megatron requires (its expert
-    data-parallel size is world / (PP x EP x ETP): context parallelism folds into the experts' DP)."""
+    """The expert grid's sizes over the dense mesh `sizes`; ValueError naming the flags when EP x ETP does not divide
+    the ranks of a stage (CP folds into the experts' DP)."""
     ep, etp = expert_model_parallel_size, expert_tensor_parallel_size
     if ep < 1:
         raise ValueError(f"--expert-model-parallel-size must be at least 1, got {ep}")
@@ -137,7 +107,7 @@ def expert_mesh_sizes(sizes: Mapping[str, int], expert_model_parallel_size: int,
 
 
 def expert_coordinates(rank: int, expert_sizes: Mapping[str, int]) -> dict[str, int]:
-    """Rank `rank`'s coordinates on the expert grid (EXPERT_MESH_DIM_NAMES' sizes)."""
+    """Rank `rank`'s coordinates on the expert grid."""
     coordinates, rest = {}, rank
     for name in reversed(EXPERT_MESH_DIM_NAMES):  # the innermost dimension varies fastest
         rest, coordinates[name] = divmod(rest, expert_sizes[name])
@@ -152,9 +122,8 @@ def expert_rank_at(coordinates: Mapping[str, int], expert_sizes: Mapping[str, in
 
 
 def expert_groups(expert_sizes: Mapping[str, int], names: tuple[str, ...]) -> list[list[int]]:
-    """Every group spanning the expert dimensions `names` (e.g. ("ep",), or ("ep", "etp") for Megatron's
-    expert tensor-and-model group), in one order every rank agrees on; within a group the ranks ascend with
-    the first of `names` outermost (for ("ep", "etp"): etp fastest, as in Megatron's "tp-ep")."""
+    """Every group spanning the expert dimensions `names`, in one order every rank agrees on, the last of `names`
+    fastest."""
     others = [name for name in EXPERT_MESH_DIM_NAMES if name not in names]
     spanned = [name for name in EXPERT_MESH_DIM_NAMES if name in names]
     groups = []
@@ -165,20 +134,17 @@ def expert_groups(expert_sizes: Mapping[str, int], names: tuple[str, ...]) -> li
 
 
 def _product(sizes: Mapping[str, int]) -> list[dict[str, int]]:
-    """Every coordinate over `sizes`, the last name fastest."""
     points: list[dict[str, int]] = [{}]
     for name, size in sizes.items():
         points = [{**point, name: index} for point in points for index in range(size)]
     return points
 
 
-# ---- hierarchical context parallelism (--hierarchical-context-parallel-sizes) ------------------------------------
+# ---- hierarchical context parallelism (--hierarchical-context-parallel-sizes) ----
 
 def hierarchical_groups(ranks: Sequence[int], sizes: Sequence[int]) -> list[list[list[int]]]:
-    """Megatron-Core's create_hierarchical_groups (parallel_state.py) over one group's `ranks`: per level k, the
-    groups of sizes[k] ranks, `einops.rearrange(ranks, "(l s u) -> (l u) s")` with u = prod(sizes[:k]) and
-    l = prod(sizes[k+1:]). Over a CP group of 4 at sizes (2, 2): level 0 (a2a+p2p's all-to-all) {0,1} {2,3}, level 1
-    (its ring) {0,2} {1,3}: CP rank r is member r % 2 of the first and r // 2 of the second."""
+    """Megatron-Core's create_hierarchical_groups over one group's `ranks`: per level k, the groups of sizes[k] ranks.
+    CP 4 at (2, 2): level 0 {0,1} {2,3}, level 1 {0,2} {1,3}."""
     if math.prod(sizes) != len(ranks):
         raise ValueError(f"hierarchical sizes {list(sizes)} multiply to {math.prod(sizes)}, not the {len(ranks)} ranks")
     levels = []

@@ -1,16 +1,6 @@
-"""Random-number streams for tensor parallelism: one shared by the TP group, one private to each rank.
-
-Dropout must agree across TP ranks where they hold the same activation (the residual stream): there the default
-generator runs. Inside a TP region each rank holds its own slice, so code runs under `tracker.fork()`, a generator
-seeded `seed + 2718 + tensor_parallel_rank` (Megatron's offset); under sequence parallelism the residual stream's
-dropout forks too (gpt/model.py), as Megatron-Core's. Each pipeline stage starts both from `seed + 100 x pp_rank`
-(Megatron-LM's _set_random_seed): stage 1 seeded as stage 0 would repeat its masks. A rank's virtual chunks continue
-its stream. The DP rank is in neither seed, but for + 10 x it under --data-parallel-random-init, as Megatron-LM's.
-`get_states()`/`set_states()` capture all four states (CPU and CUDA), for checkpoints and recompute.
-
-Under CUDA graphs (training/cuda_graphs.py) `graph_safe` keeps the private CUDA stream as a generator state object
-swapped by reference and registered with each graph (`graph_generators`), as Megatron-Core's CudaRNGStatesTracker with
-use_cudagraphable_rng, which Megatron-LM turns on with --cuda-graph-impl. Outside a capture it draws the same."""
+"""Random-number streams for tensor parallelism: the default generator, shared by the TP group, and a private one per
+rank forked inside TP regions (seed + 2718 + TP rank), each stage seeded + 100 x its pipeline rank, as Megatron-LM's
+_set_random_seed. Under CUDA graphs the private stream is a registered generator state."""
 
 from __future__ import annotations
 
@@ -22,24 +12,19 @@ import torch
 from parallel.state import ParallelState
 
 TENSOR_PARALLEL_SEED_OFFSET = 2718
-PIPELINE_SEED_OFFSET = 100  # a stage's seed: --seed + 100 x its pipeline rank (Megatron-LM's _set_random_seed)
-DATA_PARALLEL_SEED_OFFSET = 10  # and + 10 x the DP rank under --data-parallel-random-init (the same function)
+PIPELINE_SEED_OFFSET = 100
+DATA_PARALLEL_SEED_OFFSET = 10  # and + 10 x the DP rank under --data-parallel-random-init
 _STATE_KEYS = ("default_cpu", "default_cuda", "tensor_parallel_cpu", "tensor_parallel_cuda")
 
 
 class TensorParallelRNG:
-    """Owns the TP-private RNG state and seeds the shared (default) one.
-
-    Creating it reseeds torch's default generators (CPU, and CUDA when the state's device is a GPU)
-    with `seed` + 100 x the pipeline rank (`stage_seed`): build it once, at the start of a run, before any randomness
-    that must agree.
-    """
+    """Owns the TP-private RNG state and seeds the shared one; creating it reseeds torch's default generators, so build
+    it once, before any randomness that must agree."""
 
     def __init__(self, seed: int, state: ParallelState, graph_safe: bool = False,
                  data_parallel_random_init: bool = False):
-        """`graph_safe`: the private CUDA stream as a state object a CUDA graph can register (see the module);
-        nothing changes on a CPU. `data_parallel_random_init`: the seed + 10 x the DP rank too (Megatron-LM's
-        --data-parallel-random-init)."""
+        """`graph_safe`: the private CUDA stream as a state object a CUDA graph can register; nothing changes on a
+        CPU."""
         self.device = state.device
         self.on_cuda = state.device.type == "cuda"
         self.graph_safe = graph_safe and self.on_cuda
@@ -47,11 +32,11 @@ class TensorParallelRNG:
             + (DATA_PARALLEL_SEED_OFFSET * state.data_parallel_rank if data_parallel_random_init else 0)
         self.tensor_parallel_seed = self.stage_seed + TENSOR_PARALLEL_SEED_OFFSET + state.tensor_parallel_rank
         self._forked = False
-        # Draw the private states by seeding the real generators, then set the shared seed last.
+        # seed the real generators to draw the private states, then set the shared seed last
         torch.manual_seed(self.tensor_parallel_seed)
         self._tp_cpu = torch.get_rng_state()
         self._tp_cuda = None
-        if self.graph_safe:  # Megatron-Core's tracker.add: `_get_cuda_rng_state(clone=True, graph_safe=True)`
+        if self.graph_safe:  # Megatron-Core's tracker.add(graph_safe=True)
             self._tp_cuda = self._cuda_generator().clone_state()
         elif self.on_cuda:
             self._tp_cuda = torch.cuda.get_rng_state(self.device)
@@ -59,13 +44,12 @@ class TensorParallelRNG:
 
     def _cuda_generator(self) -> torch.Generator:
         """The default CUDA generator of this state's device."""
-        torch.cuda.init()  # default_generators is empty until CUDA is initialised (torch.cuda.get_rng_state does it)
+        torch.cuda.init()  # default_generators is empty until CUDA is initialised
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         return torch.cuda.default_generators[index]
 
     def graph_generators(self) -> list[torch.Generator]:
-        """The CUDA generator states a graph capturing a fork must register: the device's default one and this
-        rank's private one (graph_safe only; none otherwise)."""
+        """The CUDA generator states a graph capturing a fork must register (graph_safe only)."""
         return [self._cuda_generator(), self._tp_cuda] if self.graph_safe else []
 
     @contextlib.contextmanager
@@ -76,7 +60,7 @@ class TensorParallelRNG:
         self._forked = True
         default_cpu = torch.get_rng_state()
         torch.set_rng_state(self._tp_cpu)
-        if self.graph_safe:  # by reference, as Megatron-Core's fork under use_cudagraphable_rng
+        if self.graph_safe:
             generator = self._cuda_generator()
             default_cuda = generator.graphsafe_get_state()
             generator.graphsafe_set_state(self._tp_cuda)
@@ -109,7 +93,6 @@ class TensorParallelRNG:
         }
 
     def _private_cuda_state(self) -> torch.Tensor:
-        """A copy of the private CUDA stream's state as a tensor, whichever way it is held."""
         return self._tp_cuda.get_state() if self.graph_safe else self._tp_cuda.clone()
 
     def set_states(self, states: dict[str, torch.Tensor | None]) -> None:
@@ -131,6 +114,5 @@ class TensorParallelRNG:
 
 
 def dropout_stream(rng: "TensorParallelRNG | None"):
-    """The rank's private dropout stream where `rng` is given (a split region: the heads of attention, a
-    sequence-parallel slice), else the shared one."""
+    """The rank's private dropout stream where `rng` is given (a split region), else the shared one."""
     return rng.fork() if rng is not None else contextlib.nullcontext()

@@ -1,19 +1,6 @@
-"""A sequence-parallel column-parallel linear's gathered input, kept for backward as this rank's slice only.
-
-Under sequence parallelism a column-parallel linear all-gathers its input along the sequence before the GEMM; the
-weight gradient needs that whole input again in backward. Megatron-Core's LinearWithGradAccumulationAndAsyncCommuni-
-cation saves the *sharded* input and all-gathers it again in backward; autograd alone would keep the gathered one, TP
-times the bytes. `gathered_for(hidden, state)` gathers, and while its block is open, every tensor autograd saves that
-is the gathered tensor (or a view of it: F.linear saves a 2-d view) is kept as the slice `hidden` and a re-gather:
-the first unpack in backward gathers once for every consumer of that entry (SwiGLU's gate and up, the output layer's
-cross entropy), the same bits, so losses are unchanged. One all-gather per entry in backward, in order (gloo runs one
-stream; the GEMMs it feeds wait on it either way).
-
-It is a saved-tensor hook that composes: the hooks outside (zero/activations.py's SavedTensorMeter) pack what is kept,
-the slice, so they count the bytes actually held. Under torch.compile (compiled blocks) and outside autograd the
-gathered input is returned as it is, saved whole (gpt/shape.py's count does not know --compile yet). A GEMM that keeps
-a cast of its input rather than the input (the FP8 linear's per-tensor recipes) asks `regathered_state` and keeps its
-cast's slice (`keep_slice`, `gather_slice`)."""
+"""A sequence-parallel column-parallel linear's gathered input, kept for backward as this rank's slice only and gathered
+again at its first use in backward, as Megatron-Core's linear does (autograd alone would keep TP times the bytes). A
+saved-tensor hook, so outer meters count the slice; compiled blocks save it whole."""
 
 from __future__ import annotations
 
@@ -53,14 +40,13 @@ class _View:
 
 @contextlib.contextmanager
 def gathered_for(hidden: torch.Tensor, state: ParallelState) -> Iterator[torch.Tensor]:
-    """`hidden` (this rank's slice of the sequence) gathered, its consumers inside the block saving only the slice
-    (module docstring)."""
+    """`hidden` (this rank's slice of the sequence) gathered, its consumers inside the block saving only the slice."""
     whole = gather_from_sequence_parallel_region(hidden, state)
     if (state.tensor_parallel_size == 1 or not torch.is_grad_enabled() or not whole.requires_grad
             or torch.compiler.is_compiling()):
         yield whole
         return
-    whole._regathered_from = state  # for a GEMM that keeps a cast of its input (regathered_state)
+    whole._regathered_from = state
     outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
     outer_pack, outer_unpack = outer if outer is not None else (None, None)
     slice_ = hidden.detach()
@@ -84,20 +70,20 @@ def gathered_for(hidden: torch.Tensor, state: ParallelState) -> Iterator[torch.T
 
 
 def regathered_state(tensor: torch.Tensor) -> Optional[ParallelState]:
-    """Where `tensor` is an entry's gathered input whose consumers keep this rank's slice, the TP state it was gathered
-    over (a GEMM keeping a cast of it, the FP8 linear's, keeps the cast's slice and gathers that: `keep_slice`)."""
+    """The TP state `tensor` was gathered over where it is an entry's gathered input, so a GEMM keeping a cast of it
+    keeps the cast's slice instead."""
     return getattr(tensor, "_regathered_from", None)
 
 
 def keep_slice(rows: torch.Tensor, batch: int, state: ParallelState) -> torch.Tensor:
-    """This rank's slice of the sequence of `rows` ([batch x sequence, width], a cast of a gathered input), contiguous."""
+    """This rank's slice of the sequence of `rows` ([batch x sequence, width]), contiguous."""
     whole = rows.reshape(batch, -1, rows.shape[-1])
     chunk = whole.shape[1] // state.tensor_parallel_size
     return whole.narrow(1, state.tensor_parallel_rank * chunk, chunk).contiguous()
 
 
 def gather_slice(kept: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """`keep_slice`'s rows gathered again, [batch x sequence, width], the same bytes (FP8 travels as uint8)."""
+    """`keep_slice`'s rows gathered again, the same bytes (FP8 travels as uint8)."""
     as_bytes = kept.view(torch.uint8) if kept.element_size() == 1 else kept
     whole = gather_sequence(as_bytes, state).view(kept.dtype)
     return whole.reshape(-1, kept.shape[-1])

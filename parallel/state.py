@@ -1,22 +1,5 @@
-"""The process grid every other module is handed: ranks, groups, the device and the communicator.
-
-A `ParallelState` is built once by `initialize()` and passed explicitly to whatever needs a group or a rank; nothing
-reads parallel layout from module globals. With one process it describes a single process with no process group,
-what `python pretrain_gpt.py` runs on a laptop. The grid is parallel/mesh.py's named mesh ("pp", "dp", "cp", "tp"):
-each dimension's size, this rank's coordinate and its group (`state.dims["tp"]`); the flat fields
-(tensor_parallel_size, data_parallel_rank, ...) are read-only views of it. TP groups are runs of consecutive ranks,
-so with node-major rank order a TP group stays inside a node (NVLink for its per-layer all-reduces); DP groups are
-strided across nodes:
-
-    world 8, TP 4:   TP groups {0,1,2,3} {4,5,6,7}      DP groups {0,4} {1,5} {2,6} {3,7}
-    tensor_parallel_rank = rank % TP,   data_parallel_rank = rank // TP
-
-Launched, the groups come from a torch `DeviceMesh` ((DP, TP), or (PP, DP, TP) with stages: `state.mesh`); with
-stages each rank also keeps Megatron's embedding group (first and last stage), where a tied embedding's gradient is
-summed. An MoE model's experts lay the same ranks out on a grid of their own (Megatron-Core's parallel folding):
-`with_expert_parallel` gives `state.experts` its expert-parallel, expert tensor-parallel and expert data-parallel
-groups (without it the dense grid's, EP 1). The state also carries the process's `Communicator` (parallel/comm.py),
-the one door to collectives and its byte counters: `state.comm`."""
+"""The process grid every other module is handed: a `ParallelState` built once by `initialize()` and passed explicitly,
+with the mesh's ranks and groups, Megatron's special groups, the experts' grid and the communicator."""
 
 from __future__ import annotations
 
@@ -43,39 +26,24 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ParallelState:
     device: torch.device
-    # Where this rank sits: ("pp", "dp", "tp") sizes, coordinates and groups (parallel/mesh.py).
     dims: ParallelDims = field(default_factory=ParallelDims.single_process)
-    # The (dp, tp) DeviceMesh; None without a process group. DTensor-based code can build on it.
     mesh: Optional[DeviceMesh] = field(default=None, compare=False, repr=False)
-    # Every collective goes through this object, which counts the bytes this rank sends.
     comm: Communicator = field(default_factory=Communicator, compare=False, repr=False)
-    # Megatron's embedding group: {first stage, last stage} of this rank's (dp, tp) pipeline, over which a
-    # tied word embedding's two copies all-reduce their gradient. None unless this rank is on one of
-    # those stages of a pipeline of more than one stage.
+    # Megatron's embedding group: first and last stage, where a tied embedding's copies sum their gradient
     embedding_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
-    # Megatron's --num-distributed-optimizer-instances: how ZeRO cuts its partitions over the DP group.
     optimizer_instances: "OptimizerInstances" = field(default_factory=lambda: OptimizerInstances(), compare=False,
                                                       repr=False)
-    # The experts' own grid (--expert-model-parallel-size, --expert-tensor-parallel-size), set by
-    # with_expert_parallel; None is no expert parallelism (read it through `experts`).
+    # None is no expert parallelism (read it through `experts`)
     expert_grid: Optional["ExpertParallel"] = field(default=None, compare=False, repr=False)
-    # With context parallelism, Megatron's "dp-cp" group: the DP x CP ranks of this rank's (pp, tp), over which
-    # gradients are averaged and ZeRO's partition is cut (each CP rank's gradient is its chunks' share of the
-    # sequence's). None while CP is 1 (the DP group is that group then) or DP x CP is 1.
+    # Megatron's "dp-cp" group; None while CP is 1
     data_context_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
-    # With pipeline stages, Megatron's tensor-and-data-parallel group with context parallelism: the TP x CP x DP
-    # ranks of this rank's stage (parallel_state.py's _TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP, FP8's amax
-    # reduction group, gpt/fp8.py). None while PP is 1 (every rank is the stage: the default group) or the
-    # stage is one rank.
+    # the TP x CP x DP ranks of this stage, FP8's amax group; None while PP is 1
     stage_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
-    # --hierarchical-context-parallel-sizes (Megatron's _HIERARCHICAL_CONTEXT_PARALLEL_GROUPS): the sizes, and this
-    # rank's group at each level (parallel/mesh.py hierarchical_groups over its CP group; None where a level is one
-    # rank); () without them. --cp-comm-type a2a+p2p runs its all-to-all over level 0 and its ring over level 1.
+    # a2a+p2p runs its all-to-all over level 0 and its ring over level 1
     hierarchical_context_sizes: tuple[int, ...] = ()
     hierarchical_context_groups: tuple = field(default=(), compare=False, repr=False)
 
-    # Read-only views of `dims`, the names every other module uses. A group is None while its size is 1:
-    # collectives over a group of one are skipped.
+    # a group is None while its size is 1
     @property
     def rank(self) -> int:
         return self.dims.rank
@@ -120,9 +88,7 @@ class ParallelState:
     def context_parallel_group(self) -> Optional[dist.ProcessGroup]:
         return self.dims["cp"].group
 
-    # Megatron's data-parallel group "with context parallel" (parallel_state.get_data_parallel_group(
-    # with_context_parallel=True)): the ranks holding the same weights, whose gradients are averaged. Without CP
-    # it is the DP group; its rank order is the global one, dp major, cp minor.
+    # the ranks whose gradients are averaged: dp major, cp minor
     @property
     def data_context_parallel_size(self) -> int:
         return self.data_parallel_size * self.context_parallel_size
@@ -135,9 +101,7 @@ class ParallelState:
     def data_context_parallel_group(self) -> Optional[dist.ProcessGroup]:
         return self.data_context_group if self.context_parallel_size > 1 else self.data_parallel_group
 
-    # ZeRO's partition: over the whole DP x CP group (Megatron's distributed optimizer shards over "dp-cp"), or
-    # with several optimizer instances over this rank's instance (`optimizer_instances`), the partition then
-    # replicated across the instances.
+    # ZeRO's partition: over DP x CP, or this rank's optimizer instance
     @property
     def partition_size(self) -> int:
         return self.optimizer_instances.shard_size or self.data_context_parallel_size
@@ -155,12 +119,10 @@ class ParallelState:
 
     @property
     def partition_replica_group(self) -> Optional[dist.ProcessGroup]:
-        """The same partition's copies, one per optimizer instance (None with one instance)."""
         return self.optimizer_instances.replica_group
 
     @property
     def partition_replica_index(self) -> int:
-        """Which optimizer instance this rank belongs to (0 with one)."""
         instances = self.optimizer_instances
         return self.data_parallel_rank // instances.shard_size if instances.count > 1 else 0
 
@@ -185,21 +147,19 @@ class ParallelState:
         return self.pipeline_parallel_rank == self.pipeline_parallel_size - 1
 
     def stage_rank(self, stage: int) -> int:
-        """The global rank of pipeline stage `stage` (modulo the stages) at this rank's (dp, tp)."""
+        """The global rank of pipeline stage `stage` at this rank's (dp, tp)."""
         return self.dims.rank_at({**self.dims.coordinates, "pp": stage % self.pipeline_parallel_size})
 
     @property
     def experts(self) -> "ExpertParallel":
-        """The experts' groups; without expert parallelism the dense grid's (EP 1, ETP = TP, EDP = DP)."""
         return self.expert_grid if self.expert_grid is not None else _dense_experts(self)
 
     @property
     def is_first_rank(self) -> bool:
-        """The rank that prints, writes metrics.jsonl and talks to W&B."""
         return self.rank == 0
 
     def place(self) -> str:
-        """'rank 1 (TP 1/2, PP 0/1, DP 0/1, CP 0/1, EP 0/1)': where this rank sits, for an error it alone met."""
+        """Where this rank sits, for an error it alone met."""
         coordinates = ", ".join(f"{name} {rank}/{size}" for name, rank, size in (
             ("TP", self.tensor_parallel_rank, self.tensor_parallel_size),
             ("PP", self.pipeline_parallel_rank, self.pipeline_parallel_size),
@@ -211,12 +171,7 @@ class ParallelState:
 
 @dataclass(frozen=True)
 class ExpertParallel:
-    """This rank's place on the experts' grid (parallel/mesh.py, Megatron-Core's parallel folding): the
-    expert-parallel group (ranks holding different experts; tokens travel between them), the expert
-    tensor-parallel group (one expert's matrices split), the expert data-parallel group (ranks holding the
-    same experts: expert gradients are reduced and ZeRO partitions expert states over it), and the expert
-    tensor-and-model group (ETP x EP: the all-gather dispatcher's). A group of one is None. The default is
-    no expert parallelism on one process."""
+    """This rank's place on the experts' grid: EP, ETP, EDP and ETP x EP groups (None for a group of one)."""
     model_size: int = 1
     model_rank: int = 0
     model_group: Optional[object] = None
@@ -227,9 +182,6 @@ class ExpertParallel:
     data_rank: int = 0
     data_group: Optional[object] = None
     tensor_and_model_group: Optional[object] = None
-    # Megatron-LM's --num-distributed-optimizer-instances over the expert data-parallel group
-    # (megatron/core/parallel_state.py: _INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP, blocks of EDP / N ranks, and
-    # _INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP, the same partition's copies): the experts' ZeRO partition.
     optimizer_instances: "OptimizerInstances" = field(default_factory=lambda: OptimizerInstances(), compare=False)
 
     @property
@@ -238,15 +190,12 @@ class ExpertParallel:
 
     @property
     def tensor_and_model_rank(self) -> int:
-        """This rank's place in the ETP x EP group (ETP fastest, as Megatron's "tp-ep")."""
         return self.model_rank * self.tensor_size + self.tensor_rank
 
 
 def with_expert_parallel(state: "ParallelState", expert_model_parallel_size: int,
                          expert_tensor_parallel_size: Optional[int] = None) -> "ParallelState":
-    """`state` with the experts' groups (a collective: every rank calls it, in the same order). The expert
-    tensor-parallel size defaults to the tensor-parallel size, as Megatron-LM's validate_args sets it; then with
-    EP 1 the experts' grid is the dense one and its groups are the dense groups (no new group)."""
+    """`state` with the experts' groups (a collective). Expert TP defaults to TP; with EP 1 the dense groups serve."""
     etp = state.tensor_parallel_size if expert_tensor_parallel_size is None else expert_tensor_parallel_size
     sizes = expert_mesh_sizes(state.dims.sizes, expert_model_parallel_size, etp)
     mine = expert_coordinates(state.rank, sizes)
@@ -257,7 +206,7 @@ def with_expert_parallel(state: "ParallelState", expert_model_parallel_size: int
         for ranks in expert_groups(sizes, names):
             if len(ranks) == 1:
                 continue
-            group = dist.new_group(ranks)  # every rank creates every group, as new_group requires
+            group = dist.new_group(ranks)
             if state.rank in ranks:
                 groups[key] = group
     experts = ExpertParallel(sizes["ep"], mine["ep"], groups.get("ep"), sizes["etp"], mine["etp"], groups.get("etp"),
@@ -286,24 +235,16 @@ def _virtual_experts(state: "ParallelState", expert_model_parallel_size: int,
 
 @dataclass(frozen=True)
 class OptimizerInstances:
-    """Megatron-LM's --num-distributed-optimizer-instances N (megatron/core/parallel_state.py,
-    initialize_model_parallel): the DP ranks in N contiguous blocks of DP / N ("intra-partial" DP groups), the
-    optimizer state sharded within each block and replicated across them; the same partition's copies form an
-    "inter" group. The same idea as ZeRO++'s hpZ and MiCS: the gradient reduce-scatter and the parameter
-    all-gather stay inside a block (a node, say), only the reduced shard crosses blocks (an all-reduce).
-
-        DP 4, N 2:   blocks {dp 0, 1} {dp 2, 3}      copies of a partition {dp 0, 2} {dp 1, 3}
-
-    With N = 1 (the default) there is one block, the DP group itself, and no copies."""
+    """--num-distributed-optimizer-instances N: the DP ranks in N contiguous blocks, the optimizer state sharded within
+    each and replicated across them, so only the reduced shard crosses blocks."""
     count: int = 1
-    shard_size: int = 0  # ranks per block (DP / N); 0 with one instance (the DP size then)
+    shard_size: int = 0
     shard_group: Optional[object] = None
     replica_group: Optional[object] = None
 
 
 def check_optimizer_instances(count: int, data_parallel_size: int, context_parallel_size: int = 1) -> None:
-    """The one rule (Megatron asserts it too: "Data parallel size should be divisible by partial DistOpt shard
-    factor"), as a ValueError naming the flag; and not beside context parallelism (not built here)."""
+    """DP must divide by the instances, as a ValueError naming the flag."""
     if count > 1 and context_parallel_size > 1:
         raise ValueError(f"--num-distributed-optimizer-instances {count} with --context-parallel-size "
                          f"{context_parallel_size} is not implemented: use one optimizer instance with context "
@@ -315,9 +256,6 @@ def check_optimizer_instances(count: int, data_parallel_size: int, context_paral
 
 
 def check_expert_optimizer_instances(count: int, expert_data_parallel_size: int) -> None:
-    """Megatron-LM's initialize_model_parallel asserts "Expert data parallel size should be divisible by partial
-    DistOpt shard factor" (megatron/core/parallel_state.py): the experts' optimizer is cut into the same number
-    of instances over the expert data-parallel group."""
     if count > 1 and expert_data_parallel_size % count:
         raise ValueError(f"--num-distributed-optimizer-instances {count} must divide the expert data-parallel size "
                          f"{expert_data_parallel_size} too (the experts' optimizer is cut into as many instances, as "
@@ -326,9 +264,7 @@ def check_expert_optimizer_instances(count: int, expert_data_parallel_size: int)
 
 
 def with_optimizer_instances(state: "ParallelState", count: int) -> "ParallelState":
-    """`state` with its DP group cut into `count` optimizer instances, and its expert DP group too where the
-    experts have their own grid (a collective: every rank calls it, in the same order). initialize() calls it;
-    a test that trains several layouts in one process group too."""
+    """`state` with its DP (and expert DP) group cut into `count` optimizer instances (a collective)."""
     if count == state.optimizer_instances.count:
         return state
     if state.expert_grid is not None:
@@ -341,9 +277,6 @@ def with_optimizer_instances(state: "ParallelState", count: int) -> "ParallelSta
 
 
 def _expert_optimizer_instance_groups(state: "ParallelState", count: int) -> OptimizerInstances:
-    """Megatron's intra- and inter-partial expert DP groups (create_hierarchical_groups over each expert DP
-    group with [EDP / N, N]): contiguous blocks of each expert DP group's ranks, and the same partition's copies
-    across them. Every rank creates every group, in one order, and keeps its own."""
     experts = state.expert_grid
     if count == 1:
         return OptimizerInstances()
@@ -363,8 +296,6 @@ def _expert_optimizer_instance_groups(state: "ParallelState", count: int) -> Opt
 
 
 def _optimizer_instance_groups(dims: ParallelDims, count: int) -> OptimizerInstances:
-    """Every rank creates every block and every copy group of every (pp, tp) DP group, in one order, as
-    new_group requires, and keeps its own."""
     check_optimizer_instances(count, dims["dp"].size)
     if count == 1:
         return OptimizerInstances()
@@ -385,10 +316,7 @@ def _optimizer_instance_groups(dims: ParallelDims, count: int) -> OptimizerInsta
 
 
 def resolve_device(name: str, local_rank: Optional[int] = None) -> torch.device:
-    """'auto' picks CUDA when present, else CPU; anything else must name an available device.
-
-    A CUDA device without an index becomes this process's GPU on its node (local rank modulo GPUs).
-    """
+    """'auto' picks CUDA when present; an unindexed CUDA device becomes this process's GPU on its node."""
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if name == "auto":
@@ -403,8 +331,7 @@ def resolve_device(name: str, local_rank: Optional[int] = None) -> torch.device:
 
 
 def check_grid_divides(world_size: int, tensor_parallel_size: int, pipeline_parallel_size: int) -> None:
-    """TP x PP must divide the launched processes (DP is what they leave); ValueError naming the flags. The
-    live launch (`initialize`) and the dry run of the same launch (planner/launch.py) ask the same."""
+    """TP x PP must divide the launched processes; ValueError naming the flags."""
     if world_size % tensor_parallel_size != 0:
         raise ValueError(
             f"--tensor-model-parallel-size {tensor_parallel_size} does not divide the {world_size} "
@@ -420,7 +347,6 @@ def check_grid_divides(world_size: int, tensor_parallel_size: int, pipeline_para
 
 def initialize_grid(device_name: str, parallel: "ParallelismConfig", timeout_minutes: float,
                     optimizer_instances: int = 1, store: Optional[dist.Store] = None) -> ParallelState:
-    """`initialize` with every size of the run's parallel section (parallel/config.py), in one place."""
     return initialize(device_name, parallel.tensor_model_parallel_size, timeout_minutes, store=store,
                       pipeline_parallel_size=parallel.pipeline_model_parallel_size,
                       optimizer_instances=optimizer_instances, context_parallel_size=parallel.context_parallel_size,
@@ -434,13 +360,8 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
                optimizer_instances: int = 1, context_parallel_size: int = 1, expert_model_parallel_size: int = 1,
                expert_tensor_parallel_size: Optional[int] = None, store: Optional[dist.Store] = None,
                hierarchical_context_parallel_sizes: Optional[Sequence[int]] = None) -> ParallelState:
-    """Build the PP x DP x CP x TP grid for this launch (torchrun, SLURM, or a plain single process), and the
-    experts' grid over the same ranks. `store`: the rendezvous store to build the groups on, where the caller keeps
-    one (an in-process restart's incarnation, resilience/inprocess_restart.py); else torchrun's or MASTER_PORT's.
-
-    Bad sizes raise ValueError naming the flag before any process group exists. The process group's
-    timeout turns a dead or hung peer into an error that ends the job instead of a job that hangs.
-    """
+    """Build the PP x DP x CP x TP grid and the experts' grid for this launch. `store`: the rendezvous store to build
+    on, else torchrun's. The timeout turns a hung peer into an error."""
     if tensor_parallel_size < 1:
         raise ValueError(f"--tensor-model-parallel-size must be at least 1, got {tensor_parallel_size}")
     if pipeline_parallel_size < 1:
@@ -461,7 +382,7 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     expert_sizes = expert_mesh_sizes({"pp": pipeline_parallel_size, "tp": tensor_parallel_size,
                                       "cp": context_parallel_size, "dp": launch.world_size // model_grid},
                                      expert_model_parallel_size, expert_tensor_parallel_size or tensor_parallel_size)
-    if expert_sizes["ep"] > 1 or expert_sizes["etp"] != tensor_parallel_size:  # the experts' own grid
+    if expert_sizes["ep"] > 1 or expert_sizes["etp"] != tensor_parallel_size:
         check_expert_optimizer_instances(optimizer_instances, expert_sizes["edp"])
     device = resolve_device(device_name, launch.local_rank)
     if device.type == "cuda":
@@ -474,8 +395,6 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
         _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size, device, launch, gpus_per_node)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(minutes=timeout_minutes)
-    # torchrun's agent store, one key space per restart (rendezvous/attempt_store.py: a restart under the static
-    # rendezvous otherwise reads the previous incarnation's addresses)
     if store is None:
         store = process_group_store(launch.master_addr, launch.master_port, timeout, os.environ)
     if store is not None:
@@ -487,12 +406,11 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     data_parallel_size = launch.world_size // model_grid
     sizes = {"pp": pipeline_parallel_size, "dp": data_parallel_size, "cp": context_parallel_size,
              "tp": tensor_parallel_size}
-    if pipeline_parallel_size == 1 and context_parallel_size == 1:  # the (dp, tp) mesh DTensor-based code builds on
+    if pipeline_parallel_size == 1 and context_parallel_size == 1:
         mesh = init_device_mesh(device.type, (data_parallel_size, tensor_parallel_size), mesh_dim_names=("dp", "tp"))
-    else:  # pp and cp only where they are more than one rank (as before CP existed with stages)
+    else:
         names = tuple(name for name in sizes if name in ("dp", "tp") or sizes[name] > 1)
         mesh = init_device_mesh(device.type, tuple(sizes[name] for name in names), mesh_dim_names=names)
-    # A dimension of size 1 has no group (None): its collectives are skipped.
     groups = {name: mesh.get_group(name) for name in sizes if sizes[name] > 1}
     dims = ParallelDims.of_rank(launch.rank, sizes, groups=groups)
     state = ParallelState(device=device, dims=dims, mesh=mesh, embedding_group=_embedding_group(dims),
@@ -504,8 +422,7 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
 
 
 def _embedding_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
-    """Megatron's embedding group (megatron/core/parallel_state.py: `embedding_ranks = [ranks[0], ranks[-1]]`
-    of each pipeline group): every rank creates every such group, as new_group requires, and keeps its own."""
+    """Megatron's embedding group (first and last rank of each pipeline group)."""
     stages = dims["pp"].size
     if stages == 1:
         return None
@@ -521,9 +438,7 @@ def _embedding_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
 
 
 def _data_context_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
-    """Megatron's "dp-cp" group of this rank (parallel_state.py builds it from the RankGenerator's "dp-cp"
-    token): the DP x CP ranks at this rank's (pp, tp), in global rank order. Every rank creates every such
-    group, as new_group requires, and keeps its own; None while CP is 1 (the DP group serves)."""
+    """Megatron's "dp-cp" group at this rank's (pp, tp); None while CP is 1."""
     if dims["cp"].size == 1:
         return None
     if dims["dp"].size == 1:
@@ -540,9 +455,7 @@ def _data_context_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
 
 
 def check_hierarchical_sizes(sizes: Optional[Sequence[int]], context_parallel_size: int) -> tuple[int, ...]:
-    """--hierarchical-context-parallel-sizes as a tuple (() where not given); ValueError unless each is at least 1
-    and they multiply to --context-parallel-size (Megatron-LM's validate_args and parallel_state assert the
-    product)."""
+    """--hierarchical-context-parallel-sizes as a tuple; ValueError unless they multiply to --context-parallel-size."""
     if not sizes:
         return ()
     if min(sizes) < 1 or math.prod(sizes) != context_parallel_size:
@@ -552,9 +465,6 @@ def check_hierarchical_sizes(sizes: Optional[Sequence[int]], context_parallel_si
 
 
 def _hierarchical_context_groups(dims: ParallelDims, sizes: tuple[int, ...]) -> tuple:
-    """This rank's group at each level of `sizes` (Megatron-Core's create_hierarchical_groups over each CP group,
-    parallel/mesh.py): every rank creates every group of more than one rank, as new_group requires, in the same
-    order; a level of one rank is None."""
     if not sizes:
         return ()
     mine: list = [None] * len(sizes)
@@ -571,16 +481,14 @@ def _hierarchical_context_groups(dims: ParallelDims, sizes: tuple[int, ...]) -> 
 
 
 def _stage_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
-    """The DP x CP x TP ranks of this rank's pipeline stage (Megatron's "tp-cp-dp" group of each stage), in global
-    rank order. Every rank creates every such group, as new_group requires, and keeps its own; None while PP is 1
-    (the default group is that group) or a stage is one rank."""
+    """The DP x CP x TP ranks of this rank's stage; None while PP is 1."""
     stages = dims["pp"].size
     per_stage = dims.world_size // stages
     if stages == 1 or per_stage == 1:
         return None
     mine = None
     for stage in range(stages):
-        ranks = list(range(stage * per_stage, (stage + 1) * per_stage))  # pp is the outermost dimension
+        ranks = list(range(stage * per_stage, (stage + 1) * per_stage))
         group = dist.new_group(ranks)
         if dims.rank in ranks:
             mine = group
@@ -604,9 +512,7 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
                   optimizer_instances: int = 1, context_parallel_size: int = 1, expert_model_parallel_size: int = 1,
                   expert_tensor_parallel_size: Optional[int] = None,
                   hierarchical_context_parallel_sizes: Optional[Sequence[int]] = None) -> ParallelState:
-    """One rank of a grid that is not launched (the planner, planner/plan.py): the ranks, sizes and
-    layout `initialize` would give rank `rank` of `world_size` processes, with groups that are only
-    their sizes and a communicator that counts and sends nothing."""
+    """One rank of a grid that is not launched (the planner), with groups that are only sizes."""
     if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
         raise ValueError(f"--tensor-model-parallel-size {tensor_parallel_size} does not divide --world-size "
                          f"{world_size}")
@@ -623,7 +529,6 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
     sizes = {"pp": pipeline_parallel_size, "dp": world_size // model_grid, "cp": context_parallel_size,
              "tp": tensor_parallel_size}
     dims = ParallelDims.of_rank(rank, sizes, groups={name: VirtualGroup(size) for name, size in sizes.items()})
-    # the embedding group as `_embedding_group` makes it: first and last stage, with more than one stage
     on_end_stage = dims["pp"].coordinate in (0, pipeline_parallel_size - 1)
     embedding_group = VirtualGroup(2) if pipeline_parallel_size > 1 and on_end_stage else None
     check_optimizer_instances(optimizer_instances, sizes["dp"], context_parallel_size)
@@ -650,6 +555,5 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
 
 
 def destroy(state: ParallelState) -> None:
-    """Tear down the process group built by `initialize` (end of training, end of a test)."""
     if state.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()

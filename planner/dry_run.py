@@ -1,22 +1,7 @@
-"""One rank of any grid, planned from the real code: build, materialize on the meta device, run one
-iteration, and measure what the rank would hold and send.
-
-`dry_run(config, cluster, rank)` does what `pretrain_gpt.py` does for that rank, with three changes: the device is
-`meta` (shapes, no memory, no arithmetic), the process grid is `virtual_state` (groups that are only sizes) and
-collectives go through `DryRunCommunicator` (the live byte accounting, no transport). The model, activation
-checkpointing, ZeRO's layout and storages, the gradient hooks and buckets (the trainer's own `training.build.build`,
-without dropout streams or compilation), the stage-3 gatherer and the train step itself (DataParallelTrainStep or
-PipelineTrainStep, with an observer: planner/plan_observer.py) run as live. So model-state bytes are the live
-measurement's (`zero.memory.measure_tensor_bytes`, equal to --report-memory), bytes per group and kind are the live
-`comm_bytes` of iteration 1, saved activations the live `SavedTensorMeter`'s; what a meta device cannot know is
-listed, not guessed (`UNKNOWNS`). With pipeline stages the rank runs its stage's slots (planner/pipeline_plan.py).
-
-Its cost is bounded: every layer is a real module with hooks and graph (about 0.02 s and 0.1 MB per layer and
-micro-batch on one core, measured at 100 and 400 layers of hidden 8192; repeated meta kernels are answered from
-planner/meta_kernels.py's cache, 0.053 s a layer without it), so a dry run plans at most `MAX_PLAN_LAYERS` layers
-(the deepest published Transformers have about 1,000; a million-layer typo would take a day), MTP layers among them,
-and at most `MAX_PLAN_EXPERTS` experts per layer (twice Switch-C's 2,048; about 4 ms each). A dry run still running
-after `PROGRESS_INTERVAL_S` says how far it is, one line at most that often."""
+"""One rank of any grid, planned from the real code: what `pretrain_gpt.py` does for that rank, on the `meta` device,
+with a virtual process grid and a counting communicator, so model states, bytes per group and saved activations are the
+live measurements'. What a meta device cannot know is listed, not guessed (`UNKNOWNS`). Bounded by `MAX_PLAN_LAYERS` and
+`MAX_PLAN_EXPERTS`."""
 
 from __future__ import annotations
 
@@ -69,10 +54,10 @@ UNKNOWNS = (
 class Cluster:
     world_size: int
     gpus_per_node: int
-    gpu_memory_bytes: Optional[int] = None  # None: no budget to compare with
-    device_type: str = "cuda"  # the device the run will use: it decides the attention kernel
-    host_memory_bytes: Optional[int] = None  # per node; None: no host budget to compare with
-    host_memory_source: str = ""  # where host_memory_bytes comes from when it is not --host-memory's
+    gpu_memory_bytes: Optional[int] = None
+    device_type: str = "cuda"  # decides the attention kernel
+    host_memory_bytes: Optional[int] = None
+    host_memory_source: str = ""
 
     @property
     def ranks_per_node(self) -> int:
@@ -90,65 +75,56 @@ class RankPlan:
     stage: int
     precision: str
     gradient_precision: str
-    parameters_total: int                # the whole model's parameters (tied counted once)
-    parameters_local: int                # Psi of this rank's TP shard
-    model_state_bytes: dict[str, int]    # parameters, gradients, master_weights, optimizer_states, total
+    parameters_total: int
+    parameters_local: int
+    model_state_bytes: dict[str, int]
     buffer_bytes: int                    # constant-size reduce buckets and scatter outputs (C_B)
-    host_model_state_bytes: dict[str, int]  # the same categories in host memory (offload), per rank
-    host_buffer_bytes: int               # host memory: constant buffers outside the model states (none today)
-    offload_copy_bytes: int              # --offload-param: the device copies of shards in flight at the peak
-    stage3_live_chunk_bytes: int         # the most gathered parameter bytes at once (stage 3)
+    host_model_state_bytes: dict[str, int]
+    host_buffer_bytes: int
+    offload_copy_bytes: int
+    stage3_live_chunk_bytes: int
     stage3_prefetch_elements: int
-    checkpoint_bytes: dict[str, int]     # checkpointed inputs kept: {"device", "host"}
-    # M_D's buffer (zero/checkpoint_buffer.py): a slot set per micro-batch in flight, allocated whole at the first
-    # checkpoint and held; the checkpoints in it are not in saved_activation_bytes. {"device", "host" (P_a+cpu)}
+    checkpoint_bytes: dict[str, int]
+    # M_D's buffer, held from the first checkpoint; its checkpoints are not in saved_activation_bytes
     contiguous_checkpoint_buffer_bytes: dict[str, int]
-    saved_activation_bytes: dict[str, int]  # peak saved for backward over the iteration: {"device", "host"}
-    block_saved_bytes: dict[str, int]    # one block's saved tensors: {"forward", "backward"} (recompute)
-    logits_bytes: int                    # one micro-batch's logits shard, in the training dtype
-    # the fp32 softmax the vocab-parallel loss keeps for backward: the main loss's and each MTP layer's (gpt/mtp.py)
+    saved_activation_bytes: dict[str, int]
+    block_saved_bytes: dict[str, int]
+    logits_bytes: int
+    # the loss's fp32 softmax, main and MTP
     loss_softmax_bytes: int
-    gradient_working_bytes: int          # the logits gradient and a block backward's (gpt/shape.py's widths)
-    step_working_bytes: int              # what the optimizer step allocates at its peak, copies included
-    # what a resume reads on this rank: its partition's master and moments, at any saved layout (checkpoint/global_load.py)
+    gradient_working_bytes: int
+    step_working_bytes: int
+    # a resume's read: its partition's master and moments
     checkpoint_read_bytes: int
-    parameter_gradient_bytes: int        # the largest gradient autograd hands the reducer (tied: summed)
-    transport_copy_bytes: dict[str, int]  # gloo's copy of the largest collective: {"passes", "step"}
-    process_baseline_bytes: int          # CPU: this process's RSS at the start of the plan (not in total)
-    comm_bytes: dict[str, dict[str, int]]  # per group and kind, one iteration (as in metrics.jsonl)
+    parameter_gradient_bytes: int
+    transport_copy_bytes: dict[str, int]
+    process_baseline_bytes: int  # CPU: this process's RSS at the start (not in total)
+    comm_bytes: dict[str, dict[str, int]]
     flops_per_iteration: float
     flops_per_gpu: float
-    total_bytes: int = 0                 # the run's peak: from iteration 2 on (the constant buffers held throughout)
-    first_iteration_bytes: int = 0       # iteration 1's peak (its constant buffers appear at its first reduction)
+    total_bytes: int = 0  # the run's peak: from iteration 2 on, with the constant buffers
+    first_iteration_bytes: int = 0  # iteration 1's peak (its constant buffers appear at its first reduction)
     budget_bytes: Optional[int] = None
     headroom_bytes: Optional[int] = None
-    host_total_bytes: int = 0            # this rank's host memory: offloaded states, buffer, P_a+cpu checkpoints,
-                                         # the staged checkpoint
-    # --async-save: the copy of this rank's checkpoint files a save stages in host memory and holds until they are
-    # written (checkpoint/ours/async_save.py staged_bytes_bound); 0 when saves are synchronous
+    host_total_bytes: int = 0
+    # --async-save's staged host copy
     checkpoint_staging_bytes: int = 0
-    # FP8 (gpt/fp8.py): delayed scaling's amax histories and scales, and --fp8-param-gather's FP8 bytes held
-    # between steps (zero/fp8_params.py: each rank's shards, and under ZeRO 1-2 the gathered weights)
+    # delayed scaling's amaxes and scales, and --fp8-param-gather's bytes
     fp8_state_bytes: int = 0
-    # each FP8 weight's cast kept for the iteration's later micro-batches (parallel/fp8/weight_cache.py: its data and
-    # transpose, ~2 bytes an element, and the block recipes' scales), alive from its first forward to the end of the
-    # iteration's micro-batches: part of the passes' working set
+    # FP8 weight casts kept through the iteration's micro-batches
     fp8_weight_cache_bytes: int = 0
-    # --cuda-graph-impl local/transformer_engine on CUDA (training/cuda_graphs.py): the captured regions' static input
-    # and incoming-gradient buffers and the gradient arena, held the whole run; and the graphs' pool, which keeps the
-    # captured regions' activations and temporaries reserved through the optimizer step (an upper bound: every
-    # activation saved at the forward's peak and the block gradients in flight)
+    # CUDA graphs' buffers and pool (an upper bound)
     cuda_graph_static_bytes: int = 0
     cuda_graph_pool_bytes: int = 0
     ranks_per_node: int = 1
-    host_budget_bytes: Optional[int] = None  # per node, shared by its ranks
-    host_budget_source: str = ""         # "" for --host-memory; else whose memory it is (this machine's)
+    host_budget_bytes: Optional[int] = None
+    host_budget_source: str = ""
     unknowns: list[str] = field(default_factory=lambda: list(UNKNOWNS))
     notes: list[str] = field(default_factory=list)
-    pipeline: Optional[PipelineFigures] = None  # with pipeline stages: the stage's schedule figures
-    moe: Optional[MoEFigures] = None     # a mixture of experts: the experts' states and worst-case rows
-    micro_batches: int = 1               # a step's micro-batches per DP rank (gradient accumulation, or the schedule's M)
-    simulated_micro_batches: int = 1     # those the plan ran: one step's peak needs no more (planner/plan_observer.py)
+    pipeline: Optional[PipelineFigures] = None
+    moe: Optional[MoEFigures] = None
+    micro_batches: int = 1
+    simulated_micro_batches: int = 1
 
     @property
     def p2p_held_bytes(self) -> int:
@@ -156,7 +132,6 @@ class RankPlan:
 
     @property
     def host_node_bytes(self) -> int:
-        """Host memory of a node: every rank on it holds as much as this one (DP ranks hold equal shards)."""
         return self.host_total_bytes * self.ranks_per_node
 
     @property
@@ -169,15 +144,13 @@ class RankPlan:
 
     @property
     def fits(self) -> Optional[bool]:
-        """Both memories: the device's budget, and the node's host memory where one was given."""
         if self.budget_bytes is None:
             return None
         return self.fits_device and self.fits_host is not False
 
     @property
     def binding(self) -> Optional[str]:
-        """Which memory is the tighter, as the fraction of its budget used: "device" or "host" (None
-        without both budgets)."""
+        """The tighter memory by the fraction of its budget used: "device" or "host" (None without both budgets)."""
         if self.budget_bytes is None or self.host_budget_bytes is None:
             return None
         return "host" if self.host_node_bytes / self.host_budget_bytes > self.total_bytes / self.budget_bytes \
@@ -194,30 +167,22 @@ def _element_bytes(dtype: torch.dtype) -> int:
 
 
 class _BlockSavedProbe:
-    """The saved-for-backward bytes each block adds while it runs, in forward (read from the
-    monitor's meter, the one --report-memory uses) and, for a recompute under checkpointing, in
-    backward (from a meter of its own that is active only there): forward pre- and post-hooks on
-    every block read them."""
+    """The saved-for-backward bytes each block adds, in forward and in a recompute."""
 
     def __init__(self, blocks, monitor: ActivationMonitor, progress: Optional["_Progress"] = None,
                  device_type: str = "cuda", attention_backend: str = "auto") -> None:
         self.monitor = monitor
         self.device_type = device_type
         self.attention_backend = attention_backend
-        # torch runs a custom Function's backward with no torch-function mode on the stack (the checkpoint's
-        # recompute, zero/activations.py, included), so the dry run's AttentionKernelOf, entered around the
-        # iteration, does not reach a recompute: each block re-enters it there, or the meta SDPA takes the math path
-        # and plans the [b, heads, s, s] weights the planned device's kernel never keeps.
+        # torch runs a custom Function's backward with no torch-function mode on the stack, so each recompute re-enters
+        # AttentionKernelOf, or the meta SDPA would plan the [b, heads, s, s] weights the device never keeps.
         self._recompute_kernel: Optional[AttentionKernelOf] = None
         self.backward_meter = SavedTensorMeter(META)
         self.phase = "forward"
         self.peak = {"forward": 0, "backward": 0}
         self.progress = progress
-        # What is saved at once beyond the forward's meter's peak, sampled where it peaks: "recompute" at the end of
-        # each block's recompute in backward (beside the checkpoints still kept), "copy" at each gloo copy (beside
-        # what is saved as its collective starts), "saved" as each constant buffer is created. Split by whether the
-        # constant buffers exist yet (zero/flat_buffer.py BufferPool: created at the first reduction, late in
-        # iteration 1's backward), with them added ("with").
+        # what is saved beyond the forward meter's peak, sampled where it peaks, split by whether the constant buffers
+        # exist
         self.buffer_bytes = 0
         self.samples = {kind: {"before": 0, "with": 0, "any": 0} for kind in ("recompute", "saved", "copy")}
         self.forward_peak_at_buffers: Optional[int] = None
@@ -232,7 +197,6 @@ class _BlockSavedProbe:
         return 0 if meter is None else meter.live["device"] + meter.live["host"]
 
     def saved_now(self) -> int:
-        """The device bytes saved for backward now: the iteration's meter and, in backward, the recompute's."""
         forward = self.monitor.meter.live["device"] if self.monitor.meter is not None else 0
         return forward + (self.backward_meter.live["device"] if self.phase == "backward" else 0)
 
@@ -252,11 +216,9 @@ class _BlockSavedProbe:
         self.sample("saved")
 
     def first_iteration(self, kind: str) -> int:
-        """The most a kind of sample held in iteration 1, with the constant buffers that existed then."""
         return max(self.samples[kind]["before"], self.samples[kind]["with"])
 
     def first_iteration_forward(self, forward_peak: int) -> int:
-        """The forward meter's peak in iteration 1, with the constant buffers if it was reached after they appeared."""
         if self.forward_peak_at_buffers is None or forward_peak <= self.forward_peak_at_buffers:
             return forward_peak
         return max(self.forward_peak_at_buffers, forward_peak + self.buffer_bytes)
@@ -276,31 +238,29 @@ class _BlockSavedProbe:
         self._leave_recompute_kernel()
         added = self._live() - self._before.pop(index, self._live())
         self.peak[self.phase] = max(self.peak[self.phase], added)
-        if self.phase == "backward":  # a recompute's saved tensors, all of them, beside the checkpoints not yet freed
+        if self.phase == "backward":
             self.sample("recompute")
         if self.progress is not None:
             self.progress.at(self.phase, index)
             if isinstance(output, torch.Tensor) and output.requires_grad:
-                # Fires when backward reaches this block: the half of the work no forward hook sees.
+                # fires when backward reaches this block, which no forward hook sees
                 output.register_hook(functools.partial(self._backward_reached, index))
 
     def _backward_reached(self, index, grad):
         self.progress.at("backward", index)
 
     def remove(self) -> None:
-        self._leave_recompute_kernel()  # a recompute that raised
+        self._leave_recompute_kernel()
         for handle in self._handles:
             handle.remove()
 
 
 class _Progress:
-    """Where a dry run is (micro-batch, phase, layer), said at most every PROGRESS_INTERVAL_S."""
-
     def __init__(self, emit: Callable[[str], None], layers: int, micro_batches: int) -> None:
         self.lines = ProgressLines(emit, PROGRESS_INTERVAL_S)
         self.layers, self.micro_batches = layers, micro_batches
         self.micro_batch = 0
-        self.planned = micro_batches  # the micro-batches a plan runs: the step's M (or M') and the rest repeat them
+        self.planned = micro_batches
 
     def at(self, phase: str, index: int) -> None:
         self.lines.update(lambda: f"dry run: micro-batch {self.micro_batch + 1} of the step's {self.micro_batches} "
@@ -309,13 +269,12 @@ class _Progress:
 
 
 def check_plannable(config: PretrainConfig) -> None:
-    """Refuse a model deeper, or with more experts per layer, than a dry run plans (see the module docstring)."""
     model = config.model
     if model.num_layers > MAX_PLAN_LAYERS:
         raise ConfigError(f"--num-layers {model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
                           f"(MAX_PLAN_LAYERS in planner/dry_run.py; each costs about 0.02 s and 0.1 MB per micro-batch, "
                           f"and the deepest published Transformers have about 1,000); plan a shallower model")
-    if model.num_layers + model.mtp.num_layers > MAX_PLAN_LAYERS:  # each MTP layer is a block too
+    if model.num_layers + model.mtp.num_layers > MAX_PLAN_LAYERS:
         raise ConfigError(f"--num-layers {model.num_layers} and --mtp-num-layers {model.mtp.num_layers}: a dry run "
                           f"plans at most {MAX_PLAN_LAYERS} layers, MTP layers included (MAX_PLAN_LAYERS in "
                           f"planner/dry_run.py); plan fewer", flags=("--mtp-num-layers",))
@@ -329,13 +288,10 @@ def check_plannable(config: PretrainConfig) -> None:
 
 def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int = 0,
             progress: Optional[Callable[[str], None]] = None, batch: Optional[BatchSchedule] = None) -> RankPlan:
-    """Plan rank `rank` of a run of `config` on `cluster` (see the module docstring). `progress`, if
-    given, receives a line now and then while a long dry run works. `batch`: the run's batch schedule
-    when the caller has it already (a training run's predicted peak), so it is not computed again."""
+    """Plan rank `rank` of a run of `config` on `cluster`; `batch`: the run's batch schedule when the caller has it."""
     check_plannable(config)
     check_tensor_sizes(config, vocab_size)
-    # On CPU a rank's process holds Python, torch and our modules before it builds anything; the
-    # planner's own process has the same, so its RSS now stands in for that baseline.
+    # the planner's RSS stands in for a CPU rank's baseline of Python and torch
     baseline = current_rss_bytes() if cluster.device_type == "cpu" else 0
     tp, pp = config.parallel.tensor_model_parallel_size, config.parallel.pipeline_model_parallel_size
     try:
@@ -350,19 +306,14 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     plan = resolve_run_settings(config, vocab_size, tp, state.data_parallel_size, cluster.device_type, batch=batch)
     config = plan.config
     ticker = _Progress(progress, config.model.num_layers, plan.batch.final_accumulation_steps) if progress else None
-    # The trainer's build (training/build.py) on the meta device with the virtual state's counting
-    # communicator; no dropout streams (a plan must not reseed the caller's generators) and nothing
-    # to compile.
+    # no dropout streams: a plan must not reseed the caller's generators
     built = build(plan, state, dropout_rng=False, torch_compile=False)
     model, zero, monitor, checkpointing = built.model, built.zero, built.activations, built.checkpointing
     probe = _BlockSavedProbe(model.blocks, monitor, ticker, cluster.device_type, config.model.attention.attention_backend)
     expert_rows = ExpertRowProbe(model, probe._live, cluster.device_type) if config.model.moe is not None else None
-    # The trainer's own step (training/train_step.py, training/pipeline_step.py) runs one iteration, watched by the
-    # plan's observer: every collective it makes is counted as it is made. Every micro-batch reads one meta batch.
     tokens = torch.zeros((config.training.micro_batch_size, config.model.seq_length + 1), dtype=torch.long, device=META)
     batches = itertools.repeat({"tokens": tokens})
     if pp > 1:
-        # with context parallelism a stage runs and sends its CP rank's chunks (training/pipeline_step.py)
         observer = PipelinePlanObserver(state.comm, monitor, probe,
                                         message_bytes(model, config, batch_on_this_rank(tokens[:, :-1], state),
                                                       state.tensor_parallel_size))
@@ -390,39 +341,26 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     meter = monitor.finish_measurement()
     optimizer = zero.optimizer
 
-    # Split by which buffer each storage is (offload's host tensors, the rest on the device): on the
-    # meta device, tensor.device cannot say.
     placed = measure_by_placement(optimizer.model_state_tensors(), host_resident_tensors(optimizer),
                                   include_meta=True)
     held, host_held = placed["device"], placed["host"]
     param_bytes = _element_bytes(plan.param_dtype)
     gatherer = getattr(optimizer.parameters, "gatherer", None)
-    # with context parallelism a rank holds its CP chunks of each sequence
     micro, seq = config.training.micro_batch_size, config.model.seq_length // state.context_parallel_size
-    # The logits' width on this rank, as the model's output layer has it (gpt/shape.py).
     shape = model_shape(config.model, tp)
     local_vocab = shape.output_matmul(plan.padded_vocab_size).out_features
-    if not model.stage.last:  # the logits and the loss are the last stage's
+    if not model.stage.last:
         local_vocab = 0
     hidden_bytes = micro * seq * config.model.hidden_size * param_bytes
     logits = micro * seq * local_vocab * param_bytes
-    # The gradients a block's backward holds beside its saved tensors, at its peak (the MLP's backward), read from
-    # the block's shapes: the gradient arriving at its output (hidden-wide), under recompute the recomputed output
-    # (the checkpoint's backward holds it until autograd has run through the block), and the MLP's activation
-    # gradients (gpt/shape.py mlp_gradient_features: one ffn-wide for GPT-2, two for SwiGLU). A CPU profile of one
-    # block's recompute and backward read these, 6 hidden-wide for GPT-2 and 7 for SwiGLU at ffn 2.5 x hidden
-    # (whole sequences; under sequence parallelism the boundaries are this rank's slice, 1/TP of the sequence).
-    # An MoE block's MLP is its experts (each its own --moe-ffn-hidden-size, on the rows an expert matmul takes at
-    # once under the dry run's uniform routing: ExpertRowProbe) and the shared expert (every token); the widest
-    # MLP backward among the model's blocks is the peak.
+    # a block's backward gradients at the MLP's backward: the output's gradient, a recomputed output and the MLP's
+    # activation gradients
     boundaries = (2 if config.activations.checkpoint_activations else 1) * hidden_bytes \
         // (tp if config.parallel.sequence_parallel else 1)
-    # (a pattern's mixer-only blocks run no MLP)
     mlp_features = micro * seq * shape.mlp_gradient_features if shape.dense_layers > shape.layers_without_mlp else 0
     if shape.moe_blocks and expert_rows is not None:
         mlp_features = max(mlp_features, expert_rows.rows_at_once * shape.moe_expert_gradient_features,
                            micro * seq * shape.moe_shared_gradient_features)
-    # A mixer-only `M` or `G` block's backward: its scan's working memory in fp32 (gpt/shape.py ScanShape), if larger
     block_gradients = boundaries + max(mlp_features * param_bytes, micro * seq * shape.mixer_only_gradient_bytes)
     result = RankPlan(
         rank=rank, tensor_parallel_rank=state.tensor_parallel_rank, data_parallel_rank=state.data_parallel_rank,
@@ -443,7 +381,6 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         block_saved_bytes=dict(probe.peak),
         logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4 * (1 + config.model.mtp.num_layers),
         gradient_working_bytes=logits + block_gradients,
-        # on a CPU the norm's fp64 conversion is one block at a time (zero/grad_norm.py); CUDA's kernel copies nothing
         step_working_bytes=optimizer.step_working_bytes(copies["step"], norm_in_blocks=cluster.device_type == "cpu"),
         transport_copy_bytes=copies,
         checkpoint_read_bytes=load_read_bytes(model, optimizer),
@@ -459,33 +396,14 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     result.micro_batches = plan.batch.final_accumulation_steps
     result.simulated_micro_batches = pipeline.simulated_micro_batches if pipeline is not None else \
         len(observer.simulated)
-    # The peak: model states and buffers always, and on top the larger of two working sets that are
-    # never alive together. In forward and backward: the most parameters stage 3 gathers at once, the
-    # most activations saved at once (checkpoints, a recomputed group, the loss's softmax) and,
-    # transient at the loss, the logits and the gradients flowing back, parameter gradients before
-    # the reducer takes them, and on CPU gloo's copy of the largest collective (all counted together:
-    # an upper bound, but for the copy, which is read at its collective below).
-    # In the step, after backward freed all of that: what the step allocates (the gradient partition,
-    # or publishing's copies and gloo's copy of its largest gather; AdamW's fused kernel nothing, AdEMAMix three
-    # fp32 windows: zero/ademamix.py, Sophia-G two: zero/sophia.py).
-    # With pipeline stages, the saved activations, the held sends and gloo's copy peak at different slots of the
-    # schedule: the simulation's peak of the three stands for their sum (planner/pipeline_plan.py).
-    # Without stages, gloo's copy counts with the activations still saved when its collective starts
-    # (planner/plan_observer.py): the gradients' reduction comes at the end of backward, when most are freed.
-    # Under activation checkpointing a block's recompute in backward saves its tensors beside the checkpoints not
-    # yet freed: the probe reads both meters at the end of each recompute, where that block's are all saved. By then
-    # the output layer's backward has run, so the logits and their gradient are freed (`in_backward`).
-    # The FP8 weights' casts, from each one's first forward to the end of the micro-batches (the most the dry run's
-    # caches held: meta tensors of the live ones' shapes)
+    # the peak: model states and buffers, plus the larger of the passes' working set and the step's allocations, which
+    # are never alive together
     result.fp8_weight_cache_bytes = sum(cache.peak_bytes for cache in fp8_weight_caches(model))
     transients = (result.stage3_live_chunk_bytes + logits + result.gradient_working_bytes
                   + result.parameter_gradient_bytes + result.offload_copy_bytes + result.fp8_weight_cache_bytes)
     in_backward = transients - 2 * logits
     copied = bool(copies["passes"])
     if pipeline is not None:
-        # a parameter's gradient counts where it arrives (read at that moment), not on top of the schedule's peak;
-        # a recompute in a backward slot: beside the checkpoints of every chunk-forward in flight then (the meter's),
-        # and at most the sends held (an upper bound: the schedule's peak of the three is read at its slots)
         passes = max(transients - result.parameter_gradient_bytes
                      + max(pipeline.pass_peak_bytes, pipeline.gradient_arrival_peak_bytes),
                      in_backward + probe.samples["recompute"]["any"] + pipeline.p2p_held_bytes
@@ -501,16 +419,10 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         result.notes.append(f"CUDA graphs ({graphs.impl}): from their capture on, their pool stays reserved through "
                             f"the optimizer step (counted beside it); an attention mask's copy per region is not "
                             f"counted")
-    # M_D's buffer, allocated at iteration 1's first checkpoint and held
     device_contiguous = result.contiguous_checkpoint_buffer_bytes["device"]
     result.total_bytes = held["total"] + result.fp8_state_bytes + result.buffer_bytes + device_contiguous \
         + result.cuda_graph_static_bytes + max(passes, result.step_working_bytes + result.cuda_graph_pool_bytes)
-    # Iteration 1 holds less than the later ones: the constant buffers appear at its first reduction (late in the
-    # last micro-batch's backward, after the forward's peak), and are held from then on. Its peak, what a live run's
-    # line after iteration 1 measures, takes each figure with the buffers that exist when it is reached. With
-    # pipeline stages the schedule's peak is the same in every iteration (its slots come before the last backward's
-    # reduction): measured on a PP 2 x DP 2 CPU run, each rank's peak RSS grew by the buffers' 6 MiB in iteration 2
-    # (tests/planner/test_plan_pipeline_live.py).
+    # iteration 1 holds less: its constant buffers appear at its first reduction, after the forward's peak
     result.first_iteration_bytes = result.total_bytes
     if not (graphs is not None and graphs.captures and graphs.capture_iteration == 1):
         first_passes = passes if pipeline is not None else max(
@@ -519,7 +431,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
             in_backward + max(probe.first_iteration("recompute"), probe.first_iteration("saved")))
         result.first_iteration_bytes = held["total"] + result.fp8_state_bytes + device_contiguous \
             + max(first_passes, result.buffer_bytes + result.step_working_bytes)
-    if config.checkpoint.saves_in_background:  # the partition: the fp32 master and the moments, wherever they live
+    if config.checkpoint.saves_in_background:
         partition = sum(held[key] + host_held[key] for key in ("master_weights", "optimizer_states"))
         result.checkpoint_staging_bytes = staged_bytes_bound(sum(param.numel() for param in model.parameters()),
                                                              param_bytes, partition)
@@ -534,8 +446,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         result.notes.append("not counted: the device temporary of copying the host master into the parameters "
                             "(stage 3's copy_ across devices and dtypes; stages 1-2 in fp32)")
     if state.context_parallel_size > 1 and config.model.attention.cp_comm_type in ("p2p", "a2a+p2p"):
-        # gpt/cp_attention.py computes each ring block's scores explicitly (no fused kernel per block): a transient
-        # the saved-tensor meter does not see; a2a+p2p's ring holds 1/A of the heads over A times the tokens
+        # the CP ring's explicit scores: a transient the meter does not see
         heads, ring_seq = config.model.num_attention_heads // tp, seq
         if config.model.attention.cp_comm_type == "a2a+p2p":
             heads, ring_seq = heads // state.hierarchical_context_sizes[0], seq * state.hierarchical_context_sizes[0]
@@ -547,8 +458,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
             config.activations.cpu_checkpointing:
         result.notes.append("the contiguous checkpoint buffer is in host memory (P_a+cpu)")
     if config.model.moe is not None:
-        # gpt/moe/layer.py _balanced_on_meta: no routing decision exists on the meta device; planner/moe_plan.py
-        # bounds what an unbalanced step adds
+        # no routing exists on the meta device; planner/moe_plan.py bounds what an unbalanced step adds
         ep = state.experts.model_size
         result.moe = moe_figures(config, state, optimizer, expert_rows,
                                  pipeline.peak_chunk_forwards_in_flight if pipeline is not None else 1)
@@ -564,32 +474,24 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
 
 
 def _offload_copy_bytes(config: PretrainConfig, gatherer, param_bytes: int) -> int:
-    """--offload-param: each gather copies its unit's 1/N piece of the host shard to the device and
-    holds it until the gather completes (zero/stage3.py). The replay's gatherer tracks gathered chunks
-    and those copies together: what its joint peak holds beyond the gathered peak, so the two rows sum
-    to the device's peak of both."""
+    """--offload-param: what the gatherer's host-to-device copies add to its gathered peak."""
     if gatherer is None or not config.zero.offload_param:
         return 0
     return (gatherer.peak_device_numel - gatherer.peak_live_numel) * param_bytes
 
 
 def _parameter_gradient_bytes(model, param_bytes: int) -> int:
-    """The largest gradient autograd materializes for one parameter before the reducer's hook takes
-    it, in the parameter's dtype: the token embedding's, which arrives twice (the embedding lookup and
-    the tied output layer) and is summed while both are alive. A weight whose linear fuses its gradient's
-    accumulation (zero/fused_accumulation.py) has none: its GEMM adds into the main gradient."""
+    """The largest gradient autograd materializes for one parameter before the reducer takes it (tied: summed)."""
     fused = fused_weights(model)
     largest = max((p.numel() for p in model.parameters() if id(p) not in fused), default=0)
     tied = getattr(getattr(model, "word_embeddings", None), "weight", None)
-    # both uses on one stage only: with pipeline stages the first holds the lookup, the last the output layer
     if tied is not None and tied.numel() == largest and model.stage.first and model.stage.last:
         largest *= 2
     return largest * param_bytes
 
 
 def fp8_state_bytes(model, parameter_storage) -> int:
-    """What FP8 holds between steps besides the model states: each delayed-scaling linear's amax history
-    (history length x 3 fp32) and scales (3 fp32), and --fp8-param-gather's bytes (zero/fp8_params.py)."""
+    """What FP8 holds between steps besides the model states."""
     held = sum(tensor.numel() * tensor.element_size() for scaling in delayed_states(model).values()
                for tensor in (scaling.amax_history, scaling.scale))
     gathered = getattr(parameter_storage, "fp8", None)
@@ -597,6 +499,5 @@ def fp8_state_bytes(model, parameter_storage) -> int:
 
 
 def _buffer_bytes(checkpointing, on_host: bool) -> dict[str, int]:
-    """M_D's buffer by where it lives: the device, or host memory with P_a+cpu."""
     held = checkpointing.contiguous.nbytes() if checkpointing is not None and checkpointing.contiguous else 0
     return {"device": 0 if on_host else held, "host": held if on_host else 0}

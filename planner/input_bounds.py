@@ -1,14 +1,6 @@
-"""The planner's own inputs bounded before any planning: every command answers within seconds or refuses in one line.
-
-- A GPU count (`search --gpus`, `dry-run`/`max-size --world-size`, `--gpus-per-node`) at most 2**20: above the
-  largest cluster built (a few hundred thousand GPUs), and where the layout search's enumeration of divisors and
-  splits stays seconds (measured on the 2-core CI machine: 6 s at 2**16, 14 s at 2**20 for the tiny preset, past a
-  minute at 2**24); before, `--world-size 2**63` was planned and a huge `--gpus` searched for days.
-- `search --top` at least 1 and `--max-dry-runs` from 1 to MAX_DRY_RUN_CHECKS: each check is a meta-device dry run
-  of seconds; before, a negative value was taken (`--top -3` printed all but the last three).
-- A model whose parameters cannot fit the GPUs searched even in 16 bits and fully sharded is refused at once
-  (arguments/bounds.py parameter_lower_bound), not after the search has planned every layout of it.
-"""
+"""The planner's own inputs bounded before any planning, so every command answers within seconds or refuses in one line:
+GPU counts at most 2**20 (where the layout search's enumeration stays seconds), --top and --max-dry-runs in range, and a
+model that cannot fit the GPUs even fully sharded in 16 bits refused at once."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The planner as a training launch uses it: `--dry-run` (plan this launch's rank and print it), and
-the rank's planned peak, which a live run checks against free memory before the build
-(training/memory_fit.py) and compares its first iteration with (training/metrics.py's MemoryCheck).
-pretrain_gpt.py imports this module; the dry run itself is imported only when it is needed."""
+"""The planner as a training launch uses it: `--dry-run`, and the rank's planned peak, which a live run checks against
+free memory before the build and compares its first iteration with. The dry run itself is imported only when needed."""
 
 from __future__ import annotations
 
@@ -19,11 +17,9 @@ from planner.vocabulary import launch_vocab
 
 def predicted_peak(config: PretrainConfig, state: ParallelState, vocab_size: int, batch: BatchSchedule,
                    first_iteration: bool = False) -> tuple[Optional[int], int, str]:
-    """The planner's peak for this rank (a dry run of the same config and batch schedule, a few seconds
-    at most): (device bytes, host bytes, ""), or (None, 0, why): a prediction that fails must not stop a run.
-    The host bytes are what offload and P_a+cpu keep in host memory (RankPlan.host_total_bytes). The device
-    bytes are the run's peak (RankPlan.total_bytes), or with `first_iteration` iteration 1's
-    (RankPlan.first_iteration_bytes: its constant buffers appear at its first reduction)."""
+    """The planner's peak for this rank from a dry run of the same config and batch schedule: (device bytes, host bytes,
+    ""), or (None, 0, why), since a failed prediction must not stop a run. `first_iteration`: iteration 1's device peak,
+    before the constant buffers exist."""
     return _planned_peaks(config, state, vocab_size, batch)[1 if first_iteration else 0]
 
 
@@ -35,7 +31,7 @@ def _planned_peaks(config: PretrainConfig, state: ParallelState, vocab_size: int
     cluster = Cluster(state.world_size, state.world_size, None, state.device.type)
     try:
         plan = dry_run(config, cluster, vocab_size, state.rank, batch=batch)
-        # iteration 1 comes before any save: the checkpoint an --async-save stages is not held yet
+        # iteration 1 comes before any save: no --async-save staging yet
         return (plan.total_bytes, plan.host_total_bytes, ""), \
             (plan.first_iteration_bytes, plan.host_total_bytes - plan.checkpoint_staging_bytes, "")
     except Exception as error:  # noqa: BLE001 - any planner failure is reported, training goes on
@@ -44,15 +40,12 @@ def _planned_peaks(config: PretrainConfig, state: ParallelState, vocab_size: int
 
 
 class RankPeak:
-    """One training run's figures from the planner, planned once: before the data is built with the
-    launch's vocabulary (`before_data`, for training/memory_fit.py's check), and after the tokenizer
-    is loaded (`__call__`, training/prepare.py's PredictPeak, for the memory line after iteration 1: iteration
-    1's peak, RankPlan.first_iteration_bytes), which reuses the first plan when the padded vocabulary (the only
-    thing the tokenizer changes in the model's shapes) is the same. The check before the build takes the run's
-    peak (RankPlan.total_bytes), which the iterations after the first reach."""
+    """One run's figures from the planner: before the data is built (`before_data`, the check before the build, the
+    run's peak) and after the tokenizer is loaded (`__call__`, iteration 1's peak), reusing the first plan when the
+    padded vocabulary is the same."""
 
     def __init__(self) -> None:
-        self._planned: dict[int, tuple] = {}  # by padded vocabulary: _planned_peaks's pair
+        self._planned: dict[int, tuple] = {}
 
     def __call__(self, config: PretrainConfig, state: ParallelState, vocab_size: int,
                  batch: BatchSchedule) -> tuple[Optional[int], int, str]:
@@ -87,8 +80,8 @@ def dry_run_launch(config: PretrainConfig) -> None:
         device = resolve_device(config.training.device, launch.local_rank)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    parallel = config.parallel  # DP: what TP and the pipeline stages leave of the world
-    try:  # the live launch's own check (parallel/state.py initialize), before any arithmetic on the DP size
+    parallel = config.parallel
+    try:  # the live launch's own check, before any arithmetic on the DP size
         check_grid_divides(launch.world_size, parallel.tensor_model_parallel_size,
                            parallel.pipeline_model_parallel_size)
     except ValueError as error:

@@ -1,17 +1,7 @@
 """The layout model's two fitted constants (planner/layout_perf.py), each solved from ONE of Megatron-Bridge's
-published DGX-H100 rows (configs/benchmarks/bridge_h100.yaml) so that the row's predicted tokens/s equal its measured
-ones; every other row is a prediction (tests/planner/test_bridge_h100.py).
-
-    python -m planner.layout_calibration            # print the fitted constants
-    python -m planner.layout_calibration --write    # and write configs/hardware/calibrations/h100-bridge.yaml
-
-  gemm_efficiency     Llama 3 8B, 25.11 (8 GPUs, FP8 current scaling, TP 1, recompute 5 of 32 blocks): a dense model
-                      with no model-parallel communication, so the step is its GEMMs, attention and elementwise
-                      kernels. Solved by bisection (the step is not linear in it).
-  moe_layer_sync_ms   Qwen3 30B-A3B, 26.04.01 (16 GPUs, FP8, PP 1, EP 16 with HybridEP, no EP overlap, no CUDA
-                      graphs): of the MoE rows the one with the fewest other terms (no pipeline, no TP, nothing
-                      overlapped); with gemm_efficiency fixed, the step is linear in it, solved exactly.
-"""
+published DGX-H100 rows so that its predicted tokens/s equal its measured ones: gemm_efficiency from Llama 3 8B 25.11
+(no model-parallel communication), moe_layer_sync_ms from Qwen3 30B-A3B 26.04.01. `--write` writes
+configs/hardware/calibrations/h100-bridge.yaml."""
 
 from __future__ import annotations
 
@@ -40,7 +30,7 @@ def _predicted_tokens(row: BridgeRow, hardware: Hardware) -> Callable[[LayoutCon
 
 
 def fit_gemm_efficiency(hardware: Hardware) -> float:
-    """The efficiency at which GEMM_ROW's predicted tokens/s equal its measured ones (the prediction rises with it)."""
+    """The efficiency at which GEMM_ROW's predicted tokens/s equal its measured ones, by bisection."""
     row = find_row(*GEMM_ROW)
     predicted = _predicted_tokens(row, hardware)
     low, high = 0.05, 1.0
@@ -54,8 +44,8 @@ def fit_gemm_efficiency(hardware: Hardware) -> float:
 
 
 def fit_moe_layer_sync_s(hardware: Hardware, gemm_efficiency: float) -> float:
-    """The per-MoE-layer sync time at which MOE_SYNC_ROW's predicted step equals its measured one (the step is
-    linear in it: two predictions give the slope)."""
+    """The per-MoE-layer sync time at which MOE_SYNC_ROW's predicted step equals its measured one (linear: solved
+    exactly)."""
     row = find_row(*MOE_SYNC_ROW)
     predicted = _predicted_tokens(row, hardware)
     tokens_per_gpu = row.layout["global_batch_size"] * row.layout["seq_length"] / row.layout["gpus"]

@@ -1,13 +1,6 @@
-"""A searched layout as the pretrain_gpt.py flags that run it, and the launch command around them (issue 80).
-
-Only the dimensions the user left to the search get a flag: a pinned one (planner/layout_pins.py) keeps the user's
-flag, so every flag is on the line once. The precision is always on it (`--bf16` unless the user gave --bf16 or
---fp16: an --init-from-hf model otherwise trains in fp32), except on a CPU profile, whose runs are fp32 (the
-trainer's default). No flag the trainer accepts with no effect is printed (--tp-comm-overlap: this trainer has no
-userbuffers, so TP is priced exposed), and the user's own such flags are left out of the command with a note
-(`drop_no_effect_flags`). `python -m zero.plan dry-run` of the printed flags reads them back into the same Layout
-(planner/layout_of_config.py; tests/planner/test_one_model.py).
-"""
+"""A searched layout as the pretrain_gpt.py flags that run it, and the launch command around them. Only the dimensions
+left to the search get a flag (a pinned one keeps the user's), and the precision is always on it; flags this trainer
+accepts with no effect are left out with a note."""
 
 from __future__ import annotations
 
@@ -25,15 +18,14 @@ ZERO_WORDS = {0: [], 1: ["--use-distributed-optimizer"], 2: ["--zero-stage", "2"
 
 
 def gathers_behind_forward(stage: int) -> bool:
-    """Whether the search runs `stage` with --overlap-param-gather: stages 1 and 2 publish the parameters after the
-    step and can gather them behind the next forward; stage 0 gathers nothing and stage 3 gathers ahead by itself
-    (docs/zero.md), so the flag would change nothing there."""
+    """Whether the search runs `stage` with --overlap-param-gather: only stages 1 and 2 publish parameters after the
+    step."""
     return stage in (1, 2)
 
 
 def layout_flag_words(layout: Layout, pins: Pins, moe: bool, fp32_runs: bool = False) -> list[str]:
-    """The flags for what the search chose of `layout` (module docstring). `moe`: the model has experts (the
-    dispatcher and expert TP are then set); `fp32_runs`: the profile runs fp32 (a CPU's), no precision flag."""
+    """The flags for what the search chose of `layout`. `moe`: the model has experts; `fp32_runs`: the profile runs
+    fp32."""
     words = []
     if pins.tp is None:
         words += ["--tensor-model-parallel-size", str(layout.tp)]
@@ -71,10 +63,8 @@ def global_batch_given(config: PretrainConfig) -> bool:
 
 
 def planned_batch_flags(config: PretrainConfig) -> list[str]:
-    """The global batch the search planned for, as a flag where the launch names none: without one pretrain_gpt.py
-    runs micro batch x DP (Megatron's default), a different batch for each printed layout and not the one planned
-    (issue 94: a search of Llama 3 70B planned for 32, and its PP 2 x VP 40 pick ran 16, which the interleaved
-    schedule refuses)."""
+    """The planned global batch as a flag where the launch names none: otherwise pretrain_gpt.py runs micro batch x DP,
+    a different batch for each printed layout."""
     return [] if global_batch_given(config) else ["--global-batch-size", str(config.training.global_batch_size)]
 
 
@@ -95,9 +85,8 @@ def drop_no_effect_flags(argv: Sequence[str], no_effect: Iterable[str]) -> tuple
 
 
 def launch_command(gpus: int, gpus_per_node: int, flags: Sequence[str]) -> str:
-    """The command that trains with `flags` on `gpus` GPUs: torchrun on one node; on several, the repository's
-    multi-node launcher (scripts/launch_multi_node.sh: torchrun's static rendezvous through scripts/launch.py), run
-    on every node with its NODE_RANK and node 0's MASTER_ADDR set."""
+    """The command that trains with `flags` on `gpus` GPUs: torchrun on one node; on several,
+    scripts/launch_multi_node.sh run on every node with its NODE_RANK and MASTER_ADDR."""
     if gpus <= gpus_per_node:
         return f"torchrun --nproc-per-node {gpus} {shlex.join(['pretrain_gpt.py', *flags])}"
     nodes = -(-gpus // gpus_per_node)

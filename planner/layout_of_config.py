@@ -1,21 +1,6 @@
-"""A launch's flags as the layout model's Layout: what `python -m zero.plan dry-run --hardware P` prices, so that the
-dry run and the layout search (planner/layout_search.py) give one layout one step time (issue 80).
-
-The search prints each layout as pretrain_gpt.py flags; this reads flags back, so a printed line priced again is the
-same Layout (tests/planner/test_one_model.py holds the round trip). Everything comes from the parsed config as the
-trainer builds it: parallel sizes, the pipeline split the build makes (training/build.py config_stage_layers), micro
-and global batch, precision, recompute (full, or --recompute-method block's first N layers of each chunk), the ZeRO
-stage and overlaps, the MoE dispatcher.
-
-Which trainer runs the flags decides what a few are worth (`trainer`):
-  pretrain_gpt.py  this repository's (the default). Megatron-LM flags it accepts with no effect price as nothing:
-                   --tp-comm-overlap (no userbuffers here), --overlap-moe-expert-parallel-comm, --recompute-modules
-                   (its layernorm recomputes no GEMM);
-                   the flex dispatcher runs the alltoall one here (arguments/megatron/flag_classes.py says why).
-  megatron-lm      Megatron-LM with Transformer Engine, what Megatron-Bridge's published rows ran
-                   (configs/benchmarks/bridge_h100.yaml): those flags are priced as Megatron runs them.
-Expert tensor parallelism is priced at 1, as Megatron-Bridge's MoE recipes run it; another expert TP is refused
-here rather than priced as 1."""
+"""A launch's flags as the layout model's Layout, so the dry run (`dry-run --hardware P`) and the layout search give one
+layout one step time. `trainer` decides what a few flags are worth: pretrain_gpt.py prices the Megatron-LM flags it
+accepts with no effect as nothing, megatron-lm prices them as Megatron with Transformer Engine runs them."""
 
 from __future__ import annotations
 
@@ -31,7 +16,7 @@ TRAINERS = (PRETRAIN_GPT, MEGATRON_LM)
 
 
 def stage_counts_of(config: PretrainConfig) -> Optional[tuple[tuple[int, ...], ...]]:
-    """[pipeline rank][model chunk] -> the transformer layers the build gives it; None without stages."""
+    """[pipeline rank][model chunk] -> the layers the build gives it; None without stages."""
     pp = config.parallel.pipeline_model_parallel_size
     if pp == 1:
         return None
@@ -39,8 +24,7 @@ def stage_counts_of(config: PretrainConfig) -> Optional[tuple[tuple[int, ...], .
 
 
 def precision_of(config: PretrainConfig) -> Optional[str]:
-    """The layout model's precision: fp8 (--fp8-format), bf16 for 16-bit training (fp16's GEMMs run at the same
-    peak), None for fp32, which the layout model does not price on a 16-bit GPU profile."""
+    """The layout model's precision: fp8, bf16 for 16-bit training (fp16 runs at the same peak), None for fp32."""
     if config.model.fp8.enabled:
         return "fp8"
     return None if config.training.precision == "fp32" else "bf16"
@@ -50,15 +34,14 @@ def _recompute_fraction(config: PretrainConfig, counts: ModelCounts, stage_count
     """Of the blocks' forward GEMMs, the share recomputed in backward."""
     activations = config.activations
     if activations.checkpoint_activations and activations.recompute_method == "block":
-        # the first N layers of each chunk (zero/config.py checkpointed_groups), priced at the shortest chunk's share
+        # the first N layers of each chunk, priced at the shortest chunk's share
         chunk_layers = min(layers for rank in (stage_counts or ((config.model.num_layers,),)) for layers in rank)
         return min(1.0, activations.checkpoint_num_layers / max(chunk_layers, 1))
     if activations.checkpoint_activations:
-        return 1.0  # full recompute: every block, in whatever groups
+        return 1.0
     if not megatron:
         return 0.0  # selective recompute here keeps nothing more than flash attention does (arguments/megatron/flags.py)
-    # Megatron's selective modules that recompute GEMMs: "mlp" (the dense layers' MLPs: Megatron-Core's
-    # TransformerLayer leaves an MoE layer's out) and "mla_up_proj"; the elementwise ones recompute no GEMM
+    # Megatron's selective modules that recompute GEMMs: "mlp" (dense layers only) and "mla_up_proj"
     recomputed = {"mlp": counts.dense_mlp_flops_per_token, "mla_up_proj": counts.mla_up_flops_per_token}
     modules = config.model.recompute.modules  # empty unless --recompute-granularity selective, as Megatron reads it
     return sum(recomputed.get(name, 0.0) for name in modules) / \
@@ -78,8 +61,8 @@ def _dispatcher(config: PretrainConfig, megatron: bool) -> str:
 
 
 def check_expert_tp(config: PretrainConfig, tp: int) -> None:
-    """Refuse an MoE run at TP `tp` whose expert TP is not 1 (the default is the TP size): the layout model prices
-    the experts split by EP alone, as Megatron-Bridge's MoE recipes run them."""
+    """Refuse an MoE run whose expert TP is not 1: the layout model prices the experts split by EP alone, as
+    Megatron-Bridge's MoE recipes run them."""
     expert_tp = config.parallel.expert_tensor_parallel_size or tp
     if config.model.moe is not None and expert_tp != 1:
         raise ConfigError(f"expert tensor-parallel size {expert_tp} (--expert-tensor-parallel-size, default the TP "
@@ -89,8 +72,8 @@ def check_expert_tp(config: PretrainConfig, tp: int) -> None:
 
 def layout_of_config(config: PretrainConfig, gpus: int, counts: ModelCounts, trainer: str = PRETRAIN_GPT,
                      megatron_flags: Optional[Mapping[str, Any]] = None) -> Layout:
-    """`config` on `gpus` GPUs as `trainer` runs it (module docstring). `megatron_flags`: the Megatron-LM flags given
-    that this trainer accepts with no effect (arguments.parser's ParsedArguments.harvested)."""
+    """`config` on `gpus` GPUs as `trainer` runs it. `megatron_flags`: the Megatron-LM flags given that this trainer
+    accepts with no effect."""
     if trainer not in TRAINERS:
         raise ConfigError(f"--trainer {trainer}: one of {', '.join(TRAINERS)}")
     parallel, megatron, flags = config.parallel, trainer == MEGATRON_LM, megatron_flags or {}

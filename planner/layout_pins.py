@@ -1,10 +1,6 @@
-"""What the user fixed by giving the layout search a trainer flag (issue 80): each dimension a flag sets is searched at
-that value only, and the printed command keeps the user's flag, once, instead of the search's own.
-
-A setting counts as given when pretrain_gpt.py's parser took it from the command line or the DeepSpeed JSON
-(arguments/config_sources.py); a preset's or an --init-from-hf folder's value is the model's, not a choice of
-layout, and the search may replace it.
-"""
+"""What the user fixed by giving the layout search a trainer flag: each dimension a flag sets is searched at that value
+only, and the printed command keeps the user's flag. A preset's or --init-from-hf folder's value is the model's, not a
+choice of layout."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ from arguments.config import ConfigError, PretrainConfig
 from arguments.config_sources import FLAG, JSON
 from planner.layout_of_config import precision_of, stage_counts_of
 
-# The settings that fix the pipeline split (planner/pipeline_split.py is the search's own)
+# the settings that fix the pipeline split
 SPLIT_SETTINGS = ("pipeline_model_parallel_layout", "num_layers_per_virtual_pipeline_stage",
                   "num_virtual_stages_per_pipeline_rank", "decoder_first_pipeline_num_layers",
                   "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
@@ -32,25 +28,24 @@ class Pins:
     """Each searched dimension's value where the user's flags fix it, None where the search chooses."""
     tp: Optional[int] = None
     pp: Optional[int] = None
-    stage_counts: Optional[tuple[tuple[int, ...], ...]] = None   # the split, with its virtual stages
+    stage_counts: Optional[tuple[tuple[int, ...], ...]] = None
     cp: Optional[int] = None
     ep: Optional[int] = None
     micro_batch_size: Optional[int] = None
     recompute: Optional[float] = None        # 1.0 full, 0.0 none
     zero_stage: Optional[int] = None
-    dispatcher: Optional[str] = None         # the MoE dispatcher the trainer runs (flex runs alltoall here)
+    dispatcher: Optional[str] = None  # the MoE dispatcher the trainer runs (flex runs alltoall here)
     configured_dispatcher: str = "allgather"  # the config's, pinned or not: what a layout without EP runs
     overlap_grad_reduce: Optional[bool] = None
     overlap_param_gather: Optional[bool] = None
-    expert_tp: bool = False                  # --expert-tensor-parallel-size given (the layout model takes 1 only)
-    sequence_parallel: bool = False          # --sequence-parallel given
-    sixteen_bit: bool = False                # --bf16 or --fp16 given: the precision flag is the user's
+    expert_tp: bool = False
+    sequence_parallel: bool = False
+    sixteen_bit: bool = False
     precision: str = "bf16"                  # what the search prices: fp8 where --fp8-format is given
-    fp8_recipe: str = "delayed"              # --fp8-recipe and --no-fp8-wgrad, which decide what FP8 linears keep
+    fp8_recipe: str = "delayed"
     fp8_wgrad: bool = True
 
     def names(self) -> list[str]:
-        """The pinned dimensions, for the search's header line."""
         names = [name for field, name in DIMENSION_NAMES.items() if getattr(self, field) is not None]
         return names + (["the pipeline split"] if self.stage_counts is not None else []) + \
             (["expert TP"] if self.expert_tp else []) + \
@@ -63,7 +58,7 @@ def given(config: PretrainConfig, setting: str) -> bool:
 
 
 def pins_of(config: PretrainConfig) -> Pins:
-    """The dimensions `config`'s own flags fix (module docstring)."""
+    """The dimensions `config`'s own flags fix."""
     parallel, zero = config.parallel, config.zero
 
     def value(setting: str, current):
@@ -71,7 +66,7 @@ def pins_of(config: PretrainConfig) -> Pins:
 
     recompute_given = given(config, "checkpoint_activations") or given(config, "recompute_granularity")
     if config.activations.checkpoint_activations and config.activations.recompute_method == "block":
-        # the search's memory model (planner/layout_memory.py) knows every layer recomputed or none
+        # the search's memory model knows every layer recomputed or none
         raise ConfigError("--recompute-method block: the layout search prices the recompute of every layer or of "
                           "none; give --recompute-method uniform or no recompute flag, or price this launch as it is "
                           "with `python -m zero.plan dry-run --hardware`", flags=("--recompute-method",))

@@ -1,12 +1,6 @@
-"""The step time `python -m zero.plan dry-run --hardware P` prints: the layout model's (planner/layout_perf.py,
-calibrated against Megatron-Bridge's H100 rows) for the launch's own flags read back as a Layout
-(planner/layout_of_config.py). The layout search ranks with the same function, so a printed layout priced again
-here gives the search's figure (issue 80: they were two models, 1.66x apart on one Llama 3 8B layout).
-
-A hardware profile without a layout calibration (dgx2-v100, cpu-2core: fitted for the ZeRO paper's reproduction
-and this repository's one-process CPU runs) keeps the dry-run-based model (planner/perf_model.py); it has no
-search.
-"""
+"""The step time `python -m zero.plan dry-run --hardware P` prints: the layout model's for the launch's own flags read
+back as a Layout, the same function the layout search ranks with. A profile without a layout calibration (dgx2-v100,
+cpu-2core) keeps the dry-run-based model (planner/perf_model.py)."""
 
 from __future__ import annotations
 

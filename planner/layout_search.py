@@ -1,23 +1,5 @@
-"""`python -m zero.plan search`: every layout Megatron would accept for a model on N GPUs, pruned by memory,
-ranked by predicted step time (planner/layout_perf.py).
-
-    python -m zero.plan search --init-from-hf DIR --gpus 1024 --hardware h100-sxm \
-        --global-batch-size 8192 --seq-length 4096 [--fp8-format hybrid] [--top 5] [--json]
-
-The model is given as pretrain_gpt.py flags; a layout flag among them fixes its dimension (planner/layout_pins.py).
-The command line is planner/search_cli.py; the top picks are checked by the dry run (planner/search_check.py).
-Enumerated with Megatron-LM's rules (validate_args, parallel_state.py initialize_model_parallel): TP dividing the heads
-and a multiple or divisor of the query groups, within a node (Narayanan et al. 2021, figure 13); CP only where --context-parallel-size is given
-(priced as TE's fused ring, while this repository's ring computes fp32 scores explicitly, gpt/cp_attention.py, so the
-search does not choose it); PP x VP chunks each holding a layer, split so the slowest rank is least loaded
-(planner/pipeline_split.py) and printed as the --pipeline-model-parallel-layout realising it, interleaving needing
-micro-batches a multiple of PP; EP dividing the experts and a stage's ranks (expert TP 1, as Megatron-Bridge's MoE
-recipes; the alltoall dispatcher); MBS 1, 2, 4 or 8 dividing GBS / DP; recompute none or full; the distributed
-optimizer, plain DDP, or --zero-stage 2 or 3 (3 without PP; one run at DP 1: planner/layout_zero.py).
-Each layout's memory is counted from the model's shape (planner/layout_memory.py: each stage's states, the
-activations its schedule holds, the last's logits), a count that runs under the dry run's figure and only prunes (a
-layout over the GPU's memory is dropped, its size the reason). What it
-keeps is priced by the layout model, best first; the top picks' memory is then the dry run's, per stage."""
+"""`python -m zero.plan search`: every layout Megatron-LM's rules accept for a model on N GPUs, pruned by a memory count
+that runs under the dry run's, ranked by the layout model's step time; the top picks are then checked by dry run."""
 
 from __future__ import annotations
 
@@ -51,21 +33,19 @@ MICRO_BATCH_SIZES = (1, 2, 4, 8)
 @dataclass
 class Candidate:
     layout: Layout
-    memory_bytes: float           # the analytic count: the worse of the first and the last pipeline stage
+    memory_bytes: float
     fits: bool
     prediction: Optional[LayoutPrediction] = None
     lost_to: str = ""
-    flag_words: list[str] = dataclasses.field(default_factory=list)  # the layout flags the search chose
-    # the meta-device dry run's peak of each pipeline stage (its first rank), where planner/search_check.py planned it
+    flag_words: list[str] = dataclasses.field(default_factory=list)
     stage_bytes: Optional[list[int]] = None
 
     @property
     def dry_run_bytes(self) -> Optional[int]:
-        """The worst stage's dry-run peak, where checked."""
         return max(self.stage_bytes) if self.stage_bytes else None
 
     def flags(self) -> str:
-        """flag_words as one shell line (the layout string quoted: it holds `|`)."""
+        """flag_words as one shell line, the layout string quoted."""
         return shlex.join(self.flag_words)
 
     def to_json(self) -> dict:
@@ -87,19 +67,14 @@ def _divisors(n: int) -> list[int]:
 
 
 def _virtual_stages(layers: int, pp: int) -> list[int]:
-    """Virtual stages per pipeline rank: those that split the stage's layers evenly, and the powers of two up
-    to them where the split is uneven (Megatron's --pipeline-model-parallel-layout places any split; Bridge's
-    Llama 3.1 405B runs 126 layers as PP 8 x VP 8)."""
+    """Virtual stages per pipeline rank: the even splits, and powers of two up to them where uneven."""
     per_rank = layers // pp
     powers = [2 ** k for k in range(per_rank.bit_length()) if 2 ** k <= per_rank]
     return sorted(set(_divisors(per_rank)) | set(powers))
 
 
 def _splits(counts: ModelCounts, layout: Layout, pins: Pins) -> Iterator[tuple[tuple[int, ...], ...]]:
-    """The pipeline splits a pipelined layout is priced and printed with: the user's (pinned), or the balanced one,
-    where it leaves no model chunk without a layer (an empty chunk only adds a hop and a bubble slot), and Megatron's
-    even split beside it (the balanced one moves layers to the first rank, which also holds the embedding and the
-    most forwards in flight: where that does not fit, the even split may)."""
+    """The splits a pipelined layout is priced with: the user's, or the balanced one and Megatron's even one."""
     if pins.stage_counts is not None:
         yield pins.stage_counts
         return
@@ -113,9 +88,7 @@ def _splits(counts: ModelCounts, layout: Layout, pins: Pins) -> Iterator[tuple[t
 
 def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, pins: Pins,
                       gpus_per_node: int) -> Iterator[Layout]:
-    """Every layout Megatron accepts (the module docstring) within what `pins` fixes, pipelined ones with their
-    split. None hides TP behind the GEMMs (Transformer Engine's userbuffers, --tp-comm-overlap): this repository's
-    trainer accepts that flag with no effect."""
+    """Every layout Megatron accepts within what `pins` fixes, pipelined ones with their split."""
     heads = model.num_attention_heads
     groups = model.attention.num_query_groups or heads
     experts = model.moe.num_experts if model.moe is not None else 1
@@ -124,7 +97,7 @@ def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, 
         return pinned is None or pinned == value
 
     for tp in _divisors(gpus):
-        # key/value groups a multiple or a divisor of TP (Megatron-Core's TransformerConfig; gpt/model.py)
+        # TP divides the heads and is a multiple or divisor of the key/value groups, within a node
         if tp > gpus_per_node or heads % tp or (groups % tp and tp % groups) or not allowed(pins.tp, tp):
             continue
         for cp in _divisors(gpus // tp) if pins.cp is not None else (1,):
@@ -168,8 +141,7 @@ def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, 
 
 
 def rank_key(candidate: Candidate) -> tuple:
-    """Faster first; among equal times (communication fully hidden), fewer model-parallel ranks, then less memory (the
-    dry run's worst stage where checked, else the count): planner/search_report.py says which decided a tie."""
+    """Faster first; among equal times, fewer model-parallel ranks, then less memory."""
     layout = candidate.layout
     return (round(candidate.prediction.step_s, 9), model_parallel_ranks(layout),
             candidate.dry_run_bytes or candidate.memory_bytes)
@@ -181,16 +153,14 @@ def model_parallel_ranks(layout: Layout) -> int:
 
 def search(config: PretrainConfig, gpus: int, hardware: Hardware, vocab: Optional[int] = None,
            progress: Optional[SearchProgress] = None) -> tuple[ModelCounts, list[Candidate]]:
-    """Every layout of `config`'s model and global batch on `gpus` GPUs within what its own flags fix
-    (planner/layout_pins.py), the fitting ones priced and sorted best first, then the rest by memory. `vocab`: the
-    launch's vocabulary (planner/vocabulary.py), for a model config that has none yet (--init-from-hf); `progress`:
-    where the layouts counted are told while it runs (planner/search_progress.py)."""
+    """Every layout of `config` on `gpus` GPUs within what its flags fix, the fitting ones best first, then the rest by
+    memory."""
     progress = progress or SearchProgress(None)
     if hardware.layout_calibration is None:
         raise ConfigError(f"--hardware {hardware.name}: the profile has no layout calibration (layout_calibration in "
                           f"configs/hardware/{hardware.name}.yaml), so the layout model has no constants for it")
     model, pins = config.model, pins_of(config)
-    if pins.expert_tp:  # a given expert TP is priced only at 1
+    if pins.expert_tp:
         check_expert_tp(config, config.parallel.tensor_model_parallel_size)
     counts = model_counts(model, vocab)
     constants = load_layout_constants(hardware.layout_calibration)
@@ -218,8 +188,7 @@ def search(config: PretrainConfig, gpus: int, hardware: Hardware, vocab: Optiona
 
 
 def first_fit_by_count(config: PretrainConfig, counts: ModelCounts, gpus: int, hardware: Hardware) -> Optional[Layout]:
-    """The first layout of `config` on `gpus` GPUs (the search's enumeration, the user's pins kept) that fits by the
-    count, unpriced: what the no-fit answer asks of each larger count."""
+    """The first layout on `gpus` GPUs that fits by the count, unpriced."""
     for layout in enumerate_layouts(config.model, counts, gpus, config.training.global_batch_size, pins_of(config),
                                     hardware.gpus_per_node):
         if layout_memory_bytes(counts, layout) <= hardware.gpu_memory_bytes:
@@ -227,17 +196,13 @@ def first_fit_by_count(config: PretrainConfig, counts: ModelCounts, gpus: int, h
     return None
 
 
-# The no-fit answer's walk upward stops here: past it the count of layouts makes each step seconds (planner/
-# input_bounds.py), and a model that fits on no count below 65,536 GPUs is one to shrink rather than place.
+# past this each step takes seconds
 MAX_COUNT_WALKED = 2**16
 
 
 def smallest_fitting_gpus(config: PretrainConfig, counts: ModelCounts, gpus: int, hardware: Hardware,
                           parameter_bytes: float = 0.0) -> Optional[tuple[int, Layout]]:
-    """The smallest GPU count above `gpus` (a power of two or a multiple of the node size) on which a layout fits by
-    the count, with that layout; None up to MAX_COUNT_WALKED. Powers of two first (each step halves the walk), then
-    the node multiples between the last power that did not fit and the first that did. `parameter_bytes`: a bound
-    under the model's 16-bit parameters, which skips counts that cannot hold them fully sharded."""
+    """The smallest GPU count above `gpus` on which a layout fits by the count, with it; None up to MAX_COUNT_WALKED."""
     below, power = gpus, 1 << gpus.bit_length()
     while power <= MAX_COUNT_WALKED:
         if parameter_bytes <= power * hardware.gpu_memory_bytes:

@@ -1,18 +1,6 @@
-"""What makes a plan that does not fit, fit: each lever re-planned, with the figure after it.
-
-A dry run that is short of the budget names the levers a user would reach for, in the order that costs the run the
-least, and plans each (the same dry run, every pipeline stage's worst): recompute (`--recompute-granularity full`,
-Megatron-LM's name for `--checkpoint-activations`: a block keeps only its input and recomputes the rest in backward,
-about a third more compute; under `--recompute-method block`, which leaves layers out, `--recompute-method uniform`), the next ZeRO stage (shards one more kind of model state over DP; nothing to shard at
-DP 1), `--offload-optimizer` (the fp32 master and the Adam moments to host memory; it needs a ZeRO stage). When no
-lever alone fits, all of them together; when that still does not fit, more pipeline stages, then a wider TP (no
-wider than a node), each doubled up to three times on top of recompute and the next stage, until one fits (on more
-GPUs where the world cannot hold the wider grid). Each re-plan is a whole pipeline's, every stage.
-
-DeepSpeed's estimators (`estimate_zero2_model_states_mem_needs` and friends in deepspeed/runtime/zero/
-stage_1_and_2.py and stage3.py) print the model-state bytes for each offload choice but neither activations nor a
-verdict; Megatron-LM has no such report. Here each lever's figure is a full dry run, activations included.
-"""
+"""What makes a plan that does not fit, fit: the levers a user would reach for (recompute, the next ZeRO stage,
+--offload-optimizer), cheapest first, each re-planned by a full dry run of every stage; then all together, then more
+pipeline stages or wider TP."""
 
 from __future__ import annotations
 
@@ -27,16 +15,16 @@ from planner.layout_perf import Layout
 from training.recompute_share import recomputed_share
 from zero.memory import format_bytes
 
-# (config, cluster) -> the plans of every pipeline stage at rank 0's DP and TP coordinates (one without stages)
+# (config, cluster) -> every stage's plan at rank 0's DP and TP coordinates
 PlanStages = Callable[[PretrainConfig, Cluster], list[RankPlan]]
 
 
 @dataclass(frozen=True)
 class Lever:
     flags: str             # what to add to the command line ("--recompute-granularity full")
-    total_bytes: int       # the worst stage's device peak after it
+    total_bytes: int
     budget_bytes: int
-    fits: bool             # the device budget, and the host's where there is one
+    fits: bool
     host_node_bytes: int = 0
     host_budget_bytes: Optional[int] = None
 
@@ -59,8 +47,7 @@ class Lever:
 
 def _changed(config: PretrainConfig, *, activations: Optional[dict] = None, zero: Optional[dict] = None,
              parallel: Optional[dict] = None) -> Optional[PretrainConfig]:
-    """`config` with the changes, or None where the result is not a valid run (ZeRO-3 with pipeline stages, a TP
-    size the heads do not divide, ...)."""
+    """`config` with the changes, or None where the result is not a valid run."""
     changed = dataclasses.replace(
         config, activations=dataclasses.replace(config.activations, **(activations or {})),
         zero=dataclasses.replace(config.zero, **(zero or {})),
@@ -73,11 +60,11 @@ def _changed(config: PretrainConfig, *, activations: Optional[dict] = None, zero
 
 
 def single_levers(config: PretrainConfig, data_parallel_size: int) -> list[tuple[tuple[str, ...], dict]]:
-    """(the flags, the changes) of each lever this run has not pulled yet, cheapest first."""
+    """(flags, changes) of each lever this run has not pulled yet, cheapest first."""
     levers = []
     if not config.activations.checkpoint_activations:
         levers.append((("--recompute-granularity full",), {"activations": {"checkpoint_activations": True}}))
-    elif recomputed_share(config) < 1:  # --recompute-method block leaves layers keeping their activations
+    elif recomputed_share(config) < 1:
         levers.append((("--recompute-method uniform", "--recompute-num-layers 1"),
                        {"activations": {"recompute_method": "uniform", "checkpoint_num_layers": 1}}))
     stage = config.zero.stage
@@ -105,8 +92,8 @@ def _combined(levers: list[tuple[tuple[str, ...], dict]]) -> tuple[str, dict]:
 
 def _wider(config: PretrainConfig, cluster: Cluster, changes: dict, flags: str, name: str, flag: str,
            doublings: int) -> Optional[tuple[str, PretrainConfig, Cluster]]:
-    """`name` (a parallel size) `doublings` times doubled on top of `changes`: on the same GPUs where the DP size
-    leaves room, else on as many more as it needs; None where the run cannot have it."""
+    """`name` (a parallel size) doubled `doublings` times on top of `changes`: on the same GPUs where DP leaves room,
+    else on more; None where the run cannot have it."""
     parallel = config.parallel
     factor = 2 ** doublings
     size = getattr(parallel, name) * factor
@@ -119,13 +106,13 @@ def _wider(config: PretrainConfig, cluster: Cluster, changes: dict, flags: str, 
     return f"{flags} {flag} {size}{where}".strip(), changed, dataclasses.replace(cluster, world_size=world)
 
 
-# A wider grid is tried up to 8x (3 doublings) a dimension, stopping at the first that fits; TP no wider than a node.
+# up to 8x a dimension, stopping at the first that fits; TP no wider than a node
 MAX_DOUBLINGS = 3
 
 
 def find_levers(config: PretrainConfig, cluster: Cluster, data_parallel_size: int, plan_stages: PlanStages,
                 progress: Optional[Callable[[str], None]] = None) -> list[Lever]:
-    """The levers of a run that does not fit, each planned (see the module docstring)."""
+    """The levers of a run that does not fit, each planned."""
     def planned(flags: str, changed: Optional[PretrainConfig], on: Cluster) -> Optional[Lever]:
         if changed is None:
             return None
@@ -145,8 +132,7 @@ def find_levers(config: PretrainConfig, cluster: Cluster, data_parallel_size: in
               if (lever := planned(" ".join(flags), _changed(config, **changes), cluster)) is not None]
     if any(lever.fits for lever in levers):
         return levers
-    # Together: first those that keep the states on the device (offload is bounded by the host's memory, which more
-    # devices do not add to), then all of them.
+    # first those that keep the states on the device (more devices add no host memory), then all
     on_device = [lever for lever in singles if "--offload-optimizer" not in lever[0]]
     combinations = [group for group in (on_device, singles) if len(group) > 1]
     for together in combinations[:1] + [group for group in combinations[1:] if group != combinations[0]]:
@@ -156,7 +142,6 @@ def find_levers(config: PretrainConfig, cluster: Cluster, data_parallel_size: in
             levers.append(lever)
             if lever.fits:
                 return levers
-    # More GPUs per model copy, on top of the levers that keep the states on the device.
     flags, changes = _combined(on_device)
     for name, flag, widest in (("pipeline_model_parallel_size", "--pipeline-model-parallel-size", config.model.num_layers),
                                ("tensor_model_parallel_size", "--tensor-model-parallel-size", cluster.gpus_per_node)):
@@ -179,7 +164,7 @@ def format_levers(levers: list[Lever]) -> list[str]:
     return ["levers (each re-planned; the worst stage's peak):"] + [f"  {lever.describe()}" for lever in levers]
 
 
-# The search's levers, by the dimension of its layouts each moves (recompute is the layout's fraction, 0 or 1)
+# the search's levers, by the layout dimension each moves
 SEARCH_LEVER_DIMENSIONS = ("stage", "recompute_fraction", "micro_batch_size", "tp", "pp")
 
 
@@ -200,18 +185,15 @@ def _lever_flags(dimension: str, layout: Layout) -> str:
 
 
 def plainest_layout(layouts: list[tuple[Layout, float]]) -> tuple[Layout, float]:
-    """The layout (with its bytes) that pulls no lever the user's flags leave to the search: the fewest
-    model-parallel ranks, the smallest micro batch, no recompute, plain DDP."""
+    """The layout (with its bytes) that pulls no lever the user's flags leave to the search."""
     return min(layouts, key=lambda item: (item[0].tp * item[0].pp, item[0].pp, item[0].vp,
                                           item[0].micro_batch_size, item[0].recompute_fraction, item[0].stage))
 
 
 def search_levers(layouts: list[tuple[Layout, float]], baseline: Layout,
                   baseline_bytes: float) -> list[tuple[str, float]]:
-    """Of the search's counted `layouts` (each with its bytes), for each dimension the search moves (ZeRO stage,
-    recompute, micro batch, TP, PP), the one that differs from `baseline` in that dimension alone and needs the
-    least memory, where that is less than `baseline_bytes`: (its flags, its bytes), least first. Offload is no
-    choice of the search: the dry run's levers plan it."""
+    """For each dimension the search moves, the counted layout that differs from `baseline` in it alone and needs the
+    least memory below `baseline_bytes`: (its flags, its bytes), least first."""
     best: dict[str, tuple[str, float]] = {}
     for dimension in SEARCH_LEVER_DIMENSIONS:
         key = _lever_key(baseline, dimension)

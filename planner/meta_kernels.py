@@ -1,24 +1,6 @@
-"""Meta kernels answered from a cache: the same op on inputs of the same shapes, strides and dtypes gives
-outputs of the same shapes, strides and dtypes, so a dry run computes each once.
-
-A meta kernel computes no values, only the outputs' metadata, yet many are slow: the ops without a
-C++ meta kernel (layer_norm and its backward, gelu and its backward, addmm, softmax's backward, ...)
-run torch's Python decompositions, a few milliseconds each. A dry run repeats the same ops on the
-same shapes once per layer, and `max-size` repeats whole dry runs at other depths: profiled on the
-paper's 100B search (26 dry runs of up to 226 layers), 80% of the time was in those decompositions.
-
-`CachedMetaKernels` is a TorchDispatchMode: it sits below autograd, so what autograd saves for
-backward (and the saved-tensor meters count) is unchanged; only the kernel that makes the outputs is
-skipped on a repeat. It answers from the cache only where that cannot differ from running the kernel:
-- every tensor argument and output is on the meta device;
-- the op aliases and mutates nothing and each output owns a fresh storage of exactly its extent at offset 0
-  (what `empty_strided` makes); or it is in place on its first argument alone (`add_`, `addmm_`) and left that
-  tensor's metadata and storage as they were: the answer is the argument itself. Views and out= ops always run;
-- the key is the op, every tensor argument's (type, shape, stride, dtype, layout) and every other argument's
-  value, with torch's default dtype. Not storage offsets: no output's metadata follows them, and ZeRO's
-  parameters are views of flat buffers at one offset a layer, which would make every layer miss.
-Anything else (an argument that cannot be hashed, an output that is not a tensor) runs the kernel.
-"""
+"""Meta kernels answered from a cache: the same op on inputs of the same metadata gives outputs of the same metadata, so
+a dry run computes each once (torch's Python decompositions were 80% of a deep search). A TorchDispatchMode below
+autograd, so what autograd saves is unchanged; it answers only where that cannot differ from running the kernel."""
 
 from __future__ import annotations
 
@@ -29,13 +11,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 META = torch.device("meta")
-# Distinct (op, input metadata) pairs kept: a dry run of any depth needs a few thousand; the bound keeps
-# a long-lived process (a test session, a search over many shapes) from growing without end.
+# distinct (op, input metadata) pairs: a dry run needs a few thousand; the bound keeps a long-lived process bounded
 MAX_ENTRIES = 100_000
 _UNCACHEABLE = object()
 _FIRST_ARGUMENT = object()  # the cached answer of an in-place op: its first argument, as it was
 
-# One process-wide cache: the entries hold only metadata (no tensors), and are valid for any dry run.
+# process-wide: entries hold only metadata, valid for any dry run
 _cache: dict[tuple, tuple] = {}
 
 
@@ -58,7 +39,6 @@ def _in_place_on_first(op: torch._ops.OpOverload) -> bool:
 
 
 def _metadata(tensor: torch.Tensor) -> tuple:
-    """What an in-place op may change besides values: shape, strides, offset, dtype, the storage and its size."""
     storage = tensor.untyped_storage()
     return tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), tensor.dtype, storage._cdata, \
         storage.nbytes()
@@ -112,9 +92,8 @@ class CachedMetaKernels(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo unless this
-        # says False: a wrapper called once per op, ~5% of a dry run. A dry run compiles nothing
-        # (planner/dry_run.py builds with `torch_compile=False`), so there is no compilation to keep out.
+        # False keeps torch from wrapping __torch_dispatch__ in _disable_dynamo (~5% of a dry run); a dry run compiles
+        # nothing.
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -124,8 +103,8 @@ class CachedMetaKernels(TorchDispatchMode):
         if isinstance(func, torch._ops.OpOverload):
             in_place = _in_place_on_first(func) and bool(args) and isinstance(args[0], torch.Tensor)
             if in_place or not _writes_or_aliases(func):
-                # _key_of keeps the nesting of lists and tuples (([a, b], [c]) and ([a], [b, c]) differ),
-                # and walks them faster than a general pytree flatten (which was ~20% of a dry run).
+                # keeps the nesting of lists ([a, b], [c] differs from [a], [b, c]), faster than a pytree flatten.
+                # Storage offsets are left out: no output follows them, and ZeRO's views differ only by offset
                 positional, keywords = _key_of(args), _key_of(tuple(kwargs.values()))
                 if positional is not _UNCACHEABLE and keywords is not _UNCACHEABLE:
                     key = (func, torch.get_default_dtype(), positional, tuple(kwargs), keywords)
@@ -137,7 +116,7 @@ class CachedMetaKernels(TorchDispatchMode):
         output = func(*args, **kwargs)
         if key is not None:
             self.misses += 1
-            if in_place:  # t_, resize_ and the like change their argument's metadata: they run every time
+            if in_place:
                 spec = _FIRST_ARGUMENT if output is args[0] and _metadata(output) == before else None
             else:
                 spec = _output_spec(output)

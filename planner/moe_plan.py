@@ -1,21 +1,6 @@
-"""What a dry run (planner/dry_run.py) adds for a mixture of experts: the experts' own model states, and the
-experts' working set if the routing is the worst it can be.
-
-A meta device has no routing decision, so the dry run routes every token's k rows to the experts in equal shares
-(gpt/moe/layer.py _balanced_on_meta) and runs the dispatcher's exchanges for that routing (dispatch_balanced): the
-plan's peak and bytes are a balanced step's. A live step is not balanced; what the imbalance can cost is bounded:
-
-- rows: `ExpertRowProbe` watches each MoE layer's experts in the first micro-batch's forward (or its recompute) and
-  reads the rows they receive on this rank and the bytes they save for backward (--report-memory's saved-tensor
-  meter): bytes per row, measured on the real experts;
-- the worst case, dropless: every token the dispatcher brings to this rank routes its k choices to this rank's
-  experts as far as they reach: tokens x min(k, local experts) rows a layer (an expert takes each token at most once);
-- with a capacity (Megatron-Core's --moe-expert-capacity-factor: ceil(T x k / E x factor) per rank's T tokens;
-  DeepSpeed-MoE's sharded_moe._capacity, at least --moe-min-capacity), each source rank keeps at most `capacity`
-  rows an expert: an expert takes at most sources x capacity (never more than the dropless bound);
-- the working set: the rows beyond the balanced step's times the measured bytes a row, in every MoE layer whose saved
-  tensors are alive together at the peak (all of the rank's without checkpointing, the one being recomputed with it;
-  under pipeline stages times the micro-batches whose forward awaits its backward)."""
+"""What a dry run adds for a mixture of experts: the experts' own model states, and their working set under the worst
+routing. The meta device routes in equal shares, so the plan is a balanced step's; `ExpertRowProbe` measures the bytes a
+row saves, and the worst case (dropless, or bounded by --moe-expert-capacity-factor) adds the rows beyond balance."""
 
 from __future__ import annotations
 
@@ -31,16 +16,15 @@ from zero.memory import MODEL_STATE_CATEGORIES, host_resident_tensors, measure_b
 
 
 class ExpertRowProbe:
-    """Forward hooks on every MoE layer's experts: the rows each receives and the bytes it saves for backward, in
-    the first forward that saves any (the first micro-batch's; under activation checkpointing its recompute)."""
+    """Forward hooks on every MoE layer's experts: the rows each receives and the bytes it saves for backward, in the
+    first forward that saves any."""
 
     def __init__(self, model, live: Callable[[], int], device_type: str) -> None:
-        """`live`: the saved-for-backward bytes now (the block probe's: the forward meter, or the recompute's in
-        backward). Also tells each experts module the planned run's device (`device_type`): on the meta device it
-        runs the path that device would (grouped matmul or loop, gpt/moe/experts.py)."""
+        """`live`: the saved-for-backward bytes now. `device_type` makes the experts on meta run that device's path
+        (grouped matmul or loop)."""
         self.live = live
         self.layers: dict[int, tuple[int, int]] = {}  # id(experts) -> (rows, saved bytes a row's worth)
-        # the most rows one expert matmul takes at once: all of a layer's rows grouped, one expert's share in the loop
+        # the most rows one expert matmul takes at once
         self.rows_at_once = 0
         self._before: dict[int, int] = {}
         self._handles = []
@@ -62,7 +46,7 @@ class ExpertRowProbe:
         local = max(1, sum(1 for _ in module.children()))
         self.rows_at_once = max(self.rows_at_once, rows.shape[0] if grouped else -(-rows.shape[0] // local))
         saved = self.live() - before
-        if saved <= 0:  # a forward under activation checkpointing saves nothing: its recompute in backward does
+        if saved <= 0:  # under checkpointing its recompute in backward saves instead
             return
         if key not in self.layers:
             self.layers[key] = (rows.shape[0], saved)
@@ -80,28 +64,25 @@ class MoEFigures:
     expert_parallel_size: int
     expert_data_parallel_size: int
     dispatcher: str                        # "local" at EP 1, else --moe-token-dispatcher-type
-    moe_layers: int                        # on this rank
+    moe_layers: int
     expert_state_bytes: Optional[dict[str, int]]  # the experts' own ZeRO (EP > 1); None: inside the dense states
-    expert_parameters_local: int           # this rank's experts' parameters (its ETP shard)
+    expert_parameters_local: int
     balanced_rows: int                     # rows this rank's experts receive a layer under balanced routing
-    dispatched_tokens: int                 # tokens the dispatcher brings to this rank's experts a layer
-    worst_rows: int                        # rows this rank's experts can receive a layer
-    worst_expert_rows: int                 # rows one expert can receive a layer
+    dispatched_tokens: int
+    worst_rows: int
+    worst_expert_rows: int
     capacity: Optional[int]                # per expert per source rank; None: dropless
-    capacity_rule: str                     # how capacity was computed, or "dropless"
-    saved_bytes_per_row: float             # the experts' saved-for-backward bytes a row (measured)
-    layers_held: int                       # MoE layers' saved tensors alive together at the peak
-    worst_extra_bytes: int = 0             # the worst case's saved bytes beyond the balanced step's
-    worst_total_bytes: int = 0             # the plan's total with them
+    capacity_rule: str
+    saved_bytes_per_row: float
+    layers_held: int
+    worst_extra_bytes: int = 0
+    worst_total_bytes: int = 0
 
 
 def _moe_layers_held(config, pipeline_rank: int, moe_layers: int, in_flight: int) -> int:
-    """The MoE layers of this rank whose experts' saved tensors are alive together at the peak. Without checkpointing,
-    every one of them for each forward in flight; under checkpointing the forwards in flight hold their checkpoints
-    only and one layer's experts are recomputed at a time; under --recompute-method block the MoE layers past the
-    first N of their chunk (zero/config.py checkpointed_groups) keep theirs for each forward in flight, and where one
-    of the first N is an MoE layer its recompute comes after the backward of those of its own micro-batch, beside
-    the other forwards' still in flight."""
+    """The MoE layers of this rank whose experts' saved tensors are alive together at the peak: all of them per forward
+    in flight without checkpointing, one recomputed at a time with it, and under --recompute-method block those past the
+    first N of their chunk."""
     activations = config.activations
     if not activations.checkpoint_activations:
         return moe_layers * in_flight
@@ -119,12 +100,12 @@ def _moe_layers_held(config, pipeline_rank: int, moe_layers: int, in_flight: int
 
 
 def moe_figures(config, state, optimizer, probe: ExpertRowProbe, micro_forwards_in_flight: int) -> MoEFigures:
-    """This rank's MoEFigures from the dry run's build and its probe (module docstring)."""
+    """This rank's MoEFigures from the dry run's build and its probe."""
     moe = config.model.moe
     experts = state.experts
     expert_states = None
     expert_parameters = 0
-    if hasattr(optimizer, "parts"):  # zero/experts.py: the experts' own ZeRO over the expert data-parallel group
+    if hasattr(optimizer, "parts"):  # the experts' own ZeRO over the expert data-parallel group
         part = optimizer.experts
         placed = measure_by_placement(part.model_state_tensors(), host_resident_tensors(part), include_meta=True)
         expert_states = {key: placed["device"][key] for key in (*MODEL_STATE_CATEGORIES, "total")}
@@ -133,7 +114,7 @@ def moe_figures(config, state, optimizer, probe: ExpertRowProbe, micro_forwards_
     local = moe.num_experts // experts.model_size
     balanced = max((rows for rows, _ in rows_and_bytes), default=0)
     per_row = max((saved / rows for rows, saved in rows_and_bytes if rows), default=0.0)
-    # balanced: every expert of the group gets tokens x k / E rows, so this rank's `local` get tokens x k x local / E
+    # balanced: this rank's `local` experts get tokens x k x local / E rows
     tokens = balanced * moe.num_experts // (moe.router_topk * local) if local else 0
     sources = experts.model_size if experts.model_size > 1 else 1
     own_tokens = tokens // sources
@@ -161,7 +142,7 @@ def moe_figures(config, state, optimizer, probe: ExpertRowProbe, micro_forwards_
 
 
 def _capacity(moe, tokens: int) -> tuple[Optional[int], str]:
-    """Rows an expert keeps from one source rank's `tokens`, and the rule; (None, "dropless") without dropping."""
+    """Rows an expert keeps from one source rank's `tokens` (Megatron's ceil(T x k / E x factor)), and the rule."""
     k = moe.router_topk
     if moe.deepspeed.gating == "deepspeed":
         if not moe.deepspeed.token_dropping:
@@ -177,7 +158,7 @@ def _capacity(moe, tokens: int) -> tuple[Optional[int], str]:
 
 
 def moe_state_rows(moe: MoEFigures) -> list[tuple[str, int]]:
-    """The plan table's rows splitting the model states into dense and experts' (under expert parallelism)."""
+    """The plan table's rows splitting the model states into dense and experts'."""
     if moe.expert_state_bytes is None:
         return []
     experts = moe.expert_state_bytes
@@ -187,8 +168,7 @@ def moe_state_rows(moe: MoEFigures) -> list[tuple[str, int]]:
 
 
 def moe_lines(moe: MoEFigures, total_bytes: int, width: int) -> list[str]:
-    """The worst-case routing's rows and total, below the plan's total (module docstring); none for a rank without
-    MoE layers (a pipeline stage of dense layers)."""
+    """The worst-case routing's rows and total, below the plan's total; none for a rank without MoE layers."""
     if moe.moe_layers == 0:
         return []
     where = f"the {moe.dispatched_tokens:,} tokens the {moe.dispatcher} dispatcher brings" \

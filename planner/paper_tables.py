@@ -1,16 +1,5 @@
-"""The ZeRO paper's Tables 1 and 2 from its formulas, and the numbers it states, to print beside ours.
-
-Table 1: model-state bytes per device, K = 12 (mixed-precision Adam), decimal GB:
-    baseline (2 + 2 + K) Psi,  P_os (4 + K/N_d) Psi,  P_os+g (2 + (2 + K)/N_d) Psi,  P_os+g+p (16/N_d) Psi
-Table 2: the largest model whose model states fit 32 GB per GPU with MP-way model parallelism on
-64 x MP GPUs (N_d = 64): the same formulas, per GPU divided by MP, solved for Psi.
-
-The formulas are `zero.memory.paper_model_state_gb`; nothing here is a stored table of our results.
-Only what `python -m zero.plan` prints is here (its `tables` command, and the paper's Table 2 and
-Figure 6 columns `max-size` sets beside its results): that command is installed with the packages,
-scripts/ is not. The paper's other stated values (Table 4, what sections 1 and 10 state about
-Figures 2-8) live beside the scripts that use them, in scripts/zero_paper/paper_values.py.
-"""
+"""The ZeRO paper's Tables 1 and 2 from its formulas (zero.memory.paper_model_state_gb), and the numbers it states, to
+print beside ours. Table 2 is the largest model whose model states fit 32 GB per GPU on 64 x MP GPUs."""
 
 from __future__ import annotations
 
@@ -35,9 +24,8 @@ def table1() -> list[dict]:
 
 
 def largest_model(gpu_gb: float, model_parallel: int, data_parallel: int, stage: int) -> float:
-    """The largest Psi whose model states per GPU, (bytes per parameter at this stage) x Psi / MP,
-    fit `gpu_gb` decimal GB: the formula is linear in Psi, so solve it directly."""
-    per_parameter = paper_model_state_gb(1.0, data_parallel, stage) * PAPER_GB  # bytes per parameter
+    """The largest Psi whose model states per GPU fit `gpu_gb` decimal GB (linear in Psi, solved directly)."""
+    per_parameter = paper_model_state_gb(1.0, data_parallel, stage) * PAPER_GB
     return gpu_gb * PAPER_GB * model_parallel / per_parameter
 
 

@@ -1,22 +1,6 @@
-"""Fit the performance model's constants (planner/perf_model.py) to measured runs.
-
-    python -m zero.perf_model --hardware NAME --calibrate FILE... [--output calibration.yaml]
-
-An observation is a run we can plan again: its pretrain_gpt.py flags, its grid and vocabulary, and the
-seconds per iteration it measured. Two kinds of FILE give them:
-
-- a `metrics.jsonl` with a `launch.json` beside it ({"argv": [...], "world_size": N, "gpus_per_node": G,
-  "vocab_size": V}; scripts/zero_paper/run.py and scripts/zero_paper/calibrate_cpu.py write one for
-  every run): the median `iter_time_s` of its training records after the first WARMUP_RECORDS;
-- a `scripts/benchmark_gpu.py --json` output (docs/h100-benchmark-gpu-*.json): its rows for our model in
-  eager mode, the mode pretrain_gpt.py runs by default (one GPU, so no communication).
-
-Each run is planned once (planner/dry_run.py). The predicted time is linear in 1/GEMM_EFFICIENCY and in
-ELEMENTWISE_PASSES except where an overlap window binds, so the fit is a few Gauss-Newton steps on the
-relative errors, with the slopes taken by differences of `predict` itself (the fit needs no second
-copy of the model). DP_OVERLAP is searched on a grid when some run sends DP traffic; otherwise the runs
-say nothing about it and it keeps the value by design (`DP_OVERLAP_BY_DESIGN`), which the output says.
-"""
+"""Fit the performance model's constants to measured runs (`python -m zero.perf_model --calibrate FILE...`): each run, a
+metrics.jsonl with its launch.json or a benchmark_gpu.py --json output, is planned again, and a few Gauss-Newton steps
+fit GEMM_EFFICIENCY and ELEMENTWISE_PASSES; DP_OVERLAP is fitted only where some run sends DP traffic."""
 
 from __future__ import annotations
 
@@ -38,10 +22,8 @@ from planner.perf_model import Constants, Hardware, predict
 WARMUP_RECORDS = 2  # the first records hold the first iterations' allocations and caches
 LAUNCH_FILE = "launch.json"
 GPT2_VOCAB = 50257
-# Our reducer (and DeepSpeed's overlap_comm) starts each bucket's reduction as soon as backward fills
-# it, on its own stream; only the last bucket of a backward has nothing left to hide behind. So on a
-# GPU the whole reduction can overlap, bounded by the backward's length: 1.0, until a multi-GPU run
-# measures otherwise (the single-GPU anchor has no DP traffic to fit it with).
+# the reducer starts each bucket's reduction as backward fills it, so on a GPU all of it can hide: 1.0 until a multi-GPU
+# run measures otherwise
 DP_OVERLAP_BY_DESIGN = 1.0
 OVERLAP_GRID = np.linspace(0.0, 1.0, 21)
 
@@ -58,7 +40,7 @@ class Observation:
 
 
 def observations_from(path: Path) -> list[Observation]:
-    """The runs one FILE holds (see the module docstring)."""
+    """The runs one FILE holds: the median iter_time_s after WARMUP_RECORDS, or a benchmark's eager rows."""
     if path.name.endswith(".jsonl"):
         return [_metrics_observation(path)]
     try:
@@ -138,8 +120,8 @@ def _bounded_least_squares(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple
 
 
 def fit_constants(observations: Sequence[Observation], hardware: Hardware) -> tuple[Constants, float, bool]:
-    """The constants that best predict the runs (relative error), their RMS relative error, and
-    whether DP_OVERLAP was fitted (only runs that send DP traffic can tell)."""
+    """The constants that best predict the runs (relative error), their RMS relative error, and whether DP_OVERLAP was
+    fitted."""
     start = Constants(0.5, 10.0, DP_OVERLAP_BY_DESIGN)
     with_dp = any(sum(o.plan.comm_bytes["dp"].values()) > 1024 for o in observations)
     overlaps = OVERLAP_GRID if with_dp else [DP_OVERLAP_BY_DESIGN]

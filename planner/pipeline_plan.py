@@ -1,19 +1,6 @@
-"""A pipeline stage's iteration, planned: the dry run runs training/pipeline_step.py's PipelineTrainStep itself on
-the meta device, and PipelinePlanObserver (the step's observer, training/step_observer.py) measures what the rank
-holds at each slot and the figures only stages have (p2p bytes, the bubble).
-
-The slots are the executor's own (parallel/pipeline_schedules.py: 1F1B and interleaved 1F1B), each forward running
-the stage's chunk (`GPTModel.chunk_forward`) under the live activation meter, so what autograd saves is measured:
-a forward's saved tensors stay until its backward, so 1F1B keeps min(P - s, M) micro-batches' activations on stage s
-and interleaving Megatron's warm-up count (P - s - 1) x 2 + (vp - 1) x P + 1 chunk-forwards of L / (P x vp) layers.
-What the executor adds is counted too: PipelineP2P completes each send at a receive SEND_LAG slots later
-(parallel/p2p.py), so each sent activation and input gradient stays alive until then, and a received gradient
-while its backward runs; the slots run through the step's own PipelineP2P over the dry run's communicator, so the
-sends held and the "pp" bytes are counted by the live code.
-
-A plan must not cost M passes when M is in the thousands (GPT-3 175B at DP 1 runs 1536): it simulates M' = the fewest
-micro-batches that reach the steady state (one forward and one backward after the warm-up), where the saved
-activations peak, and adds the sends and the TP and DP traffic of the M - M' it did not run."""
+"""A pipeline stage's iteration, planned: the dry run runs the real PipelineTrainStep on the meta device and
+PipelinePlanObserver measures what the rank holds at each slot, with the p2p bytes and the bubble. It simulates the
+fewest micro-batches that reach the steady state, where saved activations peak, and adds the traffic of the rest."""
 
 from __future__ import annotations
 
@@ -32,36 +19,31 @@ from planner.plan_observer import PlanObserver, comm_difference
 
 @dataclass(frozen=True)
 class PipelineFigures:
-    """What stages add to a rank's plan. Bytes per GPU."""
+    """What stages add to a rank's plan, in bytes per GPU."""
     pipeline_parallel_size: int
     pipeline_parallel_rank: int
-    chunks: int                  # model chunks on this stage (vp; 1 without interleaving)
+    chunks: int
     micro_batches: int           # M, per iteration
-    simulated_micro_batches: int  # M' (see the module docstring)
-    peak_chunk_forwards_in_flight: int  # forwards whose backward has not run yet, at most
+    simulated_micro_batches: int  # M', the micro-batches simulated
+    peak_chunk_forwards_in_flight: int
     p2p_message_bytes: int       # one activation or gradient [micro_batch, seq, hidden]
-    p2p_held_bytes: int          # the most sends held at once (PipelineP2P: until a receive SEND_LAG slots on)
-    pass_peak_bytes: int         # saved activations, held sends, a received gradient and gloo's copy, at their peak
-    gradient_arrival_peak_bytes: int  # what is live as a parameter's gradient arrives, with it, at the most
-    p2p_sent_bytes: int          # sent by this rank per iteration (activations forward, gradients back)
-    bubble_fraction: float       # of the iteration's time, see bubble_fraction()
+    p2p_held_bytes: int  # the most sends held at once (each until a receive SEND_LAG slots on)
+    pass_peak_bytes: int
+    gradient_arrival_peak_bytes: int
+    p2p_sent_bytes: int
+    bubble_fraction: float
 
 
 def bubble_fraction(stages: int, micro_batches: int, chunks: int = 1) -> float:
-    """The pipeline bubble as a fraction of the iteration's time. Narayanan et al. 2021 (Efficient Large-Scale
-    Language Model Training on GPU Clusters Using Megatron-LM, sections 2.2.1-2.2.2): the bubble over the ideal
-    time is (p - 1) / m for 1F1B and (p - 1) / (v m) interleaved; as a fraction of the whole (ideal + bubble)
-    that is (p - 1) / (v m + p - 1). Equal forward and backward times per stage assumed, as there."""
+    """The bubble as a fraction of the iteration: (p - 1) / (v m + p - 1) (Narayanan et al. 2021, equal forward and
+    backward times)."""
     return (stages - 1) / (chunks * micro_batches + stages - 1)
 
 
 def simulated_micro_batches(micro_batches: int, stages: int, stage: int, chunks: int,
                             group_size: Optional[int] = None) -> int:
-    """M': 1F1B reaches its steady state on stage s after P - s - 1 warm-up forwards, so P - s micro-batches
-    hold its peak, and at least two, so that a backward under no_sync (what each micro-batch not simulated
-    sends) runs before the last; interleaved needs a multiple of P, and 2P covers the longest warm-up,
-    (P - 1) x 2 + (vp - 1) x P. With a --microbatch-group-size-per-virtual-pipeline-stage other than P the groups
-    (and the last, which takes the remainder) depend on M: all M run."""
+    """M': the fewest micro-batches that hold stage s's peak (P - s, at least two so a no_sync backward runs before the
+    last; interleaved 2P). With a microbatch group size other than P all M run."""
     if chunks > 1:
         if group_size is not None and group_size != stages:
             return micro_batches
@@ -70,10 +52,8 @@ def simulated_micro_batches(micro_batches: int, stages: int, stage: int, chunks:
 
 
 class PipelinePlanObserver(PlanObserver):
-    """Watches a PipelineTrainStep's iteration for the plan: it runs M' of the M micro-batches, measures at each
-    slot what the stage holds (saved activations, held sends, a received gradient, gloo's copy at each collective
-    of a backward) and adds what the micro-batches not run send. `p2p` is the step's PipelineP2P (set once the
-    step is built); `message` the bytes of one activation or gradient."""
+    """Runs M' of a PipelineTrainStep's M micro-batches, measures at each slot what the stage holds and adds what the
+    micro-batches not run send. `p2p` is the step's PipelineP2P, set once the step is built."""
 
     def __init__(self, comm, monitor, probe, message: int) -> None:
         super().__init__(comm, monitor, probe)
@@ -83,11 +63,10 @@ class PipelinePlanObserver(PlanObserver):
         self.slots: list = []
         self.last_backward = -1
         self.most_held = self.forward_peak = 0
-        self.backward_points: list[int] = []  # bytes live at a backward's start and at each collective inside one
-        self.gradient_arrivals: list[int] = []  # bytes live as each parameter gradient arrives, with it
+        self.backward_points: list[int] = []
+        self.gradient_arrivals: list[int] = []
         self._beside = 0
-        # (F or B, chunk): the TP and DP bytes of that chunk's first forward, and of its first backward under no_sync,
-        # which each micro-batch not simulated sends again
+        # (F or B, chunk): the TP and DP bytes of its first pass, which each micro-batch not simulated sends again
         self.slot_repeated: dict[tuple[str, int], dict[str, dict[str, int]]] = {}
         self.point_to_point: dict[str, int] = {}
         self._slot = None
@@ -95,7 +74,7 @@ class PipelinePlanObserver(PlanObserver):
     def pipeline_micro_batches(self, accumulation_steps: int, stages: int, stage: int, chunks: int,
                                group_size: Optional[int]) -> int:
         if chunks > 1:
-            check_interleaving(accumulation_steps, stages, chunks, group_size)  # the run's M, not the simulated M'
+            check_interleaving(accumulation_steps, stages, chunks, group_size)
         self.micro_batches_total, self.stages, self.stage, self.chunks = accumulation_steps, stages, stage, chunks
         self.steps = simulated_micro_batches(accumulation_steps, stages, stage, chunks, group_size)
         if self.progress is not None:
@@ -103,9 +82,7 @@ class PipelinePlanObserver(PlanObserver):
         return self.steps
 
     def watch_parameter_gradients(self, parameters) -> None:
-        """A parameter's gradient exists from its arrival until the reducer's hook takes it (into its main gradient,
-        or added in place where the gradients are views of the buffer): read what is live then, the embedding's
-        last in its chunk's backward, when that chunk's saved tensors are freed."""
+        """A gradient lives from its arrival until the reducer's hook takes it: read what is live then."""
         for parameter in parameters:
             parameter.register_hook(self._gradient_arrives)
 
@@ -134,17 +111,16 @@ class PipelinePlanObserver(PlanObserver):
             self.slot_repeated.setdefault(("F", slot.chunk), comm_difference(self.comm.stats.snapshot(), before, ("pp",)))
             return
         ends = self._virtual_stages().ends_model(slot.chunk)
-        beside = self.p2p.held_sends * self.message + (0 if ends else self.message)  # held sends, received gradient
+        beside = self.p2p.held_sends * self.message + (0 if ends else self.message)
         self._beside = beside
         self.backward_points.append(self.monitor.meter.live["device"] + beside)
         self._before = self.comm.stats.snapshot()
 
         def at_collective(copy_bytes: int) -> None:
-            # What a backward that reduces gradients holds when each collective starts: the activations it has
-            # not yet freed and gloo's copy of that collective's buffer.
+            # gloo's copy of a collective's buffer, on top of the activations not yet freed
             self.backward_points.append(self.monitor.meter.live["device"] + beside + copy_bytes)
 
-        self.comm.on_transport_copy = at_collective  # until the slot's gradient synchronization is done
+        self.comm.on_transport_copy = at_collective
         with super().phase(name):
             yield
 
@@ -160,9 +136,6 @@ class PipelinePlanObserver(PlanObserver):
         self.most_held = max(self.most_held, self.p2p.held_sends)
 
     def passes_end(self) -> None:
-        # The micro-batches not simulated: each sends and receives what a simulated one does (one message per model
-        # chunk boundary it crosses, each way), each chunk's forward sends what its first did (TP's collectives), and
-        # its backward under no_sync what the first one did (TP's, and stage 2 reduces every micro-batch).
         unsimulated = self.micro_batches_total - self.steps
         virtual = self._virtual_stages()
         sends_per_micro_batch = sum(not virtual.starts_model(chunk) for chunk in range(self.chunks)) + \
@@ -175,18 +148,14 @@ class PipelinePlanObserver(PlanObserver):
         self.passes_copy = self.comm.take_largest_transport_copy()
 
     def figures(self) -> PipelineFigures:
-        """The stage's figures, once the step ran. The peak of the passes: a forward's, a backward's start, or a
-        collective inside a backward that reduces gradients (the last one at ZeRO 0-1, every one at ZeRO 2) with
-        what was still live as it started. Counting the copy on top of all a backward held at its start planned
-        tests/planner/test_plan_pipeline_live.py's last stage at 90.0 MiB, measured 72: its reduce-scatter starts
-        once a bucket of gradients is ready, when those layers' activations are gone. Read at the collective, the
-        plan is 78.0 MiB."""
+        """The stage's figures, once the step ran. A backward's copy is counted at each collective, not on top of its
+        start, since a bucket's reduce-scatter starts after its layers' activations are freed."""
         return PipelineFigures(
             pipeline_parallel_size=self.stages, pipeline_parallel_rank=self.stage, chunks=self.chunks,
             micro_batches=self.micro_batches_total, simulated_micro_batches=self.steps,
             peak_chunk_forwards_in_flight=peak_held_by_forwards(self.slots, [1] * self.chunks),
             p2p_message_bytes=self.message,
-            # the micro-batches not simulated repeat the steady state: they hold no more sends at once
+            # the micro-batches not simulated repeat the steady state
             p2p_held_bytes=self.most_held * self.message,
             pass_peak_bytes=max([self.forward_peak] + self.backward_points),
             gradient_arrival_peak_bytes=max(self.gradient_arrivals, default=0),
@@ -195,8 +164,8 @@ class PipelinePlanObserver(PlanObserver):
 
 
 def message_bytes(model, config, tokens, tensor_parallel_size: int) -> int:
-    """One activation or gradient a stage sends, in bytes: [micro_batch, seq, hidden] (a TP rank's slice of the
-    sequence under sequence parallelism), in the model's dtype."""
+    """One activation or gradient a stage sends: [micro_batch, seq, hidden] (a TP rank's slice under SP), model
+    dtype."""
     shape = activation_shape(tokens, config.model.hidden_size, model, tensor_parallel_size)
     return math.prod(shape) * torch.finfo(next(model.parameters()).dtype).bits // 8
 

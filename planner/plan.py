@@ -1,23 +1,5 @@
-"""The planner: will it fit, and what will it send, for any model on any cluster, without GPUs.
-
-    python -m zero.plan tables                       # the ZeRO paper's Tables 1 and 2, from the formulas
-    python -m zero.plan dry-run --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \
-        --num-layers 212 --hidden-size 8192 --num-attention-heads 64 --tensor-model-parallel-size 16 \
-        --zero-stage 2 --checkpoint-activations --partition-activations --micro-batch-size 4 --fp16 [--json]
-    python -m zero.plan search --config llama3-8b --gpus 8 --hardware h100-sxm --global-batch-size 128 \
-        --seq-length 8192 [--json]                   # rank every layout, print commands (planner/search_cli.py)
-    python -m zero.plan max-size --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \
-        --tensor-model-parallel-size 16 --hidden-size 8192 --num-attention-heads 64 --micro-batch-size 16 --fp16
-
-`dry-run` and `max-size` take every `pretrain_gpt.py` flag plus the cluster: `--world-size`, `--gpus-per-node`,
-`--gpu-memory` (32GB = 32e9 bytes, 32GiB = 32 x 2^30), `--host-memory` (per node) and `--rank`. The vocabulary is the
-one `pretrain_gpt.py` builds with the same flags (planner/launch.py launch_vocab). A dry run builds the real model and
-ZeRO setup for one rank on the meta device and runs one iteration (planner/dry_run.py); `max-size` repeats it to find
-the most layers that fit under the paper's C1-C5. A dry run that does not fit plans its levers (planner/levers.py);
-with `--hardware P` it adds the layout model's step time (planner/layout_prediction.py; `--trainer megatron-lm` as
-Megatron-LM runs the flags). `dry-run --help` and `search --help` list the planner's flags, `--help-model`
-pretrain_gpt.py's. Bad flags: one line on stderr, exit status 2. Bounded: at most 1,024 layers, progress after ten
-seconds, `--gpu-memory` at most 16 TB, `max-size` a few dozen dry runs (a fit at 1,024 is "at least 1024")."""
+"""The planner's command line, `python -m zero.plan`: will a model fit, and what will it send, on any cluster
+without GPUs (tables, dry-run, max-size, search)."""
 
 from __future__ import annotations
 
@@ -46,8 +28,29 @@ from planner.vocabulary import launch_vocab
 from training.memory_fit import available_host_memory
 from zero.memory import format_bytes
 
+USAGE = """The planner: will it fit, and what will it send, for any model on any cluster, without GPUs.
+
+    python -m zero.plan tables                       # the ZeRO paper's Tables 1 and 2, from the formulas
+    python -m zero.plan dry-run --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \
+        --num-layers 212 --hidden-size 8192 --num-attention-heads 64 --tensor-model-parallel-size 16 \
+        --zero-stage 2 --checkpoint-activations --partition-activations --micro-batch-size 4 --fp16 [--json]
+    python -m zero.plan search --config llama3-8b --gpus 8 --hardware h100-sxm --global-batch-size 128 \
+        --seq-length 8192 [--json]                   # rank every layout, print commands (planner/search_cli.py)
+    python -m zero.plan max-size --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \
+        --tensor-model-parallel-size 16 --hidden-size 8192 --num-attention-heads 64 --micro-batch-size 16 --fp16
+
+`dry-run` and `max-size` take every `pretrain_gpt.py` flag plus the cluster: `--world-size`, `--gpus-per-node`,
+`--gpu-memory` (32GB = 32e9 bytes, 32GiB = 32 x 2^30), `--host-memory` (per node) and `--rank`. The vocabulary is the
+one `pretrain_gpt.py` builds with the same flags (planner/launch.py launch_vocab). A dry run builds the real model and
+ZeRO setup for one rank on the meta device and runs one iteration (planner/dry_run.py); `max-size` repeats it to find
+the most layers that fit under the paper's C1-C5. A dry run that does not fit plans its levers (planner/levers.py);
+with `--hardware P` it adds the layout model's step time (planner/layout_prediction.py; `--trainer megatron-lm` as
+Megatron-LM runs the flags). `dry-run --help` and `search --help` list the planner's flags, `--help-model`
+pretrain_gpt.py's. Bad flags: one line on stderr, exit status 2. Bounded: at most 1,024 layers, progress after ten
+seconds, `--gpu-memory` at most 16 TB, `max-size` a few dozen dry runs (a fit at 1,024 is "at least 1024")."""
+
 GPT2_VOCAB = 50257
-# The paper's Figures 6-8 configurations (section 10.4): each with activation checkpointing.
+# the paper's Figures 6-8 configurations (section 10.4), each with activation checkpointing
 CONFIGURATIONS = {
     "C1": {"stage": 1, "partition_activations": False, "cpu_checkpointing": False},
     "C2": {"stage": 1, "partition_activations": True, "cpu_checkpointing": False},
@@ -57,30 +60,28 @@ CONFIGURATIONS = {
 }
 CONFIGURATION_NAMES = {"C1": "P_os", "C2": "P_os + P_a", "C3": "P_os+g", "C4": "P_os+g + P_a",
                        "C5": "P_os+g + P_a+cpu"}
-# The largest --gpu-memory: no GPU holds more than a few hundred GB (288 GB in 2025), and a CPU host
-# that `--target cpu` plans for a few TB. 16 TB leaves room for both; 10^6 GB is a typo.
+# no GPU holds more than a few hundred GB and a CPU host a few TB; 10^6 GB is a typo
 MAX_DEVICE_MEMORY_BYTES = 16 * 10**12
 
 
 def parse_memory(text: str, flag: str = "--gpu-memory") -> int:
-    """"32GB" (decimal), "32GiB" (binary), "80e9" or a plain byte count -> bytes (`flag` names it in errors)."""
+    """"32GB" (decimal), "32GiB" (binary), "80e9" or a byte count -> bytes."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMGT]i?B)?\s*", text)
     if not match:
         raise ConfigError(f"{flag} {text!r}: give a size like 32GB, 80GiB or 34359738368")
     value, unit = float(match.group(1)), (match.group(2) or "B")
     scale = {"B": 1} if unit == "B" else {unit: (1024 if "i" in unit else 1000) ** ("KMGT".index(unit[0]) + 1)}
     size = value * scale[unit]
-    if not 1 <= size <= MAX_DEVICE_MEMORY_BYTES:  # also catches 1e999, which float() makes infinite
+    if not 1 <= size <= MAX_DEVICE_MEMORY_BYTES:
         raise ConfigError(f"{flag} {text}: give a size from 1 byte to {MAX_DEVICE_MEMORY_BYTES // 10**12} TB "
                           f"(no GPU, nor a CPU host, holds more; MAX_DEVICE_MEMORY_BYTES in planner/plan.py)")
     return int(size)
 
 
-# ---- dry-run --------------------------------------------------------------------------------------
-
+# ---- dry-run ----
 def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_source: str,
                 levers: Optional[list[Lever]] = None) -> str:
-    """The plan as a table; `levers`: a run that does not fit, each lever planned (planner/levers.py)."""
+    """The plan as a table; `levers`: each lever of a run that does not fit, planned."""
     training, activations = config.training, config.activations
     devices = "GPUs" if cluster.device_type == "cuda" else "processes"
     stages = plan.pipeline
@@ -149,7 +150,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              *([("FP8 weights cast once an iteration, kept through its micro-batches (data and transpose)",
                  plan.fp8_weight_cache_bytes)] if plan.fp8_weight_cache_bytes else [])]
     if any(plan.transport_copy_bytes.values()):
-        # counted with the activations still saved as its collective starts, not on top of their peak (dry_run.py)
+        # read at its collective, not on top of the activations' peak
         rows.append(("gloo's copy of the passes' largest collective (beside what is saved then)",
                      plan.transport_copy_bytes["passes"]))
     rows.append(("optimizer step's temporaries (fused AdamW: none, AdEMAMix: 3 windows; gradient partition or publishing"
@@ -181,8 +182,6 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                  f"{format_bytes(plan.checkpoint_read_bytes):>12}")
     lines += ["", "sent per iteration by this rank:"]
     for group, kinds in plan.comm_bytes.items():
-        # the point-to-point messages are the pipeline's lines (beside their size); without stages the pipeline's
-        # groups carry nothing
         if group == "pp" or (group == "embedding" and stages is None):
             continue
         sent = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in kinds.items() if n)
@@ -197,7 +196,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
 
 
 def _data_lines(config: PretrainConfig) -> list[str]:
-    """Which blend each split reads, for the user's data (data/per_split.py); nothing for the embedded corpus."""
+    """Which blend each split reads; nothing for the embedded corpus."""
     if not config.data.user_data:
         return []
     return [f"data: {describe_sources(config.data.sources(), config.data.split)}"]
@@ -214,7 +213,6 @@ def _pipeline_lines(stages: PipelineFigures) -> list[str]:
 
 
 def format_stage_table(plans: list[RankPlan], levers: Optional[list[Lever]] = None) -> str:
-    """One line per stage and the worst; with `levers` (a stage does not fit), what makes it fit."""
     lines = ["per stage (same DP and TP rank): rank, layers' model states, saved for backward, pipeline sends "
              "held, total"]
     for plan in plans:
@@ -233,13 +231,12 @@ def format_stage_table(plans: list[RankPlan], levers: Optional[list[Lever]] = No
 
 
 def best_lever(levers: list[Lever]) -> Lever:
-    """The first lever that fits (the cheapest), else the one that comes closest."""
+    """The first lever that fits (the cheapest), else the closest."""
     return next((lever for lever in levers if lever.fits), None) or max(levers, key=lambda lever: lever.headroom_bytes)
 
 
 def _moments(config: PretrainConfig) -> str:
-    """What the optimizer states are: Adam's two moments (with their stored dtypes when not fp32: --exp-avg-dtype,
-    --exp-avg-sq-dtype), AdEMAMix's three (--optimizer ademamix), or Sophia-G's two (--optimizer sophiag)."""
+    """The optimizer states' names and stored dtypes."""
     if config.optimizer.optimizer == "ademamix":
         return "AdEMAMix moments (m1, m2, nu)"
     if config.optimizer.optimizer == "sophiag":
@@ -249,8 +246,7 @@ def _moments(config: PretrainConfig) -> str:
 
 
 def _host_lines(plan: RankPlan, width: int, moments: str = "Adam moments") -> list[str]:
-    """This rank's host memory (offloaded states, the gradient partition, P_a+cpu checkpoints, the checkpoint an
-    --async-save stages), the node's (every rank on it holds as much) and its verdict against --host-memory."""
+    """This rank's and the node's host memory, and its verdict against --host-memory."""
     host = plan.host_model_state_bytes
     rows = [(f"host: {name} (offloaded)", host[key]) for name, key in
             (("16-bit parameter shard", "parameters"), ("fp32 gradient partition", "gradients"),
@@ -277,8 +273,7 @@ def _count(parameters: int) -> str:
     return f"{parameters / 1e9:.2f}B" if parameters >= 1e9 else f"{parameters:,}"
 
 
-# ---- max-size -------------------------------------------------------------------------------------
-
+# ---- max-size ----
 def _with(config: PretrainConfig, num_layers: int, configuration: Optional[dict]) -> PretrainConfig:
     model = dataclasses.replace(config.model, num_layers=num_layers)
     zero, activations = config.zero, config.activations
@@ -292,15 +287,9 @@ def _with(config: PretrainConfig, num_layers: int, configuration: Optional[dict]
 
 def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configuration: Optional[dict],
                    progress=None, plan_run=dry_run) -> tuple[int, Optional[RankPlan]]:
-    """The most layers (the rest of the shape fixed) whose dry run fits the budget, and that plan.
-
-    A rank's bytes grow almost linearly with the layers; almost, because the constant-size buckets
-    stop growing once the model outgrows them. So the search is a secant search on dry runs (each
-    step re-measures the slope where it is), then steps from the estimate that double until the
-    boundary is bracketed and a bisection of the bracket: when the estimate is right that is two dry
-    runs, and however wrong it is, a few dozen at most. No depth beyond MAX_PLAN_LAYERS is planned: a
-    budget that holds even that many returns MAX_PLAN_LAYERS (format_max_size says "at least").
-    `plan_run(config, cluster, vocab)` plans one depth: `dry_run`, or a caller's cache of it."""
+    """The most layers whose dry run fits the budget, and that plan: a secant search on dry runs (bytes grow almost
+    linearly with layers), then doubling steps and a bisection, a few dozen dry runs at most. Capped at
+    MAX_PLAN_LAYERS."""
     plans: dict[int, RankPlan] = {}
 
     def plan_for(layers: int) -> RankPlan:
@@ -318,11 +307,9 @@ def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configu
 
     if not plan_for(1).fits:
         return 0, None
-    # The plans' own budget: a plan_run may plan under conditions with a budget of their own
-    # (scripts/zero_paper/paper_conditions.py); without them it is the cluster's.
     budget = plan_for(1).budget_bytes if plan_for(1).budget_bytes is not None else cluster.gpu_memory_bytes
     low, high = 1, min(2, MAX_PLAN_LAYERS)
-    for _ in range(20):  # secant steps: converges in a few, since the curve is nearly a line
+    for _ in range(20):
         slope = max(1.0, (plan_for(high).total_bytes - plan_for(low).total_bytes) / (high - low))
         guess = min(MAX_PLAN_LAYERS, max(1, high + int((budget - plan_for(high).total_bytes) // slope)))
         if guess in (low, high):
@@ -335,10 +322,10 @@ def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configu
         if too_deep is None:
             if fits >= MAX_PLAN_LAYERS:
                 break
-            plan_for(min(MAX_PLAN_LAYERS, fits + step))  # upward, doubling, until a depth does not fit
+            plan_for(min(MAX_PLAN_LAYERS, fits + step))
         elif too_deep - fits <= 1:
             break
-        else:  # downward from the shallowest too deep, doubling, until the steps exceed half the gap
+        else:
             plan_for(max(too_deep - step, (fits + too_deep) // 2))
         step *= 2
     return fits, plan_for(fits)
@@ -352,7 +339,7 @@ def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster:
     header = "| config | ZeRO | max layers | parameters | per-GPU total | headroom |"
     rule = "|---|---|---:|---:|---:|---:|"
     host = cluster.host_memory_bytes is not None
-    if host:  # the node's host memory is a second budget: say which of the two stops the next layer
+    if host:
         header, rule = header + " host per node | binds |", rule + "---:|---|"
     if figure6:
         header, rule = header + " paper Figure 6 |", rule + "---:|"
@@ -381,8 +368,7 @@ def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster:
 
 
 def binding_budget(too_deep: Optional[RankPlan]) -> str:
-    """Which budget stops the search: the one the shallowest plan that does not fit breaks (the next
-    depth's, which the search planned to close its bracket); "neither" where the cap stopped it."""
+    """Which budget stops the search; "neither" where the cap did."""
     if too_deep is None:
         return "neither (the search's cap)"
     broken = [name for name, fits in (("device", too_deep.fits_device), ("host", too_deep.fits_host))
@@ -390,15 +376,13 @@ def binding_budget(too_deep: Optional[RankPlan]) -> str:
     return " and ".join(broken) + " memory"
 
 
-# ---- the command line -----------------------------------------------------------------------------
-
+# ---- the command line ----
 MODEL_FLAGS_NOTE = ("Every other flag is pretrain_gpt.py's: the model (--config, --init-from-hf or the shape flags), the "
                     "layout (--tensor-model-parallel-size, --zero-stage, ...), the batch, the precision; "
                     "`--help-model` lists them.")
 
 
 def print_help(command: str, rest: Sequence[str]) -> int:
-    """`dry-run --help` / `max-size --help`: the planner's own flags; `--help-model`: pretrain_gpt.py's."""
     if "--help-model" in rest:
         from arguments.parser import build_parser
 
@@ -432,8 +416,6 @@ def planner_arguments(prog: str) -> argparse.ArgumentParser:
 
 
 def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, ParsedArguments, Cluster]:
-    """The planner's own flags, and the rest as pretrain_gpt.py parses them (`ParsedArguments`: the config, and the
-    Megatron-LM flags it accepts with no effect, which --trainer megatron-lm prices)."""
     from arguments.parser import parse_arguments
 
     planner, rest = planner_arguments(prog).parse_known_args(list(argv))
@@ -453,8 +435,7 @@ def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, P
 
 
 def this_machines_host_memory(cluster: Cluster) -> Cluster:
-    """`cluster` with this machine's available memory as the host budget per node (training/memory_fit.py's reader:
-    MemAvailable, or a memory cgroup's limit less its usage where lower), said as this machine's."""
+    """`cluster` with this machine's available memory as the host budget per node."""
     available, source = available_host_memory()
     if available is None:
         return cluster
@@ -471,17 +452,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     commands = ("tables", "dry-run", "max-size", "search")
     if not argv or argv[0] not in commands:
         if argv and argv[0] in ("-h", "--help"):
-            print(__doc__)
+            print(USAGE)
             return 0
         raise ConfigError(f"usage: python -m zero.plan {{{','.join(commands)}}} [flags]; see --help")
     command, rest = argv[0], argv[1:]
-    if command == "search":  # the layout search (planner/search_cli.py): a dry run of its picks only
+    if command == "search":
         from planner.search_cli import search_command
         return search_command(rest)
     if command in ("dry-run", "max-size") and {"-h", "--help", "--help-model"} & set(rest):
         return print_help(command, rest)
     if command == "tables":
-        if rest:  # the tables are the paper's, from its formulas: there is nothing to set
+        if rest:
             raise ConfigError(f"tables takes no flags; got {' '.join(rest)}")
         print(format_table1() + "\n\n" + format_table2())
         return 0
@@ -495,11 +476,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cluster = dataclasses.replace(cluster, gpus_per_node=hardware.gpus_per_node, device_type=hardware.device_type,
                                       gpu_memory_bytes=cluster.gpu_memory_bytes or hardware.gpu_memory_bytes)
     if command == "dry-run":
-        if cluster.gpu_memory_bytes is not None:  # a model the cluster cannot hold is refused before it is planned
+        if cluster.gpu_memory_bytes is not None:
             check_parameters_fit(config.model, cluster.world_size, cluster.gpu_memory_bytes,
                                  "GPUs" if cluster.device_type == "cuda" else "processes")
         check_plannable(config)
-        if cluster.host_memory_bytes is None:  # the host total checked against something: this machine
+        if cluster.host_memory_bytes is None:
             cluster = this_machines_host_memory(cluster)
     elif cluster.gpu_memory_bytes is None:
         raise ConfigError("max-size needs --gpu-memory (the budget each GPU has)")
@@ -516,7 +497,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             levers = find_levers(config, cluster, plan.data_parallel_size, plan_stages, progress=stderr_line)
         predicted, predicted_text = {}, ""
-        if hardware is not None:  # the step time of the planned layout
+        if hardware is not None:
             predicted, predicted_text = _predicted_step(plan, config, parsed.harvested, planner, vocab, cluster,
                                                         hardware)
         if planner.json:
@@ -531,7 +512,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results, binds = {}, {}
     for name, configuration in CONFIGURATIONS.items():
         stderr_line(f"> {name} ({CONFIGURATION_NAMES[name]})")
-        plans: dict[int, RankPlan] = {}  # by depth, to read the one past the largest that fits
+        plans: dict[int, RankPlan] = {}
 
         def plan_run(depth_config, depth_cluster, depth_vocab, plans=plans):
             plans[depth_config.model.num_layers] = dry_run(depth_config, depth_cluster, depth_vocab,
@@ -551,15 +532,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _predicted_step(plan: RankPlan, config: PretrainConfig, megatron_flags: dict, planner: argparse.Namespace,
                     vocab: int, cluster: Cluster, hardware) -> tuple[dict, str]:
-    """The planned layout's step time, as JSON fields and text: the layout model's (the search's) where the profile
-    has a layout calibration, else the dry-run-based model's (planner/layout_prediction.py says why)."""
+    """The planned layout's step time as JSON fields and text: the layout model's where the profile has its calibration,
+    else the dry-run-based model's."""
     if hardware.layout_calibration is not None:
         from planner.layout_prediction import format_layout_prediction, predict_config, prediction_json
 
         try:
             _, prediction, constants = predict_config(config, cluster.world_size, vocab, hardware, planner.trainer,
                                                       megatron_flags)
-        except ConfigError as error:  # a run the layout model does not price: the plan stands, the step is said
+        except ConfigError as error:
             return {"step_s": None, "no_prediction": str(error)}, f"\n\nno predicted step: {error}"
         return prediction_json(prediction, planner.trainer), \
             "\n\n" + format_layout_prediction(prediction, hardware, constants, planner.trainer)
@@ -572,8 +553,7 @@ def _predicted_step(plan: RankPlan, config: PretrainConfig, megatron_flags: dict
 
 
 def command(argv: Optional[Sequence[str]] = None) -> int:
-    """`main` behind the entry-point boundary: what `python -m zero.plan` runs (exit status 0, or 2
-    with one line on stderr for a bad input)."""
+    """`main` behind the entry-point boundary: exit status 0, or 2 with one line on stderr."""
     return run_tool("python -m zero.plan", lambda: main(argv), (ConfigError, DataError))
 
 

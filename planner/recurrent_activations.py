@@ -1,6 +1,5 @@
-"""What a recurrent mixer half (`M` Mamba-2, `G` Gated DeltaNet, with its input norm) saves for backward, measured
-once per model on the meta device with the dry run's meter: their plain-torch scans keep chunk-wide fp32 tensors no
-attention-shaped formula holds. The layout search's count (planner/layout_activations.py) reads it from ModelCounts."""
+"""What a recurrent mixer half (`M` Mamba-2, `G` Gated DeltaNet) saves for backward, measured once per model on the meta
+device: their plain-torch scans keep chunk-wide fp32 tensors no attention-shaped formula holds."""
 
 from __future__ import annotations
 
@@ -19,30 +18,27 @@ from parallel.state import virtual_state
 from zero.activations import SavedTensorMeter
 
 RECURRENT = (MAMBA, GDN)
-# Whole chunks of both scans (M's 128, G's 64; a sequence that pads its last chunk keeps a little more: the count stays
-# under it): one and two sequences of each length
+# whole chunks of both scans (M's 128, G's 64): one and two sequences of each length
 PROBE_TOKENS = (256, 512)
 
 
 @dataclass(frozen=True)
 class RecurrentSavedBytes:
-    """Saved bytes of the model's M and G mixer halves (bf16, every TP rank's: each keeps its heads' share), summed
-    over its layers: per token, per position whatever the batch, per sequence (the scan's first state, the conv's
-    padding) and once a forward (the joined projection and conv weights, copies autograd keeps for backward)."""
+    """Saved bytes of the model's M and G mixer halves (bf16, summed over layers): per token, per position, per sequence
+    and once a forward (weight copies autograd keeps)."""
     per_token: float = 0.0
     per_position: float = 0.0
     per_sequence: float = 0.0
     per_forward: float = 0.0
 
     def token_bytes(self, micro_batch_size: int, positions: float) -> float:
-        """Per token of a forward of `micro_batch_size` sequences of `positions` tokens (the count's unit)."""
+        """Per token of a forward of `micro_batch_size` sequences of `positions` tokens."""
         return (self.per_token + self.per_position / micro_batch_size + self.per_sequence / positions
                 + self.per_forward / (micro_batch_size * positions))
 
 
 def recurrent_saved_bytes(config: ModelConfig) -> RecurrentSavedBytes:
-    """Four meta forwards of one mixer-only block of each kind the model has, at TP 1 (one and two sequences, each of
-    two lengths), solved for the four terms."""
+    """Four meta forwards of one mixer-only block of each kind, at TP 1, solved for the four terms."""
     symbols = mixer_symbols(config)
     total = [0.0] * 4
     short, long = PROBE_TOKENS

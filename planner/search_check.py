@@ -1,12 +1,6 @@
-"""The layout search's picks planned by the meta-device dry run before they are printed (issue 80: the analytic count
-runs under the dry run's figure, and a top pick it let through did not fit by the planner's own dry run).
-
-On by default (`python -m zero.plan search --no-dry-run-check` turns it off). The search's candidates are walked best
-first: each is parsed from the model's flags and its own, as `python -m zero.plan dry-run --hardware P --world-size N`
-parses that line, and every pipeline stage's first rank is planned (planner/stage_plans.py, the dry run's own
-function); a candidate whose worst stage is over the GPU's memory loses with that figure, and the walk goes on until
-`picks` fit or `max_dry_runs` plans were made (a dry run of a large model's stage takes seconds to minutes).
-"""
+"""The layout search's picks planned by the meta-device dry run before they are printed (on unless --no-dry-run-check):
+the candidates are walked best first, every pipeline stage planned, until `picks` fit or `max_dry_runs` plans were
+made."""
 
 from __future__ import annotations
 
@@ -25,8 +19,8 @@ from planner.vocabulary import launch_vocab
 
 @dataclass(frozen=True)
 class CheckSummary:
-    checked: int      # candidates planned by the dry run
-    fit: int          # of those, the ones that fit
+    checked: int
+    fit: int
     capped: bool      # the walk stopped at max_dry_runs before `picks` fit
 
 
@@ -45,10 +39,8 @@ def stage_bytes(flags: Sequence[str], gpus: int, hardware: Hardware,
 
 def check_picks(candidates: list[Candidate], model_flags: Sequence[str], hardware: Hardware, picks: int,
                 max_dry_runs: int, progress: Optional[SearchProgress] = None) -> CheckSummary:
-    """Plan the best candidates until `picks` fit by the dry run (module docstring); each planned one gets
-    `stage_bytes`, and one over the memory `fits` False. Reorders `candidates`: the checked ones that fit first
-    (ties now decided on the dry run's memory), then the unchecked that fit by the count, then the rest.
-    `progress` hears of each dry run, its verdict and the best that fits so far (planner/search_progress.py)."""
+    """Plan the best candidates until `picks` fit by the dry run. Reorders `candidates`: the checked ones that fit
+    first, then the unchecked that fit by the count, then the rest. `progress` hears of each dry run."""
     progress = progress or SearchProgress(None)
     checked = fit = 0
     best = None
@@ -71,7 +63,7 @@ def check_picks(candidates: list[Candidate], model_flags: Sequence[str], hardwar
                                  f"{hardware.gpu_memory_bytes / 1e9:,.0f} GB")
         else:
             fit += 1
-            if best is None:  # walked best first: the first that fits is the fastest
+            if best is None:  # walked best first: the first that fits is fastest
                 best = (candidate.layout, candidate.prediction.step_s, candidate.dry_run_bytes)
         progress.dry_run_done(f"{'fits' if candidate.fits else 'over the GPU'}: "
                               f"{candidate.dry_run_bytes / 2 ** 30:,.2f} GiB by the dry run, "

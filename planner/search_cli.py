@@ -1,14 +1,6 @@
-"""`python -m zero.plan search`: its own flags, the trainer's flags for the model (and any layout the user fixes), the
-search (planner/layout_search.py), the dry-run check of its picks (planner/search_check.py) and the report
-(planner/search_report.py); where no layout fits, the smallest GPU count that does and the closest lever.
-
-    python -m zero.plan search --config llama3-8b --gpus 8 --hardware h100-sxm --global-batch-size 128 \\
-        --seq-length 8192 [--zero-stage 1] [--top 5] [--json] [--no-dry-run-check]
-
-Everything that is not one of the search's own flags is a pretrain_gpt.py flag: the model (--config, --init-from-hf
-or the shape flags), the batch and sequence, the data and checkpoint flags (passed on to the printed commands), and
-any layout flag, which fixes that dimension (planner/layout_pins.py). `--help-model` lists them.
-"""
+"""`python -m zero.plan search`: its own flags, the trainer's flags for the model (a layout flag among them fixes that
+dimension), the search, the dry-run check of its picks and the report; where no layout fits, the smallest GPU count that
+does and the closest lever."""
 
 from __future__ import annotations
 
@@ -70,8 +62,7 @@ def data_note(config) -> list[str]:
             f"{' and '.join(missing)} (docs/data.md), or give them to search, which passes them on"]
 
 
-# A dry run builds each layer on the meta device, about 0.1 s a layer on a CI core (13 s for Llama 3.1 405B's 126):
-# the no-fit answer confirms its smallest count by the dry run only where that stays a few seconds.
+# a dry run takes about 0.1 s a layer on a CI core: the no-fit answer confirms by dry run only up to this depth
 CONFIRM_MAX_LAYERS = 24
 CONFIRM_DRY_RUNS = 3
 
@@ -79,8 +70,8 @@ CONFIRM_DRY_RUNS = 3
 def no_fit_answer(config: PretrainConfig, counts: ModelCounts, gpus: int, hardware: Hardware, vocab: int,
                   model_flags: list[str], candidates: list[Candidate], dry_run_check: bool,
                   progress: SearchProgress) -> list[str]:
-    """Where no layout fits: the smallest GPU count that does (by the count, then its best by the dry run where
-    that is cheap) and the lever that gets closest on `gpus` (planner/search_report.py no_fit_lines)."""
+    """Where no layout fits: the smallest GPU count that does (confirmed by the dry run where cheap) and the lever that
+    gets closest on `gpus`."""
     progress.emit(f"search: no layout fits on {gpus:,} GPUs; looking for the smallest count that fits")
     parameters, _ = parameter_lower_bound(config.model)
     smallest = smallest_fitting_gpus(config, counts, gpus, hardware, parameters * MIN_PARAMETER_BYTES)
@@ -122,7 +113,7 @@ def search_command(argv: Sequence[str]) -> int:
     model_flags, dropped = drop_no_effect_flags(rest, parsed.harvested or {})
     model_flags += planned_batch_flags(config)
     start = time.perf_counter()
-    vocab, _ = launch_vocab(config)  # an --init-from-hf model's comes from its folder: the output layer counts
+    vocab, _ = launch_vocab(config)  # an --init-from-hf model's comes from its folder
     progress = SearchProgress()
     counts, candidates = search(config, args.gpus, hardware, vocab, progress)
     fitting = sum(c.fits for c in candidates)

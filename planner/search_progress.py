@@ -1,9 +1,6 @@
-"""What `python -m zero.plan search` says on stderr while it works (issue 94: a search of Llama 3 70B on 64 GPUs ran 18
-minutes with nothing on the screen): the layouts counted while it enumerates, at most one line every
-`INTERVAL_S`; a line when the ranking is done, with the best by the count; then a line before and after each dry
-run of the check (each takes seconds to minutes: the dry run's own lines, every 10 s, show a long one is alive),
-with the dry runs done and the best that fits by the dry run so far. stdout keeps only the answer.
-"""
+"""What `python -m zero.plan search` says on stderr while it works, so a long search is visibly alive: the layouts
+counted (at most a line every `INTERVAL_S`), the best by the count, then a line around each dry run of the check. stdout
+keeps only the answer."""
 
 from __future__ import annotations
 
@@ -32,8 +29,7 @@ def layout_label(layout: Layout) -> str:
 
 
 class SearchProgress:
-    """The search's stderr lines (module docstring); `emit` None says nothing (the tests' and --json's callers
-    choose)."""
+    """The search's stderr lines; `emit` None says nothing."""
 
     def __init__(self, emit: Optional[Callable[[str], None]] = stderr_line, interval_s: float = INTERVAL_S,
                  clock: Callable[[], float] = time.perf_counter):
@@ -58,8 +54,8 @@ class SearchProgress:
         self.emit(f"search: dry run {self.dry_runs} (at most {cap}) of {layout_label(layout)}")
 
     def dry_run_done(self, verdict: str, best: Optional[tuple[Layout, float, int]]) -> None:
-        """`verdict`: what this dry run found; `best`: the best layout that fits by the dry run so far, its step
-        and its bytes."""
+        """`verdict`: what this dry run found; `best`: the best layout that fits by the dry run so far, its step and
+        bytes."""
         best_text = (f"; best so far {layout_label(best[0])} at {best[1] * 1e3:,.1f} ms/step, "
                      f"{best[2] / 2 ** 30:,.2f} GiB" if best else "; none fits yet")
         self.emit(f"search:   {verdict}{best_text} ({self.lines.clock() - self.lines.started:.1f} s)")

@@ -1,10 +1,5 @@
-"""What `python -m zero.plan search` prints: the top picks, each with its dry-run figure and its launch command, why each
-pick after the first ranks below it, and what the rest lost to.
-
-A pick that ties the best (the same predicted step: communication hidden on both) says so and names the tie-break
-that placed it (fewer model-parallel ranks first, then less memory); a slower one names the term that costs it most
-over the best, only a term that differs (issue 80: ties used to read "gemm +0 ms").
-"""
+"""What `python -m zero.plan search` prints: the top picks with their dry-run figures and launch commands, why each pick
+after the first ranks below it (a tie's tie-break, else the term that costs it most), and what the rest lost to."""
 
 from __future__ import annotations
 
@@ -23,15 +18,14 @@ from zero.memory import format_bytes
 def _given_by(config: PretrainConfig, setting: str, flag: str) -> str:
     source = config.sources.get(setting)
     if source is None or source.kind == DEFAULT:
-        if setting == "global_batch_size":  # planner/layout_flags.py planned_batch_flags
+        if setting == "global_batch_size":
             return f"none given: the search's default, on every command; {flag} sets it"
         return f"pretrain_gpt.py's default; {flag} sets it"
     return "your flag" if source.kind == FLAG else f"from {source.describe()}"
 
 
 def answer_terms(config: PretrainConfig, pins: Pins, fp32_runs: bool) -> str:
-    """What every pick is for (issue 94: a search that planned for the default global batch of 32 did not say so):
-    the global batch and the sequence, each with where it came from, and the precision the commands train in."""
+    """What every pick is for: the global batch and the sequence, each with its source, and the precision."""
     precision = "fp32" if fp32_runs and not pins.sixteen_bit else \
         (config.training.precision if pins.sixteen_bit else "bf16")
     if pins.precision == "fp8":
@@ -43,7 +37,7 @@ def answer_terms(config: PretrainConfig, pins: Pins, fp32_runs: bool) -> str:
 
 
 def loss_reason(candidate: Candidate, best: Candidate) -> str:
-    """Why `candidate` ranks below `best` (module docstring)."""
+    """Why `candidate` ranks below `best`."""
     mine, theirs = candidate.prediction, best.prediction
     if rank_key(candidate)[0] == rank_key(best)[0]:
         tie = f"tie with 1. at {mine.step_s * 1e3:,.1f} ms; after it by the tie-break"
@@ -70,9 +64,9 @@ def explain_losses(candidates: list[Candidate]) -> None:
 def no_fit_lines(gpus: int, budget: int, seq_length: int, smallest: Optional[tuple[int, Layout]], checked: str,
                  closest: Optional[Candidate], baseline: Optional[tuple[Layout, float]],
                  levers: list[tuple[str, float]]) -> list[str]:
-    """The answer where no layout fits on `gpus` GPUs: the smallest count that fits (`smallest`, found by the
-    count; `checked` says whether the dry run confirmed it) and, at the count asked, the single lever that cuts the
-    worst stage's memory most from the plainest layout (`baseline`), and every lever together (`closest`)."""
+    """The answer where no layout fits on `gpus` GPUs: the smallest count that fits (`checked`: whether the dry run
+    confirmed it) and, at the count asked, the single lever that cuts memory most from `baseline`, and all together
+    (`closest`)."""
     gb, on = f"{budget / 1e9:,.0f} GB", f"{gpus:,} GPU{'s' if gpus > 1 else ''}"
     where = f"no layout fits on {on} of {gb} at sequence {seq_length:,}: "
     if smallest is None:
@@ -102,7 +96,7 @@ def memory_text(candidate: Candidate, budget: int) -> str:
 def format_picks(candidates: list[Candidate], top: int, model_flags: list[str], gpus_per_node: int,
                  budget: int, header: str, notes: Optional[list[str]] = None, checked_only: bool = False) -> str:
     """The header, the notes, the top `top` fitting candidates as commands (`checked_only`: only those the dry run
-    planned, so every printed pick fits by it), and what the rest lost to."""
+    planned), and what the rest lost to."""
     fitting = [c for c in candidates if c.fits and (c.stage_bytes or not checked_only)]
     lines = [header, *(notes or [])]
     for rank, candidate in enumerate(fitting[:top], 1):

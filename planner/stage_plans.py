@@ -1,7 +1,5 @@
-"""A run's plan as `python -m zero.plan dry-run` makes it: with pipeline stages, every stage's rank at the same
-(DP, TP) coordinates, since the stages hold different layers and activations and the worst decides whether the run
-fits; without, the one rank. The layout search's check (planner/search_check.py) plans its picks with the same
-function, so the figures it prints are the dry run's."""
+"""A run's plan as `python -m zero.plan dry-run` makes it: with pipeline stages every stage's rank at the same (DP, TP)
+coordinates, since the worst stage decides whether the run fits; without, the one rank."""
 
 from __future__ import annotations
 

@@ -9,10 +9,8 @@ from training.run_settings import model_vocabulary, tokenizer_size_from_flags
 
 
 def launch_vocab(config: PretrainConfig) -> tuple[int, str]:
-    """The model's vocabulary for a launch of `config`, before its tokenizer is loaded, and where it came from:
-    what `pretrain_gpt.py` with the same flags builds (training/run_settings.py's model_vocabulary, given the
-    tokenizer the flags name, or for the embedded corpus the BPE trained on it: at most --tokenizer-vocab-size
-    tokens). `python -m zero.plan`, `--dry-run` and the check before the build all plan with it."""
+    """The model's vocabulary for a launch of `config`, before its tokenizer is loaded, and where it came from: what
+    `pretrain_gpt.py` with the same flags builds (for the embedded corpus at most --tokenizer-vocab-size tokens)."""
     data = config.data
     tokens = tokenizer_size_from_flags(config)
     if data.tokenizer_type == "NullTokenizer":

@@ -1,23 +1,6 @@
-"""The block recipes' GEMM, one call per GEMM as the hardware runs it (issue 87 item 1): a [M, K] row-major @ b [K, N]
-column-major, float8, with per-(row, K block) dequantizing scales for a and, for b, per (column, K block) or per
-(128 x 128 block).
-
-Where it runs:
-- CUDA, blockwise, where torch has the native block-scaled GEMM: one `torch.nn.functional.scaled_mm` with
-  ScalingType.BlockWise1x128 / BlockWise128x128 (DeepSeek-V3's scaling; torch's _scaled_mm_v2 on cuBLASLt 12.9+,
-  Hopper only: aten/src/ATen/native/cuda/ScaledBlas.cpp, _check_deepseek_support) when K, and N for a 128x128 b,
-  are multiples of 128 (torch's meta kernel, _check_scaled_mm_sizes_v2, takes K // 128 blocks). NOT RUN ON A GPU
-  HERE: its arguments are checked against torch's meta kernel only (tests/parallel/test_fp8_block_gemm.py).
-- CUDA otherwise (another device, MXFP8, whose native MX GEMM is Blackwell's and takes swizzled E8M0 scales, or a
-  shape off those multiples): the per-K-block loop below, one _scaled_mm per K block, named at start-up.
-- CPU: the same loop inside one custom operator, `fp8_kernel::cpu_emulated_block_scaled_mm`, so a CPU run counts one
-  call where the GPU launches one GEMM, and torch.compile keeps it opaque; its bits are the loop's.
-
-The loop (block_scaling.py's docstring): each K block's _scaled_mm with unit scales and fp32 out, times the outer
-product of the two blocks' scales, summed in fp32 in K order (split accumulation, DeepSeek-V3's promotion), cast to
-out_dtype once. The scales come in cuBLASLt's layouts (torch's checks, mirrored in check_block_operands): a 1 x block
-scale [rows, K blocks] with strides (1, rows); a 128 x 128 scale of b [round_up(K blocks, 4), N blocks] with strides
-(1, round_up(K blocks, 4)), the rows past K's blocks padding."""
+"""The block recipes' GEMM: torch's native block-scaled GEMM on Hopper for blockwise (checked here against torch's meta
+kernel only), else a loop of one _scaled_mm per K block, scaled and summed in fp32 (split accumulation), named at
+start-up; on the CPU that loop is one custom operator. Scales come in cuBLASLt's layouts."""
 
 from __future__ import annotations
 
@@ -44,8 +27,8 @@ def outer_major(scale: torch.Tensor) -> torch.Tensor:
 
 
 def square_block_scale(scale: torch.Tensor) -> torch.Tensor:
-    """The 128 x 128 scale of b = W^T for the GEMM, from W's [row blocks, col blocks] scale (TE's weight scale):
-    [round_up(K blocks, 4), N blocks] with strides (1, round_up(K blocks, 4)), the padding zeros."""
+    """The 128 x 128 scale of b = W^T from W's [row blocks, col blocks] scale: [round_up(K blocks, 4), N blocks],
+    strides (1, round_up(K blocks, 4)), zero-padded."""
     k_blocks = scale.size(1)
     # contiguous: a pad of nothing may keep a transposed input's layout
     return torch.nn.functional.pad(scale, (0, padded_k_blocks(k_blocks) - k_blocks)).contiguous().t()
@@ -58,8 +41,8 @@ def _size_stride(scale: torch.Tensor, dim: int, size: int, stride: int) -> bool:
 
 def check_block_operands(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                          block: int, b_square: bool) -> None:
-    """Raise Fp8OperandError naming the first of CUDA's rules (kernel.py's, and the scales' layouts above) that the
-    operands break; `b_square`: b's scale is per 128 x 128 block."""
+    """Raise Fp8OperandError naming the first of CUDA's rules the operands break; `b_square`: b's scale per 128 x
+    128."""
     if a.dim() != 2 or b.dim() != 2 or a.size(1) != b.size(0):
         raise Fp8OperandError(f"block GEMM needs (m x k) @ (k x n), got {tuple(a.shape)} @ {tuple(b.shape)}")
     if a.dtype not in FP8_DTYPES or b.dtype not in FP8_DTYPES or (a.dtype == E5M2 and b.dtype == E5M2):
@@ -90,16 +73,14 @@ def check_block_operands(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor
 def _runs_natively(a: torch.Tensor, b: torch.Tensor, block: int, b_square: bool) -> bool:
     if block != BLOCK or kernel.native_block_gemm_missing(a.device) is not None:
         return False
-    # torch's 1x128 / 128x128 GEMM takes e4m3 operands only (check_deepseek_recipe; an H200 refused hybrid's e5m2
-    # gradient with "Invalid scaling configuration"): under --fp8-format hybrid the backward's GEMMs run the loop
+    # torch's native block GEMM takes e4m3 only (an H200 refused hybrid's e5m2): the loop runs those
     if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
         return False
     return a.size(1) % BLOCK == 0 and (not b_square or b.size(1) % BLOCK == 0)
 
 
 def _rows_scale(b_scale: torch.Tensor, k_blocks: int, n: int, block: int, b_square: bool) -> torch.Tensor:
-    """b's scale per (column of b, K block): [N, K blocks]; a 128x128 scale's K blocks are its rows (the padding
-    dropped), each N block's repeated over its columns (block_scaling.expand_2d_scales)."""
+    """b's scale per (column of b, K block): [N, K blocks]."""
     if not b_square:
         return b_scale
     return expand_2d_scales(b_scale[:k_blocks].t(), n, block)
@@ -107,7 +88,7 @@ def _rows_scale(b_scale: torch.Tensor, k_blocks: int, n: int, block: int, b_squa
 
 def per_block_loop(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, block: int,
                    b_square: bool, out_dtype: torch.dtype, gemm=scaled_matmul) -> torch.Tensor:
-    """The K-block loop (module docstring); `gemm` runs one block's unit-scaled _scaled_mm."""
+    """The K-block loop; `gemm` runs one block's unit-scaled _scaled_mm."""
     k = a.size(1)
     k_blocks = ceil_div(k, block)
     rows_scale = _rows_scale(b_scale, k_blocks, b.size(1), block, b_square)
@@ -124,8 +105,7 @@ def per_block_loop(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_sc
 
 def block_scaled_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, block: int,
                         b_square: bool, out_dtype: torch.dtype) -> torch.Tensor:
-    """(a, scaled per 1 x block) @ (b, scaled per 1 x block or, `b_square`, per 128 x 128) in out_dtype: one native
-    GEMM, the CPU's one emulated call, or the loop (module docstring)."""
+    """(a scaled per 1 x block) @ (b scaled per 1 x block or, `b_square`, per 128 x 128) in out_dtype."""
     check_block_operands(a, a_scale, b, b_scale, block, b_square)
     if a.device.type == "cpu":
         return cpu_emulated_block_scaled_mm(a, a_scale, b, b_scale, block, b_square, out_dtype)
@@ -145,8 +125,7 @@ def _cpu_block(a, b, scale_a, scale_b, out_dtype):
 @torch.library.custom_op("fp8_kernel::cpu_emulated_block_scaled_mm", mutates_args=(), device_types="cpu")
 def cpu_emulated_block_scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                                  block: int, b_square: bool, out_dtype: torch.dtype) -> torch.Tensor:
-    """The K-block loop on the CPU through torch's emulated _scaled_mm (kernel.py says why: oneDNN off for the call
-    only), as one operator: one call where the GPU launches one GEMM, eager or compiled."""
+    """The K-block loop on the CPU through the emulated _scaled_mm, as one operator, eager or compiled."""
     previous = torch.backends.mkldnn.enabled
     torch.backends.mkldnn.enabled = False
     try:

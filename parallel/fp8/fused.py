@@ -1,22 +1,6 @@
-"""Fused cast regions (issue 87 item 1): each FP8 cast (amax, scale, saturating quantize, the transposed copy a
-backward GEMM takes, the guard's counts) is one Python function of tensors, run either as it is (eager: one kernel
-per op) or compiled whole by torch.compile into the kernels inductor fuses it to, as TransformerEngine runs a cast,
-its transpose and its amax in one kernel (transformer_engine/common/cast/, cast_transpose). The same function runs
-either way, so both give the same tensors, bit for bit (tests/parallel/test_fp8_fused.py).
-
-A region runs its plain function instead of compiling where compiling is wrong or impossible:
-- fusion is off for the run (--fp8-fused-casts, gpt/fp8.py: `fused=False`);
-- a tensor argument is on the meta device (the planner's dry run, planner/dry_run.py: shapes only);
-- a TorchDispatchMode that is not an infra mode is active (dynamo refuses to run under one; the planner and
-  tests/host_syncs.py count ops under such modes, and see the unfused ops);
-- dynamo is already tracing (whole-block --compile): the function is inlined into the block's graph.
-
-`dynamic=False`: a region is compiled for each shape it meets (a dense model's linears have a handful). Compiled
-for symbolic shapes instead, inductor miscompiled the 128x128 weight cast of a weight of 128 rows and more columns
-(the CPU's code: 40% of the values saturated, tests/parallel/test_fp8_fused.py), and on an H200 a guarded cast's
-reductions ran in ~1.5 ms where an unguarded amax took 0.04 (docs/performance.md). The recompile limit is raised for
-these functions (experts' padded row counts vary; past the limit a new shape runs the plain function, the same
-math)."""
+"""Fused cast regions: each FP8 cast is one Python function of tensors, run as it is or compiled whole into the few
+kernels TransformerEngine runs, the same bits either way. A region runs plain with fusion off, on meta, under a dispatch
+mode or inside an outer trace."""
 
 from __future__ import annotations
 
@@ -28,13 +12,10 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 FUSED_CAST_MODES = ("auto", "on", "off")
-# Per region: the dtypes (bf16, fp16, fp32 inputs; e4m3, e5m2 casts), the guard on or off, the recipes' variants:
-# a few dozen in one test process, a handful in a run.
 RECOMPILE_LIMIT = 64
 
 
 def _tensors(args) -> list:
-    """The tensors among `args`, one level into lists and tuples (the delayed update takes lists)."""
     found = []
     for arg in args:
         if isinstance(arg, torch.Tensor):
@@ -45,8 +26,7 @@ def _tensors(args) -> list:
 
 
 def _runs_plain(args) -> bool:
-    """Whether a region must run its plain function (module docstring); `torch.compiler.is_compiling()` first:
-    under dynamo the rest is not traced."""
+    """Whether a region must run plain; under dynamo the rest is not traced."""
     if torch.compiler.is_compiling():
         return True
     if any(tensor.device.type == "meta" for tensor in _tensors(args)):
@@ -55,8 +35,7 @@ def _runs_plain(args) -> bool:
 
 
 class FusedRegion:
-    """`fn` run compiled whole (fullgraph) where `fused` and the module docstring's conditions allow, else as it
-    is. `fn` takes tensors and Python constants and returns tensors (or mutates its tensor arguments in place)."""
+    """`fn` compiled whole where `fused` and the conditions allow, else run as it is."""
 
     def __init__(self, fn: Callable) -> None:
         self.fn = fn
@@ -72,8 +51,7 @@ class FusedRegion:
 
 
 def _recompile_limit() -> dict:
-    """torch.compile's per-function recompile_limit (torch 2.13+); before it, dynamo's one process-wide limit is
-    raised to it instead (torch 2.11 on a GPU machine: a region past the default 8 would otherwise run uncompiled)."""
+    """torch.compile's per-function recompile_limit, or dynamo's process-wide one before torch 2.13."""
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
         return {"recompile_limit": RECOMPILE_LIMIT}
     import torch._dynamo.config as dynamo_config
@@ -89,11 +67,10 @@ def fused_region(fn: Callable) -> FusedRegion:
 
 @functools.lru_cache(maxsize=None)
 def compile_unavailable(device_type: str) -> Optional[str]:
-    """Why inductor cannot compile a region for this device type, or None; checked once per process: inductor
-    must import, and find a C++ compiler (CPU) or Triton (CUDA)."""
+    """Why inductor cannot compile a region for this device type, or None; checked once per process."""
     try:
         import torch._inductor.config  # noqa: F401
-    except Exception as error:  # any import failure means no inductor here
+    except Exception as error:
         return f"torch's inductor does not import ({type(error).__name__}: {error})"
     if device_type == "cuda":
         from torch.utils._triton import has_triton
@@ -104,16 +81,15 @@ def compile_unavailable(device_type: str) -> Optional[str]:
 
         try:
             get_cpp_compiler()
-        except Exception as error:  # inductor's own search: InvalidCxxCompiler and the like
+        except Exception as error:
             return f"no C++ compiler for inductor's CPU kernels ({type(error).__name__})"
         return None
     return f"inductor compiles for cpu and cuda, not {device_type}"
 
 
 def resolve_fused_casts(mode: str, device: torch.device) -> tuple[bool, str]:
-    """--fp8-fused-casts for this run: whether the casts run as fused regions, and the start-up line's clause.
-    auto: fused on CUDA, unfused on a CPU (a CPU run is for correctness, and compiling each region costs seconds);
-    on: fused wherever inductor compiles; off: unfused. Where inductor cannot compile, unfused, with the reason."""
+    """--fp8-fused-casts for this run and the start-up clause. auto: fused on CUDA, unfused on a CPU (compiling costs
+    seconds); unfused where inductor cannot compile."""
     if mode not in FUSED_CAST_MODES:
         raise ValueError(f"--fp8-fused-casts {mode}: one of {', '.join(FUSED_CAST_MODES)}")
     if mode == "off":
