@@ -56,8 +56,6 @@ def block(key: str, value: Any) -> dict:
     return value
 
 
-# ---- classifier builders --------------------------------------------------------------------------
-
 def to_flag(flag: str, kind: str = "number", wins: Optional[Precedence] = None) -> Classifier:
     """Honoured: the value becomes `flag` (kind: "number", "count" (a whole number), "bool" (the flag or
     its --no- form), "optional_count" (null: no flag)); `wins` is the key's precedence beside that flag
@@ -103,5 +101,4 @@ def when_disabled(why_not: str) -> Classifier:
     these blocks), unsupported when it is on."""
     return only_if(lambda value: isinstance(value, dict) and value.get("enabled", False) is False,
                    "the block is disabled", why_not)
-
 
