@@ -592,8 +592,8 @@ class Layers:
 SCHEDULE_SETTINGS = ("lr", "min_lr", "lr_warmup_iters", "lr_warmup_fraction", "lr_warmup_samples",
                      "lr_warmup_tokens", "lr_warmup_init", "lr_decay_style", "lr_decay_iters", "lr_decay_samples",
                      "lr_decay_tokens", "train_samples")
-# Without --deepspeed a schedule flag wins only over the length it sets, in any unit, and over iteration lengths beside
-# --train-samples.
+# Without --deepspeed a schedule flag wins only over what it sets: a warmup or decay length in any unit, and
+# --train-samples over the block's iteration lengths.
 _SCHEDULE_GROUPS = (("lr_warmup_iters", "lr_warmup_fraction", "lr_warmup_samples", "lr_warmup_tokens"),
                     ("lr_decay_iters", "lr_decay_samples", "lr_decay_tokens"))
 BATCH_SETTINGS = ("micro_batch_size", "global_batch_size", "accumulation_steps")
