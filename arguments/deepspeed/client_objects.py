@@ -93,9 +93,9 @@ def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatro
                             generation: Optional[str], deepspeed_activation_checkpointing: bool = False,
                             checkpoint_activations: bool = False, also_fitting: Sequence[str] = (),
                             deepspeed: bool = True) -> NotRead:
-    """Under a Megatron launch with `deepspeed`, move the optimizer block's settings (and the scheduler's, outside
-    JSON_SCHEDULER_GENERATIONS) and the checkpointing keys `checkpointing_block_reasons` names out of `translation`, as
-    not read. `also_fitting`: generations the flags fit as well as `generation`."""
+    """Under a Megatron launch, move out of `translation`, as not read: the optimizer block's settings (and the
+    scheduler's, outside JSON_SCHEDULER_GENERATIONS), both only under `deepspeed`, and the checkpointing keys
+    `checkpointing_block_reasons` names. `also_fitting`: generations the flags fit as well as `generation`."""
     if translation is None or not megatron_launch:
         return NotRead(translation.source if translation is not None else "")
     prefixes = () if not deepspeed else ("optimizer.",) if generation in JSON_SCHEDULER_GENERATIONS \

@@ -16,8 +16,8 @@ HONOURED, NO_EFFECT, UNSUPPORTED = "honoured", "no effect", "unsupported"
 
 @dataclass(frozen=True)
 class Verdict:
-    key: str                    # the dotted path it is about
-    kind: str                   # HONOURED, NO_EFFECT or UNSUPPORTED
+    key: str
+    kind: str
     flags: tuple[str, ...] = ()  # HONOURED: the equivalent command-line flags (none: the value is what runs)
     why: str = ""               # HONOURED without flags: what runs; NO_EFFECT: why the math is the same;
                                 # UNSUPPORTED: the reason or the alternative
