@@ -1,7 +1,7 @@
 """Which side wins where a DeepSpeed JSON key and a flag set the same thing: the side that wins in the real
-Megatron-DeepSpeed + DeepSpeed pair, where the engine takes what it does itself (ZeRO, precision, loss scaling,
-clipping) from the JSON and Megatron the rest from its flags. Each rule's `why` ends the warning line's sentence; `code`
-names the real code path."""
+Megatron-DeepSpeed + DeepSpeed pair, whose engine takes what it does itself (ZeRO, precision, loss scaling, clipping)
+from the JSON and Megatron the rest from its flags. A rule's `why` ends the warning line; `code` is their code
+path."""
 
 from __future__ import annotations
 
