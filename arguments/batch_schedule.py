@@ -1,21 +1,6 @@
-"""The global batch of every iteration, as a pure function of the samples consumed before it.
-
-Without a ramp it is one number: micro batch x accumulation steps x data-parallel size. Which two of the three
-settings determine the third follows DeepSpeed's "specify two of the three": explicit settings (command line or
-DeepSpeed JSON) win over a preset's or the defaults, and three explicit ones must agree. Where the command line and
-the JSON both speak, the real Megatron-DeepSpeed + DeepSpeed pair decides (arguments/deepspeed/precedence.py):
-Megatron's flags win and the JSON fills in what they leave open in the order of DeepSpeed's set_train_batch_size
-(the micro batch, then the global batch) except beside a command-line micro batch, where the JSON's accumulation
-steps come first (DeepSpeedExamples' forks had no global batch) (`json_batch_settings_not_used`). The JSON's own
-three keys are also checked against the DP size as DeepSpeed's initialize checks them (`check_deepspeed_batch`).
-
-With Megatron's `--rampup-batch-size START INCREMENT SAMPLES` the global batch starts at START and grows by INCREMENT
-each time another SAMPLES / ((GLOBAL - START) / INCREMENT) samples are consumed, reaching --global-batch-size once
-SAMPLES have (RampupBatchsizeNumMicroBatchesCalculator's arithmetic). The batch depending only on consumed samples,
-a resumed run continues the ramp exactly, and the sampler needs no other state. With Megatron-LM main's `--step-batch-size-schedule "THRESHOLD:BATCH ..."` (arguments/step_batch_schedule.py) the
-global batch is the BATCH of the last THRESHOLD at or below the consumed samples, the run's the last entry's; as in
-Megatron-LM's validate_args it excludes --global-batch-size, and every entry must split into whole micro batch x DP
-chunks."""
+"""The global batch of every iteration as a pure function of the samples consumed before it, so a resumed run continues
+a --rampup-batch-size ramp or a --step-batch-size-schedule exactly. Which two of micro batch, accumulation steps and
+global batch determine the third follows DeepSpeed's "specify two of the three"."""
 
 from __future__ import annotations
 
@@ -35,9 +20,9 @@ class BatchSchedule:
     data_parallel_size: int
     global_batch_size: int                  # after the ramp (the whole run without one)
     rampup: Optional[tuple[int, int, int]]  # START, INCREMENT, SAMPLES
-    # --step-batch-size-schedule: ((from samples consumed, global batch), ...), the first from 0
+    # --step-batch-size-schedule: ((from samples consumed, global batch), ...)
     steps: Optional[tuple[tuple[int, int], ...]] = None
-    # DeepSpeed JSON batch values the run does not use, each said once at start (a warning line)
+    # JSON batch values the run does not use, said once
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -46,35 +31,30 @@ class BatchSchedule:
         return self.micro_batch_size * self.data_parallel_size
 
     def global_batch_at(self, consumed_samples: int) -> int:
-        """The global batch of the iteration that starts after `consumed_samples`."""
         if self.steps is not None:
             return [batch for threshold, batch in self.steps if threshold <= consumed_samples][-1]
         if self.rampup is None:
             return self.global_batch_size
         start, increment, samples = self.rampup
         increments = (self.global_batch_size - start) // increment
-        # A ramp over 0 samples is no ramp (Megatron would divide by zero here).
+        # a ramp over 0 samples is no ramp (Megatron would divide by zero)
         if increments == 0 or samples == 0 or consumed_samples > samples:
             return self.global_batch_size
         samples_per_increment = samples / increments
         return start + int(consumed_samples / samples_per_increment) * increment
 
     def accumulation_steps_at(self, consumed_samples: int) -> int:
-        """Micro-batches each rank runs in the iteration that starts after `consumed_samples`."""
         return self.global_batch_at(consumed_samples) // self.samples_per_micro_step
 
     def constant_after(self, consumed_samples: int) -> bool:
-        """Whether every iteration from `consumed_samples` on has the final global batch."""
         if self.steps is not None:
             return consumed_samples >= self.steps[-1][0]
         return self.rampup is None or consumed_samples > self.rampup[2]
 
     @property
     def lr_schedule_batch(self) -> int:
-        """The batch Megatron multiplies iterations by for the learning-rate schedule (lr_decay_iters x
-        args.global_batch_size, megatron/training/training.py get_optimizer_param_scheduler). Under a step
-        schedule args.global_batch_size was never given (validate_args refuses it) and is set to micro
-        batch x data-parallel size; under a ramp it is the final batch."""
+        """The batch Megatron multiplies iterations by for the learning-rate schedule: micro batch x DP under a step
+        schedule (no --global-batch-size there), else the final batch."""
         return self.samples_per_micro_step if self.steps is not None else self.global_batch_size
 
     @property
@@ -82,9 +62,8 @@ class BatchSchedule:
         return self.global_batch_size // self.samples_per_micro_step
 
     def consumed_after(self, iterations: int, consumed_samples: int = 0) -> int:
-        """Samples consumed after `iterations` more iterations, starting from `consumed_samples`."""
         for done in range(iterations):
-            if self.constant_after(consumed_samples):  # the rest is constant
+            if self.constant_after(consumed_samples):
                 return consumed_samples + (iterations - done) * self.global_batch_size
             consumed_samples += self.global_batch_at(consumed_samples)
         return consumed_samples
@@ -101,10 +80,8 @@ class BatchSchedule:
 
 
 def batch_schedule(config: PretrainConfig, data_parallel_size: int, deepspeed_check: bool = True) -> BatchSchedule:
-    """The schedule for a data-parallel size; a ConfigError naming the flags (and where their values
-    came from) when the sizes do not divide, or when the DeepSpeed JSON's own batch keys do not fit
-    this data-parallel size (DeepSpeed's check; `deepspeed_check=False` skips it, for a data-parallel
-    size that is only a stand-in). Reads the config, never writes it."""
+    """The schedule at a data-parallel size; a ConfigError naming the flags and their sources where the sizes do not
+    divide or the JSON's own batch keys do not fit (`deepspeed_check=False` skips that, for a stand-in size)."""
     if deepspeed_check:
         check_deepspeed_batch(config.deepspeed_batch, data_parallel_size)
     training, sources = config.training, config.sources
@@ -114,7 +91,7 @@ def batch_schedule(config: PretrainConfig, data_parallel_size: int, deepspeed_ch
     micro, global_batch = training.micro_batch_size, training.global_batch_size
     if training.accumulation_steps is not None and "global_batch_size" in explicit:
         steps = training.accumulation_steps
-        if "micro_batch_size" not in explicit:  # DeepSpeed infers the micro batch from the other two
+        if "micro_batch_size" not in explicit:  # DeepSpeed infers it from the other two
             if global_batch % (steps * data_parallel_size) != 0:
                 raise ConfigError(f"{_named('global_batch_size', global_batch, sources)} is not divisible by "
                                   f"{_named('accumulation_steps', steps, sources)} x data-parallel size "
@@ -152,7 +129,6 @@ def _step_schedule(config: PretrainConfig, micro: int, data_parallel_size: int,
                    explicit: set[str]) -> tuple[tuple[int, int], ...]:
     schedule = config.training.step_batch_size_schedule
     if "global_batch_size" in explicit:
-        # Megatron-LM raises this in validate_args (its own GPT-3 example passes both, and stops there).
         raise ConfigError(f"--step-batch-size-schedule {schedule!r} and "
                           f"{_named('global_batch_size', config.training.global_batch_size, config.sources)} "
                           f"cannot both be given (Megatron-LM refuses it too): the schedule's last batch is the "
@@ -172,7 +148,7 @@ FLAGS = {"micro_batch_size": "--micro-batch-size", "global_batch_size": "--globa
 
 
 def _named(name: str, value: int, sources: dict[str, Source]) -> str:
-    """`--global-batch-size 16 (ds.json: train_batch_size)`: the flag, its value and where it came from."""
+    """`--global-batch-size 16 (ds.json: train_batch_size)`."""
     source = sources.get(name)
     where = f" ({source.describe()})" if source is not None and source.kind != DEFAULT else ""
     return f"{FLAGS[name]} {value}{where}"
@@ -187,20 +163,14 @@ DETERMINING_ORDER = ("micro_batch_size", "global_batch_size", "accumulation_step
 
 
 def json_batch_settings_not_used(given_by_flags: set[str], given_by_json: set[str], rampup: bool) -> set[str]:
-    """The batch settings the JSON gives that must not count as explicit, beyond those a flag sets
-    itself. With no batch flag (and no ramp) the JSON alone is DeepSpeed's config and all its keys
-    count (three must agree, as DeepSpeed checks). Otherwise the flags determine the batch and the JSON
-    fills in what they leave open: two settings determine the third, taken flags first, then the
-    JSON's in DETERMINING_ORDER; a JSON value for the third is not used, as set_train_batch_size
-    replaces DeepSpeed's accumulation steps every iteration. Under a ramp it replaces them every
-    iteration too, so the JSON's gradient_accumulation_steps never counts."""
+    """The JSON's batch settings that do not count as explicit. With no batch flag and no ramp all count (three must
+    agree). Otherwise two settings determine the third, the flags' first, then the JSON's in DETERMINING_ORDER; the
+    JSON's accumulation steps never count under a ramp, which replaces them every iteration."""
     if not given_by_flags and not rampup:
         return set()
     candidates = [name for name in DETERMINING_ORDER if name in given_by_flags]
-    # A micro batch from the command line is Megatron's per-rank batch, and the global batch follows from
-    # it: Megatron-DeepSpeed's default --global-batch-size is micro x DP, and DeepSpeedExamples' Megatron
-    # forks (which have no global batch) step DeepSpeed's engine every gradient_accumulation_steps
-    # micro-batches. Either way the JSON's train_batch_size is only DeepSpeed's own view of the batch.
+    # A command-line micro batch is Megatron's per-rank batch and the global batch follows from it, so the JSON's
+    # train_batch_size is only DeepSpeed's view of it.
     json_order = (("accumulation_steps", "global_batch_size") if "micro_batch_size" in given_by_flags
                   else DETERMINING_ORDER)
     candidates += [name for name in json_order if name in given_by_json and name not in given_by_flags]
@@ -212,10 +182,8 @@ def json_batch_settings_not_used(given_by_flags: set[str], given_by_json: set[st
 
 
 def deepspeed_batch_triple(batch: dict, data_parallel_size: int) -> Optional[tuple[int, int, int, str]]:
-    """(train, micro, accumulation, which one DeepSpeed derived) as DeepSpeed's
-    _set_batch_related_parameters fills a missing one in (with floor division); None when the JSON gives
-    neither train_batch_size nor the micro batch (DeepSpeed asserts there; here the command line or the
-    preset gives the batch)."""
+    """(train, micro, accumulation, the key DeepSpeed derived) as DeepSpeed's _set_batch_related_parameters fills a
+    missing one in; None when the JSON gives neither train nor micro batch."""
     train, micro = batch.get("train_batch_size"), batch.get("train_micro_batch_size_per_gpu")
     steps, world = batch.get("gradient_accumulation_steps"), data_parallel_size
     if train is None and micro is None:
@@ -234,9 +202,8 @@ def deepspeed_batch_triple(batch: dict, data_parallel_size: int) -> Optional[tup
 
 
 def check_deepspeed_batch(batch: dict, data_parallel_size: int) -> None:
-    """DeepSpeed's own check of the JSON's batch keys at initialize (runtime/config.py
-    _configure_train_batch_size: _set_batch_related_parameters, then _batch_assertion), with the
-    data-parallel size as the world size it uses under Megatron's mpu."""
+    """DeepSpeed's check of the JSON's batch keys at initialize (_batch_assertion), the data-parallel size standing for
+    its world size."""
     triple = deepspeed_batch_triple(batch, data_parallel_size)
     if triple is None:
         return
@@ -258,8 +225,7 @@ def check_deepspeed_batch(batch: dict, data_parallel_size: int) -> None:
 
 
 def deepspeed_batch_fits_no_size(batch: dict) -> Optional[str]:
-    """The problem, when the JSON's three batch keys fit no data-parallel size at all (known before
-    the launch); None otherwise."""
+    """The problem when the JSON's three batch keys fit no data-parallel size at all; None otherwise."""
     train, micro = batch.get("train_batch_size"), batch.get("train_micro_batch_size_per_gpu")
     steps = batch.get("gradient_accumulation_steps")
     if None in (train, micro, steps) or min(train, micro, steps) < 1 or train % (micro * steps) == 0:
@@ -271,9 +237,8 @@ def deepspeed_batch_fits_no_size(batch: dict) -> Optional[str]:
 
 
 def _json_values_not_used(config: PretrainConfig, schedule: BatchSchedule) -> tuple[str, ...]:
-    """A line for each JSON batch key whose value the run does not use and that the start of the run has
-    not named already (a flag for the same setting is named there; the third setting, derived from the
-    other two, only here, where the data-parallel size is known)."""
+    """A line for each JSON batch key the run does not use that start-up has not named (the derived third setting, named
+    here once the data-parallel size is known)."""
     batch, sources = config.deepspeed_batch, config.sources
     used = {"micro_batch_size": schedule.micro_batch_size, "global_batch_size": schedule.global_batch_size,
             "accumulation_steps": schedule.final_accumulation_steps}

@@ -1,15 +1,6 @@
-"""Bounds before work: every size, count and timeout against what this machine and the model can hold.
-
-The per-setting rules in arguments/config.py say what a value means (at least 1, 0 disables, ...); the
-rules here say whether the run it describes can exist at all, estimated before anything is allocated:
-the sample index the data pipeline would build on the host, the largest single tensor a rank would
-create, the model's 16-bit parameters spread over every rank, and c10d's timeout. Each estimate is a
-LOWER bound of what the run needs, so a refusal here is a run that could never start, never a
-guess. The planner's own per-rank figure (device bytes, and the host bytes of offload) is held against
-the free memory later, once the process group is up and before any data or model work
-(training/memory_fit.py): it needs the rank's place in the grid and the planner, a floor above. A flag, a preset key and a DeepSpeed JSON key all end in the same PretrainConfig, so they
-meet the same check (`check_bounds`, called from `PretrainConfig.validate`).
-"""
+"""Bounds before work: every size, count and timeout against what this machine and the model can hold. Each estimate
+(sample index, largest tensor, 16-bit parameters fully sharded, c10d timeout) is a lower bound of what the run needs, so
+a refusal here is a run that could never start, never a guess."""
 
 from __future__ import annotations
 
@@ -22,21 +13,18 @@ from base.options import flag_of, option_fields, setting_value
 from base.waits import LONGEST_WAIT_S
 
 INT64_MAX = 2**63 - 1
-# Megatron's index arrays per sample (megatron/core/datasets/gpt_dataset.py): sample_index two int32
-# per sample and shuffle_index one int64, so at least 16 bytes of host memory per sample.
+# Megatron's index arrays: two int32 and one int64 per sample.
 INDEX_BYTES_PER_SAMPLE = 16
-# The smallest a parameter can be held in: one 16-bit value, fully sharded over every rank.
 MIN_PARAMETER_BYTES = 2
-ACTIVATION_BYTES = 2  # a 16-bit activation element
+ACTIVATION_BYTES = 2
 FP32_BYTES = 4
-# c10d takes the timeout as a timedelta and, in C++, as milliseconds; a collective that may wait a year
-# is already no timeout at all. Below a few seconds, the rendezvous itself times out on a loaded machine.
+# Beyond a year a timeout is none; below a few seconds the rendezvous itself times out on a loaded machine.
 MAX_TIMEOUT_MINUTES = LONGEST_WAIT_S // 60
 MIN_TIMEOUT_MINUTES = 5 / 60
 
 
 def host_memory_bytes() -> int:
-    """This machine's physical memory (os.sysconf), or int64's maximum where the system will not say."""
+    """Physical memory (os.sysconf), or int64's maximum where the system will not say."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -44,15 +32,13 @@ def host_memory_bytes() -> int:
 
 
 def rank_memory_bytes() -> int:
-    """The most one rank could hold, taken as the host's memory: querying an accelerator here would
-    initialise CUDA on device 0 in every rank before each picks its own, and a node's host memory is
-    as large as one of its GPUs' on every machine this trains on (a bound, not a budget)."""
+    """The most one rank could hold, taken as the host's memory: querying an accelerator would initialise CUDA on device
+    0 in every rank (a bound, not a budget)."""
     return host_memory_bytes()
 
 
 def world_size_from_environment() -> int:
-    """The ranks the launcher started (WORLD_SIZE; SLURM_NTASKS), 1 without one; malformed values are
-    the launcher checks' to report, so they count as 1 here."""
+    """WORLD_SIZE or SLURM_NTASKS, else 1; malformed values count as 1 (the launcher checks report them)."""
     for name in ("WORLD_SIZE", "SLURM_NTASKS"):
         value = os.environ.get(name, "")
         if value.isdigit() and int(value) >= 1:
@@ -65,7 +51,7 @@ def _gib(size: float) -> str:
 
 
 def check_int64(config) -> None:
-    """Every whole-number setting fits an int64: numpy and torch hold them as one."""
+    """Every whole-number setting fits an int64, as numpy and torch hold them."""
     for section in config.SECTIONS:
         for f, _ in option_fields(type(getattr(config, section))):
             value = setting_value(getattr(config, section), f.name)
@@ -76,9 +62,7 @@ def check_int64(config) -> None:
 
 
 def sample_count(training) -> int:
-    """Samples the train, validation and test indexes would hold, as Megatron sizes them
-    (megatron/training/training.py build_train_valid_test_data_iterators: eval_iters x
-    (train_iters // eval_interval + 1) validation batches and eval_iters test batches)."""
+    """Samples the train, validation and test indexes would hold, sized as Megatron sizes them."""
     batch = training.global_batch_size
     train = training.train_samples if training.train_samples is not None else (training.train_iters or 0) * batch
     train_iters = training.train_iters if training.train_iters is not None else train // max(batch, 1)
@@ -87,9 +71,8 @@ def sample_count(training) -> int:
 
 
 def largest_tensor(config, vocab_size: Optional[int] = None) -> tuple[int, str, tuple[str, ...]]:
-    """The element count of the largest single tensor a rank creates, what it is, and the flags that
-    size it; `vocab_size` is the tokenizer's (padded) vocabulary where the config leaves it to the
-    tokenizer (--vocab-size 0)."""
+    """(elements, what, the flags that size it) of the largest single tensor a rank creates; `vocab_size` is the
+    tokenizer's where --vocab-size is 0."""
     model, training = config.model, config.training
     vocab = vocab_size or model.vocab_size
     tp = max(config.parallel.tensor_model_parallel_size, 1)
@@ -112,11 +95,8 @@ def largest_tensor(config, vocab_size: Optional[int] = None) -> tuple[int, str, 
 
 
 def parameter_lower_bound(model) -> tuple[int, tuple[str, ...]]:
-    """Parameters the model has at least, and the flags that size them: each block's attention (4 h^2, or
-    multi-latent attention's projections) and MLP (2 ffn h; in an MoE layer each expert's 2 x its width x h and the
-    shared expert's), over --num-layers and the --mtp-num-layers MTP layers (each one such block at least, and its
-    2h -> h projection), and the word embedding where --vocab-size is given. Read from the settings without a
-    per-layer list, so a count of 10^12 costs nothing."""
+    """(parameters the model has at least, the flags that size them): each block's attention and MLP (or smallest MoE
+    layer), the MTP layers and the word embedding, computed without a per-layer list so 10^12 layers cost nothing."""
     hidden = model.hidden_size
     ffn = model.ffn_size
     flags = ["--num-layers", "--hidden-size"]
@@ -128,7 +108,7 @@ def parameter_lower_bound(model) -> tuple[int, tuple[str, ...]]:
         key_value = hidden * (model.mla.kv_lora_rank + model.mla.qk_pos_emb_head_dim) + \
             model.mla.kv_lora_rank * heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
         mla = query + key_value + heads * model.mla.v_head_dim * hidden
-        # a pattern mixing `*` layers among the `+` ones: each layer at least the smaller mixer
+        # a pattern mixing `*` layers among `+` ones: each at least the smaller mixer
         attention = min(mla, attention) if "*" in (model.hybrid_layer_pattern or "") else mla
         flags += ["--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"]
     dense = attention + 2 * ffn * hidden
@@ -144,16 +124,14 @@ def parameter_lower_bound(model) -> tuple[int, tuple[str, ...]]:
     if model.mtp.num_layers > 0:
         total += model.mtp.num_layers * (layer + 2 * hidden * hidden)
         flags.append("--mtp-num-layers")
-    if model.vocab_size:  # the word embedding (once, tied or not); 0 leaves the vocabulary to the tokenizer
+    if model.vocab_size:  # 0 leaves the vocabulary to the tokenizer
         total += model.vocab_size * hidden
         flags.append("--vocab-size")
     return total, tuple(flags)
 
 
 def _moe_layers_and_experts(model) -> tuple[int, int]:
-    """(how many layers are MoE layers, the fewest experts one has): 0 for a dense model. --moe-layer-freq N puts one at
-    every layer i with i mod N == 0; its list has one 0/1 per layer; a Megatron-DeepSpeed launch's every
-    --expert-interval-th layer (gpt/moe/settings.py)."""
+    """(how many layers are MoE layers, the fewest experts one has); (0, 1) for a dense model."""
     counts = model.experts.num_experts if isinstance(model.experts.num_experts, tuple) else (model.experts.num_experts or 1,)
     experts = min(counts)
     if max(counts) <= 1:
@@ -162,14 +140,13 @@ def _moe_layers_and_experts(model) -> tuple[int, int]:
         return model.num_layers // max(model.experts.deepspeed.expert_interval, 1), max(experts, 1)
     freq = model.experts.layer_freq
     if isinstance(freq, int):
-        return -(-model.num_layers // abs(freq)), experts  # -N places as N (Python's %, as Megatron-LM's)
-    return str(freq).count("1"), experts  # validated: one 0 or 1 per layer
+        return -(-model.num_layers // abs(freq)), experts  # -N places as N, as Megatron-LM's %
+    return str(freq).count("1"), experts
 
 
 def check_bounds(config) -> None:
-    """What no machine could run, for a training run and a dry run alike (PretrainConfig.validate): whole
-    numbers within int64, c10d's timeout range, and no tensor whose fp32 bytes overflow torch's storage
-    size (an int64; "Storage size calculation overflowed" even on the meta device)."""
+    """What no machine could run: whole numbers within int64, c10d's timeout range, and no tensor whose fp32 bytes
+    overflow torch's storage size (an error even on the meta device)."""
     check_int64(config)
     minutes = config.training.distributed_timeout_minutes
     if not MIN_TIMEOUT_MINUTES <= minutes <= MAX_TIMEOUT_MINUTES:
@@ -179,8 +156,8 @@ def check_bounds(config) -> None:
 
 
 def check_tensor_sizes(config, vocab_size: Optional[int] = None) -> None:
-    """No tensor whose fp32 bytes overflow torch's storage size; the planner's dry run calls it again
-    with the vocabulary it plans for."""
+    """No tensor whose fp32 bytes overflow torch's storage size; the dry run calls it again with the vocabulary it plans
+    for."""
     elements, what, flags = largest_tensor(config, vocab_size)
     if elements * FP32_BYTES > INT64_MAX:
         raise ConfigError(f"{what} would be {elements:.3g} elements, beyond what a tensor can address (2**63 bytes): "
@@ -189,14 +166,13 @@ def check_tensor_sizes(config, vocab_size: Optional[int] = None) -> None:
 
 def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optional[int] = None,
                          host_memory: Optional[int] = None) -> None:
-    """Refuse, in one line naming the flags, a training run this machine could not hold, before the data
-    index or the model is built (pretrain_gpt.py; a dry run plans other machines and skips this). The
-    machine's figures are explicit so a test can state them; by default they are read from this machine."""
+    """Refuse a training run this machine could not hold, before the data index or the model is built. The machine's
+    figures can be passed explicitly for a test."""
     training, model = config.training, config.model
     host_memory = host_memory_bytes() if host_memory is None else host_memory
     memory = rank_memory_bytes() if memory is None else memory
     world_size = world_size_from_environment() if world_size is None else world_size
-    elements, what, flags = largest_tensor(config)  # the vocabulary is the tokenizer's, not yet loaded: a lower bound
+    elements, what, flags = largest_tensor(config)  # the tokenizer's vocabulary is not loaded yet
     if elements * ACTIVATION_BYTES > memory:
         raise ConfigError(f"{what} would be {elements:.3g} elements ({_gib(elements * ACTIVATION_BYTES)} in 16 bits), "
                           f"more than one rank here can hold ({_gib(memory)}): lower those sizes", flags=flags)
@@ -211,9 +187,8 @@ def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optio
 
 
 def check_parameters_fit(model, world_size: int, memory: int, ranks: str = "rank(s)") -> None:
-    """Refuse, in one line naming the flags that size it, a model whose parameters alone (parameter_lower_bound, 2
-    bytes each) overflow `world_size` ranks of `memory` bytes even fully sharded: a training run's machine
-    (check_machine_bounds) or the cluster a dry run plans (planner/plan.py), before either builds anything."""
+    """Refuse a model whose parameters alone (2 bytes each) overflow `world_size` ranks of `memory` bytes even fully
+    sharded."""
     parameters, sized_by = parameter_lower_bound(model)
     if parameters * MIN_PARAMETER_BYTES > memory * world_size:
         sizes = [f"{flag} {_setting_text(model, flag)}" for flag in sized_by if _setting_text(model, flag) is not None]
@@ -224,7 +199,6 @@ def check_parameters_fit(model, world_size: int, memory: int, ranks: str = "rank
 
 
 def _setting_text(model, flag: str) -> Optional[str]:
-    """The value of the model setting `flag` names, as typed (None where it is unset)."""
     value = setting_value(model, flag.lstrip("-").replace("-", "_"))
     if value is None:
         return None

@@ -1,15 +1,6 @@
-"""Megatron-LM's CUDA graph settings: their vocabulary, the normalisation Megatron applies to --cuda-graph-modules, and
-its refusals of combinations with other settings. What is then captured, and what a run says about it, is
-training/cuda_graphs.py's.
-
-The flags are Megatron-LM's (read at d98e8a64 and core_v0.16.1): `--cuda-graph-impl` (TransformerConfig.cuda_graph_impl,
-megatron/core/transformer/transformer_config.py: none, local, transformer_engine; full_iteration since 0.17),
-`--cuda-graph-modules` (CudaGraphModule, megatron/core/transformer/enums.py, parsed by arguments.py's
-`_parse_cuda_graph_modules_arg`, which also lets the deprecated "full", "full_iteration" and
-"full_iteration_inference" through for migration), `--cuda-graph-warmup-steps` (default 3). The deprecated
-`--enable-cuda-graph`, `--external-cuda-graph` and `--cuda-graph-scope` are mapped onto these by
-arguments/megatron/cuda_graph_flags.py, as validate_args maps them.
-"""
+"""Megatron-LM's CUDA graph settings (--cuda-graph-impl, --cuda-graph-modules, --cuda-graph-warmup-steps): their
+vocabulary, Megatron's normalisation of --cuda-graph-modules, and its refusals of combinations with other settings. What
+is then captured is training/cuda_graphs.py's."""
 
 from __future__ import annotations
 
@@ -19,9 +10,9 @@ from typing import Sequence
 from base.errors import ConfigError
 
 CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
-# CudaGraphModule's members: the regions of a layer per-layer graphs capture (an empty list: the whole layer)
+# the regions per-layer graphs capture (an empty list: the whole layer)
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
-# what _parse_cuda_graph_modules_arg also accepts, for megatron/core/transformer/cuda_graph_config.py to migrate
+# accepted only to be migrated
 DEPRECATED_MODULE_VALUES = ("full", "full_iteration", "full_iteration_inference")
 MODULE_CHOICES = CUDA_GRAPH_MODULES + DEPRECATED_MODULE_VALUES
 PER_LAYER_IMPLS = ("local", "transformer_engine")
@@ -30,19 +21,17 @@ PER_LAYER_IMPLS = ("local", "transformer_engine")
 @dataclass(frozen=True)
 class NormalizedModules:
     """--cuda-graph-modules as Megatron-LM normalises it, the --cuda-graph-impl its migration leaves, and Megatron's
-    warnings for what was migrated (said at the start)."""
+    warnings for what was migrated."""
     modules: tuple[str, ...]
     impl: str
     notes: tuple[str, ...] = ()
 
 
 def normalize_modules(values: Sequence[str], impl: str) -> NormalizedModules:
-    """Megatron-LM's normalisation (megatron/core/transformer/cuda_graph_config.py at d98e8a64:
-    normalize_cuda_graph_modules, validate_deprecated_cuda_graph_modules_migration_inputs,
-    get_deprecated_cuda_graph_modules_migration; then TransformerConfig.__post_init__'s moe_router/moe_preprocess rule
-    for local). "full" alone is the whole layer (an empty list); "full_iteration" moves to --cuda-graph-impl
-    full_iteration; "full_iteration_inference" is an inference scope. Raises ConfigError with Megatron's assertion."""
-    raw = list(dict.fromkeys(values))  # Megatron keeps duplicates in its list; they select nothing more
+    """Megatron-LM's normalisation: "full" alone is the whole layer (an empty list), "full_iteration" moves to
+    --cuda-graph-impl full_iteration, "full_iteration_inference" is an inference scope; local adds moe_router beside
+    moe_preprocess. Raises ConfigError with Megatron's assertion."""
+    raw = list(dict.fromkeys(values))
     if "full" in raw:
         if raw != ["full"]:
             raise ConfigError("--cuda-graph-modules full cannot be used with other scopes (Megatron-LM asserts "
@@ -78,16 +67,13 @@ def normalize_modules(values: Sequence[str], impl: str) -> NormalizedModules:
                           f"asserts --cuda-graph-modules must be empty when --cuda-graph-impl=full_iteration",
                           flags=("--cuda-graph-modules", "--cuda-graph-impl"))
     if impl == "local" and {"moe_router", "moe_preprocess"} & set(modules):
-        # "local impl doesn't currently distinguish between moe_preprocess or moe_router so just set both"
         modules += tuple(value for value in ("moe_router", "moe_preprocess") if value not in modules)
     return NormalizedModules(modules, impl, tuple(notes))
 
 
 def check_cuda_graphs(config) -> None:
-    """Megatron-LM's refusals of the CUDA graph settings beside the others (`config`, a PretrainConfig): its
-    TransformerConfig.__post_init__ (megatron/core/transformer/transformer_config.py) and validate_args
-    (megatron/training/arguments.py). What is not captured here and changes no number is not refused: the start-up
-    line names it (training/cuda_graphs.py)."""
+    """Megatron-LM's refusals of the CUDA graph settings beside the others (TransformerConfig, validate_args). What is
+    not captured here and changes no number is only named at start-up."""
     training, model = config.training, config.model
     impl = training.cuda_graph_impl
     if training.cuda_graph_warmup_steps < 0:

@@ -1,16 +1,6 @@
-"""An unknown flag is answered with the closest known name, when there is a real match.
-
-Every flag that Megatron-LM, Megatron-DeepSpeed and DeepSpeed define is known here (ours, an alias, or
-accepted or refused with its reason: arguments/megatron/flags.py, arguments/megatron/flag_classes.py), so what
-reaches this is a typo or a flag of another program. A hint is given only for a close spelling
-(`--num-layer` -> `--num-layers`, `--hidden_size` -> `--hidden-size`): a loose one would name an
-unrelated flag (`--data-impl` is not `--data-path`). A name cut short at a hyphen (`--lr-decay`) is answered
-with the flags it begins, those that cannot take the value typed after it left out (`--lr-decay cosine` ->
-`--lr-decay-style`: the others take numbers).
-
-One error line lists every unknown flag at once, each with its hint, so a script ported from
-Megatron-LM needs one edit round, not one per flag.
-"""
+"""An unknown flag answered with the closest known name, only for a close spelling (`--num-layer`, `--hidden_size`) or a
+name cut short at a hyphen (`--lr-decay`). Every unknown flag is listed in one error line, so a ported script needs one
+edit round."""
 
 from __future__ import annotations
 
@@ -20,19 +10,17 @@ import difflib
 from arguments.option_table import option_table
 from base.errors import ConfigError
 
-# difflib's similarity above which two names are the same name misspelled; unrelated flags that share
-# words (--data-impl and --data-path, 0.73) stay below it, one- and two-character slips (0.85+) above.
+# Above it two names are one misspelled; flags sharing words (--data-impl and --data-path, 0.73) stay below.
 CUTOFF = 0.8
 
 
 def same_name(flag: str, known: list[str]) -> str | None:
-    """The known flag that `flag` spells with underscores for hyphens or the other way round, or None."""
+    """The known flag `flag` spells with `_` for `-` or the other way round, or None."""
     normalized = {option.replace("_", "-"): option for option in known}
     return normalized.get(flag.replace("_", "-"))
 
 
 def nearest_flag(flag: str, known: list[str]) -> str | None:
-    """The known flag `flag` is a misspelling of, or None."""
     spelled = same_name(flag, known)
     if spelled:
         return spelled
@@ -48,7 +36,7 @@ def takes(action: argparse.Action, value: str | None) -> bool:
         return False
     if action.type is None or action.type is str:
         return True
-    try:  # argparse's type functions convert a string and nothing else (base/options.py's count, int, ...)
+    try:  # argparse's type functions convert a string and nothing else
         action.type(value)
     except (ValueError, TypeError, argparse.ArgumentTypeError, ConfigError):
         return False

@@ -1,19 +1,6 @@
-"""A Hugging Face folder's config.json, read and checked here before transformers sees any of it.
-
-transformers 5 checks a config with huggingface_hub's strict dataclasses: a wrongly typed field
-(`"num_hidden_layers": "2"`, `"hidden_size": null`) ends in a StrictDataclassFieldValidationError
-traceback, and what it does not check (a negative size, `"rms_norm_eps": NaN`, any GPT-2 field, which
-we compare without handing the dict to transformers) reaches our comparisons or the model as nonsense.
-`read_hf_config` reads the file, picks the family by `model_type` (else by `architectures`), checks every field in
-the family's table (its folder of families/, from families/registry.py) wherever the file has it, then the rules
-between fields that transformers or our model need, and returns an `HFConfig`: the architecture in typed fields
-(transformers' default where a key is left out) and the file's object for transformers, its float fields as floats
-(transformers 5 refuses `"rms_norm_eps": 1`). Every refusal is one ConfigError line naming the file, the field, its
-value as written and what it must be.
-
-JSON as Python reads it: `true` is also an int in Python, but not a valid layer count; `2.0` is a float,
-not an integer (transformers refuses it too); NaN and Infinity parse, and are no size or epsilon.
-"""
+"""A Hugging Face folder's config.json, read and checked before transformers sees any of it. The family comes from
+`model_type` (else `architectures`); every field in the family's table is checked, then the rules between fields, so
+each refusal is one ConfigError line naming the file, field, value and what it must be."""
 
 from __future__ import annotations
 
@@ -41,8 +28,6 @@ from families.registry import architectures, dense_families, family_readers
 CONFIG_FILE = "config.json"
 
 
-# ---- reading ------------------------------------------------------------------------------------
-
 def read_hf_config(hf_dir: str | os.PathLike) -> HFConfig:
     """The folder's config.json, checked field by field, then across fields."""
     hf_dir = Path(hf_dir)
@@ -53,19 +38,15 @@ def read_hf_config(hf_dir: str | os.PathLike) -> HFConfig:
 
 
 def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HFConfig:
-    """`raw` (a config.json's object) checked; `path` names it in every error. A quantization_config is checked
-    and said for every family (`_quantization`)."""
+    """`raw` (a config.json's object) checked; `path` names it in every error."""
     path = Path(path)
     return _quantization(_checked(raw, path), raw, path)
 
 
 def _quantization(config: HFConfig, raw: dict, path: Path) -> HFConfig:
-    """A quantization_config says how a release stores its weights (families/common/quantized_release.py):
-    the families that declare it (GPT-OSS, DeepSeek-V3) check and name it; in any other folder (a Llama or GPT-2
-    quantized by GPTQ, AWQ, bitsandbytes...) it was passed over in silence, and one that is not an object failed
-    only once transformers read it, after the data was prepared. Now: an object (or null), named in one start-up
-    line."""
-    if "quantization_config" in config.values:  # the family's own field and note
+    """A quantization_config of a family that does not declare one (a GPTQ or AWQ Llama): an object or null, named in
+    one start-up line."""
+    if "quantization_config" in config.values:
         return config
     block = raw.get("quantization_config")
     if block is None:
@@ -90,18 +71,18 @@ def _checked(raw: dict, path: Path) -> HFConfig:
     values = {}
     for spec in (registered or reader).fields:
         values[spec.key] = checked_field(raw, spec, path, fields)
-    if registered is not None:  # its module's rules between fields, Llama's beneath them
+    if registered is not None:
         return dataclasses.replace(registered.typed(values, raw, path, fields), family=family, values=values)
     return reader.read(values, raw, path, fields)
 
 
 def registered_family(model_type: str):
-    """The dense family (families/registry.py dense_families) of `model_type`, or None."""
+    """The dense family of `model_type`, or None."""
     return dense_families().get(model_type)
 
 
 def families() -> dict[str, tuple[str, ...]]:
-    """Every model_type read here and its architectures (families/registry.py)."""
+    """Every model_type read here and its architectures."""
     return architectures()
 
 

@@ -1,19 +1,6 @@
-"""The dropouts a Hugging Face folder's model trains with, as --attention-dropout and --hidden-dropout.
-
-Dropout changes the math of every training step, so `--init-from-hf` takes it from config.json as it takes the
-architecture (arguments/hf_folder.py), and the export writes the run's values back (checkpoint/hf/folders.py,
-families/common/llama_shaped.py, the families' writers): a folder saying `attention_dropout: 0.0` (Llama, Qwen,
-DeepSeek-V3, most releases since 2024) trains at 0.0, where Megatron's defaults (0.1 each) stood before and were written back into
-the exported config.json. Unlike the architecture, a dropout is a training choice: a flag typed on the command line
-(or in the DeepSpeed JSON) that differs wins, and one start-up line says it overrides the folder.
-
-- GPT-2 (transformers' GPT2Config): attn_pdrop, and resid_pdrop for --hidden-dropout, which here drops the
-  embedding's output too (Megatron's embedding dropout is its hidden dropout); an embd_pdrop other than resid_pdrop
-  is said in a start-up line.
-- Phi-3: resid_pdrop (and embd_pdrop, likewise), attention_dropout.
-- Every other family: attention_dropout (null: 0.0); its model has no dropout on the residual branches or the
-  embedding, so --hidden-dropout 0.
-"""
+"""The dropouts a Hugging Face folder's model trains with, as --attention-dropout and --hidden-dropout, taken from
+config.json as the architecture is (most releases since 2024 say 0.0). A dropout is a training choice: a typed flag that
+differs wins, said in one start-up line."""
 
 from __future__ import annotations
 
@@ -22,7 +9,8 @@ from typing import Any
 from families.common.fields import HFConfig
 from families.common.reader import FolderValue
 
-# (hidden dropout's key, the embedding dropout's, the attention dropout's, transformers' defaults of the three)
+# (hidden, embedding, attention dropout keys, transformers' defaults); other families have no residual or embedding
+# dropout
 DROPOUT_KEYS = {"gpt2": ("resid_pdrop", "embd_pdrop", "attn_pdrop", (0.1, 0.1, 0.1)),
                 "phi3": ("resid_pdrop", "embd_pdrop", "attention_dropout", (0.0, 0.0, 0.0))}
 OTHERS = (None, None, "attention_dropout", (0.0, 0.0, 0.0))
@@ -34,7 +22,8 @@ def _value(config: HFConfig, key: str, default: float) -> Any:
 
 
 def folder_dropouts(config: HFConfig) -> tuple[dict[str, FolderValue], list[str]]:
-    """The folder's dropouts as settings (module docstring), and the start-up lines about what differs here."""
+    """The folder's dropouts as settings, and start-up lines for what differs here (GPT-2's embd_pdrop: the embedding's
+    dropout is --hidden-dropout's)."""
     hidden_key, embedding_key, attention_key, (hidden, embedding, attention) = DROPOUT_KEYS.get(config.family, OTHERS)
     settings = {"attention_dropout": FolderValue(_value(config, attention_key, attention), attention_key)}
     notes = []

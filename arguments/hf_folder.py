@@ -1,22 +1,6 @@
-"""`--init-from-hf DIR`: the Hugging Face folder is the model, as `from_pretrained` and Megatron-Bridge's
-AutoBridge take it.
-
-The folder is a layer of settings of its own, between the preset (or Megatron's defaults) and the DeepSpeed JSON and
-command line (arguments/parser.py): its architecture from config.json (read by arguments/hf_config.py), its
-tokenizer from the files beside it. Each value's source is "DIR/config.json: key" (or "DIR/tokenizer.json"). A
-setting typed on the command line (or in the JSON) that equals the folder's is taken; one that differs is a problem
-naming both. Megatron-Bridge reads a folder the same way (llama_bridge.py LlamaBridge.provider_bridge:
-num_hidden_layers -> num_layers, intermediate_size -> ffn_hidden_size, num_key_value_heads -> num_query_groups,
-rms_norm_eps -> layernorm_epsilon, rope_theta -> rotary_base, tie_word_embeddings ->
-share_embeddings_and_output_weights, vocab_size as the model's); where it takes seq_length =
-max_position_embeddings, the sequence here stays the preset's unless longer than the folder's positions.
-
-The folder's `vocab_size` is the model's (training/run_settings.py model_vocabulary). The tokenizer, by one rule
-(_tokenizer), said in the start-up line: one given explicitly (--tokenizer-type with its files, or NullTokenizer
-with --vocab-size, whose folder must hold --vocab-size + 1 rows) wins, as Megatron-LM reads only its tokenizer
-flags; else the folder's tokenizer.json (or vocab.json + merges.txt); else, without --data-path, the embedded
-corpus's BPE trained with at most the folder's vocab_size tokens; with --data-path the data's tokenizer must be
-named, as without a folder."""
+"""`--init-from-hf DIR`: the Hugging Face folder is the model, as `from_pretrained` and Megatron-Bridge take it. The
+folder is a layer of settings between the preset and the JSON and command line: its architecture from config.json and
+its tokenizer from the files beside it. A typed setting must equal the folder's."""
 
 from __future__ import annotations
 
@@ -36,50 +20,46 @@ from families.common.fields import PLAIN_BLOCKS
 from families.common.reader import FolderValue
 from families.registry import family_readers
 
-# The tokenizer settings an explicit tokenizer is given by.
 TOKENIZER_SETTINGS = ("tokenizer_type", "tokenizer_file", "vocab_file", "merge_file")
 
 
 def architecture_settings(config: HFConfig) -> dict[str, FolderValue]:
-    """The ModelConfig settings (by field name) of the folder's model; a config.json our blocks cannot
-    compute is refused in one line naming each key."""
+    """The folder's ModelConfig settings by field name; a config.json our blocks cannot compute is refused in one line
+    naming each key."""
     family = registered_family(config.family)
-    if family is not None:  # a dense family (families/<name>/config.py)
+    if family is not None:  # a dense family
         return family.read(config)
     settings = family_readers()[config.family].settings(config)
     plain = {name: FolderValue(value, f"model_type {config.family}") for name, value in PLAIN_BLOCKS.items()}
     return {**plain, **settings, "hf_model_type": FolderValue(config.family, "model_type")}
 
 
-# ---- the layer ----------------------------------------------------------------------------------
-
 @dataclass
 class FolderLayer:
-    """What the folder sets: {setting: (value, its source's origin)}; `problems` are the launch's
-    settings that disagree with it, each one line."""
+    """What the folder sets; `problems` are the launch's settings that disagree with it, one line each."""
     folder: Path
     config: HFConfig
     values: dict[str, tuple[Any, str, str]]  # setting -> (value, origin, note)
     problems: list[str]
-    agreeing: dict[str, str] = field(default_factory=dict)  # an explicit setting equal to the folder's -> origin
-    notes: list[str] = field(default_factory=list)  # said once at the start: the model and tokenizer taken
+    agreeing: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # said once at start-up
 
 
 def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: dict[str, str],
                  as_flag: Callable[[str, Any], str]) -> FolderLayer:
-    """The settings the folder gives over `settings` (the launch's, all layers merged). `explicit` names
-    the settings typed on the command line or in the JSON, each as given (`--num-layers 4 on the command
-    line`): those must equal the folder's value. `as_flag(setting, value)` writes a value as its flag."""
+    """The settings the folder gives over `settings` (all layers merged). `explicit` holds the settings typed on the
+    command line or in the JSON, as given, which must equal the folder's; `as_flag(setting, value)` writes a value as
+    its flag."""
     folder = Path(folder)
     config = read_hf_config(folder)
     where = f"{folder / CONFIG_FILE}"
     layer = FolderLayer(folder, config, {}, [])
-    # rotary positions have no table: every family but GPT-2 may train a longer context than its folder says
+    # rotary positions have no table: all but GPT-2 may train a longer context
     may_change = () if config.family == "gpt2" else ("max_position_embeddings",)
 
     def offer(name: str, value: Any, origin: str, note: str = "") -> None:
         if name in explicit and name in may_change:
-            return  # the flag's value stands
+            return
         if name in explicit:
             if settings[name] != value:
                 layer.problems.append(f"{explicit[name]} disagrees with the folder's {as_flag(name, value)} "
@@ -93,7 +73,7 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
         offer(name, given.value, f"{where}: {given.key}")
     dropouts, dropout_notes = folder_dropouts(config)
     choices, choice_notes = folder_training_choices(config)
-    for name, given in {**dropouts, **choices}.items():  # a training choice: a flag that differs wins, said (hf_dropout.py, hf_training_choices.py)
+    for name, given in {**dropouts, **choices}.items():  # a training choice: a flag that differs wins, said
         origin = f"{where}: {given.key}"
         if name in explicit and settings[name] != given.value:
             layer.notes.append(f"> {explicit[name]} overrides the folder's {as_flag(name, given.value)} ({origin}): "
@@ -115,15 +95,14 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
     layer.notes[:0] = list(config.notes)
     layer.notes.insert(0, f"> the model is {folder}'s {family} ({config.num_layers} layers, hidden "
                           f"{config.hidden_size}, vocabulary {config.vocab_size}; --print-config names each key)")
-    if registered is not None and registered.section is not None:  # a multimodal folder's language model
+    if registered is not None and registered.section is not None:
         layer.notes.insert(1, f"> {folder}'s {family} is read by its {registered.section}: its language model is the "
                               f"model here; the other models beside it (a vision tower, a projector) are not read")
     return layer
 
 
 def folder_tokenizer(folder: Path) -> dict[str, Path]:
-    """The folder's tokenizer files as the settings that name them: tokenizer.json, else GPT-2's
-    vocab.json and merges.txt; none when it has neither."""
+    """The folder's tokenizer files by setting: tokenizer.json, else vocab.json and merges.txt, else none."""
     if (folder / TOKENIZER_FILE).is_file():
         return {"tokenizer_file": folder / TOKENIZER_FILE}
     if (folder / VOCAB_FILE).is_file() and (folder / MERGES_FILE).is_file():
@@ -132,10 +111,9 @@ def folder_tokenizer(folder: Path) -> dict[str, Path]:
 
 
 def _tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str, str]) -> None:
-    """The run's tokenizer beside the folder, by one rule: an explicit tokenizer (--tokenizer-type, with its files
-    or --vocab-size) wins over the folder's and over the embedded corpus's, as in Megatron-LM, whose build_tokenizer
-    reads only the tokenizer flags; else the folder's; else the embedded corpus's BPE, trained to fit. Whichever it
-    is, its ids must have rows in the folder's vocab_size, and the start-up line says which it is."""
+    """The run's tokenizer beside the folder: an explicit one wins (Megatron-LM reads only its tokenizer flags), else
+    the folder's, else the embedded corpus's BPE trained to fit. Its ids must fit the folder's vocab_size; the start-up
+    line says which it is."""
     folder, vocab = layer.folder, layer.config.vocab_size
     where = f"{folder / CONFIG_FILE}: vocab_size"
     files = folder_tokenizer(folder)
@@ -148,13 +126,13 @@ def _tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str,
         if settings["tokenizer_type"] not in SENTENCEPIECE_TYPES:
             _check_fits(layer, settings)
         if not given_files:
-            return  # a --tokenizer-type whose files are missing: DataConfig.validate names them
+            return  # DataConfig.validate names the missing files
         paths = ", ".join(str(settings[name]) for name in given_files)
         if files and not all(_same_tokenizer(settings[name], folder, files.get(name)) for name in given_files):
             layer.notes.append(f"> the tokenizer is the one given ({paths}), not the folder's "
                                f"({', '.join(map(str, files.values()))}): its ids index {where} {vocab}'s rows")
         return
-    if files:  # the folder's, filling what an explicit --tokenizer-type left out
+    if files:
         for name in ("tokenizer_file", "vocab_file", "merge_file"):
             if name in files:
                 layer.values[name] = (str(files[name]), str(files[name]), "the folder's tokenizer")
@@ -166,8 +144,7 @@ def _tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str,
     if settings["data_path"] or any(settings.get(name) for name in ("data_args_path", "per_split_data_args_path",
                                                                       "data_file_list")) \
             or any(settings.get(name) is not None for name in ("train_data_path", "valid_data_path", "test_data_path")):
-        return  # the user's data's own tokenizer is to be named (DataConfig.validate says so)
-    # no tokenizer anywhere and the embedded corpus: its BPE is trained to fit the model's vocabulary
+        return  # DataConfig.validate asks for the data's tokenizer
     if vocab < MIN_TOKENIZER_VOCAB:
         layer.problems.append(f"{folder} has no tokenizer (tokenizer.json, or vocab.json and merges.txt) and "
                               f"{where} {vocab} is too small for the embedded corpus's byte-level BPE (at least "
@@ -186,9 +163,8 @@ def _tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str,
 
 def _null_tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str, str],
                     files: dict[str, Path]) -> None:
-    """Data tokenized elsewhere: Megatron's NullTokenizer takes ids 0..--vocab-size-1 as they are and adds one
-    end-of-document id, --vocab-size (megatron/core/tokenizers/text/libraries/null_tokenizer.py), so it needs
-    --vocab-size + 1 of the folder's rows; without --vocab-size its ids fill them."""
+    """NullTokenizer takes the data's ids as they are plus an end-of-document id --vocab-size, so it needs --vocab-size
+    + 1 of the folder's rows; without --vocab-size its ids fill them."""
     folder, vocab = layer.folder, layer.config.vocab_size
     where = f"{folder / CONFIG_FILE}: vocab_size"
     if "vocab_size" in explicit:
@@ -207,9 +183,8 @@ def _null_tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict
 
 
 def _check_fits(layer: FolderLayer, named: dict[str, Any]) -> None:
-    """The run's tokenizer (the tokenizer_file, or vocab_file and merge_file, of `named`) has no id past
-    the folder's vocabulary (a tokenizer of more tokens than vocab_size is another model's), checked now
-    rather than after the data is prepared. A file that is not there is left to the input checks."""
+    """The tokenizer in `named` has no id past the folder's vocabulary, checked before the data is prepared; a missing
+    file is left to the input checks."""
     paths = [named.get(name) for name in ("tokenizer_file", "vocab_file", "merge_file") if named.get(name)]
     if not paths or not all(os.path.exists(path) for path in paths):
         return
@@ -225,13 +200,12 @@ def _check_fits(layer: FolderLayer, named: dict[str, Any]) -> None:
                               f"have no row in the model")
 
 
-# --tokenizer-vocab-size's own floor (DataConfig.validate); the BPE itself needs MIN_VOCAB_SIZE.
+# --tokenizer-vocab-size's floor (DataConfig.validate)
 MIN_TOKENIZER_VOCAB = max(300, MIN_VOCAB_SIZE)
 
 
 def _same_tokenizer(given: str, folder: Path, theirs: Optional[Path]) -> bool:
-    """`given` is the folder's tokenizer: the folder itself (--tokenizer-model DIR), a file in it, or a
-    file with the same content as the folder's."""
+    """`given` is the folder's tokenizer: the folder, a file in it, or a file with the same content."""
     path = Path(given)
     try:
         if path.resolve() == folder.resolve() or path.resolve().parent == folder.resolve():

@@ -1,24 +1,22 @@
-"""The training settings besides the dropouts (arguments/hf_dropout.py) that a Hugging Face folder's config.json gives
-and the export writes back: an MoE family's router_aux_loss_coef as --moe-aux-loss-coeff and initializer_range as
---init-method-std (as Megatron-Bridge reads it). Like a dropout, each is a training choice that a flag typed with
-another value overrides, said in one line (arguments/hf_folder.py). transformers' own switches, use_cache and
-output_router_logits, are not read: a folder that sets one away from transformers' default is told so once."""
+"""The training choices besides dropouts a Hugging Face folder's config.json gives and the export writes back:
+router_aux_loss_coef as --moe-aux-loss-coeff, initializer_range as --init-method-std. A typed flag that differs wins;
+transformers' runtime switches are not read, said once."""
 
 from __future__ import annotations
 
 from families.common.fields import HFConfig
 from families.common.reader import FolderValue
 
-# transformers' runtime switches with no counterpart in a training run, and their defaults (which the export writes)
+# transformers' runtime switches and their defaults (which the export writes)
 SWITCHES = {"use_cache": True, "output_router_logits": False}
 
 
 def folder_training_choices(config: HFConfig) -> tuple[dict[str, FolderValue], list[str]]:
     """The folder's training choices as settings, and the start-up line naming a switch it sets that is not read."""
     choices = {}
-    if config.initializer_range > 0:  # 0 initializes nothing, which --init-method-std refuses; the weights are the folder's
+    if config.initializer_range > 0:  # 0 initializes nothing; --init-method-std refuses it
         choices["init_method_std"] = FolderValue(config.initializer_range, "initializer_range")
-    if "router_aux_loss_coef" in config.values:  # the MoE families' (transformers' default where left out)
+    if "router_aux_loss_coef" in config.values:
         choices["moe_aux_loss_coeff"] = FolderValue(float(config.values["router_aux_loss_coef"]),
                                                     "router_aux_loss_coef")
     unread = [f"{key} {str(config.fields[key]).lower()}" for key, default in SWITCHES.items()

@@ -1,10 +1,6 @@
-"""The options this program adds to its argument parser, recorded where each is added.
-
-argparse keeps its own table of actions private (`_actions`, `_option_string_actions`); code that reads
-it depends on one Python version's internals. Every option here is added through `OptionTable.add`, which
-keeps the Action that `add_argument` returns (its public result), so the parser's options, their dests
-and shapes are read from this table instead. The parser carries its table as `parser.option_table`.
-"""
+"""The options this program adds to its argument parser, recorded where each is added: argparse keeps its action table
+private, so `OptionTable.add` keeps each Action `add_argument` returns, and the parser's options are read from
+`parser.option_table`."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ class OptionTable:
         self._by_option: dict[str, argparse.Action] = {}
 
     def add(self, container, *options: str, **keywords) -> argparse.Action:
-        """`container.add_argument(*options, **keywords)` (a parser or an argument group), recorded."""
+        """`container.add_argument(*options, **keywords)` (a parser or a group), recorded."""
         action = container.add_argument(*options, **keywords)
         self._added.append(action)
         for option in action.option_strings:

@@ -1,20 +1,6 @@
-"""Megatron-style command-line flags merged over a YAML preset.
-
-Every setting's flag is generated from its field in arguments/config.py's PretrainConfig sections (help, argparse
-shape and other programs' names declared beside the field: `option()`, base/options.py).
-
-A preset (`--config tiny` or `--config path/to/x.yaml`) is a flat mapping whose keys are flag names. Its values
-become flags placed *before* the user's, so argparse checks them alike and the command line wins. `--zero-config
-ds.json` (arguments/deepspeed/translation.py) becomes flags placed between the two: YAML preset < JSON < command
-line, except where the JSON and a flag set one setting differently: there the side that wins in the real
-Megatron-DeepSpeed + DeepSpeed pair wins (arguments/deepspeed/precedence.py), said in one line and in
---print-config. `--init-from-hf DIR` adds the folder as a layer over the preset (arguments/hf_folder.py): a flag or
-JSON value may only repeat what the folder says. Megatron-LM's and DeepSpeed-Megatron's flags are aliases or
-meanings (arguments/megatron/flags.py); every other flag they define is accepted with no effect or refused with the
-alternative (harvested_flags.py, flag_classes.py), so none ends in "unrecognized arguments". Each value keeps its
-source (arguments/config_sources.py) for --print-config and errors. Every bad input ends in `ConfigError` with one
-line naming the key or flag; the problems of every layer are collected and reported together. The layers, meanings
-and JSON overrides write into one flat draft that `PretrainConfig.from_flat` freezes once (arguments/config.py)."""
+"""Megatron-style command-line flags over a YAML preset, parsed into one validated PretrainConfig. The layers are preset
+< DeepSpeed JSON (--zero-config) < command line, except where the real Megatron-DeepSpeed + DeepSpeed pair lets the JSON
+win; every value keeps its source, and every layer's problems are reported together."""
 
 from __future__ import annotations
 
@@ -92,13 +78,13 @@ DEFAULT_PRESET = "tiny"
 
 # Flags that choose where settings come from, or what the program does; they are not settings.
 SOURCE_FLAGS = ("config", "zero_config", "print_config")
-HARVESTED_DESTS = tuple(classified_options())  # each one's dest is its option string (arguments/megatron/harvested_flags.py)
+HARVESTED_DESTS = tuple(classified_options())
 NOT_SETTINGS = SOURCE_FLAGS + MEANING_DESTS + HARVESTED_DESTS
 _NOT_SETTINGS = frozenset(NOT_SETTINGS + ("help",))
 
 
-# The --help groups, in order, each named by the section whose flags it lists; a field of another section
-# that names the group (`option(group=...)`, base/options.py) is listed after the group's own.
+# --help's groups in order, each named by its section; another section's field that names the group
+# (`option(group=...)`) follows the group's own.
 GROUPS = (("model", "model"), ("optimizer", "optimizer and learning-rate schedule"), ("training", "training"),
           ("parallel", "parallelism (tensor, sequence, pipeline)"), ("data", "data and tokenizer"),
           ("logging", "logging"), ("checkpoint", "checkpoints, resume and preemption"),
@@ -106,10 +92,8 @@ GROUPS = (("model", "model"), ("optimizer", "optimizer and learning-rate schedul
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every setting's flag, generated from PretrainConfig's fields (their help, argparse shape and other
-    programs' names are declared on each field with `option()`, base/options.py); then the flags that are
-    not settings: where the settings come from (SOURCE_FLAGS), Megatron's meanings and spellings
-    (arguments/megatron/flags.py) and the harvested flags (arguments/megatron/harvested_flags.py)."""
+    """Every setting's flag from PretrainConfig's fields (`option()`, base/options.py), then the flags that are not
+    settings: the sources, Megatron's meanings and the harvested flags."""
     defaults = PretrainConfig()
     parser = FreshDefaultsParser(prog="pretrain_gpt.py", description="Pretrain a GPT (Megatron-style flags).",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False,
@@ -131,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
             if shown not in groups:
                 raise ValueError(f"{section}.{setting.name}: option(group={shown!r}) names no section")
             shown_in[shown].append((shown != section, setting, annotation, setting_value(values, setting.name)))
-    for section, group in groups.items():  # the group's own section first, then the other sections' fields
+    for section, group in groups.items():
         if section == "zero":
             add_zero_config(group, table)
         for _, setting, annotation, default in sorted(shown_in[section], key=lambda entry: entry[0]):
@@ -143,9 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class FreshDefaultsParser(OneLineArgumentParser):
-    """The flags' parser, whose parses each hand out their own copy of a mutable default (--data-path's []): argparse
-    puts the default object itself in the namespace, and one parser serves every parse of a process
-    (`shared_parser`), so a value changed in place would otherwise reach the parses after it."""
+    """Hands each parse its own copy of a mutable default (--data-path's []): argparse shares the default object, and
+    one parser serves every parse of a process."""
 
     mutable_defaults: tuple[argparse.Action, ...] = ()
 
@@ -158,22 +141,19 @@ class FreshDefaultsParser(OneLineArgumentParser):
 
 
 def shared_parser() -> argparse.ArgumentParser:
-    """build_parser()'s parser, built once per process for every parse (building it is most of a parse of a short
-    command line: argparse's add_argument for ~1,300 flags). A parse leaves it as built: argparse keeps nothing
-    between parses, our actions keep no state and nothing calls set_defaults, and FreshDefaultsParser copies the
-    mutable defaults (tests/arguments/conftest.py checks it after every module). Only --help reads the presets'
-    and DeepSpeed configs' folders, so a file added there gives a parser built anew."""
+    """build_parser()'s parser, built once per process (building is most of a short parse); a parse leaves it as built.
+    A preset or DeepSpeed config added on disk gives a new one, for --help's listing."""
     return _parser_listing(tuple(preset_names()), tuple(zero_config_names()))
 
 
 @functools.lru_cache(maxsize=1)
 def _parser_listing(presets: tuple[str, ...], zero_configs: tuple[str, ...]) -> argparse.ArgumentParser:
-    """The parser whose --help lists these presets and DeepSpeed configs (the arguments are the cache's key)."""
+    """Cached by the presets and DeepSpeed configs --help lists."""
     return build_parser()
 
 
 def add_zero_config(group, table: OptionTable) -> None:
-    """--zero-config, which is not a setting but where settings come from, first in the ZeRO group."""
+    """--zero-config, where settings come from, first in the ZeRO group."""
     table.add(
         group, "--zero-config", *aliases_of("--zero-config"), metavar="FILE.json",
         help="a DeepSpeed config JSON (a path, or a name in configs/zero: "
@@ -184,8 +164,8 @@ def add_zero_config(group, table: OptionTable) -> None:
 
 
 def add_setting(group, table: OptionTable, setting: dataclasses.Field, annotation: Any, default: Any) -> None:
-    """A setting's flag, its other programs' names (aliases), then the flags that store one value in it:
-    its own (`option(consts=...)`) and Megatron's spellings (arguments/megatron/flags.py)."""
+    """A setting's flag and aliases, then the flags that store one value in it (`option(consts=...)`, Megatron's
+    spellings)."""
     table.add(group, *option_strings(setting), **argparse_keywords(setting, annotation, default))
     for const in consts(setting):
         table.add(group, *const.options, dest=setting.name, action="store_const", const=const.value,
@@ -202,8 +182,7 @@ def zero_config_names() -> list[str]:
 
 
 def resolve_preset(name_or_path: str) -> Path:
-    """A path to a YAML file, or a preset's name in configs/models, also in a folder there
-    (`zero_paper/100b-125x8192` is configs/models/zero_paper/100b-125x8192.yaml)."""
+    """A YAML path, or a preset's name in configs/models (`zero_paper/100b-125x8192` too)."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
         candidates = [path]
@@ -214,7 +193,7 @@ def resolve_preset(name_or_path: str) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    if path.exists():  # there, but a directory, a FIFO or a device: say which
+    if path.exists():  # a directory, a FIFO or a device: say which
         raise ConfigError(f"--config {name_or_path}: {irregularity(path)}; give a preset's name or a YAML file")
     raise ConfigError(f"--config {name_or_path}: no such preset file ({candidates[-1]}); "
                       f"presets: {', '.join(preset_names())}")
@@ -228,9 +207,8 @@ def preset_label(path: Path) -> str:
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load, refusing a key given twice in one mapping -- `num_layers` beside `num-layers`
-    included, since both set one flag -- where PyYAML would silently keep the last (as a JSON
-    with a duplicate key is refused, arguments/deepspeed/translation.py)."""
+    """yaml.safe_load refusing a key given twice in one mapping (`num_layers` beside `num-layers` too), where PyYAML
+    keeps the last."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[str, Any] = {}
@@ -245,8 +223,8 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 
 def read_preset(path: Path) -> Any:
-    """A preset file's YAML, every way it can be unreadable reported as a ConfigError naming it."""
-    text = read_text_file(path, "--config")  # regular, UTF-8 and of a config's size, or one line
+    """A preset's YAML; every way it is unreadable is a ConfigError naming it."""
+    text = read_text_file(path, "--config")
     try:
         return yaml.load(text, Loader=UniqueKeyLoader) or {}
     except RecursionError:
@@ -256,14 +234,12 @@ def read_preset(path: Path) -> Any:
 
 
 def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, source: Path) -> list[str]:
-    """Turn a flat YAML mapping into the equivalent flags, rejecting keys that are not flags.
-
-    A key is a flag's name (`zero_stage`, `zero-stage`) or its setting's (`stage`)."""
+    """A flat YAML mapping as the equivalent flags. A key is a flag's name (`zero_stage`, `zero-stage`) or its setting's
+    (`stage`)."""
     flags = {}
     for action in option_table(parser):
         if action.option_strings and action.dest not in _NOT_SETTINGS:
-            # a setting's name is its own flag, added first, not a flag that stores one value in it
-            # (--no-pad-vocab-size, --use-flash-attn)
+            # a setting's own flag comes first, not one that stores a value in it (--no-pad-vocab-size)
             flags.setdefault(action.dest, action)
             for option in action.option_strings:
                 if not (isinstance(action, argparse.BooleanOptionalAction) and option.startswith("--no-")):
@@ -283,30 +259,29 @@ def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, sou
             if not isinstance(value, bool):
                 raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
             argv.append(option if value else "--no-" + option[2:])
-        elif stores_a_constant(flags[name]) and flags[name].const is True:  # a switch (--swiglu): true turns it on
+        elif stores_a_constant(flags[name]) and flags[name].const is True:  # a switch (--swiglu)
             if not isinstance(value, bool):
                 raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
             argv += [option] if value else []
         elif isinstance(value, list):
             argv += [option, *map(str, value)]
-        else:  # one token, so a value such as -1e-3 or -inf is not taken for a flag
+        else:  # one token, so -1e-3 is not taken for a flag
             argv.append(f"{option}={value}")
     return argv
 
 
 @dataclass(frozen=True)
 class ParsedArguments:
-    config: PretrainConfig            # validated; config.sources says where each value came from
-    notes: tuple[str, ...]            # said once at the start: flags and JSON keys with no effect, mappings,
-                                      # and one warning line for the JSON and flags that disagree
-    print_config: bool                # --print-config: show the configuration and exit
-    deepspeed: Optional[DeepSpeedTranslation]  # the JSON's classification, for --print-config
-    preset: str                       # the preset in force, as `preset_label` names it
-    meanings: dict[str, Any]          # the Megatron-meaning flags given, for --print-config
-    harvested: dict[str, Any] = None  # the other Megatron and DeepSpeed flags given ({option: value})
-    # JSON key -> what became of it beside the command line (which side won, and why), for --print-config
+    config: PretrainConfig  # validated, with each value's source
+    notes: tuple[str, ...]  # said once at start-up
+    print_config: bool
+    deepspeed: Optional[DeepSpeedTranslation]  # the JSON's classification
+    preset: str  # as `preset_label` names it
+    meanings: dict[str, Any]  # the Megatron-meaning flags given
+    harvested: dict[str, Any] = None  # the other Megatron/DeepSpeed flags given
+    # JSON key -> what became of it beside the command line
     json_outcomes: dict[str, str] = field(default_factory=dict)
-    # the harvested Megatron argument file the launch's flags belong to (arguments/megatron/defaults.py)
+    # the harvested Megatron argument file the flags belong to
     megatron_generation: Optional[str] = None
 
 
@@ -317,14 +292,9 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
 
 def parse_arguments(argv: Optional[Sequence[str]] = None,
                     late_checks: Sequence[Callable[[PretrainConfig], None]] = ()) -> ParsedArguments:
-    """The layers -- YAML preset < DeepSpeed JSON < command line, except where the real Megatron-DeepSpeed
-    + DeepSpeed pair lets the JSON win (arguments/deepspeed/precedence.py) -- parsed into one validated
-    config, with the source of every value. Everything that needs the user's attention -- unknown
-    flags, unsupported JSON keys and bad JSON values, refused Megatron flags and combinations, and an
-    invalid result -- is collected from all the layers and raised as one ConfigError listing them all,
-    so one edit round fixes a script. `late_checks` are the entry point's checks of what the settings
-    name on disk (a --load folder): each raises ConfigError or CheckpointError, and its problem joins the
-    same list (not run for --print-config, which reads no checkpoint)."""
+    """The layers parsed into one validated config with every value's source. Every problem found (unknown flags, bad
+    JSON keys or values, refused Megatron flags, an invalid result, and the entry point's `late_checks` of what is on
+    disk, skipped for --print-config) is raised in one ConfigError, so one edit round fixes a script."""
     parser = shared_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     problems, argv = _invalid_choices(argv, option_table(parser))
@@ -338,31 +308,28 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     not_read = NotRead("")  # no JSON: nothing set aside
     if known.zero_config:
         translation = load_deepspeed_config(resolve_zero_config(known.zero_config), collect=True)
-        # the blocks the real pair does not read under a Megatron launch set nothing, and are set aside
-        # before the JSON's settings are checked (arguments/deepspeed/client_objects.py); no JSON key sets
-        # the model, so the command line alone says whether the launch is one
+        # the blocks the real pair does not read under a Megatron launch are set aside before the JSON is checked
         megatron_launch = is_megatron_launch("config" in options_typed(parser, argv), values_set_by(parser, argv))
         not_read = set_aside_client_blocks(translation, megatron_launch, generation,
                                            bool(known.deepspeed_activation_checkpointing),
                                            bool(known.checkpoint_activations), also_fitting=fitting[1:],
                                            deepspeed=bool(known.deepspeed))
         problems += translation.problems
-        try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
+        try:  # the JSON's own errors, named with its file
             json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(translation.argv))))
             json_only.zero.validate()
             json_only.activations.validate()
-            # a JSON batch value a flag overrides is still the user's and still refused, as the flag would be
+            # a JSON batch value a flag overrides is still refused
             json_only.training.validate()
         except ConfigError as error:
             problems.append(f"{translation.source}: {error}")
-            translation.settings = []  # a JSON that cannot be read as settings adds none
+            translation.settings = []
     json_argv = translation.argv if translation is not None else []
     preset_path = resolve_preset(known.config)
     dests_given = set(values_set_by(parser, argv)) | _json_dests_kept(parser, translation, argv, bool(known.deepspeed))
     megatron_launch = is_megatron_launch("config" in options_typed(parser, argv), dests_given)
     if megatron_launch:
-        # Megatron's defaults, of the generation the flags belong to, sit where a preset would
-        # (arguments/megatron/defaults.py)
+        # Megatron's defaults, of the flags' generation, stand where a preset would
         preset_argv = megatron_default_argv(parser, _settings(vars(parser.parse_args([]))), harvested()["flags"],
                                             dests_given, generation)
         preset_name = MEGATRON_DEFAULTS
@@ -387,7 +354,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     typed = options_typed(parser, argv)
     try:
         resolved = resolve_meanings(meanings, settings, sources, typed.get, _harvested_given(namespace))
-    except RefusedFlags as error:  # refused Megatron flags, all in one message; the accepted ones still apply
+    except RefusedFlags as error:  # the accepted ones still apply
         problems.append(str(error))
         resolved = error.resolved
     except ConfigError as error:
@@ -410,8 +377,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     dense_notes = []
     if largest_expert_count(settings.get("num_experts")) is None \
             and settings.get("expert_tensor_parallel_size") not in (None, 1):
-        # Megatron-LM builds the experts' grid from it (megatron/core/parallel_state.py): a dense model has none, and
-        # its dense functional tests give it (gpt3_mcore_te_tp2_pp2_cp2_etp4_*)
+        # it shapes only the experts' grid; Megatron-LM's dense functional tests give it
         dense_notes.append(f"--expert-tensor-parallel-size {settings['expert_tensor_parallel_size']}: no effect "
                            f"on a dense model (no --num-experts), as in Megatron-LM")
         settings["expert_tensor_parallel_size"] = None
@@ -424,14 +390,11 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     dense_notes += [limited_note] if limited_note else []
     if is_deepspeed_moe_launch(settings.get("num_experts"), generation, bool(meanings["deepspeed"])) \
             and sources["moe_gating"].kind == DEFAULT:
-        # Megatron-DeepSpeed's --num-experts: DeepSpeed-MoE's gating (gpt/moe/deepspeed_gating.py)
         settings["moe_gating"] = "deepspeed"
         sources["moe_gating"] = Source(FLAG, "--num-experts", note="a Megatron-DeepSpeed launch "
                                        "(--deepspeed): DeepSpeed-MoE's gating")
     if typed.get("moe_token_dropping") == "--moe-token-dropping" and largest_expert_count(settings.get("num_experts")) \
             and settings.get("moe_gating") != "deepspeed":
-        # llm-jp's Megatron-LM fork (nii-geniac) defines it and asserts it is off in its router (router.py: `assert
-        # config.moe_token_dropping is False`); Megatron-Core's router here drops by --moe-expert-capacity-factor
         problems.append("--moe-token-dropping with Megatron-Core's router: llm-jp's Megatron-LM fork asserts it off "
                         "(unsupported there); drop tokens with --moe-expert-capacity-factor, or drop the flag")
     unused = layers.unused + not_read.unused(lambda flags: _flag_values(parser, flags))
@@ -469,7 +432,6 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     notes += layers.said_once(translation.source if translation is not None else "")
     notes += [line for line in (clipping_note, scaler_warning, clipping_warning, checkpointing_warning,
                                 not_read_warning) if line]
-    # Differences from the real pair a launch would not otherwise see, named once at start-up
     if config.training.eval_iters < 0:
         notes.append(f"> --eval-iters {config.training.eval_iters}: no validation or test, as Megatron-LM runs none "
                      f"where --eval-iters <= 0")
@@ -507,10 +469,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
 
 def apply_folder_layer(parser: argparse.ArgumentParser, settings: dict[str, Any], sources: dict[str, Source]
                        ) -> tuple[list[str], list[str]]:
-    """--init-from-hf DIR: the folder's architecture and tokenizer (arguments/hf_folder.py) replace what the
-    preset or the defaults set; a setting typed on the command line or in the JSON must equal the
-    folder's (a problem naming both where it differs). Read here, with the flags, so a folder that does not
-    fit is refused before any data or model work. Returns (problems, the lines said at the start)."""
+    """--init-from-hf DIR: the folder's architecture and tokenizer replace the preset's or the defaults; a flag or JSON
+    value must equal the folder's. Read with the flags, so a folder that does not fit is refused before any work.
+    Returns (problems, start-up lines)."""
     folder = settings.get("init_from_hf")
     if not folder:
         return [], []
@@ -530,7 +491,6 @@ def apply_folder_layer(parser: argparse.ArgumentParser, settings: dict[str, Any]
 
 def _as_flag(parser: argparse.ArgumentParser, name: str, value: Any) -> str:
     """`value` of the setting `name` as its flag would set it: `--num-layers 2`, `--swiglu`, `no --swiglu`."""
-    # a setting's own flag is added first (build_parser), before the flags that store one value in it
     action = next((action for action in option_table(parser) if action.dest == name and action.option_strings), None)
     if action is None:
         return f"{name} {show_value(value)}"
@@ -556,7 +516,7 @@ def _flag_values(parser: argparse.ArgumentParser, flags: Sequence[str]) -> dict[
 
 
 def one_error(problems: list[str]) -> str:
-    """One line for every problem found: the problem itself when there is one, else each numbered."""
+    """One line: the problem itself, or every problem numbered."""
     if len(problems) == 1:
         return problems[0]
     return f"{len(problems)} problems: " + "; ".join(f"({number}) {problem}"
@@ -564,8 +524,8 @@ def one_error(problems: list[str]) -> str:
 
 
 def _invalid_choices(argv: list[str], table: OptionTable) -> tuple[list[str], list[str]]:
-    """Each value outside its flag's choices as a problem in argparse's words, and `argv` without that flag and value:
-    argparse would end the parse at the first one, before the launch's other problems are collected."""
+    """Each value outside its flag's choices as argparse words it, and `argv` without it: argparse would stop at the
+    first, before the other problems are collected."""
     problems, kept, index = [], [], 0
     while index < len(argv):
         token = argv[index]
@@ -580,7 +540,7 @@ def _invalid_choices(argv: list[str], table: OptionTable) -> tuple[list[str], li
         try:
             converted = action.type(value) if action.type is not None and value is not None else value
         except (TypeError, ValueError):
-            converted = None  # argparse's own message names a value it cannot convert
+            converted = None  # argparse's own message names it
         if value is None or converted is None or converted in action.choices:
             kept.append(token)
             index += 1
@@ -592,8 +552,7 @@ def _invalid_choices(argv: list[str], table: OptionTable) -> tuple[list[str], li
 
 
 def _without(argv: list[str], unknown: list[str]) -> list[str]:
-    """`argv` without the tokens argparse did not recognise (in order, each token once), so the known
-    flags can still be checked in the same run."""
+    """`argv` without the tokens argparse did not recognise, so the known flags are still checked."""
     kept, rest = [], list(unknown)
     for token in argv:
         if rest and token == rest[0]:
@@ -605,12 +564,10 @@ def _without(argv: list[str], unknown: list[str]) -> list[str]:
 
 @dataclass
 class Layers:
-    """What `layer_sources` finds: where each setting came from, and where the JSON and the command line
-    set one setting differently, which side won (arguments/deepspeed/precedence.py)."""
+    """What `layer_sources` finds: each setting's source and, where the JSON and the command line differ, which side
+    won."""
     sources: dict[str, Source]
-    values: dict[str, Any] = field(default_factory=dict)  # settings whose value is not the last layer's: the
-                                                          # JSON's where it wins, the preset's or default where
-                                                          # a JSON value the run does not use was set
+    values: dict[str, Any] = field(default_factory=dict)  # the JSON's where it wins, else the layer below
     won: dict[str, list[str]] = field(default_factory=dict)  # JSON key -> "X wins over Y, as in ..." (warning)
     independent: dict[str, list[str]] = field(default_factory=dict)  # JSON key -> the flags beside it (info)
     outcomes: dict[str, str] = field(default_factory=dict)  # JSON key -> what became of it, for --print-config
@@ -618,8 +575,7 @@ class Layers:
     unused: list[UnusedJsonValue] = field(default_factory=list)  # optimizer and scheduler values a flag won over
 
     def said_once(self, source: str) -> list[str]:
-        """The lines the start of the run says: one warning for every key where a side won, one info line
-        for the independent settings given on both sides."""
+        """One warning for the keys where a side won, one info line for the independent settings set on both sides."""
         lines = []
         if self.won:
             lines.append(f"warning: {source} and the command line set {len(self.won)} setting(s) differently; "
@@ -631,22 +587,21 @@ class Layers:
         return lines
 
 
-# The learning-rate schedule's settings: Megatron-DeepSpeed always hands DeepSpeed its own scheduler,
-# built from these flags, so under --deepspeed a JSON scheduler block beside any of them is not used at all.
+# Megatron-DeepSpeed always hands DeepSpeed a scheduler built from these, so under --deepspeed a JSON scheduler block
+# beside any of them is not used.
 SCHEDULE_SETTINGS = ("lr", "min_lr", "lr_warmup_iters", "lr_warmup_fraction", "lr_warmup_samples",
                      "lr_warmup_tokens", "lr_warmup_init", "lr_decay_style", "lr_decay_iters", "lr_decay_samples",
                      "lr_decay_tokens", "train_samples")
-# Without --deepspeed a schedule flag wins over the JSON's scheduler only for what it sets: a warmup or decay
-# length in any unit replaces the block's length, and a run counted in samples its lengths in iterations.
+# Without --deepspeed a schedule flag wins only over what it sets: a warmup or decay length in any unit, and
+# --train-samples over the block's iteration lengths.
 _SCHEDULE_GROUPS = (("lr_warmup_iters", "lr_warmup_fraction", "lr_warmup_samples", "lr_warmup_tokens"),
                     ("lr_decay_iters", "lr_decay_samples", "lr_decay_tokens"))
 BATCH_SETTINGS = ("micro_batch_size", "global_batch_size", "accumulation_steps")
 
 
 def scheduler_dests_not_used(json_dests: Sequence[str], flag_dests: set[str], deepspeed: bool) -> dict[str, str]:
-    """{dest the JSON's scheduler block sets: the dest of the typed flag that wins over it} beside the command
-    line's schedule flags `flag_dests`: every one under --deepspeed (the real pair drops the block as a whole),
-    else those a flag sets itself, or in another unit of the same length."""
+    """{JSON scheduler dest: the typed flag's dest that wins over it}: every one under --deepspeed, else those a flag
+    sets in any unit of the same length."""
     typed = [dest for dest in SCHEDULE_SETTINGS if dest in flag_dests]
     if not typed:
         return {}
@@ -665,8 +620,7 @@ def scheduler_dests_not_used(json_dests: Sequence[str], flag_dests: set[str], de
 
 def _json_dests_kept(parser: argparse.ArgumentParser, translation: Optional[DeepSpeedTranslation],
                      argv: list[str], deepspeed: bool) -> set[str]:
-    """The settings the JSON sets that stand beside the command line `argv`: all, but those of a scheduler block
-    a schedule flag sets aside (`scheduler_dests_not_used`), so Megatron's defaults fill them."""
+    """The JSON's settings that stand beside `argv`: all but a scheduler block's that a schedule flag sets aside."""
     if translation is None:
         return set()
     flag_dests = set(values_set_by(parser, argv))
@@ -681,13 +635,9 @@ def _json_dests_kept(parser: argparse.ArgumentParser, translation: Optional[Deep
 
 def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv: list[str],
                   translation: Optional[DeepSpeedTranslation], argv: list[str], deepspeed: bool = False) -> Layers:
-    """The source of every setting (the last layer that set it), and, where the JSON and the command
-    line both set one, the side the real pair uses: the command line's value stands where the flag
-    wins, or the setting is independent; `values` holds the JSON's where it wins. Under `deepspeed` a JSON
-    scheduler block beside any schedule flag is not used as a whole (without it, beside the flags that set
-    its settings: `scheduler_dests_not_used`); a JSON batch value beside the batch flags
-    is not used where the flags and the rest of the JSON determine it (arguments/batch_schedule.py). Two
-    JSON keys that ask for different values of one setting are a problem."""
+    """Each setting's source (the last layer that set it) and, where the JSON and the command line both set one, the
+    side the real pair uses (`values` holds the JSON's where it wins). JSON scheduler and batch values the run does not
+    use fall back to the layer below; two JSON keys asking different values of one setting are a problem."""
     base_values = _settings(vars(parser.parse_args(preset_argv)))
     sources = {dest: Source(DEFAULT) for dest in _settings(vars(parser.parse_args([])))}
     for dest in values_set_by(parser, preset_argv):
@@ -719,7 +669,7 @@ def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv
     whole_block = deepspeed and bool(set_aside)
     for dest, winner in set_aside.items():
         if not whole_block and winner == dest:
-            continue  # a flag of the setting itself meets the JSON's value below (_precedence)
+            continue  # the setting's own flag meets it in _precedence
         option = typed.get(winner, winner)
         why = f"{NOT_READ_UNDER_DEEPSPEED} beside {option}" if whole_block else f"{option} on the command line wins"
         layers.unused.append(UnusedJsonValue(dest, _first_option(parser, dest), json_values[dest][0], why,
@@ -731,7 +681,7 @@ def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv
                 f"scheduler block in {translation.source}, as in Megatron-DeepSpeed, {rule.why}")
         layers.outcomes["scheduler.params"] = f"not used: {text}"
     if flag_values.get("checkpoint_activations") is False and "checkpoint_activations" in json_values:
-        # --no-checkpoint-activations wins over the block (below); its options then configure nothing
+        # --no-checkpoint-activations wins; the block's options then configure nothing
         for dest in [d for d, (_, key, _) in json_values.items() if key.startswith("activation_checkpointing.")]:
             layers.outcomes[json_values[dest][1]] = ("not used: --no-checkpoint-activations on the command line "
                                                      "turns checkpointing off")
@@ -739,7 +689,7 @@ def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv
     for key in {key for dest, (value, key, _) in json_values.items()
                 if dest in flag_values and flag_values[dest] != value and precedence_of(key).winner == INDEPENDENT}:
         for dest in [d for d, (_, k, _) in json_values.items() if k == key and d not in flag_values]:
-            not_used(dest)  # DeepSpeed's own monitor: none of it mixes with the command line's (W&B's team)
+            not_used(dest)  # DeepSpeed's own monitor does not mix with the command line's
     rampup = any((flag_values.get(name) or base_values.get(name)) is not None  # the batch varies by iteration
                  for name in ("rampup_batch_size", "step_batch_size_schedule"))
     for dest in json_batch_settings_not_used({d for d in BATCH_SETTINGS if d in flag_values},
@@ -762,7 +712,7 @@ def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv
                 source = _precedence(layers, key, _typed_value(option, value), json, source, dest, json_value,
                                      translation.source)
         earlier = [other for other in dict.fromkeys(every_typed.get(dest, ())) if other != option]
-        if earlier and not source.overrides:  # --print-config names every flag typed, the overridden ones too
+        if earlier and not source.overrides:  # --print-config names the overridden flags too
             source = dataclasses.replace(source, overrides=f"wins over {', '.join(earlier)} typed before it "
                                                            f"(the last flag for one setting wins)")
         sources[dest] = source
@@ -777,8 +727,8 @@ def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv
 
 def _precedence(layers: Layers, key: str, flag: str, json: str, flag_source: Source, dest: str, json_value: Any,
                 json_file: str) -> Source:
-    """Where the flag `flag` and the JSON's `json` (its key, value and file) set `dest` differently: the
-    winner's source, with what it won over, and the line said at start."""
+    """The winner's source where the flag and the JSON set `dest` differently, recording what it won over and the
+    start-up line."""
     rule = precedence_of(key)
     real = f"as in Megatron-DeepSpeed, {rule.why}"
     if rule.winner == JSON_WINS:
@@ -793,7 +743,7 @@ def _precedence(layers: Layers, key: str, flag: str, json: str, flag_source: Sou
     if rule.winner == MUST_AGREE:
         layers.problems.append(f"{flag} on the command line and {json} must agree: {rule.why}")
         return flag_source
-    if key.startswith(("optimizer.", "scheduler.")):  # said in a short line of its own (arguments/deepspeed/differences.py)
+    if key.startswith(("optimizer.", "scheduler.")):  # said in its own short line
         option = flag.split(" ")[0]
         layers.unused.append(UnusedJsonValue(dest, option, json_value, "the command line wins", option))
     else:

@@ -1,10 +1,6 @@
-"""`--print-config`: the resolved configuration, every value beside where it came from.
-
-Four parts: the settings by section (value, then source: default, the preset, the DeepSpeed JSON key,
-or the flag as typed -- a Megatron or DeepSpeed name shows as itself); the Megatron-LM and DeepSpeed
-flags that are not settings and what each does here (their meaning, or why they have no effect);
-every key of the DeepSpeed JSON and what became of it; and the numbers derived from several settings (a fractional warmup, a batch ramp).
-"""
+"""`--print-config`: the resolved configuration, every value beside where it came from: the settings by section, the
+Megatron-LM and DeepSpeed flags that are not settings and what each does, every DeepSpeed JSON key and what became of
+it, and the numbers derived from several settings."""
 
 from __future__ import annotations
 
@@ -20,9 +16,8 @@ from base.options import setting_values
 
 NAME_WIDTH = 38
 VALUE_WIDTH = 22
-# The model's first rows in the order they printed while its settings were one flat class (until b01301b), so a
-# run's logged --print-config still diffs line for line against today's; the rest (MTP, FP8, MoE, and every setting
-# added since) follow in their sections' order. A new setting needs no line here.
+# The model's first rows in their historical order, so a logged --print-config still diffs line for line; the rest
+# follow in their sections' order.
 FLAT_MODEL_ORDER = (
     "num_layers", "hybrid_layer_pattern", "hidden_size", "num_attention_heads", "kv_channels", "ffn_hidden_size",
     "seq_length", "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by", "pad_vocab_size_to",
@@ -59,7 +54,7 @@ def format_config(parsed) -> str:
         lines.append("Megatron-LM and DeepSpeed flags that are not settings here")
         lines += [_row(_typed(dest, value, sources), "", _meaning(dest, value))
                   for dest, value in parsed.meanings.items()]
-        accepted, _ = resolve_harvested(parsed.harvested or {}, None)  # the refused ones stopped the parse
+        accepted, _ = resolve_harvested(parsed.harvested or {}, None)
         lines += [_row(shown, "", f"accepted, no effect on the math: {reason}") for shown, reason in accepted]
     if parsed.deepspeed is not None:
         lines.append(f"DeepSpeed JSON {parsed.deepspeed.source}: every key")
@@ -68,7 +63,7 @@ def format_config(parsed) -> str:
                 effect = f"honoured: {' '.join(verdict.flags)}" if verdict.flags else f"honoured: {verdict.why}"
             else:
                 effect = f"accepted, no effect on the math: {verdict.why}"
-            outcome = parsed.json_outcomes.get(verdict.key)  # beside a flag of the command line
+            outcome = parsed.json_outcomes.get(verdict.key)
             section, _, rest = verdict.key.partition(".")
             shown = verdict.key if section not in parsed.deepspeed.written_as else \
                 f"{verdict.key} (written {parsed.deepspeed.written_as[section]}.{rest}, its older name)"
@@ -78,10 +73,9 @@ def format_config(parsed) -> str:
                   if key in parsed.json_outcomes]
     lines.append("derived")
     optimizer, training = config.optimizer, config.training
-    if training.accumulation_steps is None:  # else the global batch depends on the data-parallel size
-        batch = batch_schedule(config, 1, deepspeed_check=False)  # 1 stands in for the launch's size
+    if training.accumulation_steps is None:  # else the batch depends on the data-parallel size
+        batch = batch_schedule(config, 1, deepspeed_check=False)
         schedule = build_lr_schedule(config, batch)
-        # under a step schedule Megatron's args.global_batch_size is micro batch x DP (BatchSchedule.lr_schedule_batch)
         per_iteration = "micro batch x data-parallel size" if batch.steps is not None else "global batch"
         lines.append(_row("training iterations", str(train_iterations(config, batch)),
                           "--train-iters" if training.train_samples is None else
@@ -108,14 +102,14 @@ def format_config(parsed) -> str:
     if parsed.notes or config.json_differences:
         lines.append("said at the start of a run")
         lines += [note if note.startswith(">") else f"> {note}" for note in parsed.notes]
-        lines += config.json_differences  # last before the first iteration
+        lines += config.json_differences
     return "\n".join(lines)
 
 
 def _in_print_order(section: str, values: dict[str, Any]) -> dict[str, Any]:
     if section != "model":
         return values
-    return {**{name: values[name] for name in FLAT_MODEL_ORDER}, **values}  # a dict keeps each key's first place
+    return {**{name: values[name] for name in FLAT_MODEL_ORDER}, **values}
 
 
 def _row(name: str, value: str, where: str) -> str:

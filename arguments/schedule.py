@@ -1,22 +1,6 @@
-"""How long a run trains and its learning rate, computed as Megatron computes them.
-
-The rate is a pure function of what the run has consumed (no scheduler object with hidden state), so a resumed run
-needs only its consumed samples to continue the schedule exactly. Megatron-LM's OptimizerParamScheduler counts in
-samples: after each step it advances by that iteration's global batch, so iteration k's update uses the rate at the
-samples consumed *before* k (iteration 1 runs at --lr-warmup-init with a warmup, at --lr without). Lengths:
-
-    iteration-based (--train-iters)   decay = (--lr-decay-iters or --train-iters) x --global-batch-size
-                                      warmup = --lr-warmup-iters x --global-batch-size
-    sample-based (--train-samples)    decay = --lr-decay-samples or --train-samples
-                                      warmup = --lr-warmup-samples
-    either                            warmup = --lr-warmup-fraction x decay, when given
-
-With a batch ramp the schedule moves by each iteration's batch. A sample-based run trains `train_iterations`
-iterations: --train-samples // --global-batch-size, or with a ramp the ramp's iterations plus whole batches of the
-rest (Megatron's update_train_iters; a last partial batch is dropped). Megatron-DeepSpeed adds tokens: --lr-warmup-tokens and --lr-decay-tokens follow consumed tokens, --train-tokens stops
-the run. Its scheduler reads the token counter before the ended iteration is added, so the tokens the rate sees lag
-the samples by one iteration (`tokens_seen_by_schedule`); a warmup in samples followed by a decay in tokens decays
-from the tokens the scheduler saw when the warmup ended, as there."""
+"""How long a run trains and its learning rate, computed as Megatron computes them. The rate is a pure function of the
+samples (and tokens) consumed before each update, as Megatron-LM's OptimizerParamScheduler counts, so a resumed run
+continues the schedule exactly from its consumed samples."""
 
 from __future__ import annotations
 
@@ -34,13 +18,13 @@ from base.errors import ConfigError
 class LearningRateSchedule:
     max_lr: float
     min_lr: float
-    style: str                             # cosine, linear or constant
+    style: str
     warmup_samples: float
     decay_samples: float
     init_lr: float = 0.0                   # where a warmup starts (--lr-warmup-init)
-    warmup_tokens: Optional[float] = None  # Megatron-DeepSpeed's token-based warmup
+    warmup_tokens: Optional[float] = None  # Megatron-DeepSpeed's
     decay_tokens: Optional[float] = None   # and decay
-    warmup_end_tokens: float = 0.0         # the tokens seen when a warmup in samples ended (token decay)
+    warmup_end_tokens: float = 0.0  # the tokens seen when a warmup in samples ended
     wsd_decay_samples: Optional[float] = None  # WSD: the anneal's length at the end of the decay
     wsd_style: str = "exponential"             # WSD: the anneal's shape
 
@@ -60,9 +44,9 @@ class LearningRateSchedule:
             start = self.warmup_tokens if self.warmup_tokens is not None else self.warmup_end_tokens
         if done > end:
             return self.min_lr
-        if self.style == "inverse-square-root":  # Megatron's get_lr, in samples
+        if self.style == "inverse-square-root":
             return max(self.min_lr, self.max_lr * max(self.warmup_samples, 1) ** 0.5 / max(samples, 1) ** 0.5)
-        if self.style == "WSD":  # stable at max_lr until the anneal's start, then the anneal to min_lr
+        if self.style == "WSD":
             anneal_start = end - self.wsd_decay_samples
             if done <= anneal_start:
                 return self.max_lr
@@ -81,8 +65,7 @@ class LearningRateSchedule:
 
 
 def wsd_coefficient(style: str, ratio: float) -> float:
-    """Megatron's WSD anneal (megatron/core/optimizer_param_scheduler.py, get_lr): the share of max_lr - min_lr
-    left at `ratio` (0 at the anneal's start, 1 at its end)."""
+    """Megatron's WSD anneal: the share of max_lr - min_lr left at `ratio` (0 at the anneal's start, 1 at its end)."""
     if style == "linear":
         return 1.0 - ratio
     if style == "cosine":
@@ -93,15 +76,13 @@ def wsd_coefficient(style: str, ratio: float) -> float:
 
 
 def train_iterations(config: PretrainConfig, batch: BatchSchedule) -> int:
-    """--train-iters, or the iterations --train-samples makes (Megatron-LM's update_train_iters).
-    Megatron's arithmetic makes 0 iterations of a --train-samples below one global batch and then
-    trains nothing, exiting as if done; that is refused here (a ConfigError naming both)."""
+    """--train-iters, or the iterations --train-samples makes (Megatron-LM's update_train_iters). A --train-samples
+    below one global batch, 0 iterations there, is refused."""
     training = config.training
     if training.train_samples is None:
         return training.train_iters
     if batch.steps is not None:
-        # update_train_iters under a step schedule (megatron/training/training.py): iterate while
-        # consumed < train_samples, so a last partial batch still counts as an iteration
+        # a last partial batch still counts under a step schedule
         iterations, consumed = 0, 0
         while consumed < training.train_samples and not batch.constant_after(consumed):
             consumed += batch.global_batch_at(consumed)
@@ -126,8 +107,6 @@ def train_iterations(config: PretrainConfig, batch: BatchSchedule) -> int:
 def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningRateSchedule:
     """Megatron's get_optimizer_param_scheduler, in samples (and tokens), for this run's batches."""
     optimizer, training = config.optimizer, config.training
-    # Megatron's get_optimizer_param_scheduler (megatron/training/training.py): the WSD anneal is
-    # --lr-wsd-decay-iters x the global batch when counting iterations, --lr-wsd-decay-samples when counting samples
     if training.train_samples is None:
         decay = (optimizer.lr_decay_iters or training.train_iters) * batch.lr_schedule_batch
         warmup = optimizer.lr_warmup_iters * batch.lr_schedule_batch
@@ -138,7 +117,7 @@ def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningR
         warmup = optimizer.lr_warmup_samples
         wsd, wsd_flag = optimizer.lr_wsd_decay_samples, "--lr-wsd-decay-samples"
     if optimizer.lr_decay_style == "WSD":
-        if wsd is None:  # Megatron's OptimizerParamScheduler asserts wsd_decay_steps is not None
+        if wsd is None:
             raise ConfigError(f"--lr-decay-style WSD needs {wsd_flag}: the length of the anneal at the end of the "
                               f"decay", flags=("--lr-decay-style", wsd_flag))
         if optimizer.lr_decay_tokens is not None:
@@ -148,7 +127,7 @@ def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningR
         warmup = optimizer.lr_warmup_fraction * decay
     warmup_end_tokens = 0.0
     if optimizer.lr_decay_tokens is not None and optimizer.lr_warmup_tokens is None and warmup > 0:
-        ended = 0  # the first iteration boundary at or past the warmup
+        ended = 0
         while ended < warmup:
             ended += batch.global_batch_at(ended)
         warmup_end_tokens = tokens_seen_by_schedule(batch, ended, config.model.seq_length)
@@ -160,12 +139,12 @@ def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningR
 
 
 def tokens_seen_by_schedule(batch: BatchSchedule, consumed_samples: int, seq_length: int) -> int:
-    """The tokens Megatron-DeepSpeed's scheduler sees after `consumed_samples`: those consumed before
-    the last iteration (its counter is read before that iteration's tokens are added)."""
+    """The tokens Megatron-DeepSpeed's scheduler sees after `consumed_samples`: its counter lags by the last
+    iteration."""
     if consumed_samples == 0:
         return 0
     previous = 0
-    while True:  # constant batches after a ramp: one step back; during a ramp, walk the ramp
+    while True:
         if batch.constant_after(previous):
             return (consumed_samples - batch.global_batch_size) * seq_length
         following = previous + batch.global_batch_at(previous)
@@ -174,7 +153,7 @@ def tokens_seen_by_schedule(batch: BatchSchedule, consumed_samples: int, seq_len
         previous = following
 
 
-# What Megatron's scheduler compares with its checkpoint on resume (OptimizerParamScheduler.load_state_dict).
+# What Megatron's scheduler compares with its checkpoint on resume.
 COMPARED_ON_RESUME = (("max_lr", "learning rate"), ("min_lr", "minimum learning rate"),
                       ("warmup_samples", "warmup (samples)"), ("warmup_tokens", "warmup tokens"),
                       ("decay_samples", "decay (samples)"), ("decay_tokens", "decay tokens"),
@@ -183,10 +162,9 @@ COMPARED_ON_RESUME = (("max_lr", "learning rate"), ("min_lr", "minimum learning 
 
 def schedule_on_resume(config: PretrainConfig, batch: BatchSchedule, saved: dict,
                        iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
-    """Megatron's resume rule for the schedule. `saved` is the checkpoint's recorded (resolved) config.
-    Equal schedules: (None, None). Different ones: an error naming each difference, unless
-    --override-opt_param-scheduler (this run's wins: (None, note)) or
-    --use-checkpoint-opt_param-scheduler (the checkpoint's wins: (its schedule, note))."""
+    """Megatron's resume rule against the checkpoint's recorded config `saved`: (None, None) when equal; else an error
+    naming each difference, unless --override-opt_param-scheduler (None, note) or --use-checkpoint-opt_param-scheduler
+    (the checkpoint's schedule, note)."""
     optimizer = dataclasses.replace(config.optimizer, **{name: value for name, value in saved.get("optimizer", {}).items()
                                                          if hasattr(config.optimizer, name)})
     saved_training = saved.get("training", {})
@@ -203,8 +181,7 @@ def schedule_on_resume(config: PretrainConfig, batch: BatchSchedule, saved: dict
 
 def resumed_schedule(config: PretrainConfig, ours: LearningRateSchedule, theirs: LearningRateSchedule,
                      iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
-    """Megatron's rule between this run's schedule and the checkpoint's (`schedule_on_resume`), whatever format
-    recorded the checkpoint's (a Megatron-DeepSpeed run's OptimizerParamScheduler state: checkpoint/deepspeed/resume.py)."""
+    """`schedule_on_resume`'s rule between this run's schedule and the checkpoint's, whatever format recorded it."""
     differences = [f"{label} {getattr(ours, name)} (the checkpoint's: {getattr(theirs, name)})"
                    for name, label in COMPARED_ON_RESUME if getattr(ours, name) != getattr(theirs, name)]
     if not differences:

@@ -1,14 +1,6 @@
-"""Megatron-LM's `--step-batch-size-schedule "THRESHOLD:BATCH ..."`, parsed as Megatron parses it.
-
-Megatron-LM's main branch replaced the linear `--rampup-batch-size` with this (its GPT-3 example:
-`"0:16 2.4B:320 4.8B:624 7.2B:928 9.6B:1232 12B:1536"`). Megatron-LM
-megatron/core/num_microbatches_calculator.py, StepBatchsizeNumMicroBatchesCalculator: entries are
-separated by spaces or commas; each value takes a K/M/B/T suffix (x1e3 ... x1e12, `int(float(v) * m)`);
-megatron/training/global_vars.py passes `seq_length=args.seq_length`, so in training the thresholds are
-always tokens, turned into samples by floor division by the sequence length; the entries are sorted,
-the first threshold must be 0, thresholds strictly increase, batches are positive; an iteration's
-global batch is that of the last threshold at or below the samples consumed before it.
-"""
+"""Megatron-LM's `--step-batch-size-schedule "THRESHOLD:BATCH ..."` parsed as its StepBatchsizeNumMicroBatchesCalculator
+parses it: thresholds in tokens (K/M/B/T suffixes) floor-divided into samples, sorted, the first 0, strictly increasing,
+batches positive."""
 
 from __future__ import annotations
 
@@ -30,8 +22,8 @@ def _number(text: str, entry: str, schedule: str) -> int:
 
 
 def parse_step_schedule(schedule: str, seq_length: int) -> tuple[tuple[int, int], ...]:
-    """((threshold in samples, global batch), ...) sorted by threshold; a ConfigError naming the flag
-    for what Megatron would assert on."""
+    """((threshold in samples, global batch), ...) sorted; a ConfigError naming the flag for what Megatron would assert
+    on."""
     steps = []
     for entry in schedule.strip().replace(",", " ").split():
         if ":" not in entry:

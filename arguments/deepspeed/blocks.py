@@ -80,8 +80,7 @@ def classify_offload_optimizer(key: str, value: Any) -> list[Verdict]:
     return verdicts
 
 
-# DeepSpeedZeroOffloadParamConfig (offload_config.py lines 21-50): device, nvme_path, buffer_count,
-# buffer_size, max_in_cpu, pin_memory.
+# DeepSpeedZeroOffloadParamConfig's keys.
 PARAM_NVME_KNOBS = ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu")
 
 
@@ -117,8 +116,6 @@ def classify_cpu_offload(key: str, value: Any) -> list[Verdict]:
         return [Verdict(key, HONOURED, ("--offload-optimizer",))]
     return [Verdict(key, NO_EFFECT, why="no offload")]
 
-
-# ---- blocks classified as a whole ------------------------------------------------------------------
 
 ADAM_TYPES = ("adam", "adamw")
 
@@ -157,11 +154,8 @@ def _betas(key: str, value: Any) -> list[Verdict]:
 
 
 def _max_grad_norm(key: str, value: Any) -> list[Verdict]:
-    """The old apex FusedAdam's clip norm: Megatron-DeepSpeed passes deepspeed.initialize its own optimizer, so
-    the JSON's optimizer block is not read, and DeepSpeed clips with gradient_clipping
-    (arguments/deepspeed/clipping.py). Where DeepSpeed builds the JSON's optimizer it never clipped with it
-    either: v0.1.0 set it to 0 under fp16, and v0.2.0 on refuse it (_configure_basic_optimizer). Accepted, as
-    ignoring it changes nothing that ran (tests/arguments/test_deepspeed_clipping.py)."""
+    """The old apex FusedAdam's clip norm: DeepSpeed clips with gradient_clipping, never with it (and the JSON's
+    optimizer block is not read under Megatron), so ignoring it changes nothing that ran."""
     number(key, value)
     return [Verdict(key, NO_EFFECT, why="not read: Megatron passes DeepSpeed its own optimizer (or param groups "
                                         "it filled), and DeepSpeed clips with gradient_clipping, never with the "
@@ -198,9 +192,9 @@ SCHEDULER_ALTERNATIVE = ("use WarmupLR or WarmupDecayLR with \"warmup_type\": \"
 
 @wins({"scheduler.params": SCHEDULER})
 def classify_scheduler(key: str, value: Any) -> list[Verdict]:
-    """WarmupLR: linear warmup to warmup_max_lr, then constant. WarmupDecayLR: the same warmup, then a
-    linear decay to warmup_min_lr at total_num_steps. Both are this codebase's schedule (warmup from 0,
-    so warmup_min_lr must be 0); DeepSpeed's default warmup is logarithmic, which is not implemented."""
+    """WarmupLR (linear warmup to warmup_max_lr, then constant) and WarmupDecayLR (then a linear decay to warmup_min_lr
+    at total_num_steps) are our schedule, warming up from 0; DeepSpeed's default logarithmic warmup is not
+    implemented."""
     scheduler = block(key, value)
     kind = scheduler.get("type")
     params = block(f"{key}.params", scheduler.get("params", {}))
@@ -274,9 +268,8 @@ def classify_tensor_parallel(key: str, value: Any) -> list[Verdict]:
     return verdicts
 
 
-# DeepSpeed's pipeline engine settings, as its runtime/config.py get_pipeline_config fills them (0.19: stages "auto",
-# partition "best", seed_layers false, activation_checkpoint_interval 0, pipe_partitioned and grad_partitioned true)
-# and runtime/pipe/engine.py PipelineEngine reads them. The stages here come from --pipeline-model-parallel-size.
+# DeepSpeed's pipeline engine settings with get_pipeline_config's defaults; the stages come from
+# --pipeline-model-parallel-size.
 PIPELINE_KEYS = {
     "pipe_partitioned": "how DeepSpeed's pipeline engine sends activations between stages (each split over the "
                         "tensor-parallel ranks, gathered at the receiver): the same values arrive",
@@ -295,14 +288,14 @@ PIPELINE_KEYS = {
 
 
 def classify_pipeline(key: str, value: Any) -> list[Verdict]:
-    """DeepSpeed's `pipeline` section: how its pipeline engine sends and recomputes, none of which changes the
-    math; the pipeline itself is --pipeline-model-parallel-size's (docs/pipeline-parallelism.md)."""
+    """DeepSpeed's `pipeline` section: how its engine sends and recomputes, none of which changes the math; the stages
+    are --pipeline-model-parallel-size's."""
     verdicts = []
     for name, given in block(key, value).items():
-        if name not in PIPELINE_KEYS:  # get_pipeline_config keeps any key; the engine reads only its own
+        if name not in PIPELINE_KEYS:  # the engine reads only its own keys
             verdicts.append(Verdict(f"{key}.{name}", NO_EFFECT, why="DeepSpeed's pipeline engine reads no such key"))
         elif name in ("pipe_partitioned", "grad_partitioned") and not (isinstance(given, bool) or given == "auto"):
-            # PipelineEngine asserts a bool; HabanaAI's Megatron-DeepSpeed scripts write "auto" for their fork
+            # PipelineEngine asserts a bool; HabanaAI's scripts write "auto"
             raise ConfigError(f"{key}.{name} must be true or false, got {show(given)}")
         elif name == "activation_checkpoint_interval" and whole_number(f"{key}.{name}", given) <= 0:
             verdicts.append(Verdict(f"{key}.{name}", NO_EFFECT, why="0 or less: DeepSpeed's engine leaves the "
@@ -330,8 +323,7 @@ def classify_grad_accum_dtype(key: str, value: Any) -> list[Verdict]:
 
 @wins({"steps_per_print": PROGRESS_LINE})
 def classify_steps_per_print(key: str, value: Any) -> list[Verdict]:
-    """DeepSpeed's own progress-line cadence: independent of Megatron's --log-interval in the real pair
-    (arguments/deepspeed/precedence.py), so it never sets the log interval here."""
+    """DeepSpeed's own progress-line cadence, independent of --log-interval in the real pair."""
     shown = "null" if value is None else str(whole_number(key, value))
     return [Verdict(key, NO_EFFECT, why=f"{shown}: the cadence of DeepSpeed's own progress line; the log line and "
                                         f"metrics records here follow --log-interval, as Megatron's do in "
@@ -343,7 +335,7 @@ def classify_loss_scale(key: str, value: Any) -> list[Verdict]:
     scale = number(key, value)
     if scale < 0:
         raise ConfigError(f"{key} must be >= 0 (0 means dynamic loss scaling), got {show(value)}")
-    if scale == 0:  # dynamic scaling: --loss-scale stays unset (its default)
+    if scale == 0:  # dynamic scaling: --loss-scale stays unset
         return [Verdict(key, HONOURED, why="0: dynamic loss scaling")]
     return [Verdict(key, HONOURED, ("--loss-scale", repr(float(scale))))]
 

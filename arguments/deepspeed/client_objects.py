@@ -1,22 +1,7 @@
-"""Under a Megatron launch, the JSON blocks DeepSpeed never reads because Megatron hands it its own objects.
-
-Every Megatron generation builds its optimizer from its flags and hands it to `deepspeed.initialize`
-(arguments/deepspeed/precedence.py, OPTIMIZER), and DeepSpeed's engine then ignores the JSON's `optimizer` block
-(the 2020 fork's param groups, filled by its own Adam, win over the JSON's values). The same holds for the
-learning-rate scheduler since DeepSpeed v0.14.5 (SCHEDULER). So under a launch that sets the model from flags
-(arguments/megatron/defaults.py, `is_megatron_launch`) these blocks set nothing: what the flags leave out takes
-Megatron's default, as in the real pair, and each value of theirs that differs from what runs is named in one line.
-
-By generation: DeepSpeedExamples' 2020-21 forks step the engine without arguments and their DeepSpeed (before
-v0.14.5) used the JSON's scheduler, so a fork launch keeps the JSON's scheduler where no schedule flag is given
-(beside a schedule flag, arguments/parser.py's `layer_sources` drops the whole block as today's DeepSpeed does,
-where the fork's ran the JSON's: not yet followed here). The `activation_checkpointing` block is the same class: Megatron configures DeepSpeed's checkpointing only under
-`--deepspeed-activation-checkpointing`, only the 2020 fork hands that call the JSON (the others their own flags,
-which overwrite each key), and no generation turns checkpointing on from it (that is --checkpoint-activations). So
-under a Megatron launch the block sets nothing, but in the 2020 fork under the flag it sets what it configures
-(not the number of checkpoints, which the fork passes as --num-layers). A launch naming a preset is DeepSpeed's own
-use: the engine builds optimizer and scheduler from the JSON, so the blocks are honoured there (and the checkpointing
-block turns checkpointing on: arguments/deepspeed/translation.py)."""
+"""Under a Megatron launch, the JSON blocks DeepSpeed never reads because Megatron hands it its own objects: the
+optimizer (and, with DeepSpeed since v0.14.5, the scheduler) built from flags, and the activation_checkpointing block
+outside the 2020 fork's --deepspeed-activation-checkpointing. These blocks set nothing; each differing value is named in
+one line."""
 
 from __future__ import annotations
 
@@ -28,28 +13,23 @@ from arguments.deepspeed.differences import NOT_READ_UNDER_DEEPSPEED, UnusedJson
 from arguments.deepspeed.translation import DeepSpeedTranslation, JsonSetting, refused_line
 from arguments.deepspeed.verdicts import NO_EFFECT, UNSUPPORTED, Verdict
 
-# Megatron generations (arguments/megatron/flags_harvested.json labels) whose engine step passes no
-# lr_kwargs, paired with a DeepSpeed older than v0.14.5, whose _configure_lr_scheduler took the JSON's
-# scheduler first: the JSON's scheduler runs there.
+# Generations whose engine step passes no lr_kwargs, with a DeepSpeed before v0.14.5 that took the JSON's scheduler
+# first.
 JSON_SCHEDULER_GENERATIONS = ("dse-megatron-lm", "dse-megatron-lm-v1.1.5-zero3", "dse-megatron-lm-v1.1.5-3d")
 
 _OPTIMIZER_WHY = ("not read: Megatron hands deepspeed.initialize its own Adam built from --lr, --weight-decay, "
                   "--adam-beta1/2, --adam-eps, and DeepSpeed then ignores the JSON's optimizer")
-# The 2020 fork passed deepspeed.initialize its own Adam until October 2020 (DeepSpeedExamples a79272cc), and
-# model_parameters since: DeepSpeed then builds the JSON's Adam, but over param groups the fork's own Adam
-# already filled (torch's add_param_group setdefault), so the groups' values run. Either way the flags' do.
+# The 2020 fork's own Adam fills the param groups, so their values win over the JSON's optimizer either way.
 _PARAM_GROUPS_WHY = ("not read: the fork passes deepspeed.initialize its own Adam (until October 2020) or the "
                      "param groups that Adam already filled (since), from --lr, --weight-decay (betas 0.9, 0.999, "
                      "eps 1e-8), and the groups' values win over the JSON's, which are only the defaults of "
                      "DeepSpeed's optimizer")
 PARAM_GROUP_GENERATIONS = ("dse-megatron-lm",)
-# The generations whose --deepspeed-activation-checkpointing hands deepspeed.checkpointing.configure the JSON
-# with no flag that overwrites its keys (DeepSpeedExamples' Megatron-LM/pretrain_gpt2.py
-# set_deepspeed_activation_checkpointing: configure(mpu, deepspeed_config=args.deepspeed_config,
-# num_checkpoints=args.num_layers)).
+# Generations whose --deepspeed-activation-checkpointing hands deepspeed.checkpointing.configure the JSON, no flag
+# overwriting it.
 JSON_CHECKPOINTING_GENERATIONS = ("dse-megatron-lm",)
 CHECKPOINTING_BLOCK = "activation_checkpointing"
-CLIENT_BLOCKS = ("optimizer.", "scheduler.")  # the blocks Megatron's own objects replace
+CLIENT_BLOCKS = ("optimizer.", "scheduler.")
 _SWITCH_WHY = ("not read as a switch: the block only configures DeepSpeed's checkpoint function, and Megatron "
                "checkpoints only under --checkpoint-activations")
 _UNFLAGGED_WHY = ("not read: Megatron configures DeepSpeed's activation checkpointing only under "
@@ -69,16 +49,16 @@ _SCHEDULER_WHY = ("not read: Megatron-DeepSpeed hands deepspeed.initialize its o
 @dataclass
 class NotRead:
     """The JSON settings a Megatron launch sets aside, each with the flags it would have become."""
-    source: str                                                 # the JSON file, for the warning line
+    source: str
     settings: list[JsonSetting] = field(default_factory=list)
-    generation: Optional[str] = None                            # the launch's Megatron generation
-    reasons: dict[str, str] = field(default_factory=dict)       # key -> why, where the generation alone does not say
+    generation: Optional[str] = None
+    reasons: dict[str, str] = field(default_factory=dict)  # key -> why, where the generation alone does not say
 
     def warning(self, flag_values: Callable[[Sequence[str]], dict[str, tuple[str, Any]]], settings: dict[str, Any],
                 sources: dict[str, Source]) -> tuple[Optional[str], set[str]]:
-        """The one line naming each set-aside key whose value differs from what runs (None when none
-        does), and those keys. `flag_values(flags)` is {setting: (option, value)} for a key's flags."""
-        named, by_why = set(), {}  # why -> ([key (as written)], [what runs]): keys that share a why, said once
+        """(the line naming each set-aside key whose value differs from what runs, or None; those keys).
+        `flag_values(flags)` is {setting: (option, value)}."""
+        named, by_why = set(), {}  # why -> ([key], [what runs]): keys sharing a why, said once
         for setting in self.settings:
             asked = flag_values(setting.flags)
             differ = {dest: pair for dest, pair in asked.items() if settings[dest] != pair[1]}
@@ -103,7 +83,7 @@ class NotRead:
 
 
     def unused(self, flag_values: Callable[[Sequence[str]], dict[str, tuple[str, Any]]]) -> list[UnusedJsonValue]:
-        """The optimizer and scheduler values set aside, for a short line each (arguments/deepspeed/differences.py)."""
+        """The optimizer and scheduler values set aside, for a short line each."""
         return [UnusedJsonValue(dest, option, value, NOT_READ_UNDER_DEEPSPEED)
                 for setting in self.settings if setting.key.startswith(CLIENT_BLOCKS)
                 for dest, (option, value) in flag_values(setting.flags).items()]
@@ -113,11 +93,9 @@ def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatro
                             generation: Optional[str], deepspeed_activation_checkpointing: bool = False,
                             checkpoint_activations: bool = False, also_fitting: Sequence[str] = (),
                             deepspeed: bool = True) -> NotRead:
-    """Under a Megatron launch, take the optimizer block's settings (and the scheduler's, outside the
-    JSON_SCHEDULER_GENERATIONS; both only under `deepspeed`, the flag that hands DeepSpeed Megatron's own
-    objects), and the activation_checkpointing block's where `checkpointing_block_reasons` says, from the two
-    flags as the command line gives them, out of `translation` and mark their keys as not read; nothing
-    otherwise. `also_fitting`: the generations the launch's flags fit as well as `generation`."""
+    """Under a Megatron launch, move out of `translation`, as not read: the optimizer block's settings (and the
+    scheduler's, outside JSON_SCHEDULER_GENERATIONS), both only under `deepspeed`, and the checkpointing keys
+    `checkpointing_block_reasons` names. `also_fitting`: generations the flags fit as well as `generation`."""
     if translation is None or not megatron_launch:
         return NotRead(translation.source if translation is not None else "")
     prefixes = () if not deepspeed else ("optimizer.",) if generation in JSON_SCHEDULER_GENERATIONS \
@@ -136,7 +114,7 @@ def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatro
     translation.verdicts = [_not_read(verdict, prefixes, generation, reasons) if verdict.key.startswith(prefixes)
                             else _checkpointing_not_read(verdict, reasons) for verdict in translation.verdicts]
     refused_now = refused_line(translation.source, translation.verdicts)
-    if refused_now != refused_before:  # a scheduler key refused before is not read at all now
+    if refused_now != refused_before:
         translation.problems = [refused_now if problem == refused_before else problem
                                 for problem in translation.problems if problem != refused_before or refused_now]
     return not_read
@@ -144,8 +122,8 @@ def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatro
 
 def _ties_named(keys: Sequence[str], generation: Optional[str], also_fitting: Sequence[str],
                 flags: tuple[bool, bool], reasons: dict[str, str]) -> dict[str, str]:
-    """{key: why} for the keys set aside that a fork the launch's flags fit as well would have read: the tie
-    rule keeps the newest generation, and its choice is named where it changes what runs."""
+    """{key: why} for set-aside keys that an equally fitting fork would have read, named where the tie rule's choice
+    changes what runs."""
     named = {}
     fork = next((label for label in also_fitting if label in JSON_SCHEDULER_GENERATIONS), None)
     if fork is not None and generation not in JSON_SCHEDULER_GENERATIONS:
@@ -163,10 +141,9 @@ def _ties_named(keys: Sequence[str], generation: Optional[str], also_fitting: Se
 def checkpointing_block_reasons(keys: Sequence[str], generation: Optional[str],
                                 deepspeed_activation_checkpointing: bool,
                                 checkpoint_activations: bool) -> dict[str, str]:
-    """{key: why it is not read} for the activation_checkpointing keys among `keys` that a Megatron launch of
-    `generation`, with those two flags on its command line, does not read: all of them, but where the 2020 fork
-    hands the JSON to deepspeed.checkpointing.configure and --checkpoint-activations calls what it configures
-    (there the switch agrees with the command line, and only number_checkpoints is overwritten)."""
+    """{key: why it is not read} for the activation_checkpointing keys a Megatron launch of `generation` does not read:
+    all, except where the 2020 fork hands the JSON to deepspeed.checkpointing.configure under --checkpoint-activations
+    (then only number_checkpoints is overwritten)."""
     json_read = deepspeed_activation_checkpointing and generation in JSON_CHECKPOINTING_GENERATIONS
     reasons = {}
     for key in keys:
@@ -182,7 +159,7 @@ def checkpointing_block_reasons(keys: Sequence[str], generation: Optional[str],
 
 
 def _checkpointing_not_read(verdict: Verdict, reasons: dict[str, str]) -> Verdict:
-    """A block key the launch does not read has no effect; an unknown key (a typo) stays refused."""
+    """A block key not read has no effect; an unknown key (a typo) stays refused."""
     if verdict.key not in reasons or verdict.kind == UNSUPPORTED:
         return verdict
     return Verdict(verdict.key, NO_EFFECT, why=reasons[verdict.key])
@@ -201,15 +178,12 @@ def _tie(fork: str, did: str) -> str:
 
 def _not_read(verdict: Verdict, prefixes: tuple[str, ...], generation: Optional[str],
               reasons: Optional[dict[str, str]] = None) -> Verdict:
-    """The verdict of a key the real pair does not read. A refused scheduler key or optimizer param is not
-    refused any more: DeepSpeed reads the scheduler block only in _scheduler_from_config, which a client
-    scheduler skips, and the optimizer's params only in _configure_basic_optimizer, which a client optimizer
-    skips (v0.19.5 runtime/engine.py lines 1517-1529, 1557-1572, 1982-1994, 2041-2044). A refused optimizer
-    type stays refused: the engine reads it beside a client optimizer too (the Lamb loss-scale check at line
-    1655, 1-bit Adam's fp16 path at line 2245)."""
+    """The verdict of a key the real pair does not read. A refused scheduler key or optimizer param is not refused any
+    more (a client object skips reading them); a refused optimizer type stays refused, as the engine reads it beside a
+    client optimizer too."""
     if not verdict.key.startswith(prefixes) or (verdict.kind == UNSUPPORTED
                                                 and not verdict.key.startswith(("optimizer.params.", "scheduler."))):
         return verdict
     if verdict.kind == NO_EFFECT and verdict.why.startswith("not read"):
-        return verdict  # max_grad_norm: already said why
+        return verdict
     return Verdict(verdict.key, NO_EFFECT, why=(reasons or {}).get(verdict.key) or _why(verdict.key, generation))

@@ -1,17 +1,6 @@
-"""Under a DeepSpeed JSON, the JSON's `gradient_clipping` alone is the gradient-norm clip.
-
-In the real pair Megatron-DeepSpeed hands deepspeed.initialize its bare optimizer (get_megatron_optimizer
-returns before the wrappers that clip with --clip-grad when args.deepspeed), and DeepSpeed's engine clips
-with the JSON's gradient_clipping, DeepSpeed's default when the key is left out; a client optimizer also
-means the JSON optimizer block's max_grad_norm is never read. So neither --clip-grad nor Megatron's
-default 1.0 fills the gap: DeepSpeed's default does, and a flag that asked for something else is named
-in one warning line (as arguments/deepspeed/loss_scale.py does for the scaler flags).
-
-DeepSpeed's default depends on the launch's generation, as the JSON's scheduler does
-(arguments/deepspeed/client_objects.py): it is 1.0 since DeepSpeed v0.19.3 and 0 (no clipping) before, and
-DeepSpeedExamples' 2020-22 Megatron-LM forks ran with the DeepSpeed of their time, so a fork launch whose JSON
-leaves gradient_clipping out did not clip, which the start-up line says.
-"""
+"""Under a DeepSpeed JSON, the JSON's `gradient_clipping` alone is the gradient-norm clip, as in the real pair, where
+Megatron-DeepSpeed hands DeepSpeed its bare optimizer. Where the key is left out DeepSpeed's default of the launch's
+generation applies (1.0 since v0.19.3, 0 before), and a --clip-grad that loses is named in one warning line."""
 
 from __future__ import annotations
 
@@ -21,18 +10,16 @@ from arguments.config_sources import FLAG, JSON, Source, show_value
 from arguments.deepspeed.client_objects import JSON_SCHEDULER_GENERATIONS
 from arguments.deepspeed.keys import precedence_of
 
-# DeepSpeed's GRADIENT_CLIPPING_DEFAULT (deepspeed/runtime/constants.py): 1.0 since v0.19.3 (commit 44216655,
-# PR #8068, 2026-06-23), the generation requirements-bench.txt pins; 0.0 (no clipping) in every release before it.
+# DeepSpeed's GRADIENT_CLIPPING_DEFAULT: 1.0 since v0.19.3, 0.0 (no clipping) before.
 DEEPSPEED_GRADIENT_CLIPPING_DEFAULT = 1.0
 DEEPSPEED_GRADIENT_CLIPPING_SINCE = "v0.19.3"
 OLD_DEEPSPEED_GRADIENT_CLIPPING_DEFAULT = 0.0
-# The generations that ran with a DeepSpeed older than v0.19.3: DeepSpeedExamples' forks, whose last commit
-# (2022) predates even v0.14.5, the same pairing that keeps their JSON's scheduler.
+# DeepSpeedExamples' forks ran with a DeepSpeed older than v0.19.3.
 OLD_DEEPSPEED_GENERATIONS = JSON_SCHEDULER_GENERATIONS
 
 
 def deepspeed_gradient_clipping_default(generation: Optional[str]) -> tuple[float, str]:
-    """DeepSpeed's gradient_clipping default for a launch of `generation`, and what it is, for the lines."""
+    """(DeepSpeed's gradient_clipping default for a launch of `generation`, how the lines name it)."""
     if generation in OLD_DEEPSPEED_GENERATIONS:
         return OLD_DEEPSPEED_GRADIENT_CLIPPING_DEFAULT, (
             f"the default 0 (no clipping) of the DeepSpeed {generation} ran with (before "
@@ -44,10 +31,9 @@ def deepspeed_gradient_clipping_default(generation: Optional[str]) -> tuple[floa
 
 def apply_json_clipping(translation, settings: dict[str, Any], sources: dict[str, Source],
                         typed: dict[str, str], generation: Optional[str] = None) -> tuple[Optional[str], Optional[str]]:
-    """Under a JSON, clip_grad is its gradient_clipping or DeepSpeed's default for the launch's `generation`,
-    whatever a flag, a preset or Megatron's default said (the optimizer block's max_grad_norm has no effect:
-    arguments/deepspeed/translation.py). Returns (the warning line for a flag that loses, the start-up line
-    naming the older DeepSpeed's default where it is the one that runs), each None when there is none."""
+    """Under a JSON, clip_grad is its gradient_clipping or DeepSpeed's default for `generation`, whatever a flag, preset
+    or Megatron's default said. Returns (the warning for a flag that loses, the start-up line where an older DeepSpeed's
+    default runs), each None when there is none."""
     if translation is None:
         return None, None
     source = sources["clip_grad"]
@@ -60,7 +46,6 @@ def apply_json_clipping(translation, settings: dict[str, Any], sources: dict[str
         note = (f"> {translation.source} sets no gradient_clipping: gradients are not clipped, {default}, as in "
                 f"that fork's real run (set gradient_clipping in the JSON to clip)")
     if source.kind == FLAG and settings["clip_grad"] == value:
-        # the flag asked for what runs: it stays the named source, beside what the JSON leaves to DeepSpeed
         sources["clip_grad"] = Source(FLAG, source.origin, note=source.note,
                                       agrees_with=f"{default} for gradient_clipping, left out of {translation.source}")
         return None, note
@@ -72,7 +57,6 @@ def apply_json_clipping(translation, settings: dict[str, Any], sources: dict[str
                                   overrides=f"{lost} on the command line not used" if lost else "")
     if lost is None:
         return None, note
-    # the warning says what the note would (no second line about the same key)
     runs = f"clips at {default}" if value else f"does not clip, {default}"
     return (f"warning: {lost} not used: {translation.source} sets no gradient_clipping, so DeepSpeed {runs} "
             f"(set gradient_clipping in the JSON to change it), as in Megatron-DeepSpeed, "

@@ -11,13 +11,13 @@ from typing import Any, Optional
 from arguments.config_sources import DEFAULT, FLAG, FOLDER, MEGATRON_DEFAULTS, PRESET, Source, show_value
 
 NOT_READ_UNDER_DEEPSPEED = "not read under --deepspeed, as in Megatron-DeepSpeed"
-LINE_LIMIT = 160  # characters: a line read at a glance
+LINE_LIMIT = 160  # characters: read at a glance
 
 
 @dataclass(frozen=True)
 class UnusedJsonValue:
-    dest: str                     # the setting
-    option: str                   # the flag that sets it
+    dest: str
+    option: str
     value: Any                    # the JSON's value, typed as the setting is
     why: str                      # why the run does not use it, a few words
     winner: Optional[str] = None  # the command-line flag that wins over it, where one does

@@ -75,8 +75,7 @@ def nearest_key(key: str) -> Optional[str]:
     return found[0] if found else None
 
 
-# Rules and implied settings that are no one key's value: the batch identity DeepSpeed checks, and the
-# block whose presence implies --checkpoint-activations (arguments/deepspeed/translation.py, _implied).
+# Rules that are no one key's value: the batch identity, and the block implying --checkpoint-activations.
 NOT_ONE_KEY: dict[str, Precedence] = {BATCH_IDENTITY: BATCH_IDENTITY_RULE, "activation_checkpointing": CHECKPOINT_BLOCK}
 
 

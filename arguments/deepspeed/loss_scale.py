@@ -1,13 +1,6 @@
-"""Under a DeepSpeed JSON whose fp16 block is enabled, that block alone governs loss scaling.
-
-In the real pair DeepSpeed's engine builds the loss scaler from the JSON's fp16 block, each key it leaves
-out taking DeepSpeed's default (runtime/constants.py: loss_scale 0, which is dynamic scaling;
-initial_scale_power 16; loss_scale_window 1000; hysteresis 2; min_loss_scale 1), and Megatron-DeepSpeed
-never reads --loss-scale, --initial-loss-scale, --loss-scale-window, --hysteresis or --min-loss-scale
-(they feed only Megatron's own grad scaler, which --deepspeed skips: arguments/deepspeed/precedence.py's
-_LOSS_SCALE). So a flag the JSON leaves open does not fill the gap: DeepSpeed's default does, and a flag
-that asked for something else is named in one warning line.
-"""
+"""Under a DeepSpeed JSON whose fp16 block is enabled, that block alone governs loss scaling: DeepSpeed's engine builds
+the scaler from it, each key left out taking DeepSpeed's default, and Megatron-DeepSpeed never reads the scaler flags. A
+flag that asked for something else is named in one warning line."""
 
 from __future__ import annotations
 
@@ -18,8 +11,8 @@ from arguments.deepspeed.keys import precedence_of
 
 # setting -> (the fp16 key that sets it, DeepSpeed's value when the key is left out)
 DEEPSPEED_SCALER_DEFAULTS: dict[str, tuple[str, Any]] = {
-    "loss_scale": ("fp16.loss_scale", None),  # FP16_LOSS_SCALE_DEFAULT = 0: dynamic
-    "initial_loss_scale": ("fp16.initial_scale_power", 2.0 ** 16),  # FP16_INITIAL_SCALE_POWER_DEFAULT = 16
+    "loss_scale": ("fp16.loss_scale", None),  # 0: dynamic
+    "initial_loss_scale": ("fp16.initial_scale_power", 2.0 ** 16),
     "loss_scale_window": ("fp16.loss_scale_window", 1000),
     "hysteresis": ("fp16.hysteresis", 2),
     "min_loss_scale": ("fp16.min_loss_scale", 1.0),
@@ -36,15 +29,15 @@ def json_enables_fp16(translation) -> bool:
 
 def apply_json_loss_scaling(translation, settings: dict[str, Any], sources: dict[str, Source],
                             typed: dict[str, str]) -> Optional[str]:
-    """Each scaler setting the JSON's enabled fp16 block leaves out takes DeepSpeed's default, whatever a
-    flag, a preset or Megatron's defaults said; the warning line for the flags that lose, or None."""
+    """Each scaler setting the enabled fp16 block leaves out takes DeepSpeed's default, whatever a flag, preset or
+    Megatron's default said; returns the warning for the flags that lose, or None."""
     if not json_enables_fp16(translation):
         return None
     why = precedence_of("fp16.loss_scale").why
     ignored = []
     for dest, (key, deepspeed_default) in DEEPSPEED_SCALER_DEFAULTS.items():
         if sources[dest].kind == JSON:
-            continue  # the JSON set it; a flag beside it already lost (arguments/parser.py, _precedence)
+            continue  # the JSON set it; a flag beside it already lost
         if sources[dest].kind == FLAG and settings[dest] != deepspeed_default:
             ignored.append(f"{typed.get(dest, SCALER_FLAGS[dest])} {show_value(settings[dest])}")
         shown = "0 (dynamic scaling)" if dest == "loss_scale" else show_value(deepspeed_default)

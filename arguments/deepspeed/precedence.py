@@ -1,21 +1,7 @@
-"""Which side wins where a DeepSpeed JSON key and a command-line flag set the same thing: the side that
-wins in the real Megatron-DeepSpeed + DeepSpeed pair (docs/coming-from-megatron-deepspeed.md, after the JSON table).
-
-Read from the real code (microsoft/Megatron-DeepSpeed f4157bea, microsoft/DeepSpeed 38327e07, and DeepSpeedExamples'
-Megatron-LM-v1.1.5-3D_parallelism): Megatron-DeepSpeed builds model, optimizer, scheduler and data loader from its
-flags and hands the first three to `deepspeed.initialize(..., config=<the JSON>)`. What DeepSpeed's engine does on
-its own (ZeRO, mixed precision, loss scaling, clipping) it takes from the JSON; what Megatron does (the data, the
-micro-steps, the optimizer's hyperparameters, the schedule) from the flags. Four outcomes:
-
-- FLAG_WINS: the flag's value runs; the JSON's is said once at start, and in --print-config.
-- JSON_WINS: the JSON's value runs; the flag's is said the same way.
-- INDEPENDENT: two settings that only look alike; neither changes the other.
-- MUST_AGREE: DeepSpeed itself refuses a disagreement, so this program refuses it too.
-
-Each JSON key that `arguments/deepspeed/keys.toml` turns into flags points at one of these on its own row
-(`to_flag(..., wins=ZERO)`, `@wins({...})`), so a key's classification and precedence are read in one place, and a
-new key cannot overlap a flag without a decision (a test checks it). A behaviour's `why` finishes the sentence "as
-in Megatron-DeepSpeed, ..." in the warning line; `code` names the real code path."""
+"""Which side wins where a DeepSpeed JSON key and a flag set the same thing: the side that wins in the real
+Megatron-DeepSpeed + DeepSpeed pair, whose engine takes what it does itself (ZeRO, precision, loss scaling, clipping)
+from the JSON and Megatron the rest from its flags. A rule's `why` ends the warning line; `code` is their code
+path."""
 
 from __future__ import annotations
 
@@ -27,7 +13,7 @@ FLAG_WINS, JSON_WINS, INDEPENDENT, MUST_AGREE = "flag wins", "JSON wins", "indep
 @dataclass(frozen=True)
 class Precedence:
     winner: str  # FLAG_WINS, JSON_WINS, INDEPENDENT or MUST_AGREE
-    why: str     # what the real pair does, in words (ends the warning line's sentence)
+    why: str  # what the real pair does (ends the warning line's sentence)
     code: str    # where: the real code path
 
 

@@ -1,21 +1,6 @@
-"""A DeepSpeed config JSON, as users write it, turned into this program's flags.
-
-`--zero-config ds.json` (also `--deepspeed_config` / `--deepspeed-config`) reads the whole file and
-classifies every key (`arguments/deepspeed/keys.py`):
-
-- honoured keys become flags, each remembered with the key it came from, so `arguments.parser` can say
-  where a setting came from and, where a command-line flag sets the same thing, let the side win that
-  wins in the real Megatron-DeepSpeed + DeepSpeed pair (arguments/deepspeed/precedence.py);
-- keys with no effect on the math are collected for one info line at the start of the run;
-- unsupported and unknown keys are collected too, and reported together in one error line, each with
-  the reason or the alternative (and "did you mean" for a key DeepSpeed does not have);
-- the three batch keys are kept as written, for DeepSpeed's own check of them against the
-  data-parallel size (arguments/batch_schedule.py).
-
-A value of the wrong type names the key and the file. `deepspeed_config_to_flags` raises at the first
-problem; with `collect=True` the problems are kept in `DeepSpeedTranslation.problems` instead, so
-`arguments.parser` can report them in one line with the command line's own.
-"""
+"""A DeepSpeed config JSON (--zero-config) turned into this program's flags. Every key is classified
+(arguments/deepspeed/keys.py): honoured keys become flags that remember their key, keys with no effect join one info
+line, and refused or unknown keys are reported together, each with the alternative."""
 
 from __future__ import annotations
 
@@ -35,8 +20,8 @@ EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "configs" / "zero"
 
 @dataclass(frozen=True)
 class JsonSetting:
-    key: str                # the dotted key path, as written (or the key an implied flag follows from)
-    flags: tuple[str, ...]  # what it becomes on the command line
+    key: str  # the dotted key, as written (or the key an implied flag follows from)
+    flags: tuple[str, ...]
 
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -44,12 +29,12 @@ BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_ac
 
 @dataclass
 class DeepSpeedTranslation:
-    source: str                                                # the file, for messages
-    settings: list[JsonSetting] = field(default_factory=list)  # in the file's order
-    verdicts: list[Verdict] = field(default_factory=list)      # every key's, for --print-config
-    batch: dict[str, int] = field(default_factory=dict)        # the BATCH_KEYS given, as written
-    problems: list[str] = field(default_factory=list)          # with collect=True: bad values, refused keys
-    written_as: dict[str, str] = field(default_factory=dict)   # a section by its older name: {"bf16": "bfloat16"}
+    source: str
+    settings: list[JsonSetting] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    batch: dict[str, int] = field(default_factory=dict)  # the BATCH_KEYS given, as written
+    problems: list[str] = field(default_factory=list)  # with collect=True: bad values, refused keys
+    written_as: dict[str, str] = field(default_factory=dict)  # a section by its older name: {"bf16": "bfloat16"}
 
     @property
     def no_effect(self) -> list[Verdict]:
@@ -60,8 +45,8 @@ class DeepSpeedTranslation:
         return [token for setting in self.settings for token in setting.flags]
 
     def info_line(self, said_elsewhere: frozenset = frozenset()) -> str:
-        """The keys accepted with no effect on the math, in one line (empty when there are none), but for
-        those `said_elsewhere` (a warning line names them: arguments/deepspeed/client_objects.py)."""
+        """The keys accepted with no effect on the math in one line ("" when none), but for those `said_elsewhere` in a
+        warning line."""
         listed = "; ".join(f"{verdict.key} ({verdict.why})" for verdict in self.no_effect
                            if verdict.key not in said_elsewhere)
         if not listed:
@@ -70,23 +55,15 @@ class DeepSpeedTranslation:
 
 
 def deepspeed_config_to_flags(config: Any, source: str, collect: bool = False) -> DeepSpeedTranslation:
-    """Classify every key of a parsed DeepSpeed config; raise one ConfigError listing every unsupported
-    or unknown key (with `collect`, keep it and every bad value in `problems` and go on with the keys
-    that are honoured). A config that enables one of fp16/bf16 also disables the other (they are
-    exclusive, and a preset may have turned the other on); one that enables both is an error.
-
-    In DeepSpeed the `activation_checkpointing` block only configures checkpointing; Megatron's
-    --checkpoint-activations turns it on. Here a block with any option on (a true flag, or a
-    `number_checkpoints` that is not null) also emits --checkpoint-activations, so the JSON takes
-    effect on its own; a block with every option off or null leaves checkpointing as it was. (Under a
-    Megatron launch that implied flag, and the block where the real pair does not read it, are set
-    aside: arguments/deepspeed/client_objects.py.)
-    """
+    """Classify every key of a parsed DeepSpeed config; raise one ConfigError listing every refused or unknown key (with
+    `collect`, keep them and every bad value in `problems`). Enabling one of fp16/bf16 disables the other. An
+    activation_checkpointing block with any option on also emits --checkpoint-activations, so the JSON takes effect on
+    its own."""
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: a DeepSpeed config must be a JSON object")
     verdicts: list[Verdict] = []
-    values: dict[str, Any] = {}  # honoured section keys' values, for the implied flags below
-    problems: list[str] = []     # bad values, in the file's order
+    values: dict[str, Any] = {}  # for the implied flags below
+    problems: list[str] = []
     batch: dict[str, int] = {}
 
     def classified(key: str, classify, value: Any) -> list[Verdict]:
@@ -139,7 +116,7 @@ def deepspeed_config_to_flags(config: Any, source: str, collect: bool = False) -
 
 
 def refused_line(source: str, verdicts: list[Verdict]) -> str:
-    """The one problem naming every key refused (empty when none is)."""
+    """The one problem naming every refused key ("" when none is)."""
     refused = [verdict for verdict in verdicts if verdict.kind == UNSUPPORTED]
     if not refused:
         return ""
@@ -148,8 +125,8 @@ def refused_line(source: str, verdicts: list[Verdict]) -> str:
 
 
 def _scheduler_sets_the_peak(verdicts: list[Verdict]) -> list[Verdict]:
-    """DeepSpeed's WarmupLR/WarmupDecayLR set the learning rate from warmup_max_lr whatever the
-    optimizer block says; so does the translation (the optimizer's lr then has no effect)."""
+    """DeepSpeed's WarmupLR/WarmupDecayLR take the peak rate from warmup_max_lr, so the optimizer block's lr then has no
+    effect."""
     def lr(verdict: Verdict):
         flags = list(verdict.flags)
         return flags[flags.index("--lr") + 1] if verdict.kind == HONOURED and "--lr" in flags else None
@@ -188,7 +165,7 @@ def _implied(values: dict[str, Any], source: str) -> list[JsonSetting]:
 def load_deepspeed_config(path: Union[str, Path], collect: bool = False) -> DeepSpeedTranslation:
     """Read a DeepSpeed JSON config and classify it (see `deepspeed_config_to_flags`)."""
     path = Path(path)
-    text = read_text_file(path, "--zero-config")  # a FIFO or /dev/zero is refused, not read forever
+    text = read_text_file(path, "--zero-config")
     try:
         config = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
     except json.JSONDecodeError as error:

@@ -16,8 +16,8 @@ HONOURED, NO_EFFECT, UNSUPPORTED = "honoured", "no effect", "unsupported"
 
 @dataclass(frozen=True)
 class Verdict:
-    key: str                    # the dotted path it is about
-    kind: str                   # HONOURED, NO_EFFECT or UNSUPPORTED
+    key: str
+    kind: str
     flags: tuple[str, ...] = ()  # HONOURED: the equivalent command-line flags (none: the value is what runs)
     why: str = ""               # HONOURED without flags: what runs; NO_EFFECT: why the math is the same;
                                 # UNSUPPORTED: the reason or the alternative
@@ -55,8 +55,6 @@ def block(key: str, value: Any) -> dict:
         raise ConfigError(f'"{key}" must be an object, got {show(value)}')
     return value
 
-
-# ---- classifier builders --------------------------------------------------------------------------
 
 def to_flag(flag: str, kind: str = "number", wins: Optional[Precedence] = None) -> Classifier:
     """Honoured: the value becomes `flag` (kind: "number", "count" (a whole number), "bool" (the flag or
@@ -103,5 +101,4 @@ def when_disabled(why_not: str) -> Classifier:
     these blocks), unsupported when it is on."""
     return only_if(lambda value: isinstance(value, dict) and value.get("enabled", False) is False,
                    "the block is disabled", why_not)
-
 

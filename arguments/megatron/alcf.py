@@ -1,12 +1,6 @@
-"""What ALCF's Megatron-DeepSpeed fork (argonne-lcf/Megatron-DeepSpeed at ffa3456d) means by its optimizer and data
-choices, where that needs a line at the start or a refusal (the flags themselves: arguments/config.py,
-arguments/megatron/flag_classes.toml).
-
-Its megatron/optimizer/__init__.py builds `--optimizer adamw` as `torch.optim.AdamW` (this repository's adam),
-`--optimizer adam` as `torch.optim.Adam` (its weight decay an L2 term added to the gradient: not AdamW, and not built
-here) unless --ds-fused-adam, and `--optimizer sophiag` as its SophiaG (zero/sophia.py). --shuffle-sample-in-corpus and
---blend-sample-in-corpus are read only where --data-file-list builds corpora (megatron/data/gpt_dataset.py).
-"""
+"""What ALCF's Megatron-DeepSpeed fork means by its optimizer and data choices, where that needs a start-up line or a
+refusal: its `--optimizer adam` is torch.optim.Adam (L2 weight decay, not built here), its adamw our adam, and its
+corpus flags act only under --data-file-list."""
 
 from __future__ import annotations
 
@@ -16,7 +10,7 @@ from arguments.megatron.defaults import ALCF_FORK
 
 
 def typed_value(argv: Sequence[str], flag: str) -> Optional[str]:
-    """The last value typed for `flag` (`--flag value` or `--flag=value`), or None."""
+    """The last value typed for `flag`, or None."""
     value = None
     for index, token in enumerate(argv):
         if token == flag and index + 1 < len(argv):
@@ -28,9 +22,8 @@ def typed_value(argv: Sequence[str], flag: str) -> Optional[str]:
 
 def alcf_problems(argv: Sequence[str], config, generation: Optional[str], megatron_launch: bool,
                   ds_fused_adam: bool) -> list[str]:
-    """The fork's choices that would compute another update here, each as one problem line: its adam (typed, or the
-    default its arguments give a launch that sets the model from flags) with weight decay is torch.optim.Adam's L2
-    decay (its adamw is AdamW, as adam here)."""
+    """The fork's choices that would compute another update here, one problem line each: its adam (typed, or its
+    default) with weight decay."""
     typed = typed_value(argv, "--optimizer")
     forks_adam = typed == "adam" or (typed is None and megatron_launch)
     if generation != ALCF_FORK or not forks_adam or config.optimizer.optimizer != "adam" \
@@ -43,7 +36,7 @@ def alcf_problems(argv: Sequence[str], config, generation: Optional[str], megatr
 
 
 def alcf_notes(argv: Sequence[str], config) -> list[str]:
-    """The start-up lines of the fork's optimizer and corpus flags (module docstring)."""
+    """The start-up lines of the fork's optimizer and corpus flags."""
     notes = []
     if typed_value(argv, "--optimizer") == "adamw":
         notes.append("> --optimizer adamw (ALCF's fork: torch.optim.AdamW) is adam here: the same AdamW update "

@@ -1,12 +1,5 @@
-"""Megatron-LM's --ckpt-step N: load iteration N of --load instead of the one its tracker file names.
-
-megatron/training/checkpointing.py @ d98e8a64 (load_checkpoint's _load_base_checkpoint and get_checkpoint_path):
-`if getattr(args, 'ckpt_step', None): iteration = args.ckpt_step`, then get_checkpoint_name reads DIR/iter_%07d. Here
---load takes one iteration directory as well as a --save directory, so the flag is --load DIR/iter_000000N; N 0 (or
-not given) changes nothing, as `if` reads it there. An N the folder does not hold is refused, listing the iterations
-it does: Megatron-LM fails to load it (the tracker file is read, then DIR/iter_N is not there); only a folder with no
-checkpoint at all starts fresh there, as here.
-"""
+"""Megatron-LM's --ckpt-step N: load iteration N of --load instead of the one its tracker file names, i.e. --load
+DIR/iter_000000N here; 0 changes nothing. An N the folder does not hold is refused, listing those it does."""
 
 from __future__ import annotations
 
@@ -16,7 +9,7 @@ from typing import Any, Callable
 
 
 def resolve_ckpt_step(given: dict[str, Any], settings: dict[str, Any], change: Callable, resolved) -> None:
-    """--ckpt-step N as --load's iteration directory (through `change`); without --load, one refusal."""
+    """--ckpt-step N as --load's iteration directory; without --load, one refusal."""
     step = given.get("ckpt_step")
     if not step:
         return
@@ -26,7 +19,7 @@ def resolve_ckpt_step(given: dict[str, Any], settings: dict[str, Any], change: C
     load = Path(settings["load"])
     held = sorted(int(path.name[len("iter_"):]) for path in load.glob("iter_*")
                   if path.is_dir() and re.fullmatch(r"iter_\d{7}", path.name)) if load.is_dir() else []
-    if step not in held:  # a folder holding none (or no folder) too: never a fresh start in its place
+    if step not in held:  # never a fresh start in its place
         holds = f"it holds {', '.join(map(str, held))}" if held else \
             ("it holds none" if load.is_dir() else "it does not exist")
         resolved.refused.append(f"--ckpt-step {step}: {load} holds no iteration {step} ({holds}); Megatron-LM fails "

@@ -1,14 +1,6 @@
-"""Megatron-LM's hybrid CPU optimizer flag (--optimizer-cpu-offload) with its meaning and its rules.
-
-It is --offload-optimizer with --optimizer-offload-fraction here, a ZeRO setting (zero/config.py; the split:
-zero/hybrid_offload.py, docs/zero.md). What Megatron-LM asserts, asserted in its words:
-- validate_args (megatron/training/arguments.py): the offload needs --use-precision-aware-optimizer, which needs the
-  distributed optimizer (arguments/megatron/flags.py _resolve_precision_aware_optimizer);
-- validate_args: with --fp8-param-gather it needs --fp8-recipe delayed;
-- OptimizerConfig.__post_init__: --use-precision-aware-optimizer only with adam.
-What it does without saying so, said once: the hybrid optimizer is built with no state dtypes, so
---main-params-dtype, --exp-avg-dtype and --exp-avg-sq-dtype have no effect under it (fp32 masters and moments).
-"""
+"""Megatron-LM's --optimizer-cpu-offload: --offload-optimizer with --optimizer-offload-fraction here, with Megatron-LM's
+assertions in its words. Its hybrid optimizer is built with no state dtypes, so the precision-aware dtypes have no
+effect under it (fp32 masters and moments), said once."""
 
 from __future__ import annotations
 
@@ -17,14 +9,13 @@ from typing import Any, Callable, Optional
 from arguments.config_sources import FLAG, JSON, Source
 
 CPU_OFFLOAD = "--optimizer-cpu-offload"
-# The precision-aware optimizer's state dtypes the hybrid optimizer does not read (see the module docstring).
+# The precision-aware state dtypes the hybrid optimizer does not read.
 STATE_DTYPES_IGNORED = ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
-STORED_MOMENTS = ("exp_avg_dtype", "exp_avg_sq_dtype")  # settings here (OptimizerConfig); the other one a meaning
+STORED_MOMENTS = ("exp_avg_dtype", "exp_avg_sq_dtype")
 
 
 def ignored_state_dtypes(given: dict[str, Any], settings: dict[str, Any]) -> dict[str, str]:
-    """{dest: value} of the state dtypes other than fp32 that --optimizer-cpu-offload makes no effect of (empty
-    without it): arguments/megatron/flags.py neither refuses nor takes them then."""
+    """{dest: value} of the non-fp32 state dtypes --optimizer-cpu-offload makes no effect of (empty without it)."""
     if not given.get("optimizer_cpu_offload"):
         return {}
     values = {dest: settings.get(dest, "fp32") if dest in STORED_MOMENTS else given.get(dest, "fp32")
@@ -34,8 +25,8 @@ def ignored_state_dtypes(given: dict[str, Any], settings: dict[str, Any]) -> dic
 
 def resolve_cpu_offload_flags(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
                               option_used: Callable[[str], Optional[str]], change: Callable, resolved) -> None:
-    """--optimizer-cpu-offload as --offload-optimizer, with Megatron-LM's assertions (into `resolved.refused`), what
-    it says into `resolved.notes`, and the ignored state dtypes set back to fp32 (through `change`)."""
+    """--optimizer-cpu-offload as --offload-optimizer, with Megatron-LM's assertions, its notes, and the ignored state
+    dtypes set back to fp32."""
     fraction = settings["optimizer_offload_fraction"]
     fraction_typed = sources["optimizer_offload_fraction"].kind in (FLAG, JSON)
     if not given.get("optimizer_cpu_offload"):

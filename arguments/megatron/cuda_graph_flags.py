@@ -1,15 +1,6 @@
-"""Megatron-LM's deprecated CUDA graph flags, mapped as its validate_args maps them (megatron/training/arguments.py at
-d98e8a64; the same in core_v0.16.1 but for --cuda-graph-scope, which 0.16.1 still reads itself), and its rules
-between CUDA graphs and selective recompute, whose flags are not settings here.
-
-- `--enable-cuda-graph` is `--cuda-graph-impl local`, `--external-cuda-graph` is `--cuda-graph-impl
-  transformer_engine`; either beside a --cuda-graph-impl other than none, or both, is refused with Megatron's
-  assertion; each is said with Megatron's deprecation warning.
-- `--cuda-graph-scope` (0.15: one of full, attn, full_iteration; 0.16: a list of CudaGraphScope names; later a hidden,
-  deprecated spelling) is `--cuda-graph-modules`; both together are refused, as Megatron asserts.
-- `--cuda-graph-modules` is then normalised (arguments/cuda_graphs.py normalize_modules: "full", "full_iteration", the
-  local implementation's moe_router/moe_preprocess pair) for every launch, as validate_args does for every run.
-"""
+"""Megatron-LM's deprecated CUDA graph flags mapped as its validate_args maps them (--enable-cuda-graph,
+--external-cuda-graph, --cuda-graph-scope onto --cuda-graph-impl and --cuda-graph-modules, with its assertions and
+warnings), and its rules between CUDA graphs and selective recompute."""
 
 from __future__ import annotations
 
@@ -21,11 +12,10 @@ from base.errors import ConfigError
 DEPRECATED_IMPL_FLAGS = {"enable_cuda_graph": ("--enable-cuda-graph", "local"),
                          "external_cuda_graph": ("--external-cuda-graph", "transformer_engine")}
 SCOPE_ADD = {"nargs": "+", "choices": MODULE_CHOICES, "metavar": "SCOPE"}
-# cuda_graph_config.py ALLOWED_INFERENCE_SCOPES: the inference scopes each --cuda-graph-impl takes
+# the inference scopes each --cuda-graph-impl takes
 ALLOWED_INFERENCE_SCOPES = {"none": ("none",), "local": ("layer", "block"), "transformer_engine": ("none",),
                             "full_iteration": ("none",)}
-# TransformerConfig.recompute_modules when --recompute-modules is not given (megatron/core/transformer/
-# transformer_config.py: `if self.recompute_modules is None: self.recompute_modules = ["core_attn"]`)
+# TransformerConfig's recompute_modules when --recompute-modules is not given
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 
 
@@ -76,9 +66,8 @@ def resolve_cuda_graph_flags(given: dict[str, Any], settings: dict[str, Any], op
 
 
 def _check_inference_scope(scope: Optional[str], impl: str, modules: list, resolved) -> None:
-    """--inference-cuda-graph-scope has no effect on training here, but Megatron-LM refuses a launch whose value does
-    not fit its --cuda-graph-impl (cuda_graph_config.py: ALLOWED_INFERENCE_SCOPES, and the deprecated module values'
-    validate_deprecated_cuda_graph_modules_migration_inputs), and so does this program."""
+    """--inference-cuda-graph-scope does nothing in training, but a value that does not fit --cuda-graph-impl is
+    refused, as Megatron-LM refuses it."""
     if scope is None:
         return
     if "full_iteration" in modules and scope != "none":
@@ -95,10 +84,8 @@ def _check_inference_scope(scope: Optional[str], impl: str, modules: list, resol
 
 def _check_selective_recompute(given: dict[str, Any], settings: dict[str, Any], harvested: dict[str, Any], impl: str,
                                modules: set, resolved) -> None:
-    """TransformerConfig.__post_init__'s rules for selective recompute under CUDA graphs (its recompute modules
-    "should be inside or outside of the graph scope"; "graphed recompute module doesn't accept random number"), with
-    --recompute-granularity selective or --recompute-activations, whose recompute is a no-op here but whose launch
-    Megatron-LM refuses."""
+    """TransformerConfig's rules for selective recompute under CUDA graphs: a no-op here, but a launch Megatron-LM
+    refuses is refused."""
     granularity = given.get("recompute_granularity") or ("selective" if given.get("recompute_activations") else None)
     if impl == "none" or granularity != "selective":
         return

@@ -1,16 +1,6 @@
-"""Megatron-DeepSpeed's own activation-checkpointing flags count only under --deepspeed-activation-checkpointing.
-
-Megatron-DeepSpeed hands --partition-activations, --contigious-checkpointing, --checkpoint-in-cpu,
---synchronize-each-layer and --profile-backward to deepspeed.checkpointing.configure, and nothing else reads
-them; it calls that only `if args.deepspeed and args.deepspeed_activation_checkpointing`
-(megatron/initialize.py, setup_deepspeed_random_and_activation_checkpointing), and so did DeepSpeedExamples'
-v1.1.5 forks. Without the switch, Megatron checkpoints with its own function and these flags set nothing.
-(--profile-backward only times: it has no effect on the math here either way.)
-
-Here these are also (or spell) our own ZeRO-R settings, so the rule applies where the launch is Megatron-DeepSpeed's:
-it sets the model from flags (no --config) and passes --deepspeed. A launch of this program that names P_a
-without --deepspeed keeps it.
-"""
+"""Megatron-DeepSpeed's own activation-checkpointing flags (--partition-activations, --contigious-checkpointing,
+--checkpoint-in-cpu, ...) count only under --deepspeed-activation-checkpointing: only then does it hand them to
+deepspeed.checkpointing.configure. So a --deepspeed Megatron launch without the switch sets nothing with them."""
 
 from __future__ import annotations
 
@@ -18,7 +8,7 @@ from typing import Any, Callable, Optional
 
 from arguments.config_sources import FLAG, Source
 
-# setting -> Megatron-DeepSpeed's spelling of it; our own spellings (--cpu-checkpointing ...) are not theirs
+# setting -> Megatron-DeepSpeed's spelling; our own spellings are not theirs
 DEEPSPEED_MEGATRON_SPELLINGS = {
     "partition_activations": "--partition-activations",
     "cpu_checkpointing": "--checkpoint-in-cpu",
@@ -32,8 +22,8 @@ _NOT_READ = f"not read without {SWITCH}, as in Megatron-DeepSpeed: off"
 def drop_unswitched_checkpointing_flags(settings: dict[str, Any], sources: dict[str, Source],
                                         typed: Callable[[str], Optional[str]], megatron_launch: bool,
                                         deepspeed: bool, deepspeed_activation_checkpointing: bool) -> Optional[str]:
-    """Turn off each of Megatron-DeepSpeed's checkpointing flags a --deepspeed Megatron launch gives without
-    --deepspeed-activation-checkpointing; the one warning line naming them, or None."""
+    """Turn off each of those flags a --deepspeed Megatron launch gives without the switch; the one warning line naming
+    them, or None."""
     if not megatron_launch or not deepspeed or deepspeed_activation_checkpointing:
         return None
     dropped = []

@@ -1,21 +1,6 @@
-"""Megatron-LM's and DeepSpeed-Megatron's flags, honoured with their meaning.
-
-- `ALIASES`: another name for one of our flags (`--batch-size` is `--micro-batch-size`), declared beside the
-  setting's field (`option(aliases={"--batch-size": "DeepSpeed-Megatron"})`, base/options.py) and gathered here;
-  `build_parser` adds the alias to the flag itself, so the value lands in the same setting.
-- `MEANINGS` (flags with a dest of their own): a Megatron flag whose meaning becomes our settings
-  (`--use-distributed-optimizer` is ZeRO stage 1, `--recompute-granularity full` is `--checkpoint-activations`), or
-  that has no effect on the math here (`--deepspeed`, `--no-masked-softmax-fusion`), said once at the start, or
-  that would change the math in a way not implemented (`--main-params-dtype fp16`), refused in one line naming what
-  to use instead.
-- `SPELLINGS`: another name for one value of one of our settings (`--use-flash-attn` is `--attention-backend
-  flash`), a store_const entry of its own.
-
-`MEANINGS` and `SPELLINGS` stay tables here rather than beside the fields: they are the other programs' vocabulary,
-read as a whole (whose name, what it means here: for --print-config, the README and `classify_harvested`), and a
-meaning may set several settings or none. Every other flag that Megatron-LM, Megatron-DeepSpeed or DeepSpeed defines
-(arguments/megatron/flags_harvested.json) is classified in flag_classes.py and parsed by harvested_flags.py;
-`resolve_meanings` turns the parsed values into setting changes, notes (no effect, in one line) and refusals."""
+"""Megatron-LM's and Megatron-DeepSpeed's flags, with their meaning here: ALIASES (another name for our flag), MEANINGS
+(a flag of its own that sets our settings, has no effect on the math, or is refused with the alternative) and SPELLINGS
+(a name for one value of a setting). They stay tables here, as the other programs' vocabulary read as a whole."""
 
 from __future__ import annotations
 
@@ -34,8 +19,7 @@ from base.errors import ConfigError
 from base.options import aliases as declared_aliases
 from base.options import flag_of, option_fields
 
-# alias -> (our flag, whose name it is): those of the settings' flags are declared on their fields
-# (`option(aliases=...)`); --zero-config is not a setting, so its aliases are here.
+# alias -> (our flag, whose name it is); the settings' aliases are declared on their fields
 NOT_SETTING_ALIASES: dict[str, tuple[str, str]] = {
     "--deepspeed_config": ("--zero-config", "DeepSpeed"),
     "--deepspeed-config": ("--zero-config", "DeepSpeed"),
@@ -73,7 +57,6 @@ def aliases_of(flag: str) -> list[str]:
 
 
 def describe_alias(option: str) -> str:
-    """'--batch-size (DeepSpeed-Megatron's name for --micro-batch-size)', or the option itself."""
     if option in ALIASES:
         target, whose = ALIASES[option]
         return f"{option} ({whose}'s name for {target})"
@@ -84,7 +67,6 @@ def describe_alias(option: str) -> str:
 
 
 def add_spellings(group, table: OptionTable, dest: str) -> None:
-    """The SPELLINGS entries of `dest`, as store_const arguments beside our flag."""
     for option, (target, value, means, whose) in SPELLINGS.items():
         if target == dest:
             table.add(group, option, dest=dest, action="store_const", const=value, help=f"{whose}'s name for {means}")
@@ -100,13 +82,11 @@ class Meaning:
 
 
 # Megatron-FSDP's --data-parallel-sharding-strategy -> the ZeRO stage that shards the same states
-# (megatron/core/distributed/distributed_data_parallel_config.py: no_shard, optim, optim_grads, optim_grads_params).
 FSDP_STAGES: dict[str, int] = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
-MEGATRON_FSDP_DEFAULT_STRATEGY = "optim_grads_params"  # megatron/training/arguments.py's default
+MEGATRON_FSDP_DEFAULT_STRATEGY = "optim_grads_params"  # Megatron-LM's default
 
-# Megatron-LM's precision-aware optimizer (megatron/training/arguments.py: --main-grads-dtype, --main-params-dtype,
-# --exp-avg-dtype, --exp-avg-sq-dtype, each fp32 by default): the dest and what a lower precision of it would be.
-# The two moments' dtypes are settings (arguments/config.py, OptimizerConfig), the other two Megatron meanings.
+# Megatron-LM's precision-aware optimizer dtypes (fp32 by default) -> what they hold; the moments' dtypes are settings,
+# the other two meanings.
 STORED_MOMENT_DTYPES = ("exp_avg_dtype", "exp_avg_sq_dtype")
 PRECISION_AWARE_DTYPES: dict[str, str] = {
     "main_grads_dtype": "main gradients",
@@ -129,8 +109,7 @@ NO_EFFECT_FLAGS: dict[str, str] = {
     "no_masked_softmax_fusion": "SDPA computes the causal softmax; there is no separate masked-softmax kernel",
     "no_bias_gelu_fusion": "a kernel fusion switch: the bias and GeLU compute the same values either way",
     "no_bias_dropout_fusion": "a kernel fusion switch: the bias, dropout and residual add compute the same values",
-    # GENIAC's fork: megatron/training.py calls wandb.init(entity, project, group) under --use-wandb; --wandb-tag is
-    # parsed and never read
+    # GENIAC's fork parses --wandb-tag and never reads it
     "use_wandb": "W&B logging is on here whenever --wandb-project names a project",
     "wandb_group": "the W&B run's group, a label: runs here are not grouped",
     "wandb_tag": "GENIAC's fork parses it and never reads it",
@@ -249,9 +228,8 @@ class Resolved:
 
 
 class RefusedFlags(ConfigError):
-    """Every refused flag in one message, carrying what the accepted flags change: the rest of the launch
-    is then checked as translated (--use-distributed-optimizer's stage 1 kept), so no problem is reported
-    that the translation would not have."""
+    """Every refused flag in one message, carrying what the accepted flags change, so the rest of the launch is checked
+    as translated."""
 
     def __init__(self, resolved: Resolved) -> None:
         super().__init__("; ".join(resolved.refused))
@@ -262,7 +240,7 @@ NO_EFFECT_LINE = "Megatron-LM and DeepSpeed flags accepted with no effect on the
 
 
 def no_effect_line(accepted: list[tuple[str, str]]) -> str:
-    """One line for every flag accepted with no effect: flags sharing a reason are listed together."""
+    """One line for the flags accepted with no effect, those sharing a reason listed together."""
     by_reason: dict[str, list[str]] = {}
     for shown, reason in accepted:
         by_reason.setdefault(reason, []).append(shown)
@@ -272,10 +250,9 @@ def no_effect_line(accepted: list[tuple[str, str]]) -> str:
 def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
                      option_used: Callable[[str], Optional[str]],
                      harvested: Optional[dict[str, Any]] = None) -> Resolved:
-    """`values`: the parsed MEANINGS dests; `settings`: the parsed settings (read, never written);
-    `option_used(dest)`: the option the user wrote for a dest; `harvested`: the other Megatron and
-    DeepSpeed flags given ({option: value}, arguments/megatron/harvested_flags.py). The flags with no effect on the
-    math become one note; raises one ConfigError for every refused flag at once."""
+    """The MEANINGS dests' parsed `values` as setting changes, notes and refusals. `settings` is read, never written;
+    `option_used(dest)` is the option typed; `harvested` the other Megatron/DeepSpeed flags given. Raises RefusedFlags
+    for every refused flag at once."""
     resolved = Resolved()
     given = {dest: value for dest, value in values.items() if value is not None and value is not False}
 
@@ -310,8 +287,6 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
         resolved.notes.append(f"{option_used('recompute_granularity') or '--recompute-activations'} selective: "
                               f"{SELECTIVE_RECOMPUTE}")
     if settings.get("recompute_modules") and granularity != "selective":
-        # TransformerConfig reads recompute_modules under selective granularity only (transformer_layer.py's
-        # `if self.config.recompute_granularity == 'selective'`)
         change("recompute_modules", (), "recompute_granularity",
                "Megatron-Core reads --recompute-modules only under --recompute-granularity selective")
     if settings.get("sequence_parallel") and settings.get("tensor_model_parallel_size") == 1:
@@ -325,8 +300,7 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     resolve_cpu_offload_flags(given, settings, sources, option_used, change, resolved)
     if (harvested or {}).get("--reuse-grad-buf-for-mxfp8-param-ag") and not settings["fp8_param_gather"] \
             and not given.get("use_torch_fsdp2"):
-        # DistributedDataParallelConfig.__post_init__ (megatron/core/distributed/distributed_data_parallel_config.py
-        # :154), built for every run but torch FSDP2's (megatron/training/training.py get_model)
+        # Megatron-LM's DistributedDataParallelConfig asserts it, for every run but torch FSDP2's
         resolved.refused.append("--reuse-grad-buf-for-mxfp8-param-ag without --fp8-param-gather: Megatron-LM asserts "
                                 "'Reuse grad buffer only when keeping params in MXFP8.' (the gradient buffer holds "
                                 "the weights' all-gather only when they are kept in FP8); add --fp8-param-gather or "
@@ -344,21 +318,10 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
 
 def _resolve_fsdp(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
                   option_used: Callable[[str], Optional[str]], change: Callable, resolved: Resolved) -> Optional[int]:
-    """Megatron-LM's two fully sharded data-parallel switches, as the ZeRO stage that shards the same states;
-    the stage, or None when neither is given.
-
-    --use-torch-fsdp2 wraps the model in torch's fully_shard, which shards parameters, gradients and optimizer
-    states (stage 3); with --torch-fsdp2-no-reshard-after-forward the gathered parameters stay from the forward
-    to the backward, which Megatron's help calls "FSDP ZeRO-2" (stage 2). Its validate_args refuses it with
-    pipeline parallelism, the distributed optimizer, a tied output layer and fp16
-    (megatron/training/arguments.py: "--use-torch-fsdp2 is not supported with pipeline parallelism", ...; at
-    d98e8a64 still `assert args.untie_embeddings_and_output_weights, '--use-torch-fsdp2 requires
-    --untie-embeddings-and-output-weights'` and `assert not args.fp16`, so its functional test
-    gpt3_mcore_tp1_pp1_fsdp2_resume_torch_dist_te, tied and fp16, fails Megatron's own validate_args too).
-    --use-megatron-fsdp shards what --data-parallel-sharding-strategy names (default optim_grads_params); it
-    turns Megatron's distributed optimizer on itself (Megatron-FSDP v1), so --use-distributed-optimizer beside
-    it adds nothing. An explicit --zero-stage or JSON stage that differs is a contradiction, never a silent
-    downgrade."""
+    """Megatron-LM's fully sharded switches as the ZeRO stage that shards the same states, or None. --use-torch-fsdp2 is
+    stage 3 (2 without resharding after the forward, "FSDP ZeRO-2") and keeps Megatron's validate_args refusals;
+    --use-megatron-fsdp shards what --data-parallel-sharding-strategy names. An explicit stage that differs is a
+    contradiction, never a silent downgrade."""
     strategy = given.get("data_parallel_sharding_strategy")
     if given.get("use_torch_fsdp2"):
         if given.get("use_megatron_fsdp"):
@@ -401,17 +364,9 @@ def _resolve_fsdp(given: dict[str, Any], settings: dict[str, Any], sources: dict
 
 def _resolve_precision_aware_optimizer(given: dict[str, Any], settings: dict[str, Any],
                                        option_used: Callable[[str], Optional[str]], resolved: Resolved) -> None:
-    """Megatron-LM's rules for the precision-aware optimizer, and what of it exists here.
-
-    Megatron-Core's OptimizerConfig.__post_init__ (megatron/core/optimizer/optimizer_config.py) asserts, without
-    use_precision_aware_optimizer, "main_grads_dtype can only be fp32 when not using precision-aware optimizer"
-    (and the same for main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype); get_megatron_optimizer
-    (megatron/core/optimizer/__init__.py) raises "--use-precision-aware-optimizer only supported with distributed
-    optimizer", which Megatron-FSDP turns on itself and --use-torch-fsdp2 excludes. With it, TransformerEngine's
-    FusedAdam keeps master weights and moments in those dtypes (computing in fp32). Here bf16 moments are stored as
-    bf16 and updated in fp32 (zero/precision_aware.py) with --optimizer adam; fp16 and fp8 moments (TE keeps them with
-    a per-tensor scale) and fp16 master weights are refused, as are bf16 moments of swiss-ai's AdEMAMix, which its
-    fork steps as a plain torch optimizer (fp32 states), never through TE's FusedAdam."""
+    """Megatron-LM's rules for --use-precision-aware-optimizer and what of it exists here: without the switch every
+    dtype must be fp32 (OptimizerConfig), and it needs the distributed optimizer. Here bf16 Adam moments are stored in
+    bf16 and updated in fp32; fp16/fp8 moments, fp16 master weights and bf16 AdEMAMix moments are refused."""
     aware = bool(given.get("use_precision_aware_optimizer"))
     values = {dest: (settings.get(dest, "fp32") if dest in STORED_MOMENT_DTYPES else given.get(dest, "fp32"))
               for dest in PRECISION_AWARE_DTYPES}
@@ -473,10 +428,8 @@ def _resolve_precision_aware_optimizer(given: dict[str, Any], settings: dict[str
 
 def _resolve_main_grads_dtype(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
                               change: Callable, resolved: Resolved) -> None:
-    """Megatron-LM's validate_args under --bf16 (megatron/training/arguments.py): `--main-grads-dtype can only be
-    fp32 when --accumulate-allreduce-grads-in-fp32 is set`, and with main_grads_dtype bf16 it leaves
-    accumulate_allreduce_grads_in_fp32 off, so gradients accumulate and reduce in bf16; fp32 main gradients turn
-    it on, which is this program's bf16 default too."""
+    """--main-grads-dtype bf16 under --bf16: gradients accumulate and reduce in bf16, as Megatron-LM's validate_args
+    leaves --accumulate-allreduce-grads-in-fp32 off."""
     if given.get("main_grads_dtype") != "bf16":
         return
     if not settings["bf16"]:
@@ -494,15 +447,12 @@ def _resolve_main_grads_dtype(given: dict[str, Any], settings: dict[str, Any], s
 
 def _resolve_query_groups(given: dict[str, Any], settings: dict[str, Any],
                           option_used: Callable[[str], Optional[str]], change: Callable, resolved: Resolved) -> None:
-    """Megatron-LM reads --num-query-groups (default 1) only under --group-query-attention
-    (NVIDIA/Megatron-LM megatron/training/arguments.py, core_transformer_config_from_args:
-    `if args.group_query_attention: kw_args['num_query_groups'] = args.num_query_groups` else None);
-    Megatron-DeepSpeed's --num-key-value-heads needs no switch."""
+    """Megatron-LM reads --num-query-groups (default 1) only under --group-query-attention; Megatron-DeepSpeed's
+    --num-key-value-heads needs no switch."""
     if given.get("group_query_attention") and settings["num_query_groups"] is None:
         change("num_query_groups", 1, "group_query_attention",
                "Megatron-LM's --num-query-groups default under --group-query-attention is 1 (multi-query)")
     elif option_used("num_query_groups") == "--num-query-groups" and not given.get("group_query_attention"):
-        # ignored as Megatron-LM ignores it, and said: the model is multi-head, not the groups typed
         change("num_query_groups", None, "num_query_groups",
                "without --group-query-attention Megatron-LM does not read it: multi-head attention")
         resolved.notes.append(f"--num-query-groups {settings['num_query_groups']} without --group-query-attention: "
@@ -512,12 +462,8 @@ def _resolve_query_groups(given: dict[str, Any], settings: dict[str, Any],
 
 def _resolve_pipe_parallel_size(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
                                 change: Callable, resolved: Resolved) -> None:
-    """DeepSpeedExamples' Megatron-LM-v1.1.5-3D_parallelism: --pipe-parallel-size N > 0 builds a
-    PipeModelDataParallelTopology of N stages (megatron/initialize.py) and GPT2ModelPipe, a PipelineModule
-    with partition_method='type:transformer' (megatron/model/gpt2_model.py): DeepSpeed's partition_balanced
-    over the transformer layers alone, the embedding on the first stage and the final norm with the tied
-    output on the last. When N divides the layers that is Megatron's even split, the one here (an uneven
-    count is refused by the split itself); 0, its default, is no pipeline engine."""
+    """DeepSpeedExamples' v1.1.5-3D --pipe-parallel-size N: N pipeline stages split evenly over the transformer layers,
+    as here; 0, its default, is no pipeline engine."""
     stages = given.get("pipe_parallel_size")
     if stages is None:
         return
@@ -539,10 +485,8 @@ def _resolve_pipe_parallel_size(given: dict[str, Any], settings: dict[str, Any],
 
 def _resolve_ulysses(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
                      change: Callable, resolved: Resolved) -> None:
-    """Megatron-DeepSpeed's --ds-sequence-parallel-size N (megatron/arguments.py: data-parallel size = world /
-    (PP x TP x N); megatron/model/transformer.py wraps attention in DeepSpeed's DistributedAttention) is
-    Megatron-Core's --context-parallel-size N --cp-comm-type a2a here: the same all-to-all over the same DP-sized
-    grid of sequence ranks. A contradicting --context-parallel-size or --cp-comm-type is refused."""
+    """Megatron-DeepSpeed's --ds-sequence-parallel-size N (DeepSpeed-Ulysses) is --context-parallel-size N
+    --cp-comm-type a2a here: the same all-to-all over the same ranks. A contradicting flag is refused."""
     size = given.get("ds_sequence_parallel_size")
     if size is None or size == 1:
         return
@@ -563,12 +507,8 @@ def _resolve_ulysses(given: dict[str, Any], settings: dict[str, Any], sources: d
 
 
 def _resolve_positions(given: dict[str, Any], settings: dict[str, Any], change: Callable) -> None:
-    """Both programs read --use-rotary-position-embeddings as rotary positions alone, --no-position-embedding
-    or not: Megatron-DeepSpeed's validate_args turns the learned positions off under it (megatron/arguments.py,
-    "When rotary position embeddings is used, set add_position_embedding to false": `args.add_position_embedding
-    = False`), and Megatron-LM's sets --position-embedding-type rope ("Legacy RoPE arguments"). Without it,
-    Megatron-DeepSpeed's --no-position-embedding leaves no positions; beside Megatron-LM's rope it changes
-    nothing."""
+    """--use-rotary-position-embeddings means rotary positions alone in both programs; Megatron-DeepSpeed's
+    --no-position-embedding without it leaves no positions."""
     if given.get("use_rotary_position_embeddings"):
         if settings["position_embedding_type"] != "rope":
             change("position_embedding_type", "rope", "use_rotary_position_embeddings",
@@ -582,8 +522,7 @@ HONOURED, ALIAS, NO_EFFECT = "honoured", "alias", "no-effect"
 
 
 def classify_harvested(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """{harvested option: honoured, alias, no-effect, at-value, or refused}; an option in no
-    class is missing. `parser` is arguments.parser.build_parser()'s."""
+    """{harvested option: its class}; an option in no class is missing. `parser` is build_parser()'s."""
     from arguments.megatron.flag_classes import CLASS_OF
     from arguments.megatron.harvested_flags import harvested_options
 

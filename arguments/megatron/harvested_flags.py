@@ -1,16 +1,6 @@
-"""The harvested Megatron-LM / Megatron-DeepSpeed / DeepSpeed flags that are not ours, as argparse entries.
-
-arguments/megatron/flags_harvested.json holds every option string those programs define, with its argparse
-shape in each source (scripts/harvest_megatron_flags.py). Each one that is not our own flag or an alias
-of one is classified in arguments/megatron/flag_classes.py; `add_harvested` gives each of those an argparse
-entry shaped as Megatron's parser shapes it (a switch, one value, a list; int, float or text; its
-choices), so `--data-impl mmap` takes its value exactly as Megatron's parser would and nothing is
-left for "unrecognized arguments". `resolve_harvested` then says what the given ones do: accepted with
-no effect (with the reason), or refused in one line with what to use instead.
-
-Each entry's dest is its option string (`--data-impl`) and its default is argparse.SUPPRESS, so the
-parsed namespace holds only the flags that were given.
-"""
+"""The harvested Megatron-LM / Megatron-DeepSpeed / DeepSpeed flags that are not ours, as argparse entries shaped as
+their own parsers shape them, so nothing ends in "unrecognized arguments". Each entry's dest is its option string and
+its default argparse.SUPPRESS, so the namespace holds only the flags given."""
 
 from __future__ import annotations
 
@@ -95,7 +85,7 @@ def argparse_shape(option: str) -> dict[str, Any]:
 
 
 def classified_options() -> list[str]:
-    """The harvested options that arguments/megatron/flag_classes.py classifies (not ours, nor aliases)."""
+    """The harvested options flag_classes.py classifies (not ours, nor aliases)."""
     return [option for option in harvested_options() if option in CLASS_OF]
 
 
@@ -127,8 +117,8 @@ def show_given(option: str, value: Any) -> str:
 
 def resolve_harvested(given: Mapping[str, Any], settings: Optional[Mapping[str, Any]]
                       ) -> tuple[list[tuple[str, str]], list[str]]:
-    """(accepted: [(the flag as given, why it has no effect)], refused: [one clause each]). `settings`:
-    the resolved settings, or None before they are known (a value that must match one is then accepted)."""
+    """(accepted: [(the flag as given, why it has no effect)], refused: [one clause each]). `settings` is None before
+    they are known (a value that must match one is then accepted)."""
     accepted, refused = [], []
     for option, value in given.items():
         kind, reason = CLASS_OF[option]

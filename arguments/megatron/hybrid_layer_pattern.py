@@ -1,16 +1,6 @@
-"""`--hybrid-layer-pattern` (and its deprecated spelling `--hybrid-override-pattern`) as the GPT settings it gives.
-
-Megatron-LM's validate_args (megatron/training/arguments.py @ d98e8a64, "Hybrid layer pattern: deprecation handling
-and validation") derives num_layers from the pattern, the virtual stages from its `|` segments (a multiple of
---pipeline-model-parallel-size) and --mtp-num-layers from its `/` parts, and asserts that the other ways of
-placing layers on stages are not given. Here the pattern's blocks (gpt/hybrid_pattern.py) become the settings the
-GPT flags set, so both build one model through one path: --num-layers (the blocks), --moe-layer-freq (one 0 or 1
-per block), --pipeline-model-parallel-layout (the segments) and --mtp-num-layers.
-
-Where Megatron-LM warns and takes the pattern's count over a --num-layers or --mtp-num-layers that differs, a
-disagreeing one is refused here in one line: the launch names two models. --num-layers agrees when it is the
-pattern's blocks or Megatron's count of its layers (one per symbol; a block is one or two of them).
-"""
+"""`--hybrid-layer-pattern` (and `--hybrid-override-pattern`) as the GPT settings it gives: --num-layers,
+--moe-layer-freq, --pipeline-model-parallel-layout and --mtp-num-layers, so both build one model through one path. Where
+Megatron-LM warns and takes the pattern's count over a differing --num-layers, this refuses it."""
 
 from __future__ import annotations
 
@@ -36,9 +26,8 @@ UNEVEN_FLAGS = {"decoder_first_pipeline_num_layers": "--decoder-first-pipeline-n
 
 def apply_hybrid_pattern(settings: dict[str, Any], sources: dict[str, Source], typed: Sequence[str]
                          ) -> tuple[list[str], list[str]]:
-    """(problems, notes): the pattern's depth, MoE layers, stages and MTP depth written into `settings`, or one line
-    each for what contradicts it. `typed`: the options the command line gave for the pattern (both spellings
-    together are Megatron-LM's assertion)."""
+    """(problems, notes): the pattern's depth, MoE layers, stages and MTP depth written into `settings`. `typed`: the
+    pattern options given (both spellings together are refused, as in Megatron-LM)."""
     text = settings.get("hybrid_layer_pattern")
     if text is None:
         return [], []
@@ -51,13 +40,12 @@ def apply_hybrid_pattern(settings: dict[str, Any], sources: dict[str, Source], t
     try:
         pattern = parse_hybrid_pattern(text)
         changes = _depths(pattern, settings, sources)
-        settings.update(changes)  # the depths hold even where the rest is refused, so no other problem follows
+        settings.update(changes)  # the depths hold even where the rest is refused
         changes.update(_moe_layers(pattern, settings, sources))
         changes.update(_stages(pattern, settings))
     except ConfigError as error:
-        settings["hybrid_layer_pattern"] = None  # said once: the config's own check would say it again
+        settings["hybrid_layer_pattern"] = None
         return [str(error)], []
-    # the depth always, so --print-config says where it came from; the rest where the pattern changes it
     changes = {name: value for name, value in changes.items()
                if name == "num_layers" or value != before.get(name)}
     for name, value in changes.items():
@@ -66,14 +54,12 @@ def apply_hybrid_pattern(settings: dict[str, Any], sources: dict[str, Source], t
              f"(Megatron's {pattern.megatron_layers} layers), " + ", ".join(f"{_flag(name)} {value}"
                                                                            for name, value in changes.items())]
     if {ATTENTION, MLA} <= set(pattern.mixers()):
-        # Megatron-Core's hybrid_layer_allocation.py raises "Not supported to have both Attention and MLA/DSA in one
-        # model"; each block here builds its own mixer, so the mix is a model like any other
+        # Megatron-Core refuses attention beside MLA in one model; each block here builds its own mixer
         notes.append(f"> {PATTERN_FLAG} {text}: `*` attention and `+` MLA layers in one model, which Megatron-LM "
                      f"refuses (\"Not supported to have both Attention and MLA/DSA in one model\"); built here")
     variant = settings.get("experimental_attention_variant")
     if variant is not None:
-        # HybridModel's layers are its symbols (megatron/core/models/hybrid/hybrid_layer_specs.py); only GPTModel's
-        # experimental specs read the variant and --linear-attention-freq
+        # only GPTModel's experimental specs read the variant and --linear-attention-freq
         notes.append(f"> --experimental-attention-variant {variant}: not read beside {PATTERN_FLAG}, whose symbols "
                      f"place the layers (as Megatron-Core's HybridModel): write `G` for a Gated DeltaNet layer")
     return [], notes
@@ -88,12 +74,12 @@ def _refuse(pattern: HybridPattern, why: str, *flags: str) -> ConfigError:
 
 
 def _explicit(sources: dict[str, Source], name: str) -> bool:
-    """Typed by the user (a flag, the JSON, a Hugging Face folder), not a preset's or a default."""
+    """Typed by the user (flag, JSON, Hugging Face folder), not a preset's or a default."""
     return name in sources and sources[name].kind not in (DEFAULT, PRESET)
 
 
 def _depths(pattern: HybridPattern, settings: dict[str, Any], sources: dict[str, Source]) -> dict[str, Any]:
-    """The blocks and the MTP depth, or one line for a --num-layers or --mtp-num-layers that names another model."""
+    """The blocks and the MTP depth; refused where --num-layers or --mtp-num-layers names another model."""
     layers = settings["num_layers"]
     if _explicit(sources, "num_layers") and layers not in (pattern.num_layers, pattern.megatron_layers):
         raise _refuse(pattern, f"{pattern.num_layers} blocks, a mixer and the MLP after it or either alone "
@@ -114,13 +100,12 @@ def _moe_layers(pattern: HybridPattern, settings: dict[str, Any], sources: dict[
     if any(moe) and experts is None:
         raise _refuse(pattern, "its `E` (MoE) layers need --num-experts", "--num-experts")
     if experts is None:
-        return {}  # a dense model: --moe-layer-freq is not read
+        return {}
     if _explicit(sources, "moe_layer_freq"):
         freq = settings["moe_layer_freq"]
         if moe_layer_pattern(freq, pattern.num_layers) != moe:
             raise _refuse(pattern, f"its MoE blocks are {pattern.moe_layer_freq()}, not --moe-layer-freq {freq}: "
                                    f"drop --moe-layer-freq, the pattern places the MoE layers", "--moe-layer-freq")
-    # every block MoE is --moe-layer-freq's default 1, so the pattern's model records as the GPT flags' does
     return {"moe_layer_freq": 1 if all(moe) else pattern.moe_layer_freq()}
 
 
@@ -150,8 +135,8 @@ def _stages(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _uneven_split(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str, Any]:
-    """--decoder-first/last-pipeline-num-layers beside a pattern without `|` count Megatron's layers (one per symbol,
-    select_pipeline_segment): here the blocks they end at."""
+    """--decoder-first/last-pipeline-num-layers beside a pattern without `|` count Megatron's layers (one per symbol):
+    here the blocks they end at."""
     changes: dict[str, Optional[int]] = {}
     boundaries = (*pattern.layer_offsets(), pattern.megatron_layers)  # Megatron's layer count before each block
     for name, flag in UNEVEN_FLAGS.items():
@@ -168,22 +153,21 @@ def _uneven_split(pattern: HybridPattern, settings: dict[str, Any]) -> dict[str,
 
 
 def _even_symbol_split(pattern: HybridPattern, stages: int) -> dict[str, Any]:
-    """A pattern without `|` over `stages` stages: Megatron's even split of its layers (one per symbol), as the stages'
-    blocks in --pipeline-model-parallel-layout where one-part blocks make it differ from an even split of the blocks;
-    refused where a stage would end inside a block."""
+    """Megatron's even split of the pattern's layers over `stages`, as a layout where it differs from an even split of
+    the blocks; refused where a stage would end inside a block."""
     total = pattern.megatron_layers
     if stages <= 1:
         return {}
     boundaries = (*pattern.layer_offsets(), total)  # Megatron's layer count before each block
     if total % stages or any(total // stages * k not in boundaries for k in range(1, stages)):
         if pattern.num_layers % stages:
-            return {}  # the GPT flags' even split of the blocks refuses it, naming the sizes
+            return {}
         raise _refuse(pattern, f"Megatron's even split of its {total} layers (one per symbol) over "
                                f"--pipeline-model-parallel-size {stages} ends a stage inside a block (a mixer and the "
                                f"MLP right after it): add `|` where each stage ends", "--pipeline-model-parallel-size")
     ends = [boundaries.index(total // stages * k) for k in range(1, stages + 1)]
     counts = [end - start for start, end in zip([0, *ends], ends)]
-    if len(set(counts)) == 1:  # the blocks split evenly there: the GPT flags' even split is the same
+    if len(set(counts)) == 1:
         return {}
     layout = ["t" * count for count in counts]
     layout[0], layout[-1] = "E" + layout[0], layout[-1] + "m" * pattern.mtp_depth + "L"

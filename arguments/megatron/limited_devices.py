@@ -1,11 +1,6 @@
-"""`--moe-router-topk-limited-devices N`, Megatron-Core's deprecated name for device-limited routing.
-
-Megatron-Core's TransformerConfig.__post_init__ (megatron/core/transformer/transformer_config.py, core_v0.11 on)
-turns it into group-limited routing over the expert-parallel ranks: `moe_router_group_topk = N`,
-`moe_router_num_groups = expert_model_parallel_size`, and raises when --moe-router-group-topk is given too. The
-forks that still parse the flag (swiss-ai's Megatron-LM) hand it to that config, so here it is the same two
-settings, said once at start-up; on a dense model it has no effect.
-"""
+"""`--moe-router-topk-limited-devices N`, Megatron-Core's deprecated name for device-limited routing: as its
+TransformerConfig does, it becomes --moe-router-group-topk N over --moe-router-num-groups = the expert-parallel size,
+said once; on a dense model it has no effect."""
 
 from __future__ import annotations
 
@@ -22,7 +17,7 @@ def apply_limited_devices(settings: dict[str, Any], sources: dict[str, Source]) 
     devices = settings.get("moe_router_topk_limited_devices")
     if devices is None:
         return None, None
-    settings["moe_router_topk_limited_devices"] = None  # one truth: the group settings below
+    settings["moe_router_topk_limited_devices"] = None
     if largest_expert_count(settings.get("num_experts")) is None:
         return None, f"> {FLAG_NAME} {devices}: no effect on a dense model (no --num-experts)"
     if settings.get("moe_router_group_topk"):
