@@ -4,10 +4,9 @@ module turns its rows into classifiers and reads back each key's precedence besi
 from __future__ import annotations
 
 import difflib
+import tomllib
 from pathlib import Path
 from typing import Any, Callable, Optional
-
-import tomllib
 
 from arguments.deepspeed import blocks, precedence
 from arguments.deepspeed.precedence import BATCH_IDENTITY, BATCH_IDENTITY_RULE, CHECKPOINT_BLOCK, Precedence

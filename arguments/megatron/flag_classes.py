@@ -3,11 +3,10 @@ flags with their reason); this module reads it and holds the rules that decide a
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
-
-import tomllib
 
 from gpt.moe.settings import largest_expert_count
 
