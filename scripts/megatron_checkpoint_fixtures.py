@@ -102,6 +102,16 @@ FIXTURES = {
     # accumulation by default), buckets keyed (float16, float16), the grad scaler in each TP x PP rank's objects
     "megatron_fp16_distopt_dp_reshardable": (2, GPT2_FLAGS + ["--fp16", "--initial-loss-scale", "65536",
                                                               "--loss-scale-window", "3"] + DISTOPT),
+    # and under the distributed optimizer in its default dp_reshardable layout: Megatron-Core's ChainedOptimizer, a
+    # dense optimizer over DP 2 and an expert one over expert DP 1, each one's buckets under chained_<i>.
+    "megatron_moe_ep2_distopt_dp_reshardable": (2, LLAMA_FLAGS + DISTOPT + [
+        "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+        "--expert-model-parallel-size", "2"]),
+    # the same at TP 2 x EP 2 (TP 2 x DP 2): the experts' fc1 rows and fc2 columns split over expert TP 2 in the
+    # expert optimizer's buckets (dp_group_idx: the rank in Megatron-Core's expert tp-ep-pp group)
+    "megatron_moe_tp2_ep2_distopt_dp_reshardable": (4, LLAMA_FLAGS + TP2 + DISTOPT + [
+        "--sequence-parallel", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+        "--expert-model-parallel-size", "2"]),
     # Megatron's default MoE: biases on (--add-bias-linear), so the router and every expert's fc1 and fc2 hold one
     "megatron_moe_ep2_biases": (2, GPT2_FLAGS + ["--num-experts", "4", "--moe-router-topk", "2",
                                                  "--moe-ffn-hidden-size", "32", "--expert-model-parallel-size", "2"]),

@@ -1,6 +1,7 @@
 """Megatron-Core's distributed optimizer in its dp_reshardable layout: which stretch of which bucket holds which part of
 our whole tensors. The file records only bucket sizes, so the layout is rebuilt as _ParamAndGradBuffer builds it and
-checked against those sizes: a layout this code does not know is refused, never misread.
+checked against those sizes: a layout this code does not know is refused, never misread. An MoE model's routed
+experts have a buffer of their own over the expert data-parallel group.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class ModelShape:
     add_qkv_bias: bool
     qk_layernorm: bool
     tied: bool
+    num_experts: Optional[int] = None  # an MoE model's routed experts (SequentialMLP), and which layers hold them
+    moe_ffn_hidden_size: int = 0
+    moe_layers: tuple[bool, ...] = ()
 
 
 def _split(name: str, shape: tuple[int, ...], axis: Optional[int], tp_rank: int, tp: int) -> LocalPiece:
@@ -128,10 +132,12 @@ def local_parameters(model: ModelShape, chunk: Chunk) -> list[LocalParameter]:
             norm(f"{theirs}.self_attention.q_layernorm", f"{ours}.attention.q_layernorm", model.kv_channels)
             norm(f"{theirs}.self_attention.k_layernorm", f"{ours}.attention.k_layernorm", model.kv_channels)
         norm(f"{theirs}.pre_mlp_layernorm", f"{ours}.post_attention_layernorm", h)
-        _fc1(params, model, f"{theirs}.mlp.linear_fc1", f"{ours}.mlp", tp_rank, tp)
-        add(f"{theirs}.mlp.linear_fc2.weight", f"{ours}.mlp.dense_4h_to_h.weight", (h, model.ffn_hidden_size), 1)
-        if model.add_bias_linear:
-            add(f"{theirs}.mlp.linear_fc2.bias", f"{ours}.mlp.dense_4h_to_h.bias", (h,), None)
+        if model.moe_layers and model.moe_layers[layer]:  # the router; its experts are the expert optimizer's
+            add(f"{theirs}.mlp.router.weight", f"{ours}.mlp.router.weight", (model.num_experts, h), None)
+            if model.add_bias_linear:
+                add(f"{theirs}.mlp.router.bias", f"{ours}.mlp.router.bias", (model.num_experts,), None)
+            continue
+        _mlp(params, model, model.ffn_hidden_size, f"{theirs}.mlp", f"{ours}.mlp", tp_rank, tp)
     if chunk.last:
         norm("decoder.final_layernorm", "final_layernorm", h)
         if not model.tied:
@@ -143,9 +149,39 @@ def local_parameters(model: ModelShape, chunk: Chunk) -> list[LocalParameter]:
     return params
 
 
-def _fc1(params: list[LocalParameter], model: ModelShape, theirs: str, ours: str, tp_rank: int, tp: int) -> None:
+def local_expert_parameters(model: ModelShape, chunk: Chunk, ep_rank: int, ep: int) -> list[LocalParameter]:
+    """One model chunk's routed-expert parameters on expert-parallel rank `ep_rank` (of `ep`) and expert TP rank
+    `chunk.tp_rank` (of `chunk.tp`), in registration order: each MoE layer's local experts (SequentialMLP's
+    local_experts.<j>: global expert ep_rank x experts per rank + j), fc1 then fc2. DDP keeps them in a buffer of
+    their own, the expert DistributedOptimizer's."""
+    params: list[LocalParameter] = []
+    local_experts = model.num_experts // ep
+    for local, layer in enumerate(chunk.layers(model.num_layers)):
+        if not model.moe_layers[layer]:
+            continue
+        for j in range(local_experts):
+            _mlp(params, model, model.moe_ffn_hidden_size, f"decoder.layers.{local}.mlp.experts.local_experts.{j}",
+                 f"blocks.{layer}.mlp.experts.{ep_rank * local_experts + j}", chunk.tp_rank, chunk.tp)
+    return params
+
+
+def _mlp(params: list[LocalParameter], model: ModelShape, ffn: int, theirs: str, ours: str, tp_rank: int,
+         tp: int) -> None:
+    """An MLP of width `ffn`: fc1 (column-parallel), then fc2 (row-parallel: its columns split, its bias whole)."""
+    h = model.hidden_size
+    _fc1(params, model, ffn, f"{theirs}.linear_fc1", ours, tp_rank, tp)
+    local = (h, ffn // tp)
+    params.append(LocalParameter(f"{theirs}.linear_fc2.weight", local,
+                                 (_split(f"{ours}.dense_4h_to_h.weight", local, 1, tp_rank, tp),)))
+    if model.add_bias_linear:
+        params.append(LocalParameter(f"{theirs}.linear_fc2.bias", (h,),
+                                     (_split(f"{ours}.dense_4h_to_h.bias", (h,), None, tp_rank, tp),)))
+
+
+def _fc1(params: list[LocalParameter], model: ModelShape, ffn: int, theirs: str, ours: str, tp_rank: int,
+         tp: int) -> None:
     """fc1's weight (and bias): SwiGLU's TP-local rows are [this rank's gate rows; its up rows]."""
-    rows = model.ffn_hidden_size // tp
+    rows = ffn // tp
     h = model.hidden_size
     kinds = [("weight", (h,))] + ([("bias", ())] if model.add_bias_linear else [])
     for kind, rest in kinds:

@@ -1,11 +1,13 @@
 """A Megatron-LM torch_dist checkpoint as a `GlobalStateSource`: our whole tensors by our names, read a region at a time
 through DCP. It carries the weights, the optimizer in each of Megatron-Core's layouts, the progress and, at the saved TP
 x PP layout only (Megatron-LM's rule), the CPU random states.
+An MoE model's ChainedOptimizer keeps its dense and expert optimizers under `chained_0.` and `chained_1.`.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -31,6 +33,7 @@ from checkpoint.torch_dist.buckets import (
     buffer_dtypes,
     buffer_key,
     check_layout,
+    local_expert_parameters,
     local_parameters,
 )
 from checkpoint.torch_dist.common import (
@@ -57,8 +60,11 @@ from checkpoint.torch_dist.names import (
     our_placements,
 )
 from gpt.hybrid_pattern import BLOCKS, GDN, parse_hybrid_pattern
+from gpt.moe.settings import moe_layer_pattern
 
 OPTIMIZER_STATE = "optimizer.state."
+# Megatron-Core's ChainedOptimizer (a dense and an expert optimizer) puts `chained_<i>.` before each one's keys
+OPTIMIZER_KEY = re.compile(r"(chained_\d+\.)?optimizer\.")
 MOMENTS = ("exp_avg", "exp_avg_sq")
 DP_RESHARDABLE = "dp_reshardable"
 
@@ -87,7 +93,7 @@ class MegatronSource(GlobalStateSource):
             key.startswith(LAYERS) or key.startswith(MTP_LAYERS) and self.hybrid_pattern is None))
         unknown = []
         for key, md in tensors.items():
-            if key.startswith("optimizer.") or key in self._expert_bias_keys:
+            if OPTIMIZER_KEY.match(key) or key in self._expert_bias_keys:
                 continue
             placements = our_placements(key, tuple(md.size), gated, mla, self.hybrid_pattern, gdn)
             if placements is None:
@@ -105,6 +111,9 @@ class MegatronSource(GlobalStateSource):
         self._states: dict[str, str] = {}
         self._buckets: Optional[_Buckets] = None
         self._optimizer_not_read: Optional[str] = None
+        # a ChainedOptimizer's dense optimizer (an MoE model's) saves its per-rank objects under chained_0.
+        self._dense_prefix = "chained_0." if any(key.startswith("chained_0.optimizer.")
+                                                 for key in self.reader.objects()) else ""
         if self.layout == DP_RESHARDABLE:
             try:
                 self._buckets = _Buckets(self)
@@ -189,8 +198,9 @@ class MegatronSource(GlobalStateSource):
             saved = saved[min(saved)]
         if GRAD_SCALER in saved:
             scaler = saved[GRAD_SCALER]
-        elif self.layout == DP_RESHARDABLE and _group_key(0, GRAD_SCALER) in self.reader.objects():
-            scaler = _group_object(self, 0, GRAD_SCALER)  # dp_reshardable keeps it per TP x PP rank, all alike
+        elif self.layout == DP_RESHARDABLE and _group_key(0, GRAD_SCALER, self._dense_prefix) in self.reader.objects():
+            # dp_reshardable keeps it per TP x PP rank, all alike
+            scaler = _group_object(self, 0, GRAD_SCALER, self._dense_prefix)
         else:
             return None
         dynamic = our_scaler_state(scaler, str(self.path))
@@ -303,11 +313,11 @@ class MegatronSource(GlobalStateSource):
         ChainedOptimizer's parts step together."""
         saved = self.common.get("optimizer") or {}
         if saved and all(isinstance(key, int) for key in saved):  # a ChainedOptimizer's (dense, then experts'): one step
-            steps = {self._step_of(part) for part in saved.values()}
+            steps = {self._step_of(part, f"chained_{index}.") for index, part in saved.items()}
             return steps.pop() if len(steps) == 1 else None
         return self._step_of(saved)
 
-    def _step_of(self, saved: dict) -> Optional[int]:
+    def _step_of(self, saved: dict, prefix: str = "") -> Optional[int]:
         # A 16-bit run's plain optimizer keeps Adam's state one level down.
         inner = saved.get("optimizer") or {}
         common_step = (saved.get("state") or inner.get("state") or {}).get("common_step")
@@ -315,18 +325,19 @@ class MegatronSource(GlobalStateSource):
             return int(common_step)
         groups = inner.get("param_groups") or saved.get("param_groups")
         if not groups and self._buckets is not None:
-            groups = self._buckets.optimizer_state(0).get("param_groups")  # its DistributedOptimizer's 'optimizer' 
+            # its DistributedOptimizer's 'optimizer' (a ChainedOptimizer's i-th under `prefix`, chained_<i>.)
+            groups = self._buckets.optimizer_state(0, prefix).get("param_groups")
         steps = {int(group["step"]) for group in groups or [] if group.get("step") is not None}
         return steps.pop() if len(steps) == 1 else None
 
 
-def _group_key(group: int, name: str) -> str:
-    """The object a dp_reshardable save keeps per TP x PP rank: its optimizer's state_dict entries."""
-    return f"optimizer.distributed.dp_group_idx_{group}.{name}/shard_0_1"
+def _group_key(group: int, name: str, prefix: str = "") -> str:
+    """A dp_reshardable save's object per TP x PP rank; `prefix` is `chained_<i>.` under a ChainedOptimizer."""
+    return f"{prefix}optimizer.distributed.dp_group_idx_{group}.{name}/shard_0_1"
 
 
-def _group_object(source: MegatronSource, group: int, name: str):
-    key = _group_key(group, name)
+def _group_object(source: MegatronSource, group: int, name: str, prefix: str = ""):
+    key = _group_key(group, name, prefix)
     if key not in source.reader.objects():
         raise CheckpointError(f"{source.path}: holds no {key}; the checkpoint is incomplete")
     saved = source.reader.read_objects([key], safe_globals())[key]
@@ -336,7 +347,11 @@ def _group_object(source: MegatronSource, group: int, name: str):
 def _refuse_unread(args) -> None:
     """The saves whose buckets this reader does not rebuild (their weights still load)."""
     unsupported = [flag for flag, value in (
-        ("--num-experts", getattr(args, "num_experts", None)),
+        # the routed experts are rebuilt as SequentialMLP's; GroupedMLP's weight1/weight2 and a shared expert are not
+        ("--moe-grouped-gemm", getattr(args, "moe_grouped_gemm", False)),
+        ("--moe-shared-expert-intermediate-size", getattr(args, "moe_shared_expert_intermediate_size", None)),
+        ("--num-experts with --num-layers-per-virtual-pipeline-stage", getattr(args, "num_experts", None) and
+         getattr(args, "virtual_pipeline_model_parallel_size", None)),
         ("--multi-latent-attention", getattr(args, "multi_latent_attention", False)),
         # Gated DeltaNet's local in_proj and conv1d are [q|k|v|...] per rank, not our per-head rows.
         ("--experimental-attention-variant", getattr(args, "experimental_attention_variant", None)),
@@ -347,8 +362,9 @@ def _refuse_unread(args) -> None:
         ("--hybrid-layer-pattern", _unbucketed_pattern(getattr(args, "hybrid_layer_pattern", None))))
         if value]
     if unsupported:
-        raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense models of "
-                           f"plain attention on even pipeline stages, without MTP layers, and it was saved with {', '.join(unsupported)}")
+        raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for models of plain "
+                           f"attention on even pipeline stages, their experts SequentialMLP's without a shared "
+                           f"expert, without MTP layers, and it was saved with {', '.join(unsupported)}")
 
 
 def _unbucketed_pattern(text: Optional[str]) -> Optional[str]:
@@ -381,11 +397,22 @@ def _model_shape(args) -> ModelShape:
         layernorm=getattr(args, "normalization", "LayerNorm") == "LayerNorm", gated=gated_mlp(args),
         add_bias_linear=bool(args.add_bias_linear), add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
         qk_layernorm=bool(getattr(args, "qk_layernorm", False)),
-        tied=not getattr(args, "untie_embeddings_and_output_weights", False))
+        tied=not getattr(args, "untie_embeddings_and_output_weights", False), **_moe_shape(args))
+
+
+def _moe_shape(args) -> dict:
+    """An MoE model's experts and which layers hold them (--moe-layer-freq as Megatron-LM reads it)."""
+    experts = getattr(args, "num_experts", None)
+    if not experts:
+        return {}
+    return {"num_experts": int(experts), "moe_ffn_hidden_size": int(getattr(args, "moe_ffn_hidden_size", None)
+                                                                    or args.ffn_hidden_size),
+            "moe_layers": moe_layer_pattern(str(getattr(args, "moe_layer_freq", 1)), int(args.num_layers))}
 
 
 class _Buckets:
-    """The dp_reshardable states of every TP x PP rank as pieces of our whole tensors."""
+    """The dp_reshardable states of every TP x PP rank as pieces of our whole tensors; an MoE model's expert
+    optimizer (`chained_1.`) per expert TP x EP x PP rank over the expert data-parallel group."""
 
     def __init__(self, source: MegatronSource) -> None:
         self.source, self.path = source, source.path
@@ -397,50 +424,69 @@ class _Buckets:
         vp = int(getattr(args, "virtual_pipeline_model_parallel_size", None) or 1)
         dp = int(getattr(args, "data_parallel_size", 1)) * int(getattr(args, "context_parallel_size", 1) or 1)
         # DDP buckets only the first chunk of the first stage, and only with overlap.
-        bucketed = bool(getattr(args, "overlap_grad_reduce", False)) and \
+        self.bucketed = bool(getattr(args, "overlap_grad_reduce", False)) and \
             not getattr(args, "overlap_param_gather_with_optimizer_step", False)
-        bucket_size = getattr(args, "ddp_bucket_size", None) or max(40000000, 1000000 * dp)
+        self.bucket_size = getattr(args, "ddp_bucket_size", None) or max(40000000, 1000000 * dp)
         self.dtype = torch.float32  # the fp32 master and moments, whatever the model's dtype
         self.dtypes = buffer_dtypes(args)
         self.pieces: dict[str, list[Piece]] = {}
         self._seen: set[tuple] = set()
+        self.prefixes = ("chained_0.", "chained_1.") if self.shape.num_experts else ("",)
         for pp_rank in range(pp):
             for tp_rank in range(tp):
-                group = pp_rank * tp + tp_rank  # the rank in Megatron's model-parallel group: its dp_group_idx
-                saved = self._object(group, "per_bucket_numel_unpadded")
-                for vp_stage in range(vp):
-                    chunk = Chunk(tp_rank, tp, pp_rank, pp, vp_stage, vp)
-                    placed, unpadded = bucket_layout(local_parameters(self.shape, chunk), dp,
-                                                     bucket_size if bucketed and chunk.first else None)
-                    check_layout(unpadded, saved, vp_stage, vp, self.dtypes, f"{self.path} (TP rank {tp_rank}, PP "
-                                 f"rank {pp_rank}{f', virtual chunk {vp_stage}' if vp > 1 else ''})")
-                    self._add(placed, f"{group}.{vp_stage}")
+                self._optimizer(self.prefixes[0], pp_rank * tp + tp_rank, dp, vp, lambda chunk: local_parameters(
+                    self.shape, chunk), tp_rank, tp, pp_rank, pp, f"TP rank {tp_rank}, PP rank {pp_rank}")
+        if not self.shape.num_experts:
+            return
+        ep = int(getattr(args, "expert_model_parallel_size", 1) or 1)
+        etp = int(getattr(args, "expert_tensor_parallel_size", None) or tp)
+        expert_dp = tp * pp * dp // (etp * ep * pp)
+        for pp_rank in range(pp):
+            for ep_rank in range(ep):
+                for etp_rank in range(etp):  # the rank in Megatron-Core's tp-ep-pp group: its dp_group_idx
+                    self._optimizer(self.prefixes[1], (pp_rank * ep + ep_rank) * etp + etp_rank, expert_dp, vp,
+                                    lambda chunk, ep_rank=ep_rank: local_expert_parameters(self.shape, chunk, ep_rank,
+                                                                                           ep),
+                                    etp_rank, etp, pp_rank, pp, f"the experts of expert TP rank {etp_rank}, EP rank "
+                                    f"{ep_rank}, PP rank {pp_rank}")
+
+    def _optimizer(self, prefix: str, group: int, dp: int, vp: int, parameters, tp_rank: int, tp: int, pp_rank: int,
+                   pp: int, where: str) -> None:
+        """One DistributedOptimizer's buckets of one model-parallel rank (`group`, its dp_group_idx): a gradient
+        buffer per virtual chunk, each rebuilt from `parameters(chunk)` over `dp` data-parallel ranks and checked
+        against the sizes it recorded."""
+        saved = self._object(group, "per_bucket_numel_unpadded", prefix)
+        for vp_stage in range(vp):
+            chunk = Chunk(tp_rank, tp, pp_rank, pp, vp_stage, vp)
+            placed, unpadded = bucket_layout(parameters(chunk), dp,
+                                             self.bucket_size if self.bucketed and chunk.first else None)
+            check_layout(unpadded, saved, vp_stage, vp, self.dtypes,
+                         f"{self.path} ({where}{f', virtual chunk {vp_stage}' if vp > 1 else ''})")
+            self._add(placed, f"{prefix}optimizer.distributed.dp_group_idx_{group}.gbuf_idx_{vp_stage}."
+                              f"{buffer_key(self.dtypes)}")
 
     def _add(self, placed: list[BucketedParameter], buffer: str) -> None:
-        """The pieces of our tensors in one gradient buffer's buckets (`buffer`: '<dp_group_idx>.<gbuf_idx>')."""
+        """The pieces of our tensors in one gradient buffer's buckets (`buffer`: their keys' stem)."""
         for entry in placed:
             row = int(np.prod(entry.parameter.shape[1:], dtype=np.int64))
+            file = f"{buffer}.bucket_idx_{entry.bucket}"  # the bucket's key, less the state's name
             for piece in entry.parameter.pieces:
                 copy = (piece.name, piece.global_offset, piece.shape)
                 if copy in self._seen:  # a replicated parameter: every TP rank's bucket holds it
                     continue
                 self._seen.add(copy)
                 self.pieces.setdefault(piece.name, []).append(Piece(
-                    f"{buffer}.{entry.bucket}", 0, entry.start + piece.row_start * row,
+                    file, 0, entry.start + piece.row_start * row,
                     int(np.prod(piece.shape, dtype=np.int64)), piece.shape, piece.global_offset))
 
-    def _object(self, group: int, name: str):
-        return _group_object(self.source, group, name)
+    def _object(self, group: int, name: str, prefix: Optional[str] = None):
+        return _group_object(self.source, group, name, self.prefixes[0] if prefix is None else prefix)
 
-    def optimizer_state(self, group: int) -> dict:
-        state = self._object(group, "optimizer")
+    def optimizer_state(self, group: int, prefix: Optional[str] = None) -> dict:
+        state = self._object(group, "optimizer", prefix)
         return state if isinstance(state, dict) else {}
 
     def read(self, state: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
         def fetch(file: str, begin: int, end: int) -> torch.Tensor:
-            group, buffer, bucket = file.split(".")
-            key = (f"optimizer.distributed.dp_group_idx_{group}.gbuf_idx_{buffer}.{buffer_key(self.dtypes)}."
-                   f"bucket_idx_{bucket}.{state}")
-            return self.source.reader.read(key, (slice(begin, end),))
+            return self.source.reader.read(f"{file}.{state}", (slice(begin, end),))
         return read_pieces(self.pieces.get(name, []), name, region, self.dtype, fetch, self.path)
-

@@ -4,7 +4,7 @@ The fixtures tests/fixtures/megatron_* were written by Megatron-LM's own pretrai
 gloo: scripts/megatron_checkpoint_fixtures.py through scripts/megatron_lm_cpu.py) over
 tests/fixtures/megatron_data/varied_docs (200 documents of 8-60 tokens): one launch trains iterations 1-4 saving at
 2 (megatron_losses.json `uninterrupted_losses`), and a second launch of Megatron-LM resumes the save at 2
-(`resumed_losses`, equal). The twenty-two: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
+(`resumed_losses`, equal). The twenty-three: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
 Llama-shaped model; the distributed optimizer's dp_reshardable layout at TP 2 x DP 2; its fully_reshardable layout
 at DP 2; dp_reshardable over two pipeline stages (the tied embedding on both, loaded here on one); a Mixtral-shaped
 MoE over 2 expert-parallel ranks (4 experts, top 2, SequentialMLP), also with a shared expert; Megatron's default
@@ -17,7 +17,9 @@ with a low-rank query and both latent norms, and with linear_q_proj; one multi-t
 MLA, a dense first layer, grouped sigmoid routing with the expert bias, a shared expert and an MTP layer at once,
 DeepSeek-V3's shape at EP 2, its MTP layer an MoE layer (megatron_deepseek_v3); the
 Mixtral-shaped MoE at TP 2 x EP 2 (expert TP 2, --sequence-parallel) and Megatron's default MoE at PP 2 x EP 2, four
-ranks each (issue 92).
+ranks each (issue 92); the Mixtral-shaped MoE under the distributed optimizer's dp_reshardable layout at EP 2
+(Megatron-Core's ChainedOptimizer: a dense and an expert optimizer's buckets, `chained_<i>.`), and at TP 2 x EP 2
+read only by the quick tests (issue 114).
 
 - The quick tests read the files: told from ours by content, our TP 1 model's names and shapes, the weights every
   layout holds read alike (a dp_reshardable bucket's fp32 master equals its model tensor, element by element), the
@@ -42,7 +44,7 @@ import torch
 
 from checkpoint.torch_dist.common import is_megatron_checkpoint
 from checkpoint.torch_dist.names import our_placements
-from checkpoint.torch_dist.source import MegatronSource
+from checkpoint.torch_dist.source import OPTIMIZER_KEY, MegatronSource
 from tests.readme import ROOT as REPO_ROOT
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -52,7 +54,7 @@ NAMES = ("megatron_tp1", "megatron_tp2_swiglu_gqa", "megatron_llama", "megatron_
          "megatron_bf16_distopt_dp_reshardable", "megatron_fp16_distopt_dp_reshardable", "megatron_moe_ep2_shared",
          "megatron_moe_ep2_expert_bias", "megatron_moe_ep2_dense_first_gated_shared", "megatron_mla_q_lora",
          "megatron_mla", "megatron_mtp", "megatron_deepseek_v3", "megatron_moe_tp2_ep2",
-         "megatron_moe_pp2_ep2_biases")
+         "megatron_moe_pp2_ep2_biases", "megatron_moe_ep2_distopt_dp_reshardable")
 CONTINUED = (3, 4)  # the iterations after the save at 2
 
 
@@ -127,7 +129,9 @@ def test_transformer_engines_fused_mla_norms_read_as_the_local_specs():
 
 @pytest.mark.parametrize("name", ["megatron_distopt_dp_reshardable", "megatron_distopt_fully_reshardable",
                                   "megatron_pp2_distopt_dp_reshardable", "megatron_pp2_vp2_distopt_dp_reshardable",
-                                  "megatron_bf16_distopt_dp_reshardable", "megatron_fp16_distopt_dp_reshardable"])
+                                  "megatron_bf16_distopt_dp_reshardable", "megatron_fp16_distopt_dp_reshardable",
+                                  "megatron_moe_ep2_distopt_dp_reshardable",
+                                  "megatron_moe_tp2_ep2_distopt_dp_reshardable"])
 def test_the_distributed_optimizers_fp32_master_is_the_model_tensor_element_for_element(name):
     """An fp32 run's master weights are its weights, a 16-bit run's weights are its master rounded (Megatron-Core
     copies the master into the model by a cast): read through the optimizer's layout (the buckets of each TP rank,
@@ -140,7 +144,7 @@ def test_the_distributed_optimizers_fp32_master_is_the_model_tensor_element_for_
     reader = DcpReader(iteration_dir(name))
     model = {}
     for key, md in reader.tensors().items():
-        if not key.startswith("optimizer."):
+        if not OPTIMIZER_KEY.match(key):  # `optimizer.`, or a ChainedOptimizer's `chained_<i>.optimizer.`
             model.update(our_placements(key, tuple(md.size), "swiglu" in " ".join(record(name)["flags"])))
     assert sorted(model) == sorted(source.tensors("master"))
     for ours, placement in model.items():
@@ -262,6 +266,38 @@ def test_dp_reshardable_buckets_of_mla_or_mtp_are_refused_with_the_flag_not_misr
     _refuse_unread(types.SimpleNamespace(**{field: None if value == 1 else False}))
     with pytest.raises(UnreadLayout, match=f"saved with {flag}$"):
         _refuse_unread(types.SimpleNamespace(**{field: value}))
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("moe_shared_expert_intermediate_size", 32, "and it was saved with --moe-shared-expert-intermediate-size$"),
+    ("expert_model_parallel_size", 1, r"\(the experts of expert TP rank 0, EP rank 0, PP rank 0\): the distributed "
+                                      r"optimizer's buckets hold \[6144\] elements, the layout rebuilt from its args "
+                                      r"\[12288\]")])
+def test_moe_buckets_not_rebuilt_here_are_refused_with_their_reason_and_the_weights_still_read(monkeypatch, field,
+                                                                                                value, said):
+    """An MoE save whose ChainedOptimizer buckets are not rebuilt here (a shared expert's; or sizes other than the
+    args give, here as if saved at EP 1) names that reason; its `chained_<i>.` keys are the optimizer's, so the
+    weights still read (--no-load-optim)."""
+    import re
+
+    from checkpoint.torch_dist import source as source_module
+
+    name = "megatron_moe_ep2_distopt_dp_reshardable"
+    real = source_module.saved_args
+
+    def changed(common):
+        args = real(common)
+        setattr(args, field, value)
+        return args
+
+    monkeypatch.setattr(source_module, "saved_args", changed)
+    source = MegatronSource(iteration_dir(name))
+    assert re.search(said, source.optimizer_not_read()) and source.keys() == ("master",)
+    weight = "blocks.1.mlp.experts.3.dense_4h_to_h.weight"
+    placement = source._placements[weight][0]
+    whole = tuple(slice(0, n) for n in placement.shape)
+    assert torch.equal(source.read("master", weight, whole),
+                       source.reader.read(placement.key, placement.region(whole)).reshape(placement.shape))
 
 
 def test_a_layout_the_reader_does_not_rebuild_is_refused_at_the_resume_with_the_ways_on():
@@ -403,6 +439,49 @@ def test_the_moe_checkpoint_at_tp2_ep2_continues_at_its_layout(tmp_path):
                     str(data_workdir(tmp_path)), timeout=300)
     losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
     assert losses == pytest.approx(megatrons_losses(name), rel=1e-6, abs=0)
+
+
+def resume_moe_distopt_at_ep2(rank: int, world_size: int, checkpoint: str, cache: str, metrics: str,
+                              workdir: str) -> None:
+    import pretrain_gpt
+
+    os.chdir(workdir)  # the flags' --data-path, relative (data_workdir)
+    assert pretrain_gpt.main(our_flags("megatron_moe_ep2_distopt_dp_reshardable") + [
+        "--expert-model-parallel-size", "2", "--load", checkpoint, "--device", "cpu", "--log-interval", "1",
+        "--data-cache-dir", cache, "--metrics-file", metrics]) == 0
+
+
+@pytest.mark.slow
+def test_the_moe_distributed_optimizers_chained_buckets_continue_at_their_layout(tmp_path):
+    """Megatron-Core's ChainedOptimizer in the dp_reshardable layout: the dense optimizer's buckets (`chained_0.`,
+    DP 2) and the expert one's (`chained_1.`, one per EP rank, expert DP 1), continued here at EP 2 x DP 2 with
+    Adam's moments: Megatron-LM's iterations 3 and 4 (the TP 1 continuation is in NAMES)."""
+    from tests.distributed import run_distributed
+    from tests.reliability_helpers import metrics_records
+
+    name = "megatron_moe_ep2_distopt_dp_reshardable"
+    source = MegatronSource(iteration_dir(name))
+    assert source.optimizer_not_read() is None and source.keys() == ("master", "exp_avg", "exp_avg_sq")
+    checkpoint = shutil.copytree(FIXTURES / name, tmp_path / name)
+    metrics = tmp_path / "metrics.jsonl"
+    run_distributed(resume_moe_distopt_at_ep2, 2, str(checkpoint), str(tmp_path / "cache"), str(metrics),
+                    str(data_workdir(tmp_path)), timeout=300)
+    losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
+    assert losses == pytest.approx(megatrons_losses(name), rel=1e-6, abs=0)
+
+
+@pytest.mark.slow
+def test_no_load_optim_takes_the_moe_distributed_optimizers_weights(tmp_path, monkeypatch):
+    """--no-load-optim on the MoE dp_reshardable save (its `chained_<i>.` optimizer keys are not model tensors):
+    the weights load, so iteration 3's loss is Megatron-LM's (the weights and samples alone decide it); Adam starts
+    afresh, so iteration 4's is not (measured 4.8477325 against Megatron's 4.8478212)."""
+    name = "megatron_moe_ep2_distopt_dp_reshardable"
+    monkeypatch.chdir(data_workdir(tmp_path))
+    losses, out = _continued_losses(tmp_path, name, our_flags(name) + ["--no-load-optim"])
+    assert "resuming after iteration 2 (8 samples consumed)" in out
+    expected = megatrons_losses(name)
+    assert losses[3] == pytest.approx(expected[3], rel=1e-6, abs=0)
+    assert losses[4] != pytest.approx(expected[4], rel=1e-6, abs=0)
 
 
 @pytest.mark.parametrize("flag, value, said", [("--num-layers", "3", "--num-layers 3 (the checkpoint's: 2)"),
