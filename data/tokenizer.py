@@ -213,22 +213,32 @@ def load_tokenizer(
 
 
 class NullTokenizer:
-    """Megatron's NullTokenizer: for data tokenized elsewhere. Token ids 0..N-1 are taken as they are,
-    and the end-of-document id is N, so the model's vocabulary is N + 1. There is nothing to encode,
-    decode or save."""
+    """Megatron's NullTokenizer: for data tokenized elsewhere. Token ids 0..N-1 (--vocab-size N) are taken as
+    they are; by default the end-of-document id is N and the vocabulary N + 1, as Megatron-LM up to core_v0.17
+    reads the flag. `ids` and `eod_id` give another release's reading, named by `reading` (a checkpoint's:
+    checkpoint/null_tokenizer_reading.py). There is nothing to encode, decode or save."""
 
-    def __init__(self, vocab_size: int):
+    def __init__(self, vocab_size: int, *, ids: Optional[int] = None, eod_id: Optional[int] = None,
+                 reading: Optional[str] = None):
         if vocab_size < 1:
             raise DataError(f"--vocab-size must be at least 1 for NullTokenizer, got {vocab_size}")
         self._vocab_size_without_eod = int(vocab_size)
+        self.reading = reading
+        self._ids = int(ids) if ids is not None else self._vocab_size_without_eod + 1
+        self._eod_id = int(eod_id) if eod_id is not None else self._vocab_size_without_eod
+
+    @property
+    def flag_vocab_size(self) -> int:
+        """--vocab-size as given."""
+        return self._vocab_size_without_eod
 
     @property
     def vocab_size(self) -> int:
-        return self._vocab_size_without_eod + 1
+        return self._ids
 
     @property
     def eod_id(self) -> int:
-        return self._vocab_size_without_eod
+        return self._eod_id
 
     def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Megatron's NullTokenizer.tokenize on each text, `[int(x) for x in text.split(' ')]`: ids written as
@@ -256,8 +266,9 @@ def tokenizer_digest(tokenizer: RunTokenizer) -> str:
     """'sha256:<hex>' of what defines a tokenizer's token ids: its whole tokenizer.json (vocabulary, merges, added
     tokens, normalizer) and end-of-document id, a SentencePiece model's bytes and type, or a NullTokenizer's size. A
     checkpoint records it, and a resume compares it (checkpoint/tokenizer_check.py)."""
-    if isinstance(tokenizer, NullTokenizer):
-        defining = f"NullTokenizer {tokenizer.vocab_size}"
+    if isinstance(tokenizer, NullTokenizer):  # the end-of-document id where it is not the last id
+        last = tokenizer.eod_id == tokenizer.vocab_size - 1
+        defining = f"NullTokenizer {tokenizer.vocab_size}" + ("" if last else f" eod {tokenizer.eod_id}")
     else:
         defining = f"{tokenizer.to_json()}\n{tokenizer.eod_id}"
     return "sha256:" + hashlib.sha256(defining.encode("utf-8")).hexdigest()

@@ -69,6 +69,7 @@ from checkpoint.torch_dist.names import (
     hybrid_layer_symbols,
     our_placements,
 )
+from checkpoint.torch_dist.null_tokenizer import saved_vocabulary
 from gpt.hybrid_pattern import BLOCKS, GDN, parse_hybrid_pattern
 
 OPTIMIZER_STATE = "optimizer.state."
@@ -160,12 +161,9 @@ class MegatronSource(GlobalStateSource):
 
     @property
     def _real_rows(self) -> Optional[int]:
-        """The saved vocabulary where the args size it: NullTokenizer's --vocab-size ids and its end-of-document id,
-        as this project reads the flag (arguments' NullTokenizer note); a tokenizer's files size it otherwise."""
-        size = getattr(self.args, "vocab_size", None)
-        if getattr(self.args, "tokenizer_type", None) != "NullTokenizer" or not isinstance(size, int) or size < 1:
-            return None
-        return size + 1
+        """The saved vocabulary where the args size it (NullTokenizer's, as the writing release read --vocab-size);
+        a tokenizer's files size it otherwise."""
+        return saved_vocabulary(self.args)
 
     def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
         placements = self._placements.get(name)
