@@ -439,7 +439,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         notes.append("> --fim-data: each sample's fill-in-the-middle draws come from a RandomState seeded with (--seed, "
                      "its index), so a resume or any --num-workers reads the same samples; Megatron-LM draws from one "
                      "stream per dataset in reading order, so which samples it permutes differs (docs/data.md)")
-    null_note = null_tokenizer_note(config.data.tokenizer_type, config.model.vocab_size, generation)
+    null_note = null_tokenizer_note(config.data.tokenizer_type, config.model.vocab_size, generation,
+                                    loading=bool(config.checkpoint.load))
     if null_note:
         notes.append(null_note)
     if config.model.moe is not None and config.model.moe.deepspeed.use_residual:

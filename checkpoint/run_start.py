@@ -18,6 +18,7 @@ from checkpoint.deepspeed.resume import refuse_save_into_deepspeed
 from checkpoint.formats import format_named
 from checkpoint.global_load import ResumePoint
 from checkpoint.lineage import RunIdentity, identity_on_start, new_id
+from checkpoint.null_tokenizer_reading import NullTokenizerReading, saved_null_tokenizer
 from checkpoint.output_paths import prepare_output_directory, prepare_output_file, refuse_training_output_in_checkpoint
 from checkpoint.save_directory import SaveDirectoryLock
 from checkpoint.start_decision import StartDecision, check_save_directory, continues_training, decide_start
@@ -41,6 +42,8 @@ class RunStart:
     saved_tokenizer: Optional[SavedTokenizer] = None
     # The checkpoint's data-parallel size where the run continues it: the cyclic sampler's buckets follow it.
     saved_data_parallel_size: Optional[int] = None
+    # how the checkpoint's run read NullTokenizer's --vocab-size, where not as by default; None: the default
+    saved_null_tokenizer: Optional[NullTokenizerReading] = None
 
     def load(self, built, state: ParallelState, model_config, *, load_optimizer: bool, load_rng: bool,
              finetune: bool) -> ResumePoint:
@@ -121,6 +124,7 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
             started.format_name = decision.format_name
             started.lr_schedule, metadata = format_named(decision.format_name).module().check_start(
                 config, state, decision.resume_from, log, batch)
+        started.saved_null_tokenizer = saved_null_tokenizer(metadata)
         if metadata is not None and continues_training(config):
             started.saved_tokenizer = saved_tokenizer(metadata, decision.resume_from)
             started.saved_data_parallel_size = metadata.get("data_parallel_size")

@@ -146,6 +146,11 @@ OPTIONAL = {
     "hf_token_ids": ("an object of bos_token_id, eos_token_id, pad_token_id -> id, list of ids or null",
                      lambda v: isinstance(v, dict) and set(v) <= {"bos_token_id", "eos_token_id", "pad_token_id"}
                      and all(e is None or is_int(e) or _list_of(is_int)(e) for e in v.values())),
+    # NullTokenizer's --vocab-size read otherwise than by default (checkpoint/null_tokenizer_reading.py)
+    "null_tokenizer": ("an object of vocab_size, ids, eod_id (whole numbers) and written_by (text)",
+                       lambda v: isinstance(v, dict) and set(v) == {"vocab_size", "ids", "eod_id", "written_by"}
+                       and all(is_int(v[k], 0) for k in ("vocab_size", "ids", "eod_id"))
+                       and isinstance(v["written_by"], str)),
     "tokenizer_digest": ("'sha256:' and 64 hex digits",
                          lambda v: isinstance(v, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", v) is not None),
     "config": ("an object of config sections", lambda v: isinstance(v, dict)

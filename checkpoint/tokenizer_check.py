@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from base.errors import ConfigError
+from checkpoint.null_tokenizer_reading import null_tokenizer_record
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from data.tokenizer import RunTokenizer, tokenizer_digest
 
@@ -40,7 +41,8 @@ def describe_tokenizer(setting: Callable[[str], object]) -> str:
 
 def tokenizer_record(tokenizer: RunTokenizer) -> dict:
     """What a save records of the run's tokenizer (metadata.json keys)."""
-    record = {TOKENIZER_DIGEST_KEY: tokenizer_digest(tokenizer), TOKENIZER_SIZE_KEY: tokenizer.vocab_size}
+    record = {TOKENIZER_DIGEST_KEY: tokenizer_digest(tokenizer), TOKENIZER_SIZE_KEY: tokenizer.vocab_size,
+              **null_tokenizer_record(tokenizer)}
     folder_ids = getattr(tokenizer, "folder_ids", None)
     if folder_ids is not None:
         record[FOLDER_IDS_KEY] = folder_ids

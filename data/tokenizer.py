@@ -194,20 +194,30 @@ def load_tokenizer(
 
 
 class NullTokenizer:
-    """Megatron's NullTokenizer, for data tokenized elsewhere: ids 0..N-1 as they are, end-of-document id N."""
+    """Megatron's NullTokenizer, for data tokenized elsewhere: ids 0..N-1 as they are, end-of-document id N
+    (Megatron-LM up to core_v0.17); `ids`, `eod_id` and `reading` give a later release's reading of a checkpoint."""
 
-    def __init__(self, vocab_size: int):
+    def __init__(self, vocab_size: int, *, ids: Optional[int] = None, eod_id: Optional[int] = None,
+                 reading: Optional[str] = None):
         if vocab_size < 1:
             raise DataError(f"--vocab-size must be at least 1 for NullTokenizer, got {vocab_size}")
         self._vocab_size_without_eod = int(vocab_size)
+        self.reading = reading
+        self._ids = int(ids) if ids is not None else self._vocab_size_without_eod + 1
+        self._eod_id = int(eod_id) if eod_id is not None else self._vocab_size_without_eod
+
+    @property
+    def flag_vocab_size(self) -> int:
+        """--vocab-size as given."""
+        return self._vocab_size_without_eod
 
     @property
     def vocab_size(self) -> int:
-        return self._vocab_size_without_eod + 1
+        return self._ids
 
     @property
     def eod_id(self) -> int:
-        return self._vocab_size_without_eod
+        return self._eod_id
 
     def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Megatron's NullTokenizer.tokenize: decimal ids one space apart; an id outside the vocabulary or a non-number
@@ -232,8 +242,9 @@ RunTokenizer = GPTTokenizer | SentencePieceTokenizer | NullTokenizer
 def tokenizer_digest(tokenizer: RunTokenizer) -> str:
     """'sha256:<hex>' of what defines a tokenizer's ids (tokenizer.json and EOD, a SentencePiece model's bytes and type,
     or a NullTokenizer's size); a checkpoint records it."""
-    if isinstance(tokenizer, NullTokenizer):
-        defining = f"NullTokenizer {tokenizer.vocab_size}"
+    if isinstance(tokenizer, NullTokenizer):  # the end-of-document id where it is not the last id
+        last = tokenizer.eod_id == tokenizer.vocab_size - 1
+        defining = f"NullTokenizer {tokenizer.vocab_size}" + ("" if last else f" eod {tokenizer.eod_id}")
     else:
         defining = f"{tokenizer.to_json()}\n{tokenizer.eod_id}"
     return "sha256:" + hashlib.sha256(defining.encode("utf-8")).hexdigest()

@@ -18,8 +18,9 @@ or its folder); every launch is scripts/megatron_lm_cpu.py under torchrun, Megat
         {"losses": {iteration: loss}, "grad_norms": {...}, "loss_scales": {...}}
 
 The HybridModel fixtures (HYBRID_FIXTURES, megatron_hybrid_*) are written the same way by Megatron-LM core_v0.19.0's
-own pretrain_hybrid.py: give --megatron-lm its tree (its megatron.core included; `git archive core_v0.19.0` of
-Megatron-LM), and name them with --only (or `fixtures --hybrid`, all of them):
+own pretrain_hybrid.py, and GPT_019_FIXTURES by its pretrain_gpt.py: give --megatron-lm its tree (its megatron.core
+included; `git archive core_v0.19.0` of Megatron-LM), and name them with --only (or `fixtures --hybrid`, all the
+HybridModel ones):
 
     python scripts/megatron_checkpoint_fixtures.py fixtures --megatron-lm TREE_0_19 --only megatron_hybrid_dense
 
@@ -204,19 +205,31 @@ HYBRID_FIXTURES = {
     "megatron_hybrid_pp2": (2, GPT2_FLAGS + ["--hybrid-layer-pattern", "*-|*-"] + HYBRID_SPEC + PP2),
 }
 
+# GPT fixtures by core_v0.19.0's own pretrain_gpt.py (--megatron-lm its tree, as HYBRID_FIXTURES)
+GPT_019_FIXTURES = {
+    # 0.19's NullTokenizer reads --vocab-size 127 as ids 0-126, 126 ending a document (core_v0.16.1: 127 more), so
+    # --eod-mask-loss masks the corpus's 126s; its 128 rows score the corpus's ends (127) as any token
+    "megatron_null019_eod_mask": (1, GPT2_FLAGS + ["--eod-mask-loss"]),
+}
+
 
 def fixture_flags(name: str) -> list[str]:
     if name in HYBRID_FIXTURES:
         return HYBRID_COMMON_FLAGS + HYBRID_FIXTURES[name][1]
-    return COMMON_FLAGS + FIXTURES[name][1]
+    return COMMON_FLAGS + (GPT_019_FIXTURES.get(name) or FIXTURES[name])[1]
 
 
 def fixture_ranks(name: str) -> int:
-    return (HYBRID_FIXTURES.get(name) or FIXTURES[name])[0]
+    return (HYBRID_FIXTURES.get(name) or GPT_019_FIXTURES.get(name) or FIXTURES[name])[0]
 
 
 def fixture_script(name: str) -> str:
     return HYBRID_SCRIPT if name in HYBRID_FIXTURES else "pretrain_gpt.py"
+
+
+def fixture_release(name: str) -> str:
+    """The Megatron-LM tag whose tree writes the fixture."""
+    return HYBRID_TAG if name in HYBRID_FIXTURES or name in GPT_019_FIXTURES else "core_v0.16.1"
 
 
 def megatron_tree(kit: Path, scratch: Path) -> Path:
@@ -301,8 +314,7 @@ def write_fixture(tree: Path, name: str, out: Path, scratch: Path, keep_index: b
               "uninterrupted_losses": losses(straight), "uninterrupted_grad_norms": grad_norms(straight),
               "resumed_losses": losses(resumed), "resumed_grad_norms": grad_norms(resumed),
               "uninterrupted_loss_scales": loss_scales(straight), "resumed_loss_scales": loss_scales(resumed),
-              "megatron_core": _core_version(tree), "megatron_lm": HYBRID_TAG if script == HYBRID_SCRIPT else
-              "core_v0.16.1", "torch": torch.__version__,
+              "megatron_core": _core_version(tree), "megatron_lm": fixture_release(name), "torch": torch.__version__,
               "written_by": f"scripts/megatron_checkpoint_fixtures.py: Megatron-LM's {script} (iterations 1-4, "
                             f"saving at 2), then a second launch --load-ing the save (iterations 3-4)"}
     (target / "megatron_losses.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -339,7 +351,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     fixtures, logits = sub.add_parser("fixtures"), sub.add_parser("logits")
     for command in (fixtures, logits):
-        command.add_argument("--only", choices=sorted({**FIXTURES, **HYBRID_FIXTURES}))
+        command.add_argument("--only", choices=sorted({**FIXTURES, **HYBRID_FIXTURES, **GPT_019_FIXTURES}))
         command.add_argument("--hybrid", action="store_true",
                              help="every HybridModel fixture (HYBRID_FIXTURES): --megatron-lm is core_v0.19.0's tree")
         command.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures")

@@ -12,6 +12,7 @@ from arguments.batch_schedule import BatchSchedule
 from arguments.config import PretrainConfig, sample_order, sample_order_kept_note
 from checkpoint.formats import initialize_from_pretrained
 from checkpoint.global_load import ResumePoint
+from checkpoint.null_tokenizer_reading import read_as_saved
 from checkpoint.run_saves import CheckpointSaves
 from checkpoint.run_start import RunStart, claim_run_start
 from checkpoint.tokenizer_check import check_resume_tokenizer
@@ -88,6 +89,10 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         log("> preparing tokenizer and data")
         tokenizer, data_sources = (kept.tokenizer_and_data_sources(config) if kept is not None
                                    else load_tokenizer_and_data_sources(config))
+        # a NullTokenizer read as the checkpoint's run read --vocab-size
+        tokenizer, reading_note = read_as_saved(claimed.saved_null_tokenizer, tokenizer, claimed.resume_from)
+        if reading_note:
+            log(reading_note)
         tokenizer_note = check_resume_tokenizer(claimed.saved_tokenizer, config, tokenizer)  # before the data
         if tokenizer_note:
             log(tokenizer_note)

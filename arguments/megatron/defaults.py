@@ -129,19 +129,25 @@ def launch_generation(argv: Iterable[str], harvested_flags: dict, sources: Seque
     return next(iter(equally_fitting_generations(argv, harvested_flags, sources)), None)
 
 
-# Generations whose NullTokenizer reads --vocab-size N as N ids, the last ending a document (core_v0.18.0 on); the older
-# ones, and ours, as N ids plus the end-of-document id N. None: a launch that fits no generation.
+# Generations whose NullTokenizer may read --vocab-size N as N ids, the last ending a document (core_v0.18.0 on);
+# the older ones, and ours, as N ids plus the end-of-document id N. None: a launch that fits no generation. The
+# flags do not tell core_v0.16/0.17 from later launches, so a fresh launch keeps the older reading.
 NULL_TOKENIZER_N_IDS = (None, "megatron-lm")
 
 
-def null_tokenizer_note(tokenizer_type: Optional[str], vocab_size: int, generation: Optional[str]) -> Optional[str]:
-    """The start-up line of a NullTokenizer launch whose generation reads --vocab-size otherwise than here."""
+def null_tokenizer_note(tokenizer_type: Optional[str], vocab_size: int, generation: Optional[str],
+                        loading: bool = False) -> Optional[str]:
+    """The start-up line of a NullTokenizer launch whose generation may read --vocab-size otherwise than here:
+    the reading taken, and the other one (`loading`: a --load, whose checkpoint may name its own)."""
     if tokenizer_type != "NullTokenizer" or generation not in NULL_TOKENIZER_N_IDS or vocab_size < 2:
         return None
     n = vocab_size
+    load = ("; a --load takes the reading of the release that wrote its checkpoint where the checkpoint says it "
+            "(core_v0.18 on)") if loading else ""
     return (f"> --tokenizer-type NullTokenizer --vocab-size {n}: ids 0-{n - 1} and the end-of-document id {n}, {n + 1} "
-            f"in all, as Megatron-LM up to core_v0.17; from core_v0.18.0 on it reads {n} ids, the last ({n - 1}) "
-            f"ending a document: for that model and those masks pass --vocab-size {n - 1}")
+            f"in all, as Megatron-LM up to core_v0.17 reads it (the flags do not tell the release); from "
+            f"core_v0.18.0 on it reads {n} ids, the last ({n - 1}) ending a document: for that model and those masks "
+            f"pass --vocab-size {n - 1}{load}")
 
 
 def is_megatron_launch(preset_named: bool, dests_given: Iterable[str]) -> bool:

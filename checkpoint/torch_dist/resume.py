@@ -29,6 +29,7 @@ from checkpoint.torch_dist.common import (
 )
 from checkpoint.torch_dist.dcp_reader import DcpReader
 from checkpoint.torch_dist.names import hybrid_layer_symbols
+from checkpoint.torch_dist.null_tokenizer import null_tokenizer_view
 from checkpoint.torch_dist.source import MegatronSource
 from data.megatron_order import MEGATRON_ORDER
 from gpt.hybrid_pattern import parse_hybrid_pattern
@@ -133,7 +134,8 @@ def metadata_view(common: dict, config) -> dict:
     return {"iteration": int(common["iteration"]),
             "consumed_samples": int(getattr(args, "consumed_train_samples", 0) or 0),
             "config": {"model": model, "data": data, "training": training, "optimizer": optimizer},
-            SAMPLE_ORDER_KEY: MEGATRON_ORDER}  # its consumed samples count positions in Megatron-Core's order
+            SAMPLE_ORDER_KEY: MEGATRON_ORDER,  # its consumed samples count positions in Megatron-Core's order
+            **null_tokenizer_view(args)}
 
 
 def megatron_metadata(iteration_dir: Path, config) -> dict:

@@ -59,6 +59,7 @@ from checkpoint.torch_dist.names import (
     hybrid_layer_symbols,
     our_placements,
 )
+from checkpoint.torch_dist.null_tokenizer import saved_vocabulary
 from gpt.hybrid_pattern import BLOCKS, GDN, parse_hybrid_pattern
 from gpt.moe.settings import moe_layer_pattern
 
@@ -152,11 +153,8 @@ class MegatronSource(GlobalStateSource):
 
     @property
     def _real_rows(self) -> Optional[int]:
-        """The saved vocabulary where the args size it (NullTokenizer's --vocab-size plus its end-of-document id)."""
-        size = getattr(self.args, "vocab_size", None)
-        if getattr(self.args, "tokenizer_type", None) != "NullTokenizer" or not isinstance(size, int) or size < 1:
-            return None
-        return size + 1
+        """The saved vocabulary where the args size it (NullTokenizer's, as the writing release read --vocab-size)."""
+        return saved_vocabulary(self.args)
 
     def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
         placements = self._placements.get(name)

@@ -74,7 +74,12 @@ def test_a_null_tokenizer_launch_of_the_newest_generation_names_the_other_readin
     assert parsed.megatron_generation == "megatron-lm"
     line = next(note for note in parsed.notes if "NullTokenizer" in note)
     assert "ids 0-999 and the end-of-document id 1000" in line and "from core_v0.18.0 on it reads 1000 ids" in line
+    assert "as Megatron-LM up to core_v0.17 reads it (the flags do not tell the release)" in line
     assert line.endswith("pass --vocab-size 999")
+    # a --load is told that a checkpoint of core_v0.18 on gives its own reading (checkpoint/null_tokenizer_reading.py)
+    loading = next(note for note in parse_arguments([*argv, "--load", "ckpt"]).notes if "NullTokenizer" in note)
+    assert loading.startswith(line) and loading.endswith("a --load takes the reading of the release that wrote its "
+                                                         "checkpoint where the checkpoint says it (core_v0.18 on)")
     offered = NullTokenizer(999)  # the line's remedy is the newer reading: 1000 ids, the last (999) ending a document
     assert (offered.vocab_size, offered.eod_id) == (1000, 999)
     # --legacy-tokenizer, which core_v0.18 removed, makes the launch core_v0.15.0's: read as here, no line
