@@ -70,7 +70,7 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
     read_launch_environment()  # a bad RANK, WORLD_SIZE, MASTER_PORT, SLURM_* ...: one line before any work
     # what --load names is checked with the flags, so every problem of a launch comes back in one list
     parsed = parse_arguments(argv, late_checks=LATE_CHECKS)
-    config, notes = parsed.config, [*parsed.notes, *use_openmpi_ranks(parsed.config.training.use_mpi),
+    config, notes = parsed.config, [*parsed.notes, *use_openmpi_ranks(parsed.config.training.faults.use_mpi),
                                     *straggler_notes(parsed.config.logging.log_straggler,
                                                      parsed.config.logging.disable_straggler_on_startup),
                                     *inprocess_notes(parsed.config.training)]
@@ -97,11 +97,11 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
     # Megatron-LM opens the "setup" section before initialize_megatron (training.py: ft_integration.setup())
     fault_tolerance = start_fault_tolerance(config, read_launch_environment().rank)
     try:
-        if config.training.inprocess_restart:  # the same processes through every fault (resilience/inprocess_restart.py)
+        if config.training.faults.inprocess_restart:  # the same processes through every fault (resilience/inprocess_restart.py)
             return run_restarting(config, partial(exit_status, kept=KeptAcrossRestarts()), PROGRAM, fault_tolerance)
         try:
             state = initialize_grid(config.training.device, config.parallel,
-                                    config.training.distributed_timeout_minutes,
+                                    config.training.faults.distributed_timeout_minutes,
                                     config.zero.distributed_optimizer_instances)
         except ValueError as error:  # a launch or device the config cannot run on
             raise ConfigError(str(error)) from None

@@ -28,6 +28,8 @@ from typing import Optional
 from arguments.batch_schedule import BatchSchedule
 from arguments.config import PretrainConfig
 from base.errors import ConfigError
+from base.options import replace_settings, setting_names
+from zero.optimizer_config import OptimizerConfig
 
 
 @dataclass(frozen=True)
@@ -187,8 +189,8 @@ def schedule_on_resume(config: PretrainConfig, batch: BatchSchedule, saved: dict
     Equal schedules: (None, None). Different ones: an error naming each difference, unless
     --override-opt_param-scheduler (this run's wins: (None, note)) or
     --use-checkpoint-opt_param-scheduler (the checkpoint's wins: (its schedule, note))."""
-    optimizer = dataclasses.replace(config.optimizer, **{name: value for name, value in saved.get("optimizer", {}).items()
-                                                         if hasattr(config.optimizer, name)})
+    optimizer = replace_settings(config.optimizer, **{name: value for name, value in saved.get("optimizer", {}).items()
+                                                      if name in setting_names(OptimizerConfig)})
     saved_training = saved.get("training", {})
     training = dataclasses.replace(config.training, **{name: saved_training[name] for name in
                                                        ("train_iters", "train_samples", "global_batch_size")

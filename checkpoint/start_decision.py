@@ -31,6 +31,7 @@ from typing import Optional
 from arguments.batch_schedule import BatchSchedule
 from arguments.schedule import train_iterations
 from base.errors import CheckpointError, ConfigError
+from base.options import setting_value
 from checkpoint.format import (
     LATEST_FILE,
     METADATA_FILE,
@@ -176,7 +177,7 @@ def check_resume_matches(metadata: dict, config, iteration_dir: Path, override: 
             continue  # a checkpoint from a tool that did not record it
         if name in TRAINING_BLEND_SETTINGS and content is not None:
             continue  # compared as content above: the words typed may differ for the same files
-        saved, ours = saved_config[section][name], getattr(getattr(config, section), name)
+        saved, ours = saved_config[section][name], setting_value(getattr(config, section), name)
         if isinstance(ours, (list, tuple)):
             ours = list(ours)
         if not _same_setting(name, saved, ours):

@@ -244,7 +244,7 @@ def _moments(config: PretrainConfig) -> str:
         return "AdEMAMix moments (m1, m2, nu)"
     if config.optimizer.optimizer == "sophiag":
         return "Sophia-G states (momentum, Hessian estimate)"
-    dtypes = (config.optimizer.exp_avg_dtype, config.optimizer.exp_avg_sq_dtype)
+    dtypes = (config.optimizer.algorithms.exp_avg_dtype, config.optimizer.algorithms.exp_avg_sq_dtype)
     return "Adam moments" if dtypes == ("fp32", "fp32") else f"Adam moments ({dtypes[0]}, {dtypes[1]})"
 
 

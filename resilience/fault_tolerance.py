@@ -220,7 +220,7 @@ def start_fault_tolerance(config: PretrainConfig, rank: int) -> Optional[FaultTo
     ft_integration.py `setup`, refused without --save ("checkpointing save dir must be set to enable fault
     tolerance"), which it creates."""
     training = config.training
-    if not training.enable_ft_package:
+    if not training.faults.enable_ft_package:
         return None
     save_dir = config.checkpoint.save
     if not save_dir:
@@ -233,7 +233,7 @@ def start_fault_tolerance(config: PretrainConfig, rank: int) -> Optional[FaultTo
         raise ConfigError(f"{FT_TIMEOUTS_VARIABLE}: {error}") from None
     Path(save_dir).mkdir(parents=True, exist_ok=True)
     log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
-    fault_tolerance = FaultTolerance(rank, save_dir, training.calc_ft_timeouts, training.ft_num_warmup_iters,
+    fault_tolerance = FaultTolerance(rank, save_dir, training.faults.calc_ft_timeouts, training.faults.ft_num_warmup_iters,
                                      timeouts, log)
     log(fault_tolerance.describe())
     return fault_tolerance

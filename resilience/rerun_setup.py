@@ -22,12 +22,12 @@ def rerun_mode_line(training, source: Optional[Source]) -> str:
     validation enabled", and that at the first validated loss (said here too: its functional tests look for it).
     `source`: where --rerun-mode's value came from (arguments/config_sources.py): Megatron-LM's default under a
     launch that sets the model by flags (arguments/megatron/defaults.py), or as given."""
-    mode = training.rerun_mode
+    mode = training.faults.rerun_mode
     if mode == "disabled":
         return ""
     megatron_default = source is not None and source.origin == MEGATRON_DEFAULTS
     origin = "Megatron-LM's default for a flags launch" if megatron_default else "as given"
-    nan, spiky = training.check_for_nan_in_loss_and_grad, training.check_for_spiky_loss
+    nan, spiky = training.faults.check_for_nan_in_loss_and_grad, training.faults.check_for_spiky_loss
     if not nan and not spiky:
         return (f"> rerun state machine: --rerun-mode {mode} ({origin}) with nothing validated "
                 f"(--no-check-for-nan-in-loss-and-grad, no --check-for-spiky-loss): no iteration re-runs")
@@ -51,7 +51,7 @@ def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) ->
     """The machine a run's TrainingConfig (`training`) asks for (None when --rerun-mode disabled), on `state`'s
     ranks: its verdicts are OR-ed over every rank (one all-reduce of at most two int32 per decision, as Megatron's
     _reduce_any over the world), report_stats' records gathered to the first rank (Megatron's gather_object)."""
-    if training.rerun_mode == "disabled":
+    if training.faults.rerun_mode == "disabled":
         return None
     world = dist.group.WORLD if dist.is_available() and dist.is_initialized() and state.world_size > 1 else None
 
@@ -78,9 +78,9 @@ def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) ->
     random.seed(seed)
     np.random.seed(seed)
     save, restore = torch_rng_saver(rng, state.device)
-    injector = ErrorInjector(training.error_injection_rate, RerunDiagnostic(training.error_injection_type),
+    injector = ErrorInjector(training.faults.error_injection_rate, RerunDiagnostic(training.faults.error_injection_type),
                              state.rank, say)
-    return RerunStateMachine(RerunMode(training.rerun_mode), rank=state.rank, reduce_any=reduce_any, save_rng=save,
+    return RerunStateMachine(RerunMode(training.faults.rerun_mode), rank=state.rank, reduce_any=reduce_any, save_rng=save,
                              restore_rng=restore, where=(socket.gethostname(), str(state.device)), injector=injector,
-                             tracker_file=training.result_rejected_tracker_filename, log=say, log_once=log,
+                             tracker_file=training.faults.result_rejected_tracker_filename, log=say, log_once=log,
                              gather_to_first=gather_to_first)

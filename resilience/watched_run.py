@@ -38,8 +38,8 @@ def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, pr
     try:
         if flight.on:
             recorder = start_flight_recorder(flight, state.comm, state.rank, state.world_size,
-                                             config.training.heartbeat_timeout_seconds)
-        liveness = watch_peers(state, config.training.heartbeat_timeout_seconds, program, recorder)
+                                             config.training.faults.heartbeat_timeout_seconds)
+        liveness = watch_peers(state, config.training.faults.heartbeat_timeout_seconds, program, recorder)
         if liveness is not None:
             state.comm.publish_failure = partial(publish_failure, liveness, expected_errors)
         exit_code = run(config, state, fault_tolerance)
@@ -130,8 +130,8 @@ def peer_lost_line(loss: PeerLoss, state: ParallelState, recorder: Optional[Flig
 def flight_recorder_settings(config: PretrainConfig) -> FlightRecorderSettings:
     training = config.training
     return FlightRecorderSettings(
-        dump_path=training.flight_recorder_dump_path, trace_buffer_size=training.flight_recorder_trace_buffer_size,
-        dump_on_timeout=training.flight_recorder_dump_on_timeout,
-        include_stack_trace=training.flight_recorder_include_stack_trace,
-        include_only_active=training.flight_recorder_include_only_active,
-        extra_dump_on_exec=training.flight_recorder_extra_dump_on_exec)
+        dump_path=training.faults.flight_recorder_dump_path, trace_buffer_size=training.faults.flight_recorder_trace_buffer_size,
+        dump_on_timeout=training.faults.flight_recorder_dump_on_timeout,
+        include_stack_trace=training.faults.flight_recorder_include_stack_trace,
+        include_only_active=training.faults.flight_recorder_include_only_active,
+        extra_dump_on_exec=training.faults.flight_recorder_extra_dump_on_exec)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from arguments.config import SAMPLE_ORDER_NAMES, PretrainConfig
+from arguments.checkpoint_config import SAMPLE_ORDER_NAMES
+from arguments.config import PretrainConfig
 from data.corpus import prepare_default_corpus
 from data.corpus_list import build_corpus_list_datasets
 from data.fim import FIMConfig, FIMDataset, FIMTokenizer, FIMTransform
@@ -187,11 +188,11 @@ def build_data(settings: RunSettings, state: ParallelState, sources: DataSources
     if cyclic:
         summary += cyclic_order_clause(config, sources, train_set, one_epoch, run_samples)
 
-    if config.data.fim_data:
+    if config.data.fim.fim_data:
         # Megatron-LM's pretrain_gpt.py builds GPTFIMDataset for every split under --fim-data (data/fim.py)
         if tokenizer is None:
             raise ValueError("--fim-data needs the run's tokenizer (it detokenizes and retokenizes samples)")
-        d = config.data
+        d = config.data.fim
         transform = FIMTransform(FIMConfig(
             rate=d.fim_rate, spm_rate=d.fim_spm_rate, split_sample=d.fim_split_sample,
             fragment_rate=d.fim_fragment_rate, no_prefix=d.fim_no_prefix, prefix_token=d.fim_prefix_token,

@@ -114,7 +114,7 @@ class IntervalMetrics:
         record.update(merge_iterations(self.fp8_guard))  # --fp8-guard's fields, over the interval
         if last.moe_per_layer:  # --moe-per-layer-logging: the interval's last iteration
             record["moe_per_layer"] = last.moe_per_layer
-        if training.fp16:
+        if training.mixed_precision.fp16:
             record["loss_scale"] = last.loss_scale
             record["skipped_iterations"] = skipped_iterations
         line = format_console_line(record, training.train_iters, self.eta_s(iteration, consumed_samples))

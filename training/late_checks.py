@@ -57,7 +57,7 @@ def check_rejected_results_tracker(config: PretrainConfig) -> None:
     """Megatron-LM skips the iterations a --result-rejected-tracker-filename records as reproducible twice on a
     rank (arguments.py: iterations_to_skip); skipping iterations (--iterations-to-skip) is not implemented here, and
     training them instead would change the run, so such a file is refused. A new or clean file is fine."""
-    tracker = config.training.result_rejected_tracker_filename
+    tracker = config.training.faults.result_rejected_tracker_filename
     skipped = iterations_megatron_skips(tracker) if tracker else []
     if skipped:
         raise ConfigError(f"--result-rejected-tracker-filename {tracker}: Megatron-LM would skip iterations "

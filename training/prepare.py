@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
-from arguments.config import PretrainConfig, sample_order, sample_order_kept_note
+from arguments.checkpoint_config import sample_order, sample_order_kept_note
+from arguments.config import PretrainConfig
 from checkpoint.formats import initialize_from_pretrained
 from checkpoint.global_load import ResumePoint
 from checkpoint.run_saves import CheckpointSaves

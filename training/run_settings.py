@@ -238,7 +238,7 @@ def resolve_precision(config: PretrainConfig, device_type: str):
     name = training.precision
     source = config.sources.get(name)
     if source is not None and source.kind not in (JSON, FLAG):
-        return (dataclasses.replace(training, bf16=False, fp16=False),
+        return (replace_settings(training, bf16=False, fp16=False),
                 (f"> {name} comes from {source.describe()}, a setting for GPUs: on this CPU the run trains in fp32, "
                  f"10-15x faster here than {name} (pass --{name} to keep it)",))
     return training, (f"warning: {name} on a CPU runs 10-15x slower than fp32 (CPUs lack fast 16-bit matrix "

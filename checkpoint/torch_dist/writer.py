@@ -439,7 +439,7 @@ def _saved_optimizer(config, shard, lr: float, records, experts: Optional[bool])
             # state_dict: {'optimizer': ..., 'fp32_from_fp16_params': the fp32 copies, saved as tensors}), where
             # an fp32 run's FP32Optimizer saves Adam's own state_dict: Megatron-LM's bf16 load looks there
             saved = {"optimizer": saved}
-    if config.training.fp16:  # Megatron-Core's 16-bit optimizers keep the grad scaler's state beside Adam's
+    if config.training.mixed_precision.fp16:  # Megatron-Core's 16-bit optimizers keep the grad scaler's state beside Adam's
         saved[GRAD_SCALER] = megatron_grad_scaler(shard.loss_scaler_type, shard.loss_scaler_state)
     return saved
 

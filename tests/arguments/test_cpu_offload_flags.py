@@ -52,7 +52,7 @@ def test_state_dtypes_have_no_effect_under_it_as_in_megatron():
     parsed = parse_arguments([*SLIME, "--bf16", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "fp8",
                               "--main-params-dtype", "fp16"])
     optimizer = parsed.config.optimizer
-    assert (optimizer.exp_avg_dtype, optimizer.exp_avg_sq_dtype) == ("fp32", "fp32")
+    assert (optimizer.algorithms.exp_avg_dtype, optimizer.algorithms.exp_avg_sq_dtype) == ("fp32", "fp32")
     assert ("--main-params-dtype fp16, --exp-avg-dtype bf16, --exp-avg-sq-dtype fp8 no effect under it, as in "
             "Megatron-LM") in "\n".join(parsed.notes)
     with pytest.raises(ConfigError, match="--exp-avg-sq-dtype fp8: Adam second moments stored in fp8"):
