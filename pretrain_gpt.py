@@ -52,7 +52,7 @@ def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[
     peak = RankPeak()  # one dry run of this rank serves the check and the memory line after iteration 1
     with state.comm.collective_work():  # an error on some ranks only ends every rank (parallel/comm.py)
         batch = check_before_claim(config, state, log)
-        if (found := kill_switch_found(config, state, log)) is not None:
+        if (found := kill_switch_found(config.checkpoint, state, log)) is not None:
             return TrainingSummary(exit_reason=found)
         check_memory_fits(config, state, batch, peak.before_data, log)
     with prepare(config, state, batch, log, predict_peak=peak, kept=kept) as prepared:
@@ -87,7 +87,7 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
         dry_run_launch(config)
         return
     check_machine_bounds(config)  # before the process group, the data index or the model
-    flight, said = with_environment_path(flight_recorder_settings(config), os.environ)
+    flight, said = with_environment_path(flight_recorder_settings(config.training.faults), os.environ)
     kept = torch_environment(flight, os.environ)  # NCCL reads them when its groups are made
     if kept:
         said.append(f"flight recorder: {', '.join(kept)} already set in the environment, kept (Megatron-LM's rule)")
@@ -95,7 +95,7 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
         for line in said:
             print(f"> {line}", flush=True)
     # Megatron-LM opens the "setup" section before initialize_megatron (training.py: ft_integration.setup())
-    fault_tolerance = start_fault_tolerance(config, read_launch_environment().rank)
+    fault_tolerance = start_fault_tolerance(config.training.faults, config.checkpoint, read_launch_environment().rank)
     try:
         if config.training.faults.inprocess_restart:  # the same processes through every fault (resilience/inprocess_restart.py)
             return run_restarting(config, partial(exit_status, kept=KeptAcrossRestarts()), PROGRAM, fault_tolerance)

@@ -83,7 +83,7 @@ def format_config(parsed) -> str:
         schedule = build_lr_schedule(config, batch)
         # under a step schedule Megatron's args.global_batch_size is micro batch x DP (BatchSchedule.lr_schedule_batch)
         per_iteration = "micro batch x data-parallel size" if batch.steps is not None else "global batch"
-        lines.append(_row("training iterations", str(train_iterations(config, batch)),
+        lines.append(_row("training iterations", str(train_iterations(config.training, batch)),
                           "--train-iters" if training.train_samples is None else
                           f"--train-samples {training.train_samples} // global batch (Megatron's arithmetic)"))
         lines.append(_row("learning-rate warmup (samples)", f"{schedule.warmup_samples:g}",

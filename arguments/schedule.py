@@ -27,6 +27,7 @@ from typing import Optional
 
 from arguments.batch_schedule import BatchSchedule
 from arguments.config import PretrainConfig
+from arguments.training_config import TrainingConfig
 from base.errors import ConfigError
 from base.options import replace_settings, setting_names
 from zero.optimizer_config import OptimizerConfig
@@ -94,11 +95,10 @@ def wsd_coefficient(style: str, ratio: float) -> float:
     return 1.0 - math.sqrt(ratio)  # minus_sqrt, and swiss-ai's fork's 1-sqrt
 
 
-def train_iterations(config: PretrainConfig, batch: BatchSchedule) -> int:
+def train_iterations(training: TrainingConfig, batch: BatchSchedule) -> int:
     """--train-iters, or the iterations --train-samples makes (Megatron-LM's update_train_iters).
     Megatron's arithmetic makes 0 iterations of a --train-samples below one global batch and then
     trains nothing, exiting as if done; that is refused here (a ConfigError naming both)."""
-    training = config.training
     if training.train_samples is None:
         return training.train_iters
     if batch.steps is not None:
@@ -199,12 +199,12 @@ def schedule_on_resume(config: PretrainConfig, batch: BatchSchedule, saved: dict
     ramp = saved_training.get("rampup_batch_size")
     then_batch = dataclasses.replace(batch, global_batch_size=training.global_batch_size,
                                      rampup=tuple(ramp) if ramp else None)
-    return resumed_schedule(config, build_lr_schedule(config, batch), build_lr_schedule(then, then_batch),
+    return resumed_schedule(config.optimizer, config.training, build_lr_schedule(config, batch), build_lr_schedule(then, then_batch),
                             iteration_dir)
 
 
-def resumed_schedule(config: PretrainConfig, ours: LearningRateSchedule, theirs: LearningRateSchedule,
-                     iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
+def resumed_schedule(optimizer: OptimizerConfig, training: TrainingConfig, ours: LearningRateSchedule,
+                     theirs: LearningRateSchedule, iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
     """Megatron's rule between this run's schedule and the checkpoint's (`schedule_on_resume`), whatever format
     recorded the checkpoint's (a Megatron-DeepSpeed run's OptimizerParamScheduler state: checkpoint/deepspeed/resume.py)."""
     differences = [f"{label} {getattr(ours, name)} (the checkpoint's: {getattr(theirs, name)})"
@@ -212,13 +212,13 @@ def resumed_schedule(config: PretrainConfig, ours: LearningRateSchedule, theirs:
     if not differences:
         return None, None
     listed = "; ".join(differences)
-    if config.optimizer.override_opt_param_scheduler:
+    if optimizer.override_opt_param_scheduler:
         return None, f"> resuming {iteration_dir} with this run's learning-rate schedule ({listed}), as " \
                      f"--override-opt_param-scheduler asks"
-    if config.optimizer.use_checkpoint_opt_param_scheduler:
+    if optimizer.use_checkpoint_opt_param_scheduler:
         return theirs, f"> resuming {iteration_dir} with the checkpoint's learning-rate schedule instead of this " \
                        f"run's ({listed}), as --use-checkpoint-opt_param-scheduler asks"
-    length = "--train-samples" if config.training.train_samples is not None else "--train-iters"
+    length = "--train-samples" if training.train_samples is not None else "--train-iters"
     raise ConfigError(f"resuming {iteration_dir}: the learning-rate schedule differs from the checkpoint's ({listed}); "
                       f"to stop and resume one run, give every part the final length and stop early: {length} FINAL "
                       f"--exit-interval K (docs/checkpoints.md); for this checkpoint, as in Megatron, pass "

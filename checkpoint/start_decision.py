@@ -222,7 +222,7 @@ def check_samples_fit(metadata: dict, config, batch: BatchSchedule, iteration_di
     """Raise ConfigError, in one line naming the flag that would make it consistent, when the iterations
     this run has left would read past the samples its schedule covers (module docstring)."""
     iteration, consumed = metadata["iteration"], metadata["consumed_samples"]
-    train_iters = train_iterations(config, batch)
+    train_iters = train_iterations(config.training, batch)
     tokens = config.training.train_tokens
     if iteration >= train_iters or (tokens is not None and consumed * config.model.seq_length >= tokens):
         return  # nothing to train: the run says so and ends (training/run_training.py)

@@ -34,6 +34,7 @@ from base.progress import ProgressLines
 from checkpoint.global_load import load_read_bytes
 from checkpoint.ours.async_save import staged_bytes_bound
 from gpt.fp8 import delayed_states, fp8_weight_caches
+from gpt.model_config import ModelConfig
 from gpt.shape import model_shape
 from parallel.context_parallel import batch_on_this_rank
 from parallel.state import virtual_state
@@ -50,6 +51,7 @@ from training.recompute_share import recomputed_share
 from training.run_settings import resolve_run_settings
 from training.train_step import DataParallelTrainStep
 from zero.activations import ActivationMonitor, SavedTensorMeter
+from zero.config import ZeroConfig
 from zero.flat_buffer import BufferPool
 from zero.fused_accumulation import fused_weights
 from zero.memory import MODEL_STATE_CATEGORIES, format_bytes, host_resident_tensors, measure_by_placement
@@ -308,9 +310,8 @@ class _Progress:
                                   f"layer {index + 1}/{self.layers}")
 
 
-def check_plannable(config: PretrainConfig) -> None:
+def check_plannable(model: ModelConfig) -> None:
     """Refuse a model deeper, or with more experts per layer, than a dry run plans (see the module docstring)."""
-    model = config.model
     if model.num_layers > MAX_PLAN_LAYERS:
         raise ConfigError(f"--num-layers {model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
                           f"(MAX_PLAN_LAYERS in planner/dry_run.py; each costs about 0.02 s and 0.1 MB per micro-batch, "
@@ -332,7 +333,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     """Plan rank `rank` of a run of `config` on `cluster` (see the module docstring). `progress`, if
     given, receives a line now and then while a long dry run works. `batch`: the run's batch schedule
     when the caller has it already (a training run's predicted peak), so it is not computed again."""
-    check_plannable(config)
+    check_plannable(config.model)
     check_tensor_sizes(config, vocab_size)
     # On CPU a rank's process holds Python, torch and our modules before it builds anything; the
     # planner's own process has the same, so its RSS now stands in for that baseline.
@@ -434,7 +435,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         buffer_bytes=held.get("buffers", 0),
         host_model_state_bytes={key: host_held[key] for key in (*MODEL_STATE_CATEGORIES, "total")},
         host_buffer_bytes=host_held.get("buffers", 0),
-        offload_copy_bytes=_offload_copy_bytes(config, gatherer, param_bytes),
+        offload_copy_bytes=_offload_copy_bytes(config.zero, gatherer, param_bytes),
         stage3_live_chunk_bytes=gatherer.peak_live_numel * param_bytes if gatherer is not None else 0,
         stage3_prefetch_elements=config.zero.stage3_prefetch_bucket_size if gatherer is not None else 0,
         checkpoint_bytes=dict(meter.checkpointed_peak),
@@ -452,7 +453,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         process_baseline_bytes=baseline,
         comm_bytes=state.comm.stats.snapshot(),
         flops_per_iteration=flops_per_iteration(config.model, plan.batch.global_batch_size,
-                                                activation_recompute=recomputed_share(config),
+                                                activation_recompute=recomputed_share(config.activations, config.model, config.parallel),
                                                 padded_vocab_size=plan.padded_vocab_size),
         flops_per_gpu=0.0)
     result.flops_per_gpu = result.flops_per_iteration / cluster.world_size
@@ -563,12 +564,12 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     return result
 
 
-def _offload_copy_bytes(config: PretrainConfig, gatherer, param_bytes: int) -> int:
+def _offload_copy_bytes(zero: ZeroConfig, gatherer, param_bytes: int) -> int:
     """--offload-param: each gather copies its unit's 1/N piece of the host shard to the device and
     holds it until the gather completes (zero/stage3.py). The replay's gatherer tracks gathered chunks
     and those copies together: what its joint peak holds beyond the gathered peak, so the two rows sum
     to the device's peak of both."""
-    if gatherer is None or not config.zero.offload_param:
+    if gatherer is None or not zero.offload_param:
         return 0
     return (gatherer.peak_device_numel - gatherer.peak_live_numel) * param_bytes
 

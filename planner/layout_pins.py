@@ -79,7 +79,7 @@ def pins_of(config: PretrainConfig) -> Pins:
     return Pins(
         tp=value("tensor_model_parallel_size", parallel.tensor_model_parallel_size),
         pp=value("pipeline_model_parallel_size", parallel.pipeline_model_parallel_size),
-        stage_counts=stage_counts_of(config) if any(given(config, setting) for setting in SPLIT_SETTINGS) else None,
+        stage_counts=stage_counts_of(config.model, config.parallel) if any(given(config, setting) for setting in SPLIT_SETTINGS) else None,
         cp=value("context_parallel_size", parallel.context_parallel_size),
         ep=value("expert_model_parallel_size", parallel.expert_model_parallel_size),
         micro_batch_size=value("micro_batch_size", config.training.micro_batch_size),
@@ -92,5 +92,5 @@ def pins_of(config: PretrainConfig) -> Pins:
         expert_tp=given(config, "expert_tensor_parallel_size"),
         sequence_parallel=given(config, "sequence_parallel"),
         sixteen_bit=given(config, "bf16") or given(config, "fp16"),
-        precision="fp8" if precision_of(config) == "fp8" else "bf16", fp8_recipe=config.model.fp8.recipe,
+        precision="fp8" if precision_of(config.model, config.training) == "fp8" else "bf16", fp8_recipe=config.model.fp8.recipe,
         fp8_wgrad=config.model.fp8.wgrad)

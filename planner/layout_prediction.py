@@ -29,7 +29,7 @@ def predict_config(config: PretrainConfig, gpus: int, vocab: int, hardware: Hard
                    megatron_flags: Optional[Mapping[str, Any]] = None) -> tuple[Layout, LayoutPrediction,
                                                                                 LayoutConstants]:
     """`config` on `gpus` GPUs of `hardware` as `trainer` runs it: its Layout, the prediction and the constants."""
-    if precision_of(config) is None and hardware.precision != "fp32":
+    if precision_of(config.model, config.training) is None and hardware.precision != "fp32":
         raise ConfigError(f"an fp32 run on {hardware.name}, whose runs are {hardware.precision}: the layout model "
                           f"prices 16-bit and FP8 training there (--bf16, --fp16, --fp8-format)", flags=("--bf16",))
     constants = load_layout_constants(hardware.layout_calibration)

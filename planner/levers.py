@@ -77,7 +77,7 @@ def single_levers(config: PretrainConfig, data_parallel_size: int) -> list[tuple
     levers = []
     if not config.activations.checkpoint_activations:
         levers.append((("--recompute-granularity full",), {"activations": {"checkpoint_activations": True}}))
-    elif recomputed_share(config) < 1:  # --recompute-method block leaves layers keeping their activations
+    elif recomputed_share(config.activations, config.model, config.parallel) < 1:  # --recompute-method block leaves layers keeping their activations
         levers.append((("--recompute-method uniform", "--recompute-num-layers 1"),
                        {"activations": {"recompute_method": "uniform", "checkpoint_num_layers": 1}}))
     stage = config.zero.stage

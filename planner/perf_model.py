@@ -30,8 +30,10 @@ from typing import Optional, Sequence
 import yaml
 
 from arguments.config import ConfigError, PretrainConfig
+from arguments.training_config import TrainingConfig
 from gpt.hybrid_pattern import parse_hybrid_pattern
 from gpt.layer_spec import mixer_symbols
+from gpt.model_config import ModelConfig
 from gpt.shape import LinearShape, ScanShape, model_shape, probe_mixer
 from parallel.comm import ring_bytes_sent
 from parallel.fp8.linear import shape_rule_broken
@@ -189,7 +191,7 @@ class Gemm:
         return 2.0 * self.m * self.k * self.n * self.count
 
 
-def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int,
+def forward_gemms(model: ModelConfig, training: TrainingConfig, padded_vocab: int, tp: int,
                   mixers: Optional[Sequence[Optional[str]]] = None,
                   mlps: Optional[Sequence[Optional[str]]] = None) -> tuple[list[Gemm], Gemm]:
     """One TP rank's matrix products in one micro-batch's forward, read from the model's shape
@@ -198,7 +200,7 @@ def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int,
     (gpt/layer_spec.py) where a pattern mixes them (`*-+-`), each block then by its own mixer; else every one of
     --num-layers blocks the shape's probe block. `mlps`: their MLP symbols, None for a mixer-only block (`M` alone),
     which runs no MLP GEMMs."""
-    model, micro = config.model, config.training.micro_batch_size
+    micro = training.micro_batch_size
     shape = model_shape(model, tp)
     layers = len(mixers) if mixers else model.num_layers
     fp8_layers = layers_in_fp8(model, layers)
@@ -302,17 +304,17 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     # Compute of one micro-batch: forward, backward (2x forward's products) and the recompute (of the stage's blocks
     # --recompute-method picks: all, or under block the first N of each chunk).
     stages = plan.pipeline
-    recompute = recomputed_share(config, stages.pipeline_parallel_rank if stages is not None else None)
+    recompute = recomputed_share(config.activations, config.model, config.parallel,
+                                 stages.pipeline_parallel_rank if stages is not None else None)
     pp, chunks = (stages.pipeline_parallel_size, stages.chunks) if stages is not None else (1, 1)
     layers = model.num_layers // pp  # this rank's stage (Megatron's split is even)
     # (the GEMMs of a stage's layers; a per-layer window list, of the whole model's layers, shapes none of them)
     rank = stages.pipeline_parallel_rank if stages is not None else 0
     mixers, mlps = block_kinds(model, slice(rank * layers, (rank + 1) * layers))
     if mixers is not None:  # each block by its own mixer: this rank's share of the even split
-        blocks, logits = forward_gemms(config, run.padded_vocab_size, tp, mixers, mlps)
+        blocks, logits = forward_gemms(config.model, config.training, run.padded_vocab_size, tp, mixers, mlps)
     else:
-        blocks, logits = forward_gemms(dataclasses.replace(config, model=model.with_layers(layers)),
-                                       run.padded_vocab_size, tp)
+        blocks, logits = forward_gemms(model.with_layers(layers), config.training, run.padded_vocab_size, tp)
     holds_logits = stages is None or stages.pipeline_parallel_rank == pp - 1
     block_s, logits_s = (gemm_seconds(blocks, element, hardware, constants),
                          gemm_seconds([logits], element, hardware, constants) if holds_logits else 0.0)

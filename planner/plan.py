@@ -33,6 +33,7 @@ from arguments.config import ConfigError, PretrainConfig
 from arguments.parser import ParsedArguments
 from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
+from data.data_config import DataConfig
 from data.per_split import describe_sources
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
 from planner.input_bounds import check_gpu_count
@@ -45,6 +46,7 @@ from planner.stage_plans import run_plans, stage_plans
 from planner.vocabulary import launch_vocab
 from training.memory_fit import available_host_memory
 from zero.memory import format_bytes
+from zero.optimizer_config import OptimizerConfig
 
 GPT2_VOCAB = 50257
 # The paper's Figures 6-8 configurations (section 10.4): each with activation checkpointing.
@@ -112,11 +114,11 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                  + (", P_a+cpu" if activations.cpu_checkpointing else "")
                  + (", contiguous (M_D)" if activations.contiguous_checkpointing else ""))
                 if activations.checkpoint_activations else "off"),
-             *_data_lines(config),
+             *_data_lines(config.data),
              "", "per GPU:" if cluster.device_type == "cuda" else "per process:"]
     states = plan.model_state_bytes
     rows = [("parameters", states["parameters"]), ("gradients", states["gradients"]),
-            ("fp32 master weights", states["master_weights"]), (_moments(config), states["optimizer_states"]),
+            ("fp32 master weights", states["master_weights"]), (_moments(config.optimizer), states["optimizer_states"]),
             *(moe_state_rows(plan.moe) if plan.moe is not None else []),
             ("constant buffers (C_B: reduce buckets, scatter outputs)", plan.buffer_bytes)]
     if plan.fp8_state_bytes:
@@ -176,7 +178,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                      f"{format_bytes(plan.headroom_bytes)}" if plan.fits_device else
                      f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, short by {format_bytes(-plan.headroom_bytes)}"
                      + (f"; {best_lever(levers).describe()}" if levers else ""))
-    lines += _host_lines(plan, width, _moments(config))
+    lines += _host_lines(plan, width, _moments(config.optimizer))
     lines.append(f"  {'a resume reads (the fp32 master and moments of its own partition, at any saved layout)':<{width}} "
                  f"{format_bytes(plan.checkpoint_read_bytes):>12}")
     lines += ["", "sent per iteration by this rank:"]
@@ -196,11 +198,11 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
     return "\n".join(lines)
 
 
-def _data_lines(config: PretrainConfig) -> list[str]:
+def _data_lines(data: DataConfig) -> list[str]:
     """Which blend each split reads, for the user's data (data/per_split.py); nothing for the embedded corpus."""
-    if not config.data.user_data:
+    if not data.user_data:
         return []
-    return [f"data: {describe_sources(config.data.sources(), config.data.split)}"]
+    return [f"data: {describe_sources(data.sources(), data.split)}"]
 
 
 def _pipeline_lines(stages: PipelineFigures) -> list[str]:
@@ -237,14 +239,14 @@ def best_lever(levers: list[Lever]) -> Lever:
     return next((lever for lever in levers if lever.fits), None) or max(levers, key=lambda lever: lever.headroom_bytes)
 
 
-def _moments(config: PretrainConfig) -> str:
+def _moments(optimizer: OptimizerConfig) -> str:
     """What the optimizer states are: Adam's two moments (with their stored dtypes when not fp32: --exp-avg-dtype,
     --exp-avg-sq-dtype), AdEMAMix's three (--optimizer ademamix), or Sophia-G's two (--optimizer sophiag)."""
-    if config.optimizer.optimizer == "ademamix":
+    if optimizer.optimizer == "ademamix":
         return "AdEMAMix moments (m1, m2, nu)"
-    if config.optimizer.optimizer == "sophiag":
+    if optimizer.optimizer == "sophiag":
         return "Sophia-G states (momentum, Hessian estimate)"
-    dtypes = (config.optimizer.algorithms.exp_avg_dtype, config.optimizer.algorithms.exp_avg_sq_dtype)
+    dtypes = (optimizer.algorithms.exp_avg_dtype, optimizer.algorithms.exp_avg_sq_dtype)
     return "Adam moments" if dtypes == ("fp32", "fp32") else f"Adam moments ({dtypes[0]}, {dtypes[1]})"
 
 
@@ -498,7 +500,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if cluster.gpu_memory_bytes is not None:  # a model the cluster cannot hold is refused before it is planned
             check_parameters_fit(config.model, cluster.world_size, cluster.gpu_memory_bytes,
                                  "GPUs" if cluster.device_type == "cuda" else "processes")
-        check_plannable(config)
+        check_plannable(config.model)
         if cluster.host_memory_bytes is None:  # the host total checked against something: this machine
             cluster = this_machines_host_memory(cluster)
     elif cluster.gpu_memory_bytes is None:

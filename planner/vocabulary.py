@@ -14,7 +14,7 @@ def launch_vocab(config: PretrainConfig) -> tuple[int, str]:
     tokenizer the flags name, or for the embedded corpus the BPE trained on it: at most --tokenizer-vocab-size
     tokens). `python -m zero.plan`, `--dry-run` and the check before the build all plan with it."""
     data = config.data
-    tokens = tokenizer_size_from_flags(config)
+    tokens = tokenizer_size_from_flags(config.data, config.model)
     if data.tokenizer_type == "NullTokenizer":
         source = f"--vocab-size {config.model.vocab_size} plus the end-of-document id"
     elif tokens is None:

@@ -12,6 +12,7 @@ from functools import partial
 from typing import Callable, Optional
 
 from arguments.config import PretrainConfig
+from arguments.fault_handling import FaultHandlingSettings
 from base.errors import EXIT_BAD_INPUT, EXIT_INJECTED_FAULT, InjectedFault, PeerLostError, exit_at_once, one_line
 from parallel.launch_environment import read_launch_environment
 from parallel.state import ParallelState, destroy
@@ -127,11 +128,10 @@ def peer_lost_line(loss: PeerLoss, state: ParallelState, recorder: Optional[Flig
     return f"{line}; {analysis}" if analysis else line
 
 
-def flight_recorder_settings(config: PretrainConfig) -> FlightRecorderSettings:
-    training = config.training
+def flight_recorder_settings(faults: FaultHandlingSettings) -> FlightRecorderSettings:
     return FlightRecorderSettings(
-        dump_path=training.faults.flight_recorder_dump_path, trace_buffer_size=training.faults.flight_recorder_trace_buffer_size,
-        dump_on_timeout=training.faults.flight_recorder_dump_on_timeout,
-        include_stack_trace=training.faults.flight_recorder_include_stack_trace,
-        include_only_active=training.faults.flight_recorder_include_only_active,
-        extra_dump_on_exec=training.faults.flight_recorder_extra_dump_on_exec)
+        dump_path=faults.flight_recorder_dump_path, trace_buffer_size=faults.flight_recorder_trace_buffer_size,
+        dump_on_timeout=faults.flight_recorder_dump_on_timeout,
+        include_stack_trace=faults.flight_recorder_include_stack_trace,
+        include_only_active=faults.flight_recorder_include_only_active,
+        extra_dump_on_exec=faults.flight_recorder_extra_dump_on_exec)

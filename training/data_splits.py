@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from arguments.checkpoint_config import SAMPLE_ORDER_NAMES
-from arguments.config import PretrainConfig
 from data.corpus import prepare_default_corpus
 from data.corpus_list import build_corpus_list_datasets
+from data.data_config import DataConfig
 from data.fim import FIMConfig, FIMDataset, FIMTokenizer, FIMTransform
 from data.gpt_dataset import APPENDABLE_ORDER, GPTDataset, build_train_valid_test_datasets
 from data.megatron_order import MEGATRON_ORDER, MegatronOrderGPTDataset
@@ -18,6 +18,7 @@ from data.mock import build_mock_datasets
 from data.per_split import DataSources, build_per_split_datasets, describe_sources
 from data.sampler import CYCLIC, build_data_loader
 from data.tokenizer import RunTokenizer, load_named_tokenizer, load_tokenizer
+from gpt.model_config import ModelConfig
 from parallel.state import ParallelState
 from training.run_settings import RunSettings
 
@@ -32,24 +33,23 @@ class DataSplits:
     summary: str = ""  # the data summary line: which blend each split reads, and its samples
 
 
-def corpus_cache_dir(config: PretrainConfig) -> Optional[str]:
+def corpus_cache_dir(data: DataConfig) -> Optional[str]:
     """Where the embedded corpus is prepared (and --mock-data's index caches go); None when the user's data (a
     --data-path or per-split blends) is used instead."""
-    return None if config.data.user_data else str(config.data.data_cache_dir or DEFAULT_CACHE_DIR)
+    return None if data.user_data else str(data.data_cache_dir or DEFAULT_CACHE_DIR)
 
 
-def load_tokenizer_and_data_sources(config: PretrainConfig) -> tuple[RunTokenizer, DataSources]:
+def load_tokenizer_and_data_sources(data: DataConfig, model: ModelConfig) -> tuple[RunTokenizer, DataSources]:
     """The user's tokenizer and data (data/per_split.py: one blend split by --split, or one per split); without
     them, the embedded corpus prepared on first use, tokenized with the user's tokenizer when one is named, else
     with one trained on it."""
-    data = config.data
     tokenizer = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file, data.merge_file,
-                                     config.model.vocab_size)
+                                     model.vocab_size)
     if data.user_data:
         return tokenizer, data.sources()
     if data.mock_data and tokenizer is not None:
         return tokenizer, DataSources()  # build_data makes Megatron's mock documents with this tokenizer's ids
-    corpus = prepare_default_corpus(corpus_cache_dir(config), data.tokenizer_vocab_size, tokenizer=tokenizer)
+    corpus = prepare_default_corpus(corpus_cache_dir(data), data.tokenizer_vocab_size, tokenizer=tokenizer)
     if tokenizer is None:
         tokenizer = load_tokenizer(tokenizer_file=os.path.join(corpus.tokenizer_dir, "tokenizer.json"))
     if data.mock_data:  # mock data: the corpus's tokenizer only
@@ -65,9 +65,9 @@ class KeptAcrossRestarts:
     def __init__(self) -> None:
         self._loaded: Optional[tuple[RunTokenizer, DataSources]] = None
 
-    def tokenizer_and_data_sources(self, config: PretrainConfig) -> tuple[RunTokenizer, DataSources]:
+    def tokenizer_and_data_sources(self, data: DataConfig, model: ModelConfig) -> tuple[RunTokenizer, DataSources]:
         if self._loaded is None:
-            self._loaded = load_tokenizer_and_data_sources(config)
+            self._loaded = load_tokenizer_and_data_sources(data, model)
         return self._loaded
 
 
@@ -88,7 +88,7 @@ def build_datasets(settings: RunSettings, sources: DataSources, tokenizer: Optio
             raise ValueError("--mock-data's documents need the run's tokenizer (its vocabulary and end-of-document id)")
         train_set, valid_set, test_set = build_mock_datasets(
             config.model.seq_length, training.seed, num_samples, tokenizer.vocab_size,
-            tokenizer.eod_id, corpus_cache_dir(config))
+            tokenizer.eod_id, corpus_cache_dir(config.data))
         return train_set, valid_set, test_set, f"Megatron-Core's mock documents (--mock-data), split {config.data.split}"
     if sources.file_list is not None:
         # ALCF's --data-file-list: prefixes grouped by corpus (data/corpus_list.py)
@@ -114,7 +114,7 @@ def build_datasets(settings: RunSettings, sources: DataSources, tokenizer: Optio
     return (*datasets, f"{describe_sources(sources, config.data.split)}, {SAMPLE_ORDER_NAMES[dataset_class.order]}")
 
 
-def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set, one_epoch: Optional[int],
+def cyclic_order_clause(data: DataConfig, sources: DataSources, train_set, one_epoch: Optional[int],
                         run_samples: int) -> str:
     """The data line's words on --dataloader-type cyclic. Its training permutation spans one epoch of the split's
     data (`one_epoch` samples, more only where that holds less than a micro-batch per rank), whatever --train-iters
@@ -138,7 +138,7 @@ def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set,
         span = (f"{built:,} samples (one epoch of the split's data holds less than a micro-batch per data-parallel "
                 "rank),")
         differs = "Megatron-LM's permutes the whole epochs its dataset builds for the run's samples"
-    sharding = ("each data-parallel rank its own bucket" if config.data.data_sharding
+    sharding = ("each data-parallel rank its own bucket" if data.data_sharding
                 else "--no-data-sharding: the whole split, each rank every data-parallel-size-th index")
     return (f"; read by Megatron-LM's cyclic sampler (--dataloader-type cyclic: a torch.randperm seeded with the epoch "
             f"number, {sharding}), every split; its training permutation spans {span} whatever --train-iters asks, "
@@ -147,13 +147,13 @@ def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set,
             + "; each evaluation starts its split's order again where Megatron-LM's goes on")
 
 
-def sharded_cyclic_resize_note(config: PretrainConfig, saved_data_parallel_size: Optional[int],
+def sharded_cyclic_resize_note(data: DataConfig, saved_data_parallel_size: Optional[int],
                                data_parallel_size: int) -> Optional[str]:
     """The start line of a resume whose cyclic sampler's buckets changed: with data sharding each rank permutes its
     own bucket, whose width follows the data-parallel size (Megatron-LM's MegatronPretrainingRandomSampler), so a
     resume at another size reads the rest of the epoch from other buckets, some samples again and some never, as
     Megatron-LM does. None where nothing changed."""
-    if config.data.dataloader_type != CYCLIC or not config.data.data_sharding or saved_data_parallel_size is None \
+    if data.dataloader_type != CYCLIC or not data.data_sharding or saved_data_parallel_size is None \
             or saved_data_parallel_size == data_parallel_size:
         return None
     return (f"> note: --dataloader-type cyclic resumed at data-parallel size {data_parallel_size}, the checkpoint's "
@@ -186,7 +186,7 @@ def build_data(settings: RunSettings, state: ParallelState, sources: DataSources
                        for name, dataset in zip(("train", "valid", "test"), (train_set, valid_set, test_set)))
     summary = f"> data: {summary}; samples of {config.model.seq_length + 1} tokens: {counts}"
     if cyclic:
-        summary += cyclic_order_clause(config, sources, train_set, one_epoch, run_samples)
+        summary += cyclic_order_clause(config.data, sources, train_set, one_epoch, run_samples)
 
     if config.data.fim.fim_data:
         # Megatron-LM's pretrain_gpt.py builds GPTFIMDataset for every split under --fim-data (data/fim.py)

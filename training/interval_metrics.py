@@ -42,7 +42,8 @@ class IntervalMetrics:
         # short line every REPORT_EVERY_S with the ETA, so the run is never silent for long; no record.
         self.heartbeat = ProgressLines()
         # the share of the blocks whose forward runs again in backward, counted in the TFLOP/s
-        self.recomputed_share = recomputed_share(settings.config)
+        config = settings.config
+        self.recomputed_share = recomputed_share(config.activations, config.model, config.parallel)
 
     def flops_for(self, global_batch_size: int, recompute: float) -> float:
         config = self.settings.config

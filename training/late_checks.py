@@ -10,8 +10,11 @@ import os
 
 import torch
 
+from arguments.checkpoint_config import CheckpointConfig
 from arguments.config import PretrainConfig
 from arguments.cuda_graphs import PER_LAYER_IMPLS
+from arguments.fault_handling import FaultHandlingSettings
+from arguments.training_config import TrainingConfig
 from base.errors import ConfigError
 from checkpoint.start_decision import decide_start
 from checkpoint.unfinished_save import needs_finishing
@@ -25,7 +28,7 @@ def check_vocabulary_flags(config: PretrainConfig) -> None:
     vocabulary_notes says so at the start); with no tokenizer named it is the model's vocabulary (a preset's), and
     the embedded corpus's tokenizer, trained here with at most --tokenizer-vocab-size tokens, must fit in it. Beside
     --init-from-hf the folder's layer has checked the tokenizer against the folder's vocab_size with the flags."""
-    tokens = tokenizer_size_from_flags(config)
+    tokens = tokenizer_size_from_flags(config.data, config.model)
     if not config.model.vocab_size or tokens is None or config.checkpoint.init_from_hf:
         return  # the folder's layer (arguments/hf_folder.py) checked the tokenizer against its vocab_size
     model_vocabulary(config, tokens)
@@ -43,21 +46,21 @@ def check_fp8_flag(config: PretrainConfig) -> None:
         zero_stage=config.zero.stage))
 
 
-def check_load(config: PretrainConfig) -> None:
+def check_load(checkpoint: CheckpointConfig) -> None:
     """--load names a checkpoint, a missing or empty folder, or the --save folder (checkpoint/start_decision.py).
     A killed first save is left for claim_run_start to finish (checkpoint/unfinished_save.py)."""
-    if not needs_finishing(config.checkpoint.load, config.checkpoint.save):
-        decide_start(config.checkpoint.load, config.checkpoint.save, config.checkpoint.universal_checkpoint,
-                     config.checkpoint.exit_on_missing_checkpoint)
+    if not needs_finishing(checkpoint.load, checkpoint.save):
+        decide_start(checkpoint.load, checkpoint.save, checkpoint.universal_checkpoint,
+                     checkpoint.exit_on_missing_checkpoint)
 
 
 # --init-from-hf's folder is read with the flags themselves (arguments/hf_folder.py): its architecture is the
 # model's, and a flag that disagrees is refused there.
-def check_rejected_results_tracker(config: PretrainConfig) -> None:
+def check_rejected_results_tracker(faults: FaultHandlingSettings) -> None:
     """Megatron-LM skips the iterations a --result-rejected-tracker-filename records as reproducible twice on a
     rank (arguments.py: iterations_to_skip); skipping iterations (--iterations-to-skip) is not implemented here, and
     training them instead would change the run, so such a file is refused. A new or clean file is fine."""
-    tracker = config.training.faults.result_rejected_tracker_filename
+    tracker = faults.result_rejected_tracker_filename
     skipped = iterations_megatron_skips(tracker) if tracker else []
     if skipped:
         raise ConfigError(f"--result-rejected-tracker-filename {tracker}: Megatron-LM would skip iterations "
@@ -66,11 +69,11 @@ def check_rejected_results_tracker(config: PretrainConfig) -> None:
                           flags=("--result-rejected-tracker-filename",))
 
 
-def check_cuda_graph_allocator(config: PretrainConfig) -> None:
+def check_cuda_graph_allocator(training: TrainingConfig) -> None:
     """Megatron-LM refuses per-layer CUDA graphs beside PyTorch's expandable segments unless NCCL's graph registration
     is off: validate_args for --cuda-graph-impl transformer_engine, CudaGraphManager for local on a GPU below compute
     capability 10 (megatron/training/arguments.py, megatron/core/transformer/cuda_graphs.py), with this message."""
-    impl = config.training.cuda_graph_impl
+    impl = training.cuda_graph_impl
     if impl not in PER_LAYER_IMPLS or "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") \
             or os.environ.get("NCCL_GRAPH_REGISTER", "") == "0":
         return
@@ -82,5 +85,7 @@ def check_cuda_graph_allocator(config: PretrainConfig) -> None:
                       flags=("--cuda-graph-impl",))
 
 
-LATE_CHECKS = (check_load, check_vocabulary_flags, check_fp8_flag, check_rejected_results_tracker,
-               check_cuda_graph_allocator)
+# each check given the sections it reads
+LATE_CHECKS = (lambda config: check_load(config.checkpoint), check_vocabulary_flags, check_fp8_flag,
+               lambda config: check_rejected_results_tracker(config.training.faults),
+               lambda config: check_cuda_graph_allocator(config.training))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
-from arguments.checkpoint_config import sample_order, sample_order_kept_note
+from arguments.checkpoint_config import CheckpointConfig, sample_order, sample_order_kept_note
 from arguments.config import PretrainConfig
 from checkpoint.formats import initialize_from_pretrained
 from checkpoint.global_load import ResumePoint
@@ -26,6 +26,7 @@ from checkpoint.run_start import RunStart, claim_run_start
 from checkpoint.tokenizer_check import check_resume_tokenizer
 from checkpoint.upcycling import load_upcycled
 from data.tokenizer import RunTokenizer
+from gpt.model_config import ModelConfig
 from parallel.launch_environment import read_launch_environment
 from parallel.state import ParallelState
 from resilience.rerun_resume import resume_machine
@@ -93,12 +94,12 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
     # torch's intra-op threads, by the one rule (training/threads.py), before any of the run's work
     threads = set_intra_op_threads(read_launch_environment().local_world_size)
     with state.comm.collective_work():  # its checks and loads: an error on some ranks only ends every rank
-        claimed = claim_run_start(config, state, corpus_cache_dir(config), log, batch)
+        claimed = claim_run_start(config, state, corpus_cache_dir(config.data), log, batch)
     with contextlib.ExitStack() as on_failure:  # popped on success: the Run owns what was made
         on_failure.callback(claimed.release)
         log("> preparing tokenizer and data")
-        tokenizer, data_sources = (kept.tokenizer_and_data_sources(config) if kept is not None
-                                   else load_tokenizer_and_data_sources(config))
+        tokenizer, data_sources = (kept.tokenizer_and_data_sources(config.data, config.model) if kept is not None
+                                   else load_tokenizer_and_data_sources(config.data, config.model))
         tokenizer_note = check_resume_tokenizer(claimed.saved_tokenizer, config, tokenizer)  # before the data
         if tokenizer_note:
             log(tokenizer_note)
@@ -110,7 +111,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
             log(note)
         data = build_data(settings, state, data_sources, tokenizer, claimed.identity.sample_order)
         log(data.summary)
-        resized = sharded_cyclic_resize_note(config, claimed.saved_data_parallel_size, state.data_parallel_size)
+        resized = sharded_cyclic_resize_note(config.data, claimed.saved_data_parallel_size, state.data_parallel_size)
         if resized:
             log(resized)
         if claimed.identity.sample_order != sample_order(config.checkpoint.ckpt_format):
@@ -132,7 +133,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         # states it seeded, and a pending re-run saved in the checkpoint (exit 16) goes into it
         rerun = rerun_state_machine_for(config.training, state, built.rng, log)
         with state.comm.collective_work():
-            start = load_weights(config, state, built, claimed, log)
+            start = load_weights(config.checkpoint, config.model, config.training.seed, state, built, claimed, log)
         resume_machine(rerun, start.rerun_state, start.rerun_layout_changed, state.rank, log)
         if rerun is not None:
             log(rerun_mode_line(config.training, config.sources.get("rerun_mode")))
@@ -153,20 +154,19 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
     return run
 
 
-def load_weights(config: PretrainConfig, state: ParallelState, built: Built, claimed: RunStart,
-                 log: Log) -> ResumePoint:
+def load_weights(checkpoint: CheckpointConfig, model: ModelConfig, seed: int, state: ParallelState, built: Built,
+                 claimed: RunStart, log: Log) -> ResumePoint:
     """The checkpoint claim_run_start verified (loaded by its format's handler), or --init-from-hf's weights on a
     fresh start."""
-    checkpoint = config.checkpoint
     if checkpoint.init_from_hf and claimed.resume_from is None:
         log(f"> initializing from the Hugging Face model in {checkpoint.init_from_hf}")
-        initialize_from_pretrained(built.zero.optimizer, built.model, checkpoint.init_from_hf, config.model, state)
+        initialize_from_pretrained(built.zero.optimizer, built.model, checkpoint.init_from_hf, model, state)
     if claimed.resume_from is None:
         return ResumePoint(0, 0, None)
     if checkpoint.moe_use_upcycling:
         return load_upcycled(claimed.format_name, claimed.resume_from, built.model, built.zero.optimizer, state,
-                             config.model, checkpoint.moe_upcycling_granularity, config.training.seed, log)
-    start = claimed.load(built, state, config.model, load_optimizer=checkpoint.load_optim,
+                             model, checkpoint.moe_upcycling_granularity, seed, log)
+    start = claimed.load(built, state, model, load_optimizer=checkpoint.load_optim,
                          load_rng=checkpoint.load_rng, finetune=checkpoint.finetune)
     log(f"> loaded {start.path}: " + (f"resuming after iteration {start.iteration} "
                                       f"({start.consumed_samples} samples consumed)"

@@ -413,7 +413,7 @@ def scheduler_state(config, batch, schedule_samples: int) -> dict:
     schedule = build_lr_schedule(config, batch)
     training = config.training
     wd_steps = training.train_samples if training.train_samples is not None else \
-        train_iterations(config, batch) * batch.lr_schedule_batch
+        train_iterations(config.training, batch) * batch.lr_schedule_batch
     weight_decay = config.optimizer.weight_decay
     state = {"max_lr": schedule.max_lr, "lr_warmup_steps": schedule.warmup_samples, "num_steps": schedule_samples,
              "lr_decay_style": schedule.style, "lr_decay_steps": schedule.decay_samples, "min_lr": schedule.min_lr,
