@@ -97,7 +97,8 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
     # Megatron-LM opens the "setup" section before initialize_megatron (training.py: ft_integration.setup())
     fault_tolerance = start_fault_tolerance(config.training.faults, config.checkpoint, read_launch_environment().rank)
     try:
-        if config.training.faults.inprocess_restart:  # the same processes through every fault (resilience/inprocess_restart.py)
+        # the same processes through every fault (resilience/inprocess_restart.py)
+        if config.training.faults.inprocess_restart:
             return run_restarting(config, partial(exit_status, kept=KeptAcrossRestarts()), PROGRAM, fault_tolerance)
         try:
             state = initialize_grid(config.training.device, config.parallel,

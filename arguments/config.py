@@ -357,7 +357,7 @@ class PretrainConfig:
                               flags=("--moe-ffn-hidden-size", "--expert-tensor-parallel-size"))
 
     def validate(self) -> None:
-        check_finite_numbers(self)
+        self._check_finite_numbers()
         for section in self.SECTIONS:
             getattr(self, section).validate()
         tp = self.parallel.tensor_model_parallel_size
@@ -389,6 +389,15 @@ class PretrainConfig:
             raise ConfigError(f"--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N-1; the "
                               f"end-of-document id is N){typed}", flags=("--tokenizer-type", "--vocab-size"))
         check_bounds(self)  # last: the estimates read values the rules above have made sane
+
+    def _check_finite_numbers(self) -> None:
+        """Every float setting must be a finite number. NaN compares false with everything, so the range
+        checks alone would let `--lr nan` or `--clip-grad nan` through (and a NaN clip disables clipping);
+        inf would train to NaN weights. Run first, so the range checks compare real numbers."""
+        for section in self.SECTIONS:
+            for name, value in setting_values(getattr(self, section)).items():
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ConfigError(f"{_flag(name)} must be a finite number, got {value}", flags=(_flag(name),))
 
     def _check_hf_model_type(self) -> None:
         """--hf-model-type names a family the Hugging Face folders are read and written as (arguments/hf_config.py)."""
@@ -482,17 +491,6 @@ def field_sections() -> dict[str, str]:
     """Every setting name -> the section it lives in."""
     config = PretrainConfig()
     return {name: section for section in PretrainConfig.SECTIONS for name in setting_names(type(getattr(config, section)))}
-
-
-def check_finite_numbers(config: PretrainConfig) -> None:
-    """Every float setting must be a finite number. NaN compares false with everything, so the range
-    checks alone would let `--lr nan` or `--clip-grad nan` through (and a NaN clip disables clipping);
-    inf would train to NaN weights. Run first, so the range checks compare real numbers."""
-    for section in config.SECTIONS:
-        for name, value in setting_values(getattr(config, section)).items():
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"{_flag(name)} must be a finite number, got {value}", flags=(_flag(name),))
-
 
 
 def _flag(name: str) -> str:

@@ -160,22 +160,22 @@ class FaultHandlingSettings:
                               flags=("--ft-num-warmup-iters",))
 
 
-def check_inprocess_settings(training: FaultHandlingSettings) -> None:
+def check_inprocess_settings(faults: FaultHandlingSettings) -> None:
     """The --inprocess-* values Megatron-LM would hand nvidia-resiliency-ext's Wrapper, which rejects a
     non-positive interval or timeout and a restart bound below one incarnation."""
     for name in ("inprocess_heartbeat_interval", "inprocess_heartbeat_timeout", "inprocess_barrier_timeout",
                  "inprocess_completion_timeout"):
-        value = getattr(training, name)
+        value = getattr(faults, name)
         if not is_wait(value, zero_allowed=False):
             raise ConfigError(f"{_flag(name)} must be a number of seconds above 0 up to {LONGEST_WAIT_TEXT}, got "
                               f"{value}", flags=(_flag(name),))
-    if training.inprocess_heartbeat_timeout <= training.inprocess_heartbeat_interval:
-        raise ConfigError(f"--inprocess-heartbeat-timeout ({training.inprocess_heartbeat_timeout:g} s) must be longer "
-                          f"than --inprocess-heartbeat-interval ({training.inprocess_heartbeat_interval:g} s): a live "
+    if faults.inprocess_heartbeat_timeout <= faults.inprocess_heartbeat_interval:
+        raise ConfigError(f"--inprocess-heartbeat-timeout ({faults.inprocess_heartbeat_timeout:g} s) must be longer "
+                          f"than --inprocess-heartbeat-interval ({faults.inprocess_heartbeat_interval:g} s): a live "
                           "process would be taken as dead between two beats",
                           flags=("--inprocess-heartbeat-timeout", "--inprocess-heartbeat-interval"))
     for name in ("inprocess_max_iterations", "inprocess_active_world_size"):
-        value = getattr(training, name)
+        value = getattr(faults, name)
         if value is not None and value < 1:
             raise ConfigError(f"{_flag(name)} must be at least 1, got {value}", flags=(_flag(name),))
 

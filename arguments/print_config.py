@@ -80,7 +80,7 @@ def format_config(parsed) -> str:
     optimizer, training = config.optimizer, config.training
     if training.accumulation_steps is None:  # else the global batch depends on the data-parallel size
         batch = batch_schedule(config, 1, deepspeed_check=False)  # 1 stands in for the launch's size
-        schedule = build_lr_schedule(config, batch)
+        schedule = build_lr_schedule(config.optimizer, config.training, config.model.seq_length, batch)
         # under a step schedule Megatron's args.global_batch_size is micro batch x DP (BatchSchedule.lr_schedule_batch)
         per_iteration = "micro batch x data-parallel size" if batch.steps is not None else "global batch"
         lines.append(_row("training iterations", str(train_iterations(config.training, batch)),

@@ -33,7 +33,8 @@ def check_launch_bounds(training, world_size: int, host_memory: int) -> None:
     training.fault_injector.check_world(active or world_size if training.faults.inprocess_restart else world_size)
     ring_bytes = training.faults.flight_recorder_trace_buffer_size * RING_ENTRY_BYTES
     if ring_bytes > host_memory:
-        raise ConfigError(f"--flight-recorder-trace-buffer-size {training.faults.flight_recorder_trace_buffer_size}: a ring "
+        raise ConfigError(f"--flight-recorder-trace-buffer-size "
+                          f"{training.faults.flight_recorder_trace_buffer_size}: a ring "
                           f"of that many collectives needs about {ring_bytes / 2**30:.3g} GiB per rank "
                           f"({RING_ENTRY_BYTES} bytes a record), more than this machine's "
                           f"{host_memory / 2**30:.3g} GiB; Megatron's default keeps 2000",

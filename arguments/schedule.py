@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from arguments.batch_schedule import BatchSchedule
-from arguments.config import PretrainConfig
 from arguments.training_config import TrainingConfig
 from base.errors import ConfigError
 from base.options import replace_settings, setting_names
@@ -125,9 +124,9 @@ def train_iterations(training: TrainingConfig, batch: BatchSchedule) -> int:
     return iterations
 
 
-def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningRateSchedule:
+def build_lr_schedule(optimizer: OptimizerConfig, training: TrainingConfig, seq_length: int,
+                      batch: BatchSchedule) -> LearningRateSchedule:
     """Megatron's get_optimizer_param_scheduler, in samples (and tokens), for this run's batches."""
-    optimizer, training = config.optimizer, config.training
     # Megatron's get_optimizer_param_scheduler (megatron/training/training.py): the WSD anneal is
     # --lr-wsd-decay-iters x the global batch when counting iterations, --lr-wsd-decay-samples when counting samples
     if training.train_samples is None:
@@ -153,7 +152,7 @@ def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningR
         ended = 0  # the first iteration boundary at or past the warmup
         while ended < warmup:
             ended += batch.global_batch_at(ended)
-        warmup_end_tokens = tokens_seen_by_schedule(batch, ended, config.model.seq_length)
+        warmup_end_tokens = tokens_seen_by_schedule(batch, ended, seq_length)
     return LearningRateSchedule(
         max_lr=optimizer.lr, min_lr=optimizer.min_lr, style=optimizer.lr_decay_style, warmup_samples=warmup,
         decay_samples=decay, init_lr=optimizer.lr_warmup_init, warmup_tokens=optimizer.lr_warmup_tokens,
@@ -183,24 +182,23 @@ COMPARED_ON_RESUME = (("max_lr", "learning rate"), ("min_lr", "minimum learning 
                       ("style", "decay style"))
 
 
-def schedule_on_resume(config: PretrainConfig, batch: BatchSchedule, saved: dict,
-                       iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
+def schedule_on_resume(optimizer: OptimizerConfig, training: TrainingConfig, seq_length: int, batch: BatchSchedule,
+                       saved: dict, iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
     """Megatron's resume rule for the schedule. `saved` is the checkpoint's recorded (resolved) config.
     Equal schedules: (None, None). Different ones: an error naming each difference, unless
     --override-opt_param-scheduler (this run's wins: (None, note)) or
     --use-checkpoint-opt_param-scheduler (the checkpoint's wins: (its schedule, note))."""
-    optimizer = replace_settings(config.optimizer, **{name: value for name, value in saved.get("optimizer", {}).items()
-                                                      if name in setting_names(OptimizerConfig)})
+    then_optimizer = replace_settings(optimizer, **{name: value for name, value in saved.get("optimizer", {}).items()
+                                                   if name in setting_names(OptimizerConfig)})
     saved_training = saved.get("training", {})
-    training = dataclasses.replace(config.training, **{name: saved_training[name] for name in
-                                                       ("train_iters", "train_samples", "global_batch_size")
-                                                       if name in saved_training})
-    then = dataclasses.replace(config, optimizer=optimizer, training=training)
+    then_training = dataclasses.replace(training, **{name: saved_training[name] for name in
+                                                     ("train_iters", "train_samples", "global_batch_size")
+                                                     if name in saved_training})
     ramp = saved_training.get("rampup_batch_size")
-    then_batch = dataclasses.replace(batch, global_batch_size=training.global_batch_size,
+    then_batch = dataclasses.replace(batch, global_batch_size=then_training.global_batch_size,
                                      rampup=tuple(ramp) if ramp else None)
-    return resumed_schedule(config.optimizer, config.training, build_lr_schedule(config, batch), build_lr_schedule(then, then_batch),
-                            iteration_dir)
+    return resumed_schedule(optimizer, training, build_lr_schedule(optimizer, training, seq_length, batch),
+                            build_lr_schedule(then_optimizer, then_training, seq_length, then_batch), iteration_dir)
 
 
 def resumed_schedule(optimizer: OptimizerConfig, training: TrainingConfig, ours: LearningRateSchedule,

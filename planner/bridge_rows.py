@@ -171,7 +171,7 @@ def row_config(row: BridgeRow) -> PretrainConfig:
 def row_counts(row: BridgeRow) -> ModelCounts:
     """What the layout model reads off the row's model, its vocabulary the launch's (planner/vocabulary.py)."""
     config = row_config(row)
-    return model_counts(config.model, launch_vocab(config)[0])
+    return model_counts(config.model, launch_vocab(config.checkpoint, config.data, config.model, config.sources)[0])
 
 
 def row_precision(row: BridgeRow) -> str:
@@ -221,7 +221,9 @@ def row_layout(row: BridgeRow, counts: ModelCounts, printed: bool = False) -> La
     """The row's flags (row_flags) read back as Megatron-LM runs them: what `python -m zero.plan dry-run --hardware
     h100-sxm --trainer megatron-lm` prices for them."""
     parsed = parse_arguments(row_flags(row, printed))
-    return layout_of_config(parsed.config, row.layout["gpus"], counts, MEGATRON_LM, parsed.harvested)
+    config = parsed.config
+    return layout_of_config(config.model, config.parallel, config.training, config.zero, config.activations,
+                            row.layout["gpus"], counts, MEGATRON_LM, parsed.harvested)
 
 
 def with_layout(row: BridgeRow, **changes) -> BridgeRow:

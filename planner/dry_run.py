@@ -453,7 +453,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         process_baseline_bytes=baseline,
         comm_bytes=state.comm.stats.snapshot(),
         flops_per_iteration=flops_per_iteration(config.model, plan.batch.global_batch_size,
-                                                activation_recompute=recomputed_share(config.activations, config.model, config.parallel),
+                                                activation_recompute=recomputed_share(config.activations, config.model,
+                                                                                      config.parallel),
                                                 padded_vocab_size=plan.padded_vocab_size),
         flops_per_gpu=0.0)
     result.flops_per_gpu = result.flops_per_iteration / cluster.world_size

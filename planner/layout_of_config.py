@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from arguments.config import ConfigError, PretrainConfig
+from arguments.config import ConfigError
 from arguments.training_config import TrainingConfig
 from gpt.model_config import ModelConfig
 from parallel.config import ParallelismConfig
 from planner.layout_ep import DISPATCHERS
 from planner.layout_perf import Layout, ModelCounts
 from training.build import config_stage_layers
-from zero.config import ActivationCheckpointConfig
+from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 PRETRAIN_GPT, MEGATRON_LM = "pretrain_gpt.py", "megatron-lm"
 TRAINERS = (PRETRAIN_GPT, MEGATRON_LM)
@@ -90,27 +90,28 @@ def check_expert_tp(model: ModelConfig, parallel: ParallelismConfig, tp: int) ->
                           f"give --expert-tensor-parallel-size 1", flags=("--expert-tensor-parallel-size",))
 
 
-def layout_of_config(config: PretrainConfig, gpus: int, counts: ModelCounts, trainer: str = PRETRAIN_GPT,
+def layout_of_config(model: ModelConfig, parallel: ParallelismConfig, training: TrainingConfig, zero: ZeroConfig,
+                     activations: ActivationCheckpointConfig, gpus: int, counts: ModelCounts, trainer: str = PRETRAIN_GPT,
                      megatron_flags: Optional[Mapping[str, Any]] = None) -> Layout:
     """`config` on `gpus` GPUs as `trainer` runs it (module docstring). `megatron_flags`: the Megatron-LM flags given
     that this trainer accepts with no effect (arguments.parser's ParsedArguments.harvested)."""
     if trainer not in TRAINERS:
         raise ConfigError(f"--trainer {trainer}: one of {', '.join(TRAINERS)}")
-    parallel, megatron, flags = config.parallel, trainer == MEGATRON_LM, megatron_flags or {}
+    megatron, flags = trainer == MEGATRON_LM, megatron_flags or {}
     tp = parallel.tensor_model_parallel_size
-    check_expert_tp(config.model, config.parallel, tp)
-    precision = "fp8" if precision_of(config.model, config.training) == "fp8" else "bf16"  # fp32: planner/layout_prediction.py decides
-    stage_counts = stage_counts_of(config.model, config.parallel)
-    stage = config.zero.stage
+    check_expert_tp(model, parallel, tp)
+    precision = "fp8" if precision_of(model, training) == "fp8" else "bf16"  # fp32: planner/layout_prediction.py decides
+    stage_counts = stage_counts_of(model, parallel)
+    stage = zero.stage
     return Layout(
         gpus=gpus, tp=tp, pp=parallel.pipeline_model_parallel_size,
         vp=len(stage_counts[0]) if stage_counts else 1, cp=parallel.context_parallel_size,
-        ep=parallel.expert_model_parallel_size, micro_batch_size=config.training.micro_batch_size,
-        global_batch_size=config.training.global_batch_size, precision=precision,
-        recompute_fraction=_recompute_fraction(config.activations, config.model, counts, stage_counts, megatron),
+        ep=parallel.expert_model_parallel_size, micro_batch_size=training.micro_batch_size,
+        global_batch_size=training.global_batch_size, precision=precision,
+        recompute_fraction=_recompute_fraction(activations, model, counts, stage_counts, megatron),
         distributed_optimizer=stage >= 1, zero_stage=stage if stage >= 2 else None,
         tp_comm_overlap=megatron and tp > 1 and "--tp-comm-overlap" in flags,
-        moe_dispatcher=_dispatcher(config.parallel, megatron),
+        moe_dispatcher=_dispatcher(parallel, megatron),
         ep_overlap=megatron and "--overlap-moe-expert-parallel-comm" in flags,
-        overlap_grad_reduce=config.zero.overlap_comm, overlap_param_gather=config.zero.overlap_param_gather,
-        stage_counts=stage_counts, fp8_recipe=config.model.fp8.recipe, fp8_wgrad=config.model.fp8.wgrad)
+        overlap_grad_reduce=zero.overlap_comm, overlap_param_gather=zero.overlap_param_gather,
+        stage_counts=stage_counts, fp8_recipe=model.fp8.recipe, fp8_wgrad=model.fp8.wgrad)

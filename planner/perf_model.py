@@ -356,7 +356,8 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     partition = plan.parameters_local if plan.stage == 0 else math.ceil(plan.parameters_local / dp)
     # a bf16 moment (--exp-avg-dtype / --exp-avg-sq-dtype bf16, zero/precision_aware.py) moves 4 bytes, not 8
     state_bytes = STATE_BYTES[config.optimizer.optimizer] - 2 * sum(
-        4 - ELEMENT_BYTES[dtype] for dtype in (config.optimizer.algorithms.exp_avg_dtype, config.optimizer.algorithms.exp_avg_sq_dtype))
+        4 - ELEMENT_BYTES[dtype] for dtype in (config.optimizer.algorithms.exp_avg_dtype,
+                                               config.optimizer.algorithms.exp_avg_sq_dtype))
     optimizer_s = partition * (state_bytes + ADAM_GRADIENT_READS * grad_element) / hardware.hbm_bandwidth
 
     # P_a+cpu: each micro-batch's checkpoints go to the host in forward and come back for the recompute.

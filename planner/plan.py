@@ -31,10 +31,13 @@ from typing import Optional, Sequence
 from arguments.bounds import check_parameters_fit
 from arguments.config import ConfigError, PretrainConfig
 from arguments.parser import ParsedArguments
+from arguments.training_config import TrainingConfig
 from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
 from data.data_config import DataConfig
 from data.per_split import describe_sources
+from gpt.model_config import ModelConfig
+from parallel.config import ParallelismConfig
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
 from planner.input_bounds import check_gpu_count
 from planner.layout_of_config import PRETRAIN_GPT, TRAINERS
@@ -346,9 +349,9 @@ def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configu
     return fits, plan_for(fits)
 
 
-def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster: Cluster, config: PretrainConfig,
-                    binds: Optional[dict[str, str]] = None) -> str:
-    tp = config.parallel.tensor_model_parallel_size
+def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster: Cluster, model: ModelConfig,
+                    parallel: ParallelismConfig, training: TrainingConfig, binds: Optional[dict[str, str]] = None) -> str:
+    tp = parallel.tensor_model_parallel_size
     figure6 = tp == 16 and cluster.world_size == 400
     table2 = cluster.world_size == 64 * tp and tp in PAPER_TABLE2_MEASURED
     header = "| config | ZeRO | max layers | parameters | per-GPU total | headroom |"
@@ -361,9 +364,9 @@ def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster:
     if table2:
         header, rule = header + " paper Table 2 measured P_os |", rule + "---:|"
     lines = [f"largest model per configuration on {cluster.world_size} GPUs (TP {tp}), "
-             f"{format_bytes(cluster.gpu_memory_bytes)} each; hidden {config.model.hidden_size}, "
-             f"{config.model.num_attention_heads} heads, sequence {config.model.seq_length}, micro batch "
-             f"{config.training.micro_batch_size}, {config.training.precision}"
+             f"{format_bytes(cluster.gpu_memory_bytes)} each; hidden {model.hidden_size}, "
+             f"{model.num_attention_heads} heads, sequence {model.seq_length}, micro batch "
+             f"{training.micro_batch_size}, {training.precision}"
              + (f"; host memory {format_bytes(cluster.host_memory_bytes)} per node, "
                 f"{cluster.ranks_per_node} ranks each" if host else ""), header, rule]
     for name, (layers, plan) in results.items():
@@ -505,7 +508,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             cluster = this_machines_host_memory(cluster)
     elif cluster.gpu_memory_bytes is None:
         raise ConfigError("max-size needs --gpu-memory (the budget each GPU has)")
-    vocab, source = launch_vocab(config)
+    vocab, source = launch_vocab(config.checkpoint, config.data, config.model, config.sources)
     if command == "dry-run":
         stages = stage_plans(config, cluster, vocab, planner.rank, stderr_line) \
             if config.parallel.pipeline_model_parallel_size > 1 else []
@@ -547,7 +550,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  "binds": binds[name], "plan": plan.to_json() if plan else None}
                           for name, (layers, plan) in results.items()}))
     else:
-        print(format_max_size(results, cluster, config, binds))
+        print(format_max_size(results, cluster, config.model, config.parallel, config.training, binds))
     return 0
 
 
@@ -559,8 +562,9 @@ def _predicted_step(plan: RankPlan, config: PretrainConfig, megatron_flags: dict
         from planner.layout_prediction import format_layout_prediction, predict_config, prediction_json
 
         try:
-            _, prediction, constants = predict_config(config, cluster.world_size, vocab, hardware, planner.trainer,
-                                                      megatron_flags)
+            _, prediction, constants = predict_config(config.model, config.parallel, config.training, config.zero,
+                                                      config.activations, cluster.world_size, vocab, hardware,
+                                                      planner.trainer, megatron_flags)
         except ConfigError as error:  # a run the layout model does not price: the plan stands, the step is said
             return {"step_s": None, "no_prediction": str(error)}, f"\n\nno predicted step: {error}"
         return prediction_json(prediction, planner.trainer), \

@@ -217,7 +217,8 @@ class FaultTolerance:
                      + f"; saved to {self.state_path}")
 
 
-def start_fault_tolerance(faults: FaultHandlingSettings, checkpoint: CheckpointConfig, rank: int) -> Optional[FaultTolerance]:
+def start_fault_tolerance(faults: FaultHandlingSettings, checkpoint: CheckpointConfig,
+                          rank: int) -> Optional[FaultTolerance]:
     """--enable-ft-package's sections and monitor for this rank (None without it), the setup section open. Like
     ft_integration.py `setup`, refused without --save ("checkpointing save dir must be set to enable fault
     tolerance"), which it creates."""

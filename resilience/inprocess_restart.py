@@ -70,8 +70,9 @@ def inprocess_notes(training: TrainingConfig) -> list[str]:
         return []
     bound = incarnation_bound(training)
     notes = [f"in-process restart: a failed incarnation is re-run in the same processes (at most {bound} "
-             f"incarnations); a process is gone when its heartbeat (every {training.faults.inprocess_heartbeat_interval:g} s) "
-             f"is {training.faults.inprocess_heartbeat_timeout:g} s old; the heartbeat watch of --heartbeat-timeout-seconds "
+             f"incarnations); a process is gone when its heartbeat (every "
+             f"{training.faults.inprocess_heartbeat_interval:g} s) is {training.faults.inprocess_heartbeat_timeout:g} s "
+             f"old; the heartbeat watch of --heartbeat-timeout-seconds "
              f"and the flight recorder are off under it (its heartbeats serve)"]
     given = "" if training.faults.inprocess_max_iterations is None else f" {training.faults.inprocess_max_iterations}"
     notes.append(f"in-process restart: --inprocess-max-iterations{given} bounds the incarnations"
@@ -143,7 +144,8 @@ def _train_once(config: PretrainConfig, run: RunOnGrid, store: RestartStore, inc
     """One incarnation on this trainer: ("done", exit status) or ("fault", 0) after an exception here or a peer's."""
     state: Optional[ParallelState] = None
     try:
-        state = initialize_grid(config.training.device, config.parallel, config.training.faults.distributed_timeout_minutes,
+        state = initialize_grid(config.training.device, config.parallel,
+                                config.training.faults.distributed_timeout_minutes,
                                 config.zero.distributed_optimizer_instances, store=store.group_store(incarnation))
         exit_code = run(config, state, fault_tolerance)
         if fault_tolerance is not None:  # every trainer is here: the last learning of --calc-ft-timeouts

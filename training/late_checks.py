@@ -11,39 +11,42 @@ import os
 import torch
 
 from arguments.checkpoint_config import CheckpointConfig
-from arguments.config import PretrainConfig
 from arguments.cuda_graphs import PER_LAYER_IMPLS
 from arguments.fault_handling import FaultHandlingSettings
 from arguments.training_config import TrainingConfig
 from base.errors import ConfigError
 from checkpoint.start_decision import decide_start
 from checkpoint.unfinished_save import needs_finishing
+from data.data_config import DataConfig
 from gpt.fp8 import Fp8Launch, check_fp8
+from gpt.model_config import ModelConfig
+from parallel.config import ParallelismConfig
 from resilience.rerun_state import iterations_megatron_skips
 from training.run_settings import model_vocabulary, tokenizer_size_from_flags
+from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 
-def check_vocabulary_flags(config: PretrainConfig) -> None:
+def check_vocabulary_flags(checkpoint: CheckpointConfig, data: DataConfig, model: ModelConfig, sources: dict) -> None:
     """--vocab-size is Megatron's NullTokenizer vocabulary, not read beside a real tokenizer (training/run_settings.py's
     vocabulary_notes says so at the start); with no tokenizer named it is the model's vocabulary (a preset's), and
     the embedded corpus's tokenizer, trained here with at most --tokenizer-vocab-size tokens, must fit in it. Beside
     --init-from-hf the folder's layer has checked the tokenizer against the folder's vocab_size with the flags."""
-    tokens = tokenizer_size_from_flags(config.data, config.model)
-    if not config.model.vocab_size or tokens is None or config.checkpoint.init_from_hf:
+    tokens = tokenizer_size_from_flags(data, model)
+    if not model.vocab_size or tokens is None or checkpoint.init_from_hf:
         return  # the folder's layer (arguments/hf_folder.py) checked the tokenizer against its vocab_size
-    model_vocabulary(config, tokens)
+    model_vocabulary(checkpoint, data, model, sources, tokens)
 
 
-def check_fp8_flag(config: PretrainConfig) -> None:
+def check_fp8_flag(model: ModelConfig, parallel: ParallelismConfig, activations: ActivationCheckpointConfig,
+                   zero: ZeroConfig) -> None:
     """--fp8-format and its recipe where they are not built yet (gpt/fp8.py), checked with the flags so the
     refusal joins the one round."""
-    if not config.model.fp8.enabled:
+    if not model.fp8.enabled:
         return
-    parallel = config.parallel
-    check_fp8(config.model, Fp8Launch(
+    check_fp8(model, Fp8Launch(
         pipeline_parallel=parallel.pipeline_model_parallel_size, context_parallel=parallel.context_parallel_size,
-        expert_parallel=parallel.expert_model_parallel_size, recompute=config.activations.checkpoint_activations,
-        zero_stage=config.zero.stage))
+        expert_parallel=parallel.expert_model_parallel_size, recompute=activations.checkpoint_activations,
+        zero_stage=zero.stage))
 
 
 def check_load(checkpoint: CheckpointConfig) -> None:
@@ -86,6 +89,8 @@ def check_cuda_graph_allocator(training: TrainingConfig) -> None:
 
 
 # each check given the sections it reads
-LATE_CHECKS = (lambda config: check_load(config.checkpoint), check_vocabulary_flags, check_fp8_flag,
+LATE_CHECKS = (lambda config: check_load(config.checkpoint),
+               lambda config: check_vocabulary_flags(config.checkpoint, config.data, config.model, config.sources),
+               lambda config: check_fp8_flag(config.model, config.parallel, config.activations, config.zero),
                lambda config: check_rejected_results_tracker(config.training.faults),
                lambda config: check_cuda_graph_allocator(config.training))

@@ -270,7 +270,8 @@ def memory_verdict(ranks: list[RankMemory], zero: ZeroConfig, activations: Activ
             first = on_host[0]
             source = next(rank.host_source for rank in on_host if rank.host_available == available)
             return (f"this run needs {_gib(need)} of host memory on host {name} for its {len(on_host)} rank(s) there "
-                    f"(the planner's peak, {_per_rank(on_host, zero, activations)}) and {_gib(available)} is available ({source}): "
+                    f"(the planner's peak, {_per_rank(on_host, zero, activations)}) and {_gib(available)} is available "
+                    f"({source}): "
                     f"{_host_levers(zero, first.device_is_host)}; `pretrain_gpt.py ... --dry-run` itemizes it")
     for rank in ranks:
         if rank.device_available is not None and rank.device_bytes > rank.device_available:

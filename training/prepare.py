@@ -103,7 +103,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         tokenizer_note = check_resume_tokenizer(claimed.saved_tokenizer, config, tokenizer)  # before the data
         if tokenizer_note:
             log(tokenizer_note)
-        vocab_size = model_vocabulary(config, tokenizer.vocab_size)  # the tokenizer's, or an --init-from-hf folder's
+        vocab_size = model_vocabulary(config.checkpoint, config.data, config.model, config.sources,
+                                      tokenizer.vocab_size)  # the tokenizer's, or an --init-from-hf folder's
         settings = resolve_run_settings(config, vocab_size, state.tensor_parallel_size, state.data_parallel_size,
                                         state.device.type, batch=batch, resumed_lr_schedule=claimed.lr_schedule)
         config = settings.config  # from here on, the resolved copy

@@ -39,7 +39,8 @@ def describe_model(settings: RunSettings, state: ParallelState, built: Built,
             f"{config.training.micro_batch_size} x {settings.batch.final_accumulation_steps} accumulation steps x "
             f"{state.data_parallel_size} data-parallel; {parallel_sizes(config.model, config.parallel, state)}; "
             f"{_pipeline_words(built)}ZeRO stage {built.zero.optimizer.stage}, {config.training.precision} "
-            f"({config.training.gradient_precision} gradients); {host_placement(config.zero, config.activations, config.training)}")
+            f"({config.training.gradient_precision} gradients); "
+            f"{host_placement(config.zero, config.activations, config.training)}")
     if threads is not None and threads.differs:
         line += f"; {threads.words()}"
     return line

@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from arguments.batch_schedule import BatchSchedule, batch_schedule
+from arguments.checkpoint_config import CheckpointConfig
 from arguments.config import ConfigError, PretrainConfig
 from arguments.config_sources import FLAG, JSON, PRESET
 from arguments.schedule import LearningRateSchedule, build_lr_schedule, train_iterations
@@ -74,7 +75,8 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
     training, notes = resolve_precision(config.training, config.sources, device_type)
     attention_backend, fallback = resolve_attention_backend(config.model, config.data, config.sources, training.precision,
                                                             device_type)
-    notes += fallback + vocabulary_notes(config, vocab_size) + document_masking_notes(config.data, config.model) \
+    notes += fallback + vocabulary_notes(config.data, config.model, config.sources, vocab_size) \
+        + document_masking_notes(config.data, config.model) \
         + moe_notes(config.model, config.parallel, tensor_parallel_size, data_parallel_size)
     notes += longrope_notes(config.model) + masked_loss_log_notes(config.data, config.training)
     model = replace_settings(config.model, vocab_size=vocab_size, attention_backend=attention_backend)
@@ -82,7 +84,8 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
                                    micro_batch_size=batch.micro_batch_size,
                                    train_iters=train_iterations(config.training, batch))
     resolved = dataclasses.replace(config, model=model, training=training)
-    lr_schedule = resumed_lr_schedule if resumed_lr_schedule is not None else build_lr_schedule(resolved, batch)
+    lr_schedule = resumed_lr_schedule if resumed_lr_schedule is not None else build_lr_schedule(
+        resolved.optimizer, resolved.training, resolved.model.seq_length, batch)
     return RunSettings(lr_schedule=lr_schedule, decoupled_lr_schedule=decoupled_schedule(config.optimizer, lr_schedule),
         config=resolved, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
         batch=batch, vocab_size=vocab_size, padded_vocab_size=model.padded_vocab_size(tensor_parallel_size),
@@ -119,7 +122,8 @@ def tokenizer_size_from_flags(data: DataConfig, model: ModelConfig) -> Optional[
     return data.tokenizer_vocab_size
 
 
-def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
+def model_vocabulary(checkpoint: CheckpointConfig, data: DataConfig, model: ModelConfig, sources: dict,
+                     tokenizer_vocab_size: int) -> int:
     """The model's vocabulary for a run of `config` whose tokenizer has `tokenizer_vocab_size` tokens: the
     one place the trainer (training/prepare.py, with the loaded tokenizer's) and the planner (planner/launch.py's
     launch_vocab, before any tokenizer is loaded) decide it.
@@ -132,7 +136,7 @@ def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
 
     With --init-from-hf, the folder's config.json vocab_size, as transformers' embedding has that many rows
     whatever the tokenizer (Qwen's folders hold more rows than tokens); the tokenizer's ids must fall inside it."""
-    folder = config.checkpoint.init_from_hf
+    folder = checkpoint.init_from_hf
     if folder:
         hf_vocab = pretrained_vocab_size(folder)
         if tokenizer_vocab_size > hf_vocab:
@@ -140,12 +144,12 @@ def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
                               f"vocab_size {hf_vocab}: its ids past {hf_vocab - 1} have no row in the model; give the "
                               f"tokenizer the folder was trained with")
         return hf_vocab
-    asked = config.model.vocab_size
-    if tokenizer_named(config.data) or not asked:
+    asked = model.vocab_size
+    if tokenizer_named(data) or not asked:
         return tokenizer_vocab_size
     if tokenizer_vocab_size > asked:
-        raise ConfigError(f"{_vocab_words(config.model, config.sources)} is smaller than the embedded corpus's tokenizer "
-                          f"(--tokenizer-vocab-size {config.data.tokenizer_vocab_size}): the model's vocabulary must "
+        raise ConfigError(f"{_vocab_words(model, sources)} is smaller than the embedded corpus's tokenizer "
+                          f"(--tokenizer-vocab-size {data.tokenizer_vocab_size}): the model's vocabulary must "
                           f"hold every token id; raise --vocab-size or lower --tokenizer-vocab-size",
                           flags=("--vocab-size", "--tokenizer-vocab-size"))
     return asked
@@ -202,22 +206,22 @@ def longrope_notes(model: ModelConfig) -> tuple[str, ...]:
             f"picks them for a whole sequence; cos and sin times {longrope.attention_factor:.6g}",)
 
 
-def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]:
+def vocabulary_notes(data: DataConfig, model: ModelConfig, sources: dict, vocab_size: int) -> tuple[str, ...]:
     """Where the model's vocabulary (`vocab_size`, model_vocabulary's) is not the tokenizer's, or a --vocab-size
     is not read, said once. A --vocab-size beside a real tokenizer is not read, as in Megatron-LM: its
     build_tokenizer (megatron/core/tokenizers/utils/build_tokenizer.py) hands args.vocab_size only to the
     NullTokenizer and TikTokenizer, and the padded vocabulary comes from the tokenizer's own size."""
-    asked = config.model.vocab_size
-    if not asked or config.data.tokenizer_type == "NullTokenizer":
+    asked = model.vocab_size
+    if not asked or data.tokenizer_type == "NullTokenizer":
         return ()
-    if not tokenizer_named(config.data):
-        return (f"> the model's vocabulary is {_vocab_words(config.model, config.sources)}: the embedded corpus's tokenizer, trained here "
-                f"with at most --tokenizer-vocab-size {config.data.tokenizer_vocab_size} tokens, uses its first ids "
+    if not tokenizer_named(data):
+        return (f"> the model's vocabulary is {_vocab_words(model, sources)}: the embedded corpus's tokenizer, trained here "
+                f"with at most --tokenizer-vocab-size {data.tokenizer_vocab_size} tokens, uses its first ids "
                 f"(name your tokenizer, --tokenizer-file, to train on all of them)",)
     if asked == vocab_size:
         return ()
-    tokenizer = config.data.tokenizer_type or "the tokenizer given"
-    return (f"> {_vocab_words(config.model, config.sources)} is not read beside {tokenizer} (as in Megatron-LM): the vocabulary is the "
+    tokenizer = data.tokenizer_type or "the tokenizer given"
+    return (f"> {_vocab_words(model, sources)} is not read beside {tokenizer} (as in Megatron-LM): the vocabulary is the "
             f"tokenizer's {vocab_size} tokens",)
 
 

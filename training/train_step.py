@@ -126,7 +126,8 @@ class DataParallelTrainStep:
         self.replay = ReplayingBatches(train_batches) if reruns or fp8_guard is not None else None
         # Megatron-LM's loss_func checks of each micro-batch's loss for that machine, made after the micro-batches
         training = settings.config.training
-        self.loss_checks = LossChecks(rerun, training.faults.check_for_nan_in_loss_and_grad, training.faults.check_for_spiky_loss)
+        self.loss_checks = LossChecks(rerun, training.faults.check_for_nan_in_loss_and_grad,
+                                      training.faults.check_for_spiky_loss)
         self.train_batches = self.replay if self.replay is not None else train_batches
         self.fp8_replay = None
         if fp8_guard is not None:

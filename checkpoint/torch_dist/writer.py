@@ -410,7 +410,7 @@ def scheduler_state(config, batch, schedule_samples: int) -> dict:
     (training.py get_optimizer_param_scheduler: steps counted in samples), at this run's position."""
     from arguments.schedule import build_lr_schedule, train_iterations
 
-    schedule = build_lr_schedule(config, batch)
+    schedule = build_lr_schedule(config.optimizer, config.training, config.model.seq_length, batch)
     training = config.training
     wd_steps = training.train_samples if training.train_samples is not None else \
         train_iterations(config.training, batch) * batch.lr_schedule_batch
@@ -439,7 +439,7 @@ def _saved_optimizer(config, shard, lr: float, records, experts: Optional[bool])
             # state_dict: {'optimizer': ..., 'fp32_from_fp16_params': the fp32 copies, saved as tensors}), where
             # an fp32 run's FP32Optimizer saves Adam's own state_dict: Megatron-LM's bf16 load looks there
             saved = {"optimizer": saved}
-    if config.training.mixed_precision.fp16:  # Megatron-Core's 16-bit optimizers keep the grad scaler's state beside Adam's
+    if config.training.precision == "fp16":  # Megatron-Core's 16-bit optimizers keep the grad scaler's state beside Adam's
         saved[GRAD_SCALER] = megatron_grad_scaler(shard.loss_scaler_type, shard.loss_scaler_state)
     return saved
 

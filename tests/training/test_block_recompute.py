@@ -114,7 +114,7 @@ def test_the_flops_and_the_layout_model_count_the_share_block_recomputes():
         none + (every - none) / 2, rel=1e-12)
     one_stage = parse_config([*MODEL, *BLOCK_1, "--bf16"])
     for trainer in (PRETRAIN_GPT, MEGATRON_LM):
-        assert layout_of_config(one_stage, 1, model_counts(one_stage.model, 128), trainer).recompute_fraction == 0.25
+        assert layout_of_config(one_stage.model, one_stage.parallel, one_stage.training, one_stage.zero, one_stage.activations, 1, model_counts(one_stage.model, 128), trainer).recompute_fraction == 0.25
 
 
 def _train_counting_block_forwards(rank: int, world_size: int, configs: dict, ports: list[int]) -> dict:
