@@ -44,7 +44,7 @@ def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[
     peak = RankPeak()  # one dry run of this rank serves the check and the memory line after iteration 1
     with state.comm.collective_work():  # an error on some ranks only ends every rank (parallel/comm.py)
         batch = check_before_claim(config, state, log)
-        if (found := kill_switch_found(config, state, log)) is not None:
+        if (found := kill_switch_found(config.checkpoint, state, log)) is not None:
             return TrainingSummary(exit_reason=found)
         check_memory_fits(config, state, batch, peak.before_data, log)
     with prepare(config, state, batch, log, predict_peak=peak, kept=kept) as prepared:
@@ -62,7 +62,7 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
     read_launch_environment()  # a bad RANK, WORLD_SIZE, MASTER_PORT, SLURM_* ...: one line before any work
     # What --load names is checked with the flags, so a launch's problems come back in one list.
     parsed = parse_arguments(argv, late_checks=LATE_CHECKS)
-    config, notes = parsed.config, [*parsed.notes, *use_openmpi_ranks(parsed.config.training.use_mpi),
+    config, notes = parsed.config, [*parsed.notes, *use_openmpi_ranks(parsed.config.training.faults.use_mpi),
                                     *straggler_notes(parsed.config.logging.log_straggler,
                                                      parsed.config.logging.disable_straggler_on_startup),
                                     *inprocess_notes(parsed.config.training)]
@@ -79,21 +79,21 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
         dry_run_launch(config)
         return
     check_machine_bounds(config)  # before the process group, the data index or the model
-    flight, said = with_environment_path(flight_recorder_settings(config), os.environ)
+    flight, said = with_environment_path(flight_recorder_settings(config.training.faults), os.environ)
     kept = torch_environment(flight, os.environ)  # NCCL reads them when its groups are made
     if kept:
         said.append(f"flight recorder: {', '.join(kept)} already set in the environment, kept (Megatron-LM's rule)")
     if reporting_process():
         for line in said:
             print(f"> {line}", flush=True)
-    # Megatron-LM opens the "setup" section before initialize_megatron.
-    fault_tolerance = start_fault_tolerance(config, read_launch_environment().rank)
+    fault_tolerance = start_fault_tolerance(config.training.faults, config.checkpoint, read_launch_environment().rank)
     try:
-        if config.training.inprocess_restart:  # the same processes through every fault (resilience/inprocess_restart.py)
+        # the same processes through every fault (resilience/inprocess_restart.py)
+        if config.training.faults.inprocess_restart:
             return run_restarting(config, partial(exit_status, kept=KeptAcrossRestarts()), PROGRAM, fault_tolerance)
         try:
             state = initialize_grid(config.training.device, config.parallel,
-                                    config.training.distributed_timeout_minutes,
+                                    config.training.faults.distributed_timeout_minutes,
                                     config.zero.distributed_optimizer_instances)
         except ValueError as error:  # a launch or device the config cannot run on
             raise ConfigError(str(error)) from None

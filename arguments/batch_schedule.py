@@ -11,6 +11,7 @@ from arguments.config import PretrainConfig
 from arguments.config_sources import DEFAULT, FLAG, JSON, Source
 from arguments.deepspeed.keys import PRECEDENCE
 from arguments.step_batch_schedule import parse_step_schedule
+from arguments.training_config import TrainingConfig
 from base.errors import ConfigError
 
 
@@ -118,22 +119,23 @@ def batch_schedule(config: PretrainConfig, data_parallel_size: int, deepspeed_ch
                               f"= {step}, so every batch of the ramp splits into whole micro-batches")
     steps = None
     if training.step_batch_size_schedule is not None:
-        steps = _step_schedule(config, micro, data_parallel_size, explicit)
+        steps = _step_schedule(config.training, config.model.seq_length, config.sources, micro, data_parallel_size,
+                               explicit)
         global_batch = steps[-1][1]
     schedule = BatchSchedule(micro, data_parallel_size, global_batch, rampup, steps)
     return BatchSchedule(micro, data_parallel_size, global_batch, rampup, steps,
-                         notes=_json_values_not_used(config, schedule))
+                         notes=_json_values_not_used(config.deepspeed_batch, config.sources, schedule))
 
 
-def _step_schedule(config: PretrainConfig, micro: int, data_parallel_size: int,
+def _step_schedule(training: TrainingConfig, seq_length: int, sources: dict, micro: int, data_parallel_size: int,
                    explicit: set[str]) -> tuple[tuple[int, int], ...]:
-    schedule = config.training.step_batch_size_schedule
+    schedule = training.step_batch_size_schedule
     if "global_batch_size" in explicit:
         raise ConfigError(f"--step-batch-size-schedule {schedule!r} and "
-                          f"{_named('global_batch_size', config.training.global_batch_size, config.sources)} "
+                          f"{_named('global_batch_size', training.global_batch_size, sources)} "
                           f"cannot both be given (Megatron-LM refuses it too): the schedule's last batch is the "
                           f"run's global batch, so drop --global-batch-size")
-    steps = parse_step_schedule(schedule, config.model.seq_length)
+    steps = parse_step_schedule(schedule, seq_length)
     step = micro * data_parallel_size
     uneven = [batch for _, batch in steps if batch % step]
     if uneven:
@@ -236,10 +238,9 @@ def deepspeed_batch_fits_no_size(batch: dict) -> Optional[str]:
             f"command line says: make the JSON's batch keys agree, or keep two of them")
 
 
-def _json_values_not_used(config: PretrainConfig, schedule: BatchSchedule) -> tuple[str, ...]:
+def _json_values_not_used(batch: dict, sources: dict, schedule: BatchSchedule) -> tuple[str, ...]:
     """A line for each JSON batch key the run does not use that start-up has not named (the derived third setting, named
     here once the data-parallel size is known)."""
-    batch, sources = config.deepspeed_batch, config.sources
     used = {"micro_batch_size": schedule.micro_batch_size, "global_batch_size": schedule.global_batch_size,
             "accumulation_steps": schedule.final_accumulation_steps}
     notes = []

@@ -148,7 +148,7 @@ def check_bounds(config) -> None:
     """What no machine could run: whole numbers within int64, c10d's timeout range, and no tensor whose fp32 bytes
     overflow torch's storage size (an error even on the meta device)."""
     check_int64(config)
-    minutes = config.training.distributed_timeout_minutes
+    minutes = config.training.faults.distributed_timeout_minutes
     if not MIN_TIMEOUT_MINUTES <= minutes <= MAX_TIMEOUT_MINUTES:
         raise ConfigError(f"--distributed-timeout-minutes must be between {MIN_TIMEOUT_MINUTES:.3g} (5 seconds) and "
                           f"{MAX_TIMEOUT_MINUTES} (a year), got {minutes:g}", flags=("--distributed-timeout-minutes",))

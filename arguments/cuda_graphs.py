@@ -83,7 +83,7 @@ def check_cuda_graphs(config) -> None:
         return
     normalized = normalize_modules(training.cuda_graph_modules, impl)
     modules, impl = set(normalized.modules), normalized.impl
-    if impl == "full_iteration" and training.check_for_nan_in_loss_and_grad:
+    if impl == "full_iteration" and training.faults.check_for_nan_in_loss_and_grad:
         raise ConfigError("--cuda-graph-impl full_iteration: Megatron-LM asserts --no-check-for-nan-in-loss-and-grad "
                           "should be set with --cuda-graph-impl=full_iteration for training; add it",
                           flags=("--cuda-graph-impl", "--no-check-for-nan-in-loss-and-grad"))

@@ -435,7 +435,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     if config.training.eval_iters < 0:
         notes.append(f"> --eval-iters {config.training.eval_iters}: no validation or test, as Megatron-LM runs none "
                      f"where --eval-iters <= 0")
-    if config.data.fim_data:
+    if config.data.fim.fim_data:
         notes.append("> --fim-data: each sample's fill-in-the-middle draws come from a RandomState seeded with (--seed, "
                      "its index), so a resume or any --num-workers reads the same samples; Megatron-LM draws from one "
                      "stream per dataset in reading order, so which samples it permutes differs (docs/data.md)")

@@ -73,11 +73,11 @@ def format_config(parsed) -> str:
                   if key in parsed.json_outcomes]
     lines.append("derived")
     optimizer, training = config.optimizer, config.training
-    if training.accumulation_steps is None:  # else the batch depends on the data-parallel size
-        batch = batch_schedule(config, 1, deepspeed_check=False)
-        schedule = build_lr_schedule(config, batch)
+    if training.accumulation_steps is None:  # else the global batch depends on the data-parallel size
+        batch = batch_schedule(config, 1, deepspeed_check=False)  # 1 stands in for the launch's size
+        schedule = build_lr_schedule(config.optimizer, config.training, config.model.seq_length, batch)
         per_iteration = "micro batch x data-parallel size" if batch.steps is not None else "global batch"
-        lines.append(_row("training iterations", str(train_iterations(config, batch)),
+        lines.append(_row("training iterations", str(train_iterations(config.training, batch)),
                           "--train-iters" if training.train_samples is None else
                           f"--train-samples {training.train_samples} // global batch (Megatron's arithmetic)"))
         lines.append(_row("learning-rate warmup (samples)", f"{schedule.warmup_samples:g}",

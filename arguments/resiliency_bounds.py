@@ -12,15 +12,16 @@ RING_ENTRY_BYTES = 296
 
 def check_launch_bounds(training, world_size: int, host_memory: int) -> None:
     """One-line ConfigError for a resiliency setting this launch cannot hold."""
-    active = training.inprocess_active_world_size
-    if training.inprocess_restart and active is not None and active > world_size:
+    active = training.faults.inprocess_active_world_size
+    if training.faults.inprocess_restart and active is not None and active > world_size:
         raise ConfigError(f"--inprocess-active-world-size {active} is more than the {world_size} launched "
                           f"process{'es' if world_size > 1 else ''}: launch at least {active} (the ones beyond it "
                           f"wait as spares) or lower it", flags=("--inprocess-active-world-size",))
-    training.fault_injector.check_world(active or world_size if training.inprocess_restart else world_size)
-    ring_bytes = training.flight_recorder_trace_buffer_size * RING_ENTRY_BYTES
+    training.fault_injector.check_world(active or world_size if training.faults.inprocess_restart else world_size)
+    ring_bytes = training.faults.flight_recorder_trace_buffer_size * RING_ENTRY_BYTES
     if ring_bytes > host_memory:
-        raise ConfigError(f"--flight-recorder-trace-buffer-size {training.flight_recorder_trace_buffer_size}: a ring "
+        raise ConfigError(f"--flight-recorder-trace-buffer-size "
+                          f"{training.faults.flight_recorder_trace_buffer_size}: a ring "
                           f"of that many collectives needs about {ring_bytes / 2**30:.3g} GiB per rank "
                           f"({RING_ENTRY_BYTES} bytes a record), more than this machine's "
                           f"{host_memory / 2**30:.3g} GiB; Megatron's default keeps 2000",

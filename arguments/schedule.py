@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from arguments.batch_schedule import BatchSchedule
-from arguments.config import PretrainConfig
+from arguments.training_config import TrainingConfig
 from base.errors import ConfigError
+from base.options import replace_settings, setting_names
+from zero.optimizer_config import OptimizerConfig
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,9 @@ def wsd_coefficient(style: str, ratio: float) -> float:
     return 1.0 - math.sqrt(ratio)  # minus_sqrt, and swiss-ai's fork's 1-sqrt
 
 
-def train_iterations(config: PretrainConfig, batch: BatchSchedule) -> int:
+def train_iterations(training: TrainingConfig, batch: BatchSchedule) -> int:
     """--train-iters, or the iterations --train-samples makes (Megatron-LM's update_train_iters). A --train-samples
     below one global batch, 0 iterations there, is refused."""
-    training = config.training
     if training.train_samples is None:
         return training.train_iters
     if batch.steps is not None:
@@ -104,9 +105,9 @@ def train_iterations(config: PretrainConfig, batch: BatchSchedule) -> int:
     return iterations
 
 
-def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningRateSchedule:
+def build_lr_schedule(optimizer: OptimizerConfig, training: TrainingConfig, seq_length: int,
+                      batch: BatchSchedule) -> LearningRateSchedule:
     """Megatron's get_optimizer_param_scheduler, in samples (and tokens), for this run's batches."""
-    optimizer, training = config.optimizer, config.training
     if training.train_samples is None:
         decay = (optimizer.lr_decay_iters or training.train_iters) * batch.lr_schedule_batch
         warmup = optimizer.lr_warmup_iters * batch.lr_schedule_batch
@@ -130,7 +131,7 @@ def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningR
         ended = 0
         while ended < warmup:
             ended += batch.global_batch_at(ended)
-        warmup_end_tokens = tokens_seen_by_schedule(batch, ended, config.model.seq_length)
+        warmup_end_tokens = tokens_seen_by_schedule(batch, ended, seq_length)
     return LearningRateSchedule(
         max_lr=optimizer.lr, min_lr=optimizer.min_lr, style=optimizer.lr_decay_style, warmup_samples=warmup,
         decay_samples=decay, init_lr=optimizer.lr_warmup_init, warmup_tokens=optimizer.lr_warmup_tokens,
@@ -160,40 +161,39 @@ COMPARED_ON_RESUME = (("max_lr", "learning rate"), ("min_lr", "minimum learning 
                       ("style", "decay style"))
 
 
-def schedule_on_resume(config: PretrainConfig, batch: BatchSchedule, saved: dict,
-                       iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
+def schedule_on_resume(optimizer: OptimizerConfig, training: TrainingConfig, seq_length: int, batch: BatchSchedule,
+                       saved: dict, iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
     """Megatron's resume rule against the checkpoint's recorded config `saved`: (None, None) when equal; else an error
     naming each difference, unless --override-opt_param-scheduler (None, note) or --use-checkpoint-opt_param-scheduler
     (the checkpoint's schedule, note)."""
-    optimizer = dataclasses.replace(config.optimizer, **{name: value for name, value in saved.get("optimizer", {}).items()
-                                                         if hasattr(config.optimizer, name)})
+    then_optimizer = replace_settings(optimizer, **{name: value for name, value in saved.get("optimizer", {}).items()
+                                                   if name in setting_names(OptimizerConfig)})
     saved_training = saved.get("training", {})
-    training = dataclasses.replace(config.training, **{name: saved_training[name] for name in
-                                                       ("train_iters", "train_samples", "global_batch_size")
-                                                       if name in saved_training})
-    then = dataclasses.replace(config, optimizer=optimizer, training=training)
+    then_training = dataclasses.replace(training, **{name: saved_training[name] for name in
+                                                     ("train_iters", "train_samples", "global_batch_size")
+                                                     if name in saved_training})
     ramp = saved_training.get("rampup_batch_size")
-    then_batch = dataclasses.replace(batch, global_batch_size=training.global_batch_size,
+    then_batch = dataclasses.replace(batch, global_batch_size=then_training.global_batch_size,
                                      rampup=tuple(ramp) if ramp else None)
-    return resumed_schedule(config, build_lr_schedule(config, batch), build_lr_schedule(then, then_batch),
-                            iteration_dir)
+    return resumed_schedule(optimizer, training, build_lr_schedule(optimizer, training, seq_length, batch),
+                            build_lr_schedule(then_optimizer, then_training, seq_length, then_batch), iteration_dir)
 
 
-def resumed_schedule(config: PretrainConfig, ours: LearningRateSchedule, theirs: LearningRateSchedule,
-                     iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
+def resumed_schedule(optimizer: OptimizerConfig, training: TrainingConfig, ours: LearningRateSchedule,
+                     theirs: LearningRateSchedule, iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
     """`schedule_on_resume`'s rule between this run's schedule and the checkpoint's, whatever format recorded it."""
     differences = [f"{label} {getattr(ours, name)} (the checkpoint's: {getattr(theirs, name)})"
                    for name, label in COMPARED_ON_RESUME if getattr(ours, name) != getattr(theirs, name)]
     if not differences:
         return None, None
     listed = "; ".join(differences)
-    if config.optimizer.override_opt_param_scheduler:
+    if optimizer.override_opt_param_scheduler:
         return None, f"> resuming {iteration_dir} with this run's learning-rate schedule ({listed}), as " \
                      f"--override-opt_param-scheduler asks"
-    if config.optimizer.use_checkpoint_opt_param_scheduler:
+    if optimizer.use_checkpoint_opt_param_scheduler:
         return theirs, f"> resuming {iteration_dir} with the checkpoint's learning-rate schedule instead of this " \
                        f"run's ({listed}), as --use-checkpoint-opt_param-scheduler asks"
-    length = "--train-samples" if config.training.train_samples is not None else "--train-iters"
+    length = "--train-samples" if training.train_samples is not None else "--train-iters"
     raise ConfigError(f"resuming {iteration_dir}: the learning-rate schedule differs from the checkpoint's ({listed}); "
                       f"to stop and resume one run, give every part the final length and stop early: {length} FINAL "
                       f"--exit-interval K (docs/checkpoints.md); for this checkpoint, as in Megatron, pass "

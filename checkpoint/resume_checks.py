@@ -51,8 +51,8 @@ def check_resume(read_metadata: ReadMetadata, verify: Verify, config, state: Par
     elif not checkpoint.finetune:
         agree(state, attempt(lambda: check_resume_model(metadata, config.model, iteration_dir))[1])
     if continues_training(config) and checkpoint.load_optim:  # as Megatron: only when it loads the scheduler
-        outcome, error = attempt(lambda: schedule_on_resume(config, batch, metadata.get("config") or {},
-                                                            iteration_dir))
+        outcome, error = attempt(lambda: schedule_on_resume(config.optimizer, config.training, config.model.seq_length,
+                                                            batch, metadata.get("config") or {}, iteration_dir))
         agree(state, error)
         schedule, note = outcome
         if note:

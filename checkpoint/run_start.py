@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
-from arguments.config import sample_order
+from arguments.checkpoint_config import sample_order
 from arguments.schedule import LearningRateSchedule
 from base.output_locks import MetricsFileLock, RunLock
 from checkpoint.agreement import agree, attempt

@@ -12,6 +12,7 @@ from typing import Optional
 from arguments.batch_schedule import BatchSchedule
 from arguments.schedule import train_iterations
 from base.errors import CheckpointError, ConfigError
+from base.options import setting_value
 from checkpoint.format import (
     LATEST_FILE,
     METADATA_FILE,
@@ -153,7 +154,7 @@ def check_resume_matches(metadata: dict, config, iteration_dir: Path, override: 
             continue  # a checkpoint from a tool that did not record it
         if name in TRAINING_BLEND_SETTINGS and content is not None:
             continue  # compared as content above: the words typed may differ for the same files
-        saved, ours = saved_config[section][name], getattr(getattr(config, section), name)
+        saved, ours = saved_config[section][name], setting_value(getattr(config, section), name)
         if isinstance(ours, (list, tuple)):
             ours = list(ours)
         if not _same_setting(name, saved, ours):
@@ -194,7 +195,7 @@ def check_samples_fit(metadata: dict, config, batch: BatchSchedule, iteration_di
     """Raise ConfigError, naming the flag that makes it consistent, when the iterations left would read past the samples
     the schedule covers (Megatron-LM asserts instead)."""
     iteration, consumed = metadata["iteration"], metadata["consumed_samples"]
-    train_iters = train_iterations(config, batch)
+    train_iters = train_iterations(config.training, batch)
     tokens = config.training.train_tokens
     if iteration >= train_iters or (tokens is not None and consumed * config.model.seq_length >= tokens):
         return  # nothing to train: the run says so and ends (training/run_training.py)

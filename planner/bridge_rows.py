@@ -117,7 +117,7 @@ def row_config(row: BridgeRow) -> PretrainConfig:
 
 def row_counts(row: BridgeRow) -> ModelCounts:
     config = row_config(row)
-    return model_counts(config.model, launch_vocab(config)[0])
+    return model_counts(config.model, launch_vocab(config.checkpoint, config.data, config.model, config.sources)[0])
 
 
 def row_precision(row: BridgeRow) -> str:
@@ -162,7 +162,9 @@ def row_flags(row: BridgeRow, printed: bool = False) -> list[str]:
 
 def row_layout(row: BridgeRow, counts: ModelCounts, printed: bool = False) -> Layout:
     parsed = parse_arguments(row_flags(row, printed))
-    return layout_of_config(parsed.config, row.layout["gpus"], counts, MEGATRON_LM, parsed.harvested)
+    config = parsed.config
+    return layout_of_config(config.model, config.parallel, config.training, config.zero, config.activations,
+                            row.layout["gpus"], counts, MEGATRON_LM, parsed.harvested)
 
 
 def with_layout(row: BridgeRow, **changes) -> BridgeRow:

@@ -19,6 +19,7 @@ from base.progress import ProgressLines
 from checkpoint.global_load import load_read_bytes
 from checkpoint.ours.async_save import staged_bytes_bound
 from gpt.fp8 import delayed_states, fp8_weight_caches
+from gpt.model_config import ModelConfig
 from gpt.shape import model_shape
 from parallel.context_parallel import batch_on_this_rank
 from parallel.state import virtual_state
@@ -35,6 +36,7 @@ from training.recompute_share import recomputed_share
 from training.run_settings import resolve_run_settings
 from training.train_step import DataParallelTrainStep
 from zero.activations import ActivationMonitor, SavedTensorMeter
+from zero.config import ZeroConfig
 from zero.flat_buffer import BufferPool
 from zero.fused_accumulation import fused_weights
 from zero.memory import MODEL_STATE_CATEGORIES, format_bytes, host_resident_tensors, measure_by_placement
@@ -268,8 +270,7 @@ class _Progress:
                                   f"layer {index + 1}/{self.layers}")
 
 
-def check_plannable(config: PretrainConfig) -> None:
-    model = config.model
+def check_plannable(model: ModelConfig) -> None:
     if model.num_layers > MAX_PLAN_LAYERS:
         raise ConfigError(f"--num-layers {model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
                           f"(MAX_PLAN_LAYERS in planner/dry_run.py; each costs about 0.02 s and 0.1 MB per micro-batch, "
@@ -289,7 +290,7 @@ def check_plannable(config: PretrainConfig) -> None:
 def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int = 0,
             progress: Optional[Callable[[str], None]] = None, batch: Optional[BatchSchedule] = None) -> RankPlan:
     """Plan rank `rank` of a run of `config` on `cluster`; `batch`: the run's batch schedule when the caller has it."""
-    check_plannable(config)
+    check_plannable(config.model)
     check_tensor_sizes(config, vocab_size)
     # the planner's RSS stands in for a CPU rank's baseline of Python and torch
     baseline = current_rss_bytes() if cluster.device_type == "cpu" else 0
@@ -372,7 +373,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         buffer_bytes=held.get("buffers", 0),
         host_model_state_bytes={key: host_held[key] for key in (*MODEL_STATE_CATEGORIES, "total")},
         host_buffer_bytes=host_held.get("buffers", 0),
-        offload_copy_bytes=_offload_copy_bytes(config, gatherer, param_bytes),
+        offload_copy_bytes=_offload_copy_bytes(config.zero, gatherer, param_bytes),
         stage3_live_chunk_bytes=gatherer.peak_live_numel * param_bytes if gatherer is not None else 0,
         stage3_prefetch_elements=config.zero.stage3_prefetch_bucket_size if gatherer is not None else 0,
         checkpoint_bytes=dict(meter.checkpointed_peak),
@@ -389,7 +390,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         process_baseline_bytes=baseline,
         comm_bytes=state.comm.stats.snapshot(),
         flops_per_iteration=flops_per_iteration(config.model, plan.batch.global_batch_size,
-                                                activation_recompute=recomputed_share(config),
+                                                activation_recompute=recomputed_share(config.activations, config.model,
+                                                                                      config.parallel),
                                                 padded_vocab_size=plan.padded_vocab_size),
         flops_per_gpu=0.0)
     result.flops_per_gpu = result.flops_per_iteration / cluster.world_size
@@ -473,9 +475,9 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     return result
 
 
-def _offload_copy_bytes(config: PretrainConfig, gatherer, param_bytes: int) -> int:
+def _offload_copy_bytes(zero: ZeroConfig, gatherer, param_bytes: int) -> int:
     """--offload-param: what the gatherer's host-to-device copies add to its gathered peak."""
-    if gatherer is None or not config.zero.offload_param:
+    if gatherer is None or not zero.offload_param:
         return 0
     return (gatherer.peak_device_numel - gatherer.peak_live_numel) * param_bytes
 

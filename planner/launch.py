@@ -64,7 +64,7 @@ class RankPeak:
     def before_data(self, config: PretrainConfig, state: ParallelState,
                     batch: BatchSchedule) -> tuple[Optional[int], int, str]:
         try:
-            vocab_size = launch_vocab(config)[0]
+            vocab_size = launch_vocab(config.checkpoint, config.data, config.model, config.sources)[0]
         except Exception as error:  # noqa: BLE001 - a tokenizer the flags name but that does not load is
             return None, 0, f"no vocabulary to plan with: {type(error).__name__}: {error}"  # reported later
         return self._peaks(config, state, vocab_size, batch)[0]
@@ -90,7 +90,7 @@ def dry_run_launch(config: PretrainConfig) -> None:
                                                          * parallel.pipeline_model_parallel_size))
     budget = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     cluster = Cluster(launch.world_size, launch.local_world_size or launch.world_size, budget, device.type)
-    vocab, source = launch_vocab(config)
+    vocab, source = launch_vocab(config.checkpoint, config.data, config.model, config.sources)
     if launch.rank == 0:
         print(format_plan(dry_run(config, cluster, vocab, launch.rank, batch=batch), cluster, config, source),
               flush=True)

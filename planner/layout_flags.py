@@ -7,8 +7,8 @@ from __future__ import annotations
 import shlex
 from typing import Iterable, Sequence
 
-from arguments.config import PretrainConfig
 from arguments.config_sources import DEFAULT
+from arguments.training_config import TrainingConfig
 from planner.layout_perf import Layout
 from planner.layout_pins import Pins
 from planner.pipeline_split import layout_string
@@ -56,16 +56,16 @@ def layout_flag_words(layout: Layout, pins: Pins, moe: bool, fp32_runs: bool = F
     return words
 
 
-def global_batch_given(config: PretrainConfig) -> bool:
+def global_batch_given(sources: dict) -> bool:
     """Whether the launch names its global batch (a flag, the DeepSpeed JSON or a preset)."""
-    source = config.sources.get("global_batch_size")
+    source = sources.get("global_batch_size")
     return source is not None and source.kind != DEFAULT
 
 
-def planned_batch_flags(config: PretrainConfig) -> list[str]:
+def planned_batch_flags(training: TrainingConfig, sources: dict) -> list[str]:
     """The planned global batch as a flag where the launch names none: otherwise pretrain_gpt.py runs micro batch x DP,
     a different batch for each printed layout."""
-    return [] if global_batch_given(config) else ["--global-batch-size", str(config.training.global_batch_size)]
+    return [] if global_batch_given(sources) else ["--global-batch-size", str(training.global_batch_size)]
 
 
 def drop_no_effect_flags(argv: Sequence[str], no_effect: Iterable[str]) -> tuple[list[str], list[str]]:

@@ -52,8 +52,8 @@ class Pins:
             (["precision"] if self.sixteen_bit or self.precision == "fp8" else [])
 
 
-def given(config: PretrainConfig, setting: str) -> bool:
-    source = config.sources.get(setting)
+def given(sources: dict, setting: str) -> bool:
+    source = sources.get(setting)
     return source is not None and source.kind in (FLAG, JSON)
 
 
@@ -62,9 +62,9 @@ def pins_of(config: PretrainConfig) -> Pins:
     parallel, zero = config.parallel, config.zero
 
     def value(setting: str, current):
-        return current if given(config, setting) else None
+        return current if given(config.sources, setting) else None
 
-    recompute_given = given(config, "checkpoint_activations") or given(config, "recompute_granularity")
+    recompute_given = given(config.sources, "checkpoint_activations") or given(config.sources, "recompute_granularity")
     if config.activations.checkpoint_activations and config.activations.recompute_method == "block":
         # the search's memory model knows every layer recomputed or none
         raise ConfigError("--recompute-method block: the layout search prices the recompute of every layer or of "
@@ -74,7 +74,8 @@ def pins_of(config: PretrainConfig) -> Pins:
     return Pins(
         tp=value("tensor_model_parallel_size", parallel.tensor_model_parallel_size),
         pp=value("pipeline_model_parallel_size", parallel.pipeline_model_parallel_size),
-        stage_counts=stage_counts_of(config) if any(given(config, setting) for setting in SPLIT_SETTINGS) else None,
+        stage_counts=stage_counts_of(config.model, config.parallel)
+        if any(given(config.sources, setting) for setting in SPLIT_SETTINGS) else None,
         cp=value("context_parallel_size", parallel.context_parallel_size),
         ep=value("expert_model_parallel_size", parallel.expert_model_parallel_size),
         micro_batch_size=value("micro_batch_size", config.training.micro_batch_size),
@@ -84,8 +85,9 @@ def pins_of(config: PretrainConfig) -> Pins:
         configured_dispatcher="alltoall" if dispatcher == "flex" else dispatcher,
         overlap_grad_reduce=value("overlap_comm", zero.overlap_comm),
         overlap_param_gather=value("overlap_param_gather", zero.overlap_param_gather),
-        expert_tp=given(config, "expert_tensor_parallel_size"),
-        sequence_parallel=given(config, "sequence_parallel"),
-        sixteen_bit=given(config, "bf16") or given(config, "fp16"),
-        precision="fp8" if precision_of(config) == "fp8" else "bf16", fp8_recipe=config.model.fp8.recipe,
+        expert_tp=given(config.sources, "expert_tensor_parallel_size"),
+        sequence_parallel=given(config.sources, "sequence_parallel"),
+        sixteen_bit=given(config.sources, "bf16") or given(config.sources, "fp16"),
+        precision="fp8" if precision_of(config.model, config.training) == "fp8" else "bf16",
+        fp8_recipe=config.model.fp8.recipe,
         fp8_wgrad=config.model.fp8.wgrad)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from arguments.config import ConfigError, PretrainConfig
+from arguments.config import ConfigError
+from arguments.training_config import TrainingConfig
+from gpt.model_config import ModelConfig
+from parallel.config import ParallelismConfig
 from planner.layout_of_config import PRETRAIN_GPT, layout_of_config, precision_of
 from planner.layout_perf import (
     Layout,
@@ -17,18 +20,20 @@ from planner.layout_perf import (
     predict_layout,
 )
 from planner.perf_model import Hardware
+from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 
-def predict_config(config: PretrainConfig, gpus: int, vocab: int, hardware: Hardware, trainer: str = PRETRAIN_GPT,
-                   megatron_flags: Optional[Mapping[str, Any]] = None) -> tuple[Layout, LayoutPrediction,
-                                                                                LayoutConstants]:
+def predict_config(model: ModelConfig, parallel: ParallelismConfig, training: TrainingConfig, zero: ZeroConfig,
+                   activations: ActivationCheckpointConfig, gpus: int, vocab: int, hardware: Hardware,
+                   trainer: str = PRETRAIN_GPT, megatron_flags: Optional[Mapping[str, Any]] = None,
+                   ) -> tuple[Layout, LayoutPrediction, LayoutConstants]:
     """`config` on `gpus` GPUs of `hardware` as `trainer` runs it: its Layout, the prediction and the constants."""
-    if precision_of(config) is None and hardware.precision != "fp32":
+    if precision_of(model, training) is None and hardware.precision != "fp32":
         raise ConfigError(f"an fp32 run on {hardware.name}, whose runs are {hardware.precision}: the layout model "
                           f"prices 16-bit and FP8 training there (--bf16, --fp16, --fp8-format)", flags=("--bf16",))
     constants = load_layout_constants(hardware.layout_calibration)
-    counts = model_counts(config.model, vocab)
-    layout = layout_of_config(config, gpus, counts, trainer, megatron_flags)
+    counts = model_counts(model, vocab)
+    layout = layout_of_config(model, parallel, training, zero, activations, gpus, counts, trainer, megatron_flags)
     return layout, predict_layout(counts, layout, hardware, constants, hardware.fp8_peak_flops), constants
 
 

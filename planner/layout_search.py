@@ -160,8 +160,8 @@ def search(config: PretrainConfig, gpus: int, hardware: Hardware, vocab: Optiona
         raise ConfigError(f"--hardware {hardware.name}: the profile has no layout calibration (layout_calibration in "
                           f"configs/hardware/{hardware.name}.yaml), so the layout model has no constants for it")
     model, pins = config.model, pins_of(config)
-    if pins.expert_tp:
-        check_expert_tp(config, config.parallel.tensor_model_parallel_size)
+    if pins.expert_tp:  # a given expert TP is priced only at 1
+        check_expert_tp(config.model, config.parallel, config.parallel.tensor_model_parallel_size)
     counts = model_counts(model, vocab)
     constants = load_layout_constants(hardware.layout_calibration)
     fp32_runs = hardware.precision == "fp32"

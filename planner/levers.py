@@ -9,10 +9,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from arguments.config import ConfigError, PretrainConfig
+from gpt.model_config import ModelConfig
+from parallel.config import ParallelismConfig
 from planner.dry_run import Cluster, RankPlan
 from planner.layout_flags import ZERO_WORDS
 from planner.layout_perf import Layout
 from training.recompute_share import recomputed_share
+from zero.config import ActivationCheckpointConfig, ZeroConfig
 from zero.memory import format_bytes
 
 # (config, cluster) -> every stage's plan at rank 0's DP and TP coordinates
@@ -59,18 +62,20 @@ def _changed(config: PretrainConfig, *, activations: Optional[dict] = None, zero
     return changed
 
 
-def single_levers(config: PretrainConfig, data_parallel_size: int) -> list[tuple[tuple[str, ...], dict]]:
+def single_levers(activations: ActivationCheckpointConfig, model: ModelConfig, parallel: ParallelismConfig,
+                  zero: ZeroConfig, data_parallel_size: int) -> list[tuple[tuple[str, ...], dict]]:
     """(flags, changes) of each lever this run has not pulled yet, cheapest first."""
     levers = []
-    if not config.activations.checkpoint_activations:
+    if not activations.checkpoint_activations:
         levers.append((("--recompute-granularity full",), {"activations": {"checkpoint_activations": True}}))
-    elif recomputed_share(config) < 1:
+    # --recompute-method block leaves layers keeping their activations
+    elif recomputed_share(activations, model, parallel) < 1:
         levers.append((("--recompute-method uniform", "--recompute-num-layers 1"),
                        {"activations": {"recompute_method": "uniform", "checkpoint_num_layers": 1}}))
-    stage = config.zero.stage
+    stage = zero.stage
     if stage < 3 and data_parallel_size > 1:
         levers.append(((f"--zero-stage {stage + 1}",), {"zero": {"stage": stage + 1}}))
-    if not config.zero.offload_optimizer:
+    if not zero.offload_optimizer:
         levers.append((("--zero-stage 1", "--offload-optimizer") if stage == 0 else ("--offload-optimizer",),
                        {"zero": {"offload_optimizer": True, **({"stage": 1} if stage == 0 else {})}}))
     return levers
@@ -127,7 +132,7 @@ def find_levers(config: PretrainConfig, cluster: Cluster, data_parallel_size: in
         return Lever(flags, worst.total_bytes, worst.budget_bytes, all(plan.fits for plan in plans),
                      host.host_node_bytes, host.host_budget_bytes)
 
-    singles = single_levers(config, data_parallel_size)
+    singles = single_levers(config.activations, config.model, config.parallel, config.zero, data_parallel_size)
     levers = [lever for flags, changes in singles
               if (lever := planned(" ".join(flags), _changed(config, **changes), cluster)) is not None]
     if any(lever.fits for lever in levers):

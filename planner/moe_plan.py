@@ -88,7 +88,8 @@ def _moe_layers_held(config, pipeline_rank: int, moe_layers: int, in_flight: int
         return moe_layers * in_flight
     if activations.recompute_method != "block":
         return 1
-    chunks = config_stage_layers(config, pipeline_rank).chunks if config.parallel.pipeline_model_parallel_size > 1 \
+    chunks = config_stage_layers(config.model, config.parallel, pipeline_rank).chunks \
+        if config.parallel.pipeline_model_parallel_size > 1 \
         else (tuple(range(config.model.num_layers)),)
     is_moe = config.model.moe_layers()
     kept = recomputed = 0

@@ -57,7 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         [*rest, "--gpus-per-node", str(hardware.gpus_per_node), "--target", hardware.device_type],
         "python -m zero.perf_model")
     config = parsed.config
-    vocab, _ = launch_vocab(config)
+    vocab, _ = launch_vocab(config.checkpoint, config.data, config.model, config.sources)
     plan = dry_run(config, cluster, vocab, planner.rank)
     prediction = predict(plan, config, vocab, cluster.world_size, hardware, constants)
     print(json.dumps(prediction.to_json()) if planner.json else format_prediction(prediction, hardware, constants))

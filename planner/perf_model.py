@@ -14,8 +14,10 @@ from typing import Optional, Sequence
 import yaml
 
 from arguments.config import ConfigError, PretrainConfig
+from arguments.training_config import TrainingConfig
 from gpt.hybrid_pattern import parse_hybrid_pattern
 from gpt.layer_spec import mixer_symbols
+from gpt.model_config import ModelConfig
 from gpt.shape import LinearShape, ScanShape, model_shape, probe_mixer
 from parallel.comm import ring_bytes_sent
 from parallel.fp8.linear import shape_rule_broken
@@ -162,11 +164,11 @@ class Gemm:
         return 2.0 * self.m * self.k * self.n * self.count
 
 
-def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int,
+def forward_gemms(model: ModelConfig, training: TrainingConfig, padded_vocab: int, tp: int,
                   mixers: Optional[Sequence[Optional[str]]] = None,
                   mlps: Optional[Sequence[Optional[str]]] = None) -> tuple[list[Gemm], Gemm]:
     """One TP rank's matrix products in one micro-batch's forward: the blocks' in order, then the logits'."""
-    model, micro = config.model, config.training.micro_batch_size
+    micro = training.micro_batch_size
     shape = model_shape(model, tp)
     layers = len(mixers) if mixers else model.num_layers
     fp8_layers = layers_in_fp8(model, layers)
@@ -258,16 +260,16 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     grad_element = ELEMENT_BYTES[config.training.gradient_precision]
 
     stages = plan.pipeline
-    recompute = recomputed_share(config, stages.pipeline_parallel_rank if stages is not None else None)
+    recompute = recomputed_share(config.activations, config.model, config.parallel,
+                                 stages.pipeline_parallel_rank if stages is not None else None)
     pp, chunks = (stages.pipeline_parallel_size, stages.chunks) if stages is not None else (1, 1)
     layers = model.num_layers // pp
     rank = stages.pipeline_parallel_rank if stages is not None else 0
     mixers, mlps = block_kinds(model, slice(rank * layers, (rank + 1) * layers))
-    if mixers is not None:
-        blocks, logits = forward_gemms(config, run.padded_vocab_size, tp, mixers, mlps)
+    if mixers is not None:  # each block by its own mixer: this rank's share of the even split
+        blocks, logits = forward_gemms(config.model, config.training, run.padded_vocab_size, tp, mixers, mlps)
     else:
-        blocks, logits = forward_gemms(dataclasses.replace(config, model=model.with_layers(layers)),
-                                       run.padded_vocab_size, tp)
+        blocks, logits = forward_gemms(model.with_layers(layers), config.training, run.padded_vocab_size, tp)
     holds_logits = stages is None or stages.pipeline_parallel_rank == pp - 1
     block_s, logits_s = (gemm_seconds(blocks, element, hardware, constants),
                          gemm_seconds([logits], element, hardware, constants) if holds_logits else 0.0)
@@ -307,7 +309,8 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     partition = plan.parameters_local if plan.stage == 0 else math.ceil(plan.parameters_local / dp)
     # a bf16 moment moves 4 bytes, not 8
     state_bytes = STATE_BYTES[config.optimizer.optimizer] - 2 * sum(
-        4 - ELEMENT_BYTES[dtype] for dtype in (config.optimizer.exp_avg_dtype, config.optimizer.exp_avg_sq_dtype))
+        4 - ELEMENT_BYTES[dtype] for dtype in (config.optimizer.algorithms.exp_avg_dtype,
+                                               config.optimizer.algorithms.exp_avg_sq_dtype))
     optimizer_s = partition * (state_bytes + ADAM_GRADIENT_READS * grad_element) / hardware.hbm_bandwidth
 
     offload_s = micro_batches * 2 * plan.checkpoint_bytes["host"] / hardware.host_bandwidth

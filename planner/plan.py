@@ -13,9 +13,13 @@ from typing import Optional, Sequence
 from arguments.bounds import check_parameters_fit
 from arguments.config import ConfigError, PretrainConfig
 from arguments.parser import ParsedArguments
+from arguments.training_config import TrainingConfig
 from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
+from data.data_config import DataConfig
 from data.per_split import describe_sources
+from gpt.model_config import ModelConfig
+from parallel.config import ParallelismConfig
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
 from planner.input_bounds import check_gpu_count
 from planner.layout_of_config import PRETRAIN_GPT, TRAINERS
@@ -27,6 +31,7 @@ from planner.stage_plans import run_plans, stage_plans
 from planner.vocabulary import launch_vocab
 from training.memory_fit import available_host_memory
 from zero.memory import format_bytes
+from zero.optimizer_config import OptimizerConfig
 
 USAGE = """The planner: will it fit, and what will it send, for any model on any cluster, without GPUs.
 
@@ -113,11 +118,11 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                  + (", P_a+cpu" if activations.cpu_checkpointing else "")
                  + (", contiguous (M_D)" if activations.contiguous_checkpointing else ""))
                 if activations.checkpoint_activations else "off"),
-             *_data_lines(config),
+             *_data_lines(config.data),
              "", "per GPU:" if cluster.device_type == "cuda" else "per process:"]
     states = plan.model_state_bytes
     rows = [("parameters", states["parameters"]), ("gradients", states["gradients"]),
-            ("fp32 master weights", states["master_weights"]), (_moments(config), states["optimizer_states"]),
+            ("fp32 master weights", states["master_weights"]), (_moments(config.optimizer), states["optimizer_states"]),
             *(moe_state_rows(plan.moe) if plan.moe is not None else []),
             ("constant buffers (C_B: reduce buckets, scatter outputs)", plan.buffer_bytes)]
     if plan.fp8_state_bytes:
@@ -177,7 +182,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                      f"{format_bytes(plan.headroom_bytes)}" if plan.fits_device else
                      f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, short by {format_bytes(-plan.headroom_bytes)}"
                      + (f"; {best_lever(levers).describe()}" if levers else ""))
-    lines += _host_lines(plan, width, _moments(config))
+    lines += _host_lines(plan, width, _moments(config.optimizer))
     lines.append(f"  {'a resume reads (the fp32 master and moments of its own partition, at any saved layout)':<{width}} "
                  f"{format_bytes(plan.checkpoint_read_bytes):>12}")
     lines += ["", "sent per iteration by this rank:"]
@@ -195,11 +200,11 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
     return "\n".join(lines)
 
 
-def _data_lines(config: PretrainConfig) -> list[str]:
+def _data_lines(data: DataConfig) -> list[str]:
     """Which blend each split reads; nothing for the embedded corpus."""
-    if not config.data.user_data:
+    if not data.user_data:
         return []
-    return [f"data: {describe_sources(config.data.sources(), config.data.split)}"]
+    return [f"data: {describe_sources(data.sources(), data.split)}"]
 
 
 def _pipeline_lines(stages: PipelineFigures) -> list[str]:
@@ -235,13 +240,13 @@ def best_lever(levers: list[Lever]) -> Lever:
     return next((lever for lever in levers if lever.fits), None) or max(levers, key=lambda lever: lever.headroom_bytes)
 
 
-def _moments(config: PretrainConfig) -> str:
+def _moments(optimizer: OptimizerConfig) -> str:
     """The optimizer states' names and stored dtypes."""
-    if config.optimizer.optimizer == "ademamix":
+    if optimizer.optimizer == "ademamix":
         return "AdEMAMix moments (m1, m2, nu)"
-    if config.optimizer.optimizer == "sophiag":
+    if optimizer.optimizer == "sophiag":
         return "Sophia-G states (momentum, Hessian estimate)"
-    dtypes = (config.optimizer.exp_avg_dtype, config.optimizer.exp_avg_sq_dtype)
+    dtypes = (optimizer.algorithms.exp_avg_dtype, optimizer.algorithms.exp_avg_sq_dtype)
     return "Adam moments" if dtypes == ("fp32", "fp32") else f"Adam moments ({dtypes[0]}, {dtypes[1]})"
 
 
@@ -331,9 +336,9 @@ def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configu
     return fits, plan_for(fits)
 
 
-def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster: Cluster, config: PretrainConfig,
-                    binds: Optional[dict[str, str]] = None) -> str:
-    tp = config.parallel.tensor_model_parallel_size
+def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster: Cluster, model: ModelConfig,
+                    parallel: ParallelismConfig, training: TrainingConfig, binds: Optional[dict[str, str]] = None) -> str:
+    tp = parallel.tensor_model_parallel_size
     figure6 = tp == 16 and cluster.world_size == 400
     table2 = cluster.world_size == 64 * tp and tp in PAPER_TABLE2_MEASURED
     header = "| config | ZeRO | max layers | parameters | per-GPU total | headroom |"
@@ -346,9 +351,9 @@ def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster:
     if table2:
         header, rule = header + " paper Table 2 measured P_os |", rule + "---:|"
     lines = [f"largest model per configuration on {cluster.world_size} GPUs (TP {tp}), "
-             f"{format_bytes(cluster.gpu_memory_bytes)} each; hidden {config.model.hidden_size}, "
-             f"{config.model.num_attention_heads} heads, sequence {config.model.seq_length}, micro batch "
-             f"{config.training.micro_batch_size}, {config.training.precision}"
+             f"{format_bytes(cluster.gpu_memory_bytes)} each; hidden {model.hidden_size}, "
+             f"{model.num_attention_heads} heads, sequence {model.seq_length}, micro batch "
+             f"{training.micro_batch_size}, {training.precision}"
              + (f"; host memory {format_bytes(cluster.host_memory_bytes)} per node, "
                 f"{cluster.ranks_per_node} ranks each" if host else ""), header, rule]
     for name, (layers, plan) in results.items():
@@ -479,12 +484,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if cluster.gpu_memory_bytes is not None:
             check_parameters_fit(config.model, cluster.world_size, cluster.gpu_memory_bytes,
                                  "GPUs" if cluster.device_type == "cuda" else "processes")
-        check_plannable(config)
-        if cluster.host_memory_bytes is None:
+        check_plannable(config.model)
+        if cluster.host_memory_bytes is None:  # the host total checked against something: this machine
             cluster = this_machines_host_memory(cluster)
     elif cluster.gpu_memory_bytes is None:
         raise ConfigError("max-size needs --gpu-memory (the budget each GPU has)")
-    vocab, source = launch_vocab(config)
+    vocab, source = launch_vocab(config.checkpoint, config.data, config.model, config.sources)
     if command == "dry-run":
         stages = stage_plans(config, cluster, vocab, planner.rank, stderr_line) \
             if config.parallel.pipeline_model_parallel_size > 1 else []
@@ -526,7 +531,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  "binds": binds[name], "plan": plan.to_json() if plan else None}
                           for name, (layers, plan) in results.items()}))
     else:
-        print(format_max_size(results, cluster, config, binds))
+        print(format_max_size(results, cluster, config.model, config.parallel, config.training, binds))
     return 0
 
 
@@ -538,9 +543,10 @@ def _predicted_step(plan: RankPlan, config: PretrainConfig, megatron_flags: dict
         from planner.layout_prediction import format_layout_prediction, predict_config, prediction_json
 
         try:
-            _, prediction, constants = predict_config(config, cluster.world_size, vocab, hardware, planner.trainer,
-                                                      megatron_flags)
-        except ConfigError as error:
+            _, prediction, constants = predict_config(config.model, config.parallel, config.training, config.zero,
+                                                      config.activations, cluster.world_size, vocab, hardware,
+                                                      planner.trainer, megatron_flags)
+        except ConfigError as error:  # a run the layout model does not price: the plan stands, the step is said
             return {"step_s": None, "no_prediction": str(error)}, f"\n\nno predicted step: {error}"
         return prediction_json(prediction, planner.trainer), \
             "\n\n" + format_layout_prediction(prediction, hardware, constants, planner.trainer)

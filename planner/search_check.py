@@ -33,7 +33,7 @@ def stage_bytes(flags: Sequence[str], gpus: int, hardware: Hardware,
                 progress: Optional[Callable[[str], None]] = None) -> list[int]:
     """Each pipeline stage's dry-run peak (its first rank) for the launch `flags` on `gpus` GPUs of `hardware`."""
     config = parse_config(list(flags))
-    vocab, _ = launch_vocab(config)
+    vocab, _ = launch_vocab(config.checkpoint, config.data, config.model, config.sources)
     return [plan.total_bytes for plan in run_plans(config, hardware_cluster(gpus, hardware), vocab, 0, progress)]
 
 

@@ -111,9 +111,10 @@ def search_command(argv: Sequence[str]) -> int:
     config, hardware = parsed.config, load_hardware(args.hardware)
     check_model_fits_gpus(config.model, args.gpus, hardware.gpu_memory_bytes)
     model_flags, dropped = drop_no_effect_flags(rest, parsed.harvested or {})
-    model_flags += planned_batch_flags(config)
+    model_flags += planned_batch_flags(config.training, config.sources)
     start = time.perf_counter()
-    vocab, _ = launch_vocab(config)  # an --init-from-hf model's comes from its folder
+    # an --init-from-hf model's comes from its folder: the output layer counts
+    vocab, _ = launch_vocab(config.checkpoint, config.data, config.model, config.sources)
     progress = SearchProgress()
     counts, candidates = search(config, args.gpus, hardware, vocab, progress)
     fitting = sum(c.fits for c in candidates)
@@ -137,7 +138,8 @@ def search_command(argv: Sequence[str]) -> int:
     pinned = pins.names()
     header = (f"{len(candidates):,} layouts enumerated, {fitting:,} fit by the count{checked}; {seconds:.1f} s"
               + (f"; fixed by your flags: {', '.join(pinned)}" if pinned else ""))
-    notes = no_fit + [answer_terms(config, pins, hardware.precision == "fp32")] + data_note(config) + ([f"left out of the commands: {' '.join(dropped)} (pretrain_gpt.py accepts "
+    notes = no_fit + [answer_terms(config.model, config.training, config.sources, pins, hardware.precision == "fp32")] \
+        + data_note(config) + ([f"left out of the commands: {' '.join(dropped)} (pretrain_gpt.py accepts "
                                   f"{'them' if len(dropped) > 1 else 'it'} with no effect)"] if dropped else [])
     print(format_picks(candidates, args.top, model_flags, hardware.gpus_per_node, hardware.gpu_memory_bytes, header,
                        notes, checked_only=args.dry_run_check))

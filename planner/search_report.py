@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from arguments.config import PretrainConfig
 from arguments.config_sources import DEFAULT, FLAG
+from arguments.training_config import TrainingConfig
+from gpt.model_config import ModelConfig
 from planner.layout_flags import launch_command
 from planner.layout_perf import Layout
 from planner.layout_pins import Pins
@@ -15,8 +16,8 @@ from planner.search_progress import layout_label
 from zero.memory import format_bytes
 
 
-def _given_by(config: PretrainConfig, setting: str, flag: str) -> str:
-    source = config.sources.get(setting)
+def _given_by(sources: dict, setting: str, flag: str) -> str:
+    source = sources.get(setting)
     if source is None or source.kind == DEFAULT:
         if setting == "global_batch_size":
             return f"none given: the search's default, on every command; {flag} sets it"
@@ -24,15 +25,15 @@ def _given_by(config: PretrainConfig, setting: str, flag: str) -> str:
     return "your flag" if source.kind == FLAG else f"from {source.describe()}"
 
 
-def answer_terms(config: PretrainConfig, pins: Pins, fp32_runs: bool) -> str:
+def answer_terms(model: ModelConfig, training: TrainingConfig, sources: dict, pins: Pins, fp32_runs: bool) -> str:
     """What every pick is for: the global batch and the sequence, each with its source, and the precision."""
     precision = "fp32" if fp32_runs and not pins.sixteen_bit else \
-        (config.training.precision if pins.sixteen_bit else "bf16")
+        (training.precision if pins.sixteen_bit else "bf16")
     if pins.precision == "fp8":
         precision += " with FP8 GEMMs (--fp8-format)"
-    batch, seq = config.training.global_batch_size, config.model.seq_length
-    return (f"for global batch {batch:,} ({_given_by(config, 'global_batch_size', '--global-batch-size')}), "
-            f"sequence {seq:,} ({_given_by(config, 'seq_length', '--seq-length')}), {precision}: "
+    batch, seq = training.global_batch_size, model.seq_length
+    return (f"for global batch {batch:,} ({_given_by(sources, 'global_batch_size', '--global-batch-size')}), "
+            f"sequence {seq:,} ({_given_by(sources, 'seq_length', '--seq-length')}), {precision}: "
             f"{batch * seq:,} tokens a step")
 
 

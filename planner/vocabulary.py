@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
-from arguments.config import PretrainConfig
+from arguments.checkpoint_config import CheckpointConfig
 from arguments.config_sources import PRESET
+from data.data_config import DataConfig
+from gpt.model_config import ModelConfig
 from training.run_settings import model_vocabulary, tokenizer_size_from_flags
 
 
-def launch_vocab(config: PretrainConfig) -> tuple[int, str]:
+def launch_vocab(checkpoint: CheckpointConfig, data: DataConfig, model: ModelConfig, sources: dict) -> tuple[int, str]:
     """The model's vocabulary for a launch of `config`, before its tokenizer is loaded, and where it came from: what
     `pretrain_gpt.py` with the same flags builds (for the embedded corpus at most --tokenizer-vocab-size tokens)."""
-    data = config.data
-    tokens = tokenizer_size_from_flags(config)
+    tokens = tokenizer_size_from_flags(data, model)
     if data.tokenizer_type == "NullTokenizer":
-        source = f"--vocab-size {config.model.vocab_size} plus the end-of-document id"
+        source = f"--vocab-size {model.vocab_size} plus the end-of-document id"
     elif tokens is None:
         from data.tokenizer import load_named_tokenizer
 
@@ -23,11 +24,11 @@ def launch_vocab(config: PretrainConfig) -> tuple[int, str]:
         source = "the tokenizer named by the flags"
     else:
         source = "the embedded corpus's tokenizer (--tokenizer-vocab-size)"
-    vocab = model_vocabulary(config, tokens)
-    if config.checkpoint.init_from_hf:
+    vocab = model_vocabulary(checkpoint, data, model, sources, tokens)
+    if checkpoint.init_from_hf:
         source = "the --init-from-hf folder's vocab_size"
     elif vocab != tokens:
-        where = config.sources.get("vocab_size")
+        where = sources.get("vocab_size")
         source = (f"vocab_size of the preset {where.origin}" if where is not None and where.kind == PRESET
                   else "--vocab-size") + \
             f"; the embedded corpus's tokenizer uses at most its first {tokens:,} ids"

@@ -13,9 +13,10 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 from base.errors import ConfigError, InjectedFault
+from base.options import option
 from base.waits import LONGEST_WAIT_TEXT, is_wait
 
 # nvidia-resiliency-ext's Fault enum, in order (lower case, as the flag is written).
@@ -29,15 +30,33 @@ SIGNAL_FAULTS = {"sigint": signal.SIGINT, "sigkill": signal.SIGKILL, "sigterm": 
 @dataclass(frozen=True)
 class FaultInjectorSettings:
     """The --fault-injector-* flags as Megatron-Core's FaultInjectorConfig holds them."""
-    ranks: Optional[str] = None
-    num_ranks: Optional[int] = None
-    fault_types: Optional[str] = None
-    fault_probabilities: Optional[str] = None
-    fault_delay: Optional[float] = None
-    delay_start_iteration: Optional[int] = None
-    mtti_seconds: Optional[float] = None
-    offset_seconds: Optional[float] = None
-    seed: Optional[int] = None
+    SETTING_PREFIX: ClassVar[str] = "fault_injector_"
+
+    ranks: Optional[str] = option(
+        None, group="checkpoint", metavar="R[,R...]", help="fault injector: inject on these ranks")
+    num_ranks: Optional[int] = option(
+        None, group="checkpoint", help="fault injector: inject on this many ranks drawn from ranks 1..N-1")
+    fault_types: Optional[str] = option(
+        None, group="checkpoint", metavar="TYPE[,TYPE...]",
+        help="fault injector: nvidia-resiliency-ext's fault types to draw one from (workload_exc, async_exc, "
+             "signal_exc, os_abort, lock_gil, segfault, sigint, sigkill, sigterm, sigstop; gpu_error, gpu_sleep "
+             "on CUDA)")
+    fault_probabilities: Optional[str] = option(
+        None, group="checkpoint", metavar="P[,P...]", help="fault injector: each fault type's weight (normalized)")
+    fault_delay: Optional[float] = option(
+        None, group="checkpoint",
+        help="fault injector: seconds from the start of training (or --fault-injector-delay-start-iteration) to the "
+             "fault")
+    delay_start_iteration: Optional[int] = option(
+        None, group="checkpoint",
+        help="fault injector: start the delay after the step at which Megatron's 0-based iteration count is N (the "
+             "step logged as iteration N+1)")
+    mtti_seconds: Optional[float] = option(
+        None, group="checkpoint", help="fault injector: mean time to inject, the delay drawn exponentially when "
+                                       "--fault-injector-fault-delay is not given")
+    offset_seconds: Optional[float] = option(
+        None, group="checkpoint", help="fault injector: seconds added to the drawn delay")
+    seed: Optional[int] = option(None, group="checkpoint", help="fault injector: its RNG's seed")
 
     @property
     def enabled(self) -> bool:

@@ -16,7 +16,9 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from arguments.config import ConfigError, PretrainConfig
+from arguments.checkpoint_config import CheckpointConfig
+from arguments.config import ConfigError
+from arguments.fault_handling import FaultHandlingSettings
 from base.waits import LONGEST_WAIT_TEXT, is_wait
 
 FT_TIMEOUTS_VARIABLE = "ZERO_GPT_FT_TIMEOUTS"  # JSON: {"setup": s, "step": s, "checkpointing": s, "out_of_section": s}
@@ -192,13 +194,13 @@ class FaultTolerance:
                      + f"; saved to {self.state_path}")
 
 
-def start_fault_tolerance(config: PretrainConfig, rank: int) -> Optional[FaultTolerance]:
+def start_fault_tolerance(faults: FaultHandlingSettings, checkpoint: CheckpointConfig,
+                          rank: int) -> Optional[FaultTolerance]:
     """This rank's sections and monitor (None without --enable-ft-package), setup open; refused without --save, as in
     Megatron-LM."""
-    training = config.training
-    if not training.enable_ft_package:
+    if not faults.enable_ft_package:
         return None
-    save_dir = config.checkpoint.save
+    save_dir = checkpoint.save
     if not save_dir:
         raise ConfigError("--enable-ft-package needs --save (and --load, the same directory, to resume after a "
                           "restart): Megatron-LM's ft_integration.setup refuses it without a save directory",
@@ -209,7 +211,7 @@ def start_fault_tolerance(config: PretrainConfig, rank: int) -> Optional[FaultTo
         raise ConfigError(f"{FT_TIMEOUTS_VARIABLE}: {error}") from None
     Path(save_dir).mkdir(parents=True, exist_ok=True)
     log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
-    fault_tolerance = FaultTolerance(rank, save_dir, training.calc_ft_timeouts, training.ft_num_warmup_iters,
+    fault_tolerance = FaultTolerance(rank, save_dir, faults.calc_ft_timeouts, faults.ft_num_warmup_iters,
                                      timeouts, log)
     log(fault_tolerance.describe())
     return fault_tolerance

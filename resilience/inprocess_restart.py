@@ -42,25 +42,26 @@ class RestartsExhausted(PeerLostError):
 
 
 def incarnation_bound(training: TrainingConfig) -> int:
-    return training.inprocess_max_iterations or DEFAULT_MAX_INCARNATIONS
+    return training.faults.inprocess_max_iterations or DEFAULT_MAX_INCARNATIONS
 
 
 def inprocess_notes(training: TrainingConfig) -> list[str]:
     """The start-up lines where --inprocess-restart differs from Megatron-LM's."""
-    if not training.inprocess_restart:
+    if not training.faults.inprocess_restart:
         return []
     bound = incarnation_bound(training)
     notes = [f"in-process restart: a failed incarnation is re-run in the same processes (at most {bound} "
-             f"incarnations); a process is gone when its heartbeat (every {training.inprocess_heartbeat_interval:g} s) "
-             f"is {training.inprocess_heartbeat_timeout:g} s old; the heartbeat watch of --heartbeat-timeout-seconds "
+             f"incarnations); a process is gone when its heartbeat (every "
+             f"{training.faults.inprocess_heartbeat_interval:g} s) is {training.faults.inprocess_heartbeat_timeout:g} s "
+             f"old; the heartbeat watch of --heartbeat-timeout-seconds "
              f"and the flight recorder are off under it (its heartbeats serve)"]
-    given = "" if training.inprocess_max_iterations is None else f" {training.inprocess_max_iterations}"
+    given = "" if training.faults.inprocess_max_iterations is None else f" {training.faults.inprocess_max_iterations}"
     notes.append(f"in-process restart: --inprocess-max-iterations{given} bounds the incarnations"
                  f"{'' if given else f' ({DEFAULT_MAX_INCARNATIONS} by default here)'}, as nvidia-resiliency-ext's "
                  "RetryController(max_iterations) does; Megatron-LM's inprocess_restart.py does not hand the flag on "
                  "(its RetryController gets min_world_size only), so there a fault met at every restart restarts "
                  "without end")
-    if training.inprocess_granularity == "node":
+    if training.faults.inprocess_granularity == "node":
         notes.append("in-process restart: --inprocess-granularity node takes out every rank of a host with CUDA "
                      "devices in Megatron-LM (a layer of torch.cuda.device_count() ranks per host); here each rank "
                      "is restarted or replaced alone, as with --inprocess-granularity rank")
@@ -72,9 +73,9 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
     """`run` in this process until the job is done, re-run after each fault; the last run's exit status."""
     training, launch = config.training, read_launch_environment()
     store = RestartStore(launch.master_addr, launch.master_port, launch.rank, launch.world_size,
-                         training.inprocess_heartbeat_interval, training.inprocess_barrier_timeout)
+                         training.faults.inprocess_heartbeat_interval, training.faults.inprocess_barrier_timeout)
     try:
-        assignment = first_assignment(launch.world_size, training.inprocess_active_world_size or launch.world_size)
+        assignment = first_assignment(launch.world_size, training.faults.inprocess_active_world_size or launch.world_size)
         incarnation, bound = 0, incarnation_bound(training)
         while True:
             _set_incarnation(assignment, launch.rank, incarnation, bound)
@@ -85,16 +86,16 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
             if rank is None:
                 # a hot spare: alive, beating, in no process group
                 trainers = [trainer for trainer, active in assignment.active_ranks.items() if active is not None]
-                ended = store.wait_for_end(incarnation, trainers, training.inprocess_heartbeat_timeout)
+                ended = store.wait_for_end(incarnation, trainers, training.faults.inprocess_heartbeat_timeout)
                 exit_code = 0
             else:
                 ended, exit_code = _train_once(config, run, store, incarnation, rank, fault_tolerance)
             if ended == "done":
-                store.finish(len(assignment.active_ranks), training.inprocess_completion_timeout)
+                store.finish(len(assignment.active_ranks), training.faults.inprocess_completion_timeout)
                 return exit_code
             alive = sorted(assignment.active_ranks)
-            gone = store.rendezvous(incarnation + 1, alive, training.inprocess_heartbeat_timeout,
-                                    training.inprocess_barrier_timeout)
+            gone = store.rendezvous(incarnation + 1, alive, training.faults.inprocess_heartbeat_timeout,
+                                    training.faults.inprocess_barrier_timeout)
             if launch.rank in gone:  # taken for dead by the others (nvidia-resiliency-ext's RankDiscarded)
                 raise RestartsExhausted(f"launch rank {launch.rank} was taken for gone at in-process restart "
                                         f"{incarnation + 1} (its heartbeat older than --inprocess-heartbeat-timeout)")
@@ -110,7 +111,7 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
             # the incarnations, as its help says.
             if incarnation + 1 >= bound:
                 raise RestartsExhausted(f"{cause}: no restart left (--inprocess-max-iterations {bound}"
-                                        f"{'' if training.inprocess_max_iterations else ', the default here'})",
+                                        f"{'' if training.faults.inprocess_max_iterations else ', the default here'})",
                                         speaks)
             if following.rank_of(launch.rank) == 0:
                 print(f"{program}: {cause}", file=sys.stderr, flush=True)
@@ -124,7 +125,8 @@ def _train_once(config: PretrainConfig, run: RunOnGrid, store: RestartStore, inc
     """One incarnation on this trainer: ("done", status), or ("fault", 0) after an exception here or a peer's."""
     state: Optional[ParallelState] = None
     try:
-        state = initialize_grid(config.training.device, config.parallel, config.training.distributed_timeout_minutes,
+        state = initialize_grid(config.training.device, config.parallel,
+                                config.training.faults.distributed_timeout_minutes,
                                 config.zero.distributed_optimizer_instances, store=store.group_store(incarnation))
         exit_code = run(config, state, fault_tolerance)
         if fault_tolerance is not None:

@@ -20,12 +20,12 @@ from resilience.rerun_stats import REPORTING_INTERVAL_ITERATIONS
 def rerun_mode_line(training, source: Optional[Source]) -> str:
     """What --rerun-mode does in this run, in one start-up line ("" when disabled); `source` says where its value came
     from."""
-    mode = training.rerun_mode
+    mode = training.faults.rerun_mode
     if mode == "disabled":
         return ""
     megatron_default = source is not None and source.origin == MEGATRON_DEFAULTS
     origin = "Megatron-LM's default for a flags launch" if megatron_default else "as given"
-    nan, spiky = training.check_for_nan_in_loss_and_grad, training.check_for_spiky_loss
+    nan, spiky = training.faults.check_for_nan_in_loss_and_grad, training.faults.check_for_spiky_loss
     if not nan and not spiky:
         return (f"> rerun state machine: --rerun-mode {mode} ({origin}) with nothing validated "
                 f"(--no-check-for-nan-in-loss-and-grad, no --check-for-spiky-loss): no iteration re-runs")
@@ -48,7 +48,7 @@ def rerun_mode_line(training, source: Optional[Source]) -> str:
 def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) -> Optional[RerunStateMachine]:
     """The machine --rerun-mode asks for (None when disabled): verdicts OR-ed over every rank, report_stats' records
     gathered to the first."""
-    if training.rerun_mode == "disabled":
+    if training.faults.rerun_mode == "disabled":
         return None
     world = dist.group.WORLD if dist.is_available() and dist.is_initialized() and state.world_size > 1 else None
 
@@ -74,9 +74,9 @@ def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) ->
     random.seed(seed)
     np.random.seed(seed)
     save, restore = torch_rng_saver(rng, state.device)
-    injector = ErrorInjector(training.error_injection_rate, RerunDiagnostic(training.error_injection_type),
+    injector = ErrorInjector(training.faults.error_injection_rate, RerunDiagnostic(training.faults.error_injection_type),
                              state.rank, say)
-    return RerunStateMachine(RerunMode(training.rerun_mode), rank=state.rank, reduce_any=reduce_any, save_rng=save,
+    return RerunStateMachine(RerunMode(training.faults.rerun_mode), rank=state.rank, reduce_any=reduce_any, save_rng=save,
                              restore_rng=restore, where=(socket.gethostname(), str(state.device)), injector=injector,
-                             tracker_file=training.result_rejected_tracker_filename, log=say, log_once=log,
+                             tracker_file=training.faults.result_rejected_tracker_filename, log=say, log_once=log,
                              gather_to_first=gather_to_first)

@@ -8,6 +8,7 @@ from functools import partial
 from typing import Callable, Optional
 
 from arguments.config import PretrainConfig
+from arguments.fault_handling import FaultHandlingSettings
 from base.errors import EXIT_BAD_INPUT, EXIT_INJECTED_FAULT, InjectedFault, PeerLostError, exit_at_once, one_line
 from parallel.launch_environment import read_launch_environment
 from parallel.state import ParallelState, destroy
@@ -32,8 +33,8 @@ def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, pr
     try:
         if flight.on:
             recorder = start_flight_recorder(flight, state.comm, state.rank, state.world_size,
-                                             config.training.heartbeat_timeout_seconds)
-        liveness = watch_peers(state, config.training.heartbeat_timeout_seconds, program, recorder)
+                                             config.training.faults.heartbeat_timeout_seconds)
+        liveness = watch_peers(state, config.training.faults.heartbeat_timeout_seconds, program, recorder)
         if liveness is not None:
             state.comm.publish_failure = partial(publish_failure, liveness, expected_errors)
         exit_code = run(config, state, fault_tolerance)
@@ -115,11 +116,10 @@ def peer_lost_line(loss: PeerLoss, state: ParallelState, recorder: Optional[Flig
     return f"{line}; {analysis}" if analysis else line
 
 
-def flight_recorder_settings(config: PretrainConfig) -> FlightRecorderSettings:
-    training = config.training
+def flight_recorder_settings(faults: FaultHandlingSettings) -> FlightRecorderSettings:
     return FlightRecorderSettings(
-        dump_path=training.flight_recorder_dump_path, trace_buffer_size=training.flight_recorder_trace_buffer_size,
-        dump_on_timeout=training.flight_recorder_dump_on_timeout,
-        include_stack_trace=training.flight_recorder_include_stack_trace,
-        include_only_active=training.flight_recorder_include_only_active,
-        extra_dump_on_exec=training.flight_recorder_extra_dump_on_exec)
+        dump_path=faults.flight_recorder_dump_path, trace_buffer_size=faults.flight_recorder_trace_buffer_size,
+        dump_on_timeout=faults.flight_recorder_dump_on_timeout,
+        include_stack_trace=faults.flight_recorder_include_stack_trace,
+        include_only_active=faults.flight_recorder_include_only_active,
+        extra_dump_on_exec=faults.flight_recorder_extra_dump_on_exec)

@@ -57,7 +57,8 @@ def candidates_to_measure(model: Sequence[str], ranks: int, hardware_name: str, 
 
     config = parse_config(list(model))
     hardware = load_hardware(hardware_name)
-    _, candidates = search(config, ranks, hardware, launch_vocab(config)[0])
+    vocab = launch_vocab(config.checkpoint, config.data, config.model, config.sources)[0]
+    _, candidates = search(config, ranks, hardware, vocab)
     kept, runs = [], set()
     for candidate in candidates:
         layout = candidate.layout

@@ -17,19 +17,58 @@ def test_the_trunk_file_is_under_200_lines():
     assert lines < 200, f"gpt/model_config.py has {lines} lines: move a component's settings into its section"
 
 
+def _section_sizes(config, path):
+    """{dotted path: its field count} of every dataclass section nested in `config`."""
+    sizes = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            sizes[f"{path}.{field.name}"] = len(dataclasses.fields(value))
+            sizes.update(_section_sizes(value, f"{path}.{field.name}"))
+    return sizes
+
+
 def test_no_section_holds_more_than_30_settings():
+    from arguments.config import PretrainConfig
     from gpt.model_config import ModelConfig
 
-    def sections(config, path):
-        for field in dataclasses.fields(config):
-            value = getattr(config, field.name)
-            if dataclasses.is_dataclass(value):
-                yield f"{path}.{field.name}", value
-                yield from sections(value, f"{path}.{field.name}")
-
-    sizes = {path: len(dataclasses.fields(value)) for path, value in sections(ModelConfig(), "ModelConfig")}
+    sizes = _section_sizes(ModelConfig(), "ModelConfig")
     assert len(sizes) >= 10, sizes  # the components' sections are found at all
-    assert {path: size for path, size in sizes.items() if size > 30} == {}
+    run = _section_sizes(PretrainConfig(), "PretrainConfig")
+    assert {"PretrainConfig.training.faults", "PretrainConfig.optimizer.algorithms", "PretrainConfig.data.fim"} <= set(run)
+    assert {path: size for path, size in {**sizes, **run}.items() if size > 30} == {}
+
+
+# Functions handed the whole run's settings (a parameter annotated PretrainConfig) may read any of them; a function
+# takes the sections it reads (issue 116 item 5)
+WHOLE_RUN_BOUND = 40
+
+
+def functions_given_the_whole_run(root) -> list[str]:
+    """`path:function` of each function of the library and scripts/ with a parameter annotated PretrainConfig."""
+    from tests.prose_count import source_files
+
+    found = []
+    for path in source_files(root):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                if any(a.annotation is not None and "PretrainConfig" in ast.unparse(a.annotation) for a in arguments):
+                    found.append(f"{path.relative_to(root)}:{node.name}")
+    return found
+
+
+def test_the_whole_run_counter_counts_annotated_parameters(tmp_path):
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "tool.py").write_text(
+        'def a(config: PretrainConfig): ...\ndef b(x, *, run: "Optional[PretrainConfig]" = None): ...\n'
+        "def c(model: ModelConfig, config): ...\n")
+    assert functions_given_the_whole_run(tmp_path) == ["scripts/tool.py:a", "scripts/tool.py:b"]
+
+
+def test_at_most_40_functions_are_given_the_whole_run_config():
+    found = functions_given_the_whole_run(ROOT)
+    assert len(found) <= WHOLE_RUN_BOUND, f"{len(found)} functions take PretrainConfig: {found}"
 
 
 def test_no_refusal_function_is_over_40_lines():

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from arguments.config import PretrainConfig
 from base.eager_under_compile import keep_marked_methods_eager
 from gpt.fp8 import (
     apply_fp8,
@@ -18,9 +17,11 @@ from gpt.fp8 import (
     guard_monitor,
 )
 from gpt.model import GPTModel, compile_blocks
+from gpt.model_config import ModelConfig
 from gpt.parallel_plan import tensor_parallel_plan
 from gpt.pipeline_layout import pipeline_layout_counts
 from gpt.stage_layers import StageLayers, stage_layers
+from parallel.config import ParallelismConfig
 from parallel.graph_backends import CudaGraphBackend, GraphBackend
 from parallel.pipeline_schedules import peak_held_by_forwards, schedule
 from parallel.random import TensorParallelRNG
@@ -126,19 +127,18 @@ def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[Stag
     """This rank's layers with pipeline stages; None (the whole model) without."""
     if state.pipeline_parallel_size == 1:
         return None
-    return config_stage_layers(settings.config, state.pipeline_parallel_rank)
+    return config_stage_layers(settings.config.model, settings.config.parallel, state.pipeline_parallel_rank)
 
 
-def config_stage_layers(config: PretrainConfig, pp_rank: int) -> StageLayers:
+def config_stage_layers(model: ModelConfig, parallel: ParallelismConfig, pp_rank: int) -> StageLayers:
     """The layers pipeline rank `pp_rank` builds, by the split its flags give."""
-    parallel = config.parallel
-    return stage_layers(config.model.num_layers, parallel.pipeline_model_parallel_size, pp_rank,
+    return stage_layers(model.num_layers, parallel.pipeline_model_parallel_size, pp_rank,
                         parallel.num_layers_per_virtual_pipeline_stage, parallel.decoder_first_pipeline_num_layers,
                         parallel.decoder_last_pipeline_num_layers,
                         virtual_stages=parallel.num_virtual_stages_per_pipeline_rank,
                         account_for_embedding=parallel.account_for_embedding_in_pipeline_split,
                         account_for_loss=parallel.account_for_loss_in_pipeline_split,
-                        layout_counts=pipeline_layout_counts(config.model, parallel))
+                        layout_counts=pipeline_layout_counts(model, parallel))
 
 
 def checkpoint_slot_sets(settings: RunSettings, state: ParallelState, stage: Optional[StageLayers]) -> int:

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from arguments.config import SAMPLE_ORDER_NAMES, PretrainConfig
+from arguments.checkpoint_config import SAMPLE_ORDER_NAMES
 from data.corpus import prepare_default_corpus
 from data.corpus_list import build_corpus_list_datasets
+from data.data_config import DataConfig
 from data.fim import FIMConfig, FIMDataset, FIMTokenizer, FIMTransform
 from data.gpt_dataset import APPENDABLE_ORDER, GPTDataset, build_train_valid_test_datasets
 from data.megatron_order import MEGATRON_ORDER, MegatronOrderGPTDataset
@@ -17,6 +18,7 @@ from data.mock import build_mock_datasets
 from data.per_split import DataSources, build_per_split_datasets, describe_sources
 from data.sampler import CYCLIC, build_data_loader
 from data.tokenizer import RunTokenizer, load_named_tokenizer, load_tokenizer
+from gpt.model_config import ModelConfig
 from parallel.state import ParallelState
 from training.run_settings import RunSettings
 
@@ -31,21 +33,20 @@ class DataSplits:
     summary: str = ""  # the data line: which blend each split reads, and its samples
 
 
-def corpus_cache_dir(config: PretrainConfig) -> Optional[str]:
+def corpus_cache_dir(data: DataConfig) -> Optional[str]:
     """Where the embedded corpus is prepared; None when the user's data is used."""
-    return None if config.data.user_data else str(config.data.data_cache_dir or DEFAULT_CACHE_DIR)
+    return None if data.user_data else str(data.data_cache_dir or DEFAULT_CACHE_DIR)
 
 
-def load_tokenizer_and_data_sources(config: PretrainConfig) -> tuple[RunTokenizer, DataSources]:
+def load_tokenizer_and_data_sources(data: DataConfig, model: ModelConfig) -> tuple[RunTokenizer, DataSources]:
     """The user's tokenizer and data, else the embedded corpus and its tokenizer."""
-    data = config.data
     tokenizer = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file, data.merge_file,
-                                     config.model.vocab_size)
+                                     model.vocab_size)
     if data.user_data:
         return tokenizer, data.sources()
     if data.mock_data and tokenizer is not None:
-        return tokenizer, DataSources()  # build_data makes Megatron's mock documents with these ids
-    corpus = prepare_default_corpus(corpus_cache_dir(config), data.tokenizer_vocab_size, tokenizer=tokenizer)
+        return tokenizer, DataSources()  # build_data makes Megatron's mock documents with this tokenizer's ids
+    corpus = prepare_default_corpus(corpus_cache_dir(data), data.tokenizer_vocab_size, tokenizer=tokenizer)
     if tokenizer is None:
         tokenizer = load_tokenizer(tokenizer_file=os.path.join(corpus.tokenizer_dir, "tokenizer.json"))
     if data.mock_data:  # mock data: the corpus's tokenizer only
@@ -59,9 +60,9 @@ class KeptAcrossRestarts:
     def __init__(self) -> None:
         self._loaded: Optional[tuple[RunTokenizer, DataSources]] = None
 
-    def tokenizer_and_data_sources(self, config: PretrainConfig) -> tuple[RunTokenizer, DataSources]:
+    def tokenizer_and_data_sources(self, data: DataConfig, model: ModelConfig) -> tuple[RunTokenizer, DataSources]:
         if self._loaded is None:
-            self._loaded = load_tokenizer_and_data_sources(config)
+            self._loaded = load_tokenizer_and_data_sources(data, model)
         return self._loaded
 
 
@@ -79,7 +80,7 @@ def build_datasets(settings: RunSettings, sources: DataSources, tokenizer: Optio
             raise ValueError("--mock-data's documents need the run's tokenizer (its vocabulary and end-of-document id)")
         train_set, valid_set, test_set = build_mock_datasets(
             config.model.seq_length, training.seed, num_samples, tokenizer.vocab_size,
-            tokenizer.eod_id, corpus_cache_dir(config))
+            tokenizer.eod_id, corpus_cache_dir(config.data))
         return train_set, valid_set, test_set, f"Megatron-Core's mock documents (--mock-data), split {config.data.split}"
     if sources.file_list is not None:
         # ALCF's --data-file-list: prefixes grouped by corpus
@@ -102,7 +103,7 @@ def build_datasets(settings: RunSettings, sources: DataSources, tokenizer: Optio
     return (*datasets, f"{describe_sources(sources, config.data.split)}, {SAMPLE_ORDER_NAMES[dataset_class.order]}")
 
 
-def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set, one_epoch: Optional[int],
+def cyclic_order_clause(data: DataConfig, sources: DataSources, train_set, one_epoch: Optional[int],
                         run_samples: int) -> str:
     """The data line's words on --dataloader-type cyclic, whose training permutation spans one epoch of the split
     whatever --train-iters asks; the clause says where that is not Megatron-LM's order."""
@@ -122,7 +123,7 @@ def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set,
         span = (f"{built:,} samples (one epoch of the split's data holds less than a micro-batch per data-parallel "
                 "rank),")
         differs = "Megatron-LM's permutes the whole epochs its dataset builds for the run's samples"
-    sharding = ("each data-parallel rank its own bucket" if config.data.data_sharding
+    sharding = ("each data-parallel rank its own bucket" if data.data_sharding
                 else "--no-data-sharding: the whole split, each rank every data-parallel-size-th index")
     return (f"; read by Megatron-LM's cyclic sampler (--dataloader-type cyclic: a torch.randperm seeded with the epoch "
             f"number, {sharding}), every split; its training permutation spans {span} whatever --train-iters asks, "
@@ -131,10 +132,10 @@ def cyclic_order_clause(config: PretrainConfig, sources: DataSources, train_set,
             + "; each evaluation starts its split's order again where Megatron-LM's goes on")
 
 
-def sharded_cyclic_resize_note(config: PretrainConfig, saved_data_parallel_size: Optional[int],
+def sharded_cyclic_resize_note(data: DataConfig, saved_data_parallel_size: Optional[int],
                                data_parallel_size: int) -> Optional[str]:
     """The start line of a cyclic-sampler resume at another DP size (some samples read again, as in Megatron-LM)."""
-    if config.data.dataloader_type != CYCLIC or not config.data.data_sharding or saved_data_parallel_size is None \
+    if data.dataloader_type != CYCLIC or not data.data_sharding or saved_data_parallel_size is None \
             or saved_data_parallel_size == data_parallel_size:
         return None
     return (f"> note: --dataloader-type cyclic resumed at data-parallel size {data_parallel_size}, the checkpoint's "
@@ -162,13 +163,12 @@ def build_data(settings: RunSettings, state: ParallelState, sources: DataSources
                        for name, dataset in zip(("train", "valid", "test"), (train_set, valid_set, test_set)))
     summary = f"> data: {summary}; samples of {config.model.seq_length + 1} tokens: {counts}"
     if cyclic:
-        summary += cyclic_order_clause(config, sources, train_set, one_epoch, run_samples)
+        summary += cyclic_order_clause(config.data, sources, train_set, one_epoch, run_samples)
 
-    if config.data.fim_data:
-        # Megatron-LM's pretrain_gpt.py builds GPTFIMDataset for every split under --fim-data
+    if config.data.fim.fim_data:
         if tokenizer is None:
             raise ValueError("--fim-data needs the run's tokenizer (it detokenizes and retokenizes samples)")
-        d = config.data
+        d = config.data.fim
         transform = FIMTransform(FIMConfig(
             rate=d.fim_rate, spm_rate=d.fim_spm_rate, split_sample=d.fim_split_sample,
             fragment_rate=d.fim_fragment_rate, no_prefix=d.fim_no_prefix, prefix_token=d.fim_prefix_token,

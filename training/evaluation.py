@@ -7,7 +7,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
-from arguments.config import PretrainConfig
+from arguments.training_config import TrainingConfig
 from data.documents import DocumentMasking, DocumentMasks, masked_token_mean
 from data.documents_cp import masks_on_this_rank
 from parallel.context_parallel import batch_on_this_rank
@@ -79,8 +79,8 @@ def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> to
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, config: PretrainConfig,
-             state: ParallelState, forward: Optional[Callable[..., torch.Tensor]] = None,
+def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, state: ParallelState,
+             forward: Optional[Callable[..., torch.Tensor]] = None,
              documents: Optional[DocumentMasking] = None) -> float:
     """Mean token loss over the first `num_micro_batches` of `loader` on every DP rank."""
     forward = forward or model
@@ -107,22 +107,22 @@ class Evaluator:
     """The validation split every --eval-interval iterations and at the end, the test split at the end."""
 
     def __init__(self, model: nn.Module, make_valid_loader: Optional[LoaderFactory],
-                 make_test_loader: Optional[LoaderFactory], micro_batches: int, config: PretrainConfig,
+                 make_test_loader: Optional[LoaderFactory], micro_batches: int, training: TrainingConfig,
                  state: ParallelState, writer: MetricsWriter,
                  forward: Optional[Callable[..., torch.Tensor]] = None,
                  documents: Optional[DocumentMasking] = None) -> None:
-        self.model, self.config, self.state, self.writer = model, config, state, writer
-        self.forward, self.documents = forward, documents
+        self.model, self.training, self.state, self.writer = model, training, state, writer
+        self.forward, self.documents = forward, documents  # see evaluate
         self.loaders = {"valid": make_valid_loader, "test": make_test_loader}
         self.micro_batches = micro_batches
 
     def due(self, split: str, iteration: int, last: bool) -> bool:
         if self.loaders[split] is None or self.micro_batches <= 0:
             return False
-        return split == "test" or last or iteration % self.config.training.eval_interval == 0
+        return split == "test" or last or iteration % self.training.eval_interval == 0
 
     def run(self, split: str, iteration: int, consumed_samples: int) -> float:
-        loss = evaluate(self.model, self.loaders[split](), self.micro_batches, self.config, self.state,
+        loss = evaluate(self.model, self.loaders[split](), self.micro_batches, self.state,
                         self.forward, self.documents)
         record = {"iteration": iteration, "consumed_samples": consumed_samples, "split": split,
                   "loss": loss, "ppl": perplexity(loss)}

@@ -14,7 +14,8 @@ from typing import Optional, Sequence
 import torch
 
 from arguments.bounds import parameter_lower_bound, rank_memory_bytes
-from arguments.config import DataConfig, TrainingConfig, check_device_name, check_seed
+from arguments.config import DataConfig, TrainingConfig
+from arguments.training_config import check_device_name, check_seed
 from base.errors import ConfigError, OneLineArgumentParser, run_tool
 from base.input_files import read_text_file
 from base.options import add_setting_flag

@@ -40,8 +40,8 @@ class IntervalMetrics:
         self.samples: list[int] = []
         # between records far apart, a short line with the ETA; no record
         self.heartbeat = ProgressLines()
-        # counted in the TFLOP/s
-        self.recomputed_share = recomputed_share(settings.config)
+        config = settings.config
+        self.recomputed_share = recomputed_share(config.activations, config.model, config.parallel)
 
     def flops_for(self, global_batch_size: int, recompute: float) -> float:
         config = self.settings.config
@@ -111,7 +111,7 @@ class IntervalMetrics:
         record.update(merge_iterations(self.fp8_guard))
         if last.moe_per_layer:
             record["moe_per_layer"] = last.moe_per_layer
-        if training.fp16:
+        if training.mixed_precision.fp16:
             record["loss_scale"] = last.loss_scale
             record["skipped_iterations"] = skipped_iterations
         line = format_console_line(record, training.train_iters, self.eta_s(iteration, consumed_samples))

@@ -39,9 +39,9 @@ class LeadingSkips:
     @classmethod
     def of(cls, training, start_iteration: int) -> Optional["LeadingSkips"]:
         """The watcher for a fresh fp16 run with dynamic scaling; None otherwise."""
-        if not training.fp16 or training.loss_scale is not None or start_iteration > 0:
+        if not training.mixed_precision.fp16 or training.mixed_precision.loss_scale is not None or start_iteration > 0:
             return None
-        return cls(training.initial_loss_scale, training.hysteresis, start_iteration + 1)
+        return cls(training.mixed_precision.initial_loss_scale, training.mixed_precision.hysteresis, start_iteration + 1)
 
     def after(self, iteration: int, skipped: bool, scale_after: float) -> Optional[str]:
         """The line, once, at the first step taken after skipped ones."""

@@ -14,6 +14,7 @@ import torch
 from arguments.batch_schedule import BatchSchedule
 from arguments.config import ConfigError, PretrainConfig
 from parallel.state import ParallelState
+from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 # module attributes so a test can point them at its own files
 MEMINFO_PATH = "/proc/meminfo"
@@ -160,9 +161,9 @@ class RankMemory:
         return self.host_bytes + (self.device_bytes if self.device_is_host else 0)
 
 
-def _offload_flags(config: PretrainConfig) -> list[str]:
-    return [flag for flag, on in (("--offload-optimizer", config.zero.offload_optimizer),
-                                  ("--offload-param", config.zero.offload_param)) if on]
+def _offload_flags(zero: ZeroConfig) -> list[str]:
+    return [flag for flag, on in (("--offload-optimizer", zero.offload_optimizer),
+                                  ("--offload-param", zero.offload_param)) if on]
 
 
 def _stage_lever(stage: int) -> str:
@@ -171,12 +172,12 @@ def _stage_lever(stage: int) -> str:
     return f"another ZeRO stage (--zero-stage 3 also shards {sharded}; this run has {stage})"
 
 
-def _host_levers(config: PretrainConfig, device_is_host: bool) -> str:
+def _host_levers(zero: ZeroConfig, device_is_host: bool) -> str:
     """What lowers a host's need."""
     levers = ["shard over more ranks on more hosts (ranks on one host share its memory)"]
-    offloaded = _offload_flags(config)
-    if device_is_host and config.zero.stage < 3:
-        levers.append(_stage_lever(config.zero.stage))
+    offloaded = _offload_flags(zero)
+    if device_is_host and zero.stage < 3:
+        levers.append(_stage_lever(zero.stage))
     if offloaded and not device_is_host:
         levers.append(f"offload only what fits (drop {' or '.join(reversed(offloaded))}: those states then take "
                       f"device memory)")
@@ -184,40 +185,40 @@ def _host_levers(config: PretrainConfig, device_is_host: bool) -> str:
     return ", ".join(levers[:-1]) + " or " + levers[-1]
 
 
-def _device_levers(config: PretrainConfig) -> str:
+def _device_levers(zero: ZeroConfig, activations: ActivationCheckpointConfig) -> str:
     """What lowers a CUDA device's need."""
-    stage = config.zero.stage
+    stage = zero.stage
     levers = ["shard over more ranks"]
     if stage < 3:
         levers.append(_stage_lever(stage))
-    if not config.zero.offload_optimizer:
+    if not zero.offload_optimizer:
         levers.append("--offload-optimizer")
-    elif stage == 3 and not config.zero.offload_param:
+    elif stage == 3 and not zero.offload_param:
         levers.append("--offload-param")
-    if not config.activations.checkpoint_activations:
+    if not activations.checkpoint_activations:
         levers.append("--checkpoint-activations")
-    elif config.activations.recompute_method == "block":  # its layers past the first N keep their activations
+    elif activations.recompute_method == "block":  # its layers past the first N keep their activations
         levers.append("--recompute-method uniform")
     levers.append("a smaller --micro-batch-size or model")
     return ", ".join(levers[:-1]) + " or " + levers[-1]
 
 
-def _host_words(config: PretrainConfig) -> str:
+def _host_words(zero: ZeroConfig, activations: ActivationCheckpointConfig) -> str:
     """What a rank keeps in host memory, by its flags."""
-    words = _offload_flags(config)
-    if config.activations.cpu_checkpointing:
+    words = _offload_flags(zero)
+    if activations.cpu_checkpointing:
         words.append("--cpu-checkpointing")
     return ", ".join(words) or "host-resident buffers"
 
 
-def _per_rank(ranks: list[RankMemory], config: PretrainConfig) -> str:
+def _per_rank(ranks: list[RankMemory], zero: ZeroConfig, activations: ActivationCheckpointConfig) -> str:
     """What the host's ranks each need, in the planner's terms."""
     first = ranks[0]
     parts = []
     if first.device_is_host:
         parts.append(f"{_gib(first.device_bytes)} of model states, buffers and working set")
     if first.host_bytes:
-        parts.append(f"{_gib(first.host_bytes)} in host memory ({_host_words(config)})")
+        parts.append(f"{_gib(first.host_bytes)} in host memory ({_host_words(zero, activations)})")
     figure = " + ".join(parts)
     if len(ranks) == 1:
         return f"rank {first.rank}: {figure}"
@@ -227,7 +228,7 @@ def _per_rank(ranks: list[RankMemory], config: PretrainConfig) -> str:
     return f"{len(ranks)} ranks of {_gib(min(needs))}-{_gib(max(needs))} each"
 
 
-def memory_verdict(ranks: list[RankMemory], config: PretrainConfig) -> Optional[str]:
+def memory_verdict(ranks: list[RankMemory], zero: ZeroConfig, activations: ActivationCheckpointConfig) -> Optional[str]:
     """The one line refusing the run, or None when everything fits."""
     hosts: dict[str, list[RankMemory]] = {}
     for rank in ranks:
@@ -242,14 +243,15 @@ def memory_verdict(ranks: list[RankMemory], config: PretrainConfig) -> Optional[
             first = on_host[0]
             source = next(rank.host_source for rank in on_host if rank.host_available == available)
             return (f"this run needs {_gib(need)} of host memory on host {name} for its {len(on_host)} rank(s) there "
-                    f"(the planner's peak, {_per_rank(on_host, config)}) and {_gib(available)} is available ({source}): "
-                    f"{_host_levers(config, first.device_is_host)}; `pretrain_gpt.py ... --dry-run` itemizes it")
+                    f"(the planner's peak, {_per_rank(on_host, zero, activations)}) and {_gib(available)} is available "
+                    f"({source}): "
+                    f"{_host_levers(zero, first.device_is_host)}; `pretrain_gpt.py ... --dry-run` itemizes it")
     for rank in ranks:
         if rank.device_available is not None and rank.device_bytes > rank.device_available:
             return (f"rank {rank.rank} needs {_gib(rank.device_bytes)} on {rank.device_name} of {rank.host} (the "
                     f"planner's peak: model states, buffers and working set, before the CUDA context and NCCL's "
                     f"buffers) and {_gib(rank.device_available)} is free (torch.cuda.mem_get_info): "
-                    f"{_device_levers(config)}; `pretrain_gpt.py ... --dry-run` itemizes it")
+                    f"{_device_levers(zero, activations)}; `pretrain_gpt.py ... --dry-run` itemizes it")
     return None
 
 
@@ -269,6 +271,6 @@ def check_memory_fits(config: PretrainConfig, state: ParallelState, batch: Batch
     for rank in ranks:
         if rank.unplanned:
             log(f"> memory not checked before the build for rank {rank.rank}: {rank.unplanned}")
-    verdict = memory_verdict(ranks, config)
+    verdict = memory_verdict(ranks, config.zero, config.activations)
     if verdict is not None:
-        raise ConfigError(verdict, flags=("--num-layers", "--hidden-size", "--zero-stage", *_offload_flags(config)))
+        raise ConfigError(verdict, flags=("--num-layers", "--hidden-size", "--zero-stage", *_offload_flags(config.zero)))

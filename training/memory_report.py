@@ -64,7 +64,8 @@ def report_memory(optimizer: ShardedAdamW, settings: RunSettings, state: Paralle
     predicted = predict_model_state_bytes(optimizer.num_parameters, optimizer.stage, state.partition_size,
                                           config.training.precision, config.training.gradient_precision,
                                           config.optimizer.optimizer,
-                                          (config.optimizer.exp_avg_dtype, config.optimizer.exp_avg_sq_dtype))
+                                          (config.optimizer.algorithms.exp_avg_dtype,
+                                           config.optimizer.algorithms.exp_avg_sq_dtype))
     extra = {"iteration": iteration, "stage": optimizer.stage, "data_parallel_size": state.data_parallel_size,
              "partition_size": state.partition_size,
              "tensor_parallel_rank": state.tensor_parallel_rank, "num_parameters": optimizer.num_parameters,

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
-from arguments.config import PretrainConfig, sample_order, sample_order_kept_note
+from arguments.checkpoint_config import CheckpointConfig, sample_order, sample_order_kept_note
+from arguments.config import PretrainConfig
 from checkpoint.formats import initialize_from_pretrained
 from checkpoint.global_load import ResumePoint
 from checkpoint.null_tokenizer_reading import read_as_saved
@@ -18,6 +19,7 @@ from checkpoint.run_start import RunStart, claim_run_start
 from checkpoint.tokenizer_check import check_resume_tokenizer
 from checkpoint.upcycling import load_upcycled
 from data.tokenizer import RunTokenizer
+from gpt.model_config import ModelConfig
 from parallel.launch_environment import read_launch_environment
 from parallel.state import ParallelState
 from resilience.rerun_resume import resume_machine
@@ -82,13 +84,13 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
     """`kept`: the tokenizer and data sources an in-process restart's earlier incarnation loaded."""
     # before any of the run's work
     threads = set_intra_op_threads(read_launch_environment().local_world_size)
-    with state.comm.collective_work():  # an error on some ranks only ends every rank
-        claimed = claim_run_start(config, state, corpus_cache_dir(config), log, batch)
+    with state.comm.collective_work():  # its checks and loads: an error on some ranks only ends every rank
+        claimed = claim_run_start(config, state, corpus_cache_dir(config.data), log, batch)
     with contextlib.ExitStack() as on_failure:  # popped on success: the Run owns what was made
         on_failure.callback(claimed.release)
         log("> preparing tokenizer and data")
-        tokenizer, data_sources = (kept.tokenizer_and_data_sources(config) if kept is not None
-                                   else load_tokenizer_and_data_sources(config))
+        tokenizer, data_sources = (kept.tokenizer_and_data_sources(config.data, config.model) if kept is not None
+                                   else load_tokenizer_and_data_sources(config.data, config.model))
         # a NullTokenizer read as the checkpoint's run read --vocab-size
         tokenizer, reading_note = read_as_saved(claimed.saved_null_tokenizer, tokenizer, claimed.resume_from)
         if reading_note:
@@ -96,7 +98,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         tokenizer_note = check_resume_tokenizer(claimed.saved_tokenizer, config, tokenizer)  # before the data
         if tokenizer_note:
             log(tokenizer_note)
-        vocab_size = model_vocabulary(config, tokenizer.vocab_size)  # the tokenizer's, or an --init-from-hf folder's
+        vocab_size = model_vocabulary(config.checkpoint, config.data, config.model, config.sources,
+                                      tokenizer.vocab_size)  # the tokenizer's, or an --init-from-hf folder's
         settings = resolve_run_settings(config, vocab_size, state.tensor_parallel_size, state.data_parallel_size,
                                         state.device.type, batch=batch, resumed_lr_schedule=claimed.lr_schedule)
         config = settings.config  # from here on, the resolved copy
@@ -104,7 +107,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
             log(note)
         data = build_data(settings, state, data_sources, tokenizer, claimed.identity.sample_order)
         log(data.summary)
-        resized = sharded_cyclic_resize_note(config, claimed.saved_data_parallel_size, state.data_parallel_size)
+        resized = sharded_cyclic_resize_note(config.data, claimed.saved_data_parallel_size, state.data_parallel_size)
         if resized:
             log(resized)
         if claimed.identity.sample_order != sample_order(config.checkpoint.ckpt_format):
@@ -122,7 +125,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         # the rerun state machine before the load, which restores its state
         rerun = rerun_state_machine_for(config.training, state, built.rng, log)
         with state.comm.collective_work():
-            start = load_weights(config, state, built, claimed, log)
+            start = load_weights(config.checkpoint, config.model, config.training.seed, state, built, claimed, log)
         resume_machine(rerun, start.rerun_state, start.rerun_layout_changed, state.rank, log)
         if rerun is not None:
             log(rerun_mode_line(config.training, config.sources.get("rerun_mode")))
@@ -143,19 +146,18 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
     return run
 
 
-def load_weights(config: PretrainConfig, state: ParallelState, built: Built, claimed: RunStart,
-                 log: Log) -> ResumePoint:
+def load_weights(checkpoint: CheckpointConfig, model: ModelConfig, seed: int, state: ParallelState, built: Built,
+                 claimed: RunStart, log: Log) -> ResumePoint:
     """The checkpoint claim_run_start verified, or --init-from-hf's weights on a fresh start."""
-    checkpoint = config.checkpoint
     if checkpoint.init_from_hf and claimed.resume_from is None:
         log(f"> initializing from the Hugging Face model in {checkpoint.init_from_hf}")
-        initialize_from_pretrained(built.zero.optimizer, built.model, checkpoint.init_from_hf, config.model, state)
+        initialize_from_pretrained(built.zero.optimizer, built.model, checkpoint.init_from_hf, model, state)
     if claimed.resume_from is None:
         return ResumePoint(0, 0, None)
     if checkpoint.moe_use_upcycling:
         return load_upcycled(claimed.format_name, claimed.resume_from, built.model, built.zero.optimizer, state,
-                             config.model, checkpoint.moe_upcycling_granularity, config.training.seed, log)
-    start = claimed.load(built, state, config.model, load_optimizer=checkpoint.load_optim,
+                             model, checkpoint.moe_upcycling_granularity, seed, log)
+    start = claimed.load(built, state, model, load_optimizer=checkpoint.load_optim,
                          load_rng=checkpoint.load_rng, finetune=checkpoint.finetune)
     log(f"> loaded {start.path}: " + (f"resuming after iteration {start.iteration} "
                                       f"({start.consumed_samples} samples consumed)"

@@ -6,23 +6,25 @@ from __future__ import annotations
 
 from typing import Optional
 
-from arguments.config import PretrainConfig
+from gpt.model_config import ModelConfig
+from parallel.config import ParallelismConfig
 from training.build import config_stage_layers
+from zero.config import ActivationCheckpointConfig
 
 
-def chunk_layer_counts(config: PretrainConfig, pipeline_rank: Optional[int] = None) -> list[int]:
+def chunk_layer_counts(model: ModelConfig, parallel: ParallelismConfig, pipeline_rank: Optional[int] = None) -> list[int]:
     """The blocks of each model chunk of `pipeline_rank` (of every rank where None)."""
-    stages = config.parallel.pipeline_model_parallel_size
+    stages = parallel.pipeline_model_parallel_size
     if stages == 1:
-        return [config.model.num_layers]
+        return [model.num_layers]
     ranks = range(stages) if pipeline_rank is None else (pipeline_rank,)
-    return [len(chunk) for rank in ranks for chunk in config_stage_layers(config, rank).chunks]
+    return [len(chunk) for rank in ranks for chunk in config_stage_layers(model, parallel, rank).chunks]
 
 
-def recomputed_share(config: PretrainConfig, pipeline_rank: Optional[int] = None) -> float:
+def recomputed_share(activations: ActivationCheckpointConfig, model: ModelConfig, parallel: ParallelismConfig,
+                     pipeline_rank: Optional[int] = None) -> float:
     """The share of `pipeline_rank`'s blocks whose forward runs again in backward."""
-    activations = config.activations
-    chunks = chunk_layer_counts(config, pipeline_rank)
+    chunks = chunk_layer_counts(model, parallel, pipeline_rank)
     if not activations.checkpoint_activations or not sum(chunks):
         return 0.0
     recomputed = sum(end - first for layers in chunks

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from typing import Optional
 
-from arguments.config import PretrainConfig
+from arguments.training_config import TrainingConfig
+from gpt.model_config import ModelConfig
 from gpt.parallel_plan import tensor_parallel_plan
+from parallel.config import ParallelismConfig
 from parallel.state import ParallelState
 from training.build import Built
 from training.metrics import active_parameter_count, parameter_count
 from training.run_settings import RunSettings
 from training.threads import ThreadChoice
+from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 
 def describe_model(settings: RunSettings, state: ParallelState, built: Built,
@@ -28,9 +31,10 @@ def describe_model(settings: RunSettings, state: ParallelState, built: Built,
             f"{config.model.num_attention_heads} heads, vocab {settings.vocab_size} padded to "
             f"{settings.padded_vocab_size}) on {state.device}; global batch {settings.batch.describe()} = micro batch "
             f"{config.training.micro_batch_size} x {settings.batch.final_accumulation_steps} accumulation steps x "
-            f"{state.data_parallel_size} data-parallel; {parallel_sizes(config, state)}; "
+            f"{state.data_parallel_size} data-parallel; {parallel_sizes(config.model, config.parallel, state)}; "
             f"{_pipeline_words(built)}ZeRO stage {built.zero.optimizer.stage}, {config.training.precision} "
-            f"({config.training.gradient_precision} gradients); {host_placement(config)}")
+            f"({config.training.gradient_precision} gradients); "
+            f"{host_placement(config.zero, config.activations, config.training)}")
     if threads is not None and threads.differs:
         line += f"; {threads.words()}"
     return line
@@ -46,15 +50,15 @@ def _moe_layers(count: int) -> str:
     return f"{count} MoE layer{'s' if count != 1 else ''}"
 
 
-def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
+def parallel_sizes(model: ModelConfig, parallel: ParallelismConfig, state: ParallelState) -> str:
     """'parallel sizes TP 2, SP on, PP 1, DP 4', then CP, experts and optimizer instances."""
-    sequence = "on" if tensor_parallel_plan(state, config.parallel).sequence_parallel else "off"
+    sequence = "on" if tensor_parallel_plan(state, parallel).sequence_parallel else "off"
     words = (f"parallel sizes TP {state.tensor_parallel_size}, SP {sequence}, PP {state.pipeline_parallel_size}, "
              f"DP {state.data_parallel_size}")
-    if config.parallel.sequence_parallel and state.tensor_parallel_size == 1:
+    if parallel.sequence_parallel and state.tensor_parallel_size == 1:
         words += " (--sequence-parallel has nothing to split at TP 1, as in Megatron-LM)"
     if state.context_parallel_size > 1:  # only then: the line of every other run stays as it was
-        comm = config.model.attention.cp_comm_type
+        comm = model.attention.cp_comm_type
         if comm == "a2a+p2p":
             comm += " = all-to-all over {} x ring over {}".format(*state.hierarchical_context_sizes)
         words += (f", CP {state.context_parallel_size} ({comm}; gradients averaged and ZeRO's "
@@ -64,10 +68,10 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
         # expert TP named only where the experts are split
         split = f" x expert TP {experts.tensor_size}" if experts.tensor_size > 1 else ""
         words += (f"; experts EP {experts.model_size}{split} x expert DP {experts.data_size} "
-                  f"({config.parallel.dispatcher_name} dispatcher)")
-    elif config.model.moe is not None and experts.tensor_size > 1:
+                  f"({parallel.dispatcher_name} dispatcher)")
+    elif model.moe is not None and experts.tensor_size > 1:
         words += (f"; experts split over expert TP {experts.tensor_size} "
-                  f"({config.parallel.dispatcher_name} dispatcher)")
+                  f"({parallel.dispatcher_name} dispatcher)")
     instances = state.optimizer_instances.count
     if instances > 1:
         words += (f"; {instances} distributed optimizer instances, each sharding the optimizer state over "
@@ -77,9 +81,8 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
     return words
 
 
-def host_placement(config: PretrainConfig) -> str:
+def host_placement(zero: ZeroConfig, activations: ActivationCheckpointConfig, training: TrainingConfig) -> str:
     """What ZeRO-Offload and ZeRO-R put in host memory, or that nothing is."""
-    zero, activations = config.zero, config.activations
     on_host = []
     fraction = zero.optimizer_offload_fraction if zero.offload_optimizer else 0.0
     if fraction == 1.0:
@@ -90,7 +93,7 @@ def host_placement(config: PretrainConfig) -> str:
                        f"step and a copy of their gradients (--offload-optimizer --optimizer-offload-fraction "
                        f"{fraction:g}; the rest on the device)")
     if zero.offload_param:
-        on_host.append(f"{config.training.precision} parameter shards (--offload-param)")
+        on_host.append(f"{training.precision} parameter shards (--offload-param)")  # the model's dtype
     if activations.checkpoint_activations and activations.cpu_checkpointing:
         on_host.append("activation checkpoints (--cpu-checkpointing)")
     if not on_host:

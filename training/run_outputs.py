@@ -50,4 +50,4 @@ def checkpoint_saver(config: PretrainConfig, state: ParallelState, built: Built,
         return None
     return CheckpointSaves(config, state, built.model, built.zero.optimizer, built.rng, tokenizer, identity, batch,
                            rerun_state=lambda: machine_checkpoint_state(rerun),
-                           rerun_validates=rerun is not None and config.training.rerun_mode == "validate_results")
+                           rerun_validates=rerun is not None and config.training.faults.rerun_mode == "validate_results")

@@ -11,16 +11,21 @@ from typing import Optional
 import torch
 
 from arguments.batch_schedule import BatchSchedule, batch_schedule
+from arguments.checkpoint_config import CheckpointConfig
 from arguments.config import ConfigError, PretrainConfig
 from arguments.config_sources import FLAG, JSON, PRESET
 from arguments.schedule import LearningRateSchedule, build_lr_schedule, train_iterations
+from arguments.training_config import TrainingConfig
 from base.options import replace_settings
 from checkpoint.formats import pretrained_vocab_size
+from data.data_config import DataConfig
 from gpt.attention_backend import backend_for_device
 from gpt.hybrid_pattern import GDN
 from gpt.layer_spec import mixer_symbols
+from gpt.model_config import ModelConfig
 from training.moe_notes import moe_notes
 from zero.optimizer import PRECISION_DTYPES
+from zero.optimizer_config import OptimizerConfig
 
 
 @dataclass(frozen=True)
@@ -47,52 +52,54 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
                          resumed_lr_schedule: Optional[LearningRateSchedule] = None) -> RunSettings:
     """Everything derived from `config` for a TP x DP grid on `device_type` and a tokenizer of `vocab_size` tokens."""
     batch = batch if batch is not None else batch_schedule(config, data_parallel_size)
-    training, notes = resolve_precision(config, device_type)
-    attention_backend, fallback = resolve_attention_backend(config, training.precision, device_type)
-    notes += fallback + vocabulary_notes(config, vocab_size) + document_masking_notes(config) \
-        + moe_notes(config, tensor_parallel_size, data_parallel_size)
-    notes += longrope_notes(config) + masked_loss_log_notes(config)
+    training, notes = resolve_precision(config.training, config.sources, device_type)
+    attention_backend, fallback = resolve_attention_backend(config.model, config.data, config.sources, training.precision,
+                                                            device_type)
+    notes += fallback + vocabulary_notes(config.data, config.model, config.sources, vocab_size) \
+        + document_masking_notes(config.data, config.model) \
+        + moe_notes(config.model, config.parallel, tensor_parallel_size, data_parallel_size)
+    notes += longrope_notes(config.model) + masked_loss_log_notes(config.data, config.training)
     model = replace_settings(config.model, vocab_size=vocab_size, attention_backend=attention_backend)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
                                    micro_batch_size=batch.micro_batch_size,
-                                   train_iters=train_iterations(config, batch))
+                                   train_iters=train_iterations(config.training, batch))
     resolved = dataclasses.replace(config, model=model, training=training)
-    lr_schedule = resumed_lr_schedule if resumed_lr_schedule is not None else build_lr_schedule(resolved, batch)
-    return RunSettings(lr_schedule=lr_schedule, decoupled_lr_schedule=decoupled_schedule(config, lr_schedule),
+    lr_schedule = resumed_lr_schedule if resumed_lr_schedule is not None else build_lr_schedule(
+        resolved.optimizer, resolved.training, resolved.model.seq_length, batch)
+    return RunSettings(lr_schedule=lr_schedule, decoupled_lr_schedule=decoupled_schedule(config.optimizer, lr_schedule),
         config=resolved, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
         batch=batch, vocab_size=vocab_size, padded_vocab_size=model.padded_vocab_size(tensor_parallel_size),
         param_dtype=PRECISION_DTYPES[training.precision], grad_dtype=PRECISION_DTYPES[training.gradient_precision],
         notes=notes)
 
 
-def decoupled_schedule(config: PretrainConfig, schedule: LearningRateSchedule) -> Optional[LearningRateSchedule]:
+def decoupled_schedule(optimizer: OptimizerConfig, schedule: LearningRateSchedule) -> Optional[LearningRateSchedule]:
     """--decoupled-lr's schedule: its own max_lr and min_lr, the rest shared, as Megatron-LM's scheduler."""
-    optimizer = config.optimizer
     if optimizer.decoupled_lr is None:
         return None
     floor = optimizer.decoupled_min_lr if optimizer.decoupled_min_lr is not None else schedule.min_lr
     return dataclasses.replace(schedule, max_lr=optimizer.decoupled_lr, min_lr=floor)
 
 
-def tokenizer_named(config: PretrainConfig) -> bool:
+def tokenizer_named(data: DataConfig) -> bool:
     """Whether the flags name a tokenizer."""
-    data = config.data
     return bool(data.tokenizer_type or data.tokenizer_file or data.vocab_file)
 
 
-def tokenizer_size_from_flags(config: PretrainConfig) -> Optional[int]:
+def tokenizer_size_from_flags(data: DataConfig, model: ModelConfig) -> Optional[int]:
     """The tokenizer's size from the flags alone, or None for a tokenizer read from files."""
-    if config.data.tokenizer_type == "NullTokenizer":
-        return config.model.vocab_size + 1
-    if tokenizer_named(config):
+    if data.tokenizer_type == "NullTokenizer":
+        return model.vocab_size + 1
+    if tokenizer_named(data):
         return None
-    return config.data.tokenizer_vocab_size
+    return data.tokenizer_vocab_size
 
 
-def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
+def model_vocabulary(checkpoint: CheckpointConfig, data: DataConfig, model: ModelConfig, sources: dict,
+                     tokenizer_vocab_size: int) -> int:
     """The model's vocabulary, for the trainer and the planner alike: a named tokenizer's size (Megatron-LM reads
     --vocab-size only for the NullTokenizer), else --vocab-size, or an --init-from-hf folder's."""
-    folder = config.checkpoint.init_from_hf
+    folder = checkpoint.init_from_hf
     if folder:
         hf_vocab = pretrained_vocab_size(folder)
         if tokenizer_vocab_size > hf_vocab:
@@ -100,32 +107,32 @@ def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
                               f"vocab_size {hf_vocab}: its ids past {hf_vocab - 1} have no row in the model; give the "
                               f"tokenizer the folder was trained with")
         return hf_vocab
-    asked = config.model.vocab_size
-    if tokenizer_named(config) or not asked:
+    asked = model.vocab_size
+    if tokenizer_named(data) or not asked:
         return tokenizer_vocab_size
     if tokenizer_vocab_size > asked:
-        raise ConfigError(f"{_vocab_words(config)} is smaller than the embedded corpus's tokenizer "
-                          f"(--tokenizer-vocab-size {config.data.tokenizer_vocab_size}): the model's vocabulary must "
+        raise ConfigError(f"{_vocab_words(model, sources)} is smaller than the embedded corpus's tokenizer "
+                          f"(--tokenizer-vocab-size {data.tokenizer_vocab_size}): the model's vocabulary must "
                           f"hold every token id; raise --vocab-size or lower --tokenizer-vocab-size",
                           flags=("--vocab-size", "--tokenizer-vocab-size"))
     return asked
 
 
-def _vocab_words(config: PretrainConfig) -> str:
+def _vocab_words(model: ModelConfig, sources: dict) -> str:
     """--vocab-size N, and the preset it came from where it was not typed."""
-    source = config.sources.get("vocab_size")
+    source = sources.get("vocab_size")
     where = f" (vocab_size of the preset {source.origin})" if source is not None and source.kind == PRESET else ""
-    return f"--vocab-size {config.model.vocab_size}{where}"
+    return f"--vocab-size {model.vocab_size}{where}"
 
 
-def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:
+def document_masking_notes(data: DataConfig, model: ModelConfig) -> tuple[str, ...]:
     """--reset-position-ids and --reset-attention-mask where they change less than asked, said once."""
-    kind = config.model.positions.position_embedding_type
+    kind = model.positions.position_embedding_type
     notes = ()
-    if config.data.reset_attention_mask and GDN in mixer_symbols(config.model):
+    if data.reset_attention_mask and GDN in mixer_symbols(model):
         notes = ("> --reset-attention-mask does not reach the Gated DeltaNet (`G`) layers: their state runs over the "
                  "whole sequence, as Megatron-Core's GatedDeltaNet reads no attention mask",)
-    if not config.data.reset_position_ids or kind == "learned_absolute":
+    if not data.reset_position_ids or kind == "learned_absolute":
         return notes
     return notes + (f"> --reset-position-ids has no effect with --position-embedding-type {kind}: Megatron-LM restarts "
                     f"only learned positions after each end-of-document token; rotary angles stay those of positions "
@@ -133,18 +140,18 @@ def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:
                     f"depends only on the positions' difference)",)
 
 
-def masked_loss_log_notes(config: PretrainConfig) -> tuple[str, ...]:
+def masked_loss_log_notes(data: DataConfig, training: TrainingConfig) -> tuple[str, ...]:
     """The logged loss under a loss mask differs from Megatron-LM's, said once."""
-    if not (config.data.eod_mask_loss or config.data.goldfish_loss):
+    if not (data.eod_mask_loss or data.goldfish_loss):
         return ()
-    logged = "evaluation" if config.training.calculate_per_token_loss else "training and evaluation"
+    logged = "evaluation" if training.calculate_per_token_loss else "training and evaluation"
     return (f"> with a loss mask the logged {logged} loss is the mean of each micro-batch's masked mean; Megatron-LM "
             f"logs the masked sum over the token count (the gradients are Megatron-LM's either way)",)
 
 
-def longrope_notes(config: PretrainConfig) -> tuple[str, ...]:
+def longrope_notes(model: ModelConfig) -> tuple[str, ...]:
     """Which of LongRoPE's factor lists the sequence takes, as transformers picks them."""
-    longrope, seq = config.model.longrope, config.model.seq_length
+    longrope, seq = model.longrope, model.seq_length
     if longrope is None:
         return ()
     which = "long" if seq > longrope.original_max_positions else "short"
@@ -154,40 +161,40 @@ def longrope_notes(config: PretrainConfig) -> tuple[str, ...]:
             f"picks them for a whole sequence; cos and sin times {longrope.attention_factor:.6g}",)
 
 
-def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]:
+def vocabulary_notes(data: DataConfig, model: ModelConfig, sources: dict, vocab_size: int) -> tuple[str, ...]:
     """Where a --vocab-size is not read, said once."""
-    asked = config.model.vocab_size
-    if not asked or config.data.tokenizer_type == "NullTokenizer":
+    asked = model.vocab_size
+    if not asked or data.tokenizer_type == "NullTokenizer":
         return ()
-    if not tokenizer_named(config):
-        return (f"> the model's vocabulary is {_vocab_words(config)}: the embedded corpus's tokenizer, trained here "
-                f"with at most --tokenizer-vocab-size {config.data.tokenizer_vocab_size} tokens, uses its first ids "
+    if not tokenizer_named(data):
+        return (f"> the model's vocabulary is {_vocab_words(model, sources)}: the embedded corpus's tokenizer, trained here "
+                f"with at most --tokenizer-vocab-size {data.tokenizer_vocab_size} tokens, uses its first ids "
                 f"(name your tokenizer, --tokenizer-file, to train on all of them)",)
     if asked == vocab_size:
         return ()
-    tokenizer = config.data.tokenizer_type or "the tokenizer given"
-    return (f"> {_vocab_words(config)} is not read beside {tokenizer} (as in Megatron-LM): the vocabulary is the "
+    tokenizer = data.tokenizer_type or "the tokenizer given"
+    return (f"> {_vocab_words(model, sources)} is not read beside {tokenizer} (as in Megatron-LM): the vocabulary is the "
             f"tokenizer's {vocab_size} tokens",)
 
 
-def resolve_attention_backend(config: PretrainConfig, precision: str, device_type: str) -> tuple[str, tuple[str, ...]]:
+def resolve_attention_backend(model: ModelConfig, data: DataConfig, sources: dict, precision: str,
+                              device_type: str) -> tuple[str, tuple[str, ...]]:
     """(the attention backend this device runs, why it is not the one asked)."""
-    typed = config.sources.get("attention_backend")
+    typed = sources.get("attention_backend")
     flag = typed.origin.split(" ")[0] if typed is not None and typed.kind == FLAG else ""
-    backend, fallback = backend_for_device(config.model, precision, torch.device(device_type), flag,
-                                           attention_mask=config.data.reset_attention_mask)
+    backend, fallback = backend_for_device(model, precision, torch.device(device_type), flag,
+                                           attention_mask=data.reset_attention_mask)
     return backend, (fallback,) if fallback else ()
 
 
-def resolve_precision(config: PretrainConfig, device_type: str):
+def resolve_precision(training: TrainingConfig, sources: dict, device_type: str):
     """(training section at the precision this device runs, notes)."""
-    training = config.training
     if device_type != "cpu" or training.precision == "fp32":
         return training, ()
     name = training.precision
-    source = config.sources.get(name)
+    source = sources.get(name)
     if source is not None and source.kind not in (JSON, FLAG):
-        return (dataclasses.replace(training, bf16=False, fp16=False),
+        return (replace_settings(training, bf16=False, fp16=False),
                 (f"> {name} comes from {source.describe()}, a setting for GPUs: on this CPU the run trains in fp32, "
                  f"10-15x faster here than {name} (pass --{name} to keep it)",))
     return training, (f"warning: {name} on a CPU runs 10-15x slower than fp32 (CPUs lack fast 16-bit matrix "

@@ -57,7 +57,7 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
         forward = PipelineForward(built.model, state, config.model.hidden_size) \
             if state.pipeline_parallel_size > 1 else None
         evaluator = Evaluator(built.model, run.data.make_valid_loader, run.data.make_test_loader,
-                              eval_micro_batches, config, state, writer, forward, documents)
+                              eval_micro_batches, config.training, state, writer, forward, documents)
         memory = FirstIterationMemory(built.zero.optimizer, settings, state, writer, built.activations,
                                       run.memory_check, first_iteration=start.iteration + 1,
                                       micro_batches=settings.batch.accumulation_steps_at(start.consumed_samples))

@@ -101,7 +101,8 @@ class DataParallelTrainStep:
         self.replay = ReplayingBatches(train_batches) if reruns or fp8_guard is not None else None
         # Megatron-LM's loss_func checks, made after the micro-batches
         training = settings.config.training
-        self.loss_checks = LossChecks(rerun, training.check_for_nan_in_loss_and_grad, training.check_for_spiky_loss)
+        self.loss_checks = LossChecks(rerun, training.faults.check_for_nan_in_loss_and_grad,
+                                      training.faults.check_for_spiky_loss)
         self.train_batches = self.replay if self.replay is not None else train_batches
         self.fp8_replay = None
         if fp8_guard is not None:
@@ -156,7 +157,7 @@ class DataParallelTrainStep:
             check_step_is_finite(iteration, loss, step)
             if step.skipped:
                 check_skip_limit(iteration, self.consecutive_skips,
-                                 self.settings.config.training.max_consecutive_skipped_iterations,
+                                 self.settings.config.training.mixed_precision.max_consecutive_skipped_iterations,
                                  optimizer.loss_scaler.scale)
         except TrainingDiverged as diverged:
             diverged.loss = loss

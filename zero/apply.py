@@ -55,8 +55,9 @@ def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Mod
     """ZeRO as a resolved PretrainConfig asks for; `build`: build_zero or build_zero_with_experts."""
     build = build or build_zero
     training = config.training
-    scaler = build_loss_scaler(training.fp16, training.loss_scale, training.initial_loss_scale,
-                               training.loss_scale_window, training.hysteresis, training.min_loss_scale)
+    precision = training.mixed_precision
+    scaler = build_loss_scaler(precision.fp16, precision.loss_scale, precision.initial_loss_scale,
+                               precision.loss_scale_window, precision.hysteresis, precision.min_loss_scale)
     settings = dict(param_dtype=PRECISION_DTYPES[training.precision],
                     grad_dtype=PRECISION_DTYPES[training.gradient_precision], loss_scaler=scaler,
                     seed=training.seed, blocks=blocks, own_units=own_units, decoupled_lr_params=decoupled_lr_params)

@@ -87,7 +87,8 @@ def uses_muon(config) -> bool:
 
 def moment_dtypes(config) -> dict[str, torch.dtype]:
     """The stored dtype of each Adam moment (--exp-avg-dtype, --exp-avg-sq-dtype)."""
-    return {key: PRECISION_DTYPES[getattr(config, f"{key}_dtype", "fp32")] for key in ("exp_avg", "exp_avg_sq")}
+    algorithms = getattr(config, "algorithms", None)
+    return {key: PRECISION_DTYPES[getattr(algorithms, f"{key}_dtype", "fp32")] for key in ("exp_avg", "exp_avg_sq")}
 
 
 def uses_precision_aware_moments(config) -> bool:
@@ -99,12 +100,14 @@ def build_step_optimizer(param_groups: list[dict], config, device: torch.device)
     if (uses_ademamix(config) or uses_sophiag(config)) and uses_precision_aware_moments(config):
         raise ValueError("AdEMAMix and Sophia-G keep fp32 states (the forks'); bf16 moments are Adam's only")
     if uses_sophiag(config):
-        return SophiaG(param_groups, lr=config.lr, betas=(config.sophiag_beta1, config.sophiag_beta2),
-                       rho=config.sophiag_rho)
+        algorithms = config.algorithms
+        return SophiaG(param_groups, lr=config.lr, betas=(algorithms.sophiag_beta1, algorithms.sophiag_beta2),
+                       rho=algorithms.sophiag_rho)
     if uses_ademamix(config):
-        return AdEMAMix(param_groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2, config.ademamix_beta3),
-                        alpha=config.ademamix_alpha, beta3_warmup=config.ademamix_beta3_warmup,
-                        alpha_warmup=config.ademamix_alpha_warmup, eps=config.adam_eps)
+        algorithms = config.algorithms
+        return AdEMAMix(param_groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2, algorithms.ademamix_beta3),
+                        alpha=algorithms.ademamix_alpha, beta3_warmup=algorithms.ademamix_beta3_warmup,
+                        alpha_warmup=algorithms.ademamix_alpha_warmup, eps=config.adam_eps)
     if uses_precision_aware_moments(config):
         return PrecisionAwareAdamW(param_groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
                                    eps=config.adam_eps)
@@ -294,7 +297,8 @@ class ShardedAdamW(CheckpointableOptimizer):
     def _muon_update(self, grads: torch.Tensor) -> None:
         group = self._muon_group
         muon_step(self._muon, self.master, self.exp_avg, grads, group["lr"], group["weight_decay"],
-                  self.optimizer_config, lambda t: self.comm.all_reduce(t, self.partition_group, "dp"), self._muon_tp)
+                  self.optimizer_config.algorithms, lambda t: self.comm.all_reduce(t, self.partition_group, "dp"),
+                  self._muon_tp)
 
     def step_working_bytes(self, gather_copy_bytes: int = 0, norm_in_blocks: bool = False) -> int:
         """What the step allocates on top of the model states at its peak: the fp32 gradient partition where the

@@ -8,8 +8,9 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from arguments.config import GENIAC_FORK, PretrainConfig
+from arguments.config import PretrainConfig
 from arguments.config_sources import FLAG, JSON, Source
+from arguments.logging_config import GENIAC_FORK
 from arguments.megatron.ckpt_step import resolve_ckpt_step
 from arguments.megatron.cpu_offload_flags import ignored_state_dtypes, resolve_cpu_offload_flags
 from arguments.megatron.cuda_graph_flags import SCOPE_ADD, resolve_cuda_graph_flags

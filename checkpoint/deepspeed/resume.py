@@ -169,7 +169,8 @@ def _kept_schedule(with_args: DeepSpeedSource, config, batch, path: Path, trains
     scheduler = with_args.megatron_scheduler()
     if scheduler is None or not config.checkpoint.load_optim or not trains:
         return None
-    schedule, note = resumed_schedule(config, build_lr_schedule(config, batch), megatron_schedule(scheduler), path)
+    ours = build_lr_schedule(config.optimizer, config.training, config.model.seq_length, batch)
+    schedule, note = resumed_schedule(config.optimizer, config.training, ours, megatron_schedule(scheduler), path)
     if note:
         log(note)
     return schedule

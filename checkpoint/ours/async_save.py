@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
-from arguments.config import CheckpointConfig
+from arguments.checkpoint_config import CheckpointConfig
 from checkpoint.lineage import RunIdentity
 from checkpoint.ours.sharded import RankOutcome, SaveInProgress, begin_save, finish_save, rank_files
 from checkpoint.writer import StagedFile, write_files

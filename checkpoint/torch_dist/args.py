@@ -62,6 +62,7 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
     """common.pt's args (module docstring), under Megatron-LM's names, from the resolved config."""
     model, adam, training, parallel, data = (config.model, config.optimizer, config.training, config.parallel,
                                              config.data)
+    precision = training.mixed_precision
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     gated_gelu = model.mlp.activation == "gelu_tanh" and model.add_bias_linear and not model.mlp.swiglu
     # training.py get_optimizer_param_scheduler sets lr_decay_iters to --train-iters where it is not given
@@ -99,8 +100,8 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
         num_layers_per_virtual_pipeline_stage=parallel.num_layers_per_virtual_pipeline_stage,
         context_parallel_size=parallel.context_parallel_size, sequence_parallel=parallel.sequence_parallel,
         world_size=state.world_size, data_parallel_size=state.data_parallel_size,
-        use_distributed_optimizer=config.zero.stage >= 1, fp16=training.fp16, bf16=training.bf16,
-        params_dtype=torch.bfloat16 if training.bf16 else torch.float16 if training.fp16 else torch.float32,
+        use_distributed_optimizer=config.zero.stage >= 1, fp16=precision.fp16, bf16=precision.bf16,
+        params_dtype=torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else torch.float32,
         ckpt_format=TORCH_DIST_BACKEND, use_dist_ckpt=True, ckpt_fully_parallel_save=True,
         dist_ckpt_optim_fully_reshardable=config.zero.stage >= 1,
         iteration=iteration, consumed_train_samples=consumed_samples, skipped_train_samples=0,

@@ -367,10 +367,10 @@ def scheduler_state(config, batch, schedule_samples: int) -> dict:
     """OptimizerParamScheduler.state_dict as Megatron-LM builds it from the same flags, at this run's position."""
     from arguments.schedule import build_lr_schedule, train_iterations
 
-    schedule = build_lr_schedule(config, batch)
+    schedule = build_lr_schedule(config.optimizer, config.training, config.model.seq_length, batch)
     training = config.training
     wd_steps = training.train_samples if training.train_samples is not None else \
-        train_iterations(config, batch) * batch.lr_schedule_batch
+        train_iterations(config.training, batch) * batch.lr_schedule_batch
     weight_decay = config.optimizer.weight_decay
     state = {"max_lr": schedule.max_lr, "lr_warmup_steps": schedule.warmup_samples, "num_steps": schedule_samples,
              "lr_decay_style": schedule.style, "lr_decay_steps": schedule.decay_samples, "min_lr": schedule.min_lr,
@@ -394,7 +394,7 @@ def _saved_optimizer(config, shard, lr: float, records, experts: Optional[bool])
             # A 16-bit run's Float16OptimizerWithFloat16Params keeps Adam one level down, where Megatron-LM's bf16 load
             # looks.
             saved = {"optimizer": saved}
-    if config.training.fp16:  # Megatron-Core's 16-bit optimizers keep the grad scaler's state beside Adam's
+    if config.training.precision == "fp16":  # Megatron-Core's 16-bit optimizers keep the grad scaler's state beside Adam's
         saved[GRAD_SCALER] = megatron_grad_scaler(shard.loss_scaler_type, shard.loss_scaler_state)
     return saved
 

@@ -25,11 +25,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 from arguments.config import ConfigError, PretrainConfig
+from arguments.training_config import TrainingConfig
+from gpt.model_config import ModelConfig
 from memory_parts import held_parts
 from planner.dry_run import RankPlan
 from planner.perf_model import Constants, Hardware, Prediction, predict
 from training.metrics import flops_per_iteration
 from training.run_settings import resolve_run_settings
+from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 MIB = 2**20
 STACKS = ("torch-ddp", "megatron-ddp", "deepspeed-0.2", "deepspeed-0.1")
@@ -278,19 +281,19 @@ def _padded(elements: int, bucket: int, data_parallel: int) -> int:
     return math.ceil(elements / interval) * interval
 
 
-def condition_terms(plan: RankPlan, config: PretrainConfig, conditions: ConditionSet,
+def condition_terms(plan: RankPlan, model: ModelConfig, training: TrainingConfig, zero: ZeroConfig,
+                    activations: ActivationCheckpointConfig, conditions: ConditionSet,
                     stack: Optional[str] = None) -> dict[str, tuple[str, int]]:
     """{condition name: (phase, bytes)} that `conditions` add to `plan`, a dry run of `config`, under
     `stack` (by default the stack of the plan's stage and MP degree)."""
     if not conditions:
         return {}
     stack = stack or stack_for(plan.stage, plan.tensor_parallel_size)
-    model, training = config.model, config.training
     tp, dp = plan.tensor_parallel_size, plan.data_parallel_size
     psi = plan.parameters_local
     micro, seq = training.micro_batch_size, model.seq_length
     scores = micro * (model.num_attention_heads // tp) * seq * seq
-    bucket = int(config.zero.reduce_bucket_size)
+    bucket = int(zero.reduce_bucket_size)
     terms: dict[str, tuple[str, int]] = {}
 
     def add(name: str, bytes_: float) -> None:
@@ -299,7 +302,7 @@ def condition_terms(plan: RankPlan, config: PretrainConfig, conditions: Conditio
             terms[name] = (condition.phase, int(bytes_))
 
     add("cuda_context", conditions.value("cuda_context"))
-    if config.activations.checkpoint_activations:  # one recomputed layer at a time
+    if activations.checkpoint_activations:  # one recomputed layer at a time
         add("attention_scores", conditions.value("attention_scores") * scores)
     else:  # every layer keeps its saved scores (7 of the 9 bytes); one gradient in flight
         per_score = conditions.value("attention_scores")
@@ -318,7 +321,8 @@ def condition_terms(plan: RankPlan, config: PretrainConfig, conditions: Conditio
     return terms
 
 
-def condition_plan(plan: RankPlan, config: PretrainConfig, conditions: ConditionSet,
+def condition_plan(plan: RankPlan, model: ModelConfig, training: TrainingConfig, zero: ZeroConfig,
+                   activations: ActivationCheckpointConfig, conditions: ConditionSet,
                    stack: Optional[str] = None) -> RankPlan:
     """`plan` with the memory of `conditions` (a copy; `plan` itself is untouched): its total, budget
     and headroom recomputed, and one note per term. The total is the dry run's, in its two phases
@@ -328,7 +332,7 @@ def condition_plan(plan: RankPlan, config: PretrainConfig, conditions: Condition
     if not conditions:
         return plan
     stack = stack or stack_for(plan.stage, plan.tensor_parallel_size)
-    terms = condition_terms(plan, config, conditions, stack)
+    terms = condition_terms(plan, model, training, zero, activations, conditions, stack)
     # held as the dry run holds it, M_D's contiguous checkpoints included: saved_activation_bytes leaves them out
     held = sum(held_parts(plan))
     passes = (plan.stage3_live_chunk_bytes + plan.saved_activation_bytes["device"] + plan.logits_bytes

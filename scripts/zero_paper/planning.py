@@ -97,7 +97,8 @@ class Planner:
                     stack: Optional[str] = None) -> RankPlan:
         """The dry run of `config` (`dry_run_config`) under this planner's conditions (for `stack`,
         by default the paper's stack of its stage and MP degree)."""
-        return condition_plan(self.dry_run_config(config, cluster, vocab_size), config, self.conditions, stack)
+        return condition_plan(self.dry_run_config(config, cluster, vocab_size), config.model, config.training, config.zero,
+                              config.activations, self.conditions, stack)
 
     def dry_run_config(self, config: PretrainConfig, cluster: Cluster, vocab_size: int = GPT2_VOCAB) -> RankPlan:
         """planner/dry_run.py's plan of rank 0, from memory, the cache, or a dry run (then cached).

@@ -63,7 +63,7 @@ def test_sophiag_takes_the_forks_flags_and_says_what_its_training_runs():
     parsed = parse_arguments(MODEL + ALCF_FLAGS + ["--optimizer", "sophiag", "--sophiag-beta1", "0.8",
                                                    "--sophiag-rho", "0.04"])
     optimizer = parsed.config.optimizer
-    assert (optimizer.optimizer, optimizer.sophiag_beta1, optimizer.sophiag_beta2, optimizer.sophiag_rho) == \
+    assert (optimizer.optimizer, optimizer.algorithms.sophiag_beta1, optimizer.algorithms.sophiag_beta2, optimizer.algorithms.sophiag_rho) == \
         ("sophiag", 0.8, 0.95, 0.04)
     assert any("never calls SophiaG.update_hessian" in note for note in parsed.notes)
     with pytest.raises(ConfigError, match="--sophiag-rho >= 0"):

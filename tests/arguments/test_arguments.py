@@ -25,11 +25,11 @@ def test_default_is_the_tiny_preset_and_flags_win(tmp_path):
     assert (config.model.num_layers, config.model.hidden_size) == (4, 128)
     assert PretrainConfig.from_flat({}).to_dict() == config.to_dict()  # dataclass defaults are the tiny preset
     config = parse_config(["--num-layers", "2", "--lr", "3e-4", "--bf16"])
-    assert config.model.num_layers == 2 and config.optimizer.lr == 3e-4 and config.training.bf16
+    assert config.model.num_layers == 2 and config.optimizer.lr == 3e-4 and config.training.mixed_precision.bf16
     preset = tmp_path / "mine.yaml"
     preset.write_text("num-layers: 6\nbf16: true\ndata_path: [0.5, a, 0.5, b]\ntokenizer_file: t.json\n")
     config = parse_config(["--config", str(preset), "--no-bf16"])
-    assert config.model.num_layers == 6 and not config.training.bf16
+    assert config.model.num_layers == 6 and not config.training.mixed_precision.bf16
     assert config.data.data_path == ["0.5", "a", "0.5", "b"]
 
 
@@ -43,7 +43,7 @@ def test_a_preset_key_sets_the_setting_of_that_name_not_a_flag_storing_one_value
     config = parse_config(["--config", str(preset)])
     assert (config.model.attention.attention_backend, config.model.make_vocab_size_divisible_by, config.model.mlp.activation) == \
         ("flash", 64, "gelu")
-    assert config.training.accumulate_allreduce_grads_in_fp32 is True
+    assert config.training.mixed_precision.accumulate_allreduce_grads_in_fp32 is True
 
 
 @pytest.mark.parametrize("name", preset_names())

@@ -31,7 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
 # the model and its sections, ZeRO, activation and pipeline-split checks, the step schedule's parser).
 VALIDATE_MODULES = ("arguments/config.py", "arguments/bounds.py", "arguments/step_batch_schedule.py",
                     "gpt/model_config.py", "gpt/norms.py", "gpt/mlp.py", "gpt/positions.py", "gpt/attention_settings.py",
-                    "gpt/mla_settings.py", "gpt/section_rules.py", "gpt/stage_layers.py", "zero/config.py")
+                    "gpt/mla_settings.py", "gpt/section_rules.py", "gpt/stage_layers.py", "zero/config.py",
+                    "zero/optimizer_config.py", "zero/optimizer_algorithms.py", "zero/precision_settings.py",
+                    "data/data_config.py", "data/fim_settings.py", "arguments/training_config.py",
+                    "arguments/fault_handling.py", "arguments/checkpoint_config.py", "arguments/logging_config.py")
 # Raises there that are not about a flag: from_flat's "unknown setting" names a YAML key or field.
 NOT_ABOUT_A_FLAG = {("arguments/config.py", "from_flat")}
 # How messages abbreviate two flags; the product carries the two real ones.

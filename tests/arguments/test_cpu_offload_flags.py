@@ -20,6 +20,10 @@ AWARE = ["--use-precision-aware-optimizer", "--use-distributed-optimizer"]
 SLIME = ["--optimizer", "adam", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", *AWARE]
 
 
+def _offload_sections(config):
+    return config.zero, config.activations, config.training
+
+
 def test_slimes_optimizer_flags_are_the_whole_host_step_said_once():
     parsed = parse_arguments(SLIME)
     zero = parsed.config.zero
@@ -29,7 +33,7 @@ def test_slimes_optimizer_flags_are_the_whole_host_step_said_once():
             "(its fp32 master, Adam moments and AdamW step) in host memory, as --offload-optimizer") in notes
     assert "--overlap-cpu-optimizer-d2h-h2d (the hybrid optimizer's overlapped copies:" in notes
     assert "a CPU run has no copies at all" in notes
-    assert host_placement(parsed.config).startswith("offloaded to host memory: optimizer states: fp32 master partition")
+    assert host_placement(*_offload_sections(parsed.config)).startswith("offloaded to host memory: optimizer states: fp32 master partition")
 
 
 def test_a_fraction_splits_the_partition_and_its_knobs_have_no_effect():
@@ -40,10 +44,10 @@ def test_a_fraction_splits_the_partition_and_its_knobs_have_no_effect():
     assert "the first 0.25 of each rank's optimizer partition, whole parameters in order" in notes
     assert "--use-torch-optimizer-for-cpu-offload (the hybrid optimizer's device-side class" in notes
     assert "--no-pin-cpu-grads, --no-pin-cpu-params (page-locking" in notes
-    assert host_placement(parsed.config).startswith("offloaded to host memory: optimizer states of the first 0.25 of "
+    assert host_placement(*_offload_sections(parsed.config)).startswith("offloaded to host memory: optimizer states of the first 0.25 of "
                                                     "the partition")
     none = parse_config([*SLIME, "--optimizer-offload-fraction", "0"])
-    assert host_placement(none) == "offload: none (everything on the device)"
+    assert host_placement(*_offload_sections(none)) == "offload: none (everything on the device)"
 
 
 def test_state_dtypes_have_no_effect_under_it_as_in_megatron():
@@ -52,7 +56,7 @@ def test_state_dtypes_have_no_effect_under_it_as_in_megatron():
     parsed = parse_arguments([*SLIME, "--bf16", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "fp8",
                               "--main-params-dtype", "fp16"])
     optimizer = parsed.config.optimizer
-    assert (optimizer.exp_avg_dtype, optimizer.exp_avg_sq_dtype) == ("fp32", "fp32")
+    assert (optimizer.algorithms.exp_avg_dtype, optimizer.algorithms.exp_avg_sq_dtype) == ("fp32", "fp32")
     assert ("--main-params-dtype fp16, --exp-avg-dtype bf16, --exp-avg-sq-dtype fp8 no effect under it, as in "
             "Megatron-LM") in "\n".join(parsed.notes)
     with pytest.raises(ConfigError, match="--exp-avg-sq-dtype fp8: Adam second moments stored in fp8"):
@@ -88,4 +92,4 @@ def test_the_fraction_alone_is_read_by_offload_only():
     assert ("--optimizer-offload-fraction 0.5 without --optimizer-cpu-offload (or --offload-optimizer): accepted, no "
             "effect") in "\n".join(parsed.notes)
     ours = parse_config(["--zero-stage", "2", "--offload-optimizer", "--optimizer-offload-fraction", "0.5"])
-    assert host_placement(ours).startswith("offloaded to host memory: optimizer states of the first 0.5")
+    assert host_placement(*_offload_sections(ours)).startswith("offloaded to host memory: optimizer states of the first 0.5")

@@ -85,7 +85,7 @@ def test_a_config_as_the_documentation_writes_it_maps_onto_our_settings(tmp_path
             config.optimizer.weight_decay) == (0.001, 0.8, 0.999, 1e-8, 3e-7)
     assert (config.optimizer.lr_warmup_iters, config.optimizer.lr_decay_style, config.optimizer.min_lr) == \
         (1000, "constant", 0.0)
-    assert config.training.precision == "fp16" and config.training.initial_loss_scale == 2.0 ** 16
+    assert config.training.precision == "fp16" and config.training.mixed_precision.initial_loss_scale == 2.0 ** 16
     assert (config.zero.stage, config.zero.overlap_comm, config.training.log_interval) == (2, False, 10)
     assert config.logging.tensorboard_dir == "output/ds_logs/train_bert"
     assert (config.logging.wandb_project, config.logging.wandb_entity) == ("my_project", "my_team")

@@ -32,8 +32,8 @@ def _launch(tmp_path, fp16: dict, *flags: str):
 
 def _scaler(config):
     training = config.training
-    return build_loss_scaler(training.fp16, training.loss_scale, training.initial_loss_scale,
-                             training.loss_scale_window, training.hysteresis, training.min_loss_scale)
+    return build_loss_scaler(training.mixed_precision.fp16, training.mixed_precision.loss_scale, training.mixed_precision.initial_loss_scale,
+                             training.mixed_precision.loss_scale_window, training.mixed_precision.hysteresis, training.mixed_precision.min_loss_scale)
 
 
 def test_loss_scale_15_beside_a_json_without_loss_scale_scales_dynamically_with_one_warning(tmp_path):
@@ -49,7 +49,7 @@ def test_loss_scale_15_beside_a_json_without_loss_scale_scales_dynamically_with_
 def test_deepspeeds_defaults_replace_megatrons_dynamic_scaler_flags_and_defaults(tmp_path):
     """Megatron's own default initial scale is 2**32 (a Megatron launch gets it without a JSON); DeepSpeed's
     fp16 block starts at 2**initial_scale_power, 2**16 when left out."""
-    assert parse_arguments([*MODEL, "--fp16"]).config.training.initial_loss_scale == 2.0 ** 32
+    assert parse_arguments([*MODEL, "--fp16"]).config.training.mixed_precision.initial_loss_scale == 2.0 ** 32
     parsed = _launch(tmp_path, {"enabled": True, "loss_scale_window": 500}, "--hysteresis", "7")
     scaler = _scaler(parsed.config)
     assert (scaler.scale, scaler.growth_interval, scaler.hysteresis) == (2.0 ** 16, 500, 2)
@@ -61,4 +61,4 @@ def test_a_json_static_loss_scale_still_wins_and_a_flag_agreeing_with_deepspeed_
     parsed = _launch(tmp_path, {"enabled": True}, "--loss-scale-window", "1000")
     assert not [note for note in parsed.notes if "not used: the fp16 block" in note]
     # without a JSON, Megatron's flag runs, as in Megatron-LM
-    assert parse_arguments([*MODEL, "--fp16", "--loss-scale", "15"]).config.training.loss_scale == 15.0
+    assert parse_arguments([*MODEL, "--fp16", "--loss-scale", "15"]).config.training.mixed_precision.loss_scale == 15.0

@@ -13,7 +13,7 @@ from parallel.launch_environment import adopt_openmpi_ranks, read_launch_environ
 def test_use_mpi_takes_openmpis_ranks():
     """llm-jp nii-geniac and v4, megatron/training/arguments.py parse_args: `if args.use_mpi:` sets RANK,
     LOCAL_RANK and WORLD_SIZE from OMPI_COMM_WORLD_RANK, _LOCAL_RANK and _SIZE."""
-    assert parse_arguments(["--use-mpi"]).config.training.use_mpi
+    assert parse_arguments(["--use-mpi"]).config.training.faults.use_mpi
     # mpirun inside an sbatch job: SLURM's batch-step variables say rank 0 of 8 for every process
     environ = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "8",
                "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "SLURM_PROCID": "0", "SLURM_NTASKS": "8",
@@ -170,9 +170,10 @@ def test_ademamix_and_its_knobs_are_settings_with_the_forks_meaning_and_defaults
     optimizer = parse_arguments(["--optimizer", "ademamix", "--ademamix-alpha", "8", "--ademamix-beta3", "0.9999",
                                  "--ademamix-beta3-warmup", "100000", "--ademamix-alpha-warmup", "50000"]
                                 ).config.optimizer
-    assert (optimizer.optimizer, optimizer.ademamix_alpha, optimizer.ademamix_beta3, optimizer.ademamix_beta3_warmup,
-            optimizer.ademamix_alpha_warmup) == ("ademamix", 8.0, 0.9999, 100000, 50000)
-    defaults = parse_arguments(["--optimizer", "ademamix"]).config.optimizer
+    knobs = optimizer.algorithms
+    assert (optimizer.optimizer, knobs.ademamix_alpha, knobs.ademamix_beta3, knobs.ademamix_beta3_warmup,
+            knobs.ademamix_alpha_warmup) == ("ademamix", 8.0, 0.9999, 100000, 50000)
+    defaults = parse_arguments(["--optimizer", "ademamix"]).config.optimizer.algorithms
     assert (defaults.ademamix_alpha, defaults.ademamix_beta3, defaults.ademamix_beta3_warmup,
             defaults.ademamix_alpha_warmup) == (5.0, 0.999, -1, -1)
     assert parse_arguments([]).config.optimizer.optimizer == "adam"

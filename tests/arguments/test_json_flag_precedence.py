@@ -16,6 +16,7 @@ from arguments.deepspeed.precedence import FLAG_WINS, INDEPENDENT, JSON_WINS, MU
 from arguments.deepspeed.translation import deepspeed_config_to_flags
 from arguments.parser import parse_arguments
 from arguments.print_config import format_config
+from base.options import setting_value
 from tests.reliability_helpers import metrics_records, run_main, train
 
 
@@ -189,7 +190,7 @@ def config_row(parsed, name):
 def test_the_documented_winner_runs_and_is_said(tmp_path, key):
     config, flags, (section, name), expected = {**FLAG_WINS_CASES, **JSON_WINS_CASES}[key]
     parsed = parsed_with(tmp_path, config, flags)
-    got = getattr(getattr(parsed.config, section), name)
+    got = setting_value(getattr(parsed.config, section), name)
     assert got == expected and type(got) is type(expected), (key, got)
     rule, ds = PRECEDENCE[key], str(tmp_path / "ds.json")
     warnings = warning_lines(parsed)
@@ -275,7 +276,7 @@ def test_gradient_clipping_is_the_clip_and_the_optimizers_max_grad_norm_has_no_e
 ])
 def test_independent_monitors_do_not_override_the_flags(tmp_path, config, flags, section, name, expected):
     parsed = parsed_with(tmp_path, config, flags)
-    assert getattr(getattr(parsed.config, section), name) == expected
+    assert setting_value(getattr(parsed.config, section), name) == expected
     assert warning_lines(parsed) == []
     key = next(iter(config))
     assert any(note.startswith(f"{tmp_path / 'ds.json'}: DeepSpeed's own settings, independent of the command line's") and
@@ -283,7 +284,7 @@ def test_independent_monitors_do_not_override_the_flags(tmp_path, config, flags,
     assert "is independent of it" in config_row(parsed, name)
     assert parsed.config.logging.wandb_entity is None  # none of DeepSpeed's monitor mixes with the flags' one
     alone = parsed_with(tmp_path, config, [])  # without the flag, the JSON's monitor is the one here
-    assert getattr(getattr(alone.config, section), name) not in (None, expected)
+    assert setting_value(getattr(alone.config, section), name) not in (None, expected)
 
 
 # ---- steps_per_print: DeepSpeed's own cadence, never --log-interval --------------------------------

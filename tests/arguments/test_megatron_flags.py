@@ -237,10 +237,10 @@ def test_bf16_moments_are_taken_with_the_precision_aware_optimizer_and_adam_only
     aware = ["--use-precision-aware-optimizer", "--use-distributed-optimizer"]
     parsed = parse_arguments(aware + ["--bf16", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"])
     optimizer = parsed.config.optimizer
-    assert (optimizer.exp_avg_dtype, optimizer.exp_avg_sq_dtype, parsed.config.zero.stage) == ("bf16", "bf16", 1)
+    assert (optimizer.algorithms.exp_avg_dtype, optimizer.algorithms.exp_avg_sq_dtype, parsed.config.zero.stage) == ("bf16", "bf16", 1)
     assert ("--exp-avg-dtype bf16, --exp-avg-sq-dtype bf16: accepted; the master weights are fp32 and the Adam "
             "moments first bf16, second bf16") in "\n".join(parsed.notes)
-    assert parse_config(aware + ["--exp-avg-sq-dtype", "bf16"]).optimizer.exp_avg_dtype == "fp32"
+    assert parse_config(aware + ["--exp-avg-sq-dtype", "bf16"]).optimizer.algorithms.exp_avg_dtype == "fp32"
     with pytest.raises(ConfigError, match="^--exp-avg-dtype bf16 without --use-precision-aware-optimizer"):
         parse_config(["--use-distributed-optimizer", "--exp-avg-dtype", "bf16"])
     with pytest.raises(ConfigError, match="^--exp-avg-sq-dtype bf16 with --optimizer ademamix"):

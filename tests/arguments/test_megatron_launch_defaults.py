@@ -95,7 +95,7 @@ def test_every_setting_a_megatron_launch_leaves_out_is_megatrons_harvested_defau
     config = parsed.config
     # the values the tiny preset used to put under such a launch (issue 34, "Why" point 3)
     assert (config.model.mlp.activation, config.optimizer.adam_beta2, config.optimizer.min_lr,
-            config.optimizer.lr_warmup_iters, config.training.initial_loss_scale) == ("gelu", 0.999, 0.0, 0, 2.0 ** 32)
+            config.optimizer.lr_warmup_iters, config.training.mixed_precision.initial_loss_scale) == ("gelu", 0.999, 0.0, 0, 2.0 ** 32)
     assert config.data.num_workers == 2 and OURS_STAND == {}  # Megatron's, no longer ours (0) left unsaid
     assert not [note for note in parsed.notes if "leaves these out" in note]
     # a named preset, or the bare main job, still trains the preset

@@ -14,15 +14,16 @@ from base.errors import ConfigError
 
 def test_muon_and_its_knobs_are_settings_with_megatrons_defaults():
     defaults = parse_arguments(["--optimizer", "muon"]).config.optimizer
-    assert (defaults.optimizer, defaults.muon_momentum, defaults.muon_split_qkv, defaults.muon_nesterov,
-            defaults.muon_scale_mode, defaults.muon_fp32_matmul_prec, defaults.muon_coefficient_type,
-            defaults.muon_num_ns_steps, defaults.muon_tp_mode, defaults.muon_extra_scale_factor,
-            defaults.muon_scalar_optimizer) == ("muon", 0.9, True, False, "spectral", "medium", "quintic", 5,
+    knobs = defaults.algorithms
+    assert (defaults.optimizer, knobs.muon_momentum, knobs.muon_split_qkv, knobs.muon_nesterov,
+            knobs.muon_scale_mode, knobs.muon_fp32_matmul_prec, knobs.muon_coefficient_type,
+            knobs.muon_num_ns_steps, knobs.muon_tp_mode, knobs.muon_extra_scale_factor,
+            knobs.muon_scalar_optimizer) == ("muon", 0.9, True, False, "spectral", "medium", "quintic", 5,
                                                 "duplicated", 1.0, "adam")
     set_ = parse_arguments(["--optimizer", "muon", "--muon-momentum", "0.95", "--muon-no-split-qkv", "--muon-nesterov",
                             "--muon-scale-mode", "shape_scaling", "--muon-fp32-matmul-prec", "high",
                             "--muon-coefficient-type", "polar_express", "--muon-num-ns-steps", "9",
-                            "--muon-extra-scale-factor", "0.2"]).config.optimizer
+                            "--muon-extra-scale-factor", "0.2"]).config.optimizer.algorithms
     assert (set_.muon_momentum, set_.muon_split_qkv, set_.muon_nesterov, set_.muon_scale_mode,
             set_.muon_fp32_matmul_prec, set_.muon_coefficient_type, set_.muon_num_ns_steps,
             set_.muon_extra_scale_factor) == (0.95, False, True, "shape_scaling", "high", "polar_express", 9, 0.2)
@@ -34,7 +35,7 @@ def test_every_tp_mode_is_accepted_at_tp_2(mode):
     config = parse_arguments(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2",
                               "--optimizer", "muon", "--tensor-model-parallel-size", "2",
                               "--muon-tp-mode", mode]).config
-    assert config.optimizer.muon_tp_mode == mode and config.parallel.tensor_model_parallel_size == 2
+    assert config.optimizer.algorithms.muon_tp_mode == mode and config.parallel.tensor_model_parallel_size == 2
 
 
 @pytest.mark.parametrize("argv, words", [

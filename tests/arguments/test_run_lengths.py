@@ -26,7 +26,7 @@ TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2"
 
 def schedule_of(argv):
     config = parse_config(TINY + argv)
-    return config, build_lr_schedule(config, batch_schedule(config, 1))
+    return config, build_lr_schedule(config.optimizer, config.training, config.model.seq_length, batch_schedule(config, 1))
 
 
 # (the run's kind, the warmup flag Megatron asserts == 0 there, the warmup in samples the schedule then has)

@@ -31,7 +31,7 @@ def cosine(done, start, end, lr=1e-3, min_lr=1e-4):
 def schedule_of(*flags):
     config = parse_config(TINY + list(flags))
     batch = batch_schedule(config, 1)
-    return build_lr_schedule(config, batch), train_iterations(config, batch), batch
+    return build_lr_schedule(config.optimizer, config.training, config.model.seq_length, batch), train_iterations(config.training, batch), batch
 
 
 def test_iteration_based_lengths_are_iterations_times_the_global_batch():
@@ -53,8 +53,8 @@ def test_a_resume_to_a_longer_run_names_the_stop_and_resume_recipe_first():
     longer = parse_config([*BATCH, "--train-iters", "100"])
     shorter = parse_config([*BATCH, "--train-iters", "50"])
     with pytest.raises(ConfigError) as refused:
-        resumed_schedule(longer, build_lr_schedule(longer, batch_schedule(longer, 1)),
-                         build_lr_schedule(shorter, batch_schedule(shorter, 1)), "ckpt/iter_0000050")
+        resumed_schedule(longer.optimizer, longer.training, build_lr_schedule(longer.optimizer, longer.training, longer.model.seq_length, batch_schedule(longer, 1)),
+                         build_lr_schedule(shorter.optimizer, shorter.training, shorter.model.seq_length, batch_schedule(shorter, 1)), "ckpt/iter_0000050")
     message = str(refused.value)
     assert message.startswith("resuming ckpt/iter_0000050: the learning-rate schedule differs from the checkpoint's (")
     assert message.index("--train-iters FINAL --exit-interval K") < message.index("--override-opt_param-scheduler")

@@ -52,9 +52,9 @@ def test_train_samples_count_a_last_partial_batch_and_the_lr_decays_over_micro_x
     config = parse_config(TINY[:-2] + STEPS + ["--train-samples", "21"])  # without --lr-warmup-iters
     batch = batch_schedule(config, 1)
     # 2, 2, 4, 4 (12 consumed), 8 (20), then 1 sample left: one more iteration, as update_train_iters counts
-    assert train_iterations(config, batch) == 6
+    assert train_iterations(config.training, batch) == 6
     iters = parse_config(TINY + ["--micro-batch-size", "1", STEPS[2], STEPS[3], "--train-iters", "6"])
-    schedule = build_lr_schedule(iters, batch_schedule(iters, 2))
+    schedule = build_lr_schedule(iters.optimizer, iters.training, iters.model.seq_length, batch_schedule(iters, 2))
     assert schedule.decay_samples == 6 * 1 * 2  # --train-iters x (micro batch 1 x DP 2), not x 8
 
 

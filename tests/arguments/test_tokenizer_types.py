@@ -23,6 +23,10 @@ TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2"
 NULL_VOCAB = 200  # ids 0..199 in the data, 200 is the end-of-document id: a 201-token vocabulary
 
 
+def launch_vocab_of(config):
+    return launch_vocab(config.checkpoint, config.data, config.model, config.sources)
+
+
 def write_pretokenized(prefix, documents=80, high=NULL_VOCAB, seed=0):
     """Data tokenized elsewhere, in Megatron-Core's MMIDIDX format (our writer writes it byte for byte),
     each document ending with NullTokenizer's end-of-document id, `high`."""
@@ -141,18 +145,18 @@ def test_a_named_tokenizer_tokenizes_the_embedded_corpus(own_tokenizer, flags, t
 
 
 def test_the_planner_plans_the_runs_vocabulary(own_tokenizer):
-    assert launch_vocab(parse_config(["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+    assert launch_vocab_of(parse_config(["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
                                       "--data-path", "x"]))[0] == 1001
-    assert launch_vocab(parse_config(["--vocab-size", "5000"]))[0] == 5000  # the model's; the corpus's BPE in it
-    assert launch_vocab(parse_config(["--tokenizer-file", str(own_tokenizer / "tokenizer.json")]))[0] == 400
-    assert launch_vocab(parse_config(["--config", "llama3-8b", "--tokenizer-file",
+    assert launch_vocab_of(parse_config(["--vocab-size", "5000"]))[0] == 5000  # the model's; the corpus's BPE in it
+    assert launch_vocab_of(parse_config(["--tokenizer-file", str(own_tokenizer / "tokenizer.json")]))[0] == 400
+    assert launch_vocab_of(parse_config(["--config", "llama3-8b", "--tokenizer-file",
                                       str(own_tokenizer / "tokenizer.json")]))[0] == 400  # a named tokenizer wins
-    assert launch_vocab(parse_config([]))[0] == 4096  # the embedded corpus's BPE, as pretrain_gpt.py trains
+    assert launch_vocab_of(parse_config([]))[0] == 4096  # the embedded corpus's BPE, as pretrain_gpt.py trains
 
 
 def test_the_planner_plans_a_sentencepiece_vocabulary(sentencepiece_model):
     """Before: the .model was read as a tokenizer.json and refused."""
-    assert launch_vocab(parse_config(["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model",
+    assert launch_vocab_of(parse_config(["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model",
                                         sentencepiece_model]))[0] == 512 + 5  # Megatron's special pieces
 
 

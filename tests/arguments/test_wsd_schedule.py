@@ -47,7 +47,7 @@ COMMON = ["--lr", str(LR), "--min-lr", str(MIN_LR), "--global-batch-size", str(B
 def test_wsd_rate_over_a_whole_run_is_megatrons(wsd_style):
     config = parse_config(COMMON + ["--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "30",
                                     "--lr-wsd-decay-style", wsd_style])
-    schedule = build_lr_schedule(config, batch_schedule(config, 1))
+    schedule = build_lr_schedule(config.optimizer, config.training, config.model.seq_length, batch_schedule(config, 1))
     for iteration in range(101):
         samples = iteration * BATCH
         assert schedule.rate(samples) == pytest.approx(
@@ -60,11 +60,11 @@ def test_wsd_in_samples_and_inverse_square_root():
     config = parse_config(["--lr", str(LR), "--min-lr", str(MIN_LR), "--global-batch-size", str(BATCH),
                            "--micro-batch-size", "1", "--train-samples", "800", "--lr-warmup-samples", "80",
                            "--lr-decay-style", "WSD", "--lr-wsd-decay-samples", "240"])
-    schedule = build_lr_schedule(config, batch_schedule(config, 1))
+    schedule = build_lr_schedule(config.optimizer, config.training, config.model.seq_length, batch_schedule(config, 1))
     assert [schedule.rate(s) for s in range(0, 801, 8)] == pytest.approx(
         [megatron_get_lr(s, 80, 800, "WSD", 240, "exponential") for s in range(0, 801, 8)], rel=1e-12)
     config = parse_config(COMMON + ["--lr-decay-style", "inverse-square-root"])
-    schedule = build_lr_schedule(config, batch_schedule(config, 1))
+    schedule = build_lr_schedule(config.optimizer, config.training, config.model.seq_length, batch_schedule(config, 1))
     assert [schedule.rate(i * BATCH) for i in range(101)] == pytest.approx(
         [megatron_get_lr(i * BATCH, 80, 800, "inverse-square-root") for i in range(101)], rel=1e-12)
 

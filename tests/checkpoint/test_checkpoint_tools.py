@@ -65,7 +65,7 @@ def tiny_config(tp: int = 1, stage: int = 1, bf16: bool = False) -> PretrainConf
     m = replace_settings(c.model, vocab_size=VOCAB, make_vocab_size_divisible_by=128, num_layers=2, hidden_size=64,
                          num_attention_heads=4, seq_length=32, max_position_embeddings=32, hidden_dropout=0.0,
                          attention_dropout=0.0)
-    training = dataclasses.replace(c.training, bf16=bf16, seed=7)
+    training = replace_settings(c.training, bf16=bf16, seed=7)
     parallel = dataclasses.replace(c.parallel, tensor_model_parallel_size=tp)
     # several buckets/units, so parameters straddle partitions
     zero = dataclasses.replace(c.zero, stage=stage, reduce_bucket_size=20000)
@@ -86,7 +86,7 @@ def build(config: PretrainConfig, state: ParallelState):
 def mean_loss(model, config, state, tokens: torch.Tensor) -> torch.Tensor:
     """This rank's share of the global batch (split over DP) through the model; the mean loss."""
     tokens = tokens.chunk(state.data_parallel_size)[state.data_parallel_rank]
-    dtype = torch.bfloat16 if config.training.bf16 else torch.float32
+    dtype = torch.bfloat16 if config.training.mixed_precision.bf16 else torch.float32
     with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
         return model(tokens[:, :-1], tokens[:, 1:]).mean()
 

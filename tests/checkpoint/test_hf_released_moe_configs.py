@@ -49,7 +49,7 @@ def counts(name: str) -> tuple[int, int, int]:
     from training.metrics import active_parameter_count, parameter_count
 
     config = parse_config(["--init-from-hf", str(FIXTURES / name)])
-    vocab, _ = launch_vocab(config)
+    vocab, _ = launch_vocab(config.checkpoint, config.data, config.model, config.sources)
     model = dataclasses.replace(config.model, vocab_size=vocab)
     padded = model.padded_vocab_size(1)
     return parameter_count(model, padded), active_parameter_count(model, padded), padded * model.hidden_size

@@ -519,6 +519,7 @@ def test_a_padded_vocabulary_is_named_at_the_load():
         flags[flags.index("--vocab-size") + 1] = str(vocab)
         config = parse_config(flags)
         # the model's vocabulary as a run decides it: NullTokenizer's ids and its end-of-document id
-        model_config = dataclasses.replace(config.model, vocab_size=model_vocabulary(config, vocab + 1))
+        model_config = dataclasses.replace(config.model, vocab_size=model_vocabulary(
+            config.checkpoint, config.data, config.model, config.sources, vocab + 1))
         model = GPTModel(model_config, ParallelState(device=torch.device("cpu")))
         assert _vocabulary_padding(source, model) == padding

@@ -50,8 +50,8 @@ def interface_optimizer(model, seed, dtype):
 
 def config_with(dtype: str) -> PretrainConfig:
     config = PretrainConfig()
-    return dataclasses.replace(config, optimizer=dataclasses.replace(
-        OptimizerConfig(), exp_avg_dtype=dtype, exp_avg_sq_dtype=dtype))
+    return dataclasses.replace(config, optimizer=OptimizerConfig.of(
+        exp_avg_dtype=dtype, exp_avg_sq_dtype=dtype))
 
 
 @pytest.mark.parametrize("saved, loaded", [("bf16", "bf16"), ("fp32", "bf16"), ("bf16", "fp32")])

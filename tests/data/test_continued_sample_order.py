@@ -33,7 +33,7 @@ def iterations_read(corpus_cache, extra: list[str], train_iters: int, dp: int, c
                            "--max-position-embeddings", "16", "--micro-batch-size", str(MICRO_BATCH),
                            "--global-batch-size", str(GLOBAL_BATCH), "--train-iters", str(train_iters),
                            "--eval-iters", "0"] + extra)
-    tokenizer, sources = load_tokenizer_and_data_sources(config)
+    tokenizer, sources = load_tokenizer_and_data_sources(config.data, config.model)
     settings = resolve_run_settings(config, tokenizer.vocab_size, 1, dp, "cpu")
     per_rank_step = GLOBAL_BATCH // (MICRO_BATCH * dp)
     reads = [[] for _ in range(count)]
@@ -74,7 +74,7 @@ def test_the_cyclic_training_split_is_one_epoch_whatever_the_run_asks(corpus_cac
                                "--max-position-embeddings", "16", "--micro-batch-size", "1", "--global-batch-size",
                                "4", "--train-iters", str(train_iters), "--eval-iters", "0", "--dataloader-type",
                                "cyclic"] + data)
-        tokenizer, sources = load_tokenizer_and_data_sources(config)
+        tokenizer, sources = load_tokenizer_and_data_sources(config.data, config.model)
         settings = resolve_run_settings(config, tokenizer.vocab_size, 1, 1, "cpu")
         lines.append(build_data(settings, virtual_state(1), sources, tokenizer).summary)
     assert lines[0] == lines[1]
@@ -93,12 +93,12 @@ def test_a_sharded_cyclic_resume_at_another_dp_size_reads_other_samples_and_says
     continued = iterations_read(corpus_cache, extra, LAST, 1, FIRST, LAST - FIRST)
     resized = iterations_read(corpus_cache, extra, LAST, 2, FIRST, LAST - FIRST)
     assert continued == straight[FIRST:] and resized != continued
-    note = sharded_cyclic_resize_note(parse_config(extra), 2, 1)
+    note = sharded_cyclic_resize_note(parse_config(extra).data, 2, 1)
     assert note.startswith("> note: --dataloader-type cyclic resumed at data-parallel size 1, the checkpoint's 2")
     assert "--no-data-sharding" in note and "\n" not in note
-    assert sharded_cyclic_resize_note(parse_config(extra), 1, 1) is None
-    assert sharded_cyclic_resize_note(parse_config(TYPES["cyclic-unsharded"]), 2, 1) is None
-    assert sharded_cyclic_resize_note(parse_config(extra), None, 1) is None  # a checkpoint recording no size
+    assert sharded_cyclic_resize_note(parse_config(extra).data, 1, 1) is None
+    assert sharded_cyclic_resize_note(parse_config(TYPES["cyclic-unsharded"]).data, 2, 1) is None
+    assert sharded_cyclic_resize_note(parse_config(extra).data, None, 1) is None  # a checkpoint recording no size
 
 
 def test_an_epoch_smaller_than_a_micro_batch_per_rank_is_read_as_that_many_samples(corpus_cache):
@@ -112,7 +112,7 @@ def test_an_epoch_smaller_than_a_micro_batch_per_rank_is_read_as_that_many_sampl
     config = parse_config(["--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache, "--seq-length", "16384",
                            "--max-position-embeddings", "16384", "--micro-batch-size", "32", "--global-batch-size",
                            "64", "--train-iters", "2", "--eval-iters", "0", "--dataloader-type", "cyclic"])
-    tokenizer, sources = load_tokenizer_and_data_sources(config)
+    tokenizer, sources = load_tokenizer_and_data_sources(config.data, config.model)
     settings = resolve_run_settings(config, tokenizer.vocab_size, 1, 2, "cpu")
     data = build_data(settings, virtual_state(2, rank=1), sources, tokenizer)
     assert "spans 64 samples (one epoch of the split's data holds less than a micro-batch per data-parallel rank)" \

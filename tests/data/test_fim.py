@@ -265,7 +265,7 @@ def test_fim_training_batches_are_permuted_and_a_resume_reads_the_same_samples(c
         config = parse_config(["--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache, "--seq-length", "64",
                                "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size",
                                "2", "--train-iters", "6", "--eval-iters", "0"] + extra)
-        tokenizer, data_path = load_tokenizer_and_data_sources(config)
+        tokenizer, data_path = load_tokenizer_and_data_sources(config.data, config.model)
         settings = resolve_run_settings(config, tokenizer.vocab_size, 1, 1, "cpu")
         loader = build_data(settings, virtual_state(1), data_path, tokenizer).make_train_loader(consumed)
         return [batch["tokens"] for batch in loader]

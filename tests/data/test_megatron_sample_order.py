@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from arguments.config import sample_order
+from arguments.checkpoint_config import sample_order
 from data.gpt_dataset import APPENDABLE_ORDER, GPTDataset, build_train_valid_test_datasets
 from data.indexed import IndexedDataset
 from data.megatron_order import MEGATRON_ORDER, MegatronOrderGPTDataset, build_megatron_indices, megatron_epochs

@@ -96,7 +96,7 @@ def test_mock_data_without_a_named_tokenizer_uses_the_embedded_corpus_tokenizers
     config = parse_config(["--mock-data", "--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache,
                            "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "2",
                            "--global-batch-size", "2", "--train-iters", "2", "--eval-iters", "0"])
-    tokenizer, sources = load_tokenizer_and_data_sources(config)
+    tokenizer, sources = load_tokenizer_and_data_sources(config.data, config.model)
     assert sources == DataSources() and tokenizer.vocab_size == 512  # nothing read: neither the corpus nor a blend
     state = virtual_state(1)
     settings = resolve_run_settings(config, tokenizer.vocab_size, 1, 1, "cpu")

@@ -84,6 +84,6 @@ def test_the_start_says_which_factors_the_sequence_takes(seq_length, which):
 
     config = PretrainConfig()
     config = dataclasses.replace(config, model=ModelConfig.of(**{**LONGROPE, "seq_length": seq_length}))
-    (note,) = longrope_notes(config)
+    (note,) = longrope_notes(config.model)
     assert which in note and "\n" not in note
-    assert longrope_notes(dataclasses.replace(config, model=ModelConfig.of(vocab_size=64))) == ()
+    assert longrope_notes(ModelConfig.of(vocab_size=64)) == ()

@@ -34,7 +34,7 @@ def test_the_search_counts_what_a_block_keeps(precision):
     config = parse_config([*LLAMA, *precision])
     plan = dry_run(config, Cluster(world_size=TP, gpus_per_node=TP, device_type="cuda"), 1024)
     counts = model_counts(config.model, 1024)
-    layout = layout_of_config(config, TP, counts)
+    layout = layout_of_config(config.model, config.parallel, config.training, config.zero, config.activations, TP, counts)
     dense, _ = layer_token_bytes(counts, layout)
     local_tokens = config.model.seq_length // TP
     counted = dense * local_tokens
@@ -54,7 +54,7 @@ def _counted_and_planned(pattern: str) -> tuple[float, int, int]:
     config = parse_config([*LLAMA[2:], "--hybrid-layer-pattern", pattern])  # the pattern sets the depth
     plan = dry_run(config, Cluster(world_size=TP, gpus_per_node=TP, device_type="cuda"), 1024)
     counts = model_counts(config.model, 1024)
-    dense, _ = layer_token_bytes(counts, layout_of_config(config, TP, counts))
+    dense, _ = layer_token_bytes(counts, layout_of_config(config.model, config.parallel, config.training, config.zero, config.activations, TP, counts))
     return dense * counts.layers * config.model.seq_length // TP, plan.block_saved_bytes["forward"], plan.saved_activation_bytes[
         "device"]
 

@@ -49,7 +49,7 @@ def searches():
         config = parse_config(search_flags(row))
         key = tuple(search_flags(row)) + (row.layout["gpus"],)
         if key not in found:
-            found[key] = search(config, row.layout["gpus"], hardware, launch_vocab(config)[0])
+            found[key] = search(config, row.layout["gpus"], hardware, launch_vocab(config.checkpoint, config.data, config.model, config.sources)[0])
     return hardware, found
 
 
@@ -81,7 +81,7 @@ def test_bridge_layout_fits_and_the_top_pick_is_not_slower(row, searches):
                                                                                               bridge.stage)])
         roomy = dataclasses.replace(hardware, gpu_memory_bytes=int(needed) + 1)
         config = parse_config(search_flags(row))
-        _, candidates = search(config, row.layout["gpus"], roomy, launch_vocab(config)[0])
+        _, candidates = search(config, row.layout["gpus"], roomy, launch_vocab(config.checkpoint, config.data, config.model, config.sources)[0])
     assert candidates[0].fits and candidates[0].prediction.step_s <= bridge_step * (1 + 1e-9)
 
 

@@ -54,12 +54,13 @@ def distinct(candidates) -> list:
 @pytest.mark.parametrize("model", [DENSE, MOE], ids=["dense", "moe"])
 def test_every_printed_line_reads_back_as_the_layout_the_search_priced(model):
     config = parse_config(model)
-    counts, candidates = search(config, 4, H100, launch_vocab(config)[0])
+    counts, candidates = search(config, 4, H100, launch_vocab(config.checkpoint, config.data, config.model, config.sources)[0])
     fitting = distinct(candidates)
     assert len({(c.layout.tp, c.layout.pp, c.layout.ep) for c in fitting}) >= 4
     for candidate in fitting:
         words = [*model, *candidate.flag_words]
-        back = layout_of_config(parse_config(words), 4, counts)
+        back = parse_config(words)
+        back = layout_of_config(back.model, back.parallel, back.training, back.zero, back.activations, 4, counts)
         assert back == candidate.layout, shlex.join(candidate.flag_words)
         assert words.count("--bf16") == 1 and "--tp-comm-overlap" not in words
         assert all(chunk for chunks in candidate.layout.stage_counts or () for chunk in chunks)  # no empty chunk
@@ -68,7 +69,7 @@ def test_every_printed_line_reads_back_as_the_layout_the_search_priced(model):
 @pytest.mark.parametrize("model", [DENSE, MOE], ids=["dense", "moe"])
 def test_the_dry_run_of_a_printed_line_gives_the_searchs_step_and_memory_stage_by_stage(model, capsys):
     config = parse_config(model)
-    _, candidates = search(config, 4, H100, launch_vocab(config)[0])
+    _, candidates = search(config, 4, H100, launch_vocab(config.checkpoint, config.data, config.model, config.sources)[0])
     picks = one_of_each_kind(candidates)
     assert len(picks) == (5 if "--num-experts" in model else 4)
     for pick in picks:
@@ -94,7 +95,9 @@ def test_a_pinned_dimension_is_searched_at_its_value_and_its_flag_is_the_users_o
         for flag in ("--zero-stage", "--tensor-model-parallel-size", "--recompute-granularity", "--sequence-parallel"):
             assert words.count(flag) <= 1, (flag, candidate.flags())
         assert "--use-distributed-optimizer" not in words and "--bf16" not in words and "--fp16" in words
-        assert layout_of_config(parse_config(words), 4, search(config, 4, H100)[0]) == candidate.layout
+        back = parse_config(words)
+        assert layout_of_config(back.model, back.parallel, back.training, back.zero, back.activations, 4,
+                                search(config, 4, H100)[0]) == candidate.layout
 
 
 def test_flags_the_trainer_accepts_with_no_effect_are_left_out_of_the_commands(capsys):
@@ -139,8 +142,8 @@ def test_the_trainer_decides_what_a_no_effect_flag_is_worth():
     flags = [*DENSE, "--tensor-model-parallel-size", "2", "--sequence-parallel", "--tp-comm-overlap", "--bf16"]
     parsed = parse_arguments(flags)
     counts = search(parsed.config, 4, H100)[0]
-    here = layout_of_config(parsed.config, 4, counts, "pretrain_gpt.py", parsed.harvested)
-    megatron = layout_of_config(parsed.config, 4, counts, "megatron-lm", parsed.harvested)
+    here = layout_of_config(parsed.config.model, parsed.config.parallel, parsed.config.training, parsed.config.zero, parsed.config.activations, 4, counts, "pretrain_gpt.py", parsed.harvested)
+    megatron = layout_of_config(parsed.config.model, parsed.config.parallel, parsed.config.training, parsed.config.zero, parsed.config.activations, 4, counts, "megatron-lm", parsed.harvested)
     assert not here.tp_comm_overlap and megatron.tp_comm_overlap
 
 

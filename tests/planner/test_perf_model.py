@@ -37,7 +37,7 @@ def test_the_gemms_are_megatrons_flops_split_over_tp(tp, recompute):
     config = parse_config([*SMALL, "--tensor-model-parallel-size", str(tp), "--micro-batch-size", "3"])
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=VOCAB))
     padded = config.model.padded_vocab_size(tp)
-    blocks, logits = forward_gemms(config, padded, tp)
+    blocks, logits = forward_gemms(config.model, config.training, padded, tp)
     passes = 4 if recompute else 3
     per_rank = passes * sum(g.flops for g in blocks) + 3 * logits.flops
     expected = flops_per_iteration(config.model, 3, activation_recompute=recompute, padded_vocab_size=padded)
@@ -199,14 +199,14 @@ def test_fp8_gemms_run_at_the_fp8_peak_with_one_byte_operands():
     config = parse_config([*SMALL, "--num-layers", "4", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
                            "--first-last-layers-bf16", "--micro-batch-size", "1"])
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=VOCAB))
-    blocks, logits = forward_gemms(config, config.model.padded_vocab_size(1), 1)
+    blocks, logits = forward_gemms(config.model, config.training, config.model.padded_vocab_size(1), 1)
     assert {g.count for g in blocks if g.fp8} == {2} and not logits.fp8  # 4 blocks, the first and last kept
     fp8_shapes = {(g.k, g.n) for g in blocks if g.fp8}
     kept = [g for g in blocks if not g.fp8 and (g.k, g.n) in fp8_shapes]  # the same linears in blocks 0 and 3
     assert sum(g.flops for g in blocks if g.fp8) == sum(g.flops for g in kept)
     plain = parse_config([*SMALL, "--num-layers", "4", "--micro-batch-size", "1"])
     plain = dataclasses.replace(plain, model=dataclasses.replace(plain.model, vocab_size=VOCAB))
-    bf16_blocks, _ = forward_gemms(plain, plain.model.padded_vocab_size(1), 1)
+    bf16_blocks, _ = forward_gemms(plain.model, plain.training, plain.model.padded_vocab_size(1), 1)
     assert sum(g.flops for g in blocks) == sum(g.flops for g in bf16_blocks) and not any(g.fp8 for g in bf16_blocks)
     assert perf_model.gemm_seconds(blocks, 2, h100, CONSTANTS) < perf_model.gemm_seconds(bf16_blocks, 2, h100,
                                                                                           CONSTANTS)
@@ -228,7 +228,7 @@ def test_a_mixed_patterns_gemms_are_each_blocks_own_mixers(tp):
         config = parse_config([*small, *flags])
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=VOCAB))
         padded = config.model.padded_vocab_size(tp)
-        blocks, logits = forward_gemms(config, padded, tp, mixer_symbols(config.model) if mixers else None)
+        blocks, logits = forward_gemms(config.model, config.training, padded, tp, mixer_symbols(config.model) if mixers else None)
         return sum(g.flops for g in blocks), logits.flops, config, padded
 
     attention, _, _, _ = gemm_flops(["--num-layers", "4"])

@@ -195,7 +195,8 @@ def test_max_size_search_is_bounded_by_the_layer_cap_and_a_few_dry_runs(budget, 
     layers, plan = planner_cli.largest_layers(config, Cluster(1, 1, budget), 1000, None, plan_run=plan_run)
     assert layers == (MAX_PLAN_LAYERS if expected == "cap" else expected) and plan.fits
     assert max(planned) <= MAX_PLAN_LAYERS and len(planned) <= 20
-    table = planner_cli.format_max_size({"C1": (layers, plan)}, Cluster(1, 1, budget), config)
+    table = planner_cli.format_max_size({"C1": (layers, plan)}, Cluster(1, 1, budget), config.model,
+                                       config.parallel, config.training)
     assert ("at least" in table) == (expected == "cap")
 
 

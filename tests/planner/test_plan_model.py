@@ -73,4 +73,5 @@ def test_presets_carry_their_vocabulary(preset, vocab):
     from arguments.parser import parse_config
     from planner.launch import launch_vocab
 
-    assert launch_vocab(parse_config(["--config", preset]))[0] == vocab
+    config = parse_config(["--config", preset])
+    assert launch_vocab(config.checkpoint, config.data, config.model, config.sources)[0] == vocab

@@ -64,10 +64,10 @@ def test_the_gemms_of_m_and_g_blocks_and_one_part_blocks_are_the_models_flops(tp
                            "--tensor-model-parallel-size", str(tp), "--micro-batch-size", "3"])
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=512))
     model, padded = config.model, config.model.padded_vocab_size(tp)
-    blocks, logits = forward_gemms(config, padded, tp, *block_kinds(model, slice(None)))
+    blocks, logits = forward_gemms(config.model, config.training, padded, tp, *block_kinds(model, slice(None)))
     every_rank = 3 * tp * (sum(g.flops for g in blocks) + logits.flops)
     assert every_rank == pytest.approx(flops_per_iteration(model, 3, padded_vocab_size=padded), rel=1e-3)
-    as_probe, _ = forward_gemms(config, padded, tp)  # every block as the probe's (attention, with its MLP)
+    as_probe, _ = forward_gemms(config.model, config.training, padded, tp)  # every block as the probe's (attention, with its MLP)
     assert sum(g.flops for g in as_probe) != sum(g.flops for g in blocks)
 
 

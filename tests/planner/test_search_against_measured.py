@@ -27,7 +27,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 def predicted_steps(model: str) -> tuple[dict, tuple]:
     config = parse_config(model.split())
-    _, candidates = search(config, 1, load_hardware("h100-sxm"), launch_vocab(config)[0])
+    _, candidates = search(config, 1, load_hardware("h100-sxm"), launch_vocab(config.checkpoint, config.data, config.model, config.sources)[0])
     steps = {}
     for candidate in candidates:
         layout = candidate.layout
@@ -53,7 +53,7 @@ def test_the_search_on_one_h100_picks_the_fastest_measured_layout_and_ranks_as_m
 def ran_layout(flags: str):
     """The layout pretrain_gpt.py runs for MODEL and `flags` (planner/layout_of_config.py)."""
     config = parse_config([*MODEL, *shlex.split(flags)])
-    return layout_of_config(config, 4, model_counts(config.model, launch_vocab(config)[0]))
+    return layout_of_config(config.model, config.parallel, config.training, config.zero, config.activations, 4, model_counts(config.model, launch_vocab(config.checkpoint, config.data, config.model, config.sources)[0]))
 
 
 def _run_key(tp: int, pp: int, dp: int, micro_batch_size: int, stage: int) -> tuple:

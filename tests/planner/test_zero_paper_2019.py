@@ -80,7 +80,7 @@ def test_a_condition_without_a_source_is_refused():
 
 def test_no_conditions_change_no_plan_and_no_prediction():
     config, plan = small_plan(2, 2, 2)
-    assert condition_plan(plan, config, NO_CONDITIONS) is plan
+    assert condition_plan(plan, config.model, config.training, config.zero, config.activations, NO_CONDITIONS) is plan
     hardware, constants = load_hardware("dgx2-v100"), load_constants("h100-anchor")
     assert condition_prediction(plan, config, 512, 4, hardware, constants, NO_CONDITIONS) == \
         predict(plan, config, 512, 4, hardware, constants)
@@ -99,7 +99,7 @@ def test_dgx2_keeps_todays_predictions(tmp_path):
 def test_the_terms_follow_the_2019_code():
     scores = 2 * (4 // 2) * 32 * 32  # micro batch x heads per MP rank x s x s
     config, plan = small_plan(1, 2, 4, "--reduce-bucket-size", "1000")
-    terms = condition_terms(plan, config, DGX2_2019)
+    terms = condition_terms(plan, config.model, config.training, config.zero, config.activations, DGX2_2019)
     assert stack_for(1, 2) == "deepspeed-0.2"
     assert terms["cuda_context"] == ("outside", 1005 * MIB)
     assert terms["attention_scores"] == ("passes", 9 * scores)
@@ -109,17 +109,17 @@ def test_the_terms_follow_the_2019_code():
     assert terms["stage1_flat_gradients"] == ("step", 2 * padded)
     assert terms["stage1_parameter_padding"] == ("persistent", 2 * (padded - plan.parameters_local))
     assert not {"fp32_master_gradients", "ddp_bucket_copy", "zero_os_allreduce_bucket"} & set(terms)
-    conditioned = condition_plan(plan, config, DGX2_2019)
+    conditioned = condition_plan(plan, config.model, config.training, config.zero, config.activations, DGX2_2019)
     assert conditioned.budget_bytes == 32510 * MIB and conditioned.total_bytes > plan.total_bytes
     assert conditioned.headroom_bytes == conditioned.budget_bytes - conditioned.total_bytes
     assert plan.budget_bytes == int(32e9) and len(conditioned.notes) == len(plan.notes) + len(terms)
 
     config, plan = small_plan(0, 1, 2)  # torch DDP: fp32 master gradients and the bucket copy all the time
-    terms = condition_terms(plan, config, DGX2_2019)
+    terms = condition_terms(plan, config.model, config.training, config.zero, config.activations, DGX2_2019)
     assert terms["fp32_master_gradients"] == ("persistent", 4 * plan.parameters_local)
     assert terms["ddp_bucket_copy"] == ("persistent", 2 * plan.parameters_local)
     assert "megatron_coalesced_allreduce" not in terms
-    conditioned = condition_plan(plan, config, DGX2_2019)
+    conditioned = condition_plan(plan, config.model, config.training, config.zero, config.activations, DGX2_2019)
     passes = (plan.saved_activation_bytes["device"] + plan.logits_bytes + plan.gradient_working_bytes
               + plan.parameter_gradient_bytes)
     expected = (1005 * MIB + plan.model_state_bytes["total"] + 6 * plan.parameters_local
@@ -142,7 +142,7 @@ def test_the_2019_total_holds_md_s_checkpoints_so_p_a_lowers_it():
     for name, flags in (("C1", ()), ("C2", ("--partition-activations",))):
         config, plan = small_plan(1, 2, 4, "--contiguous-checkpointing", *flags)
         held = plan.model_state_bytes["total"] + plan.buffer_bytes + plan.contiguous_checkpoint_buffer_bytes["device"]
-        totals[name] = condition_plan(plan, config, DGX2_2019).total_bytes
+        totals[name] = condition_plan(plan, config.model, config.training, config.zero, config.activations, DGX2_2019).total_bytes
         assert plan.contiguous_checkpoint_buffer_bytes["device"] > 0 and totals[name] > held, name
     assert totals["C2"] < totals["C1"]
 

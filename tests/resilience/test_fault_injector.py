@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from arguments.parser import parse_arguments
 from base.errors import ConfigError, InjectedFault, Reporter
+from base.options import setting_value
 from rendezvous.failure_report import agree_on_failure
 from rendezvous.fault_injector import FaultInjector, FaultInjectorSettings, draw_plan
 from tests.checkpoint.test_checkpoint_resume import _launch
@@ -53,7 +54,7 @@ def settings_of(*flags: str) -> FaultInjectorSettings:
 
 def test_the_flags_have_megatrons_names_and_defaults_and_its_assertions_are_refused_in_one_line():
     training = parse_arguments(["--device", "cpu"]).config.training
-    assert all(getattr(training, name) is None for name in MEGATRON_FIELDS)
+    assert all(setting_value(training, name) is None for name in MEGATRON_FIELDS)
     assert not training.fault_injector.enabled  # training.py: set up only with ranks or num-ranks
     parsed = settings_of("--fault-injector-ranks", "1,2", "--fault-injector-fault-types", "workload_exc,SIGKILL",
                          "--fault-injector-fault-probabilities", "1,3", "--fault-injector-fault-delay", "2.5",

@@ -53,7 +53,7 @@ def test_spares_wait_and_one_takes_a_dead_ranks_index_as_nvidia_resiliency_exts_
 
 def test_inprocess_flags_are_settings_and_bad_values_are_one_line():
     config = parse_arguments(["--inprocess-restart", "--inprocess-active-world-size", "2", "--inprocess-max-iterations",
-                              "3", "--device", "cpu"]).config.training
+                              "3", "--device", "cpu"]).config.training.faults
     assert (config.inprocess_restart, config.inprocess_active_world_size, config.inprocess_max_iterations) == (True, 2, 3)
     with pytest.raises(ConfigError, match="--inprocess-heartbeat-timeout .* must be longer"):
         parse_arguments(["--inprocess-heartbeat-interval", "5", "--inprocess-heartbeat-timeout", "5"])

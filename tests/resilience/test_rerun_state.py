@@ -155,9 +155,9 @@ def test_a_non_fatal_rerun_goes_on_with_the_plain_runs_losses_bitwise(corpus_cac
 def test_the_defaults_are_megatrons_in_a_megatron_launch_and_the_start_up_line_says_so(corpus_cache_300, tmp_path):
     # Megatron-LM's RerunStateMachineConfig: rerun_mode "validate_results", check_for_nan_in_loss True; a launch
     # that sets the model by flags takes Megatron's defaults (arguments/megatron/defaults.py), a preset ours
-    assert parse_arguments(TINY).config.training.rerun_mode == "validate_results"
+    assert parse_arguments(TINY).config.training.faults.rerun_mode == "validate_results"
     training = parse_arguments(["--device", "cpu"]).config.training
-    assert (training.rerun_mode, training.check_for_nan_in_loss_and_grad, training.error_injection_rate) == \
+    assert (training.faults.rerun_mode, training.faults.check_for_nan_in_loss_and_grad, training.faults.error_injection_rate) == \
         ("disabled", True, 0)
     outcome = train(corpus_cache_300, tmp_path, "--train-iters", "1")
     assert outcome.code == 0, outcome.err[-2000:]

@@ -105,16 +105,16 @@ def test_the_flops_and_the_layout_model_count_the_share_block_recomputes():
     block = parse_config([*MODEL, *STAGES, *BLOCK_1])
     interleaved = parse_config([*MODEL, *STAGES, *BLOCK_1, "--num-layers-per-virtual-pipeline-stage", "1"])
     uniform = parse_config([*MODEL, *STAGES, "--recompute-granularity", "full"])
-    assert [recomputed_share(config) for config in (parse_config(MODEL), block, interleaved, uniform)] == \
+    assert [recomputed_share(c.activations, c.model, c.parallel) for c in (parse_config(MODEL), block, interleaved, uniform)] == \
         [0.0, 0.5, 1.0, 1.0]
-    assert recomputed_share(block, pipeline_rank=1) == 0.5
+    assert recomputed_share(block.activations, block.model, block.parallel, pipeline_rank=1) == 0.5
     model = block.model
     none, every = (flops_per_iteration(model, 16, activation_recompute=share) for share in (False, True))
-    assert flops_per_iteration(model, 16, activation_recompute=recomputed_share(block)) == pytest.approx(
+    assert flops_per_iteration(model, 16, activation_recompute=recomputed_share(block.activations, block.model, block.parallel)) == pytest.approx(
         none + (every - none) / 2, rel=1e-12)
     one_stage = parse_config([*MODEL, *BLOCK_1, "--bf16"])
     for trainer in (PRETRAIN_GPT, MEGATRON_LM):
-        assert layout_of_config(one_stage, 1, model_counts(one_stage.model, 128), trainer).recompute_fraction == 0.25
+        assert layout_of_config(one_stage.model, one_stage.parallel, one_stage.training, one_stage.zero, one_stage.activations, 1, model_counts(one_stage.model, 128), trainer).recompute_fraction == 0.25
 
 
 def _train_counting_block_forwards(rank: int, world_size: int, configs: dict, ports: list[int]) -> dict:
@@ -177,5 +177,6 @@ def test_a_run_that_does_not_fit_names_uniform_recompute_beside_block():
     """training/memory_fit.py's refusal before work names the levers: under block, recomputing every layer."""
     from training.memory_fit import _device_levers
 
-    assert "--recompute-method uniform" in _device_levers(parse_config([*MODEL, *BLOCK_1]))
-    assert "--recompute-method uniform" not in _device_levers(parse_config([*MODEL, "--recompute-granularity", "full"]))
+    block, full = parse_config([*MODEL, *BLOCK_1]), parse_config([*MODEL, "--recompute-granularity", "full"])
+    assert "--recompute-method uniform" in _device_levers(block.zero, block.activations)
+    assert "--recompute-method uniform" not in _device_levers(full.zero, full.activations)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import pretrain_gpt
-from arguments.config import ModelConfig, PretrainConfig
+from arguments.config import ModelConfig
 from data.documents import DocumentMasking
 from data.indexed import IndexedDatasetWriter
 from parallel.state import ParallelState
@@ -105,7 +105,7 @@ def test_evaluation_uses_the_same_masks():
     batches = [{"tokens": torch.where(torch.rand(2, 33, generator=generator) < 0.15, EOD,
                                       torch.randint(0, EOD, (2, 33), generator=generator))} for _ in range(3)]
     documents = DocumentMasking.of(EOD, True, True, True)
-    loss = evaluate(model, batches, 3, PretrainConfig(model=config), state, documents=documents)
+    loss = evaluate(model, batches, 3, state, documents=documents)
     with torch.no_grad():
         expected = sum(per_document_loss(model, batch["tokens"]) for batch in batches) / 3
     assert loss == pytest.approx(expected.item(), rel=1e-5)

@@ -71,7 +71,7 @@ def run_cadence(tmp_path, state, step, settings):
     writer = MetricsWriter(str(tmp_path / "m.jsonl"), enabled=True)
     activations = ActivationMonitor(state.device)
     metrics = IntervalMetrics(settings, state, writer, activations)
-    evaluator = Evaluator(step.model, None, None, 0, settings.config, state, writer)
+    evaluator = Evaluator(step.model, None, None, 0, settings.config.training, state, writer)
     memory = FirstIterationMemory(None, settings, state, writer, activations, None, first_iteration=1)
     saves = []
     try:

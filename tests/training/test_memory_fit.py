@@ -196,25 +196,26 @@ def test_the_verdict_over_hosts_and_devices():
     own free bytes; the levers follow the config (no offload lever where the device is the host)."""
     config = parse_config([*TINY, "--zero-stage", "2", "--offload-optimizer"])
     assert memory_verdict([rank(0, device=GIB, host_bytes=GIB, host_free=4 * GIB),
-                           rank(1, device=GIB, host_bytes=GIB, host_free=4 * GIB)], config) is None
+                           rank(1, device=GIB, host_bytes=GIB, host_free=4 * GIB)], config.zero, config.activations) is None
     line = memory_verdict([rank(0, device=GIB, host_bytes=GIB, host_free=3 * GIB),
-                           rank(1, device=GIB, host_bytes=GIB, host_free=3 * GIB)], config)
+                           rank(1, device=GIB, host_bytes=GIB, host_free=3 * GIB)], config.zero, config.activations)
     assert "needs 4.00 GiB of host memory on host a for its 2 rank(s)" in line and "3.00 GiB is available" in line
     assert "drop --offload-optimizer" not in line  # on a CPU, offloading moves bytes within the same memory
     # Two hosts: each holds its own ranks.
-    assert memory_verdict([rank(0, "a", GIB, host_free=GIB), rank(1, "b", GIB, host_free=GIB)], config) is None
+    assert memory_verdict([rank(0, "a", GIB, host_free=GIB), rank(1, "b", GIB, host_free=GIB)], config.zero,
+                          config.activations) is None
     # CUDA: offloaded bytes on the host, the rest on each rank's device.
     cuda = [rank(0, device=10 * GIB, host_bytes=30 * GIB, on_cpu=False, host_free=50 * GIB, device_free=70 * GIB),
             rank(1, device=10 * GIB, host_bytes=30 * GIB, on_cpu=False, host_free=50 * GIB, device_free=70 * GIB)]
-    line = memory_verdict(cuda, config)
+    line = memory_verdict(cuda, config.zero, config.activations)
     assert "needs 60.00 GiB of host memory" in line and "offload only what fits (drop --offload-optimizer" in line
     cuda = [rank(0, device=10 * GIB, host_bytes=30 * GIB, on_cpu=False, host_free=80 * GIB, device_free=70 * GIB),
             rank(1, device=10 * GIB, host_bytes=30 * GIB, on_cpu=False, host_free=80 * GIB, device_free=9 * GIB)]
-    line = memory_verdict(cuda, config)
+    line = memory_verdict(cuda, config.zero, config.activations)
     assert line.startswith("rank 1 needs 10.00 GiB on cuda:1") and "9.00 GiB is free (torch.cuda.mem_get_info)" in line
     assert "--zero-stage 3" in line and "--checkpoint-activations" in line
     # A host whose memory cannot be read is not checked.
-    assert memory_verdict([rank(0, device=GIB, host_bytes=GIB)], config) is None
+    assert memory_verdict([rank(0, device=GIB, host_bytes=GIB)], config.zero, config.activations) is None
 
 
 def test_a_rank_the_planner_cannot_plan_is_said_and_not_checked(machine):

@@ -30,7 +30,7 @@ def test_virtual_stages_need_stages_and_the_planner_plans_stages():
     with pytest.raises(ConfigError, match="--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel"):
         parse_config(["--num-layers-per-virtual-pipeline-stage", "1"])
     parse_config([*STAGES, "--zero-stage", "2"])  # ZeRO 2 with stages is accepted
-    check_plannable(parse_config(STAGES))  # planned per stage (tests/planner/test_plan_pipeline.py)
+    check_plannable(parse_config(STAGES).model)  # planned per stage (tests/planner/test_plan_pipeline.py)
 
 
 def test_pipe_parallel_size_is_deepspeeds_stage_count():

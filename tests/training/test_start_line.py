@@ -56,26 +56,31 @@ def test_the_start_line_names_sequence_parallel_pipeline_and_optimizer_instances
     """--sequence-parallel was invisible; the optimizer instances (parallel/state.py) are a placement too."""
     config = parse_config(["--sequence-parallel", "--tensor-model-parallel-size", "2"])
     state = virtual_state(16, tensor_parallel_size=2, pipeline_parallel_size=2, optimizer_instances=2)
-    assert parallel_sizes(config, state) == (
+    assert parallel_sizes(config.model, config.parallel, state) == (
         "parallel sizes TP 2, SP on, PP 2, DP 4; 2 distributed optimizer instances, each sharding the optimizer "
         "state over 2 DP ranks and replicated across the instances")
     # with experts on their own grid, their optimizer is cut into the same instances over the expert DP ranks
     moe = parse_config(["--num-experts", "4", "--expert-model-parallel-size", "2"])
-    assert parallel_sizes(moe, virtual_state(8, optimizer_instances=2, expert_model_parallel_size=2)).endswith(
+    assert parallel_sizes(moe.model, moe.parallel, virtual_state(8, optimizer_instances=2, expert_model_parallel_size=2)).endswith(
         "; experts EP 2 x expert DP 4 (allgather dispatcher); 2 distributed optimizer instances, each sharding the "
         "optimizer state over 4 DP ranks and replicated across the instances, the experts' over 2 expert DP ranks")
     # Megatron-LM turns --sequence-parallel off at TP 1: said, not shown as on
-    alone = parallel_sizes(parse_config(["--sequence-parallel"]), virtual_state(2))
+    sequence_parallel = parse_config(["--sequence-parallel"])
+    alone = parallel_sizes(sequence_parallel.model, sequence_parallel.parallel, virtual_state(2))
     assert alone.startswith("parallel sizes TP 1, SP off, PP 1, DP 2 (--sequence-parallel has nothing to split")
 
 
+def _offload_sections(config):
+    return config.zero, config.activations, config.training
+
+
 def test_host_placement_names_each_offload():
-    assert host_placement(parse_config([])) == "offload: none (everything on the device)"
-    optimizer_only = host_placement(parse_config(["--zero-stage", "2", "--offload-optimizer"]))
+    assert host_placement(*_offload_sections(parse_config([]))) == "offload: none (everything on the device)"
+    optimizer_only = host_placement(*_offload_sections(parse_config(["--zero-stage", "2", "--offload-optimizer"])))
     assert optimizer_only.startswith("offloaded to host memory: optimizer states") and "--offload-param" not in optimizer_only
-    both = host_placement(parse_config(["--zero-stage", "3", "--offload-optimizer", "--offload-param", "--bf16"]))
+    both = host_placement(*_offload_sections(parse_config(["--zero-stage", "3", "--offload-optimizer", "--offload-param", "--bf16"])))
     assert both.endswith("(--offload-optimizer); bf16 parameter shards (--offload-param)")
-    checkpoints = host_placement(parse_config(["--checkpoint-activations", "--cpu-checkpointing"]))
+    checkpoints = host_placement(*_offload_sections(parse_config(["--checkpoint-activations", "--cpu-checkpointing"])))
     assert checkpoints == "offloaded to host memory: activation checkpoints (--cpu-checkpointing)"
 
 

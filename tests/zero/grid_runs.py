@@ -28,7 +28,7 @@ def four_steps_on_every_grid(rank: int, world_size: int, optimizer: dict, grids:
         mine = tokens.chunk(world_size)[rank]
         for stage, offload in grids:
             model = tiny_gpt2()
-            zero = ZeroHarness(model, OptimizerConfig(**optimizer),
+            zero = ZeroHarness(model, OptimizerConfig.of(**optimizer),
                                ZeroConfig(stage=stage, reduce_bucket_size=3000, offload_optimizer=offload,
                                           sub_group_size=997), state)
             losses = []

@@ -166,7 +166,7 @@ def test_ademamix_is_not_adamw():
         model = tiny_gpt2()
         state = initialize("cpu", 1)
         try:
-            config = OptimizerConfig(**{**ADEMAMIX, "optimizer": optimizer})
+            config = OptimizerConfig.of(**{**ADEMAMIX, "optimizer": optimizer})
             zero = ZeroHarness(model, config, ZeroConfig(stage=0), state)
             tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3))
             out = []

@@ -118,7 +118,7 @@ def assert_planned_as_measured(argv: list[str], metrics: Path, world_size: int) 
     """Every rank's model-state bytes of each category and buffers, on the device and on the host, as the dry run
     of the same flags plans them (--report-memory's record: the live tensors, split by zero.memory's placement)."""
     config = parse_arguments(argv).config
-    vocab, _ = launch_vocab(config)
+    vocab, _ = launch_vocab(config.checkpoint, config.data, config.model, config.sources)
     (records,) = [record["memory"] for record in metrics_records(metrics) if "memory" in record]
     assert sorted(record["rank"] for record in records) == list(range(world_size))
     for live in records:

@@ -81,7 +81,7 @@ def test_our_muon_step_is_megatrons_formula_over_four_steps(nesterov, split, bf1
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(24, 16, generator=generator)
     grads = [torch.randn(24, 16, generator=generator) for _ in range(4)]
-    config = OptimizerConfig(optimizer="muon", muon_nesterov=nesterov, muon_momentum=0.9,
+    config = OptimizerConfig.of(optimizer="muon", muon_nesterov=nesterov, muon_momentum=0.9,
                              muon_fp32_matmul_prec="medium" if bf16 else "high")
     param = torch.nn.Parameter(weight.clone())
     if split is not None:
@@ -89,7 +89,7 @@ def test_our_muon_step_is_megatrons_formula_over_four_steps(nesterov, split, bf1
     [matrix] = muon_matrices(FlatLayout([[param]], 1, 0), [param])
     master, momentum = weight.clone().view(-1), torch.zeros(weight.numel())
     for grad in grads:
-        muon_step([matrix], master, momentum, grad.reshape(-1), 0.02, 0.1, config, lambda t: None)
+        muon_step([matrix], master, momentum, grad.reshape(-1), 0.02, 0.1, config.algorithms, lambda t: None)
     expected, expected_momentum = reference_muon(weight, grads, 0.02, 0.1, 0.9, nesterov, split, bf16)
     assert torch.equal(master.view(24, 16), expected)
     assert torch.equal(momentum.view(24, 16), expected_momentum)
@@ -125,7 +125,7 @@ def train_every_grid(rank, world_size):
         mine = tokens.chunk(world_size)[rank]
         for stage in GRIDS:
             model = tiny_gpt2()
-            zero = ZeroHarness(model, OptimizerConfig(**MUON), ZeroConfig(stage=stage, reduce_bucket_size=3000), state,
+            zero = ZeroHarness(model, OptimizerConfig.of(**MUON), ZeroConfig(stage=stage, reduce_bucket_size=3000), state,
                                muon_excluded_params=muon_params_of(model))
             losses = []
             for _ in range(4):
@@ -161,7 +161,7 @@ def test_muon_is_not_adamw_and_takes_only_the_hidden_matrices():
         model = tiny_gpt2()
         state = initialize("cpu", 1)
         try:
-            zero = ZeroHarness(model, OptimizerConfig(**{**MUON, "optimizer": optimizer}), ZeroConfig(stage=0), state,
+            zero = ZeroHarness(model, OptimizerConfig.of(**{**MUON, "optimizer": optimizer}), ZeroConfig(stage=0), state,
                                muon_excluded_params=muon_params_of(model))
             tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3))
             out = []

@@ -31,7 +31,7 @@ def whole_problem(rows: int = 32, cols: int = 16):
 
 
 def config_of(mode: str, bf16: bool) -> OptimizerConfig:
-    return OptimizerConfig(optimizer="muon", muon_tp_mode=mode, muon_fp32_matmul_prec="medium" if bf16 else "high")
+    return OptimizerConfig.of(optimizer="muon", muon_tp_mode=mode, muon_fp32_matmul_prec="medium" if bf16 else "high")
 
 
 def run_steps(weight, grads, config, split=None, tp_dim=None, tp=None, part=lambda t: t):
@@ -40,7 +40,7 @@ def run_steps(weight, grads, config, split=None, tp_dim=None, tp=None, part=lamb
     matrix = MuonMatrix(mine.shape, split, True, (0, 0, mine.numel()), tp_dim)
     master, momentum = mine.clone().view(-1), torch.zeros(mine.numel())
     for grad in grads:
-        muon_step([matrix], master, momentum, part(grad).contiguous().view(-1), LR, DECAY, config, lambda t: None,
+        muon_step([matrix], master, momentum, part(grad).contiguous().view(-1), LR, DECAY, config.algorithms, lambda t: None,
                   tp)
     return master.view(mine.shape)
 

@@ -89,7 +89,7 @@ def test_sophiag_steps_as_the_forks_optimizer_over_five_steps_on_a_small_model()
     state = initialize("cpu", 1)
     try:
         model = tiny_gpt2()
-        zero = ZeroHarness(model, OptimizerConfig(**SOPHIA), ZeroConfig(stage=0), state)
+        zero = ZeroHarness(model, OptimizerConfig.of(**SOPHIA), ZeroConfig(stage=0), state)
         for _ in range(5):
             fork.zero_grad()
             expected = reference(input_ids=tokens, labels=tokens).loss
@@ -189,7 +189,7 @@ def test_the_planner_counts_sophiags_two_states_and_its_step_windows(capsys):
     assert plans["sophiag"].step_working_bytes > 0
     state = initialize("cpu", 1)
     try:
-        zero = ZeroHarness(tiny_gpt2(), OptimizerConfig(**SOPHIA), ZeroConfig(stage=1), state)
+        zero = ZeroHarness(tiny_gpt2(), OptimizerConfig.of(**SOPHIA), ZeroConfig(stage=1), state)
         measured = measure_tensor_bytes(zero.sharded.model_state_tensors())
         assert measured["optimizer_states"] == 8 * (zero.sharded.num_parameters + zero.sharded.padding)
     finally:

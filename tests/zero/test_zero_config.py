@@ -10,6 +10,7 @@ from arguments.config import ConfigError, PretrainConfig, field_sections
 from arguments.deepspeed.translation import EXAMPLE_DIR, deepspeed_config_to_flags, load_deepspeed_config
 from arguments.deepspeed.verdicts import HONOURED
 from arguments.parser import parse_arguments, parse_config
+from base.options import setting_value
 from zero.config import ZeroConfig
 
 EXAMPLES = sorted(EXAMPLE_DIR.glob("stage*.json"))  # the ZeRO paper's C1-C5: tests/planner/test_zero_paper_configs.py
@@ -43,7 +44,7 @@ def test_examples_cover_every_stage_and_dynamic_fp16():
     assert {p.stem for p in EXAMPLES} >= {"stage1", "stage2", "stage3", "stage2_fp16"}
     fp16 = json.loads((EXAMPLE_DIR / "stage2_fp16.json").read_text())["fp16"]
     assert fp16["enabled"] is True and fp16["loss_scale"] == 0
-    assert parse_config(["--zero-config", "stage2_fp16"]).training.loss_scale is None
+    assert parse_config(["--zero-config", "stage2_fp16"]).training.mixed_precision.loss_scale is None
 
 
 # Every supported key with a non-default value, and where it must land.
@@ -85,7 +86,7 @@ def test_every_honoured_zero_key_maps_to_its_setting(tmp_path):
     assert {verdict.kind for verdict in translation.verdicts} == {HONOURED}
     config = parse_config(["--zero-config", str(write_json(tmp_path, EVERY_KEY))])
     for (section, name), value in EXPECTED.items():
-        got = getattr(getattr(config, section), name)
+        got = setting_value(getattr(config, section), name)
         assert got == value and type(got) is type(value), (section, name, got)
     assert config.training.precision == "fp16"
 
@@ -105,13 +106,13 @@ def test_json_wins_over_yaml_and_beside_a_flag_the_real_pairs_side_wins(tmp_path
     config = parse_config(["--config", str(preset), "--zero-config", str(ds)])
     assert (config.zero.stage, config.zero.reduce_bucket_size) == (2, 2000)  # JSON over YAML
     assert config.zero.overlap_comm is False  # YAML where the JSON says nothing
-    assert config.training.precision == "fp16" and config.training.hysteresis == 4
+    assert config.training.precision == "fp16" and config.training.mixed_precision.hysteresis == 4
     config = parse_config(["--zero-stage", "2", "--loss-scale-window", "6", "--zero-config", str(ds),
                            "--config", str(preset)])
     # the JSON's fp16 block governs the loss scaler, DeepSpeed's default window (1000) included, and
     # Megatron's --loss-scale-window is ignored as the real pair ignores it (issue 34, point 2;
     # tests/arguments/test_deepspeed_loss_scale.py)
-    assert (config.zero.stage, config.zero.reduce_bucket_size, config.training.loss_scale_window) == (2, 2000, 1000)
+    assert (config.zero.stage, config.zero.reduce_bucket_size, config.training.mixed_precision.loss_scale_window) == (2, 2000, 1000)
     assert config.sources["stage"].describe() == f"--zero-stage (command line); the same as zero_optimization.stage in {ds}"
     assert config.sources["reduce_bucket_size"].describe() == f"{ds}: zero_optimization.reduce_bucket_size"
     assert config.sources["overlap_comm"].describe() == f"preset {preset}"
@@ -202,7 +203,7 @@ def test_sizes_accept_scientific_notation():
 
 def test_precision():
     assert [parse_config(argv).training.precision for argv in ([], ["--bf16"], ["--fp16"])] == ["fp32", "bf16", "fp16"]
-    assert parse_config(["--fp16", "--loss-scale", "1024", "--report-memory"]).training.loss_scale == 1024.0
+    assert parse_config(["--fp16", "--loss-scale", "1024", "--report-memory"]).training.mixed_precision.loss_scale == 1024.0
     assert parse_config(["--report-memory"]).logging.report_memory
 
 
@@ -263,7 +264,7 @@ def test_yaml_keys_may_be_flag_names_or_setting_names(tmp_path):
     preset = tmp_path / "mine.yaml"
     preset.write_text("zero-stage: 2\ngradient_accumulation_steps: 3\nfp16: true\n")
     config = parse_config(["--config", str(preset)])
-    assert (config.zero.stage, config.training.accumulation_steps, config.training.fp16) == (2, 3, True)
+    assert (config.zero.stage, config.training.accumulation_steps, config.training.mixed_precision.fp16) == (2, 3, True)
     preset.write_text("stage: 1\naccumulation_steps: 2\n")
     config = parse_config(["--config", str(preset)])
     assert (config.zero.stage, config.training.accumulation_steps) == (1, 2)
