@@ -34,6 +34,9 @@ FROM_SETTINGS = {
     "num_local_experts": ("num_experts",), "num_experts": ("num_experts",), "n_routed_experts": ("num_experts",),
     "num_experts_per_tok": ("moe_router_topk",), "router_aux_loss_coef": ("moe_aux_loss_coeff",),
     "shared_expert_intermediate_size": ("moe_shared_expert_intermediate_size",),
+    "shared_intermediate_size": ("moe_shared_expert_intermediate_size",),
+    # 1/sqrt(head_dim): Megatron-LM has no --softmax-scale
+    "attention_multiplier": ("kv_channels", "hidden_size", "num_attention_heads"),
     "norm_topk_prob": ("moe_router_pre_softmax",), "mlp_only_layers": ("moe_layer_freq", "num_layers"),
     "first_k_dense_replace": ("moe_layer_freq", "num_layers"), "n_group": ("moe_router_num_groups",),
     "topk_group": ("moe_router_group_topk",), "routed_scaling_factor": ("moe_router_topk_scaling_factor",),
@@ -74,6 +77,9 @@ SAME_FOR_EVERY_RUN = {
     "scale_attn_weights": "Megatron-Core's", "scale_attn_by_inverse_layer_idx": "Megatron-Core's",
     "add_cross_attention": "a GPT's", "reorder_and_upcast_attn": "no function", "pretraining_tp": "no function",
     "decoder_sparse_step": "the layer pattern's (mlp_only_layers)",
+    # GraniteMoeShared's scalings Megatron-Core does not apply
+    "embedding_multiplier": "Megatron-Core's (unscaled)", "residual_multiplier": "Megatron-Core's (unscaled)",
+    "logits_scaling": "Megatron-Core's (unscaled)",
 }
 # Megatron-Core's Llama 3 scaling takes only the factor from a flag.
 LLAMA3_FIXED = ("rope_parameters.low_freq_factor", "rope_parameters.high_freq_factor",

@@ -47,6 +47,10 @@ FAMILIES = {
         num_attention_heads=6, num_key_value_heads=2, head_dim=16, intermediate_size=96, moe_intermediate_size=32,
         n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
         routed_scaling_factor=1.5, use_qk_norm=True, attention_bias=True)),
+    # Megatron-Core's default shared expert (ungated); attention_multiplier 1/sqrt(head_dim) is Megatron's own scale
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", dict(
+        num_key_value_heads=2, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=48, attention_multiplier=0.25)),
 }
 
 

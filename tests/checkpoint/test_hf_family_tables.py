@@ -151,7 +151,8 @@ def test_a_field_that_changes_the_math_and_is_not_built_is_refused_in_one_line(t
 
 # the families read before issue 63's modules (arguments/hf_config.py) and the MoE ones (FAMILY_READERS) beside them
 # (Apertus's reader leaves a head_dim key out, which ApertusAttention's getattr would take: not compared here)
-READ_ELSEWHERE = ["llama", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "gpt_oss"]
+READ_ELSEWHERE = ["llama", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "gpt_oss",
+                  "granitemoeshared"]
 
 
 @pytest.mark.parametrize("model_type", SINGLE_MODEL_FAMILIES + READ_ELSEWHERE)

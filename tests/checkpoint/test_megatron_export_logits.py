@@ -44,6 +44,7 @@ def our_logits(name: str, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
 @pytest.mark.parametrize("name,hf_class,mtp_layer", [
     ("megatron_deepseek_v3", "DeepseekV3ForCausalLM", 2),  # MLA (q LoRA, latent norms), shared expert, MTP, EP 2
     ("megatron_moe_ep2_dense_first_gated_shared", "Qwen2MoeForCausalLM", None),  # a gated shared expert, EP 2
+    ("megatron_moe_ep2_shared", "GraniteMoeSharedForCausalLM", None),  # Megatron's default ungated shared expert
 ])
 def test_transformers_logits_of_the_export_are_ours_on_the_checkpoint(tmp_path, name, hf_class, mtp_layer):
     from transformers import AutoModelForCausalLM
@@ -75,8 +76,6 @@ def test_transformers_logits_of_the_export_are_ours_on_the_checkpoint(tmp_path, 
     # Megatron-LM's MLA fixtures keep GPT-2's blocks (LayerNorm, GeLU, biases): DeepseekV3's are RMSNorm and SwiGLU
     ("megatron_mla", "would need --normalization RMSNorm, --swiglu"),
     ("megatron_mla_q_lora", "would need --normalization RMSNorm, --swiglu"),
-    # an ungated shared expert beside softmax routing: Qwen2-MoE gates its shared expert
-    ("megatron_moe_ep2_shared", "as a Qwen2MoeForCausalLM this one would need --moe-shared-expert-gate"),
     # GPT-2's blocks with rotary positions are no transformers class here, with or without their MTP layer
     ("megatron_mtp", "would need --normalization RMSNorm, --swiglu"),
     ("megatron_hybrid_mtp", "would need --normalization RMSNorm, --swiglu"),

@@ -41,6 +41,8 @@ FAMILIES = {
     "glm4_moe": ("Glm4MoeConfig", dict(ROUTED, head_dim=16)),
     "deepseek_v3": ("DeepseekV3Config", dict(ROUTED, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
                                              qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, head_dim=8)),
+    "granitemoeshared": ("GraniteMoeSharedConfig", dict(num_local_experts=4, num_experts_per_tok=2,
+                                                        shared_intermediate_size=48, attention_multiplier=0.25)),
     "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=5)),
     "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, n_positions=32)),
 }

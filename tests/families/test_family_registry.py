@@ -29,13 +29,14 @@ def family_folders() -> set[str]:
 def test_every_family_folder_is_registered_in_its_claim_order():
     found = registry.registered()
     assert {family.name for family in found} == family_folders()
-    assert len(found) == 19
+    assert len(found) == 20
     assert [family.claim_order for family in found] == sorted(family.claim_order for family in found)
     # every table comes from it: each model_type read here is one folder's
     assert set(registry.architectures()) == {model_type for family in found for model_type in family.model_types}
     assert registry.llama_families() == ("apertus", "mixtral", "qwen2_moe", "llama")
     assert list(registry.family_weights()) == \
-        ["nemotron_h", "qwen3_next", "gpt_oss", "deepseek_v3", "olmoe", "glm4_moe", "qwen3_moe"]
+        ["nemotron_h", "qwen3_next", "gpt_oss", "deepseek_v3", "olmoe", "glm4_moe", "qwen3_moe",
+         "granitemoeshared"]
     assert registry.fallback_family().name == "gpt2"
 
 
