@@ -5,13 +5,8 @@
     python -m zero.perf_model --hardware cpu-2core --calibrate docs/zero-paper/cpu-calibration/*/metrics.jsonl \\
         --output configs/hardware/calibrations/cpu-2core.yaml
 
-Trains a few small GPTs with pretrain_gpt.py through scripts/launch.py (gloo, one thread per process,
-the embedded corpus, fp32): one process at three hidden sizes (so the fit can tell the GEMMs from the
-memory-bound kernels), two processes as DP=2 at stages 1 and 2 (DP traffic, for the overlap) and as
-TP=2 (TP traffic). Each run gets its own directory with metrics.jsonl and the launch.json that
-`--calibrate` reads. `--measure` first prints what configs/hardware/cpu-2core.yaml records about the
-machine: the copy bandwidth of one thread, one thread's fp32 GEMM rate, and a 2-process gloo all-reduce.
-"""
+Small GPTs (gloo, fp32) at three widths on one process, and at DP=2 and TP=2, so the fit tells GEMMs, memory-bound
+kernels and traffic apart; `--measure` first prints the rates configs/hardware/cpu-2core.yaml records."""
 
 from __future__ import annotations
 

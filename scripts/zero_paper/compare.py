@@ -6,18 +6,8 @@ under one profile, against the paper's value.
     python scripts/zero_paper/compare.py --profile dgx2                     # today's predictions
     python scripts/zero_paper/compare.py --profile dgx2-2019 --fit          # refit its one free parameter
 
-Profiles: `dgx2` (configs/hardware/dgx2-v100.yaml planning this repository's code) and `dgx2-2019` (the same
-cluster with the paper's 2019 software: paper_conditions.py's sourced conditions). It prints one table and, with
---json, writes {"profile", "conditions", "fitted", "rows", "summary"}. A numeric row is within 10% when
-predicted / paper is in [0.9, 1.1] for an "about" value, >= 0.9 for "over", <= 1.1 for "under". Rows: Figures 2,
-3, 4, 6 (largest models, throughput, superlinearity), Figures 7 and 8's observations, Table 2's measured columns,
-the activation sizes of sections 3.2 and 6.1. Where the profile cannot reach the paper the row says by how much;
-nothing is tuned to close it.
-
-One parameter of dgx2-2019 is fitted, on one figure: the micro batch of Figures 6-8 (the paper's unstated "fixed
-batch size"), on Figure 6; `--fit` writes configs/hardware/calibrations/dgx2-2019-figure6-batch.yaml, which the
-other runs read; every other figure is a prediction. Dry runs are cached as report.py caches them
-(~/.cache/zero-gpt/plans, ZERO_GPT_PLAN_CACHE)."""
+`dgx2` plans this code; `dgx2-2019` adds paper_conditions.py's 2019 software and fits one parameter, Figures 6-8's
+micro batch. docs/zero-paper-2019-conditions.md describes the rows and the 10% rule."""
 
 from __future__ import annotations
 

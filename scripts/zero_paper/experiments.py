@@ -1,22 +1,9 @@
 """The ZeRO paper's experiments as data: one definition file per figure, each row one run.
 
-A definition (scripts/zero_paper/experiments/figN.dat) is a whitespace table in the shape of the authors'
-DeepSpeedExamples `exp.dat` sweeps: `#` starts a comment, the first other line names the columns, each later
-line is one point. Columns:
-
-    profile     the hardware profile (configs/hardware/PROFILE.yaml: dgx2-v100 or h100-sxm)
-    point       a name unique within the figure and profile (the run directory, W&B run name and tag)
-    series      what the point is plotted as: zero, megatron, ddp, or C1-C5 (Figures 6-8)
-    nodes gpus_per_node mp          the grid: world size = nodes x gpus_per_node, TP = mp
-    layers hidden heads             the model: one of configs/models/zero_paper (checked)
-    micro_batch global_batch        per-GPU micro batch and the global batch
-    zero_stage pa pa_cpu md         ZeRO-DP stage; P_a, P_a+cpu and M_D as 0/1 (every point checkpoints
-                                    activations, one layer each)
-    reduce_bucket allgather_bucket  the constant buffers (C_B), in elements
-    iterations                      how many to run
-
-`Point.pretrain_argv()` is the point as pretrain_gpt.py flags, `Point.cluster()` its grid for the planner.
-Precision comes from the profile: fp16 on the V100, bf16 with 16-bit gradients on the H100."""
+A definition (experiments/figN.dat) is a whitespace table shaped like the authors' `exp.dat` sweeps: `#` comments,
+a line naming the columns, then a point a line. Columns: profile, point, series (zero, megatron, ddp, C1-C5), nodes
+gpus_per_node mp, layers hidden heads (a configs/models/zero_paper preset), micro_batch global_batch, zero_stage pa
+pa_cpu md (0/1), reduce_bucket allgather_bucket (elements), iterations."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The paper's Figures 2-8 drawn from our numbers (matplotlib, Agg): one function per figure.
-
-Every mark says where it comes from, in the legend: "predicted" (the planner's memory and the
-performance model's time, planner/dry_run.py and planner/perf_model.py), "measured" (a run's metrics.jsonl,
-or the CPU mini-reproduction), "paper" (a value the paper states, planner/paper_tables.py and paper_values.py), and
-the line under every title says it once more for the whole figure (`provenance`). Throughput
-is TFLOP/s per GPU counting the activation recompute (the FLOPs the GPU executes); a point the
-planner says does not fit is an x on the axis, labelled so.
-"""
+"""The paper's Figures 2-8 drawn from our numbers (matplotlib, Agg): one function per figure. Every mark's
+legend says "predicted", "measured" or "paper", and the line under each title says it for the whole figure
+(`provenance`); throughput counts the recompute; a point that does not fit is an x on the axis."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """What real runs of the experiment points measured, read from their metrics.jsonl.
 
-run.py gives every point a directory RUNS_DIR/PROFILE/FIGURE/POINT/ with a launch.json naming the
-figure, profile and point; pretrain_gpt.py writes metrics.jsonl beside it. A run counts as measured
-once it logged a training record after the warm-up; its iteration time and TFLOP/s are the medians
-of those records (tflops_per_gpu counts the recompute, as the predictions' hardware FLOPs do), its
-memory the largest `memory_bytes` (CUDA's max_memory_allocated on a GPU).
-
-A --runs directory is walked, not trusted: a metrics.jsonl that is a FIFO or a device is refused
-(reading it would never end), as is one past MAX_METRICS_BYTES, and a tree of more than
-MAX_RUN_DIRECTORIES directories (`--runs /` by mistake) stops the walk with one line.
-"""
+A run (run.py's RUNS_DIR/PROFILE/FIGURE/POINT/ with its launch.json) counts once it logged a record past the warm-up:
+its time and TFLOP/s are those records' medians, its memory the largest `memory_bytes`. A --runs tree is walked, not
+trusted: a FIFO, a device, an oversized file or a runaway tree is one line."""
 
 from __future__ import annotations
 

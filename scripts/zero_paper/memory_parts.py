@@ -1,12 +1,6 @@
-"""The planner's per-GPU peak (RankPlan.total_bytes, report.md's "predicted per-GPU memory") in parts that add
-up to it: Figure 7's stacked bars, and what paper_conditions.py's 2019 total holds throughout.
-
-planner/dry_run.py makes the peak of what is held throughout (model states, FP8 scaling states, the constant
-buffers, M_D's contiguous checkpoint buffer, CUDA graphs' static buffers) and, on top, the larger of two working
-sets never alive together: the passes' (activations saved, logits and gradients in flight, stage 3's gathered
-parameters) and the optimizer step's. The held parts are read from the plan; the working set is the rest of the
-peak, so a bar is exactly the table's number whichever working set wins.
-"""
+"""The planner's per-GPU peak (RankPlan.total_bytes) in parts that add up to it, Figure 7's stacked
+bars: what is held throughout (model states, FP8 states, constant buffers, M_D's buffer, graphs' buffers) read from
+the plan, the working set as the rest of the peak, so a bar is the table's number."""
 
 from __future__ import annotations
 

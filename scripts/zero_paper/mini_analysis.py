@@ -1,16 +1,8 @@
 """What the CPU mini-reproduction (mini_reproduction.py's JSON) says about Figures 6 and 7.
 
-Device memory of a rank, measured and planned alike, is what --report-memory measures: model states
-(parameters, gradients, fp32 master, Adam), the constant buffers, and the peak bytes autograd saved
-for backward on the device (activation checkpoints unless P_a+cpu moved them, the recompute's
-tensors, the loss's softmax). The planner's transient estimates (logits, gradients in flight) are left
-out on both sides, so the comparison is like for like.
-
-For Figure 6 the question is how many layers fit a fixed budget. A rank's device bytes are a line
-in the layers, so the two depths give each configuration's bytes per layer and its intercept; the
-budget is what C1 needs at the deeper depth (so C1 fits exactly that many), and every configuration's
-answer is (budget - intercept) / bytes per layer, from the measured line and from the planned one.
-"""
+Device memory, measured and planned alike, is --report-memory's: model states, constant buffers and the bytes saved
+for backward on the device. A configuration's bytes are a line in the layers, so the layers it fits in what C1 needs
+at the deeper depth (Figure 6) follow from its line, measured and planned."""
 
 from __future__ import annotations
 

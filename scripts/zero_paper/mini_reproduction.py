@@ -3,19 +3,9 @@
 
     python scripts/zero_paper/mini_reproduction.py --output docs/zero-paper/mini-reproduction.json
 
-The paper's C1-C5 (Table 3) at a scaled-down size: 4 gloo processes as TP 2 x DP 2 (the paper's MP 16
-x DP 25: both kinds of parallelism, MP inside the "node"), a GPT of hidden 256 at sequence 256 and
-micro batch 8 (so activations and model states are of the same order, as at 100B on a V100), bf16
-with 16-bit gradients (the paper's 2 + 2 + 12 bytes per parameter), every layer checkpointed, M_D
-on. Each configuration trains two iterations at two depths, with --report-memory: every rank's
-model-state bytes and the bytes autograd saved for backward, by device and host, are measured; the
-planner (planner/dry_run.py) plans the same rank. The output JSON holds both, and report.py draws them
-(Figure 7: memory per configuration; Figure 6: how many layers each configuration fits in the memory
-C1 needs at the deeper size, from the measured bytes per layer).
-
-All runs share one launch (scripts/launch.py: torchrun) and one process group: the script starts
-itself as the worker on every rank, which trains the runs one after another.
-"""
+C1-C5 at a small size (TP 2 x DP 2 gloo processes, hidden 256, sequence 256, micro batch 8, bf16, every layer
+checkpointed, M_D on), two iterations at two depths with --report-memory; the planner plans the same ranks. One
+launch runs them all: the script is its own worker on every rank."""
 
 from __future__ import annotations
 

@@ -1,21 +1,7 @@
-"""The software the ZeRO paper ran on, as the planner and the performance model see it: named
-conditions, each one quantity with its value, unit and source, applied on top of a dry run.
-
-The dry run (planner/dry_run.py) plans *this* repository's code (flash attention, one fused loss, a reducer
-whose buckets are views, a "32 GB" budget standing in for what it cannot see). The paper's runs used
-Megatron-LM (September 2019, and DeepSpeedExamples' copy) with PyTorch 1.x on V100s, under one of four stacks:
-
-    torch-ddp       stage 0 without MP: Megatron-LM's model and FP16_Optimizer under PyTorch's DDP
-                    (Figure 4's and Table 2's baseline)
-    megatron-ddp    stage 0 with MP: Megatron-LM with its own DDP (Figure 2's and Table 2's MP baseline)
-    deepspeed-0.2   stages 1 and 2: ZeRO-100B as DeepSpeed 0.2 shipped it (Figures 2-4 and 6-8)
-    deepspeed-0.1   stage 1 as ZeRO-OS, the paper's first implementation (Table 2's measured P_os)
-
-A `ConditionSet` holds one profile's conditions; `condition_plan` adds their bytes to a rank's plan (named in
-its notes), `condition_prediction` applies the time terms to the prediction. The empty set changes nothing, so
-`dgx2` and `h100` plan and predict as before. Every condition names a source (a line of the 2019-2020 code, a
-PyTorch or NVIDIA document, or the paper); tests/planner/test_zero_paper_2019.py refuses one without. What
-could not be sourced is not here: docs/zero-paper-2019-conditions.md says what it would take."""
+"""The software the ZeRO paper ran on, as named conditions applied on top of a dry run: each one
+quantity with its value, unit and source, acting on the stacks it names (torch-ddp, megatron-ddp, deepspeed-0.2,
+deepspeed-0.1). `condition_plan` adds their bytes to a rank's plan, `condition_prediction` their time; the empty set
+changes nothing. docs/zero-paper-2019-conditions.md lists them."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""What the planner and the performance model say about a point, with a cache of dry runs.
-
-A dry run of a 100B+ model takes 10-20 s on a small machine, and a figure has dozens of points, so
-each plan is kept in a JSON cache keyed by the point's flags, its grid, the vocabulary and a hash of
-the source code that plans (gpt/, parallel/, zero/): a change to that code plans again.
-"""
+"""What the planner and the performance model say about a point, with a cache of dry runs keyed by the
+point's flags, grid, vocabulary and a hash of the planning code (a change to it plans again)."""
 
 from __future__ import annotations
 

@@ -4,19 +4,9 @@ planner and the performance model everywhere.
 
     python scripts/zero_paper/report.py --output-dir DIR [--runs RUNS_DIR ...]
 
-Writes DIR/fig2.png ... fig8.png and DIR/report.md. For every point of every figure
-(scripts/zero_paper/experiments/*.dat) and profile (dgx2, h100): predicted (rank 0's dry run, planner/dry_run.py,
-and the performance model's iteration time, planner/perf_model.py with the profile's calibration); measured (the
-run in RUNS_DIR/PROFILE/FIGURE/POINT, run.py's layout, when one exists); the paper's stated values
-(planner/paper_tables.py, paper_values.py); and every stated value under dgx2 and dgx2-2019 side by side
-(compare.py; --no-compare leaves it out). Figures 4 and 6 add the search for the largest model
-(planner.plan.largest_layers), Figure 8 each point at the largest micro batch it fits; Figures 6 and 7 the CPU mini-reproduction (docs/zero-paper/mini-reproduction.json)
-when it exists. Dry runs are cached under ~/.cache/zero-gpt/plans (--no-cache plans afresh): a first report plans
-about 200 large models (tens of minutes on two cores), a later one takes seconds.
-
-Every input is checked before anything is written: each --runs directory exists, the definitions parse, and a
---mini-reproduction (the committed one by default) is mini_reproduction.py's JSON. A bad one is one line on
-stderr and exit status 2."""
+Writes DIR/fig2.png ... fig8.png and DIR/report.md: every point predicted, measured where a run exists, beside the
+paper's values and compare.py's profiles side by side (--no-compare leaves them out). Dry runs are cached: a first
+report takes tens of minutes, a later one seconds. Every input is checked before anything is written."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""report.md: the model's predictions against what the paper states, then every point of every figure.
-
-The comparison is on the paper's cluster (the dgx2 profile) and uses the points the paper's
-statements are about; every number in it is computed here from the planner and the performance
-model (or a run), and the paper's values come from planner/paper_tables.py and paper_values.py.
-"""
+"""report.md: the predictions against what the paper states, then every point of the paper's cluster (dgx2).
+Every number is computed from the planner and the performance model (or a run); the paper's values come from
+planner/paper_tables.py and paper_values.py."""
 
 from __future__ import annotations
 
@@ -94,9 +91,7 @@ def _format_value(value: float, unit: str) -> str:
 
 def comparison_section(results, extras) -> list[str]:
     lines = ["## The model's predictions against the paper's stated values", "",
-             "On the paper's cluster (dgx2 profile). Nothing was tuned to these values: the hardware numbers are "
-             "datasheet values (configs/hardware/dgx2-v100.yaml) and the three constants are the fit to this "
-             "repository's single-H100 measurements (configs/hardware/calibrations/h100-anchor.yaml).", "",
+             "On the paper's cluster (dgx2), untuned: datasheet hardware and the H100 calibration's constants.", "",
              "| figure | the paper states | paper | predicted | predicted / paper | what was compared |",
              "|---|---|---:|---:|---:|---|"]
     for value, prediction, basis in predicted_for_stated(results, extras):
@@ -153,14 +148,22 @@ def claims_section(results) -> list[str]:
     return lines
 
 
+TABLE_PROFILE = "dgx2"  # the paper's cluster: the tables of points list it alone; the figures draw every profile
+
+
 def points_section(figure: str, by_profile, heading: str = "") -> list[str]:
-    """A table of `by_profile`'s points under `### figure: heading` (by default what in it is measured)."""
+    """A table of `by_profile`'s points (the paper's cluster's alone when it is there) under `### figure:
+    heading` (by default what in it is measured); the measured columns only when a point is measured."""
+    if TABLE_PROFILE in by_profile:
+        by_profile = {TABLE_PROFILE: by_profile[TABLE_PROFILE]}
     measured = measured_points(figure, by_profile)
+    any_run = any(row.measured is not None for rows in by_profile.values() for row in rows)
     heading = heading or ('predicted (no measured run)' if not measured else f'predicted, {measured} measured')
     lines = [f"### {figure}: {heading}", "",
              "| profile | point | parameters | grid | micro / global batch | stage, ZeRO-R | "
-             "predicted per-GPU memory | predicted to fit | predicted s/iteration | predicted TFLOP/s (model FLOPs) | "
-             "measured TFLOP/s | measured memory |", "|---|---|---:|---|---:|---|---:|---|---:|---:|---:|---:|"]
+             "predicted per-GPU memory | predicted to fit | predicted s/iteration | predicted TFLOP/s (model FLOPs) |"
+             + (" measured TFLOP/s | measured memory |" if any_run else ""),
+             "|---|---|---:|---|---:|---|---:|---|---:|---:|" + ("---:|---:|" if any_run else "")]
     for profile, rows in by_profile.items():
         for row in rows:
             p, plan, prediction, measured = row.point, row.plan, row.prediction, row.measured
@@ -170,9 +173,10 @@ def points_section(figure: str, by_profile, heading: str = "") -> list[str]:
                 f"| {profile} | {p.point} | {format_parameters(plan.parameters_total)} | {p.nodes} x {p.gpus_per_node}, "
                 f"MP {p.mp} | {p.micro_batch} / {p.global_batch} | {p.zero_stage}{', ' + zero_r if zero_r else ''} | "
                 f"{format_bytes(plan.total_bytes)} | {'yes' if plan.fits else '**no**'} | {prediction.iteration_s:.2f} | "
-                f"{prediction.hardware_tflops_per_gpu:.1f} ({prediction.model_tflops_per_gpu:.1f}) | "
-                f"{f'{measured.tflops_per_gpu:.1f}' if done else '-'} | "
-                f"{format_bytes(measured.memory_bytes) if done and measured.memory_bytes else '-'} |")
+                f"{prediction.hardware_tflops_per_gpu:.1f} ({prediction.model_tflops_per_gpu:.1f}) |" + (
+                    f" {f'{measured.tflops_per_gpu:.1f}' if done else '-'} | "
+                    f"{format_bytes(measured.memory_bytes) if done and measured.memory_bytes else '-'} |"
+                    if any_run else ""))
     return lines + [""]
 
 
@@ -207,8 +211,8 @@ def mini_section(memory, mini) -> list[str]:
     lines = [f"## CPU mini-reproduction of Figures 6-7 (measured on a CPU, {mini.get('date', 'date not recorded')})", "",
              f"`{mini['command']}`: TP {mini['tensor_parallel_size']} x DP {mini['data_parallel_size']} gloo processes, "
              f"hidden {mini['hidden_size']}, sequence {mini['seq_length']}, micro batch {mini['micro_batch_size']}, "
-             f"{mini['precision']}. Device memory per rank = model states + constant buffers + bytes saved for "
-             "backward on the device (--report-memory), the largest rank; the planner's figure is the same sum.", "",
+             f"{mini['precision']}. Memory: the largest rank's model states + constant buffers + bytes saved for "
+             "backward on the device (--report-memory), as the planner sums them.", "",
              "| configuration | layers | measured | planned | measured / planned | host (P_a+cpu), measured | "
              "layers in C1's memory: measured | planned |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, item in sorted(memory.items()):
@@ -257,7 +261,8 @@ def condition_value(condition: dict) -> str:
 
 def side_by_side_section(compared: dict) -> list[str]:
     """compare.py's rows of several profiles (their results by name) in one table: the paper's value,
-    each profile's prediction and ratio, and the last profile's verdict with its reason."""
+    each profile's prediction and ratio, and the last profile's verdict (the reasons: its JSON's notes and
+    docs/zero-paper-2019-conditions.md)."""
     if not compared:
         return []
     names = list(compared)
@@ -272,9 +277,8 @@ def side_by_side_section(compared: dict) -> list[str]:
                          f"{fitted['fitted_on']}; every other figure is a prediction.")
     conditions = compared[last]["conditions"]
     if conditions:
-        lines += ["", f"The conditions of {last} (scripts/zero_paper/paper_conditions.py; docs/zero-paper-2019-conditions.md):", ""]
-        lines += [f"- `{c['name']}` = {condition_value(c)} ({c['phase']}; {', '.join(c['stacks'])}): {c['why']}. "
-                  f"Source: {c['source']}" for c in conditions]
+        lines += ["", f"The conditions of {last}, with their sources in docs/zero-paper-2019-conditions.md: "
+                  + "; ".join(f"`{c['name']}` = {condition_value(c)}" for c in conditions) + "."]
     header = " | ".join(f"{name}, predicted | ratio" for name in names)
     lines += ["", f"| figure | the paper states | paper | {header} | {last} within 10% |",
               "|---|---|---:|" + "---:|---:|" * len(names) + "---|"]
@@ -289,7 +293,7 @@ def side_by_side_section(compared: dict) -> list[str]:
             cells.append(f"{format_compared(other['predicted'], other['unit'])} | "
                          f"{'-' if other['ratio'] is None else format(other['ratio'], '.2f')}" if other else "- | -")
         unit = "" if row["unit"] in ("parameters", "bytes") else f" {row['unit']}"
-        verdict = "yes" if row["within_10_percent"] else f"**no**: {row['note']}"
+        verdict = "yes" if row["within_10_percent"] else "**no**"
         lines.append(f"| {row['figure']} | {row['claim']} | {RELATIONS[row['relation']]} "
                      f"{format_compared(row['paper'], row['unit'])}{unit} | {' | '.join(cells)} | {verdict} |")
     header = " | ".join(f"{name}, predicted: holds" for name in names)
@@ -299,8 +303,7 @@ def side_by_side_section(compared: dict) -> list[str]:
             continue
         key = (row["figure"], row["claim"])
         cells = ["yes" if keyed[n].get(key, {}).get("holds") else "no" for n in names]
-        note = f" ({row['note']})" if row["note"] and not row["holds"] else ""
-        lines.append(f"| {row['figure']} | {row['claim']} | {' | '.join(cells)} | {row['predicted']}{note} |")
+        lines.append(f"| {row['figure']} | {row['claim']} | {' | '.join(cells)} | {row['predicted']} |")
     lines.append("")
     for name, result in compared.items():
         summary = result["summary"]
@@ -336,19 +339,19 @@ def report(results, extras, memory, mini, runs, argv, compared=None) -> str:
     lines = [f"# The ZeRO paper's Figures 2-8: {title}", ""]
     if nothing_measured:
         lines += ["**Every figure and every number below is a prediction, not a measurement**, except the paper's "
-                  "stated values and the CPU mini-reproduction's section: no GPU run went into this report. The "
-                  "figures and tables show what the planner and the performance model expect the paper's runs to "
-                  "give; `scripts/zero_paper/run.py` launches those runs and `--runs` puts their measurements "
-                  "beside the predictions.", ""]
+                  "values and the CPU mini-reproduction: `scripts/zero_paper/run.py` launches the runs and `--runs` "
+                  "puts them beside the predictions.", ""]
     lines += [f"Written by `python scripts/zero_paper/report.py {' '.join(argv)}` from {len(runs)} measured runs. "
-              "predicted = the planner's dry run (planner/dry_run.py) and the performance model (planner/perf_model.py); "
-              "measured = a run's metrics.jsonl (or the CPU mini-reproduction); paper = a value the paper states. "
-              "TFLOP/s per GPU count the activation recompute (what the GPU executes; model FLOPs in brackets). "
-              "Predicted per-GPU memory is the planner's peak before what a dry run cannot see (the CUDA context, "
-              "NCCL's buffers, fragmentation).", ""]
+              "Predicted: the planner's dry run and the performance model; TFLOP/s per GPU count the recompute "
+              "(model FLOPs in brackets); memory is the planner's peak, before the CUDA context, NCCL's buffers and "
+              "fragmentation.", ""]
     lines += figures_section(results, extras, memory, mini)
-    lines += comparison_section(results, extras) + [""] + side_by_side_section(compared or {}) + constants_section()
+    # The side-by-side table holds the dgx2 comparison too; alone it is the comparison.
+    lines += (side_by_side_section(compared) if compared else comparison_section(results, extras) + [""])
+    lines += constants_section()
     lines += ["## Every point", ""]
+    if any(TABLE_PROFILE in by_profile and len(by_profile) > 1 for by_profile in results.values()):
+        lines += [f"The tables list the paper's cluster ({TABLE_PROFILE}); the figures draw every profile.", ""]
     for figure, by_profile in results.items():
         lines += points_section(figure, by_profile)
         if figure == "fig8" and "fig8_largest_batch" in extras:  # what Figure 8's bars draw

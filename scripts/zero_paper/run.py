@@ -2,22 +2,11 @@
 """The launch commands for one of the ZeRO paper's figures, or what the planner says about them.
 
     python scripts/zero_paper/run.py fig2 --profile dgx2                  # print one sbatch command per point
-    python scripts/zero_paper/run.py fig2 --profile dgx2 --submit --data-path D --vocab-file V --merge-file M
     python scripts/zero_paper/run.py fig3 --profile h100 --launcher torchrun   # run on every node instead
     python scripts/zero_paper/run.py fig8 --profile dgx2 --dry-run [--largest-batch]
-    python scripts/zero_paper/run.py fig2 --profile dgx2 --points zero-100b -- --compile
 
-FIGURE's points are scripts/zero_paper/experiments/FIGURE.dat (experiments.py). PROFILE is dgx2 (the paper's 25
-DGX-2 nodes of 16 V100 32GB) or h100 (nodes of 8 H100 80GB). Each point runs pretrain_gpt.py into
-RUNS_DIR/PROFILE/FIGURE/POINT/ (metrics.jsonl and launch.json, which report.py and `python -m zero.perf_model
---calibrate` read), logging to W&B project --wandb-project, group zero-paper-FIGURE-PROFILE, tagged with the
-figure, profile, series and point. Flags after `--` go to every command; each command goes through
-pretrain_gpt.py's own parser and checks first, so a flag it would refuse is one line here and nothing is printed,
-written or submitted. Without --data-path and the vocab files, $DATA_PATH, $VOCAB_FILE and $MERGE_FILE are read.
-
---dry-run launches and writes nothing: it plans rank 0 of every point (cached) and prints the per-GPU memory
-against the GPU's, flagging points that will not fit, with the performance model's throughput. --largest-batch
-adds the largest micro batch each point fits with 10% of the GPU to spare."""
+Each point runs pretrain_gpt.py into RUNS_DIR/PROFILE/FIGURE/POINT/ (metrics.jsonl, launch.json), logging to W&B;
+its parser checks every command first. --dry-run prints each point's planned memory and throughput."""
 
 from __future__ import annotations
 
