@@ -3,7 +3,7 @@
 Qwen3MoeForCausalLM, DeepseekV3ForCausalLM, ...: docs/checkpoints.md's family tables; a dense family by
 --hf-model-type, which --init-from-hf sets to the folder's), chosen by the checkpoint's model config.
 
-    python scripts/convert_to_hf.py runs/gpt/checkpoints hf-gpt            # the latest iteration
+    python scripts/tools/convert_to_hf.py runs/gpt/checkpoints hf-gpt            # the latest iteration
     zero-gpt-convert runs/gpt/checkpoints/iter_0002000 hf-gpt --dtype bf16  # installed: from any folder
     python -c "from transformers import GPT2LMHeadModel, AutoTokenizer as T;                GPT2LMHeadModel.from_pretrained('hf-gpt'); T.from_pretrained('hf-gpt')"
 
@@ -58,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, verify: bool = True) -> None:
     started = time.perf_counter()
-    iteration_dir, fmt = tool_checkpoint_and_format(checkpoint, "scripts/convert_to_hf.py", reads_megatron=True)
+    iteration_dir, fmt = tool_checkpoint_and_format(checkpoint, "scripts/tools/convert_to_hf.py", reads_megatron=True)
     if Path(out_dir).resolve() in (iteration_dir.resolve(), *iteration_dir.resolve().parents):
         # Replacing OUT_DIR would delete the checkpoint being converted.
         raise ConfigError(f"{out_dir} holds the checkpoint {iteration_dir}; write the folder somewhere else")

@@ -14,8 +14,8 @@ whatever the user named (a `--save` directory or one iteration directory), links
 Every reader goes through it: `resolve_checkpoint` for `latest` and the iteration directory,
 `read_metadata` for metadata.json and every path the metadata names (`check_named_paths`), `member`
 for each tensor file opened, and the tokenizer copies of the HF export and of resharding
-(`folder_files`). So `--load`, scripts/convert_to_hf.py, scripts/zero_to_fp32.py and
-scripts/reshard_checkpoint.py refuse the same things in the same words.
+(`folder_files`). So `--load`, scripts/tools/convert_to_hf.py, scripts/tools/zero_to_fp32.py and
+scripts/tools/reshard_checkpoint.py refuse the same things in the same words.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ class CheckpointSaves:
         self.config, self.state, self.identity, self.batch = config, state, identity, batch
         self.model, self.optimizer, self.rng, self.rerun_state = model, optimizer, rng, rerun_state
         self.format = writer_for(config)
-        # A NullTokenizer has no files, and a SentencePiece .model is not what scripts/convert_to_hf.py reads from
+        # A NullTokenizer has no files, and a SentencePiece .model is not what scripts/tools/convert_to_hf.py reads from
         # a checkpoint's tokenizer/ (a tokenizer.json): the checkpoint then holds no tokenizer/ copy.
         self.tokenizer = tokenizer if isinstance(tokenizer, GPTTokenizer) else None
         self.tokenizer_record = tokenizer_record(tokenizer) if tokenizer is not None else None  # every kind's

@@ -1,4 +1,4 @@
-"""The checkpoint an offline tool (scripts/convert_to_hf.py, zero_to_fp32.py, reshard_checkpoint.py) reads: this
+"""The checkpoint an offline tool (scripts/tools/convert_to_hf.py, zero_to_fp32.py, reshard_checkpoint.py) reads: this
 project's format (and, for convert_to_hf.py, Megatron-LM's torch_dist), or one line saying how to bring another
 format over.
 
@@ -28,7 +28,7 @@ def tool_checkpoint(checkpoint: str | os.PathLike, tool: str) -> Path:
 def tool_checkpoint_and_format(checkpoint: str | os.PathLike, tool: str, reads_megatron: bool = False
                                ) -> tuple[Path, CheckpointFormat]:
     """`resolve_checkpoint` for a tool, and the format it found: this project's (module docstring), or Megatron-LM's
-    torch_dist where the tool reads that too (`reads_megatron`: scripts/convert_to_hf.py, through
+    torch_dist where the tool reads that too (`reads_megatron`: scripts/tools/convert_to_hf.py, through
     checkpoint/megatron_hf.py)."""
     how = (f"pretrain_gpt.py --load reads it: resume it with the same flags and a --save (this project's format, "
            f"no --ckpt-format torch_dist) and give {tool} that folder")

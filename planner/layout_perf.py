@@ -16,7 +16,7 @@ of `predict_layout`, each told in docs/planning.md, "The layout model":
     dp                the distributed optimizer's reduce-scatter and all-gather beyond backward and forward (ZeRO 2
                       and 3: planner/layout_zero.py); none hidden where ranks share cores (`ranks_share_cores`)
     optimizer, host   Adam over the shard through HBM; the host's issue time per micro-batch beyond the device's
-                      (host_*_ms_per_layer from scripts/probe_host_overhead.py; on a CPU profile all of it)
+                      (host_*_ms_per_layer from scripts/bench/probe_host_overhead.py; on a CPU profile all of it)
 Model TFLOP/s per GPU are Megatron's (training/metrics.py: no recompute counted) over the predicted step."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ seconds per iteration it measured. Two kinds of FILE give them:
 - a `metrics.jsonl` with a `launch.json` beside it ({"argv": [...], "world_size": N, "gpus_per_node": G,
   "vocab_size": V}; scripts/zero_paper/run.py and scripts/zero_paper/calibrate_cpu.py write one for
   every run): the median `iter_time_s` of its training records after the first WARMUP_RECORDS;
-- a `scripts/benchmark_gpu.py --json` output (docs/h100-benchmark-gpu-*.json): its rows for our model in
+- a `scripts/bench/benchmark_gpu.py --json` output (docs/h100-benchmark-gpu-*.json): its rows for our model in
   eager mode, the mode pretrain_gpt.py runs by default (one GPU, so no communication).
 
 Each run is planned once (planner/dry_run.py). The predicted time is linear in 1/GEMM_EFFICIENCY and in
@@ -66,7 +66,8 @@ def observations_from(path: Path) -> list[Observation]:
     except (OSError, json.JSONDecodeError) as error:
         raise ConfigError(f"--calibrate {path}: cannot read it ({error})") from None
     if not isinstance(data, dict) or "rows" not in data:
-        raise ConfigError(f"--calibrate {path}: neither a metrics.jsonl nor a scripts/benchmark_gpu.py --json output")
+        raise ConfigError(f"--calibrate {path}: neither a metrics.jsonl nor a scripts/bench/benchmark_gpu.py --json "
+                          "output")
     found = []
     for row in data["rows"]:
         if row.get("impl") != "ours" or row.get("compiled"):

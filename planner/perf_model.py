@@ -78,7 +78,8 @@ class Hardware:
     layout_calibration: Optional[str] = None  # the layout model's constant (planner/layout_perf.py)
     cores_per_node: Optional[int] = None      # where a node's ranks share fewer processors (a CPU profile); None: one each
     # This repository's training step on the profile's host: seconds to issue one layer's forward (and its recompute)
-    # and backward per micro-batch, whatever its size (scripts/probe_host_overhead.py); None: not measured, no term
+    # and backward per micro-batch, whatever its size (scripts/bench/probe_host_overhead.py); None: not measured,
+    # no term
     host_forward_s_per_layer: Optional[float] = None
     host_backward_s_per_layer: Optional[float] = None
 

@@ -1,5 +1,6 @@
 """One pretrain_gpt.py launch and what its first rank's metrics file holds, for the measuring and checking scripts
-(scripts/search_vs_measured.py and scripts/probe_host_overhead.py read each step's time, scripts/layout_fuzz.py each
+(scripts/bench/search_vs_measured.py and scripts/bench/probe_host_overhead.py read each step's time,
+scripts/tools/layout_fuzz.py each
 iteration's loss and grad norm)."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ torch's default is one thread per physical core, whatever else runs. Each proces
 on one node would then start that many, and the default single-process run on a shared 2-core machine
 spent 3.5x longer per iteration with torch's 2 threads than with one (issue 49: 12,990 against 3,706 ms,
 the same losses). The figures behind the rule are docs/cpu-benchmark-threads-*.json
-(scripts/benchmark_threads.py, with the load average beside every figure) and
+(scripts/bench/benchmark_threads.py, with the load average beside every figure) and
 docs/cpu-benchmark-model-124m-*.json; docs/performance.md reads them.
 
 The rule (choose_intra_op_threads), the same on every device:

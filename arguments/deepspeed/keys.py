@@ -599,9 +599,9 @@ SECTION_KEYS: dict[str, Classifier] = {
     "zero_optimization.sub_group_size": to_flag("--sub-group-size", "count", wins=ZERO),
     "zero_optimization.elastic_checkpoint": no_effect("checkpoints always load at another DP size and stage"),
     "zero_optimization.stage3_gather_16bit_weights_on_model_save": no_effect(
-        "scripts/convert_to_hf.py and scripts/zero_to_fp32.py consolidate any checkpoint"),
+        "scripts/tools/convert_to_hf.py and scripts/tools/zero_to_fp32.py consolidate any checkpoint"),
     "zero_optimization.stage3_gather_fp16_weights_on_model_save": no_effect(
-        "scripts/convert_to_hf.py and scripts/zero_to_fp32.py consolidate any checkpoint"),
+        "scripts/tools/convert_to_hf.py and scripts/tools/zero_to_fp32.py consolidate any checkpoint"),
     "zero_optimization.stage3_module_granularity_threshold": no_effect("stage 3 gathers one chunk per "
                                                                        "transformer block"),
     "zero_optimization.zero_hpz_partition_size": only_if(lambda v: v == 1, "1: no secondary partition",

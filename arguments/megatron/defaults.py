@@ -118,7 +118,7 @@ def _stated(source: str, spellings: Sequence[str], harvested_flags: dict) -> Opt
     return None
 
 
-# llm-jp's and swiss-ai's Megatron-LM forks (scripts/harvest_megatron_flags.sh): Megatron-LM's validate_args, with
+# llm-jp's and swiss-ai's Megatron-LM forks (scripts/tools/harvest_megatron_flags.sh): Megatron-LM's validate_args, with
 # its refusals of --batch-size, --warmup and --model-parallel-size.
 PRETRAINING_FORKS = ("llm-jp-megatron-lm-v4", "llm-jp-megatron-lm-nii-geniac", "swiss-ai-megatron-lm")
 # ALCF's fork of Megatron-DeepSpeed (argonne-lcf/Megatron-DeepSpeed, the AuroraGPT runs): its validate_args refuses

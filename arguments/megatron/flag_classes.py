@@ -1,7 +1,7 @@
 """What each harvested Megatron-LM / Megatron-DeepSpeed / DeepSpeed flag that is not one of ours
 (nor an alias of one, arguments/megatron/flags.py) does here, by group, each group with its reason.
 
-The names come from arguments/megatron/flags_harvested.json (scripts/harvest_megatron_flags.py); a test fails
+The names come from arguments/megatron/flags_harvested.json (scripts/tools/harvest_megatron_flags.py); a test fails
 when a harvested name is in no class. Three tables:
 
 - `NO_EFFECT`: accepted, no effect on the math; listed once, with the group's reason, in the one info
@@ -416,8 +416,8 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
      "at its iteration and consumed samples", _names("--load-tag --override-ckpt-iteration")),
     ("not implemented: --load DIR --finetune starts from a checkpoint's weights at iteration 0", _names("""
         --pretrained-checkpoint --reset-iteration""")),
-    ("not implemented: a checkpoint is converted here by scripts/reshard_checkpoint.py and scripts/convert_to_hf.py "
-     "(--load reads DeepSpeed's ZeRO and universal checkpoints as they are)", _names("""
+    ("not implemented: a checkpoint is converted here by scripts/tools/reshard_checkpoint.py and "
+     "scripts/tools/convert_to_hf.py (--load reads DeepSpeed's ZeRO and universal checkpoints as they are)", _names("""
         --ckpt-convert-format --ckpt-convert-save""")),
     ("not implemented: pretrain_gpt.py trains --train-iters iterations, or with --skip-train evaluates only",
      _names("--eval-only --inference --use-dataset-only")),

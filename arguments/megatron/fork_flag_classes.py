@@ -1,7 +1,7 @@
 """What the pretraining forks' own flags do here: llm-jp's Megatron-LM fork (branches v4 and nii-geniac, the
 ones llm-jp/scripts installs), swiss-ai's Megatron-LM fork (main), Pai-Megatron-Patch (alibaba), ALCF's and LOLA's
 Megatron-DeepSpeed forks, harvested into arguments/megatron/flags_harvested.json beside Megatron-LM's
-(scripts/harvest_megatron_flags.sh).
+(scripts/tools/harvest_megatron_flags.sh).
 
 The flags their current pretraining scripts pass are settings here with the fork's meaning (--use-mpi,
 --use-z-loss, --z-loss-strength, --wandb-name, --trigger-path, --rope-theta, --xielu, --goldfish-loss,

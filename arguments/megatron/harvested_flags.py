@@ -1,7 +1,7 @@
 """The harvested Megatron-LM / Megatron-DeepSpeed / DeepSpeed flags that are not ours, as argparse entries.
 
 arguments/megatron/flags_harvested.json holds every option string those programs define, with its argparse
-shape in each source (scripts/harvest_megatron_flags.py). Each one that is not our own flag or an alias
+shape in each source (scripts/tools/harvest_megatron_flags.py). Each one that is not our own flag or an alias
 of one is classified in arguments/megatron/flag_classes.py; `add_harvested` gives each of those an argparse
 entry shaped as Megatron's parser shapes it (a switch, one value, a list; int, float or text; its
 choices), so `--data-impl mmap` takes its value exactly as Megatron's parser would and nothing is

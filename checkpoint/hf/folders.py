@@ -9,7 +9,8 @@ and what `from_pretrained` reads with no code of ours:
   from the internet that runs code is refused, never executed.
 - checkpoint/hf/source.py's `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its config's
   shape was compared with the run's flags (`check_hf_config`), each rank reading its own shard's regions.
-- `checkpoint_to_hf_state` turns a checkpoint's fp32 master weights into transformers' names (scripts/convert_to_hf.py)."""
+- `checkpoint_to_hf_state` turns a checkpoint's fp32 master weights into transformers' names
+(scripts/tools/convert_to_hf.py)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ docs/coming-from-megatron-deepspeed.md; `--write` rewrites it, tests/test_proven
 from __future__ import annotations
 
 import argparse
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "provenance.toml"
