@@ -1,15 +1,10 @@
 #!/usr/bin/env python
-"""What checkpoint integrity costs: save a checkpoint of about --gigabytes GB on this machine, then
-time the content hashing a save adds and the verification a load adds (sizes, headers and dtypes
-alone, and with the content hashes).
+"""What checkpoint integrity costs: the content hashing a save adds and the verification a load adds, on a checkpoint
+of about --gigabytes GB (16 bytes a parameter: fp32 model, master and both Adam moments).
 
     python scripts/bench/bench_checkpoint_verify.py --gigabytes 1 --dir /tmp/bench-ckpt
 
-The model is a fp32 GPT sized so that its checkpoint (model file plus master weights and both Adam
-moments: 16 bytes per parameter) is about the size asked for. Timings depend on the disk and the page
-cache: right after the save the files are in the page cache (as when a run resumes on the node that
-saved it); a cold read from a network file system adds its read time to the content hashes.
-"""
+Reads right after the save hit the page cache; a network file system adds its read time to the hashes."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""What the flight recorder's ring costs per collective (rendezvous/collective_log.py): the Communicator's own
-work per call (checks, byte counting) with the ring off and on, on a planned state whose transport does
-nothing, so the figure is the recorder's and not the network's.
+"""What the flight recorder's ring (rendezvous/collective_log.py) costs per collective: the Communicator's own work
+per call with the ring off and on, over a transport that does nothing.
 
-    python scripts/bench/bench_collective_log.py [CALLS]
-"""
+    python scripts/bench/bench_collective_log.py [CALLS]"""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
-"""Byte counting for the ZeRO benchmark: a shim over torch.distributed's collective functions, and an
-independent audit at the dispatcher.
-
-DeepSpeed, FSDP2 and DDP call torch.distributed themselves, so their traffic never passes through our
-`parallel/comm.py`. To charge every system the same way, `CollectiveShim` replaces the collective
-functions of `torch.distributed` (and `torch.distributed.distributed_c10d`, where some callers look
-them up) with wrappers that charge the ring volumes of `parallel.comm.ring_bytes_sent` and then call the
-original. Only the outermost call is charged: torch's deprecated names call the new ones
-(`all_gather_into_tensor` -> `all_gather_single`), and `*_object` helpers call tensor collectives.
-
-This is monkey-patching, which the repo's own code never does; it is confined to benchmark processes
-and must be installed before DeepSpeed (which caches `torch.distributed.all_gather_into_tensor` when
-it initialises) and before `parallel.comm` (which binds `reduce_scatter_single` at import).
-
-Some paths bypass the Python functions: DTensor's functional collectives (FSDP2's gradient-norm
-reduction through `clip_grad_norm_`) go straight to the dispatcher. `DispatchAudit` sees those too:
-it is a TorchDispatchMode that charges every `c10d.*` and `_c10d_functional.*` op it passes, from the
-op's own tensor arguments. It slows every op down (each one goes through Python), so it is used on one
-extra, untimed step to check the shim's numbers, never while timing.
-"""
+"""Byte counting for the ZeRO benchmark. `CollectiveShim` wraps torch.distributed's collectives so that DeepSpeed, FSDP2
+and DDP are charged the same ring volumes as ours (outermost call only); install it before DeepSpeed or parallel.comm
+bind them. `DispatchAudit` also sees the functional collectives that bypass them, on one untimed step."""
 
 from __future__ import annotations
 

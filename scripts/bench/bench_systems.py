@@ -1,19 +1,6 @@
-"""The systems the ZeRO benchmark compares, each wrapped behind the same `step(inputs, labels) -> loss`.
-
-All of them train the same `gpt.model.GPTModel` (TP=1, dropout 0) built from the same seed, with the
-same AdamW hyperparameters (decay on matrices, none on biases and LayerNorm), the same gradient
-clipping and the same precision:
-
-    ours        zero.apply.apply_zero, stages 0-3
-    deepspeed   deepspeed.initialize with a torch.optim.AdamW client optimizer, ZeRO stages 1-3
-    fsdp2       torch.distributed.fsdp.fully_shard on every transformer block, then on the root
-    ddp         torch.nn.parallel.DistributedDataParallel
-
-bf16 means 16-bit parameters with fp32 master weights where the system has that notion (ours,
-DeepSpeed, FSDP2's MixedPrecisionPolicy with bf16 reduction), and autocast for the peers; ours runs
-without autocast, as pretrain_gpt.py trains (its parameters are bf16 already). DDP has no 16-bit
-parameters, so under bf16 it is autocast over fp32 weights and fp32 gradient all-reduce.
-"""
+"""The systems the ZeRO benchmark compares, each behind the same `step(inputs, labels) -> loss`: ours (stages 0-3),
+DeepSpeed (ZeRO 1-3), FSDP2 and DDP, training the same GPTModel from the same seed with the same AdamW, clipping and
+precision. Under bf16 the peers autocast; ours trains bf16 parameters as pretrain_gpt.py does."""
 
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
 #!/usr/bin/env python
 """The wall time checkpoint saves add to a run, written synchronously against --async-save, in the same moments.
 
-    python scripts/bench/benchmark_async_save.py --json docs/async-save-gpt2-124m.json      # GPT-2 124M, 3 rounds
-    python scripts/bench/benchmark_async_save.py --quick                                    # the tiny preset, 1 round
+    python scripts/bench/benchmark_async_save.py --quick     # the tiny preset, 1 round
 
-Each round trains the same run three times, in an order that rotates from round to round so that each mode sees
-the same moments of a shared machine: without saves, with a save every --save-interval iterations written
-synchronously, and with the same saves and --async-save --use-persistent-ckpt-worker (checkpoint/ours/async_save.py).
-A run's span is from its "> run ..." line (the last line before training starts) to the end of the process: every
-iteration, every save, the wait for the last background write and the commit. What the saves add is a run's span
-less the same round's run without saves. The run's own lines give the rest: each synchronous save's time, each
-background save's time training was blocked and its write time. The load average (os.getloadavg, what `uptime`
-prints) is recorded before and after every run. The three runs of a round must log the same losses.
-
-The default run is GPT-2 124M (--config gpt2-124m: 12 layers, hidden 768, its 50,257-token vocabulary) on the
-embedded corpus, its sequence and batch shrunk to fit a CPU (--seq-length 64, one sequence a step), 12 iterations
-with a save every 3. Flags after -- are passed to every run.
-"""
+Each round trains the run without saves, with synchronous and with async saves, in a rotating order; what saves add
+is a run's span less the round's run without them. The three runs must log the same losses."""
 
 from __future__ import annotations
 

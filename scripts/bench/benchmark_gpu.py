@@ -1,23 +1,10 @@
 #!/usr/bin/env python
 """One-GPU training throughput of our GPTModel against transformers' GPT2LMHeadModel, same run.
 
-    python scripts/bench/benchmark_gpu.py                              # gpt2-124m, 350m, 1.5b; eager and compiled
-    python scripts/bench/benchmark_gpu.py --models gpt2-1.5b --compile off --rounds 5
-    python scripts/bench/benchmark_gpu.py --smoke                      # tiny, CPU, fp32, a few steps (CI)
+    python scripts/bench/benchmark_gpu.py --smoke     # tiny, on the CPU (CI)
 
-Both train the preset's shape (GPT-2's 50257-token vocabulary, dropout 0) on the same random batches, one step
-per micro-batch. ours: GPTModel under ZeRO on one rank as pretrain_gpt.py runs it (bf16 parameters, fp32
-gradients, master and moments, no autocast, SDPA's flash kernel, fused AdamW or the real apex's FusedAdam);
-ours-autocast: the same under bf16 autocast (an ablation, `--impls ours,ours-autocast`); hf: GPT2LMHeadModel,
-sdpa, fp32 parameters, bf16 autocast, torch's fused AdamW. `--compile on` compiles each block of both
-(nn.Module.compile, as --compile). Rounds alternate ours and hf, eager then compiled; a variant's figure is its
-best round (--steps timed steps after --warmup-steps, synchronised around each round).
-
-Reported per variant: tokens/s; model TFLOP/s (training.metrics.flops_per_iteration, Megatron's formula, each
-model's real vocabulary: ours pads to 50304); MFU over the dense 16-bit peak (training.metrics.device_peak_tflops
-or --peak-tflops); peak memory: resident states at the rounds' start plus the most the allocator held above that
-(both models stay resident). Then one verdict line against the goals (>= 50% MFU at the largest size, >= 1.1x
-transformers' tokens/s). --json FILE writes every figure."""
+Both train the preset's shape on the same batches, rounds alternating, eager then compiled; a variant's figure is its
+best round: tokens/s, TFLOP/s, MFU and peak memory, then a verdict against the goals."""
 
 from __future__ import annotations
 

@@ -2,21 +2,9 @@
 """The offloaded optimizer's host step (zero/offload.py) against DeepSpeed's DeepSpeedCPUAdam.
 
     DS_ACCELERATOR=cpu python scripts/bench/benchmark_host_adam.py
-    python scripts/bench/benchmark_host_adam.py --numel 1000000 --rounds 3     # without DeepSpeed: ours only
 
-One fp32 partition of --numel elements (a sub-group: the host step updates one contiguous tensor at a
-time), its gradient and both moments, stepped with AdamW (weight decay on) by:
-
-    fused      torch.optim.AdamW(fused=True) on the CPU: the host step's kernel (in place, elementwise)
-    foreach    torch.optim.AdamW(foreach=True): PyTorch's multi-tensor path (temporaries the partition's size)
-    deepspeed  deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True): ZeRO-Offload's own (AVX C++ kernel,
-               built by DeepSpeed's JIT loader on first use)
-
-Each implementation steps its own copy of the same partition, with the same thread count (--threads:
-torch.set_num_threads, which also sets OpenMP's, and OMP_NUM_THREADS for DeepSpeed's kernel). Rounds
-interleave the implementations, rotating their order; each round times --steps steps. The median per
-step is reported with ours/theirs, and the load average before and after: this machine is shared.
-"""
+One fp32 partition of --numel elements stepped with AdamW by torch's fused and foreach kernels and by DeepSpeed's,
+same threads, in interleaved rounds: each one's median step, and the load average (the machine is shared)."""
 
 from __future__ import annotations
 

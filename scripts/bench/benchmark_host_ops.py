@@ -1,22 +1,10 @@
 #!/usr/bin/env python
-"""Kernel launches per micro-batch and per layer, counted on the CPU (issue 87): this project's training step and
-Megatron-LM's own pretrain_gpt.py on the same command line, and one FP8 linear per recipe (docs/performance.md,
-"Launches per micro-batch, counted").
+"""Kernel launches per micro-batch and per layer, counted on the CPU: this project's training step and Megatron-LM's
+own pretrain_gpt.py on the same command line, and one FP8 linear per recipe (docs/performance.md).
 
-    python scripts/bench/benchmark_host_ops.py [--megatron-lm KIT] [--layers 6] [--output counts.json]
-    python scripts/bench/benchmark_host_ops.py --table counts.json      # the markdown table of docs/performance.md
+    python scripts/bench/benchmark_host_ops.py [--megatron-lm KIT] [--output counts.json]
 
-A launch is an ATen op below autograd that launches a kernel, or an inductor kernel of compiled code
-(scripts/bench/op_counter.py). The model is 2L and L layers of hidden 128, 4 heads, sequence 128, micro-batch 1, two
-micro-batches an iteration, dropout 0, on Megatron's --mock-data (the counts do not depend on the tokens), in a GPT-2 shape (LayerNorm, GeLU, learned positions, biases, tied output)
-and a Llama shape (RMSNorm, SwiGLU, rope, 2 query groups, no biases, untied output); per layer is the difference of
-the two depths over L, exact whatever the rest of the model does. Iteration 2 of 2 is counted (the first compiles
-under --compile): its first micro-batch, its second (the steady one: a weight cached for the iteration is cast in
-the first only), and what runs outside them once an iteration (the optimizer). --megatron-lm (the
-megatron-lm-core_v0.16.1-min.tar.xz kit or its folder; the benchmark venv's megatron-core, requirements-bench.txt)
-counts Megatron-LM's torch path (--transformer-impl local, its fusions that need apex or TransformerEngine off) under
-the same rule, through scripts/bench/megatron_lm_cpu.py --count-launches.
-"""
+Per layer: a 2L- less an L-layer model, over L."""
 
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
 #!/usr/bin/env python
 """Index building for a blended GPT dataset: ours against Megatron-Core's own builders, same run.
 
-    python scripts/bench/benchmark_index.py                      # 1e9 tokens, 3 sources, sequence 2048
-    python scripts/bench/benchmark_index.py --tokens 3e9 --rounds 5 --data-dir /scratch/synthetic
-    python scripts/bench/benchmark_index.py --small              # 2e6 tokens: checks the script runs (CI)
+    python scripts/bench/benchmark_index.py --small     # 2e6 tokens: checks the script runs (CI)
 
-A synthetic corpus of --tokens tokens (our writer, Megatron's .bin/.idx) holds three sources with lognormal
-document lengths: web text (median 400, sigma 1.2), code (300, 1.4), books (60,000, 0.7), blended 0.6/0.3/0.1;
-the blend asks for one pass, --tokens / --seq-length samples. Each round builds, alternately first:
-ours (data.gpt_dataset.build_train_valid_test_datasets: three GPTDatasets and a BlendedDataset) and megatron
-(megatron.core.datasets' BlendedMegatronDatasetBuilder with GPTDataset, its C++ build_sample_idx and
-build_blending_indices), each into a fresh cache; then loads both warm, then times each stage alone on its
-builder's inputs (opening the sources is one: ours validates every .idx pointer). Figures are the best round.
-
-The document, shuffle and blending orders are different algorithms, checked for their properties; the sample
-index is the same algorithm, so ours is run on Megatron-Core's document index and must equal its sample index.
-The table is printed last, then `ours/megatron index build ratio: X.XX` (cold end-to-end build). Without
-megatron-core (`pip install -r requirements-bench.txt`), ours is timed alone."""
+Both index a synthetic blend of three sources, alternately first; on Megatron-Core's document index ours must give
+its sample index. Without megatron-core, ours runs alone."""
 
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
 #!/usr/bin/env python
 """Materializing a model under ZeRO stage 3: time and peak memory per rank, at DP=1 and DP=2.
 
-    python scripts/bench/benchmark_init.py                       # 12 x 1024 (about 200M parameters)
-    python scripts/bench/benchmark_init.py --num-layers 24 --hidden-size 2048 --rounds 3
-    python scripts/bench/benchmark_init.py --quick               # a tiny model, to check the script runs
+    python scripts/bench/benchmark_init.py --quick     # a tiny model, to check the script runs
 
-Each configuration runs in fresh processes (one per rank, gloo, one intra-op thread each), so each rank's
-peak RSS is its own. A rank builds GPTModel on the meta device, then `zero.apply.build_zero` materializes it
-at stage 3 (bf16 parameters, fp32 gradients, master and moments), filling only the elements it owns from the
-counter-based initializer. Reported per rank:
-
-    init time        build_zero's wall time and the process's CPU time over it (the work done, the fairer
-                     measure on a shared machine)
-    peak RSS growth  ru_maxrss after build_zero minus before it
-    model states     bytes of every tensor the rank holds (zero.memory.measure_tensor_bytes) plus one
-                     block's gathered chunk (the most construction holds at once)
-    ratio            peak RSS growth / (model states + one chunk); the goal is <= 1.3
-
-and the time ratios of DP=2 to DP=1, wall and CPU (best of --rounds; the goal is <= 0.6), with the load average."""
+Fresh processes per configuration, so each rank's peak RSS is its own: init time, RSS growth over the model states
+held (goal <= 1.3) and the DP=2 to DP=1 time ratio (goal <= 0.6)."""
 
 from __future__ import annotations
 

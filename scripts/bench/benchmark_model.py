@@ -1,20 +1,10 @@
 #!/usr/bin/env python
 """Single-process CPU training throughput: our GPTModel against transformers' GPT2LMHeadModel, same run.
 
-    python scripts/bench/benchmark_model.py                  # gpt2-124m's shape at sequence 256, 4 sequences a step
-    python scripts/bench/benchmark_model.py --profile        # and where each spends its time, op by op
-    python scripts/bench/benchmark_model.py --quick          # a tiny model: checks the script runs (under a minute)
+    python scripts/bench/benchmark_model.py --quick     # a tiny model: checks the script runs
 
-Same shape (GPT-2's 50257-token vocabulary; ours pads to 50304), same seed, same random batches, fp32, dropout
-0, one AdamW step per iteration. ours: GPTModel under ZeroOptimizer stage 0 on one rank, pretrain_gpt.py's path
-(flat buffers, fp32 master, clipping at 1.0, torch's fused AdamW); hf: GPT2LMHeadModel, sdpa, torch.optim.AdamW
-(foreach on CPU), no clipping. The trainers are scripts/bench/benchmark_gpu.py's (build_ours, build_hf).
-
-After one untimed iteration each, every round times one iteration of each, the order alternating; tokens/s is
-each model's best round. Each iteration's process CPU time is recorded too (its median is the steadier figure
-on a shared machine). One torch thread by default (--threads 0: torch's choice). --profile then profiles
---profile-rounds iterations of each and prints every op's self CPU time side by side. The table's last line is
-`ours/hf tokens/s ratio: X.XX` (best rounds)."""
+Same shape, seed, batches and fp32 AdamW step (benchmark_gpu.py's trainers), in alternating rounds; tokens/s is
+each one's best round. --profile adds each op's CPU time."""
 
 from __future__ import annotations
 

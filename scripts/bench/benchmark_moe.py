@@ -1,23 +1,10 @@
 #!/usr/bin/env python
 """Benchmark our expert-parallel MoE GPT against the same model in DeepSpeed-MoE, on CPU, side by side.
 
-    DS_ACCELERATOR=cpu python scripts/bench/benchmark_moe.py --rounds 3           # ours vs DeepSpeed-MoE, EP 2
-    python scripts/bench/benchmark_moe.py --systems ours --steps 2 --warmup-steps 1   # ours alone (no DeepSpeed)
-    python scripts/bench/benchmark_moe.py --stages 1,2 --disable-moe-token-dropping --output moe.md --json moe.json
+    DS_ACCELERATOR=cpu python scripts/bench/benchmark_moe.py --rounds 3     # ours vs DeepSpeed-MoE, EP 2
 
-Needs requirements-bench.txt for DeepSpeed. Both sides train the same small GPT (fp32, dropout 0) with
-DeepSpeed-MoE gating (top-1/2, capacity factor, min capacity, token dropping) on `--world-size` gloo ranks at
-expert parallelism `--expert-parallel-size`, the same ZeRO stage, seeded batches and AdamW, in fresh processes.
-ours: Megatron-DeepSpeed's flags (--moe-gating deepspeed --num-experts E --topk k --moe-expert-parallel-size EP),
-our dispatcher and ZeRO with the experts' part (zero/experts.py). deepspeed: each MoE layer replaced by
-deepspeed.moe.layer.MoE over experts of the same shape, in deepspeed.initialize's engine, the optimizer groups
-split by split_params_into_different_moe_groups_for_optimizer, l_aux x --moe-loss-coeff added to the loss.
-
-DeepSpeed starts from our weights (gate `wg` from our router, EP rank r's experts from ours) and sees tokens in
-our [sequence, batch] order, so with top-2 sampling off both keep and drop the same tokens: the loss
-trajectories are printed side by side with their largest difference, and the parameter counts. Per system: the median slowest-rank step time (best of --rounds interleaved rounds, each listed), peak RSS per
-rank, bytes sent per rank per step (scripts/bench/bench_comm.py's shim), the load average around each run. This
-process only orchestrates (it imports neither torch nor DeepSpeed)."""
+Both train the same small GPT with DeepSpeed-MoE gating from our weights, so they keep and drop the same tokens:
+losses side by side, then step time, peak RSS and bytes sent per rank. Needs requirements-bench.txt."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 #!/usr/bin/env python
-"""Recovery time of a SIGKILLed rank: torchrun's restart (issue 69 item 5) against the in-process restart (item 6).
+"""Recovery time of a SIGKILLed rank: torchrun's restart against the in-process restart.
 
     python scripts/bench/benchmark_recovery.py --rounds 3 --json recovery.json
 
-The same fault in both: a 2-rank data-parallel run of 12 iterations of the tiny GPT (tests/scripts/
-test_restart_in_job.py's flags), saving every 2, rank 1 SIGKILLed once rank 0's metrics hold iteration 5.
-
-- torchrun: `scripts/launch.py --max-restarts 2` with `--enable-ft-package`: the agent stops the other worker,
-  starts both again, and they resume from the latest checkpoint.
-- in-process: 3 processes one per rank (as srun starts them) with `--inprocess-restart
-  --inprocess-active-world-size 2`, heartbeats every 0.25 s, gone after 2 s: the spare takes rank 1's place.
-- a third side: the in-process restart after an exception (the fault injector's workload_exc on rank 1 after
-  iteration 5, tests/resilience/test_inprocess_restart.py's flags).
-
-Each prints the recovery line (resilience/restart_progress.py): seconds from the last iteration finished to the
-first after the restart, and to that iteration again. Rounds interleave the sides, each first in turn; the
-medians and every figure are printed with the load average before each run."""
+A 2-rank run of the tiny GPT loses rank 1 at iteration 5; each side prints its recovery line
+(resilience/restart_progress.py), in interleaved rounds, a third side restarting after an exception."""
 
 from __future__ import annotations
 

@@ -1,27 +1,10 @@
 #!/usr/bin/env python
-"""Activation memory per layer, counted on the CPU (issue 111): the bytes autograd saves for backward in one
-micro-batch, this project's training step and Megatron-LM's own pretrain_gpt.py on the same command line
-(docs/performance.md, "Activation memory per layer, counted").
+"""Activation memory per layer, counted on the CPU: the bytes autograd saves for backward in one micro-batch, this
+project's training step and Megatron-LM's own pretrain_gpt.py on the same command line (docs/performance.md).
 
-    python scripts/bench/benchmark_saved_bytes.py [--megatron-lm KIT] [--layers 2] [--shapes ...] [--layouts ...]
-        [--output counts.json [--add]]
-    python scripts/bench/benchmark_saved_bytes.py --table counts.json [more.json]   # docs/performance.md's tables
+    python scripts/bench/benchmark_saved_bytes.py [--megatron-lm KIT] [--layouts 1 2sp 1cp2] [--output FILE]
 
-What is counted (scripts/bench/saved_tensor_counter.py): at the end of iteration 2's second micro-batch's forward, with
-every saved tensor alive, the storages of the tensors `torch.autograd.graph.saved_tensors_hooks` saw saved in that
-forward, each storage once and whole, parameters left out; each named by the op (below autograd) and module that
-made it. The model is benchmark_host_ops.py's: 2L and L layers of hidden 128, 4 heads, sequence 128, micro-batch 1,
-the GPT-2 and Llama shapes, and "mla" and "moe": the Llama shape with multi-latent attention (no query groups) or 4
-experts, top 2, exchanged by all-to-all; per layer is the difference of the two depths over L, exact whatever the
-embedding and the loss save. A layout (--layouts): the TP size, `sp` for --sequence-parallel, `cp2` for
---context-parallel-size 2 (the ring, --cp-comm-type p2p: both programs' default), `ep2` for
---expert-model-parallel-size 2 (on 2 data-parallel ranks, 2 micro-batches each), e.g. `1 2 2sp 4sp 1cp2 2spcp2 1ep2`.
-The ranks run under torchrun over gloo, rank 0 counted. Per s*b*h: the bytes per layer over sequence x micro-batch x
-hidden, over s*b*h/t under --sequence-parallel and s*b*h/c under CP (a rank's share of the sequence between
-blocks). --megatron-lm (the megatron-lm-core_v0.16.1-min.tar.xz kit or its folder; the benchmark
-venv's megatron-core) counts Megatron-LM's torch path (--transformer-impl local) under the same rule, through
-scripts/bench/megatron_lm_cpu.py --count-saved; a configuration it refuses is recorded with its reason.
-"""
+Per layer is the difference of two depths."""
 
 from __future__ import annotations
 

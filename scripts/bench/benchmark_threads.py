@@ -1,17 +1,10 @@
 #!/usr/bin/env python
 """Time per iteration of `pretrain_gpt.py` with one torch thread against more, in the same moments.
 
-    python scripts/bench/benchmark_threads.py --json docs/cpu-benchmark-threads-tiny.json
-    python scripts/bench/benchmark_threads.py --threads 1 2 --rounds 3 -- --num-layers 2   # flags after -- go to the run
+    python scripts/bench/benchmark_threads.py --threads 1 2 --rounds 3 -- --num-layers 2   # after --: each run's flags
 
-Each round runs the training once per thread count (OMP_NUM_THREADS, which torch reads at start and
-pretrain_gpt.py keeps: training/threads.py), the order alternating from round to round so that each
-count sees the same moments of a shared machine. A run is --train-iters iterations logged every
-iteration without evaluation; its figure is the median of `iter_time_s` over the iterations after
-the first (which builds the kernels). The load average (os.getloadavg, what `uptime` prints) is
-recorded before and after every run, beside its figure: on a shared machine it says what the figure
-means. The losses of each run are kept too: the thread count must not change them.
-"""
+Each round runs once per thread count, the order alternating; a run's figure is its median iter_time_s after the
+first, beside the load average. The losses must not change with the thread count."""
 
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 #!/usr/bin/env python
 """Benchmark our ZeRO stages 0-3 against DeepSpeed ZeRO 1-3, PyTorch FSDP2 and DDP on one machine.
 
-    DS_ACCELERATOR=cpu python scripts/bench/benchmark_zero.py                      # everything, 2 ranks
-    python scripts/bench/benchmark_zero.py --systems deepspeed,fsdp2 --steps 2 --warmup-steps 1
-    python scripts/bench/benchmark_zero.py --bf16 --output bench.md --json bench.json
-    python scripts/bench/benchmark_zero.py --systems ours,fsdp2 --stages 3 --world-sizes 2,4   # tables per size
+    DS_ACCELERATOR=cpu python scripts/bench/benchmark_zero.py     # everything, 2 ranks
 
-Needs requirements-bench.txt (DeepSpeed). Every configuration runs in fresh processes (one per rank, gloo, one
-intra-op thread each) on the same small GPT and seeded batches. Per configuration: step time (median slowest
-rank's step after warmup), peak RSS per rank (ru_maxrss at the end), bytes sent per rank per step (ring volumes,
-parallel.comm.ring_bytes_sent, counted by scripts/bench/bench_comm.py's shim; max over ranks), and the ratios our stage
-k / DeepSpeed stage k, our stage 3 / FSDP2, our stage 0 / DDP. A second table cross-checks the byte counts (the
-shim, an audit of one extra step at the dispatcher, and our `state.comm.stats`); another follows each rank's RSS
-high-water mark through setup and the first step's forward, backward and optimizer step. Progress goes to
-stderr, tables to stdout. This process imports neither torch nor the systems, so the rank processes inherit no
-memory high-water mark from it."""
+Each configuration trains the same small GPT in fresh processes: step time, peak RSS and bytes sent per rank
+(bench_comm.py), and our ratios to each peer. This process imports no torch, so the ranks inherit no memory
+high-water mark. Needs requirements-bench.txt."""
 
 from __future__ import annotations
 

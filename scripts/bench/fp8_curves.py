@@ -1,20 +1,9 @@
-"""Issue 65's FP8 loss curves: a 4-layer GPT trained on the embedded corpus with --bf16 (fp32 master weights),
-once in bf16 and once per FP8 recipe, the same seed, data and learning-rate schedule; each recipe's final loss
-against bf16's, and the curves drawn by `python -m training.plot`.
+"""FP8 loss curves: a 4-layer GPT trained in bf16 and once per FP8 recipe, same seed, data and schedule; each recipe's
+final loss against bf16's, and the curves drawn by `python -m training.plot`.
 
-    python scripts/bench/fp8_curves.py OUT_DIR [--iterations 300] [--formats hybrid [e4m3]] [--jobs 1] [-- FLAGS]
+    python scripts/bench/fp8_curves.py OUT_DIR [--iterations 300] [--jobs 1] [-- FLAGS]
 
-FLAGS after `--` go to every run's pretrain_gpt.py (a test's --data-cache-dir, say).
-
-Each run is one `pretrain_gpt.py` process (one torch thread, no parallelism) writing OUT_DIR/<run>.jsonl;
-`--jobs` runs that many at once (they are independent). Written: OUT_DIR/summary.json (the command, each run's
-losses per iteration, its final loss as the last value and as the mean of the last 10, both relative to
-bf16's at the same iterations, its FP8 guard counts, its time, the load average) and OUT_DIR/fp8-curves.png.
-`--report-only` trains nothing and summarizes what OUT_DIR holds (runs cut short included).
-Megatron-LM trains FP8 the same way: `--bf16` keeps fp32 main parameters in the optimizer
-(megatron/core/optimizer/optimizer.py, Float16OptimizerWithFloat16Params) and `--fp8-format` / `--fp8-recipe`
-run the transformer layers' linears in FP8 (megatron/core/fp8_utils.py, get_fp8_context).
-"""
+Writes OUT_DIR/summary.json and fp8-curves.png."""
 
 from __future__ import annotations
 

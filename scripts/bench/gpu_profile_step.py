@@ -1,16 +1,9 @@
 #!/usr/bin/env python
-"""Where a training iteration's time goes on a GPU: pretrain_gpt.py run in this process under torch.profiler, two
-iterations recorded after `--skip` (compile, capture and warm-up), then per iteration: the wall time, the GPU's busy
-time (the sum of its kernels), the kernels launched, the host's waits on the device (stream and device syncs, the
-scalar reads that cause them) and the kernels that take the most time. GPU busy time well under the wall time with
-many syncs means the host is the bound, not the kernels.
+"""Where a training iteration's time goes on a GPU: pretrain_gpt.py under torch.profiler, per iteration the wall time,
+the GPU's busy time, the kernels and the host's waits on the device. Busy time well under the wall time with many
+syncs means the host is the bound.
 
-    python scripts/bench/gpu_profile_step.py --label fp8 -- --device cuda --bf16 --fp8-format hybrid ... (Megatron flags)
-    python scripts/bench/gpu_profile_step.py --label fp8 --table-run llama-1.2b/fp8-tensorwise -- --num-layers 4
-
---table-run starts from a run of scripts/bench/gpu_side_by_side.py's table (its flags and the variant's); the arguments
-after -- are added after them (a later flag wins).
-One JSON line per run with --output (appended), for the lease's notes."""
+    python scripts/bench/gpu_profile_step.py --label fp8 --table-run llama-1.2b/fp8-tensorwise -- --num-layers 4"""
 
 from __future__ import annotations
 

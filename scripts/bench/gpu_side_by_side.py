@@ -1,24 +1,11 @@
 #!/usr/bin/env python
-"""One GPU, one call, the whole speed table of issue 76: this project's pretrain_gpt.py eager, compiled, with CUDA
-graphs and with each FP8 recipe, beside Megatron-LM's own pretrain_gpt.py on the same Megatron command line, for the
-table's model shapes; one JSON naming the device, torch and the commit.
+"""One GPU, one call, the whole speed table: this project's pretrain_gpt.py eager, compiled, with CUDA graphs and each
+FP8 recipe, beside Megatron-LM's own pretrain_gpt.py on the same command line; one JSON naming the device, torch
+and the commit.
 
-    python scripts/bench/gpu_side_by_side.py --output docs/gpu-side-by-side-h200.json
-    python scripts/bench/gpu_side_by_side.py --only llama-1.2b --variants eager,compile,fp8-tensorwise-compile
-    python scripts/bench/gpu_side_by_side.py --runs llama-1.2b/compile,gpt2-124m-mbs1/eager   # these, in this order
-    python scripts/bench/gpu_side_by_side.py --list          # the runs and their command lines, nothing run
+    python scripts/bench/gpu_side_by_side.py --list     # the runs and their command lines, nothing run
 
-Every run is a real launch of `pretrain_gpt.py` with `--metrics-file`: its step time is the median `iter_time_s`
-after `--skip` iterations, its tokens/s, TFLOP/s and MFU the metrics records' own, its memory the start-up
-check's line (the planner's predicted peak against CUDA's max_memory_allocated). Megatron-LM's rows need its kit
-in an ignored folder of the checkout (`--megatron-kit`, default .gpu/sbs: Megatron-LM core_v0.16.1's files as
-megatron-lm-core_v0.16.1-min.tar.xz and its launcher mlm_gpu.py; `--wheels`, default .gpu/whl); without it they
-are recorded as skipped. Megatron-LM runs there without Transformer Engine or apex (--transformer-impl local):
-a real peer, not Megatron-Core at its best, and every ratio to it says so.
-
-A failed run is recorded with its exit status and last error line; the table goes on. `--budget-s` stops
-starting runs once that much wall time is spent (the rest recorded as skipped). On a CPU (`--device cpu --tiny`)
-the same runs shrink to a 2-layer model: what the tests run."""
+Megatron-LM runs without Transformer Engine or apex, and every ratio to it says so."""
 
 from __future__ import annotations
 

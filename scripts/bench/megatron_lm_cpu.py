@@ -1,31 +1,10 @@
 #!/usr/bin/env python
 """Megatron-LM's own pretrain_gpt.py on a CPU over gloo: its training loop and command line, its device plumbing
-patched at run time (its files are never edited).
+patched at run time (its files are never edited; each _patch_* says why).
 
-    torchrun --nproc-per-node N scripts/bench/megatron_lm_cpu.py --megatron-lm TREE [--script pretrain_hybrid.py]
-        [--record FILE] [--logits FILE] [--count-launches FILE] [--count-saved FILE] -- FLAGS...
+    torchrun --nproc-per-node N scripts/bench/megatron_lm_cpu.py --megatron-lm TREE [--record FILE] -- FLAGS...
 
-TREE is Megatron-LM's tree at core_v0.16.1 beyond megatron.core (the extracted megatron-lm-core_v0.16.1-min.tar.xz);
-megatron.core is the benchmark venv's megatron-core 0.16.1 wheel. With --script pretrain_hybrid.py, TREE is
-core_v0.19.0's whole tree (`git archive core_v0.19.0`), whose own megatron.core comes first on the path (the wheel
-only lends its prebuilt dataset helpers), and four more patches apply: _patch_python_311, _patch_spawned_main,
-_dataset_helpers_of_the_wheel and _patch_hybrid_local_spec (each docstring says why). FLAGS go to its parse_args untouched
-(`--distributed-backend gloo` added when none is named). --record: the last rank appends one JSON line per logged
-iteration (the loss dict at full precision, grad norm, learning rate, loss scale). --logits: the first step's
-inputs and fp32 output-layer logits. --count-launches: the second iteration's launches (scripts/bench/op_counter.py).
---count-saved: what the second iteration's second micro-batch saves for backward (scripts/bench/saved_tensor_counter.py).
-
-The patches (`apply_cpu_patches`; each _patch_* says why), each for a CUDA call with no CPU meaning or for what
-Megatron-Core computes otherwise without the GPU libraries: device queries answer one H100; tensors asked on
-"cuda" are made on the CPU (a TorchFunctionMode) and Tensor.type() answers CUDA names; streams and events are
-no-ops (a CPU runs one stream); the CUDA RNG tracker's states are CPU generator states and torch.cuda's RNG calls
-act on a separate CPU generator; the jit fuser runs eagerly, the same functions; the GPU-only builds and
-warm-ups are skipped; the router runs the torch path without TransformerEngine; the all-to-all dispatcher's
-split sizes reach the host as numpy arrays, as from a GPU; the local core attention takes
-multi-latent attention's head widths, as TransformerEngine's does; the local spec's torch norm takes
---sequence-parallel, as apex's FusedLayerNorm does. Megatron-Core's optimizer path
-without apex or TransformerEngine cannot resume its own distributed-optimizer saves: the patches of
-scripts/bench/megatron_lm_torch_adamw.py."""
+TREE: Megatron-LM core_v0.16.1 beyond megatron.core (core_v0.19.0 whole for pretrain_hybrid.py)."""
 
 from __future__ import annotations
 
@@ -509,9 +488,8 @@ def _write_counts(counter: LaunchCounter, path: str, micro_batches: int) -> None
 
 def _patch_saved_counting(path: str) -> None:
     """--count-saved: what the second train_step's second micro-batch saves for backward, at the end of its
-    forward_step (the loss made), by scripts/bench/saved_tensor_counter.py's rule, as scripts/bench/benchmark_saved_bytes.py
-    counts this project's: storages named while that train_step runs, modules by their paths in the model's chunks;
-    rank 0 writes {"total", "by_name", "saved_by"} to `path`."""
+    forward_step, by saved_tensor_counter.py's rule, as benchmark_saved_bytes.py counts this project's; rank 0 writes
+    {"total", "by_name", "saved_by"} to `path`."""
     from megatron.core.pipeline_parallel import schedules
     from megatron.training import training
 

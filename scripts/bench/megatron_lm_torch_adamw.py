@@ -1,20 +1,6 @@
-"""Megatron-Core's distributed optimizer on its path without apex or TransformerEngine (torch's AdamW), patched at run
-time so that Megatron-LM resumes its own distributed-optimizer saves exactly, as its GPU path (FusedAdam) does; part
-of scripts/bench/megatron_lm_cpu.py. Three faults, each met by a CPU run of Megatron-LM's own pretrain_gpt.py:
-
-- torch's AdamW holds states only after a first step, and DistributedOptimizer.state_dict reads the step from them
-  (`assert len(steps) == 1`), so a distributed-optimizer load fails before reading anything: the states are first
-  made by Megatron-Core's own _init_optimizer_states_with_dummy_values (which it runs itself for fsdp_dtensor
-  loads), and the load overwrites them.
-- DistributedOptimizer.load_state_dict puts ONE step tensor into every parameter's state, which torch's AdamW
-  advances in place once per parameter at every step: the bias correction after a load is wrong (iteration 4 of
-  4.860010 against the uninterrupted 4.859449). Each parameter gets its own copy after the load; FusedAdam keeps
-  the step per group and never shares one.
-- _set_main_param_and_optimizer_states copies states outside torch.no_grad(): with fp32 parameters (no separate
-  master) the main params are the model's leaves, which refuse an in-place copy, so the copy runs under no_grad;
-  and it copies "step", which a checkpoint does not hold as a state: the per-parameter step keeps the value
-  load_state_dict set (else a dp_reshardable load copied back the dummy step: iteration 4 of 4.868995 against the
-  uninterrupted 4.869027)."""
+"""Megatron-Core's distributed optimizer on torch's AdamW (no apex, no TransformerEngine), patched at run time so that
+Megatron-LM resumes its own distributed-optimizer saves exactly, as its GPU path (FusedAdam) does; part of
+megatron_lm_cpu.py."""
 
 from __future__ import annotations
 
@@ -22,9 +8,12 @@ import torch
 
 
 def patch_torch_adamw_resume() -> None:
-    """The three patches of the module docstring (megatron/core/optimizer/distrib_optimizer.py, core_v0.16.1)."""
+    """Three patches of megatron/core/optimizer/distrib_optimizer.py (core_v0.16.1), each for a fault a CPU run of
+    Megatron-LM's pretrain_gpt.py meets on a distributed-optimizer resume."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
+    # It copies states outside no_grad (fp32 main params are the model's leaves, which refuse an in-place copy) and
+    # copies "step", which a checkpoint does not hold: the step load_state_dict set is kept (_KeepStep).
     set_states = DistributedOptimizer._set_main_param_and_optimizer_states
 
     def set_saved_states(self, model_param, tensors):
@@ -33,6 +22,8 @@ def patch_torch_adamw_resume() -> None:
         with torch.no_grad():
             return set_states(self, model_param, _KeepStep(tensors, self.optimizer.state[main_param]))
     DistributedOptimizer._set_main_param_and_optimizer_states = set_saved_states
+    # torch's AdamW holds states only after a step, and state_dict reads the step from them: a load makes them first,
+    # with Megatron-Core's own dummy values, and overwrites them.
     sharded_state_dict = DistributedOptimizer.sharded_state_dict
 
     def sharded_state_dict_with_states(self, model_sharded_state_dict={}, is_loading=False, **kwargs):
@@ -40,6 +31,8 @@ def patch_torch_adamw_resume() -> None:
             self._init_optimizer_states_with_dummy_values()
         return sharded_state_dict(self, model_sharded_state_dict, is_loading, **kwargs)
     DistributedOptimizer.sharded_state_dict = sharded_state_dict_with_states
+    # load_state_dict puts one step tensor into every parameter's state, which torch's AdamW advances once per
+    # parameter: each gets its own copy (FusedAdam keeps the step per group).
     load_state_dict = DistributedOptimizer.load_state_dict
 
     def load_state_dict_with_own_steps(self, state_dict):

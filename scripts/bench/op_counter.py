@@ -1,13 +1,6 @@
-"""Kernel launches counted on the CPU, where the count is exact (issue 87): every ATen op that reaches the
-dispatcher below autograd and launches a kernel is at least one launch on a GPU.
-
-`LaunchCounter`, a TorchDispatchMode, counts each op below autograd (forward and backward) but views, aliases,
-`detach`, `_unsafe_view`, the `empty` family and `lift_fresh`, which only make metadata or allocate. It declares
-itself an infra mode, so compiled code runs under it: extern calls reach it as ops, inductor's C++ kernels come from
-torch.profiler's events (`inductor_kernel_events()`); one CPU kernel may be several GPU kernels, so a compiled
-count is a floor. Windows (`enter_window`) name where the ops fall: `micro_batch <i>` with its phase, or `outside`
-(the optimizer step). It imports torch alone, so that Megatron-LM's process can import it (scripts/bench/megatron_lm_cpu.py).
-Compile before counting: the counter counts only while `active`."""
+"""Kernel launches counted on the CPU, where the count is exact: `LaunchCounter`, a TorchDispatchMode, counts every op
+below autograd that launches a kernel (not views or allocations), by window (`micro_batch <i>`, `outside`); compiled
+code's kernels come from torch.profiler, a floor. It imports torch alone, for Megatron-LM's process."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 #!/usr/bin/env python
-"""This machine's numbers for configs/hardware/cpu-2core-4proc.yaml: N gloo ranks sharing its cores, each rank
-measuring while the others run the same probe (so a rank sees its share of the cores, as in a 4-rank run).
+"""This machine's numbers for configs/hardware/cpu-2core-4proc.yaml: N gloo ranks measure at once, so each sees its
+share of the cores (GEMM rate, copy bandwidth, all-reduce bandwidth and latency), printed as the file's YAML keys.
 
-    nice -n 10 python scripts/bench/probe_cpu_ranks.py --ranks 4 [--gemm 1024x256x768]
-
-Per rank (the median over ranks of each rank's median of 7 repetitions): one thread's fp32 GEMM rate at the
-given shape (tokens x hidden x 3 hidden: the QKV projection of scripts/bench/search_vs_measured.py's model), its copy
-bandwidth (read + write of a 64 MiB tensor), a gloo all-reduce of 8 MiB over all ranks (bytes each rank sends
-per second: 2 (N - 1) / N of the tensor, the convention of the layout model's links) and a one-element
-all-reduce's latency. Printed as the YAML keys the hardware file takes.
-"""
+    nice -n 10 python scripts/bench/probe_cpu_ranks.py --ranks 4"""
 
 from __future__ import annotations
 

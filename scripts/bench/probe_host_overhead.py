@@ -1,24 +1,11 @@
 #!/usr/bin/env python
-"""The host's cost of issuing one transformer layer's forward and backward, per micro-batch, for a hardware
-profile's `host_forward_ms_per_layer` and `host_backward_ms_per_layer` (planner/layout_perf.py's `host` term).
+"""The host's cost of issuing one transformer layer's forward and backward per micro-batch, for a hardware profile's
+`host_forward_ms_per_layer` and `host_backward_ms_per_layer` (planner/layout_perf.py).
 
     python scripts/bench/probe_host_overhead.py --device cuda --model="--config gpt2-350m --bf16"
-    nice -n 10 python scripts/bench/probe_host_overhead.py --device cpu --ranks 4 --model="--num-layers 2 ..." --seq-length 8
 
-On a GPU the host runs ahead of the device: Python, autograd and the kernel launches of each layer, the gradient
-hooks, whatever the training step does per micro-batch. Where that takes longer than the device's work, the device
-waits and the step is the host's. This probe makes the device's work negligible (a short sequence, --seq-length,
-one sample per micro-batch) and times whole training steps of pretrain_gpt.py with M and 2M micro-batches a rank
-(--ranks data-parallel ranks, through scripts/launch.py where more than one), with and
-without full recompute: per micro-batch = (step(2M) - step(M)) / M, which drops what an iteration does once (the
-optimizer, the logging); the recomputed forward is a second forward's host work, so
-
-    forward per layer  = (per micro-batch with full recompute - without) / layers
-    backward per layer = per micro-batch without recompute / layers - forward per layer
-
-(the embedding, the loss and the data fetch are spread over the layers). A step is the median of the steady steps
-(the first --skip dropped). Nothing is fitted to a layout's step time; the printed lines go into the profile.
-"""
+Steps of M and 2M micro-batches of negligible device work, with and without full recompute, give forward and
+backward per layer by difference."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""The bytes autograd saves for backward, counted on the CPU, where the count is exact (issue 111): each storage a
-saved tensor lives in counted once and whole, named by the op that made it.
-
-`SavedTensorCounter` is a TorchDispatchMode that names every storage an op below autograd allocates by that op and
-the innermost module running it (global forward hooks; `name_modules` gives modules their paths). Inside `saving()`
-(`torch.autograd.graph.saved_tensors_hooks`) it keeps each saved tensor in a holder only the autograd graph refers
-to, so a holder alive is a tensor still saved; `saved()` then sums the live holders' storages: one storage counted
-once however many ops save it or views of it, and whole when a view keeps it alive; parameters (an nn.Parameter, a
-view of one, or a storage of the modules named) are model states, not activations, and are left out. It imports torch
-alone, so that Megatron-LM's process can import it (scripts/bench/megatron_lm_cpu.py --count-saved).
-"""
+"""The bytes autograd saves for backward, counted on the CPU, where the count is exact: `SavedTensorCounter` names each
+storage by the op and module that made it and sums the storages saved tensors keep alive, each once and whole,
+parameters left out. It imports torch alone, for Megatron-LM's process."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 #!/usr/bin/env python
 """The layout search's pick against every layout measured side by side: a 2-layer GPT on 4 gloo CPU ranks.
 
-    nice -n 10 python scripts/bench/search_vs_measured.py --output docs/search-vs-measured-cpu.json \
-        [--hardware cpu-2core-4proc] [--rounds 3] [--iterations 8] [--layouts K]
+    nice -n 10 python scripts/bench/search_vs_measured.py --output docs/search-vs-measured-cpu.json
 
-Runs `python -m zero.plan search`'s search (planner/layout_search.py) for the model below on --gpus 4 with the
-hardware file (configs/hardware/cpu-2core-4proc.yaml, from scripts/bench/probe_cpu_ranks.py), keeps the layouts that fit
-without CP or recompute (one per distinct run), then trains each with its own flag line on 4 ranks
-(scripts/launch.py) for --iterations steps, in --rounds interleaved rounds (forward in even rounds, reversed in
-odd ones, so every layout's mean place is the same). A layout's figure is the median of its steady steps (the
-first --skip dropped) over all rounds; each round's medians give the top pick over that round's fastest. Reported:
-the measured and predicted rankings and the top pick's measured step over the fastest's. `--layouts K` measures
-only the top pick, the best pipelined layout and the best-ranked others, K in all.
-
-On a GPU (one rank: the micro-batch and recompute choices, the search's whole space there):
-
-    python scripts/bench/search_vs_measured.py --device cuda --ranks 1 --hardware h100-sxm --recompute         --model="--config gpt2-350m --seq-length 1024 --global-batch-size 32 --bf16" --output docs/...json"""
+The layouts the search keeps train in interleaved rounds; reported: the measured and predicted rankings and the top
+pick's step over the fastest's. On a GPU: --device cuda --ranks 1."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""`python scripts/tools/convert_to_hf.py CKPT OUT_DIR` = `zero-gpt-convert CKPT OUT_DIR` (checkpoint/convert_to_hf.py)."""
+"""`python scripts/tools/convert_to_hf.py CKPT OUT_DIR` = `zero-gpt-convert CKPT OUT_DIR`
+(checkpoint/convert_to_hf.py)."""
 import os
 import sys
 

@@ -1,23 +1,11 @@
 #!/usr/bin/env python
 """Write tests/fixtures/deepspeed_checkpoints with DeepSpeed's own engine, and record DeepSpeed's next losses.
 
-    DS_ACCELERATOR=cpu python scripts/tools/deepspeed_checkpoint_fixtures.py                 # (re)write the fixtures
-    DS_ACCELERATOR=cpu python scripts/tools/deepspeed_checkpoint_fixtures.py --out DIR       # elsewhere (the check)
+    DS_ACCELERATOR=cpu python scripts/tools/deepspeed_checkpoint_fixtures.py [--out DIR] [--cases NAME ...]
 
-Needs requirements-bench.txt (DeepSpeed 0.19, transformers). Each case trains on 2 gloo ranks (data parallel,
-micro-batch 2, global batch 4), saves at iteration 2, goes on to 3; then DeepSpeed itself continues each checkpoint
-one step, from the ZeRO files (`engine.load_checkpoint`) and their universal form (ds_to_universal.py), and
-losses.json records those losses. The cases: Megatron-DeepSpeed's GPT (scripts/tools/megatron_deepspeed_gpt.py) at ZeRO
-1, 2, 3 as its save_checkpoint saves with --deepspeed --no-pipeline-parallel, and as GPTModelPipe (pipeline engine,
-one stage, ZeRO 1); a plain DeepSpeed script over transformers' GPT2LMHeadModel (no client state; universal via
---inject_missing_state), LlamaForCausalLM (ZeRO 2, 3), MixtralForCausalLM (ZeRO 3; experts fused in transformers 5)
-and Phi3ForCausalLM (ZeRO 1). DeepSpeed 0.19.8's converter fails on the ZeRO 1/2 GPTModel files (recorded).
-`--cases NAME ...` (re)writes only those cases, keeping the others.
-
-Data: our sampler's micro-batches of data/gpt_dataset.py's samples. Optimizer: torch AdamW as DeepSpeed's client
-optimizer, Megatron's parameter groups; fp32, dropout 0. The vocabulary is 128 tokens (NullTokenizer 127), no padding
-rows: Megatron-DeepSpeed's cross entropy counts padding columns and ours leaves them out. DeepSpeed's copied
-zero_to_fp32.py tools are removed."""
+Each case (Megatron-DeepSpeed's GPT at ZeRO 1-3 and as GPTModelPipe; transformers' GPT-2, Llama, Mixtral, Phi-3)
+trains on 2 gloo ranks and saves at iteration 2; DeepSpeed continues each save one step, from its ZeRO files and
+their universal form. Needs requirements-bench.txt."""
 
 from __future__ import annotations
 
@@ -43,7 +31,7 @@ MICRO_BATCH, WORLD, TRAIN_ITERS, SAVED_AT = 2, 2, 3, 2
 GLOBAL_BATCH = MICRO_BATCH * WORLD
 LR, MIN_LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 1e-3, 1e-4, 0.01, (0.9, 0.999), 1e-8, 1.0
 GPT2_VOCAB = 101   # NullTokenizer --vocab-size 100: ids 0..99 and the end of document, 100
-MEGATRON_VOCAB = 128  # NullTokenizer --vocab-size 127: no padding rows (module docstring)
+MEGATRON_VOCAB = 128  # NullTokenizer 127, no padding rows: Megatron-DeepSpeed's loss counts padding columns, ours not
 DATA_PREFIX = "data/tokens"
 STAGES = (1, 2, 3)
 

@@ -1,22 +1,8 @@
-"""Harvest the command-line flags of Megatron-LM, Megatron-DeepSpeed, DeepSpeedExamples' Megatron forks,
-DeepSpeed and the pretraining forks (llm-jp's and swiss-ai's Megatron-LM, Pai-Megatron-Patch, whose
-`patch_if_not_exist(group, "--name", ...)` is read as an add_argument) from their own argument files, into
-arguments/megatron/flags_harvested.json.
+"""Harvest the command-line flags of Megatron-LM, its forks and DeepSpeed from their own argument files into
+arguments/megatron/flags_harvested.json: each file read at one commit with `git show` and parsed with `ast`, never
+imported (dataclass-built groups rebuilt as argument_utils.py builds them).
 
-Each source is a file at one commit of a git repository on this machine (read with `git show`, no work tree),
-parsed with `ast`, never imported: every `*.add_argument(...)` call gives its option strings and argparse shape
-(dest, action, type, nargs, choices, literal default and const). Megatron-LM's newer arguments.py also builds
-groups from dataclasses (`ArgumentGroupFactory(SomeConfig, exclude=[...])`), rebuilt here as its
-argument_utils.py does from the dataclass's annotated fields in the same tree (a bool field `--name` store_true,
-or `--no-name`/`--disable-name` store_false when its default is True; `metadata={"argparse_meta": {...}}`
-overrides).
-
-    python scripts/tools/harvest_megatron_flags.py --out arguments/megatron/flags_harvested.json \
-        --source LABEL OWNER/NAME GIT_DIR REV PATH [--source ...] [--unavailable "OWNER/NAME PATH: why"]
-
-The data file is the committed artefact; harvested_flags.py reads it and flag_classes.py classifies every option
-string not ours nor an alias of ours. Re-run this script (scripts/tools/harvest_megatron_flags.sh has the sources) to
-refresh it; tests/arguments/test_harvested_flags.py then names every new option string that needs a class."""
+    MIRRORS=DIR bash scripts/tools/harvest_megatron_flags.sh     # the sources, then this script"""
 
 from __future__ import annotations
 

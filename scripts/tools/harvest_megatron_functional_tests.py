@@ -1,23 +1,9 @@
 """Harvest Megatron-LM's GPT and MoE pretraining functional-test configurations into the replay corpus.
 
-Each `tests/functional_tests/test_cases/gpt/gpt3_*/model_config.yaml` (`--suite gpt`), or `test_cases/moe/*/` and
-`test_cases/mixtral/*/` (`--suite moe`), of a Megatron-LM commit (read with `git show` from a git directory)
-becomes one launch: its MODEL_ARGS as the command line the CI builds (shell_test_utils/_run_training.sh's yq:
-`true` a bare flag, a value in ( ) or with spaces one quoted argument, [ ] its items, else one argument), keys in
-file order, repeats kept. ${...} paths stay as written; ${REPEAT} (a --seed) is the CI's first repeat, 1
-(run_ci_test.sh). The CI's --exit-duration-in-mins (a Slurm job property) is left out. GPUs: one node of 8
-(tests/test_utils/recipes/h100/gpt.yaml).
+    python scripts/tools/harvest_megatron_functional_tests.py --git-dir DIR --commit REV [--suite moe] --out FILE
 
-Only pretraining is harvested (a `MODE` key names another program): at d98e8a64 `--suite moe` skips 13
-`MODE: inference` (Megatron's inference engines, absent here) and one `MODE: rl` (GRPO).
-
-Each launch's outcome is the one this repository gives at harvest time (`--outcomes`): "trains" when the shrunk
-launch parses, else "refused: " and the flag its one-line error refuses first (without the reason, so rewording
-a reason moves no target). Review the refusals printed by reason: each must be a feature absent here.
-
-    python scripts/tools/harvest_megatron_functional_tests.py --git-dir MEGATRON_LM_GIT_DIR --commit REV \
-        --out tests/replay_corpus/megatron_lm_functional_tests.json
-    (add --suite moe and --out tests/replay_corpus/megatron_lm_moe_functional_tests.json for the MoE suite)"""
+Each pretraining model_config.yaml becomes one launch, as Megatron-LM's CI builds it, with this repository's
+outcome: "trains", or the flag it refuses."""
 
 from __future__ import annotations
 

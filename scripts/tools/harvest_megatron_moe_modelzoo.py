@@ -1,21 +1,10 @@
-"""Harvest the Megatron-Core MoE team's best-practice launches (Megatron-MoE-ModelZoo, best_practice/*/run_*.sh) into
-the replay corpus (tests/replay_corpus/megatron_moe_modelzoo.json; the module beside it says what an entry holds).
+"""Harvest the Megatron-Core MoE team's best-practice launches (Megatron-MoE-ModelZoo) into the replay corpus
+(tests/replay_corpus/megatron_moe_modelzoo.json).
 
-Each script is run under bash from the root of the commit's tree (git archive into a scratch folder) with
-DRY_RUN=1, so sbatch_benchmarking.sh prints the Slurm job and `Full Training Command` instead of calling sbatch;
-`yq` is a stand-in answering the three mikefarah yq v4 queries sbatch_benchmarking.sh asks (MODEL_ARGS as
-`key value` lines, `true` bare and `false` left out, scalars as written; ENV_VARS; one key's value), the cluster file
-is the template's (also as CW.conf, the CLUSTER some scripts name), the tree sits in /tmp/Megatron-MoE-ModelZoo
-(the scripts' ${WORKSPACE}), and the site paths are placeholders
-(DATA_PATH=<DATA_PATH>, LOAD_PATH=<LOAD_PATH>). A training command becomes the words the job's `bash -c
-${TRAINING_CMD}` makes of it (split on blanks; quotes inside a value stay). With --megatron-lm TREE (Megatron-LM
-core_v0.16.1 beyond megatron.core, the installed megatron-core wheel for the rest) each launch goes through
-Megatron-LM's parse_args and validate_args (the CUDA device queries answered as the script's GPU: compute
-capability 10 for b200/gb200/gb300 scripts, else 9; a current Transformer Engine assumed), and only the launches it
-accepts are written, each with the outcome "trains"; the others are printed with Megatron-LM's reason.
+    python scripts/tools/harvest_megatron_moe_modelzoo.py --git-dir DIR --commit REV --megatron-lm TREE --out FILE
 
-    python scripts/tools/harvest_megatron_moe_modelzoo.py --git-dir MODELZOO_GIT_DIR --commit REV --megatron-lm TREE \
-        --out tests/replay_corpus/megatron_moe_modelzoo.json"""
+Each run_*.sh runs under bash with DRY_RUN=1 and a stand-in `yq`, printing its training command; only the launches
+Megatron-LM's parse_args accepts are kept."""
 
 from __future__ import annotations
 

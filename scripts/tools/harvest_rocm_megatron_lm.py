@@ -1,23 +1,10 @@
-"""Harvest a GPU vendor's Megatron-LM fork's launch scripts (ROCm/Megatron-LM, AMD's; examples/*/train_*.sh) into the
-replay corpus (tests/replay_corpus/rocm_megatron_lm.json; the module beside it says what an entry holds).
+"""Harvest a GPU vendor's Megatron-LM fork's launch scripts (ROCm/Megatron-LM, AMD's) into the replay corpus
+(tests/replay_corpus/rocm_megatron_lm.json).
 
-Each script in SCRIPTS (path and the commit of the version harvested) is run once, with its defaults, under bash from
-the root of a scratch tree at /tmp/ROCm-Megatron-LM (the script written at its path, so that what it derives from its
-own folder is the same at every harvest), with stand-ins first on PATH: `torchrun` records its arguments instead of
-starting anything; `date` answers the Unix epoch (the scripts put a time stamp in their log and TensorBoard folders);
-`rdma` lists no links and `wget` downloads nothing (no site NICs, no tokenizer downloads); and `python3 -c "import
-torch; print(torch.cuda.device_count())"` answers 8, one MI300X/MI355X node, through a stub `torch` on PYTHONPATH.
-The launch is what follows pretrain_gpt.py in torchrun's arguments; `world_size` is --nproc_per_node x --nnodes.
+    python scripts/tools/harvest_rocm_megatron_lm.py --sources DIR --megatron-lm TREE --out FILE
 
-The scripts come from --git-dir (a clone of ROCm/Megatron-LM holding the commits) or --sources DIR, where
-DIR/COMMIT/PATH is the file as stored at that commit. With --megatron-lm TREE (Megatron-LM core_v0.16.1 beyond
-megatron.core, as scripts/tools/harvest_megatron_moe_modelzoo.py takes it) each launch goes through Megatron-LM's own
-parse_args and validate_args (the device queries answered as an MI300X/MI355X: compute capability 9, as ROCm's
-torch reports gfx942/gfx950), and only the launches it accepts are written, each with the outcome "trains"; the
-others are printed with Megatron-LM's reason.
-
-    python scripts/tools/harvest_rocm_megatron_lm.py --sources DIR --megatron-lm TREE \
-        --out tests/replay_corpus/rocm_megatron_lm.json"""
+Each script of SCRIPTS runs under bash with stand-ins first on PATH (`torchrun` records its arguments); only the
+launches Megatron-LM accepts are kept."""
 
 from __future__ import annotations
 

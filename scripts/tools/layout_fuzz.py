@@ -1,20 +1,11 @@
 #!/usr/bin/env python
-"""Random layouts against one rank (issue 77 item 6): no layout may change the math.
+"""Random layouts against one rank: no layout may change the math.
 
-    python scripts/tools/layout_fuzz.py --seed 1 --draws 20                 # 20 draws, each against its one-rank run
-    python scripts/tools/layout_fuzz.py --seed 1 --draw 13                  # draw 13 of seed 1 again, alone
-    python scripts/tools/layout_fuzz.py --seed 1 --draws 5 --model "--num-layers 8 --hidden-size 64 --num-attention-heads 8"
-    python scripts/tools/layout_fuzz.py --seed 1 --draws 20 --resumes 1      # every draw resumes at another layout
+    python scripts/tools/layout_fuzz.py --seed 1 --draws 20     # 20 draws, each against its one-rank run
+    python scripts/tools/layout_fuzz.py --seed 1 --draw 13      # draw 13 of seed 1 again, alone
 
-Each draw is a seeded choice (draw i of seed s always gives the same launch) of a model (dense or MoE, block
-features, FP8, Muon, MLA, Gated DeltaNet, fp16) and of a `Layout` of the combination table (tests/training/combinations.py) over 2-8
-gloo ranks: TP, SP, CP, PP, ZeRO 0-3, offload, EP, recomputation; the rarer options each from a stream of their own.
-It trains 3 iterations of fp32 on `--mock-data`, as does the same model on one rank with the same global batch; some
-dense draws resume iteration 3 at another layout (`--resumes`), some train with hidden dropout against the layout
-that draws the same masks (`Draw.reference_layout`); docs/testing.md lists every option. It holds when every loss is
-within 1e-5 and every grad norm within 1e-4 (relative) of the reference's (FP8: 1e-3 and 1e-2, docs/fp8.md; fp16
-1e-4, 2e-3), or it is refused before any work in one line (right only where Megatron-LM refuses too); anything else
-is a finding. Results go to `--output` as JSON lines, one a draw, and a summary at the end."""
+Each seeded draw picks a model and a layout over 2-8 gloo ranks (docs/testing.md) and trains 3 iterations; every
+loss and grad norm must match the one-rank run within tolerance, or the launch is refused in one line."""
 
 from __future__ import annotations
 
@@ -159,11 +150,10 @@ def _draw_model(rng: random.Random, layers: int, tensor_parallel: int, pipeline:
 
 
 def _draw_extras(seed: int, index: int, flags: Sequence[str], layout: Layout) -> list[str]:
-    """Issue 89 item 3's options the drawer lacked, from a stream of their own (the other draws stay the same
-    launches): Megatron-LM's Muon (Newton-Schulz in fp32, `--muon-fp32-matmul-prec high`, so bf16 does not round the
-    layouts' last-bit differences into the step; duplicated or distributed over TP, as the combination table's rows;
-    not with the optimizer offloaded, which Muon refuses) or multi-latent attention (DeepSeek-V3's, low ranks at this
-    width; not with grouped-query attention, which it has no groups for)."""
+    """Options drawn from a stream of their own, so that the other draws stay the same launches: Megatron-LM's Muon
+    (Newton-Schulz in fp32, so bf16 does not round the layouts' last-bit differences into the step; not with the
+    optimizer offloaded, which Muon refuses) or multi-latent attention (low ranks at this width; not with
+    grouped-query attention, which it has no groups for)."""
     rng = random.Random(f"layout-fuzz extras {seed} {index}")
     pick = rng.random()
     if pick < 0.12 and not layout.offload_optimizer:
@@ -294,7 +284,7 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None, res
     data_parallel = ranks // (tensor_parallel * context_parallel * pipeline)
     layers = pipeline * rng.choice([1, 2])
     if pipeline > 1 and random.Random(f"layout-fuzz deeper {seed} {index}").random() < 0.3:
-        layers *= 2  # a stream of its own: 4 layers a stage, so a virtual chunk holds several (issue 89 item 3)
+        layers *= 2  # a stream of its own: 4 layers a stage, so a virtual chunk holds several
     model = _draw_model(rng, layers, tensor_parallel, pipeline)
     hierarchical = _draw_hierarchical_cp(seed, index, model, tensor_parallel, context_parallel, data_parallel)
     if hierarchical:  # two of the data-parallel ranks join the CP group as the all-to-all level

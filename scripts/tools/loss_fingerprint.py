@@ -1,24 +1,7 @@
-"""The losses and gradient norms of eleven small runs, exactly (repr of the floats), to compare two commits.
+"""The losses and gradient norms of eleven small runs (RUNS), exactly, to compare two commits: a refactor that must not
+change the math gives equal JSON files before and after, not close ones.
 
-A refactor that must not change the math (issue 50: the parallel section, the dry run driving the real step,
-the frozen config) is checked by running this at the commit before and the commit after and comparing the two
-JSON files: every value must be equal, not close. Each run is `pretrain_gpt.py`'s default model for 3
-iterations through scripts/launch.py, one torch thread per process:
-
-    default        1 process
-    zero3_dp2      --zero-stage 3 on 2 processes
-    tp2            --tensor-model-parallel-size 2
-    pp2            --pipeline-model-parallel-size 2
-    tp2_sp         --tensor-model-parallel-size 2 --sequence-parallel
-    zero3_offload  --zero-stage 3 --offload-param --offload-optimizer on 2 processes
-    bf16           --bf16 (fp32 main gradients)
-    llama          the Llama-shaped block (RMSNorm, SwiGLU, rotary, no biases)
-    llama_bf16     and --bf16
-    llama_zero2_bf16  and --zero-stage 2 on 2 processes
-    llama_tp2_sp   --tensor-model-parallel-size 2 --sequence-parallel
-
-    python scripts/tools/loss_fingerprint.py OUT.json [RUN ...]
-"""
+    python scripts/tools/loss_fingerprint.py OUT.json [RUN ...]"""
 
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
-"""Megatron-DeepSpeed's GPT at tensor and pipeline size 1, small enough to train on a CPU under DeepSpeed's engine:
-the module trees, parameter names and forward of microsoft/Megatron-DeepSpeed's `megatron/model/gpt_model.py`
-(GPTModel, --no-pipeline-parallel, as ZeRO 2 and 3 need; GPTModelPipe, its default pipeline module),
-`language_model.py` and `transformer.py`, with their GPT-2 defaults (LayerNorm, learned positions, biases, GeLU,
-tied output layer). It writes the DeepSpeed checkpoints of tests/fixtures/deepspeed_checkpoints
-(scripts/tools/deepspeed_checkpoint_fixtures.py). Written here, not imported: Megatron-DeepSpeed is not a package and
-needs its global args, mpu and fused kernels. The forward follows its code line for line where values depend on it:
-
-- ParallelAttention after commit 676a482c (2024-12-04, FPDT): the fused query_key_value output is three blocks,
-  all queries, keys, values (`each_hidden_size = mixed_x_layer.shape[-1] // 3`); before it rows were grouped per
-  key/value head (`split_tensor`), as Megatron-LM's. Checkpoints tell them apart by --ds-sequence-parallel-fpdt.
-- CoreAttention: q.k / sqrt(head_dim) (`baddbmm`), the causal mask filled with -10000.0, fp32 softmax
-  (--apply-query-key-layer-scaling gives the same values in fp32).
-- ParallelTransformerLayer: residual + (output + dense bias) around attention and MLP (dropout 0); ParallelMLP's
-  GeLU exact with --no-bias-gelu-fusion, tanh-approximated with the default fusion (fused_bias_gelu.py).
-- GPTModel.forward: logits against the word embedding, fp32 per-token cross entropy over the padded vocabulary,
-  averaged over the loss mask (pretrain_gpt.py loss_func).
-- `state_dict_for_save_checkpoint`: the nested dict save_checkpoint hands DeepSpeed under --no-pipeline-parallel,
-  so the model states file's `module` entry nests the same way; `load_state_dict` reads it back."""
+"""Megatron-DeepSpeed's GPT at tensor and pipeline size 1 (GPTModel and GPTModelPipe), small enough to train on a CPU
+under DeepSpeed's engine, for tests/fixtures/deepspeed_checkpoints. Written here, not imported: Megatron-DeepSpeed
+needs its global args, mpu and fused kernels. The forward follows its code where values depend on it."""
 
 from __future__ import annotations
 
@@ -67,11 +51,11 @@ class ParallelAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         seq, batch = hidden.shape[:2]
         mixed = self.query_key_value(hidden)  # [s, b, 3h]
-        if self.block_qkv:  # after #441
+        if self.block_qkv:  # Megatron-DeepSpeed since 676a482c (FPDT): all queries, all keys, all values
             each = mixed.shape[-1] // 3
             query, key, value = (mixed[:, :, i * each:(i + 1) * each].reshape(seq, batch, -1, self.head_dim)
                                  for i in range(3))
-        else:  # before #441: [s, b, heads, (1 + 2) * head_dim] per head, then split (split_tensor)
+        else:  # before it, as Megatron-LM: [s, b, heads, (1 + 2) * head_dim] per head, then split (split_tensor)
             mixed = mixed.view(seq, batch, -1, 3, self.head_dim)
             query, key, value = (mixed[:, :, :, i] for i in range(3))
         context = self.core_attention(query, key, value, mask)
@@ -98,6 +82,7 @@ class ParallelMLP(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         intermediate = F.linear(hidden, self.dense_h_to_4h.weight) + self.dense_h_to_4h.bias
+        # exact GeLU, as --no-bias-gelu-fusion (bias_gelu_fusion=False); the fused default is GeLU's tanh form
         return F.linear(F.gelu(intermediate), self.dense_4h_to_h.weight), self.dense_4h_to_h.bias
 
 

@@ -1,15 +1,6 @@
 """What Megatron-Core's BlendedMegatronDatasetBuilder builds for per-split blends (--train-data-path,
 --valid-data-path, --test-data-path), written as a fixture the tests compare this repository's datasets with.
 
-It writes a small corpus of three prefixes (A, B, C: seeded document lengths and tokens, Megatron's .bin/.idx
-format, `write_corpus`), builds each case of `CASES` with megatron-core's own builder (its GPTDataset, the
-`blend_per_split` branch of `_build_blended_dataset_splits`), and records for every split: which dataset it is
-(none, one prefix's, or a blend), the documents each prefix contributes, the blend's weights and length, and for
-every sample of the blend which prefix it comes from and which of that prefix's samples it is (`dataset_index`,
-`dataset_sample_index`). tests/data/test_per_split_as_megatron.py builds the same cases here and compares; with
-megatron-core installed (requirements-bench.txt) it also runs this script and compares its output with the
-committed fixture, so the fixture is megatron-core's own.
-
     python scripts/tools/megatron_per_split_samples.py --out tests/fixtures/megatron_per_split_samples.json
 """
 

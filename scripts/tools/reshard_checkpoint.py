@@ -2,22 +2,9 @@
 """Rewrite a checkpoint for another tensor-parallel size, offline.
 
     python scripts/tools/reshard_checkpoint.py runs/ckpt runs/ckpt_tp4 --tensor-model-parallel-size 4
-    python pretrain_gpt.py ... --tensor-model-parallel-size 4 --load runs/ckpt_tp4
 
-A run loads a checkpoint at any layout by itself (checkpoint/global_load.py): this tool hands over a checkpoint
-already cut, say to a tool that reads one TP rank's files. It is a thin wrapper over the loader: the checkpoint is
-opened as whole tensors (checkpoint/ours/source.py, any layout and version) and each new TP rank's slice of
-every tensor read as a region (the vocabulary re-padded: dropped rows dropped, added rows zeros), for the fp32
-master and every optimizer state, each in its stored dtype. Each new TP rank gets one optimizer partition at DP=1
-and a model file in the training dtype, which `--load` reads at any DP size and stage. The iteration, consumed
-samples, Adam step, loss scaler and learning rate carry over; RNG states do not (the TP-private streams belong to
-the old ranks: the resumed run says so and seeds them from --seed). The same TP size is a re-layout to DP=1.
-
-OUT is a --save style directory: written to OUT/iter_NNNNNNN.partial and renamed into place, OUT/latest replaced
-atomically, so an interrupted rewrite leaves nothing a run would load. OUT is held with a training run's lock
-(checkpoint/save_directory.py), never inside a checkpoint, and existing checkpoints there are replaced only with
---overwrite. Every file of CKPT is verified before it is read (--no-verify-checkpoint skips the content hashes).
-Memory: one new TP rank's slices, a region at a time; no GPU, no process group. Errors: one line, exit status 2."""
+A run loads any layout by itself (checkpoint/global_load.py); this hands a checkpoint already cut to tools that read
+one TP rank's files. RNG states do not carry over; OUT is written atomically, as --save writes."""
 
 from __future__ import annotations
 

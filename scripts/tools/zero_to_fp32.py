@@ -2,21 +2,10 @@
 """Consolidate a checkpoint's fp32 master weights into one safetensors file, offline.
 
     python scripts/tools/zero_to_fp32.py runs/ckpt runs/model_fp32.safetensors     # the latest iteration
-    python scripts/tools/zero_to_fp32.py runs/ckpt/iter_0001000 exported/          # -> exported/model_fp32.safetensors
 
-A checkpoint keeps the weights twice: each TP rank's parameters in the training dtype (model_tpXX)
-and the fp32 master weights spread over the ZeRO partitions. In bf16/fp16 training only the master
-is the real state of the run, so this tool reads that one: it puts every partition's fragments back
-into whole tensors and writes them under the model's parameter names at TP=1 (the word embedding
-keeps the vocabulary padding rows it was saved with; they are zeros). The safetensors metadata says
-which iteration it is and carries the model config, so the file stands on its own.
-
-No GPU and no process group: memory is the model in fp32 plus one partition file's tensors. Every
-file of the checkpoint is verified first (sizes, headers, content hashes; --no-verify-checkpoint skips
-the hashes). OUT is never inside a checkpoint directory, and an existing OUT is replaced only with
---overwrite and only when it is an earlier export (a safetensors file with this tool's header); it is written under a temporary name and renamed, so a failure never leaves half a file.
-Errors are one line on stderr and exit status 2.
-"""
+Under bf16/fp16 the master is the run's real state, so its ZeRO fragments become whole tensors under the model's TP=1
+names, the iteration and config in the metadata. The checkpoint is verified first; OUT is replaced only with
+--overwrite."""
 
 from __future__ import annotations
 
