@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, verify: bool = True) -> None:
     started = time.perf_counter()
-    iteration_dir, fmt = tool_checkpoint_and_format(checkpoint, "scripts/convert_to_hf.py", reads_megatron=True)
+    iteration_dir, fmt = tool_checkpoint_and_format(checkpoint, "scripts/tools/convert_to_hf.py", reads_megatron=True)
     if Path(out_dir).resolve() in (iteration_dir.resolve(), *iteration_dir.resolve().parents):
         raise ConfigError(f"{out_dir} holds the checkpoint {iteration_dir}; write the folder somewhere else")
     refuse_inside_checkpoint(out_dir, "OUT_DIR", include_self=True)

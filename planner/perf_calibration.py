@@ -48,7 +48,7 @@ def observations_from(path: Path) -> list[Observation]:
     except (OSError, json.JSONDecodeError) as error:
         raise ConfigError(f"--calibrate {path}: cannot read it ({error})") from None
     if not isinstance(data, dict) or "rows" not in data:
-        raise ConfigError(f"--calibrate {path}: neither a metrics.jsonl nor a scripts/benchmark_gpu.py --json output")
+        raise ConfigError(f"--calibrate {path}: neither a metrics.jsonl nor a scripts/bench/benchmark_gpu.py --json output")
     found = []
     for row in data["rows"]:
         if row.get("impl") != "ours" or row.get("compiled"):

@@ -45,7 +45,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     own.add_argument("--constants", help="a calibration in configs/hardware/calibrations (default: the profile's)")
     own.add_argument("--calibrate", nargs="+", metavar="FILE",
                      help="fit the constants to these runs: metrics.jsonl files (each beside its launch.json) "
-                          "or scripts/benchmark_gpu.py --json outputs")
+                          "or scripts/bench/benchmark_gpu.py --json outputs")
     own.add_argument("--output", help="with --calibrate: write the fitted constants to this YAML file")
     args, rest = own.parse_known_args(argv)
     hardware = load_hardware(args.hardware)

@@ -5,7 +5,8 @@
 #   OUT=/tmp/out bash scripts/gpu_lease.sh
 #
 # Results in $OUT: environment.txt, cuda-tier.log (its summary; cuda-tier-tail.log the end of its output),
-# profiles.jsonl (scripts/gpu_profile_step.py), side-by-side.json and table.log (scripts/gpu_side_by_side.py).
+# profiles.jsonl (scripts/bench/gpu_profile_step.py), side-by-side.json and table.log
+# (scripts/bench/gpu_side_by_side.py).
 #   TIER_S (default 200) caps the tier; TIER_K selects its tests (pytest -k; default all); TIER_S=0 skips it.
 #   PROFILES: ';'-separated "label|table run|extra flags" (default: bf16 and FP8 tensorwise eager, guard off and
 #   compiled, the Llama shape at 4 layers), each profiled for 2 iterations; PROFILES= runs none.
@@ -37,12 +38,13 @@ IFS=';' read -ra profiles <<< "${PROFILES}"
 for entry in "${profiles[@]}"; do
   IFS='|' read -r label run extra <<< "$entry"
   # shellcheck disable=SC2086  # the extra flags are words
-  timeout 150 "$python" scripts/gpu_profile_step.py --label "$label" --table-run "$run" --output "$OUT/profiles.jsonl" \
+  timeout 150 "$python" scripts/bench/gpu_profile_step.py --label "$label" --table-run "$run" \
+      --output "$OUT/profiles.jsonl" \
       -- $extra 2>&1 | grep -E "^PROFILE|Error|error:|FP8 guard:" | awk '/FP8 guard:/ && ++guard > 8 {next} {print}' | cut -c1-1500
 done
 
 if [ "${RUNS:-}" != none ]; then
   RUNS=${RUNS:-llama-1.2b/eager,llama-1.2b/fp8-tensorwise,gpt2-124m-mbs1/eager,gpt2-124m-mbs1/cuda-graphs,llama-1.2b/megatron,gpt2-124m-mbs1/megatron,llama-1.2b/compile,llama-1.2b/fp8-tensorwise-compile,gpt2-1.5b/compile}
-  "$python" scripts/gpu_side_by_side.py --runs "$RUNS" --iterations 10 --skip 4 --timeout-s 120 \
+  "$python" scripts/bench/gpu_side_by_side.py --runs "$RUNS" --iterations 10 --skip 4 --timeout-s 120 \
       --budget-s "${TABLE_BUDGET_S:-250}" --output "$OUT/side-by-side.json" 2>&1 | tee "$OUT/table.log" | cut -c1-700
 fi

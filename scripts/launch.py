@@ -3,23 +3,9 @@
 
     python scripts/launch.py --standalone --nproc_per_node 8 pretrain_gpt.py --config gpt2-124m ...
 
-Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes five things:
-
-- The exit status is the job's: the first non-zero status a rank's error boundary recorded (base/errors.py,
-  ZERO_GPT_EXIT_STATUS_DIR), in rank order: 2 a bad input, 130 Ctrl-C, 0 after a signal-triggered save (torchrun
-  exits 1 for any failure). A rank that recorded none gives its exit code or 128 + the signal that killed it.
-- torchrun's failure report (a ChildFailedError traceback) is not printed. A rank that said what went wrong needs
-  nothing more; a rank killed or crashed is said in one line ("launch.py: error: rank 1 (local rank 1 on host h)
-  died: killed by SIGKILL; torchrun stopped the other ranks"); a rank's own error ends in a summary naming the
-  first rank to fail and its line. Under --max-restarts the same is said before each restart, then "restarting, 1
-  of 2" (torchrun's agent restarts without a word).
-- SIGTERM, SIGINT and SIGUSR1 (SLURM's `--signal=USR1@120`) are forwarded to every rank, and the launcher (which
-  serves the rendezvous store) stays until the ranks exit: a run with --exit-signal-handler saves and exits 0, and
-  so does the launcher (torchrun alone dies of SIGUSR1, taking the store with it). A repeated SIGTERM or SIGUSR1
-  while the agent waits is not sent on; a second SIGINT is (on Linux: children read from /proc), a second Ctrl-C,
-  and the rank stops at once with 130.
-- ft_launcher's `--ft-rank-section-timeouts`, `--ft-rank-out-of-section-timeout` go to the ranks (--enable-ft-package).
-- Ranks get --shutdown-timeout 300 unless given: time enough for a signal-triggered save before torchrun kills."""
+It takes torchrun's arguments. The exit status is the first failing rank's (2 a bad input, 130 Ctrl-C, 0 after a
+signal-triggered save), a failure one line; SIGTERM, SIGINT and SIGUSR1 reach every rank while the launcher keeps
+the store; ranks get --shutdown-timeout 300 and ft_launcher's timeouts."""
 
 from __future__ import annotations
 

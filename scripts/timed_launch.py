@@ -1,6 +1,5 @@
-"""One pretrain_gpt.py launch and what its first rank's metrics file holds, for the measuring and checking scripts
-(scripts/search_vs_measured.py and scripts/probe_host_overhead.py read each step's time, scripts/layout_fuzz.py each
-iteration's loss and grad norm)."""
+"""One pretrain_gpt.py launch and what its first rank's metrics file holds, for the scripts that time steps or compare
+losses (bench/search_vs_measured.py, bench/probe_host_overhead.py, tools/layout_fuzz.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """pretrain_gpt.py runs on gloo ranks forked from tests/distributed.py's server, for the tests that compare a layout's
-logged iterations with another's (the layout fuzz's properties, scripts/layout_fuzz.py's COMMON flags).
+logged iterations with another's (the layout fuzz's properties, scripts/tools/layout_fuzz.py's COMMON flags).
 
 scripts/timed_launch.py's `launch`, which those tests used, starts a launcher and a fresh interpreter a rank: importing
 torch and the project took ~2.5 s of CPU a process, most of such a test's time on the 2-core CI machine. Here each run

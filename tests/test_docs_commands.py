@@ -125,36 +125,47 @@ SKIPPED_COMMANDS = {
 
 # Scripts whose commands are checked, not run, with why they are too expensive to run here.
 EXPENSIVE_SCRIPTS = {
-    "scripts/benchmark_zero.py": "trains ten systems x stages in fresh process groups for minutes (~8 min at --rounds 3)",
-    "scripts/benchmark_moe.py": "trains ours and DeepSpeed-MoE at EP 2 in fresh process groups for minutes (~17 min at "
-                                "--rounds 3 --stages 1,2 on the shared 2-core machine)",
-    "scripts/benchmark_model.py": "rounds of a 124M model's training steps on the CPU, tens of seconds each",
-    "scripts/benchmark_host_ops.py": "builds and counts 40 models, half of them compiled, and 8 Megatron-LM launches "
-                                     "with --megatron-lm (about 25 minutes on the shared 2-core machine); "
-                                     "tests/scripts/test_host_op_counts.py counts 2-layer models",
-    "scripts/benchmark_gpu.py": "needs a CUDA GPU: rounds of a 1.5B model's training steps (docs/performance.md)",
-    "scripts/layout_fuzz.py": "trains each draw on 2-8 gloo ranks and on one rank (about 15 s a draw on 2 cores); "
-                              "tests/scripts/test_layout_fuzz.py runs 3 draws, and 8 in the slow tier",
-    "scripts/gpu_side_by_side.py": "needs a CUDA GPU: 17 training launches of 124M-1.5B models (--budget-s 450 by "
-                                   "default); tests/scripts/test_gpu_side_by_side.py runs it on the CPU at 2 layers",
-    "scripts/benchmark_index.py": "writes a 2 GB synthetic corpus, then builds its indices in rounds",
+    "scripts/bench/benchmark_zero.py":
+        "trains ten systems x stages in fresh process groups for minutes (~8 min at --rounds 3)",
+    "scripts/bench/benchmark_moe.py":
+        "trains ours and DeepSpeed-MoE at EP 2 in fresh process groups for minutes (~17 min at --rounds 3 --stages "
+        "1,2 on the shared 2-core machine)",
+    "scripts/bench/benchmark_model.py":
+        "rounds of a 124M model's training steps on the CPU, tens of seconds each",
+    "scripts/bench/benchmark_host_ops.py":
+        "builds and counts 40 models, half of them compiled, and 8 Megatron-LM launches with --megatron-lm (about 25 "
+        "minutes on the shared 2-core machine); tests/scripts/test_host_op_counts.py counts 2-layer models",
+    "scripts/bench/benchmark_gpu.py":
+        "needs a CUDA GPU: rounds of a 1.5B model's training steps (docs/performance.md)",
+    "scripts/tools/layout_fuzz.py":
+        "trains each draw on 2-8 gloo ranks and on one rank (about 15 s a draw on 2 cores); "
+        "tests/scripts/test_layout_fuzz.py runs 3 draws, and 8 in the slow tier",
+    "scripts/bench/gpu_side_by_side.py":
+        "needs a CUDA GPU: 17 training launches of 124M-1.5B models (--budget-s 450 by default); "
+        "tests/scripts/test_gpu_side_by_side.py runs it on the CPU at 2 layers",
+    "scripts/bench/benchmark_index.py": "writes a 2 GB synthetic corpus, then builds its indices in rounds",
     "scripts/zero_paper/mini_reproduction.py": "trains C1-C5 as 4 gloo processes (about 11 minutes)",
     "scripts/zero_paper/calibrate_cpu.py": "trains six small GPTs (about 1.5 minutes)",
-    "scripts/search_vs_measured.py": "trains 16 layouts on 4 gloo ranks in 3 rounds (about 30 minutes on a loaded box)",
-    "scripts/probe_cpu_ranks.py": "times GEMMs, copies and gloo collectives on 4 ranks at once (about 20 s)",
+    "scripts/bench/search_vs_measured.py":
+        "trains 16 layouts on 4 gloo ranks in 3 rounds (about 30 minutes on a loaded box)",
+    "scripts/bench/probe_cpu_ranks.py": "times GEMMs, copies and gloo collectives on 4 ranks at once (about 20 s)",
     "scripts/zero_paper/report.py": "about 200 dry runs on a cold plan cache (about 25 minutes)",
     "scripts/zero_paper/compare.py": "about 150 dry runs of 1B-200B models on a cold plan cache (about 5 minutes)",
-    "scripts/zero_to_fp32.py": "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it from a "
-                               "user's folder on the checkpoint the README's command saved there",
-    "scripts/reshard_checkpoint.py": "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it "
-                                     "from a user's folder on the checkpoint the README's command saved there",
-    "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it as "
-                                "zero-gpt-convert from a user's folder on the checkpoint the README's command saved "
-                                "there",
-    "scripts/deepspeed_checkpoint_fixtures.py": "trains DeepSpeed's runs (requirements-bench.txt) on gloo ranks for "
-                                                "minutes (about 5 on the shared 2-core machine)",
-    "scripts/fp8_curves.py": "trains a 4-layer GPT 300 iterations in bf16 and each FP8 recipe (46 min at --jobs 5 "
-                             "on the shared 2-core machine; tests/scripts/test_fp8_curves.py runs it 2 iterations)",
+    "scripts/tools/zero_to_fp32.py":
+        "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it from a user's folder on the "
+        "checkpoint the README's command saved there",
+    "scripts/tools/reshard_checkpoint.py":
+        "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it from a user's folder on the "
+        "checkpoint the README's command saved there",
+    "scripts/tools/convert_to_hf.py":
+        "reads the user's checkpoint `ckpt`; tests/test_from_any_folder.py runs it as zero-gpt-convert from a user's "
+        "folder on the checkpoint the README's command saved there",
+    "scripts/tools/deepspeed_checkpoint_fixtures.py":
+        "trains DeepSpeed's runs (requirements-bench.txt) on gloo ranks for minutes (about 5 on the shared 2-core "
+        "machine)",
+    "scripts/bench/fp8_curves.py":
+        "trains a 4-layer GPT 300 iterations in bf16 and each FP8 recipe (46 min at --jobs 5 on the shared 2-core "
+        "machine; tests/scripts/test_fp8_curves.py runs it 2 iterations)",
     "data.preprocess": "reads the user's corpus.jsonl; tests/test_from_any_folder.py runs the README's command on a "
                        "corpus it writes, from a user's folder (tests/training/test_first_hour.py too, and this "
                        "module for the data its TRAINED commands read); docs/data.md's second needs Llama 3's "
@@ -326,11 +337,11 @@ def test_commands_are_extracted_as_a_shell_reads_them():
             "$ python -m zero.plan dry-run --world-size 8 \\\n"
             "    --zero-stage 1     # a trailing comment\n"
             "pip install -r requirements.txt && python -m pytest\n"
-            "python scripts/convert_to_hf.py ckpt out [--dtype bf16]\n")
+            "python scripts/tools/convert_to_hf.py ckpt out [--dtype bf16]\n")
     assert block_commands("bash", body) == [
         ["python", "-m", "zero.plan", "dry-run", "--world-size", "8", "--zero-stage", "1"],
         ["pip", "install", "-r", "requirements.txt"], ["python", "-m", "pytest"],
-        ["python", "scripts/convert_to_hf.py", "ckpt", "out", "--dtype", "bf16"]]
+        ["python", "scripts/tools/convert_to_hf.py", "ckpt", "out", "--dtype", "bf16"]]
     assert block_commands("console", "$ python pretrain_gpt.py --help\nusage: pretrain_gpt.py ...\n") == [
         ["python", "pretrain_gpt.py", "--help"]]
     unknown = DocCommand("docs/x.md", 1, ("python", "scripts/a_new_tool.py", "--rounds", "3"), ())
@@ -567,7 +578,7 @@ def trained_argv(command: DocCommand, folder: Path, bin_dir: Path, user_data: Pa
         args = [word for placeholder in args for word in (fill if placeholder == "..." else [placeholder])]
         sizes = []
     if args[:2] == ["--init-from-hf", "..."]:
-        convert = page_command(command.page, "scripts/convert_to_hf.py")
+        convert = page_command(command.page, "scripts/tools/convert_to_hf.py")
         assert convert.argv[2:4] == ("ckpt", "gpt2_hf"), convert.argv
         shutil.copytree(OUR_CHECKPOINT, folder / "ckpt")
         run_in(folder, [str(bin_dir / "python"), in_the_clone(convert.argv[1]), *convert.argv[2:]], env)

@@ -78,8 +78,9 @@ def test_the_readmes_commands_run_from_a_folder_holding_data_training_and_checkp
     converting = start([str(bin_dir / "zero-gpt-convert"), "checkpoint/run", "hf"], user)
     tools = bash_commands(doc_section("docs/checkpoints.md", "Tools: one fp32 file, another TP size, Hugging Face"))
     fp32, reshard = tools[0], tools[1]
-    assert fp32[:3] == ["python", "scripts/zero_to_fp32.py", "ckpt"] and reshard[:3] == [
-        "python", "scripts/reshard_checkpoint.py", "ckpt"] and reshard[-2:] == ["--tensor-model-parallel-size", "4"]
+    assert fp32[:3] == ["python", "scripts/tools/zero_to_fp32.py", "ckpt"]
+    assert reshard[:3] == ["python", "scripts/tools/reshard_checkpoint.py", "ckpt"]
+    assert reshard[-2:] == ["--tensor-model-parallel-size", "4"]
     run([python, str(ROOT / fp32[1]), "checkpoint/run", *fp32[3:]], user)
     run([python, str(ROOT / reshard[1]), "checkpoint/run", *reshard[3:-1], "2"], user)  # the tiny model's 2 heads
     generate = bash_commands(doc_section("docs/checkpoints.md", "Generating text from a checkpoint"))[0]

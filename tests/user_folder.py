@@ -33,14 +33,21 @@ def clean_env(**extra: str) -> dict:
     return {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "WANDB_MODE": "disabled", **extra}
 
 
-def install(venv: Path) -> Path:
-    """requirements.txt's `pip install -e .` into a new virtualenv at `venv` (no index, no build isolation:
-    offline); the virtualenv reads this interpreter's site-packages through a .pth of its own. Its bin/."""
-    assert editable_lines() == ["-e ."], editable_lines()
+def bare_venv(venv: Path) -> Path:
+    """A new virtualenv at `venv` that reads this interpreter's site-packages through a .pth of its own, without
+    this repository on its path. Its bin/."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     packages = Path(next(venv.glob("lib/python*/site-packages")))
     outer = [entry for entry in site.getsitepackages() + sys.path if entry.endswith(("site-packages", "dist-packages"))]
     (packages / "outer.pth").write_text("\n".join(dict.fromkeys(outer)) + "\n")
+    return venv / "bin"
+
+
+def install(venv: Path) -> Path:
+    """requirements.txt's `pip install -e .` into `bare_venv(venv)` (no index, no build isolation: offline). Its
+    bin/."""
+    assert editable_lines() == ["-e ."], editable_lines()
+    bare_venv(venv)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
                     "--no-build-isolation", "-e", "."], cwd=ROOT, check=True, capture_output=True, env=clean_env())
     return venv / "bin"

@@ -7,7 +7,7 @@ directory, a regular file where a directory is expected, a FIFO made here, /dev/
 empty, non-UTF-8, absurdly nested or wrongly shaped JSON, YAML and definition files; for run.py,
 typos and bad values among the flags after `--` that reach pretrain_gpt.py. The commands:
 `python -m zero.plan`, scripts/zero_paper/run.py and report.py, convert_to_hf.py, zero_to_fp32.py,
-reshard_checkpoint.py and `python -m data.preprocess` (scripts/preprocess_data.py).
+reshard_checkpoint.py and `python -m data.preprocess` (scripts/tools/preprocess_data.py).
 
 Each input runs through the command's own entry point (`command`/`main` behind base.errors.run_tool,
 as `__main__` runs it) in this process, and must end with exit status 2, exactly one line on stderr,
@@ -32,7 +32,7 @@ import pytest
 from arguments.parser import build_parser as pretrain_parser
 from data import preprocess
 from planner import plan as zero_plan
-from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
+from scripts.tools import convert_to_hf, reshard_checkpoint, zero_to_fp32
 from tests.reliability_helpers import run_main
 
 REPO = Path(__file__).resolve().parents[2]

@@ -67,7 +67,7 @@ def test_trigger_path_is_a_setting():
 
 
 def test_the_forks_are_harvested_sources():
-    """scripts/harvest_megatron_flags.sh reads each fork's arguments.py at a named commit, as Megatron-LM's."""
+    """scripts/tools/harvest_megatron_flags.sh reads each fork's arguments.py at a named commit, as Megatron-LM's."""
     from arguments.megatron.harvested_flags import harvested
 
     sources = {source["label"]: source for source in harvested()["sources"]}

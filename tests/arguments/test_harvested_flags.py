@@ -1,5 +1,5 @@
 """Every flag that Megatron-LM, Megatron-DeepSpeed, DeepSpeedExamples' Megatron forks and DeepSpeed define
-(harvested into arguments/megatron/flags_harvested.json by scripts/harvest_megatron_flags.py) is honoured,
+(harvested into arguments/megatron/flags_harvested.json by scripts/tools/harvest_megatron_flags.py) is honoured,
 an alias of ours, accepted with no effect on the math (said in one line, with the reason), accepted at
 its no-op value, or refused in one line with what to use -- never "unrecognized arguments"."""
 
@@ -55,7 +55,7 @@ def test_the_data_file_names_its_sources():
 
 def test_every_harvested_flag_is_classified(classes):
     """A harvested name in no class fails here: classify it in arguments/megatron/flag_classes.py (or make it
-    an alias in arguments/megatron/flags.py) after re-running scripts/harvest_megatron_flags.sh."""
+    an alias in arguments/megatron/flags.py) after re-running scripts/tools/harvest_megatron_flags.sh."""
     assert [option for option in harvested_options() if option not in classes] == []
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import pretrain_gpt
 from base.file_modes import current_umask
-from scripts import convert_to_hf
+from scripts.tools import convert_to_hf
 
 SMALL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
          "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "2",

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import pretrain_gpt
-from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
+from scripts.tools import convert_to_hf, reshard_checkpoint, zero_to_fp32
 from tests.distributed import run_distributed
 from tests.readme import ROOT as REPO_ROOT
 from tests.reliability_helpers import run_main

@@ -38,9 +38,9 @@ from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG
 from parallel.sharding import record_of
 from parallel.state import ParallelState, destroy, initialize
-from scripts import reshard_checkpoint, zero_to_fp32
-from scripts.reshard_checkpoint import WORD_EMBEDDING, reshard
-from scripts.zero_to_fp32 import export_fp32
+from scripts.tools import reshard_checkpoint, zero_to_fp32
+from scripts.tools.reshard_checkpoint import WORD_EMBEDDING, reshard
+from scripts.tools.zero_to_fp32 import export_fp32
 from tests.distributed import run_distributed
 from tests.zero_harness import ZeroHarness
 from training.evaluation import average_over_data_parallel
@@ -469,7 +469,7 @@ def test_reshard_tp2_to_tp1_loads_and_trains_on(tp_runs, tmp_path):
 # ---- the command lines ------------------------------------------------------------------------
 
 def run_script(name: str, *argv) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / name), *map(str, argv)],
+    return subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "tools" / name), *map(str, argv)],
                           capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
 
 

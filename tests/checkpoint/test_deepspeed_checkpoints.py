@@ -1,5 +1,5 @@
 """DeepSpeed's checkpoints continued here (issue 62, item 3): tests/fixtures/deepspeed_checkpoints, written by
-DeepSpeed 0.19.8's own engine (scripts/deepspeed_checkpoint_fixtures.py, which also recorded DeepSpeed's next loss
+DeepSpeed 0.19.8's own engine (scripts/tools/deepspeed_checkpoint_fixtures.py, which also recorded DeepSpeed's next loss
 from each checkpoint in losses.json), read without DeepSpeed installed.
 
 - The fused query/key/value rows: Megatron-DeepSpeed's split after commit 676a482c (three blocks per TP rank,

@@ -1,6 +1,7 @@
 """DeepSpeed folders of the Hugging Face families continued here (issue 92 item 4): tests/fixtures/deepspeed_checkpoints'
 hf_llama_zero2, hf_llama_zero3, hf_mixtral_zero3 and hf_phi3_zero1, written by DeepSpeed 0.19.8's own engine training
-transformers' LlamaForCausalLM, MixtralForCausalLM and Phi3ForCausalLM on 2 gloo ranks (scripts/deepspeed_checkpoint_fixtures.py, the harness of
+transformers' LlamaForCausalLM, MixtralForCausalLM and Phi3ForCausalLM on 2 gloo ranks
+(scripts/tools/deepspeed_checkpoint_fixtures.py, the harness of
 tests/checkpoint/test_deepspeed_checkpoints.py's cases, which recorded DeepSpeed's next loss in losses.json).
 
 - The tensors: each of our tensors read from the ZeRO partitions through the family's mapping traced once
@@ -42,7 +43,7 @@ def hf_folder(case: str, tmp_path):
     import transformers
     from safetensors.torch import save_file
 
-    from scripts.deepspeed_checkpoint_fixtures import TRANSFORMERS_MODELS
+    from scripts.tools.deepspeed_checkpoint_fixtures import TRANSFORMERS_MODELS
 
     store = source(case).store
     tensors = {name: read_region(store, "fp32", name, tuple(slice(0, n) for n in shape)).contiguous()

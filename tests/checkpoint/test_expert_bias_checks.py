@@ -198,7 +198,7 @@ def test_a_hugging_face_folders_nan_bias_is_one_line_at_init(deepseek, tmp_path)
 
 
 def test_the_export_checks_the_saved_bias_before_reading_a_weight(deepseek, tmp_path):
-    from scripts import convert_to_hf
+    from scripts.tools import convert_to_hf
 
     _, work = deepseek
     checkpoint = Path(shutil.copytree(work / "ck", tmp_path / "ck"))

@@ -61,7 +61,7 @@ def test_each_expert_parallel_rank_writes_only_its_own_experts_and_each_element_
     from safetensors.torch import load_file
 
     from checkpoint.format import read_metadata, resolve_checkpoint
-    from scripts import zero_to_fp32
+    from scripts.tools import zero_to_fp32
 
     common = TINY + MOE + ["--train-iters", "2", "--data-cache-dir", corpus_cache_300, "--global-batch-size", "8",
                            "--zero-stage", stage, "--moe-token-dispatcher-type", "alltoall"]

@@ -6,7 +6,7 @@ the same function as swiss-ai/Megatron-LM's megatron/training/activations.py XIE
 (tools/checkpoint/saver_swissai_hf.py) writes `model.layers.{i}.mlp.act_fn.alpha_p` from the Megatron checkpoint's
 `mlp.activation_func.alpha_p`, as here.
 
-A checkpoint trained 3 steps -> scripts/convert_to_hf.py -> ApertusForCausalLM.from_pretrained: its logits equal
+A checkpoint trained 3 steps -> scripts/tools/convert_to_hf.py -> ApertusForCausalLM.from_pretrained: its logits equal
 ours (1e-5, fp32); and an Apertus folder saved by transformers comes in through --init-from-hf.
 """
 
@@ -24,7 +24,7 @@ from base.options import replace_settings
 from checkpoint.hf.folders import check_convertible
 from checkpoint.hf.source import load_hf_weights
 from checkpoint.ours.sharded import save_checkpoint
-from scripts import convert_to_hf
+from scripts.tools import convert_to_hf
 from tests.checkpoint.test_hf_llama import CPU, TOLERANCE, VOCAB, build, our_logits, step
 
 APERTUS = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, max_position_embeddings=16,

@@ -34,7 +34,7 @@ from data.tokenizer import train_tokenizer
 from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
-from scripts import convert_to_hf
+from scripts.tools import convert_to_hf
 from tests.distributed import run_distributed
 from tests.zero_harness import ZeroHarness
 
@@ -161,7 +161,7 @@ def test_the_export_writes_the_saved_tokenizers_own_end_of_document_id(tmp_path,
 def test_cli_converts_one_iteration_directory_to_bf16(trained, tmp_path):
     iteration_dir = trained[1] / iteration_dir_name(3)
     out = tmp_path / "hf-bf16"
-    result = subprocess.run([sys.executable, "scripts/convert_to_hf.py", str(iteration_dir), str(out),
+    result = subprocess.run([sys.executable, "scripts/tools/convert_to_hf.py", str(iteration_dir), str(out),
                              "--dtype", "bf16"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "reading" in result.stdout and "done" in result.stdout

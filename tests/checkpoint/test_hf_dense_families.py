@@ -2,7 +2,7 @@
 and saved by transformers (2 layers; where the family has a sliding window, one of 5 keys, shorter than the
 32-token sequence; weights drawn away from their initial values): `pretrain_gpt.py --init-from-hf DIR` with no
 shape flag trains it, iteration 1's logged loss is transformers' loss on that iteration's batch (<= 1e-5
-relative; it is computed before any update), and `scripts/convert_to_hf.py` of the checkpoint saved after step 1
+relative; it is computed before any update), and `scripts/tools/convert_to_hf.py` of the checkpoint saved after step 1
 loads in transformers as the same class, whose loss on iteration 2's batch is the one iteration 2 logged (computed
 with the weights of step 1) within 1e-5 relative.
 
@@ -87,7 +87,7 @@ def test_a_folder_trains_and_its_export_is_the_same_class_and_loss(family, seq_l
 
     import pretrain_gpt
     import training.prepare
-    from scripts import convert_to_hf
+    from scripts.tools import convert_to_hf
 
     folder = folders[family]
     built = []

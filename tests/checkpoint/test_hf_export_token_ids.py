@@ -1,6 +1,6 @@
 """An export keeps the token ids of the folder a run started from: a tiny Llama 3, Qwen3-MoE, Gemma 2 and Mistral
 folder (made by transformers, its tokenizer of the family's shape beside config.json) trains one iteration under
-`--init-from-hf`, and `scripts/convert_to_hf.py`'s config.json holds the folder's bos, eos and pad ids and its
+`--init-from-hf`, and `scripts/tools/convert_to_hf.py`'s config.json holds the folder's bos, eos and pad ids and its
 generation_config.json; Qwen3-MoE's router_aux_loss_coef is the run's --moe-aux-loss-coeff and is written back.
 A run whose tokenizer came without a model writes the ids that tokenizer declares."""
 
@@ -60,7 +60,7 @@ def token_ids(folder: Path) -> dict:
 @pytest.mark.parametrize("family", sorted(FOLDERS))
 def test_the_export_writes_the_folders_token_ids_and_generation_config(family, tmp_path):
     import pretrain_gpt
-    from scripts import convert_to_hf
+    from scripts.tools import convert_to_hf
 
     folder = hf_folder(tmp_path / "hf", family)
     source = token_ids(folder)

@@ -15,7 +15,7 @@ import pytest
 
 import pretrain_gpt
 from arguments.parser import parse_arguments
-from scripts import convert_to_hf
+from scripts.tools import convert_to_hf
 from tests.checkpoint.test_hf_folder_is_the_model import RUN, gpt2_folder, llama_folder
 from tests.reliability_helpers import run_main
 

@@ -1,6 +1,6 @@
 """Hugging Face conversion is GPT-2's or Llama's (tests/checkpoint/test_hf_llama.py): a model neither
 GPT2LMHeadModel nor LlamaForCausalLM can hold (GPT-2's blocks with rotary positions, say) is refused in one
-line naming what a Llama would need, at export (scripts/convert_to_hf.py's to_hf_state_dict, which raised a
+line naming what a Llama would need, at export (scripts/tools/convert_to_hf.py's to_hf_state_dict, which raised a
 KeyError on 'position_embeddings.weight'); at --init-from-hf, the folder's own architecture is the model's, and a
 flag that asks for another is refused with the launch's other flag checks."""
 

@@ -1,5 +1,5 @@
 """Hugging Face Llama in and out (issue 37's acceptance): a tiny random LlamaForCausalLM saved with
-transformers -> --init-from-hf's import -> 3 iterations -> scripts/convert_to_hf.py -> loaded by transformers:
+transformers -> --init-from-hf's import -> 3 iterations -> scripts/tools/convert_to_hf.py -> loaded by transformers:
 its logits equal our model's (1e-5, fp32), and a resume from the saved checkpoint continues exactly.
 
 The layout claims checked here (families/common/llama_shaped.py's docstring): transformers' LlamaForCausalLM and our
@@ -27,7 +27,7 @@ from checkpoint.hf.source import initialize_from_hf, load_hf_weights
 from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
 from gpt.model import GPTModel
 from parallel.state import ParallelState
-from scripts import convert_to_hf
+from scripts.tools import convert_to_hf
 from tests.checkpoint.hf_random import fill_random
 from tests.zero_harness import ZeroHarness
 

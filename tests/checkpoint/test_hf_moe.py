@@ -184,14 +184,14 @@ def test_a_qwen2_moe_folder_gives_transformers_logits_and_iteration_one_loss(tmp
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
 def test_an_moe_checkpoint_exports_as_its_family_and_transformers_computes_our_logits(tmp_path, family):
-    """Imported, trained 2 steps (every weight moves), saved, and written by scripts/convert_to_hf.py: the folder
+    """Imported, trained 2 steps (every weight moves), saved, and written by scripts/tools/convert_to_hf.py: the folder
     loads as MixtralForCausalLM / Qwen2MoeForCausalLM and gives our logits within 1e-5."""
     import json
 
     from transformers import AutoModelForCausalLM
 
     from checkpoint.ours.sharded import save_checkpoint
-    from scripts import convert_to_hf
+    from scripts.tools import convert_to_hf
 
     folder = (mixtral_folder if family == "mixtral" else qwen2_moe_folder)(tmp_path / "source")
     config = run_config(folder)

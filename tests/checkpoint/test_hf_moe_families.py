@@ -1,8 +1,8 @@
 """The MoE families people start from (issue 63), each a tiny random folder saved by transformers
 (tests/checkpoint/moe_family_folders.py): `pretrain_gpt.py --init-from-hf DIR` with no shape flag trains it, its
-iteration 1 loss is transformers' on that iteration's tokens, and scripts/convert_to_hf.py's export of the checkpoint
-saved after one step loads in transformers as the same class, its loss on iteration 2's tokens the one our run logged
-at iteration 2 (computed with the weights and the routers' expert biases after step 1), to 1e-5 relative.
+iteration 1 loss is transformers' on that iteration's tokens, and scripts/tools/convert_to_hf.py's export of the
+checkpoint saved after one step loads in transformers as the same class, its loss on iteration 2's tokens the one our
+run logged at iteration 2 (computed with the weights and the routers' expert biases after step 1), to 1e-5 relative.
 
 transformers' modeling file of each family is the spec (Qwen3MoeForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM,
 OlmoeForCausalLM, Glm4MoeForCausalLM); what each maps to is in its folder of families/ (config.py the
@@ -32,7 +32,7 @@ def test_a_family_folder_trains_from_its_loss_and_exports_as_its_class(family, c
     from transformers import AutoModelForCausalLM
 
     import training.prepare
-    from scripts import convert_to_hf
+    from scripts.tools import convert_to_hf
 
     folder = family_folder(family, tmp_path / "hf")
     written = json.loads((folder / "config.json").read_text())

@@ -1,7 +1,7 @@
 """NemotronH (families/nemotron_h/): a tiny `M*-M-` folder made and saved by transformers (NemotronHForCausalLM, fp32,
 Megatron's Mamba initial ranges for A and dt so the decays are a trained model's): the model --init-from-hf reads
 gives transformers' logits over a sequence that crosses a Mamba chunk; `pretrain_gpt.py --init-from-hf` trains it,
-scripts/convert_to_hf.py exports it, and transformers' own class loads the export with the run's loss on the next
+scripts/tools/convert_to_hf.py exports it, and transformers' own class loads the export with the run's loss on the next
 batch. What its blocks cannot compute is refused in one line."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_the_folder_trains_and_exports_as_nemotron_h_with_the_runs_loss(tmp_path
     from transformers import AutoModelForCausalLM
 
     import training.prepare
-    from scripts import convert_to_hf
+    from scripts.tools import convert_to_hf
 
     folder = nemotron_h_folder(tmp_path / "hf", pattern)
     built = []
@@ -168,7 +168,7 @@ def test_an_export_that_is_no_nemotron_h_names_its_flags(tmp_path):
                            "--vocab-size", "64", "--mamba-head-dim", "8", "--mamba-num-groups", "2",
                            "--mamba-state-dim", "8", "--swiglu"]).model
     with pytest.raises(ConfigError) as refused:
-        check_convertible(config, "scripts/convert_to_hf.py")
+        check_convertible(config, "scripts/tools/convert_to_hf.py")
     message = str(refused.value)
     assert "as a NemotronHForCausalLM this one would need" in message and "no --swiglu" in message, message
     assert "--untie-embeddings-and-output-weights" in message and "\n" not in message
@@ -188,7 +188,7 @@ def test_one_part_blocks_another_family_claims_are_refused_not_dropped():
                            "--disable-bias-linear", "--position-embedding-type", "rope"]).model
     assert family_of(config).model_type == "deepseek_v3"
     with pytest.raises(ConfigError) as refused:
-        check_convertible(config, "scripts/convert_to_hf.py")
+        check_convertible(config, "scripts/tools/convert_to_hf.py")
     assert "are no Hugging Face family here" in str(refused.value) and "\n" not in str(refused.value)
 
 

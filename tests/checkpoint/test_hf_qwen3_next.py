@@ -4,8 +4,8 @@ attention layers, MoE layers with a gated shared expert and one dense layer, par
 DeltaNet scans a chunk of 64 and a padded one).
 
 `--init-from-hf` reads it as `--hybrid-layer-pattern GE*-GE*E` with Qwen3-Next's settings, and our logits are
-transformers'; a run started from it trains, scripts/convert_to_hf.py's export loads in transformers with no code of
-ours, and transformers' loss on the next batch is the loss our run logged for it."""
+transformers'; a run started from it trains, scripts/tools/convert_to_hf.py's export loads in transformers with no code
+of ours, and transformers' loss on the next batch is the loss our run logged for it."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_a_folder_trains_and_its_export_gives_our_loss(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     import training.prepare
-    from scripts import convert_to_hf
+    from scripts.tools import convert_to_hf
 
     folder = qwen3_next_folder(tmp_path / "hf")
     built = []

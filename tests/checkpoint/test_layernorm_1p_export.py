@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from scripts import convert_to_hf
+from scripts.tools import convert_to_hf
 from tests.reliability_helpers import train
 
 LLAMA_1P = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--disable-bias-linear",

@@ -1,7 +1,7 @@
 """Megatron-LM's torch_dist checkpoints continued here (issues 62 and 78): `--load` of a Megatron-LM save folder.
 
 The fixtures tests/fixtures/megatron_* were written by Megatron-LM's own pretrain_gpt.py (core_v0.16.1, on CPU over
-gloo: scripts/megatron_checkpoint_fixtures.py through scripts/megatron_lm_cpu.py) over
+gloo: scripts/tools/megatron_checkpoint_fixtures.py through scripts/bench/megatron_lm_cpu.py) over
 tests/fixtures/megatron_data/varied_docs (200 documents of 8-60 tokens): one launch trains iterations 1-4 saving at
 2 (megatron_losses.json `uninterrupted_losses`), and a second launch of Megatron-LM resumes the save at 2
 (`resumed_losses`, equal). The twenty-three: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a

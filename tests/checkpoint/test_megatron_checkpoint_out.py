@@ -23,7 +23,7 @@ pipeline stages (PP 2 x EP 2), plain and under the distributed optimizer.
   EP 1, each expert's tokens in one GEMM: bitwise on some CPUs, 9.8e-8 at iteration 4 on an AVX-512 Xeon, where its
   GEMM blocking rounds the two groupings apart); fp16's loss scales the same run's.
 - With Megatron-LM (the benchmark venv and MEGATRON_LM_KIT naming megatron-lm-core_v0.16.1-min.tar.xz or its
-  extracted tree; skipped otherwise): Megatron-LM's own pretrain_gpt.py (scripts/megatron_checkpoint_fixtures.py
+  extracted tree; skipped otherwise): Megatron-LM's own pretrain_gpt.py (scripts/tools/megatron_checkpoint_fixtures.py
   continue) loads each save with the same flags and --load, no other flag, the TP 2 one and the Llama one at TP 2,
   the MoE ones at EP 2, and trains iterations 3 and 4: its losses are ours to 1e-6 relative (bf16 and fp16: 2e-5 at
   iteration 3, 2e-4 at 4; the MoE ones measured bitwise), its fp16 loss scales ours; the MoE ones at TP 2 and PP 2 at
@@ -46,7 +46,7 @@ import torch
 from tests.checkpoint.test_megatron_checkpoint import FIXTURES, data_workdir, record
 from tests.readme import ROOT as REPO_ROOT
 
-SCRIPT = REPO_ROOT / "scripts" / "megatron_checkpoint_fixtures.py"
+SCRIPT = REPO_ROOT / "scripts" / "tools" / "megatron_checkpoint_fixtures.py"
 # (the fixture whose flags the run takes, ranks of our save, extra flags of ours, our TP size, Megatron's TP size)
 CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1, 1),
          "swiglu_gqa_tp2": ("megatron_tp2_swiglu_gqa", 2, [], 2, 2),
@@ -241,11 +241,11 @@ def test_megatron_lm_continues_our_torch_dist_save_to_our_next_losses(our_save):
 
 def test_the_fixtures_flags_are_the_ones_the_driver_writes():
     """The fixtures come from the driver as committed: its flags for each (a changed driver regenerates them)."""
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    sys.path.insert(0, str(REPO_ROOT / "scripts" / "tools"))
     try:
         import megatron_checkpoint_fixtures as driver
     finally:
-        sys.path.remove(str(REPO_ROOT / "scripts"))
+        sys.path.remove(str(REPO_ROOT / "scripts" / "tools"))
     for name, (ranks, extra) in driver.FIXTURES.items():
         written = record(name)
         assert (written["world_size"], written["flags"]) == (ranks, driver.COMMON_FLAGS + extra), name

@@ -1,7 +1,7 @@
 """Megatron-LM's own torch_dist saves of the DeepSeek-V3 and MoE-with-shared-expert models (tests/fixtures/megatron_*,
-scripts/megatron_checkpoint_fixtures.py) exported by `scripts/convert_to_hf.py`: transformers' model of the folder
-gives this project's logits on the checkpoint (`--load`'s weights) within 1e-6 of the largest |logit|, every weight
-loaded (the routers' expert bias included) and an MTP layer written under the release's names, which transformers
+scripts/tools/megatron_checkpoint_fixtures.py) exported by `scripts/tools/convert_to_hf.py`: transformers' model of the
+folder gives this project's logits on the checkpoint (`--load`'s weights) within 1e-6 of the largest |logit|, every
+weight loaded (the routers' expert bias included) and an MTP layer written under the release's names, which transformers
 does not load. A dense MLA model (this project's, random) is a DeepseekV3 whose every layer is dense, and reads back as
 itself. What no family holds is refused in one line naming what it would need (issue 114 item 3)."""
 
@@ -15,7 +15,7 @@ import torch
 from checkpoint.inference_load import inference_checkpoint, load_model_weights, open_source
 from gpt.model import build_gpt_model
 from parallel.state import ParallelState
-from scripts import convert_to_hf
+from scripts.tools import convert_to_hf
 from tests.checkpoint.test_megatron_checkpoint import FIXTURES
 
 CPU = ParallelState(device=torch.device("cpu"))

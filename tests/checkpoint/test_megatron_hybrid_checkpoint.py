@@ -1,7 +1,7 @@
 """Megatron-Core 0.19's HybridModel torch_dist checkpoints continued here (issue 92 item 6).
 
 tests/fixtures/megatron_hybrid_dense and megatron_hybrid_moe were written by Megatron-LM core_v0.19.0's own pretrain_hybrid.py on CPU
-(scripts/megatron_checkpoint_fixtures.py HYBRID_FIXTURES through scripts/megatron_lm_cpu.py --script
+(scripts/tools/megatron_checkpoint_fixtures.py HYBRID_FIXTURES through scripts/bench/megatron_lm_cpu.py --script
 pretrain_hybrid.py) with `--hybrid-layer-pattern "*-*-"`: GPT-2's block twice as four HybridModel layers (attention,
 MLP, attention, MLP), fp32, the plain optimizer, the fixtures' corpus; and `*-*E`, the second block Megatron's
 default MoE (biases on, 4 experts, top 2) at EP 2; and `*-*-` under the distributed optimizer at DP 2
@@ -53,7 +53,7 @@ from tests.checkpoint.test_megatron_checkpoint import (
     record,
 )
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "megatron_checkpoint_fixtures.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tools" / "megatron_checkpoint_fixtures.py"
 NAME = "megatron_hybrid_dense"
 MOE = "megatron_hybrid_moe"
 DISTOPT = "megatron_hybrid_distopt_fully_reshardable"

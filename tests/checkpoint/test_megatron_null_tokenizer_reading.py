@@ -9,7 +9,7 @@ megatron/core/tokenizers/utils/build_tokenizer.py build_tokenizer passes `args.n
 carry it). Megatron-Core's cross entropy scores every row of the padded vocabulary.
 
 tests/fixtures/megatron_null019_eod_mask was written by core_v0.19.0's own pretrain_gpt.py
-(scripts/megatron_checkpoint_fixtures.py GPT_019_FIXTURES): the shared tiny GPT-2 flags, --vocab-size 127 (127 ids,
+(scripts/tools/megatron_checkpoint_fixtures.py GPT_019_FIXTURES): the shared tiny GPT-2 flags, --vocab-size 127 (127 ids,
 126 ending a document, 128 rows) and --eod-mask-loss, so Megatron masked the corpus's 126s and scored its ends (127)
 as tokens; saved at iteration 2, its losses at 3 and 4 recorded.
 """

@@ -1,8 +1,8 @@
-"""A Megatron-LM torch_dist checkpoint -> `scripts/convert_to_hf.py` -> a folder transformers loads, whose logits and
-loss are Megatron-LM's (issue 78 item 4).
+"""A Megatron-LM torch_dist checkpoint -> `scripts/tools/convert_to_hf.py` -> a folder transformers loads, whose logits
+and loss are Megatron-LM's (issue 78 item 4).
 
 The checkpoints are the fixtures Megatron-LM's own pretrain_gpt.py saved at iteration 2 (tests/fixtures/megatron_*,
-scripts/megatron_checkpoint_fixtures.py). Iteration 3's global batch is the samples 8-11 of Megatron-Core's order
+scripts/tools/megatron_checkpoint_fixtures.py). Iteration 3's global batch is the samples 8-11 of Megatron-Core's order
 (data/megatron_order.py); Megatron-LM's forward of it, in the launch that --load-ed the save, left its tokens and
 fp32 logits in NAME/megatron_logits.safetensors, and the loss it logged is their mean cross entropy. transformers'
 model of the exported folder, on the same tokens, gives the same logits within 1e-6 of the largest |logit| (measured:
@@ -24,7 +24,7 @@ from checkpoint.megatron_hf_fields import FROM_SETTINGS
 from checkpoint.torch_dist.common import load_common, saved_args
 from data.gpt_dataset import build_train_valid_test_datasets
 from data.megatron_order import MegatronOrderGPTDataset
-from scripts import convert_to_hf
+from scripts.tools import convert_to_hf
 from tests.checkpoint.test_megatron_checkpoint import FIXTURES, iteration_dir, record
 
 SEQ_LENGTH, SEED, BATCH, SAVED_AT = 16, 1234, 4, 2

@@ -369,7 +369,7 @@ def test_the_tools_read_every_numeric_entry_at_the_extremes_in_one_line_or_clean
     epsilon written as an integer, each with a traceback."""
     import resource
 
-    from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
+    from scripts.tools import convert_to_hf, reshard_checkpoint, zero_to_fp32
 
     root, _, _ = saved
     original = root / "ck"

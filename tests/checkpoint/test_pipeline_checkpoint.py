@@ -90,8 +90,8 @@ def test_save_at_pp2_resumes_at_pp1_and_pp4_and_exports_as_the_one_stage_checkpo
     from checkpoint.hf.folders import checkpoint_to_hf_state
     from checkpoint.integrity import verify_or_raise
     from checkpoint.ours.source import consolidate
-    from scripts.reshard_checkpoint import reshard
-    from scripts.zero_to_fp32 import export_fp32
+    from scripts.tools.reshard_checkpoint import reshard
+    from scripts.tools.zero_to_fp32 import export_fp32
 
     run_distributed(save_then_resume_at_other_stage_counts, 4, str(tmp_path), corpus_cache,
                     [free_port() for _ in range(5)], timeout=600)

@@ -1,4 +1,4 @@
-"""scripts/reshard_checkpoint.py keeps every optimizer state the checkpoint holds, in the dtype it holds it:
+"""scripts/tools/reshard_checkpoint.py keeps every optimizer state the checkpoint holds, in the dtype it holds it:
 AdEMAMix's slow momentum (--optimizer ademamix, zero/ademamix.py) and bf16 Adam moments (--exp-avg-dtype /
 --exp-avg-sq-dtype bf16, zero/precision_aware.py). Before, the rewrite carried Adam's three fp32 tensors only: an
 AdEMAMix checkpoint lost its slow momentum and a bf16 one doubled its moments' bytes against its own config."""
@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 import pretrain_gpt
-from scripts.reshard_checkpoint import reshard
+from scripts.tools.reshard_checkpoint import reshard
 from tests.reliability_helpers import TINY, metrics_records
 
 CASES = {

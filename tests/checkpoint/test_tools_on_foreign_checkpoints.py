@@ -1,10 +1,10 @@
 """The offline tools given a folder `--load` reads in another framework's format, and an export killed mid-write
 (issue 79 item 5).
 
-Before: scripts/convert_to_hf.py (and zero_to_fp32.py, reshard_checkpoint.py) on a Megatron-LM torch_dist folder said
-"format version None", on a DeepSpeed one "'global_step2' is not an iteration directory name"; now one line names the
-format and the way over (a resume with --save writes this project's format), exit 2, nothing written; convert_to_hf.py
-reads a Megatron-LM folder itself (tests/checkpoint/test_megatron_to_hf.py). And a SIGKILL
+Before: scripts/tools/convert_to_hf.py (and zero_to_fp32.py, reshard_checkpoint.py) on a Megatron-LM torch_dist folder
+said "format version None", on a DeepSpeed one "'global_step2' is not an iteration directory name"; now one line names
+the format and the way over (a resume with --save writes this project's format), exit 2, nothing written;
+convert_to_hf.py reads a Megatron-LM folder itself (tests/checkpoint/test_megatron_to_hf.py). And a SIGKILL
 during an export left its hidden `.OUT.partial-<pid>` beside OUT_DIR for good; the next export on the host removes
 the ones whose process is gone.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
+from scripts.tools import convert_to_hf, reshard_checkpoint, zero_to_fp32
 from tests.reliability_helpers import run_main, snapshot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -31,7 +31,7 @@ TOOLS = {"convert_to_hf": lambda ck, out: (convert_to_hf.main, [ck, out / "hf"])
                                                                            "--tensor-model-parallel-size", "2"])}
 
 
-# scripts/convert_to_hf.py reads Megatron-LM's torch_dist itself (tests/checkpoint/test_megatron_to_hf.py)
+# scripts/tools/convert_to_hf.py reads Megatron-LM's torch_dist itself (tests/checkpoint/test_megatron_to_hf.py)
 REFUSING = [(tool, kind) for tool in sorted(TOOLS) for kind in sorted(FOREIGN)
             if (tool, kind) != ("convert_to_hf", "megatron torch_dist")]
 
@@ -42,7 +42,7 @@ def test_a_tool_given_another_frameworks_checkpoint_says_so_in_one_line(tool, ki
     before = snapshot(folder)
     main, argv = TOOLS[tool](folder, tmp_path)
     outcome = run_main(main, argv)
-    outcome.one_error_line(words, f"scripts/{tool}.py does not read", "pretrain_gpt.py --load reads it")
+    outcome.one_error_line(words, f"scripts/tools/{tool}.py does not read", "pretrain_gpt.py --load reads it")
     assert snapshot(folder) == before and list(tmp_path.iterdir()) == []
 
 

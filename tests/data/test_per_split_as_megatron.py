@@ -2,7 +2,7 @@
 BlendedMegatronDatasetBuilder builds for the same blends and seed (issue 64 item 1).
 
 tests/fixtures/megatron_per_split_samples.json is what megatron-core 0.16.1's own builder built
-(scripts/megatron_per_split_samples.py runs BlendedMegatronDatasetBuilder(GPTDataset, ...).build() with
+(scripts/tools/megatron_per_split_samples.py runs BlendedMegatronDatasetBuilder(GPTDataset, ...).build() with
 `blend_per_split`); the last test re-runs it where megatron-core is installed (the bench venv) and finds the
 committed file. For each split of each case the datasets here must hold the same thing: no dataset where Megatron
 builds none; one prefix's dataset over all of its documents (`split_spoof[i] = (0.0, 1.0)`); a blend of the same
@@ -29,8 +29,8 @@ from data.per_split import build_per_split_datasets
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "megatron_per_split_samples.json"
-SCRIPT = ROOT / "scripts" / "megatron_per_split_samples.py"
-sys.path.insert(0, str(ROOT / "scripts"))
+SCRIPT = ROOT / "scripts" / "tools" / "megatron_per_split_samples.py"
+sys.path.insert(0, str(ROOT / "scripts" / "tools"))
 import megatron_per_split_samples as generator  # noqa: E402
 
 RECORDED = json.loads(FIXTURE.read_text())

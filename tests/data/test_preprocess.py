@@ -199,7 +199,7 @@ def test_script_wrapper_runs_as_a_program_with_workers(tmp_path, tokenizer, toke
     source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": text} for text in DOCUMENTS])
     argv = ["--input", str(source), "--output-prefix", str(tmp_path / "out"), "--workers", "2", *tokenizer_args]
     # From another directory: the wrapper must find the repo's packages by itself.
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "preprocess_data.py"), *argv],
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "tools" / "preprocess_data.py"), *argv],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert decoded_documents(tmp_path / "out_text_document", tokenizer) == DOCUMENTS

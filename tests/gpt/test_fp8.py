@@ -141,7 +141,7 @@ def train_losses(tmp_path, corpus_cache, name, *extra):
 @pytest.mark.slow
 def test_a_tiny_gpt_trains_20_iterations_in_fp8_close_to_bf16(tmp_path, corpus_cache, capsys):
     """Megatron's default recipe (delayed, here hybrid), two micro-batches a step. One recipe only
-    (scripts/fp8_curves.py trains all four against bf16: docs/fp8.md); the others are checked bitwise per
+    (scripts/bench/fp8_curves.py trains all four against bf16: docs/fp8.md); the others are checked bitwise per
     linear (tests/parallel/test_fp8_linear.py) and run forward and backward in a model above."""
     bf16 = train_losses(tmp_path, corpus_cache, "bf16")
     losses = train_losses(tmp_path, corpus_cache, "fp8", "--fp8-format", "hybrid", "--fp8-recipe", "delayed")

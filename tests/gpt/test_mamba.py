@@ -158,5 +158,6 @@ def test_a_hugging_face_export_of_mamba_layers_names_what_nemotron_h_needs_in_on
     from checkpoint.hf.folders import check_convertible
 
     with pytest.raises(ConfigError) as refused:
-        check_convertible(parse_config(["--hybrid-layer-pattern", "M-*-", *TINY]).model, "scripts/convert_to_hf.py")
+        check_convertible(parse_config(["--hybrid-layer-pattern", "M-*-", *TINY]).model,
+                          "scripts/tools/convert_to_hf.py")
     assert "\n" not in str(refused.value) and "as a NemotronHForCausalLM this one would need" in str(refused.value)

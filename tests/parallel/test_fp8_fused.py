@@ -19,7 +19,7 @@ from parallel.fp8.fused import compile_unavailable, fused_region
 from parallel.fp8.guard import LayerGuard
 from parallel.fp8.linear import Fp8LinearState, fp8_linear
 from parallel.fp8.recipes import Fp8Recipe
-from scripts.op_counter import inductor_kernel_events
+from scripts.bench.op_counter import inductor_kernel_events
 from tests.parallel.test_fp8_launch_counts import MainGradient
 
 # 160 in: a partial second 128-wide K block (blockwise); every size a multiple of 32 (MXFP8)

@@ -1,5 +1,5 @@
 """One FP8 linear's kernel launches per micro-batch, counted on the CPU where the count is exact (issue 87;
-scripts/op_counter.py: every ATen op below autograd that launches a kernel, and each inductor kernel).
+scripts/bench/op_counter.py: every ATen op below autograd that launches a kernel, and each inductor kernel).
 
 What is counted: x [256, 256] -> 384 (bf16, x and the weight requiring grad, no bias), forward and backward, the
 second micro-batch of an iteration (its weight's version unchanged since the first, whose cast it reuses, as a
@@ -21,7 +21,7 @@ from parallel.fp8.fused import compile_unavailable
 from parallel.fp8.guard import LayerGuard
 from parallel.fp8.linear import Fp8LinearState, fp8_linear
 from parallel.fp8.recipes import Fp8Recipe
-from scripts.op_counter import count_calls, inductor_kernel_events
+from scripts.bench.op_counter import count_calls, inductor_kernel_events
 
 TOKENS, IN, OUT = 256, 256, 384
 compiles = pytest.mark.skipif(compile_unavailable("cpu") is not None, reason="inductor cannot compile here")
@@ -88,7 +88,7 @@ def test_the_unfused_linear_launches(recipe, launches):
 
 # The issue's recipes with the guard (the default, its ceilings); without it the per-tensor ones. Each case compiles its
 # regions: a minute on a cold 2-core machine for a block recipe's, so MXFP8 (8 as well, measured by
-# scripts/benchmark_host_ops.py) is left to the bits test (test_fp8_fused.py), whose regions are the same.
+# scripts/bench/benchmark_host_ops.py) is left to the bits test (test_fp8_fused.py), whose regions are the same.
 FUSED = [(recipe, True, 6) for recipe in ("tensorwise", "delayed", "blockwise")] + \
     [("tensorwise", False, 6), ("delayed", False, 6)]
 COMPILED = [("tensorwise", True, 7), ("tensorwise", False, 7), ("delayed", True, 7), ("blockwise", True, 7)]

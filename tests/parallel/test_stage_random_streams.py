@@ -112,7 +112,7 @@ def test_dropout_is_one_ranks_where_megatron_seeds_it_alike_and_differs_where_it
     """Hidden dropout 0.1 (attention dropout 0), the fuzz's model and settings otherwise: TP 2 without SP draws the
     residual stream's masks from the shared stream, seeded as one rank's, so its losses are one rank's (measured within
     1e-7); PP 2's second stage draws from --seed + 100 (measured 1.2e-3 off in the first loss)."""
-    from scripts.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+    from scripts.tools.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
     from tests.forked_runs import logged_iterations
 
     flags = [*COMMON, "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",

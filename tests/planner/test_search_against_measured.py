@@ -1,12 +1,12 @@
 """The layout search against measured runs: on one H100, what the lent H100 measured (docs/search-vs-measured-h100-*.json, written
-by scripts/search_vs_measured.py --device cuda): gpt2-350m and gpt2-124m at sequence 1024, global batch 32, every
+by scripts/bench/search_vs_measured.py --device cuda): gpt2-350m and gpt2-124m at sequence 1024, global batch 32, every
 micro-batch size and full recompute or none, each trained by pretrain_gpt.py on the GPU.
 
 Our step at a small micro-batch is bound by the host (Python, autograd, the launches, the gradient hooks: about 2 ms a
 layer per micro-batch there), not the GPU: without the host term (planner/layout_perf.py `host`, the profile's
-constants from scripts/probe_host_overhead.py, not fitted to these steps) every micro-batch size was predicted the
+constants from scripts/bench/probe_host_overhead.py, not fitted to these steps) every micro-batch size was predicted the
 same 192 ms and the search's top pick, MBS 1, measured 7.55x the fastest. And on 4 CPU ranks, the balanced side-by-side
-run of docs/search-vs-measured-cpu-balanced.json (scripts/search_vs_measured.py), taken before the host term."""
+run of docs/search-vs-measured-cpu-balanced.json (scripts/bench/search_vs_measured.py), taken before the host term."""
 
 import json
 import shlex
@@ -20,7 +20,7 @@ from planner.layout_perf import model_counts
 from planner.layout_search import search
 from planner.perf_model import load_hardware
 from planner.vocabulary import launch_vocab
-from scripts.search_vs_measured import MODEL, candidates_to_measure
+from scripts.bench.search_vs_measured import MODEL, candidates_to_measure
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -62,7 +62,7 @@ def _run_key(tp: int, pp: int, dp: int, micro_batch_size: int, stage: int) -> tu
 
 
 def test_the_cpu_search_top_pick_is_within_10_percent_of_the_fastest_measured_on_4_ranks():
-    """Re-predicted with the CPU profile's host constants (scripts/probe_host_overhead.py --ranks 4, 24.7 ms a
+    """Re-predicted with the CPU profile's host constants (scripts/bench/probe_host_overhead.py --ranks 4, 24.7 ms a
     micro-batch; the balanced run measured 23.3 ms between MBS 1 and 2 of the same layout): the top pick moves from
     PP 2 x DP 2 at MBS 1 (measured 1.248x the fastest) to MBS 2, measured 1.063x. That run (before ZeRO-2/3 were
     choices) measured every layout the search then kept; the ZeRO-2/3 ones are new."""

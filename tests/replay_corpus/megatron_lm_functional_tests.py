@@ -1,6 +1,6 @@
 """The replay corpus: every GPT pretraining functional-test configuration of NVIDIA/Megatron-LM at one commit
 (tests/functional_tests/test_cases/gpt/gpt3_*/model_config.yaml, 161 at d98e8a64), harvested whole by
-scripts/harvest_megatron_functional_tests.py into megatron_lm_functional_tests.json beside this file.
+scripts/tools/harvest_megatron_functional_tests.py into megatron_lm_functional_tests.json beside this file.
 
 Each configuration's MODEL_ARGS are its command line as Megatron-LM's CI builds it (the script's docstring says
 how), paths as written (shrink.py replaces them). `outcome` is the target, as for every corpus entry: "trains",

@@ -7,7 +7,7 @@ reads model_configs/benchmarking/${MODEL}.yaml's MODEL_ARGS through envsubst and
 left out), runtime_configs/benchmarking/{common,runtime}.conf's per-model defaults, and appends the dispatcher's,
 the precision's (PR=fp8: blockwise with --fp8-param-gather and the precision-aware optimizer; PR=mxfp8: with
 --reuse-grad-buf-for-mxfp8-param-ag too; PR=bf16: --tp-comm-overlap) and A2A_OVERLAP's flags. The lists were taken
-by scripts/harvest_megatron_moe_modelzoo.py, running every script under bash from the repository's root at the
+by scripts/tools/harvest_megatron_moe_modelzoo.py, running every script under bash from the repository's root at the
 commit named, with DRY_RUN=1 (the script prints the Slurm job and `Full Training Command` instead of calling
 sbatch), a yq answering mikefarah yq v4's three queries of the script, the template cluster file
 (cluster_configs/benchmarking/template.conf, also as CW.conf, the CLUSTER some scripts name), the tree in

@@ -3,7 +3,7 @@ kept in rocm_megatron_lm.json beside this file.
 
 Each entry is one script of the fork's examples/ run once with its defaults: MODEL_SIZE and the parallel sizes as
 the script sets them when nothing is exported, mock data where the script defaults to it, on one node of 8 GPUs.
-The lists were taken by scripts/harvest_rocm_megatron_lm.py, running each script under bash from the root of a
+The lists were taken by scripts/tools/harvest_rocm_megatron_lm.py, running each script under bash from the root of a
 scratch tree (/tmp/ROCm-Megatron-LM, the script at its path) with stand-ins for what a launch node would answer:
 `torchrun` records its arguments, `date` answers the Unix epoch (the time stamp in the scripts' log and TensorBoard
 folders), `rdma` lists no links, `wget` downloads nothing (llama's tokenizer download), and `import torch;

@@ -1,4 +1,4 @@
-"""scripts/benchmark_async_save.py's quick mode: a round trains without saves, with synchronous saves and with
+"""scripts/bench/benchmark_async_save.py's quick mode: a round trains without saves, with synchronous saves and with
 --async-save, each figure comes from the runs' own lines, and what the saves added is a span less the same round's
 run without saves."""
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_the_quick_round_runs_each_mode_and_reads_its_saves_from_the_runs(tmp_path, corpus_cache):
     out = tmp_path / "async.json"
-    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark_async_save.py"), "--quick",
+    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "benchmark_async_save.py"), "--quick",
                                 "--train-iters", "4", "--save-interval", "2", "--json", str(out), "--",
                                 "--data-cache-dir", corpus_cache], capture_output=True, text=True, timeout=300,
                                cwd=tmp_path)

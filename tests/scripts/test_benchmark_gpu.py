@@ -1,4 +1,4 @@
-"""scripts/benchmark_gpu.py: its CPU smoke mode runs (so the GPU benchmark never rots), and the figures
+"""scripts/bench/benchmark_gpu.py: its CPU smoke mode runs (so the GPU benchmark never rots), and the figures
 it derives (tokens/s, TFLOP/s, MFU, ours/hf) agree with an independent computation."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from arguments.config import ConfigError, ModelConfig
 from training.metrics import device_peak_tflops
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import benchmark_gpu  # noqa: E402
 
 
@@ -52,7 +52,7 @@ def test_throughput_figures_match_the_closed_form():
 @pytest.mark.slow
 def test_smoke_mode_runs_both_models(tmp_path):
     out = tmp_path / "bench.json"
-    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark_gpu.py"), "--smoke",
+    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "benchmark_gpu.py"), "--smoke",
                                 "--gradient-accumulation-steps", "2", "--json", str(out)],
                                capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr

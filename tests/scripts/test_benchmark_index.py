@@ -1,4 +1,4 @@
-"""scripts/benchmark_index.py: the synthetic corpus it writes, and its small mode with and without
+"""scripts/bench/benchmark_index.py: the synthetic corpus it writes, and its small mode with and without
 megatron-core (CI installs only requirements.txt, so the comparison must step aside cleanly)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "benchmark_index.py"
-sys.path.insert(0, str(ROOT / "scripts"))
+SCRIPT = ROOT / "scripts" / "bench" / "benchmark_index.py"
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import benchmark_index  # noqa: E402
 
 

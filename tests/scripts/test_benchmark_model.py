@@ -1,4 +1,4 @@
-"""scripts/benchmark_model.py: its quick mode runs both models, and the figures it prints follow from
+"""scripts/bench/benchmark_model.py: its quick mode runs both models, and the figures it prints follow from
 the times it measured (tokens/s from the best round, the ratio from the two tokens/s)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_quick_mode_prints_the_table_the_profile_and_the_ratio_last(tmp_path):
     out = tmp_path / "model.json"
-    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark_model.py"), "--quick",
+    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "benchmark_model.py"), "--quick",
                                 "--profile", "--profile-rounds", "1", "--json", str(out)],
                                capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr

@@ -1,4 +1,4 @@
-"""scripts/benchmark_moe.py (issue 51: CPU step time of an EP 2 run against the same model in DeepSpeed-MoE): its
+"""scripts/bench/benchmark_moe.py (issue 51: CPU step time of an EP 2 run against the same model in DeepSpeed-MoE): its
 refusals, the report it prints from the ranks' records, our side run for real at EP 2, and, where DeepSpeed is
 installed (requirements-bench.txt; CI installs only requirements.txt), both sides training the same steps.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import benchmark_moe  # noqa: E402
 from base.errors import run_tool  # noqa: E402
 
@@ -83,7 +83,7 @@ def test_the_report_puts_ours_beside_deepspeed_with_ratios_parameter_counts_and_
 
 def run_benchmark(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "moe.json"
-    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark_moe.py"), *TINY, "--json",
+    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "benchmark_moe.py"), *TINY, "--json",
                                 str(out), *extra], capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
     return completed, json.loads(out.read_text())

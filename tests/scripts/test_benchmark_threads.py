@@ -1,4 +1,4 @@
-"""scripts/benchmark_threads.py: each thread count trains in every round, the order alternating, and each
+"""scripts/bench/benchmark_threads.py: each thread count trains in every round, the order alternating, and each
 figure is the median of the iteration times the run wrote, with the load average beside it."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ TINY_MODEL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads
 @pytest.mark.slow
 def test_two_rounds_alternate_and_every_figure_comes_from_the_runs_records(tmp_path, corpus_cache_300):
     out = tmp_path / "threads.json"
-    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark_threads.py"), "--threads", "1",
+    completed = subprocess.run([sys.executable, str(ROOT / "scripts/bench/benchmark_threads.py"), "--threads", "1",
                                 "2", "--rounds", "2", "--train-iters", "3", "--json", str(out), "--", *TINY_MODEL,
                                 "--data-cache-dir", corpus_cache_300],
                                capture_output=True, text=True, timeout=300, cwd=tmp_path)

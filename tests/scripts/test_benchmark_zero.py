@@ -1,4 +1,4 @@
-"""scripts/benchmark_zero.py without starting any rank: the first step's per-phase peak RSS table that
+"""scripts/bench/benchmark_zero.py without starting any rank: the first step's per-phase peak RSS table that
 report() prints from the ranks' records, the recorder that reads those peaks inside a rank, and the
 output of --world-sizes."""
 
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import bench_systems  # noqa: E402
 import benchmark_zero  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""scripts/deepspeed_checkpoint_fixtures.py writes tests/fixtures/deepspeed_checkpoints again, where DeepSpeed is
+"""scripts/tools/deepspeed_checkpoint_fixtures.py writes tests/fixtures/deepspeed_checkpoints again, where DeepSpeed is
 installed (requirements-bench.txt; CI installs only requirements.txt and reads the committed files): every tensor,
 counter and recorded loss of the new files equals the committed ones', so the committed fixtures are what DeepSpeed
 0.19's engine writes for the script's runs (a torch file's bytes differ between saves by its random serialization
@@ -35,7 +35,7 @@ def read_case(folder: Path, case: str, universal: bool) -> tuple[dict, object]:
 def test_the_script_writes_again_what_the_committed_fixtures_hold(tmp_path):
     pytest.importorskip("deepspeed", reason="DeepSpeed is in requirements-bench.txt, not requirements.txt")
     out = tmp_path / "deepspeed_checkpoints"
-    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "deepspeed_checkpoint_fixtures.py"), "--out",
+    completed = subprocess.run([sys.executable, str(ROOT / "scripts/tools/deepspeed_checkpoint_fixtures.py"), "--out",
                                 str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1800,
                                env=dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT)))
     assert completed.returncode == 0, completed.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""scripts/fp8_curves.py: every figure of its summary comes from the runs' metrics files, a run cut short is
+"""scripts/bench/fp8_curves.py: every figure of its summary comes from the runs' metrics files, a run cut short is
 compared with bf16 at the iteration it reached, and the curves are drawn by training.plot."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
 import fp8_curves  # noqa: E402
 
@@ -34,7 +34,7 @@ def test_the_runs_flags_name_format_and_recipe():
 
 @pytest.mark.slow
 def test_two_iterations_of_bf16_and_mxfp8_summarized_from_their_metrics(tmp_path, corpus_cache_300):
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "fp8_curves.py"), str(tmp_path), "--iterations",
+    done = subprocess.run([sys.executable, str(ROOT / "scripts/bench/fp8_curves.py"), str(tmp_path), "--iterations",
                            "2", "--recipes", "mxfp8", "--jobs", "2", "--", "--data-cache-dir", corpus_cache_300,
                            "--tokenizer-vocab-size", "300"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

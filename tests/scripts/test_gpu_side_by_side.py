@@ -1,5 +1,5 @@
-"""scripts/gpu_side_by_side.py, the one-call GPU table of issue 76 item 4: it holds every run the issue names, gives
-Megatron-LM and this project the same command line, reads Megatron-LM's log as its training loop writes it, and
+"""scripts/bench/gpu_side_by_side.py, the one-call GPU table of issue 76 item 4: it holds every run the issue names,
+gives Megatron-LM and this project the same command line, reads Megatron-LM's log as its training loop writes it, and
 (on the CPU, at the 2-layer size) runs, keeps what each run wrote and reports figures that are the runs' own."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.gpu_side_by_side import (
+from scripts.bench.gpu_side_by_side import (
     SHAPES,
     add_ratios,
     markdown_table,
@@ -104,7 +104,7 @@ def test_the_harness_runs_the_table_on_the_cpu_and_reports_each_runs_own_figures
     """Two-layer models: Megatron-LM's row skipped (no kit here) with the reason, ours trained; the JSON's step time
     is the median of the metrics file's iter_time_s after --skip, and its memory the run's own start-up line."""
     output, logs = tmp_path / "table.json", tmp_path / "logs"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_side_by_side.py"), "--device", "cpu", "--tiny",
+    done = subprocess.run([sys.executable, str(REPO / "scripts/bench/gpu_side_by_side.py"), "--device", "cpu", "--tiny",
                            "--only", "gpt2-124m-mbs1", "--variants", "megatron,eager", "--iterations", "4", "--skip",
                            "1", "--megatron-kit", str(tmp_path / "no-kit"), "--logs", str(logs), "--output",
                            str(output)], capture_output=True, text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""scripts/harvest_megatron_functional_tests.py builds each configuration's command line as Megatron-LM's CI does
+"""scripts/tools/harvest_megatron_functional_tests.py builds each configuration's command line as Megatron-LM's CI does
 (tests/functional_tests/shell_test_utils/_run_training.sh at d98e8a64): yq's `explode(.)` expands merge keys, a
 `true` value is a bare flag, a value with a space is one quoted argument, a [ ] value its items, a repeated key
 is passed twice (argparse keeps the last)."""
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "tools"))
 
 from harvest_megatron_functional_tests import ci_mode, ci_test_type, harvest, model_args_argv  # noqa: E402
 

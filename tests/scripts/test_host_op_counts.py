@@ -1,18 +1,19 @@
-"""Issue 87: kernel launches per micro-batch, counted on the CPU, where the count is exact (scripts/op_counter.py), and
-a dense layer's held at its value (scripts/benchmark_host_ops.py's shapes; docs/performance.md's table).
+"""Issue 87: kernel launches per micro-batch, counted on the CPU, where the count is exact
+(scripts/bench/op_counter.py), and
+a dense layer's held at its value (scripts/bench/benchmark_host_ops.py's shapes; docs/performance.md's table).
 
 The counter is checked on calls whose launches are known: eager ops below autograd (a composite arrives as its parts;
 views, detach and allocations launch nothing), and a compiled function's extern call and inductor kernel. The
 layer's count is the difference between a 2-layer and a 1-layer model's iteration-2 micro-batch: exact whatever the
-embedding, loss and optimizer do. Megatron-LM's side (scripts/megatron_lm_cpu.py --count-launches) needs the
+embedding, loss and optimizer do. Megatron-LM's side (scripts/bench/megatron_lm_cpu.py --count-launches) needs the
 benchmark venv and its tree, not here."""
 
 from __future__ import annotations
 
 import torch
 
-from scripts.benchmark_host_ops import PRECISIONS, SHAPES, common_flags, count_our_step, per_layer, summary
-from scripts.op_counter import count_calls, inductor_kernel_events
+from scripts.bench.benchmark_host_ops import PRECISIONS, SHAPES, common_flags, count_our_step, per_layer, summary
+from scripts.bench.op_counter import count_calls, inductor_kernel_events
 
 # this project's launches per layer and micro-batch, bf16 (forward + backward), at the commit that made them:
 # GPT-2 shape 10 + 28; Llama shape 37 + 62 (rope made once, one q/k/v split, RMSNorm not recomputed, gate and up one

@@ -1,5 +1,5 @@
-"""scripts/layout_fuzz.py (issue 77 item 6): a draw is a function of its seed and index, every draw is a launch this
-code takes, the draws cover every dimension the issue names, the verdict is held to the stated tolerances, and a
+"""scripts/tools/layout_fuzz.py (issue 77 item 6): a draw is a function of its seed and index, every draw is a launch
+this code takes, the draws cover every dimension the issue names, the verdict is held to the stated tolerances, and a
 handful of draws train against one rank here (more in the slow tier)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from arguments.parser import parse_arguments
-from scripts.layout_fuzz import (
+from scripts.tools.layout_fuzz import (
     FP8_GRAD_NORM_TOLERANCE,
     FP8_LOSS_TOLERANCE,
     FP16_LOSS_TOLERANCE,
@@ -81,7 +81,7 @@ def test_the_rarer_options_come_from_streams_of_their_own(monkeypatch):
     other draw is the launch it was before them: with their drawers silenced, a draw differs only by their flags (and
     a ramped draw's resume, drawn among the layouts its ramp splits over); a hierarchical draw takes two of its
     data-parallel ranks into CP 4 (a2a over 2, the ring over 2)."""
-    import scripts.layout_fuzz as fuzz
+    import scripts.tools.layout_fuzz as fuzz
 
     drawn = [draw(14, index) for index in range(200)]
     monkeypatch.setattr(fuzz, "_draw_hierarchical_cp", lambda *args: False)
@@ -187,11 +187,11 @@ def _fuzz(tmp_path, seed: int, draws: list[int], monkeypatch=None) -> list[dict]
     chosen = ["--draws", str(len(draws))] if draws == list(range(len(draws))) else ["--draw", str(*draws)]
     argv = ["--seed", str(seed), *chosen, "--output", str(output)]
     if monkeypatch is None:
-        done = subprocess.run([sys.executable, str(REPO / "scripts" / "layout_fuzz.py"), *argv], capture_output=True,
+        done = subprocess.run([sys.executable, str(REPO / "scripts/tools/layout_fuzz.py"), *argv], capture_output=True,
                               text=True, timeout=900)
         returncode, said = done.returncode, done.stdout + done.stderr
     else:
-        import scripts.layout_fuzz as fuzz
+        import scripts.tools.layout_fuzz as fuzz
         from tests.forked_runs import forked_launch
 
         monkeypatch.setattr(fuzz, "launch", forked_launch)

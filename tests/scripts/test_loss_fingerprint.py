@@ -1,4 +1,4 @@
-"""scripts/loss_fingerprint.py, the check a refactor that must not change the math runs at two commits: one of its
+"""scripts/tools/loss_fingerprint.py, the check a refactor that must not change the math runs at two commits: one of its
 runs end to end, as a user runs the script (it read runs/metrics.jsonl, which a run no longer writes by default,
 and stopped on every run)."""
 
@@ -13,7 +13,7 @@ from tests.test_layering import ROOT
 
 def test_one_run_gives_each_iterations_loss_and_norm_exactly(tmp_path):
     out = tmp_path / "fingerprint.json"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "loss_fingerprint.py"), str(out), "default"],
+    done = subprocess.run([sys.executable, str(ROOT / "scripts/tools/loss_fingerprint.py"), str(out), "default"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     runs = json.loads(out.read_text())

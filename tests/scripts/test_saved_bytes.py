@@ -1,20 +1,21 @@
 """Issue 111: the bytes autograd saves for backward per layer, counted on the CPU, where the count is exact
-(scripts/saved_tensor_counter.py), and this project's held at their values (scripts/benchmark_saved_bytes.py;
+(scripts/bench/saved_tensor_counter.py), and this project's held at their values
+(scripts/bench/benchmark_saved_bytes.py;
 docs/performance.md, "Activation memory per layer, counted").
 
 The counter is checked on a hand-made graph whose saved bytes are known: a storage counted once however many ops
 save it or views of it, and whole; parameters left out; nothing once the backward has released it. A layer's count
 is the difference between a 2-layer and a 1-layer model's iteration-2 second micro-batch: exact whatever the
-embedding and the loss save. Megatron-LM's side (scripts/megatron_lm_cpu.py --count-saved) needs the benchmark venv
-and its tree, not here."""
+embedding and the loss save. Megatron-LM's side (scripts/bench/megatron_lm_cpu.py --count-saved) needs the benchmark
+venv and its tree, not here."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from scripts.benchmark_saved_bytes import count_our_saved, flags
-from scripts.saved_tensor_counter import SavedTensorCounter, per_layer
+from scripts.bench.benchmark_saved_bytes import count_our_saved, flags
+from scripts.bench.saved_tensor_counter import SavedTensorCounter, per_layer
 from tests.distributed import run_distributed
 
 # this project's bytes saved per layer in one micro-batch, bf16, hidden 128, sequence 128, micro-batch 1 (s*b*h =
@@ -24,7 +25,7 @@ from tests.distributed import run_distributed
 # RMSNorms their input and rsqrt (gpt/rms_norm_backward.py), the value its own copy (gpt/attention_kernel.py
 # _only_view_left)
 GPT2_BF16, LLAMA_BF16, LLAMA_BF16_TP2_SP = 527_360, 478_208, 239_104
-# the "mla" and "moe" shapes (scripts/benchmark_saved_bytes.py) at TP 1: multi-latent attention 989,184 (60.4 per
+# the "mla" and "moe" shapes (scripts/bench/benchmark_saved_bytes.py) at TP 1: multi-latent attention 989,184 (60.4 per
 # s*b*h; CPU SDPA's math kernel, its values not padded to the query's width); 4 experts, top 2, 868,112 (53.0;
 # 1,965,840 when the grouped matmul kept the experts' weights stacked, 983,040 bytes, the combine its weighted rows,
 # 65,536, and attention the QKV output for the value, 49,152: gpt/moe/experts.py, gpt/moe/dispatcher.py, gpt/model.py)

@@ -1,4 +1,4 @@
-"""scripts/search_vs_measured.py: the search's flag lines train on 4 gloo ranks (the pipelined one with the
+"""scripts/bench/search_vs_measured.py: the search's flag lines train on 4 gloo ranks (the pipelined one with the
 --pipeline-model-parallel-layout the search printed), and every figure reported comes from the runs' records."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ def test_two_layouts_train_side_by_side_and_the_ratio_is_the_measured_one(tmp_pa
     """The script's `main` here, each layout's launch with its 4 ranks forked (tests/forked_runs.py: the same command
     line and records; a launcher and 4 fresh interpreters a layout took most of the test's time importing torch).
     tests/scripts/test_layout_fuzz.py runs scripts/timed_launch.py's launch itself."""
-    import scripts.search_vs_measured as search_vs_measured
+    import scripts.bench.search_vs_measured as search_vs_measured
     import scripts.timed_launch
     from tests.forked_runs import forked_launch
 

@@ -1,6 +1,7 @@
 """The parallel combinations as one table (issue 82 item 7), in the shape of torchtitan's
 tests/integration_tests/features.py: each entry a model, a layout, a rank count and the tolerance it is held to
-against the same model on one rank; tests/training/test_combinations.py runs them all one way. scripts/layout_fuzz.py
+against the same model on one rank; tests/training/test_combinations.py runs them all one way.
+scripts/tools/layout_fuzz.py
 draws its random layouts as `Layout`s, so the table and the fuzz name a layout's dimensions, and render them as
 Megatron-LM's flags, in one place.
 

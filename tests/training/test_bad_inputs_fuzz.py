@@ -23,7 +23,7 @@ import pytest
 import pretrain_gpt
 from checkpoint.format import LATEST_FILE, METADATA_FILE
 from data import preprocess
-from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
+from scripts.tools import convert_to_hf, reshard_checkpoint, zero_to_fp32
 from tests.reliability_helpers import TINY, run_main, snapshot
 
 REPO = Path(__file__).resolve().parents[2]

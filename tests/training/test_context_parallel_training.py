@@ -187,7 +187,7 @@ def test_zero_to_fp32_consolidates_a_cp2_save(runs, tmp_path):
     training, the model file's weights exactly."""
     from safetensors.torch import load_file
 
-    from scripts import zero_to_fp32
+    from scripts.tools import zero_to_fp32
 
     saved = runs / "cp2-save" / f"iter_{SAVED_AT:07d}"
     assert zero_to_fp32.main([str(saved), str(tmp_path / "out.safetensors")]) == 0

@@ -182,7 +182,7 @@ def test_saved_at_expert_parallel_2_resumes_at_2_exactly_and_at_1_and_exports_ev
     zero_to_fp32 consolidates the EP-2 checkpoint into the EP-1 one's weights."""
     from safetensors.torch import load_file
 
-    from scripts import zero_to_fp32
+    from scripts.tools import zero_to_fp32
 
     common = TINY + MOE + ["--train-iters", "5", "--data-cache-dir", corpus_cache_300, "--global-batch-size", "4",
                            "--zero-stage", stage, "--moe-token-dispatcher-type", "alltoall"]
@@ -217,11 +217,11 @@ def test_saved_at_expert_parallel_2_resumes_at_2_exactly_and_at_1_and_exports_ev
 @pytest.mark.slow
 def test_a_mixtral_shaped_checkpoint_saved_at_expert_parallel_2_exports_as_the_one_saved_at_1(
         corpus_cache_300, tmp_path):
-    """scripts/convert_to_hf.py from an EP-2 checkpoint: a MixtralForCausalLM with every expert, whose logits are
+    """scripts/tools/convert_to_hf.py from an EP-2 checkpoint: a MixtralForCausalLM with every expert, whose logits are
     those of the same run's EP-1 checkpoint's export (the weights agree to ~1e-7, see above)."""
     from transformers import AutoModelForCausalLM
 
-    from scripts import convert_to_hf
+    from scripts.tools import convert_to_hf
 
     mixtral = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
                "--untie-embeddings-and-output-weights", "--disable-bias-linear"]

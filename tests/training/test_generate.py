@@ -1,7 +1,7 @@
 """`python -m training.generate` (issue 94 item 4): greedy tokens from a checkpoint equal transformers' greedy
 `generate` on the same weights, from each format the loader reads:
 - this project's checkpoint of a tiny Llama-shaped model with its tokenizer, a text prompt: against
-  scripts/convert_to_hf.py's export of it, tokenized by that folder's tokenizer, both stopping at its end token;
+  scripts/tools/convert_to_hf.py's export of it, tokenized by that folder's tokenizer, both stopping at its end token;
 - a Hugging Face folder transformers saved (--init-from-hf; Llama's, GPT-2's), a prompt of ids: against the folder
   itself;
 - Megatron-LM's own torch_dist save (tests/fixtures/megatron_llama): the loaded model's logits are the ones
@@ -24,7 +24,7 @@ from checkpoint.ours.sharded import save_checkpoint
 from data.tokenizer import train_tokenizer
 from gpt.model import GPTModel, build_gpt_model
 from parallel.state import ParallelState
-from scripts import convert_to_hf
+from scripts.tools import convert_to_hf
 from tests.checkpoint.test_hf_folder_is_the_model import gpt2_folder
 from tests.checkpoint.test_hf_llama import random_llama_folder
 from tests.checkpoint.test_megatron_checkpoint import FIXTURES

@@ -87,7 +87,7 @@ def test_gated_delta_net_layers_train_at_tp2_sp_pp2_and_zero3_as_on_one_rank():
     """Qwen3-Next's blocks (`G-*EGE*E`: Gated DeltaNet, gated attention, MoE) at TP 2 with --sequence-parallel (each
     rank one query/key head with its two value heads), at PP 2 (`|` as the stage boundary) and under ZeRO stage 3 at
     DP 2 log their one-rank losses and gradient norms within the layout fuzz's fp32 tolerances."""
-    from scripts.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+    from scripts.tools.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
 
     model = [*EXPERTS, *GDN, *QWEN3_NEXT]
     pattern = ["--hybrid-layer-pattern", "G-*EGE*E", *model]
@@ -144,7 +144,7 @@ MIXED = ["--hybrid-layer-pattern", "*-+-*-+-", *MLA]  # attention and MLA blocks
 def test_attention_and_mla_in_one_model_train_at_tp2_and_pp2_as_on_one_rank():
     """The mixed pattern at TP 2 with --sequence-parallel, and at PP 2 with `|` as the stage boundary, logs its
     one-rank losses and gradient norms within the layout fuzz's fp32 tolerances; and it is not the all-MLA model."""
-    from scripts.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+    from scripts.tools.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
 
     one_rank = _train(MIXED, 1).outcomes
     assert one_rank != _train(SINGLE["all-mla"][0], 1).outcomes
@@ -173,7 +173,7 @@ def test_a_mixed_pattern_saved_on_one_rank_resumes_at_tp2_with_the_straight_runs
     each by its record): the mixed model (attention beside MLA, Mamba or Gated DeltaNet) saved at iteration 2 on one
     rank continues at TP 2 + SP to the straight one-rank run's losses (fp32 tolerance)."""
     import pretrain_gpt
-    from scripts.layout_fuzz import LOSS_TOLERANCE
+    from scripts.tools.layout_fuzz import LOSS_TOLERANCE
     from tests.reliability_helpers import TINY, metrics_records
     from tests.training.test_moe_training import launch_rank
 
@@ -204,7 +204,7 @@ def test_a_mixed_pattern_at_cp2_and_at_zero3_dp2_trains_to_its_one_rank_losses(t
     """The mixed pattern at --context-parallel-size 2 (both mixers' CP paths: attention's ring and MLA's) and at
     --zero-stage 3 over DP 2 (both mixers' parameters partitioned) logs its one-rank fp32 losses and gradient norms
     within the layout fuzz's tolerances."""
-    from scripts.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+    from scripts.tools.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
     from tests.forked_runs import logged_iterations
 
     one = logged_iterations(tmp_path, "one", [*COMMON, *MIXED_SMALL], 1)
@@ -241,7 +241,7 @@ def test_mamba_layers_train_at_tp2_pp2_and_zero3_as_on_one_rank():
     """Heads and groups split over TP (in_proj's and the conv's parts each on its own), out_proj row-parallel: a
     Mamba pattern at TP 2, with --sequence-parallel, on two pipeline stages (`|` between segments) and
     under ZeRO-3 at DP 2 logs its one-rank losses and gradient norms within the layout fuzz's fp32 tolerances."""
-    from scripts.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+    from scripts.tools.layout_fuzz import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
 
     mamba = ["--mamba-head-dim", "8", "--mamba-num-groups", "2", "--mamba-state-dim", "8"]
     pattern = ["--hybrid-layer-pattern", "M-*-M-*-", *mamba]

@@ -1,5 +1,5 @@
 """Silent layout bugs the field reported in 2026, held as properties here (issue 89 item 2; CPU, gloo, fp32 unless
-said). Each launches pretrain_gpt.py as scripts/layout_fuzz.py does (its COMMON: --mock-data, dropout off, 3
+said). Each launches pretrain_gpt.py as scripts/tools/layout_fuzz.py does (its COMMON: --mock-data, dropout off, 3
 iterations, seed 1234) and compares every iteration's loss and grad norm with a reference run of the same global
 batch, within the fuzz's tolerances (1e-5 and 1e-4 relative) unless said.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+from scripts.tools.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
 from tests.forked_runs import logged_iterations
 
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",

@@ -125,7 +125,7 @@ def launch_rank_keeping_codes(rank, world_size, argv_by_run, ports):
 @pytest.mark.parametrize("expert_tp", ["1", "2"])
 def test_a_tp_2_by_ep_2_checkpoint_consolidates_to_the_tp_1_model(corpus_cache_300, tmp_path, expert_tp):
     """The experts are saved under their global names (at expert TP 2 each TP rank's half, their sharding records
-    saying which): scripts/zero_to_fp32.py consolidates the TP x EP save (at expert TP 1 each expert is held by
+    saying which): scripts/tools/zero_to_fp32.py consolidates the TP x EP save (at expert TP 1 each expert is held by
     one TP rank's files) into the whole model the TP 1 x EP 1 run saved at the same iteration, to fp32 rounding.
     That such a checkpoint resumes exactly at its own layout and at the other expert TP size is the conformance
     table's (tests/checkpoint/test_conformance.py)."""
@@ -137,7 +137,7 @@ def test_a_tp_2_by_ep_2_checkpoint_consolidates_to_the_tp_1_model(corpus_cache_3
 
     from safetensors.torch import load_file
 
-    from scripts import zero_to_fp32
+    from scripts.tools import zero_to_fp32
 
     for name in ("ckpt", "tp1"):
         assert run_main(zero_to_fp32.main, [str(tmp_path / name), str(tmp_path / f"{name}.safetensors")]).code == 0
@@ -198,13 +198,13 @@ def test_the_dry_run_plans_tp_2_by_ep_2_at_expert_tp_1_and_2():
 
 @pytest.mark.slow
 def test_a_mixtral_shaped_tp_2_by_ep_2_checkpoint_exports_to_hugging_face_as_the_tp_1_one(corpus_cache_300, tmp_path):
-    """scripts/convert_to_hf.py from a TP 2 x EP 2 (expert TP 2) save: the MixtralForCausalLM folder holds the
+    """scripts/tools/convert_to_hf.py from a TP 2 x EP 2 (expert TP 2) save: the MixtralForCausalLM folder holds the
     weights the TP 1 x EP 1 run's folder holds after the same 3 iterations (the experts gathered from their EP
     ranks' TP halves by name), to fp32 rounding; tests/checkpoint/test_hf_moe.py checks such a folder's logits
     against transformers."""
     from safetensors.torch import load_file
 
-    from scripts import convert_to_hf
+    from scripts.tools import convert_to_hf
 
     mixtral = ["--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope",
                "--untie-embeddings-and-output-weights"]

@@ -121,7 +121,7 @@ def test_gpt2_blocks_with_experts_are_refused_at_export_in_one_line(corpus_cache
     save = tmp_path / "ckpt"
     trained = train(corpus_cache_300, tmp_path, *MOE, "--save", str(save))
     assert trained.code == 0, trained.err[-2000:]
-    from scripts import convert_to_hf
+    from scripts.tools import convert_to_hf
 
     exported = run_main(convert_to_hf.main, [str(save), str(tmp_path / "hf")])
     assert exported.code == 2 and "as a MixtralForCausalLM this one would need --normalization RMSNorm" in exported.err

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from parallel.context_parallel import roll_left_across_chunks, take_local_chunks
-from scripts.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+from scripts.tools.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
 from tests.forked_runs import logged_iterations
 
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",

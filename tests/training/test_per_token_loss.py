@@ -1,7 +1,7 @@
 """--calculate-per-token-loss as Megatron-LM defines it (training/per_token_loss.py; issue 89 item 4): the iteration's
 masked loss sum over its token count summed over DP x CP.
 
-- Megatron-LM's own pretrain_gpt.py (core_v0.16.1, scripts/megatron_checkpoint_fixtures.py continue) resumed the
+- Megatron-LM's own pretrain_gpt.py (core_v0.16.1, scripts/tools/megatron_checkpoint_fixtures.py continue) resumed the
   iteration-2 saves of megatron_tp1 and of megatron_moe_ep2 (at EP 2, with --moe-aux-loss-coeff 0.01 and
   --moe-z-loss-coeff 0.001: the balancing losses' scale) with `--calculate-per-token-loss --eod-mask-loss` and, for
   contrast, without the first (each fixture's megatron_per_token_losses.json; the corpus's documents are 8-60 tokens,
@@ -21,7 +21,7 @@ import shutil
 
 import pytest
 
-from scripts.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
+from scripts.tools.layout_fuzz import COMMON, GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
 from tests.checkpoint.test_megatron_checkpoint import FIXTURES, data_workdir, our_flags
 from tests.forked_runs import logged_iterations
 

@@ -56,7 +56,7 @@ def test_a_pr_moe_checkpoint_is_refused_by_the_hf_export_in_one_line(corpus_cach
     moe_loss of its two MoE layers (l_aux x --moe-loss-coeff summed over them), each layer's tokens per expert
     (--moe-per-layer-logging: 2 and 4 counts, 2 sequences of 16 tokens x top-2 each) and the layers' counts in the
     start-up line."""
-    from scripts import convert_to_hf
+    from scripts.tools import convert_to_hf
 
     save = tmp_path / "ckpt"
     trained = train(corpus_cache_300, tmp_path, *PR_MOE, "--train-iters", "2", "--save", str(save),

@@ -43,7 +43,7 @@ from data import DataError
 from data.gpt_dataset import build_train_valid_test_datasets
 from data.indexed import IndexedDataset
 from data.tokenizer import GPTTokenizer
-from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
+from scripts.tools import convert_to_hf, reshard_checkpoint, zero_to_fp32
 from tests.checkpoint.test_checkpoint_safety import build, cpu_state, make_config, train_steps
 from tests.forked_runs import logged_iterations
 from tests.reliability_helpers import TINY, metrics_records, run_main, snapshot, train, write_dataset

@@ -237,7 +237,7 @@ def test_an_iteration_directory_that_an_older_run_saved_into_still_names_itself(
     """Problem 6, for checkpoints the old code already polluted: `CK/iter_0000001` holding `latest` and
     iter_0000002 (written by a run given it as --save) loaded, and zero_to_fp32 read, iteration 2."""
     from checkpoint.format import resolve_checkpoint
-    from scripts import zero_to_fp32
+    from scripts.tools import zero_to_fp32
 
     polluted = Path(shutil.copytree(saved_run / "iter_0000001", tmp_path / "iter_0000001"))
     shutil.copytree(saved_run / "iter_0000002", polluted / "iter_0000002")

@@ -1,4 +1,4 @@
-"""ZeRO-Offload under pipeline stages with a tied word embedding (found by scripts/layout_fuzz.py, issue 77): the
+"""ZeRO-Offload under pipeline stages with a tied word embedding (found by scripts/tools/layout_fuzz.py, issue 77): the
 first and last stages' copies of the embedding have their gradients summed after the data-parallel reduction
 (zero/pipeline_grads.py), and under --offload-optimizer that sum must reach the host partition the step reads. It
 reached only the device buffer at ZeRO 0-1: iteration 1's grad norm read 1.7268 for the one rank's 1.8081 (the
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.layout_fuzz import COMMON
+from scripts.tools.layout_fuzz import COMMON
 from tests.forked_runs import forked_launch as launch  # the ranks forked: a fresh interpreter a rank took most of it
 
 MODEL = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
