@@ -1,31 +1,11 @@
 #!/usr/bin/env python
 """Megatron-LM's own runs and torch_dist checkpoints for tests/fixtures/, written by its own pretrain_gpt.py.
 
-Runs in the benchmark venv (requirements-bench.txt) with Megatron-LM's core_v0.16.1 tree (--megatron-lm: the tarball
-or its folder); every launch is scripts/bench/megatron_lm_cpu.py under torchrun, Megatron-LM's own loop on CPU with gloo.
+    python scripts/tools/megatron_checkpoint_fixtures.py fixtures --megatron-lm KIT [--only NAME]
 
-    python scripts/tools/megatron_checkpoint_fixtures.py fixtures --megatron-lm KIT [--only NAME] [--out tests/fixtures]
-        the corpus (megatron_data/varied_docs: 200 documents of 8-60 random tokens, by Megatron-Core's
-        IndexedDatasetBuilder), then per fixture: one launch trains iterations 1-4 saving at 2 (the uninterrupted
-        run), the iteration-2 save is kept, and a second launch --load-s it and trains 3-4 (Megatron-LM's own
-        resume); both runs' losses and grad norms go to NAME/megatron_losses.json, the resume's iteration-3 tokens
-        and fp32 logits to NAME/megatron_logits.safetensors, the first fixture's GPTDataset index files to
-        megatron_data/megatron_index/.
-    python scripts/tools/megatron_checkpoint_fixtures.py logits --megatron-lm KIT [--only NAME] [--out tests/fixtures]
-        only the resume launch of a fixture already written (a copy of its save), for its megatron_logits.safetensors
-    python scripts/tools/megatron_checkpoint_fixtures.py continue --megatron-lm KIT --load DIR --nproc N -- FLAGS...
-        Megatron-LM --load-s DIR (a copy) with its flags FLAGS and trains to --train-iters; prints one JSON line,
-        {"losses": {iteration: loss}, "grad_norms": {...}, "loss_scales": {...}}
-
-The HybridModel fixtures (HYBRID_FIXTURES, megatron_hybrid_*) are written the same way by Megatron-LM core_v0.19.0's
-own pretrain_hybrid.py, and GPT_019_FIXTURES by its pretrain_gpt.py: give --megatron-lm its tree (its megatron.core
-included; `git archive core_v0.19.0` of Megatron-LM), and name them with --only (or `fixtures --hybrid`, all the
-HybridModel ones):
-
-    python scripts/tools/megatron_checkpoint_fixtures.py fixtures --megatron-lm TREE_0_19 --only megatron_hybrid_dense
-
-The flags' paths are the repository's, relative, as a launch from its root types them.
-"""
+Each fixture trains iterations 1-4 saving at 2, then resumes the save for 3-4, through bench/megatron_lm_cpu.py in
+the benchmark venv, recording losses, grad norms and logits. `logits` and `continue` rerun parts; the HybridModel
+and GPT_019 fixtures take core_v0.19.0's tree (`git archive core_v0.19.0`)."""
 
 from __future__ import annotations
 
