@@ -3,9 +3,10 @@ docs/coming-from-megatron-deepspeed.md; `--write` rewrites it, tests/test_proven
 
 from __future__ import annotations
 
-import argparse
 import tomllib
 from pathlib import Path
+
+from scripts.tools import generated_table
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "provenance.toml"
@@ -30,22 +31,11 @@ def render(rows: list[dict[str, str]]) -> str:
 
 
 def page_with_table(page: str, table: str) -> str:
-    head, rest = page.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table}\n{END}{tail}"
+    return generated_table.page_with_table(page, table, START, END)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--write", action="store_true", help="rewrite the page's table")
-    args = parser.parse_args()
-    page = PAGE.read_text()
-    new = page_with_table(page, render(load_rows()))
-    if args.write and new != page:
-        PAGE.write_text(new)
-        print(f"wrote {PAGE.name}")
-    else:
-        print("up to date" if new == page else "stale: run with --write")
+    generated_table.write_or_check(PAGE, render(load_rows()), START, END, __doc__)
 
 
 if __name__ == "__main__":
