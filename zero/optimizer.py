@@ -150,7 +150,7 @@ class ShardedAdamW(CheckpointableOptimizer):
             self._muon_group = {"params": [], "weight_decay": optimizer_config.weight_decay, "lr": optimizer_config.lr,
                                 "decoupled_lr": False, "muon": True}
             self._muon_steps = 0
-            self._muon_tp = muon_tensor_parallel(getattr(optimizer_config, "muon_tp_mode", "duplicated"), state)
+            self._muon_tp = muon_tensor_parallel(optimizer_config.algorithms.muon_tp_mode, state)
         self._step_optimizers = self.build_step_optimizers()
         self.optimizer = self._step_optimizers[0] if self._step_optimizers else None
         self.param_groups = self._adam_groups() + ([self._muon_group] if self._muon else [])

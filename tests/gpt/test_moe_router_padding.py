@@ -8,14 +8,14 @@ TEGroupedMLP then skips TE's Fp8Padding (experts.py, moe_utils.skip_routed_exper
 always pad each expert's rows to that multiple with zero rows, as Fp8Padding does (parallel/fp8/grouped.py). Here:
 Megatron's padding, run through this project's dispatcher in fp32, gives the unpadded routing's outputs bit for bit
 and its gradients (the padding rows' zero weight makes their output and their gradients zero); so the flag is a
-note (arguments/megatron/flag_classes.py ROUTER_PADDING), which names what stays different, FP8 rounding where one
+note (arguments/megatron/flag_classes.toml's router padding row), which names what stays different, FP8 rounding where one
 scale spans Megatron's padding tokens. Megatron's own refusals (no FP8; the allgather dispatcher) are errors.
 """
 
 import pytest
 import torch
 
-from arguments.megatron.flag_classes import ROUTER_PADDING
+from arguments.megatron.flag_classes import AT_VALUE
 from arguments.megatron.flags import NO_EFFECT_LINE
 from arguments.parser import parse_arguments
 from base.errors import ConfigError
@@ -84,7 +84,7 @@ def test_the_flag_is_a_note_with_fp8_and_changes_no_setting(flag):
     argv = [*MOE, "--fp8-format", "hybrid", "--moe-token-dispatcher-type", "alltoall"]
     parsed = parse_arguments([*argv, flag])
     line = next(note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
-    assert flag in line and ROUTER_PADDING.no_effect in line
+    assert flag in line and AT_VALUE[flag].no_effect in line
     assert parsed.config == parse_arguments(argv).config
 
 
@@ -99,4 +99,4 @@ def test_megatrons_refusals_are_errors(flag, argv):
     must be specified when moe_router_padding_for_quantization is True" since core_v0.16), with or without experts."""
     with pytest.raises(ConfigError) as error:
         parse_arguments([*argv, flag])
-    assert f"{flag}: {ROUTER_PADDING.refused}" in str(error.value) and "\n" not in str(error.value)
+    assert f"{flag}: {AT_VALUE[flag].refused}" in str(error.value) and "\n" not in str(error.value)
