@@ -7,9 +7,10 @@ from pathlib import Path
 
 from tests.readme import ROOT
 
-# Not the repository's own: git's store, caches, and the virtualenv .ci/run creates inside the clone
-# (about 46,000 files: walking into it and filtering afterwards cost CI about a second a call).
-NOT_OURS = frozenset({".git", ".venv", "__pycache__", ".pytest_cache"})
+# Not the repository's own: git's store, caches, the virtualenv .ci/run creates inside the clone (about 46,000
+# files: walking into it and filtering afterwards cost CI about a second a call), and the egg-info that every
+# `pip install -e .` rewrites (each xdist worker's installed_clone does, while other workers list the tree).
+NOT_OURS = frozenset({".git", ".venv", "__pycache__", ".pytest_cache", "zero_gpt.egg-info"})
 
 
 def repository_files(root: Path = ROOT) -> list[Path]:

@@ -230,6 +230,7 @@ def _main(argv: Optional[Sequence[str]]) -> None:
             print("generated ids: " + " ".join(map(str, new)), flush=True)
     finally:
         if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # no rank tears gloo's pairs down while rank 0 still prints
             torch.distributed.destroy_process_group()
 
 
