@@ -5,13 +5,15 @@ accepts with no effect are left out with a note."""
 from __future__ import annotations
 
 import shlex
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 from arguments.config_sources import DEFAULT
 from arguments.training_config import TrainingConfig
+from gpt.hybrid_pattern import FLAG as PATTERN_FLAG
+from gpt.hybrid_pattern import MTP_SEPARATOR, parse_hybrid_pattern
 from planner.layout_perf import Layout
 from planner.layout_pins import Pins
-from planner.pipeline_split import layout_string
+from planner.pipeline_split import StageCounts, layout_string
 
 RECOMPUTE_WORDS = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
 ZERO_WORDS = {0: [], 1: ["--use-distributed-optimizer"], 2: ["--zero-stage", "2"], 3: ["--zero-stage", "3"]}
@@ -23,16 +25,29 @@ def gathers_behind_forward(stage: int) -> bool:
     return stage in (1, 2)
 
 
-def layout_flag_words(layout: Layout, pins: Pins, moe: bool, fp32_runs: bool = False) -> list[str]:
+def staged_pattern(text: str, counts: StageCounts) -> str:
+    """--hybrid-layer-pattern `text` with `|` where each virtual stage of `counts` ends (the k-th segment is chunk
+    k // PP of rank k % PP, as the trainer reads them), its MTP part kept."""
+    blocks = iter(parse_hybrid_pattern(text).blocks)
+    pp, vp = len(counts), len(counts[0])
+    segments = ["".join(next(blocks) for _ in range(counts[k % pp][k // pp])) for k in range(pp * vp)]
+    main = text.split(MTP_SEPARATOR)[0]
+    return "|".join(segments) + text[len(main):]
+
+
+def layout_flag_words(layout: Layout, pins: Pins, moe: bool, fp32_runs: bool = False,
+                      pattern: Optional[str] = None, mtp_depth: int = 0) -> list[str]:
     """The flags for what the search chose of `layout`. `moe`: the model has experts; `fp32_runs`: the profile runs
-    fp32."""
+    fp32; `pattern`: the model's --hybrid-layer-pattern, whose `|` carry its pipeline split (Megatron-LM refuses a
+    --pipeline-model-parallel-layout beside it); `mtp_depth`: the MTP layers the last stage holds."""
     words = []
     if pins.tp is None:
         words += ["--tensor-model-parallel-size", str(layout.tp)]
     if pins.pp is None:
         words += ["--pipeline-model-parallel-size", str(layout.pp)]
     if layout.pp > 1 and pins.stage_counts is None:
-        words += ["--pipeline-model-parallel-layout", layout_string(layout.stage_counts)]
+        words += [PATTERN_FLAG, staged_pattern(pattern, layout.stage_counts)] if pattern else \
+            ["--pipeline-model-parallel-layout", layout_string(layout.stage_counts, mtp_depth)]
     if layout.cp > 1 and pins.cp is None:
         words += ["--context-parallel-size", str(layout.cp)]
     if layout.ep > 1 and pins.ep is None:
@@ -82,6 +97,15 @@ def drop_no_effect_flags(argv: Sequence[str], no_effect: Iterable[str]) -> tuple
         if not dropping:
             kept.append(word)
     return kept, dropped
+
+
+def without_flags_set_again(model_flags: Sequence[str], words: Sequence[str]) -> list[str]:
+    """`model_flags` without the flags `words` set again (a staged --hybrid-layer-pattern replaces the user's, under
+    either spelling)."""
+    again = {word for word in words if word.startswith("--")}
+    if PATTERN_FLAG in again:
+        again.add("--hybrid-override-pattern")
+    return drop_no_effect_flags(model_flags, again)[0]
 
 
 def launch_command(gpus: int, gpus_per_node: int, flags: Sequence[str]) -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from arguments.config import ConfigError, PretrainConfig
-from planner.layout_flags import gathers_behind_forward, layout_flag_words
+from planner.layout_flags import gathers_behind_forward, layout_flag_words, without_flags_set_again
 from planner.layout_memory import layout_memory_bytes
 from planner.layout_of_config import check_expert_tp
 from planner.layout_perf import (
@@ -47,6 +47,10 @@ class Candidate:
     def flags(self) -> str:
         """flag_words as one shell line, the layout string quoted."""
         return shlex.join(self.flag_words)
+
+    def launch_flags(self, model_flags: Sequence[str]) -> list[str]:
+        """The launch's flags: the user's `model_flags`, less those the search sets again, then the search's."""
+        return [*without_flags_set_again(model_flags, self.flag_words), *self.flag_words]
 
     def to_json(self) -> dict:
         layout = self.layout
@@ -170,7 +174,8 @@ def search(config: PretrainConfig, gpus: int, hardware: Hardware, vocab: Optiona
     for layout in enumerate_layouts(model, counts, gpus, config.training.global_batch_size, pins,
                                     hardware.gpus_per_node):
         progress.counting(len(fitting) + len(rest), len(fitting))
-        words = layout_flag_words(layout, pins, model.moe is not None, fp32_runs)
+        words = layout_flag_words(layout, pins, model.moe is not None, fp32_runs, model.hybrid_layer_pattern,
+                                  model.mtp.num_layers)
         memory = layout_memory_bytes(counts, layout)
         if memory > hardware.gpu_memory_bytes:
             rest.append(Candidate(layout, memory, False, lost_to=f"memory: {memory / 1e9:,.0f} GB > "

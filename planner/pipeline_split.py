@@ -39,13 +39,14 @@ def even_stage_counts(layers: int, pp: int, vp: int) -> StageCounts | None:
     return tuple((layers // (pp * vp),) * vp for _ in range(pp))
 
 
-def layout_string(counts: StageCounts) -> str:
-    """--pipeline-model-parallel-layout for `counts`: virtual stages chunk-major, E first, L last, `|` between, `t*n`
-    runs."""
+def layout_string(counts: StageCounts, mtp_depth: int = 0) -> str:
+    """--pipeline-model-parallel-layout for `counts`: virtual stages chunk-major, E first, the MTP layers (m) and L
+    last, `|` between, `t*n` runs."""
     pp, vp = len(counts), len(counts[0])
     stages = []
     for index in range(pp * vp):
         layers = counts[index % pp][index // pp]
         body = "t" * layers if layers <= 3 else f"t*{layers}"
-        stages.append(("E" if index == 0 else "") + body + ("L" if index == pp * vp - 1 else ""))
+        last = "m" * mtp_depth + "L" if index == pp * vp - 1 else ""
+        stages.append(("E" if index == 0 else "") + body + last)
     return "|".join(stages)

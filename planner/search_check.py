@@ -50,7 +50,7 @@ def check_picks(candidates: list[Candidate], model_flags: Sequence[str], hardwar
         progress.dry_run_started(candidate.layout, max_dry_runs)
         checked += 1
         try:
-            candidate.stage_bytes = stage_bytes([*model_flags, *candidate.flag_words], candidate.layout.gpus, hardware,
+            candidate.stage_bytes = stage_bytes(candidate.launch_flags(model_flags), candidate.layout.gpus, hardware,
                                                 progress.dry_run_line)
         except ConfigError as error:  # a combination the trainer refuses, which the enumeration let through
             candidate.fits, candidate.lost_to = False, f"refused by pretrain_gpt.py: {error}"

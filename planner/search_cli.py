@@ -126,9 +126,9 @@ def search_command(argv: Sequence[str]) -> int:
                                            f"{args.top})" if summary.capped else ""))
     explain_losses(candidates)
     if args.json:
-        print(json.dumps([c.to_json() | {"flags": [*model_flags, *c.flag_words],
+        print(json.dumps([c.to_json() | {"flags": c.launch_flags(model_flags),
                                          "command": launch_command(args.gpus, hardware.gpus_per_node,
-                                                                   [*model_flags, *c.flag_words])}
+                                                                   c.launch_flags(model_flags))}
                           for c in candidates if c.fits]))
         return 0
     no_fit = [] if any(c.fits for c in candidates) else \

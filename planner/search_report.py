@@ -105,7 +105,7 @@ def format_picks(candidates: list[Candidate], top: int, model_flags: list[str], 
         lines.append(f"{rank}. {p.step_s * 1e3:,.1f} ms/step, {p.model_tflops_per_gpu:,.0f} TFLOP/s/GPU, "
                      f"{memory_text(candidate, budget)}" + (f"  [{candidate.lost_to}]" if rank > 1 else ""))
         lines.append("   " + launch_command(candidate.layout.gpus, gpus_per_node,
-                                            [*model_flags, *candidate.flag_words]))
+                                            candidate.launch_flags(model_flags)))
     reasons: dict[str, int] = {}
     for candidate in candidates[min(top, len(fitting)):]:
         key = candidate.lost_to.split(" +")[0].split(":")[0].split(" at ")[0] or "not ranked"

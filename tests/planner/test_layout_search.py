@@ -150,25 +150,51 @@ def test_search_of_an_hf_folder_counts_its_output_layer(capsys):
     assert best["step_s"] > 1.05 * without.prediction.step_s
 
 
-@pytest.mark.parametrize("config, gpus, gbs, pp", [("llama3-8b", 16, 128, 4), ("llama3-8b", 16, 128, 8),
-                                                    ("llama-tiny", 4, 16, 2)])
+@pytest.mark.parametrize("config, gpus, gbs, pp", [(["llama3-8b"], 16, 128, 4), (["llama3-8b"], 16, 128, 8),
+                                                    (["llama-tiny"], 4, 16, 2),
+                                                    (["llama3-8b", "--mtp-num-layers", "1"], 16, 128, 4)])
 def test_the_printed_layout_string_builds_the_split_the_search_priced(config, gpus, gbs, pp):
     # The flag line's --pipeline-model-parallel-layout, read by pretrain_gpt.py's own parser (arguments/) and
-    # gpt/pipeline_layout.py, places the layers per rank and chunk the layout model priced, interleaved ones included.
+    # gpt/pipeline_layout.py, places the layers per rank and chunk the layout model priced, interleaved ones included
+    # (and the MTP layers, `m`, on the last stage).
     import shlex
 
     from gpt.pipeline_layout import pipeline_layout_counts
 
-    counts, candidates = search(parse_config(["--config", config, "--global-batch-size", str(gbs)]), gpus,
+    counts, candidates = search(parse_config(["--config", *config, "--global-batch-size", str(gbs)]), gpus,
                                 load_hardware("h100-sxm"))
     pipelined = [c for c in candidates if c.fits and c.layout.pp == pp]
     picks = pipelined[:1] + [c for c in pipelined if c.layout.vp > 1][:1]
     assert picks
     for pick in picks:
-        config_line = parse_config(["--config", config, *shlex.split(pick.flags())])
+        config_line = parse_config(["--config", *config, *shlex.split(pick.flags())])
         built = pipeline_layout_counts(config_line.model, config_line.parallel)
         assert built == pick.layout.stage_counts and len(built) == pp and len(built[0]) == pick.layout.vp
         assert sum(map(sum, built)) == counts.layers
+
+
+@pytest.mark.parametrize("spelling", ["--hybrid-layer-pattern", "--hybrid-override-pattern"])
+def test_a_hybrid_patterns_split_is_printed_as_its_pipe_segments_and_builds_the_split_priced(spelling):
+    # Megatron-LM refuses --pipeline-model-parallel-layout beside a pattern (its `|` place the stages), and so does the
+    # trainer: the printed command carries the split as the pattern's segments, replacing the user's pattern flag.
+    from gpt.pipeline_layout import pipeline_layout_counts
+
+    model_flags = [spelling, "M-M-M*-M-M-M*-M-M-M*-M-M-M*-M-M-M*-/*-", "--hidden-size", "4096",
+                   "--num-attention-heads", "32", "--seq-length", "4096", "--max-position-embeddings", "4096",
+                   "--vocab-size", "32000", "--position-embedding-type", "rope"]
+    counts, candidates = search(parse_config([*model_flags, "--global-batch-size", "64"]), 16,
+                                load_hardware("h100-sxm"))
+    pipelined = [c for c in candidates if c.fits and c.layout.pp > 1]
+    picks = pipelined[:1] + [c for c in pipelined if c.layout.vp > 1][:1]
+    assert len(picks) == 2
+    for pick in picks:
+        flags = pick.launch_flags(model_flags)
+        assert "--pipeline-model-parallel-layout" not in flags
+        assert [word for word in flags if word.startswith("--hybrid-")] == ["--hybrid-layer-pattern"]
+        config = parse_config([*flags, "--global-batch-size", "64"])
+        built = pipeline_layout_counts(config.model, config.parallel)
+        assert built == pick.layout.stage_counts and sum(map(sum, built)) == counts.layers
+        assert config.model.mtp.num_layers == 1
 
 
 def test_the_balanced_split_gives_the_output_layers_rank_fewer_layers_where_that_pays():
@@ -181,6 +207,7 @@ def test_the_balanced_split_gives_the_output_layers_rank_fewer_layers_where_that
     assert balanced_stage_counts(9, 2, 2, 0.0) == ((3, 2), (2, 2))
     assert layout_string(((3, 2), (2, 2))) == "Ettt|tt|tt|ttL"     # virtual stage k: chunk k // PP of rank k % PP
     assert layout_string(((5,), (3,))) == "Et*5|tttL"
+    assert layout_string(((1,), (2,)), mtp_depth=2) == "Et|ttmmL"
     # Llama 3 8B (32 layers, 128,256-row output layer) on PP 4: the output layer is worth ~2.1 layers, so its rank
     # gets 6 and the slowest rank's load drops from 8 + 2.1 to 9
     hardware = load_hardware("h100-sxm")
