@@ -54,6 +54,11 @@ class DocumentMasking:
     eod_mask_loss: bool = False
     goldfish: Optional[tuple[int, int]] = None  # (k, h) with --goldfish-loss
 
+    @property
+    def masks_loss(self) -> bool:
+        """Whether each micro-batch carries a loss mask (--eod-mask-loss, --goldfish-loss)."""
+        return self.eod_mask_loss or self.goldfish is not None
+
     @classmethod
     def of(cls, eod_id: int, reset_position_ids: bool, reset_attention_mask: bool,
            eod_mask_loss: bool, goldfish: Optional[tuple[int, int]] = None) -> Optional["DocumentMasking"]:

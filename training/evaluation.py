@@ -1,4 +1,5 @@
-"""Evaluation on the validation and test splits, averaged over the data-parallel group."""
+"""Evaluation on the validation and test splits, the loss reduced over the data-parallel group as training's
+(training/logged_loss.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from data.documents import DocumentMasking, DocumentMasks, masked_token_mean
 from data.documents_cp import masks_on_this_rank
 from parallel.context_parallel import batch_on_this_rank
 from parallel.state import ParallelState
+from training.logged_loss import LoggedLoss
 from training.metrics import MetricsWriter, format_eval_line, perplexity
 
 # Re-creates an evaluation loader from its first sample.
@@ -82,25 +84,26 @@ def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> to
 def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, state: ParallelState,
              forward: Optional[Callable[..., torch.Tensor]] = None,
              documents: Optional[DocumentMasking] = None) -> float:
-    """Mean token loss over the first `num_micro_batches` of `loader` on every DP rank."""
+    """The loss over the first `num_micro_batches` of `loader` on every DP rank: with a loss mask the masked sum over
+    the token count of them all, as Megatron-LM's `evaluate`, else the mean of their mean token losses."""
     forward = forward or model
     model.eval()
-    total = torch.zeros((), device=state.device)
+    logged = LoggedLoss(documents, state.device)
     count = 0
     try:
         for batch, _ in zip(loader, range(num_micro_batches)):
             inputs, labels, masks = split_micro_batch(batch, state.device, documents, state)
             per_token = forward(inputs, labels) if masks is None else forward(inputs, labels, masks)
-            total += micro_batch_loss(per_token, masks, state)
+            logged.add(per_token, masks, None if logged.masked else micro_batch_loss(per_token, masks, state))
             count += 1
     finally:
         model.train()
     if count == 0:
         raise RuntimeError("evaluation data ran out before the first batch")
-    mean = total / count
+    logged.average_over(count)
     if state.pipeline_parallel_size > 1:  # the loss is the last stage's; every stage records it
-        torch.distributed.broadcast(mean, src=state.stage_rank(-1), group=state.pipeline_parallel_group)
-    return average_over_data_parallel(mean, state).item()
+        torch.distributed.broadcast(logged.sums, src=state.stage_rank(-1), group=state.pipeline_parallel_group)
+    return logged.reduce(state).item()
 
 
 class Evaluator:

@@ -21,6 +21,7 @@ from parallel.state import ParallelState
 from resilience.rerun_state import RerunStateMachine
 from training.cuda_graphs import CudaGraphs
 from training.evaluation import split_micro_batch
+from training.logged_loss import LoggedLoss
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from training.train_step import DataParallelTrainStep
@@ -49,9 +50,10 @@ class PipelineTrainStep(DataParallelTrainStep):
         self.gradients = PipelineGradients(zero, tied.weight if tied is not None else None, state.embedding_group,
                                            state.pipeline_parallel_group, state.is_first_stage)
         self.dtype = next(model.parameters()).dtype
+        self.logged = LoggedLoss(documents, state.device)  # each iteration's; the last stage's _forward adds to it
 
-    def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
-        """The rank's slots over the iteration's micro-batches; returns the loss, on the device."""
+    def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> LoggedLoss:
+        """The rank's slots over the iteration's micro-batches; returns the logged loss's sums, on the device."""
         state, reducer, observer = self.state, self.zero.reducer, self.observer
         # under CP each stage's micro-batch and sends are its CP rank's chunks
         group = self.settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage
@@ -67,7 +69,7 @@ class PipelineTrainStep(DataParallelTrainStep):
         last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
         inputs: dict[tuple[int, int], Optional[torch.Tensor]] = {}
         outputs: dict[tuple[int, int], Union[torch.Tensor, SentOutput]] = {}
-        iteration_loss = torch.zeros((), device=state.device)
+        self.logged = LoggedLoss(self.documents, state.device)
         for index, slot in enumerate(slots):
             observer.slot_start(index, slot)
             self.p2p.start_slot()
@@ -78,7 +80,6 @@ class PipelineTrainStep(DataParallelTrainStep):
                 outputs[(slot.micro_batch, slot.chunk)] = output
                 if self._ends_model(slot):  # the last stage validates, as Megatron's loss_func runs there
                     self.loss_checks.keep(output, accumulation_steps)
-                    iteration_loss += output.detach()
             else:
                 with contextlib.nullcontext() if index == last_backward else reducer.no_sync():
                     self._backward(slot, inputs.pop((slot.micro_batch, slot.chunk)),
@@ -89,8 +90,8 @@ class PipelineTrainStep(DataParallelTrainStep):
         observer.passes_end()
         self.gradients.sum_shared_embedding()
         # the loss lives on the last stage; the others record it too
-        state.comm.broadcast(iteration_loss, state.stage_rank(-1), state.pipeline_parallel_group, "pp")
-        return iteration_loss
+        state.comm.broadcast(self.logged.sums, state.stage_rank(-1), state.pipeline_parallel_group, "pp")
+        return self.logged
 
     def _virtual_stage(self, slot: Slot) -> int:
         return self.virtual.of(slot.chunk)
@@ -116,7 +117,9 @@ class PipelineTrainStep(DataParallelTrainStep):
             if self._ends_model(slot):
                 losses = self.model.chunk_forward(slot.chunk, chunk_input, labels, tokens=tokens) if masks is None \
                     else self.model.chunk_forward(slot.chunk, chunk_input, labels, masks, tokens=tokens)
-                return self.micro_batch_loss(losses, masks, accumulation_steps)
+                loss = self.micro_batch_loss(losses, masks, accumulation_steps)
+                self.logged.add(losses, masks, loss)
+                return loss
             output = self.model.chunk_forward(slot.chunk, chunk_input) if masks is None else \
                 self.model.chunk_forward(slot.chunk, chunk_input, None, masks)
         self.p2p.send(output, self.state.stage_rank(self._virtual_stage(slot) + 1), ACTIVATION)

@@ -58,7 +58,7 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
     notes += fallback + vocabulary_notes(config.data, config.model, config.sources, vocab_size) \
         + document_masking_notes(config.data, config.model) \
         + moe_notes(config.model, config.parallel, tensor_parallel_size, data_parallel_size)
-    notes += longrope_notes(config.model) + masked_loss_log_notes(config.data, config.training)
+    notes += longrope_notes(config.model)
     model = replace_settings(config.model, vocab_size=vocab_size, attention_backend=attention_backend)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
                                    micro_batch_size=batch.micro_batch_size,
@@ -138,15 +138,6 @@ def document_masking_notes(data: DataConfig, model: ModelConfig) -> tuple[str, .
                     f"only learned positions after each end-of-document token; rotary angles stay those of positions "
                     f"0..seq-1 (within a document, which --reset-attention-mask keeps attention to, rotary q.k "
                     f"depends only on the positions' difference)",)
-
-
-def masked_loss_log_notes(data: DataConfig, training: TrainingConfig) -> tuple[str, ...]:
-    """The logged loss under a loss mask differs from Megatron-LM's, said once."""
-    if not (data.eod_mask_loss or data.goldfish_loss):
-        return ()
-    logged = "evaluation" if training.calculate_per_token_loss else "training and evaluation"
-    return (f"> with a loss mask the logged {logged} loss is the mean of each micro-batch's masked mean; Megatron-LM "
-            f"logs the masked sum over the token count (the gradients are Megatron-LM's either way)",)
 
 
 def longrope_notes(model: ModelConfig) -> tuple[str, ...]:

@@ -22,8 +22,9 @@ from resilience.loss_checks import LossChecks
 from resilience.rerun_state import ReplayingBatches, RerunExit, RerunStateMachine, torch_rng_saver
 from training.cuda_graphs import CudaGraphs
 from training.divergence import DivergenceHistory
-from training.evaluation import average_over_data_parallel, mean_token_loss, micro_batch_loss, split_micro_batch
+from training.evaluation import mean_token_loss, micro_batch_loss, split_micro_batch
 from training.fp8_guard_replay import Fp8GuardReplay
+from training.logged_loss import LoggedLoss
 from training.moe_metrics import begin_moe_iteration, finish_moe_iteration, moe_per_layer_values
 from training.per_token_loss import token_count, token_scale, token_sum
 from training.run_settings import RunSettings
@@ -35,7 +36,7 @@ from zero.optimizer import StepResult
 
 @dataclass(frozen=True)
 class StepOutcome:
-    loss: float             # mean token loss over the micro-batches and DP
+    loss: float             # the logged loss (training/logged_loss.py)
     grad_norm: float        # before clipping
     skipped: bool           # fp16: an overflow made every rank skip the update
     loss_scale: float       # after the step (fp16 lowers it on a skip)
@@ -135,7 +136,7 @@ class DataParallelTrainStep:
         fp8_guard = getattr(self.model, "fp8_guard", None)
         if fp8_guard is not None:
             fp8_guard.begin_iteration(iteration)  # its figures from zero
-        mean_loss, step = self.run_iteration(iteration, accumulation_steps, measure_activations)
+        logged_loss, step = self.run_iteration(iteration, accumulation_steps, measure_activations)
         # MoE bias update and logged losses read values back: not on the dry run's path
         moe_losses = finish_moe_iteration(self.model, state, accumulation_steps)
         # Megatron-Core's "mtp_k loss" beside them
@@ -146,7 +147,7 @@ class DataParallelTrainStep:
         if step.skipped and state.is_first_rank:
             print(f" iteration {iteration}: gradient overflow at loss scale {step.loss_scale:g}; step "
                   f"skipped, loss scale now {optimizer.loss_scaler.scale:g}", flush=True)
-        loss = mean_loss.item()  # waits for the device: the time is complete
+        loss = logged_loss.item()  # waits for the device: the time is complete
         captured = self.cuda_graphs.take_capture_line() if self.cuda_graphs is not None else None
         if captured and state.is_first_rank:
             print(captured, flush=True)
@@ -185,23 +186,23 @@ class DataParallelTrainStep:
         if self.replay is not None:
             self.replay.advance()  # this iteration's micro-batches from here on
         if rerun is None:
-            iteration_loss = self.forward_backward_checked(accumulation_steps, measure_activations)
+            logged = self.forward_backward_checked(accumulation_steps, measure_activations)
         else:  # Megatron-LM's train_step: `while rerun_state_machine.should_run_forward_backward(...)`
             while rerun.should_run_forward_backward(iteration, self.replay):
-                iteration_loss = self.forward_backward_checked(accumulation_steps, measure_activations)
+                logged = self.forward_backward_checked(accumulation_steps, measure_activations)
             should_checkpoint, should_exit, exit_code = rerun.should_checkpoint_and_exit()
             if should_exit:  # before the update: a checkpoint holds the weights this iteration started from
                 raise RerunExit(exit_code, should_checkpoint)
         step = self.observer.optimizer_step(self.zero.optimizer)
-        return average_over_data_parallel(iteration_loss, state), step
+        return logged.reduce(state), step
 
-    def forward_backward_checked(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
+    def forward_backward_checked(self, accumulation_steps: int, measure_activations: bool) -> LoggedLoss:
         """The iteration's micro-batches; under --fp8-guard again until no FP8 layer failed its check."""
-        def passes() -> torch.Tensor:
+        def passes() -> LoggedLoss:
             return self.forward_backward_from_zero(accumulation_steps, measure_activations)
         return passes() if self.fp8_replay is None else self.fp8_replay.run(passes)
 
-    def forward_backward_from_zero(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
+    def forward_backward_from_zero(self, accumulation_steps: int, measure_activations: bool) -> LoggedLoss:
         """The iteration's micro-batches from zeroed gradients."""
         state = self.state
         self.zero.reducer.zero_grad()
@@ -211,10 +212,10 @@ class DataParallelTrainStep:
         begin_mtp_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps)
         forget_fp8_weight_casts(self.model)  # each FP8 weight cast again in the first (TE's is_first_microbatch)
         self.loss_checks.start()
-        iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
+        logged = self.forward_backward(accumulation_steps, measure_activations)
         forget_fp8_weight_casts(self.model)  # the step writes the weights
         self.loss_checks.validate()  # read back once, outside the micro-batches
-        return iteration_loss
+        return logged
 
     def per_token_batches(self, micro_batches: int) -> list:
         """With --calculate-per-token-loss, the micro-batches read first and their token scale."""
@@ -242,11 +243,10 @@ class DataParallelTrainStep:
             return mean_token_loss(losses, self.state) / accumulation_steps
         return micro_batch_loss(losses, masks, self.state) / accumulation_steps
 
-    def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
-        """The micro-batches of one iteration; returns their mean loss on the device (Megatron-LM instead weighs ranks
-        by their unmasked tokens)."""
+    def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> LoggedLoss:
+        """The micro-batches of one iteration; returns this rank's sums of the logged loss, on the device."""
         reducer, activations, device, observer = self.zero.reducer, self.activations, self.state.device, self.observer
-        iteration_loss = torch.zeros((), device=device)
+        logged = LoggedLoss(self.documents, device)
         micro_batches = observer.micro_batches(accumulation_steps)
         # --calculate-per-token-loss reads the micro-batches first, for their token count
         batches = self.per_token_batches(len(micro_batches))
@@ -265,7 +265,7 @@ class DataParallelTrainStep:
                 with observer.phase("backward"):
                     self.zero.scale_loss(loss).backward()
             reducer.finish_grad_sync()
-            iteration_loss += loss.detach()
+            logged.add(losses, masks, loss)
             observer.micro_batch_end(micro_batch)
         observer.passes_end()
-        return iteration_loss
+        return logged

@@ -110,9 +110,9 @@ def test_the_loss_mask_joins_the_eod_mask_and_the_loss_divides_by_the_tokens_kep
 
 
 def test_a_run_s_first_loss_leaves_the_dropped_tokens_out(tmp_path, monkeypatch):
-    """--goldfish-loss --goldfish-k 3 --goldfish-h 2 --eod-mask-loss: the first iteration's logged loss is, per
-    micro-batch, the plain per-token losses summed over the tokens the mask keeps (by hand) over their count,
-    averaged over the micro-batches; without --goldfish-loss it differs."""
+    """--goldfish-loss --goldfish-k 3 --goldfish-h 2 --eod-mask-loss: the first iteration's logged loss is the plain
+    per-token losses summed over the tokens the mask keeps (by hand) over their count, over all the micro-batches
+    (Megatron-LM's training.py train_step); without --goldfish-loss it differs."""
     reference = {}
     original = DataParallelTrainStep.forward_backward
 
@@ -120,7 +120,7 @@ def test_a_run_s_first_loss_leaves_the_dropped_tokens_out(tmp_path, monkeypatch)
         if not reference:
             batches = [next(self.train_batches) for _ in range(accumulation_steps)]
             self.train_batches = itertools.chain(batches, self.train_batches)
-            total = 0.0
+            total = count = 0.0
             with torch.no_grad():
                 for batch in batches:
                     tokens = batch["tokens"]
@@ -128,8 +128,8 @@ def test_a_run_s_first_loss_leaves_the_dropped_tokens_out(tmp_path, monkeypatch)
                     keep = torch.tensor([by_hand(row[1:].tolist(), k=3, h=2) for row in tokens]) * \
                         (tokens[:, :-1] != EOD)
                     assert 0 < keep.sum() < keep.numel()
-                    total += ((losses * keep).sum() / keep.sum()).item()
-            reference["loss"] = total / accumulation_steps
+                    total, count = total + (losses * keep).sum().item(), count + keep.sum().item()
+            reference["loss"] = total / count
         return original(self, accumulation_steps, measure_activations)
 
     monkeypatch.setattr(DataParallelTrainStep, "forward_backward", reference_first)

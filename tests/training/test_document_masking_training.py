@@ -6,7 +6,8 @@ give the single process's losses.
 Megatron-LM builds the masks per sample (megatron/core/datasets/gpt_dataset.py _get_ltor_masks_and_position_ids)
 and reduces the loss per micro-batch: pretrain_gpt.py loss_func sums loss x mask and counts the mask's tokens,
 megatron/core/pipeline_parallel/schedules.py forward_step_calc_loss divides by that count and by the number of
-micro-batches, and the data-parallel gradient reduction averages over the ranks. The data here are documents of
+micro-batches, and the data-parallel gradient reduction averages over the ranks. It logs the masked sums over the
+counts of all the micro-batches (megatron/training/training.py train_step; `evaluate` over all eval iterations). The data here are documents of
 2 to 12 tokens, so every 32-token sample holds several.
 """
 
@@ -54,10 +55,10 @@ def records(tmp_path, name) -> list[dict]:
     return [json.loads(line) for line in open(tmp_path / f"{name}.jsonl") if '"grad_norm"' in line]
 
 
-def per_document_loss(model, tokens: torch.Tensor) -> torch.Tensor:
-    """One micro-batch's loss by hand: each sample cut after each EOD of its inputs, each piece through the plain
-    model alone (positions from 0, attending only to itself), the losses of the EOD inputs left out, the rest
-    averaged over the micro-batch."""
+def per_document_sums(model, tokens: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """One micro-batch's loss sum and token count by hand: each sample cut after each EOD of its inputs, each piece
+    through the plain model alone (positions from 0, attending only to itself), the losses of the EOD inputs left
+    out."""
     total, count = torch.zeros(()), 0
     for row in tokens:
         inputs, labels = row[:-1], row[1:]
@@ -67,7 +68,13 @@ def per_document_loss(model, tokens: torch.Tensor) -> torch.Tensor:
                 losses = model(inputs[None, start:end], labels[None, start:end])[0]
                 keep = inputs[start:end] != EOD
                 total, count = total + losses[keep].sum(), count + int(keep.sum())
-    return total / count
+    return total, count
+
+
+def sum_over_count(model, batches) -> torch.Tensor:
+    """Megatron-LM's logged loss of `batches`: their masked loss sums over their token counts."""
+    sums = [per_document_sums(model, batch["tokens"]) for batch in batches]
+    return sum(total for total, _ in sums) / sum(count for _, count in sums)
 
 
 def test_first_iteration_loss_is_each_document_alone_without_the_eods_prediction(tmp_path, monkeypatch):
@@ -81,8 +88,7 @@ def test_first_iteration_loss_is_each_document_alone_without_the_eods_prediction
             batches = [next(self.train_batches) for _ in range(accumulation_steps)]
             self.train_batches = itertools.chain(batches, self.train_batches)
             with torch.no_grad():
-                reference["loss"] = sum(per_document_loss(self.model, batch["tokens"]) for batch in batches) \
-                    / accumulation_steps
+                reference["loss"] = sum_over_count(self.model, batches)
         return original(self, accumulation_steps, measure_activations)
 
     monkeypatch.setattr(DataParallelTrainStep, "forward_backward", reference_first)
@@ -96,19 +102,24 @@ def test_first_iteration_loss_is_each_document_alone_without_the_eods_prediction
 
 
 def test_evaluation_uses_the_same_masks():
+    """The validation loss is the masked loss sum over the token count of all its micro-batches, as Megatron-LM's
+    training.py `evaluate` sums the (sum, count) pairs over its eval iterations and divides at the end."""
     config = ModelConfig.of(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=32,
                          max_position_embeddings=32, vocab_size=256, hidden_dropout=0.0, attention_dropout=0.0)
     from gpt.model import build_gpt_model
     state = ParallelState(device=torch.device("cpu"))
     model = build_gpt_model(config, state, seed=2)
     generator = torch.Generator().manual_seed(4)
-    batches = [{"tokens": torch.where(torch.rand(2, 33, generator=generator) < 0.15, EOD,
-                                      torch.randint(0, EOD, (2, 33), generator=generator))} for _ in range(3)]
+    # 5%, 30% and 60% end-of-document tokens: three token counts
+    batches = [{"tokens": torch.where(torch.rand(2, 33, generator=generator) < share, EOD,
+                                      torch.randint(0, EOD, (2, 33), generator=generator))} for share in (.05, .3, .6)]
     documents = DocumentMasking.of(EOD, True, True, True)
     loss = evaluate(model, batches, 3, state, documents=documents)
     with torch.no_grad():
-        expected = sum(per_document_loss(model, batch["tokens"]) for batch in batches) / 3
-    assert loss == pytest.approx(expected.item(), rel=1e-5)
+        expected = sum_over_count(model, batches)
+        means = sum(total / count for total, count in (per_document_sums(model, b["tokens"]) for b in batches)) / 3
+    assert loss == pytest.approx(expected.item(), rel=1e-6)
+    assert loss != pytest.approx(means.item(), rel=1e-4)  # the mean of the batches' masked means is another loss
 
 
 def train_rank(rank, world_size, args):

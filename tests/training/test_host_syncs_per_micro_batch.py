@@ -91,7 +91,7 @@ def site_of(function, text: str) -> str:
 
 
 THE_COUNTS_READ = ("Tensor.tolist", site_of(read_counts, ".tolist()"))  # a dropless MoE layer's one read
-THE_LOSS_READ = ("aten._local_scalar_dense.default", site_of(DataParallelTrainStep.__call__, "mean_loss.item()"))
+THE_LOSS_READ = ("aten._local_scalar_dense.default", site_of(DataParallelTrainStep.__call__, "logged_loss.item()"))
 THE_CHECKS_READ = ("Tensor.tolist", site_of(LossChecks.validate, ".tolist()"))
 
 

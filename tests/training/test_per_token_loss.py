@@ -6,10 +6,10 @@ masked loss sum over its token count summed over DP x CP.
   --moe-z-loss-coeff 0.001: the balancing losses' scale) with `--calculate-per-token-loss --eod-mask-loss` and, for
   contrast, without the first (each fixture's megatron_per_token_losses.json; the corpus's documents are 8-60 tokens,
   so each micro-batch masks another count of end-of-document tokens). pretrain_gpt.py resuming the same save with the
-  same flags on one rank logs its losses and grad norms within 1e-6 (measured 1.2e-7 and 1.2e-7), and without
-  --calculate-per-token-loss its grad norms (its logged loss is the mean of the micro-batches' masked means here,
-  Megatron-LM's the sum over the count in either mode); the modes' grad norms differ by 1.2e-3 and 8.8e-5 (dense),
-  1.3e-4 and 7.2e-6 (MoE).
+  same flags on one rank logs its losses and grad norms within 1e-6 (measured 1.2e-7 and 1.2e-7), and so without
+  --calculate-per-token-loss: the logged loss is the masked sum over the token count in either mode
+  (training/logged_loss.py, as core_v0.19.0 training.py train_step reduces loss_func's [sum, count] pairs); the
+  modes' grad norms differ by 1.2e-3 and 8.8e-5 (dense), 1.3e-4 and 7.2e-6 (MoE).
 - The masked sum over the count does not depend on the layout: DP 2, CP 2 and PP 2 give one rank's losses and grad
   norms (fp32, the fuzz's tolerances 1e-5 and 1e-4; measured within 1.1e-7), with a goldfish loss's masks.
 """
@@ -46,8 +46,7 @@ def test_a_resumed_megatron_checkpoint_trains_to_megatrons_losses_and_norms(tmp_
     assert sorted(ours) == sorted(theirs) == [3, 4]
     for iteration, (loss, norm) in theirs.items():
         assert ours[iteration][1] == pytest.approx(norm, rel=1e-6, abs=0), (iteration, ours, theirs)
-        if mode == "per_token":  # the per-micro-batch mode's logged loss is the mean of the means here (train_step.py)
-            assert ours[iteration][0] == pytest.approx(loss, rel=1e-6, abs=0), (iteration, ours, theirs)
+        assert ours[iteration][0] == pytest.approx(loss, rel=1e-6, abs=0), (iteration, ours, theirs)
     # the two modes are two gradients: a per-token run equal to the other would not be one
     other = megatron["per_micro_batch" if mode == "per_token" else "per_token"]["grad_norms"]
     assert all(abs(other[i] - megatron[mode]["grad_norms"][i]) > 5e-6 * other[i] for i in other)
