@@ -71,15 +71,6 @@ def split_micro_batch(batch: dict, device: torch.device, documents: Optional[Doc
     return batch_on_this_rank(inputs, state), batch_on_this_rank(labels, state), masks
 
 
-def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """Mean of `tensor` over DP x CP, in place."""
-    size = state.data_context_parallel_size
-    if size > 1:
-        state.comm.all_reduce(tensor, state.data_context_parallel_group, "dp")
-        tensor /= size
-    return tensor
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, state: ParallelState,
              forward: Optional[Callable[..., torch.Tensor]] = None,

@@ -43,7 +43,6 @@ from scripts.tools.reshard_checkpoint import WORD_EMBEDDING, reshard
 from scripts.tools.zero_to_fp32 import export_fp32
 from tests.distributed import run_distributed
 from tests.zero_harness import ZeroHarness
-from training.evaluation import average_over_data_parallel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -89,6 +88,14 @@ def mean_loss(model, config, state, tokens: torch.Tensor) -> torch.Tensor:
     dtype = torch.bfloat16 if config.training.mixed_precision.bf16 else torch.float32
     with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
         return model(tokens[:, :-1], tokens[:, 1:]).mean()
+
+
+def average_over_data_parallel(tensor: torch.Tensor, state) -> torch.Tensor:
+    """Mean of `tensor` over DP x CP, in place."""
+    if state.data_context_parallel_size > 1:
+        state.comm.all_reduce(tensor, state.data_context_parallel_group, "dp")
+        tensor /= state.data_context_parallel_size
+    return tensor
 
 
 def train_step(model, optimizer, config, state, step: int) -> float:
