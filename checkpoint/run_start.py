@@ -132,7 +132,7 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
             started.saved_data_parallel_size = metadata.get("data_parallel_size")
             started.data_start = (metadata.get("iteration", 0), metadata.get("consumed_samples") or 0)
         if metadata is not None and checkpoint.moe_use_upcycling:
-            started.data_start = upcycled_start(metadata, checkpoint.finetune, batch.global_batch_size)
+            started.data_start = upcycled_start(metadata, checkpoint.finetune)
         started.identity = identity_on_start(metadata, checkpoint.finetune or checkpoint.moe_use_upcycling,
                                               fresh_run_id, launch_id,
                                               sample_order(checkpoint.ckpt_format))

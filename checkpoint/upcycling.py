@@ -24,7 +24,7 @@ from parallel.state import ParallelState
 
 DENSE_MLP = re.compile(r"^(?P<mlp>.*\.mlp)\.(?P<tail>(?P<linear>dense_h_to_4h(?:_gate|_up)?|dense_4h_to_h)\."
                        r"(?:weight|bias))$")
-UPCYCLED_ITERATION = 1  # Megatron-LM's setup_model_and_optimizer saves the upcycled model as iteration 1
+UPCYCLED_ITERATION = 1  # what Megatron-LM's setup_model_and_optimizer saves the upcycled model as
 
 
 def dense_model_config(model, granularity: int):
@@ -47,12 +47,11 @@ def check_upcycling_start(save: str, load: str, dense: Optional[Path], format_na
                               f"once into a new directory, as Megatron-LM asserts; later runs drop the flag")
 
 
-def upcycled_start(metadata: dict, finetune: bool, global_batch_size: int) -> tuple[int, int]:
-    """Megatron-LM's (iteration, consumed samples) after the upcycled save: iteration 1 and the dense checkpoint's
-    consumed_train_samples (load_checkpoint keeps them unless --finetune); none read as iteration 1's batch, as
-    build_train_valid_test_data_iterators reads them."""
-    consumed = 0 if finetune else metadata.get("consumed_samples") or 0
-    return UPCYCLED_ITERATION, consumed or UPCYCLED_ITERATION * global_batch_size
+def upcycled_start(metadata: dict, finetune: bool) -> tuple[int, int]:
+    """Megatron-LM's (iteration, consumed samples) once the upcycled model is saved: setup_model_and_optimizer's
+    --load branch is skipped, so the iteration is 0 again, and load_checkpoint kept the dense checkpoint's
+    consumed_train_samples (none under --finetune)."""
+    return 0, 0 if finetune else metadata.get("consumed_samples") or 0
 
 
 def expert_scale(model, granularity: int) -> float:
@@ -187,6 +186,6 @@ def load_upcycled(format_name: str, path: Path, model: nn.Module, optimizer, rng
             dense.restore_random_states(rng, state)  # its notes flush, as a resume says them
         log(f"> upcycled the dense checkpoint {path} ({dense.format_name}): each MLP into "
             f"{model_config.moe.num_experts} experts at granularity {granularity} (weights x {scale:.6g}), saved as "
-            f"iteration {start[0]}; training continues after it at sample {start[1]} with a fresh optimizer and "
-            f"schedule")
+            f"iteration {UPCYCLED_ITERATION}; training runs from iteration {start[0] + 1} at sample {start[1]} with a "
+            f"fresh optimizer and schedule")
     return ResumePoint(*start, path, 0, weights.bytes_read, weights.shard_bytes)

@@ -17,7 +17,7 @@ from checkpoint.null_tokenizer_reading import read_as_saved
 from checkpoint.run_saves import CheckpointSaves
 from checkpoint.run_start import RunStart, claim_run_start
 from checkpoint.tokenizer_check import check_resume_tokenizer
-from checkpoint.upcycling import load_upcycled
+from checkpoint.upcycling import UPCYCLED_ITERATION, load_upcycled
 from data.tokenizer import RunTokenizer
 from gpt.model_config import ModelConfig
 from parallel.launch_environment import read_launch_environment
@@ -137,7 +137,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
             on_failure.callback(save.abandon)
             log(save.mode_line)
         if config.checkpoint.moe_use_upcycling:  # Megatron-LM saves the upcycled model before training
-            save(start.iteration, start.consumed_samples, 0.0, start.schedule_samples)
+            save(UPCYCLED_ITERATION, start.consumed_samples, 0.0, start.schedule_samples)
         for line in config.json_differences:  # last, where a user looks for the learning rate the JSON asked for
             log(line)
         run = Run(settings=settings, state=state, tokenizer=tokenizer, data=data, built=built, start=start,

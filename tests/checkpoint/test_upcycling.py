@@ -1,8 +1,9 @@
 """--moe-use-upcycling (checkpoint/upcycling.py) as Megatron-Core's upcycling_utils makes the MoE model, and what
 Megatron-Core's own test checks (tests/unit_tests/transformer/moe/test_upcycling.py @ core_v0.19.0: the MoE model's
 output is the dense model's, there within 1e-1 in bf16): the first trained iteration's fp32 loss is the dense model's on
-the same batch. Megatron-LM's training.py setup_model_and_optimizer saves the upcycled model as iteration 1, so that one
-is iteration 2, on the batch the dense run would train next (load_checkpoint keeps its consumed_train_samples).
+the same batch. Megatron-LM's training.py setup_model_and_optimizer saves the upcycled model as iteration 1, then trains
+from iteration 0 again (its --load branch skipped) on the batch the dense run would train next (load_checkpoint kept
+consumed_train_samples).
 
 Exact where the math is: at granularity 1 every selected expert is the dense MLP and the top-k probabilities sum to 1;
 at granularity G a top-k of whole tied groups (topk a multiple of G) gives each slice 1/G of an output scaled by G,
@@ -41,8 +42,8 @@ def megatron_llama_flags(tmp_path: Path) -> list:
 
 @pytest.mark.parametrize("granularity", [1, 8])
 def test_a_megatron_dense_checkpoint_upcycles_to_the_dense_models_next_loss(tmp_path, monkeypatch, granularity):
-    """The dense save resumed trains iteration 3 on samples 8-11; the upcycled run, from its iteration 1, trains
-    iteration 2 on them, and on to 4 (samples 8-19, past the 16 of --train-iters 4's batches, as Megatron-LM reads). Measured: the dense loss 4.866609573364258 (the fixture's Megatron-LM iteration 3); upcycled
+    """The dense save resumed trains iteration 3 on samples 8-11; the upcycled run trains iteration 1 on them, and on
+    to 4 (samples 8-23, past the 16 of --train-iters 4's batches, as Megatron-LM reads on). Measured: the dense loss 4.866609573364258 (the fixture's Megatron-LM iteration 3); upcycled
     at G 1 bitwise, at G 8 (SwiGLU, first order only: the module docstring) 4.866612434387207, 5.9e-7 off: the 1e-6
     is fp32's sums plus that remainder, which this fixture's small pre-activations keep small (it grows as
     silu(2a)/2 - silu(a) with them)."""
@@ -52,22 +53,23 @@ def test_a_megatron_dense_checkpoint_upcycles_to_the_dense_models_next_loss(tmp_
     moe = ["--num-experts", "8", "--moe-router-topk", "8"] + (UPCYCLE_8 if granularity == 8 else
                                                               ["--moe-use-upcycling"])
     upcycled, out = _losses(tmp_path, "upcycled", flags + moe + ["--save", tmp_path / "moe"])
-    assert f"each MLP into 8 experts at granularity {granularity}" in out and "after it at sample 8" in out
-    assert sorted(dense) == [3, 4] and sorted(upcycled) == [2, 3, 4]
+    assert f"each MLP into 8 experts at granularity {granularity}" in out and "iteration 1 at sample 8 " in out
+    assert sorted(dense) == [3, 4] and sorted(upcycled) == [1, 2, 3, 4]
     if granularity == 1:
-        assert upcycled[2] == dense[3]
+        assert upcycled[1] == dense[3]
     else:
-        assert upcycled[2] == pytest.approx(dense[3], rel=1e-6, abs=0)
-        assert upcycled[2] != dense[3]  # Megatron's split and scaling ran: not a plain copy
+        assert upcycled[1] == pytest.approx(dense[3], rel=1e-6, abs=0)
+        assert upcycled[1] != dense[3]  # Megatron's split and scaling ran: not a plain copy
     assert (tmp_path / "moe" / "iter_0000001").is_dir() and (tmp_path / "moe" / "iter_0000004").is_dir()
 
 
 def test_the_upcycled_run_trains_the_dense_runs_next_batch_and_its_iteration_1_save_resumes_without_the_flag(
         tmp_path, monkeypatch):
-    """Megatron-LM's order: the dense run's iteration 3 and the upcycled run's first (2) read the same batch (samples
-    8-11) and weights; the iteration-1 save (fresh optimizer, schedule at step 0) resumed without --moe-use-upcycling
-    trains iterations 2 and 3 as the upcycling run did. Both read past the 12 samples of --train-iters 3's batches.
-    Squared ReLU at G 8 is exact (module docstring)."""
+    """Megatron-LM's order: the dense run's iteration 3 and the upcycled run's first (1) read the same batch (samples
+    8-11) and weights; the iteration-1 save (fresh optimizer, schedule at step 0, 8 samples) resumed without
+    --moe-use-upcycling trains iterations 2 and 3 as the upcycling run trained 1 and 2, as Megatron-LM's resume of it
+    does. Both read past the 12 samples of --train-iters 3's batches. Squared ReLU at G 8 is exact (module docstring).
+    """
     monkeypatch.chdir(data_workdir(tmp_path))
     flags = _squared_relu_flags() + ["--train-iters", "3"]
     dense, _ = _losses(tmp_path, "dense", flags + ["--ffn-hidden-size", "32", "--save", tmp_path / "dense",
@@ -75,17 +77,17 @@ def test_the_upcycled_run_trains_the_dense_runs_next_batch_and_its_iteration_1_s
     moe = flags + ["--num-experts", "8", "--moe-router-topk", "8", "--ffn-hidden-size", "4"]
     upcycled, out = _losses(tmp_path, "upcycled", moe + UPCYCLE_8 + ["--load", tmp_path / "dense" / "iter_0000002",
                                                                      "--save", tmp_path / "moe"])
-    assert "saved as iteration 1; training continues after it at sample 8 " in out
-    assert sorted(upcycled) == [2, 3]
-    assert upcycled[2] == pytest.approx(dense[3], rel=1e-6, abs=0)
+    assert "saved as iteration 1; training runs from iteration 1 at sample 8 " in out
+    assert sorted(upcycled) == [1, 2, 3]
+    assert upcycled[1] == pytest.approx(dense[3], rel=1e-6, abs=0)
     # the dense run's samples continue; the schedule is built, not loaded: it starts at step 0 (warmup's lr 0)
     logged = {name: [(r["consumed_samples"], r["lr"]) for r in metrics_records(tmp_path / f"{name}.jsonl")
                      if "loss" in r] for name in ("dense", "upcycled")}
-    assert logged["upcycled"] == [(12, logged["dense"][0][1]), (16, logged["dense"][1][1])]
+    assert logged["upcycled"] == [(8 + consumed, lr) for consumed, lr in logged["dense"]]
     assert logged["dense"][:2] == [(4, 0.0), (8, 0.001)]
     resumed, out = _losses(tmp_path, "resumed", moe + ["--load", tmp_path / "moe" / "iter_0000001"])
     assert "resuming after iteration 1 (8 samples consumed)" in out
-    assert resumed == upcycled
+    assert resumed == {2: upcycled[1], 3: upcycled[2]}
 
 
 def test_refusals_are_megatrons_in_one_line(tmp_path):
@@ -142,7 +144,7 @@ def upcycle_at_pp2_ep2(rank: int, world_size: int, flags: list, workdir: str) ->
 def test_this_projects_dense_checkpoint_upcycles_at_pp2_ep2_granularity_8_to_the_dense_next_loss(tmp_path,
                                                                                                    monkeypatch):
     """The issue's launch shrunk in size only: PP 2 x EP 2 (DP 2), 16 experts: two tied groups of the dense FFN split 8 ways, top 8.
-    The dense save at iteration 1 resumed and the upcycled run both train iteration 2 on the same batch. Squared ReLU
+    The dense save at iteration 1 resumed trains iteration 2 on the batch the upcycled run's iteration 1 trains. Squared ReLU
     makes it exact (module docstring): measured bitwise (4.845691204071045); 1e-6 leaves fp32's sums room to round otherwise."""
     from tests.distributed import run_distributed
 
@@ -158,6 +160,6 @@ def test_this_projects_dense_checkpoint_upcycles_at_pp2_ep2_granularity_8_to_the
                                tmp_path / "cache", "--metrics-file", metrics]
     run_distributed(upcycle_at_pp2_ep2, 4, moe, str(workdir), timeout=300)
     upcycled = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
-    assert sorted(dense) == [2] and sorted(upcycled) == [2]
+    assert sorted(dense) == [2] and sorted(upcycled) == [1, 2]
     assert (tmp_path / "moe" / "iter_0000001").is_dir() and (tmp_path / "moe" / "iter_0000002").is_dir()
-    assert upcycled[2] == pytest.approx(dense[2], rel=1e-6, abs=0)
+    assert upcycled[1] == pytest.approx(dense[2], rel=1e-6, abs=0)
