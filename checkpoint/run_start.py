@@ -133,9 +133,11 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
             started.data_start = (metadata.get("iteration", 0), metadata.get("consumed_samples") or 0)
         if metadata is not None and checkpoint.moe_use_upcycling:
             started.data_start = upcycled_start(metadata, checkpoint.finetune)
+        order = sample_order(checkpoint.ckpt_format)
+        if checkpoint.moe_use_upcycling and not checkpoint.finetune:  # the dense run's samples read on, in its order
+            order = identity_on_start(metadata, False, fresh_run_id, launch_id).sample_order
         started.identity = identity_on_start(metadata, checkpoint.finetune or checkpoint.moe_use_upcycling,
-                                              fresh_run_id, launch_id,
-                                              sample_order(checkpoint.ckpt_format))
+                                              fresh_run_id, launch_id, order)
         if started.metrics_file is None:  # known now: a resume's lineage is its checkpoint's
             path = default_metrics_file(started.identity.run_id)
             agree(state, attempt(lambda: claim_metrics_file(path))[1] if state.is_first_rank else None)
