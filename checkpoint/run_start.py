@@ -24,7 +24,7 @@ from checkpoint.save_directory import SaveDirectoryLock
 from checkpoint.start_decision import StartDecision, check_save_directory, continues_training, decide_start
 from checkpoint.tokenizer_check import SavedTokenizer, saved_tokenizer
 from checkpoint.unfinished_save import finish_unfinished_save, needs_finishing
-from checkpoint.upcycling import check_upcycling_start
+from checkpoint.upcycling import check_upcycling_start, upcycled_start
 from parallel.state import ParallelState
 
 
@@ -44,6 +44,8 @@ class RunStart:
     saved_data_parallel_size: Optional[int] = None
     # how the checkpoint's run read NullTokenizer's --vocab-size, where not as by default; None: the default
     saved_null_tokenizer: Optional[NullTokenizerReading] = None
+    # (iteration, consumed samples) the run's data continues from: the datasets are sized for what it reads
+    data_start: tuple[int, int] = (0, 0)
 
     def load(self, built, state: ParallelState, model_config, *, load_optimizer: bool, load_rng: bool,
              finetune: bool) -> ResumePoint:
@@ -128,9 +130,14 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
         if metadata is not None and continues_training(config):
             started.saved_tokenizer = saved_tokenizer(metadata, decision.resume_from)
             started.saved_data_parallel_size = metadata.get("data_parallel_size")
+            started.data_start = (metadata.get("iteration", 0), metadata.get("consumed_samples") or 0)
+        if metadata is not None and checkpoint.moe_use_upcycling:
+            started.data_start = upcycled_start(metadata, checkpoint.finetune)
+        order = sample_order(checkpoint.ckpt_format)
+        if checkpoint.moe_use_upcycling and not checkpoint.finetune:  # the dense run's samples read on, in its order
+            order = identity_on_start(metadata, False, fresh_run_id, launch_id).sample_order
         started.identity = identity_on_start(metadata, checkpoint.finetune or checkpoint.moe_use_upcycling,
-                                              fresh_run_id, launch_id,
-                                              sample_order(checkpoint.ckpt_format))
+                                              fresh_run_id, launch_id, order)
         if started.metrics_file is None:  # known now: a resume's lineage is its checkpoint's
             path = default_metrics_file(started.identity.run_id)
             agree(state, attempt(lambda: claim_metrics_file(path))[1] if state.is_first_rank else None)

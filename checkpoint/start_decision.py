@@ -193,7 +193,8 @@ def continues_training(config) -> bool:
 
 def check_samples_fit(metadata: dict, config, batch: BatchSchedule, iteration_dir: Path) -> None:
     """Raise ConfigError, naming the flag that makes it consistent, when the iterations left would read past the samples
-    the schedule covers (Megatron-LM asserts instead)."""
+    the schedule covers because the global batch changed. More samples than its iterations' batches (an upcycled run's,
+    checkpoint/upcycling.py) are read on: build_data sizes the data for them."""
     iteration, consumed = metadata["iteration"], metadata["consumed_samples"]
     train_iters = train_iterations(config.training, batch)
     tokens = config.training.train_tokens
@@ -201,19 +202,14 @@ def check_samples_fit(metadata: dict, config, batch: BatchSchedule, iteration_di
         return  # nothing to train: the run says so and ends (training/run_training.py)
     covered = batch.consumed_after(train_iters)
     needed = batch.consumed_after(train_iters - iteration, consumed)
-    if needed <= covered:
+    saved_batch = ((metadata.get("config") or {}).get("training") or {}).get("global_batch_size")
+    if needed <= covered or not (isinstance(saved_batch, int) and saved_batch != batch.global_batch_size
+                                 and batch.rampup is None and batch.steps is None and iteration * saved_batch >= consumed):
         return
     length = (f"--train-samples {config.training.train_samples}" if config.training.train_samples is not None
               else f"--train-iters {train_iters}")
-    saved_batch = ((metadata.get("config") or {}).get("training") or {}).get("global_batch_size")
-    if (isinstance(saved_batch, int) and saved_batch != batch.global_batch_size and batch.rampup is None
-            and batch.steps is None and iteration * saved_batch >= consumed):
-        fix = f"resume with the checkpoint's --global-batch-size {saved_batch}"
-    else:
-        fix = (f"its {consumed} samples are more than {iteration} iterations of this run's batches consume "
-               f"({batch.consumed_after(iteration)}), so no --train-iters fits them (was the metadata edited?); "
-               f"pass --finetune to train its weights on a new sample sequence from iteration 0")
     raise ConfigError(f"resuming {iteration_dir}: it has consumed {consumed} samples in {iteration} iterations, and "
                       f"the {train_iters - iteration} iterations left would read samples {consumed} to {needed}, past "
-                      f"the {covered} that {length} at global batch {batch.describe()} covers; {fix}",
+                      f"the {covered} that {length} at global batch {batch.describe()} covers; resume with the "
+                      f"checkpoint's --global-batch-size {saved_batch}",
                       flags=("--global-batch-size", "--train-iters"))

@@ -24,8 +24,7 @@ from parallel.state import ParallelState
 
 DENSE_MLP = re.compile(r"^(?P<mlp>.*\.mlp)\.(?P<tail>(?P<linear>dense_h_to_4h(?:_gate|_up)?|dense_4h_to_h)\."
                        r"(?:weight|bias))$")
-DIFFERS = ("Megatron-LM also continues the dense run's consumed samples and writes the upcycled weights as iteration "
-           "1 before training; here the data starts at sample 0 and the run's own saves write them")
+UPCYCLED_ITERATION = 1  # what Megatron-LM's setup_model_and_optimizer saves the upcycled model as
 
 
 def dense_model_config(model, granularity: int):
@@ -46,6 +45,13 @@ def check_upcycling_start(save: str, load: str, dense: Optional[Path], format_na
     if holds_checkpoints(Path(save)):
         raise CheckpointError(f"--save {save} already holds a checkpoint: --moe-use-upcycling converts a dense model "
                               f"once into a new directory, as Megatron-LM asserts; later runs drop the flag")
+
+
+def upcycled_start(metadata: dict, finetune: bool) -> tuple[int, int]:
+    """Megatron-LM's (iteration, consumed samples) once the upcycled model is saved: setup_model_and_optimizer's
+    --load branch is skipped, so the iteration is 0 again, and load_checkpoint kept the dense checkpoint's
+    consumed_train_samples (none under --finetune)."""
+    return 0, 0 if finetune else metadata.get("consumed_samples") or 0
 
 
 def expert_scale(model, granularity: int) -> float:
@@ -165,16 +171,21 @@ def _dense_source(format_name: str, path: Path) -> Iterator[GlobalStateSource]:
             yield source
 
 
-def load_upcycled(format_name: str, path: Path, model: nn.Module, optimizer, state: ParallelState, model_config,
-                  granularity: int, seed: int, log=print) -> ResumePoint:
-    """This rank's MoE weights from the dense checkpoint at `path`; a fresh start at iteration 0 and sample 0."""
+def load_upcycled(format_name: str, path: Path, model: nn.Module, optimizer, rng, state: ParallelState, model_config,
+                  checkpoint, seed: int, start: tuple[int, int], log=print) -> ResumePoint:
+    """This rank's MoE weights from the dense checkpoint at `path`, at Megatron-LM's `start` (`upcycled_start`) with the
+    dense run's random states, a fresh optimizer and a schedule at step 0 (its load_checkpoint gets neither)."""
+    granularity = checkpoint.moe_upcycling_granularity
     scale = expert_scale(model_config, granularity)
     router_bias = any(name.endswith(".router.bias") for name, _ in model.named_parameters())
     with _dense_source(format_name, path) as dense:
         source = UpcycledSource(dense, model_config.moe.num_experts, granularity, scale,
                                 _initial_routers(model, seed), router_bias)
-        log(f"> upcycling the dense checkpoint {path} ({dense.format_name}): each MLP into "
-            f"{model_config.moe.num_experts} experts at granularity {granularity} (weights x {scale:.6g}), from "
-            f"iteration 0 with a fresh optimizer and schedule. {DIFFERS}")
-        point = load_from_source(source, model, optimizer, None, state, finetune=True)
-    return point
+        weights = load_from_source(source, model, optimizer, None, state, finetune=True)
+        if not checkpoint.finetune and checkpoint.load_rng:
+            dense.restore_random_states(rng, state)  # its notes flush, as a resume says them
+        log(f"> upcycled the dense checkpoint {path} ({dense.format_name}): each MLP into "
+            f"{model_config.moe.num_experts} experts at granularity {granularity} (weights x {scale:.6g}), saved as "
+            f"iteration {UPCYCLED_ITERATION}; training runs from iteration {start[0] + 1} at sample {start[1]} with a "
+            f"fresh optimizer and schedule")
+    return ResumePoint(*start, path, 0, weights.bytes_read, weights.shard_bytes)

@@ -144,12 +144,16 @@ def sharded_cyclic_resize_note(data: DataConfig, saved_data_parallel_size: Optio
 
 
 def build_data(settings: RunSettings, state: ParallelState, sources: DataSources,
-               tokenizer: Optional[RunTokenizer] = None, order: str = APPENDABLE_ORDER) -> DataSplits:
-    """Datasets sized for the run and loaders that start at a number of consumed samples."""
+               tokenizer: Optional[RunTokenizer] = None, order: str = APPENDABLE_ORDER,
+               start: tuple[int, int] = (0, 0)) -> DataSplits:
+    """Datasets sized for the run continued from `start` (iteration, consumed samples) and loaders that start at a
+    number of consumed samples."""
     config, batch = settings.config, settings.batch
     training = config.training
     eval_samples = training.eval_batches * batch.global_batch_size
-    run_samples = batch.consumed_after(training.train_iters)
+    # an upcycled run continues more samples than its iterations' batches: it reads past --train-iters' batches
+    run_samples = max(batch.consumed_after(training.train_iters),
+                      batch.consumed_after(max(training.train_iters - start[0], 0), start[1]))
     cyclic = config.data.dataloader_type == CYCLIC
     # the cyclic sampler's dataset length must not follow --train-iters
     train_set, valid_set, test_set, summary = build_datasets(

@@ -17,7 +17,7 @@ from checkpoint.null_tokenizer_reading import read_as_saved
 from checkpoint.run_saves import CheckpointSaves
 from checkpoint.run_start import RunStart, claim_run_start
 from checkpoint.tokenizer_check import check_resume_tokenizer
-from checkpoint.upcycling import load_upcycled
+from checkpoint.upcycling import UPCYCLED_ITERATION, load_upcycled
 from data.tokenizer import RunTokenizer
 from gpt.model_config import ModelConfig
 from parallel.launch_environment import read_launch_environment
@@ -105,7 +105,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         config = settings.config  # from here on, the resolved copy
         for note in settings.notes:  # what resolving changed
             log(note)
-        data = build_data(settings, state, data_sources, tokenizer, claimed.identity.sample_order)
+        data = build_data(settings, state, data_sources, tokenizer, claimed.identity.sample_order, claimed.data_start)
         log(data.summary)
         resized = sharded_cyclic_resize_note(config.data, claimed.saved_data_parallel_size, state.data_parallel_size)
         if resized:
@@ -136,6 +136,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         if save is not None:
             on_failure.callback(save.abandon)
             log(save.mode_line)
+        if config.checkpoint.moe_use_upcycling:  # Megatron-LM saves the upcycled model before training
+            save(UPCYCLED_ITERATION, start.consumed_samples, 0.0, start.schedule_samples)
         for line in config.json_differences:  # last, where a user looks for the learning rate the JSON asked for
             log(line)
         run = Run(settings=settings, state=state, tokenizer=tokenizer, data=data, built=built, start=start,
@@ -155,8 +157,8 @@ def load_weights(checkpoint: CheckpointConfig, model: ModelConfig, seed: int, st
     if claimed.resume_from is None:
         return ResumePoint(0, 0, None)
     if checkpoint.moe_use_upcycling:
-        return load_upcycled(claimed.format_name, claimed.resume_from, built.model, built.zero.optimizer, state,
-                             model, checkpoint.moe_upcycling_granularity, seed, log)
+        return load_upcycled(claimed.format_name, claimed.resume_from, built.model, built.zero.optimizer, built.rng,
+                             state, model, checkpoint, seed, claimed.data_start, log)
     start = claimed.load(built, state, model, load_optimizer=checkpoint.load_optim,
                          load_rng=checkpoint.load_rng, finetune=checkpoint.finetune)
     log(f"> loaded {start.path}: " + (f"resuming after iteration {start.iteration} "
