@@ -89,7 +89,7 @@ def tokenizer_named(data: DataConfig) -> bool:
 def tokenizer_size_from_flags(data: DataConfig, model: ModelConfig) -> Optional[int]:
     """The tokenizer's size from the flags alone, or None for a tokenizer read from files."""
     if data.tokenizer_type == "NullTokenizer":
-        return model.vocab_size + 1
+        return model.vocab_size + (not data.newer_null_tokenizer)
     if tokenizer_named(data):
         return None
     return data.tokenizer_vocab_size
@@ -142,7 +142,7 @@ def document_masking_notes(data: DataConfig, model: ModelConfig) -> tuple[str, .
 
 def masked_loss_log_notes(data: DataConfig, training: TrainingConfig) -> tuple[str, ...]:
     """The logged loss under a loss mask differs from Megatron-LM's, said once."""
-    if not (data.eod_mask_loss or data.goldfish_loss):
+    if not (data.eod_mask_loss or data.goldfish_loss or data.null_tokenizer_pad_id != -1):
         return ()
     logged = "evaluation" if training.calculate_per_token_loss else "training and evaluation"
     return (f"> with a loss mask the logged {logged} loss is the mean of each micro-batch's masked mean; Megatron-LM "
