@@ -13,6 +13,7 @@ pad to 0 in tokens and labels, after _get_ltor_masks_and_position_ids read the t
 from __future__ import annotations
 
 import itertools
+import shutil
 
 import numpy as np
 import pytest
@@ -160,3 +161,43 @@ def test_a_load_of_megatron_lm_019s_checkpoint_checks_the_eod_id_against_its_arg
     outcome, _ = _continue(tmp_path, our_flags(NAME), ["--null-tokenizer-eod-id", "126", "--exit-interval", "3"])
     assert outcome.code == 0, outcome.err[-2000:]
     assert f"> --tokenizer-type NullTokenizer {READING}, the reading of " in outcome.out
+
+
+EOD_ID_FIXTURE = "megatron_null019_eod_id"  # core_v0.19.0's pretrain_gpt.py: --null-tokenizer-eod-id 5 --eod-mask-loss
+
+
+def _continue_fixture(tmp_path, extra=()):
+    from tests.checkpoint.test_megatron_checkpoint import FIXTURES, our_flags
+
+    checkpoint = shutil.copytree(FIXTURES / EOD_ID_FIXTURE, tmp_path / EOD_ID_FIXTURE, dirs_exist_ok=True)
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    outcome = run_main(pretrain_gpt.main, our_flags(EOD_ID_FIXTURE) + [
+        "--load", checkpoint, "--device", "cpu", "--log-interval", "1", "--data-cache-dir", tmp_path / "cache",
+        "--metrics-file", metrics, *extra])
+    assert outcome.code == 0, outcome.err[-3000:]
+    return outcome, {r["iteration"]: r for r in metrics_records(metrics) if "loss" in r}
+
+
+@pytest.mark.slow
+def test_megatron_lm_019s_run_with_an_eod_id_continues_to_its_next_losses(tmp_path, monkeypatch):
+    """tests/fixtures/megatron_null019_eod_id (scripts/tools/megatron_checkpoint_fixtures.py GPT_019_FIXTURES):
+    Megatron-LM's own loop, --vocab-size 127 (128 rows), 5 ending a document and masked; continued here at its
+    iteration-4 loss and grad norms, and under --calculate-per-token-loss at its iteration-3 loss (the logged loss
+    under a mask is otherwise the mean of the micro-batches' masked means)."""
+    from checkpoint.torch_dist.common import load_common, saved_args
+    from tests.checkpoint.test_megatron_checkpoint import FIXTURES, data_workdir, megatrons_losses, record
+
+    written = record(EOD_ID_FIXTURE)
+    assert written["megatron_lm"] == "core_v0.19.0" and "--null-tokenizer-eod-id" in written["flags"]
+    assert saved_args(load_common(FIXTURES / EOD_ID_FIXTURE / "iter_0000002")).null_tokenizer_eod_id == 5
+    assert sum(path.stat().st_size for path in (FIXTURES / EOD_ID_FIXTURE).rglob("*") if path.is_file()) < 600_000
+    monkeypatch.chdir(data_workdir(tmp_path))
+    outcome, records = _continue_fixture(tmp_path)
+    assert {i: records[i]["grad_norm"] for i in (3, 4)} == \
+        pytest.approx({i: written["uninterrupted_grad_norms"][str(i)] for i in (3, 4)}, rel=1e-6, abs=0)
+    expected = megatrons_losses(EOD_ID_FIXTURE)
+    assert records[4]["loss"] == pytest.approx(expected[4], rel=1e-6, abs=0)
+    assert "128 in all here, 5 ending a document, the reading of " in outcome.out
+    _, records = _continue_fixture(tmp_path, ["--calculate-per-token-loss", "--exit-interval", "3"])
+    assert records[3]["loss"] == pytest.approx(expected[3], rel=1e-6, abs=0)
