@@ -441,7 +441,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
                      "stream per dataset in reading order, so which samples it permutes differs (docs/data.md)")
     null_note = null_tokenizer_note(config.data.tokenizer_type, config.model.vocab_size, generation,
                                     loading=bool(config.checkpoint.load))
-    if null_note:
+    if null_note and not config.data.newer_null_tokenizer:  # the flags name core_v0.18's reading
         notes.append(null_note)
     if config.model.moe is not None and config.model.moe.deepspeed.use_residual:
         notes.append("> --mlp-type residual: the residual MoE's coefficient Linear(hidden, 2) is drawn "

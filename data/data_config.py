@@ -79,6 +79,15 @@ class DataConfig:
                                                     "causal attention, split after each end-of-document token)")
     eod_mask_loss: bool = option(False, help="no loss where the input token is the end-of-document token (its "
                                              "prediction of the next document's first token)")
+    # data/tokenizer.py load_named_tokenizer and data/documents.py: core_v0.18.0's NullTokenizer flags
+    null_tokenizer_eod_id: Optional[int] = option(
+        None, help="NullTokenizer's end-of-document id (default --vocab-size - 1); either NullTokenizer flag reads "
+                   "--vocab-size N as N ids, as Megatron-LM core_v0.18 on does")
+    null_tokenizer_pad_id: int = option(
+        -1, help="NullTokenizer's pad id (-1: none): no loss where the label is it, and it is fed as token 0, as "
+                 "Megatron-Core's GPTDataset does; one equal to the end-of-document id is dropped")
+    allow_ambiguous_pad_tokens: bool = option(False, action="store_true",
+                                              help="keep a pad id equal to the end-of-document id")
     # data/documents.py goldfish_kept: swiss-ai's Megatron-LM fork's goldfish loss (gpt_dataset.py apply_goldfish)
     goldfish_loss: bool = option(False, help="swiss-ai's goldfish loss: no loss on a token when the hash of the "
                                              "--goldfish-h labels ending at it falls below 1 / --goldfish-k")
@@ -114,6 +123,12 @@ class DataConfig:
         return data_sources(self.data_path, self.data_args_path,
                             (self.train_data_path, self.valid_data_path, self.test_data_path),
                             self.per_split_data_args_path, self.mock_data, self.data_file_list)
+
+    @property
+    def newer_null_tokenizer(self) -> bool:
+        """NullTokenizer under a flag only core_v0.18.0 on has: its reading of --vocab-size N as N ids."""
+        return self.tokenizer_type == "NullTokenizer" and (self.null_tokenizer_eod_id is not None
+                                                           or self.null_tokenizer_pad_id != -1)
 
     @property
     def user_data(self) -> bool:

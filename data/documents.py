@@ -1,6 +1,6 @@
 """Document masking: Megatron's --reset-position-ids, --reset-attention-mask and --eod-mask-loss, as its
-_get_ltor_masks_and_position_ids builds them, vectorized per micro-batch on the device; and swiss-ai's goldfish loss
-(--goldfish-loss), which drops about 1 in K labels by a hash of the H labels before it.
+_get_ltor_masks_and_position_ids builds them, vectorized per micro-batch on the device; Megatron-Core's pad id rule;
+and swiss-ai's goldfish loss (--goldfish-loss), which drops about 1 in K labels by a hash of the H labels before it.
 """
 
 from __future__ import annotations
@@ -45,27 +45,48 @@ class DocumentMasks:
     document_ids: Optional[torch.Tensor] = None
 
 
+def megatron_pad_id(pad_id: int, eod_id: int, allow_ambiguous: bool) -> tuple[Optional[int], Optional[str]]:
+    """The pad id Megatron-Core's MegatronDataset keeps (None: none, its -1) and the start-up line where it drops
+    one: a NullTokenizer's special tokens to that check are its eod alone (its `eos` raises AttributeError)."""
+    if pad_id == -1:
+        return None, None
+    if pad_id != eod_id:
+        return pad_id, None
+    if allow_ambiguous:
+        return pad_id, (f"> --null-tokenizer-pad-id {pad_id} is the end-of-document id; kept under "
+                        f"--allow-ambiguous-pad-tokens: no loss where the label is {pad_id}, fed as token 0")
+    return None, (f"> --null-tokenizer-pad-id {pad_id} is the end-of-document id: no pad id, as Megatron-Core's "
+                  f"MegatronDataset resets it (--allow-ambiguous-pad-tokens keeps it)")
+
+
 @dataclass(frozen=True)
 class DocumentMasking:
-    """The three flags, the goldfish K and H and the EOD id; `masks(inputs, labels)` builds a micro-batch's masks."""
+    """The three flags, the goldfish K and H, the EOD id and the pad id; `masks(inputs, labels)` builds a
+    micro-batch's masks, `unpadded` feeds token 0 for the pad id, as Megatron-Core's GPTDataset.__getitem__."""
     eod_id: int
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
     eod_mask_loss: bool = False
     goldfish: Optional[tuple[int, int]] = None  # (k, h) with --goldfish-loss
+    pad_id: Optional[int] = None  # megatron_pad_id's
 
     @property
     def masks_loss(self) -> bool:
-        """Whether each micro-batch carries a loss mask (--eod-mask-loss, --goldfish-loss)."""
-        return self.eod_mask_loss or self.goldfish is not None
+        """Whether each micro-batch carries a loss mask (--eod-mask-loss, --goldfish-loss, a pad id)."""
+        return self.eod_mask_loss or self.goldfish is not None or self.pad_id is not None
 
     @classmethod
     def of(cls, eod_id: int, reset_position_ids: bool, reset_attention_mask: bool,
-           eod_mask_loss: bool, goldfish: Optional[tuple[int, int]] = None) -> Optional["DocumentMasking"]:
+           eod_mask_loss: bool, goldfish: Optional[tuple[int, int]] = None,
+           pad_id: Optional[int] = None) -> Optional["DocumentMasking"]:
         """The masking the flags ask for, or None when none is set (the default path: nothing is built)."""
-        if not (reset_position_ids or reset_attention_mask or eod_mask_loss or goldfish):
+        if not (reset_position_ids or reset_attention_mask or eod_mask_loss or goldfish or pad_id is not None):
             return None
-        return cls(int(eod_id), reset_position_ids, reset_attention_mask, eod_mask_loss, goldfish)
+        return cls(int(eod_id), reset_position_ids, reset_attention_mask, eod_mask_loss, goldfish, pad_id)
+
+    def unpadded(self, tokens: torch.Tensor) -> torch.Tensor:
+        """`tokens` with the pad id as 0, which the embedding (and the loss, masked there) can read."""
+        return tokens if self.pad_id is None else tokens.masked_fill(tokens == self.pad_id, 0)
 
     def masks(self, inputs: torch.Tensor, labels: Optional[torch.Tensor] = None,
               dense_attention_mask: bool = True) -> DocumentMasks:
@@ -94,6 +115,11 @@ class DocumentMasking:
                 raise ValueError("the goldfish loss's mask needs the micro-batch's labels")
             kept = goldfish_kept(labels, *self.goldfish)
             loss_mask = kept if loss_mask is None else loss_mask * kept
+        if self.pad_id is not None:
+            if labels is None:
+                raise ValueError("the pad id's mask needs the micro-batch's labels")
+            unpadded = (labels != self.pad_id).float()
+            loss_mask = unpadded if loss_mask is None else loss_mask * unpadded
         return DocumentMasks(position_ids, attention_mask, loss_mask, document)
 
 

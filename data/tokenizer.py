@@ -195,7 +195,8 @@ def load_tokenizer(
 
 class NullTokenizer:
     """Megatron's NullTokenizer, for data tokenized elsewhere: ids 0..N-1 as they are, end-of-document id N
-    (Megatron-LM up to core_v0.17); `ids`, `eod_id` and `reading` give a later release's reading of a checkpoint."""
+    (Megatron-LM up to core_v0.17); `ids`, `eod_id` and `reading` give a later release's reading (a checkpoint's,
+    or its flags')."""
 
     def __init__(self, vocab_size: int, *, ids: Optional[int] = None, eod_id: Optional[int] = None,
                  reading: Optional[str] = None):
@@ -238,6 +239,9 @@ class NullTokenizer:
 
 RunTokenizer = GPTTokenizer | SentencePieceTokenizer | NullTokenizer
 
+# The name of core_v0.18.0's reading of NullTokenizer's --vocab-size N (N ids), in start-up lines and saves
+NEWER_NULL_READING = "Megatron-LM core_v0.18 on reads it"
+
 
 def tokenizer_digest(tokenizer: RunTokenizer) -> str:
     """'sha256:<hex>' of what defines a tokenizer's ids (tokenizer.json and EOD, a SentencePiece model's bytes and type,
@@ -251,10 +255,15 @@ def tokenizer_digest(tokenizer: RunTokenizer) -> str:
 
 
 def load_named_tokenizer(tokenizer_type: str | None, tokenizer_file: str | None, vocab_file: str | None,
-                         merges_file: str | None, vocab_size: int = 0) -> RunTokenizer | None:
-    """The tokenizer the flags name, or None (the embedded corpus brings its own)."""
+                         merges_file: str | None, vocab_size: int = 0, newer_null: bool = False,
+                         null_eod_id: Optional[int] = None) -> RunTokenizer | None:
+    """The tokenizer the flags name, or None (the embedded corpus brings its own). `newer_null`: a launch with
+    --null-tokenizer-eod-id or --null-tokenizer-pad-id, flags only core_v0.18.0 on has, so its reading of N ids."""
     if tokenizer_type == "NullTokenizer":
-        return NullTokenizer(vocab_size)
+        if not newer_null:
+            return NullTokenizer(vocab_size)
+        eod = vocab_size - 1 if null_eod_id is None else null_eod_id
+        return NullTokenizer(vocab_size, ids=vocab_size, eod_id=eod, reading=NEWER_NULL_READING)
     if tokenizer_type in SENTENCEPIECE_TYPES:
         return load_sentencepiece_tokenizer(tokenizer_type, tokenizer_file)
     if tokenizer_file or vocab_file or merges_file:

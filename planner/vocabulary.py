@@ -15,7 +15,8 @@ def launch_vocab(checkpoint: CheckpointConfig, data: DataConfig, model: ModelCon
     `pretrain_gpt.py` with the same flags builds (for the embedded corpus at most --tokenizer-vocab-size tokens)."""
     tokens = tokenizer_size_from_flags(data, model)
     if data.tokenizer_type == "NullTokenizer":
-        source = f"--vocab-size {model.vocab_size} plus the end-of-document id"
+        source = f"--vocab-size {model.vocab_size}" + ("" if data.newer_null_tokenizer else
+                                                        " plus the end-of-document id")
     elif tokens is None:
         from data.tokenizer import load_named_tokenizer
 

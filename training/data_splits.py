@@ -41,7 +41,7 @@ def corpus_cache_dir(data: DataConfig) -> Optional[str]:
 def load_tokenizer_and_data_sources(data: DataConfig, model: ModelConfig) -> tuple[RunTokenizer, DataSources]:
     """The user's tokenizer and data, else the embedded corpus and its tokenizer."""
     tokenizer = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file, data.merge_file,
-                                     model.vocab_size)
+                                     model.vocab_size, data.newer_null_tokenizer, data.null_tokenizer_eod_id)
     if data.user_data:
         return tokenizer, data.sources()
     if data.mock_data and tokenizer is not None:

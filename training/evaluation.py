@@ -61,13 +61,15 @@ def micro_batch_loss(losses: torch.Tensor, masks: Optional[DocumentMasks], state
 def split_micro_batch(batch: dict, device: torch.device, documents: Optional[DocumentMasking],
                       state: Optional[ParallelState] = None
                       ) -> tuple[torch.Tensor, torch.Tensor, Optional[DocumentMasks]]:
-    """split_tokens plus the document masks a document flag asks for."""
+    """split_tokens plus the document masks a document flag asks for (built before the pad id becomes token 0)."""
     if documents is None:
         return (*split_tokens(batch, device, state), None)
     inputs, labels = whole_tokens(batch, device)
     if state is None or state.context_parallel_size == 1:
-        return inputs, labels, documents.masks(inputs, labels)
+        masks = documents.masks(inputs, labels)
+        return documents.unpadded(inputs), documents.unpadded(labels), masks
     masks = masks_on_this_rank(documents, inputs, labels, state.context_parallel_size, state.context_parallel_rank)
+    inputs, labels = documents.unpadded(inputs), documents.unpadded(labels)
     return batch_on_this_rank(inputs, state), batch_on_this_rank(labels, state), masks
 
 

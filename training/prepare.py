@@ -92,7 +92,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         tokenizer, data_sources = (kept.tokenizer_and_data_sources(config.data, config.model) if kept is not None
                                    else load_tokenizer_and_data_sources(config.data, config.model))
         # a NullTokenizer read as the checkpoint's run read --vocab-size
-        tokenizer, reading_note = read_as_saved(claimed.saved_null_tokenizer, tokenizer, claimed.resume_from)
+        tokenizer, reading_note = read_as_saved(claimed.saved_null_tokenizer, tokenizer, claimed.resume_from,
+                                                config.data.null_tokenizer_eod_id)
         if reading_note:
             log(reading_note)
         tokenizer_note = check_resume_tokenizer(claimed.saved_tokenizer, config, tokenizer)  # before the data

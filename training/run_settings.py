@@ -89,7 +89,7 @@ def tokenizer_named(data: DataConfig) -> bool:
 def tokenizer_size_from_flags(data: DataConfig, model: ModelConfig) -> Optional[int]:
     """The tokenizer's size from the flags alone, or None for a tokenizer read from files."""
     if data.tokenizer_type == "NullTokenizer":
-        return model.vocab_size + 1
+        return model.vocab_size + (not data.newer_null_tokenizer)
     if tokenizer_named(data):
         return None
     return data.tokenizer_vocab_size

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from base.process_clock import seconds_since_process_start
-from data.documents import DocumentMasking
+from data.documents import DocumentMasking, megatron_pad_id
 from resilience.fault_injection import plan_faults
 from resilience.fault_tolerance import FaultTolerance
 from resilience.restart_progress import RestartProgress, restart_count, restarts_possible
@@ -43,9 +43,15 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
         train_batches = iter(run.data.make_train_loader(start.consumed_samples)) if not finished else iter(())
         step_class = PipelineTrainStep if state.pipeline_parallel_size > 1 else DataParallelTrainStep
         data = config.data
+        pad_id = None
+        if data.tokenizer_type == "NullTokenizer":  # Megatron-LM reads --null-tokenizer-pad-id for it alone
+            pad_id, pad_note = megatron_pad_id(data.null_tokenizer_pad_id, run.tokenizer.eod_id,
+                                               data.allow_ambiguous_pad_tokens)
+            if pad_note:
+                log(pad_note)
         documents = DocumentMasking.of(run.tokenizer.eod_id, data.reset_position_ids, data.reset_attention_mask,
                                        data.eod_mask_loss,
-                                       (data.goldfish_k, data.goldfish_h) if data.goldfish_loss else None)
+                                       (data.goldfish_k, data.goldfish_h) if data.goldfish_loss else None, pad_id)
         # --rerun-mode's state machine (None: disabled)
         step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents=documents,
                           rerun=run.rerun, cuda_graphs=built.cuda_graphs, rng=built.rng)

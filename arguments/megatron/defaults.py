@@ -131,7 +131,8 @@ def launch_generation(argv: Iterable[str], harvested_flags: dict, sources: Seque
 
 # Generations whose NullTokenizer may read --vocab-size N as N ids, the last ending a document (core_v0.18.0 on);
 # the older ones, and ours, as N ids plus the end-of-document id N. None: a launch that fits no generation. The
-# flags do not tell core_v0.16/0.17 from later launches, so a fresh launch keeps the older reading.
+# flags do not tell core_v0.16/0.17 from later launches (but for --null-tokenizer-eod-id and -pad-id), so a fresh
+# launch without those keeps the older reading.
 NULL_TOKENIZER_N_IDS = (None, "megatron-lm")
 
 

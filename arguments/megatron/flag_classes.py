@@ -64,16 +64,9 @@ def _fp32_run(value: Any, settings: Settings) -> bool:
     return settings is None or not (settings.get("bf16") or settings.get("fp16"))
 
 
-def _null_tokenizer_eod(value: Any, settings: Settings) -> bool:
-    """Only NullTokenizer reads --null-tokenizer-eod-id; its end-of-document id here is --vocab-size."""
-    return (settings is None or settings.get("tokenizer_type") != "NullTokenizer"
-            or value == settings.get("vocab_size"))
-
-
 RULES: dict[str, Callable[[Any, Settings], bool]] = {
     "without_moe": _without_moe, "without_pipeline": _without_pipeline, "router_padding": _router_padding,
-    "with_pattern": _with_pattern, "hybrid_stack_spec": _hybrid_stack_spec, "fp32_run": _fp32_run,
-    "null_tokenizer_eod": _null_tokenizer_eod}
+    "with_pattern": _with_pattern, "hybrid_stack_spec": _hybrid_stack_spec, "fp32_run": _fp32_run}
 
 
 def _equals(*values: Any) -> Callable[[Any, Settings], bool]:

@@ -9,8 +9,7 @@ from typing import Optional
 
 from checkpoint.global_state import megatron_rows_multiple
 from checkpoint.null_tokenizer_reading import NULL_TOKENIZER_KEY, NullTokenizerReading
-
-NEWER_READING = "Megatron-LM core_v0.18 on reads it"
+from data.tokenizer import NEWER_NULL_READING as NEWER_READING
 
 
 def _whole(value) -> bool:

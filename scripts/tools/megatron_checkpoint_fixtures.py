@@ -190,6 +190,8 @@ GPT_019_FIXTURES = {
     # 0.19's NullTokenizer reads --vocab-size 127 as ids 0-126, 126 ending a document (core_v0.16.1: 127 more), so
     # --eod-mask-loss masks the corpus's 126s; its 128 rows score the corpus's ends (127) as any token
     "megatron_null019_eod_mask": (1, GPT2_FLAGS + ["--eod-mask-loss"]),
+    # --null-tokenizer-eod-id 5: the corpus's 5s end documents there, so --eod-mask-loss masks them
+    "megatron_null019_eod_id": (1, GPT2_FLAGS + ["--eod-mask-loss", "--null-tokenizer-eod-id", "5"]),
 }
 
 

@@ -183,15 +183,12 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
 # the settings where it is one and where it is not.
 NO_OP_WITH_SETTINGS = {
     "--fp32-residual-connection": ([], ["--bf16"]),
-    "--null-tokenizer-eod-id": (["--tokenizer-type", "NullTokenizer", "--mock-data", "--vocab-size", "500"],
-                                ["--tokenizer-type", "NullTokenizer", "--mock-data", "--vocab-size", "400"]),
     # Megatron-LM's hybrid launch flags: beside --hybrid-layer-pattern only (tests/gpt/test_hybrid_pattern.py)
     "--is-hybrid-model": (["--hybrid-layer-pattern", "*-*-"], []),
     "--spec": (["--hybrid-layer-pattern", "*-*-"], []),
 }
 # each one's value, where it takes one
-NO_OP_VALUES = {"--null-tokenizer-eod-id": ["500"],
-                "--spec": ["megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"]}
+NO_OP_VALUES = {"--spec": ["megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"]}
 
 
 @pytest.mark.parametrize("option", sorted(NO_OP_WITH_SETTINGS))
@@ -200,8 +197,6 @@ def test_flags_that_are_no_ops_under_some_settings_are_accepted_there_and_refuse
     no_op, changes = NO_OP_WITH_SETTINGS[option]
     line = next(note for note in parse_arguments([*no_op, option, *value]).notes if note.startswith(NO_EFFECT_LINE))
     assert option in line and AT_VALUE[option].no_effect in line
-    if option == "--null-tokenizer-eod-id":  # only NullTokenizer reads it
-        assert option in next(note for note in parse_arguments([option, "7"]).notes if note.startswith(NO_EFFECT_LINE))
     with pytest.raises(ConfigError) as error:
         parse_arguments([*changes, option, *value])
     assert f"{show(option, value)}: {AT_VALUE[option].refused}" in str(error.value)
