@@ -45,18 +45,20 @@ class DocumentMasks:
     document_ids: Optional[torch.Tensor] = None
 
 
-def megatron_pad_id(pad_id: int, eod_id: int, allow_ambiguous: bool) -> tuple[Optional[int], Optional[str]]:
-    """The pad id Megatron-Core's MegatronDataset keeps (None: none, its -1) and the start-up line where it drops
-    one: a NullTokenizer's special tokens to that check are its eod alone (its `eos` raises AttributeError)."""
-    if pad_id == -1:
+def megatron_pad_id(pad_id: Optional[int], named: str, eod_id: int, allow_ambiguous: bool, from_flag: bool
+                    ) -> tuple[Optional[int], Optional[str]]:
+    """The pad id Megatron-Core's MegatronDataset keeps (None: none) and the start-up line saying so: it drops a pad
+    equal to the eod (to that check a text tokenizer's special tokens are its eos and eod: it has no
+    special_tokens_dict) unless --allow-ambiguous-pad-tokens. A pad the user did not name (`from_flag`) is said."""
+    if pad_id is None:
         return None, None
-    if pad_id != eod_id:
-        return pad_id, None
-    if allow_ambiguous:
-        return pad_id, (f"> --null-tokenizer-pad-id {pad_id} is the end-of-document id; kept under "
-                        f"--allow-ambiguous-pad-tokens: no loss where the label is {pad_id}, fed as token 0")
-    return None, (f"> --null-tokenizer-pad-id {pad_id} is the end-of-document id: no pad id, as Megatron-Core's "
-                  f"MegatronDataset resets it (--allow-ambiguous-pad-tokens keeps it)")
+    if pad_id == eod_id and not allow_ambiguous:
+        return None, (f"> {named} is the end-of-document id: no pad id, as Megatron-Core's MegatronDataset resets "
+                      f"it (--allow-ambiguous-pad-tokens keeps it)")
+    kept = f"no loss where the label is {pad_id}, fed as token 0, as Megatron-Core's GPTDataset"
+    if pad_id == eod_id:
+        return pad_id, f"> {named} is the end-of-document id; kept under --allow-ambiguous-pad-tokens: {kept}"
+    return pad_id, None if from_flag else f"> {named}: {kept}"
 
 
 @dataclass(frozen=True)

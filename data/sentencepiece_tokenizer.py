@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 from base.input_files import check_input_file
 from data import DataError
@@ -90,6 +90,12 @@ class SentencePieceTokenizer:
     @property
     def eod_id(self) -> int:
         return self._eod_id
+
+    @property
+    def pad_id(self) -> Optional[int]:
+        """The model's pad piece (Megatron-Core's SentencePieceTokenizer.pad_id outside its legacy mode), or None."""
+        pad = self._processor.pad_id()
+        return pad if pad >= 0 else None
 
     def encode(self, text: str) -> list[int]:
         """Megatron's `tokenize(text)`: what its preprocess_data.py writes before appending eod."""

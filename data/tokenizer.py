@@ -239,6 +239,18 @@ class NullTokenizer:
 
 RunTokenizer = GPTTokenizer | SentencePieceTokenizer | NullTokenizer
 
+
+def megatron_pad(tokenizer: RunTokenizer, null_tokenizer_pad_id: int) -> tuple[Optional[int], str]:
+    """The pad id Megatron-Core's tokenizer of this kind reports to its datasets (None: none), and its name in a
+    start-up line: NullTokenizer's --null-tokenizer-pad-id, a Hugging Face tokenizer's declared pad token (its
+    HuggingFaceTokenizer.pad_id), a SentencePiece model's pad piece."""
+    if isinstance(tokenizer, NullTokenizer):
+        return (None if null_tokenizer_pad_id == -1 else null_tokenizer_pad_id,
+                f"--null-tokenizer-pad-id {null_tokenizer_pad_id}")
+    pad = tokenizer.pad_id if isinstance(tokenizer, SentencePieceTokenizer) else \
+        tokenizer.declared_ids()["pad_token_id"]
+    return pad, f"the tokenizer's pad token (id {pad})"
+
 # The name of core_v0.18.0's reading of NullTokenizer's --vocab-size N (N ids), in start-up lines and saves
 NEWER_NULL_READING = "Megatron-LM core_v0.18 on reads it"
 

@@ -10,6 +10,7 @@ from typing import Optional
 
 from base.process_clock import seconds_since_process_start
 from data.documents import DocumentMasking, megatron_pad_id
+from data.tokenizer import NullTokenizer, megatron_pad
 from resilience.fault_injection import plan_faults
 from resilience.fault_tolerance import FaultTolerance
 from resilience.restart_progress import RestartProgress, restart_count, restarts_possible
@@ -43,12 +44,11 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
         train_batches = iter(run.data.make_train_loader(start.consumed_samples)) if not finished else iter(())
         step_class = PipelineTrainStep if state.pipeline_parallel_size > 1 else DataParallelTrainStep
         data = config.data
-        pad_id = None
-        if data.tokenizer_type == "NullTokenizer":  # Megatron-LM reads --null-tokenizer-pad-id for it alone
-            pad_id, pad_note = megatron_pad_id(data.null_tokenizer_pad_id, run.tokenizer.eod_id,
-                                               data.allow_ambiguous_pad_tokens)
-            if pad_note:
-                log(pad_note)
+        pad, named = megatron_pad(run.tokenizer, data.null_tokenizer_pad_id)
+        pad_id, pad_note = megatron_pad_id(pad, named, run.tokenizer.eod_id, data.allow_ambiguous_pad_tokens,
+                                           from_flag=isinstance(run.tokenizer, NullTokenizer))
+        if pad_note:
+            log(pad_note)
         documents = DocumentMasking.of(run.tokenizer.eod_id, data.reset_position_ids, data.reset_attention_mask,
                                        data.eod_mask_loss,
                                        (data.goldfish_k, data.goldfish_h) if data.goldfish_loss else None, pad_id)

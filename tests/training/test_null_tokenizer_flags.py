@@ -46,9 +46,10 @@ def documents(directory) -> str:
     return prefix
 
 
-def first_loss_and_reference(tmp_path, monkeypatch, reference_loss, *flags):
+def first_loss_and_reference(tmp_path, monkeypatch, reference_loss, *flags, common=COMMON, data_path=None):
     """The run's iteration-1 loss, `reference_loss(model, tokens)` of its micro-batches at the initial weights
-    (taken from the run's own loader before the run uses them), the model's vocabulary, and the run's stdout."""
+    (taken from the run's own loader before the run uses them), the model's vocabulary, and the run's stdout.
+    `common` and `data_path` (default: `documents`) for another tokenizer's run."""
     seen = {}
     original = DataParallelTrainStep.forward_backward
 
@@ -64,7 +65,7 @@ def first_loss_and_reference(tmp_path, monkeypatch, reference_loss, *flags):
     monkeypatch.setattr(DataParallelTrainStep, "forward_backward", reference_first)
     metrics = tmp_path / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
-    outcome = run_main(pretrain_gpt.main, COMMON + ["--data-path", documents(tmp_path), "--data-cache-dir",
+    outcome = run_main(pretrain_gpt.main, common + ["--data-path", data_path or documents(tmp_path), "--data-cache-dir",
                                                     tmp_path / "cache", "--metrics-file", metrics, *flags])
     assert outcome.code == 0, outcome.err[-2000:]
     loss = next(r["loss"] for r in metrics_records(metrics) if "loss" in r)
