@@ -46,7 +46,7 @@ def world_size_from_environment() -> int:
     return 1
 
 
-def _gib(size: float) -> str:
+def gib(size: float) -> str:
     return f"{size / 2**30:.3g} GiB"
 
 
@@ -174,15 +174,15 @@ def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optio
     world_size = world_size_from_environment() if world_size is None else world_size
     elements, what, flags = largest_tensor(config)  # the tokenizer's vocabulary is not loaded yet
     if elements * ACTIVATION_BYTES > memory:
-        raise ConfigError(f"{what} would be {elements:.3g} elements ({_gib(elements * ACTIVATION_BYTES)} in 16 bits), "
-                          f"more than one rank here can hold ({_gib(memory)}): lower those sizes", flags=flags)
+        raise ConfigError(f"{what} would be {elements:.3g} elements ({gib(elements * ACTIVATION_BYTES)} in 16 bits), "
+                          f"more than one rank here can hold ({gib(memory)}): lower those sizes", flags=flags)
     check_parameters_fit(model, world_size, memory)
     check_launch_bounds(training, world_size, host_memory)
     samples = sample_count(training)
     if samples * INDEX_BYTES_PER_SAMPLE > host_memory:
         raise ConfigError(f"--train-iters/--train-samples, --global-batch-size and --eval-iters ask for {samples:.3g} "
-                          f"samples, whose index needs at least {_gib(samples * INDEX_BYTES_PER_SAMPLE)} of host "
-                          f"memory; this machine has {_gib(host_memory)}: lower them",
+                          f"samples, whose index needs at least {gib(samples * INDEX_BYTES_PER_SAMPLE)} of host "
+                          f"memory; this machine has {gib(host_memory)}: lower them",
                           flags=("--train-iters", "--train-samples", "--global-batch-size", "--eval-iters"))
 
 
@@ -193,8 +193,8 @@ def check_parameters_fit(model, world_size: int, memory: int, ranks: str = "rank
     if parameters * MIN_PARAMETER_BYTES > memory * world_size:
         sizes = [f"{flag} {_setting_text(model, flag)}" for flag in sized_by if _setting_text(model, flag) is not None]
         sizes = ", ".join(sizes[:-1]) + f" and {sizes[-1]}"
-        raise ConfigError(f"{sizes} make at least {parameters:.3g} parameters ({_gib(parameters * MIN_PARAMETER_BYTES)} "
-                          f"in 16 bits), more than {world_size} {ranks} of {_gib(memory)} can hold even fully sharded: "
+        raise ConfigError(f"{sizes} make at least {parameters:.3g} parameters ({gib(parameters * MIN_PARAMETER_BYTES)} "
+                          f"in 16 bits), more than {world_size} {ranks} of {gib(memory)} can hold even fully sharded: "
                           f"lower them", flags=sized_by)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from arguments.batch_schedule import BatchSchedule
+from arguments.bounds import INDEX_BYTES_PER_SAMPLE, gib, host_memory_bytes
 from arguments.schedule import train_iterations
 from base.errors import CheckpointError, ConfigError
 from base.options import setting_value
@@ -193,8 +194,9 @@ def continues_training(config) -> bool:
 
 def check_samples_fit(metadata: dict, config, batch: BatchSchedule, iteration_dir: Path) -> None:
     """Raise ConfigError, naming the flag that makes it consistent, when the iterations left would read past the samples
-    the schedule covers because the global batch changed. More samples than its iterations' batches (an upcycled run's,
-    checkpoint/upcycling.py) are read on: build_data sizes the data for them."""
+    the schedule covers because the global batch changed, or when reading on needs a sample index this machine cannot
+    hold. More samples than its iterations' batches (an upcycled run's, checkpoint/upcycling.py) are read on, as
+    Megatron-LM reads on: build_data sizes the data for them."""
     iteration, consumed = metadata["iteration"], metadata["consumed_samples"]
     train_iters = train_iterations(config.training, batch)
     tokens = config.training.train_tokens
@@ -202,6 +204,12 @@ def check_samples_fit(metadata: dict, config, batch: BatchSchedule, iteration_di
         return  # nothing to train: the run says so and ends (training/run_training.py)
     covered = batch.consumed_after(train_iters)
     needed = batch.consumed_after(train_iters - iteration, consumed)
+    if needed * INDEX_BYTES_PER_SAMPLE > host_memory_bytes():
+        raise ConfigError(f"resuming {iteration_dir}: it has consumed {consumed} samples in {iteration} iterations; "
+                          f"reading on to sample {needed} needs a sample index of at least "
+                          f"{gib(needed * INDEX_BYTES_PER_SAMPLE)}, more than this machine's {gib(host_memory_bytes())} "
+                          f"(was the metadata edited?): pass --finetune to train its weights on a new sample sequence "
+                          f"from iteration 0", flags=("--finetune",))
     saved_batch = ((metadata.get("config") or {}).get("training") or {}).get("global_batch_size")
     if needed <= covered or not (isinstance(saved_batch, int) and saved_batch != batch.global_batch_size
                                  and batch.rampup is None and batch.steps is None and iteration * saved_batch >= consumed):

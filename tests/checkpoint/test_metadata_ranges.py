@@ -309,8 +309,14 @@ def test_consumed_samples_past_the_runs_schedule_is_one_line_naming_the_flag(sav
     # are all consumed already.
     outcome = resume(root, cache, root / "ck", "smaller", "--global-batch-size", "2", "--override-opt_param-scheduler")
     one_line(outcome, "consumed 8 samples", "--global-batch-size 4")
+    # More samples than its iterations' batches (an upcycled lineage's: Megatron-LM's setup_model_and_optimizer keeps
+    # the dense run's consumed_train_samples) read on, as Megatron-LM's sampler reads on from them ...
     ck = edited_checkpoint(root, "thousand", lambda m: m.__setitem__("consumed_samples", 1000))
-    one_line(resume(root, cache, ck, "thousand"), "consumed 1000 samples", "--finetune")
+    outcome = resume(root, cache, ck, "thousand")
+    assert outcome.code == 0 and "(1000 samples consumed)" in outcome.out, outcome.err[-2000:]
+    # ... until the sample index to read on could not be held here (2**62 fits an int64)
+    ck = edited_checkpoint(root, "huge", lambda m: m.__setitem__("consumed_samples", 2**62))
+    one_line(resume(root, cache, ck, "huge"), f"consumed {2**62} samples", "sample index", "--finetune")
     for value in (2e19, 10**20, 1e20):
         ck = edited_checkpoint(root, f"c{value}", lambda m, v=value: m.__setitem__("consumed_samples", v))
         one_line(resume(root, cache, ck, f"c{value}"), "metadata.json", "'consumed_samples'", "int64")
